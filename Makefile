@@ -1,0 +1,32 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+
+.PHONY: setup demo test bench lint dev clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[dev]'
+	touch $@
+
+demo: setup
+	$(VENV)/bin/noetl-dagster demo
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) -m benchmarks
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+dev: setup
+	cd example_project && DAGSTER_HOME=$$(pwd)/.dagster_home ../$(VENV)/bin/dagster dev -m example_project.definitions
+
+clean:
+	rm -rf .noetl .dagster_home example_project/.dagster_home

@@ -1,0 +1,1 @@
+"""noetl_dagster."""

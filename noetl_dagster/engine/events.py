@@ -1,0 +1,192 @@
+"""The event envelope (SEMANTICS.md §7) and the dotted event taxonomy.
+
+Every state change of an execution is one appended :class:`Event`. The
+envelope is a plain dataclass so the hot path stays cheap; ``to_dict`` /
+``from_dict`` give the JSON form stored by the EventStore adapters.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+SCHEMA_VERSION = "noetl.event.v1"
+
+# control plane (source="server")
+EXECUTION_REQUESTED = "playbook.execution.requested"
+WORKFLOW_STARTED = "workflow.started"
+TOKEN_ENQUEUED = "token.enqueued"
+STEP_SCHEDULED = "step.scheduled"
+STEP_SKIPPED = "step.skipped"
+NEXT_EVALUATED = "next.evaluated"
+CTX_PATCHED = "ctx.patched"
+WORKFLOW_FINISHED = "workflow.finished"
+PLAYBOOK_PROCESSED = "playbook.processed"
+# data plane (source="worker")
+STEP_STARTED = "step.started"
+TASK_STARTED = "task.started"
+TASK_DONE = "task.done"
+STEP_DONE = "step.done"
+STEP_FAILED = "step.failed"
+LOOP_STARTED = "loop.started"
+LOOP_ITERATION_STARTED = "loop.iteration.started"
+LOOP_ITERATION_DONE = "loop.iteration.done"
+LOOP_ITERATION_FAILED = "loop.iteration.failed"
+LOOP_DONE = "loop.done"
+
+SERVER_EVENTS = frozenset(
+    {
+        EXECUTION_REQUESTED,
+        WORKFLOW_STARTED,
+        TOKEN_ENQUEUED,
+        STEP_SCHEDULED,
+        STEP_SKIPPED,
+        NEXT_EVALUATED,
+        WORKFLOW_FINISHED,
+        PLAYBOOK_PROCESSED,
+    }
+)
+ALL_EVENT_NAMES = SERVER_EVENTS | {
+    CTX_PATCHED,
+    STEP_STARTED,
+    TASK_STARTED,
+    TASK_DONE,
+    STEP_DONE,
+    STEP_FAILED,
+    LOOP_STARTED,
+    LOOP_ITERATION_STARTED,
+    LOOP_ITERATION_DONE,
+    LOOP_ITERATION_FAILED,
+    LOOP_DONE,
+}
+
+ENTITY_OF = {
+    EXECUTION_REQUESTED: "playbook",
+    PLAYBOOK_PROCESSED: "playbook",
+    WORKFLOW_STARTED: "workflow",
+    WORKFLOW_FINISHED: "workflow",
+    CTX_PATCHED: "workflow",
+    TOKEN_ENQUEUED: "token",
+    STEP_SCHEDULED: "step",
+    STEP_SKIPPED: "step",
+    STEP_STARTED: "step",
+    STEP_DONE: "step",
+    STEP_FAILED: "step",
+    TASK_STARTED: "task",
+    TASK_DONE: "task",
+    LOOP_STARTED: "loop",
+    LOOP_ITERATION_STARTED: "loop",
+    LOOP_ITERATION_DONE: "loop",
+    LOOP_ITERATION_FAILED: "loop",
+    LOOP_DONE: "loop",
+    NEXT_EVALUATED: "next",
+}
+
+
+def uuid7() -> str:
+    """A time-ordered UUIDv7 string (RFC 9562): 48-bit ms timestamp, version, random."""
+    ms = time.time_ns() // 1_000_000
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (ms & ((1 << 48) - 1)) << 80
+    value |= 0x7 << 76
+    value |= ((rand >> 62) & 0xFFF) << 64
+    value |= 0b10 << 62
+    value |= rand & ((1 << 62) - 1)
+    return str(uuid.UUID(int=value))
+
+
+def uuid7_from(*parts: str) -> str:
+    """A deterministic UUID with the v7 layout, derived from ``parts`` (stable run ids)."""
+    digest = uuid.uuid5(uuid.NAMESPACE_URL, "noetl:" + "/".join(parts)).int
+    digest &= ~(0xF << 76)
+    digest |= 0x7 << 76
+    digest &= ~(0b11 << 62)
+    digest |= 0b10 << 62
+    return str(uuid.UUID(int=digest))
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+@dataclass(slots=True)
+class Event:
+    name: str
+    execution_id: str
+    data: dict[str, Any] = field(default_factory=dict)
+    status: str = "success"  # in_progress | success | error | paused
+    entity_id: str | None = None
+    step: str | None = None
+    step_run_id: str | None = None
+    task_run_id: str | None = None
+    loop_id: str | None = None
+    iteration: int | None = None
+    attempt: int | None = None
+    parent_execution_id: str | None = None
+    tenant_id: str = "default"
+    project_id: str = "default"
+    event_id: str = field(default_factory=uuid7)
+    timestamp: str = field(default_factory=now_iso)
+    sequence: int | None = None
+    source: str = ""
+    entity: str = ""
+    schema_version: str = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if not self.source:
+            self.source = "server" if self.name in SERVER_EVENTS else "worker"
+        if not self.entity:
+            self.entity = ENTITY_OF.get(self.name, "workflow")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "event_id": self.event_id,
+            "sequence": self.sequence,
+            "execution_id": self.execution_id,
+            "parent_execution_id": self.parent_execution_id,
+            "timestamp": self.timestamp,
+            "source": self.source,
+            "name": self.name,
+            "entity": self.entity,
+            "entity_id": self.entity_id,
+            "status": self.status,
+            "step": self.step,
+            "step_run_id": self.step_run_id,
+            "task_run_id": self.task_run_id,
+            "loop_id": self.loop_id,
+            "iteration": self.iteration,
+            "attempt": self.attempt,
+            "tenant_id": self.tenant_id,
+            "project_id": self.project_id,
+            "schema_version": self.schema_version,
+            "data": self.data,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Event:
+        return cls(
+            name=d["name"],
+            execution_id=d["execution_id"],
+            data=d.get("data") or {},
+            status=d.get("status") or "success",
+            entity_id=d.get("entity_id"),
+            step=d.get("step"),
+            step_run_id=d.get("step_run_id"),
+            task_run_id=d.get("task_run_id"),
+            loop_id=d.get("loop_id"),
+            iteration=d.get("iteration"),
+            attempt=d.get("attempt"),
+            parent_execution_id=d.get("parent_execution_id"),
+            tenant_id=d.get("tenant_id") or "default",
+            project_id=d.get("project_id") or "default",
+            event_id=d["event_id"],
+            timestamp=d["timestamp"],
+            sequence=d.get("sequence"),
+            source=d.get("source") or "",
+            entity=d.get("entity") or "",
+            schema_version=d.get("schema_version") or SCHEMA_VERSION,
+        )

@@ -1,0 +1,46 @@
+"""JSON encoding shared by every store: tolerant of the values tools return."""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import decimal
+import json
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+
+def to_jsonable(value: Any) -> Any:
+    if isinstance(value, (_dt.datetime, _dt.date, _dt.time)):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"$bytes_b64": base64.b64encode(bytes(value)).decode()}
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    if hasattr(value, "tolist"):  # numpy scalars / arrays
+        return value.tolist()
+    if hasattr(value, "to_pylist"):  # pyarrow
+        return value.to_pylist()
+    return repr(value)
+
+
+def dumps(value: Any, **kw: Any) -> str:
+    return json.dumps(value, default=to_jsonable, separators=(",", ":"), **kw)
+
+
+def loads(text: str | bytes) -> Any:
+    return json.loads(text)
+
+
+def plain(value: Any) -> Any:
+    """A deep copy made of plain JSON types (dict/list/str/int/float/bool/None)."""
+    return json.loads(dumps(value))
