@@ -1,0 +1,685 @@
+"""Raw YAML data -> canonical :class:`Playbook`, with every validation rule.
+
+One walk over the document both normalizes the two author dialects
+(SEMANTICS.md §1) and collects every error at once, each with the file, the
+YAML path, the line and the rule broken.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from noetl_dagster.dsl.loader import PathT, SourceMap, YamlSyntaxError, format_path, load_yaml_file
+from noetl_dagster.dsl.model import (
+    AdmitRule,
+    Arc,
+    Executor,
+    Loop,
+    Metadata,
+    Playbook,
+    PolicyRule,
+    Router,
+    RuleThen,
+    SetBlock,
+    Step,
+    Task,
+    WorkbookEntry,
+)
+
+API_VERSION = "noetl.io/v2"
+DIRECTIVES = {"continue", "retry", "jump", "break", "fail"}
+BACKOFFS = {"none", "fixed", "linear", "exponential"}
+# keys of a task's ``spec`` that are runtime knobs; any other key found under
+# ``spec`` is a tool input written in the runtime dialect's "keys under spec" style
+TASK_SPEC_KNOBS = {
+    "policy", "isolation", "timeout", "timeout_seconds", "resources", "exec", "placement",
+    "sink", "cache", "max_in_flight", "pool", "env",
+}  # fmt: skip
+TASK_META_KEYS = {"kind", "name", "spec", "set", "loop", "desc"}
+# step keys that belong to earlier eras (SEMANTICS §1: migrate, never run)
+LEGACY_STEP_KEYS = {
+    "case": "`case:` routing",
+    "type": "step `type:`",
+    "sink": "step `sink:`",
+    "save": "`save:` blocks",
+    "retry": "step `retry:` blocks",
+    "vars": "step `vars:`",
+    "args": "step `args:`",
+    "end_loop": "`end_loop`",
+    "task": "`task:`/`with:` workbook calls",
+    "with": "`task:`/`with:` workbook calls",
+    "set_ctx": "step-level `set_ctx`",
+    "set_iter": "step-level `set_iter`",
+}
+IGNORED_STEP_KEYS = {"output", "command", "metadata", "labels"}
+
+
+@dataclass(frozen=True)
+class ValidationIssue:
+    file: str
+    line: int
+    path: str
+    rule: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.path}: " if self.path and self.path != "<root>" else ""
+        return f"{self.file}:{self.line}: {self.rule}: {where}{self.message}"
+
+
+class PlaybookInvalid(ValueError):
+    def __init__(self, issues: list[ValidationIssue]):
+        self.issues = issues
+        super().__init__("\n".join(str(i) for i in issues))
+
+
+class _Ctx:
+    def __init__(self, source_map: SourceMap, check_kinds: bool):
+        self.sm = source_map
+        self.issues: list[ValidationIssue] = []
+        self.check_kinds = check_kinds
+        self._kinds: set[str] | None = None
+
+    def err(self, path: PathT, rule: str, message: str) -> None:
+        self.issues.append(ValidationIssue(self.sm.file, self.sm.line(path), format_path(path), rule, message))
+
+    def known_kind(self, kind: str) -> bool:
+        if not self.check_kinds:
+            return True
+        if self._kinds is None:
+            from noetl_dagster.tools.registry import known_kinds
+
+            self._kinds = known_kinds()
+        return kind in self._kinds
+
+
+MIGRATE_HINT = "run `noetl-dagster migrate FILE` to rewrite it to the standard form"
+
+
+def _split_set(ctx: _Ctx, raw: Any, path: PathT) -> SetBlock:
+    """``set: {ctx.x, iter.y, step.z, bare}`` (runtime dialect) -> SetBlock."""
+    if raw is None:
+        return SetBlock()
+    if not isinstance(raw, dict):
+        ctx.err(path, "set-shape", "`set` must be a mapping of `ctx.<key>` / `iter.<key>` to values")
+        return SetBlock()
+    out = SetBlock()
+    for k, v in raw.items():
+        key = str(k)
+        if key.startswith("iter."):
+            out.iter[key[5:]] = v
+        elif key.startswith(("ctx.", "step.")):
+            out.ctx[key.split(".", 1)[1]] = v
+        else:
+            out.ctx[key] = v
+    return out
+
+
+def _parse_rules(ctx: _Ctx, raw: Any, path: PathT, task_labels: set[str] | None) -> list[PolicyRule] | None:
+    if not isinstance(raw, dict) or "rules" not in raw:
+        ctx.err(path, "policy-shape", "a task policy must be an object with `rules` (a list)")
+        return None
+    rules_raw = raw["rules"]
+    if not isinstance(rules_raw, list):
+        ctx.err((*path, "rules"), "policy-shape", "`rules` must be a list")
+        return None
+    rules: list[PolicyRule] = []
+    for i, r in enumerate(rules_raw):
+        rp = (*path, "rules", i)
+        if not isinstance(r, dict):
+            ctx.err(rp, "policy-shape", "a rule must be `{when, then}` or `{else: {then}}`")
+            continue
+        if "else" in r:
+            body = r["else"]
+            when = None
+            if body is None and "then" in r:  # `- else:` with `then:` mis-indented beside it
+                then_raw, tp = r["then"], (*rp, "then")
+            else:
+                then_raw = body.get("then", body) if isinstance(body, dict) else body
+                tp = (*rp, "else", "then") if isinstance(body, dict) and "then" in body else (*rp, "else")
+        elif "then" in r:
+            when = r.get("when", True)
+            if not isinstance(when, (str, bool)):
+                when = str(when)
+            then_raw = r["then"]
+            tp = (*rp, "then")
+        else:
+            ctx.err(rp, "policy-shape", "a rule needs `then` (or is `else: {then: ...}`)")
+            continue
+        then = _parse_then(ctx, then_raw, tp, task_labels)
+        if then is not None:
+            rules.append(PolicyRule(when=when, then=then))
+    return rules
+
+
+def _parse_then(ctx: _Ctx, raw: Any, path: PathT, task_labels: set[str] | None) -> RuleThen | None:
+    if not isinstance(raw, dict):
+        ctx.err(path, "policy-shape", "`then` must be a mapping with `do`")
+        return None
+    do = raw.get("do", "continue")
+    if do not in DIRECTIVES:
+        ctx.err((*path, "do"), "policy-directive", f"unknown directive {do!r}; use one of {sorted(DIRECTIVES)}")
+        return None
+    backoff = raw.get("backoff")
+    if backoff is not None and backoff not in BACKOFFS:
+        ctx.err((*path, "backoff"), "policy-backoff", f"unknown backoff {backoff!r}; use one of {sorted(BACKOFFS)}")
+        backoff = None
+    to = raw.get("to")
+    if do == "jump":
+        if not to:
+            ctx.err(path, "policy-jump", "`do: jump` needs `to` (a task label or `previous`)")
+        elif task_labels is not None and to != "previous" and to not in task_labels:
+            ctx.err((*path, "to"), "policy-jump", f"jump target {to!r} is not a task of this pipeline")
+    sb = _split_set(ctx, raw.get("set"), (*path, "set"))
+    for key in ("set_ctx", "set_iter"):
+        if key in raw:
+            if not isinstance(raw[key], dict):
+                ctx.err((*path, key), "set-shape", f"`{key}` must be a mapping")
+            else:
+                (sb.ctx if key == "set_ctx" else sb.iter).update(raw[key])
+    attempts = raw.get("attempts", raw.get("max_attempts"))
+    delay = raw.get("delay")
+    return RuleThen(do=do, attempts=attempts, backoff=backoff, delay=delay, to=to, set=sb)
+
+
+def _parse_loop(ctx: _Ctx, raw: Any, path: PathT) -> Loop | None:
+    if not isinstance(raw, dict):
+        ctx.err(path, "loop-shape", "`loop` must be a mapping with `in` and `iterator`")
+        return None
+    spec = raw.get("spec") or {}
+    if not isinstance(spec, dict):
+        ctx.err((*path, "spec"), "loop-shape", "`loop.spec` must be a mapping")
+        spec = {}
+    if "in" not in raw or "iterator" not in raw:
+        missing = [k for k in ("in", "iterator") if k not in raw]
+        extra = " (cursor loops are not supported: use `in` over a query result)" if "cursor" in raw else ""
+        ctx.err(path, "loop-in-iterator", f"a loop needs both `in` and `iterator`; missing {missing}{extra}")
+        return None
+    mode = spec.get("mode", raw.get("mode", "sequential"))
+    if "mode" in raw and "mode" not in spec:
+        ctx.err((*path, "mode"), "legacy-construct", f"`loop.mode` belongs under `loop.spec.mode`; {MIGRATE_HINT}")
+    if mode not in ("sequential", "parallel"):
+        ctx.err((*path, "spec", "mode"), "loop-mode", f"loop mode {mode!r} is not sequential or parallel")
+        return None
+    if not isinstance(raw["iterator"], str) or not raw["iterator"].isidentifier():
+        ctx.err((*path, "iterator"), "loop-in-iterator", "`iterator` must be a plain name")
+        return None
+    policy = spec.get("policy") or {}
+    exec_ = policy.get("exec") if isinstance(policy, dict) else None
+    if exec_ not in (None, "distributed", "local"):
+        ctx.err((*path, "spec", "policy", "exec"), "loop-exec", f"`exec` must be distributed or local, not {exec_!r}")
+        exec_ = None
+    return Loop(
+        **{"in": raw["in"]},
+        iterator=raw["iterator"],
+        mode=mode,
+        max_in_flight=spec.get("max_in_flight"),
+        exec=exec_,
+        spec={k: v for k, v in spec.items() if k not in ("mode", "max_in_flight")},
+    )
+
+
+def _task_items(ctx: _Ctx, raw: Any, path: PathT) -> list[tuple[str | None, dict[str, Any], PathT]]:
+    """Every accepted pipeline form -> [(label or None, body, path)]."""
+    if isinstance(raw, dict):
+        if "kind" in raw:
+            return [(raw.get("name"), raw, path)]
+        if len(raw) == 1:  # {label: {kind...}} written as a mapping
+            (label, body), = raw.items()
+            return [(str(label), body, (*path, label))]
+        ctx.err(path, "tool-shape", "`tool` must be `{kind: ...}` or a list of tasks")
+        return []
+    if isinstance(raw, list):
+        out = []
+        for i, item in enumerate(raw):
+            ip = (*path, i)
+            if not isinstance(item, dict):
+                ctx.err(ip, "tool-shape", "a task must be a mapping")
+            elif "kind" in item:
+                out.append((item.get("name"), item, ip))
+            elif len(item) == 1 and isinstance(next(iter(item.values())), dict):
+                (label, body), = item.items()
+                out.append((str(label), body, (*ip, label)))
+            else:
+                ctx.err(ip, "tool-kind", "a task needs `kind` (or is `- <label>: {kind: ...}`)")
+        return out
+    ctx.err(path, "tool-shape", "`tool` must be a mapping or a list of tasks")
+    return []
+
+
+def _parse_task(ctx: _Ctx, label: str, body: dict[str, Any], path: PathT, labels: set[str]) -> Task | None:
+    kind = body.get("kind")
+    if not isinstance(kind, str) or not kind:
+        ctx.err(path, "tool-kind", "a task needs a `kind`")
+        return None
+    if not ctx.known_kind(kind):
+        ctx.err((*path, "kind"), "unknown-tool-kind", f"tool kind {kind!r} is not recognized")
+    if "retry" in body and isinstance(body["retry"], dict):
+        ctx.err((*path, "retry"), "legacy-construct", f"task `retry:` blocks are legacy; {MIGRATE_HINT}")
+    spec_raw = body.get("spec") or {}
+    if not isinstance(spec_raw, dict):
+        ctx.err((*path, "spec"), "tool-shape", "`spec` must be a mapping")
+        spec_raw = {}
+    config = {k: v for k, v in body.items() if k not in TASK_META_KEYS}
+    if kind == "workbook" and "name" in body:  # `name` names the workbook entry it calls
+        config["name"] = body["name"]
+    spec: dict[str, Any] = {}
+    for k, v in spec_raw.items():
+        if k in TASK_SPEC_KNOBS:
+            spec[k] = v
+        elif k == "input" and isinstance(v, dict) and isinstance(config.get("input"), dict):
+            config["input"] = {**v, **config["input"]}
+        else:
+            config.setdefault(k, v)
+    policy = None
+    if "policy" in spec:
+        policy = _parse_rules(ctx, spec.pop("policy"), (*path, "spec", "policy"), labels)
+    loop = _parse_loop(ctx, body["loop"], (*path, "loop")) if "loop" in body else None
+    return Task(
+        label=label,
+        kind=kind,
+        config=config,
+        spec=spec,
+        policy=policy,
+        set=_split_set(ctx, body.get("set"), (*path, "set")),
+        loop=loop,
+    )
+
+
+def _parse_pipeline(ctx: _Ctx, raw: Any, path: PathT) -> list[Task]:
+    items = _task_items(ctx, raw, path)
+    labels: list[str] = []
+    for i, (label, _, ip) in enumerate(items):
+        lab = str(label) if label else f"task_{i}"
+        if lab in labels:
+            ctx.err(ip, "duplicate-task", f"task label {lab!r} is used twice in this pipeline")
+        labels.append(lab)
+    label_set = set(labels)
+    tasks = []
+    for lab, (_, body, ip) in zip(labels, items, strict=True):
+        t = _parse_task(ctx, lab, body, ip, label_set)
+        if t is not None:
+            tasks.append(t)
+    return tasks
+
+
+def _parse_router(ctx: _Ctx, raw: Any, path: PathT) -> Router | None:
+    if isinstance(raw, (list, str)):
+        ctx.err(path, "legacy-construct", f"`next` as a list or a name is legacy; use `next: {{spec, arcs}}`; {MIGRATE_HINT}")
+        return None
+    if not isinstance(raw, dict):
+        ctx.err(path, "next-shape", "`next` must be a router `{spec: {mode}, arcs: [...]}`")
+        return None
+    spec = raw.get("spec") or {}
+    if not isinstance(spec, dict):
+        ctx.err((*path, "spec"), "next-shape", "`next.spec` must be a mapping")
+        spec = {}
+    mode = spec.get("mode", "exclusive")
+    if mode not in ("exclusive", "inclusive"):
+        ctx.err((*path, "spec", "mode"), "next-mode", f"router mode {mode!r} is not exclusive or inclusive")
+        mode = "exclusive"
+    arcs_raw = raw.get("arcs", [])
+    if not isinstance(arcs_raw, list):
+        ctx.err((*path, "arcs"), "next-shape", "`next.arcs` must be a list")
+        arcs_raw = []
+    arcs = []
+    for i, a in enumerate(arcs_raw):
+        ap = (*path, "arcs", i)
+        if not isinstance(a, dict) or not isinstance(a.get("step"), str):
+            ctx.err(ap, "next-shape", "an arc must be a mapping with `step`")
+            continue
+        if "then" in a:
+            ctx.err((*ap, "then"), "legacy-construct", f"`when/then` routing is legacy; {MIGRATE_HINT}")
+        args = a.get("args")
+        if args is not None and not isinstance(args, dict):
+            ctx.err((*ap, "args"), "next-shape", "arc `args` must be a mapping")
+            args = None
+        when = a.get("when")
+        if when is not None and not isinstance(when, (str, bool)):
+            when = str(when)
+        arcs.append(
+            Arc(step=a["step"], when=when, args=args, set=_split_set(ctx, a.get("set"), (*ap, "set")), spec=a.get("spec") or {})
+        )
+    return Router(mode=mode, arcs=arcs, spec={k: v for k, v in spec.items() if k != "mode"})
+
+
+def _parse_admit(ctx: _Ctx, raw: Any, path: PathT) -> list[AdmitRule] | None:
+    if not isinstance(raw, dict) or not isinstance(raw.get("rules"), list):
+        ctx.err(path, "admit-shape", "`spec.policy.admit` must be an object with `rules` (a list)")
+        return None
+    out = []
+    for i, r in enumerate(raw["rules"]):
+        rp = (*path, "rules", i)
+        if isinstance(r, dict) and "else" in r:
+            body = r["else"]
+            then = body.get("then", body) if isinstance(body, dict) else None
+            when = None
+        elif isinstance(r, dict) and "then" in r:
+            when, then = r.get("when", True), r["then"]
+        else:
+            ctx.err(rp, "admit-shape", "an admit rule is `{when, then: {allow}}` or `{else: {then: {allow}}}`")
+            continue
+        if not isinstance(then, dict) or not isinstance(then.get("allow", True), bool):
+            ctx.err(rp, "admit-shape", "`then` must be `{allow: true|false}`")
+            continue
+        out.append(AdmitRule(when=when if when is None or isinstance(when, (str, bool)) else str(when), allow=then.get("allow", True)))
+    return out
+
+
+def _parse_step(ctx: _Ctx, raw: Any, path: PathT) -> Step | None:
+    if not isinstance(raw, dict):
+        ctx.err(path, "step-shape", "a step must be a mapping")
+        return None
+    name = raw.get("step")
+    if not isinstance(name, str) or not name:
+        ctx.err(path, "step-name", "a step needs `step: <name>`")
+        return None
+    if "when" in raw:
+        ctx.err((*path, "when"), "step-when", "a step must not have top-level `when`; use `spec.policy.admit.rules`")
+    for key, what in LEGACY_STEP_KEYS.items():
+        if key in raw:
+            ctx.err((*path, key), "legacy-construct", f"{what} is a legacy construct; {MIGRATE_HINT}")
+    if "tool" not in raw and "next" not in raw:
+        ctx.err(path, "step-tool-or-next", f"step {name!r} has neither `tool` nor `next`")
+    spec = raw.get("spec") or {}
+    if not isinstance(spec, dict):
+        ctx.err((*path, "spec"), "step-shape", "step `spec` must be a mapping")
+        spec = {}
+    admit = None
+    pol = spec.get("policy")
+    if pol is not None:
+        if not isinstance(pol, dict):
+            ctx.err((*path, "spec", "policy"), "admit-shape", "step `spec.policy` must be a mapping")
+        elif "admit" in pol:
+            admit = _parse_admit(ctx, pol["admit"], (*path, "spec", "policy", "admit"))
+        elif "rules" in pol:
+            ctx.err((*path, "spec", "policy"), "admit-shape", "step policy rules belong under `spec.policy.admit.rules`")
+    loop = _parse_loop(ctx, raw["loop"], (*path, "loop")) if "loop" in raw else None
+    tool = _parse_pipeline(ctx, raw["tool"], (*path, "tool")) if raw.get("tool") is not None else []
+    nxt = _parse_router(ctx, raw["next"], (*path, "next")) if raw.get("next") is not None else None
+    step_input = raw.get("input") or {}
+    if not isinstance(step_input, dict):
+        ctx.err((*path, "input"), "step-shape", "step `input` must be a mapping")
+        step_input = {}
+    return Step(
+        name=name,
+        desc=raw.get("desc") if isinstance(raw.get("desc"), str) else None,
+        spec={k: v for k, v in spec.items() if k != "policy"} | ({"policy": {k: v for k, v in pol.items() if k != "admit"}} if isinstance(pol, dict) and len(pol) > 1 else {}),
+        admit=admit,
+        loop=loop,
+        tool=tool,
+        input=step_input,
+        next=nxt,
+        set=_split_set(ctx, raw.get("set"), (*path, "set")),
+        line=ctx.sm.line(path),
+    )
+
+
+_RAW_TEXT_KEYS = {"code", "code_b64", "code_base64", "cmds", "script"}
+
+
+def _check_templates(ctx: _Ctx, raw: dict[str, Any]) -> None:
+    from noetl_dagster.engine.templates import iter_template_strings, template_env
+
+    env = template_env()
+    for path, source in iter_template_strings(raw):
+        if any(part in _RAW_TEXT_KEYS for part in path if isinstance(part, str)):
+            continue
+        msg = env.check_syntax(source)
+        if msg:
+            ctx.err(path, "template-syntax", f"template does not parse ({msg})")
+
+
+def parse_playbook(
+    raw: Any, *, source_map: SourceMap | None = None, source_file: str | None = None, check_kinds: bool = True
+) -> tuple[Playbook | None, list[ValidationIssue]]:
+    sm = source_map or SourceMap(source_file or "<memory>", {(): 1})
+    ctx = _Ctx(sm, check_kinds)
+    if not isinstance(raw, dict):
+        ctx.err((), "not-a-playbook", "the document is not a mapping")
+        return None, ctx.issues
+    api = raw.get("apiVersion")
+    kind = raw.get("kind")
+    if kind != "Playbook":
+        ctx.err(("kind",), "not-a-playbook", f"`kind` must be Playbook, not {kind!r}")
+        return None, ctx.issues
+    if api != API_VERSION:
+        hint = f"; {MIGRATE_HINT}" if api in ("noetl.io/v1", "noetl.io/v10") else ""
+        rule = "legacy-construct" if hint else "api-version"
+        ctx.err(("apiVersion",), rule, f"`apiVersion` must be {API_VERSION}, not {api!r}{hint}")
+    if "vars" in raw:
+        ctx.err(("vars",), "root-vars", f"a playbook must not have root-level `vars` (use `workload`); {MIGRATE_HINT}")
+    meta = raw.get("metadata")
+    if not isinstance(meta, dict) or not meta.get("name") or not meta.get("path"):
+        ctx.err(("metadata",), "metadata", "`metadata` must include `name` and `path`")
+        meta = None
+    wf = raw.get("workflow")
+    if not isinstance(wf, list) or not wf:
+        ctx.err(("workflow",), "workflow-required", "`workflow` must be a non-empty list of steps")
+        wf = []
+    workload = raw.get("workload") or {}
+    if not isinstance(workload, dict):
+        ctx.err(("workload",), "workload-shape", "`workload` must be a mapping")
+        workload = {}
+    keychain = raw.get("keychain") or []
+    if not isinstance(keychain, list) or not all(isinstance(k, dict) and k.get("name") for k in keychain):
+        ctx.err(("keychain",), "keychain-shape", "`keychain` must be a list of mappings with `name`")
+        keychain = []
+    executor_raw = raw.get("executor") or {}
+    if not isinstance(executor_raw, dict):
+        ctx.err(("executor",), "executor-shape", "`executor` must be a mapping")
+        executor_raw = {}
+    workbook: list[WorkbookEntry] = []
+    wb_raw = raw.get("workbook") or []
+    if isinstance(wb_raw, dict):  # {name: {tool}} shorthand
+        wb_raw = [{"name": k, **(v if isinstance(v, dict) else {})} for k, v in wb_raw.items()]
+    if not isinstance(wb_raw, list):
+        ctx.err(("workbook",), "workbook-shape", "`workbook` must be a list of `{name, tool}`")
+        wb_raw = []
+    for i, w in enumerate(wb_raw):
+        wp = ("workbook", i)
+        if not isinstance(w, dict) or not w.get("name"):
+            ctx.err(wp, "workbook-shape", "a workbook entry needs `name` and `tool`")
+            continue
+        body = w.get("tool")
+        if body is None and "kind" in w:  # v1 style: the entry itself is the tool
+            body = {k: v for k, v in w.items() if k not in ("name", "desc")}
+        if not isinstance(body, dict):
+            ctx.err(wp, "workbook-shape", "a workbook entry needs a `tool` mapping")
+            continue
+        extra = {"assert": w["assert"]} if "assert" in w else {}
+        t = _parse_task(ctx, str(w["name"]), body, (*wp, "tool"), set())
+        if t is not None:
+            if extra:
+                t.spec.setdefault("assert", extra["assert"])
+            workbook.append(WorkbookEntry(name=str(w["name"]), tool=t, desc=w.get("desc")))
+
+    steps: list[Step] = []
+    seen: dict[str, int] = {}
+    for i, s in enumerate(wf):
+        st = _parse_step(ctx, s, ("workflow", i))
+        if st is None:
+            continue
+        if st.name in seen:
+            ctx.err(("workflow", i, "step"), "duplicate-step", f"step {st.name!r} is already defined at workflow[{seen[st.name]}]")
+            continue
+        seen[st.name] = i
+        steps.append(st)
+    names = set(seen)
+    for i, s in enumerate(wf):
+        if not isinstance(s, dict) or not isinstance(s.get("next"), dict):
+            continue
+        for j, a in enumerate(s["next"].get("arcs") or []):
+            if isinstance(a, dict) and isinstance(a.get("step"), str) and a["step"] not in names:
+                ctx.err(("workflow", i, "next", "arcs", j, "step"), "unknown-arc-target", f"arc targets missing step {a['step']!r}")
+    for i, s in enumerate(wf):  # workbook references
+        if isinstance(s, dict):
+            for label, body, ip in _task_items(_Ctx(sm, False), s.get("tool"), ("workflow", i, "tool")) if s.get("tool") else []:
+                if isinstance(body, dict) and body.get("kind") == "workbook":
+                    ref = body.get("name") or (body.get("spec") or {}).get("name")
+                    if ref and not any(w.name == ref for w in workbook) and not _is_template(ref):
+                        ctx.err((*ip, "name"), "unknown-workbook-entry", f"workbook entry {ref!r} is not defined")
+    entry = executor_raw.get("spec", {}).get("entry_step") if isinstance(executor_raw.get("spec"), dict) else None
+    if entry and entry not in names:
+        ctx.err(("executor", "spec", "entry_step"), "unknown-entry-step", f"entry step {entry!r} is not defined")
+    _check_templates(ctx, raw)
+    if ctx.issues or meta is None:
+        return None, ctx.issues
+    try:
+        pb = Playbook(
+            apiVersion=api,
+            metadata=Metadata(**meta),
+            keychain=keychain,
+            executor=Executor(**executor_raw),
+            workload=workload,
+            workflow=steps,
+            workbook=workbook,
+            source_file=source_file,
+        )
+    except ValidationError as e:  # pragma: no cover - the walk above should have caught it
+        for err in e.errors():
+            ctx.err(tuple(err["loc"]), "schema", err["msg"])
+        return None, ctx.issues
+    return pb, []
+
+
+def _is_template(value: Any) -> bool:
+    return isinstance(value, str) and "{{" in value
+
+
+def load_playbook_dict(raw: Any, source_file: str | None = None, source_map: SourceMap | None = None) -> Playbook:
+    pb, issues = parse_playbook(raw, source_map=source_map, source_file=source_file)
+    if issues:
+        raise PlaybookInvalid(issues)
+    assert pb is not None
+    return pb
+
+
+def load_playbook(path: str | Path) -> Playbook:
+    """Load and validate a playbook file; raises PlaybookInvalid (incl. YAML syntax errors)."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: no such playbook file")
+    try:
+        raw, sm = load_yaml_file(p)
+    except YamlSyntaxError as e:
+        raise PlaybookInvalid([ValidationIssue(e.file, e.line, "", "yaml-syntax", e.message)]) from None
+    return load_playbook_dict(raw, source_file=str(p.resolve()), source_map=sm)
+
+
+def validate_file(path: str | Path) -> list[ValidationIssue]:
+    p = Path(path)
+    if not p.is_file():
+        return [ValidationIssue(str(p), 0, "", "file-not-found", "no such file")]
+    try:
+        raw, sm = load_yaml_file(p)
+    except YamlSyntaxError as e:
+        return [ValidationIssue(e.file, e.line, "", "yaml-syntax", e.message)]
+    _, issues = parse_playbook(raw, source_map=sm, source_file=str(p))
+    return issues
+
+
+# -- back to a document --------------------------------------------------------
+
+
+def _set_raw(sb: SetBlock) -> dict[str, Any]:
+    return {**{f"ctx.{k}": v for k, v in sb.ctx.items()}, **{f"iter.{k}": v for k, v in sb.iter.items()}}
+
+
+def _rules_raw(rules: list[PolicyRule]) -> list[dict[str, Any]]:
+    out = []
+    for r in rules:
+        then: dict[str, Any] = {"do": r.then.do}
+        for k in ("attempts", "backoff", "delay", "to"):
+            v = getattr(r.then, k)
+            if v is not None:
+                then[k] = v
+        if r.then.set.ctx:
+            then["set_ctx"] = dict(r.then.set.ctx)
+        if r.then.set.iter:
+            then["set_iter"] = dict(r.then.set.iter)
+        out.append({"else": {"then": then}} if r.is_else else {"when": r.when, "then": then})
+    return out
+
+
+def _loop_raw(lp: Loop) -> dict[str, Any]:
+    spec: dict[str, Any] = {"mode": lp.mode, **lp.spec}
+    if lp.max_in_flight is not None:
+        spec["max_in_flight"] = lp.max_in_flight
+    if lp.exec:
+        spec.setdefault("policy", {})["exec"] = lp.exec
+    return {"in": lp.in_, "iterator": lp.iterator, "spec": spec}
+
+
+def _task_raw(t: Task) -> dict[str, Any]:
+    body: dict[str, Any] = {"kind": t.kind, **t.config}
+    spec = dict(t.spec)
+    if t.policy is not None:
+        spec["policy"] = {"rules": _rules_raw(t.policy)}
+    if spec:
+        body["spec"] = spec
+    if t.set:
+        body["set"] = _set_raw(t.set)
+    if t.loop:
+        body["loop"] = _loop_raw(t.loop)
+    return body
+
+
+def playbook_to_raw(pb: Playbook) -> dict[str, Any]:
+    """Standard form: tasks as `- <label>: {kind: ...}`, rule writes as set_ctx / set_iter."""
+    doc: dict[str, Any] = {
+        "apiVersion": pb.api_version,
+        "kind": "Playbook",
+        "metadata": pb.metadata.model_dump(exclude_none=True),
+    }
+    if pb.keychain:
+        doc["keychain"] = pb.keychain
+    if pb.executor.spec or pb.executor.profile:
+        doc["executor"] = pb.executor.model_dump(exclude_none=True)
+    if pb.workload:
+        doc["workload"] = pb.workload
+    if pb.workbook:
+        doc["workbook"] = [{"name": w.name, "tool": _task_raw(w.tool)} for w in pb.workbook]
+    steps = []
+    for s in pb.workflow:
+        d: dict[str, Any] = {"step": s.name}
+        if s.desc:
+            d["desc"] = s.desc
+        spec = dict(s.spec)
+        if s.admit is not None:
+            rules = [
+                {"else": {"then": {"allow": r.allow}}} if r.when is None else {"when": r.when, "then": {"allow": r.allow}}
+                for r in s.admit
+            ]
+            spec.setdefault("policy", {})["admit"] = {"rules": rules}
+        if spec:
+            d["spec"] = spec
+        if s.loop:
+            d["loop"] = _loop_raw(s.loop)
+        if s.input:
+            d["input"] = s.input
+        if s.tool:
+            d["tool"] = [{t.label: _task_raw(t)} for t in s.tool]
+        if s.set:
+            d["set"] = _set_raw(s.set)
+        if s.next is not None:
+            arcs = []
+            for a in s.next.arcs:
+                ad: dict[str, Any] = {"step": a.step}
+                if a.when is not None:
+                    ad["when"] = a.when
+                if a.args is not None:
+                    ad["args"] = a.args
+                if a.set:
+                    ad["set"] = _set_raw(a.set)
+                if a.spec:
+                    ad["spec"] = a.spec
+                arcs.append(ad)
+            d["next"] = {"spec": {"mode": s.next.mode, **s.next.spec}, "arcs": arcs}
+        steps.append(d)
+    doc["workflow"] = steps
+    return doc

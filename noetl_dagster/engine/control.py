@@ -1,0 +1,431 @@
+"""Control plane: admission, routing, joins and completion (SEMANTICS.md §5).
+
+:class:`Engine` is one execution's token machine. Its state is the fold of
+its events, so any process that replays the log can pick it up: the local
+runner drives it to completion in-process; the Dagster runner drives it one
+step (or one region of steps) per op.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from noetl_dagster.dsl.model import Playbook, Step
+from noetl_dagster.engine import events as E
+from noetl_dagster.engine.events import uuid7
+from noetl_dagster.engine.graph import StepGraph, analyze
+from noetl_dagster.engine.recorder import Recorder
+from noetl_dagster.engine.scope import Scope, StepResults
+from noetl_dagster.engine.state import ExecutionState
+from noetl_dagster.engine.templates import TemplateError, template_env
+from noetl_dagster.engine.worker import StepRun, Worker
+from noetl_dagster.storage.events import EventStore
+from noetl_dagster.storage.payload import Offloader
+from noetl_dagster.tools.registry import ToolError
+
+log = logging.getLogger("noetl_dagster.engine")
+MAX_PLAYBOOK_DEPTH = 16
+
+
+@dataclass
+class Services:
+    """What an execution runs against (shared with its child executions)."""
+
+    event_store: EventStore
+    offloader: Offloader
+    data_dir: Path
+    catalog: Any  # noetl_dagster.engine.catalog.Catalog
+    tenant: str = "default"
+    project: str = "default"
+    listeners: list[Callable[[E.Event], None]] = field(default_factory=list)
+    logger: Callable[[str], None] | None = None
+    keychain_factory: Callable[[Playbook], Any] | None = None
+
+
+@dataclass
+class Activation:
+    step: str
+    step_run_id: str
+    token_ids: list[str]
+    args: Any
+
+
+class Engine:
+    def __init__(
+        self,
+        playbook: Playbook,
+        services: Services,
+        *,
+        execution_id: str | None = None,
+        parent_execution_id: str | None = None,
+        state: ExecutionState | None = None,
+        depth: int = 0,
+    ):
+        self.playbook = playbook
+        self.services = services
+        self.depth = depth
+        self.graph: StepGraph = analyze(playbook)
+        self.state = state or ExecutionState(execution_id or uuid7(), services.offloader.resolve)
+        self.recorder = Recorder(
+            self.state,
+            services.event_store,
+            services.offloader,
+            tenant=services.tenant,
+            project=services.project,
+            parent_execution_id=parent_execution_id or self.state.parent_execution_id,
+            listeners=services.listeners,
+        )
+        self.worker = Worker(self)
+        self.env = template_env()
+        self._resources: dict[str, Any] = {}
+        self._keychain: Any = None
+
+    @property
+    def execution_id(self) -> str:
+        return self.state.execution_id
+
+    # -- services used by the worker ---------------------------------------------------
+    def log(self, message: str) -> None:
+        if self.services.logger:
+            self.services.logger(message)
+        else:
+            log.info(message)
+
+    def keychain(self) -> Any:
+        if self._keychain is None:
+            factory = self.services.keychain_factory or _default_keychain
+            self._keychain = factory(self.playbook)
+            try:
+                self.recorder.redactor.add(self._keychain.secret_values())
+            except Exception:  # noqa: BLE001 - a provider failing to list secrets must not stop the run
+                pass
+        return self._keychain
+
+    def keychain_namespace(self) -> Mapping[str, Any]:
+        if not self.playbook.keychain:
+            return {}
+        return self.keychain().namespace()
+
+    def credential(self, name: str) -> dict[str, Any]:
+        cred = self.keychain().credential(name)
+        self.recorder.redactor.add(_strings(cred))
+        return cred
+
+    def resource(self, key: str, factory: Callable[[], Any]) -> Any:
+        if key not in self._resources:
+            self._resources[key] = factory()
+        return self._resources[key]
+
+    def close_resources(self) -> None:
+        for r in self._resources.values():
+            close = getattr(r, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception:  # noqa: BLE001
+                    pass
+        self._resources.clear()
+
+    def patch_ctx(self, patch: dict[str, Any], *, source: str, **fields: Any) -> None:
+        if patch:
+            self.recorder.emit(E.CTX_PATCHED, data={"patch": patch, "source": source}, **fields)
+
+    # -- control plane -------------------------------------------------------------------
+    def start(self, workload: Mapping[str, Any] | None = None, *, requested_by: str = "cli") -> None:
+        """Record the request, merge the workload (shallow override) and enqueue the entry token."""
+        pb = self.playbook
+        overrides = dict(workload or {})
+        self.recorder.emit(
+            E.EXECUTION_REQUESTED,
+            entity_id=self.execution_id,
+            data={
+                "playbook": pb.metadata.path,
+                "name": pb.metadata.name,
+                "file": pb.source_file,
+                "workload": overrides,
+                "parent_execution_id": self.recorder.parent_execution_id,
+                "requested_by": requested_by,
+            },
+        )
+        merged = {**pb.workload, **overrides}
+        if isinstance(overrides.get("ctx"), dict):  # a request may seed ctx
+            merged.pop("ctx", None)
+        entry = self.graph.entry
+        self.recorder.emit(E.WORKFLOW_STARTED, entity_id=self.execution_id, data={"workload": merged, "entry": entry})
+        if isinstance(overrides.get("ctx"), dict):
+            self.patch_ctx(dict(overrides["ctx"]), source="request")
+        self._enqueue(entry, {}, None)
+        self.recorder.flush()
+
+    def _enqueue(self, step: str, args: Any, from_step: str | None, token_id: str | None = None) -> str:
+        tid = token_id or uuid7()
+        self.recorder.emit(
+            E.TOKEN_ENQUEUED,
+            step=step,
+            entity_id=tid,
+            data={"token_id": tid, "step": step, "args": args, "from_step": from_step},
+        )
+        return tid
+
+    def _scope(self, args: Any, **extra: Any) -> Scope:
+        st = self.state
+        steps = StepResults(lambda: st.results, st.result)
+        ns = {
+            "workload": st.workload,
+            "ctx": st.ctx,
+            "iter": {},
+            "args": args if args is not None else {},
+            "keychain": self.keychain_namespace(),
+            "execution_id": self.execution_id,
+            "steps": steps,
+            **extra,
+        }
+        chain: list[Mapping[str, Any]] = [args] if isinstance(args, Mapping) else []
+        chain += [st.ctx, steps, st.workload]
+        return Scope(ns, tuple(chain))
+
+    def _join_ready(self, step: str, allowed: set[str] | None) -> bool:
+        feeders = self.graph.feeders.get(step, frozenset())
+        if not feeders:
+            return True
+        for other in self.state.pending_steps():
+            if other != step and other in feeders:
+                return False
+        return all(s not in feeders for s in self.state.running.values())
+
+    def ready(self, allowed: Iterable[str] | None = None) -> list[Activation]:
+        """Schedule every runnable activation: admission, then step.scheduled (or step.skipped)."""
+        allowed_set = set(allowed) if allowed is not None else None
+        acts: list[Activation] = []
+        by_step: dict[str, list[str]] = {}
+        for tid, tok in self.state.tokens.items():
+            if allowed_set is not None and tok.step not in allowed_set:
+                continue
+            by_step.setdefault(tok.step, []).append(tid)
+        for step, tids in by_step.items():
+            if self.graph.is_join(step):
+                if not self._join_ready(step, allowed_set):
+                    continue
+                groups = [tids]
+                args_of = [[self.state.tokens[t].args for t in tids]]
+            else:
+                groups = [[t] for t in tids]
+                args_of = [self.state.tokens[t].args for t in tids]
+            for group, args in zip(groups, args_of, strict=True):
+                act = self._admit(step, group, args)
+                if act is not None:
+                    acts.append(act)
+        if not acts and allowed_set is None and not self.state.running and self.state.tokens:
+            # only joins waiting on each other: release the first-declared one
+            waiting = self.state.pending_steps()
+            first = min(waiting, key=self.graph.order.index)
+            tids = [t for t, tok in self.state.tokens.items() if tok.step == first]
+            act = self._admit(first, tids, [self.state.tokens[t].args for t in tids])
+            if act is not None:
+                acts.append(act)
+        if acts or by_step:
+            self.recorder.flush()
+        return acts
+
+    def _admit(self, step_name: str, token_ids: list[str], args: Any) -> Activation | None:
+        step = self.playbook.step(step_name)
+        allowed, reason = True, None
+        if step.admit:
+            scope = self._scope(args)
+            allowed, reason = True, "no admit rule matched (default allow)"
+            try:
+                else_rule = None
+                matched = False
+                for rule in step.admit:
+                    if rule.when is None:
+                        else_rule = else_rule or rule
+                        continue
+                    if self.env.truthy(rule.when, scope):
+                        allowed, reason, matched = rule.allow, f"rule {rule.when!r}", True
+                        break
+                if not matched and else_rule is not None:
+                    allowed, reason = else_rule.allow, "else"
+            except TemplateError as e:
+                allowed, reason = False, f"admission rule failed to render: {e}"
+        if not allowed:
+            self.recorder.emit(
+                E.STEP_SKIPPED, step=step_name, entity_id=step_name, data={"token_ids": token_ids, "reason": reason, "args": args}
+            )
+            return None
+        srid = uuid7()
+        self.recorder.emit(
+            E.STEP_SCHEDULED,
+            step=step_name,
+            step_run_id=srid,
+            entity_id=srid,
+            data={"token_ids": token_ids, "args": args},
+        )
+        return Activation(step_name, srid, token_ids, args)
+
+    def run(self, act: Activation) -> StepRun:
+        return self.worker.run_step(self.playbook.step(act.step), act.step_run_id, act.args)
+
+    def route(self, run: StepRun) -> list[tuple[str, str]]:
+        """Evaluate ``next`` on a terminal step event; enqueue tokens; return [(token_id, step)]."""
+        step: Step = self.playbook.step(run.step)
+        router = step.next
+        fired: list[dict[str, Any]] = []
+        errors: list[str] = []
+        if router and router.arcs:
+            outcome = {
+                "status": "ok" if run.ok else "error",
+                "result": run.result,
+                "data": run.result,
+                "response": run.result,
+                "error": run.error,
+            }
+            event = {"name": run.event_name, "step": run.step, "status": "ok" if run.ok else "error", "payload": outcome}
+            scope = self._scope(run.args, event=event, outcome=outcome, output=outcome, error=run.error)
+            for i, arc in enumerate(router.arcs):
+                if arc.when is None and not run.ok:
+                    continue  # an unconditional arc is the success path; it never swallows a failure
+                try:
+                    if not self.env.truthy(arc.when, scope):
+                        continue
+                    args = self.env.render(arc.args, scope) if arc.args is not None else {}
+                    patch = {k: self.env.render(v, scope) for k, v in arc.set.ctx.items()} if arc.set else {}
+                except TemplateError as e:
+                    errors.append(f"arc {i} -> {arc.step}: {e}")
+                    continue
+                fired.append({"arc": i, "step": arc.step, "token_id": uuid7(), "args": args, "patch": patch})
+                if router.mode == "exclusive":
+                    break
+        unhandled = not run.ok and not fired
+        self.recorder.emit(
+            E.NEXT_EVALUATED,
+            step=run.step,
+            step_run_id=run.step_run_id,
+            entity_id=run.step_run_id,
+            status="error" if unhandled or errors else "success",
+            data={
+                "event_name": run.event_name,
+                "mode": router.mode if router else None,
+                "fired": [{"arc": f["arc"], "step": f["step"], "token_id": f["token_id"]} for f in fired],
+                "unhandled_failure": unhandled,
+                "errors": errors,
+            },
+        )
+        out = []
+        for f in fired:
+            if f["patch"]:
+                self.patch_ctx(f["patch"], step=run.step, step_run_id=run.step_run_id, source=f"arc:{f['arc']}")
+            self._enqueue(f["step"], f["args"], run.step, f["token_id"])
+            out.append((f["token_id"], f["step"]))
+        self.recorder.flush()
+        return out
+
+    def is_done(self) -> bool:
+        return not self.state.tokens and not self.state.running
+
+    def finish(self) -> str:
+        """Record the terminal pair once nothing remains; returns the final status."""
+        if self.state.finished:
+            return self.state.status
+        status = "failed" if self.state.failed else "completed"
+        self.recorder.emit(E.WORKFLOW_FINISHED, entity_id=self.execution_id, status="success" if status == "completed" else "error",
+                           data={"status": status})  # fmt: skip
+        last = self.state.last_step
+        self.recorder.emit(
+            E.PLAYBOOK_PROCESSED,
+            entity_id=self.execution_id,
+            status="success" if status == "completed" else "error",
+            data={"status": status, "final_step": last},
+        )
+        self.recorder.flush()
+        return status
+
+    def run_until_quiescent(self, allowed: Iterable[str] | None = None, on_step: Callable[[StepRun], None] | None = None) -> None:
+        """Run activations (restricted to ``allowed`` steps) until none is runnable."""
+        allowed_list = list(allowed) if allowed is not None else None
+        while True:
+            acts = self.ready(allowed_list)
+            if not acts:
+                return
+            for act in acts:
+                run = self.run(act)
+                self.route(run)
+                if on_step:
+                    on_step(run)
+
+    def drive(self, on_step: Callable[[StepRun], None] | None = None) -> str:
+        try:
+            self.run_until_quiescent(None, on_step)
+            return self.finish()
+        finally:
+            self.close_resources()
+
+    # -- sub-playbooks -----------------------------------------------------------------------
+    def run_child(self, path: str, workload: dict[str, Any], *, return_step: str | None = None, **_: Any) -> dict[str, Any]:
+        if self.depth + 1 > MAX_PLAYBOOK_DEPTH:
+            raise ToolError(f"sub-playbook nesting deeper than {MAX_PLAYBOOK_DEPTH}", kind="playbook_depth")
+        child_pb = self.services.catalog.find(path, self.playbook.base_dir)
+        child = Engine(child_pb, self.services, parent_execution_id=self.execution_id, depth=self.depth + 1)
+        child.start(workload, requested_by=f"playbook:{self.execution_id}")
+        status = child.drive()
+        st = child.state
+        step = return_step or st.last_step
+        result = st.result(step) if step else None
+        if status != "completed":
+            err = result.get("error") if isinstance(result, dict) else None
+            raise ToolError(
+                f"sub-playbook {path!r} (execution {child.execution_id}) {status}: {(err or {}).get('message', '')}",
+                kind="playbook_failed",
+                result={"execution_id": child.execution_id, "status": status},
+            )
+        if isinstance(result, dict):
+            return {**result, "execution_id": child.execution_id}
+        return {"result": result, "execution_id": child.execution_id}
+
+
+def _strings(value: Any) -> list[str]:
+    out: list[str] = []
+    if isinstance(value, str):
+        out.append(value)
+    elif isinstance(value, dict):
+        for v in value.values():
+            out.extend(_strings(v))
+    elif isinstance(value, list):
+        for v in value:
+            out.extend(_strings(v))
+    return out
+
+
+def _default_keychain(pb: Playbook) -> Any:
+    try:
+        from noetl_dagster.engine.keychain import Keychain  # noqa: PLC0415
+    except ImportError:  # pragma: no cover - the keychain module ships with the package
+        return _StaticKeychain(pb.keychain)
+    return Keychain(pb.keychain, base_dir=pb.base_dir)
+
+
+class _StaticKeychain:
+    """Literal keychain declarations only; used until a provider-backed keychain is configured."""
+
+    def __init__(self, decls: list[dict[str, Any]]):
+        self._decls = {d["name"]: {k: v for k, v in d.items() if k != "name"} for d in decls}
+
+    def namespace(self) -> Mapping[str, Any]:
+        return self._decls
+
+    def credential(self, name: str) -> dict[str, Any]:
+        if name in self._decls:
+            return self._decls[name]
+        env = os.environ.get(f"NOETL_CREDENTIAL_{name.upper()}")
+        if env:
+            import json
+
+            return json.loads(env)
+        raise ToolError(f"credential {name!r} is not defined", kind="credential_missing")
+
+    def secret_values(self) -> set[str]:
+        return set()

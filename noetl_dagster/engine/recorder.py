@@ -1,0 +1,130 @@
+"""Recorder: the one way an execution changes: emit an event, fold it, append it.
+
+Events are folded into the state immediately and appended to the EventStore in
+batches (at step boundaries and every ``batch_size`` events), after secret
+values are redacted and big bodies are offloaded to the PayloadStore.
+Listeners (Dagster logs, OpenLineage) see each event once it is durable.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from noetl_dagster.engine.events import Event
+from noetl_dagster.engine.state import ExecutionState
+from noetl_dagster.storage.events import EventStore
+from noetl_dagster.storage.payload import Offloader
+
+Listener = Callable[[Event], None]
+REDACTED = "***"
+
+
+class Redactor:
+    def __init__(self) -> None:
+        self.secrets: set[str] = set()
+
+    def add(self, values: Iterable[str]) -> None:
+        for v in values:
+            if isinstance(v, str) and len(v) >= 3:
+                self.secrets.add(v)
+
+    def __bool__(self) -> bool:
+        return bool(self.secrets)
+
+    def text(self, s: str) -> str:
+        for secret in self.secrets:
+            if secret in s:
+                s = s.replace(secret, REDACTED)
+        return s
+
+    def value(self, v: Any) -> Any:
+        if not self.secrets:
+            return v
+        if isinstance(v, str):
+            return self.text(v)
+        if isinstance(v, dict):
+            return {k: self.value(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [self.value(x) for x in v]
+        return v
+
+
+class Recorder:
+    def __init__(
+        self,
+        state: ExecutionState,
+        store: EventStore,
+        offloader: Offloader,
+        *,
+        tenant: str = "default",
+        project: str = "default",
+        parent_execution_id: str | None = None,
+        listeners: Iterable[Listener] = (),
+        redactor: Redactor | None = None,
+        batch_size: int = 2000,
+    ):
+        self.state = state
+        self.store = store
+        self.offloader = offloader
+        self.tenant = tenant
+        self.project = project
+        self.parent_execution_id = parent_execution_id
+        self.listeners = list(listeners)
+        self.redactor = redactor or Redactor()
+        self.batch_size = batch_size
+        self._buffer: list[Event] = []
+        self._lock = threading.RLock()
+        self._offload_seq = 0
+
+    @property
+    def execution_id(self) -> str:
+        return self.state.execution_id
+
+    def offload(self, value: Any, hint: str) -> Any:
+        """A value as it should appear in an event: itself, or a ``$ref`` to the payload store."""
+        if self.redactor:
+            value = self.redactor.value(value)
+        with self._lock:
+            self._offload_seq += 1
+            n = self._offload_seq
+        return self.offloader.maybe_offload(value, f"{self.tenant}/{self.project}/{self.execution_id}/{hint}-{n}")
+
+    def emit(self, name: str, *, data: dict[str, Any] | None = None, **fields: Any) -> Event:
+        d = data if data is not None else {}
+        if self.redactor:
+            d = self.redactor.value(d)
+        ev = Event(
+            name,
+            self.state.execution_id,
+            d,
+            parent_execution_id=self.parent_execution_id,
+            tenant_id=self.tenant,
+            project_id=self.project,
+            **fields,
+        )
+        with self._lock:
+            self.state.apply(ev)
+            self._buffer.append(ev)
+            if len(self._buffer) >= self.batch_size:
+                self._flush_locked()
+        return ev
+
+    def flush(self) -> None:
+        with self._lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        if not self._buffer:
+            return
+        batch, self._buffer = self._buffer, []
+        self.store.append(batch)
+        if batch:
+            self.state.sequence = max(self.state.sequence, batch[-1].sequence or 0)
+        for listener in self.listeners:
+            for ev in batch:
+                try:
+                    listener(ev)
+                except Exception:  # noqa: BLE001 - an observer never breaks an execution
+                    pass

@@ -1,0 +1,136 @@
+"""The local runner: drives the engine in-process (the reference for every other runner)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from noetl_dagster.dsl.model import Playbook
+from noetl_dagster.dsl.parse import load_playbook
+from noetl_dagster.engine.catalog import Catalog
+from noetl_dagster.engine.control import Engine, Services
+from noetl_dagster.engine.events import Event
+from noetl_dagster.engine.worker import StepRun
+from noetl_dagster.storage.events import EventStore, open_event_store
+from noetl_dagster.storage.jsonutil import plain
+from noetl_dagster.storage.payload import DEFAULT_INLINE_LIMIT, FilePayloadStore, Offloader
+
+# Called with (engine) after every execution finishes; tests use it to replay each execution.
+FINISHED_HOOKS: list[Callable[[Engine], None]] = []
+
+
+def default_data_dir() -> Path:
+    return Path(os.environ.get("NOETL_DAGSTER_HOME", ".noetl"))
+
+
+@dataclass
+class ExecutionResult:
+    execution_id: str
+    status: str
+    ctx: dict[str, Any]
+    results: dict[str, Any]
+    runs: dict[str, int]
+    event_store_url: str = ""
+    playbook: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The stable ``--json`` shape of SEMANTICS.md §8."""
+        return {
+            "execution_id": self.execution_id,
+            "status": self.status,
+            "ctx": plain(self.ctx),
+            "results": plain(self.results),
+            "runs": dict(self.runs),
+        }
+
+    @classmethod
+    def from_engine(cls, eng: Engine) -> ExecutionResult:
+        st = eng.state
+        return cls(
+            execution_id=st.execution_id,
+            status=st.status,
+            ctx=dict(st.ctx),
+            results={s: st.result(s) for s in st.results},
+            runs=dict(st.runs),
+            event_store_url=eng.services.event_store.url,
+            playbook=eng.playbook.metadata.path,
+        )
+
+
+def _listeners_from_env() -> list[Callable[[Event], None]]:
+    try:
+        from lineage import listener_from_env  # noqa: PLC0415
+    except ImportError:
+        return []
+    try:
+        listener = listener_from_env()
+    except Exception:  # noqa: BLE001 - lineage never stops a playbook
+        return []
+    return [listener] if listener else []
+
+
+def build_services(
+    *,
+    event_store: EventStore | str | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+    catalog_dirs: Iterable[str | os.PathLike[str]] = (),
+    tenant: str = "default",
+    project: str = "default",
+    listeners: Iterable[Callable[[Event], None]] = (),
+    logger: Callable[[str], None] | None = None,
+    inline_limit: int = DEFAULT_INLINE_LIMIT,
+    payload_store: Any = None,
+) -> Services:
+    ddir = Path(data_dir) if data_dir else default_data_dir()
+    store = event_store if isinstance(event_store, EventStore) else open_event_store(event_store, data_dir=ddir)
+    payloads = payload_store or FilePayloadStore(ddir / "payloads")
+    return Services(
+        event_store=store,
+        offloader=Offloader(payloads, inline_limit),
+        data_dir=ddir,
+        catalog=Catalog(catalog_dirs),
+        tenant=tenant,
+        project=project,
+        listeners=[*listeners, *_listeners_from_env()],
+        logger=logger,
+    )
+
+
+def run_playbook(
+    playbook: Playbook | str | os.PathLike[str],
+    workload: Mapping[str, Any] | None = None,
+    *,
+    event_store: EventStore | str | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+    catalog_dirs: Iterable[str | os.PathLike[str]] = (),
+    tenant: str = "default",
+    project: str = "default",
+    listeners: Iterable[Callable[[Event], None]] = (),
+    on_step: Callable[[StepRun], None] | None = None,
+    logger: Callable[[str], None] | None = None,
+    execution_id: str | None = None,
+    services: Services | None = None,
+) -> ExecutionResult:
+    """Run a playbook to completion in this process and return its summary."""
+    pb = playbook if isinstance(playbook, Playbook) else load_playbook(playbook)
+    svc = services or build_services(
+        event_store=event_store,
+        data_dir=data_dir,
+        catalog_dirs=catalog_dirs,
+        tenant=tenant,
+        project=project,
+        listeners=listeners,
+        logger=logger,
+    )
+    if pb.base_dir:
+        svc.catalog.add_dir(pb.base_dir)
+    eng = Engine(pb, svc, execution_id=execution_id)
+    eng.start(workload)
+    eng.drive(on_step)
+    for hook in FINISHED_HOOKS:
+        hook(eng)
+    return ExecutionResult.from_engine(eng)

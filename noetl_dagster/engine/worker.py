@@ -1,0 +1,569 @@
+"""Data plane: run one step's pipeline for one activation (SEMANTICS.md §3, §4).
+
+Renders each task, calls its tool, builds the outcome envelope, applies the
+task policy (first match wins; continue | retry | jump | break | fail) with
+its writes, and iterates the pipeline over ``loop.in`` when the step (or a
+task) has a loop. Every failure becomes an error outcome and events; nothing
+raised by a tool or a template escapes.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from noetl_dagster.dsl.model import Loop, RuleThen, Step, Task
+from noetl_dagster.engine import events as E
+from noetl_dagster.engine.events import now_iso, uuid7
+from noetl_dagster.engine.scope import Scope, StepResults
+from noetl_dagster.engine.templates import TemplateError, template_env
+from noetl_dagster.tools.registry import ToolError, get_tool
+
+if TYPE_CHECKING:
+    from noetl_dagster.engine.control import Engine
+
+MAX_PIPELINE_TRANSITIONS = 100_000
+DEFAULT_MAX_IN_FLIGHT = 16
+DEFAULT_RETRY_ATTEMPTS = 3
+DEFAULT_RETRY_DELAY = 1.0
+
+
+@dataclass
+class StepRun:
+    step: str
+    step_run_id: str
+    ok: bool
+    result: Any
+    error: dict[str, Any] | None
+    event_name: str  # call.done | call.error | loop.done
+    args: Any = None
+
+
+class CtxConflict(Exception):
+    pass
+
+
+@dataclass
+class _Frame:
+    """Where a pipeline runs: its step run, the loop iteration (if any) and its iter scope."""
+
+    step: Step
+    step_run_id: str
+    args: Any
+    iter: dict[str, Any]
+    loop_id: str | None = None
+    iteration: int | None = None
+    ctx_guard: _CtxGuard | None = None
+
+
+class _CtxGuard:
+    """Parallel loops: two iterations writing one ctx key is rejected (SEMANTICS §4)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self.writers: dict[str, int] = {}
+
+    def claim(self, keys: Mapping[str, Any], iteration: int) -> None:
+        with self._lock:
+            for k in keys:
+                owner = self.writers.setdefault(k, iteration)
+                if owner != iteration:
+                    raise CtxConflict(
+                        f"parallel loop iterations {owner} and {iteration} both write ctx.{k}; "
+                        "write per-iteration state with set_iter, or use a sequential loop"
+                    )
+
+
+def _error(kind: str, message: str, *, retryable: bool = False, code: Any = None) -> dict[str, Any]:
+    return {"kind": kind, "message": message, "retryable": retryable, "code": code}
+
+
+class _ToolCtx:
+    """The engine's implementation of tools.registry.ToolContext for one task call."""
+
+    def __init__(self, worker: Worker, frame: _Frame, task: Task, attempt: int, scope: Scope):
+        self._worker = worker
+        self._frame = frame
+        self.execution_id = worker.engine.execution_id
+        self.step = frame.step.name
+        self.task = task.label
+        self.attempt = attempt
+        self.spec = task.spec
+        self.base_dir = worker.engine.playbook.base_dir
+        self.render_context = scope
+        self.tenant = worker.engine.services.tenant
+        self.project = worker.engine.services.project
+
+    @property
+    def payloads(self) -> Any:
+        return self._worker.engine.services.offloader.store
+
+    @property
+    def offloader(self) -> Any:
+        return self._worker.engine.services.offloader
+
+    @property
+    def data_dir(self) -> str:
+        return str(self._worker.engine.services.data_dir)
+
+    def credential(self, name: str) -> dict[str, Any]:
+        return self._worker.engine.credential(name)
+
+    def resource(self, key: str, factory: Callable[[], Any]) -> Any:
+        return self._worker.engine.resource(key, factory)
+
+    def run_playbook(self, path: str, workload: Mapping[str, Any], **kw: Any) -> dict[str, Any]:
+        return self._worker.engine.run_child(path, dict(workload or {}), **kw)
+
+    def run_workbook(self, name: str, inputs: dict[str, Any]) -> Any:
+        return self._worker.call_workbook(name, inputs, self._frame, self.render_context)
+
+    def log(self, message: str) -> None:
+        self._worker.engine.log(f"[{self.step}.{self.task}] {message}")
+
+    def redact(self, value: str) -> None:
+        self._worker.engine.recorder.redactor.add([value])
+
+
+class Worker:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.env = template_env()
+
+    # -- scopes ------------------------------------------------------------------
+    def base_scope(self, args: Any, iter_scope: dict[str, Any], task_results: dict[str, Any] | None = None) -> Scope:
+        eng = self.engine
+        st = eng.state
+        steps = StepResults(lambda: st.results, st.result)
+        ns: dict[str, Any] = {
+            "workload": st.workload,
+            "ctx": st.ctx,
+            "iter": iter_scope,
+            "args": args if args is not None else {},
+            "keychain": eng.keychain_namespace(),
+            "execution_id": eng.execution_id,
+            "steps": steps,
+        }
+        chain: list[Mapping[str, Any]] = []
+        if isinstance(args, Mapping):
+            chain.append(args)
+        chain += [st.ctx, iter_scope]
+        if task_results is not None:
+            chain.append(task_results)
+            ns["results"] = task_results
+        chain += [steps, st.workload]
+        return Scope(ns, tuple(chain))
+
+    # -- steps -------------------------------------------------------------------
+    def run_step(self, step: Step, step_run_id: str, args: Any) -> StepRun:
+        rec = self.engine.recorder
+        rec.emit(E.STEP_STARTED, step=step.name, step_run_id=step_run_id, entity_id=step_run_id, status="in_progress")
+        t0 = time.perf_counter()
+        if step.loop is not None:
+            frame = _Frame(step, step_run_id, args, {})
+            ok, result, error = self._run_loop(step.loop, frame, lambda f: self._run_pipeline(step.tool, f))
+            event_name = "loop.done"
+        else:
+            frame = _Frame(step, step_run_id, args, {})
+            ok, result, error = self._run_pipeline(step.tool, frame)
+            event_name = "call.done" if ok else "call.error"
+        if ok and step.set:
+            try:
+                scope = self.base_scope(args, frame.iter).child(
+                    output=_outcome_view(ok, result, error), outcome=_outcome_view(ok, result, error), result=result
+                )
+                scope.ns[step.name] = result  # the step's own result, before it is recorded
+                self._apply_set(step.set.ctx, {}, scope, frame, source="step")
+            except (TemplateError, CtxConflict) as e:
+                ok, error = False, _error("template_error" if isinstance(e, TemplateError) else "ctx_conflict", str(e))
+                if event_name == "call.done":
+                    event_name = "call.error"
+        duration_ms = round((time.perf_counter() - t0) * 1000, 3)
+        if ok:
+            rec.emit(
+                E.STEP_DONE,
+                step=step.name,
+                step_run_id=step_run_id,
+                entity_id=step_run_id,
+                data={"result": rec.offload(result, f"{step.name}/result"), "duration_ms": duration_ms},
+            )
+        else:
+            rec.emit(
+                E.STEP_FAILED,
+                step=step.name,
+                step_run_id=step_run_id,
+                entity_id=step_run_id,
+                status="error",
+                data={"error": error, "duration_ms": duration_ms},
+            )
+        rec.flush()
+        return StepRun(step.name, step_run_id, ok, result, error, event_name, args)
+
+    # -- loops -------------------------------------------------------------------
+    def _loop_items(self, loop: Loop, scope: Scope) -> list[Any]:
+        raw = loop.in_
+        items = self.env.render(raw, scope) if isinstance(raw, (str, dict, list)) else raw
+        if isinstance(items, str):
+            import json
+
+            try:
+                items = json.loads(items)
+            except ValueError:
+                raise TemplateError(str(raw), f"loop.in rendered to a string, not a list: {items[:80]!r}") from None
+        if isinstance(items, Mapping):
+            if set(items) == {"results", "stats"} and isinstance(items.get("results"), list):
+                return list(items["results"])  # a loop step's aggregate iterates over its results
+            return [dict(items)]
+        if items is None:
+            raise TemplateError(str(raw), "loop.in rendered to nothing (undefined or null)")
+        if isinstance(items, (list, tuple)):
+            return list(items)
+        raise TemplateError(str(raw), f"loop.in must render to a list, got {type(items).__name__}")
+
+    def _run_loop(
+        self,
+        loop: Loop,
+        frame: _Frame,
+        body: Callable[[_Frame], tuple[bool, Any, dict[str, Any] | None]],
+    ) -> tuple[bool, Any, dict[str, Any] | None]:
+        rec = self.engine.recorder
+        step = frame.step
+        scope = self.base_scope(frame.args, frame.iter)
+        t0 = time.perf_counter()
+        try:
+            items = self._loop_items(loop, scope)
+            mif = loop.max_in_flight
+            if isinstance(mif, str):
+                mif = self.env.render(mif, scope)
+            mif = int(mif) if mif not in (None, "") else DEFAULT_MAX_IN_FLIGHT
+            mif = max(1, mif)
+        except (TemplateError, ValueError, TypeError) as e:
+            return False, None, _error("template_error", str(e))
+        loop_id = uuid7()
+        n = len(items)
+        parallel = loop.mode == "parallel" and n > 1
+        rec.emit(
+            E.LOOP_STARTED,
+            step=step.name,
+            step_run_id=frame.step_run_id,
+            loop_id=loop_id,
+            entity_id=loop_id,
+            status="in_progress",
+            data={"total": n, "mode": loop.mode, "max_in_flight": mif if loop.mode == "parallel" else 1},
+        )
+        results: list[Any] = [None] * n
+        oks = [False] * n
+        guard = _CtxGuard() if parallel else None
+        parent_iter = frame.iter if frame.iter else None
+
+        def one(i: int) -> None:
+            it: dict[str, Any] = {
+                loop.iterator: items[i],
+                "index": i,
+                "_index": i,
+                "_first": i == 0,
+                "_last": i == n - 1,
+                "_total": n,
+                "parent": parent_iter,
+            }
+            f = _Frame(step, frame.step_run_id, frame.args, it, loop_id, i, guard)
+            rec.emit(
+                E.LOOP_ITERATION_STARTED,
+                step=step.name,
+                step_run_id=frame.step_run_id,
+                loop_id=loop_id,
+                iteration=i,
+                entity_id=loop_id,
+                status="in_progress",
+            )
+            ok, result, error = body(f)
+            results[i] = result if ok else {"status": "error", "error": error}
+            oks[i] = ok
+            if ok:
+                rec.emit(
+                    E.LOOP_ITERATION_DONE,
+                    step=step.name,
+                    step_run_id=frame.step_run_id,
+                    loop_id=loop_id,
+                    iteration=i,
+                    entity_id=loop_id,
+                    data={"result": rec.offload(result, f"{step.name}/iter-{i}")},
+                )
+            else:
+                rec.emit(
+                    E.LOOP_ITERATION_FAILED,
+                    step=step.name,
+                    step_run_id=frame.step_run_id,
+                    loop_id=loop_id,
+                    iteration=i,
+                    entity_id=loop_id,
+                    status="error",
+                    data={"error": error},
+                )
+
+        if parallel:
+            with ThreadPoolExecutor(max_workers=min(mif, n), thread_name_prefix=f"noetl-{step.name}") as pool:
+                for fut in [pool.submit(one, i) for i in range(n)]:
+                    fut.result()
+        else:
+            for i in range(n):
+                one(i)
+        failed = n - sum(oks)
+        aggregate = {"results": results, "stats": {"total": n, "ok": n - failed, "failed": failed}}
+        rec.emit(
+            E.LOOP_DONE,
+            step=step.name,
+            step_run_id=frame.step_run_id,
+            loop_id=loop_id,
+            entity_id=loop_id,
+            status="success" if not failed else "error",
+            data={
+                "result": rec.offload(aggregate, f"{step.name}/loop"),
+                "duration_ms": round((time.perf_counter() - t0) * 1000, 3),
+            },
+        )
+        if failed:
+            first = next(r for r, ok in zip(results, oks, strict=True) if not ok)
+            err = dict(first.get("error") or {}) if isinstance(first, dict) else {}
+            err["message"] = f"{failed} of {n} loop iterations failed; first: {err.get('message', '')}"
+            err.setdefault("kind", "loop_failed")
+            return False, aggregate, err
+        return True, aggregate, None
+
+    # -- pipeline ----------------------------------------------------------------
+    def _run_pipeline(self, tasks: list[Task], frame: _Frame) -> tuple[bool, Any, dict[str, Any] | None]:
+        labels = {t.label: i for i, t in enumerate(tasks)}
+        task_results: dict[str, Any] = {}
+        prev: Any = None
+        last_result: Any = None
+        pc = 0
+        attempt = 1
+        transitions = 0
+        while pc < len(tasks):
+            transitions += 1
+            if transitions > MAX_PIPELINE_TRANSITIONS:
+                return False, last_result, _error("pipeline_limit", f"pipeline exceeded {MAX_PIPELINE_TRANSITIONS} task runs")
+            task = tasks[pc]
+            scope = self.base_scope(frame.args, frame.iter, task_results)
+            scope.ns.update(_prev=prev, _task=task.label, _attempt=attempt)
+            outcome = self._call_task(task, frame, scope, attempt)
+            status_ok = outcome["status"] == "ok"
+            then, rule_error = self._decide(task, outcome, scope)
+            if rule_error is not None:  # a rule's `when` failed to render: the task fails
+                outcome = outcome | {"status": "error", "error": rule_error}
+                status_ok, do = False, "fail"
+            else:
+                do = then.do if then is not None else ("continue" if status_ok else "fail")
+            # writes: the rule's set_ctx / set_iter, then the task's own `set`
+            try:
+                pscope = scope.child(outcome=outcome, output=outcome, error=outcome.get("error"), result=outcome.get("result"))
+                if then is not None and then.set:
+                    self._apply_set(then.set.ctx, then.set.iter, pscope, frame, source=f"rule:{task.label}")
+                if task.set and do != "retry":
+                    self._apply_set(task.set.ctx, task.set.iter, pscope, frame, source=f"task:{task.label}")
+            except (TemplateError, CtxConflict) as e:
+                kind = "template_error" if isinstance(e, TemplateError) else "ctx_conflict"
+                outcome = outcome | {"status": "error", "error": _error(kind, str(e))}
+                do, status_ok = "fail", False
+            self.engine.recorder.emit(
+                E.TASK_DONE,
+                step=frame.step.name,
+                step_run_id=frame.step_run_id,
+                task_run_id=outcome["meta"]["task_run_id"],
+                entity_id=outcome["meta"]["task_run_id"],
+                loop_id=frame.loop_id,
+                iteration=frame.iteration,
+                attempt=attempt,
+                status="success" if status_ok else "error",
+                data={"task": task.label, "kind": task.kind, "outcome": self._outcome_event(outcome, frame, task), "directive": do},
+            )
+            if do == "retry":
+                max_attempts = self._int(then.attempts if then else None, scope, DEFAULT_RETRY_ATTEMPTS)
+                if attempt < max_attempts:
+                    delay = self._retry_delay(then, attempt, pscope)
+                    if delay > 0:
+                        time.sleep(delay)
+                    attempt += 1
+                    continue
+                do = "continue" if status_ok else "fail"
+            result = outcome.get("result")
+            task_results[task.label] = result
+            prev = result
+            last_result = result
+            attempt = 1
+            if do == "continue":
+                if not status_ok and then is None:
+                    return False, last_result, outcome.get("error")
+                pc += 1
+            elif do == "jump":
+                target = then.to if then else None
+                pc = max(pc - 1, 0) if target == "previous" else labels.get(str(target), len(tasks))
+            elif do == "break":
+                return True, last_result, None
+            else:  # fail
+                err = outcome.get("error") or _error("policy_fail", f"task {task.label!r} failed by policy rule")
+                return False, last_result, err
+        return True, last_result, None
+
+    def _int(self, value: Any, scope: Scope, default: int) -> int:
+        if value is None:
+            return default
+        v = self.env.render(value, scope) if isinstance(value, str) else value
+        try:
+            return int(v)
+        except (TypeError, ValueError):
+            return default
+
+    def _retry_delay(self, then: RuleThen | None, attempt: int, scope: Scope) -> float:
+        backoff = (then.backoff if then else None) or "fixed"
+        if backoff == "none":
+            return 0.0
+        raw = then.delay if then else None
+        v = self.env.render(raw, scope) if isinstance(raw, str) else raw
+        try:
+            delay = float(v) if v is not None else DEFAULT_RETRY_DELAY
+        except (TypeError, ValueError):
+            delay = DEFAULT_RETRY_DELAY
+        if backoff == "linear":
+            return delay * attempt
+        if backoff == "exponential":
+            return delay * (2 ** (attempt - 1))
+        return delay
+
+    def _decide(self, task: Task, outcome: dict[str, Any], scope: Scope) -> tuple[RuleThen | None, dict[str, Any] | None]:
+        """The matching rule's ``then`` (None: the defaults apply), or an error when a condition fails."""
+        if task.policy is None:
+            return None, None
+        pscope = scope.child(outcome=outcome, output=outcome, error=outcome.get("error"))
+        else_then = None
+        for rule in task.policy:
+            if rule.is_else:
+                else_then = else_then or rule.then
+                continue
+            try:
+                if self.env.truthy(rule.when, pscope):
+                    return rule.then, None
+            except TemplateError as e:
+                return None, _error("template_error", f"policy rule of task {task.label!r}: {e}")
+        return else_then, None
+
+    def _apply_set(self, ctx_w: dict[str, Any], iter_w: dict[str, Any], scope: Scope, frame: _Frame, source: str) -> None:
+        if ctx_w:
+            patch = {k: self.env.render(v, scope) for k, v in ctx_w.items()}
+            if frame.ctx_guard is not None and frame.iteration is not None:
+                frame.ctx_guard.claim(patch, frame.iteration)
+            self.engine.patch_ctx(patch, step=frame.step.name, step_run_id=frame.step_run_id, loop_id=frame.loop_id,
+                                  iteration=frame.iteration, source=source)  # fmt: skip
+        if iter_w:
+            updates = {k: self.env.render(v, scope) for k, v in iter_w.items()}
+            frame.iter.update(updates)
+
+    def _outcome_event(self, outcome: dict[str, Any], frame: _Frame, task: Task) -> dict[str, Any]:
+        out = {k: v for k, v in outcome.items() if k not in ("data", "response", "result")}
+        out["result"] = self.engine.recorder.offload(outcome.get("result"), f"{frame.step.name}/{task.label}")
+        return out
+
+    # -- one task call -----------------------------------------------------------
+    def _call_task(self, task: Task, frame: _Frame, scope: Scope, attempt: int) -> dict[str, Any]:
+        rec = self.engine.recorder
+        task_run_id = uuid7()
+        started_at = now_iso()
+        rec.emit(
+            E.TASK_STARTED,
+            step=frame.step.name,
+            step_run_id=frame.step_run_id,
+            task_run_id=task_run_id,
+            entity_id=task_run_id,
+            loop_id=frame.loop_id,
+            iteration=frame.iteration,
+            attempt=attempt,
+            status="in_progress",
+            data={"task": task.label, "kind": task.kind},
+        )
+        t0 = time.perf_counter()
+        if task.loop is not None:
+            inner = _Frame(frame.step, frame.step_run_id, frame.args, frame.iter, frame.loop_id, frame.iteration, frame.ctx_guard)
+            ok, result, error = self._run_loop(
+                task.loop, inner, lambda f: self._task_body_as_pipeline(task, f, attempt)
+            )
+            outcome = {"status": "ok" if ok else "error", "result": result, "data": result, "response": result, "error": error}
+        else:
+            outcome = self._invoke(task, frame, scope, attempt)
+        outcome["meta"] = {
+            "attempt": attempt,
+            "duration_ms": round((time.perf_counter() - t0) * 1000, 3),
+            "started_at": started_at,
+            "task_run_id": task_run_id,
+        }
+        return outcome
+
+    def _task_body_as_pipeline(self, task: Task, frame: _Frame, attempt: int) -> tuple[bool, Any, dict[str, Any] | None]:
+        scope = self.base_scope(frame.args, frame.iter, {})
+        outcome = self._invoke(task, frame, scope, attempt)
+        return outcome["status"] == "ok", outcome.get("result"), outcome.get("error")
+
+    def _invoke(self, task: Task, frame: _Frame, scope: Scope, attempt: int) -> dict[str, Any]:
+        kind = get_tool(task.kind)
+        if kind is None:
+            return _err_outcome(_error("unknown_kind", f"tool kind {task.kind!r} is not registered"))
+        try:
+            raw_keys = kind.raw_keys
+            config = {k: (v if k in raw_keys else self.env.render(v, scope)) for k, v in task.config.items()}
+            if frame.step.input:
+                step_input = self.env.render(frame.step.input, scope)
+                base = config.get("input") if isinstance(config.get("input"), dict) else {}
+                config["input"] = {**base, **step_input}
+        except TemplateError as e:
+            return _err_outcome(_error("template_error", str(e)))
+        try:
+            result = kind.fn(config, _ToolCtx(self, frame, task, attempt, scope))
+        except ToolError as e:
+            out = _err_outcome(_error(e.kind, str(e.message), retryable=e.retryable, code=e.code))
+            out.update(e.details)
+            if e.result is not None:
+                out["result"] = out["data"] = out["response"] = e.result
+            return out
+        except TemplateError as e:
+            return _err_outcome(_error("template_error", str(e)))
+        except Exception as e:  # noqa: BLE001 - a tool bug is an error outcome, never a crash
+            out = _err_outcome(_error("exception", f"{type(e).__name__}: {e}"))
+            out["py"] = {"exception_type": type(e).__name__, "traceback": traceback.format_exc(limit=8)}
+            return out
+        return {"status": "ok", "result": result, "data": result, "response": result, "error": None}
+
+    # -- workbook ----------------------------------------------------------------
+    def call_workbook(self, name: str, inputs: dict[str, Any], frame: _Frame, scope: Scope) -> Any:
+        entry = self.engine.playbook.workbook_entry(name)
+        if entry is None:
+            raise ToolError(f"workbook entry {name!r} is not defined", kind="unknown_workbook_entry")
+        task = entry.tool
+        defaults = task.config.get("input") if isinstance(task.config.get("input"), dict) else {}
+        call_input = inputs.get("input") if isinstance(inputs.get("input"), dict) else {}
+        merged = {**defaults, **call_input}
+        wb_task = task.model_copy(update={"config": {**task.config, "input": merged}})
+        wscope = scope.child(input=merged, args=merged)
+        sub = _Frame(frame.step, frame.step_run_id, merged, frame.iter, frame.loop_id, frame.iteration, frame.ctx_guard)
+        outcome = self._invoke(wb_task, sub, wscope, 1)
+        if outcome["status"] != "ok":
+            err = outcome.get("error") or {}
+            raise ToolError(
+                f"workbook entry {name!r} failed: {err.get('message')}",
+                kind=err.get("kind") or "workbook_error",
+                retryable=bool(err.get("retryable")),
+                details={k: outcome[k] for k in ("http", "pg", "py") if k in outcome},
+            )
+        return outcome.get("result")
+
+
+def _err_outcome(error: dict[str, Any]) -> dict[str, Any]:
+    return {"status": "error", "result": None, "data": None, "response": None, "error": error}
+
+
+def _outcome_view(ok: bool, result: Any, error: Any) -> dict[str, Any]:
+    return {"status": "ok" if ok else "error", "result": result, "data": result, "response": result, "error": error}

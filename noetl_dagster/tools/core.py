@@ -1,0 +1,285 @@
+"""Core tool kinds: python, noop, workbook, playbook (SEMANTICS.md §6)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import builtins
+import inspect
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
+
+_CODE_CACHE: dict[str, Any] = {}
+_CODE_LOCK = threading.Lock()
+_RESERVED = {"code", "code_b64", "code_base64", "script", "libs", "deps", "input", "args", "name"}
+STDOUT_LIMIT = 8192
+
+
+@register_tool("noop", description="Does nothing; returns {status: noop} (or its `result` input).")
+def noop_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
+    if "result" in inputs:
+        return inputs["result"]
+    return {"status": "noop"}
+
+
+@register_tool("workbook", description="Runs the named `workbook` entry's tool with the merged input.")
+def workbook_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
+    name = inputs.get("name")
+    if not name:
+        raise ToolError("`kind: workbook` needs `name`", kind="config_error")
+    return ctx.run_workbook(str(name), inputs)  # type: ignore[attr-defined]
+
+
+@register_tool("playbook", description="Runs a sub-playbook; returns its return_step (or last step) result.")
+def playbook_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
+    path = inputs.get("path") or inputs.get("catalog_path")
+    if not path:
+        raise ToolError("`kind: playbook` needs `path`", kind="config_error")
+    workload = inputs.get("input")
+    if workload is None:
+        workload = inputs.get("payload", inputs.get("args", {}))
+    if not isinstance(workload, Mapping):
+        raise ToolError("`kind: playbook` input must be a mapping (the child's workload)", kind="config_error")
+    return ctx.run_playbook(
+        str(path), dict(workload), return_step=inputs.get("return_step") or inputs.get("result_step")
+    )
+
+
+# -- python ---------------------------------------------------------------------
+
+
+def _coerce(value: Any) -> Any:
+    """JSON-looking strings become values (as the reference engine does for python inputs)."""
+    if isinstance(value, str):
+        s = value.strip()
+        if s[:1] in "[{" and s[-1:] in "]}":
+            try:
+                return json.loads(s)
+            except ValueError:
+                return value
+    return value
+
+
+def _source(inputs: dict[str, Any], ctx: ToolContext) -> str:
+    if isinstance(inputs.get("code"), str):
+        return inputs["code"]
+    for key in ("code_b64", "code_base64"):
+        if isinstance(inputs.get(key), str):
+            try:
+                return base64.b64decode(inputs[key]).decode()
+            except Exception as e:  # noqa: BLE001
+                raise ToolError(f"`{key}` is not valid base64 text: {e}", kind="config_error") from None
+    script = inputs.get("script")
+    if script:
+        if isinstance(script, Mapping):
+            src = script.get("source") or {}
+            path = script.get("path") or script.get("uri") or (src.get("path") if isinstance(src, Mapping) else None)
+        else:
+            path = str(script)
+        if not path:
+            raise ToolError("`script` needs a path", kind="config_error")
+        p = Path(str(path).removeprefix("file://"))
+        if not p.is_absolute() and ctx.base_dir:
+            p = Path(ctx.base_dir) / p
+        try:
+            return p.read_text(encoding="utf-8")
+        except OSError as e:
+            raise ToolError(f"cannot read script {p}: {e.strerror}", kind="config_error") from None
+    raise ToolError("`kind: python` needs `code`, `code_b64` or `script`", kind="config_error")
+
+
+def _compile(source: str) -> tuple[Any, bool]:
+    """(code object, wrapped) — code whose top level returns is wrapped in a function."""
+    with _CODE_LOCK:
+        hit = _CODE_CACHE.get(source)
+    if hit is not None:
+        return hit
+    try:
+        compiled = (compile(source, "<noetl-python>", "exec"), False)
+    except SyntaxError as e:
+        if "'return' outside function" not in str(e):
+            raise ToolError(f"python syntax error at line {e.lineno}: {e.msg}", kind="python_syntax",
+                            details={"py": {"exception_type": "SyntaxError"}}) from None  # fmt: skip
+        wrapped = "def __noetl_step__():\n" + textwrap.indent(source, "    ") + "\n__noetl_result__ = __noetl_step__()\n"
+        try:
+            compiled = (compile(wrapped, "<noetl-python>", "exec"), True)
+        except SyntaxError as e2:
+            raise ToolError(f"python syntax error at line {e2.lineno}: {e2.msg}", kind="python_syntax",
+                            details={"py": {"exception_type": "SyntaxError"}}) from None  # fmt: skip
+    with _CODE_LOCK:
+        if len(_CODE_CACHE) > 4096:
+            _CODE_CACHE.clear()
+        _CODE_CACHE[source] = compiled
+    return compiled
+
+
+def _inputs(inputs: dict[str, Any]) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    for key in ("args", "input"):
+        v = inputs.get(key)
+        if isinstance(v, Mapping):
+            data.update(v)
+    for k, v in inputs.items():  # keys written beside `code` are inputs too
+        if k not in _RESERVED and k not in data:
+            data[k] = v
+    return {k: _coerce(v) for k, v in data.items()}
+
+
+def _call_main(fn: Any, data: dict[str, Any], context: Any) -> Any:
+    sig = inspect.signature(fn)
+    kwargs: dict[str, Any] = {}
+    takes_var_kw = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+    for name, p in sig.parameters.items():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        if name in data:
+            kwargs[name] = data[name]
+        elif name in ("input_data", "data"):
+            kwargs[name] = data
+        elif name == "context":
+            kwargs[name] = context
+    if takes_var_kw:
+        for k, v in data.items():
+            kwargs.setdefault(k, v)
+    result = fn(**kwargs)
+    if inspect.iscoroutine(result):
+        result = asyncio.run(result)
+    return result
+
+
+def _check_result(result: Any) -> Any:
+    if isinstance(result, Mapping) and str(result.get("status", "")).lower() == "error":
+        msg = result.get("error") or result.get("message") or "python code returned status: error"
+        raise ToolError(str(msg if not isinstance(msg, Mapping) else msg.get("message", msg)), kind="python_error",
+                        result=dict(result))  # fmt: skip
+    return result
+
+
+def run_python_inline(source: str, data: dict[str, Any], context: Any, log: Any = None) -> Any:
+    code, wrapped = _compile(source)
+    out: list[str] = []
+
+    def _print(*args: Any, sep: str = " ", end: str = "\n", file: Any = None, flush: bool = False) -> None:
+        if file is not None and file not in (sys.stdout, sys.stderr):
+            builtins.print(*args, sep=sep, end=end, file=file, flush=flush)
+            return
+        text = sep.join(str(a) for a in args) + end
+        out.append(text)
+        if log is not None:
+            log(text.rstrip("\n"))
+
+    g: dict[str, Any] = {
+        "__name__": "__noetl__",
+        "__builtins__": builtins,
+        "print": _print,
+        "json": json,
+        "os": os,
+        "input_data": data,
+        "context": context,
+        "result": None,
+    }
+    import datetime as _dt
+    import uuid as _uuid
+
+    g["datetime"] = _dt
+    g["uuid"] = _uuid
+    g.update(data)
+    try:
+        exec(code, g)  # noqa: S102 - running playbook code is this tool's purpose
+        if wrapped:
+            result = g.get("__noetl_result__")
+        else:
+            result = g.get("result")
+            if result is None and callable(g.get("main")):
+                result = _call_main(g["main"], data, context)
+    except ToolError:
+        raise
+    except Exception as e:  # noqa: BLE001 - user code: any exception is an error outcome
+        import traceback
+
+        tb = traceback.format_exc(limit=6)
+        raise ToolError(
+            f"{type(e).__name__}: {e}",
+            kind="python_exception",
+            retryable=False,
+            details={"py": {"exception_type": type(e).__name__, "traceback": tb, "stdout": "".join(out)[-STDOUT_LIMIT:]}},
+        ) from None
+    return _check_result(result)
+
+
+_SUBPROCESS_RUNNER = r"""
+import json, sys
+from noetl_dagster.tools.core import run_python_inline
+from noetl_dagster.tools.registry import ToolError
+req = json.load(sys.stdin)
+try:
+    res = run_python_inline(req["source"], req["data"], req["context"])
+    out = {"ok": True, "result": res}
+except ToolError as e:
+    out = {"ok": False, "message": e.message, "kind": e.kind, "details": e.details, "result": e.result}
+sys.stdout.write("\n__NOETL_RESULT__" + json.dumps(out, default=str))
+"""
+
+
+def _run_python_process(source: str, data: dict[str, Any], context: dict[str, Any], timeout: float, log: Any) -> Any:
+    from noetl_dagster.storage.jsonutil import dumps
+
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _SUBPROCESS_RUNNER],
+            input=dumps({"source": source, "data": data, "context": context}),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        raise ToolError(f"python process timed out after {timeout:g}s", kind="timeout", retryable=True,
+                        details={"py": {"exception_type": "TimeoutExpired"}}) from None  # fmt: skip
+    stdout, _, payload = proc.stdout.rpartition("\n__NOETL_RESULT__")
+    if log and stdout.strip():
+        log(stdout.strip())
+    if not payload:
+        raise ToolError(
+            f"python process exited with code {proc.returncode}: {proc.stderr.strip()[-500:]}",
+            kind="python_process",
+            details={"py": {"exception_type": "ProcessError", "stderr": proc.stderr[-STDOUT_LIMIT:]}},
+        )
+    out = json.loads(payload)
+    if out["ok"]:
+        return out["result"]
+    raise ToolError(out["message"], kind=out["kind"], details=out.get("details") or {}, result=out.get("result"))
+
+
+@register_tool(
+    "python",
+    raw_keys={"code", "code_b64", "code_base64"},
+    description="Runs Python code: inputs are globals; result is `result`, main(...)'s return, or a top-level return.",
+)
+def python_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
+    source = _source(inputs, ctx)
+    data = _inputs(inputs)
+    libs = inputs.get("libs")
+    if isinstance(libs, Mapping):
+        import importlib
+
+        for alias, module in libs.items():
+            try:
+                data.setdefault(str(alias), importlib.import_module(str(module)))
+            except ImportError as e:
+                raise ToolError(f"libs: cannot import {module!r}: {e}", kind="config_error") from None
+    spec = ctx.spec or {}
+    if spec.get("isolation") == "process":
+        timeout = float(spec.get("timeout") or spec.get("timeout_seconds") or 300)
+        scope = ctx.render_context
+        plain_ctx = scope.plain() if hasattr(scope, "plain") else {}
+        return _run_python_process(source, data, plain_ctx, timeout, ctx.log)
+    return run_python_inline(source, data, ctx.render_context, ctx.log)
