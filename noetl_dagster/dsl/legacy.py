@@ -1,0 +1,168 @@
+"""Find constructs of the retired DSL eras in a loaded playbook document.
+
+``find_legacy_constructs(data)`` walks plain YAML data (dicts and lists, as the
+loader builds them) and returns ``[(yaml_path, construct, hint)]`` for every
+construct ``noetl-dagster migrate`` rewrites: v1 (``apiVersion: noetl.io/v1``,
+step ``type:`` / ``task:`` / ``with:``, ``workbooks:``, ``end_loop``, ``save:``),
+early v2 (``case:``, ``next:`` lists and names, ``sink:``, ``retry:``,
+``vars:``, ``args:``, ``loop.mode``) and the short-lived ``eval:`` / ``expr:``
+task policies. Paths are tuples of keys and list indexes, the same shape the
+loader's source map uses, so a caller can turn each into a line number.
+
+It is pure and cheap (one walk, no YAML library): the validator calls it on
+every file. Constructs that are merely invalid in every era (a step ``when``,
+an unknown kind) are the validator's business, not listed here.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+PathT = tuple[str | int, ...]
+Finding = tuple[PathT, str, str]
+
+MIGRATE = "run `noetl-dagster migrate FILE`"
+# the tool kinds whose own `args` key is not an input mapping
+_ARGS_NATIVE_KINDS = frozenset({"container", "shell", "script", "job", "k8s"})
+_VARS_REF = re.compile(r"(?:\{\{|\{%)[^}]*?(?<![\w.])vars\s*(?:\.|\[)")
+
+_STEP_KEYS: dict[str, tuple[str, str]] = {
+    "type": ("step `type:`", "becomes a `tool: {kind: ...}` task"),
+    "task": ("`task:` workbook call", "becomes `tool: {kind: workbook, name: ...}`"),
+    "with": ("step `with:`", "becomes the task `input`"),
+    "case": ("`case:` rules", "become `next.arcs`, storage tasks and task `spec.policy.rules`"),
+    "sink": ("step `sink:`", "becomes a storage task in the pipeline"),
+    "save": ("`save:` block", "becomes a storage task in the pipeline"),
+    "retry": ("step `retry:` block", "becomes a `do: retry` rule in the task's `spec.policy.rules`"),
+    "vars": ("step `vars:`", "becomes step `set: {ctx.<name>: ...}`"),
+    "args": ("step `args:`", "becomes the task `input`"),
+    "end_loop": ("`end_loop` step", "the loop body folds into the loop step's pipeline"),
+    "eval": ("`eval:` rules", "become `spec.policy.rules`"),
+    "expr": ("`expr:`", "becomes a policy rule `when`"),
+    "set_vars": ("`set_vars`", "becomes `set_ctx`"),
+}
+
+
+def find_legacy_constructs(data: dict) -> list[Finding]:
+    """Every legacy construct in a playbook document, in document order."""
+    out: list[Finding] = []
+    if not isinstance(data, dict):
+        return out
+    if data.get("apiVersion") in ("noetl.io/v1", "noetl/v1", "v1"):
+        out.append((("apiVersion",), "apiVersion noetl.io/v1", f"{MIGRATE}: the v1 playbook is rewritten to noetl.io/v2"))
+    if not isinstance(data.get("metadata"), dict) and ("name" in data or "path" in data):
+        key = "name" if "name" in data else "path"
+        out.append(((key,), "root `name`/`path`", f"{MIGRATE}: they move under `metadata`"))
+    if "vars" in data:
+        out.append((("vars",), "root `vars:`", f"{MIGRATE}: initial values move to `workload`, reads to `ctx`/`workload`"))
+    if "workbooks" in data:
+        out.append((("workbooks",), "root `workbooks:`", f"{MIGRATE}: renamed `workbook:` with `{{name, tool: {{kind}}}}` entries"))
+    for key in ("workbook", "workbooks"):
+        entries = data.get(key)
+        if isinstance(entries, list):
+            for i, entry in enumerate(entries):
+                if isinstance(entry, dict):
+                    _workbook_entry(entry, (key, i), out)
+    workflow = data.get("workflow")
+    if isinstance(workflow, list):
+        for i, step in enumerate(workflow):
+            if isinstance(step, dict):
+                _step(step, ("workflow", i), out)
+    _vars_refs(data, (), out)
+    return out
+
+
+def _workbook_entry(entry: dict, path: PathT, out: list[Finding]) -> None:
+    if "tool" not in entry and "type" in entry:
+        out.append(((*path, "type"), "workbook entry `type:`", f"{MIGRATE}: the entry becomes `{{name, tool: {{kind: ...}}}}`"))
+        if "with" in entry:
+            out.append(((*path, "with"), "workbook entry `with:`", f"{MIGRATE}: becomes the tool `input`"))
+    tool = entry.get("tool")
+    if isinstance(tool, dict):
+        _task(tool, (*path, "tool"), out)
+
+
+def _step(step: dict, path: PathT, out: list[Finding]) -> None:
+    for key, (what, becomes) in _STEP_KEYS.items():
+        if key in step:
+            out.append(((*path, key), what, f"{MIGRATE}: {becomes}"))
+    if "result" in step and "end_loop" in step:
+        out.append(((*path, "result"), "`end_loop` result", f"{MIGRATE}: becomes the end step's result"))
+    loop = step.get("loop")
+    if isinstance(loop, dict):
+        for key in ("mode", "max_in_flight"):
+            if key in loop:
+                out.append(((*path, "loop", key), f"`loop.{key}`", f"{MIGRATE}: moves to `loop.spec.{key}`"))
+    nxt = step.get("next")
+    if isinstance(nxt, str):
+        out.append(((*path, "next"), "`next:` step name", f"{MIGRATE}: becomes `next: {{spec, arcs}}`"))
+    elif isinstance(nxt, list):
+        out.append(((*path, "next"), "`next:` list", f"{MIGRATE}: becomes `next: {{spec, arcs}}`"))
+    elif isinstance(nxt, dict):
+        for j, arc in enumerate(nxt.get("arcs") or []):
+            if isinstance(arc, dict):
+                for key in ("then", "with"):
+                    if key in arc:
+                        out.append(((*path, "next", "arcs", j, key), f"arc `{key}:`", f"{MIGRATE}"))
+    tool = step.get("tool")
+    if isinstance(tool, dict):
+        if "kind" in tool:
+            _task(tool, (*path, "tool"), out)
+        elif len(tool) == 1 and isinstance(next(iter(tool.values())), dict):
+            (label, body), = tool.items()
+            _task(body, (*path, "tool", label), out)
+    elif isinstance(tool, list):
+        for j, item in enumerate(tool):
+            if not isinstance(item, dict):
+                continue
+            if "kind" in item:
+                _task(item, (*path, "tool", j), out)
+            elif len(item) == 1 and isinstance(next(iter(item.values())), dict):
+                (label, body), = item.items()
+                _task(body, (*path, "tool", j, label), out)
+
+
+def _task(task: dict, path: PathT, out: list[Finding]) -> None:
+    if "kind" not in task and "type" in task:
+        out.append(((*path, "type"), "task `type:`", f"{MIGRATE}: becomes `kind:`"))
+    kind = task.get("kind", task.get("type"))
+    if isinstance(task.get("args"), dict) and kind not in _ARGS_NATIVE_KINDS:
+        out.append(((*path, "args"), "task `args:`", f"{MIGRATE}: becomes `input`"))
+    if isinstance(task.get("with"), dict):
+        out.append(((*path, "with"), "task `with:`", f"{MIGRATE}: becomes `input`"))
+    if isinstance(task.get("retry"), dict):
+        out.append(((*path, "retry"), "task `retry:` block", f"{MIGRATE}: becomes a `do: retry` policy rule"))
+    for key in ("sink", "save"):
+        if isinstance(task.get(key), dict):
+            out.append(((*path, key), f"task `{key}:`", f"{MIGRATE}: becomes a storage task"))
+    if "eval" in task:
+        out.append(((*path, "eval"), "`eval:` rules", f"{MIGRATE}: become `spec.policy.rules`"))
+    spec = task.get("spec")
+    policy = spec.get("policy") if isinstance(spec, dict) else None
+    rules = policy.get("rules") if isinstance(policy, dict) else None
+    if isinstance(rules, list):
+        for j, rule in enumerate(rules):
+            if not isinstance(rule, dict):
+                continue
+            body = rule.get("else") if isinstance(rule.get("else"), dict) else rule
+            then = body.get("then", body) if isinstance(body, dict) else None
+            if isinstance(then, dict) and "set_vars" in then:
+                out.append(((*path, "spec", "policy", "rules", j), "`set_vars`", f"{MIGRATE}: becomes `set_ctx`"))
+            if "expr" in rule:
+                out.append(((*path, "spec", "policy", "rules", j, "expr"), "`expr:`", f"{MIGRATE}: becomes `when`"))
+
+
+def _vars_refs(value: Any, path: PathT, out: list[Finding]) -> None:
+    """Templates reading ``vars.<name>`` (the retired variable store)."""
+    if isinstance(value, str):
+        if ("{{" in value or "{%" in value) and _VARS_REF.search(value):
+            out.append((path, "`vars.` reference", f"{MIGRATE}: reads become `ctx.<name>` / `workload.<name>`"))
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if k in ("code", "command", "query") and isinstance(v, str) and "{{" not in v:
+                continue
+            _vars_refs(v, (*path, k), out)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _vars_refs(v, (*path, i), out)
