@@ -1,0 +1,247 @@
+"""validate / run / replay / events / executions (SEMANTICS.md §8 is the contract)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from noetl_dagster.storage.jsonutil import dumps
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _fail_input(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+@click.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the issues as a JSON list.")
+def validate(files: tuple[str, ...], as_json: bool) -> None:
+    """Validate playbooks: one `FILE:LINE: RULE: message` line per error; exit 1 if any."""
+    from noetl_dagster.dsl import validate_file
+
+    missing = [f for f in files if not Path(f).is_file()]
+    issues = []
+    for f in files:
+        if f in missing:
+            continue
+        issues.extend(validate_file(f))
+    if as_json:
+        click.echo(json.dumps([i.__dict__ for i in issues], indent=2))
+    else:
+        for i in issues:
+            click.echo(str(i))
+    for f in missing:
+        click.echo(f"{f}:0: file-not-found: no such file", err=True)
+    if missing:
+        sys.exit(EXIT_BAD_INPUT)
+    if issues:
+        sys.exit(EXIT_FAILED)
+    if not as_json:
+        click.echo(f"{len(files)} playbook(s) valid", err=True)
+
+
+def _parse_workload(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    if text.startswith("@"):
+        p = Path(text[1:])
+        if not p.is_file():
+            _fail_input(f"--workload file {p} does not exist")
+        text = p.read_text()
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        _fail_input(f"--workload is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}")
+    if not isinstance(value, dict):
+        _fail_input("--workload must be a JSON object")
+    return value
+
+
+class _Progress:
+    """A live step table on stderr for interactive runs; silent otherwise."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.count = 0
+        self.t0 = time.perf_counter()
+        self._console = None
+        if enabled:
+            from rich.console import Console
+
+            self._console = Console(stderr=True)
+
+    def on_step(self, run: Any) -> None:
+        self.count += 1
+        if self._console is not None:
+            mark = "[green]ok[/]" if run.ok else "[red]failed[/]"
+            self._console.print(
+                f"  {self.count:>4}  {run.step:<32} {mark}  [dim]{time.perf_counter() - self.t0:6.2f}s[/]", highlight=False
+            )
+
+
+@click.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--workload", help="JSON object merged over the playbook's workload (or @file.json).")
+@click.option("--runner", type=click.Choice(["local", "dagster"]), default="local", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: execution_id, status, ctx, results, runs.")
+@click.option("--catalog", "catalog_dirs", multiple=True, type=click.Path(file_okay=False), help="Extra directory of sub-playbooks.")
+@click.option("--event-store", help="Event store URL (sqlite:///path or postgresql://...). Default: $NOETL_DAGSTER_HOME/events.db")
+@click.option("--data-dir", type=click.Path(file_okay=False), help="Data directory (default $NOETL_DAGSTER_HOME or ./.noetl).")
+@click.option("--tenant", default="default", show_default=True)
+@click.option("--project", default="default", show_default=True)
+@click.option("--mode", type=click.Choice(["default", "per_step"]), default="default", help="Dagster runner: job layout.")
+@click.option("--detach", is_flag=True, help="Dagster runner: only request the execution; the sensor launches it.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
+def run(
+    file: str,
+    workload: str | None,
+    runner: str,
+    as_json: bool,
+    catalog_dirs: tuple[str, ...],
+    event_store: str | None,
+    data_dir: str | None,
+    tenant: str,
+    project: str,
+    mode: str,
+    detach: bool,
+    quiet: bool,
+) -> None:
+    """Run a playbook to completion. Exit 0 completed, 1 failed, 2 invalid input."""
+    from noetl_dagster.dsl import PlaybookInvalid, load_playbook
+
+    overrides = _parse_workload(workload)
+    if not Path(file).is_file():
+        _fail_input(f"{file}: no such playbook file")
+    try:
+        pb = load_playbook(file)
+    except PlaybookInvalid as e:
+        for i in e.issues:
+            click.echo(str(i), err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    progress = _Progress(enabled=not as_json and not quiet)
+    if runner == "dagster":
+        from noetl_dagster.dagster_runner import run_with_dagster
+
+        result = run_with_dagster(
+            pb, overrides, event_store=event_store, data_dir=data_dir, catalog_dirs=catalog_dirs,
+            tenant=tenant, project=project, mode=mode, detach=detach,
+        )  # fmt: skip
+    else:
+        from noetl_dagster.engine.runner import run_playbook
+
+        result = run_playbook(
+            pb, overrides, event_store=event_store, data_dir=data_dir, catalog_dirs=catalog_dirs,
+            tenant=tenant, project=project, on_step=progress.on_step, logger=lambda m: None,
+        )  # fmt: skip
+    if as_json:
+        click.echo(dumps(result.to_json()))
+    else:
+        _print_summary(result)
+    sys.exit(EXIT_OK if result.status in ("completed", "requested") else EXIT_FAILED)
+
+
+def _print_summary(result: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    color = "green" if result.status == "completed" else "red"
+    console.print(f"[bold]{result.playbook}[/]  execution [cyan]{result.execution_id}[/]  [{color}]{result.status}[/]")
+    table = Table(show_header=True, header_style="bold")
+    table.add_column("step")
+    table.add_column("runs", justify="right")
+    table.add_column("result", overflow="fold")
+    for step, n in result.runs.items():
+        r = result.results.get(step)
+        text = dumps(r)
+        table.add_row(step, str(n), text if len(text) <= 100 else text[:97] + "...")
+    console.print(table)
+    console.print(f"event log: {result.event_store_url}  (noetl-dagster events {result.execution_id})")
+
+
+def _open_store(event_store: str | None, data_dir: str | None) -> Any:
+    from noetl_dagster.storage.events import open_event_store
+
+    return open_event_store(event_store, data_dir=data_dir)
+
+
+@click.command()
+@click.argument("execution_id", required=False)
+@click.option("--from-archive", "archive_uri", help="Rebuild from an execution archive bundle instead of the event store.")
+@click.option("--event-store")
+@click.option("--data-dir", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True)
+def replay(execution_id: str | None, archive_uri: str | None, event_store: str | None, data_dir: str | None, as_json: bool) -> None:
+    """Rebuild an execution's final state from its events alone."""
+    if archive_uri:
+        try:
+            from noetl_dagster.archive import replay_from_archive
+        except ImportError:
+            _fail_input("execution archives are not available in this installation")
+        report = replay_from_archive(archive_uri)
+        click.echo(dumps(report) if as_json else json.dumps(report, indent=2, default=str))
+        sys.exit(EXIT_OK if report.get("match", True) else EXIT_FAILED)
+    if not execution_id:
+        _fail_input("give an EXECUTION_ID or --from-archive URI")
+    from noetl_dagster.engine.replay import replay as do_replay
+    from noetl_dagster.engine.runner import build_services
+
+    svc = build_services(event_store=event_store, data_dir=data_dir)
+    try:
+        state = do_replay(svc.event_store, execution_id, svc.offloader)
+    except KeyError as e:
+        _fail_input(str(e.args[0]))
+    out = {
+        "execution_id": execution_id,
+        "status": state.status,
+        "ctx": state.ctx,
+        "results": {s: state.result(s) for s in state.results},
+        "runs": state.runs,
+        "pending_tokens": [{"token_id": t.token_id, "step": t.step} for t in state.tokens.values()],
+        "loops": {k: v.snapshot() for k, v in state.loops.items()},
+    }
+    click.echo(dumps(out) if as_json else json.dumps(out, indent=2, default=str))
+
+
+@click.command()
+@click.argument("execution_id")
+@click.option("--event-store")
+@click.option("--data-dir", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="One JSON event per line.")
+def events(execution_id: str, event_store: str | None, data_dir: str | None, as_json: bool) -> None:
+    """Print an execution's event log."""
+    store = _open_store(event_store, data_dir)
+    evs = store.read(execution_id)
+    if not evs:
+        _fail_input(f"no events for execution {execution_id} in {store.url}")
+    for ev in evs:
+        if as_json:
+            click.echo(dumps(ev.to_dict()))
+        else:
+            where = ".".join(str(x) for x in (ev.step, ev.data.get("task") if isinstance(ev.data, dict) else None) if x)
+            it = f"[{ev.iteration}]" if ev.iteration is not None else ""
+            click.echo(f"{ev.sequence:>5} {ev.timestamp[11:23]} {ev.name:<26} {ev.status:<11} {where}{it}")
+
+
+@click.command()
+@click.option("--event-store")
+@click.option("--data-dir", type=click.Path(file_okay=False))
+@click.option("--limit", default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def executions(event_store: str | None, data_dir: str | None, limit: int, as_json: bool) -> None:
+    """List recent executions in the event store."""
+    store = _open_store(event_store, data_dir)
+    rows = store.executions(limit)
+    if as_json:
+        click.echo(dumps([r.__dict__ for r in rows]))
+        return
+    for r in rows:
+        click.echo(f"{r.execution_id}  {r.status:<10} {r.events:>6} events  {r.started_at or '':<32} {r.playbook or ''}")

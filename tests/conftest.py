@@ -1,0 +1,54 @@
+"""Shared fixtures. Every execution a test runs is replayed from its event log
+and compared with the live state (DESIGN.md: replay reproduces state exactly)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from noetl_dagster.engine import runner as _runner
+from noetl_dagster.engine.replay import diff_snapshots, replay
+
+CONFORMANCE = Path(__file__).resolve().parents[1].parent / "shared" / "conformance" / "noetl-e2e" / "fixtures" / "playbooks"
+if not CONFORMANCE.is_dir():  # CI clones next to ../shared as well
+    CONFORMANCE = Path(os.environ.get("NOETL_SHARED", "/work/shared")) / "conformance" / "noetl-e2e" / "fixtures" / "playbooks"
+
+_FINISHED: list = []
+
+
+def _record(engine) -> None:
+    _FINISHED.append((engine.services, engine.execution_id, engine.state.snapshot()))
+
+
+_runner.FINISHED_HOOKS.append(_record)
+
+
+@pytest.fixture(autouse=True)
+def _replay_every_execution():
+    """After each test, replay every execution it ran and compare with the live state."""
+    start = len(_FINISHED)
+    yield
+    for services, execution_id, expected in _FINISHED[start:]:
+        try:
+            state = replay(services.event_store, execution_id, services.offloader)
+        except Exception as e:  # a closed store in a test that tears its own down
+            if "closed" in str(e).lower():
+                continue
+            raise
+        diff = diff_snapshots(expected, state.snapshot())
+        assert not diff, f"replay of {execution_id} differs from the live state in {diff}"
+    del _FINISHED[start:]
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    d = tmp_path / "noetl"
+    monkeypatch.setenv("NOETL_DAGSTER_HOME", str(d))
+    return d
+
+
+@pytest.fixture
+def conformance_dir() -> Path:
+    return CONFORMANCE
