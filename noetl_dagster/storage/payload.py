@@ -1,27 +1,47 @@
-"""PayloadStore port, the filesystem adapter, and ResultRef.
+"""PayloadStore port, its adapters (filesystem, S3-compatible), and ResultRef.
 
 Events carry references, never big bodies: a result whose JSON encoding is
 over the inline limit is written here and the event holds a ``ResultRef``
 (``{"$ref": {uri, store, format, size, checksum, rows?, schema_fingerprint?}}``).
 Reads verify the sha256 checksum and fail closed on a mismatch.
+
+Adapters are chosen by URL with :func:`open_payload_store`:
+
+- ``file:///abs/dir`` or a bare path: :class:`FilePayloadStore` (embedded default)
+- ``s3://bucket[/prefix]?endpoint_url=…&region=…``: :class:`S3PayloadStore`
+  through fsspec/s3fs; any S3-compatible service (AWS, Ceph RGW, SeaweedFS, moto).
+
+Keys are laid out per seed 004 §4 (``noetl/env=…/region=…/cell=…/shard=sNNNN/
+tenant=…/project=…/``) when the caller gives a tenant and project; see
+:mod:`noetl_dagster.storage.locator`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import queue
+import threading
+import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+from urllib.parse import parse_qsl, urlsplit
 
 from noetl_dagster.storage.jsonutil import dumps, loads
+from noetl_dagster.storage.locator import DEFAULT_LAYOUT, ObjectLayout
 
 DEFAULT_INLINE_LIMIT = 64 * 1024
 
 
 class ChecksumMismatch(RuntimeError):
     """A stored payload's bytes do not match the checksum its reference recorded."""
+
+
+class PayloadNotFound(FileNotFoundError):
+    """No payload at the given URI."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +73,141 @@ def sha256(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
+# Chunks at least this big are hashed on a helper thread (hashlib drops the GIL),
+# so hashing overlaps the write instead of adding to it.
+_THREADED_HASH_MIN = 1 << 20
+
+
+class HashingWriter:
+    """A binary file object that sha256-hashes and counts what passes through it.
+
+    Writers such as pyarrow hand over immutable buffers (``bytes`` or Arrow
+    ``Buffer``), so a chunk can be hashed on a helper thread after it is
+    written without copying it."""
+
+    def __init__(self, sink: IO[bytes], *, threaded: bool = True):
+        self._sink = sink
+        self._hash = hashlib.sha256()
+        self.size = 0
+        self.closed = False
+        self._queue: queue.SimpleQueue[Any] | None = None
+        self._thread: threading.Thread | None = None
+        self._threaded = threaded
+        self._error: BaseException | None = None
+
+    # file protocol used by pyarrow / pandas / json writers
+    def writable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return False
+
+    def seekable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return self.size
+
+    def flush(self) -> None:
+        self._sink.flush()
+
+    def write(self, data: Any) -> int:
+        n = len(data) if isinstance(data, bytes) else memoryview(data).nbytes
+        if n == 0:
+            return 0
+        self._sink.write(data)
+        self.size += n
+        immutable = isinstance(data, bytes) or _is_arrow_buffer(data)
+        if self._thread is not None:
+            self._queue.put(data if immutable else bytes(data))  # type: ignore[union-attr]
+        elif self._threaded and immutable and n >= _THREADED_HASH_MIN:
+            self._hash_async(data)
+        else:
+            self._hash.update(data)
+        return n
+
+    def _hash_async(self, data: Any) -> None:
+        if self._queue is None:
+            self._queue = queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._hash_loop, name="payload-sha256", daemon=True)
+            self._thread.start()
+        self._queue.put(data)
+
+    def _hash_loop(self) -> None:
+        assert self._queue is not None
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            try:
+                self._hash.update(item)
+            except BaseException as e:  # pragma: no cover - surfaced in hexdigest
+                self._error = e
+
+    def _drain(self) -> None:
+        if self._thread is not None:
+            assert self._queue is not None
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+            self._queue = None
+        if self._error is not None:
+            raise self._error
+
+    @property
+    def checksum(self) -> str:
+        self._drain()
+        return "sha256:" + self._hash.hexdigest()
+
+    def close(self) -> None:
+        self._drain()
+        self.closed = True
+
+
+def _is_arrow_buffer(data: Any) -> bool:
+    return type(data).__name__ == "Buffer" and type(data).__module__.startswith("pyarrow")
+
+
+class PayloadWriter(HashingWriter):
+    """A write in progress to a store; ``commit`` publishes it atomically, ``abort`` drops it.
+    Used as a context manager: commits on success, aborts on an exception."""
+
+    def __init__(self, sink: IO[bytes], uri: str, on_commit: Any, on_abort: Any):
+        super().__init__(sink)
+        self.uri = uri
+        self._on_commit = on_commit
+        self._on_abort = on_abort
+        self.committed = False
+
+    def commit(self) -> str:
+        self._drain()
+        self._on_commit()
+        self.committed = True
+        self.closed = True
+        return self.uri
+
+    def abort(self) -> None:
+        try:
+            self._drain()
+        finally:
+            self._on_abort()
+            self.closed = True
+
+    def close(self) -> None:  # writers like pyarrow close their sink when done; commit is explicit
+        self._drain()
+
+    def __enter__(self) -> PayloadWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if self.committed:
+            return
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+
 class PayloadStore(ABC):
     """Where bodies over the inline limit live."""
 
@@ -64,6 +219,34 @@ class PayloadStore(ABC):
 
     @abstractmethod
     def get_bytes(self, uri: str) -> bytes: ...
+
+    # Optional capabilities; both shipped adapters implement all of them.
+    def writer(self, key: str) -> PayloadWriter:
+        """A streaming, hashing, atomic write to ``key``."""
+        raise NotImplementedError(f"{type(self).__name__} does not support streaming writes")
+
+    def open_read(self, uri: str) -> IO[bytes]:
+        raise NotImplementedError(f"{type(self).__name__} does not support streaming reads")
+
+    def exists(self, uri: str) -> bool:
+        raise NotImplementedError
+
+    def size(self, uri: str) -> int:
+        raise NotImplementedError
+
+    def delete(self, uri: str) -> None:
+        raise NotImplementedError
+
+    def list(self, prefix: str = "") -> list[str]:
+        """URIs of the payloads whose key starts with ``prefix``."""
+        raise NotImplementedError
+
+    def owns(self, uri: str) -> bool:
+        """Whether ``uri`` points inside this store."""
+        return False
+
+    def uri_for(self, key: str) -> str:
+        raise NotImplementedError
 
     def put_json(self, key: str, value: Any, *, rows: int | None = None) -> ResultRef:
         data = dumps(value).encode()
@@ -79,8 +262,19 @@ class PayloadStore(ABC):
             raise ChecksumMismatch(f"checksum mismatch for {ref.uri}: expected {ref.checksum}, got {actual}")
         return data
 
+    def read_verified(self, uri: str, checksum: str) -> bytes:
+        return self.get_verified(ResultRef(uri, self.name, "bytes", 0, checksum))
+
     def get_json(self, ref: ResultRef) -> Any:
         return loads(self.get_verified(ref))
+
+
+def _check_key(key: str) -> str:
+    if not key or key.startswith("/") or "\\" in key or "\x00" in key:
+        raise ValueError(f"invalid payload key: {key!r}")
+    if any(part in ("", ".", "..") for part in key.split("/")):
+        raise ValueError(f"payload key escapes the store root or has empty segments: {key!r}")
+    return key
 
 
 class FilePayloadStore(PayloadStore):
@@ -96,6 +290,16 @@ class FilePayloadStore(PayloadStore):
             raise ValueError(f"payload key escapes the store root: {key!r}")
         return p
 
+    def _uri_path(self, uri: str) -> Path:
+        path = uri[len("file://") :] if uri.startswith("file://") else uri
+        p = Path(path).resolve()
+        if self.root not in p.parents:
+            raise ValueError(f"payload uri outside the store root: {uri}")
+        return p
+
+    def uri_for(self, key: str) -> str:
+        return self._path(key).as_uri()
+
     def put_bytes(self, key: str, data: bytes) -> str:
         p = self._path(key)
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -105,19 +309,243 @@ class FilePayloadStore(PayloadStore):
         return p.as_uri()
 
     def get_bytes(self, uri: str) -> bytes:
-        path = uri[len("file://") :] if uri.startswith("file://") else uri
-        p = Path(path).resolve()
-        if self.root not in p.parents:
-            raise ValueError(f"payload uri outside the store root: {uri}")
-        return p.read_bytes()
+        p = self._uri_path(uri)
+        try:
+            return p.read_bytes()
+        except FileNotFoundError as e:
+            raise PayloadNotFound(f"no payload at {uri}") from e
+
+    def writer(self, key: str) -> PayloadWriter:
+        p = self._path(key)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex}.tmp")
+        fh = open(tmp, "wb")  # noqa: SIM115 - closed by commit/abort
+
+        def commit() -> None:
+            fh.close()
+            os.replace(tmp, p)
+
+        def abort() -> None:
+            fh.close()
+            tmp.unlink(missing_ok=True)
+
+        return PayloadWriter(fh, p.as_uri(), commit, abort)
+
+    def open_read(self, uri: str) -> IO[bytes]:
+        try:
+            return open(self._uri_path(uri), "rb")  # noqa: SIM115
+        except FileNotFoundError as e:
+            raise PayloadNotFound(f"no payload at {uri}") from e
+
+    def exists(self, uri: str) -> bool:
+        return self._uri_path(uri).is_file()
+
+    def size(self, uri: str) -> int:
+        try:
+            return self._uri_path(uri).stat().st_size
+        except FileNotFoundError as e:
+            raise PayloadNotFound(f"no payload at {uri}") from e
+
+    def delete(self, uri: str) -> None:
+        self._uri_path(uri).unlink(missing_ok=True)
+
+    def list(self, prefix: str = "") -> list[str]:
+        base = self._path(prefix) if prefix else self.root
+        start = base if base.is_dir() else base.parent
+        if not start.exists():
+            return []
+        want = str(self.root / prefix) if prefix else str(self.root)
+        return sorted(
+            p.as_uri()
+            for p in start.rglob("*")
+            if p.is_file() and not p.name.endswith(".tmp") and str(p).startswith(want)
+        )
+
+    def owns(self, uri: str) -> bool:
+        try:
+            self._uri_path(uri)
+        except ValueError:
+            return False
+        return uri.startswith("file://") or uri.startswith("/")
+
+
+class S3PayloadStore(PayloadStore):
+    """An S3-compatible bucket (AWS S3, Ceph RGW, SeaweedFS, moto) through fsspec/s3fs.
+
+    Credentials and endpoint come from the arguments or the usual AWS
+    environment variables / config files (botocore's chain)."""
+
+    name = "s3"
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        key: str | None = None,
+        secret: str | None = None,
+        create_bucket: bool = False,
+        **storage_options: Any,
+    ):
+        import s3fs  # noqa: PLC0415 - optional heavy import
+
+        if not bucket or "/" in bucket:
+            raise ValueError(f"invalid bucket name: {bucket!r}")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        if self.prefix:
+            _check_key(self.prefix)
+        client_kwargs = dict(storage_options.pop("client_kwargs", {}) or {})
+        if region:
+            client_kwargs.setdefault("region_name", region)
+        endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        self.endpoint_url = endpoint_url
+        self.fs = s3fs.S3FileSystem(
+            endpoint_url=endpoint_url, key=key, secret=secret, client_kwargs=client_kwargs, **storage_options
+        )
+        if create_bucket and not self.fs.exists(self.bucket):
+            self.fs.mkdir(self.bucket)
+
+    def _full(self, key: str) -> str:
+        _check_key(key)
+        return f"{self.bucket}/{self.prefix}/{key}" if self.prefix else f"{self.bucket}/{key}"
+
+    def _path_of(self, uri: str) -> str:
+        if not uri.startswith("s3://"):
+            raise ValueError(f"not an s3:// uri: {uri}")
+        path = uri[len("s3://") :]
+        bucket, _, key = path.partition("/")
+        if bucket != self.bucket:
+            raise ValueError(f"payload uri outside bucket {self.bucket!r}: {uri}")
+        _check_key(key)
+        if self.prefix and not key.startswith(self.prefix + "/"):
+            raise ValueError(f"payload uri outside prefix {self.prefix!r}: {uri}")
+        return path
+
+    def uri_for(self, key: str) -> str:
+        return "s3://" + self._full(key)
+
+    def put_bytes(self, key: str, data: bytes) -> str:
+        path = self._full(key)
+        self.fs.pipe_file(path, data)
+        return "s3://" + path
+
+    def get_bytes(self, uri: str) -> bytes:
+        try:
+            return self.fs.cat_file(self._path_of(uri))
+        except FileNotFoundError as e:
+            raise PayloadNotFound(f"no payload at {uri}") from e
+
+    def writer(self, key: str) -> PayloadWriter:
+        path = self._full(key)
+        fh = self.fs.open(path, "wb")
+        # the object becomes visible only when the (multipart) upload completes on close
+        return PayloadWriter(fh, "s3://" + path, fh.close, fh.discard)
+
+    def open_read(self, uri: str) -> IO[bytes]:
+        try:
+            return self.fs.open(self._path_of(uri), "rb")
+        except FileNotFoundError as e:
+            raise PayloadNotFound(f"no payload at {uri}") from e
+
+    def exists(self, uri: str) -> bool:
+        return bool(self.fs.exists(self._path_of(uri)))
+
+    def size(self, uri: str) -> int:
+        try:
+            return int(self.fs.size(self._path_of(uri)))
+        except FileNotFoundError as e:
+            raise PayloadNotFound(f"no payload at {uri}") from e
+
+    def delete(self, uri: str) -> None:
+        path = self._path_of(uri)
+        if self.fs.exists(path):
+            self.fs.rm_file(path)
+
+    def list(self, prefix: str = "") -> list[str]:
+        base = f"{self.bucket}/{self.prefix}" if self.prefix else self.bucket
+        want = f"{base}/{prefix}" if prefix else base
+        self.fs.invalidate_cache()
+        try:
+            found = self.fs.find(base)
+        except FileNotFoundError:
+            return []
+        return sorted("s3://" + p for p in found if p.startswith(want))
+
+    def owns(self, uri: str) -> bool:
+        try:
+            self._path_of(uri)
+        except ValueError:
+            return False
+        return True
+
+
+def open_payload_store(
+    url: str | os.PathLike[str] | None = None, *, data_dir: str | os.PathLike[str] | None = None, **options: Any
+) -> PayloadStore:
+    """Open a PayloadStore by URL.
+
+    - ``None``: ``$NOETL_DAGSTER_HOME/payloads`` (or ``./.noetl/payloads``)
+    - ``file:///abs/dir`` or a plain path: filesystem
+    - ``s3://bucket[/prefix]``: S3-compatible; query parameters ``endpoint_url``,
+      ``region``, ``create_bucket=true`` and extra keyword ``options`` go to the adapter.
+    """
+    if url is None or str(url) == "":
+        base = Path(data_dir or os.environ.get("NOETL_DAGSTER_HOME", ".noetl"))
+        return FilePayloadStore(base / "payloads")
+    text = str(url)
+    if text.startswith("file://"):
+        return FilePayloadStore(urlsplit(text).path)
+    if text.startswith("s3://"):
+        parts = urlsplit(text)
+        query = dict(parse_qsl(parts.query))
+        opts: dict[str, Any] = {}
+        for k in ("endpoint_url", "region", "key", "secret"):
+            if k in query:
+                opts[k] = query.pop(k)
+        if "create_bucket" in query:
+            opts["create_bucket"] = query.pop("create_bucket").lower() in ("1", "true", "yes")
+        if query:
+            raise ValueError(f"unknown s3 store parameters: {sorted(query)}")
+        opts.update(options)
+        return S3PayloadStore(parts.netloc, parts.path.strip("/"), **opts)
+    if "://" in text:
+        raise ValueError(f"unsupported payload store URL scheme: {text!r} (use file:// or s3://)")
+    return FilePayloadStore(text)
+
+
+def payload_key(
+    tenant: str,
+    project: str,
+    relative: str,
+    *,
+    layout: ObjectLayout = DEFAULT_LAYOUT,
+    execution_id: str | None = None,
+    date: Any = None,
+) -> str:
+    """A shard-prefixed object key (seed 004 §4) for a payload of one tenant/project."""
+    return layout.key(tenant, project, relative, execution_id=execution_id, date=date)
 
 
 class Offloader:
-    """Turns a value into itself (small) or a ``$ref`` envelope (large)."""
+    """Turns a value into itself (small) or a ``$ref`` envelope (large).
 
-    def __init__(self, store: PayloadStore, inline_limit: int = DEFAULT_INLINE_LIMIT):
+    With ``tenant`` and ``project`` the keys get the shard prefix of the layout."""
+
+    def __init__(
+        self,
+        store: PayloadStore,
+        inline_limit: int = DEFAULT_INLINE_LIMIT,
+        *,
+        tenant: str | None = None,
+        project: str | None = None,
+        layout: ObjectLayout = DEFAULT_LAYOUT,
+    ):
         self.store = store
         self.inline_limit = inline_limit
+        self.key_prefix = layout.prefix(tenant, project) if tenant and project else ""
 
     def maybe_offload(self, value: Any, key: str) -> Any:
         if value is None or isinstance(value, (bool, int, float)):
@@ -127,7 +555,7 @@ class Offloader:
         data = dumps(value).encode()
         if len(data) <= self.inline_limit:
             return value
-        uri = self.store.put_bytes(key + ".json", data)
+        uri = self.store.put_bytes(self.key_prefix + key + ".json", data)
         rows = len(value) if isinstance(value, list) else None
         return ResultRef(uri, self.store.name, "json", len(data), sha256(data), rows).envelope()
 
@@ -135,3 +563,15 @@ class Offloader:
         if is_ref(value):
             return self.store.get_json(ResultRef.from_dict(value["$ref"]))
         return value
+
+
+def iter_refs(value: Any) -> Iterator[ResultRef]:
+    """Every ``$ref`` envelope nested in a value (for lineage and archive manifests)."""
+    if is_ref(value):
+        yield ResultRef.from_dict(value["$ref"])
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from iter_refs(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from iter_refs(v)

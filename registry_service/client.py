@@ -1,0 +1,349 @@
+"""One client interface, two transports.
+
+:class:`InProcessRegistryClient` calls a :class:`~registry_service.service.Registry`
+directly (embedded SQLite or a Postgres URL); :class:`HttpRegistryClient` calls
+the HTTP service with httpx. Both return the same typed records and raise the
+same :mod:`registry_service.errors`. Use :func:`open_registry` to get either.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+import httpx
+
+from registry_service.errors import ERRORS_BY_STATUS, RegistryError
+from registry_service.models import (
+    AccessPlan,
+    AuditPage,
+    EventPage,
+    Grant,
+    GrantRequest,
+    Lineage,
+    Location,
+    LocationIn,
+    Principal,
+    RegisterRequest,
+    Resource,
+    ResourcePage,
+    WhoAmI,
+)
+from registry_service.service import Registry
+
+API_KEY_ENV = "NOETL_REGISTRY_API_KEY"
+
+
+def _location(spec: LocationIn | Mapping[str, Any]) -> LocationIn:
+    return spec if isinstance(spec, LocationIn) else LocationIn.model_validate(dict(spec))
+
+
+class RegistryClient(ABC):
+    """What the IO managers, tools and resources use."""
+
+    tenant: str
+    project: str | None
+
+    @abstractmethod
+    def register(
+        self,
+        uri: str,
+        *,
+        kind: str | None = None,
+        locations: Iterable[LocationIn | Mapping[str, Any]] = (),
+        metadata: Mapping[str, Any] | None = None,
+        inputs: Iterable[str] = (),
+        execution_id: str | None = None,
+        step: str | None = None,
+        task: str | None = None,
+    ) -> Resource: ...
+
+    @abstractmethod
+    def resolve(self, uri: str, *, purpose: str = "read", region: str | None = None) -> AccessPlan: ...
+
+    @abstractmethod
+    def get(self, resource_id: str) -> Resource: ...
+
+    @abstractmethod
+    def add_location(self, resource_id: str, location: LocationIn | Mapping[str, Any]) -> Location: ...
+
+    @abstractmethod
+    def grant(
+        self,
+        resource_uri: str,
+        subject: str,
+        *,
+        permission: str = "read",
+        expires_at: datetime | None = None,
+        purpose: str | None = None,
+    ) -> Grant: ...
+
+    @abstractmethod
+    def revoke(self, grant_id: str) -> Grant: ...
+
+    @abstractmethod
+    def grants(self, resource_uri: str | None = None, *, include_inactive: bool = False) -> list[Grant]: ...
+
+    @abstractmethod
+    def lineage(self, resource_id: str, direction: str = "up", depth: int = 1) -> Lineage: ...
+
+    @abstractmethod
+    def list(
+        self,
+        *,
+        tenant: str | None = None,
+        project: str | None = None,
+        namespace: str | None = None,
+        type: str | None = None,
+        q: str | None = None,
+        latest: bool = False,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[Resource]: ...
+
+    @abstractmethod
+    def events(self, after: int = 0, limit: int = 100) -> EventPage: ...
+
+    @abstractmethod
+    def audit(self, after: int = 0, limit: int = 100) -> AuditPage: ...
+
+    @abstractmethod
+    def whoami(self) -> WhoAmI: ...
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> RegistryClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class InProcessRegistryClient(RegistryClient):
+    def __init__(self, registry: Registry, principal: Principal, *, owns_registry: bool = False):
+        self.registry = registry
+        self.principal = principal
+        self.tenant = principal.tenant
+        self.project = principal.project
+        self._owns = owns_registry
+
+    def register(self, uri, *, kind=None, locations=(), metadata=None, inputs=(), execution_id=None, step=None,
+                 task=None) -> Resource:  # noqa: D102
+        req = RegisterRequest(
+            uri=uri, kind=kind, locations=[_location(lc) for lc in locations], metadata=dict(metadata or {}),
+            inputs=list(inputs), execution_id=execution_id, step=step, task=task,
+        )
+        return self.registry.register(self.principal, req)
+
+    def resolve(self, uri, *, purpose="read", region=None) -> AccessPlan:
+        return self.registry.resolve(self.principal, uri, purpose=purpose, region=region)
+
+    def get(self, resource_id) -> Resource:
+        return self.registry.get(self.principal, resource_id)
+
+    def add_location(self, resource_id, location) -> Location:
+        return self.registry.add_location(self.principal, resource_id, _location(location))
+
+    def grant(self, resource_uri, subject, *, permission="read", expires_at=None, purpose=None) -> Grant:
+        req = GrantRequest(
+            resource_uri=resource_uri, subject=subject, permission=permission,  # type: ignore[arg-type]
+            expires_at=expires_at, purpose=purpose,
+        )
+        return self.registry.grant(self.principal, req)
+
+    def revoke(self, grant_id) -> Grant:
+        return self.registry.revoke(self.principal, grant_id)
+
+    def grants(self, resource_uri=None, *, include_inactive=False) -> list[Grant]:
+        return self.registry.list_grants(self.principal, resource_uri, include_inactive=include_inactive)
+
+    def lineage(self, resource_id, direction="up", depth=1) -> Lineage:
+        return self.registry.lineage(self.principal, resource_id, direction, depth)
+
+    def list(self, *, tenant=None, project=None, namespace=None, type=None, q=None, latest=False, limit=100,
+             offset=0) -> list[Resource]:
+        return self.registry.list_resources(
+            self.principal, tenant=tenant, project=project, namespace=namespace, type=type, q=q,
+            latest_only=latest, limit=limit, offset=offset,
+        )
+
+    def events(self, after=0, limit=100) -> EventPage:
+        return self.registry.events(self.principal, after, limit)
+
+    def audit(self, after=0, limit=100) -> AuditPage:
+        return self.registry.audit(self.principal, after, limit)
+
+    def whoami(self) -> WhoAmI:
+        return WhoAmI(key_id=self.principal.key_id, tenant=self.tenant, project=self.project)
+
+    def close(self) -> None:
+        if self._owns:
+            self.registry.close()
+
+
+class HttpRegistryClient(RegistryClient):
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ):
+        if not api_key:
+            raise ValueError(f"an API key is required for {base_url} (pass api_key or set ${API_KEY_ENV})")
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=timeout,
+            transport=transport,
+        )
+        self._who: WhoAmI | None = None
+
+    @property
+    def tenant(self) -> str:  # type: ignore[override]
+        return self.whoami().tenant
+
+    @property
+    def project(self) -> str | None:  # type: ignore[override]
+        return self.whoami().project
+
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        r = self._http.request(method, path, **kw)
+        if r.status_code >= 400:
+            try:
+                body = r.json()
+                detail = body.get("detail", r.text)
+            except ValueError:
+                detail = r.text
+            if not isinstance(detail, str):  # FastAPI validation errors are a list
+                detail = str(detail)
+            cls = ERRORS_BY_STATUS.get(r.status_code, RegistryError)
+            err = cls(detail)
+            if cls is RegistryError:
+                err.status = r.status_code
+            raise err
+        return r.json()
+
+    def register(self, uri, *, kind=None, locations=(), metadata=None, inputs=(), execution_id=None, step=None,
+                 task=None) -> Resource:
+        req = RegisterRequest(
+            uri=uri, kind=kind, locations=[_location(lc) for lc in locations], metadata=dict(metadata or {}),
+            inputs=list(inputs), execution_id=execution_id, step=step, task=task,
+        )
+        return Resource.model_validate(self._call("POST", "/v1/resources", content=req.model_dump_json(),
+                                                  headers={"content-type": "application/json"}))
+
+    def resolve(self, uri, *, purpose="read", region=None) -> AccessPlan:
+        params = {"uri": uri, "purpose": purpose}
+        if region:
+            params["region"] = region
+        return AccessPlan.model_validate(self._call("GET", "/v1/resources/resolve", params=params))
+
+    def get(self, resource_id) -> Resource:
+        return Resource.model_validate(self._call("GET", f"/v1/resources/{_seg(resource_id)}"))
+
+    def add_location(self, resource_id, location) -> Location:
+        body = _location(location).model_dump_json()
+        return Location.model_validate(self._call("POST", f"/v1/resources/{_seg(resource_id)}/locations",
+                                                  content=body, headers={"content-type": "application/json"}))
+
+    def grant(self, resource_uri, subject, *, permission="read", expires_at=None, purpose=None) -> Grant:
+        req = GrantRequest(
+            resource_uri=resource_uri, subject=subject, permission=permission,  # type: ignore[arg-type]
+            expires_at=expires_at, purpose=purpose,
+        )
+        return Grant.model_validate(self._call("POST", "/v1/grants", content=req.model_dump_json(),
+                                               headers={"content-type": "application/json"}))
+
+    def revoke(self, grant_id) -> Grant:
+        return Grant.model_validate(self._call("DELETE", f"/v1/grants/{_seg(grant_id)}"))
+
+    def grants(self, resource_uri=None, *, include_inactive=False) -> list[Grant]:
+        params: dict[str, Any] = {"include_inactive": include_inactive}
+        if resource_uri:
+            params["resource_uri"] = resource_uri
+        return [Grant.model_validate(g) for g in self._call("GET", "/v1/grants", params=params)]
+
+    def lineage(self, resource_id, direction="up", depth=1) -> Lineage:
+        return Lineage.model_validate(self._call(
+            "GET", f"/v1/resources/{_seg(resource_id)}/lineage", params={"direction": direction, "depth": depth}))
+
+    def list(self, *, tenant=None, project=None, namespace=None, type=None, q=None, latest=False, limit=100,
+             offset=0) -> list[Resource]:
+        params = {k: v for k, v in {"tenant": tenant, "project": project, "namespace": namespace, "type": type,
+                                     "q": q}.items() if v}
+        params.update(latest=latest, limit=limit, offset=offset)
+        return ResourcePage.model_validate(self._call("GET", "/v1/resources", params=params)).resources
+
+    def events(self, after=0, limit=100) -> EventPage:
+        return EventPage.model_validate(self._call("GET", "/v1/events", params={"after": after, "limit": limit}))
+
+    def audit(self, after=0, limit=100) -> AuditPage:
+        return AuditPage.model_validate(self._call("GET", "/v1/audit", params={"after": after, "limit": limit}))
+
+    def whoami(self) -> WhoAmI:
+        if self._who is None:
+            self._who = WhoAmI.model_validate(self._call("GET", "/v1/whoami"))
+        return self._who
+
+    def close(self) -> None:
+        self._http.close()
+
+
+def _seg(value: str) -> str:
+    """A path segment: ids never contain '/', and refusing it keeps callers from steering the URL."""
+    if not value or "/" in value or "?" in value or "#" in value or value in (".", ".."):
+        raise ValueError(f"invalid id: {value!r}")
+    return value
+
+
+_SHARED: dict[str, Registry] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_registry(db_url: str | None = None) -> Registry:
+    """One :class:`Registry` per database URL per process (connections are reused)."""
+    from registry_service.store import default_db_path  # noqa: PLC0415
+
+    key = str(db_url) if db_url else str(default_db_path().resolve())
+    with _SHARED_LOCK:
+        reg = _SHARED.get(key)
+        if reg is None:
+            reg = Registry(db_url or None)
+            _SHARED[key] = reg
+        return reg
+
+
+def open_registry(
+    url_or_db: str | Registry | None = None,
+    api_key: str | None = None,
+    *,
+    tenant: str = "default",
+    project: str | None = "default",
+) -> RegistryClient:
+    """A registry client.
+
+    - ``http://`` / ``https://``: the HTTP service; ``api_key`` (or ``$NOETL_REGISTRY_API_KEY``) names the caller.
+    - a database URL (``sqlite:///…``, a path, ``postgresql://…``) or None (``$NOETL_DAGSTER_HOME/registry.db``):
+      in-process. With ``api_key`` the key's tenant/project apply; without, ``tenant``/``project``
+      (``project=None``: the whole tenant).
+    """
+    if isinstance(url_or_db, Registry):
+        reg = url_or_db
+    elif isinstance(url_or_db, str) and url_or_db.startswith(("http://", "https://")):
+        return HttpRegistryClient(url_or_db, api_key or os.environ.get(API_KEY_ENV, ""))
+    else:
+        reg = shared_registry(url_or_db)
+    principal = reg.authenticate(api_key) if api_key else Principal(tenant=tenant, project=project)
+    if not api_key:
+        from noetl_dagster.storage.locator import ResourceLocator  # noqa: PLC0415 - validates the scope
+
+        ResourceLocator(tenant, project or "x", "x", "x", "x")
+    return InProcessRegistryClient(reg, principal)
