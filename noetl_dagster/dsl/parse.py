@@ -527,6 +527,7 @@ def parse_playbook(
     if entry and entry not in names:
         ctx.err(("executor", "spec", "entry_step"), "unknown-entry-step", f"entry step {entry!r} is not defined")
     _check_templates(ctx, raw)
+    _legacy_issues(ctx, raw)
     if ctx.issues or meta is None:
         return None, ctx.issues
     try:
@@ -545,6 +546,19 @@ def parse_playbook(
             ctx.err(tuple(err["loc"]), "schema", err["msg"])
         return None, ctx.issues
     return pb, []
+
+
+def _legacy_issues(ctx: _Ctx, raw: dict[str, Any]) -> None:
+    """Retired-era constructs the inline checks above did not already name (dsl.legacy lists them all)."""
+    from noetl_dagster.dsl.legacy import find_legacy_constructs
+
+    reported = {i.path for i in ctx.issues}
+    for path, construct, hint in find_legacy_constructs(raw):
+        fp = format_path(path)
+        if fp in reported or any(r.startswith(fp + ".") for r in reported):
+            continue
+        reported.add(fp)
+        ctx.err(path, "legacy-construct", f"{construct} is a legacy construct; {hint}")
 
 
 def _is_template(value: Any) -> bool:
