@@ -24,8 +24,10 @@ Providers, asked in order (the first that knows a name wins):
    naming a :class:`KeychainProvider` subclass or a zero-argument factory.
 
 A record ``{type, data: {...}}`` is returned flat: ``{"type": ..., **data}``.
-Every resolved secret string is remembered (:meth:`Keychain.secret_values`) so
-the engine can scrub it from events, logs, errors and output.
+Every resolved secret string is remembered (:meth:`Keychain.secret_values`) and
+pushed to the ``on_secret`` callbacks the moment it is resolved, so the engine's
+redactor scrubs it from events, logs, errors and output. The engine attaches an
+execution with :meth:`Keychain.bind` (render names, renderer, redactor).
 
 This module must stay free of Dagster imports.
 """
@@ -37,7 +39,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -292,8 +294,9 @@ class Keychain:
         *,
         providers: list[KeychainProvider] | None = None,
         base_dir: str | None = None,
-        context: Mapping[str, Any] | None = None,
+        context: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None,
         render: Callable[[Any, Mapping[str, Any]], Any] | None = None,
+        on_secret: Callable[[Iterable[str]], None] | None = None,
         http_timeout: float = 30.0,
     ):
         self.declared: dict[str, dict[str, Any]] = {}
@@ -303,13 +306,40 @@ class Keychain:
             self.declared[str(decl["name"])] = dict(decl)
         self.providers = default_providers() if providers is None else list(providers)
         self.base_dir = base_dir
-        self.context = dict(context or {})
-        self._render = render or _default_render
         self.http_timeout = http_timeout
+        self._context: Mapping[str, Any] | Callable[[], Mapping[str, Any]] = context or {}
+        self._render = render or _default_render
+        self._on_secret: list[Callable[[Iterable[str]], None]] = [on_secret] if on_secret else []
         self._cache: dict[str, tuple[dict[str, Any], float | None]] = {}
         self._secrets: set[str] = set()
         self._resolving: list[str] = []
         self._lock = threading.RLock()
+
+    def bind(
+        self,
+        *,
+        context: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None,
+        render: Callable[[Any, Mapping[str, Any]], Any] | None = None,
+        on_secret: Callable[[Iterable[str]], None] | None = None,
+    ) -> Keychain:
+        """Attach an execution: the names declarations render with (a mapping, or a
+        callable returning one at resolution time), its template renderer, and a
+        callback told of every secret as it is resolved (the event redactor)."""
+        if context is not None:
+            self._context = context
+        if render is not None:
+            self._render = render
+        if on_secret is not None:
+            self._on_secret.append(on_secret)
+            known = self.secret_values()
+            if known:
+                on_secret(known)
+        return self
+
+    @property
+    def context(self) -> Mapping[str, Any]:
+        ctx = self._context() if callable(self._context) else self._context
+        return ctx or {}
 
     # ---- public API -------------------------------------------------------------------------
 
@@ -345,8 +375,7 @@ class Keychain:
     def add_secret(self, value: Any) -> None:
         """Remember a value to scrub (used by ``ctx.redact``)."""
         if isinstance(value, str) and value:
-            with self._lock:
-                self._secrets.add(value)
+            self._publish({value})
 
     # ---- resolution -------------------------------------------------------------------------
 
@@ -362,7 +391,8 @@ class Keychain:
         )
 
     def _names(self) -> dict[str, Any]:
-        return {**self.context, "workload": self.context.get("workload", self.context), "keychain": self.namespace()}
+        ctx = self.context
+        return {**ctx, "workload": ctx.get("workload", ctx), "keychain": self.namespace()}
 
     def _resolve_declaration(self, decl: Mapping[str, Any]) -> tuple[dict[str, Any], float | None]:
         name = decl["name"]
@@ -482,14 +512,25 @@ class Keychain:
         return fields, expires
 
     def _remember(self, fields: Mapping[str, Any], *, all_secret: bool) -> None:
-        with self._lock:
-            for k, v in fields.items():
-                if isinstance(v, Mapping):
-                    self._remember(v, all_secret=all_secret)
-                    continue
-                if not isinstance(v, str) or not v:
-                    continue
+        found: set[str] = set()
+        self._collect(fields, all_secret, found)
+        self._publish(found)
+
+    def _collect(self, fields: Mapping[str, Any], all_secret: bool, found: set[str]) -> None:
+        for k, v in fields.items():
+            if isinstance(v, Mapping):
+                self._collect(v, all_secret, found)
+            elif isinstance(v, str) and v:
                 if all_secret or SECRET_FIELD.search(str(k)):
-                    self._secrets.add(v)
+                    found.add(v)
                 elif str(k).lower() in URL_FIELDS:
-                    self._secrets.update(secrets_in_url(v))
+                    found.update(secrets_in_url(v))
+
+    def _publish(self, values: set[str]) -> None:
+        with self._lock:
+            new = {v for v in values if v not in self._secrets}
+            self._secrets.update(new)
+        new = {v for v in new if len(v) >= MIN_SECRET_LENGTH}
+        if new:
+            for callback in self._on_secret:
+                callback(new)

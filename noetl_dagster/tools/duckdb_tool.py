@@ -1,0 +1,191 @@
+"""``kind: duckdb``.
+
+Inputs: ``database`` (alias ``db_path``; a file path, or ``:memory:``) — without
+one, or with ``:memory:``, the call uses the execution's shared in-memory
+database, so tables made in one step are visible in the next; relative paths
+resolve against the execution's data directory. The SQL goes in ``command`` |
+``commands`` | ``query`` (a string with one or more statements, or a list);
+``params`` (list for ``?``/``$1``, mapping for ``$name``) bind to the last statement.
+
+Result of the last statement: ``{rows, row_count, columns}`` (for INSERT /
+UPDATE / DELETE without RETURNING, ``row_count`` is the number of rows changed).
+A result whose JSON would exceed the inline limit is not returned inline: the
+rows are written as an Arrow IPC file (``.arrow``) to the payload store and the
+result is a reference ``{"$ref": {uri, store, format: "arrow", size, checksum,
+rows, schema_fingerprint}}``; :func:`load_arrow_result` reads it back.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from noetl_dagster.storage.jsonutil import dumps, plain
+from noetl_dagster.storage.payload import (
+    DEFAULT_INLINE_LIMIT,
+    FilePayloadStore,
+    PayloadStore,
+    ResultRef,
+    is_ref,
+    sha256,
+)
+from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
+
+BATCH_ROWS = 64 * 1024
+DML_TYPES = {"INSERT", "UPDATE", "DELETE"}
+# DuckDB raises these for conflicts that a later attempt may not hit (write-write conflict, file lock).
+RETRYABLE_ERRORS = ("TransactionException", "IOException")
+
+
+def _data_dir(ctx: ToolContext) -> Path:
+    explicit = getattr(ctx, "data_dir", None)
+    return Path(explicit or os.environ.get("NOETL_DAGSTER_HOME", ".noetl"))
+
+
+def payload_store_for(ctx: ToolContext) -> PayloadStore:
+    # the engine's context exposes the execution's store as ``payloads``
+    store = getattr(ctx, "payloads", None) or getattr(ctx, "payload_store", None)
+    if store is not None:
+        return store
+    return ctx.resource("payload_store", lambda: FilePayloadStore(_data_dir(ctx) / "payloads"))
+
+
+def _connection(database: Any, ctx: ToolContext) -> duckdb.DuckDBPyConnection:
+    if database in (None, "", ":memory:"):
+        return ctx.resource("duckdb::memory:", lambda: duckdb.connect(":memory:"))
+    if not isinstance(database, str):
+        raise ToolError(f"duckdb: database must be a path string, got {type(database).__name__}", kind="config_error")
+    path = Path(database).expanduser()
+    if not path.is_absolute():
+        path = _data_dir(ctx) / path
+    path = path.resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return ctx.resource(f"duckdb:{path}", lambda: duckdb.connect(str(path)))
+    except duckdb.Error as e:
+        raise _error(e, f"opening {path}") from None
+
+
+def _error(e: BaseException, what: str) -> ToolError:
+    name = type(e).__name__
+    return ToolError(
+        f"duckdb: {what}: {e}",
+        kind="duckdb_error",
+        retryable=name in RETRYABLE_ERRORS,
+        code=name,
+        details={"duckdb": {"exception": name}},
+    )
+
+
+def _sql(inputs: Mapping[str, Any]) -> str:
+    sql = inputs.get("command", inputs.get("commands", inputs.get("query", inputs.get("sql"))))
+    if isinstance(sql, Sequence) and not isinstance(sql, str):
+        if not all(isinstance(s, str) for s in sql):
+            raise ToolError("duckdb: 'commands' must be a string or a list of strings", kind="config_error")
+        sql = ";\n".join(s.rstrip().rstrip(";") for s in sql if s.strip())
+    if not isinstance(sql, str) or not sql.strip():
+        raise ToolError("duckdb: 'command' (or 'commands' / 'query') is required", kind="config_error")
+    return sql
+
+
+def _spill(table_batches: list[pa.RecordBatch], schema: pa.Schema, rest, ctx: ToolContext) -> dict[str, Any]:
+    """Write the batches (and the rest of the reader) as an Arrow IPC file; return its $ref."""
+    sink = pa.BufferOutputStream()
+    rows = 0
+    with pa.ipc.new_file(sink, schema) as writer:
+        for b in table_batches:
+            writer.write_batch(b)
+            rows += b.num_rows
+        for b in rest:
+            writer.write_batch(b)
+            rows += b.num_rows
+    data = sink.getvalue().to_pybytes()
+    store = payload_store_for(ctx)
+    key = f"{ctx.execution_id}/{ctx.step}/{ctx.task}-attempt{ctx.attempt}.arrow"
+    uri = store.put_bytes(key, data)
+    ref = ResultRef(
+        uri=uri,
+        store=store.name,
+        format="arrow",
+        size=len(data),
+        checksum=sha256(data),
+        rows=rows,
+        schema_fingerprint=sha256(schema.to_string().encode()),
+    )
+    return ref.envelope()
+
+
+def _collect(reader: pa.RecordBatchReader, ctx: ToolContext) -> dict[str, Any]:
+    limit = getattr(ctx, "inline_limit", None) or getattr(getattr(ctx, "offloader", None), "inline_limit", None)
+    limit = int(limit or DEFAULT_INLINE_LIMIT)
+    schema = reader.schema
+    batches: list[pa.RecordBatch] = []
+    size = 0
+    it = iter(reader)
+    for batch in it:
+        batches.append(batch)
+        size += batch.nbytes
+        if size > limit:
+            return _spill(batches, schema, it, ctx)
+    table = pa.Table.from_batches(batches, schema=schema)
+    rows = plain(table.to_pylist())
+    if len(dumps(rows)) > limit:
+        return _spill(table.to_batches(), schema, (), ctx)
+    return {"rows": rows, "row_count": len(rows), "columns": list(schema.names)}
+
+
+def run_duckdb(conn: duckdb.DuckDBPyConnection, sql: str, params: Any, ctx: ToolContext) -> dict[str, Any]:
+    if params is not None and not isinstance(params, (Mapping, list, tuple)):
+        raise ToolError(f"duckdb: params must be a list or a mapping, got {type(params).__name__}", kind="config_error")
+    cur = conn.cursor()  # a per-call cursor is DuckDB's thread-safe handle on the shared database
+    try:
+        try:
+            statements = cur.extract_statements(sql)
+        except duckdb.Error as e:
+            raise _error(e, "parsing SQL") from None
+        if not statements:
+            raise ToolError("duckdb: the SQL holds no statement", kind="config_error")
+        *leading, last = statements
+        try:
+            for stmt in leading:
+                cur.execute(stmt)
+            if last.type.name == "SELECT":
+                # a lazy relation streams Arrow batches without a row-by-row copy
+                return _collect(cur.sql(last.query, params=params or None).to_arrow_reader(BATCH_ROWS), ctx)
+            cur.execute(last.query, params or None)
+            if cur.description is None:
+                return {"rows": [], "row_count": 0, "columns": []}
+            columns = [d[0] for d in cur.description]
+            fetched = cur.fetchall()
+            if last.type.name in DML_TYPES and columns == ["Count"]:
+                return {"rows": [], "row_count": int(fetched[0][0]) if fetched else 0, "columns": []}
+            table = pa.Table.from_pylist([dict(zip(columns, r, strict=True)) for r in fetched])
+            return _collect(table.to_reader(), ctx) if fetched else {"rows": [], "row_count": 0, "columns": columns}
+        except duckdb.Error as e:
+            raise _error(e, "query failed") from None
+    finally:
+        cur.close()
+
+
+def load_arrow_result(value: Any, store: PayloadStore) -> Any:
+    """``{rows, row_count, columns}`` for an Arrow ``$ref`` this tool produced; other values unchanged."""
+    if not is_ref(value) or value["$ref"].get("format") != "arrow":
+        return value
+    data = store.get_verified(ResultRef.from_dict(value["$ref"]))
+    table = pa.ipc.open_file(pa.BufferReader(data)).read_all()
+    return {"rows": plain(table.to_pylist()), "row_count": table.num_rows, "columns": list(table.schema.names)}
+
+
+def duckdb_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
+    """SQL on DuckDB; result {rows, row_count, columns}, or an Arrow $ref when large."""
+    sql = _sql(inputs)
+    conn = _connection(inputs.get("database", inputs.get("db_path", inputs.get("path"))), ctx)
+    return run_duckdb(conn, sql, inputs.get("params"), ctx)
+
+
+register_tool("duckdb", duckdb_tool, description="SQL on DuckDB; result {rows, row_count, columns} or an Arrow $ref")

@@ -1,0 +1,316 @@
+"""``kind: postgres`` on psycopg 3.
+
+Inputs: ``auth`` (alias ``credential``) — a credential name resolved through the
+keychain, an inline mapping, or a connection string — or ``connection_string`` |
+``dsn``; the SQL in ``command`` | ``query`` (a string with one or more
+statements, or a list of statements); ``params`` (a list for ``%s`` or a mapping
+for ``%(name)s``) bound server-side; ``schema`` (sets ``search_path`` for the call).
+
+Result of the last statement: ``{rows: [ {column: value} ], row_count, columns}``.
+Statements run in one transaction: without ``params`` the text goes to the
+server as one simple-protocol query (an implicit transaction); with ``params``
+it is split on top-level ``;`` and run inside an explicit transaction.
+
+Errors carry ``pg: {code, sqlstate}`` (``code`` the PostgreSQL condition name);
+connection failures, serialization failures, deadlocks, lock timeouts and
+resource shortages are retryable. One connection pool per credential per execution.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql as pgsql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from noetl_dagster.storage.jsonutil import plain
+from noetl_dagster.tools.credentials import lookup_credential
+from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
+
+DEFAULT_POOL_SIZE = 16
+CONNECT_TIMEOUT = 10  # seconds, for a new connection and for waiting on the pool
+# SQLSTATE classes/codes worth retrying: the same call may succeed a moment later.
+RETRYABLE_SQLSTATE_CLASSES = ("08", "53", "57")  # connection, insufficient resources, operator intervention
+RETRYABLE_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57014"})
+# libpq reports connection-time failures without a SQLSTATE; recover it from the message.
+_CONNECT_MESSAGES = (
+    (re.compile(r"password authentication failed|authentication failed", re.I), "28P01", "invalid_password"),
+    (re.compile(r'role ".*" does not exist|no pg_hba\.conf entry', re.I), "28000", "invalid_authorization_specification"),
+    (re.compile(r'database ".*" does not exist', re.I), "3D000", "invalid_catalog_name"),
+    (re.compile(r"too many (connections|clients)", re.I), "53300", "too_many_connections"),
+    (re.compile(r"the database system is (starting up|shutting down)", re.I), "57P03", "cannot_connect_now"),
+)
+
+# credential fields → libpq keywords
+_FIELD_ALIASES = {
+    "host": ("db_host", "host", "hostname"),
+    "port": ("db_port", "port"),
+    "user": ("db_user", "user", "username"),
+    "password": ("db_password", "password"),
+    "dbname": ("db_name", "dbname", "database", "db"),
+    "sslmode": ("sslmode", "db_sslmode"),
+}
+
+
+def split_sql(sql: str) -> list[str]:
+    """Split SQL on top-level ``;`` — not inside quotes, dollar quotes, or comments."""
+    out: list[str] = []
+    buf: list[str] = []
+    i, n = 0, len(sql)
+    while i < n:
+        c = sql[i]
+        if c in ("'", '"'):
+            j = i + 1
+            while j < n:
+                if sql[j] == c:
+                    if j + 1 < n and sql[j + 1] == c:  # doubled quote is an escape
+                        j += 2
+                        continue
+                    break
+                j += 1
+            buf.append(sql[i : j + 1])
+            i = j + 1
+        elif c == "-" and sql.startswith("--", i):
+            j = sql.find("\n", i)
+            j = n if j < 0 else j
+            buf.append(sql[i:j])
+            i = j
+        elif c == "/" and sql.startswith("/*", i):
+            j = sql.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            buf.append(sql[i:j])
+            i = j
+        elif c == "$":
+            m = re.match(r"\$([A-Za-z_][A-Za-z0-9_]*)?\$", sql[i:])
+            if m:
+                tag = m.group(0)
+                j = sql.find(tag, i + len(tag))
+                j = n if j < 0 else j + len(tag)
+                buf.append(sql[i:j])
+                i = j
+            else:
+                buf.append(c)
+                i += 1
+        elif c == ";":
+            stmt = "".join(buf).strip()
+            if _has_code(stmt):
+                out.append(stmt)
+            buf = []
+            i += 1
+        else:
+            buf.append(c)
+            i += 1
+    stmt = "".join(buf).strip()
+    if _has_code(stmt):
+        out.append(stmt)
+    return out
+
+
+def _has_code(stmt: str) -> bool:
+    """False for fragments that hold only comments and whitespace."""
+    no_line = re.sub(r"--[^\n]*", "", stmt)
+    return bool(re.sub(r"/\*.*?\*/", "", no_line, flags=re.S).strip())
+
+
+def conninfo_from(auth: Any, ctx: ToolContext) -> tuple[str, str]:
+    """(conninfo, label) for an ``auth`` value: credential name, mapping, or DSN."""
+    if isinstance(auth, str) and (auth.startswith(("postgres://", "postgresql://")) or "=" in auth):
+        _redact_conninfo(auth, ctx)
+        return auth, "connection string"
+    if isinstance(auth, str):
+        record = lookup_credential(ctx, auth, "postgres")
+        label = f"credential {auth!r}"
+    elif isinstance(auth, Mapping):
+        record, label = dict(auth), "inline auth"
+    else:
+        raise ToolError("postgres: 'auth' (a credential name) or 'connection_string' is required", kind="config_error")
+    for key in ("connection_string", "dsn", "conninfo", "url", "database_url"):
+        if isinstance(record.get(key), str):
+            _redact_conninfo(record[key], ctx)
+            return record[key], label
+    kwargs: dict[str, Any] = {}
+    for kw, names in _FIELD_ALIASES.items():
+        for name in names:
+            if record.get(name) not in (None, ""):
+                kwargs[kw] = str(record[name])
+                break
+    if "host" not in kwargs and "dbname" not in kwargs:
+        raise ToolError(f"postgres: {label} has no db_host/db_name or connection string", kind="auth_error")
+    if kwargs.get("password"):
+        ctx.redact(kwargs["password"])
+    return make_conninfo(**kwargs), label
+
+
+def _redact_conninfo(conninfo: str, ctx: ToolContext) -> None:
+    try:
+        params = conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        return
+    if params.get("password"):
+        ctx.redact(str(params["password"]))
+
+
+class PgConnector:
+    """A lazily opened pool for one conninfo; surfaces the real connect error fast."""
+
+    def __init__(self, conninfo: str, max_size: int = DEFAULT_POOL_SIZE):
+        self.conninfo = conninfo
+        self.max_size = max_size
+        self._pool: ConnectionPool | None = None
+        self._lock = threading.Lock()
+
+    def _probe(self) -> None:
+        # A direct connect gives libpq's own error (refused, bad role…) instead of a pool timeout.
+        psycopg.connect(self.conninfo, connect_timeout=CONNECT_TIMEOUT).close()
+
+    def pool(self) -> ConnectionPool:
+        with self._lock:
+            if self._pool is None:
+                self._probe()
+                self._pool = ConnectionPool(
+                    self.conninfo,
+                    min_size=1,
+                    max_size=self.max_size,
+                    kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT},
+                    open=True,
+                    name="noetl-postgres",
+                )
+            return self._pool
+
+    def connection(self):
+        pool = self.pool()
+        try:
+            return pool.connection(timeout=CONNECT_TIMEOUT)
+        except PoolTimeout:
+            self._probe()  # raises the underlying error when the server is unreachable
+            raise
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def pg_error(e: BaseException, label: str) -> ToolError:
+    sqlstate = getattr(e, "sqlstate", None)
+    code = None
+    message = str(e).strip()
+    if isinstance(e, PoolTimeout):
+        sqlstate, code = "08001", "pool_timeout"
+    elif sqlstate:
+        code = _snake(type(e).__name__) if type(e).__module__.startswith("psycopg.errors") else None
+    elif isinstance(e, psycopg.OperationalError):
+        for pattern, state, name in _CONNECT_MESSAGES:
+            if pattern.search(message):
+                sqlstate, code = state, name
+                break
+        else:
+            sqlstate, code = "08001", "sqlclient_unable_to_establish_sqlconnection"
+    sqlstate = sqlstate or None
+    retryable = bool(sqlstate) and (sqlstate in RETRYABLE_SQLSTATES or sqlstate[:2] in RETRYABLE_SQLSTATE_CLASSES)
+    return ToolError(
+        f"postgres ({label}): {message}",
+        kind="pg_error",
+        retryable=retryable,
+        code=code or sqlstate,
+        details={"pg": {"code": code or sqlstate, "sqlstate": sqlstate}},
+    )
+
+
+def _statements(inputs: Mapping[str, Any]) -> list[str] | str:
+    sql = inputs.get("command", inputs.get("query", inputs.get("commands", inputs.get("sql"))))
+    if sql is None or (isinstance(sql, str) and not sql.strip()):
+        raise ToolError("postgres: 'command' (or 'query') is required", kind="config_error")
+    if isinstance(sql, str):
+        return sql
+    if isinstance(sql, Sequence) and all(isinstance(s, str) for s in sql):
+        return [s for s in sql if s.strip()]
+    raise ToolError("postgres: 'command' must be a string or a list of strings", kind="config_error")
+
+
+def _result(cur: psycopg.Cursor) -> dict[str, Any]:
+    if cur.description is None:
+        return {"rows": [], "row_count": max(cur.rowcount, 0), "columns": []}
+    columns = [c.name for c in cur.description]
+    rows = plain(cur.fetchall())  # JSON types, so a live run and a replay see the same values
+    return {"rows": rows, "row_count": len(rows), "columns": columns}
+
+
+def _uses_placeholders(stmt: str) -> bool:
+    return bool(re.search(r"%(\([^)]+\))?s", stmt))
+
+
+def run_sql(conn: psycopg.Connection, sql: list[str] | str, params: Any, schema: str | None) -> dict[str, Any]:
+    if params is not None and not isinstance(params, (Mapping, list, tuple)):
+        raise ToolError(f"postgres: params must be a list or a mapping, got {type(params).__name__}", kind="config_error")
+    if params is not None and len(params) == 0:
+        params = None
+    statements = split_sql(sql) if isinstance(sql, str) and (params is not None or schema) else sql
+    with conn.cursor(row_factory=dict_row) as cur:
+        if isinstance(statements, str):
+            # One simple-protocol round trip; Postgres runs it as one implicit transaction.
+            cur.execute(statements, prepare=False)
+            last = _result(cur)
+            while cur.nextset():
+                last = _result(cur)
+            return last
+        if params is not None and not isinstance(params, Mapping):
+            with_placeholders = [s for s in statements if _uses_placeholders(s)]
+            if len(with_placeholders) > 1:
+                raise ToolError(
+                    "postgres: positional params with several statements that take them; use named params %(name)s",
+                    kind="config_error",
+                )
+        last: dict[str, Any] = {"rows": [], "row_count": 0, "columns": []}
+        with conn.transaction():
+            if schema:
+                cur.execute(
+                    pgsql.SQL("SET LOCAL search_path TO {}").format(
+                        pgsql.SQL(", ").join(pgsql.Identifier(s.strip()) for s in str(schema).split(","))
+                    )
+                )
+            for stmt in statements:
+                if params is not None and _uses_placeholders(stmt):
+                    cur.execute(stmt, params)
+                else:
+                    cur.execute(stmt, prepare=False)
+                last = _result(cur)
+        return last
+
+
+def connector_for(conninfo: str, ctx: ToolContext) -> PgConnector:
+    key = "pg.pool:" + hashlib.sha256(conninfo.encode()).hexdigest()[:16]
+    size = int((ctx.spec or {}).get("pool_size") or DEFAULT_POOL_SIZE) if isinstance(ctx.spec, Mapping) else DEFAULT_POOL_SIZE
+    return ctx.resource(key, lambda: PgConnector(conninfo, size))
+
+
+def postgres_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    """SQL against PostgreSQL (psycopg 3); result {rows, row_count, columns}."""
+    auth = inputs.get("auth") or inputs.get("credential") or inputs.get("connection_string") or inputs.get("dsn")
+    if auth is None:
+        raise ToolError("postgres: 'auth' (a credential name) or 'connection_string' is required", kind="config_error")
+    conninfo, label = conninfo_from(auth, ctx)
+    sql = _statements(inputs)
+    connector = connector_for(conninfo, ctx)
+    try:
+        with connector.connection() as conn:
+            return run_sql(conn, sql, inputs.get("params"), inputs.get("schema"))
+    except ToolError:
+        raise
+    except (psycopg.Error, PoolTimeout) as e:
+        raise pg_error(e, label) from None
+
+
+register_tool("postgres", postgres_tool, description="SQL on PostgreSQL (psycopg 3); result {rows, row_count, columns}")
