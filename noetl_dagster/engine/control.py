@@ -357,6 +357,42 @@ class Engine:
                 if on_step:
                     on_step(run)
 
+    def recover(self, on_step: Callable[[StepRun], None] | None = None) -> list[str]:
+        """Continue an execution whose process died, from its durable events alone.
+
+        Finished-but-unrouted step runs are routed; step runs that were scheduled
+        but never finished run again under their recorded ``step_run_id`` (so they
+        are not counted twice); nothing that had finished runs again.
+        Returns the step runs it resumed.
+        """
+        st = self.state
+        resumed: list[str] = []
+        if st.status == "requested":  # died before the workflow started
+            req = next((e for e in self.services.event_store.read(self.execution_id) if e.name == E.EXECUTION_REQUESTED), None)
+            overrides = dict((req.data if req else {}).get("workload") or {})
+            merged = {**self.playbook.workload, **overrides}
+            self.recorder.emit(E.WORKFLOW_STARTED, entity_id=self.execution_id, data={"workload": merged, "entry": self.graph.entry})
+            self._enqueue(self.graph.entry, {}, None)
+            self.recorder.flush()
+            return resumed
+        for srid in st.unrouted_runs():
+            info = st.step_runs[srid]
+            ok = st.step_status.get(info["step"]) == "done"
+            step = self.playbook.step(info["step"])
+            result = st.result(info["step"])
+            name = "loop.done" if step.loop else ("call.done" if ok else "call.error")
+            err = None if ok else (result or {}).get("error")
+            self.route(StepRun(info["step"], srid, ok, result if ok else None, err, name, info.get("args")))
+            resumed.append(srid)
+        for srid, step_name in list(st.running.items()):
+            info = st.step_runs[srid]
+            run = self.worker.run_step(self.playbook.step(step_name), srid, info.get("args"))
+            self.route(run)
+            resumed.append(srid)
+            if on_step:
+                on_step(run)
+        return resumed
+
     def drive(self, on_step: Callable[[StepRun], None] | None = None) -> str:
         try:
             self.run_until_quiescent(None, on_step)

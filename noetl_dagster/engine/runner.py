@@ -100,6 +100,44 @@ def build_services(
     )
 
 
+def resume_execution(
+    execution_id: str,
+    *,
+    playbook: Playbook | str | os.PathLike[str] | None = None,
+    services: Services | None = None,
+    event_store: EventStore | str | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+    catalog_dirs: Iterable[str | os.PathLike[str]] = (),
+    on_step: Callable[[StepRun], None] | None = None,
+) -> ExecutionResult:
+    """Finish an execution whose process died, from its event log (see Engine.recover)."""
+    from noetl_dagster.engine.state import fold
+
+    svc = services or build_services(event_store=event_store, data_dir=data_dir, catalog_dirs=catalog_dirs)
+    events = svc.event_store.read(execution_id)
+    if not events:
+        raise KeyError(f"no events for execution {execution_id}")
+    state = fold(events, svc.offloader.resolve)
+    if playbook is None:
+        req = next((e for e in events if e.name == "playbook.execution.requested"), None)
+        path = (req.data.get("file") if req else None) or ""
+        if not path or not Path(path).is_file():
+            raise FileNotFoundError(f"execution {execution_id}: its playbook file {path!r} is not available; pass it")
+        playbook = path
+    pb = playbook if isinstance(playbook, Playbook) else load_playbook(playbook)
+    if pb.base_dir:
+        svc.catalog.add_dir(pb.base_dir)
+    first = events[0]
+    svc.tenant, svc.project = first.tenant_id, first.project_id
+    eng = Engine(pb, svc, state=state, parent_execution_id=first.parent_execution_id)
+    if not state.finished:
+        eng.recover(on_step)
+        eng.drive(on_step)
+    for hook in FINISHED_HOOKS:
+        hook(eng)
+    return ExecutionResult.from_engine(eng)
+
+
 def run_playbook(
     playbook: Playbook | str | os.PathLike[str],
     workload: Mapping[str, Any] | None = None,

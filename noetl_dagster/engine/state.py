@@ -59,6 +59,7 @@ class ExecutionState:
         self.running: dict[str, str] = {}  # step_run_id -> step
         self.step_runs: dict[str, dict[str, Any]] = {}  # step_run_id -> {step, token_ids, args}
         self.finished_runs: set[str] = set()
+        self.routed_runs: set[str] = set()  # step runs whose `next` was evaluated
         self.loops: dict[str, LoopPosition] = {}
         self.failed = False
         self.last_step: str | None = None
@@ -104,6 +105,7 @@ class ExecutionState:
             self.finished_runs.add(ev.step_run_id)
             self.last_step = ev.step
         elif name == E.NEXT_EVALUATED:
+            self.routed_runs.add(ev.step_run_id)
             if d.get("unhandled_failure"):
                 self.failed = True
         elif name == E.LOOP_STARTED:
@@ -141,6 +143,10 @@ class ExecutionState:
             value = self._resolver(value)
         self._resolved[step] = value
         return value
+
+    def unrouted_runs(self) -> list[str]:
+        """Finished step runs whose routing was never recorded (the process died in between)."""
+        return [r for r in self.step_runs if r in self.finished_runs and r not in self.routed_runs]
 
     def pending_steps(self) -> list[str]:
         seen: dict[str, None] = {}

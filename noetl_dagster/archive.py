@@ -1,0 +1,281 @@
+"""Execution archive bundles (seed 004 §7) and replay from a bundle alone.
+
+A bundle lives in a PayloadStore under the object layout
+``noetl/env=…/…/tenant=T/project=P/date=D/execution=ID/``::
+
+    manifest.json                      schema, ids, event range, checksums of every file, final-state digest
+    events/segment-000001.jsonl.zst    the execution's events (and its sub-playbooks'), zstd JSON lines
+    events/segment-000001.sha256       "<hex>  segment-000001.jsonl.zst"
+    results/result-manifest.json       every stored result reference ($ref) and each step's final result summary
+    lineage/lineage.json               steps, arcs fired, parent/child executions, result references
+    metrics/summary.json               durations, counts of steps, task attempts, failures, loop iterations
+
+Archives are immutable: archiving an execution again with the same events is a
+no-op; different events under the same bundle raise :class:`ArchiveConflict`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from collections import Counter
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+import zstandard
+
+from noetl_dagster.engine.events import Event
+from noetl_dagster.engine.state import fold
+from noetl_dagster.storage.events import EventStore
+from noetl_dagster.storage.jsonutil import dumps, plain
+from noetl_dagster.storage.payload import ChecksumMismatch, PayloadStore, is_ref, open_payload_store
+
+SCHEMA = "noetl.archive-manifest.v1"
+SEGMENT_EVENTS = 10_000
+
+
+class ArchiveConflict(RuntimeError):
+    """A different archive already exists for this execution (bundles are immutable)."""
+
+
+def _hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def state_digest(events: list[Event]) -> tuple[str, dict[str, Any]]:
+    """sha256 of the canonical JSON of the state the events fold to (refs left as references)."""
+    snap = plain(fold(events).snapshot())
+    blob = json.dumps(snap, sort_keys=True, separators=(",", ":")).encode()
+    return "sha256:" + _hex(blob), snap
+
+
+def _collect_execution(store: EventStore, execution_id: str) -> list[Event]:
+    events = store.read(execution_id)
+    if not events:
+        raise KeyError(f"no events for execution {execution_id}")
+    return events
+
+
+def _children(store: EventStore, execution_id: str) -> list[str]:
+    return [e.execution_id for e in store.executions(100_000) if e.parent_execution_id == execution_id]
+
+
+def _refs(value: Any, out: list[dict[str, Any]], where: str) -> None:
+    if is_ref(value):
+        out.append({**value["$ref"], "event": where})
+    elif isinstance(value, dict):
+        for v in value.values():
+            _refs(v, out, where)
+    elif isinstance(value, list):
+        for v in value:
+            _refs(v, out, where)
+
+
+def _segments(events: list[Event]) -> list[tuple[bytes, int, int, int]]:
+    out = []
+    cctx = zstandard.ZstdCompressor(level=6)
+    for i in range(0, len(events), SEGMENT_EVENTS):
+        chunk = events[i : i + SEGMENT_EVENTS]
+        lines = "".join(dumps(e.to_dict()) + "\n" for e in chunk).encode()
+        out.append((cctx.compress(lines), len(chunk), i, i + len(chunk) - 1))
+    return out
+
+
+def _metrics(events: list[Event]) -> dict[str, Any]:
+    names = Counter(e.name for e in events)
+    first, last = events[0].timestamp, events[-1].timestamp
+    dur = None
+    try:
+        dur = (datetime.fromisoformat(last) - datetime.fromisoformat(first)).total_seconds()
+    except ValueError:
+        pass
+    step_ms: dict[str, float] = {}
+    for e in events:
+        if e.name in ("step.done", "step.failed") and isinstance(e.data.get("duration_ms"), (int, float)):
+            step_ms[e.step or "?"] = step_ms.get(e.step or "?", 0.0) + e.data["duration_ms"]
+    return {
+        "events": len(events),
+        "by_name": dict(names),
+        "steps_done": names.get("step.done", 0),
+        "steps_failed": names.get("step.failed", 0),
+        "task_attempts": names.get("task.done", 0),
+        "task_failures": sum(1 for e in events if e.name == "task.done" and e.status == "error"),
+        "loop_iterations": names.get("loop.iteration.done", 0) + names.get("loop.iteration.failed", 0),
+        "wall_seconds": dur,
+        "step_duration_ms": step_ms,
+    }
+
+
+def archive_execution(
+    execution_id: str,
+    event_store: EventStore,
+    to: str | PayloadStore,
+    *,
+    registry: Any = None,
+    include_children: bool = True,
+) -> dict[str, Any]:
+    """Write the bundle; return the manifest (with ``uri`` and ``status``: written | exists)."""
+    from noetl_dagster.storage.locator import object_prefix
+
+    store = to if isinstance(to, PayloadStore) else open_payload_store(to)
+    events = _collect_execution(event_store, execution_id)
+    head = events[0]
+    if not any(e.name == "workflow.finished" for e in events):
+        raise ValueError(f"execution {execution_id} has not finished; archive it once it has (or resume it)")
+    children = _children(event_store, execution_id) if include_children else []
+    child_events: list[Event] = []
+    for c in children:
+        child_events.extend(event_store.read(c))
+    all_events = events + child_events
+    digest, snap = state_digest(events)
+    day = head.timestamp[:10]
+    prefix = object_prefix(head.tenant_id, head.project_id, date=day, execution_id=execution_id)
+
+    existing_uri = store.uri_for(prefix + "manifest.json")
+    if store.exists(existing_uri):
+        old = json.loads(store.get_bytes(existing_uri))
+        if old.get("final_state_digest") == digest and old.get("event_count") == len(all_events):
+            verify_bundle(store, prefix, old)
+            return {**old, "uri": store.uri_for(prefix), "status": "exists"}
+        raise ArchiveConflict(f"a different archive of {execution_id} already exists at {existing_uri}")
+
+    files: dict[str, str] = {}
+    segs = []
+    for n, (blob, count, lo, hi) in enumerate(_segments(all_events), start=1):
+        name = f"events/segment-{n:06d}.jsonl.zst"
+        store.put_bytes(prefix + name, blob)
+        h = _hex(blob)
+        store.put_bytes(prefix + f"events/segment-{n:06d}.sha256", f"{h}  segment-{n:06d}.jsonl.zst\n".encode())
+        files[name] = "sha256:" + h
+        segs.append({"path": name, "sha256": "sha256:" + h, "events": count, "first_index": lo, "last_index": hi})
+
+    refs: list[dict[str, Any]] = []
+    for e in all_events:
+        _refs(e.data, refs, f"{e.execution_id}:{e.sequence}:{e.name}")
+    result_manifest = {
+        "schema_version": "noetl.result-manifest.v1",
+        "resource_uri": f"noetl://{head.tenant_id}/{head.project_id}/results/execution/{execution_id}@v1",
+        "producer": {"execution_id": execution_id, "playbook": head.data.get("playbook")},
+        "artifacts": refs,
+        "step_results": {k: v for k, v in snap["results"].items()},
+    }
+    fired = [
+        {"from": e.step, "to": [f["step"] for f in e.data.get("fired", [])], "event": e.data.get("event_name")}
+        for e in events
+        if e.name == "next.evaluated"
+    ]
+    lineage = {
+        "execution_id": execution_id,
+        "playbook": head.data.get("playbook"),
+        "parent_execution_id": head.parent_execution_id,
+        "children": children,
+        "steps_run": snap["runs"],
+        "transitions": fired,
+        "outputs": [r["uri"] for r in refs if "uri" in r],
+    }
+    metrics = _metrics(events)
+    for rel, obj in (
+        ("results/result-manifest.json", result_manifest),
+        ("lineage/lineage.json", lineage),
+        ("metrics/summary.json", metrics),
+    ):
+        blob = json.dumps(obj, indent=2, sort_keys=True, default=str).encode()
+        store.put_bytes(prefix + rel, blob)
+        files[rel] = "sha256:" + _hex(blob)
+    manifest = {
+        "schema_version": SCHEMA,
+        "execution_id": execution_id,
+        "tenant_id": head.tenant_id,
+        "project_id": head.project_id,
+        "playbook": head.data.get("playbook"),
+        "created_at": datetime.now(UTC).isoformat(),
+        "final_status": snap["status"],
+        "final_state_digest": digest,
+        "event_count": len(all_events),
+        "event_range": {"execution": execution_id, "first_sequence": events[0].sequence, "last_sequence": events[-1].sequence},
+        "children": children,
+        "segments": segs,
+        "files": files,
+    }
+    store.put_bytes(prefix + "manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode())
+    uri = store.uri_for(prefix)
+    if registry is not None:
+        register_archive(registry, manifest, uri, store.uri_for(prefix + "manifest.json"))
+    return {**manifest, "uri": uri, "status": "written"}
+
+
+def register_archive(registry: Any, manifest: dict[str, Any], bundle_uri: str, manifest_uri: str) -> Any:
+    """Record the bundle as an ``execution_archive`` resource in the registry."""
+    t, p, eid = manifest["tenant_id"], manifest["project_id"], manifest["execution_id"]
+    uri = f"noetl://{t}/{p}/archives/execution_archive/{eid}"
+    return registry.register(
+        uri,
+        kind="execution_archive",
+        locations=[{"uri": manifest_uri, "format": "json", "checksum": None}],
+        metadata={"bundle_uri": bundle_uri, "final_status": manifest["final_status"], "events": manifest["event_count"],
+                  "final_state_digest": manifest["final_state_digest"]},  # fmt: skip
+        execution_id=eid,
+    )
+
+
+def verify_bundle(store: PayloadStore, prefix: str, manifest: dict[str, Any]) -> None:
+    for rel, checksum in manifest.get("files", {}).items():
+        data = store.get_bytes(store.uri_for(prefix + rel))
+        if "sha256:" + _hex(data) != checksum:
+            raise ChecksumMismatch(f"archive file {rel} does not match its manifest checksum")
+
+
+def _split_bundle_uri(uri: str) -> tuple[PayloadStore, str]:
+    from urllib.parse import unquote
+
+    root = uri[: -len("manifest.json")] if uri.endswith("manifest.json") else uri
+    root = root.rstrip("/")
+    if root.startswith("file://"):
+        root = unquote(root[len("file://") :])
+    return open_payload_store(root), ""
+
+
+def read_archive_events(uri: str) -> tuple[dict[str, Any], list[Event]]:
+    """Load and verify a bundle: every file's checksum, then its events."""
+    store, prefix = _split_bundle_uri(uri)
+    manifest = json.loads(store.get_bytes(store.uri_for(prefix + "manifest.json")))
+    if manifest.get("schema_version") != SCHEMA:
+        raise ValueError(f"{uri}: not a NoETL execution archive (schema {manifest.get('schema_version')!r})")
+    verify_bundle(store, prefix, manifest)
+    dctx = zstandard.ZstdDecompressor()
+    events: list[Event] = []
+    for seg in manifest["segments"]:
+        blob = store.get_bytes(store.uri_for(prefix + seg["path"]))
+        side = store.get_bytes(store.uri_for(prefix + seg["path"].replace(".jsonl.zst", ".sha256"))).decode().split()[0]
+        if side != _hex(blob):
+            raise ChecksumMismatch(f"{seg['path']} does not match its .sha256 sidecar")
+        with dctx.stream_reader(io.BytesIO(blob)) as r:
+            text = r.read().decode()
+        events.extend(Event.from_dict(json.loads(line)) for line in text.splitlines() if line)
+    return manifest, events
+
+
+def replay_from_archive(uri: str) -> dict[str, Any]:
+    """Rebuild the execution's final state from the bundle alone and compare with the recorded digest."""
+    manifest, events = read_archive_events(uri)
+    eid = manifest["execution_id"]
+    own = [e for e in events if e.execution_id == eid]
+    digest, snap = state_digest(own)
+    return {
+        "execution_id": eid,
+        "match": digest == manifest["final_state_digest"],
+        "status": snap["status"],
+        "recorded_status": manifest["final_status"],
+        "state_digest": digest,
+        "recorded_digest": manifest["final_state_digest"],
+        "events": len(events),
+        "children": manifest.get("children", []),
+        "runs": snap["runs"],
+        "ctx": snap["ctx"],
+    }
+
+
+def archive_many(ids: Iterable[str], event_store: EventStore, to: str) -> list[dict[str, Any]]:
+    return [archive_execution(i, event_store, to) for i in ids]
