@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from noetl_dagster.storage.jsonutil import dumps, loads
 from noetl_dagster.storage.locator import DEFAULT_LAYOUT, ObjectLayout
@@ -291,7 +291,8 @@ class FilePayloadStore(PayloadStore):
         return p
 
     def _uri_path(self, uri: str) -> Path:
-        path = uri[len("file://") :] if uri.startswith("file://") else uri
+        # file URIs from Path.as_uri() are percent-encoded ('=' in shard prefixes, spaces)
+        path = unquote(urlsplit(uri).path) if uri.startswith("file://") else uri
         p = Path(path).resolve()
         if self.root not in p.parents:
             raise ValueError(f"payload uri outside the store root: {uri}")

@@ -1,0 +1,256 @@
+"""Shared behaviour of the reference-first IO managers.
+
+Each output becomes a new version of a ``noetl://`` resource: the table is
+written (Parquet, Arrow IPC or Iceberg), registered in the NoETL registry with
+its checksum and its inputs (lineage), and described to Dagster with
+``dagster/row_count``, ``dagster/column_schema`` and ``noetl/*`` metadata.
+Each input is resolved through the registry (tenancy and grants apply), read,
+verified against the recorded checksum and returned as the annotated type
+(``pa.Table``, ``pl.DataFrame``, ``pd.DataFrame``, ``list`` of records, ``dict``
+of columns; otherwise ``load_as``).
+
+Which resource an asset is:
+1. ``metadata={"noetl/uri": "noetl://t/p/ns/type/name"}`` on the asset or output;
+2. an asset key ``[tenant, project, namespace, *name]`` whose first two parts are the
+   registry scope (what :func:`noetl_dagster.storage.locator.asset_key_for_uri` returns);
+3. otherwise ``noetl://<tenant>/<project>/<namespace config>/<resource_type>/<asset key joined by '/'>``.
+Op outputs that are not assets get ``<namespace>/<type>/runs/<run_id>/<step>/<output>``.
+An input may pin a version with ``metadata={"noetl/version": "v3"}``; by default the newest.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any, ClassVar
+
+import dagster as dg
+from pydantic import Field, PrivateAttr
+
+from noetl_dagster.resources.registry import NoetlRegistryResource
+from noetl_dagster.storage.locator import InvalidLocator, ResourceLocator, parse_locator
+from noetl_dagster.storage.tables import AS_TYPES, TableStorage, convert
+from registry_service.errors import RegistryError
+
+META_URI = "noetl/uri"
+META_VERSION = "noetl/version"
+META_TYPE = "noetl/type"
+META_INPUTS = "noetl/inputs"
+META_MODE = "noetl/mode"
+META_PARTITION_BY = "noetl/partition_by"
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def _safe_segment(text: str) -> str:
+    seg = _UNSAFE.sub("_", text).strip("._-") or "x"
+    return seg if seg[0].isalnum() else "x" + seg
+
+
+def _as_type_for(typing_type: Any, default: str) -> str:
+    """Which in-memory type a downstream input asked for."""
+    if typing_type is None or typing_type is Any:
+        return default
+    mod = getattr(typing_type, "__module__", "") or ""
+    name = getattr(typing_type, "__name__", "") or ""
+    if mod.startswith("pyarrow") and name == "Table":
+        return "arrow"
+    if mod.startswith("polars"):
+        return "polars"
+    if mod.startswith("pandas"):
+        return "pandas"
+    origin = getattr(typing_type, "__origin__", typing_type)
+    if origin is list:
+        return "records"
+    if origin is dict:
+        return "pydict"
+    return default
+
+
+class NoetlTableIOManager(dg.ConfigurableIOManager):
+    """Base: the format-specific subclasses set ``table_format`` and write options."""
+
+    table_format: ClassVar[str] = "parquet"
+
+    registry: NoetlRegistryResource = Field(
+        default_factory=NoetlRegistryResource, description="the NoETL registry every version is recorded in"
+    )
+    store_url: str | None = Field(
+        default=None,
+        description="payload store for table files: a directory, file:///dir or s3://bucket/prefix?endpoint_url=... "
+        "(default: $NOETL_DAGSTER_HOME/tables)",
+    )
+    namespace: str = Field(default="assets", description="namespace for assets whose key does not name one")
+    resource_type: str = Field(default="dataset", description="resource type in the noetl:// URI")
+    region: str = Field(default="local", description="region recorded on locations and preferred on reads")
+    load_as: str = Field(default="arrow", description=f"type returned for unannotated inputs: {', '.join(AS_TYPES)}")
+
+    _storage: TableStorage | None = PrivateAttr(default=None)
+    _loaded: dict[tuple[str, str], list[str]] = PrivateAttr(default_factory=dict)
+    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    # ----------------------------------------------------------------- plumbing
+    def storage(self) -> TableStorage:
+        if self._storage is None:
+            self._storage = TableStorage(
+                self.registry.get_client(), self.store_url or None, iceberg=self._iceberg(), region=self.region
+            )
+        return self._storage
+
+    def _iceberg(self) -> Any:
+        return None
+
+    def _write_options(self, context: dg.OutputContext) -> dict[str, Any]:
+        return {}
+
+    @staticmethod
+    def _meta(context: dg.OutputContext | dg.InputContext, key: str) -> Any:
+        for source in (getattr(context, "output_metadata", None), getattr(context, "definition_metadata", None)):
+            if source and key in source:
+                value = source[key]
+                return getattr(value, "value", value)
+        return None
+
+    def uri_for_asset(self, asset_key: dg.AssetKey, metadata_uri: str | None = None, rtype: str | None = None) -> str:
+        """The unversioned noetl:// URI of an asset (see the module docstring)."""
+        if metadata_uri:
+            return parse_locator(metadata_uri, require_version=False).unversioned().uri
+        tenant, project = self.registry.scope()
+        path = list(asset_key.path)
+        rtype = rtype or self.resource_type
+        try:
+            if len(path) >= 4 and path[0] == tenant and path[1] == project:
+                return ResourceLocator(tenant, project, path[2], rtype, "/".join(path[3:])).uri
+            return ResourceLocator(tenant, project, self.namespace, rtype, "/".join(path)).uri
+        except InvalidLocator as e:
+            raise dg.DagsterInvariantViolationError(
+                f"asset {asset_key.to_user_string()} cannot name a noetl:// resource ({e}); "
+                f"set metadata {{'{META_URI}': 'noetl://…'}} on it"
+            ) from e
+
+    def _output_uri(self, context: dg.OutputContext) -> str:
+        rtype = self._meta(context, META_TYPE)
+        if context.has_asset_key:
+            return self.uri_for_asset(context.asset_key, self._meta(context, META_URI), rtype)
+        explicit = self._meta(context, META_URI)
+        if explicit:
+            return parse_locator(explicit, require_version=False).unversioned().uri
+        tenant, project = self.registry.scope()
+        name = f"runs/{_safe_segment(context.run_id)}/{_safe_segment(context.step_key)}/{_safe_segment(context.name)}"
+        return ResourceLocator(tenant, project, self.namespace, rtype or self.resource_type, name).uri
+
+    @staticmethod
+    def _execution_id(context: dg.OutputContext | dg.InputContext) -> str | None:
+        try:
+            tags = context.step_context.dagster_run.tags
+        except Exception:  # noqa: BLE001 - contexts built outside a run have no step context
+            return None
+        return tags.get("noetl/execution_id") or context.step_context.run_id
+
+    # ----------------------------------------------------------------- outputs
+    def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
+        if obj is None:
+            return
+        uri = self._output_uri(context)
+        inputs = list(self._meta(context, META_INPUTS) or [])
+        step_key = (context.run_id, context.step_key) if context.step_key else None
+        with self._lock:
+            inputs += self._loaded.pop(step_key, []) if step_key else []
+        inputs += self._unloaded_deps(context, inputs)
+        pub = self.storage().publish(
+            obj,
+            uri,
+            format=self.table_format,
+            inputs=dict.fromkeys(inputs),
+            metadata={
+                "dagster/asset_key": context.asset_key.to_user_string() if context.has_asset_key else None,
+                "dagster/run_id": context.run_id,
+            },
+            execution_id=self._execution_id(context),
+            step=context.step_key,
+            task=context.name,
+            **self._write_options(context),
+        )
+        ref = pub.ref()
+        meta: dict[str, Any] = {
+            "dagster/row_count": dg.MetadataValue.int(ref["rows"]),
+            "dagster/column_schema": dg.TableSchema(
+                columns=[dg.TableColumn(c["name"], c["type"]) for c in pub.write.columns]
+            ),
+            "noetl/uri": dg.MetadataValue.text(ref["uri"]),
+            "noetl/urn": dg.MetadataValue.text(ref["urn"]),
+            "noetl/version": dg.MetadataValue.text(ref["version"]),
+            "noetl/resource_id": dg.MetadataValue.text(ref["resource_id"]),
+            "noetl/checksum": dg.MetadataValue.text(ref["checksum"]),
+            "noetl/format": dg.MetadataValue.text(ref["format"]),
+            "noetl/location": dg.MetadataValue.text(ref["location"]),
+            "noetl/schema_fingerprint": dg.MetadataValue.text(ref["schema_fingerprint"]),
+        }
+        if ref.get("size") is not None:
+            meta["noetl/size_bytes"] = dg.MetadataValue.int(ref["size"])
+        if pub.resource.locations and pub.resource.locations[0].metadata.get("snapshot_id") is not None:
+            meta["noetl/iceberg_snapshot_id"] = dg.MetadataValue.int(ref["snapshot_id"])
+            meta["dagster/table_name"] = dg.MetadataValue.text(".".join(pub.write.metadata["identifier"]))
+        if inputs:
+            meta["noetl/inputs"] = dg.MetadataValue.json(list(dict.fromkeys(inputs)))
+        context.add_output_metadata(meta)
+
+    def _unloaded_deps(self, context: dg.OutputContext, already: list[str]) -> list[str]:
+        """Upstream assets this step did not load through us (non-argument deps): their newest version."""
+        if not context.has_asset_key:
+            return []
+        try:
+            deps = [d.asset_key for d in context.asset_spec.deps]
+        except Exception:  # noqa: BLE001 - op outputs without a spec
+            return []
+        seen = {parse_locator(u, require_version=False).series for u in already}
+        found = []
+        client = self.registry.get_client()
+        for key in deps:
+            try:
+                uri = self.uri_for_asset(key)
+                if uri in seen:
+                    continue
+                found.append(client.resolve(uri).uri)
+            except (RegistryError, dg.DagsterInvariantViolationError):
+                continue  # not a registry-backed asset, or not readable: no lineage edge
+        return found
+
+    # ------------------------------------------------------------------ inputs
+    def _input_uri(self, context: dg.InputContext) -> str:
+        pinned = self._meta(context, META_VERSION)
+        explicit = self._meta(context, META_URI)
+        if context.has_asset_key:
+            upstream_meta = None
+            if context.upstream_output is not None:
+                upstream_meta = (context.upstream_output.definition_metadata or {}).get(META_URI)
+                upstream_meta = getattr(upstream_meta, "value", upstream_meta)
+            base = self.uri_for_asset(context.asset_key, explicit or upstream_meta)
+        elif context.upstream_output is not None:
+            base = self._output_uri(context.upstream_output)
+        elif explicit:
+            base = explicit
+        else:
+            raise dg.DagsterInvariantViolationError(f"input {context.name}: no asset key and no '{META_URI}'")
+        loc = parse_locator(base, require_version=False)
+        if pinned:
+            loc = loc.with_version(str(pinned))
+        return loc.uri
+
+    def load_input(self, context: dg.InputContext) -> Any:
+        uri = self._input_uri(context)
+        storage = self.storage()
+        plan = storage.registry.resolve(uri, purpose="read", region=self.region)
+        table = storage.read_plan(plan)
+        typing_type = getattr(context.dagster_type, "typing_type", None)
+        value = convert(table, _as_type_for(typing_type, self.load_as))
+        step_context = getattr(context, "step_context", None)
+        if step_context is not None:
+            with self._lock:
+                self._loaded.setdefault((step_context.run_id, step_context.step.key), []).append(plan.uri)
+        context.add_input_metadata({
+            "noetl/uri": dg.MetadataValue.text(plan.uri),
+            "noetl/checksum": dg.MetadataValue.text(plan.expected_checksum or ""),
+            "dagster/row_count": dg.MetadataValue.int(table.num_rows),
+        })
+        return value

@@ -1,0 +1,237 @@
+"""``kind: parquet`` | ``kind: arrow`` | ``kind: iceberg``: write (or read) tables by reference.
+
+Writing (``op: write``, the default)::
+
+    - name: save
+      kind: iceberg                     # or parquet / arrow
+      uri: noetl://acme/lab/sales/dataset/orders     # or resource: orders (+ namespace, type)
+      data: "{{ fetch.rows }}"          # records, a dict of columns, {rows: [...]}, or a $ref
+      mode: append                      # iceberg: append | overwrite
+      partition_by: [{source: day, transform: identity}]
+      inputs: [noetl://acme/lab/raw/dataset/events]  # lineage (optional)
+
+writes a new version, registers it in the NoETL registry and returns the
+reference ``{uri, urn, resource_id, version, store, format, size, checksum, rows,
+schema_fingerprint, location[, snapshot_id]}`` — never the rows.
+
+Reading (``op: read``) resolves ``uri`` through the registry (tenancy and grants
+apply), verifies the checksum and returns ``{rows, row_count, columns, ref}``
+(``as: pydict`` gives columns instead of rows; ``columns`` selects some).
+
+Options shared by both: ``registry`` (an http(s) URL or a database URL; default
+``$NOETL_REGISTRY_URL`` or ``<data dir>/registry.db``), ``api_key`` (default
+``$NOETL_REGISTRY_API_KEY``), ``store`` (payload store URL for table files;
+default ``<data dir>/tables``), ``catalog`` (pyiceberg catalog properties) and
+``catalog_name``. Without an API key the execution's tenant/project act.
+
+A task of any kind can write its result the same way with a sink spec;
+:func:`write_sink` is the hook the engine calls for ``sink: {kind, uri, ...}``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from noetl_dagster.storage.jsonutil import plain
+from noetl_dagster.storage.locator import InvalidLocator, ResourceLocator, parse_locator
+from noetl_dagster.storage.payload import ChecksumMismatch, PayloadStore, ResultRef, is_ref
+from noetl_dagster.storage.tables import (
+    FORMAT_ARROW,
+    FORMAT_ICEBERG,
+    FORMAT_PARQUET,
+    IcebergTables,
+    TableDataError,
+    TableStorage,
+    read_file_table,
+)
+from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
+
+REGISTRY_URL_ENV = "NOETL_REGISTRY_URL"
+REGISTRY_KEY_ENV = "NOETL_REGISTRY_API_KEY"
+_KNOWN_KEYS = {"op", "uri", "resource", "namespace", "type", "version", "data", "rows", "mode", "partition_by",
+               "compression", "inputs", "metadata", "resource_kind", "registry", "api_key", "store", "catalog",
+               "catalog_name", "as", "columns", "input"}
+
+
+def _data_dir(ctx: ToolContext) -> Path:
+    explicit = getattr(ctx, "data_dir", None)
+    return Path(explicit or os.environ.get("NOETL_DAGSTER_HOME", ".noetl"))
+
+
+def _scope(ctx: ToolContext) -> tuple[str, str]:
+    return getattr(ctx, "tenant", None) or "default", getattr(ctx, "project", None) or "default"
+
+
+def _storage(inputs: Mapping[str, Any], ctx: ToolContext) -> TableStorage:
+    from registry_service.client import open_registry  # noqa: PLC0415
+
+    data_dir = _data_dir(ctx)
+    registry_url = inputs.get("registry") or os.environ.get(REGISTRY_URL_ENV) or str(data_dir / "registry.db")
+    api_key = inputs.get("api_key") or os.environ.get(REGISTRY_KEY_ENV) or None
+    store_url = inputs.get("store") or None
+    catalog = inputs.get("catalog") or None
+    catalog_name = inputs.get("catalog_name") or "noetl"
+    if catalog is not None and not isinstance(catalog, Mapping):
+        raise ToolError("catalog must be a mapping of pyiceberg catalog properties", kind="config_error")
+    tenant, project = _scope(ctx)
+    if api_key:
+        ctx.redact(str(api_key))
+    key = "noetl.tables:" + repr((registry_url, api_key, tenant, project, store_url, catalog_name,
+                                  sorted((catalog or {}).items())))
+
+    def build() -> TableStorage:
+        client = open_registry(registry_url, api_key, tenant=tenant, project=project)
+        iceberg = IcebergTables(catalog_name, catalog, data_dir=data_dir)
+        return TableStorage(client, store_url, iceberg=iceberg, data_dir=data_dir)
+
+    return ctx.resource(key, build)
+
+
+def _target_uri(inputs: Mapping[str, Any], ctx: ToolContext, storage: TableStorage) -> str:
+    uri = inputs.get("uri")
+    if uri:
+        return str(uri)
+    name = inputs.get("resource")
+    if not name:
+        raise ToolError("give the target as uri: noetl://… or as resource: <name> (with optional namespace, type)",
+                        kind="config_error")
+    client = storage.registry
+    tenant, project = client.tenant, client.project or _scope(ctx)[1]
+    version = inputs.get("version")
+    try:
+        return ResourceLocator(tenant, project, str(inputs.get("namespace") or "default"),
+                               str(inputs.get("type") or "dataset"), str(name),
+                               str(version) if version else None).uri
+    except InvalidLocator as e:
+        raise ToolError(str(e), kind="config_error") from None
+
+
+def _payloads(ctx: ToolContext) -> PayloadStore | None:
+    return getattr(ctx, "payloads", None)
+
+
+def table_data(value: Any, ctx: ToolContext) -> Any:
+    """What a task hands over as ``data``: rows, columns, a ``{rows: …}`` result, or a ``$ref``."""
+    if is_ref(value):
+        ref = ResultRef.from_dict(value["$ref"])
+        store = _payloads(ctx)
+        if store is None:
+            raise ToolError(f"cannot read {ref.uri}: this execution has no payload store", kind="config_error")
+        data = store.get_verified(ref)
+        if ref.format in (FORMAT_ARROW, "arrow_ipc", FORMAT_PARQUET):
+            return read_file_table(data, FORMAT_ARROW if ref.format == "arrow_ipc" else ref.format)
+        from noetl_dagster.storage.jsonutil import loads  # noqa: PLC0415
+
+        value = loads(data)
+    if isinstance(value, Mapping) and isinstance(value.get("rows"), list) and not isinstance(value.get("rows"), str):
+        rows = value["rows"]
+        if rows and not isinstance(rows[0], Mapping) and isinstance(value.get("columns"), list):
+            return [dict(zip(value["columns"], r, strict=True)) for r in rows]  # rows as lists + column names
+        return rows
+    return value
+
+
+def _write(fmt: str, inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    unknown = set(inputs) - _KNOWN_KEYS
+    if unknown:
+        raise ToolError(f"{fmt}: unknown option(s) {sorted(unknown)}", kind="config_error")
+    storage = _storage(inputs, ctx)
+    uri = _target_uri(inputs, ctx, storage)
+    raw = inputs["data"] if "data" in inputs else inputs.get("rows")
+    if raw is None:
+        raise ToolError(f"{fmt}: nothing to write (set data: to rows, columns or a step result)",
+                        kind="config_error")
+    lineage = inputs.get("inputs") or []
+    if isinstance(lineage, str):
+        lineage = [lineage]
+    pub = storage.publish(
+        table_data(raw, ctx),
+        uri,
+        format=fmt,
+        mode=str(inputs.get("mode") or "append"),
+        partition_by=inputs.get("partition_by"),
+        compression=inputs.get("compression"),
+        inputs=list(lineage),
+        metadata=dict(inputs.get("metadata") or {}),
+        kind=inputs.get("resource_kind"),
+        execution_id=getattr(ctx, "execution_id", None),
+        step=getattr(ctx, "step", None),
+        task=getattr(ctx, "task", None),
+    )
+    return pub.ref()
+
+
+def _read(inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    storage = _storage(inputs, ctx)
+    uri = _target_uri(inputs, ctx, storage)
+    as_type = str(inputs.get("as") or "records")
+    if as_type not in ("records", "pydict"):
+        raise ToolError("as: must be records or pydict (JSON-friendly results)", kind="config_error")
+    columns = inputs.get("columns")
+    table, plan = storage.fetch(uri, as_type="arrow", columns=list(columns) if columns else None)
+    assert isinstance(table, pa.Table)
+    out: dict[str, Any] = {
+        "row_count": table.num_rows,
+        "columns": list(table.schema.names),
+        "ref": {"uri": plan.uri, "urn": plan.urn, "resource_id": plan.resource_id, "version": plan.version,
+                "format": plan.format, "checksum": plan.expected_checksum, "rows": plan.rows,
+                "location": plan.location.uri if plan.location else None},
+    }
+    out["rows" if as_type == "records" else "columns_data"] = plain(
+        table.to_pylist() if as_type == "records" else table.to_pydict()
+    )
+    return out
+
+
+def _run(fmt: str, inputs: dict[str, Any], ctx: ToolContext) -> Any:
+    from registry_service.errors import RegistryError  # noqa: PLC0415
+
+    op = str(inputs.get("op") or "write")
+    try:
+        if op == "write":
+            return _write(fmt, inputs, ctx)
+        if op == "read":
+            return _read(inputs, ctx)
+        raise ToolError(f"{fmt}: op must be write or read, not {op!r}", kind="config_error")
+    except RegistryError as e:
+        raise ToolError(f"{fmt}: registry: {e.message}", kind=f"registry_{e.code}", code=e.status) from None
+    except ChecksumMismatch as e:
+        raise ToolError(f"{fmt}: {e}", kind="checksum_mismatch") from None
+    except (TableDataError, InvalidLocator) as e:
+        raise ToolError(f"{fmt}: {e}", kind="config_error") from None
+
+
+def parquet_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
+    """Write rows as a Parquet version of a noetl:// resource (or op: read it back)."""
+    return _run(FORMAT_PARQUET, inputs, ctx)
+
+
+def arrow_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
+    """Write rows as an Arrow IPC (Feather v2) version of a noetl:// resource (or op: read it back)."""
+    return _run(FORMAT_ARROW, inputs, ctx)
+
+
+def iceberg_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
+    """Append/overwrite an Iceberg table as a version of a noetl:// resource (or op: read it back)."""
+    return _run(FORMAT_ICEBERG, inputs, ctx)
+
+
+def write_sink(result: Any, sink: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    """Write a task's result to ``sink: {kind: parquet|arrow|iceberg, uri|name, ...}``; returns the reference."""
+    kind = str(sink.get("kind") or "parquet")
+    fmt = {"parquet": FORMAT_PARQUET, "arrow": FORMAT_ARROW, "iceberg": FORMAT_ICEBERG}.get(kind)
+    if fmt is None:
+        raise ToolError(f"sink kind must be parquet, arrow or iceberg, not {kind!r}", kind="config_error")
+    spec = {k: v for k, v in sink.items() if k != "kind"}
+    spec["data"] = result
+    return _run(fmt, spec, ctx)
+
+
+register_tool("parquet", parquet_tool, description=parquet_tool.__doc__ or "")
+register_tool("arrow", arrow_tool, description=arrow_tool.__doc__ or "")
+register_tool("iceberg", iceberg_tool, description=iceberg_tool.__doc__ or "")
