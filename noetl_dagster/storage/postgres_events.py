@@ -1,0 +1,253 @@
+"""EventStore on PostgreSQL (psycopg 3) — the same contract as SqliteEventStore.
+
+* Schema by migration: ``MIGRATIONS`` are applied in order inside a transaction
+  holding an advisory lock, and recorded in ``noetl_schema_version``; opening
+  the store twice, or from two processes at once, is safe.
+* Append-only: triggers refuse UPDATE, DELETE and TRUNCATE on ``noetl_event``.
+* Idempotent on ``event_id``: a re-sent event is skipped and keeps its stored sequence.
+* Gap-free ``sequence`` per execution: it is taken from the execution's counter
+  row (``noetl_execution.last_sequence``) inside the append transaction.
+* ``gid`` order is commit order: appends take one transaction-scoped advisory
+  lock, so a reader tailing ``gid > cursor`` can never step over an event that
+  commits later with a smaller ``gid``. Appends are batched by the recorder, so
+  the lock is held for one short transaction per batch.
+
+The URL is a libpq URL; an extra ``schema=`` query parameter selects the schema
+(default ``noetl``), e.g. ``postgresql://postgres@127.0.0.1:5432/postgres?schema=noetl``.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+from psycopg_pool import ConnectionPool
+
+from noetl_dagster.engine.events import Event
+from noetl_dagster.storage.events import EventStore, ExecutionInfo, StoredEvent, _execution_update
+from noetl_dagster.storage.jsonutil import dumps, loads
+
+DEFAULT_SCHEMA = "noetl"
+
+# One list of statements per schema version; ``{schema}`` is the quoted schema name.
+MIGRATIONS: list[list[str]] = [
+    [
+        """CREATE TABLE IF NOT EXISTS {schema}.noetl_event (
+            gid BIGSERIAL PRIMARY KEY,
+            event_id TEXT NOT NULL UNIQUE,
+            execution_id TEXT NOT NULL,
+            sequence BIGINT NOT NULL,
+            name TEXT NOT NULL,
+            ts TEXT NOT NULL,
+            body JSON NOT NULL,
+            UNIQUE (execution_id, sequence))""",
+        """CREATE TABLE IF NOT EXISTS {schema}.noetl_execution (
+            execution_id TEXT PRIMARY KEY,
+            playbook TEXT,
+            status TEXT NOT NULL,
+            parent_execution_id TEXT,
+            started_at TEXT,
+            finished_at TEXT,
+            last_sequence BIGINT NOT NULL DEFAULT 0)""",
+        "CREATE INDEX IF NOT EXISTS noetl_execution_started ON {schema}.noetl_execution (started_at DESC)",
+        """CREATE OR REPLACE FUNCTION {schema}.noetl_event_append_only() RETURNS trigger
+            LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'noetl_event is append-only'; END $$""",
+        """CREATE TRIGGER noetl_event_no_update BEFORE UPDATE OR DELETE ON {schema}.noetl_event
+            FOR EACH ROW EXECUTE FUNCTION {schema}.noetl_event_append_only()""",
+        """CREATE TRIGGER noetl_event_no_truncate BEFORE TRUNCATE ON {schema}.noetl_event
+            FOR EACH STATEMENT EXECUTE FUNCTION {schema}.noetl_event_append_only()""",
+    ],
+]
+
+
+class EventStoreUnavailable(RuntimeError):
+    """The event store's database cannot be reached."""
+
+
+def masked(conninfo: str) -> str:
+    """A URL safe to print: the password replaced."""
+    parts = urlsplit(conninfo)
+    if parts.password:
+        netloc = parts.netloc.replace(":" + parts.password + "@", ":***@")
+        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    return conninfo
+
+
+def split_schema(url: str) -> tuple[str, str]:
+    """(libpq URL without our ``schema`` parameter, schema name)."""
+    if url.startswith("postgresql+psycopg://"):
+        url = "postgresql://" + url[len("postgresql+psycopg://") :]
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    schema = next((v for k, v in query if k == "schema"), None) or DEFAULT_SCHEMA
+    rest = urlencode([(k, v) for k, v in query if k != "schema"])
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, rest, parts.fragment)), schema
+
+
+def _lock_key(schema: str, purpose: str) -> int:
+    # advisory lock keys are bigint; a stable 32-bit hash of schema + purpose is enough
+    return zlib.crc32(f"noetl:{schema}:{purpose}".encode())
+
+
+class PostgresEventStore(EventStore):
+    def __init__(self, url: str, *, schema: str | None = None, pool_size: int = 4):
+        conninfo, url_schema = split_schema(url)
+        self.schema = schema or url_schema
+        self.url = url
+        self._ident = sql.Identifier(self.schema)
+        try:  # a direct connect first: libpq's own error now, rather than a pool timeout later
+            psycopg.connect(conninfo, connect_timeout=10).close()
+        except psycopg.Error as e:
+            raise EventStoreUnavailable(f"cannot reach the Postgres event store at {masked(conninfo)}: {e}") from None
+        self._pool = ConnectionPool(
+            conninfo, min_size=1, max_size=pool_size, kwargs={"autocommit": True}, open=False, name="noetl-events"
+        )
+        self._pool.open(wait=True, timeout=15)
+        self._append_lock = _lock_key(self.schema, "append")
+        try:
+            self._migrate()
+        except BaseException:
+            self._pool.close()
+            raise
+
+    def _q(self, text: str) -> sql.Composed:
+        return sql.SQL(text).format(schema=self._ident)
+
+    def _migrate(self) -> None:
+        with self._pool.connection() as conn, conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key(self.schema, "migrate"),))
+            conn.execute(self._q("CREATE SCHEMA IF NOT EXISTS {schema}"))
+            conn.execute(
+                self._q(
+                    "CREATE TABLE IF NOT EXISTS {schema}.noetl_schema_version"
+                    " (version INTEGER PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+                )
+            )
+            row = conn.execute(self._q("SELECT COALESCE(MAX(version), 0) FROM {schema}.noetl_schema_version")).fetchone()
+            current = row[0] if row else 0
+            for version, statements in enumerate(MIGRATIONS, start=1):
+                if version <= current:
+                    continue
+                for stmt in statements:
+                    conn.execute(self._q(stmt))
+                conn.execute(self._q("INSERT INTO {schema}.noetl_schema_version (version) VALUES (%s)"), (version,))
+
+    def schema_version(self) -> int:
+        with self._pool.connection() as conn:
+            row = conn.execute(self._q("SELECT COALESCE(MAX(version), 0) FROM {schema}.noetl_schema_version")).fetchone()
+        return int(row[0])
+
+    def append(self, events: Sequence[Event]) -> list[Event]:
+        if not events:
+            return []
+        with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (self._append_lock,))
+            ids = [e.event_id for e in events]
+            cur.execute(self._q("SELECT event_id, sequence FROM {schema}.noetl_event WHERE event_id = ANY(%s)"), (ids,))
+            existing: dict[str, int] = dict(cur.fetchall())
+            exec_ids = sorted({e.execution_id for e in events if e.event_id not in existing})
+            next_seq: dict[str, int] = {}
+            if exec_ids:
+                # the counter rows: created on first sight, locked for this transaction
+                cur.execute(
+                    self._q(
+                        "INSERT INTO {schema}.noetl_execution (execution_id, status, last_sequence)"
+                        " SELECT unnest(%s::text[]), '', 0 ON CONFLICT (execution_id) DO NOTHING"
+                    ),
+                    (exec_ids,),
+                )
+                cur.execute(
+                    self._q(
+                        "SELECT execution_id, last_sequence FROM {schema}.noetl_execution"
+                        " WHERE execution_id = ANY(%s) ORDER BY execution_id FOR UPDATE"
+                    ),
+                    (exec_ids,),
+                )
+                next_seq = dict(cur.fetchall())
+            rows: list[tuple[Any, ...]] = []
+            exec_updates: dict[str, list[Any]] = {}
+            for ev in events:
+                if ev.event_id in existing:
+                    ev.sequence = existing[ev.event_id]
+                    continue
+                eid = ev.execution_id
+                next_seq[eid] += 1
+                ev.sequence = next_seq[eid]
+                existing[ev.event_id] = ev.sequence
+                rows.append((ev.event_id, eid, ev.sequence, ev.name, ev.timestamp, dumps(ev.to_dict())))
+                pb, status, fin = _execution_update(ev)
+                upd = exec_updates.setdefault(eid, [None, None, None, ev.parent_execution_id, ev.timestamp])
+                if pb:
+                    upd[0] = pb
+                if status:
+                    upd[1] = status
+                if fin:
+                    upd[2] = fin
+            if rows:
+                cur.executemany(
+                    self._q(
+                        "INSERT INTO {schema}.noetl_event (event_id, execution_id, sequence, name, ts, body)"
+                        " VALUES (%s, %s, %s, %s, %s, %s)"
+                    ),
+                    rows,
+                )
+            for eid, (pb, status, fin, parent, ts) in exec_updates.items():
+                cur.execute(
+                    self._q(
+                        "UPDATE {schema}.noetl_execution SET"
+                        " playbook = COALESCE(%s, playbook),"
+                        " status = CASE WHEN %s = '' THEN status ELSE %s END,"
+                        " parent_execution_id = COALESCE(parent_execution_id, %s),"
+                        " started_at = COALESCE(started_at, %s),"
+                        " finished_at = COALESCE(%s, finished_at),"
+                        " last_sequence = %s"
+                        " WHERE execution_id = %s"
+                    ),
+                    (pb, status or "", status or "", parent, ts, fin, next_seq[eid], eid),
+                )
+        return list(events)
+
+    def read(self, execution_id: str, after_sequence: int = 0) -> list[Event]:
+        with self._pool.connection() as conn:
+            rows = conn.execute(
+                self._q(
+                    "SELECT body::text FROM {schema}.noetl_event WHERE execution_id = %s AND sequence > %s ORDER BY sequence"
+                ),
+                (execution_id, after_sequence),
+            ).fetchall()
+        return [Event.from_dict(loads(r[0])) for r in rows]
+
+    def tail(self, after_gid: int = 0, limit: int = 1000) -> list[StoredEvent]:
+        with self._pool.connection() as conn:
+            rows = conn.execute(
+                self._q("SELECT gid, body::text FROM {schema}.noetl_event WHERE gid > %s ORDER BY gid LIMIT %s"),
+                (after_gid, limit),
+            ).fetchall()
+        return [StoredEvent(int(g), Event.from_dict(loads(b))) for g, b in rows]
+
+    def tail_last(self) -> int:
+        with self._pool.connection() as conn:
+            row = conn.execute(self._q("SELECT COALESCE(MAX(gid), 0) FROM {schema}.noetl_event")).fetchone()
+        return int(row[0])
+
+    def executions(self, limit: int = 100) -> list[ExecutionInfo]:
+        with self._pool.connection() as conn:
+            rows = conn.execute(
+                self._q(
+                    "SELECT execution_id, playbook, status, started_at, finished_at, parent_execution_id, last_sequence"
+                    " FROM {schema}.noetl_execution ORDER BY started_at DESC NULLS LAST LIMIT %s"
+                ),
+                (limit,),
+            ).fetchall()
+        return [ExecutionInfo(r[0], r[1], r[2] or "unknown", r[3], r[4], r[5], int(r[6])) for r in rows]
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def __repr__(self) -> str:
+        return f"PostgresEventStore(schema={self.schema!r})"
+
