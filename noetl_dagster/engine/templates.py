@@ -69,6 +69,31 @@ def _is_defined(value: Any) -> bool:
     return not isinstance(value, jinja2.Undefined)
 
 
+class _WithGlobals(Mapping):
+    """The render scope, then the environment globals (range, len...): a shared
+    context skips Jinja's own globals merge, so they are layered in here."""
+
+    __slots__ = ("scope", "globals")
+
+    def __init__(self, scope: Mapping[str, Any], globals_: Mapping[str, Any]):
+        self.scope = scope
+        self.globals = globals_
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self.scope:
+            return self.scope[key]
+        return self.globals[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.scope or key in self.globals
+
+    def __iter__(self) -> Iterator[str]:
+        return iter({**dict.fromkeys(self.globals), **dict.fromkeys(self.scope)})
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 class TemplateEnv:
     def __init__(self) -> None:
         env = SandboxedEnvironment(undefined=_Undefined, autoescape=False, keep_trailing_newline=True)
@@ -131,7 +156,7 @@ class TemplateEnv:
             te = self._expression(source, m.group("expr"))
             tmpl = te._template
             try:
-                ctx = tmpl.new_context(scope, shared=True)  # no copy of the scope
+                ctx = tmpl.new_context(_WithGlobals(scope, self.env.globals), shared=True)  # no copy of the scope
                 for _ in tmpl.root_render_func(ctx):
                     pass
                 value = ctx.vars["result"]
@@ -144,7 +169,7 @@ class TemplateEnv:
             return value
         tmpl = self._template(source)
         try:
-            ctx = tmpl.new_context(scope, shared=True)
+            ctx = tmpl.new_context(_WithGlobals(scope, self.env.globals), shared=True)
             return tmpl.environment.concat(tmpl.root_render_func(ctx))  # type: ignore[attr-defined]
         except Exception as e:  # noqa: BLE001
             raise TemplateError(source, f"{type(e).__name__}: {e}") from None
