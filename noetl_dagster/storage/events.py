@@ -250,7 +250,11 @@ class SqliteEventStore(EventStore):
 
 
 def open_event_store(url: str | None = None, *, data_dir: str | os.PathLike[str] | None = None) -> EventStore:
-    """Open an EventStore by URL: ``sqlite:///path``, a bare path, or ``postgresql://...``."""
+    """Open an EventStore by URL: ``sqlite:///path``, a bare path, or ``postgresql://...``.
+
+    Without a URL: ``$NOETL_EVENT_STORE_URL``, else SQLite at ``<data_dir>/events.db``.
+    """
+    url = url or os.environ.get("NOETL_EVENT_STORE_URL") or None
     if not url:
         base = Path(data_dir or os.environ.get("NOETL_DAGSTER_HOME", ".noetl"))
         return SqliteEventStore(base / "events.db")
