@@ -133,6 +133,7 @@ class Engine:
 
     def patch_ctx(self, patch: dict[str, Any], *, source: str, **fields: Any) -> None:
         if patch:
+            fields.setdefault("entity_id", self.execution_id)  # ctx is execution-scoped (entity "workflow")
             self.recorder.emit(E.CTX_PATCHED, data={"patch": patch, "source": source}, **fields)
 
     # -- control plane -------------------------------------------------------------------
