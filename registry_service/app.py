@@ -34,6 +34,18 @@ from registry_service.service import Registry
 _bearer = HTTPBearer(auto_error=False, description="an API key from `noetl-registry keys create`")
 
 
+def _principal(
+    request: Request, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> Principal:
+    if creds is None or creds.scheme.lower() != "bearer":
+        raise Unauthorized("missing API key (Authorization: Bearer <key>)")
+    return request.app.state.registry.authenticate(creds.credentials)
+
+
+# module level: FastAPI resolves these (string) annotations in the module's namespace
+Caller = Annotated[Principal, Depends(_principal)]
+
+
 def create_app(registry: Registry | str | None = None) -> FastAPI:
     """An app over a :class:`Registry` (or a database URL; None: the embedded SQLite default)."""
     reg = registry if isinstance(registry, Registry) else Registry(registry)
@@ -51,13 +63,6 @@ def create_app(registry: Registry | str | None = None) -> FastAPI:
     async def _registry_error(_: Request, exc: RegistryError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
         return JSONResponse({"detail": exc.message, "code": exc.code}, status_code=exc.status, headers=headers)
-
-    def principal(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Principal:
-        if creds is None or creds.scheme.lower() != "bearer":
-            raise Unauthorized("missing API key (Authorization: Bearer <key>)")
-        return reg.authenticate(creds.credentials)
-
-    Caller = Annotated[Principal, Depends(principal)]
 
     @app.get("/healthz", tags=["meta"])
     def healthz() -> dict[str, object]:

@@ -13,11 +13,13 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
-from registry_service.errors import ERRORS_BY_STATUS, RegistryError
+from pydantic import BaseModel, ValidationError
+
+from registry_service.errors import ERRORS_BY_STATUS, InvalidRequest, RegistryError
 from registry_service.models import (
     AccessPlan,
     AuditPage,
@@ -36,10 +38,23 @@ from registry_service.models import (
 from registry_service.service import Registry
 
 API_KEY_ENV = "NOETL_REGISTRY_API_KEY"
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _build(model: type[_M], **fields: Any) -> _M:
+    """A request body, or InvalidRequest: both transports reject bad input the same way."""
+    try:
+        return model.model_validate(fields)
+    except ValidationError as e:
+        raise InvalidRequest(_validation_message(e)) from None
+
+
+def _validation_message(e: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
 
 
 def _location(spec: LocationIn | Mapping[str, Any]) -> LocationIn:
-    return spec if isinstance(spec, LocationIn) else LocationIn.model_validate(dict(spec))
+    return spec if isinstance(spec, LocationIn) else _build(LocationIn, **dict(spec))
 
 
 class RegistryClient(ABC):
@@ -134,7 +149,8 @@ class InProcessRegistryClient(RegistryClient):
 
     def register(self, uri, *, kind=None, locations=(), metadata=None, inputs=(), execution_id=None, step=None,
                  task=None) -> Resource:  # noqa: D102
-        req = RegisterRequest(
+        req = _build(
+            RegisterRequest,
             uri=uri, kind=kind, locations=[_location(lc) for lc in locations], metadata=dict(metadata or {}),
             inputs=list(inputs), execution_id=execution_id, step=step, task=task,
         )
@@ -150,7 +166,8 @@ class InProcessRegistryClient(RegistryClient):
         return self.registry.add_location(self.principal, resource_id, _location(location))
 
     def grant(self, resource_uri, subject, *, permission="read", expires_at=None, purpose=None) -> Grant:
-        req = GrantRequest(
+        req = _build(
+            GrantRequest,
             resource_uri=resource_uri, subject=subject, permission=permission,  # type: ignore[arg-type]
             expires_at=expires_at, purpose=purpose,
         )
@@ -233,7 +250,8 @@ class HttpRegistryClient(RegistryClient):
 
     def register(self, uri, *, kind=None, locations=(), metadata=None, inputs=(), execution_id=None, step=None,
                  task=None) -> Resource:
-        req = RegisterRequest(
+        req = _build(
+            RegisterRequest,
             uri=uri, kind=kind, locations=[_location(lc) for lc in locations], metadata=dict(metadata or {}),
             inputs=list(inputs), execution_id=execution_id, step=step, task=task,
         )
@@ -255,7 +273,8 @@ class HttpRegistryClient(RegistryClient):
                                                   content=body, headers={"content-type": "application/json"}))
 
     def grant(self, resource_uri, subject, *, permission="read", expires_at=None, purpose=None) -> Grant:
-        req = GrantRequest(
+        req = _build(
+            GrantRequest,
             resource_uri=resource_uri, subject=subject, permission=permission,  # type: ignore[arg-type]
             expires_at=expires_at, purpose=purpose,
         )

@@ -546,7 +546,7 @@ class Registry:
         return Grant(
             grant_id=grant_id, resource_uri=loc.uri, resource_id=resource_id, subject=subject,
             permission=req.permission, purpose=req.purpose, conditions=req.conditions, expires_at=expires,
-            created_at=now, created_by=p.key_id, revoked_at=None, active=True,
+            created_at=now, created_by=p.key_id, revoked_at=None, active=expires is None or expires > now,
         )
 
     def _grant_from_row(self, r: Sequence[Any]) -> Grant:

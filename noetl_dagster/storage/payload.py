@@ -285,7 +285,7 @@ class FilePayloadStore(PayloadStore):
         self.root.mkdir(parents=True, exist_ok=True)
 
     def _path(self, key: str) -> Path:
-        p = (self.root / key).resolve()
+        p = (self.root / _check_key(key)).resolve()
         if self.root not in p.parents and p != self.root:
             raise ValueError(f"payload key escapes the store root: {key!r}")
         return p
@@ -351,11 +351,12 @@ class FilePayloadStore(PayloadStore):
         self._uri_path(uri).unlink(missing_ok=True)
 
     def list(self, prefix: str = "") -> list[str]:
-        base = self._path(prefix) if prefix else self.root
+        trimmed = prefix.rstrip("/")
+        base = self._path(trimmed) if trimmed else self.root
         start = base if base.is_dir() else base.parent
         if not start.exists():
             return []
-        want = str(self.root / prefix) if prefix else str(self.root)
+        want = f"{self.root}/{prefix}" if prefix else str(self.root)  # keeps a trailing '/' meaningful
         return sorted(
             p.as_uri()
             for p in start.rglob("*")
@@ -442,8 +443,13 @@ class S3PayloadStore(PayloadStore):
     def writer(self, key: str) -> PayloadWriter:
         path = self._full(key)
         fh = self.fs.open(path, "wb")
+
+        def abort() -> None:
+            fh.discard()  # aborts the multipart upload
+            fh.closed = True  # so that garbage collection does not try to finish it
+
         # the object becomes visible only when the (multipart) upload completes on close
-        return PayloadWriter(fh, "s3://" + path, fh.close, fh.discard)
+        return PayloadWriter(fh, "s3://" + path, fh.close, abort)
 
     def open_read(self, uri: str) -> IO[bytes]:
         try:
