@@ -37,7 +37,7 @@ BACKOFFS = {"none", "fixed", "linear", "exponential"}
 # ``spec`` is a tool input written in the runtime dialect's "keys under spec" style
 TASK_SPEC_KNOBS = {
     "policy", "isolation", "timeout", "timeout_seconds", "resources", "exec", "placement",
-    "sink", "cache", "max_in_flight", "pool", "env",
+    "sink", "cache", "max_in_flight", "pool", "env", "assert",
 }  # fmt: skip
 TASK_META_KEYS = {"kind", "name", "spec", "set", "loop", "desc"}
 # step keys that belong to earlier eras (SEMANTICS §1: migrate, never run)

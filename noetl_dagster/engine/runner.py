@@ -154,7 +154,11 @@ def run_playbook(
     services: Services | None = None,
 ) -> ExecutionResult:
     """Run a playbook to completion in this process and return its summary."""
-    pb = playbook if isinstance(playbook, Playbook) else load_playbook(playbook)
+    if isinstance(playbook, Playbook):
+        # built in Python (no source file): validate it like a file would be (raises PlaybookInvalid)
+        pb = playbook if playbook.source_file else playbook.check()
+    else:
+        pb = load_playbook(playbook)
     svc = services or build_services(
         event_store=event_store,
         data_dir=data_dir,
