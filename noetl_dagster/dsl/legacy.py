@@ -160,7 +160,7 @@ def _vars_refs(value: Any, path: PathT, out: list[Finding]) -> None:
             out.append((path, "`vars.` reference", f"{MIGRATE}: reads become `ctx.<name>` / `workload.<name>`"))
     elif isinstance(value, dict):
         for k, v in value.items():
-            if k in ("code", "command", "query") and isinstance(v, str) and "{{" not in v:
+            if k in ("code", "code_b64", "code_base64"):  # code is never rendered
                 continue
             _vars_refs(v, (*path, k), out)
     elif isinstance(value, list):
