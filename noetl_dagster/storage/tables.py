@@ -302,7 +302,7 @@ class IcebergTables:
         if any(name not in current for name in table.schema.names):
             with tbl.update_schema() as update:
                 update.union_by_name(table.schema)
-        if mode == "overwrite":
+        if mode == "overwrite" and tbl.current_snapshot() is not None:
             tbl.overwrite(table)
         else:
             tbl.append(table)
