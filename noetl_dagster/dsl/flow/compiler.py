@@ -31,6 +31,8 @@ the ``@flow``'s ``workbook``, or a tool kind of that name (``python``,
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -92,7 +94,7 @@ class _Plan:
 
     def key_for_arrival(self) -> str:
         """The args key a token into this node's entry step carries its value under."""
-        return "items" if self.loop and self.entry == self.step else "input"
+        return "sequence" if self.loop and self.entry == self.step else "input"
 
 
 class _Compiler:
@@ -239,8 +241,7 @@ class _Compiler:
             desc = f"subflow {node.subflow} end" if node.subflow else "subflow end"
             out.append({"step": p.step, "desc": desc, "tool": [self.aggregate_task("output", node)]})
         elif k == NodeKind.LITERAL:
-            out.append({"step": p.step, "desc": "resource literal",
-                        "tool": [{"name": "literal", "kind": "flow_input", "literal": node.params}]})  # fmt: skip
+            out.append({"step": p.step, "desc": "resource literal", "tool": [self.literal_task(node.params)]})
         else:
             if p.guard_step:
                 out.append({"step": p.guard_step, "desc": f"guard of {p.step}: {node.guard}",
@@ -253,17 +254,27 @@ class _Compiler:
             if s["step"] == p.guard_step:
                 succ = self.g.successors(node.index)
                 arcs = [{"step": p.step, "when": _PASS,
-                         "args": {"items" if p.loop else "input": "{{ outcome.result.input }}", "from": p.step}}]  # fmt: skip
+                         "args": {"sequence" if p.loop else "input": "{{ outcome.result.input }}", "from": p.step}}]  # fmt: skip
                 arcs += [self.arc(t, {}, p.step, _FAIL) for t in succ]
                 s["next"] = self.router(arcs)
             elif s["step"] == p.in_step:
-                key = "items" if p.loop else "input"
+                key = "sequence" if p.loop else "input"
                 s["next"] = self.router([{"step": p.step, "args": {key: _OUT_PLAIN, "from": p.step}}])
             elif s["step"] == p.step:
                 arcs = self.node_arcs(node)
                 if arcs:
                     s["next"] = self.router(arcs)
         return out
+
+    @staticmethod
+    def literal_task(value: Any) -> dict[str, Any]:
+        task: dict[str, Any] = {"name": "literal", "kind": "flow_input"}
+        if _has_template_markers(value):
+            # literals are not templates; the playbook validator checks every string that looks like one
+            task["literal_b64"] = base64.b64encode(json.dumps(value).encode()).decode()
+        else:
+            task["literal"] = value
+        return task
 
     def node_step(self, node: Node) -> dict[str, Any]:
         p = self.plans[node.index]
@@ -274,7 +285,7 @@ class _Compiler:
             elif node.invoked_as:
                 step["desc"] = f"{node.invoked_as} (alias of {node.name})"
             if p.loop:
-                step["loop"] = {"in": "{{ args.items }}", "iterator": "input", "spec": {"mode": "sequential"}}
+                step["loop"] = {"in": "{{ args.sequence }}", "iterator": "input", "spec": {"mode": "sequential"}}
             step["tool"] = [self.task(node, p)]
             return step
         params = node.params if node.has_params else {}
@@ -362,6 +373,16 @@ class _Compiler:
         if fp.get("workbook"):
             pb["workbook"] = fp["workbook"]
         return pb
+
+
+def _has_template_markers(value: Any) -> bool:
+    if isinstance(value, str):
+        return "{{" in value or "{%" in value
+    if isinstance(value, dict):
+        return any(_has_template_markers(k) or _has_template_markers(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_template_markers(v) for v in value)
+    return False
 
 
 def compile_graph(graph: FlowGraph, *, name: str | None = None, file: str | None = None, text: str = "") -> dict[str, Any]:

@@ -8,6 +8,7 @@ JSONPath.
 from __future__ import annotations
 
 import json
+import re
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -97,10 +98,26 @@ def parse_flow(text: str, file: str | None = None) -> FlowDocument:
 # -- errors ----------------------------------------------------------------------------
 
 
+_LITERAL_GROUPS = {
+    "PARAM_YAML": "parameters", "PARAM_JSON_OBJECT": "parameters", "PARAM_JSON_ARRAY": "parameters",
+    "PARAM_EMPTY": "parameters", "RES_YAML": "a resource literal", "RES_JSON_OBJECT": "a resource literal",
+    "RES_JSON_ARRAY": "a resource literal", "RES_EMPTY": "a resource literal",
+}  # fmt: skip
+# what may begin a statement: when all of these are expected, the statement before may end here
+_STARTERS = {"LABEL", "NAME", "URI", "RES_YAML", "RES_JSON_OBJECT", "RES_JSON_ARRAY", "RES_EMPTY",
+             "LBRACE", "LSQB", "QMARK", "STAR", "MERGE"}  # fmt: skip
+_NEW_STATEMENT = _STARTERS | {"DECLARE", "SEMICOLON", "$END"}
+_URI_BEFORE = re.compile(r"<[^\s<>\-{\[][^\s<>]*>\s*$")
+_LABEL_AFTER_ARROW_BEFORE = re.compile(r"(?:→|->)\s*:[A-Za-z0-9_][A-Za-z0-9_:\-]*\s*$")
+
+
 def _describe(names: set[str]) -> str:
-    known = sorted((n for n in names if n in _TERMINALS), key=_ORDER.index)
-    other = sorted(n for n in names if n not in _TERMINALS)
-    words = [_TERMINALS[n] for n in known] + other
+    words: list[str] = []
+    for n in sorted((n for n in names if n in _TERMINALS), key=_ORDER.index):
+        word = _LITERAL_GROUPS.get(n, _TERMINALS[n])
+        if word not in words:
+            words.append(word)
+    words += sorted(n for n in names if n not in _TERMINALS)
     if not words:
         return ""
     if len(words) == 1:
@@ -108,9 +125,16 @@ def _describe(names: set[str]) -> str:
     return ", ".join(words[:-1]) + " or " + words[-1]
 
 
+def _expected(names: set[str]) -> str:
+    """The expected terminals, with everything that could begin a new statement folded into one phrase."""
+    if _STARTERS <= names:
+        rest = _describe(names - _NEW_STATEMENT)
+        tail = "a new statement" + (" or the end of the flow" if "$END" in names else "")
+        return f"{rest}, {tail}" if rest else tail
+    return _describe(names)
+
+
 def _token_text(tok: Token) -> str:
-    if tok.type == "$END":
-        return "the end of the flow"
     s = str(tok)
     return repr(s if len(s) <= 40 else s[:37] + "...")
 
@@ -121,11 +145,13 @@ def _syntax_error(e: UnexpectedInput, text: str, file: str | None) -> FlowSyntax
         tok = e.token
         if tok.type == "$END":
             line, column = _end_position(text)
-        msg = f"unexpected {_token_text(tok)}"
-        expected = _describe(set(e.accepts or e.expected))
+            msg = "the flow ends unexpectedly"
+        else:
+            msg = f"unexpected {_token_text(tok)}"
+        expected = _expected(set(e.accepts or e.expected))
         if expected:
             msg += f"; expected {expected}"
-        hint = _hint(e)
+        hint = _hint(e, text)
         if hint:
             msg += f" ({hint})"
     elif isinstance(e, UnexpectedCharacters):
@@ -136,30 +162,32 @@ def _syntax_error(e: UnexpectedInput, text: str, file: str | None) -> FlowSyntax
         elif ch == "`":
             msg += " (a guard expression needs a closing back quote)"
         elif ch in ("'", '"'):
-            msg += " (documentation needs ''' or \"\"\" on both sides)"
+            msg += " (documentation needs three quotes on both sides)"
     elif isinstance(e, UnexpectedEOF):
         line, column = _end_position(text)
-        msg = "unexpected end of the flow"
+        msg = "the flow ends unexpectedly"
     else:  # pragma: no cover - lark has no other UnexpectedInput kinds
         msg = str(e)
     return FlowSyntaxError(msg, line, column, file=file, excerpt=excerpt(text, line, column))
 
 
-def _hint(e: UnexpectedToken) -> str | None:
-    prev = getattr(e, "token_history", None) or []
-    last = prev[-1] if prev else None
+def _hint(e: UnexpectedToken, text: str) -> str | None:
     tok = e.token
-    if last is not None and last.type == "URI" and tok.type == "ARROW":
+    before = text if tok.type == "$END" or tok.start_pos is None else text[: tok.start_pos]
+    if tok.type == "ARROW" and _URI_BEFORE.search(before):
         return "a resource can only begin (load) or end (store) a flow statement"
-    if last is not None and last.type == "LABEL" and tok.type == "ARROW" and len(prev) >= 2 and prev[-2].type == "ARROW":
-        return "a label after an arrow is either the input label of the next task (`→ :x A`) or ends the statement"
+    if tok.type == "ARROW" and _LABEL_AFTER_ARROW_BEFORE.search(before):
+        return "a label after an arrow is the input label of the task after it (`→ :x A`) or ends the statement"
+    if tok.type == "ARROW" and before.rstrip().endswith(("}", "]")) and "@task" in before:
+        return "a subflow right after a @task declaration is that task's subflow: end the declaration with ';'"
     if tok.type == "$END" and ("RBRACE" in e.expected or "RSQB" in e.expected):
         return "a subflow is missing its closing bracket"
     return None
 
 
 def _end_position(text: str) -> tuple[int, int]:
-    lines = text.split("\n")
+    """Just after the last character that is not blank."""
+    lines = text.rstrip().split("\n")
     return len(lines), len(lines[-1]) + 1
 
 

@@ -14,6 +14,7 @@ playbook runs in any process that has this package installed.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -88,13 +89,15 @@ def tokens_input(tokens: Any, order: list[str] | None = None, merge: bool = Fals
 
 @register_tool(
     "flow_input",
-    raw_keys={"literal"},
+    raw_keys={"literal", "literal_b64"},
     description="A flow task's input: aggregates the step's tokens (`tokens`, `order`, `merge`), "
     "or returns `value` / `literal` as it is.",
 )
 def flow_input_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     if "literal" in inputs:
         return inputs["literal"]
+    if "literal_b64" in inputs:  # a literal holding text that looks like a template
+        return json.loads(base64.b64decode(inputs["literal_b64"]))
     if "value" in inputs:
         value = inputs["value"]
         return merge_objects(value) if inputs.get("merge") else ({} if value is None else value)
