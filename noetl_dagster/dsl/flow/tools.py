@@ -242,7 +242,7 @@ def _file_path(uri: str, base_dir: str | None) -> Path:
         p = Path(uri)
     if not p.is_absolute():
         p = Path(base_dir or os.getcwd()) / p
-    return p
+    return Path(os.path.abspath(p))  # normalizes `..` without following links
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
