@@ -76,7 +76,9 @@ class Recorder:
         self.batch_size = batch_size
         self._buffer: list[Event] = []
         self._lock = threading.RLock()
-        self._offload_seq = 0
+        # an engine continuing an execution from its log (another op, run or process) must not reuse
+        # the payload keys of earlier engines: each offload goes with at least one event, so start past them
+        self._offload_seq = state.sequence * 1000
 
     @property
     def execution_id(self) -> str:

@@ -1,0 +1,199 @@
+"""``noetl-dagster run --runner dagster``: run a playbook through a real Dagster instance.
+
+The playbook is translated like any code location and its job is executed
+with ``execute_in_process`` on an instance: ``$DAGSTER_HOME`` when set (the
+runs show in ``dagster dev``), else an ephemeral one. Per-step playbooks and
+executions with work left after a run (a failed branch next to a join, a
+separate step) continue the way the daemon would: the router's tick decides
+the next runs, which are executed here in turn. The result is the same
+:class:`~noetl_dagster.engine.runner.ExecutionResult` as the local runner's,
+read back from the event log.
+
+``detach=True`` only records the request (``requested_by: detached:cli``) and
+returns: a running ``dagster-daemon`` with the ``noetl_router`` sensor of a
+code location holding the playbook launches it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from noetl_dagster.dsl.model import Playbook
+from noetl_dagster.dsl.parse import load_playbook
+from noetl_dagster.engine.control import Engine, Services
+from noetl_dagster.engine.events import uuid7
+from noetl_dagster.engine.runner import ExecutionResult
+from noetl_dagster.engine.state import fold
+from noetl_dagster.resources.noetl import NoetlResource
+from noetl_dagster.sensors.router import RouterCursor, instance_run_lookup, router_tick
+from noetl_dagster.storage.events import EventStore
+from noetl_dagster.translator.build import CompiledPlaybook, NoetlCodeLocation, compile_playbooks
+from noetl_dagster.translator.runtime import (
+    REQUESTED_BY_DETACHED,
+    TAG_EXECUTION,
+    register_engine,
+)
+from noetl_dagster.translator.translator import NoetlTranslator
+
+MAX_RUNS = 10_000  # per execution; a guard against a routing bug looping forever
+
+
+class DagsterRunError(RuntimeError):
+    """The execution could not be driven to its end through Dagster (not a playbook failure)."""
+
+
+@dataclass
+class DagsterRunInfo:
+    run_ids: list[str]
+    statuses: list[str]
+
+
+def open_instance(dagster_home: str | os.PathLike[str] | None = None) -> dg.DagsterInstance:
+    """``dagster_home`` (or ``$DAGSTER_HOME``) when given, else an ephemeral in-memory instance."""
+    home = dagster_home or os.environ.get("DAGSTER_HOME")
+    if home:
+        Path(home).mkdir(parents=True, exist_ok=True)
+        return dg.DagsterInstance.from_config(str(home))
+    return dg.DagsterInstance.ephemeral()
+
+
+def run_playbook_dagster(
+    playbook: Playbook | str | os.PathLike[str],
+    workload: Mapping[str, Any] | None = None,
+    *,
+    event_store: EventStore | str | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+    catalog_dirs: Iterable[str | os.PathLike[str]] = (),
+    tenant: str = "default",
+    project: str = "default",
+    mode: str = "default",
+    detach: bool = False,
+    instance: dg.DagsterInstance | None = None,
+    dagster_home: str | os.PathLike[str] | None = None,
+    translator: NoetlTranslator | None = None,
+    execution_id: str | None = None,
+    location: NoetlCodeLocation | None = None,
+) -> ExecutionResult:
+    """Run one playbook to completion through Dagster and return the local runner's summary shape."""
+    pb = playbook if isinstance(playbook, Playbook) else load_playbook(playbook)
+    if isinstance(event_store, EventStore):
+        raise TypeError("pass the event store as a URL: Dagster resources are configured by value")
+    resource = NoetlResource(
+        event_store_url=event_store,
+        data_dir=str(Path(data_dir).resolve()) if data_dir else None,
+        tenant=tenant,
+        project=project,
+        catalog_dirs=[str(Path(d).resolve()) for d in catalog_dirs],
+    )
+    if location is None:
+        location = compile_playbooks([pb], translator, mode, resource=resource, include_sensor=False)
+    compiled = location.index.find(pb.metadata.path) or location.index.playbooks[0]
+    res = location.index.resource
+    svc = res.services()
+    eid = execution_id or uuid7()
+    if detach:
+        return _detach(compiled, svc, eid, dict(workload or {}))
+    own_instance = instance is None
+    inst = instance or open_instance(dagster_home)
+    try:
+        info = drive(location, compiled, eid, dict(workload or {}), inst)
+    finally:
+        if own_instance:
+            inst.dispose()
+    result = result_from_log(svc, eid, pb)
+    result.extra["dagster"] = {"run_ids": info.run_ids, "statuses": info.statuses}
+    return result
+
+
+def _detach(compiled: CompiledPlaybook, svc: Services, eid: str, workload: dict[str, Any]) -> ExecutionResult:
+    pb = compiled.playbook
+    if pb.base_dir:
+        svc.catalog.add_dir(pb.base_dir)
+    eng = Engine(pb, svc, execution_id=eid)
+    eng.start(workload, requested_by=f"{REQUESTED_BY_DETACHED}cli")
+    register_engine(eng)
+    return ExecutionResult(eid, eng.state.status, dict(eng.state.ctx), {}, {}, svc.event_store.url, pb.metadata.path)
+
+
+def drive(
+    location: NoetlCodeLocation,
+    compiled: CompiledPlaybook,
+    eid: str,
+    workload: dict[str, Any],
+    instance: dg.DagsterInstance,
+) -> DagsterRunInfo:
+    """Execute the playbook's job, then whatever the router would launch, until the execution ends."""
+    defs = location.definitions
+    svc = location.index.resource.services()
+    tags = {TAG_EXECUTION: eid}
+    run_config = {"ops": {compiled.start_op: {"config": {"workload_json": _json(workload)}}}} if workload else None
+    info = DagsterRunInfo([], [])
+    _execute(defs, compiled.job_name, instance, tags, run_config, info)
+    cursor = RouterCursor(watch={eid: "dagster"})
+    lookup = instance_run_lookup(instance)
+    for _ in range(MAX_RUNS):
+        state = fold(svc.event_store.read(eid))
+        if state.finished:
+            return info
+        tick = router_tick(location.index, svc, lookup, cursor, grace_seconds=0.0, only=[eid])
+        cursor = tick.cursor
+        launches = [launch for launch in tick.launches if launch.execution_id == eid]
+        if not launches:
+            raise DagsterRunError(
+                f"execution {eid} stopped unfinished after {len(info.run_ids)} run(s) "
+                f"(last run {info.statuses[-1] if info.statuses else '-'}): {'; '.join(tick.notes) or 'no runnable work'}"
+            )
+        for launch in launches:
+            _execute(defs, launch.job_name, instance, {**launch.tags, "dagster/run_key": launch.run_key}, None, info)
+    raise DagsterRunError(f"execution {eid} needed more than {MAX_RUNS} runs")
+
+
+def _execute(
+    defs: dg.Definitions,
+    job_name: str,
+    instance: dg.DagsterInstance,
+    tags: dict[str, str],
+    run_config: dict[str, Any] | None,
+    info: DagsterRunInfo,
+) -> dg.ExecuteInProcessResult:
+    job = defs.resolve_job_def(job_name)
+    result = job.execute_in_process(run_config=run_config, instance=instance, tags=tags, raise_on_error=False)
+    info.run_ids.append(result.run_id)
+    info.statuses.append(result.dagster_run.status.value)
+    if not result.success:
+        # a NoETL step failure is recorded in the log and raised as dg.Failure; anything else is a runner problem
+        for ev in result.all_events:
+            data = ev.step_failure_data if ev.is_step_failure else None
+            if data is not None and data.user_failure_data is None and data.error is not None:
+                raise DagsterRunError(f"run {result.run_id} of {job_name} failed: {data.error.to_string()}")
+    return result
+
+
+def result_from_log(svc: Services, eid: str, pb: Playbook) -> ExecutionResult:
+    events = svc.event_store.read(eid)
+    if not events:
+        raise DagsterRunError(f"execution {eid} has no events in {svc.event_store.url}")
+    st = fold(events, svc.offloader.resolve)
+    return ExecutionResult(
+        execution_id=eid,
+        status=st.status,
+        ctx=dict(st.ctx),
+        results={s: st.result(s) for s in st.results},
+        runs=dict(st.runs),
+        event_store_url=svc.event_store.url,
+        playbook=pb.metadata.path,
+    )
+
+
+def _json(value: Any) -> str:
+    import json
+
+    from noetl_dagster.storage.jsonutil import plain
+
+    return json.dumps(plain(value))

@@ -1,0 +1,348 @@
+"""The token-routing sensor: the control plane between Dagster runs.
+
+One sensor per code location tails the EventStore with a cursor (the global
+``gid``) and keeps a small watch list of the executions Dagster drives. For
+each watched execution it rebuilds the state from the log (the engine's fold)
+and launches:
+
+(a) the playbook's job for an execution requested outside Dagster
+    (``noetl-dagster run --runner dagster --detach`` records the request with
+    ``requested_by: detached:...``);
+(b) a step's own job for every runnable token of a step compiled separately
+    (``mode="per_step"`` or ``spec.dagster.run: separate``); a join is runnable
+    once no step that could still reach it is pending or running, as in the
+    engine;
+(c) a resume run when an execution has work left (pending tokens, step runs
+    that never finished, or nothing left but the final events) and no live run:
+    its run died, was cancelled, or failed with other branches pending.
+
+``run_key`` is the token id (or execution id and log position for resumes), so
+Dagster never launches the same work twice, and a run that died without
+progress is not relaunched in a loop. An unknown playbook or a bad event is
+reported in the tick's log and skipped; it never stops the others.
+
+Executions started by a Dagster run (``requested_by: dagster:<run id>``) are
+only resumed once their last run has ended ``grace_seconds`` ago, so a runner
+that continues its own execution is not raced. Executions driven elsewhere
+(the local runner, sub-playbooks run inside a step) are never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import dagster as dg
+
+from noetl_dagster.engine import events as E
+from noetl_dagster.engine.control import Engine, Services
+from noetl_dagster.translator.runtime import (
+    REQUESTED_BY_DAGSTER,
+    REQUESTED_BY_DETACHED,
+    TAG_EXECUTION,
+    TAG_PLAYBOOK,
+    TAG_PROJECT,
+    TAG_STEP,
+    TAG_TENANT,
+    TAG_TOKEN,
+    attach,
+)
+
+log = logging.getLogger("noetl_dagster.router")
+
+TAG_REASON = "noetl/reason"
+RUN_KEY_TAG = "dagster/run_key"
+MAX_WATCHED = 1000
+TAIL_BATCH = 5000
+DEFAULT_GRACE_SECONDS = 10.0
+
+
+@dataclass
+class Launch:
+    execution_id: str
+    job_name: str
+    run_key: str
+    reason: str
+    tags: dict[str, str] = field(default_factory=dict)
+
+    def run_request(self) -> dg.RunRequest:
+        return dg.RunRequest(run_key=self.run_key, job_name=self.job_name, tags=self.tags)
+
+
+@dataclass
+class RunInfo:
+    run_id: str
+    status: str  # DagsterRunStatus value
+    job_name: str
+    run_key: str | None
+    step: str | None
+    ended_at: float | None
+    created_at: float
+
+    @property
+    def live(self) -> bool:
+        return self.status not in ("SUCCESS", "FAILURE", "CANCELED")
+
+
+RunLookup = Callable[[str], list[RunInfo]]
+
+
+@dataclass
+class RouterCursor:
+    gid: int = 0
+    watch: dict[str, str] = field(default_factory=dict)  # execution id -> "detached" | "dagster"
+
+    @classmethod
+    def parse(cls, raw: str | None) -> RouterCursor:
+        if not raw:
+            return cls()
+        try:
+            d = json.loads(raw)
+            return cls(int(d.get("gid", 0)), {str(k): str(v) for k, v in (d.get("watch") or {}).items()})
+        except (ValueError, TypeError, AttributeError):
+            return cls()  # an unreadable cursor restarts the tail; run keys keep launches idempotent
+
+    def dumps(self) -> str:
+        return json.dumps({"gid": self.gid, "watch": self.watch}, separators=(",", ":"))
+
+
+@dataclass
+class Tick:
+    launches: list[Launch]
+    cursor: RouterCursor
+    notes: list[str]  # reported problems (bad playbook, bad event, stuck execution)
+
+
+def instance_run_lookup(instance: dg.DagsterInstance, limit: int = 200) -> RunLookup:
+    def lookup(eid: str) -> list[RunInfo]:
+        records = instance.get_run_records(filters=dg.RunsFilter(tags={TAG_EXECUTION: eid}), limit=limit)
+        out = []
+        for r in records:
+            run = r.dagster_run
+            out.append(
+                RunInfo(
+                    run.run_id,
+                    run.status.value,
+                    run.job_name,
+                    run.tags.get(RUN_KEY_TAG),
+                    run.tags.get(TAG_STEP),
+                    r.end_time,
+                    r.create_timestamp.timestamp(),
+                )
+            )
+        return out
+
+    return lookup
+
+
+def router_tick(
+    index: Any,  # translator.build.PlaybookIndex
+    svc: Services,
+    runs_of: RunLookup,
+    cursor: RouterCursor,
+    *,
+    now: float | None = None,
+    grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    only: Iterable[str] | None = None,
+) -> Tick:
+    """One evaluation: tail the log, update the watch list, decide the launches."""
+    now = time.time() if now is None else now
+    notes: list[str] = []
+    cur = RouterCursor(cursor.gid, dict(cursor.watch))
+    last_activity: dict[str, float] = {}
+    while True:
+        batch = svc.event_store.tail(cur.gid, TAIL_BATCH)
+        if not batch:
+            break
+        for stored in batch:
+            cur.gid = stored.gid
+            ev = stored.event
+            try:
+                if ev.name == E.EXECUTION_REQUESTED:
+                    _watch_request(index, cur, ev, notes)
+                elif ev.name == E.WORKFLOW_FINISHED:
+                    cur.watch.pop(ev.execution_id, None)
+            except Exception as e:  # noqa: BLE001 - one bad event never stops routing
+                notes.append(f"skipped event {ev.event_id} ({ev.name}) of execution {ev.execution_id}: {e}")
+            if ev.execution_id in cur.watch:
+                last_activity[ev.execution_id] = now
+        if len(batch) < TAIL_BATCH:
+            break
+    while len(cur.watch) > MAX_WATCHED:
+        dropped = next(iter(cur.watch))
+        cur.watch.pop(dropped)
+        notes.append(f"watch list full: no longer routing execution {dropped}")
+
+    launches: list[Launch] = []
+    targets = list(only) if only is not None else list(cur.watch)
+    for eid in targets:
+        kind = cur.watch.get(eid)
+        if kind is None:
+            continue
+        try:
+            keep, found = _plan_execution(index, svc, runs_of, eid, kind, now, grace_seconds, notes)
+        except Exception as e:  # noqa: BLE001 - one bad execution never stops routing
+            notes.append(f"execution {eid}: {type(e).__name__}: {e}")
+            continue
+        launches += found
+        if not keep:
+            cur.watch.pop(eid, None)
+    return Tick(launches, cur, notes)
+
+
+def _watch_request(index: Any, cur: RouterCursor, ev: E.Event, notes: list[str]) -> None:
+    by = str(ev.data.get("requested_by") or "")
+    if by.startswith(REQUESTED_BY_DETACHED):
+        kind = "detached"
+    elif by.startswith(REQUESTED_BY_DAGSTER):
+        kind = "dagster"
+    else:
+        return  # the local runner or a parent step drives it
+    ref = ev.data.get("playbook") or ev.data.get("name")
+    if index.find(ref) is None and index.find(ev.data.get("file")) is None:
+        if kind == "detached":
+            notes.append(f"execution {ev.execution_id}: playbook {ref!r} is not in this code location; not launched")
+        return
+    cur.watch[ev.execution_id] = kind
+
+
+def _plan_execution(
+    index: Any, svc: Services, runs_of: RunLookup, eid: str, kind: str, now: float, grace: float, notes: list[str]
+) -> tuple[bool, list[Launch]]:
+    """(keep watching, launches) for one execution."""
+    first = svc.event_store.read(eid, after_sequence=0)[:1]
+    if not first:
+        notes.append(f"execution {eid}: no events; dropped")
+        return False, []
+    req = first[0].data if first[0].name == E.EXECUTION_REQUESTED else {}
+    compiled = index.find(req.get("playbook") or req.get("name")) or index.find(req.get("file"))
+    if compiled is None:
+        notes.append(f"execution {eid}: playbook {req.get('playbook')!r} is not in this code location; dropped")
+        return False, []
+    eng = attach(compiled.playbook, svc, eid)
+    if eng is None:
+        return False, []
+    st = eng.state
+    if st.finished:
+        return False, []
+    runs = runs_of(eid)
+    live = [r for r in runs if r.live and not _stale_unstarted(r, now, grace)]
+    if kind == "dagster" and not live:
+        ended = max((r.ended_at or r.created_at for r in runs), default=None)
+        if ended is None or now - ended < grace:
+            return True, []  # its own run is (about to be) driving it
+    used_keys = {r.run_key for r in runs if r.run_key}
+    base_tags = {
+        TAG_EXECUTION: eid,
+        TAG_PLAYBOOK: compiled.path,
+        TAG_TENANT: svc.tenant,
+        TAG_PROJECT: svc.project,
+    }
+    launches: list[Launch] = []
+    separate = set(compiled.step_jobs)
+    live_main = any(r.job_name == compiled.job_name for r in live)
+    live_steps = {r.step for r in live if r.step}
+
+    # (b) separate steps: one run per runnable activation
+    for step in _runnable_steps(eng, separate):
+        if step in live_steps:
+            continue
+        tids = [t for t, tok in st.tokens.items() if tok.step == step]
+        key = tids[0] if not eng.graph.is_join(step) else "join:" + tids[0]
+        if key in used_keys:  # its run ended without consuming it (died): retry once per log position
+            key = f"{key}:{st.sequence}"
+        launches.append(
+            Launch(eid, compiled.step_jobs[step], key, f"token for {step}", {**base_tags, TAG_STEP: step, TAG_TOKEN: tids[0]})
+        )
+    for srid, step in st.running.items():  # a separate step's run died mid-step
+        if step in separate and step not in live_steps:
+            launches.append(
+                Launch(eid, compiled.step_jobs[step], f"{srid}:{st.sequence}", f"recover {step}", {**base_tags, TAG_STEP: step})
+            )
+
+    # (a)/(c) the main job: a fresh detached request, or work left with no live run
+    main_work = any(tok.step not in separate for tok in st.tokens.values()) or any(
+        s not in separate for s in st.running.values()
+    )
+    needs_finish = eng.is_done() and not st.finished and not live
+    if (main_work or needs_finish) and not live_main and not (needs_finish and launches):
+        reason = "detached request" if not runs else ("finish" if needs_finish and not main_work else "resume")
+        launches.append(Launch(eid, compiled.job_name, f"{eid}:{st.sequence}", reason, dict(base_tags)))
+    if not launches and not live and not eng.is_done() and not _any_runnable(eng, separate):
+        notes.append(f"execution {eid}: pending tokens but nothing runnable (waiting joins); not launched")
+    for launch in launches:
+        launch.tags[TAG_REASON] = launch.reason
+    return True, launches
+
+
+def _stale_unstarted(r: RunInfo, now: float, grace: float) -> bool:
+    """A run created but never launched (its launcher died) does not block routing forever."""
+    return r.status == "NOT_STARTED" and now - r.created_at > max(grace, 60.0)
+
+
+def _runnable_steps(eng: Engine, steps: set[str]) -> list[str]:
+    """Steps (among ``steps``) with pending tokens that ``engine.ready`` would schedule now."""
+    st = eng.state
+    out: list[str] = []
+    for step in st.pending_steps():
+        if step not in steps:
+            continue
+        if eng.graph.is_join(step) and not _join_ready(eng, step):
+            continue
+        out.append(step)
+    return out
+
+
+def _any_runnable(eng: Engine, separate: set[str]) -> bool:
+    return bool(_runnable_steps(eng, set(eng.playbook.steps))) or bool(eng.state.running)
+
+
+def _join_ready(eng: Engine, step: str) -> bool:
+    """Mirror of the engine's join barrier (SEMANTICS §5), read-only: no feeder pending or running."""
+    feeders = eng.graph.feeders.get(step, frozenset())
+    st = eng.state
+    if any(other != step and other in feeders for other in st.pending_steps()):
+        return False
+    return all(s not in feeders for s in st.running.values())
+
+
+def build_router_sensor(
+    index: Any,
+    *,
+    name: str = "noetl_router",
+    minimum_interval_seconds: int = 5,
+    grace_seconds: float = DEFAULT_GRACE_SECONDS,
+) -> dg.SensorDefinition:
+    jobs = [job for c in index.playbooks for job in c.jobs]
+
+    @dg.sensor(
+        name=name,
+        jobs=jobs or None,
+        minimum_interval_seconds=minimum_interval_seconds,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        required_resource_keys={"noetl"},
+        description="Routes NoETL tokens between runs: starts detached executions, launches per-step jobs, "
+        "resumes executions whose run died.",
+    )
+    def _router(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
+        svc = context.resources.noetl.services()
+        cursor = RouterCursor.parse(context.cursor)
+        tick = router_tick(index, svc, instance_run_lookup(context.instance), cursor, grace_seconds=grace_seconds)
+        for note in tick.notes:
+            context.log.warning(note)
+        for launch in tick.launches:
+            context.log.info(f"launch {launch.job_name} for execution {launch.execution_id}: {launch.reason}")
+        if not tick.launches:
+            context.update_cursor(tick.cursor.dumps())
+            return dg.SkipReason(
+                f"no work to route (watching {len(tick.cursor.watch)} execution(s); "
+                + (f"{len(tick.notes)} problem(s) reported" if tick.notes else "no problems")
+                + ")"
+            )
+        return dg.SensorResult(run_requests=[launch.run_request() for launch in tick.launches], cursor=tick.cursor.dumps())
+
+    return _router

@@ -1,0 +1,347 @@
+"""``build_playbook_definitions``: playbooks -> ``dg.Definitions``.
+
+Each playbook becomes one job (``mode="default"``: the SCC condensation of its
+step graph, one run per execution) or, with ``mode="per_step"``, a start job
+plus one job per step whose arcs the token-routing sensor follows. Schedules
+come from ``executor.spec.schedule``; one ``noetl_router`` sensor serves the
+whole code location.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import yaml
+
+from noetl_dagster.dsl import PlaybookInvalid, load_playbook
+from noetl_dagster.dsl.model import Playbook
+from noetl_dagster.engine.graph import analyze
+from noetl_dagster.resources.noetl import NoetlResource, resource_from_env
+from noetl_dagster.translator import naming
+from noetl_dagster.translator.ops import RESOURCE_KEY, make_node_op, make_start_op, output_name
+from noetl_dagster.translator.plan import MODES, JobPlan, Node, plan_job
+from noetl_dagster.translator.runtime import TAG_STEP
+from noetl_dagster.translator.translator import (
+    START_ID,
+    NoetlJobSpec,
+    NoetlNodeData,
+    NoetlPlaybookData,
+    NoetlStepData,
+    NoetlTranslator,
+)
+
+log = logging.getLogger("noetl_dagster.translator")
+SUFFIXES = (".yaml", ".yml")
+
+
+@dataclass
+class CompiledPlaybook:
+    """Where one playbook went: its jobs and ops (the sensor and the Dagster runner look here)."""
+
+    playbook: Playbook
+    data: NoetlPlaybookData
+    plan: JobPlan
+    job_name: str  # the job a launch starts (whole playbook; per_step: the start job)
+    start_op: str
+    step_jobs: dict[str, str] = field(default_factory=dict)  # step -> its own job (separate steps)
+    node_ops: dict[str, str] = field(default_factory=dict)  # node key -> op name in the main job
+    jobs: list[dg.JobDefinition] = field(default_factory=list)
+    schedules: list[dg.ScheduleDefinition] = field(default_factory=list)
+    assets: list[dg.AssetSpec] = field(default_factory=list)
+
+    @property
+    def path(self) -> str:
+        return self.playbook.metadata.path
+
+    @property
+    def mode(self) -> str:
+        return self.plan.mode
+
+
+@dataclass
+class PlaybookIndex:
+    """The playbooks of one code location, found by ``metadata.path`` (or name, or file)."""
+
+    playbooks: list[CompiledPlaybook]
+    resource: NoetlResource
+    errors: list[str] = field(default_factory=list)
+
+    def find(self, ref: str | None) -> CompiledPlaybook | None:
+        if not ref:
+            return None
+        ref = str(ref)
+        for c in self.playbooks:
+            if ref in (c.path, c.playbook.metadata.name, c.job_name):
+                return c
+        for c in self.playbooks:
+            f = c.playbook.source_file
+            if f and os.path.abspath(ref) == os.path.abspath(f):
+                return c
+        norm = ref.strip("/")
+        for c in self.playbooks:
+            p = c.path.strip("/")
+            if p.endswith("/" + norm) or norm.endswith("/" + p):
+                return c
+        return None
+
+    def job_for_step(self, compiled: CompiledPlaybook, step: str) -> str | None:
+        return compiled.step_jobs.get(step)
+
+
+@dataclass
+class NoetlCodeLocation:
+    definitions: dg.Definitions
+    index: PlaybookIndex
+
+
+# -- loading -------------------------------------------------------------------------------
+def discover_playbooks(sources: str | os.PathLike[str] | Playbook | Iterable[Any]) -> list[Playbook | Path]:
+    """Expand files, directories (recursively; YAML documents of ``kind: Playbook``) and models."""
+    if isinstance(sources, (str, os.PathLike, Playbook)):
+        sources = [sources]
+    out: list[Playbook | Path] = []
+    for src in sources:
+        if isinstance(src, Playbook):
+            out.append(src)
+            continue
+        p = Path(src)
+        if p.is_dir():
+            for f in sorted(p.rglob("*")):
+                if f.suffix in SUFFIXES and f.is_file() and _is_playbook_file(f):
+                    out.append(f)
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise FileNotFoundError(f"no playbook file or directory at {p}")
+    return out
+
+
+def _is_playbook_file(f: Path) -> bool:
+    try:
+        with open(f, encoding="utf-8") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return False
+    if "Playbook" not in head:
+        return False
+    try:
+        doc = yaml.safe_load(f.read_text(encoding="utf-8"))
+    except yaml.YAMLError:
+        return True  # let the loader report the syntax error with its line
+    return isinstance(doc, dict) and doc.get("kind") == "Playbook"
+
+
+# -- building ------------------------------------------------------------------------------
+def compile_playbooks(
+    paths_or_playbooks: Any,
+    translator: NoetlTranslator | None = None,
+    mode: str = "default",
+    *,
+    resource: NoetlResource | None = None,
+    include_sensor: bool = True,
+    on_error: str = "raise",
+    sensor_name: str = "noetl_router",
+    sensor_interval_seconds: int = 5,
+) -> NoetlCodeLocation:
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; use one of {', '.join(MODES)}")
+    if on_error not in ("raise", "skip"):
+        raise ValueError("on_error must be 'raise' or 'skip'")
+    translator = translator or NoetlTranslator()
+    resource = resource or resource_from_env()
+    playbooks: list[Playbook] = []
+    errors: list[str] = []
+    for item in discover_playbooks(paths_or_playbooks):
+        if isinstance(item, Playbook):
+            playbooks.append(item)
+            continue
+        try:
+            playbooks.append(load_playbook(item))
+        except PlaybookInvalid as e:
+            msg = "\n".join(str(i) for i in e.issues) or str(e)
+            if on_error == "raise":
+                raise PlaybookInvalid(e.issues) from None
+            errors.append(msg)
+            log.warning("skipping invalid playbook %s:\n%s", item, msg)
+    job_names = naming.unique_names(
+        ((_identity(pb, i), pb.metadata.name) for i, pb in enumerate(playbooks)), base_fn=naming.job_base
+    )
+    compiled: list[CompiledPlaybook] = []
+    jobs: list[dg.JobDefinition] = []
+    schedules: list[dg.ScheduleDefinition] = []
+    assets: list[dg.AssetSpec] = []
+    seen_ops: dict[str, str] = {}
+    for i, pb in enumerate(playbooks):
+        job_name = job_names[_identity(pb, i)]
+        pb_mode = _playbook_mode(pb, mode)
+        step_ids = naming.unique_names(((s.name, s.name) for s in pb.workflow), reserved=[START_ID])
+        data = NoetlPlaybookData(pb, job_name, pb_mode, resource.tenant, resource.project, step_ids)
+        c = _compile_one(pb, data, translator)
+        for job in c.jobs:
+            for node in job.graph.node_defs:
+                owner = seen_ops.setdefault(node.name, c.path)
+                if owner != c.path:
+                    raise ValueError(f"op name {node.name!r} of {c.path} clashes with an op of {owner}")
+        compiled.append(c)
+        jobs += c.jobs
+        schedules += c.schedules
+        assets += c.assets
+    index = PlaybookIndex(compiled, resource, errors)
+    sensors = []
+    if include_sensor:
+        from noetl_dagster.sensors.router import build_router_sensor  # noqa: PLC0415
+
+        sensors.append(build_router_sensor(index, name=sensor_name, minimum_interval_seconds=sensor_interval_seconds))
+    defs = dg.Definitions(
+        jobs=jobs,
+        schedules=schedules,
+        sensors=sensors,
+        assets=_dedupe_assets(assets),
+        resources={RESOURCE_KEY: resource},
+    )
+    return NoetlCodeLocation(defs, index)
+
+
+def build_playbook_definitions(
+    paths_or_playbooks: Any,
+    translator: NoetlTranslator | None = None,
+    mode: str = "default",
+    **kwargs: Any,
+) -> dg.Definitions:
+    """Translate playbooks (files, directories, or ``Playbook`` models) into Dagster definitions.
+
+    ``mode="default"``: one job per playbook, one run per execution (cycles run as region ops).
+    ``mode="per_step"``: every step is its own job and the ``noetl_router`` sensor routes tokens.
+    A playbook may choose its own mode with ``executor.spec.dagster.mode``. Keyword arguments:
+    ``resource`` (:class:`NoetlResource`, default from ``NOETL_DAGSTER_*`` env vars),
+    ``include_sensor`` (default True: one router per code location), ``on_error`` ("raise" | "skip").
+    """
+    return compile_playbooks(paths_or_playbooks, translator, mode, **kwargs).definitions
+
+
+def _identity(pb: Playbook, i: int) -> str:
+    return pb.source_file or pb.metadata.path or f"playbook-{i}"
+
+
+def _playbook_mode(pb: Playbook, default: str) -> str:
+    dag = pb.executor.spec.get("dagster")
+    if isinstance(dag, dict) and dag.get("mode"):
+        m = str(dag["mode"])
+        if m not in MODES:
+            raise ValueError(f"{pb.metadata.path}: executor.spec.dagster.mode must be one of {', '.join(MODES)}")
+        return m
+    return default
+
+
+def _dedupe_assets(specs: Sequence[dg.AssetSpec]) -> list[dg.AssetSpec]:
+    seen: dict[dg.AssetKey, dg.AssetSpec] = {}
+    for s in specs:
+        seen.setdefault(s.key, s)
+    return list(seen.values())
+
+
+def _executor(name: str) -> dg.ExecutorDefinition:
+    if name == "multiprocess":
+        return dg.multiprocess_executor
+    if name == "in_process":
+        return dg.in_process_executor
+    raise ValueError(f"unknown executor {name!r}; use in_process or multiprocess")
+
+
+def _compile_one(pb: Playbook, data: NoetlPlaybookData, translator: NoetlTranslator) -> CompiledPlaybook:
+    graph = analyze(pb)
+    plan = plan_job(pb, data.mode, graph)
+    in_cycle = {s for comp in graph.sccs if graph.is_cyclic(comp) for s in comp}
+    step_data = {
+        s.name: NoetlStepData(data, s, is_join=graph.is_join(s.name), in_cycle=s.name in in_cycle) for s in pb.workflow
+    }
+    job_spec = translator.get_job_spec(data)
+    start_spec = translator.get_op_spec(NoetlNodeData(data, "start"))
+    node_specs = {
+        key: translator.get_op_spec(NoetlNodeData(data, node.kind, tuple(step_data[s] for s in node.steps)))
+        for key, node in plan.nodes.items()
+    }
+    _check_names([start_spec.name, *(s.name for s in node_specs.values())], pb)
+
+    # the main job: noetl_start -> nodes (per_step: noetl_start alone)
+    outs_of: dict[str, dict[str, str]] = {
+        key: {t: output_name(plan.nodes[t]) for t in node.succ} for key, node in plan.nodes.items()
+    }
+    start_outs = {r: output_name(plan.nodes[r]) for r in plan.roots}
+    start_op = make_start_op(pb, start_spec, plan, start_outs)
+    node_defs: list[dg.OpDefinition] = [start_op]
+    deps: dict[str, dict[str, dg.MultiDependencyDefinition]] = {}
+    for key, node in plan.nodes.items():
+        sources = [dg.DependencyDefinition(node_specs[p].name, outs_of[p][key]) for p in node.pred]
+        if key in plan.roots:
+            sources.insert(0, dg.DependencyDefinition(start_spec.name, start_outs[key]))
+        node_defs.append(make_node_op(pb, node_specs[key], plan, node, outs_of[key], has_input=bool(sources)))
+        if sources:
+            deps[node_specs[key].name] = {"after": dg.MultiDependencyDefinition(sources)}
+    jobs = [_job(job_spec, node_defs, deps)]
+    c = CompiledPlaybook(pb, data, plan, job_spec.name, start_spec.name,
+                         node_ops={k: s.name for k, s in node_specs.items()})  # fmt: skip
+
+    # separate steps: one job of one op each, launched by the sensor
+    for step in plan.separate:
+        sd = step_data[step]
+        op_spec = translator.get_op_spec(NoetlNodeData(data, "step", (sd,), separate=True))
+        single = Node(f"step:{step}", "step", (step,))
+        op = make_node_op(pb, op_spec, None, single, {}, has_input=False)
+        sjob_spec = job_spec.replace_attributes(
+            name=f"{job_spec.name}__step__{data.step_id(step)}",
+            description=(sd.step.desc or f"Step {step}") + f"\n\nOne step of {data.path}, launched by the token router.",
+            tags={**job_spec.tags, TAG_STEP: step},
+        )
+        _check_names([sjob_spec.name], pb)
+        jobs.append(_job(sjob_spec, [op], {}))
+        c.step_jobs[step] = sjob_spec.name
+    c.jobs = jobs
+
+    for sspec in translator.get_schedule_specs(data):
+        c.schedules.append(
+            dg.ScheduleDefinition(
+                name=sspec.name,
+                cron_schedule=sspec.cron_schedule,
+                job=jobs[0],
+                execution_timezone=sspec.execution_timezone,
+                run_config={"ops": {start_spec.name: {"config": {"workload_json": json.dumps(dict(sspec.workload))}}}},
+                tags=dict(sspec.tags),
+                description=sspec.description,
+                default_status=dg.DefaultScheduleStatus.RUNNING if sspec.running else dg.DefaultScheduleStatus.STOPPED,
+            )
+        )
+    for sd in step_data.values():
+        spec = translator.get_asset_spec(sd)
+        if spec is not None:
+            c.assets.append(spec)
+    return c
+
+
+def _job(spec: NoetlJobSpec, node_defs: list[dg.OpDefinition], deps: dict[str, Any]) -> dg.JobDefinition:
+    graph = dg.GraphDefinition(name=spec.name, node_defs=node_defs, dependencies=deps, description=spec.description)
+    return graph.to_job(
+        name=spec.name,
+        description=spec.description,
+        tags=dict(spec.tags),
+        metadata=dict(spec.metadata),
+        executor_def=_executor(spec.executor),
+        op_retry_policy=spec.op_retry_policy,
+    )
+
+
+def _check_names(names: list[str], pb: Playbook) -> None:
+    seen: set[str] = set()
+    for n in names:
+        if not naming.NAME_RE.match(n):
+            raise ValueError(f"{pb.metadata.path}: Dagster name {n!r} must match {naming.NAME_RE.pattern}")
+        if n in seen:
+            raise ValueError(f"{pb.metadata.path}: two ops are named {n!r}; rename one in the translator")
+        seen.add(n)

@@ -1,0 +1,315 @@
+"""Op factories: ``noetl_start``, one op per acyclic step, one region op per cycle.
+
+Edges carry no values (``Nothing``): the tokens are in the event log, and an
+output is yielded only towards nodes that have work (see plan.py), so Dagster
+skips what no token reaches. Every op takes one fan-in input fed by all its
+upstream ops: Dagster skips a fan-in op only when *all* of its sources were
+skipped, which is what a join needs (control_flow_workbook's ``end`` runs once
+on either branch).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import dagster as dg
+
+from noetl_dagster.dsl.model import Playbook
+from noetl_dagster.storage.locator import InvalidLocator, asset_key_for_uri
+from noetl_dagster.translator import naming
+from noetl_dagster.translator.plan import JobPlan, Node
+from noetl_dagster.translator.runtime import (
+    REQUESTED_BY_DAGSTER,
+    TAG_EXECUTION,
+    TAG_STATUS,
+    OpReport,
+    error_text,
+    execution_id_for_run,
+    execution_lock,
+    json_safe,
+    result_metadata,
+    run_steps,
+    start_execution,
+)
+from noetl_dagster.translator.translator import NoetlOpSpec
+
+RESOURCE_KEY = "noetl"
+RESULT_OUTPUT = "result"
+
+# run id -> execution id chosen by noetl_start in this process (launchpad runs without the tag)
+_RUN_EXECUTION: dict[str, str] = {}
+_run_lock = threading.Lock()
+
+
+def output_name(node: Node) -> str:
+    prefix = "to_cycle_" if node.kind == "region" else "to_"
+    return prefix + naming.sanitize(node.first)
+
+
+def op_tags(spec: NoetlOpSpec) -> dict[str, str]:
+    tags = dict(spec.tags)
+    for k in sorted(spec.kinds):
+        tags[f"dagster/kind/{naming.sanitize(k)}"] = ""
+    return tags
+
+
+def _execution_id(context: dg.OpExecutionContext) -> str:
+    run = context.dagster_run
+    if run.tags.get(TAG_EXECUTION):
+        return str(run.tags[TAG_EXECUTION])
+    with _run_lock:
+        eid = _RUN_EXECUTION.get(context.run_id)
+    if eid:
+        return eid
+    fresh = context.instance.get_run_by_id(context.run_id)  # another process tagged it (multiprocess executor)
+    if fresh is not None and fresh.tags.get(TAG_EXECUTION):
+        return str(fresh.tags[TAG_EXECUTION])
+    return execution_id_for_run(run)
+
+
+def _tag_run(context: dg.OpExecutionContext, tags: Mapping[str, str]) -> None:
+    try:
+        context.instance.add_run_tags(context.run_id, dict(tags))
+    except Exception as e:  # noqa: BLE001 - a tag is informational
+        context.log.warning(f"could not tag run: {e}")
+
+
+def workload_field(workload: Mapping[str, Any]) -> dg.Field:
+    """A typed launchpad config for workload overrides: one field per workload key, its value as default."""
+    fields: dict[str, dg.Field] = {}
+    for key, value in workload.items():
+        if not naming.NAME_RE.match(str(key)):
+            continue  # still accepted: the shape is permissive
+        fields[str(key)] = dg.Field(_config_type(value), default_value=_config_default(value), is_required=False,
+                                    description=f"workload.{key}")  # fmt: skip
+    return dg.Field(dg.Permissive(fields), is_required=False, description="workload overrides (shallow merge)")
+
+
+def _config_type(value: Any) -> Any:
+    if isinstance(value, bool):
+        return dg.Bool
+    if isinstance(value, int):
+        return dg.Int
+    if isinstance(value, float):
+        return dg.Float
+    if isinstance(value, str):
+        return dg.String
+    if isinstance(value, Mapping):
+        return dg.Permissive()
+    return dg.Any
+
+
+def _config_default(value: Any) -> Any:
+    return json_safe(value)
+
+
+def start_config_schema(pb: Playbook) -> dict[str, dg.Field]:
+    return {
+        "workload": workload_field(pb.workload),
+        "workload_json": dg.Field(
+            dg.Noneable(dg.String), default_value=None, is_required=False,
+            description="workload overrides as a JSON object (applied after `workload`; any value types)",
+        ),
+        "execution_id": dg.Field(
+            dg.Noneable(dg.String), default_value=None, is_required=False,
+            description="continue this execution instead of starting a new one (default: the run's "
+            "noetl/execution_id tag, else a new id)",
+        ),
+    }  # fmt: skip
+
+
+def workload_overrides(pb: Playbook, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys the run config changes (typed fields equal to the playbook's defaults are not overrides)."""
+    base = json_safe(pb.workload)
+    out = {k: v for k, v in (cfg.get("workload") or {}).items() if k not in base or base[k] != v}
+    raw = cfg.get("workload_json")
+    if raw:
+        try:
+            extra = json.loads(raw)
+        except ValueError as e:
+            raise dg.Failure(f"workload_json is not valid JSON: {e}") from e
+        if not isinstance(extra, dict):
+            raise dg.Failure("workload_json must be a JSON object")
+        out.update(extra)
+    return out
+
+
+def make_start_op(pb: Playbook, spec: NoetlOpSpec, plan: JobPlan, node_outputs: dict[str, str]) -> dg.OpDefinition:
+    """``noetl_start``: record the request (typed workload config) or continue the tagged execution."""
+    outs = {name: dg.Out(dg.Nothing, is_required=False) for name in node_outputs.values()}
+
+    @dg.op(
+        name=spec.name,
+        description=spec.description,
+        tags=op_tags(spec),
+        config_schema=start_config_schema(pb),
+        out=outs,
+        required_resource_keys={RESOURCE_KEY},
+        retry_policy=spec.retry_policy,
+        pool=spec.pool,
+    )
+    def _start(context):  # noqa: ANN001 - Dagster inspects the bare parameter
+        res = getattr(context.resources, RESOURCE_KEY)
+        svc = res.services()
+        cfg = context.op_config or {}
+        eid = cfg.get("execution_id") or _execution_id(context)
+        with _run_lock:
+            _RUN_EXECUTION[context.run_id] = eid
+        if context.dagster_run.tags.get(TAG_EXECUTION) != eid:
+            _tag_run(context, {TAG_EXECUTION: eid})
+        eng, started = start_execution(
+            pb, svc, eid, workload_overrides(pb, cfg), requested_by=f"{REQUESTED_BY_DAGSTER}{context.run_id}",
+            logger=context.log,
+        )  # fmt: skip
+        st = eng.state
+        if started:
+            context.log.info(f"execution {eid} started ({pb.metadata.path})")
+        else:
+            context.log.info(
+                f"continuing execution {eid}: status {st.status}, {len(st.tokens)} pending token(s), "
+                f"{len(st.running)} unfinished step run(s)"
+            )
+            if eng.is_done() and not st.finished:  # the run that drained it died before finishing
+                with execution_lock(res.locks_dir(), eid):
+                    status = eng.finish()
+                _tag_run(context, {TAG_STATUS: status})
+        pending = {t.step for t in st.tokens.values()} | set(st.running.values())
+        for key in plan.roots:
+            if plan.nodes[key].reach & pending:
+                yield dg.Output(None, node_outputs[key], metadata={"execution_id": eid})
+
+    return _start
+
+
+def make_node_op(
+    pb: Playbook,
+    spec: NoetlOpSpec,
+    plan: JobPlan | None,
+    node: Node,
+    node_outputs: dict[str, str],
+    *,
+    has_input: bool,
+) -> dg.OpDefinition:
+    """The op of one step (or one cycle region): run its activations, yield towards the work left."""
+    outs = {name: dg.Out(dg.Nothing, is_required=False) for name in node_outputs.values()}
+    outs[RESULT_OUTPUT] = dg.Out(dg.Nothing, is_required=False, description="the step's result (metadata)")
+    ins = {"after": dg.In(dg.Nothing)} if has_input else {}
+    region = node.kind == "region"
+
+    @dg.op(
+        name=spec.name,
+        description=spec.description,
+        tags=op_tags(spec),
+        ins=ins,
+        out=outs,
+        required_resource_keys={RESOURCE_KEY},
+        retry_policy=spec.retry_policy,
+        pool=spec.pool,
+    )
+    def _node(context):  # noqa: ANN001
+        res = getattr(context.resources, RESOURCE_KEY)
+        svc = res.services()
+        eid = _execution_id(context)
+
+        def finished(status: str) -> None:
+            _tag_run(context, {TAG_STATUS: status})
+
+        report = run_steps(pb, svc, eid, node.steps, logger=context.log, locks_dir=res.locks_dir(), region=region,
+                           on_finish=finished)  # fmt: skip
+        yield from _report_outputs(context, report, node, plan, node_outputs)
+        bad = report.unhandled
+        if bad:
+            first = bad[0]
+            raise dg.Failure(
+                description=f"step {first.step!r} failed: {error_text(first.error)}",
+                metadata={
+                    "execution_id": eid,
+                    "error": dg.MetadataValue.json(json_safe(first.error or {})),
+                    "failed_steps": dg.MetadataValue.text(", ".join(sorted({o.step for o in bad}))),
+                },
+                allow_retries=False,  # the step's outcome is recorded; retrying the op would not run it again
+            )
+
+    return _node
+
+
+def _report_outputs(
+    context: dg.OpExecutionContext, report: OpReport, node: Node, plan: JobPlan | None, node_outputs: dict[str, str]
+) -> Iterator[Any]:
+    eng = report.engine
+    if eng is None:
+        return
+    ran = []
+    for o in report.outcomes:
+        if o.step not in ran:
+            ran.append(o.step)
+    if ran:
+        if len(node.steps) == 1:
+            md = result_metadata(eng, ran[0])
+        else:
+            md = {"noetl/steps": ", ".join(ran)}
+            for s in ran:
+                for k, v in result_metadata(eng, s).items():
+                    if k != "noetl/step":
+                        md[f"{s}.{k.removeprefix('noetl/')}"] = v
+        md["execution_id"] = eng.execution_id
+        if report.recovered:
+            md["recovered_step_runs"] = ", ".join(report.recovered)
+        yield dg.Output(None, RESULT_OUTPUT, metadata=md)
+        for step in ran:
+            yield from _materializations(eng, step)
+    if plan is None:
+        return
+    pending = report.pending_steps()
+    tokens_by_step: dict[str, list[str]] = {}
+    for tid, tok in eng.state.tokens.items():
+        tokens_by_step.setdefault(tok.step, []).append(tid)
+    for key, name in node_outputs.items():
+        target = plan.nodes[key]
+        if target.reach & pending:
+            toks = [t for s in target.steps for t in tokens_by_step.get(s, [])]
+            yield dg.Output(None, name, metadata={"tokens": ", ".join(toks) or "(downstream work)"})
+
+
+def _materializations(eng: Any, step: str) -> Iterator[dg.AssetMaterialization]:
+    """Results that name ``noetl://`` resources become materializations of their asset keys."""
+    try:
+        result = eng.state.result(step)
+    except Exception:  # noqa: BLE001 - an unreadable payload is shown elsewhere
+        return
+    for uri, info in _noetl_uris(result):
+        try:
+            key = asset_key_for_uri(uri)
+        except InvalidLocator:
+            continue
+        md: dict[str, Any] = {"noetl/uri": uri, "noetl/step": step, "noetl/execution_id": eng.execution_id}
+        for k in ("rows", "row_count", "size", "bytes", "checksum", "version"):
+            v = info.get(k)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                md[k] = v
+            elif isinstance(v, str):
+                md[k] = dg.MetadataValue.text(v)
+        inputs = info.get("inputs") or info.get("upstream") or []
+        if isinstance(inputs, list) and inputs:
+            md["noetl/inputs"] = dg.MetadataValue.text(", ".join(str(i) for i in inputs))
+        yield dg.AssetMaterialization(asset_key=key, metadata=md, description=f"stored by step {step}")
+
+
+def _noetl_uris(value: Any, depth: int = 0) -> Iterator[tuple[str, dict[str, Any]]]:
+    if depth > 4:
+        return
+    if isinstance(value, dict):
+        uri = value.get("uri") or value.get("noetl_uri")
+        if isinstance(uri, str) and uri.startswith("noetl://"):
+            yield uri, value
+            return
+        for v in value.values():
+            yield from _noetl_uris(v, depth + 1)
+    elif isinstance(value, list):
+        for v in value[:100]:
+            yield from _noetl_uris(v, depth + 1)
+    elif isinstance(value, str) and value.startswith("noetl://"):
+        yield value, {}

@@ -1,0 +1,464 @@
+"""What a NoETL op does inside a Dagster run.
+
+An op never holds state of its own: it rebuilds the execution's
+:class:`~noetl_dagster.engine.control.Engine` from the event log (the state is
+the fold of the events), runs the activations of its steps
+(``engine.ready(allowed=steps)`` -> ``run`` -> ``route``), and leaves every
+decision in the log. So the ops of one run, a re-execution from failure, a
+per-step job launched by the sensor and the local runner all continue the same
+execution.
+
+In one process the engine is cached per execution and caught up with the log
+incrementally (``read(after_sequence)``), so a 50-op run folds the log once,
+not 50 times. When another process appended to the execution meanwhile (the
+multiprocess executor, per-step runs) the engine is refolded from scratch so
+the state always equals the fold of the log in log order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from noetl_dagster.dsl.model import Playbook
+from noetl_dagster.engine import events as E
+from noetl_dagster.engine.control import Activation, Engine, Services
+from noetl_dagster.engine.events import Event, uuid7_from
+from noetl_dagster.engine.state import fold
+from noetl_dagster.engine.worker import StepRun
+from noetl_dagster.storage.jsonutil import dumps, plain
+from noetl_dagster.storage.payload import is_ref
+
+log = logging.getLogger("noetl_dagster.dagster")
+
+TAG_EXECUTION = "noetl/execution_id"
+TAG_PLAYBOOK = "noetl/playbook"
+TAG_TENANT = "noetl/tenant"
+TAG_PROJECT = "noetl/project"
+TAG_STATUS = "noetl/status"
+TAG_STEP = "noetl/step"
+TAG_KIND = "noetl/kind"
+TAG_TOKEN = "noetl/token_id"
+TAG_MODE = "noetl/mode"
+
+# requested_by prefixes: who drives an execution (the sensor only launches what nobody else drives)
+REQUESTED_BY_DAGSTER = "dagster:"
+REQUESTED_BY_DETACHED = "detached:"
+
+INLINE_METADATA_LIMIT = 8 * 1024  # bigger results show as a preview; `$ref` results show the reference
+MAX_LOGGED_EVENTS_PER_OP = 1000  # then a count; the event log keeps everything
+
+
+# -- execution ids ---------------------------------------------------------------------
+def execution_id_for_run(run: Any) -> str:
+    """The run's ``noetl/execution_id`` tag, else an id derived from the root run (stable across re-executions)."""
+    eid = run.tags.get(TAG_EXECUTION)
+    if eid:
+        return str(eid)
+    return uuid7_from("dagster-run", run.root_run_id or run.run_id)
+
+
+# -- Dagster logs for NoETL events ---------------------------------------------------------
+class _OpLog:
+    """Routes the events of one execution (and its sub-playbooks) to one op's ``context.log``."""
+
+    def __init__(self, execution_id: str, logger: Any):
+        self.execution_id = execution_id
+        self.logger = logger
+        self.logged = 0
+        self.suppressed = 0
+        self.mine: set[str] = set()  # event ids this op appended to its own execution
+        self.lock = threading.Lock()
+
+    def on_event(self, ev: Event) -> None:
+        with self.lock:
+            if ev.execution_id == self.execution_id:
+                self.mine.add(ev.event_id)
+            if self.logged >= MAX_LOGGED_EVENTS_PER_OP:
+                self.suppressed += 1
+                return
+            self.logged += 1
+        msg = describe_event(ev)
+        if ev.execution_id != self.execution_id:
+            msg = f"[sub-playbook {ev.execution_id[-12:]}] {msg}"
+        try:
+            if ev.status == "error":
+                self.logger.error(msg)
+            else:
+                self.logger.info(msg)
+        except Exception:  # noqa: BLE001 - logging never breaks an execution
+            pass
+
+    def close(self) -> None:
+        if self.suppressed:
+            try:
+                self.logger.info(
+                    f"... {self.suppressed} more NoETL events of this op not shown here "
+                    f"(all are in the event log: noetl-dagster events {self.execution_id})"
+                )
+            except Exception:  # noqa: BLE001
+                pass
+
+
+_active_lock = threading.Lock()
+_ACTIVE: dict[str, _OpLog] = {}
+
+
+def dagster_log_listener(ev: Event) -> None:
+    """EventStore listener installed in the resource's services: forwards to the op running the execution."""
+    target = _ACTIVE.get(ev.execution_id)
+    if target is None and ev.parent_execution_id:
+        target = _ACTIVE.get(ev.parent_execution_id)
+        if target is not None:
+            with _active_lock:
+                _ACTIVE[ev.execution_id] = target  # sub-playbook events go to the parent's op
+    if target is not None:
+        target.on_event(ev)
+
+
+@contextlib.contextmanager
+def op_log(execution_id: str, logger: Any) -> Iterator[_OpLog]:
+    sink = _OpLog(execution_id, logger)
+    with _active_lock:
+        _ACTIVE[execution_id] = sink
+    try:
+        yield sink
+    finally:
+        with _active_lock:
+            for k in [k for k, v in _ACTIVE.items() if v is sink]:
+                del _ACTIVE[k]
+        sink.close()
+
+
+def describe_event(ev: Event) -> str:
+    d = ev.data or {}
+    where = ev.step or ""
+    if ev.iteration is not None:
+        where += f"[{ev.iteration}]"
+    name = ev.name
+    if name in (E.TASK_STARTED, E.TASK_DONE):
+        where += f".{d.get('task')}"
+        if name == E.TASK_STARTED:
+            return f"{name} {where} kind={d.get('kind')} attempt={ev.attempt}"
+        out = d.get("outcome") or {}
+        meta = out.get("meta") or {}
+        msg = f"{name} {where} {out.get('status')} -> {d.get('directive')} ({meta.get('duration_ms')} ms)"
+        if out.get("status") == "error":
+            err = out.get("error") or {}
+            msg += f": {err.get('kind')}: {err.get('message')}"
+        return msg
+    if name == E.TOKEN_ENQUEUED:
+        return f"{name} -> {d.get('step')} from {d.get('from_step') or '(entry)'} token={d.get('token_id')}"
+    if name == E.NEXT_EVALUATED:
+        fired = ", ".join(f["step"] for f in d.get("fired", [])) or "nothing"
+        extra = " (unhandled failure)" if d.get("unhandled_failure") else ""
+        errs = f"; errors: {d['errors']}" if d.get("errors") else ""
+        return f"{name} {where} on {d.get('event_name')}: fired {fired}{extra}{errs}"
+    if name == E.STEP_FAILED:
+        err = d.get("error") or {}
+        return f"{name} {where}: {err.get('kind')}: {err.get('message')}"
+    if name == E.STEP_DONE:
+        return f"{name} {where} ({d.get('duration_ms')} ms)"
+    if name == E.STEP_SKIPPED:
+        return f"{name} {where}: {d.get('reason')}"
+    if name == E.LOOP_STARTED:
+        return f"{name} {where} total={d.get('total')} mode={d.get('mode')}"
+    if name == E.LOOP_DONE:
+        res = d.get("result")
+        stats = res.get("stats") if isinstance(res, dict) else None
+        return f"{name} {where} {stats or ''}"
+    if name == E.CTX_PATCHED:
+        return f"{name} {where} keys={sorted((d.get('patch') or {}).keys())}"
+    if name in (E.WORKFLOW_FINISHED, E.PLAYBOOK_PROCESSED):
+        return f"{name} status={d.get('status')}"
+    if name == E.WORKFLOW_STARTED:
+        return f"{name} entry={d.get('entry')}"
+    if name == E.EXECUTION_REQUESTED:
+        return f"{name} playbook={d.get('playbook')} by={d.get('requested_by')}"
+    return f"{name} {where}".rstrip()
+
+
+# -- engines rebuilt from the log ----------------------------------------------------------
+@dataclass
+class _Cached:
+    engine: Engine
+    synced: int  # every event with sequence <= synced is folded into engine.state
+
+
+_cache_lock = threading.Lock()
+_ENGINES: OrderedDict[tuple[int, str], _Cached] = OrderedDict()
+MAX_CACHED_ENGINES = 32
+
+
+def _new_engine(pb: Playbook, svc: Services, eid: str, events: list[Event]) -> Engine:
+    state = fold(events, svc.offloader.resolve)
+    if pb.base_dir:
+        svc.catalog.add_dir(pb.base_dir)
+    return Engine(pb, svc, execution_id=eid, state=state)
+
+
+def attach(pb: Playbook, svc: Services, eid: str) -> Engine | None:
+    """The execution's engine, caught up with the log; None when the log has no such execution."""
+    key = (id(svc), eid)
+    with _cache_lock:
+        cached = _ENGINES.get(key)
+        if cached is not None:
+            _ENGINES.move_to_end(key)
+    if cached is not None and cached.engine.playbook is pb:
+        new = svc.event_store.read(eid, after_sequence=cached.synced)
+        for ev in new:
+            cached.engine.state.apply(ev)
+        if new:
+            cached.synced = new[-1].sequence or cached.synced
+        return cached.engine
+    events = svc.event_store.read(eid)
+    if not events:
+        return None
+    eng = _new_engine(pb, svc, eid, events)
+    _remember(key, _Cached(eng, events[-1].sequence or 0))
+    return eng
+
+
+def _remember(key: tuple[int, str], entry: _Cached) -> None:
+    evicted: list[_Cached] = []
+    with _cache_lock:
+        old = _ENGINES.pop(key, None)
+        if old is not None and old.engine is not entry.engine:
+            evicted.append(old)
+        _ENGINES[key] = entry
+        while len(_ENGINES) > MAX_CACHED_ENGINES:
+            evicted.append(_ENGINES.popitem(last=False)[1])
+    for e in evicted:
+        e.engine.close_resources()
+
+
+def register_engine(eng: Engine) -> None:
+    """Cache an engine this process just started (its whole state is in the log already)."""
+    _remember((id(eng.services), eng.execution_id), _Cached(eng, eng.state.sequence))
+
+
+def forget(svc: Services, eid: str) -> None:
+    with _cache_lock:
+        cached = _ENGINES.pop((id(svc), eid), None)
+    if cached is not None:
+        cached.engine.close_resources()
+
+
+def forget_engines() -> None:
+    with _cache_lock:
+        entries = list(_ENGINES.values())
+        _ENGINES.clear()
+    for e in entries:
+        e.engine.close_resources()
+
+
+def sync(eng: Engine, mine: set[str]) -> Engine:
+    """Fold what other processes appended during this op; refold from scratch if they interleaved with us."""
+    svc = eng.services
+    key = (id(svc), eng.execution_id)
+    with _cache_lock:
+        cached = _ENGINES.get(key)
+    synced = cached.synced if cached is not None and cached.engine is eng else 0
+    new = svc.event_store.read(eng.execution_id, after_sequence=synced)
+    foreign = [ev for ev in new if ev.event_id not in mine]
+    if not foreign:
+        if new:
+            _remember(key, _Cached(eng, new[-1].sequence or synced))
+        return eng
+    events = svc.event_store.read(eng.execution_id)
+    fresh = _new_engine(eng.playbook, svc, eng.execution_id, events)
+    fresh._resources = eng._resources  # keep the execution's shared connections (in-memory DuckDB)
+    eng._resources = {}
+    _remember(key, _Cached(fresh, events[-1].sequence or 0))
+    return fresh
+
+
+@contextlib.contextmanager
+def execution_lock(locks_dir: Path, eid: str) -> Iterator[None]:
+    """An exclusive lock per execution across processes of this machine (finishing happens once)."""
+    path = locks_dir / f"{eid}.lock"
+    with open(path, "a+") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+# -- one op's work -------------------------------------------------------------------------
+@dataclass
+class StepOutcome:
+    step: str
+    step_run_id: str
+    ok: bool
+    error: dict[str, Any] | None
+    fired: list[tuple[str, str]]
+
+    @property
+    def unhandled(self) -> bool:
+        return not self.ok and not self.fired
+
+
+@dataclass
+class OpReport:
+    execution_id: str
+    engine: Engine | None
+    outcomes: list[StepOutcome] = field(default_factory=list)
+    finished: str | None = None  # final status when this op finished the execution
+    recovered: list[str] = field(default_factory=list)  # step runs re-run after a crash
+
+    @property
+    def unhandled(self) -> list[StepOutcome]:
+        return [o for o in self.outcomes if o.unhandled]
+
+    def pending_steps(self) -> set[str]:
+        if self.engine is None:
+            return set()
+        st = self.engine.state
+        return {t.step for t in st.tokens.values()} | set(st.running.values())
+
+
+def run_steps(
+    pb: Playbook,
+    svc: Services,
+    eid: str,
+    steps: tuple[str, ...],
+    *,
+    logger: Any,
+    locks_dir: Path,
+    region: bool = False,
+    on_finish: Callable[[str], None] | None = None,
+) -> OpReport:
+    """Run every activation of ``steps`` the log holds (recovering crashed step runs first)."""
+    report = OpReport(eid, None)
+    allowed = set(steps)
+    with op_log(eid, logger) as sink:
+        try:
+            eng = attach(pb, svc, eid)
+            if eng is None:
+                raise LookupError(
+                    f"execution {eid} is not in the event log {svc.event_store.url}; it starts with the job's "
+                    "noetl_start op (or `noetl-dagster run --runner dagster --detach`)"
+                )
+            report.engine = eng
+            if eng.state.finished:
+                logger.info(f"execution {eid} already {eng.state.status}; nothing to run for {', '.join(steps)}")
+                return report
+
+            def record(run: StepRun, fired: list[tuple[str, str]]) -> None:
+                report.outcomes.append(StepOutcome(run.step, run.step_run_id, run.ok, run.error, fired))
+
+            # step runs started by a run that died (scheduled, never finished): run them again
+            for srid, step in list(eng.state.running.items()):
+                if step in allowed:
+                    info = eng.state.step_runs.get(srid, {})
+                    logger.warning(f"recovering step run {srid} of {step!r}: it was scheduled by a run that did not finish")
+                    act = Activation(step, srid, list(info.get("token_ids", [])), info.get("args"))
+                    run = eng.run(act)
+                    record(run, eng.route(run))
+                    report.recovered.append(srid)
+            while True:
+                acts = eng.ready(steps)
+                if not acts:
+                    break
+                for act in acts:
+                    run = eng.run(act)
+                    record(run, eng.route(run))
+                if not region:
+                    break
+            eng = sync(eng, sink.mine)
+            report.engine = eng
+            if eng.is_done() and not eng.state.finished:
+                with execution_lock(locks_dir, eid):
+                    eng = sync(eng, sink.mine)
+                    report.engine = eng
+                    if eng.is_done() and not eng.state.finished:
+                        report.finished = eng.finish()
+                if report.finished:
+                    if on_finish:
+                        on_finish(report.finished)
+                    forget(svc, eid)
+            return report
+        except BaseException:
+            forget(svc, eid)  # the cached state may hold events that never reached the log
+            raise
+
+
+def start_execution(
+    pb: Playbook,
+    svc: Services,
+    eid: str,
+    workload: dict[str, Any] | None,
+    *,
+    requested_by: str,
+    logger: Any,
+) -> tuple[Engine, bool]:
+    """Record the request and the entry token unless the execution already exists; (engine, started)."""
+    with op_log(eid, logger):
+        eng = attach(pb, svc, eid)
+        if eng is not None:
+            if eng.state.playbook and eng.state.playbook != pb.metadata.path:
+                raise ValueError(
+                    f"execution {eid} belongs to playbook {eng.state.playbook!r}, not {pb.metadata.path!r}"
+                )
+            return eng, False
+        if pb.base_dir:
+            svc.catalog.add_dir(pb.base_dir)
+        eng = Engine(pb, svc, execution_id=eid)
+        try:
+            eng.start(workload or {}, requested_by=requested_by)
+        except BaseException:
+            forget(svc, eid)
+            raise
+        register_engine(eng)
+        return eng, True
+
+
+# -- what an op shows ------------------------------------------------------------------------
+def result_metadata(eng: Engine, step: str) -> dict[str, Any]:
+    """Dagster output metadata for a step's last result: inline when small, its reference otherwise."""
+    import dagster as dg  # noqa: PLC0415 - keep the module importable without Dagster for the planner
+
+    st = eng.state
+    recorded = st.results.get(step)
+    md: dict[str, Any] = {
+        "noetl/step": step,
+        "noetl/status": st.step_status.get(step, "pending"),
+        "noetl/runs": st.runs.get(step, 0),
+    }
+    if is_ref(recorded):
+        ref = recorded["$ref"]
+        md["result_ref"] = dg.MetadataValue.text(str(ref.get("uri")))
+        for k in ("size", "rows", "checksum", "format", "store"):
+            if ref.get(k) is not None:
+                md[f"result_ref_{k}"] = ref[k] if isinstance(ref[k], int) else dg.MetadataValue.text(str(ref[k]))
+        return md
+    value = plain(recorded)
+    text = dumps(value)
+    if len(text) <= INLINE_METADATA_LIMIT:
+        if isinstance(value, (dict, list)):
+            md["result"] = dg.MetadataValue.json(value)
+        else:
+            md["result"] = dg.MetadataValue.text(text)
+    else:
+        md["result_preview"] = dg.MetadataValue.text(text[:2000] + " ...")
+        md["result_size"] = len(text)
+    return md
+
+
+def error_text(err: dict[str, Any] | None) -> str:
+    if not err:
+        return "failed"
+    return f"{err.get('kind') or 'error'}: {err.get('message')}"
+
+
+def json_safe(value: Any) -> Any:
+    return json.loads(dumps(plain(value)))

@@ -1,0 +1,335 @@
+"""How playbooks look in Dagster: the translator and the typed records it reads.
+
+In the style of the dagster-dlt / dagster-sling translators: one method per
+thing the build produces, each taking a typed, frozen record and returning a
+spec; customise by subclassing, calling ``super()`` and ``replace_attributes``
+/ ``merge_attributes`` on the result::
+
+    class MyTranslator(NoetlTranslator):
+        def get_op_spec(self, data):
+            spec = super().get_op_spec(data)
+            if "http" in data.kinds:
+                spec = spec.merge_attributes(tags={"dagster/concurrency_key": "outbound_http"})
+            return spec
+
+        def get_job_spec(self, data):
+            return super().get_job_spec(data).replace_attributes(description="nightly loads")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import dagster as dg
+
+from noetl_dagster.dsl.model import Playbook, Step
+from noetl_dagster.storage.locator import InvalidLocator, asset_key_for_uri, is_locator
+from noetl_dagster.translator import naming
+from noetl_dagster.translator.runtime import (
+    TAG_KIND,
+    TAG_MODE,
+    TAG_PLAYBOOK,
+    TAG_PROJECT,
+    TAG_STEP,
+    TAG_TENANT,
+)
+
+
+# -- records (what the translator is told) ------------------------------------------------
+@dataclass(frozen=True)
+class NoetlPlaybookData:
+    """One playbook as the translator sees it."""
+
+    playbook: Playbook
+    job_name: str  # allocated unique name (prefix of every op name)
+    mode: str  # "default" | "per_step"
+    tenant: str = "default"
+    project: str = "default"
+    step_ids: Mapping[str, str] = field(default_factory=dict, hash=False)  # step -> unique Dagster-safe id
+
+    def step_id(self, step: str) -> str:
+        return self.step_ids.get(step) or naming.sanitize(step)
+
+    @property
+    def name(self) -> str:
+        return self.playbook.metadata.name
+
+    @property
+    def path(self) -> str:
+        return self.playbook.metadata.path
+
+    @property
+    def file(self) -> str | None:
+        return self.playbook.source_file
+
+    @property
+    def description(self) -> str | None:
+        return self.playbook.metadata.description
+
+    @property
+    def schedules(self) -> list[dict[str, Any]]:
+        raw = self.playbook.executor.spec.get("schedule")
+        if raw is None:
+            return []
+        return [raw] if isinstance(raw, Mapping) else list(raw)
+
+
+@dataclass(frozen=True)
+class NoetlStepData:
+    """One step: its model, kinds, place in the graph and source position."""
+
+    playbook: NoetlPlaybookData
+    step: Step
+    is_join: bool = False
+    in_cycle: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.step.name
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        out: list[str] = []
+        for t in self.step.tool:
+            if t.kind not in out:
+                out.append(t.kind)
+        return tuple(out)
+
+    @property
+    def line(self) -> int | None:
+        return self.step.line
+
+
+@dataclass(frozen=True)
+class NoetlNodeData:
+    """One op of a job: ``start`` (records the request), ``step`` (one step) or ``region`` (a cycle)."""
+
+    playbook: NoetlPlaybookData
+    kind: str  # "start" | "step" | "region"
+    steps: tuple[NoetlStepData, ...] = ()
+    separate: bool = False  # the step's own job (per_step mode / spec.dagster.run: separate)
+
+    @property
+    def step_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.steps)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        out: list[str] = []
+        for s in self.steps:
+            for k in s.kinds:
+                if k not in out:
+                    out.append(k)
+        return tuple(out)
+
+
+# -- specs (what the translator returns) ---------------------------------------------------
+class _Replaceable:
+    def replace_attributes(self, **changes: Any) -> Any:
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+    def merge_attributes(self, *, tags: Mapping[str, str] | None = None, metadata: Mapping[str, Any] | None = None,
+                         kinds: set[str] | None = None) -> Any:  # fmt: skip
+        changes: dict[str, Any] = {}
+        if tags:
+            changes["tags"] = {**self.tags, **tags}  # type: ignore[attr-defined]
+        if metadata:
+            changes["metadata"] = {**self.metadata, **metadata}  # type: ignore[attr-defined]
+        if kinds and hasattr(self, "kinds"):
+            changes["kinds"] = frozenset(self.kinds) | frozenset(kinds)  # type: ignore[attr-defined]
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+
+@dataclass(frozen=True)
+class NoetlJobSpec(_Replaceable):
+    name: str
+    description: str | None = None
+    tags: Mapping[str, str] = field(default_factory=dict)
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    executor: str = "in_process"  # "in_process" | "multiprocess"
+    op_retry_policy: dg.RetryPolicy | None = None
+
+
+@dataclass(frozen=True)
+class NoetlOpSpec(_Replaceable):
+    name: str
+    description: str | None = None
+    tags: Mapping[str, str] = field(default_factory=dict)
+    kinds: frozenset[str] = frozenset()
+    retry_policy: dg.RetryPolicy | None = None
+    pool: str | None = None
+
+
+@dataclass(frozen=True)
+class NoetlScheduleSpec(_Replaceable):
+    name: str
+    cron_schedule: str | list[str]
+    execution_timezone: str | None = None
+    workload: Mapping[str, Any] = field(default_factory=dict)
+    description: str | None = None
+    tags: Mapping[str, str] = field(default_factory=dict)
+    running: bool = False
+
+
+START_ID = "noetl_start"
+SCHEDULE_KEYS = {"cron", "cron_schedule", "timezone", "workload", "name", "description", "enabled", "tags"}
+
+
+class NoetlTranslator:
+    """Default mapping of playbooks to Dagster jobs, ops, schedules and assets."""
+
+    # -- jobs ---------------------------------------------------------------------------
+    def get_job_spec(self, data: NoetlPlaybookData) -> NoetlJobSpec:
+        pb = data.playbook
+        desc = data.description or f"NoETL playbook {data.path}"
+        if data.file:
+            desc += f"\n\nSource: `{data.file}`"
+        meta: dict[str, Any] = {
+            "noetl/playbook": data.path,
+            "noetl/name": data.name,
+            "noetl/steps": len(pb.workflow),
+            "noetl/mode": data.mode,
+        }
+        refs = self._code_references(data.file, 1)
+        if refs is not None:
+            meta["dagster/code_references"] = refs
+        return NoetlJobSpec(
+            name=data.job_name,
+            description=desc,
+            tags={
+                TAG_PLAYBOOK: data.path,
+                TAG_TENANT: data.tenant,
+                TAG_PROJECT: data.project,
+                TAG_MODE: data.mode,
+            },
+            metadata=meta,
+        )
+
+    # -- ops ----------------------------------------------------------------------------
+    def get_op_spec(self, data: NoetlNodeData) -> NoetlOpSpec:
+        job = data.playbook.job_name
+        if data.kind == "start":
+            return NoetlOpSpec(
+                name=f"{job}__{START_ID}",
+                description=f"Records the execution request of {data.playbook.path} and enqueues the entry "
+                "token (continues an existing execution on re-execution or resume).",
+                tags={TAG_KIND: "start"},
+                kinds=frozenset({"noetl"}),
+            )
+        names = data.step_names
+        if data.kind == "region":
+            op_name = f"{job}__cycle__{data.playbook.step_id(names[0])}"
+            desc = (
+                f"Cycle over steps {', '.join(names)}: runs the engine's token machine until no step of the "
+                "cycle is runnable."
+            )
+        else:
+            op_name = f"{job}__{data.playbook.step_id(names[0])}"
+            desc = data.steps[0].step.desc or f"Step {names[0]}"
+        sources = [f"{os.path.basename(data.playbook.file or '')}:{s.line}" for s in data.steps if s.line]
+        tags = {
+            TAG_STEP: ",".join(names)[:255],
+            TAG_KIND: ",".join(data.kinds) or "none",
+        }
+        if sources:
+            tags["noetl/source"] = ",".join(sources)[:255]
+        return NoetlOpSpec(
+            name=op_name,
+            description=desc,
+            tags=tags,
+            kinds=frozenset({"noetl", *data.kinds}),
+        )
+
+    # -- schedules ----------------------------------------------------------------------
+    def get_schedule_specs(self, data: NoetlPlaybookData) -> list[NoetlScheduleSpec]:
+        specs: list[NoetlScheduleSpec] = []
+        for i, raw in enumerate(data.schedules):
+            if not isinstance(raw, Mapping):
+                raise ValueError(f"{data.path}: executor.spec.schedule[{i}] must be a mapping")
+            unknown = set(raw) - SCHEDULE_KEYS
+            if unknown:
+                raise ValueError(
+                    f"{data.path}: executor.spec.schedule has unknown keys {sorted(unknown)}; "
+                    f"supported: {sorted(SCHEDULE_KEYS)}"
+                )
+            cron = raw.get("cron", raw.get("cron_schedule"))
+            if not cron:
+                raise ValueError(f"{data.path}: executor.spec.schedule needs `cron`")
+            workload = raw.get("workload") or {}
+            if not isinstance(workload, Mapping):
+                raise ValueError(f"{data.path}: executor.spec.schedule.workload must be a mapping")
+            suffix = naming.sanitize(str(raw["name"])) if raw.get("name") else ("schedule" if i == 0 else f"schedule_{i}")
+            specs.append(
+                NoetlScheduleSpec(
+                    name=f"{data.job_name}__{suffix}",
+                    cron_schedule=cron,
+                    execution_timezone=raw.get("timezone"),
+                    workload=dict(workload),
+                    description=raw.get("description") or f"Runs {data.path} on `{cron}`",
+                    tags={str(k): str(v) for k, v in (raw.get("tags") or {}).items()},
+                    running=bool(raw.get("enabled", False)),
+                )
+            )
+        return specs
+
+    # -- assets -------------------------------------------------------------------------
+    def get_asset_spec(self, data: NoetlStepData) -> dg.AssetSpec | None:
+        """An asset for a step that declares where it stores its result (a literal ``noetl://`` URI).
+
+        Looks at each task's ``output``/``uri``/``target`` config keys; results stored at runtime
+        under other URIs still appear in the catalog as materializations of their keys.
+        """
+        uris = declared_uris(data.step)
+        if not uris:
+            return None
+        uri = uris[0]
+        try:
+            key = dg.AssetKey(asset_key_for_uri(uri))
+        except InvalidLocator:
+            return None
+        meta: dict[str, Any] = {"noetl/uri": uri, "noetl/step": data.name, "noetl/playbook": data.playbook.path}
+        refs = self._code_references(data.playbook.file, data.line)
+        if refs is not None:
+            meta["dagster/code_references"] = refs
+        return dg.AssetSpec(
+            key=key,
+            description=data.step.desc or f"Stored by step {data.name} of {data.playbook.path}",
+            group_name=data.playbook.job_name,
+            kinds={"noetl", *data.kinds},
+            metadata=meta,
+            tags={TAG_PLAYBOOK: data.playbook.path[:63]} if _tag_value_ok(data.playbook.path) else {},
+        )
+
+    # -- helpers ------------------------------------------------------------------------
+    @staticmethod
+    def _code_references(file: str | None, line: int | None) -> dg.CodeReferencesMetadataValue | None:
+        if not file:
+            return None
+        with warnings.catch_warnings():  # beta API; the references are what the UI links to the YAML
+            warnings.simplefilter("ignore", dg.BetaWarning)
+            return dg.CodeReferencesMetadataValue(
+                code_references=[dg.LocalFileCodeReference(file_path=os.path.abspath(file), line_number=line or 1)]
+            )
+
+
+def declared_uris(step: Step) -> list[str]:
+    out: list[str] = []
+    for task in step.tool:
+        for key in ("output", "uri", "target", "destination"):
+            v = task.config.get(key)
+            if isinstance(v, Mapping):
+                v = v.get("uri")
+            if isinstance(v, str) and "{{" not in v and is_locator(v) and v not in out:
+                out.append(v)
+    return out
+
+
+def _tag_value_ok(v: str) -> bool:
+    import re
+
+    return len(v) <= 63 and re.fullmatch(r"[A-Za-z0-9_.-]*", v) is not None
