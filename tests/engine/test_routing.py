@@ -553,3 +553,57 @@ workflow:
 """)
     assert r.status == "completed"
     assert r.results["cleanup"] == "python_exception"
+
+
+def test_join_inside_a_cycle_fires_once_per_activation(run_pb):
+    r = run_pb(HEAD + """
+workflow:
+  - step: start
+    tool: {kind: noop}
+    set: {ctx.round: "{{ (ctx.round or 0) + 1 }}"}
+    next:
+      spec: {mode: inclusive}
+      arcs: [{step: a}, {step: b}]
+  - step: a
+    tool: {kind: noop}
+    next: {arcs: [{step: j}]}
+  - step: b
+    tool: {kind: noop}
+    next: {arcs: [{step: j}]}
+  - step: j
+    tool: {kind: noop, result: "{{ args | length }}"}
+    next:
+      arcs:
+        - {step: start, when: "{{ ctx.round < 3 }}"}
+""")
+    assert r.status == "completed"
+    assert r.runs == {"start": 3, "a": 3, "b": 3, "j": 3}
+    assert r.results["j"] == 2
+    # every activation of j comes after both branches of its round
+    order = [s for s in r.started_steps() if s in ("a", "b", "j")]
+    assert order == ["a", "b", "j"] * 3
+
+
+def test_join_after_an_unhandled_failed_branch_still_fires_and_execution_fails(run_pb):
+    r = run_pb(FANOUT.replace('result = {"side": "R"}', 'raise RuntimeError("right broke")'))
+    assert r.status == "failed"
+    assert r.runs["join"] == 1
+    assert r.results["join"] == {"arrived": ["left"]}
+
+
+def test_event_name_is_call_done_on_success(run_pb):
+    r = run_pb(HEAD + """
+workflow:
+  - step: start
+    tool: {kind: noop}
+    next:
+      arcs:
+        - {step: a, when: "{{ event.name == 'call.error' }}"}
+        - {step: b, when: "{{ event.name == 'call.done' and event.status == 'ok' and outcome.status == 'ok' }}"}
+  - step: a
+    tool: {kind: noop}
+  - step: b
+    tool: {kind: noop}
+""")
+    assert r.runs == {"start": 1, "b": 1}
+    assert r.named("next.evaluated")[0].data["event_name"] == "call.done"
