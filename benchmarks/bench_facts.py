@@ -1,0 +1,146 @@
+"""Fact export throughput: 1M synthetic NoETL events -> ClickHouse facts (embedded chdb).
+
+Measured in one process, best of N rounds each (the machine is shared):
+- facts:      FactWriter.write_batch(events) — transform + Arrow + insert_arrow into the fact tables;
+- raw events: insert_arrow of the same 1M events as rows (envelope columns, data as JSON text),
+              prebuilt, into one MergeTree table — the primary baseline (targets: ratio >= 0.5 and
+              >= 100k events/s);
+- raw facts:  insert_arrow of the prebuilt fact rows into the same fact tables — shows the share
+              of the transform itself.
+Also: the exporter end to end (SQLite event log tail -> facts, cursor stored) on a smaller log.
+
+    .venv/bin/python -m benchmarks.bench_facts [--events N] [--rounds R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from itertools import islice
+from pathlib import Path
+
+import pyarrow as pa
+
+from analytics.exporter import FactExporter
+from analytics.facts import FactBuilder, FactWriter, gc_paused
+from analytics.store import FactsStore, close_all
+from analytics.synthetic import SyntheticSpec, generate
+from noetl_dagster.storage.events import SqliteEventStore
+
+RAW_EVENTS_DDL = """CREATE TABLE {db}.event_raw (
+    event_id String, sequence UInt64, execution_id String, parent_execution_id String,
+    ts DateTime64(6, 'UTC'), source LowCardinality(String), name LowCardinality(String),
+    entity LowCardinality(String), entity_id String, status LowCardinality(String),
+    step LowCardinality(String), step_run_id String, task_run_id String, loop_id String,
+    iteration Nullable(Int64), attempt Nullable(UInt32), tenant_id LowCardinality(String),
+    project_id LowCardinality(String), schema_version LowCardinality(String), data String
+) ENGINE = MergeTree ORDER BY (tenant_id, execution_id, sequence)"""
+
+
+def raw_event_table(events: list) -> pa.Table:
+    cols = {
+        "event_id": [e.event_id for e in events],
+        "sequence": [e.sequence for e in events],
+        "execution_id": [e.execution_id for e in events],
+        "parent_execution_id": [e.parent_execution_id for e in events],
+        "ts": pa.array([e.timestamp for e in events]).cast(pa.timestamp("us", tz="UTC")),
+        "source": [e.source for e in events],
+        "name": [e.name for e in events],
+        "entity": [e.entity for e in events],
+        "entity_id": [e.entity_id for e in events],
+        "status": [e.status for e in events],
+        "step": [e.step for e in events],
+        "step_run_id": [e.step_run_id for e in events],
+        "task_run_id": [e.task_run_id for e in events],
+        "loop_id": [e.loop_id for e in events],
+        "iteration": pa.array([e.iteration for e in events], pa.int64()),
+        "attempt": pa.array([e.attempt for e in events], pa.uint32()),
+        "tenant_id": [e.tenant_id for e in events],
+        "project_id": [e.project_id for e in events],
+        "schema_version": [e.schema_version for e in events],
+        "data": [json.dumps(e.data, separators=(",", ":")) for e in events],
+    }
+    return pa.table(cols)
+
+
+def best(values: list[float]) -> float:
+    return min(values)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=250_000, help="events per Arrow batch")
+    ap.add_argument("--exporter-events", type=int, default=100_000)
+    args = ap.parse_args()
+
+    t0 = time.perf_counter()
+    spec = SyntheticSpec(executions=args.events // 75 + 1, steps=6)
+    events = list(islice(generate(spec), args.events))
+    print(f"generated {len(events):,} events in {time.perf_counter() - t0:.1f}s (not timed)")
+    with gc_paused():
+        builder = FactBuilder()
+        builder.add(events)
+        fact_tables = builder.tables()
+    fact_rows = sum(t.num_rows for t in fact_tables.values())
+    raw_events = raw_event_table(events)
+    print(f"{fact_rows:,} fact rows: " + ", ".join(f"{k}={v.num_rows:,}" for k, v in fact_tables.items()))
+
+    work = Path(tempfile.mkdtemp(prefix="bench_facts_"))
+    url = f"chdb://{work / 'facts'}"
+    ours, raw_ev, raw_facts = [], [], []
+    for r in range(args.rounds):
+        # fresh databases every round so no round inserts into another's rows
+        store_raw_ev = FactsStore(url, database=f"raw_events_{r}", migrate=False)
+        store_raw_ev.command(f"CREATE DATABASE IF NOT EXISTS raw_events_{r}")
+        store_raw_ev.command(RAW_EVENTS_DDL.format(db=f"raw_events_{r}"))
+        t = time.perf_counter()
+        store_raw_ev.client.insert_arrow(f"raw_events_{r}.event_raw", raw_events)
+        raw_ev.append(time.perf_counter() - t)
+
+        store_raw_facts = FactsStore(url, database=f"raw_facts_{r}")
+        t = time.perf_counter()
+        for table, data in fact_tables.items():
+            store_raw_facts.insert_arrow(table, data)
+        raw_facts.append(time.perf_counter() - t)
+
+        store_facts = FactsStore(url, database=f"facts_{r}")
+        t = time.perf_counter()
+        counts = FactWriter(store_facts, batch_events=args.batch).write_batch(events)
+        ours.append(time.perf_counter() - t)
+        assert sum(counts.values()) == fact_rows, (counts, fact_rows)
+        print(
+            f"round {r + 1}: facts {ours[-1]:.2f}s  raw events {raw_ev[-1]:.2f}s  raw fact rows {raw_facts[-1]:.2f}s"
+        )
+
+    n = len(events)
+    t_ours, t_raw_ev, t_raw_facts = best(ours), best(raw_ev), best(raw_facts)
+    print()
+    print(f"facts export:              {n / t_ours:>12,.0f} events/s  ({t_ours:.2f}s for {n:,} events)")
+    print(f"raw insert_arrow (events): {n / t_raw_ev:>12,.0f} events/s  ({t_raw_ev:.2f}s)")
+    print(f"raw insert_arrow (facts):  {n / t_raw_facts:>12,.0f} events/s  ({t_raw_facts:.2f}s, {fact_rows:,} rows)")
+    ratio = t_raw_ev / t_ours
+    print(f"ratio facts / raw events:  {ratio:.2f}  (target >= 0.5; >= 100k events/s: {'yes' if n / t_ours >= 1e5 else 'NO'})")
+    print(f"ratio facts / raw facts:   {t_raw_facts / t_ours:.2f}  (share of time spent inserting)")
+
+    # end to end: SQLite event log -> exporter (cursor in ClickHouse) -> facts
+    m = min(args.exporter_events, n)
+    log = SqliteEventStore(work / "events.db")
+    log.append(events[:m])
+    store = FactsStore(url, database="exporter")
+    t = time.perf_counter()
+    report = FactExporter(store, log, batch_events=20_000).export()
+    dt = time.perf_counter() - t
+    print(
+        f"exporter (SQLite tail -> facts): {report.events / dt:,.0f} events/s for {report.events:,} events,"
+        f" lag after: {report.lag_events}"
+    )
+    log.close()
+    close_all()
+
+
+if __name__ == "__main__":
+    main()
