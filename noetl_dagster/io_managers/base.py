@@ -41,6 +41,24 @@ META_PARTITION_BY = "noetl/partition_by"
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
+# Versions each step read, shared by all our IO managers in the process: the input of a step
+# may come through one IO manager (say Iceberg) and its output go through another (Parquet).
+_LOADED: dict[tuple[str, str], list[str]] = {}
+_LOADED_LOCK = threading.Lock()
+_LOADED_MAX = 10_000
+
+
+def _remember_loaded(run_id: str, step_key: str, uri: str) -> None:
+    with _LOADED_LOCK:
+        if len(_LOADED) >= _LOADED_MAX:  # steps that loaded but never wrote through us
+            _LOADED.pop(next(iter(_LOADED)))
+        _LOADED.setdefault((run_id, step_key), []).append(uri)
+
+
+def _take_loaded(run_id: str, step_key: str) -> list[str]:
+    with _LOADED_LOCK:
+        return _LOADED.pop((run_id, step_key), [])
+
 
 def _safe_segment(text: str) -> str:
     seg = _UNSAFE.sub("_", text).strip("._-") or "x"
@@ -86,8 +104,6 @@ class NoetlTableIOManager(dg.ConfigurableIOManager):
     load_as: str = Field(default="arrow", description=f"type returned for unannotated inputs: {', '.join(AS_TYPES)}")
 
     _storage: TableStorage | None = PrivateAttr(default=None)
-    _loaded: dict[tuple[str, str], list[str]] = PrivateAttr(default_factory=dict)
-    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
     # ----------------------------------------------------------------- plumbing
     def storage(self) -> TableStorage:
@@ -153,9 +169,8 @@ class NoetlTableIOManager(dg.ConfigurableIOManager):
             return
         uri = self._output_uri(context)
         inputs = list(self._meta(context, META_INPUTS) or [])
-        step_key = (context.run_id, context.step_key) if context.step_key else None
-        with self._lock:
-            inputs += self._loaded.pop(step_key, []) if step_key else []
+        if context.step_key:
+            inputs += _take_loaded(context.run_id, context.step_key)
         inputs += self._unloaded_deps(context, inputs)
         pub = self.storage().publish(
             obj,
@@ -246,8 +261,7 @@ class NoetlTableIOManager(dg.ConfigurableIOManager):
         value = convert(table, _as_type_for(typing_type, self.load_as))
         step_context = getattr(context, "step_context", None)
         if step_context is not None:
-            with self._lock:
-                self._loaded.setdefault((step_context.run_id, step_context.step.key), []).append(plan.uri)
+            _remember_loaded(step_context.run_id, step_context.step.key, plan.uri)
         context.add_input_metadata({
             "noetl/uri": dg.MetadataValue.text(plan.uri),
             "noetl/checksum": dg.MetadataValue.text(plan.expected_checksum or ""),
