@@ -1,0 +1,72 @@
+"""Run the benchmarks: ``python -m benchmarks [--only NAME] [--list]``.
+
+Every ``benchmarks/bench_*.py`` module is found by name and its ``main()`` called
+in turn, with ``sys.argv`` reset so a module's own argument parser sees no
+foreign flags. A benchmark that raises is reported and the others still run;
+the exit code is 0 unless a benchmark crashed (a MISS is a figure, not a crash).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+import time
+import traceback
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def discover() -> list[str]:
+    return sorted(m.name for m in pkgutil.iter_modules([str(PACKAGE_DIR)]) if m.name.startswith("bench_"))
+
+
+def _matches(module: str, wanted: list[str]) -> bool:
+    return not wanted or any(module == w or module == f"bench_{w}" for w in wanted)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    ap.add_argument("--only", action="append", default=[], metavar="NAME",
+                    help="run only this benchmark (bench_engine or engine); repeatable")  # fmt: skip
+    ap.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    args = ap.parse_args(argv)
+    names = discover()
+    if args.list:
+        print("\n".join(names))
+        return 0
+    unknown = [w for w in args.only if not any(_matches(n, [w]) for n in names)]
+    if unknown:
+        print(f"error: no benchmark named {', '.join(unknown)} (have: {', '.join(names)})", file=sys.stderr)
+        return 2
+    crashed: list[str] = []
+    for name in names:
+        if not _matches(name, args.only):
+            continue
+        print(f"\n######## {name} ########", flush=True)
+        t0 = time.perf_counter()
+        saved_argv = sys.argv
+        sys.argv = [f"benchmarks/{name}.py"]
+        try:
+            module = importlib.import_module(f"benchmarks.{name}")
+            module.main()
+        except SystemExit as e:  # a module's main() may sys.exit(); only a non-zero code is a crash
+            if e.code not in (0, None):
+                crashed.append(name)
+                print(f"!! {name} exited with {e.code}", flush=True)
+        except Exception:  # noqa: BLE001 - one broken benchmark must not hide the others' figures
+            crashed.append(name)
+            print(f"!! {name} crashed:\n{traceback.format_exc()}", flush=True)
+        finally:
+            sys.argv = saved_argv
+        print(f"######## {name}: {time.perf_counter() - t0:.1f} s ########", flush=True)
+    if crashed:
+        print(f"\ncrashed: {', '.join(crashed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""Engine benchmarks (issue 2): per-step overhead, loop throughput, peak memory.
+
+1. Per-step engine overhead: one `noop` step that routes to itself 1,000 times
+   (a self-routing cycle counted in ``ctx``), next to the same work done as plain
+   Python calls (the noop tool function, the counter update, the comparison).
+   Overhead per step = engine time per step - baseline time per step.
+   Target: <= 1 ms.
+2. Loop throughput: one step looping 10,000 times over a `python` task
+   (``result = x * 2``), sequential and parallel (max_in_flight 16), next to the
+   same code exec'd 10,000 times by plain Python (a thread pool of 16 for the
+   parallel baseline). Target: <= 5 s each.
+3. Peak RSS of the process that runs each loop (``ru_maxrss``), next to its RSS
+   once the engine is imported and warmed up. Target: <= 300 MB.
+
+Every case runs in a fresh child process so memory figures do not bleed into
+each other; each child measures its baseline in the same process as the
+engine run. Events go to the default embedded SQLite EventStore in a temporary
+directory, exactly as `noetl-dagster run` would write them. Wall time on a shared
+machine depends on load, so CPU time and the load average are printed too.
+
+Run: ``python -m benchmarks.bench_engine [--steps N] [--iterations N]`` or
+``python -m benchmarks --only engine``. Always exits 0; read PASS / MISS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+STEP_TARGET_MS = 1.0
+LOOP_TARGET_S = 5.0
+RSS_TARGET_MB = 300.0
+
+
+def _rss_mb() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 1e6
+
+
+def _peak_rss_mb() -> float:
+    # Linux reports ru_maxrss in KiB (macOS in bytes)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 1e6 if sys.platform == "darwin" else peak * 1024 / 1e6
+
+
+def _playbook_file(tmp: Path, doc: dict[str, Any]) -> Path:
+    import yaml
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    p = tmp / "bench.yaml"
+    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return p
+
+
+def _run_engine(doc: dict[str, Any], tmp: Path) -> tuple[float, float, Any]:
+    """Load (untimed), then time one run against a fresh embedded store: (wall s, cpu s, result)."""
+    from noetl_dagster.dsl import load_playbook
+    from noetl_dagster.engine.runner import build_services, run_playbook
+
+    pb = load_playbook(_playbook_file(tmp, doc))
+    services = build_services(data_dir=tmp / "data", logger=lambda _m: None)
+    w0, c0 = time.perf_counter(), time.process_time()
+    result = run_playbook(pb, services=services)
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    services.event_store.close()
+    return wall, cpu, result
+
+
+# -- cases (run in a child process) ----------------------------------------------------
+
+
+def case_steps(n: int) -> dict[str, Any]:
+    from noetl_dagster.tools.core import noop_tool
+
+    doc = {
+        "apiVersion": "noetl.io/v2",
+        "kind": "Playbook",
+        "metadata": {"name": "bench_steps", "path": "benchmarks/steps"},
+        "workload": {"n": n},
+        "workflow": [
+            {
+                "step": "spin",
+                "tool": {"kind": "noop"},
+                "set": {"ctx.i": "{{ (ctx.i or 0) + 1 }}"},
+                "next": {"arcs": [{"step": "spin", "when": "{{ ctx.i < workload.n }}"}]},
+            }
+        ],
+    }
+    with tempfile.TemporaryDirectory() as d:
+        _run_engine({**doc, "workload": {"n": 3}}, Path(d) / "warm")  # imports, template cache
+        rss_before = _rss_mb()
+        wall, cpu, res = _run_engine(doc, Path(d) / "run")
+    assert res.status == "completed" and res.runs["spin"] == n, (res.status, res.runs)
+
+    def baseline() -> None:  # the same work as plain Python calls
+        ctx: dict[str, int] = {}
+        while True:
+            noop_tool({}, None)  # type: ignore[arg-type]
+            ctx["i"] = ctx.get("i", 0) + 1
+            if not ctx["i"] < n:
+                break
+
+    b0 = time.perf_counter()
+    baseline()
+    base = time.perf_counter() - b0
+    return {"case": "steps", "n": n, "wall_s": wall, "cpu_s": cpu, "baseline_s": base,
+            "rss_before_mb": rss_before, "peak_rss_mb": _peak_rss_mb()}  # fmt: skip
+
+
+LOOP_CODE = "result = x * 2"
+
+
+def case_loop(n: int, mode: str) -> dict[str, Any]:
+    doc = {
+        "apiVersion": "noetl.io/v2",
+        "kind": "Playbook",
+        "metadata": {"name": f"bench_loop_{mode}", "path": f"benchmarks/loop_{mode}"},
+        "workload": {"n": n},
+        "workflow": [
+            {
+                "step": "start",
+                "loop": {"in": "{{ range(workload.n) | list }}", "iterator": "x", "spec": {"mode": mode, "max_in_flight": 16}},
+                "tool": {"kind": "python", "input": {"x": "{{ iter.x }}"}, "code": LOOP_CODE},
+            }
+        ],
+    }
+    with tempfile.TemporaryDirectory() as d:
+        _run_engine({**doc, "workload": {"n": 20}}, Path(d) / "warm")
+        rss_before = _rss_mb()
+        wall, cpu, res = _run_engine(doc, Path(d) / "run")
+        peak = _peak_rss_mb()
+    out = res.results["start"]
+    assert res.status == "completed" and out["stats"]["ok"] == n and out["results"][-1] == (n - 1) * 2
+
+    code = compile(LOOP_CODE, "<bench>", "exec")
+
+    def one(x: int) -> Any:  # the same user code, exec'd the plain way
+        g = {"x": x}
+        exec(code, g)  # noqa: S102 - the benchmark's baseline is exactly this
+        return g["result"]
+
+    b0 = time.perf_counter()
+    if mode == "parallel":
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            base_results = list(pool.map(one, range(n)))
+    else:
+        base_results = [one(x) for x in range(n)]
+    base = time.perf_counter() - b0
+    assert base_results == out["results"]
+    return {"case": f"loop_{mode}", "n": n, "wall_s": wall, "cpu_s": cpu, "baseline_s": base,
+            "rss_before_mb": rss_before, "peak_rss_mb": peak}  # fmt: skip
+
+
+def _child(args: argparse.Namespace) -> None:
+    if args.case == "steps":
+        out = case_steps(args.steps)
+    else:
+        out = case_loop(args.iterations, args.case.removeprefix("loop_"))
+    print("__BENCH__" + json.dumps(out))
+
+
+def _spawn(case: str, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "benchmarks.bench_engine", "--case", case,
+           "--steps", str(args.steps), "--iterations", str(args.iterations)]  # fmt: skip
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=1800)
+    for line in proc.stdout.splitlines():
+        if line.startswith("__BENCH__"):
+            return json.loads(line[len("__BENCH__") :])
+    raise RuntimeError(f"benchmark case {case} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+def _verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def report(results: list[dict[str, Any]]) -> None:
+    for r in results:
+        if r["case"] == "steps":
+            n = r["n"]
+            per = r["wall_s"] / n * 1000
+            per_cpu = r["cpu_s"] / n * 1000
+            base = r["baseline_s"] / n * 1000
+            overhead = per - base
+            print(f"== per-step engine overhead: self-routing noop cycle, {n:,} steps ==")
+            print(f"  engine              : {r['wall_s']:8.3f} s   {per:8.4f} ms/step wall   {per_cpu:8.4f} ms/step cpu")
+            print(f"  baseline (plain Py) : {r['baseline_s']:8.5f} s   {base:8.5f} ms/step")
+            print(f"  ratio engine/base   : {per / base if base else float('inf'):10,.0f}x")
+            print(f"  overhead per step   : {overhead:.4f} ms   target <= {STEP_TARGET_MS:g} ms: {_verdict(overhead <= STEP_TARGET_MS)}")
+            print(f"  peak RSS            : {r['peak_rss_mb']:.1f} MB (after warm-up {r['rss_before_mb']:.1f} MB)")
+        else:
+            mode = r["case"].removeprefix("loop_")
+            n = r["n"]
+            print(f"== loop throughput: {n:,} python iterations, {mode} ==")
+            print(f"  engine              : {r['wall_s']:8.3f} s wall   {r['cpu_s']:8.3f} s cpu   {n / r['wall_s']:10,.0f} iterations/s")
+            print(f"  baseline (plain Py) : {r['baseline_s']:8.4f} s        {n / r['baseline_s']:10,.0f} iterations/s")
+            print(f"  ratio engine/base   : {r['wall_s'] / r['baseline_s']:10,.0f}x")
+            print(f"  time                : target <= {LOOP_TARGET_S:g} s: {_verdict(r['wall_s'] <= LOOP_TARGET_S)}")
+            ratio = r["peak_rss_mb"] / r["rss_before_mb"]
+            print(f"  peak RSS            : {r['peak_rss_mb']:.1f} MB vs {r['rss_before_mb']:.1f} MB warmed-up engine "
+                  f"({ratio:.2f}x)   target <= {RSS_TARGET_MB:g} MB: {_verdict(r['peak_rss_mb'] <= RSS_TARGET_MB)}")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--iterations", type=int, default=10_000)
+    ap.add_argument("--case", choices=["steps", "loop_sequential", "loop_parallel"], help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.case:
+        _child(args)
+        return
+    load = os.getloadavg()
+    print(f"machine: {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
+          f"(wall times grow with load; cpu times less so)")  # fmt: skip
+    results = []
+    for case in ("steps", "loop_sequential", "loop_parallel"):
+        try:
+            results.append(_spawn(case, args))
+        except Exception as e:  # noqa: BLE001 - report and go on: the other figures still count
+            print(f"!! {case}: {e}")
+    report(results)
+
+
+if __name__ == "__main__":
+    main()
