@@ -199,13 +199,15 @@ def decode(data: bytes, fmt: str | None, where: str) -> Any:
         if fmt == "yaml":
             value = yaml.safe_load(text)
             return {} if value is None else value
+        if _RS in text:  # JSON never holds a raw record separator: a JSON text sequence
+            return _json_records(text)
         if not text.strip():
             return {}
         try:
             return json.loads(text)
         except json.JSONDecodeError as e:
             # a .json file holding a JSON sequence (one value per line or per RS record)
-            if e.msg == "Extra data" or text.lstrip().startswith(_RS):
+            if e.msg == "Extra data":
                 return _json_records(text)
             if fmt == "json":
                 raise
