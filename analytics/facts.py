@@ -357,12 +357,35 @@ class FactBuilder:
                 meta.get("provider"), meta.get("region"),
             )
         )  # fmt: skip
-        ref = _ref(outcome.get("result"))
+        result = outcome.get("result")
+        if type(result) is dict:
+            self._task_result_refs(e, result, task)
+
+    def _task_result_refs(self, e: ev.Event, result: dict[str, Any], task: Any) -> None:
+        """A result offloaded by the engine (``$ref``), a table a storage tool published
+        (``{uri: noetl://…, checksum, size, …}``), or a registry read (``{…, ref: {uri}}``)."""
+        ref = _ref(result)
         if ref is not None:
             self._resource(e, 0, "created", ref, task)
+            return
+        uri = result.get("uri")
+        if type(uri) is str and uri.startswith("noetl://") and "checksum" in result:
+            self._resource(e, 0, "created", result, task)
+            return
+        read = result.get("ref")
+        if type(read) is dict and str(read.get("uri") or "").startswith("noetl://"):
+            self._resource(e, 0, "read", read, task)
 
     def _iteration(self, e: ev.Event) -> None:
-        transition = "iteration_done" if e.name == ev.LOOP_ITERATION_DONE else "iteration_failed"
+        if e.name == ev.LOOP_ITERATION_DONE:
+            transition = "iteration_done"
+            data = e.data
+            if type(data) is dict and data:
+                ref = _ref(data.get("result"))
+                if ref is not None:
+                    self._resource(e, 0, "created", ref, None)
+        else:
+            transition = "iteration_failed"
         self._frame_rows.append(
             (
                 e.event_id, e.timestamp, e.tenant_id, e.project_id, e.execution_id,

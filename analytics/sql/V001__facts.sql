@@ -165,6 +165,9 @@ SELECT
     min(ts) AS started_at,
     maxIf(ts, transition = 'finished') AS finished_at,
     if(countIf(transition = 'finished') > 0, anyIf(status, transition = 'finished'), 'running') AS status,
-    maxIf(duration_ms, transition = 'finished') AS duration_ms
+    -- the engine may leave duration_ms out of workflow.finished: fall back to the event times
+    if(maxIf(duration_ms, transition = 'finished') > 0, maxIf(duration_ms, transition = 'finished'),
+       if(countIf(transition = 'finished') > 0,
+          dateDiff('microsecond', min(ts), maxIf(ts, transition = 'finished')) / 1000, 0)) AS duration_ms
 FROM $db.execution_fact FINAL
 GROUP BY execution_id;

@@ -1,0 +1,164 @@
+"""The dashboard panels: one SQL query each, shared by the HTML/PNG dashboard,
+the Grafana dashboard JSON and docs/analytics.md.
+
+SQL placeholders: ``$db`` is the facts database; ``$__timeFilter(col)`` is the
+Grafana ClickHouse macro for the dashboard time range (the local renderer
+replaces it with a filter on ``--days``, or with ``1 = 1``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Panel:
+    key: str
+    title: str
+    description: str
+    sql: str
+    chart: str  # timeseries | barh | stat
+    x: str = ""  # category / time column
+    y: tuple[str, ...] = ()  # value columns
+    series: str = ""  # long-format series column (timeseries)
+    unit: str = ""
+    percent: bool = False
+
+    def render_sql(self, database: str, *, days: int | None = None) -> str:
+        """The SQL for a direct run: ``$db`` bound, the time macro a plain filter."""
+
+        def time_filter(m: re.Match[str]) -> str:
+            if days is None:
+                return "1 = 1"
+            return f"{m.group(1)} >= now() - INTERVAL {int(days)} DAY"
+
+        return _TIME_FILTER.sub(time_filter, self.sql).replace("$db", database)
+
+    def grafana_sql(self, database: str) -> str:
+        return self.sql.replace("$db", database)
+
+
+_TIME_FILTER = re.compile(r"\$__timeFilter\(([^)]+)\)")
+
+PANELS: tuple[Panel, ...] = (
+    Panel(
+        key="summary",
+        title="Totals",
+        description="Executions, step runs, task attempts, failures, bytes stored by reference and cost.",
+        sql="""SELECT
+    (SELECT count() FROM $db.execution_fact WHERE transition = 'requested' AND $__timeFilter(ts)) AS executions,
+    (SELECT count() FROM $db.execution_fact WHERE transition = 'finished' AND status = 'failed' AND $__timeFilter(ts)) AS failed_executions,
+    (SELECT count() FROM $db.step_fact WHERE outcome != 'skipped' AND $__timeFilter(ts)) AS step_runs,
+    (SELECT count() FROM $db.task_fact WHERE $__timeFilter(ts)) AS task_attempts,
+    (SELECT countIf(status = 'error') FROM $db.task_fact WHERE $__timeFilter(ts)) AS failed_attempts,
+    (SELECT sum(size_bytes) FROM (SELECT uri, any(size_bytes) AS size_bytes FROM $db.resource_fact
+        WHERE action = 'created' AND $__timeFilter(ts) GROUP BY uri)) AS bytes_stored,
+    (SELECT round(sum(amount), 6) FROM $db.tenant_cost_fact WHERE $__timeFilter(day)) AS cost""",
+        chart="stat",
+        y=("executions", "failed_executions", "step_runs", "task_attempts", "failed_attempts", "bytes_stored", "cost"),
+    ),
+    Panel(
+        key="cost_per_tenant",
+        title="Cost per tenant over time",
+        description="Daily showback per tenant from the tenant_cost_fact rollup (compute, storage, egress, calls).",
+        sql="""SELECT toDateTime(day) AS time, tenant_id AS tenant, sum(amount) AS amount
+FROM $db.cost_by_tenant_day
+WHERE $__timeFilter(day)
+GROUP BY time, tenant
+ORDER BY time, tenant""",
+        chart="timeseries",
+        x="time",
+        y=("amount",),
+        series="tenant",
+        unit="currency",
+    ),
+    Panel(
+        key="top_playbooks_by_cost",
+        title="Top playbooks by cost",
+        description="The ten most expensive playbooks in the period, all tenants.",
+        sql="""SELECT concat(tenant_id, ' / ', playbook) AS playbook, sum(amount) AS amount
+FROM $db.cost_by_playbook_day
+WHERE $__timeFilter(day)
+GROUP BY playbook
+ORDER BY amount DESC
+LIMIT 10""",
+        chart="barh",
+        x="playbook",
+        y=("amount",),
+        unit="currency",
+    ),
+    Panel(
+        key="step_duration_percentiles",
+        title="Step duration percentiles",
+        description="p50 / p90 / p99 of step run durations (ms), slowest p90 first.",
+        sql="""SELECT concat(d.playbook, ' / ', s.step) AS step, count() AS runs,
+    quantile(0.5)(s.duration_ms) AS p50, quantile(0.9)(s.duration_ms) AS p90, quantile(0.99)(s.duration_ms) AS p99
+FROM $db.step_fact AS s
+LEFT JOIN $db.execution_dim AS d ON d.execution_id = s.execution_id
+WHERE s.outcome != 'skipped' AND $__timeFilter(s.ts)
+GROUP BY step
+ORDER BY p90 DESC
+LIMIT 15""",
+        chart="barh",
+        x="step",
+        y=("p50", "p90", "p99"),
+        unit="ms",
+    ),
+    Panel(
+        key="failure_rates",
+        title="Failure rates",
+        description="Share of failed executions and of failed task attempts (retries included), per playbook.",
+        sql="""SELECT d.playbook AS playbook, count() AS executions,
+    countIf(d.status = 'failed') / count() AS execution_failure_rate,
+    sum(t.attempts) AS task_attempts,
+    sum(t.failed_attempts) / greatest(sum(t.attempts), 1) AS task_failure_rate
+FROM $db.execution_dim AS d
+LEFT JOIN
+(
+    SELECT execution_id, count() AS attempts, countIf(status = 'error') AS failed_attempts
+    FROM $db.task_fact
+    GROUP BY execution_id
+) AS t ON t.execution_id = d.execution_id
+WHERE $__timeFilter(d.started_at)
+GROUP BY playbook
+ORDER BY execution_failure_rate DESC, task_failure_rate DESC, executions DESC
+LIMIT 15""",
+        chart="barh",
+        x="playbook",
+        y=("execution_failure_rate", "task_failure_rate"),
+        percent=True,
+    ),
+    Panel(
+        key="loop_throughput",
+        title="Loop throughput",
+        description="Loop iterations per second of loop wall time, per playbook loop step.",
+        sql="""SELECT concat(playbook, ' / ', step) AS loop, count() AS loops, sum(n) AS iterations,
+    sum(n) / greatest(sum(seconds), 0.001) AS iterations_per_second
+FROM
+(
+    SELECT f.loop_id AS loop_id, any(f.step) AS step, any(d.playbook) AS playbook,
+        countIf(f.transition IN ('iteration_done', 'iteration_failed')) AS n,
+        if(maxIf(f.duration_ms, f.transition = 'done') > 0, maxIf(f.duration_ms, f.transition = 'done') / 1000,
+           dateDiff('microsecond', min(f.ts), max(f.ts)) / 1e6) AS seconds
+    FROM $db.frame_fact AS f
+    LEFT JOIN $db.execution_dim AS d ON d.execution_id = f.execution_id
+    WHERE $__timeFilter(f.ts)
+    GROUP BY loop_id
+)
+GROUP BY loop
+ORDER BY iterations_per_second DESC
+LIMIT 15""",
+        chart="barh",
+        x="loop",
+        y=("iterations_per_second",),
+        unit="iterations/s",
+    ),
+)
+
+
+def panel(key: str) -> Panel:
+    for p in PANELS:
+        if p.key == key:
+            return p
+    raise KeyError(key)

@@ -1,0 +1,187 @@
+"""``noetl-dagster facts export|query|refresh`` and ``noetl-dagster dashboard``.
+
+Facts live in ClickHouse: embedded chdb under ``$NOETL_DAGSTER_HOME/facts`` by
+default, or a server given with ``--clickhouse`` / ``$NOETL_DAGSTER_CLICKHOUSE_URL``.
+Exit codes: 0 ok, 2 bad input (URL, SQL, price table).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import date, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import click
+
+EXIT_BAD_INPUT = 2
+
+
+def _fail_input(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+def _store(clickhouse: str | None, data_dir: str | None, database: str | None) -> Any:
+    from analytics.store import FactsStore, FactsStoreError  # noqa: PLC0415 - keep --help fast
+
+    try:
+        return FactsStore(clickhouse, data_dir=data_dir, database=database)
+    except FactsStoreError as e:
+        _fail_input(str(e))
+
+
+def _events(events: str | None, data_dir: str | None) -> Any:
+    from noetl_dagster.storage.events import open_event_store  # noqa: PLC0415
+
+    try:
+        return open_event_store(events, data_dir=data_dir)
+    except Exception as e:  # noqa: BLE001 - any open failure is bad input for the CLI
+        _fail_input(f"cannot open the event log {events or '(default)'}: {e}")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return value
+
+
+_common = [
+    click.option("--clickhouse", help="Facts store: chdb:///dir or http(s)://user:pass@host:8123 (default: embedded chdb)."),
+    click.option("--data-dir", type=click.Path(file_okay=False), help="Data directory (default $NOETL_DAGSTER_HOME or ./.noetl)."),
+    click.option("--database", help="ClickHouse database for the facts (default noetl)."),
+]
+
+
+def common(fn: Any) -> Any:
+    for option in reversed(_common):
+        fn = option(fn)
+    return fn
+
+
+@click.group()
+def facts() -> None:
+    """Event-log facts in ClickHouse: export, query, refresh the cost rollups."""
+
+
+@facts.command()
+@common
+@click.option("--events", "--event-store", "events_url", help="Event log URL (default: the local SQLite log).")
+@click.option("--batch", default=20_000, show_default=True, help="Events per Arrow batch.")
+@click.option("--json", "as_json", is_flag=True, help="Print the export report as JSON.")
+def export(clickhouse: str | None, data_dir: str | None, database: str | None, events_url: str | None, batch: int,
+           as_json: bool) -> None:
+    """Export events newer than the stored cursor as facts (idempotent)."""
+    from analytics.exporter import FactExporter  # noqa: PLC0415
+
+    if batch <= 0:
+        _fail_input("--batch must be positive")
+    store = _store(clickhouse, data_dir, database)
+    log = _events(events_url, data_dir)
+    try:
+        report = FactExporter(store, log, batch_events=batch).export()
+    finally:
+        log.close()
+    if as_json:
+        click.echo(json.dumps(report.to_dict()))
+        return
+    rows = ", ".join(f"{k}={v}" for k, v in report.rows.items() if v)
+    click.echo(
+        f"exported {report.events} events (cursor {report.cursor_before} -> {report.cursor_after})"
+        f" in {report.seconds:.2f}s; facts: {rows or 'none'}; lag: {report.lag_events} events"
+    )
+    click.echo(f"store: {store!r}")
+
+
+@facts.command()
+@click.argument("sql")
+@common
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as a JSON list of objects.")
+def query(sql: str, clickhouse: str | None, data_dir: str | None, database: str | None, as_json: bool) -> None:
+    """Run SQL against the facts store (`$db` stands for the facts database)."""
+    from clickhouse_connect.driver.exceptions import ClickHouseError  # noqa: PLC0415
+
+    store = _store(clickhouse, data_dir, database)
+    try:
+        columns, rows = store.query(sql)
+    except ClickHouseError as e:
+        _fail_input(str(e).strip().splitlines()[0])
+    if as_json:
+        click.echo(json.dumps([_jsonable(dict(zip(columns, r, strict=True))) for r in rows]))
+        return
+    from rich.console import Console  # noqa: PLC0415
+    from rich.table import Table  # noqa: PLC0415
+
+    table = Table(*columns, show_lines=False)
+    for r in rows:
+        table.add_row(*("" if v is None else str(_jsonable(v)) for v in r))
+    Console().print(table)
+    click.echo(f"{len(rows)} row(s)")
+
+
+@facts.command()
+@common
+@click.option("--prices", type=click.Path(dir_okay=False), help="Price table (YAML/JSON); default analytics/prices.yaml.")
+@click.option("--json", "as_json", is_flag=True)
+def refresh(clickhouse: str | None, data_dir: str | None, database: str | None, prices: str | None, as_json: bool) -> None:
+    """Rebuild tenant_cost_fact (and the cost_by_* rollup views) with the price table."""
+    report = _refresh(_store(clickhouse, data_dir, database), prices, data_dir)
+    if as_json:
+        click.echo(json.dumps(report.to_dict()))
+    else:
+        click.echo(f"tenant_cost_fact: {report.rows} rows, total {report.total:.6f} {report.currency}"
+                   f" over {report.tenants} tenant(s); prices {report.prices}")
+
+
+def _refresh(store: Any, prices: str | None, data_dir: str | None) -> Any:
+    from analytics.pricing import PriceConfigError, PriceTable  # noqa: PLC0415
+    from analytics.rollups import refresh_rollups  # noqa: PLC0415
+
+    try:
+        table = PriceTable.load(prices, data_dir=data_dir)
+    except PriceConfigError as e:
+        _fail_input(str(e))
+    return refresh_rollups(store, table)
+
+
+@click.command()
+@common
+@click.option("--out", type=click.Path(file_okay=False), help="Output directory (default <data dir>/dashboard).")
+@click.option("--events", "--event-store", "events_url", help="Event log to export first (default: the local log).")
+@click.option("--no-export", is_flag=True, help="Render what the store holds; do not export new events first.")
+@click.option("--prices", type=click.Path(dir_okay=False), help="Price table for the cost rollups.")
+@click.option("--days", type=int, help="Only the last N days (default: all time).")
+@click.option("--title", default="NoETL facts", show_default=True)
+def dashboard(clickhouse: str | None, data_dir: str | None, database: str | None, out: str | None,
+              events_url: str | None, no_export: bool, prices: str | None, days: int | None, title: str) -> None:
+    """Render the facts dashboard: index.html (self-contained) and one PNG per panel."""
+    from analytics.dashboard import render_dashboard  # noqa: PLC0415
+    from analytics.exporter import FactExporter  # noqa: PLC0415
+    from noetl_dagster.engine.runner import default_data_dir  # noqa: PLC0415
+
+    if days is not None and days <= 0:
+        _fail_input("--days must be positive")
+    store = _store(clickhouse, data_dir, database)
+    if not no_export:
+        log = _events(events_url, data_dir)
+        try:
+            report = FactExporter(store, log).export()
+        finally:
+            log.close()
+        click.echo(f"exported {report.events} new events")
+    rollup = _refresh(store, prices, data_dir)
+    out_dir = Path(out) if out else Path(data_dir or default_data_dir()) / "dashboard"
+    result = render_dashboard(store, out_dir, days=days, title=title, currency=rollup.currency)
+    click.echo(f"dashboard: {result.html}")
+    for png in result.pngs:
+        click.echo(f"  {png}")
