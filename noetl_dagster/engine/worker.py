@@ -361,8 +361,15 @@ class Worker:
             else:
                 do = then.do if then is not None else ("continue" if status_ok else "fail")
             # writes: the rule's set_ctx / set_iter, then the task's own `set`
+            delay = 0.0
             try:
                 pscope = scope.child(outcome=outcome, output=outcome, error=outcome.get("error"), result=outcome.get("result"))
+                if do == "retry":  # resolved first: an exhausted retry is a plain continue / fail, writes included
+                    max_attempts = self._int(then.attempts if then else None, pscope, DEFAULT_RETRY_ATTEMPTS)
+                    if attempt < max_attempts:
+                        delay = self._retry_delay(then, attempt, pscope)
+                    else:
+                        do = "continue" if status_ok else "fail"
                 if then is not None and then.set:
                     self._apply_set(then.set.ctx, then.set.iter, pscope, frame, source=f"rule:{task.label}")
                 if task.set and do != "retry":
@@ -384,14 +391,10 @@ class Worker:
                 data={"task": task.label, "kind": task.kind, "outcome": self._outcome_event(outcome, frame, task), "directive": do},
             )
             if do == "retry":
-                max_attempts = self._int(then.attempts if then else None, scope, DEFAULT_RETRY_ATTEMPTS)
-                if attempt < max_attempts:
-                    delay = self._retry_delay(then, attempt, pscope)
-                    if delay > 0:
-                        time.sleep(delay)
-                    attempt += 1
-                    continue
-                do = "continue" if status_ok else "fail"
+                if delay > 0:
+                    time.sleep(delay)
+                attempt += 1
+                continue
             result = outcome.get("result")
             task_results[task.label] = result
             prev = result

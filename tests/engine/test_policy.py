@@ -582,3 +582,40 @@ def test_task_input_template_error_is_an_error_outcome_naming_the_template(run_p
     out = r.task_done("start", "t")[0].data["outcome"]
     assert out["status"] == "error" and out["error"]["kind"] == "template_error"
     assert "['a']['b'] + 1" in out["error"]["message"]
+
+
+def test_retry_exhausted_on_ok_outcome_applies_the_task_set(run_pb):
+    # exhausted retries on an ok outcome continue, exactly like `do: continue`: the task's own set applies once
+    r = run_pb(_step("""
+      - poll:
+          kind: noop
+          result: {ready: false}
+          set: {ctx.polled: "{{ (ctx.polled or 0) + 1 }}"}
+          spec:
+            policy:
+              rules:
+                - when: "{{ not outcome.result.ready }}"
+                  then: {do: retry, attempts: 3, backoff: none}
+"""))
+    assert r.status == "completed"
+    assert len(r.task_done("start", "poll")) == 3
+    assert r.ctx == {"polled": 1}
+    assert [e.data["directive"] for e in r.task_done("start", "poll")] == ["retry", "retry", "continue"]
+
+
+@pytest.mark.parametrize("field", ["attempts", "delay"])
+def test_retry_parameter_template_error_is_an_error_outcome(run_pb, field):
+    params = {"attempts": "attempts: \"{{ 1 / 0 }}\", delay: 0", "delay": "attempts: 2, delay: \"{{ 1 / 0 }}\""}[field]
+    r = run_pb(_step(f"""
+      - t:
+          kind: python
+          code: "raise RuntimeError('x')"
+          spec:
+            policy:
+              rules:
+                - when: "{{{{ outcome.status == 'error' }}}}"
+                  then: {{do: retry, {params}}}
+"""))
+    assert r.status == "failed"
+    err = r.results["start"]["error"]
+    assert err["kind"] == "template_error" and "1 / 0" in err["message"]

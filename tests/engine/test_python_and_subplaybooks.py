@@ -348,3 +348,11 @@ workflow:
 """)
     assert [x["last"] for x in r.results["start"]["results"]] == [3, 5, 7]
     assert len({x["execution_id"] for x in r.results["start"]["results"]}) == 3
+
+
+def test_invalid_sub_playbook_is_an_error_outcome(run_pb, write_pb):
+    write_pb(CHILD.replace("workload: {n: 1}", "vars: {n: 1}"), "sub/child.yaml")
+    r = run_pb(_parent("./sub/child.yaml"))
+    assert r.status == "failed"
+    out = r.task_done("start")[0].data["outcome"]
+    assert out["status"] == "error" and "root-vars" in out["error"]["message"]
