@@ -34,16 +34,33 @@ def test_standard_form_shape():
     assert pb["workflow"][0]["step"] == "start"  # the entry
     a = st["A_1"]
     assert a["tool"] == [
-        {"name": "A", "kind": "python", "code": "result = {'A': input}", "input": {"input": "{{ args.input }}"}}
+        {
+            "name": "A",
+            "kind": "python",
+            "code": "result = {'A': input}",
+            "input": {"input": "{{ args.input }}"},
+        }
     ]
     assert a["next"] == {
         "spec": {"mode": "inclusive"},
         "arcs": [
-            {"step": "B_2_in", "args": {"input": "{{ outcome.result if outcome.result is not none else {} }}", "from": "A_1"}}
+            {
+                "step": "B_2_in",
+                "args": {
+                    "input": "{{ outcome.result if outcome.result is not none else {} }}",
+                    "from": "A_1",
+                },
+            }
         ],
     }
     join = st["B_2_in"]["tool"][0]
-    assert join == {"name": "input", "kind": "flow_input", "tokens": "{{ args }}", "order": ["A_1", "C_3"], "merge": True}
+    assert join == {
+        "name": "input",
+        "kind": "flow_input",
+        "tokens": "{{ args }}",
+        "order": ["A_1", "C_3"],
+        "merge": True,
+    }
     assert st["end"]["tool"][0]["kind"] == "flow_input" and "next" not in st["end"]
     load_playbook_dict(pb)  # valid for the playbook loader
 
@@ -54,10 +71,18 @@ def test_guards_and_iteration_compile_to_guard_steps_and_loops():
     guard = st["B_2_guard"]
     assert guard["tool"][0] == {"name": "guard", "kind": "flow_guard", "path": "$.go", "tokens": "{{ args }}"}
     assert guard["next"]["arcs"] == [
-        {"step": "B_2", "when": "{{ outcome.result.pass }}", "args": {"sequence": "{{ outcome.result.input }}", "from": "B_2"}},
+        {
+            "step": "B_2",
+            "when": "{{ outcome.result.pass }}",
+            "args": {"sequence": "{{ outcome.result.input }}", "from": "B_2"},
+        },
         {"step": "C_3_in", "when": "{{ not outcome.result.pass }}", "args": {"input": {}, "from": "B_2"}},
     ]
-    assert st["B_2"]["loop"] == {"in": "{{ args.sequence }}", "iterator": "input", "spec": {"mode": "sequential"}}
+    assert st["B_2"]["loop"] == {
+        "in": "{{ args.sequence }}",
+        "iterator": "input",
+        "spec": {"mode": "sequential"},
+    }
     assert st["B_2"]["tool"][0]["input"] == {"input": "{{ iter.input }}"}
     assert st["B_2"]["next"]["arcs"][0]["args"]["input"] == "{{ outcome.result.results }}"
     # C is reached from B and from B's guard: a join, so it gets an input step
@@ -76,11 +101,22 @@ def test_guarded_subflow_fork_skips_to_its_join():
 
 
 def test_resources_compile_to_resource_tasks():
-    pb = compile_flow(python_tasks(["score"]) + "<in.json>(- format: yaml -) → score → <http://h/x>(- {method: PUT} -)")
+    pb = compile_flow(
+        python_tasks(["score"]) + "<in.json>(- format: yaml -) → score → <http://h/x>(- {method: PUT} -)"
+    )
     st = steps(pb)
-    assert st["load_1"]["tool"] == [{"name": "load", "kind": "resource", "op": "load", "uri": "in.json", "format": "yaml"}]
+    assert st["load_1"]["tool"] == [
+        {"name": "load", "kind": "resource", "op": "load", "uri": "in.json", "format": "yaml"}
+    ]
     assert st["store_3"]["tool"] == [
-        {"name": "store", "kind": "resource", "op": "store", "uri": "http://h/x", "method": "PUT", "value": "{{ args.input }}"}
+        {
+            "name": "store",
+            "kind": "resource",
+            "op": "store",
+            "uri": "http://h/x",
+            "method": "PUT",
+            "value": "{{ args.input }}",
+        }
     ]
     with pytest.raises(FlowCompileError, match="cannot set uri"):
         compile_flow("<in.json>(- uri: x -) → noop")
@@ -139,7 +175,7 @@ def test_literals_that_look_like_templates_stay_literal():
 
 
 def test_yaml_text_keeps_code_readable():
-    pb = compile_flow("@task A (- {kind: python, code: \"x = 1\\nresult = x\"} -);\nA")
+    pb = compile_flow('@task A (- {kind: python, code: "x = 1\\nresult = x"} -);\nA')
     text = playbook_yaml(pb)
     assert "code: |-\n      x = 1\n      result = x" in text
     assert yaml.safe_load(text) == pb
@@ -186,7 +222,10 @@ def test_cli_missing_file(tmp_path):
 
 
 def test_grammar_check_accepts_what_we_write():
-    text = python_tasks(["A"]) + "<- {a: 1} -> → A → ? `$.a` * my:peel-banana → <out.json>\n<in.json> → > { A B }"
+    text = (
+        python_tasks(["A"])
+        + "<- {a: 1} -> → A → ? `$.a` * my:peel-banana → <out.json>\n<in.json> → > { A B }"
+    )
     assert check_state_diagram(flow_to_mermaid(text)) == []
 
 

@@ -22,7 +22,12 @@ def test_names_with_hyphens_colons_and_an_arrow_without_spaces():
 
 def test_statements_end_where_no_arrow_follows():
     doc = parse_flow("A → B\nC\nD → E; F")
-    assert [[s.target.name for s in st.steps] for st in doc.statements] == [["A", "B"], ["C"], ["D", "E"], ["F"]]
+    assert [[s.target.name for s in st.steps] for st in doc.statements] == [
+        ["A", "B"],
+        ["C"],
+        ["D", "E"],
+        ["F"],
+    ]
 
 
 def test_labels_attach_to_the_step_before_them():
@@ -61,7 +66,7 @@ def test_subflows_task_lists_resources_and_literals():
     assert isinstance(st.steps[2].target, TaskList)
     assert [t.name for t in st.steps[2].target.tasks] == ["E", "F"]
     assert isinstance(st.destination, Resource) and st.destination.uri == "out.json"
-    st = parse_flow("<{ \"a\": 1 }> → A").statements[0]
+    st = parse_flow('<{ "a": 1 }> → A').statements[0]
     assert isinstance(st.source, ResourceLiteral) and st.source.literal.value == {"a": 1}
 
 
@@ -74,7 +79,7 @@ def test_subflows_task_lists_resources_and_literals():
         ("(- 5 -)", 5),
         ("(- [1, 2] -)", [1, 2]),
         ('({"a": {"b": [1, 2]}})', {"a": {"b": [1, 2]}}),
-        ("([1, \"two\"])", [1, "two"]),
+        ('([1, "two"])', [1, "two"]),
         ("(-\n  nested:\n    deep: true\n  list:\n    - 1\n-)", {"nested": {"deep": True}, "list": [1]}),
         ("(- {url: 'http://x/{{ input.id }}'} -)", {"url": "http://x/{{ input.id }}"}),
     ],
@@ -85,7 +90,9 @@ def test_parameter_literals(params, value):
 
 
 def test_declarations_in_order_name_alias_params_doc_subflow():
-    doc = parse_flow('@flow f (- {workload: {a: 1}} -) """The flow."""\n@task X = A (- {p: 1} -) \'\'\'Doc.\'\'\';\n@task S { A → B }\nS')
+    doc = parse_flow(
+        "@flow f (- {workload: {a: 1}} -) \"\"\"The flow.\"\"\"\n@task X = A (- {p: 1} -) '''Doc.''';\n@task S { A → B }\nS"
+    )
     f, x, s = doc.declarations
     assert (f.kind, f.name, f.params.value, f.doc) == ("flow", "f", {"workload": {"a": 1}}, "The flow.")
     assert (x.alias.name, x.params.value, x.doc) == ("A", {"p": 1}, "Doc.")
@@ -106,7 +113,7 @@ def test_comments_are_ignored_but_not_inside_literals():
         ("A → :x → B", 1, 8, "a label after an arrow"),
         ("A (- x: 1 → B", 1, 3, "unexpected character '('"),
         ("A → ? `$[?(@.s=` B", 1, 7, "not a valid JSONPath"),
-        ("A ({\"a\": 1,}) → B", 1, 12, "invalid JSON literal"),
+        ('A ({"a": 1,}) → B', 1, 12, "invalid JSON literal"),
         ("A (-\n  a: 1\n   b: 2\n-)", 3, 5, "invalid YAML literal"),
         ("@task D (- {kind: noop} -)\n{ A B C } → D", 2, 11, "end the declaration with ';'"),
         ("@bogus A", 1, 1, "unknown declaration @bogus"),

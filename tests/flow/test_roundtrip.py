@@ -20,8 +20,12 @@ from noetl_dagster.engine.runner import run_playbook
 STATUS_A = "@task A (- {kind: python, code: \"result = {'status': input['status'], 'n': 2}\"} -);\n"
 
 FLOWS = {
-    "merge": python_tasks(["A", "C"], "result = {'{name}': 1}") + python_tasks(["B"], "result = input") + S.MERGE_OPERATOR.flow,
-    "guards in a subflow": STATUS_A + python_tasks(["B", "C", "D", "E"], "result = {'{name}': input}") + S.GUARDS_IN_SUBFLOW,
+    "merge": python_tasks(["A", "C"], "result = {'{name}': 1}")
+    + python_tasks(["B"], "result = input")
+    + S.MERGE_OPERATOR.flow,
+    "guards in a subflow": STATUS_A
+    + python_tasks(["B", "C", "D", "E"], "result = {'{name}': input}")
+    + S.GUARDS_IN_SUBFLOW,
     "iterated subflow": "@task A (- {kind: python, code: 'result = [1, 2]'} -);\n"
     + python_tasks(["B", "C", "D"], "result = [input, '{name}']")
     + python_tasks(["E"], "result = input")
@@ -136,7 +140,9 @@ def test_flow_and_handwritten_playbook_give_the_same_trace(tmp_path, data_dir):
     yaml_events: list = []
     by_flow = run_playbook(load_flow_playbook(flow_file), data_dir=data_dir, listeners=[flow_events.append])
     by_hand = run_playbook(
-        load_playbook_dict(yaml.safe_load(SQUARES_PLAYBOOK)), data_dir=data_dir, listeners=[yaml_events.append]
+        load_playbook_dict(yaml.safe_load(SQUARES_PLAYBOOK)),
+        data_dir=data_dir,
+        listeners=[yaml_events.append],
     )
     assert by_flow.status == by_hand.status == "completed"
     tasks = ["fetch_1", "square_2", "total_3", "count_4"]

@@ -27,9 +27,15 @@ def test_aggregation_rules():
 
 
 def test_merge_operator_function():
-    assert merge_objects([{"fruit": "banana"}, {"animal": "monkey"}]) == {"fruit": "banana", "animal": "monkey"}
+    assert merge_objects([{"fruit": "banana"}, {"animal": "monkey"}]) == {
+        "fruit": "banana",
+        "animal": "monkey",
+    }
     assert merge_objects({}) == {}
-    assert merge_objects([[{"a": 1}], {"b": 2}, {"a": 3}]) == {"a": 3, "b": 2}  # later wins; lists flatten once
+    assert merge_objects([[{"a": 1}], {"b": 2}, {"a": 3}]) == {
+        "a": 3,
+        "b": 2,
+    }  # later wins; lists flatten once
     with pytest.raises(ToolError, match="needs objects"):
         merge_objects([{"a": 1}, 5])
 
@@ -113,7 +119,9 @@ def test_fan_in_and_fan_out_forms_give_the_same_outputs(data_dir):
     outs = [run_flow(tasks + text, data_dir).results["end"] for text in [S.FAN_IN_BAR.flow, *S.FAN_IN_LABELS]]
     assert outs[0] == {"D": [{"A": {}}, {"B": {}}, {"C": {}}]}
     assert outs[1] == outs[2] == outs[0]
-    outs = [run_flow(tasks + text, data_dir).results["end"] for text in [S.FAN_OUT_BAR.flow, *S.FAN_OUT_LABELS]]
+    outs = [
+        run_flow(tasks + text, data_dir).results["end"] for text in [S.FAN_OUT_BAR.flow, *S.FAN_OUT_LABELS]
+    ]
     assert outs[0] == [{"A": {"D": {}}}, {"B": {"D": {}}}, {"C": {"D": {}}}]
     assert outs[1] == outs[2] == outs[0]
 
@@ -125,7 +133,9 @@ STATUS_A = "@task A (- {kind: python, code: \"result = {'status': input['status'
 
 @pytest.mark.parametrize("status,runs_b", [(0, True), (1, False)])
 def test_guard_on_a_task(data_dir, status, runs_b):
-    r = run_flow(STATUS_A + python_tasks(["B"], "result = 'B'") + S.GUARD, data_dir, workload={"status": status})
+    r = run_flow(
+        STATUS_A + python_tasks(["B"], "result = 'B'") + S.GUARD, data_dir, workload={"status": status}
+    )
     assert r.status == "completed"
     assert ("B_2" in r.runs) is runs_b
     assert r.results["end"] == ("B" if runs_b else {})
@@ -145,7 +155,11 @@ def test_guard_on_a_subflow(data_dir, status, ran):
     [(0, ["B"], "B"), (1, ["C"], "C"), (2, ["C", "D"], ["C", "D"]), (-1, [], {})],
 )
 def test_guards_in_a_subflow_give_the_seeds_traces(data_dir, status, trace, e_input):
-    tasks = STATUS_A + python_tasks(["B", "C", "D"], "result = '{name}'") + python_tasks(["E"], "result = {'E': input}")
+    tasks = (
+        STATUS_A
+        + python_tasks(["B", "C", "D"], "result = '{name}'")
+        + python_tasks(["E"], "result = {'E': input}")
+    )
     r = run_flow(tasks + S.GUARDS_IN_SUBFLOW, data_dir, workload={"status": status})
     assert r.status == "completed"
     ran = sorted(s.split("_")[0] for s, n in r.runs.items() if s in ("B_3", "C_4", "D_5"))
@@ -199,7 +213,7 @@ def test_literal_source_feeds_the_statement(data_dir):
 @pytest.mark.parametrize(
     "literal,value",
     [
-        ("<{ \"a\": {\"b\": 1} }>", {"a": {"b": 1}}),
+        ('<{ "a": {"b": 1} }>', {"a": {"b": 1}}),
         ("<[ 1, 2, 3 ]>", [1, 2, 3]),
         ("<-\n- index: 0\n- index: 1\n->", [{"index": 0}, {"index": 1}]),
         ("<>", {}),
@@ -241,10 +255,11 @@ def test_http_resource_store_and_load(data_dir, httpserver):
 
     httpserver.expect_request("/api/v1/store", method="POST").respond_with_handler(store)
     httpserver.expect_request("/myscores.json", method="PUT").respond_with_handler(store)
-    httpserver.expect_request("/scores.yaml", method="GET").respond_with_data("a: 1\n", content_type="application/yaml")
-    tasks = (
-        "@task load (- {kind: python, code: \"result = {'id': 7}\"} -)\n"
-        + python_tasks(["score"], "result = {'score': input['id'] * 2}")
+    httpserver.expect_request("/scores.yaml", method="GET").respond_with_data(
+        "a: 1\n", content_type="application/yaml"
+    )
+    tasks = "@task load (- {kind: python, code: \"result = {'id': 7}\"} -)\n" + python_tasks(
+        ["score"], "result = {'score': input['id'] * 2}"
     )
     post = S.RESOURCE_STORE.replace("http://example.com/myservice", httpserver.url_for("").rstrip("/"))
     put = S.RESOURCE_STORE_PUT.replace("http://example.com", httpserver.url_for("").rstrip("/"))
@@ -253,7 +268,9 @@ def test_http_resource_store_and_load(data_dir, httpserver):
     assert r1.status == r2.status == "completed"
     assert received == [("POST", {"score": 14}), ("PUT", {"score": 14})]
     assert r1.results["store_3"]["response"] == {"stored": True}
-    r3 = run_flow(python_tasks(["A"], "result = input") + f"<{httpserver.url_for('/scores.yaml')}> → A", data_dir)
+    r3 = run_flow(
+        python_tasks(["A"], "result = input") + f"<{httpserver.url_for('/scores.yaml')}> → A", data_dir
+    )
     assert r3.results["A_2"] == {"a": 1}
 
 

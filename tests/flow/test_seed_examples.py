@@ -6,15 +6,14 @@ from __future__ import annotations
 
 from collections import Counter
 
+import flow_seed_examples as S
 import pytest
 from click.testing import CliRunner
+from flow_helpers import contracted_label_edges, id_edges, label_edges
 
 from noetl_dagster.cli import cli
 from noetl_dagster.dsl.flow import FlowCompileError, NodeKind, flow_graph, flow_to_mermaid, parse_flow
 from noetl_dagster.dsl.flow.mermaid import check_state_diagram
-
-import flow_seed_examples as S
-from flow_helpers import contracted_label_edges, id_edges, label_edges
 
 
 def mermaid_via_cli(tmp_path, text: str) -> str:
@@ -58,7 +57,12 @@ def test_label_at_start_as_the_seed_writes_it_keeps_its_start_edge():
 def test_pipeline_and_its_multiline_form():
     one = label_edges(flow_to_mermaid(S.PIPELINE))
     assert one == Counter(
-        {("[*]", "transform"): 1, ("transform", "inference"): 1, ("inference", "store"): 1, ("store", "[*]"): 1}
+        {
+            ("[*]", "transform"): 1,
+            ("transform", "inference"): 1,
+            ("inference", "store"): 1,
+            ("store", "[*]"): 1,
+        }
     )
     assert label_edges(flow_to_mermaid(S.PIPELINE_MULTILINE)) == one
 
@@ -133,7 +137,9 @@ def test_resources_are_load_and_store_tasks():
     kinds = [(n.kind, n.name) for n in g.nodes]
     assert kinds[1] == (NodeKind.LOAD, "dataset.json")
     g = flow_graph(S.RESOURCE_STORE)
-    assert g.nodes[-2].kind == NodeKind.STORE and g.nodes[-2].name == "http://example.com/myservice/api/v1/store"
+    assert (
+        g.nodes[-2].kind == NodeKind.STORE and g.nodes[-2].name == "http://example.com/myservice/api/v1/store"
+    )
     g = flow_graph(S.RESOURCE_STORE_PUT)
     assert g.nodes[-2].params == {"method": "PUT"}
     assert g.sorted_edges() == [(0, 1), (1, 2), (2, 3), (3, 4)]
@@ -166,7 +172,9 @@ def test_declarations():
 
 def test_alias_is_the_aliased_invocation():
     alias, expanded = flow_graph(S.ALIAS), flow_graph(S.ALIAS_EXPANDED)
-    assert [(n.kind, n.name, n.params) for n in alias.nodes] == [(n.kind, n.name, n.params) for n in expanded.nodes]
+    assert [(n.kind, n.name, n.params) for n in alias.nodes] == [
+        (n.kind, n.name, n.params) for n in expanded.nodes
+    ]
     assert alias.edges == expanded.edges
     assert alias.nodes[1].invoked_as == "X"
 
@@ -212,11 +220,15 @@ def test_iteration_marks_the_task():
 
 
 def test_subflow_equals_its_labeled_form():
-    assert label_edges(flow_to_mermaid(S.SUBFLOW_BLOCK_LABELS)) == contracted_label_edges(flow_to_mermaid(S.SUBFLOW_BLOCK))
+    assert label_edges(flow_to_mermaid(S.SUBFLOW_BLOCK_LABELS)) == contracted_label_edges(
+        flow_to_mermaid(S.SUBFLOW_BLOCK)
+    )
 
 
 def test_iterated_subflow_equals_its_labeled_form():
     a, b = flow_graph(S.ITERATE_SUBFLOW), flow_graph(S.ITERATE_SUBFLOW_LABELS)
-    assert label_edges(flow_to_mermaid(S.ITERATE_SUBFLOW_LABELS)) == contracted_label_edges(flow_to_mermaid(S.ITERATE_SUBFLOW))
+    assert label_edges(flow_to_mermaid(S.ITERATE_SUBFLOW_LABELS)) == contracted_label_edges(
+        flow_to_mermaid(S.ITERATE_SUBFLOW)
+    )
     stars = lambda g: sorted((n.name, n.star) for n in g.nodes if n.kind == NodeKind.TASK)  # noqa: E731
     assert stars(a) == stars(b) == [("A", False), ("B", True), ("C", True), ("D", True), ("E", False)]

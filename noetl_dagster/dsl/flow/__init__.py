@@ -42,7 +42,9 @@ def flow_to_mermaid(text: str, *, file: str | None = None, direction: str = "LR"
     return to_mermaid(flow_graph(text, file=file), direction=direction, notes=notes)
 
 
-def compile_flow(text: str, *, file: str | None = None, name: str | None = None, validate: bool = True) -> dict[str, Any]:
+def compile_flow(
+    text: str, *, file: str | None = None, name: str | None = None, validate: bool = True
+) -> dict[str, Any]:
     """Compile flow text to a playbook dict (standard form).
 
     ``name`` is used when the flow has no ``@flow`` declaration. With
@@ -65,7 +67,9 @@ def _validate(playbook: dict[str, Any], file: str | None) -> None:
     _, issues = parse_playbook(playbook, source_file=file)
     if issues:
         detail = "; ".join(f"{i.path}: {i.rule}: {i.message}" for i in issues)
-        raise FlowCompileError(f"the compiled playbook is not valid: {detail}", file=file, rule="invalid-playbook")
+        raise FlowCompileError(
+            f"the compiled playbook is not valid: {detail}", file=file, rule="invalid-playbook"
+        )
 
 
 def load_flow(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -88,7 +92,9 @@ def load_flow_playbook(path: str | os.PathLike[str]) -> Any:
     return load_playbook_dict(load_flow(path), source_file=str(Path(path).resolve()))
 
 
-def rebase_resources(playbook: dict[str, Any], from_dir: str | os.PathLike[str], to_dir: str | os.PathLike[str]) -> None:
+def rebase_resources(
+    playbook: dict[str, Any], from_dir: str | os.PathLike[str], to_dir: str | os.PathLike[str]
+) -> None:
     """Rewrite relative resource paths of a compiled flow for a playbook written to another folder."""
     src, dst = Path(from_dir).resolve(), Path(to_dir).resolve()
     if src == dst:
@@ -112,4 +118,6 @@ def playbook_yaml(playbook: dict[str, Any]) -> str:
         return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
     _Dumper.add_representer(str, _str)
-    return yaml.dump(playbook, Dumper=_Dumper, sort_keys=False, allow_unicode=True, default_flow_style=False, width=110)
+    return yaml.dump(
+        playbook, Dumper=_Dumper, sort_keys=False, allow_unicode=True, default_flow_style=False, width=110
+    )

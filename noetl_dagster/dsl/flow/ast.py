@@ -7,7 +7,8 @@ builder and the compiler can report errors at the right place.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal as Lit
+from typing import Any
+from typing import Literal as Lit
 
 LiteralKind = Lit["yaml", "json_object", "json_array", "empty"]
 

@@ -111,7 +111,9 @@ class _Compiler:
     def error(self, message: str, node_or_pos: Any, rule: str) -> FlowCompileError:
         pos = getattr(node_or_pos, "pos", node_or_pos)
         line, col = (pos.line, pos.column) if pos is not None else (None, None)
-        return FlowCompileError(message, line, col, file=self.file, rule=rule, excerpt=excerpt(self.text, line, col))
+        return FlowCompileError(
+            message, line, col, file=self.file, rule=rule, excerpt=excerpt(self.text, line, col)
+        )
 
     def kinds(self) -> set[str]:
         if self._kinds is None:
@@ -144,7 +146,9 @@ class _Compiler:
             if isinstance(wb, dict):
                 wb = [{"name": k, **(v if isinstance(v, dict) else {})} for k, v in wb.items()]
             if not isinstance(wb, list) or not all(isinstance(w, dict) and w.get("name") for w in wb):
-                raise self.error("@flow `workbook` must be a list of entries with `name`", self.g.params_pos, "flow-params")
+                raise self.error(
+                    "@flow `workbook` must be a list of entries with `name`", self.g.params_pos, "flow-params"
+                )
             self.workbook_names = {str(w["name"]) for w in wb}
             params = {**params, "workbook": wb}
         self.flow_params = params
@@ -247,7 +251,13 @@ class _Compiler:
                 out.append({"step": p.guard_step, "desc": f"guard of {p.step}: {node.guard}",
                             "tool": [self.aggregate_task("guard", node, "flow_guard")]})  # fmt: skip
             elif p.in_step:
-                out.append({"step": p.in_step, "desc": f"input of {p.step}", "tool": [self.aggregate_task("input", node)]})
+                out.append(
+                    {
+                        "step": p.in_step,
+                        "desc": f"input of {p.step}",
+                        "tool": [self.aggregate_task("input", node)],
+                    }
+                )
             out.append(self.node_step(node))
         # arcs: a helper step routes to the node; the node routes to its successors
         for s in out:
@@ -285,12 +295,18 @@ class _Compiler:
             elif node.invoked_as:
                 step["desc"] = f"{node.invoked_as} (alias of {node.name})"
             if p.loop:
-                step["loop"] = {"in": "{{ args.sequence }}", "iterator": "input", "spec": {"mode": "sequential"}}
+                step["loop"] = {
+                    "in": "{{ args.sequence }}",
+                    "iterator": "input",
+                    "spec": {"mode": "sequential"},
+                }
             step["tool"] = [self.task(node, p)]
             return step
         params = node.params if node.has_params else {}
         if not isinstance(params, dict):
-            raise self.error(f"resource parameters must be an object, not {type(params).__name__}", node, "resource-params")
+            raise self.error(
+                f"resource parameters must be an object, not {type(params).__name__}", node, "resource-params"
+            )
         bad = [k for k in RESOURCE_RESERVED if k in params]
         if bad:
             raise self.error(f"resource parameters cannot set {', '.join(bad)}", node, "resource-params")
@@ -315,10 +331,16 @@ class _Compiler:
         kind = params.pop("kind", None)
         if kind is not None:
             if not isinstance(kind, str) or kind not in self.kinds():
-                raise self.error(f"task {node.name!r}: tool kind {kind!r} is not recognized", node, "unknown-tool-kind")
+                raise self.error(
+                    f"task {node.name!r}: tool kind {kind!r} is not recognized", node, "unknown-tool-kind"
+                )
         elif node.name in self.workbook_names:
             user_input = params.pop("input", None)
-            call_input = {**params, **(user_input if isinstance(user_input, dict) else {}), "input": value_expr}
+            call_input = {
+                **params,
+                **(user_input if isinstance(user_input, dict) else {}),
+                "input": value_expr,
+            }
             return {"name": node.name, "kind": "workbook", "input": call_input}
         elif node.name in self.kinds():
             kind = node.name
@@ -385,6 +407,8 @@ def _has_template_markers(value: Any) -> bool:
     return False
 
 
-def compile_graph(graph: FlowGraph, *, name: str | None = None, file: str | None = None, text: str = "") -> dict[str, Any]:
+def compile_graph(
+    graph: FlowGraph, *, name: str | None = None, file: str | None = None, text: str = ""
+) -> dict[str, Any]:
     """The playbook (standard form, plain dict) of a flow graph; raise :class:`FlowCompileError`."""
     return _Compiler(graph, name=name, file=file, text=text).compile()

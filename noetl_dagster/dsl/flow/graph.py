@@ -37,7 +37,7 @@ from noetl_dagster.dsl.flow.ast import (
 from noetl_dagster.dsl.flow.errors import FlowCompileError, excerpt
 
 
-class NodeKind(str, enum.Enum):
+class NodeKind(enum.StrEnum):
     START = "start"
     END = "end"
     TASK = "task"
@@ -149,13 +149,17 @@ class _GraphBuilder:
             if d.kind == "flow":
                 if self.flow_decl is not None:
                     raise self.error(
-                        f"a flow has one @flow declaration (the first is at {self.flow_decl.pos})", d.pos, "duplicate-flow"
+                        f"a flow has one @flow declaration (the first is at {self.flow_decl.pos})",
+                        d.pos,
+                        "duplicate-flow",
                     )
                 self.flow_decl = d
                 continue
             if d.name in self.decls:
                 raise self.error(
-                    f"task {d.name!r} is declared twice (first at {self.decls[d.name].pos})", d.pos, "duplicate-task"
+                    f"task {d.name!r} is declared twice (first at {self.decls[d.name].pos})",
+                    d.pos,
+                    "duplicate-task",
                 )
             if d.block is not None and d.params is not None:
                 raise self.error(
@@ -193,13 +197,17 @@ class _GraphBuilder:
                 raise self.error(f"alias cycle: {' = '.join([*seen, name])}", d.pos, "alias-cycle")
             seen.append(name)
             if d.params is not None:
-                params = self._merge_params(d.params.value, params, ref.params.pos if ref.params else d.pos, name)
+                params = self._merge_params(
+                    d.params.value, params, ref.params.pos if ref.params else d.pos, name
+                )
                 has = True
             doc = doc or d.doc
             if d.block is not None:
                 if ref.params is not None:
                     raise self.error(
-                        f"{name!r} is a subflow (declared at {d.pos}); it takes no parameters", ref.params.pos, "subflow-params"
+                        f"{name!r} is a subflow (declared at {d.pos}); it takes no parameters",
+                        ref.params.pos,
+                        "subflow-params",
                     )
                 return name, None, False, doc, d
             if d.alias is None:
@@ -271,7 +279,9 @@ class _GraphBuilder:
                 use = scope.label(lab.name)
                 if use.in_label is not None:
                     raise self.error(
-                        f"duplicate input label {lab.name!r} (first used at {use.in_label})", lab.pos, "duplicate-input-label"
+                        f"duplicate input label {lab.name!r} (first used at {use.in_label})",
+                        lab.pos,
+                        "duplicate-input-label",
                     )
                 use.in_label = lab.pos
                 use.consumers.append(entry)
@@ -319,11 +329,15 @@ class _GraphBuilder:
     def _check_reserved(self, lab: Label, role: str) -> None:
         if lab.name == "start":
             raise self.error(
-                f":start is reserved and can only begin a flow statement (not be an {role} label)", lab.pos, "reserved-label"
+                f":start is reserved and can only begin a flow statement (not be an {role} label)",
+                lab.pos,
+                "reserved-label",
             )
         if lab.name == "end":
             raise self.error(
-                f":end is reserved and can only end a flow statement (not be an {role} label)", lab.pos, "reserved-label"
+                f":end is reserved and can only end a flow statement (not be an {role} label)",
+                lab.pos,
+                "reserved-label",
             )
 
     def step(self, step: Step, scope: _Scope) -> tuple[int, int]:
@@ -355,12 +369,19 @@ class _GraphBuilder:
         return self.subflow(target.statements, step, target.pos)
 
     def subflow(
-        self, statements: list[Statement], step: Step, pos: Pos, subflow: str | None = None, doc: str | None = None
+        self,
+        statements: list[Statement],
+        step: Step,
+        pos: Pos,
+        subflow: str | None = None,
+        doc: str | None = None,
     ) -> tuple[int, int]:
         if subflow is not None:
             if subflow in self._expanding:
                 raise self.error(
-                    f"subflow {subflow!r} invokes itself ({' → '.join([*self._expanding, subflow])})", pos, "recursive-subflow"
+                    f"subflow {subflow!r} invokes itself ({' → '.join([*self._expanding, subflow])})",
+                    pos,
+                    "recursive-subflow",
                 )
             self._expanding.append(subflow)
         fork = self.new(

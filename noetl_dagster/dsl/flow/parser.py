@@ -177,9 +177,13 @@ def _hint(e: UnexpectedToken, text: str) -> str | None:
     if tok.type == "ARROW" and _URI_BEFORE.search(before):
         return "a resource can only begin (load) or end (store) a flow statement"
     if tok.type == "ARROW" and _LABEL_AFTER_ARROW_BEFORE.search(before):
-        return "a label after an arrow is the input label of the task after it (`→ :x A`) or ends the statement"
+        return (
+            "a label after an arrow is the input label of the task after it (`→ :x A`) or ends the statement"
+        )
     if tok.type == "ARROW" and before.rstrip().endswith(("}", "]")) and "@task" in before:
-        return "a subflow right after a @task declaration is that task's subflow: end the declaration with ';'"
+        return (
+            "a subflow right after a @task declaration is that task's subflow: end the declaration with ';'"
+        )
     if tok.type == "$END" and ("RBRACE" in e.expected or "RSQB" in e.expected):
         return "a subflow is missing its closing bracket"
     return None
@@ -332,7 +336,9 @@ class _Builder:
         if kind == "flow" and (decl.alias or decl.block):
             raise self.error("@flow takes a name, parameters and documentation only", pos)
         if decl.alias and decl.block:
-            raise self.error(f"@task {decl.name} has an alias, so it cannot also have a subflow", decl.block.pos)
+            raise self.error(
+                f"@task {decl.name} has an alias, so it cannot also have a subflow", decl.block.pos
+            )
         return decl
 
     # literals -----------------------------------------------------------------------

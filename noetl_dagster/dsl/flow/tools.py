@@ -78,7 +78,9 @@ def tokens_input(tokens: Any, order: list[str] | None = None, merge: bool = Fals
     elif isinstance(tokens, list):
         toks = list(tokens)
     else:
-        raise ToolError(f"flow_input: tokens must be an object or a list, got {type(tokens).__name__}", kind="flow_input")
+        raise ToolError(
+            f"flow_input: tokens must be an object or a list, got {type(tokens).__name__}", kind="flow_input"
+        )
     if order:
         rank = {name: i for i, name in enumerate(order)}
         toks.sort(key=lambda t: rank.get(t.get("from"), len(rank)) if isinstance(t, Mapping) else len(rank))
@@ -164,7 +166,9 @@ def resource_format(uri: str, params: Mapping[str, Any], content_type: str | Non
     if fmt:
         fmt = str(fmt).lower()
         if fmt not in FORMATS:
-            raise ToolError(f"unknown resource format {fmt!r}; use one of {', '.join(FORMATS)}", kind="config_error")
+            raise ToolError(
+                f"unknown resource format {fmt!r}; use one of {', '.join(FORMATS)}", kind="config_error"
+            )
         return fmt
     for ct in (params.get("content-type") or params.get("content_type"), content_type):
         if ct:
@@ -214,7 +218,9 @@ def decode(data: bytes, fmt: str | None, where: str) -> Any:
             value = yaml.safe_load(text)
             return {} if value is None else value
     except (ValueError, yaml.YAMLError) as e:
-        raise ToolError(f"cannot decode {where} as {fmt or 'JSON or YAML'}: {e}", kind="resource_format") from None
+        raise ToolError(
+            f"cannot decode {where} as {fmt or 'JSON or YAML'}: {e}", kind="resource_format"
+        ) from None
 
 
 def encode(value: Any, fmt: str | None) -> bytes:
@@ -239,7 +245,9 @@ def _file_path(uri: str, base_dir: str | None) -> Path:
         parts = urlsplit(uri)
         p = Path(unquote(parts.path))
         if parts.netloc and parts.netloc != "localhost":
-            raise ToolError(f"file URI {uri!r} names a host; only local files are supported", kind="config_error")
+            raise ToolError(
+                f"file URI {uri!r} names a host; only local files are supported", kind="config_error"
+            )
     else:
         p = Path(uri)
     if not p.is_absolute():
@@ -275,7 +283,9 @@ def _http(uri: str, op: str, inputs: Mapping[str, Any], value: Any) -> Any:
         resp = httpx.request(method, uri, headers=headers, params=inputs.get("params"), content=body,
                              timeout=float(inputs.get("timeout") or 30), follow_redirects=True)  # fmt: skip
     except httpx.HTTPError as e:
-        raise ToolError(f"{method} {uri}: {type(e).__name__}: {e}", kind="http_error", retryable=True) from None
+        raise ToolError(
+            f"{method} {uri}: {type(e).__name__}: {e}", kind="http_error", retryable=True
+        ) from None
     if resp.status_code >= 400:
         raise ToolError(
             f"{method} {uri} answered {resp.status_code}",
@@ -286,7 +296,12 @@ def _http(uri: str, op: str, inputs: Mapping[str, Any], value: Any) -> Any:
         )
     if op == "load":
         return decode(resp.content, resource_format(uri, inputs, resp.headers.get("content-type")), uri)
-    out: dict[str, Any] = {"uri": uri, "method": method, "status_code": resp.status_code, "size": len(body or b"")}
+    out: dict[str, Any] = {
+        "uri": uri,
+        "method": method,
+        "status_code": resp.status_code,
+        "size": len(body or b""),
+    }
     if resp.content:
         ctype = resp.headers.get("content-type", "")
         try:
@@ -310,9 +325,8 @@ def _registry(inputs: Mapping[str, Any], ctx: ToolContext) -> Any:
 
 
 def _noetl(uri: str, op: str, inputs: Mapping[str, Any], value: Any, ctx: ToolContext) -> Any:
-    from registry_service.errors import RegistryError
-
     from noetl_dagster.storage.locator import InvalidLocator, parse_locator
+    from registry_service.errors import RegistryError
 
     try:
         loc = parse_locator(uri, require_version=False)
@@ -340,7 +354,15 @@ def _noetl(uri: str, op: str, inputs: Mapping[str, Any], value: Any, ctx: ToolCo
         rows = len(value) if isinstance(value, list) else None
         res = client.register(
             uri,
-            locations=[{"uri": location_uri, "checksum": checksum, "size_bytes": len(data), "format": fmt, "rows": rows}],
+            locations=[
+                {
+                    "uri": location_uri,
+                    "checksum": checksum,
+                    "size_bytes": len(data),
+                    "format": fmt,
+                    "rows": rows,
+                }
+            ],
             execution_id=getattr(ctx, "execution_id", None),
             step=getattr(ctx, "step", None),
             task=getattr(ctx, "task", None),
