@@ -59,7 +59,7 @@ def test_loop_iterator_is_also_a_bare_name(run_pb):
 
 
 def test_parallel_results_are_in_index_order(run_pb):
-    r = run_pb(_loop("{{ [0.12, 0.06, 0.0, 0.03] }}", "parallel", tool="""
+    r = run_pb(_loop("{{ [0.4, 0.2, 0.0, 0.1] }}", "parallel", tool="""
     tool:
       kind: python
       input: {d: "{{ iter.item }}", i: "{{ iter.index }}"}
@@ -82,7 +82,7 @@ MIF_TOOL = """
       code: |
         import time
         t0 = time.monotonic()
-        time.sleep(0.08)
+        time.sleep(0.15)
         result = {"start": t0, "end": time.monotonic()}
 """
 

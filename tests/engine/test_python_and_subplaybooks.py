@@ -311,6 +311,14 @@ def test_sub_playbook_return_step_and_child_events(run_pb, write_pb):
     assert child[-1].name == "playbook.processed"
     # the parent's own events carry no parent
     assert {e.parent_execution_id for e in r.events} == {None}
+    # the child's log replays on its own (conftest only sees top-level executions)
+    from noetl_dagster.engine.replay import replay
+    from noetl_dagster.storage.events import open_event_store
+
+    with open_event_store(r.result.event_store_url) as store:
+        state = replay(store, res["execution_id"])
+    assert state.status == "completed" and state.parent_execution_id == r.result.execution_id
+    assert state.results["start"] == {"doubled": 10} and state.runs == {"start": 1, "last": 1}
 
 
 def test_sub_playbook_from_catalog_dir(run_pb, write_pb, tmp_path):
