@@ -69,7 +69,9 @@ def find_legacy_constructs(data: dict) -> list[Finding]:
         for i, step in enumerate(workflow):
             if isinstance(step, dict):
                 _step(step, ("workflow", i), out)
-    _vars_refs(data, (), out)
+    for key in ("workload", "workbook", "workflow", "executor", "keychain"):
+        if key in data:
+            _vars_refs(data[key], (key,), out)
     return out
 
 
@@ -106,6 +108,8 @@ def _step(step: dict, path: PathT, out: list[Finding]) -> None:
                     if key in arc:
                         out.append(((*path, "next", "arcs", j, key), f"arc `{key}:`", f"{MIGRATE}"))
     tool = step.get("tool")
+    if isinstance(tool, str):
+        out.append(((*path, "tool"), "`tool: <kind>` name", f"{MIGRATE}: becomes `tool: {{kind: ...}}` with the step's tool keys"))
     if isinstance(tool, dict):
         if "kind" in tool:
             _task(tool, (*path, "tool"), out)

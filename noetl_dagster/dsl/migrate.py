@@ -60,7 +60,7 @@ V1_STEP_KEYS = frozenset({
     "sink", "save", "retry", "result", "vars", "when", "spec", "set", "tool", "pass", "call", "output",
 })  # fmt: skip
 ARGS_NATIVE_KINDS = frozenset({"container", "shell", "script", "job", "k8s"})
-RAW_TEXT_KEYS = frozenset({"code", "code_b64", "code_base64", "cmds"})
+RAW_TEXT_KEYS = frozenset({"code", "code_b64", "code_base64"})
 BACKOFFS = frozenset({"none", "fixed", "linear", "exponential"})
 SINK_KIND_KEYS = ("backend", "storage", "kind", "type")
 EVENT_LOG_KINDS = frozenset({"event_log", "event", "events", "log_event"})
@@ -916,6 +916,9 @@ class _Migrator:
         for key in ("args", "with"):
             if isinstance(s.get(key), dict):
                 self._step_input(s, key, path)
+            elif key in s:
+                self.note("refused", "step-input", f"step `{key}` is not a mapping of input names; left as written",
+                          s, key, (*path, key))  # fmt: skip
         tasks = _task_items(s.get("tool"))
         for t in tasks or []:
             self._task_body(t.body, (*path, "tool"), s)
@@ -939,47 +942,104 @@ class _Migrator:
 
     # v1: type / task / with / inline config -> tool
     def _v1_tool(self, s: CommentedMap, path: tuple) -> None:
-        if "type" not in s and not ("task" in s and "tool" not in s):
+        """v1 `type` / `task` / `with` (and early-v2 `tool: <kind>`) with the tool's keys on the step -> `tool`."""
+        tool_name = s.get("tool") if isinstance(s.get("tool"), str) else None
+        if "type" not in s and tool_name is None and not ("task" in s and "tool" not in s):
             return
-        t = s.get("type")
+        anchor = "type" if "type" in s else "tool" if tool_name is not None else "task"
+        t = tool_name if tool_name is not None else s.get("type")
         try:
-            if "tool" in s:
+            if "tool" in s and tool_name is None:
+                raise _Refuse("the step has both `type` and `tool`", s, "type")
+            if tool_name is not None and "type" in s:
                 raise _Refuse("the step has both `type` and `tool`", s, "type")
             if "pass" in s or "call" in s:
                 raise _Refuse("`pass` / `call` steps have no standard counterpart", s, "pass" if "pass" in s else "call")
             kind = "workbook" if t in (None, "workbook") else str(t)
             if kind == "iterator":
-                raise _Refuse("`type: iterator` steps are not translated; write a `loop:` step", s, "type")
+                self._v1_iterator(s, path)
+                return
             config_keys = [k for k in s if k not in V1_STEP_KEYS and not (kind == "workbook" and k == "name")]
             if kind in ROUTING_ONLY_TYPES:
                 if config_keys:
-                    raise _Refuse(f"a `type: {kind}` step has tool keys {config_keys}", s, "type")
-                _pop(s, "type")
+                    raise _Refuse(f"a `type: {kind}` step has tool keys {config_keys}", s, anchor)
+                _pop(s, anchor)
                 return
+            if isinstance(s.get("with"), dict) and kind != "workbook" and "input" in config_keys:
+                raise _Refuse("the step has both `with` and an `input` key", s, "with")
         except _Refuse as e:
-            self.refuse(e, "step-type", s, "type", (*path, "type"))
+            self.refuse(e, "step-type", s, anchor, (*path, anchor))
             return
         kind = KIND_ALIASES.get(kind, kind)
-        anchor = "type" if "type" in s else "task"
+        if "data" in config_keys and kind != "http" and isinstance(s.get("data"), dict) and "with" not in s:
+            _rename_key(s, "data", "with")  # v1 `data:` on a step is its input (http keeps `data` as its body)
+            config_keys = [k for k in config_keys if k != "data"]
         tool = CommentedMap()
         tool["kind"] = kind
         if kind == "workbook":
-            entry = s.get("task") or s.get("name")
-            tool["name"] = entry
-            for k in ("task", "name"):
-                if k in s:
-                    s.ca.items.pop(k, None)
+            tool["name"] = s.get("task") or s.get("name")
         for k in config_keys:
             _pop(s, k, tool)
         pos = _index(s, anchor)
-        for k in ("type", "task") + (("name",) if kind == "workbook" else ()):
-            if k in s:
+        for k in ("type", "task", "tool") + (("name",) if kind == "workbook" else ()):
+            if k in s and (k != "tool" or tool_name is not None):
                 if k != anchor:
                     s.ca.items.pop(k, None)
                 s.pop(k)
         s.insert(pos, "tool", tool)
         if isinstance(s.get("with"), dict):
-            self._merge_input(tool, s, "with", path)
+            try:
+                self._merge_input(tool, s, "with", path)
+            except _Refuse as e:  # unreachable after the check above; kept so a refusal is never a crash
+                self.refuse(e, "step-type", s, "with", (*path, "with"))
+
+    def _v1_iterator(self, s: CommentedMap, path: tuple) -> None:
+        """v1 `type: iterator` (collection, element, mode, task) -> a `loop:` step whose tool is the task."""
+        try:
+            task = s.get("task")
+            if not isinstance(task, dict) or "collection" not in s or "element" not in s:
+                raise _Refuse("an iterator step needs `collection`, `element` and a `task` mapping", s, "type")
+            if "loop" in s:
+                raise _Refuse("an iterator step that also has `loop`", s, "loop")
+            extra = [k for k in s if k not in V1_STEP_KEYS and k not in ("collection", "element", "mode", "concurrency")]
+            if extra:
+                raise _Refuse(f"iterator keys {extra} have no counterpart", s, extra[0])
+            tkind = task.get("kind", task.get("type"))
+            if not isinstance(tkind, str):
+                raise _Refuse("the iterator's task has no `type`", s, "task")
+            if "save" in task and "save" in s:
+                raise _Refuse("both the iterator and its task have `save`", s, "save")
+        except _Refuse as e:
+            self.refuse(e, "iterator", s, "type", (*path, "type"))
+            return
+        loop = CommentedMap()
+        loop["in"] = s["collection"]
+        loop["iterator"] = s["element"]
+        spec = CommentedMap()
+        if "mode" in s:
+            spec["mode"] = s["mode"]
+        if "concurrency" in s:
+            spec["max_in_flight"] = s["concurrency"]
+        if spec:
+            loop["spec"] = spec
+        pos = _index(s, "type")
+        tool = CommentedMap()
+        tool["kind"] = KIND_ALIASES.get(tkind, tkind)
+        for k in list(task.keys()):
+            if k in ("type", "kind"):
+                continue
+            if k == "save":
+                _pop(task, k, s)  # per-iteration storage: a task of the loop's pipeline
+            elif k in ("data", "with", "args") and isinstance(task[k], dict) and "input" not in tool:
+                _pop(task, k, tool, "input")
+            else:
+                _pop(task, k, tool)
+        for k in ("type", "collection", "element", "mode", "concurrency", "task"):
+            if k in s:
+                _pop(s, k)
+        s.insert(pos, "loop", loop)
+        s.insert(pos + 1, "tool", tool)
+        self._task_body(tool, (*path, "tool"), s)
 
     def _merge_input(self, tool: CommentedMap, src: CommentedMap, key: str, path: tuple) -> None:
         """Move ``src[key]`` (a legacy `with` / `args` mapping) into ``tool.input``."""
@@ -1144,9 +1204,8 @@ class _Migrator:
         extra = sorted(set(retry) - known)
         if extra:
             raise _Refuse(f"retry keys {extra} have no counterpart in task policy rules", retry)
-        attempts = retry.get("max_attempts", retry.get("attempts"))
-        if attempts is not None:
-            then["attempts"] = attempts
+        # the legacy defaults: 3 attempts, 1 s doubling (backoff_multiplier 2.0)
+        then["attempts"] = retry.get("max_attempts", retry.get("attempts", 3))
         backoff = retry.get("backoff")
         delay = retry.get("initial_delay", retry.get("delay", retry.get("backoff_seconds")))
         mult = retry.get("backoff_multiplier")
@@ -1166,6 +1225,8 @@ class _Migrator:
             else:
                 raise _Refuse(f"backoff_multiplier {mult} has no counterpart (exponential doubles)", retry,
                               "backoff_multiplier")  # fmt: skip
+        if backoff is None and mult is None:
+            backoff = "exponential"
         if backoff is not None:
             if str(backoff) not in BACKOFFS:
                 raise _Refuse(f"backoff {backoff!r} is not one of {sorted(BACKOFFS)}", retry, "backoff")
@@ -1225,9 +1286,12 @@ class _Migrator:
             tasks = _task_items(s.get("tool"))
             if not tasks or len(tasks) != 1:
                 raise _Refuse("a step `retry` needs exactly one task to attach to", s, "retry")
-            if not isinstance(s["retry"], dict):
-                raise _Refuse("`retry` is not a mapping", s, "retry")
-            rule = self._retry_rule(s["retry"], str(tasks[0].body.get("kind")), s["step"])
+            raw = s["retry"]
+            if raw is True or (isinstance(raw, int) and not isinstance(raw, bool) and raw > 0):
+                raw = {} if raw is True else {"max_attempts": raw}  # `retry: true` / `retry: <attempts>`
+            if not isinstance(raw, dict):
+                raise _Refuse("`retry` is not a mapping, `true` or a number of attempts", s, "retry")
+            rule = self._retry_rule(raw, str(tasks[0].body.get("kind")), s["step"])
             self._add_rules(tasks[0].body, [rule], s, "retry")
             _pop(s, "retry")
         except _Refuse as e:
@@ -1295,6 +1359,11 @@ class _Migrator:
         if not isinstance(spec, dict):
             self.note("refused", "loop", "`loop.spec` is not a mapping", loop, "spec", (*path, "loop", "spec"))
             return
+        mode = loop.get("mode")
+        if mode is not None and mode not in ("sequential", "parallel"):
+            self.note("refused", "loop", f"loop mode {mode!r} has no counterpart (sequential / parallel)", loop, "mode",
+                      (*path, "loop", "mode"))  # fmt: skip
+            moved = [k for k in moved if k != "mode"]
         for k in moved:
             if k in spec:
                 self.note("refused", "loop", f"`loop.{k}` and `loop.spec.{k}` both exist", loop, k, (*path, "loop", k))
@@ -1319,8 +1388,9 @@ class _Migrator:
             line = _line(nxt, i)
             if isinstance(item, str):
                 groups.append(_Group("always", [_Target(item)], line=line))
-            elif isinstance(item, dict) and "when" in item and "then" in item:
-                groups.append(_Group("cond", self._targets(item["then"]), when=item["when"], line=line))
+            elif isinstance(item, dict) and "then" in item and ("when" in item or "condition" in item):
+                when = item.get("when", item.get("condition"))
+                groups.append(_Group("cond", self._targets(item["then"]), when=when, line=line))
                 if "else" in item:
                     if any(isinstance(x, dict) and "when" in x for x in nxt[i + 1 :]):
                         raise _Refuse("a `when` with its own `else` is followed by more conditions", nxt, i)
@@ -1328,13 +1398,14 @@ class _Migrator:
             elif isinstance(item, dict) and "else" in item and "step" not in item:
                 groups.append(_Group("default", self._targets(item["else"]), line=line))
             elif isinstance(item, dict) and isinstance(item.get("step"), str):
-                args = item.get("with", item.get("args"))
-                extra = [k for k in item if k not in ("step", "with", "args", "when", "set", "desc")]
+                args = _target_args(item, nxt, i)
+                extra = [k for k in item if k not in ("step", *ARG_KEYS, "when", "condition", "set", "desc")]
                 if extra:
                     raise _Refuse(f"next item keys {extra} have no counterpart", nxt, i)
                 tgt = _Target(item["step"], args, item)
-                if "when" in item:
-                    groups.append(_Group("cond", [tgt], when=item["when"], set=item.get("set"), line=line))
+                if "when" in item or "condition" in item:
+                    when = item.get("when", item.get("condition"))
+                    groups.append(_Group("cond", [tgt], when=when, set=item.get("set"), line=line))
                 else:
                     groups.append(_Group("always", [tgt], set=item.get("set"), line=line))
             else:
@@ -1349,10 +1420,10 @@ class _Migrator:
             if isinstance(t, str):
                 out.append(_Target(t))
             elif isinstance(t, dict) and isinstance(t.get("step"), str):
-                extra = [k for k in t if k not in ("step", "with", "args")]
+                extra = [k for k in t if k not in ("step", *ARG_KEYS)]
                 if extra:
                     raise _Refuse(f"target keys {extra} have no counterpart", t)
-                out.append(_Target(t["step"], t.get("with", t.get("args")), t))
+                out.append(_Target(t["step"], _target_args(t, t, None), t))
             else:
                 raise _Refuse("a routing target is not a step name or `{step, with}`", t)
         return out
@@ -1488,6 +1559,11 @@ class _Migrator:
     def _step_sink(self, s: CommentedMap, key: str, path: tuple) -> None:
         try:
             cfg = s[key]
+            if _storage_kind(cfg) in EVENT_LOG_KINDS:
+                self.note("info", key, f"`{key}` to the event log needs no task: every result is recorded as an "
+                          "event", s, key, (*path, key))  # fmt: skip
+                _pop(s, key)
+                return
             tasks, main = self._main_task(s)
             era = "v1" if key == "save" else "v2"
             built = self._storage_task(cfg, main, era, s, key)
@@ -1551,6 +1627,8 @@ class _Migrator:
         if isinstance(tool, dict):
             kind = tool.get("kind") or tool.get("type")
             params.update({k: v for k, v in tool.items() if k not in ("kind", "type")})
+        elif isinstance(tool, str):
+            kind = tool
         storage = cfg.get("storage")
         if isinstance(storage, dict):
             kind = kind or storage.get("type") or storage.get("kind")
@@ -1754,23 +1832,34 @@ class _Migrator:
 
     @staticmethod
     def _case_actions(then: Any, node: Any, key: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {}
         if isinstance(then, dict):
-            return dict(then)
-        if isinstance(then, list):
-            out: dict[str, Any] = {}
+            out = dict(then)
+        elif isinstance(then, list):
+            targets = [a for a in then if isinstance(a, dict) and isinstance(a.get("step"), str)]
+            if targets:  # `then: [- step: x]`: targets written directly
+                out["next"] = targets
             for a in then:
+                if a in targets:
+                    continue
                 if not isinstance(a, dict):
                     raise _Refuse("a case action is not a mapping", node, key)
                 for k, v in a.items():
                     if k in out:
                         raise _Refuse(f"case action {k!r} appears twice in one rule", node, key)
                     out[k] = v
-            return out
-        raise _Refuse("case `then` is not a mapping", node, key)
+        else:
+            raise _Refuse("case `then` is not a mapping", node, key)
+        res = out.get("result")
+        if isinstance(res, dict) and set(res) == {"from"} and res["from"] in ("response", "result"):
+            del out["result"]  # the step's result is its tool's response already
+        return out
 
     def _ctx_set(self, raw: Any) -> CommentedMap | None:
         if raw is None:
             return None
+        if isinstance(raw, list) and all(isinstance(x, dict) and set(x) == {"name", "value"} for x in raw):
+            raw = {x["name"]: x["value"] for x in raw}  # the `[{name, value}]` spelling
         if not isinstance(raw, dict):
             raise _Refuse("a case `set` is not a mapping")
         out = CommentedMap()
@@ -2187,6 +2276,19 @@ class _Migrator:
         return seen
 
 
+ARG_KEYS = ("with", "args", "data", "input")  # what a legacy target passes on (v1 `data` / `input` spellings)
+
+
+def _target_args(item: dict, node: Any, key: Any) -> Any:
+    present = [k for k in ARG_KEYS if k in item]
+    if len(present) > 1:
+        raise _Refuse(f"a routing target passes values under several keys {present}", node, key)
+    args = item[present[0]] if present else None
+    if args is not None and not isinstance(args, dict):
+        raise _Refuse("the values a routing target passes are not a mapping", node, key)
+    return args
+
+
 def _group_always(expr: str) -> str:
     return f"({expr})" if _needs_parens(expr) or " " in expr.strip() else expr
 
@@ -2232,6 +2334,18 @@ def _count_statements(sql: str) -> int:
     from noetl_dagster.tools.postgres import split_sql
 
     return len(split_sql(sql)) or 1
+
+
+def _storage_kind(cfg: Any) -> str | None:
+    if not isinstance(cfg, dict):
+        return None
+    tool, storage = cfg.get("tool"), cfg.get("storage")
+    for cand in (tool.get("kind") if isinstance(tool, dict) else tool,
+                 storage.get("type") if isinstance(storage, dict) else storage,
+                 cfg.get("backend"), cfg.get("kind"), cfg.get("type")):  # fmt: skip
+        if isinstance(cand, str):
+            return cand.lower()
+    return None
 
 
 def _main_params(code: str) -> list[str]:
