@@ -79,6 +79,7 @@ def run_playbook_dagster(
     translator: NoetlTranslator | None = None,
     execution_id: str | None = None,
     location: NoetlCodeLocation | None = None,
+    log_level: str = "WARNING",
 ) -> ExecutionResult:
     """Run one playbook to completion through Dagster and return the local runner's summary shape."""
     pb = playbook if isinstance(playbook, Playbook) else load_playbook(playbook)
@@ -102,13 +103,19 @@ def run_playbook_dagster(
     own_instance = instance is None
     inst = instance or open_instance(dagster_home)
     try:
-        info = drive(location, compiled, eid, dict(workload or {}), inst)
+        info = drive(location, compiled, eid, dict(workload or {}), inst, log_level=log_level)
     finally:
         if own_instance:
             inst.dispose()
     result = result_from_log(svc, eid, pb)
     result.extra["dagster"] = {"run_ids": info.run_ids, "statuses": info.statuses}
     return result
+
+
+def run_with_dagster(playbook: Playbook | str | os.PathLike[str], workload: Mapping[str, Any] | None = None,
+                     **kwargs: Any) -> ExecutionResult:  # fmt: skip
+    """The ``run --runner dagster`` entry point (same keywords as :func:`run_playbook_dagster`)."""
+    return run_playbook_dagster(playbook, workload, **kwargs)
 
 
 def _detach(compiled: CompiledPlaybook, svc: Services, eid: str, workload: dict[str, Any]) -> ExecutionResult:
@@ -118,7 +125,8 @@ def _detach(compiled: CompiledPlaybook, svc: Services, eid: str, workload: dict[
     eng = Engine(pb, svc, execution_id=eid)
     eng.start(workload, requested_by=f"{REQUESTED_BY_DETACHED}cli")
     register_engine(eng)
-    return ExecutionResult(eid, eng.state.status, dict(eng.state.ctx), {}, {}, svc.event_store.url, pb.metadata.path)
+    # "requested": nothing ran yet; the router sensor of a running dagster-daemon launches it
+    return ExecutionResult(eid, "requested", dict(eng.state.ctx), {}, {}, svc.event_store.url, pb.metadata.path)
 
 
 def drive(
@@ -127,12 +135,18 @@ def drive(
     eid: str,
     workload: dict[str, Any],
     instance: dg.DagsterInstance,
+    *,
+    log_level: str = "WARNING",
 ) -> DagsterRunInfo:
     """Execute the playbook's job, then whatever the router would launch, until the execution ends."""
     defs = location.definitions
     svc = location.index.resource.services()
     tags = {TAG_EXECUTION: eid}
-    run_config = {"ops": {compiled.start_op: {"config": {"workload_json": _json(workload)}}}} if workload else None
+    # the console logger only; every message still goes to the instance's event log
+    loggers = {"loggers": {"console": {"config": {"log_level": log_level.upper()}}}}
+    run_config: dict[str, Any] = dict(loggers)
+    if workload:
+        run_config["ops"] = {compiled.start_op: {"config": {"workload_json": _json(workload)}}}
     info = DagsterRunInfo([], [])
     _execute(defs, compiled.job_name, instance, tags, run_config, info)
     cursor = RouterCursor(watch={eid: "dagster"})
@@ -150,7 +164,7 @@ def drive(
                 f"(last run {info.statuses[-1] if info.statuses else '-'}): {'; '.join(tick.notes) or 'no runnable work'}"
             )
         for launch in launches:
-            _execute(defs, launch.job_name, instance, {**launch.tags, "dagster/run_key": launch.run_key}, None, info)
+            _execute(defs, launch.job_name, instance, {**launch.tags, "dagster/run_key": launch.run_key}, loggers, info)
     raise DagsterRunError(f"execution {eid} needed more than {MAX_RUNS} runs")
 
 

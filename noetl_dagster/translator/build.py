@@ -37,6 +37,11 @@ from noetl_dagster.translator.translator import (
     NoetlTranslator,
 )
 
+try:
+    from yaml import CSafeLoader as _YamlLoader
+except ImportError:  # pragma: no cover - libyaml missing
+    from yaml import SafeLoader as _YamlLoader  # type: ignore[assignment]
+
 log = logging.getLogger("noetl_dagster.translator")
 SUFFIXES = (".yaml", ".yml")
 
@@ -132,7 +137,7 @@ def _is_playbook_file(f: Path) -> bool:
     if "Playbook" not in head:
         return False
     try:
-        doc = yaml.safe_load(f.read_text(encoding="utf-8"))
+        doc = yaml.load(f.read_text(encoding="utf-8"), Loader=_YamlLoader)
     except yaml.YAMLError:
         return True  # let the loader report the syntax error with its line
     return isinstance(doc, dict) and doc.get("kind") == "Playbook"

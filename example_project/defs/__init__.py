@@ -1,0 +1,1 @@
+"""The example project's defs folder: one NoETL playbooks component (defs/playbooks/defs.yaml)."""
