@@ -85,11 +85,26 @@ class FlowGraph:
     def end(self) -> Node:
         return self.nodes[-1]
 
+    def _adjacency(self) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+        key = len(self.edges)
+        cached = getattr(self, "_adj", None)
+        if cached is None or cached[0] != key:
+            succ: dict[int, list[int]] = {}
+            pred: dict[int, list[int]] = {}
+            for a, b in sorted(self.edges):
+                succ.setdefault(a, []).append(b)
+                pred.setdefault(b, []).append(a)
+            for v in pred.values():
+                v.sort()
+            cached = (key, succ, pred)
+            self._adj = cached
+        return cached[1], cached[2]
+
     def successors(self, index: int) -> list[int]:
-        return sorted(b for a, b in self.edges if a == index)
+        return list(self._adjacency()[0].get(index, ()))
 
     def predecessors(self, index: int) -> list[int]:
-        return sorted(a for a, b in self.edges if b == index)
+        return list(self._adjacency()[1].get(index, ()))
 
     def sorted_edges(self) -> list[tuple[int, int]]:
         return sorted(self.edges)
