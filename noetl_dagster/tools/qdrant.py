@@ -102,6 +102,9 @@ class SharedClient:
     path: str | None = None
     url: str | None = None
     lock: threading.RLock = field(default_factory=threading.RLock)
+    # collection -> dimension, so a query does not ask for the collection first; kept up to date by
+    # create/drop here, and refreshed before reporting a dimension mismatch (another client may change it)
+    dims: dict[str, int] = field(default_factory=dict)
 
     @property
     def local(self) -> bool:
@@ -146,7 +149,8 @@ def shared_client(
                 client = QdrantClient(path=real)
                 shared = SharedClient(client, f"qdrant+file://{real}", path=real)
             else:
-                client = QdrantClient(url=real, api_key=api_key, timeout=timeout)
+                # no version probe at construction: it is a blocking request that only warns
+                client = QdrantClient(url=real, api_key=api_key, timeout=timeout, check_compatibility=False)
                 shared = SharedClient(client, real, url=real)
         except Exception as e:  # noqa: BLE001 - opening errors become tool errors
             raise translate_error(e, f"opening {real}") from None
@@ -270,6 +274,7 @@ def collection_info(shared: SharedClient, collection: str) -> CollectionInfo:
         try:
             info = shared.client.get_collection(collection)
         except Exception as e:  # noqa: BLE001
+            shared.dims.pop(collection, None)
             raise translate_error(e, f"reading collection {collection!r}", collection) from None
     vectors = info.config.params.vectors
     if isinstance(vectors, Mapping):  # named vectors: use the only (or first) one
@@ -280,9 +285,19 @@ def collection_info(shared: SharedClient, collection: str) -> CollectionInfo:
         vectors = next(iter(vectors.values()))
     if vectors is None:
         raise ToolError(f"qdrant: collection {collection!r} has no dense vectors", kind="qdrant_bad_request")
+    shared.dims[collection] = int(vectors.size)
     return CollectionInfo(
         collection, int(vectors.size), str(vectors.distance.value).lower(), int(info.points_count or 0)
     )
+
+
+def collection_dimension(shared: SharedClient, collection: str, *, refresh: bool = False) -> int:
+    """The vector size of a collection (cached per shared client)."""
+    if not refresh:
+        dim = shared.dims.get(collection)
+        if dim is not None:
+            return dim
+    return collection_info(shared, collection).dimension
 
 
 def create_collection(
@@ -302,12 +317,14 @@ def create_collection(
         try:
             exists = shared.client.collection_exists(collection)
             if exists and if_exists == "recreate":
+                shared.dims.pop(collection, None)
                 shared.client.delete_collection(collection)
                 exists = False
             if not exists:
                 shared.client.create_collection(
                     collection, vectors_config=models.VectorParams(size=dimension, distance=dist)
                 )
+                shared.dims[collection] = dimension
                 return CollectionInfo(collection, dimension, str(dist.value).lower(), 0), True
         except ToolError:
             raise
@@ -574,8 +591,13 @@ def upsert_points(shared: SharedClient, collection: str, points: PointSet, *, ba
     """Upsert after checking the dimension; returns the number of points written."""
     if not len(points):
         return 0
-    info = info or collection_info(shared, collection)
-    points.check_dimension(info.dimension, collection)
+    if info is not None:
+        points.check_dimension(info.dimension, collection)
+    else:
+        try:
+            points.check_dimension(collection_dimension(shared, collection), collection)
+        except ToolError:
+            points.check_dimension(collection_dimension(shared, collection, refresh=True), collection)
     with shared.lock:
         try:
             for batch in points.batches(batch_size):
@@ -683,10 +705,12 @@ def query_points(
     info: CollectionInfo | None = None,
 ) -> list[dict[str, Any]]:  # fmt: skip
     vec = _vector(vector, "query")
-    info = info or collection_info(shared, collection)
-    if len(vec) != info.dimension:
+    expected = info.dimension if info is not None else collection_dimension(shared, collection)
+    if len(vec) != expected and info is None:
+        expected = collection_dimension(shared, collection, refresh=True)
+    if len(vec) != expected:
         raise ToolError(
-            f"qdrant: collection {collection!r} expects query vectors of dimension {info.dimension}, got {len(vec)}",
+            f"qdrant: collection {collection!r} expects query vectors of dimension {expected}, got {len(vec)}",
             kind="qdrant_dimension",
         )
     with shared.lock:
@@ -704,7 +728,10 @@ def query_points(
         except ToolError:
             raise
         except Exception as e:  # noqa: BLE001
-            raise translate_error(e, f"querying {collection!r}", collection) from None
+            err = translate_error(e, f"querying {collection!r}", collection)
+            if err.kind == "qdrant_not_found":
+                shared.dims.pop(collection, None)
+            raise err from None
     return [
         _point_out(p, score=True, with_payload=with_payload, with_vectors=with_vectors) for p in res.points
     ]
@@ -838,6 +865,7 @@ def qdrant_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     if op == "drop":
         with shared.lock:
             try:
+                shared.dims.pop(collection, None)
                 dropped = bool(shared.client.delete_collection(collection))
             except Exception as e:  # noqa: BLE001
                 raise translate_error(e, f"dropping {collection!r}", collection) from None

@@ -36,7 +36,9 @@ def test_hashing_vectors_are_unit_length_and_deterministic_across_processes():
 
 def test_shared_words_make_texts_close():
     emb = get_embedder({"model": "hashing", "dim": 256})
-    a, b, c = emb.embed(["qdrant stores vectors in collections", "collections of vectors in qdrant", "the cat sat on a mat"])
+    a, b, c = emb.embed(
+        ["qdrant stores vectors in collections", "collections of vectors in qdrant", "the cat sat on a mat"]
+    )
     assert float(a @ b) > 0.5 > float(a @ c) + 0.3
     assert emb.embed([""]).tolist() == [[0.0] * 256]  # nothing to hash: the zero vector, not NaN
 
@@ -56,7 +58,9 @@ def test_specs_and_errors():
 
 def test_a_plugged_model_is_used_by_name(run):
     # stands in for a real model: any texts -> array function plugs in the same way
-    register_embedder("lengths", lambda dim=2: CallableEmbedder("lengths", dim, lambda ts: [[len(t), 1.0] for t in ts]))
+    register_embedder(
+        "lengths", lambda dim=2: CallableEmbedder("lengths", dim, lambda ts: [[len(t), 1.0] for t in ts])
+    )
     assert get_embedder("lengths").embed(["abc"]).tolist() == [[3.0, 1.0]]
     bad = CallableEmbedder("bad", 3, lambda ts: [[1.0, 2.0] for _ in ts])
     with pytest.raises(EmbeddingError, match=r"returned shape \(1, 2\), expected \(1, 3\)"):
@@ -81,8 +85,19 @@ def test_example_playbook_answers_offline(home):
     assert result.results["index_docs"]["points_count"] == 8
 
     # a second run in the same process reuses the shared client; the filter narrows to one topic
-    result = run_playbook(EXAMPLE, {"question": "Which store writes each event id once?", "topic": "storage"}, data_dir=home)
+    result = run_playbook(
+        EXAMPLE, {"question": "Which store writes each event id once?", "topic": "storage"}, data_dir=home
+    )
     assert result.status == "completed", result.to_json()
     answer = result.results["answer"]
     assert answer["source"] == "doc-postgres"
     assert {h["id"] for h in answer["hits"]} <= {"doc-postgres", "doc-parquet"}
+
+
+def test_example_playbook_on_the_dagster_runner_matches_the_local_runner(home):
+    from noetl_dagster.dagster_runner import run_playbook_dagster
+
+    local = run_playbook(EXAMPLE, data_dir=home)
+    on_dagster = run_playbook_dagster(EXAMPLE, data_dir=home)
+    assert on_dagster.status == "completed", on_dagster.to_json()
+    assert on_dagster.results["answer"] == local.results["answer"]

@@ -8,7 +8,13 @@ import pyarrow as pa
 import pytest
 
 from noetl_dagster.embeddings import get_embedder
-from noetl_dagster.io_managers.qdrant import IndexHandle, QdrantIOManager, collection_name, open_index, parse_location
+from noetl_dagster.io_managers.qdrant import (
+    IndexHandle,
+    QdrantIOManager,
+    collection_name,
+    open_index,
+    parse_location,
+)
 from noetl_dagster.resources.qdrant import QdrantResource
 from noetl_dagster.resources.registry import NoetlRegistryResource
 from noetl_dagster.storage.locator import parse_locator
@@ -35,7 +41,10 @@ def io_manager(registry_db, home):
 
 
 def _records(n: int = 12, dim: int = 3) -> list[dict]:
-    return [{"id": i, "vector": [float(i), 1.0] + [0.0] * (dim - 2), "payload": {"n": i, "odd": i % 2 == 1}} for i in range(n)]
+    return [
+        {"id": i, "vector": [float(i), 1.0] + [0.0] * (dim - 2), "payload": {"n": i, "odd": i % 2 == 1}}
+        for i in range(n)
+    ]
 
 
 def test_output_is_upserted_and_registered_as_an_index(io_manager, registry_db, home):
@@ -54,15 +63,25 @@ def test_output_is_upserted_and_registered_as_an_index(io_manager, registry_db, 
     result = dg.materialize([docs_index, nearest], resources={"index_io": io_manager()})
     assert result.success
     meta = {k: v.value for k, v in result.asset_materializations_for_node("docs_index")[0].metadata.items()}
-    assert meta["noetl/uri"] == URI + "@v1" and meta["noetl/dimension"] == 3 and meta["dagster/row_count"] == 12
+    assert (
+        meta["noetl/uri"] == URI + "@v1" and meta["noetl/dimension"] == 3 and meta["dagster/row_count"] == 12
+    )
     assert meta["noetl/collection"] == "acme__lab__search__docs__v1"
 
     plan = open_registry(registry_db, tenant="acme", project="lab").resolve(URI + "@v1")
     assert plan.kind == "index" and plan.rows == 12
     assert plan.location.storage_type == "qdrant"
-    assert plan.location.uri == f"qdrant+file://{(home / 'qdrant').resolve()}?collection=acme__lab__search__docs__v1"
+    assert (
+        plan.location.uri
+        == f"qdrant+file://{(home / 'qdrant').resolve()}?collection=acme__lab__search__docs__v1"
+    )
     md = plan.metadata
-    assert (md["dimension"], md["distance"], md["points"], md["collection"]) == (3, "euclid", 12, "acme__lab__search__docs__v1")
+    assert (md["dimension"], md["distance"], md["points"], md["collection"]) == (
+        3,
+        "euclid",
+        12,
+        "acme__lab__search__docs__v1",
+    )
     assert md["location"] == plan.location.uri
 
     handle = seen["handle"]
@@ -85,7 +104,9 @@ def test_unversioned_uri_gets_numbered_versions_and_fresh_collections(io_manager
 
 
 def test_rematerialising_a_version_upserts_by_id(io_manager, registry_db):
-    batches = iter([_records(6), _records(6)[:3] + [{"id": 100, "vector": [0.0, 0.0, 1.0], "payload": {"n": 100}}]])
+    batches = iter(
+        [_records(6), _records(6)[:3] + [{"id": 100, "vector": [0.0, 0.0, 1.0], "payload": {"n": 100}}]]
+    )
 
     @dg.asset(io_manager_key="index_io", metadata={"noetl/uri": URI + "@stable"})
     def docs_index():
@@ -106,7 +127,9 @@ def test_arrow_table_output_and_text_queries(io_manager, registry_db):
     @dg.asset(io_manager_key="index_io", metadata={"noetl/uri": URI + "@arrow", "noetl/embedding": emb})
     def docs_index() -> pa.Table:
         flat = pa.array(vectors.reshape(-1), type=pa.float32())
-        return pa.table({"id": ["a", "b", "c"], "vector": pa.FixedSizeListArray.from_arrays(flat, 32), "text": texts})
+        return pa.table(
+            {"id": ["a", "b", "c"], "vector": pa.FixedSizeListArray.from_arrays(flat, 32), "text": texts}
+        )
 
     assert dg.materialize([docs_index], resources={"index_io": io_manager()}).success
     handle = open_index(open_registry(registry_db, tenant="acme", project="lab"), URI + "@arrow")
@@ -165,6 +188,9 @@ def test_outputs_must_be_index_resources(io_manager):
 
 def test_location_uris_round_trip():
     assert parse_location("qdrant+file:///data/q?collection=c1") == ({"path": "/data/q"}, "c1")
-    assert parse_location("qdrant+https://q.example:6333?collection=c2") == ({"url": "https://q.example:6333"}, "c2")
+    assert parse_location("qdrant+https://q.example:6333?collection=c2") == (
+        {"url": "https://q.example:6333"},
+        "c2",
+    )
     with pytest.raises(RuntimeError, match="names no collection"):
         parse_location("qdrant+file:///data/q")

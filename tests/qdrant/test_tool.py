@@ -12,12 +12,11 @@ import uuid
 import pyarrow as pa
 import pytest
 from qdrant_client import QdrantClient
+from qdrant_helpers import qstep
 
 from noetl_dagster.resources.qdrant import QdrantResource
 from noetl_dagster.tools import qdrant as q
 from noetl_dagster.tools.registry import ToolError, get_tool
-
-from qdrant_helpers import qstep
 
 # Four points on the unit axes of a 4-d space, with payloads to filter on.
 POINTS = [
@@ -209,7 +208,9 @@ def test_config_errors_are_clear(run):
     r = run([qstep("x", operation="upsert", collection="c")])
     assert r.error("x") == {"kind": "config_error", "message": "qdrant: upsert needs points (`points`, `records`, `input` or `data`)",
                             "retryable": False, "code": None}  # fmt: skip
-    r = run([qstep("x", operation="upsert", collection="c", create_if_missing=True, points=[{"vector": [1, 2]}])])
+    r = run(
+        [qstep("x", operation="upsert", collection="c", create_if_missing=True, points=[{"vector": [1, 2]}])]
+    )
     assert "has no 'id'" in r.error("x")["message"]
     r = run([qstep("x", operation="rename", collection="c")])
     assert "unknown operation 'rename'" in r.error("x")["message"]
@@ -220,7 +221,15 @@ def test_config_errors_are_clear(run):
 
 
 def test_one_shared_client_per_path(run, home):
-    steps = [qstep("load", operation="upsert", collection="s", create_if_missing=True, points=[{"id": 1, "vector": [1, 0]}])]
+    steps = [
+        qstep(
+            "load",
+            operation="upsert",
+            collection="s",
+            create_if_missing=True,
+            points=[{"id": 1, "vector": [1, 0]}],
+        )
+    ]
     assert run(steps).status == "completed"
     assert run(steps).status == "completed"  # a second execution in this process reuses the client
     shared = q.shared_client(path=home / "qdrant")
@@ -252,3 +261,22 @@ def test_path_held_by_another_process_is_a_retryable_error(run, tmp_path):
     finally:
         holder.stdin.close()
         holder.wait(timeout=30)
+
+
+def test_drop_and_recreate_with_another_dimension(run):
+    r = run([
+        qstep("create", operation="create", collection="re", dimension=2),
+        qstep("load", operation="upsert", collection="re", points=[{"id": 1, "vector": [1, 0]}]),
+        qstep("ask2", collection="re", vector=[1, 0]),
+        qstep("drop", operation="drop", collection="re"),
+        qstep("gone", operation="count", collection="re"),
+    ])  # fmt: skip
+    assert r.results["drop"]["dropped"] is True
+    assert r.error("gone")["kind"] == "qdrant_not_found"
+    r = run([
+        qstep("create", operation="create", collection="re", dimension=3, if_exists="recreate"),
+        qstep("load", operation="upsert", collection="re", points=[{"id": 7, "vector": [0, 0, 1]}]),
+        qstep("ask3", collection="re", vector=[0, 0, 1]),
+    ])  # fmt: skip
+    assert r.status == "completed", r.result.to_json()
+    assert r.results["ask3"]["hits"][0]["id"] == 7
