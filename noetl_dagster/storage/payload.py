@@ -73,17 +73,17 @@ def sha256(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-# Chunks at least this big are hashed on a helper thread (hashlib drops the GIL),
-# so hashing overlaps the write instead of adding to it.
-_THREADED_HASH_MIN = 1 << 20
+# From the first chunk at least this big on, hashing runs on a helper thread (hashlib drops
+# the GIL for large updates), so it overlaps the encoder and the write instead of adding to them.
+_THREADED_HASH_MIN = 64 * 1024
 
 
 class HashingWriter:
     """A binary file object that sha256-hashes and counts what passes through it.
 
-    Writers such as pyarrow hand over immutable buffers (``bytes`` or Arrow
-    ``Buffer``), so a chunk can be hashed on a helper thread after it is
-    written without copying it."""
+    Writers such as pyarrow mostly hand over immutable buffers (``bytes``, or Arrow
+    ``Buffer`` views of a table's columns), which the helper thread can hash after
+    ``write`` returns without a copy; mutable ones are copied first."""
 
     def __init__(self, sink: IO[bytes], *, threaded: bool = True):
         self._sink = sink
@@ -117,11 +117,10 @@ class HashingWriter:
             return 0
         self._sink.write(data)
         self.size += n
-        immutable = isinstance(data, bytes) or _is_arrow_buffer(data)
         if self._thread is not None:
-            self._queue.put(data if immutable else bytes(data))  # type: ignore[union-attr]
-        elif self._threaded and immutable and n >= _THREADED_HASH_MIN:
-            self._hash_async(data)
+            self._queue.put(data if _immutable(data) else bytes(data))  # type: ignore[union-attr]
+        elif self._threaded and n >= _THREADED_HASH_MIN:
+            self._hash_async(data if _immutable(data) else bytes(data))
         else:
             self._hash.update(data)
         return n
@@ -164,8 +163,11 @@ class HashingWriter:
         self.closed = True
 
 
-def _is_arrow_buffer(data: Any) -> bool:
-    return type(data).__name__ == "Buffer" and type(data).__module__.startswith("pyarrow")
+def _immutable(data: Any) -> bool:
+    if isinstance(data, bytes):
+        return True
+    # an Arrow Buffer that is not mutable is a view of data nobody may change (a table's column)
+    return type(data).__module__.startswith("pyarrow") and getattr(data, "is_mutable", True) is False
 
 
 class PayloadWriter(HashingWriter):
@@ -286,7 +288,7 @@ class FilePayloadStore(PayloadStore):
 
     def _path(self, key: str) -> Path:
         p = (self.root / _check_key(key)).resolve()
-        if self.root not in p.parents and p != self.root:
+        if not p.is_relative_to(self.root) or p == self.root:
             raise ValueError(f"payload key escapes the store root: {key!r}")
         return p
 
@@ -294,7 +296,7 @@ class FilePayloadStore(PayloadStore):
         # file URIs from Path.as_uri() are percent-encoded ('=' in shard prefixes, spaces)
         path = unquote(urlsplit(uri).path) if uri.startswith("file://") else uri
         p = Path(path).resolve()
-        if self.root not in p.parents:
+        if not p.is_relative_to(self.root) or p == self.root:
             raise ValueError(f"payload uri outside the store root: {uri}")
         return p
 

@@ -57,6 +57,8 @@ CONTENT_TYPES = {
     FORMAT_ICEBERG: "application/vnd.apache.iceberg",
 }
 AS_TYPES = ("arrow", "polars", "pandas", "records", "pydict")
+PARQUET_WRITE_BUFFER = 4 << 20
+IPC_BATCH_ROWS = 64 * 1024
 
 
 class TableDataError(ValueError):
@@ -188,7 +190,10 @@ def write_parquet(
     import pyarrow.parquet as pq  # noqa: PLC0415
 
     with store.writer(key) as w:
-        pq.write_table(table, w, compression=compression, **options)
+        # Parquet emits many small pages; batching them keeps Python calls (and sync hashing) few
+        sink = pa.BufferedOutputStream(pa.PythonFile(w, mode="w"), buffer_size=PARQUET_WRITE_BUFFER)
+        pq.write_table(table, sink, compression=compression, **options)
+        sink.close()
     return TableWrite(FORMAT_PARQUET, w.uri, store.name, w.size, w.checksum, table.num_rows,
                       schema_fingerprint(table.schema), column_schema(table.schema),
                       {"compression": compression})
@@ -203,7 +208,8 @@ def write_arrow_ipc(
     options = pa.ipc.IpcWriteOptions(compression=codec)
     with store.writer(key) as w:
         with pa.ipc.new_file(w, table.schema, options=options) as writer:
-            writer.write_table(table)
+            # record batches of Feather's default size: codec work spreads over threads, readers stream
+            writer.write_table(table, max_chunksize=IPC_BATCH_ROWS)
     return TableWrite(FORMAT_ARROW, w.uri, store.name, w.size, w.checksum, table.num_rows,
                       schema_fingerprint(table.schema), column_schema(table.schema),
                       {"compression": codec or "uncompressed", "encoding": "feather_v2"})

@@ -142,3 +142,18 @@ def test_s3_store_can_create_its_bucket(moto_endpoint):
     store = S3PayloadStore("noetl-created-bucket", endpoint_url=moto_endpoint, key="testing", secret="testing",
                            create_bucket=True)
     assert store.get_bytes(store.put_bytes("a/b", b"1")) == b"1"
+
+
+def test_hashing_writer_copies_buffers_the_producer_reuses(tmp_path):
+    from noetl_dagster.storage.payload import HashingWriter
+
+    scratch = bytearray(256 * 1024)
+    expected = []
+    with open(tmp_path / "out.bin", "wb") as f:
+        w = HashingWriter(f)
+        for i in range(8):  # the producer refills one scratch buffer after every write
+            scratch[:] = bytes([i]) * len(scratch)
+            w.write(scratch)
+            expected.append(bytes(scratch))
+        got = w.checksum
+    assert got == sha256(b"".join(expected)) == sha256((tmp_path / "out.bin").read_bytes())
