@@ -5,7 +5,6 @@ fail) and the order of writes."""
 from __future__ import annotations
 
 import pytest
-
 from engine_helpers import ts
 
 HEAD = """
