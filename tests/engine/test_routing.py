@@ -607,3 +607,42 @@ workflow:
 """)
     assert r.runs == {"start": 1, "b": 1}
     assert r.named("next.evaluated")[0].data["event_name"] == "call.done"
+
+
+def test_join_waits_while_a_branch_is_still_cycling(run_pb):
+    r = run_pb(HEAD + """
+workflow:
+  - step: start
+    tool: {kind: noop}
+    next:
+      spec: {mode: inclusive}
+      arcs: [{step: spin}, {step: quick}]
+  - step: spin
+    tool: {kind: noop}
+    set: {ctx.n: "{{ (ctx.n or 0) + 1 }}"}
+    next:
+      arcs:
+        - {step: spin, when: "{{ ctx.n < 4 }}"}
+        - {step: j}
+  - step: quick
+    tool: {kind: noop}
+    next: {arcs: [{step: j}]}
+  - step: j
+    tool: {kind: noop, result: "{{ args | length }}"}
+""")
+    assert r.runs == {"start": 1, "spin": 4, "quick": 1, "j": 1}
+    assert r.results["j"] == 2
+    assert r.index("step.started", "j")[0] > max(r.index("step.done", "spin"))
+
+
+def test_admission_denied_at_a_join_skips_once_with_every_token(run_pb):
+    text = FANOUT.replace(
+        "  - step: join\n",
+        "  - step: join\n    spec:\n      policy:\n        admit:\n          rules:\n"
+        "            - when: \"{{ args | length == 2 }}\"\n              then: {allow: false}\n",
+    )
+    r = run_pb(text)
+    assert r.status == "completed"
+    assert "join" not in r.runs
+    (skipped,) = r.named("step.skipped", "join")
+    assert len(skipped.data["token_ids"]) == 2
