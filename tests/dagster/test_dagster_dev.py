@@ -1,0 +1,147 @@
+"""Acceptance: the real ``dagster dev`` (webserver + daemon) serves the example
+code location, and its ``noetl_router`` sensor launches executions requested
+outside Dagster (``run --runner dagster --detach``), including a per-step
+playbook whose every step is a sensor hop. Completion is observed through the
+GraphQL API; the process group is stopped with SIGINT (DESIGN.md pitfalls:
+``dagster dev`` ignores signals unless it leads its own group)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import EXAMPLES, REPO
+
+from noetl_dagster.dagster_runner import run_playbook_dagster
+from noetl_dagster.resources.noetl import close_all_services
+from noetl_dagster.storage.events import open_event_store
+
+RUNS_QUERY = """
+query Runs($eid: String!) {
+  runsOrError(filter: {tags: [{key: "noetl/execution_id", value: $eid}]}) {
+    __typename
+    ... on Runs { results { runId status jobName tags { key value } } }
+    ... on PythonError { message }
+  }
+}
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _graphql(url: str, query: str, variables: dict) -> dict:
+    r = httpx.post(f"{url}/graphql", json={"query": query, "variables": variables}, timeout=10)
+    r.raise_for_status()
+    body = r.json()
+    assert "errors" not in body, body
+    return body["data"]
+
+
+def _runs(url: str, eid: str) -> list[dict]:
+    data = _graphql(url, RUNS_QUERY, {"eid": eid})["runsOrError"]
+    assert data["__typename"] == "Runs", data
+    return data["results"]
+
+
+@pytest.fixture
+def dagster_dev(tmp_path):
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "example_project" / "dagster.yaml", home / "dagster.yaml")
+    noetl_home = tmp_path / "noetl"
+    port = _free_port()
+    env = {**os.environ, "DAGSTER_HOME": str(home), "NOETL_DAGSTER_HOME": str(noetl_home)}
+    bindir = Path(sys.executable).parent
+    log = open(tmp_path / "dagster_dev.log", "wb")
+    proc = subprocess.Popen(
+        [str(bindir / "dagster"), "dev", "-m", "example_project.definitions", "-h", "127.0.0.1", "-p", str(port)],
+        cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert proc.poll() is None, (tmp_path / "dagster_dev.log").read_text()[-3000:]
+            try:
+                if httpx.get(f"{url}/server_info", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.time() < deadline, "dagster dev did not answer /server_info in 120 s"
+            time.sleep(0.5)
+        yield url, noetl_home, proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+                raise AssertionError("dagster dev did not stop on SIGINT within 60 s") from None
+        log.close()
+        close_all_services()
+
+
+def _wait_finished(url: str, noetl_home: Path, eid: str, timeout: float) -> list[dict]:
+    store = open_event_store(None, data_dir=noetl_home)
+    try:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            runs = _runs(url, eid)
+            done = any(e.name == "workflow.finished" for e in store.read(eid))
+            if done and runs and all(r["status"] in ("SUCCESS", "FAILURE", "CANCELED") for r in runs):
+                return runs
+            time.sleep(1)
+        raise AssertionError(f"execution {eid} not finished in {timeout} s; runs: {_runs(url, eid)}")
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+def test_sensor_launches_detached_executions_in_dagster_dev(dagster_dev):
+    url, noetl_home, proc = dagster_dev
+    # (a) requested outside Dagster: one run of the playbook's job, launched by the router
+    req = run_playbook_dagster(EXAMPLES / "hello_dagster.yaml", {"name": "daemon"}, data_dir=noetl_home, detach=True)
+    assert req.status == "requested"
+    # (b) per-step: every step is its own job; the router follows each token
+    per_step = run_playbook_dagster(EXAMPLES / "per_step_pipeline.yaml", data_dir=noetl_home, detach=True)
+
+    runs = _wait_finished(url, noetl_home, req.execution_id, timeout=90)
+    assert [r["status"] for r in runs] == ["SUCCESS"]
+    tags = {t["key"]: t["value"] for t in runs[0]["tags"]}
+    assert tags["noetl/execution_id"] == req.execution_id
+    assert tags["noetl/playbook"] == "examples/hello_dagster"
+    assert tags["noetl/tenant"] == "demo" and tags["noetl/project"] == "examples"
+    assert tags["dagster/run_key"].startswith(req.execution_id)
+    assert tags["noetl/status"] == "completed"
+
+    runs = _wait_finished(url, noetl_home, per_step.execution_id, timeout=180)
+    jobs = sorted(r["jobName"] for r in runs)
+    assert jobs == sorted(
+        f"per_step_pipeline__step__{s}" for s in ("start", "total", "maximum", "combine")
+    ), jobs
+    assert all(r["status"] == "SUCCESS" for r in runs)
+
+    store = open_event_store(None, data_dir=noetl_home)
+    try:
+        for eid in (req.execution_id, per_step.execution_id):
+            finished = [e for e in store.read(eid) if e.name == "workflow.finished"]
+            assert len(finished) == 1 and finished[0].data["status"] == "completed"
+        hello = {e.step: e.data.get("result") for e in store.read(req.execution_id) if e.name == "step.done"}
+        assert hello["done"] == {"said": 3, "last": "Hello, daemon!"}
+    finally:
+        store.close()
+    assert proc.poll() is None
