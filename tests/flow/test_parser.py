@@ -142,6 +142,7 @@ def test_syntax_errors_point_at_line_and_column(text, line, col, fragment):
         ("@task X { A → X }\nX", "recursive-subflow", 1, 15),
         ("@task X { A }\nX (- a: 1 -)", "subflow-params", 2, 3),
         ("@task X (- a: 1 -) { A }\nX", "subflow-params", 1, 9),
+        ("@task S { A };\n@task X = S (- a: 1 -);\nX", "subflow-params", 3, 1),
         ("@task A (- {a: 1} -);\nA ([1])", "params-type", 2, 3),
         (":x A;\n:x B", "duplicate-input-label", 2, 1),
         ("{ A :x → B :x }", "duplicate-output-label", 1, 12),

@@ -218,10 +218,10 @@ class _GraphBuilder:
                 has = True
             doc = doc or d.doc
             if d.block is not None:
-                if ref.params is not None:
+                if has:  # from the invocation or from an alias's declaration
                     raise self.error(
                         f"{name!r} is a subflow (declared at {d.pos}); it takes no parameters",
-                        ref.params.pos,
+                        ref.params.pos if ref.params else ref.pos,
                         "subflow-params",
                     )
                 return name, None, False, doc, d
