@@ -166,9 +166,7 @@ def write_index(
     collection = collection_name(loc, unique=uuid7().replace("-", "")[:20])
     dim = points.dimension()
     if dim is None:  # no points: only an existing version's collection can take them
-        with shared.lock:
-            exists = shared.client.collection_exists(collection)
-        if not exists:
+        if not q.collection_exists(shared, collection):
             raise q.ToolError(f"{uri}: cannot create an index from zero points", kind="config_error")
         info = q.collection_info(shared, collection)
     else:

@@ -291,6 +291,14 @@ def collection_info(shared: SharedClient, collection: str) -> CollectionInfo:
     )
 
 
+def collection_exists(shared: SharedClient, collection: str) -> bool:
+    with shared.lock:
+        try:
+            return bool(shared.client.collection_exists(collection))
+        except Exception as e:  # noqa: BLE001
+            raise translate_error(e, f"looking up collection {collection!r}", collection) from None
+
+
 def collection_dimension(shared: SharedClient, collection: str, *, refresh: bool = False) -> int:
     """The vector size of a collection (cached per shared client)."""
     if not refresh:
@@ -882,9 +890,7 @@ def qdrant_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         points = to_points(source, ctx=ctx, embedder=embedder, options=inputs)
         info = None
         if inputs.get("create_if_missing"):
-            with shared.lock:
-                exists = shared.client.collection_exists(collection)
-            if not exists:
+            if not collection_exists(shared, collection):
                 dim = points.dimension() or (embedder.dim if embedder else None)
                 if dim is None:
                     raise ToolError(
