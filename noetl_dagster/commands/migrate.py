@@ -46,7 +46,6 @@ def migrate(files: tuple[Path, ...], output: Path | None, in_place: bool, check:
     Comments and key order are kept; anything that cannot be translated
     faithfully is reported with its file and line and left as written.
     """
-    err = click.get_text_stream("stderr")
     if sum([output is not None, in_place, check]) > 1:
         click.echo("migrate: use only one of -o/--output, --in-place and --check", err=True)
         sys.exit(2)
@@ -100,5 +99,4 @@ def migrate(files: tuple[Path, ...], output: Path | None, in_place: bool, check:
             click.echo(f"{f} -> {target}", err=True)
         else:
             click.echo(result.text, nl=False)
-    err.flush()
     sys.exit(code)

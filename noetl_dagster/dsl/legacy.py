@@ -10,8 +10,8 @@ task policies. Paths are tuples of keys and list indexes, the same shape the
 loader's source map uses, so a caller can turn each into a line number.
 
 It is pure and cheap (one walk, no YAML library): the validator calls it on
-every file. Constructs that are merely invalid in every era (a step ``when``,
-an unknown kind) are the validator's business, not listed here.
+every file. Constructs that are invalid in every era (an unknown kind, a
+duplicate step) are the validator's business, not listed here.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ _STEP_KEYS: dict[str, tuple[str, str]] = {
     "eval": ("`eval:` rules", "become `spec.policy.rules`"),
     "expr": ("`expr:`", "becomes a policy rule `when`"),
     "set_vars": ("`set_vars`", "becomes `set_ctx`"),
+    "when": ("step `when`", "becomes `spec.policy.admit.rules`"),
 }
 
 
@@ -50,14 +51,32 @@ def find_legacy_constructs(data: dict) -> list[Finding]:
     if not isinstance(data, dict):
         return out
     if data.get("apiVersion") in ("noetl.io/v1", "noetl/v1", "v1"):
-        out.append((("apiVersion",), "apiVersion noetl.io/v1", f"{MIGRATE}: the v1 playbook is rewritten to noetl.io/v2"))
+        out.append(
+            (
+                ("apiVersion",),
+                "apiVersion noetl.io/v1",
+                f"{MIGRATE}: the v1 playbook is rewritten to noetl.io/v2",
+            )
+        )
     if not isinstance(data.get("metadata"), dict) and ("name" in data or "path" in data):
         key = "name" if "name" in data else "path"
         out.append(((key,), "root `name`/`path`", f"{MIGRATE}: they move under `metadata`"))
     if "vars" in data:
-        out.append((("vars",), "root `vars:`", f"{MIGRATE}: initial values move to `workload`, reads to `ctx`/`workload`"))
+        out.append(
+            (
+                ("vars",),
+                "root `vars:`",
+                f"{MIGRATE}: initial values move to `workload`, reads to `ctx`/`workload`",
+            )
+        )
     if "workbooks" in data:
-        out.append((("workbooks",), "root `workbooks:`", f"{MIGRATE}: renamed `workbook:` with `{{name, tool: {{kind}}}}` entries"))
+        out.append(
+            (
+                ("workbooks",),
+                "root `workbooks:`",
+                f"{MIGRATE}: renamed `workbook:` with `{{name, tool: {{kind}}}}` entries",
+            )
+        )
     for key in ("workbook", "workbooks"):
         entries = data.get(key)
         if isinstance(entries, list):
@@ -77,7 +96,13 @@ def find_legacy_constructs(data: dict) -> list[Finding]:
 
 def _workbook_entry(entry: dict, path: PathT, out: list[Finding]) -> None:
     if "tool" not in entry and "type" in entry:
-        out.append(((*path, "type"), "workbook entry `type:`", f"{MIGRATE}: the entry becomes `{{name, tool: {{kind: ...}}}}`"))
+        out.append(
+            (
+                (*path, "type"),
+                "workbook entry `type:`",
+                f"{MIGRATE}: the entry becomes `{{name, tool: {{kind: ...}}}}`",
+            )
+        )
         if "with" in entry:
             out.append(((*path, "with"), "workbook entry `with:`", f"{MIGRATE}: becomes the tool `input`"))
     tool = entry.get("tool")
@@ -109,12 +134,18 @@ def _step(step: dict, path: PathT, out: list[Finding]) -> None:
                         out.append(((*path, "next", "arcs", j, key), f"arc `{key}:`", f"{MIGRATE}"))
     tool = step.get("tool")
     if isinstance(tool, str):
-        out.append(((*path, "tool"), "`tool: <kind>` name", f"{MIGRATE}: becomes `tool: {{kind: ...}}` with the step's tool keys"))
+        out.append(
+            (
+                (*path, "tool"),
+                "`tool: <kind>` name",
+                f"{MIGRATE}: becomes `tool: {{kind: ...}}` with the step's tool keys",
+            )
+        )
     if isinstance(tool, dict):
         if "kind" in tool:
             _task(tool, (*path, "tool"), out)
         elif len(tool) == 1 and isinstance(next(iter(tool.values())), dict):
-            (label, body), = tool.items()
+            ((label, body),) = tool.items()
             _task(body, (*path, "tool", label), out)
     elif isinstance(tool, list):
         for j, item in enumerate(tool):
@@ -123,7 +154,7 @@ def _step(step: dict, path: PathT, out: list[Finding]) -> None:
             if "kind" in item:
                 _task(item, (*path, "tool", j), out)
             elif len(item) == 1 and isinstance(next(iter(item.values())), dict):
-                (label, body), = item.items()
+                ((label, body),) = item.items()
                 _task(body, (*path, "tool", j, label), out)
 
 
@@ -152,16 +183,22 @@ def _task(task: dict, path: PathT, out: list[Finding]) -> None:
             body = rule.get("else") if isinstance(rule.get("else"), dict) else rule
             then = body.get("then", body) if isinstance(body, dict) else None
             if isinstance(then, dict) and "set_vars" in then:
-                out.append(((*path, "spec", "policy", "rules", j), "`set_vars`", f"{MIGRATE}: becomes `set_ctx`"))
+                out.append(
+                    ((*path, "spec", "policy", "rules", j), "`set_vars`", f"{MIGRATE}: becomes `set_ctx`")
+                )
             if "expr" in rule:
-                out.append(((*path, "spec", "policy", "rules", j, "expr"), "`expr:`", f"{MIGRATE}: becomes `when`"))
+                out.append(
+                    ((*path, "spec", "policy", "rules", j, "expr"), "`expr:`", f"{MIGRATE}: becomes `when`")
+                )
 
 
 def _vars_refs(value: Any, path: PathT, out: list[Finding]) -> None:
     """Templates reading ``vars.<name>`` (the retired variable store)."""
     if isinstance(value, str):
         if ("{{" in value or "{%" in value) and _VARS_REF.search(value):
-            out.append((path, "`vars.` reference", f"{MIGRATE}: reads become `ctx.<name>` / `workload.<name>`"))
+            out.append(
+                (path, "`vars.` reference", f"{MIGRATE}: reads become `ctx.<name>` / `workload.<name>`")
+            )
     elif isinstance(value, dict):
         for k, v in value.items():
             if k in ("code", "code_b64", "code_base64"):  # code is never rendered

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import yaml
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import YAMLError
@@ -48,7 +49,11 @@ from ruamel.yaml.scalarstring import (
     LiteralScalarString,
     SingleQuotedScalarString,
 )
-from ruamel.yaml.util import load_yaml_guess_indent
+
+try:
+    from yaml import CSafeLoader as _FastLoader
+except ImportError:  # pragma: no cover - libyaml missing
+    from yaml import SafeLoader as _FastLoader  # type: ignore[assignment]
 
 STANDARD_API = "noetl.io/v2"
 OLD_APIS = frozenset({"noetl.io/v1", "noetl.io/v10", "noetl/v1", "v1"})
@@ -167,7 +172,12 @@ def _bound_names(toks: list[tuple[str, str, int]]) -> set[str]:
     """Names the template binds itself (for / set targets, macro names and parameters)."""
     bound: set[str] = set()
     for i, (kind, value, _) in enumerate(toks):
-        if kind != "name" or value not in ("for", "set", "macro") or i == 0 or toks[i - 1][0] != "block_begin":
+        if (
+            kind != "name"
+            or value not in ("for", "set", "macro")
+            or i == 0
+            or toks[i - 1][0] != "block_begin"
+        ):
             continue
         j = i + 1
         if value == "macro":
@@ -200,7 +210,9 @@ def free_names(source: str) -> list[NameRef]:
         if not in_code or kind != "name" or value in KEYWORDS or value in bound:
             continue
         prev = toks[i - 1] if i > 0 else None
-        if prev and ((prev[0] == "operator" and prev[1] in (".", "|")) or (prev[0] == "name" and prev[1] == "is")):
+        if prev and (
+            (prev[0] == "operator" and prev[1] in (".", "|")) or (prev[0] == "name" and prev[1] == "is")
+        ):
             continue
         if prev and prev[1] == "not" and i > 1 and toks[i - 2][1] == "is":
             continue
@@ -342,35 +354,46 @@ def rewrite_event_names(expr: str, mapping: Callable[[str], Any]) -> str:
 # ruamel helpers
 
 
-def _map_indent(text: str) -> int:
-    lines = text.splitlines()
-    for i, line in enumerate(lines[:-1]):
-        m = re.match(r"^( *)[\w.\-\"']+:\s*(#.*)?$", line)
-        if not m:
+def _layout(doc: Any) -> tuple[int, int, int]:
+    """(mapping indent, sequence indent, dash offset) as the document itself is written."""
+    mapping = sequence = offset = None
+    todo = [doc]
+    while todo and (mapping is None or sequence is None):
+        node = todo.pop(0)
+        if not isinstance(node, CommentedMap) or node.fa.flow_style():
             continue
-        for nxt in lines[i + 1 :]:
-            if not nxt.strip() or nxt.lstrip().startswith("#"):
+        for k, v in node.items():
+            try:
+                kline, kcol = node.lc.key(k)
+            except (KeyError, TypeError, AttributeError):
                 continue
-            n = len(nxt) - len(nxt.lstrip(" "))
-            if n > len(m.group(1)) and not nxt.lstrip().startswith("- "):
-                return n - len(m.group(1))
-            break
-    return 2
+            if isinstance(v, CommentedMap) and not v.fa.flow_style() and len(v) and mapping is None:
+                vline, vcol = v.lc.key(next(iter(v)))
+                if vline > kline:
+                    mapping = vcol - kcol
+            elif isinstance(v, CommentedSeq) and not v.fa.flow_style() and len(v) and sequence is None:
+                iline, icol = v.lc.item(0)
+                if iline > kline and v.lc.col is not None:
+                    offset, sequence = v.lc.col - kcol, icol - kcol
+            if isinstance(v, CommentedMap):
+                todo.append(v)
+            elif isinstance(v, CommentedSeq):
+                todo.extend(x for x in v if isinstance(x, CommentedMap))
+    mapping = mapping if mapping and mapping > 0 else 2
+    offset = offset if offset is not None and offset >= 0 else 0
+    sequence = sequence if sequence and sequence >= offset + 2 else offset + 2
+    return mapping, sequence, offset
 
 
 def _yaml_for(text: str) -> YAML:
     y = YAML()
     y.preserve_quotes = True
-    try:
-        _, seq_indent, offset = load_yaml_guess_indent(text)
-    except Exception:  # noqa: BLE001 - the real load reports the error
-        seq_indent, offset = 2, 0
-    seq_indent = seq_indent or 2
-    offset = offset or 0
-    mapping = _map_indent(text)
-    y.indent(mapping=mapping, sequence=max(seq_indent, offset + 2), offset=offset)
     # files dumped by PyYAML fold long quoted strings at 80 columns; hand-written ones do not
-    y.width = 80 if re.search(r'\\\n\s+\\?', text) else 4096
+    y.width = 80 if re.search(r"\\\n\s+\\?", text) else 4096
+    # `key: null` reads better than `key:` (ruamel's default for None)
+    y.representer.add_representer(
+        type(None), lambda rep, _: rep.represent_scalar("tag:yaml.org,2002:null", "null")
+    )
     return y
 
 
@@ -432,7 +455,9 @@ def _pop(m: CommentedMap, key: Any, dst: CommentedMap | None = None, dst_key: An
     return value
 
 
-def _put(m: CommentedMap, key: Any, value: Any, *, after: Any = None, before: Any = None, at: int | None = None) -> None:
+def _put(
+    m: CommentedMap, key: Any, value: Any, *, after: Any = None, before: Any = None, at: int | None = None
+) -> None:
     """Insert or replace ``key``, placed after/before another key when given."""
     if key in m:
         m[key] = value
@@ -451,7 +476,12 @@ def _line(node: Any, key: Any = None, default: int = 1) -> int:
     try:
         if key is not None and isinstance(node, CommentedMap) and key in node.lc.data:
             return node.lc.key(key)[0] + 1
-        if key is not None and isinstance(node, CommentedSeq) and isinstance(key, int) and key in node.lc.data:
+        if (
+            key is not None
+            and isinstance(node, CommentedSeq)
+            and isinstance(key, int)
+            and key in node.lc.data
+        ):
             return node.lc.item(key)[0] + 1
         if getattr(node, "lc", None) is not None and node.lc.line is not None:
             return node.lc.line + 1
@@ -578,7 +608,7 @@ def _task_items(tool: Any) -> list[_TaskRef] | None:
         if "kind" in tool or "type" in tool:
             return [_TaskRef(str(tool.get("name") or ""), tool, "single")]
         if len(tool) == 1 and isinstance(next(iter(tool.values())), dict):
-            (label, body), = tool.items()
+            ((label, body),) = tool.items()
             return [_TaskRef(str(label), body, "labelmap")]
         return None
     if isinstance(tool, list):
@@ -589,7 +619,7 @@ def _task_items(tool: Any) -> list[_TaskRef] | None:
             if "kind" in item or "type" in item:
                 out.append(_TaskRef(str(item.get("name") or f"task_{i}"), item, "name"))
             elif len(item) == 1 and isinstance(next(iter(item.values())), dict):
-                (label, body), = item.items()
+                ((label, body),) = item.items()
                 out.append(_TaskRef(str(label), body, "labelmap"))
             else:
                 return None
@@ -606,6 +636,7 @@ class _Migrator:
         self.doc = doc
         self.file = file
         self.notes: list[MigrationNote] = []
+        self.frozen: set[int] = set()  # ids of steps left exactly as written (a refused construct spans them)
 
     # -- notes -----------------------------------------------------------------
     def note(self, level: str, rule: str, message: str, node: Any = None, key: Any = None, path: tuple = (),
@@ -633,6 +664,19 @@ class _Migrator:
         self._root_vars()
         self._legacy_pg_results()
         self._v1_workbook_inputs()
+
+    def _region(self, L: CommentedMap, E: CommentedMap) -> list[CommentedMap]:
+        """L, E and every step reachable from L's `next` without passing E."""
+        out = [L, E]
+        todo = [t.step for g in self._legacy_groups(L, quiet=True) or [] for t in g.targets]
+        while todo:
+            n = todo.pop()
+            st = self.steps.get(n)
+            if st is None or any(st is o for o in out):
+                continue
+            out.append(st)
+            todo.extend(t.step for g in self._legacy_groups(st, quiet=True) or [] for t in g.targets)
+        return out
 
     def _index_steps(self) -> None:
         self.steps: dict[str, CommentedMap] = {}
@@ -707,7 +751,11 @@ class _Migrator:
             tool = s.get("tool")
             for t in _task_items(tool) or []:
                 for rule in t.body.get("eval") or [] if isinstance(t.body.get("eval"), list) else []:
-                    body = rule.get("else") if isinstance(rule, dict) and isinstance(rule.get("else"), dict) else rule
+                    body = (
+                        rule.get("else")
+                        if isinstance(rule, dict) and isinstance(rule.get("else"), dict)
+                        else rule
+                    )
                     if isinstance(body, dict) and isinstance(body.get("set_vars"), dict):
                         self.written_vars |= {str(k) for k in body["set_vars"]}
             task = s.get("task") if s.get("type", "workbook") == "workbook" else None
@@ -735,7 +783,11 @@ class _Migrator:
                 return self._vars_read(ref.path[0]), 1
             if ref.name in callers:
                 return callers[ref.name], 0
-            if ref.name.endswith("_results") and ref.name[: -len("_results")] in loops and ref.name not in self.steps:
+            if (
+                ref.name.endswith("_results")
+                and ref.name[: -len("_results")] in loops
+                and ref.name not in self.steps
+            ):
                 return f"{ref.name[: -len('_results')]}.results", 0
             return None
 
@@ -787,7 +839,17 @@ class _Migrator:
                     if isinstance(st.get("input"), dict):
                         keys |= set(st["input"])
                     passed.setdefault(t.body["name"], set()).update(str(k) for k in keys)
-        reserved = {"workload", "ctx", "iter", "args", "keychain", "execution_id", "steps", "results", "input"}
+        reserved = {
+            "workload",
+            "ctx",
+            "iter",
+            "args",
+            "keychain",
+            "execution_id",
+            "steps",
+            "results",
+            "input",
+        }
         for e in entries:
             tool = e.get("tool")
             if not isinstance(tool, dict) or tool.get("kind") == "python":
@@ -899,13 +961,16 @@ class _Migrator:
 
     # -- one step ----------------------------------------------------------------
     def _step(self, s: CommentedMap, path: tuple) -> None:
-        if not isinstance(s.get("step"), str):
+        if not isinstance(s.get("step"), str) or id(s) in self.frozen:
             return
+        before = _plain(s)
         trailing = _take_trailing(s)
         try:
             self._step_body(s, path)
         finally:
             _give_trailing(s, trailing)
+        if s.fa.flow_style() and _plain(s) != before:
+            s.fa.set_block_style()  # a rewritten one-line step reads better in block style
 
     def _step_body(self, s: CommentedMap, path: tuple) -> None:
         if "end_loop" in s:
@@ -954,7 +1019,9 @@ class _Migrator:
             if tool_name is not None and "type" in s:
                 raise _Refuse("the step has both `type` and `tool`", s, "type")
             if "pass" in s or "call" in s:
-                raise _Refuse("`pass` / `call` steps have no standard counterpart", s, "pass" if "pass" in s else "call")
+                raise _Refuse(
+                    "`pass` / `call` steps have no standard counterpart", s, "pass" if "pass" in s else "call"
+                )
             kind = "workbook" if t in (None, "workbook") else str(t)
             if kind == "iterator":
                 self._v1_iterator(s, path)
@@ -972,7 +1039,9 @@ class _Migrator:
             return
         kind = KIND_ALIASES.get(kind, kind)
         if "data" in config_keys and kind != "http" and isinstance(s.get("data"), dict) and "with" not in s:
-            _rename_key(s, "data", "with")  # v1 `data:` on a step is its input (http keeps `data` as its body)
+            _rename_key(
+                s, "data", "with"
+            )  # v1 `data:` on a step is its input (http keeps `data` as its body)
             config_keys = [k for k in config_keys if k != "data"]
         tool = CommentedMap()
         tool["kind"] = kind
@@ -998,10 +1067,16 @@ class _Migrator:
         try:
             task = s.get("task")
             if not isinstance(task, dict) or "collection" not in s or "element" not in s:
-                raise _Refuse("an iterator step needs `collection`, `element` and a `task` mapping", s, "type")
+                raise _Refuse(
+                    "an iterator step needs `collection`, `element` and a `task` mapping", s, "type"
+                )
             if "loop" in s:
                 raise _Refuse("an iterator step that also has `loop`", s, "loop")
-            extra = [k for k in s if k not in V1_STEP_KEYS and k not in ("collection", "element", "mode", "concurrency")]
+            extra = [
+                k
+                for k in s
+                if k not in V1_STEP_KEYS and k not in ("collection", "element", "mode", "concurrency")
+            ]
             if extra:
                 raise _Refuse(f"iterator keys {extra} have no counterpart", s, extra[0])
             tkind = task.get("kind", task.get("type"))
@@ -1082,7 +1157,9 @@ class _Migrator:
         spec = s.get("spec")
         if spec is not None and (not isinstance(spec, dict) or isinstance((spec.get("policy") or {}), dict)
                                  and "admit" in (spec.get("policy") or {})):  # fmt: skip
-            self.note("refused", "step-when", "the step already has admission rules", s, "when", (*path, "when"))
+            self.note(
+                "refused", "step-when", "the step already has admission rules", s, "when", (*path, "when")
+            )
             return
         cond = s["when"]
         rules = CommentedSeq([
@@ -1100,6 +1177,13 @@ class _Migrator:
 
     # task-level fixes: type -> kind, args/with -> input, retry, eval, set_vars
     def _task_body(self, body: CommentedMap, path: tuple, step: CommentedMap | None) -> None:
+        trailing = _take_trailing(body)
+        try:
+            self._task_body_fix(body, path, step)
+        finally:
+            _give_trailing(body, trailing)
+
+    def _task_body_fix(self, body: CommentedMap, path: tuple, step: CommentedMap | None) -> None:
         if "kind" not in body and "type" in body:
             _rename_key(body, "type", "kind")
             body["kind"] = KIND_ALIASES.get(str(body["kind"]), body["kind"])
@@ -1128,7 +1212,11 @@ class _Migrator:
             if isinstance(body.get(key), dict):
                 self.note("refused", "task-sink", f"a task-level `{key}` is not translated; move it to the step",
                           body, key, (*path, key))  # fmt: skip
-        rules = ((body.get("spec") or {}).get("policy") or {}).get("rules") if isinstance(body.get("spec"), dict) else None
+        rules = (
+            ((body.get("spec") or {}).get("policy") or {}).get("rules")
+            if isinstance(body.get("spec"), dict)
+            else None
+        )
         for r in rules if isinstance(rules, list) else []:
             if not isinstance(r, dict):
                 continue
@@ -1200,15 +1288,17 @@ class _Migrator:
         then = CommentedMap()
         then["do"] = "retry"
         known = {"max_attempts", "attempts", "initial_delay", "delay", "backoff", "backoff_multiplier", "when",
-                 "retry_when", "retry_on", "backoff_seconds"}  # fmt: skip
+                 "retry_when", "retry_on", "backoff_seconds", "retry_on_status"}  # fmt: skip
         extra = sorted(set(retry) - known)
         if extra:
-            raise _Refuse(f"retry keys {extra} have no counterpart in task policy rules", retry)
+            raise _Refuse(f"retry keys {extra} have no counterpart in task policy rules", retry, extra[0])
         # the legacy defaults: 3 attempts, 1 s doubling (backoff_multiplier 2.0)
         then["attempts"] = retry.get("max_attempts", retry.get("attempts", 3))
         backoff = retry.get("backoff")
         delay = retry.get("initial_delay", retry.get("delay", retry.get("backoff_seconds")))
         mult = retry.get("backoff_multiplier")
+        if "backoff_seconds" in retry and backoff is None and mult is None:
+            backoff = "fixed"  # a constant wait between attempts
         if isinstance(backoff, dict):
             extra = sorted(set(backoff) - {"type", "base_seconds", "delay"})
             if extra:
@@ -1240,6 +1330,10 @@ class _Migrator:
             if expr is None:
                 raise _Refuse(f"retry condition {c!r} is not one `{{{{ expression }}}}`", retry, "when")
             conds.append(self._policy_expr(expr, kind, step_name, retry_names=True))
+        statuses = retry.get("retry_on_status")
+        if statuses is not None:
+            codes = statuses if isinstance(statuses, list) else [statuses]
+            conds.append(f"outcome.http.status in [{', '.join(str(c) for c in codes)}]")
         retry_on = retry.get("retry_on")
         if retry_on is not None:
             kinds = retry_on if isinstance(retry_on, list) else [retry_on]
@@ -1253,7 +1347,9 @@ class _Migrator:
             cond = " or ".join(_group(c) for c in conds)
         return _cm(("when", _tmpl(cond)), ("then", _flow(then)))
 
-    def _policy_expr(self, expr: str, kind: str | None, step_name: str | None, retry_names: bool = False) -> str:
+    def _policy_expr(
+        self, expr: str, kind: str | None, step_name: str | None, retry_names: bool = False
+    ) -> str:
         """A legacy condition over the tool's response, as a policy condition over ``outcome``."""
 
         def resolver(ref: NameRef) -> tuple[str, int] | None:
@@ -1357,7 +1453,9 @@ class _Migrator:
             spec = CommentedMap()
             loop["spec"] = spec
         if not isinstance(spec, dict):
-            self.note("refused", "loop", "`loop.spec` is not a mapping", loop, "spec", (*path, "loop", "spec"))
+            self.note(
+                "refused", "loop", "`loop.spec` is not a mapping", loop, "spec", (*path, "loop", "spec")
+            )
             return
         mode = loop.get("mode")
         if mode is not None and mode not in ("sequential", "parallel"):
@@ -1366,7 +1464,14 @@ class _Migrator:
             moved = [k for k in moved if k != "mode"]
         for k in moved:
             if k in spec:
-                self.note("refused", "loop", f"`loop.{k}` and `loop.spec.{k}` both exist", loop, k, (*path, "loop", k))
+                self.note(
+                    "refused",
+                    "loop",
+                    f"`loop.{k}` and `loop.spec.{k}` both exist",
+                    loop,
+                    k,
+                    (*path, "loop", k),
+                )
                 continue
             _pop(loop, k, spec)
 
@@ -1445,7 +1550,9 @@ class _Migrator:
             arc["set"] = set_
         return arc
 
-    def _router(self, groups: list[_Group], guard: str | None, cond_expr: Callable[[Any], str]) -> CommentedMap:
+    def _router(
+        self, groups: list[_Group], guard: str | None, cond_expr: Callable[[Any], str]
+    ) -> CommentedMap:
         """Routing groups (first matching `cond` fires; `default` if none did; `always` always) -> a router."""
         conds = [g for g in groups if g.kind == "cond"]
         default = [t for g in groups if g.kind == "default" for t in g.targets]
@@ -1617,7 +1724,9 @@ class _Migrator:
         label = self._fresh_label(f"{s['step']}_result", tasks)
         tasks.append(_TaskRef(label, _cm(kind="noop", result=_tmpl(f"results.{main.label}")), "name"))
 
-    def _storage_task(self, cfg: Any, main: _TaskRef, era: str, s: CommentedMap, key: str) -> CommentedMap | None:
+    def _storage_task(
+        self, cfg: Any, main: _TaskRef, era: str, s: CommentedMap, key: str
+    ) -> CommentedMap | None:
         """A legacy sink / save block -> a storage task (None for event-log sinks)."""
         if not isinstance(cfg, dict):
             raise _Refuse(f"`{key}` is not a mapping", s, key)
@@ -1638,7 +1747,9 @@ class _Migrator:
         for k in ("backend", "kind", "type"):
             if kind is None and isinstance(cfg.get(k), str):
                 kind = cfg[k]
-        params.update({k: v for k, v in cfg.items() if k not in ("tool", "storage", "backend", "kind", "type")})
+        params.update(
+            {k: v for k, v in cfg.items() if k not in ("tool", "storage", "backend", "kind", "type")}
+        )
         if kind is None:
             raise _Refuse(f"`{key}` names no storage kind", s, key)
         kind = str(kind).lower()
@@ -1687,7 +1798,9 @@ class _Migrator:
             elif table is not None and isinstance(data, dict):
                 if not _TABLE.match(str(table)):
                     raise _Refuse(f"table {table!r} is not a plain (schema.)name", s, key)
-                task["command"] = LiteralScalarString(_insert_sql(str(table), list(data), mode, keys, kind, s, key))
+                task["command"] = LiteralScalarString(
+                    _insert_sql(str(table), list(data), mode, keys, kind, s, key)
+                )
                 task["params"] = rw(data)
             else:
                 raise _Refuse(f"a {kind} sink needs `statement` or `table` with a data mapping", s, key)
@@ -1756,8 +1869,11 @@ class _Migrator:
         exprs: dict[str, str] = {}
         for k, v in data.items():
             e = single_expression(v) if isinstance(v, str) else None
-            exprs[str(k)] = e if e is not None else repr(_plain(v)) if not isinstance(v, str) else repr(str(v))
+            exprs[str(k)] = (
+                e if e is not None else repr(_plain(v)) if not isinstance(v, str) else repr(str(v))
+            )
         if "{{" not in statement:
+
             def bind(m: re.Match) -> str:
                 name = m.group(1)
                 if name not in exprs:
@@ -1789,7 +1905,9 @@ class _Migrator:
                     raise _Refuse("a case rule is not `{when, then}`", rules, i)
                 cond = single_expression(rule["when"])
                 if cond is None:
-                    raise _Refuse(f"case condition {rule['when']!r} is not one `{{{{ expression }}}}`", rules, i)
+                    raise _Refuse(
+                        f"case condition {rule['when']!r} is not one `{{{{ expression }}}}`", rules, i
+                    )
                 actions = self._case_actions(rule["then"], rules, i)
                 unknown = sorted(set(actions) - {"next", "sink", "retry", "set", "vars", "log", "fail"})
                 if unknown:
@@ -1875,7 +1993,9 @@ class _Migrator:
             if is_loop:
                 if n == "loop.done":
                     return ["loop.done"]
-                raise _Refuse(f"a loop step's case routes on {n!r} per iteration; arcs run once, after the loop")
+                raise _Refuse(
+                    f"a loop step's case routes on {n!r} per iteration; arcs run once, after the loop"
+                )
             return {"call.done": ["call.done"], "call.error": ["call.error"], "step.exit": ["call.done", "call.error"],
                     "loop.done": ["loop.done"]}.get(n) or _raise(_Refuse(f"event {n!r} has no routing counterpart"))  # fmt: skip
 
@@ -1906,8 +2026,13 @@ class _Migrator:
                 if not isinstance(r, dict):
                     raise _Refuse("case `retry` is not a mapping", node)
                 if set(r) & {"params", "url", "method", "headers", "body", "data", "json"}:
-                    raise _Refuse("pagination retries (new request parameters) are not translated; use a jump rule", node)
-                retry_rule = self._retry_rule({k: v for k, v in r.items() if k not in ("when", "retry_when")}, kind, name)
+                    raise _Refuse(
+                        "pagination retries (new request parameters) are not translated; use a jump rule",
+                        node,
+                    )
+                retry_rule = self._retry_rule(
+                    {k: v for k, v in r.items() if k not in ("when", "retry_when")}, kind, name
+                )
                 retry_then = retry_rule["then"]
                 rules.append(_cm(("when", _tmpl(pcond)), ("then", retry_then)))
                 continue
@@ -1916,7 +2041,9 @@ class _Migrator:
                 for sk in sinks:
                     built = self._storage_task(sk, main, "v2", s, "case")
                     if built is not None:
-                        label = self._fresh_label(f"{name}_sink", tasks + [t for c in chains for t in c] + chain)
+                        label = self._fresh_label(
+                            f"{name}_sink", tasks + [t for c in chains for t in c] + chain
+                        )
                         chain.append(_TaskRef(label, built, "name"))
             if "log" in actions:
                 label = self._fresh_label(f"{name}_log", tasks + [t for c in chains for t in c] + chain)
@@ -1928,7 +2055,9 @@ class _Migrator:
             if "set" in actions:
                 set_ = self._ctx_set(actions["set"])
                 assert set_ is not None
-                then["set_ctx"] = CommentedMap((k[4:] if k.startswith("ctx.") else k, v) for k, v in set_.items())
+                then["set_ctx"] = CommentedMap(
+                    (k[4:] if k.startswith("ctx.") else k, v) for k, v in set_.items()
+                )
             if chain:
                 then.insert(0, "do", "jump")
                 then.insert(1, "to", chain[0].label)
@@ -1936,9 +2065,18 @@ class _Migrator:
             elif "fail" in actions:
                 then.insert(0, "do", "fail")
             else:
-                status = "ok" if "outcome.status == 'ok'" in pcond else "error" if "outcome.status == 'error'" in pcond else None
+                status = (
+                    "ok"
+                    if "outcome.status == 'ok'" in pcond
+                    else "error"
+                    if "outcome.status == 'error'" in pcond
+                    else None
+                )
                 if status is None:
-                    raise _Refuse("a case rule that only sets values must test the outcome (call.done / call.error)", node)
+                    raise _Refuse(
+                        "a case rule that only sets values must test the outcome (call.done / call.error)",
+                        node,
+                    )
                 then.insert(0, "do", "continue" if status == "ok" else "fail")
             rules.append(_cm(("when", _tmpl(pcond)), ("then", _flow(then) if len(then) <= 2 else then)))
         if chains:
@@ -1988,10 +2126,11 @@ class _Migrator:
                 trial._scan()
                 trial._collapse(trial.steps[loop_name], trial.steps[end["step"]])
                 self._collapse(loop, end)
-            except _Refuse as e:
-                self.refuse(e, "end-loop", loop, "loop", ("workflow", idx, "loop"))
-            except TemplateRewriteError as e:
-                self.refuse(_Refuse(str(e)), "end-loop", loop, "loop", ("workflow", idx, "loop"))
+            except (_Refuse, TemplateRewriteError) as e:
+                err = e if isinstance(e, _Refuse) else _Refuse(str(e))
+                self.refuse(err, "end-loop", loop, "loop", ("workflow", idx, "loop"))
+                # the loop, its chain and its end step stay exactly as written
+                self.frozen.update(id(st) for st in self._region(loop, end))
 
     def _collapse(self, L: CommentedMap, E: CommentedMap) -> None:
         """Fold the steps between loop step L and its end_loop step E into L's pipeline."""
@@ -2041,17 +2180,23 @@ class _Migrator:
                 for t in g.targets:
                     if t.step in body:
                         if n in reachable:
-                            raise _Refuse(f"step {n!r} outside the loop routes into its body step {t.step!r}", L, "next")
+                            raise _Refuse(
+                                f"step {n!r} outside the loop routes into its body step {t.step!r}", L, "next"
+                            )
                         outside_refs.add(t.step)
         for n in order:
+            kinds = [g.kind for g in routes[n]]
+            if any(len(g.targets) != 1 for g in routes[n]) or kinds.count("always") > 1:
+                raise _Refuse(
+                    f"body step {n!r} fans out; a pipeline runs one task at a time", self.steps[n], "next"
+                )
+            if "always" in kinds and len(kinds) > 1:
+                raise _Refuse(
+                    f"body step {n!r} routes both always and on conditions (a fan-out)", self.steps[n], "next"
+                )
             for g in routes[n]:
-                if len(g.targets) != 1:
-                    raise _Refuse(f"body step {n!r} fans out; a pipeline runs one task at a time", self.steps[n], "next")
                 if g.targets[0].step != ename and pos[g.targets[0].step] <= pos[n]:
                     raise _Refuse(f"body step {n!r} routes backwards; not folded", self.steps[n], "next")
-            kinds = [g.kind for g in routes[n]]
-            if "always" in kinds and len(kinds) > 1:
-                raise _Refuse(f"body step {n!r} mixes unconditional and conditional routes", self.steps[n], "next")
         # tasks: one per body step (v1 tool conversion first), then the iteration result
         tasks: list[_TaskRef] = []
         for n in order:
@@ -2063,7 +2208,12 @@ class _Migrator:
             tb = items[0].body
             if isinstance(st.get("with"), dict) or isinstance(st.get("args"), dict):
                 raise _Refuse(f"body step {n!r} has `with` without a task", st, "with")
-            tasks.append(_TaskRef(n, copy.deepcopy(tb) if n in outside_refs else tb, "name"))
+            tb = copy.deepcopy(tb) if n in outside_refs else tb
+            if isinstance(st.get("desc"), str) and "desc" not in tb:
+                tb.insert(
+                    1 if "kind" in tb else 0, "desc", st["desc"]
+                )  # the step's description stays with its task
+            tasks.append(_TaskRef(n, tb, "name"))
         collector = self._fresh_label(f"{lname}_iteration", tasks)
         names = set(order)
 
@@ -2127,7 +2277,9 @@ class _Migrator:
 
             groups = routes[n]
             if not groups:  # a dead end ends the iteration
-                rules.append(_cm(("when", _tmpl("outcome.status == 'ok'")), ("then", _flow(jump(ename, None)))))
+                rules.append(
+                    _cm(("when", _tmpl("outcome.status == 'ok'")), ("then", _flow(jump(ename, None))))
+                )
             elif groups[0].kind == "always":
                 tgt = groups[0].targets[0]
                 then = jump(tgt.step, set_iter_of(tgt, n))
@@ -2139,7 +2291,9 @@ class _Migrator:
                 for g in conds:
                     expr = single_expression(g.when)
                     if expr is None:
-                        raise _Refuse(f"condition {g.when!r} is not one `{{{{ expression }}}}`", self.steps[n], "next")
+                        raise _Refuse(
+                            f"condition {g.when!r} is not one `{{{{ expression }}}}`", self.steps[n], "next"
+                        )
                     pexpr = rewrite_template("{{ " + expr + " }}", body_resolver(n, True))[3:-3]
                     tgt = g.targets[0]
                     rules.append(_cm(("when", _tmpl(conjoin("outcome.status == 'ok'", pexpr))),
@@ -2184,7 +2338,10 @@ class _Migrator:
         post = self._post_loop_resolver(lname, names)
         end_args = E.get("with")
         self._fold_end(E, lname, post)
-        L_next = _cm(("spec", _flow(_cm(mode="exclusive"))), ("arcs", CommentedSeq([self._arc(_Target(ename, end_args))])))
+        L_next = _cm(
+            ("spec", _flow(_cm(mode="exclusive"))),
+            ("arcs", CommentedSeq([self._arc(_Target(ename, end_args))])),
+        )
         if "with" in E:
             _pop(E, "with")
         # write L
@@ -2198,7 +2355,19 @@ class _Migrator:
                 del self.steps[n]
         for st in wf:
             if isinstance(st, dict) and st is not L:
-                for key in ("next", "tool", "set", "vars", "case", "sink", "save", "result", "with", "args", "input"):
+                for key in (
+                    "next",
+                    "tool",
+                    "set",
+                    "vars",
+                    "case",
+                    "sink",
+                    "save",
+                    "result",
+                    "with",
+                    "args",
+                    "input",
+                ):
                     if key in st and st is not E:
                         st[key] = rw(st[key], post)
         self.note("info", "end-loop", f"steps {order} became the pipeline of loop step {lname!r}; {ename!r} runs "
@@ -2223,6 +2392,7 @@ class _Migrator:
             out = CommentedMap()
             for k, v in res.items():
                 if isinstance(v, str):
+
                     def inline(ref: NameRef, _known: dict[str, str] = keys_so_far) -> tuple[str, int] | None:
                         if ref.name in _known:
                             return _group(_known[ref.name]), 0
@@ -2393,6 +2563,12 @@ def migrate_text(text: str, file: str = "<memory>") -> MigrationResult:
     """Migrate one playbook's YAML text; the result keeps the original when nothing is legacy."""
     from noetl_dagster.dsl.legacy import find_legacy_constructs
 
+    try:  # libyaml first: most files are standard already and need no round-trip tree
+        quick = yaml.load(text, Loader=_FastLoader)
+    except yaml.YAMLError:
+        quick = None  # let ruamel report the error with its line
+    if isinstance(quick, dict) and quick.get("kind") == "Playbook" and not find_legacy_constructs(quick):
+        return MigrationResult(file, text, text, [])
     y = _yaml_for(text)
     try:
         doc = y.load(text)
@@ -2402,6 +2578,8 @@ def migrate_text(text: str, file: str = "<memory>") -> MigrationResult:
         raise MigrationInputError(f"{file}:{line}: yaml-syntax: {getattr(e, 'problem', None) or e}") from None
     if not isinstance(doc, CommentedMap):
         raise MigrationInputError(f"{file}:1: not-a-playbook: the document is not a mapping")
+    mapping, sequence, offset = _layout(doc)
+    y.indent(mapping=mapping, sequence=sequence, offset=offset)
     if doc.get("kind") != "Playbook":
         raise MigrationInputError(f"{file}:1: not-a-playbook: `kind` is {doc.get('kind')!r}, not Playbook")
     if not _needs_migration(doc, find_legacy_constructs):
