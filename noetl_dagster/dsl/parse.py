@@ -422,12 +422,25 @@ def _parse_step(ctx: _Ctx, raw: Any, path: PathT) -> Step | None:
 _RAW_TEXT_KEYS = {"code", "code_b64", "code_base64", "cmds", "script"}
 
 
+def _kind_raw_keys() -> set[str]:
+    """Config keys some tool kind takes verbatim (never rendered), e.g. python `code`."""
+    from noetl_dagster.tools.registry import get_tool, known_kinds
+
+    out: set[str] = set()
+    for k in known_kinds():
+        tk = get_tool(k)
+        if tk is not None:
+            out |= set(tk.raw_keys)
+    return out
+
+
 def _check_templates(ctx: _Ctx, raw: dict[str, Any]) -> None:
     from noetl_dagster.engine.templates import iter_template_strings, template_env
 
     env = template_env()
+    raw_keys = _RAW_TEXT_KEYS | _kind_raw_keys() if ctx.check_kinds else _RAW_TEXT_KEYS
     for path, source in iter_template_strings(raw):
-        if any(part in _RAW_TEXT_KEYS for part in path if isinstance(part, str)):
+        if any(part in raw_keys for part in path if isinstance(part, str)):
             continue
         msg = env.check_syntax(source)
         if msg:
@@ -578,6 +591,8 @@ def load_playbook(path: str | Path) -> Playbook:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{p}: no such playbook file")
+    if p.suffix == ".flow":
+        return _load_flow(p)
     try:
         raw, sm = load_yaml_file(p)
     except YamlSyntaxError as e:
@@ -589,12 +604,29 @@ def validate_file(path: str | Path) -> list[ValidationIssue]:
     p = Path(path)
     if not p.is_file():
         return [ValidationIssue(str(p), 0, "", "file-not-found", "no such file")]
+    if p.suffix == ".flow":
+        try:
+            _load_flow(p)
+        except PlaybookInvalid as e:
+            return e.issues
+        return []
     try:
         raw, sm = load_yaml_file(p)
     except YamlSyntaxError as e:
         return [ValidationIssue(e.file, e.line, "", "yaml-syntax", e.message)]
     _, issues = parse_playbook(raw, source_map=sm, source_file=str(p))
     return issues
+
+
+def _load_flow(p: Path) -> Playbook:
+    """A ``.flow`` file (seed 002 syntax) compiled to a playbook; flow errors keep line and column."""
+    from noetl_dagster.dsl.flow import FlowError, load_flow_playbook
+
+    try:
+        return load_flow_playbook(p)
+    except FlowError as e:
+        where = f"column {e.column}: " if e.column is not None else ""
+        raise PlaybookInvalid([ValidationIssue(str(p), e.line or 1, "", e.rule, where + e.message)]) from None
 
 
 # -- back to a document --------------------------------------------------------
