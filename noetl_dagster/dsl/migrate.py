@@ -1361,8 +1361,12 @@ class _Migrator:
                 return "outcome.result.data", 0
             if step_name and ref.name == step_name:
                 return "outcome.result", 0
-            if retry_names and ref.name in ("status_code", "status"):
-                return f"outcome.result.{ref.name}", 0
+            if retry_names and ref.name == "status_code":  # the v1 retry context's names
+                return "outcome.result.status_code", 0
+            if retry_names and ref.name == "attempt":
+                return "outcome.meta.attempt", 0
+            if retry_names and ref.name == "success":
+                return "(outcome.status == 'ok')", 0
             return None
 
         expr = rewrite_event_names(expr, self._policy_event)
