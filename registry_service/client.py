@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from registry_service.errors import ERRORS_BY_STATUS, InvalidRequest, RegistryError
 from registry_service.models import (
@@ -38,7 +38,9 @@ from registry_service.models import (
 from registry_service.service import Registry
 
 API_KEY_ENV = "NOETL_REGISTRY_API_KEY"
+URL_ENV = "NOETL_REGISTRY_URL"
 _M = TypeVar("_M", bound=BaseModel)
+_GRANT_LIST = TypeAdapter(list[Grant])
 
 
 def _build(model: type[_M], **fields: Any) -> _M:
@@ -246,7 +248,7 @@ class HttpRegistryClient(RegistryClient):
             if cls is RegistryError:
                 err.status = r.status_code
             raise err
-        return r.json()
+        return r.content
 
     def register(self, uri, *, kind=None, locations=(), metadata=None, inputs=(), execution_id=None, step=None,
                  task=None) -> Resource:
@@ -255,21 +257,21 @@ class HttpRegistryClient(RegistryClient):
             uri=uri, kind=kind, locations=[_location(lc) for lc in locations], metadata=dict(metadata or {}),
             inputs=list(inputs), execution_id=execution_id, step=step, task=task,
         )
-        return Resource.model_validate(self._call("POST", "/v1/resources", content=req.model_dump_json(),
+        return Resource.model_validate_json(self._call("POST", "/v1/resources", content=req.model_dump_json(),
                                                   headers={"content-type": "application/json"}))
 
     def resolve(self, uri, *, purpose="read", region=None) -> AccessPlan:
         params = {"uri": uri, "purpose": purpose}
         if region:
             params["region"] = region
-        return AccessPlan.model_validate(self._call("GET", "/v1/resources/resolve", params=params))
+        return AccessPlan.model_validate_json(self._call("GET", "/v1/resources/resolve", params=params))
 
     def get(self, resource_id) -> Resource:
-        return Resource.model_validate(self._call("GET", f"/v1/resources/{_seg(resource_id)}"))
+        return Resource.model_validate_json(self._call("GET", f"/v1/resources/{_seg(resource_id)}"))
 
     def add_location(self, resource_id, location) -> Location:
         body = _location(location).model_dump_json()
-        return Location.model_validate(self._call("POST", f"/v1/resources/{_seg(resource_id)}/locations",
+        return Location.model_validate_json(self._call("POST", f"/v1/resources/{_seg(resource_id)}/locations",
                                                   content=body, headers={"content-type": "application/json"}))
 
     def grant(self, resource_uri, subject, *, permission="read", expires_at=None, purpose=None) -> Grant:
@@ -278,20 +280,20 @@ class HttpRegistryClient(RegistryClient):
             resource_uri=resource_uri, subject=subject, permission=permission,  # type: ignore[arg-type]
             expires_at=expires_at, purpose=purpose,
         )
-        return Grant.model_validate(self._call("POST", "/v1/grants", content=req.model_dump_json(),
+        return Grant.model_validate_json(self._call("POST", "/v1/grants", content=req.model_dump_json(),
                                                headers={"content-type": "application/json"}))
 
     def revoke(self, grant_id) -> Grant:
-        return Grant.model_validate(self._call("DELETE", f"/v1/grants/{_seg(grant_id)}"))
+        return Grant.model_validate_json(self._call("DELETE", f"/v1/grants/{_seg(grant_id)}"))
 
     def grants(self, resource_uri=None, *, include_inactive=False) -> list[Grant]:
         params: dict[str, Any] = {"include_inactive": include_inactive}
         if resource_uri:
             params["resource_uri"] = resource_uri
-        return [Grant.model_validate(g) for g in self._call("GET", "/v1/grants", params=params)]
+        return _GRANT_LIST.validate_json(self._call("GET", "/v1/grants", params=params))
 
     def lineage(self, resource_id, direction="up", depth=1) -> Lineage:
-        return Lineage.model_validate(self._call(
+        return Lineage.model_validate_json(self._call(
             "GET", f"/v1/resources/{_seg(resource_id)}/lineage", params={"direction": direction, "depth": depth}))
 
     def list(self, *, tenant=None, project=None, namespace=None, type=None, q=None, latest=False, limit=100,
@@ -299,17 +301,17 @@ class HttpRegistryClient(RegistryClient):
         params = {k: v for k, v in {"tenant": tenant, "project": project, "namespace": namespace, "type": type,
                                      "q": q}.items() if v}
         params.update(latest=latest, limit=limit, offset=offset)
-        return ResourcePage.model_validate(self._call("GET", "/v1/resources", params=params)).resources
+        return ResourcePage.model_validate_json(self._call("GET", "/v1/resources", params=params)).resources
 
     def events(self, after=0, limit=100) -> EventPage:
-        return EventPage.model_validate(self._call("GET", "/v1/events", params={"after": after, "limit": limit}))
+        return EventPage.model_validate_json(self._call("GET", "/v1/events", params={"after": after, "limit": limit}))
 
     def audit(self, after=0, limit=100) -> AuditPage:
-        return AuditPage.model_validate(self._call("GET", "/v1/audit", params={"after": after, "limit": limit}))
+        return AuditPage.model_validate_json(self._call("GET", "/v1/audit", params={"after": after, "limit": limit}))
 
     def whoami(self) -> WhoAmI:
         if self._who is None:
-            self._who = WhoAmI.model_validate(self._call("GET", "/v1/whoami"))
+            self._who = WhoAmI.model_validate_json(self._call("GET", "/v1/whoami"))
         return self._who
 
     def close(self) -> None:
@@ -350,10 +352,12 @@ def open_registry(
     """A registry client.
 
     - ``http://`` / ``https://``: the HTTP service; ``api_key`` (or ``$NOETL_REGISTRY_API_KEY``) names the caller.
-    - a database URL (``sqlite:///…``, a path, ``postgresql://…``) or None (``$NOETL_DAGSTER_HOME/registry.db``):
-      in-process. With ``api_key`` the key's tenant/project apply; without, ``tenant``/``project``
-      (``project=None``: the whole tenant).
+    - a database URL (``sqlite:///…``, a path, ``postgresql://…``): in-process. With ``api_key`` the
+      key's tenant/project apply; without, ``tenant``/``project`` (``project=None``: the whole tenant).
+    - None: ``$NOETL_REGISTRY_URL`` if set, else ``$NOETL_DAGSTER_HOME/registry.db`` in-process.
     """
+    if url_or_db is None and os.environ.get(URL_ENV):
+        url_or_db = os.environ[URL_ENV]
     if isinstance(url_or_db, Registry):
         reg = url_or_db
     elif isinstance(url_or_db, str) and url_or_db.startswith(("http://", "https://")):

@@ -34,6 +34,7 @@ from noetl_dagster.storage.jsonutil import dumps, loads
 from noetl_dagster.storage.locator import DEFAULT_LAYOUT, ObjectLayout
 
 DEFAULT_INLINE_LIMIT = 64 * 1024
+PAYLOAD_STORE_ENV = "NOETL_PAYLOAD_STORE_URL"
 
 
 class ChecksumMismatch(RuntimeError):
@@ -496,12 +497,15 @@ def open_payload_store(
 ) -> PayloadStore:
     """Open a PayloadStore by URL.
 
-    - ``None``: ``$NOETL_DAGSTER_HOME/payloads`` (or ``./.noetl/payloads``)
+    - ``None``: ``$NOETL_PAYLOAD_STORE_URL`` if set, else ``$NOETL_DAGSTER_HOME/payloads``
+      (or ``./.noetl/payloads``)
     - ``file:///abs/dir`` or a plain path: filesystem
     - ``s3://bucket[/prefix]``: S3-compatible; query parameters ``endpoint_url``,
       ``region``, ``create_bucket=true`` and extra keyword ``options`` go to the adapter.
     """
     if url is None or str(url) == "":
+        if os.environ.get(PAYLOAD_STORE_ENV):
+            return open_payload_store(os.environ[PAYLOAD_STORE_ENV], **options)
         base = Path(data_dir or os.environ.get("NOETL_DAGSTER_HOME", ".noetl"))
         return FilePayloadStore(base / "payloads")
     text = str(url)

@@ -34,6 +34,7 @@ import pyarrow as pa
 
 from noetl_dagster.storage.locator import DEFAULT_LAYOUT, ObjectLayout, ResourceLocator, parse_locator
 from noetl_dagster.storage.payload import (
+    PAYLOAD_STORE_ENV,
     ChecksumMismatch,
     FilePayloadStore,
     PayloadStore,
@@ -434,6 +435,8 @@ class TableStorage:
             self.store = store
         elif store:
             self.store = open_payload_store(store)
+        elif os.environ.get(PAYLOAD_STORE_ENV):  # one object store for payloads and tables
+            self.store = open_payload_store(os.environ[PAYLOAD_STORE_ENV])
         else:
             self.store = FilePayloadStore(self.data_dir / "tables")
         self._iceberg = iceberg
