@@ -70,6 +70,8 @@ BACKOFFS = frozenset({"none", "fixed", "linear", "exponential"})
 SINK_KIND_KEYS = ("backend", "storage", "kind", "type")
 EVENT_LOG_KINDS = frozenset({"event_log", "event", "events", "log_event"})
 STORAGE_KINDS = frozenset({"parquet", "arrow", "iceberg"})
+STORAGE_KIND_KEYS = frozenset({"uri", "resource", "namespace", "partition_by", "compression", "store", "catalog",
+                               "catalog_name", "registry"})  # fmt: skip
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
 
@@ -1833,12 +1835,22 @@ class _Migrator:
             if params:
                 raise _Refuse(f"http sink keys {sorted(params)} have no counterpart", s, key)
         elif kind in STORAGE_KINDS:
+            # the table tools write records by reference: `table` names the resource, one sink call is one record
+            if table is not None:
+                params.setdefault("resource", table)
+            extra = sorted(set(params) - STORAGE_KIND_KEYS)
+            if extra:
+                raise _Refuse(f"{kind} sink keys {extra} have no counterpart", s, key)
+            if "uri" not in params and "resource" not in params:
+                raise _Refuse(f"a {kind} sink needs `uri` or `table`", s, key)
             for k, v in params.items():
                 task[k] = rw(v)
-            if table is not None:
-                task["table"] = table
-            if data is not None:
+            if isinstance(data, dict):
+                task["data"] = CommentedSeq([rw(data)])
+            elif data is not None:
                 task["data"] = rw(data)
+            if mode not in ("insert", "append"):
+                task["mode"] = "overwrite" if mode in ("replace", "overwrite") else mode
         else:
             raise _Refuse(f"storage kind {kind!r} has no standard tool", s, key)
         return task
@@ -2104,7 +2116,6 @@ class _Migrator:
             for t in chain[:-1]:
                 self._add_rules(t.body, [_cm(("when", _tmpl("outcome.status == 'error'")),
                                               ("then", _flow(_cm(do="jump", to=last.label))))], s, "case")  # fmt: skip
-        # a plain jump is needed when a later chain sits between this chain's start and the policy default
         return tasks
 
     # -- python main() parameters fed by arcs ---------------------------------------

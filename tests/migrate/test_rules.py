@@ -716,3 +716,21 @@ def test_migrated_files_have_no_legacy_construct_left():
     for text in (V1_LOOP,):
         r = migrate_text(text, "x.yaml")
         assert find_legacy_constructs(yaml.safe_load(r.text)) == []
+
+
+def test_sink_to_a_table_storage_kind_names_the_resource_and_writes_one_record():
+    r, doc = migrate(
+        V2_HEAD
+        + y("""
+        workflow:
+          - step: fetch
+            tool: {kind: http, url: "http://x"}
+            sink:
+              tool: {kind: iceberg, table: orders, mode: append}
+              args: {id: "{{ response.data.id }}"}
+        """)
+    )
+    sink = step(doc, "fetch")["tool"][1]
+    assert sink == {"name": "fetch_sink", "kind": "iceberg", "resource": "orders",
+                    "data": [{"id": "{{ results.fetch.data.id }}"}]}  # fmt: skip
+    assert_valid(r.text)
