@@ -59,7 +59,10 @@ def pg_dsn() -> str:
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (MIGRATE_DB,)).fetchone()
         if not exists:
-            conn.execute(f'CREATE DATABASE "{MIGRATE_DB}"')
+            try:
+                conn.execute(f'CREATE DATABASE "{MIGRATE_DB}"')
+            except psycopg.errors.DuplicateDatabase:  # another session made it first
+                pass
     return PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + MIGRATE_DB
 
 
