@@ -21,7 +21,6 @@ import shutil
 import signal
 import socket
 import sqlite3
-import statistics
 import subprocess
 import sys
 import tempfile

@@ -16,7 +16,6 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import httpx
-
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from registry_service.errors import ERRORS_BY_STATUS, InvalidRequest, RegistryError
@@ -131,8 +130,8 @@ class RegistryClient(ABC):
     @abstractmethod
     def whoami(self) -> WhoAmI: ...
 
-    def close(self) -> None:
-        pass
+    def close(self) -> None:  # noqa: B027 - optional hook: in-process clients hold nothing to close
+        return None
 
     def __enter__(self) -> RegistryClient:
         return self

@@ -120,8 +120,12 @@ class NoetlTableIOManager(dg.ConfigurableIOManager):
         return {}
 
     @staticmethod
-    def _meta(context: dg.OutputContext | dg.InputContext, key: str) -> Any:
-        for source in (getattr(context, "output_metadata", None), getattr(context, "definition_metadata", None)):
+    def _meta(context: dg.OutputContext | dg.InputContext, key: str, *, runtime: bool = True) -> Any:
+        """A metadata value: runtime output metadata first, then the definition's."""
+        sources = [context.definition_metadata]
+        if runtime and isinstance(context, dg.OutputContext):
+            sources.insert(0, context.output_metadata)
+        for source in sources:
             if source and key in source:
                 value = source[key]
                 return getattr(value, "value", value)
@@ -144,11 +148,11 @@ class NoetlTableIOManager(dg.ConfigurableIOManager):
                 f"set metadata {{'{META_URI}': 'noetl://…'}} on it"
             ) from e
 
-    def _output_uri(self, context: dg.OutputContext) -> str:
-        rtype = self._meta(context, META_TYPE)
+    def _output_uri(self, context: dg.OutputContext, *, runtime: bool = True) -> str:
+        rtype = self._meta(context, META_TYPE, runtime=runtime)
         if context.has_asset_key:
-            return self.uri_for_asset(context.asset_key, self._meta(context, META_URI), rtype)
-        explicit = self._meta(context, META_URI)
+            return self.uri_for_asset(context.asset_key, self._meta(context, META_URI, runtime=runtime), rtype)
+        explicit = self._meta(context, META_URI, runtime=runtime)
         if explicit:
             return parse_locator(explicit, require_version=False).unversioned().uri
         tenant, project = self.registry.scope()
@@ -158,7 +162,7 @@ class NoetlTableIOManager(dg.ConfigurableIOManager):
     @staticmethod
     def _execution_id(context: dg.OutputContext | dg.InputContext) -> str | None:
         try:
-            tags = context.step_context.dagster_run.tags
+            tags = context.step_context.run_tags
         except Exception:  # noqa: BLE001 - contexts built outside a run have no step context
             return None
         return tags.get("noetl/execution_id") or context.step_context.run_id
@@ -242,7 +246,8 @@ class NoetlTableIOManager(dg.ConfigurableIOManager):
                 upstream_meta = getattr(upstream_meta, "value", upstream_meta)
             base = self.uri_for_asset(context.asset_key, explicit or upstream_meta)
         elif context.upstream_output is not None:
-            base = self._output_uri(context.upstream_output)
+            # an upstream output seen from an input has no runtime metadata (dagster#20094)
+            base = self._output_uri(context.upstream_output, runtime=False)
         elif explicit:
             base = explicit
         else:

@@ -38,7 +38,7 @@ from typing import Any
 import pyarrow as pa
 
 from noetl_dagster.storage.jsonutil import plain
-from noetl_dagster.storage.locator import InvalidLocator, ResourceLocator, parse_locator
+from noetl_dagster.storage.locator import InvalidLocator, ResourceLocator
 from noetl_dagster.storage.payload import ChecksumMismatch, PayloadStore, ResultRef, is_ref
 from noetl_dagster.storage.tables import (
     FORMAT_ARROW,

@@ -7,7 +7,6 @@ import pytest
 from registry_service.errors import Conflict, InvalidRequest, NotFound
 
 
-
 def test_register_assigns_ordered_versions_and_resolves_latest(connect, tenants):
     ta, _ = tenants
     a = connect(ta, "lab")

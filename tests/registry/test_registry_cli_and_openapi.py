@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 from click.testing import CliRunner
 
 from registry_service.cli import cli

@@ -60,7 +60,7 @@ def test_missing_version_is_an_error_unless_asked_for_the_series():
     with pytest.raises(InvalidLocator):
         parse_locator("urn:noetl:acme:lab:ns:dataset:orders")  # six parts needed
     with pytest.raises(InvalidLocator, match="has no version"):
-        ResourceLocator("a", "b", "c", "d", "e").urn
+        _ = ResourceLocator("a", "b", "c", "d", "e").urn
 
 
 @pytest.mark.parametrize(
