@@ -94,9 +94,21 @@ class _WithGlobals(Mapping):
         return sum(1 for _ in self)
 
 
+class _Env(SandboxedEnvironment):
+    """``x.key`` on a mapping reads the key first, so ``workload.items`` is the value, not ``dict.items``."""
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        if isinstance(obj, Mapping):
+            try:
+                return obj[attribute]
+            except (KeyError, TypeError):
+                pass
+        return super().getattr(obj, attribute)
+
+
 class TemplateEnv:
     def __init__(self) -> None:
-        env = SandboxedEnvironment(undefined=_Undefined, autoescape=False, keep_trailing_newline=True)
+        env = _Env(undefined=_Undefined, autoescape=False, keep_trailing_newline=True)
         env.filters.update(
             tojson=_tojson,
             to_json=_tojson,

@@ -550,7 +550,8 @@ class Worker:
         call_input = inputs.get("input") if isinstance(inputs.get("input"), dict) else {}
         merged = {**defaults, **call_input}
         wb_task = task.model_copy(update={"config": {**task.config, "input": merged}})
-        wscope = scope.child(input=merged, args=merged)
+        # the merged input is read first by bare name too (`{{ summary }}` in a non-python entry)
+        wscope = Scope({**scope.ns, "input": merged, "args": merged}, (merged, *scope.chain))
         sub = _Frame(frame.step, frame.step_run_id, merged, frame.iter, frame.loop_id, frame.iteration, frame.ctx_guard)
         outcome = self._invoke(wb_task, sub, wscope, 1)
         if outcome["status"] != "ok":
