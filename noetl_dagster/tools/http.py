@@ -14,17 +14,28 @@ one of ``{type: bearer, token}``, ``{type: basic, username, password}`` or
 ``{type: header, header, value}`` (``access_token`` / ``id_token`` / ``api_key``
 count as a bearer token when no type is given).
 
-Result: ``{status_code, headers, data}`` with ``data`` the parsed JSON body, else
-the text. A non-2xx answer is an error outcome (``http.status``/``http.headers``,
-the response as the error's result); 408, 425, 429, 5xx, timeouts and
-connection errors are retryable. One pooled ``httpx.Client`` per execution.
+Result: ``{status_code, headers, data, body}`` with ``data`` the parsed JSON
+body, else the text (``body`` is the same value, for playbooks written against
+the Rust engine's result shape). A non-2xx answer is an error outcome
+(``http.status``/``http.headers``, the response as the error's result) whose
+``error.kind`` is ``server_error`` (5xx), ``rate_limit`` (429), ``auth`` (401,
+403) or ``client_error`` (other statuses); 408, 425, 429, 5xx, timeouts
+(``timeout``) and connection errors (``connection_error``) are retryable. One
+pooled ``httpx.Client`` per execution.
+
+Host overrides: ``NOETL_HTTP_OVERRIDES`` (a JSON object, or ``HOST=URL`` pairs
+separated by commas) sends requests for ``HOST`` (or ``HOST:PORT``) to ``URL``
+instead, keeping path and query — how the conformance run points fixtures at
+local stub servers (``noetl-dagster conformance --http-override``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -36,6 +47,58 @@ RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 QUERY_METHODS = frozenset({"GET", "DELETE", "HEAD", "OPTIONS"})
 # Enough for a parallel loop's max_in_flight (default 16) with room for nested pipelines.
 POOL_LIMITS = httpx.Limits(max_connections=64, max_keepalive_connections=32)
+
+
+OVERRIDES_ENV = "NOETL_HTTP_OVERRIDES"
+_overrides_cache: tuple[str, dict[str, str]] = ("", {})
+
+
+def parse_overrides(text: str) -> dict[str, str]:
+    """``{"host[:port]": "http://127.0.0.1:8000"}`` from JSON or ``host=url,host=url``."""
+    text = text.strip()
+    if not text:
+        return {}
+    if text.startswith("{"):
+        value = json.loads(text)
+        if not isinstance(value, dict):
+            raise ValueError(f"{OVERRIDES_ENV} must be a JSON object")
+        return {str(k).lower(): str(v) for k, v in value.items()}
+    out: dict[str, str] = {}
+    for pair in text.replace("\n", ",").split(","):
+        if not pair.strip():
+            continue
+        host, sep, url = pair.partition("=")
+        if not sep or not host.strip() or not url.strip():
+            raise ValueError(f"bad http override {pair.strip()!r}: expected HOST=URL")
+        out[host.strip().lower()] = url.strip()
+    return out
+
+
+def http_overrides() -> dict[str, str]:
+    global _overrides_cache
+    raw = os.environ.get(OVERRIDES_ENV, "")
+    if raw != _overrides_cache[0]:
+        _overrides_cache = (raw, parse_overrides(raw))
+    return _overrides_cache[1]
+
+
+def rewrite_url(url: str, overrides: Mapping[str, str]) -> str:
+    """``url`` with its scheme and host replaced when ``overrides`` names the host."""
+    if not overrides:
+        return url
+    try:
+        parts = urlsplit(url)
+        host = (parts.hostname or "").lower()
+        port = parts.port
+    except ValueError:
+        return url
+    target = (overrides.get(f"{host}:{port}") if port else None) or overrides.get(host)
+    if not target:
+        return url
+    rest = parts.path  # "http://host" stays without a trailing slash, so "{{ base }}/x" keeps one
+    if parts.query:
+        rest += "?" + parts.query
+    return target.rstrip("/") + rest
 
 
 def _client(ctx: ToolContext, verify: bool) -> httpx.Client:
@@ -167,11 +230,22 @@ def _parse(resp: httpx.Response) -> Any:
     return text
 
 
+def error_kind(status: int) -> str:
+    if status == 429:
+        return "rate_limit"
+    if status in (401, 403):
+        return "auth"
+    if status >= 500:
+        return "server_error"
+    return "client_error"
+
+
 def http_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     """HTTP request with httpx; non-2xx is an error outcome."""
     url = inputs.get("url") or inputs.get("endpoint")
     if not url or not isinstance(url, str):
         raise ToolError("http: 'url' (or 'endpoint') is required", kind="config_error")
+    url = rewrite_url(url, http_overrides())
     method = str(inputs.get("method") or "GET").upper()
     headers = {str(k): str(v) for k, v in (inputs.get("headers") or {}).items() if v is not None}
     auth_hdrs, basic = auth_headers(inputs.get("auth"), ctx)
@@ -202,11 +276,12 @@ def http_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
             f"http: {method} {url} failed: {type(e).__name__}: {e}", kind="connection_error", retryable=True, code="connection_error"
         ) from None
 
-    result = {"status_code": resp.status_code, "headers": dict(resp.headers), "data": _parse(resp)}
+    data = _parse(resp)
+    result = {"status_code": resp.status_code, "headers": dict(resp.headers), "data": data, "body": data}
     if not 200 <= resp.status_code < 300:
         raise ToolError(
             f"http: {method} {url} answered {resp.status_code} {resp.reason_phrase}",
-            kind="http_error",
+            kind=error_kind(resp.status_code),
             retryable=resp.status_code in RETRYABLE_STATUS or resp.status_code >= 500,
             code=resp.status_code,
             details={"http": {"status": resp.status_code, "headers": result["headers"]}},

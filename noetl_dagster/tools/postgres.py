@@ -6,7 +6,9 @@ keychain, an inline mapping, or a connection string — or ``connection_string``
 statements, or a list of statements); ``params`` (a list for ``%s`` or a mapping
 for ``%(name)s``) bound server-side; ``schema`` (sets ``search_path`` for the call).
 
-Result of the last statement: ``{rows: [ {column: value} ], row_count, columns}``.
+Result of the last statement: ``{rows: [ {column: value} ], row_count, columns}``,
+plus each statement's own result as ``command_0``, ``command_1``… (the NoETL
+Python worker's shape, which many playbooks read: ``{{ step.command_0.rows }}``).
 Statements run in one transaction: without ``params`` the text goes to the
 server as one simple-protocol query (an implicit transaction); with ``params``
 it is split on top-level ``;`` and run inside an explicit transaction.
@@ -262,10 +264,10 @@ def run_sql(conn: psycopg.Connection, sql: list[str] | str, params: Any, schema:
         if isinstance(statements, str):
             # One simple-protocol round trip; Postgres runs it as one implicit transaction.
             cur.execute(statements, prepare=False)
-            last = _result(cur)
+            results = [_result(cur)]
             while cur.nextset():
-                last = _result(cur)
-            return last
+                results.append(_result(cur))
+            return _combined(results)
         if params is not None and not isinstance(params, Mapping):
             with_placeholders = [s for s in statements if _uses_placeholders(s)]
             if len(with_placeholders) > 1:
@@ -273,7 +275,7 @@ def run_sql(conn: psycopg.Connection, sql: list[str] | str, params: Any, schema:
                     "postgres: positional params with several statements that take them; use named params %(name)s",
                     kind="config_error",
                 )
-        last: dict[str, Any] = {"rows": [], "row_count": 0, "columns": []}
+        results: list[dict[str, Any]] = []
         with conn.transaction():
             if schema:
                 cur.execute(
@@ -286,8 +288,14 @@ def run_sql(conn: psycopg.Connection, sql: list[str] | str, params: Any, schema:
                     cur.execute(stmt, params)
                 else:
                     cur.execute(stmt, prepare=False)
-                last = _result(cur)
-        return last
+                results.append(_result(cur))
+        return _combined(results)
+
+
+def _combined(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The last statement's result, plus every statement's as ``command_<i>`` (NoETL's shape)."""
+    last = results[-1] if results else {"rows": [], "row_count": 0, "columns": []}
+    return {**last, **{f"command_{i}": r for i, r in enumerate(results)}}
 
 
 def connector_for(conninfo: str, ctx: ToolContext) -> PgConnector:

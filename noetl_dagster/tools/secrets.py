@@ -5,10 +5,14 @@ a root ``keychain:`` entry or a stored credential — and optional ``field``
 (default: the only field, else ``value`` / ``secret`` / ``token`` / ``password``).
 
 Result: ``{name, field, ref, value}``. ``ref`` (``keychain:<name>.<field>``) is
-the stable reference; ``value`` is handed to later steps of this execution but
-is registered for redaction, so it appears as ``[REDACTED]`` in every event, log
-line, error message and ``--json`` output. Prefer ``{{ keychain.<name>.<field> }}``
-where the value is needed: it is read afresh rather than taken from a result.
+the stable reference. ``value`` is registered for redaction, so the recorded
+result — and with it the execution state rebuilt from the events — holds
+``***``, as does every log line, error message and ``--json`` output. Where a
+later step needs the secret itself, it reads ``{{ keychain.<name>.<field> }}``,
+which resolves afresh and is redacted the same way.
+
+In the runtime dialect (``tool: [{name: label, kind: ...}]``) ``name`` is the
+task's label: give the secret as ``secret_name`` (or ``secret``) there.
 """
 
 from __future__ import annotations

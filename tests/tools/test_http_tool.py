@@ -36,7 +36,7 @@ def test_get_json_with_params_and_headers(httpserver, make_ctx):
 def test_post_body_aliases_send_json(httpserver, make_ctx, key):
     httpserver.expect_request("/items", method="POST", json={"name": "x", "n": 1}).respond_with_json({"ok": True}, status=201)
     out = http_tool({"method": "post", "endpoint": httpserver.url_for("/items"), key: {"name": "x", "n": 1}}, make_ctx())
-    assert out == {"status_code": 201, "headers": out["headers"], "data": {"ok": True}}
+    assert out == {"status_code": 201, "headers": out["headers"], "data": {"ok": True}, "body": {"ok": True}}
 
 
 def test_data_on_get_becomes_the_query_string(httpserver, make_ctx):
@@ -80,19 +80,19 @@ def test_404_is_a_non_retryable_error_with_http_details_and_the_response(httpser
     with pytest.raises(ToolError) as info:
         http_tool({"url": httpserver.url_for("/missing")}, make_ctx())
     e = info.value
-    assert (e.kind, e.retryable, e.code) == ("http_error", False, 404)
+    assert (e.kind, e.retryable, e.code) == ("client_error", False, 404)
     assert e.details["http"]["status"] == 404
     assert e.details["http"]["headers"]["content-type"] == "application/json"
     assert e.result["data"] == {"detail": "nope"}
     assert "answered 404" in e.message
 
 
-@pytest.mark.parametrize("status", [429, 500, 502, 503])
-def test_429_and_5xx_are_retryable(httpserver, make_ctx, status):
+@pytest.mark.parametrize("status, kind", [(429, "rate_limit"), (500, "server_error"), (502, "server_error"), (503, "server_error")])
+def test_429_and_5xx_are_retryable(httpserver, make_ctx, status, kind):
     httpserver.expect_request("/busy").respond_with_data("busy", status=status, headers={"Retry-After": "1"})
     with pytest.raises(ToolError) as info:
         http_tool({"url": httpserver.url_for("/busy")}, make_ctx())
-    assert info.value.retryable and info.value.details["http"]["status"] == status
+    assert info.value.retryable and info.value.details["http"]["status"] == status and info.value.kind == kind
     assert info.value.details["http"]["headers"]["retry-after"] == "1"
 
 
@@ -215,3 +215,37 @@ def test_huge_response_body(httpserver, make_ctx):
     httpserver.expect_request("/big").respond_with_json(rows)
     out = http_tool({"url": httpserver.url_for("/big")}, make_ctx())
     assert len(out["data"]) == 100_000 and out["data"][-1]["name"] == "user-99999"
+
+
+@pytest.mark.parametrize("status, kind", [(401, "auth"), (403, "auth"), (400, "client_error"), (409, "client_error")])
+def test_4xx_kinds_are_not_retryable(httpserver, make_ctx, status, kind):
+    httpserver.expect_request("/e").respond_with_json({"e": 1}, status=status)
+    with pytest.raises(ToolError) as info:
+        http_tool({"url": httpserver.url_for("/e")}, make_ctx())
+    assert (info.value.kind, info.value.retryable) == (kind, False)
+
+
+def test_host_overrides_send_requests_to_another_server(httpserver, make_ctx, monkeypatch):
+    httpserver.expect_request("/v1/forecast", query_string={"latitude": "1"}).respond_with_json({"stub": True})
+    httpserver.expect_request("/p/x").respond_with_json({"port": True})
+    monkeypatch.setenv(
+        "NOETL_HTTP_OVERRIDES",
+        json.dumps({"api.open-meteo.com": httpserver.url_for("/"), "svc.local:5555": httpserver.url_for("/p")}),
+    )
+    ctx = make_ctx()
+    assert http_tool({"url": "https://api.open-meteo.com/v1/forecast", "params": {"latitude": 1}}, ctx)["data"] == {"stub": True}
+    assert http_tool({"url": "http://svc.local:5555/x"}, ctx)["data"] == {"port": True}
+    with pytest.raises(ToolError):  # another port of that host is not overridden
+        http_tool({"url": "http://svc.local:1/x", "timeout": 1}, ctx)
+
+
+def test_override_pairs_syntax_and_errors():
+    from noetl_dagster.tools.http import parse_overrides, rewrite_url
+
+    o = parse_overrides("httpbin.org=http://127.0.0.1:9, Host.Example:81=http://127.0.0.1:10/base")
+    assert o == {"httpbin.org": "http://127.0.0.1:9", "host.example:81": "http://127.0.0.1:10/base"}
+    assert rewrite_url("https://httpbin.org/anything/a?b=1", o) == "http://127.0.0.1:9/anything/a?b=1"
+    assert rewrite_url("http://host.example:81", o) == "http://127.0.0.1:10/base"
+    assert rewrite_url("http://other.org/x", o) == "http://other.org/x"
+    with pytest.raises(ValueError, match="expected HOST=URL"):
+        parse_overrides("nonsense")

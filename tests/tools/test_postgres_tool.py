@@ -26,7 +26,8 @@ def test_registered():
 
 def test_select_returns_rows_as_objects(make_ctx, pg_keychain):
     out = postgres_tool({"auth": "pg_test", "query": "SELECT 1 AS a, 'x' AS b UNION ALL SELECT 2, 'y' ORDER BY a"}, make_ctx(pg_keychain))
-    assert out == {"rows": [{"a": 1, "b": "x"}, {"a": 2, "b": "y"}], "row_count": 2, "columns": ["a", "b"]}
+    expected = {"rows": [{"a": 1, "b": "x"}, {"a": 2, "b": "y"}], "row_count": 2, "columns": ["a", "b"]}
+    assert out == {**expected, "command_0": expected}
 
 
 def test_several_statements_return_the_last_result(make_ctx, pg_keychain, table):
@@ -47,6 +48,8 @@ def test_several_statements_return_the_last_result(make_ctx, pg_keychain, table)
         {"id": 2, "note": "dollar; quoted", "payload": None},
     ]
     assert out["columns"] == ["id", "note", "payload"]
+    assert out["command_1"] == {"rows": [], "row_count": 2, "columns": []} and out["command_2"]["rows"] == out["rows"]
+    assert "command_3" not in out
 
 
 def test_last_statement_without_rows_reports_row_count(make_ctx, pg_keychain, table):
@@ -54,7 +57,7 @@ def test_last_statement_without_rows_reports_row_count(make_ctx, pg_keychain, ta
         {"auth": "pg_test", "command": f"CREATE TABLE {table} (id int); INSERT INTO {table} SELECT generate_series(1, 5)"},
         make_ctx(pg_keychain),
     )
-    assert out == {"rows": [], "row_count": 5, "columns": []}
+    assert {k: out[k] for k in ("rows", "row_count", "columns")} == {"rows": [], "row_count": 5, "columns": []}
 
 
 def test_list_of_commands(make_ctx, pg_keychain, table):
@@ -85,7 +88,7 @@ def test_named_params_across_statements_in_one_transaction(make_ctx, pg_keychain
         },
         ctx,
     )
-    assert out["rows"] == [{"v": "three"}]
+    assert out["rows"] == [{"v": "three"}] and out["command_1"]["row_count"] == 1
 
 
 def test_positional_params_ambiguous_across_statements(make_ctx, pg_keychain):
