@@ -395,6 +395,7 @@ class Publication:
 
     resource: Resource
     write: TableWrite
+    inputs: list[str] = field(default_factory=list)
 
     def ref(self) -> dict[str, Any]:
         """The reference a task result or an event carries (ResultRef fields + identity)."""
@@ -413,6 +414,8 @@ class Publication:
         }
         if self.write.format == FORMAT_ICEBERG:
             out["snapshot_id"] = self.write.metadata["snapshot_id"]
+        if self.inputs:
+            out["inputs"] = list(self.inputs)  # lineage, also shown by the Dagster translator
         return out
 
 
@@ -487,11 +490,12 @@ class TableStorage:
         meta = {"content_type": CONTENT_TYPES[fmt], "columns": written.columns, **dict(metadata or {})}
         location = written.location()
         location["region"] = self.region
+        inputs = list(inputs)
         resource = self.registry.register(
-            loc.uri, kind=kind, locations=[location], metadata=meta, inputs=list(inputs),
+            loc.uri, kind=kind, locations=[location], metadata=meta, inputs=inputs,
             execution_id=execution_id, step=step, task=task,
         )
-        return Publication(resource, written)
+        return Publication(resource, written, inputs)
 
     def _store_for(self, uri: str) -> PayloadStore:
         if self.store.owns(uri):
