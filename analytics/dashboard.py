@@ -83,13 +83,21 @@ def _chart(result: PanelResult, path: Path, currency: str) -> Path | None:
             xs, ys = series.setdefault(str(r[si]), ([], []))
             xs.append(r[xi])
             ys.append(r[yi] or 0.0)
-        for name, (xs, ys) in sorted(series.items()):
-            ax.plot(xs, ys, marker="o", label=name)
-        ax.xaxis.set_major_formatter(mdates.DateFormatter("%Y-%m-%d"))
-        fig.autofmt_xdate()
-        ax.set_ylabel(ylabel)
-        ax.legend(title=p.series, fontsize=8)
-        ax.grid(alpha=0.3)
+        if len({r[xi] for r in rows}) == 1:
+            # a single day: one bar per series reads better than a line of one point
+            names = sorted(series)
+            ax.bar(names, [sum(series[n][1]) for n in names], color=[f"C{i}" for i in range(len(names))])
+            ax.set_xlabel(f"{p.series} · {_fmt(rows[0][xi])[:10]}")
+            ax.set_ylabel(ylabel)
+            ax.grid(axis="y", alpha=0.3)
+        else:
+            for name, (xs, ys) in sorted(series.items()):
+                ax.plot(xs, ys, marker="o", label=name)
+            ax.xaxis.set_major_formatter(mdates.DateFormatter("%Y-%m-%d"))
+            fig.autofmt_xdate()
+            ax.set_ylabel(ylabel)
+            ax.legend(title=p.series, fontsize=8)
+            ax.grid(alpha=0.3)
     else:  # barh, one bar group per row, one bar per value column
         labels = [str(r[cols.index(p.x)]) for r in rows][::-1]
         n = len(p.y)

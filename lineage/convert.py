@@ -341,7 +341,8 @@ class LineageConverter:
     def _finish_step(self, exe: _Execution, run: _RunState, state: RunState, e: Event) -> list[RunEvent]:
         if run.finished:
             return []
-        out = []
+        out: list[RunEvent] = []
+        self._ensure_started(exe, e, out)
         if not run.started:
             run.started = True
             out.append(self._step_event(exe, run, RunState.START, e))

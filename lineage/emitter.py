@@ -206,11 +206,11 @@ def registry_describer(url: str | None) -> Describer:
     return describe
 
 
-def registry_describer_from_env() -> Describer | None:
+def registry_describer_from_env(data_dir: str | os.PathLike[str] | None = None) -> Describer | None:
     """A describer when a registry is configured (``NOETL_REGISTRY_URL``) or the local one exists."""
     url = os.environ.get("NOETL_REGISTRY_URL")
     if not url:
-        local = Path(os.environ.get("NOETL_DAGSTER_HOME") or ".noetl") / "registry.db"
+        local = Path(data_dir or os.environ.get("NOETL_DAGSTER_HOME") or ".noetl") / "registry.db"
         if not local.is_file():
             return None
         url = str(local)

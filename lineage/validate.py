@@ -63,6 +63,11 @@ class LineageValidator:
         self.root_schema = schemas[0]
         self.format_checker = _format_checker()
         self._event = Draft202012Validator(self.root_schema, registry=self.registry, format_checker=self.format_checker)
+        # the root is a oneOf of event kinds: for a readable reason, also check the RunEvent branch alone
+        self._run_event = Draft202012Validator(
+            {"$ref": f"{self.root_schema['$id']}#/$defs/RunEvent"}, registry=self.registry,
+            format_checker=self.format_checker,
+        )
 
     def _facet_errors(self, where: str, facets: Any) -> list[str]:
         if facets is None:
@@ -99,6 +104,9 @@ class LineageValidator:
     def errors(self, event: dict[str, Any]) -> list[str]:
         errors = [f"event: {e.message} at {list(e.absolute_path)}" for e in self._event.iter_errors(event)]
         if errors:
+            if isinstance(event, dict) and "run" in event:
+                detail = [f"event: {e.message} at {list(e.absolute_path)}" for e in self._run_event.iter_errors(event)]
+                return detail or errors
             return errors
         errors += self._facet_errors("run.facets", (event.get("run") or {}).get("facets"))
         errors += self._facet_errors("job.facets", (event.get("job") or {}).get("facets"))

@@ -65,7 +65,7 @@ def export(events_url: str | None, data_dir: str | None, executions: tuple[str, 
         _fail_input(f"cannot open the event log: {e}")
     validator = _validator(spec_dir) if check else None
     wanted = set(executions)
-    converter = LineageConverter(describe=registry_describer_from_env())
+    converter = LineageConverter(describe=registry_describer_from_env(data_dir))
     run_events = []
     for stored in log.iter_all():
         e = stored.event
