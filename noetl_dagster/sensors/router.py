@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,7 @@ import dagster as dg
 
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine.control import Engine, Services
+from noetl_dagster.resources.noetl import NoetlResource
 from noetl_dagster.translator.runtime import (
     REQUESTED_BY_DAGSTER,
     REQUESTED_BY_DETACHED,
@@ -318,18 +320,24 @@ def build_router_sensor(
     grace_seconds: float = DEFAULT_GRACE_SECONDS,
 ) -> dg.SensorDefinition:
     jobs = [job for c in index.playbooks for job in c.jobs]
+    with warnings.catch_warnings():  # Dagster's own beta `owners` parameter, which we do not use
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        return _router_sensor(index, jobs, name, minimum_interval_seconds, grace_seconds)
 
+
+def _router_sensor(
+    index: Any, jobs: list[dg.JobDefinition], name: str, minimum_interval_seconds: int, grace_seconds: float
+) -> dg.SensorDefinition:
     @dg.sensor(
         name=name,
         jobs=jobs or None,
         minimum_interval_seconds=minimum_interval_seconds,
         default_status=dg.DefaultSensorStatus.RUNNING,
-        required_resource_keys={"noetl"},
         description="Routes NoETL tokens between runs: starts detached executions, launches per-step jobs, "
         "resumes executions whose run died.",
     )
-    def _router(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
-        svc = context.resources.noetl.services()
+    def _router(context: dg.SensorEvaluationContext, noetl: NoetlResource) -> dg.SensorResult | dg.SkipReason:
+        svc = noetl.services()
         cursor = RouterCursor.parse(context.cursor)
         tick = router_tick(index, svc, instance_run_lookup(context.instance), cursor, grace_seconds=grace_seconds)
         for note in tick.notes:

@@ -56,7 +56,11 @@ def op_tags(spec: NoetlOpSpec) -> dict[str, str]:
     return tags
 
 
-def _execution_id(context: dg.OpExecutionContext) -> str:
+def _execution_id(context) -> str:  # noqa: ANN001
+    """The run's execution: its tag, else its parent's/root's (re-execution), else one derived from the root run.
+
+    A run that did not carry the tag gets it, so the UI and the router see which execution it drives.
+    """
     run = context.dagster_run
     if run.tags.get(TAG_EXECUTION):
         return str(run.tags[TAG_EXECUTION])
@@ -64,10 +68,22 @@ def _execution_id(context: dg.OpExecutionContext) -> str:
         eid = _RUN_EXECUTION.get(context.run_id)
     if eid:
         return eid
-    fresh = context.instance.get_run_by_id(context.run_id)  # another process tagged it (multiprocess executor)
-    if fresh is not None and fresh.tags.get(TAG_EXECUTION):
-        return str(fresh.tags[TAG_EXECUTION])
-    return execution_id_for_run(run)
+    found, on_self = None, False
+    for run_id in (context.run_id, run.parent_run_id, run.root_run_id):
+        other = context.instance.get_run_by_id(run_id) if run_id else None
+        if other is not None and other.tags.get(TAG_EXECUTION):
+            found, on_self = str(other.tags[TAG_EXECUTION]), run_id == context.run_id
+            break
+    eid = found or execution_id_for_run(run)
+    _remember_run(context, eid, tag=not on_self)
+    return eid
+
+
+def _remember_run(context, eid: str, *, tag: bool) -> None:  # noqa: ANN001
+    with _run_lock:
+        _RUN_EXECUTION[context.run_id] = eid
+    if tag:
+        _tag_run(context, {TAG_EXECUTION: eid})
 
 
 def _tag_run(context: dg.OpExecutionContext, tags: Mapping[str, str]) -> None:
@@ -141,25 +157,15 @@ def make_start_op(pb: Playbook, spec: NoetlOpSpec, plan: JobPlan, node_outputs: 
     """``noetl_start``: record the request (typed workload config) or continue the tagged execution."""
     outs = {name: dg.Out(dg.Nothing, is_required=False) for name in node_outputs.values()}
 
-    @dg.op(
-        name=spec.name,
-        description=spec.description,
-        tags=op_tags(spec),
-        config_schema=start_config_schema(pb),
-        out=outs,
-        required_resource_keys={RESOURCE_KEY},
-        retry_policy=spec.retry_policy,
-        pool=spec.pool,
-    )
-    def _start(context):  # noqa: ANN001 - Dagster inspects the bare parameter
+    def _start(context, _inputs):  # noqa: ANN001 - Dagster inspects the bare parameter
         res = getattr(context.resources, RESOURCE_KEY)
         svc = res.services()
         cfg = context.op_config or {}
-        eid = cfg.get("execution_id") or _execution_id(context)
-        with _run_lock:
-            _RUN_EXECUTION[context.run_id] = eid
-        if context.dagster_run.tags.get(TAG_EXECUTION) != eid:
-            _tag_run(context, {TAG_EXECUTION: eid})
+        if cfg.get("execution_id"):  # the launchpad asked to continue a given execution
+            eid = str(cfg["execution_id"])
+            _remember_run(context, eid, tag=context.dagster_run.tags.get(TAG_EXECUTION) != eid)
+        else:
+            eid = _execution_id(context)
         eng, started = start_execution(
             pb, svc, eid, workload_overrides(pb, cfg), requested_by=f"{REQUESTED_BY_DAGSTER}{context.run_id}",
             logger=context.log,
@@ -181,7 +187,18 @@ def make_start_op(pb: Playbook, spec: NoetlOpSpec, plan: JobPlan, node_outputs: 
             if plan.nodes[key].reach & pending:
                 yield dg.Output(None, node_outputs[key], metadata={"execution_id": eid})
 
-    return _start
+    # OpDefinition directly (not @op): no signature inspection, which dominates translating many playbooks
+    return dg.OpDefinition(
+        compute_fn=_start,
+        name=spec.name,
+        description=spec.description,
+        tags=op_tags(spec),
+        config_schema=start_config_schema(pb),
+        outs=outs,
+        required_resource_keys={RESOURCE_KEY},
+        retry_policy=spec.retry_policy,
+        pool=spec.pool,
+    )
 
 
 def make_node_op(
@@ -199,17 +216,7 @@ def make_node_op(
     ins = {"after": dg.In(dg.Nothing)} if has_input else {}
     region = node.kind == "region"
 
-    @dg.op(
-        name=spec.name,
-        description=spec.description,
-        tags=op_tags(spec),
-        ins=ins,
-        out=outs,
-        required_resource_keys={RESOURCE_KEY},
-        retry_policy=spec.retry_policy,
-        pool=spec.pool,
-    )
-    def _node(context):  # noqa: ANN001
+    def _node(context, _inputs):  # noqa: ANN001
         res = getattr(context.resources, RESOURCE_KEY)
         svc = res.services()
         eid = _execution_id(context)
@@ -233,7 +240,17 @@ def make_node_op(
                 allow_retries=False,  # the step's outcome is recorded; retrying the op would not run it again
             )
 
-    return _node
+    return dg.OpDefinition(
+        compute_fn=_node,
+        name=spec.name,
+        description=spec.description,
+        tags=op_tags(spec),
+        ins=ins,
+        outs=outs,
+        required_resource_keys={RESOURCE_KEY},
+        retry_policy=spec.retry_policy,
+        pool=spec.pool,
+    )
 
 
 def _report_outputs(

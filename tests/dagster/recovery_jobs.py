@@ -1,0 +1,20 @@
+"""A job Dagster can reconstruct by reference (re-execution from failure needs one).
+
+The playbook and the NoETL data directory come from environment variables the
+test sets, so the re-executed run rebuilds exactly the same job and resource.
+"""
+
+from __future__ import annotations
+
+import os
+
+import dagster as dg
+
+from noetl_dagster.resources.noetl import NoetlResource
+from noetl_dagster.translator import compile_playbooks
+
+
+def hello_job() -> dg.JobDefinition:
+    resource = NoetlResource(data_dir=os.environ["RECOVERY_TEST_DATA_DIR"])
+    loc = compile_playbooks(os.environ["RECOVERY_TEST_PLAYBOOK"], resource=resource, include_sensor=False)
+    return loc.definitions.resolve_job_def(loc.index.playbooks[0].job_name)

@@ -1,0 +1,204 @@
+"""What a playbook run looks like in Dagster: run tags, NoETL events as Dagster
+logs, the step result as op output metadata (inline or by reference), failed
+tasks failing their op, handled failures routing, and re-execution from
+failure resuming from the event log without re-running completed steps."""
+
+from __future__ import annotations
+
+import textwrap
+
+import dagster as dg
+import pytest
+from conftest import EXAMPLES, events_of, run_dagster, run_local, summary
+
+from noetl_dagster.resources.noetl import NoetlResource
+from noetl_dagster.translator import compile_playbooks
+
+
+def _compile(path, data_dir, **kw):
+    return compile_playbooks(path, resource=NoetlResource(data_dir=str(data_dir)), include_sensor=False, **kw)
+
+
+def _write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text).lstrip())
+    return p
+
+
+def _output_metadata(result: dg.ExecuteInProcessResult, op: str, output: str = "result") -> dict:
+    for ev in result.events_for_node(op):
+        if ev.event_type_value == "STEP_OUTPUT" and ev.step_output_data.output_name == output:
+            return dict(ev.step_output_data.metadata)
+    raise AssertionError(f"no output {output} from {op}")
+
+
+def test_launchpad_run_is_tagged_logs_noetl_events_and_takes_typed_workload(dagster_data, ephemeral_instance):
+    loc = _compile(EXAMPLES / "hello_dagster.yaml", dagster_data)
+    job = loc.definitions.resolve_job_def("hello_dagster")
+    cfg = {"ops": {"hello_dagster__noetl_start": {"config": {"workload": {"name": "Ada", "times": 2}}}}}
+    result = job.execute_in_process(run_config=cfg, instance=ephemeral_instance)  # no noetl tags: as the launchpad
+    assert result.success
+    run = ephemeral_instance.get_run_by_id(result.run_id)
+    eid = run.tags["noetl/execution_id"]
+    assert run.tags["noetl/playbook"] == "examples/hello_dagster"
+    assert run.tags["noetl/tenant"] == "default" and run.tags["noetl/project"] == "default"
+    assert run.tags["noetl/status"] == "completed"
+    events = events_of(dagster_data, eid)
+    requested = events[0]
+    assert requested.name == "playbook.execution.requested"
+    assert requested.data["workload"] == {"name": "Ada", "times": 2}
+    assert requested.data["requested_by"] == f"dagster:{result.run_id}"
+    messages = [e.user_message for e in ephemeral_instance.all_logs(result.run_id)]
+    for name in ("workflow.started", "step.started", "task.started", "task.done", "step.done", "next.evaluated",
+                 "workflow.finished"):  # fmt: skip
+        assert any(m.startswith(name) for m in messages), name
+    md = _output_metadata(result, "hello_dagster__done")
+    assert md["result"].data == {"said": 2, "last": "Hello, Ada!"}
+    assert md["noetl/status"].value == "done" and md["execution_id"].value == eid
+
+
+def test_big_result_shows_as_a_reference(tmp_path, dagster_data, ephemeral_instance):
+    p = _write(tmp_path, "big.yaml", """
+        apiVersion: noetl.io/v2
+        kind: Playbook
+        metadata: {name: big, path: t/big}
+        workflow:
+          - step: start
+            tool:
+              - make:
+                  kind: python
+                  code: |
+                    result = [{"i": i, "pad": "x" * 100} for i in range(2000)]
+        """)
+    loc = _compile(p, dagster_data)
+    result = loc.definitions.resolve_job_def("big").execute_in_process(instance=ephemeral_instance)
+    md = _output_metadata(result, "big__start")
+    assert "result" not in md
+    assert md["result_ref"].value.startswith("file://")
+    assert md["result_ref_rows"].value == 2000
+    assert md["result_ref_checksum"].value
+
+
+FAILING = """
+    apiVersion: noetl.io/v2
+    kind: Playbook
+    metadata: {name: fails, path: t/fails}
+    workflow:
+      - step: start
+        tool: {kind: noop}
+        next:
+          spec: {mode: inclusive}
+          arcs: [{step: boom}, {step: fine}]
+      - step: boom
+        tool:
+          - divide:
+              kind: python
+              code: "result = 1 / 0"
+        next: {arcs: [{step: join}]}
+      - step: fine
+        tool: {kind: noop, result: {ok: true}}
+        next: {arcs: [{step: join}]}
+      - step: join
+        tool: {kind: noop, result: "{{ args | length }}"}
+    """
+
+
+def test_failed_task_fails_its_op_with_the_outcome_error(tmp_path, dagster_data, ephemeral_instance):
+    p = _write(tmp_path, "fails.yaml", FAILING)
+    loc = _compile(p, dagster_data)
+    result = loc.definitions.resolve_job_def("fails").execute_in_process(instance=ephemeral_instance,
+                                                                        raise_on_error=False)  # fmt: skip
+    assert not result.success
+    (failure,) = [e for e in result.all_events if e.is_step_failure]
+    assert failure.step_key == "fails__boom"
+    desc = failure.step_failure_data.user_failure_data.description
+    assert "step 'boom' failed" in desc and "ZeroDivisionError" in desc
+    # the join downstream of the failed op is not run in this run; the execution is not lost
+    eid = ephemeral_instance.get_run_by_id(result.run_id).tags["noetl/execution_id"]
+    names = [(e.name, e.step) for e in events_of(dagster_data, eid)]
+    assert ("step.failed", "boom") in names and ("step.done", "fine") in names
+
+
+def test_failure_next_to_a_join_finishes_like_the_local_runner(tmp_path, dagster_data, ephemeral_instance):
+    p = _write(tmp_path, "fails.yaml", FAILING)
+    local = run_local(p, tmp_path / "local")
+    dag = run_dagster(p, dagster_data, ephemeral_instance)
+    assert local.status == dag.status == "failed"
+    assert local.runs["join"] == dag.runs["join"] == 1  # the join still fires with the branch that arrived
+    assert summary(dag) == summary(local)
+    assert dag.extra["dagster"]["statuses"] == ["FAILURE", "SUCCESS"]  # the failed run, then the resume
+
+
+def test_handled_failure_routes_and_the_op_succeeds(dagster_data, ephemeral_instance):
+    loc = _compile(EXAMPLES / "failure_recovery.yaml", dagster_data)
+    result = loc.definitions.resolve_job_def("failure_recovery").execute_in_process(instance=ephemeral_instance)
+    assert result.success
+    md = _output_metadata(result, "failure_recovery__start")
+    assert md["noetl/status"].value == "failed"  # the step failed; its arc handled it
+    outputs = {ev.step_output_data.output_name for ev in result.events_for_node("failure_recovery__start")
+               if ev.event_type_value == "STEP_OUTPUT"}  # fmt: skip
+    assert outputs == {"result", "to_repair"}
+
+
+def test_running_a_finished_execution_again_changes_nothing(dagster_data, ephemeral_instance):
+    loc = _compile(EXAMPLES / "hello_dagster.yaml", dagster_data)
+    job = loc.definitions.resolve_job_def("hello_dagster")
+    first = job.execute_in_process(instance=ephemeral_instance)
+    eid = ephemeral_instance.get_run_by_id(first.run_id).tags["noetl/execution_id"]
+    before = events_of(dagster_data, eid)
+    again = job.execute_in_process(instance=ephemeral_instance, tags={"noetl/execution_id": eid})
+    assert again.success
+    assert len(events_of(dagster_data, eid)) == len(before)
+    skipped = [e.step_key for e in again.all_events if e.event_type_value == "STEP_SKIPPED"]
+    assert len(skipped) == 3  # every step op: the log holds no work for them
+
+
+def test_reexecution_from_failure_resumes_from_the_event_log(tmp_path, monkeypatch, dagster_data):
+    from noetl_dagster.engine.control import Engine
+
+    monkeypatch.setenv("RECOVERY_TEST_DATA_DIR", str(dagster_data))
+    monkeypatch.setenv("RECOVERY_TEST_PLAYBOOK", str(EXAMPLES / "hello_dagster.yaml"))
+    real_run = Engine.run
+    crashes = []
+
+    def crash_once(self, act):
+        if act.step == "repeat" and not crashes:
+            crashes.append(act.step_run_id)
+            raise RuntimeError("worker lost")  # the step was scheduled and never finished
+        return real_run(self, act)
+
+    monkeypatch.setattr(Engine, "run", crash_once)
+    import recovery_jobs
+
+    job = dg.reconstructable(recovery_jobs.hello_job)
+    with dg.instance_for_test() as instance:
+        first = dg.execute_job(job, instance)
+        assert not first.success and crashes
+        eid = instance.get_run_by_id(first.run_id).tags["noetl/execution_id"]
+        assert not any(e.name == "workflow.finished" for e in events_of(dagster_data, eid))
+        second = dg.execute_job(job, instance, reexecution_options=dg.ReexecutionOptions.from_failure(first.run_id, instance))
+        assert second.success
+        rerun = instance.get_run_by_id(second.run_id)
+        assert rerun.tags["noetl/execution_id"] == eid
+        executed = {e.step_key for e in instance.all_logs(second.run_id) if e.is_dagster_event
+                    and e.dagster_event.event_type_value == "STEP_START"}  # fmt: skip
+        assert executed == {"hello_dagster__repeat", "hello_dagster__done"}
+    events = events_of(dagster_data, eid)
+    scheduled = [e.step for e in events if e.name == "step.scheduled"]
+    assert scheduled == ["start", "repeat", "done"]  # nothing completed ran twice
+    started = [e.step_run_id for e in events if e.name == "step.started" and e.step == "repeat"]
+    assert started == [crashes[0]]  # the crashed step run is recovered with its own id
+    assert [e.data["status"] for e in events if e.name == "workflow.finished"] == ["completed"]
+    done = [e.data["result"] for e in events if e.name == "step.done" and e.step == "done"]
+    assert done == [{"said": 3, "last": "Hello, Dagster!"}]
+
+
+@pytest.mark.parametrize("mode", ["default", "per_step"])
+def test_detached_request_is_recorded_for_the_router(dagster_data, mode):
+    from noetl_dagster.dagster_runner import run_playbook_dagster
+
+    r = run_playbook_dagster(EXAMPLES / "hello_dagster.yaml", {"times": 1}, data_dir=dagster_data, mode=mode, detach=True)
+    assert r.status == "requested"
+    events = events_of(dagster_data, r.execution_id)
+    assert [e.name for e in events] == ["playbook.execution.requested", "workflow.started", "token.enqueued"]
+    assert events[0].data["requested_by"] == "detached:cli"
