@@ -10,13 +10,16 @@ resolve against the execution's data directory. The SQL goes in ``command`` |
 Result of the last statement: ``{rows, row_count, columns}`` (for INSERT /
 UPDATE / DELETE without RETURNING, ``row_count`` is the number of rows changed).
 A result whose JSON would exceed the inline limit is not returned inline: the
-rows are written as an Arrow IPC file (``.arrow``) to the payload store and the
-result is a reference ``{"$ref": {uri, store, format: "arrow", size, checksum,
-rows, schema_fingerprint}}``; :func:`load_arrow_result` reads it back.
+rows are streamed as an Arrow IPC file (``.arrow``) into the payload store and
+the result is ``{rows: {"$ref": {uri, store, format: "arrow", size, checksum,
+rows, schema_fingerprint}}, row_count, columns}`` — ``row_count`` and
+``columns`` stay usable in templates; :func:`load_arrow_table` /
+:func:`load_arrow_result` read the rows back (checksum verified).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -93,31 +96,47 @@ def _sql(inputs: Mapping[str, Any]) -> str:
     return sql
 
 
-def _spill(table_batches: list[pa.RecordBatch], schema: pa.Schema, rest, ctx: ToolContext) -> dict[str, Any]:
-    """Write the batches (and the rest of the reader) as an Arrow IPC file; return its $ref."""
-    sink = pa.BufferOutputStream()
+def _write_arrow(store: PayloadStore, key: str, schema: pa.Schema, batches) -> tuple[str, int, str, int]:
+    """(uri, size, checksum, rows) of an Arrow IPC file streamed into the store."""
+    try:
+        writer = store.writer(key)
+    except NotImplementedError:
+        writer = None
+    if writer is None:  # a store without streaming writes: build the file in memory
+        sink = pa.BufferOutputStream()
+        rows = _write_batches(sink, schema, batches)
+        data = sink.getvalue().to_pybytes()
+        return store.put_bytes(key, data), len(data), sha256(data), rows
+    with writer:
+        rows = _write_batches(writer, schema, batches)
+    return writer.uri, writer.size, writer.checksum, rows
+
+
+def _write_batches(sink: Any, schema: pa.Schema, batches) -> int:
     rows = 0
-    with pa.ipc.new_file(sink, schema) as writer:
-        for b in table_batches:
-            writer.write_batch(b)
+    with pa.ipc.new_file(sink, schema) as out:
+        for b in batches:
+            out.write_batch(b)
             rows += b.num_rows
-        for b in rest:
-            writer.write_batch(b)
-            rows += b.num_rows
-    data = sink.getvalue().to_pybytes()
+    return rows
+
+
+def _spill(head: list[pa.RecordBatch], schema: pa.Schema, rest, ctx: ToolContext) -> dict[str, Any]:
+    """Write the batches (and the rest of the reader) as an Arrow IPC file; the result references it."""
     store = payload_store_for(ctx)
-    key = f"{ctx.execution_id}/{ctx.step}/{ctx.task}-attempt{ctx.attempt}.arrow"
-    uri = store.put_bytes(key, data)
+    prefix = getattr(getattr(ctx, "offloader", None), "key_prefix", "") or ""  # the store's tenant/project layout
+    key = f"{prefix}{ctx.execution_id}/{ctx.step}/{ctx.task}-attempt{ctx.attempt}.arrow"
+    uri, size, checksum, rows = _write_arrow(store, key, schema, itertools.chain(head, rest))
     ref = ResultRef(
         uri=uri,
         store=store.name,
         format="arrow",
-        size=len(data),
-        checksum=sha256(data),
+        size=size,
+        checksum=checksum,
         rows=rows,
         schema_fingerprint=sha256(schema.to_string().encode()),
     )
-    return ref.envelope()
+    return {"rows": ref.envelope(), "row_count": rows, "columns": list(schema.names)}
 
 
 def _collect(reader: pa.RecordBatchReader, ctx: ToolContext) -> dict[str, Any]:
@@ -172,12 +191,21 @@ def run_duckdb(conn: duckdb.DuckDBPyConnection, sql: str, params: Any, ctx: Tool
         cur.close()
 
 
+def load_arrow_table(value: Any, store: PayloadStore) -> pa.Table:
+    """The Arrow table behind a spilled result (``{rows: {"$ref": ...}}``) or a bare Arrow ``$ref``."""
+    ref = value.get("rows") if isinstance(value, dict) and not is_ref(value) else value
+    if not is_ref(ref) or ref["$ref"].get("format") != "arrow":
+        raise ValueError("not an Arrow result reference")
+    data = store.get_verified(ResultRef.from_dict(ref["$ref"]))
+    return pa.ipc.open_file(pa.BufferReader(data)).read_all()
+
+
 def load_arrow_result(value: Any, store: PayloadStore) -> Any:
-    """``{rows, row_count, columns}`` for an Arrow ``$ref`` this tool produced; other values unchanged."""
-    if not is_ref(value) or value["$ref"].get("format") != "arrow":
+    """A spilled result with its rows read back inline; any other value unchanged."""
+    try:
+        table = load_arrow_table(value, store)
+    except ValueError:
         return value
-    data = store.get_verified(ResultRef.from_dict(value["$ref"]))
-    table = pa.ipc.open_file(pa.BufferReader(data)).read_all()
     return {"rows": plain(table.to_pylist()), "row_count": table.num_rows, "columns": list(table.schema.names)}
 
 

@@ -125,8 +125,8 @@ def test_missing_sql(make_ctx):
 def test_result_over_the_inline_limit_goes_out_as_arrow(make_ctx):
     ctx = make_ctx(inline_limit=64 * 1024)
     out = duckdb_tool({"query": "SELECT range AS id, 'name-' || range AS name FROM range(300000)"}, ctx)
-    assert is_ref(out)
-    ref = out["$ref"]
+    assert out["row_count"] == 300000 and out["columns"] == ["id", "name"] and is_ref(out["rows"])
+    ref = out["rows"]["$ref"]
     assert ref["format"] == "arrow" and ref["rows"] == 300000 and ref["uri"].endswith(".arrow")
     assert ref["size"] < 10_000_000  # columnar, not giant JSON
     table = pa.ipc.open_file(pa.BufferReader(ctx.payload_store.get_verified(ResultRef.from_dict(ref)))).read_all()
@@ -138,13 +138,13 @@ def test_result_over_the_inline_limit_goes_out_as_arrow(make_ctx):
 def test_small_arrow_but_big_json_also_spills(make_ctx):
     ctx = make_ctx(inline_limit=4096)
     out = duckdb_tool({"query": "SELECT range AS i FROM range(800)"}, ctx)
-    assert is_ref(out) and out["$ref"]["rows"] == 800
+    assert is_ref(out["rows"]) and out["rows"]["$ref"]["rows"] == 800 == out["row_count"]
 
 
 def test_arrow_reference_checksum_is_verified(make_ctx):
     ctx = make_ctx(inline_limit=1024)
     out = duckdb_tool({"query": "SELECT range AS i FROM range(5000)"}, ctx)
-    path = out["$ref"]["uri"][len("file://") :]
+    path = out["rows"]["$ref"]["uri"][len("file://") :]
     with open(path, "r+b") as f:
         f.seek(100)
         f.write(b"\x00\x01")
@@ -171,3 +171,26 @@ def test_parallel_calls_on_the_shared_database(make_ctx):
         t.join()
     assert not errors
     assert duckdb_tool({"query": "SELECT count(*) AS n FROM c"}, ctx)["rows"] == [{"n": 120}]
+
+
+def test_store_without_streaming_writes_still_gets_arrow(make_ctx, tmp_path):
+    from noetl_dagster.storage.payload import PayloadStore
+
+    class BytesOnly(PayloadStore):
+        name = "bytes-only"
+
+        def __init__(self):
+            self.blobs = {}
+
+        def put_bytes(self, key, data):
+            self.blobs[key] = data
+            return "mem://" + key
+
+        def get_bytes(self, uri):
+            return self.blobs[uri[len("mem://") :]]
+
+    ctx = make_ctx(inline_limit=1024)
+    ctx.payload_store = BytesOnly()
+    out = duckdb_tool({"query": "SELECT range AS i FROM range(5000)"}, ctx)
+    assert out["rows"]["$ref"]["store"] == "bytes-only"
+    assert load_arrow_result(out, ctx.payload_store)["rows"][-1] == {"i": 4999}
