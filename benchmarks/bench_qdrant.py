@@ -11,7 +11,8 @@ Every path writes its own collection under its own storage path with the same
 batch size. The data goes in ``--chunks`` rounds (one tool call / one Dagster run
 per path per round) and each round runs the paths in a rotating order, so load
 from other processes falls on all of them alike. Ratios are path time / baseline
-time (target <= 1.2). Then query latency: p50 of ``query_points`` (limit 10)
+time (target <= 1.2), in wall-clock and in this process's CPU time (which
+load from other processes cannot inflate). Then query latency: p50 of ``query_points`` (limit 10)
 directly and through the tool, alternating, on the same collection.
 
 qdrant-client's local mode commits every point to SQLite separately; on this
@@ -19,7 +20,7 @@ machine's disk that is ~11 ms per point (fsync), so 100k points would take ~20
 minutes per path. The default storage is therefore tmpfs (/dev/shm): the ratio
 measures our overhead over the client, not the disk; ``--dir`` puts it elsewhere.
 
-    .venv/bin/python -m benchmarks.bench_qdrant [--n 100000] [--dim 384] [--batch 1024] [--chunks 5] [--queries 100]
+    .venv/bin/python -m benchmarks.bench_qdrant [--n 100000] [--dim 384] [--batch 1024] [--chunks 10] [--queries 100]
 """
 
 from __future__ import annotations
@@ -80,11 +81,12 @@ def _default_root() -> Path:
     return Path(tempfile.gettempdir())
 
 
-def _timed(fn) -> float:
+def _timed(fn) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process) — CPU time is what other processes' load cannot inflate."""
     gc.collect()
-    t0 = time.perf_counter()
+    w0, c0 = time.perf_counter(), time.process_time()
     fn()
-    return time.perf_counter() - t0
+    return time.perf_counter() - w0, time.process_time() - c0
 
 
 class Path_:
@@ -283,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--dim", type=int, default=384)
     ap.add_argument("--batch", type=int, default=1024)
-    ap.add_argument("--chunks", type=int, default=5, help="the data is upserted in this many rounds")
+    ap.add_argument("--chunks", type=int, default=10, help="the data is upserted in this many rounds")
     ap.add_argument("--queries", type=int, default=100)
     ap.add_argument(
         "--dir", type=Path, default=None, help="storage root (default: tmpfs /dev/shm when writable)"
@@ -303,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     print(f"qdrant-client local mode, {n:,} vectors x {args.dim}, batch {args.batch}, {args.chunks} rounds, "
           f"storage {root}")  # fmt: skip
-    times = {p.name: 0.0 for p in paths}
+    wall = {p.name: 0.0 for p in paths}
+    cpu = {p.name: 0.0 for p in paths}
     bounds = np.linspace(0, n, args.chunks + 1).astype(int)
     try:
         for p in paths:
@@ -314,7 +317,9 @@ def main(argv: list[str] | None = None) -> int:
             lo, hi = int(bounds[k]), int(bounds[k + 1])
             order = paths[k % len(paths) :] + paths[: k % len(paths)]
             for p in order:
-                times[p.name] += _timed(lambda p=p, lo=lo, hi=hi: p.run(lo, hi))
+                w, c = _timed(lambda p=p, lo=lo, hi=hi: p.run(lo, hi))
+                wall[p.name] += w
+                cpu[p.name] += c
         for p in paths:
             assert p.count() == n, f"{p.name}: {p.count()} points, expected {n}"
         p50_direct, p50_tool = query_latency(root / "tool_rec", args.dim, args.queries, rng)
@@ -324,22 +329,22 @@ def main(argv: list[str] | None = None) -> int:
         q.release_all()
         shutil.rmtree(root, ignore_errors=True)
 
-    base = {"numpy": times[paths[0].name], "records": times[paths[3].name]}
-    rows = [
-        (paths[0].name, times[paths[0].name], None),
-        (paths[1].name, times[paths[1].name], times[paths[1].name] / base["numpy"]),
-        (paths[2].name, times[paths[2].name], times[paths[2].name] / base["numpy"]),
-        (paths[3].name, times[paths[3].name], None),
-        (paths[4].name, times[paths[4].name], times[paths[4].name] / base["records"]),
-    ]
-    print(f"{'path':44} {'seconds':>9} {'points/s':>10} {'ratio':>7}")
-    for name, secs, ratio in rows:
-        print(f"{name:44} {secs:9.2f} {n / secs:10,.0f} {f'{ratio:.3f}' if ratio else 'base':>7}")
+    baseline_of = {paths[1].name: paths[0].name, paths[2].name: paths[0].name, paths[4].name: paths[3].name}
+    print(f"{'path':44} {'wall s':>8} {'points/s':>9} {'ratio':>6} {'cpu s':>8} {'ratio':>6}")
+    worst_wall = worst_cpu = 0.0
+    for p in paths:
+        base = baseline_of.get(p.name)
+        rw = wall[p.name] / wall[base] if base else None
+        rc = cpu[p.name] / cpu[base] if base else None
+        if base:
+            worst_wall, worst_cpu = max(worst_wall, rw), max(worst_cpu, rc)
+        print(f"{p.name:44} {wall[p.name]:8.2f} {n / wall[p.name]:9,.0f} {f'{rw:.3f}' if rw else 'base':>6} "
+              f"{cpu[p.name]:8.2f} {f'{rc:.3f}' if rc else 'base':>6}")  # fmt: skip
     print(f"query_points p50 (limit 10, {args.queries} queries over {n:,}): direct {p50_direct * 1000:.2f} ms, "
           f"tool {p50_tool * 1000:.2f} ms, ratio {p50_tool / p50_direct:.3f}")  # fmt: skip
-    worst = max(r for _, _, r in rows if r)
-    print(f"worst upsert ratio {worst:.3f} (target <= 1.2): {'OK' if worst <= 1.2 else 'OVER'}")
-    return 0 if worst <= 1.2 else 1
+    print(f"worst upsert ratio: wall {worst_wall:.3f}, cpu {worst_cpu:.3f} (target <= 1.2): "
+          f"{'OK' if max(worst_wall, worst_cpu) <= 1.2 else 'OVER'}")  # fmt: skip
+    return 0 if max(worst_wall, worst_cpu) <= 1.2 else 1
 
 
 if __name__ == "__main__":
