@@ -31,7 +31,7 @@ from noetl_dagster.storage.locator import (
     parse_locator,
     shard_key,
 )
-from registry_service.errors import Forbidden, InvalidRequest, NotFound, Unauthorized
+from registry_service.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unauthorized
 from registry_service.models import (
     AccessPlan,
     ApiKeyInfo,
@@ -423,8 +423,6 @@ class Registry:
         )
 
     def _idempotent_or_conflict(self, tx: Tx, row: Sequence[Any], req: RegisterRequest) -> Resource:
-        from registry_service.errors import Conflict  # noqa: PLC0415
-
         locations = self._locations(tx, [row[0]])[row[0]]
         same = {(lc.uri, lc.checksum) for lc in locations} == {(s.uri, s.checksum) for s in req.locations}
         if not same:
@@ -435,12 +433,11 @@ class Registry:
     def get(self, p: Principal, resource_id: str) -> Resource:
         with self.store.read() as tx:
             row = tx.one(f"SELECT {_RESOURCE_COLS} FROM registry_resource WHERE resource_id = ?", (resource_id,))
-            loc = ResourceLocator(row[3], row[4], row[5], row[6], row[7], row[8]) if row else None
-            allowed = row is not None and self._can_read(tx, p, loc, row[0])  # type: ignore[arg-type]
-            if allowed:
-                return self._resource_from_row(row, self._locations(tx, [row[0]])[row[0]])  # type: ignore[arg-type]
-        if row is None:
-            raise NotFound(f"no resource {resource_id!r}")
+            if row is None:  # ids are random, so "not found" reveals no names
+                raise NotFound(f"no resource {resource_id!r}")
+            loc = ResourceLocator(row[3], row[4], row[5], row[6], row[7], row[8])
+            if self._can_read(tx, p, loc, row[0]):
+                return self._resource_from_row(row, self._locations(tx, [row[0]])[row[0]])
         self._audit(p, "get", False, row[1], loc, "no live grant")
         raise Forbidden(f"{p.label} may not read {row[1]}")
 
