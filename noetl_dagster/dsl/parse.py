@@ -422,15 +422,28 @@ def _parse_step(ctx: _Ctx, raw: Any, path: PathT) -> Step | None:
 _RAW_TEXT_KEYS = {"code", "code_b64", "code_base64", "cmds", "script"}
 
 
-def _kind_raw_keys() -> set[str]:
-    """Config keys some tool kind takes verbatim (never rendered), e.g. python `code`."""
-    from noetl_dagster.tools.registry import get_tool, known_kinds
+def _kinds_in(value: Any, out: set[str]) -> set[str]:
+    if isinstance(value, dict):
+        k = value.get("kind")
+        if isinstance(k, str):
+            out.add(k)
+        for v in value.values():
+            _kinds_in(v, out)
+    elif isinstance(value, list):
+        for v in value:
+            _kinds_in(v, out)
+    return out
 
+
+def _kind_raw_keys(raw: Any) -> set[str]:
+    """Config keys the document's tool kinds take verbatim (never rendered), e.g. python `code`."""
+    from noetl_dagster.tools.registry import known_kinds, raw_keys
+
+    known = known_kinds()
     out: set[str] = set()
-    for k in known_kinds():
-        tk = get_tool(k)
-        if tk is not None:
-            out |= set(tk.raw_keys)
+    for k in _kinds_in(raw, set()):
+        if k in known:
+            out |= raw_keys(k)
     return out
 
 
@@ -438,7 +451,7 @@ def _check_templates(ctx: _Ctx, raw: dict[str, Any]) -> None:
     from noetl_dagster.engine.templates import iter_template_strings, template_env
 
     env = template_env()
-    raw_keys = _RAW_TEXT_KEYS | _kind_raw_keys() if ctx.check_kinds else _RAW_TEXT_KEYS
+    raw_keys = _RAW_TEXT_KEYS | _kind_raw_keys(raw) if ctx.check_kinds else _RAW_TEXT_KEYS
     for path, source in iter_template_strings(raw):
         if any(part in raw_keys for part in path if isinstance(part, str)):
             continue

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+import importlib
 from importlib.metadata import entry_points
 from typing import Any, Protocol
 
@@ -76,18 +77,25 @@ class ToolKind:
 
 _lock = threading.Lock()
 _REGISTRY: dict[str, ToolKind] = {}
-_LOADED_BUILTINS = False
-_LOADED_ENTRY_POINTS = False
 
-BUILTIN_MODULES = [
-    "noetl_dagster.tools.core",
-    "noetl_dagster.tools.http",
-    "noetl_dagster.tools.postgres",
-    "noetl_dagster.tools.duckdb_tool",
-    "noetl_dagster.tools.secrets",
-    "noetl_dagster.tools.storage",
-    "noetl_dagster.tools.qdrant",
-]
+# Built-in kinds by name -> (module that registers them, raw keys). Modules are imported on
+# first use only, so validating or running a playbook never pays for kinds it does not use.
+BUILTIN_KINDS: dict[str, tuple[str, frozenset[str]]] = {
+    "noop": ("noetl_dagster.tools.core", frozenset()),
+    "workbook": ("noetl_dagster.tools.core", frozenset()),
+    "playbook": ("noetl_dagster.tools.core", frozenset()),
+    "python": ("noetl_dagster.tools.core", frozenset({"code", "code_b64", "code_base64"})),
+    "http": ("noetl_dagster.tools.http", frozenset()),
+    "postgres": ("noetl_dagster.tools.postgres", frozenset()),
+    "duckdb": ("noetl_dagster.tools.duckdb_tool", frozenset()),
+    "secrets": ("noetl_dagster.tools.secrets", frozenset()),
+    "parquet": ("noetl_dagster.tools.storage", frozenset()),
+    "arrow": ("noetl_dagster.tools.storage", frozenset()),
+    "iceberg": ("noetl_dagster.tools.storage", frozenset()),
+    "qdrant": ("noetl_dagster.tools.qdrant", frozenset()),
+}
+BUILTIN_MODULES = sorted({m for m, _ in BUILTIN_KINDS.values()})
+_ENTRY_POINTS: dict[str, Any] | None = None
 
 
 def register_tool(
@@ -103,33 +111,43 @@ def register_tool(
     return deco(fn) if fn is not None else deco
 
 
-def _load() -> None:
-    global _LOADED_BUILTINS, _LOADED_ENTRY_POINTS
-    if not _LOADED_BUILTINS:
-        _LOADED_BUILTINS = True
-        import importlib
-
-        for mod in BUILTIN_MODULES:
-            try:
-                importlib.import_module(mod)
-            except ModuleNotFoundError as e:  # a kind whose module is not written yet
-                if e.name != mod:
-                    raise
-    if not _LOADED_ENTRY_POINTS:
-        _LOADED_ENTRY_POINTS = True
-        for ep in entry_points(group="noetl_dagster.tools"):
-            obj = ep.load()
-            if isinstance(obj, ToolKind):
-                _REGISTRY.setdefault(obj.name, obj)
-            elif callable(obj) and ep.name not in _REGISTRY:
-                register_tool(ep.name, obj)
+def _entry_points() -> dict[str, Any]:
+    global _ENTRY_POINTS
+    if _ENTRY_POINTS is None:
+        _ENTRY_POINTS = {ep.name: ep for ep in entry_points(group="noetl_dagster.tools")}
+    return _ENTRY_POINTS
 
 
 def get_tool(name: str) -> ToolKind | None:
-    _load()
-    return _REGISTRY.get(name)
+    """The kind's implementation, importing its module on first use."""
+    tk = _REGISTRY.get(name)
+    if tk is not None:
+        return tk
+    if name in BUILTIN_KINDS:
+        importlib.import_module(BUILTIN_KINDS[name][0])
+        return _REGISTRY.get(name)
+    ep = _entry_points().get(name)
+    if ep is not None:
+        obj = ep.load()  # importing the module may register the kind itself (with its raw keys)
+        if name not in _REGISTRY:
+            if isinstance(obj, ToolKind):
+                _REGISTRY[name] = obj
+            elif callable(obj):
+                register_tool(name, obj)
+        return _REGISTRY.get(name)
+    return None
 
 
 def known_kinds() -> set[str]:
-    _load()
-    return set(_REGISTRY)
+    """Every kind name that can be used, without importing any tool module."""
+    return set(BUILTIN_KINDS) | set(_REGISTRY) | set(_entry_points())
+
+
+def raw_keys(name: str) -> frozenset[str]:
+    """Config keys a kind takes verbatim (never rendered); built-ins answer without an import."""
+    if name in _REGISTRY:
+        return _REGISTRY[name].raw_keys
+    if name in BUILTIN_KINDS:
+        return BUILTIN_KINDS[name][1]
+    tk = get_tool(name)
+    return tk.raw_keys if tk else frozenset()
