@@ -276,6 +276,13 @@ def run_sql(conn: psycopg.Connection, sql: list[str] | str, params: Any, schema:
                     kind="config_error",
                 )
         results: list[dict[str, Any]] = []
+        if len(statements) == 1 and not schema:  # autocommit already makes one statement atomic
+            stmt = statements[0]
+            if params is not None and _uses_placeholders(stmt):
+                cur.execute(stmt, params)
+            else:
+                cur.execute(stmt, prepare=False)
+            return _combined([_result(cur)])
         with conn.transaction():
             if schema:
                 cur.execute(
@@ -309,7 +316,10 @@ def postgres_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     auth = inputs.get("auth") or inputs.get("credential") or inputs.get("connection_string") or inputs.get("dsn")
     if auth is None:
         raise ToolError("postgres: 'auth' (a credential name) or 'connection_string' is required", kind="config_error")
-    conninfo, label = conninfo_from(auth, ctx)
+    if isinstance(auth, str):  # resolved once per execution and credential
+        conninfo, label = ctx.resource(f"pg.conninfo:{auth}", lambda: conninfo_from(auth, ctx))
+    else:
+        conninfo, label = conninfo_from(auth, ctx)
     sql = _statements(inputs)
     connector = connector_for(conninfo, ctx)
     try:
