@@ -229,8 +229,7 @@ class Engine:
             act = self._admit(first, tids, [self.state.tokens[t].args for t in tids])
             if act is not None:
                 acts.append(act)
-        if acts or by_step:
-            self.recorder.flush()
+        # not flushed here: a step's events become durable together when it is routed
         return acts
 
     def _admit(self, step_name: str, token_ids: list[str], args: Any) -> Activation | None:

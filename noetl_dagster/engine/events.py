@@ -91,12 +91,13 @@ def uuid7() -> str:
     """A time-ordered UUIDv7 string (RFC 9562): 48-bit ms timestamp, version, random."""
     ms = time.time_ns() // 1_000_000
     rand = int.from_bytes(os.urandom(10), "big")
-    value = (ms & ((1 << 48) - 1)) << 80
-    value |= 0x7 << 76
-    value |= ((rand >> 62) & 0xFFF) << 64
-    value |= 0b10 << 62
-    value |= rand & ((1 << 62) - 1)
-    return str(uuid.UUID(int=value))
+    h = "%012x%04x%04x%012x" % (
+        ms & 0xFFFFFFFFFFFF,
+        0x7000 | ((rand >> 68) & 0xFFF),
+        0x8000 | ((rand >> 48) & 0x3FFF),
+        rand & 0xFFFFFFFFFFFF,
+    )
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def uuid7_from(*parts: str) -> str:

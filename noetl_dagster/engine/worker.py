@@ -202,7 +202,6 @@ class Worker:
                 status="error",
                 data={"error": error, "duration_ms": duration_ms},
             )
-        rec.flush()
         return StepRun(step.name, step_run_id, ok, result, error, event_name, args)
 
     # -- loops -------------------------------------------------------------------

@@ -33,12 +33,29 @@ def to_jsonable(value: Any) -> Any:
     return repr(value)
 
 
-def dumps(value: Any, **kw: Any) -> str:
-    return json.dumps(value, default=to_jsonable, separators=(",", ":"), **kw)
+try:  # orjson is ~5x faster on the event hot path; the stdlib encoder is the fallback
+    import orjson as _orjson
 
+    _OPTS = _orjson.OPT_NON_STR_KEYS | _orjson.OPT_SERIALIZE_NUMPY
 
-def loads(text: str | bytes) -> Any:
-    return json.loads(text)
+    def dumps(value: Any, **kw: Any) -> str:
+        if kw:
+            return json.dumps(value, default=to_jsonable, separators=(",", ":"), **kw)
+        try:
+            return _orjson.dumps(value, default=to_jsonable, option=_OPTS).decode()
+        except TypeError:  # e.g. integers beyond 64 bits
+            return json.dumps(value, default=to_jsonable, separators=(",", ":"))
+
+    def loads(text: str | bytes) -> Any:
+        return _orjson.loads(text)
+
+except ImportError:  # pragma: no cover
+
+    def dumps(value: Any, **kw: Any) -> str:
+        return json.dumps(value, default=to_jsonable, separators=(",", ":"), **kw)
+
+    def loads(text: str | bytes) -> Any:
+        return json.loads(text)
 
 
 def plain(value: Any) -> Any:
