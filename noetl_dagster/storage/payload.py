@@ -272,10 +272,12 @@ class PayloadStore(ABC):
         return loads(self.get_verified(ref))
 
 
-def _check_key(key: str) -> str:
+def _check_key(key: str, *, prefix: bool = False) -> str:
+    """A safe relative key; ``prefix=True`` also accepts a trailing '/' (a "directory")."""
     if not key or key.startswith("/") or "\\" in key or "\x00" in key:
         raise ValueError(f"invalid payload key: {key!r}")
-    if any(part in ("", ".", "..") for part in key.split("/")):
+    body = key[:-1] if prefix and key.endswith("/") else key
+    if any(part in ("", ".", "..") for part in body.split("/")):
         raise ValueError(f"payload key escapes the store root or has empty segments: {key!r}")
     return key
 
@@ -287,8 +289,8 @@ class FilePayloadStore(PayloadStore):
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
 
-    def _path(self, key: str) -> Path:
-        p = (self.root / _check_key(key)).resolve()
+    def _path(self, key: str, *, prefix: bool = False) -> Path:
+        p = (self.root / _check_key(key, prefix=prefix)).resolve()
         if not p.is_relative_to(self.root) or p == self.root:
             raise ValueError(f"payload key escapes the store root: {key!r}")
         return p
@@ -302,7 +304,8 @@ class FilePayloadStore(PayloadStore):
         return p
 
     def uri_for(self, key: str) -> str:
-        return self._path(key).as_uri()
+        uri = self._path(key, prefix=True).as_uri()
+        return uri + "/" if key.endswith("/") else uri
 
     def put_bytes(self, key: str, data: bytes) -> str:
         p = self._path(key)
@@ -354,8 +357,7 @@ class FilePayloadStore(PayloadStore):
         self._uri_path(uri).unlink(missing_ok=True)
 
     def list(self, prefix: str = "") -> list[str]:
-        trimmed = prefix.rstrip("/")
-        base = self._path(trimmed) if trimmed else self.root
+        base = self._path(prefix, prefix=True) if prefix else self.root
         start = base if base.is_dir() else base.parent
         if not start.exists():
             return []
@@ -413,8 +415,8 @@ class S3PayloadStore(PayloadStore):
         if create_bucket and not self.fs.exists(self.bucket):
             self.fs.mkdir(self.bucket)
 
-    def _full(self, key: str) -> str:
-        _check_key(key)
+    def _full(self, key: str, *, prefix: bool = False) -> str:
+        _check_key(key, prefix=prefix)
         return f"{self.bucket}/{self.prefix}/{key}" if self.prefix else f"{self.bucket}/{key}"
 
     def _path_of(self, uri: str) -> str:
@@ -430,7 +432,7 @@ class S3PayloadStore(PayloadStore):
         return path
 
     def uri_for(self, key: str) -> str:
-        return "s3://" + self._full(key)
+        return "s3://" + self._full(key, prefix=True)
 
     def put_bytes(self, key: str, data: bytes) -> str:
         path = self._full(key)

@@ -157,3 +157,14 @@ def test_hashing_writer_copies_buffers_the_producer_reuses(tmp_path):
             expected.append(bytes(scratch))
         got = w.checksum
     assert got == sha256(b"".join(expected)) == sha256((tmp_path / "out.bin").read_bytes())
+
+
+def test_uri_for_names_keys_and_prefixes(store):
+    prefix = object_prefix("acme", "lab", execution_id="exec_1")
+    assert unquote(store.uri_for(prefix)).endswith("/execution=exec_1/")
+    uri = store.put_bytes(prefix + "manifest.json", b"{}")
+    assert store.uri_for(prefix + "manifest.json") == uri
+    with pytest.raises(ValueError):
+        store.put_bytes(prefix, b"a key that is a directory")
+    with pytest.raises(ValueError):
+        store.uri_for("../" + prefix)
