@@ -36,8 +36,9 @@ _U32 = pa.uint32()
 _U16 = pa.uint16()
 _U8 = pa.uint8()
 
-# Column order and Arrow type of every fact table, as inserted (must match sql/V001__facts.sql;
-# MATERIALIZED columns are computed by ClickHouse and are not listed).
+# Column order and Arrow type of every fact table the writer inserts into (must match
+# sql/V001__facts.sql). compute_fact is filled by ClickHouse from task_fact (a materialized
+# view), so each task attempt crosses the Python/Arrow boundary once.
 COMMON = [("event_id", _STR), ("ts", _TS), ("tenant_id", _STR), ("project_id", _STR), ("execution_id", _STR)]
 SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
     "execution_fact": COMMON
@@ -76,6 +77,13 @@ SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
         ("directive", _STR),
         ("loop_id", _STR),
         ("iteration", _I64),
+        ("worker_class", _STR),
+        ("resource_type", _STR),
+        ("units", _F64),
+        ("cpu_ms", _F64),
+        ("egress_bytes", _U64),
+        ("provider", _STR),
+        ("region", _STR),
     ],
     "frame_fact": COMMON
     + [
@@ -104,21 +112,6 @@ SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
         ("rows", _I64),
         ("checksum", _STR),
         ("schema_fingerprint", _STR),
-    ],
-    "compute_fact": COMMON
-    + [
-        ("step", _STR),
-        ("task", _STR),
-        ("kind", _STR),
-        ("attempt", _U32),
-        ("worker_class", _STR),
-        ("resource_type", _STR),
-        ("units", _F64),
-        ("runtime_ms", _F64),
-        ("cpu_ms", _F64),
-        ("egress_bytes", _U64),
-        ("provider", _STR),
-        ("region", _STR),
     ],
 }
 FACT_TABLES = tuple(SCHEMAS)
@@ -256,7 +249,6 @@ class FactBuilder:
         self._task_rows = self.rows["task_fact"]
         self._frame_rows = self.rows["frame_fact"]
         self._resource_rows = self.rows["resource_fact"]
-        self._compute_rows = self.rows["compute_fact"]
 
     def add(self, events: Iterable[ev.Event]) -> int:
         """Add events; returns how many were seen."""
@@ -336,25 +328,18 @@ class FactBuilder:
             err_kind = err_message = None
             retryable = 0
         status = outcome.get("status") or ("error" if e.status == "error" else "ok")
-        self._task_rows.append(
-            (
-                e.event_id, e.timestamp, e.tenant_id, e.project_id, e.execution_id,
-                e.step, e.step_run_id, e.task_run_id, task, kind, attempt, status, duration,
-                err_kind, err_message, retryable, d.get("directive"), e.loop_id, e.iteration,
-            )
-        )  # fmt: skip
         egress = meta.get("egress_bytes")
         if egress is None:
             http = outcome.get("http")
             if type(http) is dict:
                 egress = http.get("request_bytes")
-        # cpu_seconds is MATERIALIZED in ClickHouse: coalesce(cpu_ms, runtime_ms * units) / 1000
-        self._compute_rows.append(
+        self._task_rows.append(
             (
                 e.event_id, e.timestamp, e.tenant_id, e.project_id, e.execution_id,
-                e.step, task, kind, attempt, meta.get("worker_class") or d.get("worker_class"),
-                meta.get("resource_type"), meta.get("units"), duration, meta.get("cpu_ms"), egress,
-                meta.get("provider"), meta.get("region"),
+                e.step, e.step_run_id, e.task_run_id, task, kind, attempt, status, duration,
+                err_kind, err_message, retryable, d.get("directive"), e.loop_id, e.iteration,
+                meta.get("worker_class") or d.get("worker_class"), meta.get("resource_type"), meta.get("units"),
+                meta.get("cpu_ms"), egress, meta.get("provider"), meta.get("region"),
             )
         )  # fmt: skip
         result = outcome.get("result")

@@ -92,11 +92,11 @@ LIMIT 10""",
         key="step_duration_percentiles",
         title="Step duration percentiles",
         description="p50 / p90 / p99 of step run durations (ms), slowest p90 first.",
-        sql="""SELECT concat(d.playbook, ' / ', s.step) AS step, count() AS runs,
-    quantile(0.5)(s.duration_ms) AS p50, quantile(0.9)(s.duration_ms) AS p90, quantile(0.99)(s.duration_ms) AS p99
-FROM $db.step_fact AS s
-LEFT JOIN $db.execution_dim AS d ON d.execution_id = s.execution_id
-WHERE s.outcome != 'skipped' AND $__timeFilter(s.ts)
+        sql="""SELECT concat(_dim.playbook, ' / ', _step.step) AS step, count() AS runs,
+    quantile(0.5)(_step.duration_ms) AS p50, quantile(0.9)(_step.duration_ms) AS p90, quantile(0.99)(_step.duration_ms) AS p99
+FROM $db.step_fact AS _step
+LEFT JOIN $db.execution_dim AS _dim ON _dim.execution_id = _step.execution_id
+WHERE _step.outcome != 'skipped' AND $__timeFilter(_step.ts)
 GROUP BY step
 ORDER BY p90 DESC
 LIMIT 15""",
@@ -109,18 +109,18 @@ LIMIT 15""",
         key="failure_rates",
         title="Failure rates",
         description="Share of failed executions and of failed task attempts (retries included), per playbook.",
-        sql="""SELECT d.playbook AS playbook, count() AS executions,
-    countIf(d.status = 'failed') / count() AS execution_failure_rate,
-    sum(t.attempts) AS task_attempts,
-    sum(t.failed_attempts) / greatest(sum(t.attempts), 1) AS task_failure_rate
-FROM $db.execution_dim AS d
+        sql="""SELECT _dim.playbook AS playbook, count() AS executions,
+    countIf(_dim.status = 'failed') / count() AS execution_failure_rate,
+    sum(_tasks.attempts) AS task_attempts,
+    sum(_tasks.failed_attempts) / greatest(sum(_tasks.attempts), 1) AS task_failure_rate
+FROM $db.execution_dim AS _dim
 LEFT JOIN
 (
     SELECT execution_id, count() AS attempts, countIf(status = 'error') AS failed_attempts
     FROM $db.task_fact
     GROUP BY execution_id
-) AS t ON t.execution_id = d.execution_id
-WHERE $__timeFilter(d.started_at)
+) AS _tasks ON _tasks.execution_id = _dim.execution_id
+WHERE $__timeFilter(_dim.started_at)
 GROUP BY playbook
 ORDER BY execution_failure_rate DESC, task_failure_rate DESC, executions DESC
 LIMIT 15""",
@@ -137,13 +137,13 @@ LIMIT 15""",
     sum(n) / greatest(sum(seconds), 0.001) AS iterations_per_second
 FROM
 (
-    SELECT f.loop_id AS loop_id, any(f.step) AS step, any(d.playbook) AS playbook,
-        countIf(f.transition IN ('iteration_done', 'iteration_failed')) AS n,
-        if(maxIf(f.duration_ms, f.transition = 'done') > 0, maxIf(f.duration_ms, f.transition = 'done') / 1000,
-           dateDiff('microsecond', min(f.ts), max(f.ts)) / 1e6) AS seconds
-    FROM $db.frame_fact AS f
-    LEFT JOIN $db.execution_dim AS d ON d.execution_id = f.execution_id
-    WHERE $__timeFilter(f.ts)
+    SELECT _frame.loop_id AS loop_id, any(_frame.step) AS step, any(_dim.playbook) AS playbook,
+        countIf(_frame.transition IN ('iteration_done', 'iteration_failed')) AS n,
+        if(maxIf(_frame.duration_ms, _frame.transition = 'done') > 0, maxIf(_frame.duration_ms, _frame.transition = 'done') / 1000,
+           dateDiff('microsecond', min(_frame.ts), max(_frame.ts)) / 1e6) AS seconds
+    FROM $db.frame_fact AS _frame
+    LEFT JOIN $db.execution_dim AS _dim ON _dim.execution_id = _frame.execution_id
+    WHERE $__timeFilter(_frame.ts)
     GROUP BY loop_id
 )
 GROUP BY loop

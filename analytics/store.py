@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import clickhouse_connect
 import pyarrow as pa
@@ -26,7 +27,8 @@ from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ProgrammingError
 
 DEFAULT_DATABASE = "noetl"
-_DB_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# no leading underscore: the views alias their tables as _name
+_DB_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
 # Every read collapses rows re-sent by the exporter (ReplacingMergeTree + FINAL).
 _CLIENT_SETTINGS = {"final": 1}
@@ -45,8 +47,8 @@ def default_facts_url(data_dir: str | os.PathLike[str] | None = None) -> str:
 
 
 def resolve_facts_url(url: str | None = None, data_dir: str | os.PathLike[str] | None = None) -> str:
-    """``url`` > ``$NOETL_DAGSTER_CLICKHOUSE_URL`` > embedded chdb under the data dir."""
-    url = url or os.environ.get("NOETL_DAGSTER_CLICKHOUSE_URL")
+    """``url`` > ``$NOETL_CLICKHOUSE_URL`` > embedded chdb under the data dir."""
+    url = url or os.environ.get("NOETL_CLICKHOUSE_URL") or os.environ.get("NOETL_DAGSTER_CLICKHOUSE_URL")
     if not url:
         return default_facts_url(data_dir)
     if url.startswith("chdb://"):
@@ -86,7 +88,10 @@ def _open(url: str) -> Client:
                     ) from e
                 time.sleep(0.2)
     try:
-        return clickhouse_connect.get_client(dsn=url, settings=_CLIENT_SETTINGS)
+        # the database named in the URL path is the facts database (created by the migrations),
+        # so the client connects without one
+        parts = urlsplit(url)
+        return clickhouse_connect.get_client(dsn=urlunsplit(parts._replace(path="")), settings=_CLIENT_SETTINGS)
     except Exception as e:  # noqa: BLE001 - surface any connect failure with the URL
         raise FactsStoreError(f"cannot connect to ClickHouse at {_redact(url)}: {e}") from e
 
@@ -137,7 +142,8 @@ class FactsStore:
         migrate: bool = True,
     ):
         self.url = resolve_facts_url(url, data_dir)
-        self.database = database or os.environ.get("NOETL_DAGSTER_FACTS_DB") or DEFAULT_DATABASE
+        in_url = urlsplit(self.url).path.strip("/") if not _is_chdb(self.url) else ""
+        self.database = database or in_url or os.environ.get("NOETL_DAGSTER_FACTS_DB") or DEFAULT_DATABASE
         if not _DB_NAME.match(self.database):
             raise FactsStoreError(f"invalid ClickHouse database name {self.database!r}")
         self._migrated = False

@@ -5,8 +5,8 @@ Measured in one process, best of N rounds each (the machine is shared):
 - raw events: insert_arrow of the same 1M events as rows (envelope columns, data as JSON text),
               prebuilt, into one MergeTree table — the primary baseline (targets: ratio >= 0.5 and
               >= 100k events/s);
-- raw facts:  insert_arrow of the prebuilt fact rows into the same fact tables — shows the share
-              of the transform itself.
+- raw facts:  insert_arrow of the prebuilt fact rows into the same fact tables (their materialized
+              view included) — shows the share of the transform itself.
 Also: the exporter end to end (SQLite event log tail -> facts, cursor stored) on a smaller log.
 
     .venv/bin/python -m benchmarks.bench_facts [--events N] [--rounds R]
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import tempfile
 import time
 from itertools import islice
@@ -140,6 +141,7 @@ def main() -> None:
     )
     log.close()
     close_all()
+    shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

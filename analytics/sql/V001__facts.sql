@@ -62,7 +62,15 @@ CREATE TABLE IF NOT EXISTS $db.task_fact
     retryable     UInt8,
     directive     LowCardinality(String),  -- continue | retry | jump | break | fail | ...
     loop_id       String,
-    iteration     Nullable(Int64)
+    iteration     Nullable(Int64),
+    -- what the attempt consumed (outcome.meta), projected into compute_fact below
+    worker_class  LowCardinality(String),
+    resource_type LowCardinality(String) DEFAULT 'cpu',
+    units         Float64 DEFAULT 1,
+    cpu_ms        Nullable(Float64),
+    egress_bytes  UInt64,
+    provider      LowCardinality(String),
+    region        LowCardinality(String)
 )
 ENGINE = ReplacingMergeTree
 PARTITION BY toYYYYMM(ts)
@@ -117,7 +125,8 @@ ENGINE = ReplacingMergeTree
 PARTITION BY toYYYYMM(ts)
 ORDER BY (tenant_id, project_id, execution_id, event_id, ordinal);
 
--- One row per task attempt: what it consumed (the cost model's compute/egress input).
+-- One row per task attempt as compute usage (the cost model's compute/egress input),
+-- filled by ClickHouse from every insert into task_fact (compute_fact_mv).
 CREATE TABLE IF NOT EXISTS $db.compute_fact
 (
     event_id      String,
@@ -142,6 +151,11 @@ CREATE TABLE IF NOT EXISTS $db.compute_fact
 ENGINE = ReplacingMergeTree
 PARTITION BY toYYYYMM(ts)
 ORDER BY (tenant_id, project_id, execution_id, event_id);
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS $db.compute_fact_mv TO $db.compute_fact AS
+SELECT event_id, ts, tenant_id, project_id, execution_id, step, task, kind, attempt, worker_class,
+       resource_type, units, duration_ms AS runtime_ms, cpu_ms, egress_bytes, provider, region
+FROM $db.task_fact;
 
 -- Where each exporter stopped in each event log (highest exported global cursor).
 CREATE TABLE IF NOT EXISTS $db.export_cursor

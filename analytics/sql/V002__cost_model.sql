@@ -26,12 +26,12 @@ ENGINE = MergeTree
 ORDER BY kind;
 
 CREATE VIEW IF NOT EXISTS $db.cost_usage AS
-SELECT c.tenant_id AS tenant_id, c.project_id AS project_id, c.execution_id AS execution_id,
-       toDate(c.ts) AS day, 'compute' AS category,
-       if(c.worker_class != '', c.worker_class, if(m.worker_class != '', m.worker_class, 'default')) AS item,
-       'cpu_second' AS unit, c.cpu_seconds AS quantity
-FROM $db.compute_fact AS c FINAL
-LEFT JOIN $db.worker_class_map AS m ON m.kind = c.kind
+SELECT _comp.tenant_id AS tenant_id, _comp.project_id AS project_id, _comp.execution_id AS execution_id,
+       toDate(_comp.ts) AS day, 'compute' AS category,
+       if(_comp.worker_class != '', _comp.worker_class, if(_class.worker_class != '', _class.worker_class, 'default')) AS item,
+       'cpu_second' AS unit, _comp.cpu_seconds AS quantity
+FROM $db.compute_fact AS _comp FINAL
+LEFT JOIN $db.worker_class_map AS _class ON _class.kind = _comp.kind
 UNION ALL
 SELECT tenant_id, project_id, execution_id, toDate(ts), 'egress', if(region != '', region, 'default'),
        'GB', egress_bytes / 1e9
@@ -55,21 +55,21 @@ FROM $db.task_fact FINAL;
 
 CREATE VIEW IF NOT EXISTS $db.cost_lines AS
 SELECT
-    u.tenant_id AS tenant_id,
-    u.project_id AS project_id,
-    if(d.playbook = '', '(unknown)', d.playbook) AS playbook,
-    u.day AS day,
-    u.category AS category,
-    u.item AS item,
-    any(u.unit) AS unit,
-    sum(u.quantity) AS quantity,
-    any(if(p.item != '', p.price, pd.price)) AS unit_price,
-    sum(u.quantity) * any(if(p.item != '', p.price * p.multiplier, pd.price * pd.multiplier)) AS amount,
-    any(if(p.item != '', p.currency, pd.currency)) AS currency
-FROM $db.cost_usage AS u
-LEFT JOIN $db.execution_dim AS d ON d.execution_id = u.execution_id
-LEFT JOIN $db.price AS p ON p.category = u.category AND p.item = u.item
-LEFT JOIN (SELECT * FROM $db.price WHERE item = 'default') AS pd ON pd.category = u.category
+    _use.tenant_id AS tenant_id,
+    _use.project_id AS project_id,
+    if(_dim.playbook = '', '(unknown)', _dim.playbook) AS playbook,
+    _use.day AS day,
+    _use.category AS category,
+    _use.item AS item,
+    any(_use.unit) AS unit,
+    sum(_use.quantity) AS quantity,
+    any(if(_price.item != '', _price.price, _fallback.price)) AS unit_price,
+    sum(_use.quantity) * any(if(_price.item != '', _price.price * _price.multiplier, _fallback.price * _fallback.multiplier)) AS amount,
+    any(if(_price.item != '', _price.currency, _fallback.currency)) AS currency
+FROM $db.cost_usage AS _use
+LEFT JOIN $db.execution_dim AS _dim ON _dim.execution_id = _use.execution_id
+LEFT JOIN $db.price AS _price ON _price.category = _use.category AND _price.item = _use.item
+LEFT JOIN (SELECT * FROM $db.price WHERE item = 'default') AS _fallback ON _fallback.category = _use.category
 GROUP BY tenant_id, project_id, playbook, day, category, item;
 
 -- Materialized by analytics.rollups.refresh_rollups (the Dagster asset `noetl_cost_rollups`).

@@ -1,7 +1,7 @@
 """``noetl-dagster facts export|query|refresh`` and ``noetl-dagster dashboard``.
 
 Facts live in ClickHouse: embedded chdb under ``$NOETL_DAGSTER_HOME/facts`` by
-default, or a server given with ``--clickhouse`` / ``$NOETL_DAGSTER_CLICKHOUSE_URL``.
+default, or a server given with ``--clickhouse`` / ``$NOETL_CLICKHOUSE_URL``.
 Exit codes: 0 ok, 2 bad input (URL, SQL, price table).
 """
 

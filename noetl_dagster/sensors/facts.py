@@ -33,7 +33,7 @@ class FactsStoreResource(dg.ConfigurableResource):
     """The ClickHouse facts store (embedded chdb by default) and the event log it is fed from."""
 
     clickhouse_url: str | None = Field(
-        default=None, description="chdb:///dir or http(s)://host:8123; default $NOETL_DAGSTER_CLICKHOUSE_URL or <data_dir>/facts"
+        default=None, description="chdb:///dir or http(s)://host:8123; default $NOETL_CLICKHOUSE_URL or <data_dir>/facts"
     )
     database: str | None = Field(default=None, description="ClickHouse database; default noetl")
     event_store_url: str | None = Field(default=None, description="NoETL event log; default <data_dir>/events.db")
@@ -53,9 +53,9 @@ class FactsStoreResource(dg.ConfigurableResource):
 
 def facts_resource_from_env() -> FactsStoreResource:
     return FactsStoreResource(
-        clickhouse_url=os.environ.get("NOETL_DAGSTER_CLICKHOUSE_URL") or None,
+        clickhouse_url=os.environ.get("NOETL_CLICKHOUSE_URL") or os.environ.get("NOETL_DAGSTER_CLICKHOUSE_URL") or None,
         database=os.environ.get("NOETL_DAGSTER_FACTS_DB") or None,
-        event_store_url=os.environ.get("NOETL_DAGSTER_EVENT_STORE") or None,
+        event_store_url=os.environ.get("NOETL_EVENT_STORE_URL") or os.environ.get("NOETL_DAGSTER_EVENT_STORE") or None,
         data_dir=os.environ.get("NOETL_DAGSTER_HOME") or None,
         prices=os.environ.get("NOETL_DAGSTER_PRICES") or None,
     )

@@ -3,6 +3,8 @@ edited migration is refused."""
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from analytics.facts import SCHEMAS
@@ -50,3 +52,31 @@ def test_bad_urls_and_names_are_clear_errors(tmp_path):
     with pytest.raises(FactsStoreError, match="invalid ClickHouse database name"):
         FactsStore(f"chdb://{tmp_path}/f", database="drop table;")
     assert resolve_facts_url(None, tmp_path) == f"chdb://{(tmp_path / 'facts').resolve()}"
+
+
+def test_server_url_names_the_database_and_fails_clearly_when_unreachable(monkeypatch):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = FactsStore(f"http://reader:secret@127.0.0.1:{port}/analytics", migrate=False)
+    assert store.database == "analytics" and not store.embedded
+    with pytest.raises(FactsStoreError, match=r"cannot connect to ClickHouse at http://reader:\*\*\*@127") as err:
+        store.migrate()
+    assert "secret" not in str(err.value)
+    monkeypatch.setenv("NOETL_CLICKHOUSE_URL", f"http://127.0.0.1:{port}")
+    assert FactsStore(migrate=False).url == f"http://127.0.0.1:{port}"  # the documented variable
+
+
+@pytest.mark.parametrize("database", ["c", "d", "u"])
+def test_database_names_that_look_like_aliases_work(facts_store, database):
+    from analytics.facts import FactWriter  # noqa: PLC0415
+    from analytics.panels import PANELS  # noqa: PLC0415
+    from analytics.rollups import refresh_rollups  # noqa: PLC0415
+    from analytics.synthetic import SyntheticSpec, generate  # noqa: PLC0415
+
+    store = FactsStore(facts_store.url, database=database)
+    FactWriter(store).write(generate(SyntheticSpec(executions=3, steps=3, ref_rate=1.0)))
+    assert refresh_rollups(store).rows > 0
+    for panel in PANELS:
+        _, rows = store.query(panel.render_sql(database))
+        assert rows, panel.key
