@@ -26,6 +26,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 dev: setup
+	mkdir -p example_project/.dagster_home && cp -n example_project/dagster.yaml example_project/.dagster_home/
 	cd example_project && DAGSTER_HOME=$$(pwd)/.dagster_home ../$(VENV)/bin/dagster dev -m example_project.definitions
 
 clean:

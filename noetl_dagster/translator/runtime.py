@@ -68,7 +68,12 @@ def execution_id_for_run(run: Any) -> str:
 
 # -- Dagster logs for NoETL events ---------------------------------------------------------
 class _OpLog:
-    """Routes the events of one execution (and its sub-playbooks) to one op's ``context.log``."""
+    """Routes the events of one execution (and its sub-playbooks) to one op's ``context.log``.
+
+    Events reach the log store in batches (the engine appends at step boundaries), so
+    each batch becomes one Dagster log message, one line per event starting with its
+    NoETL name: a Dagster log entry costs a write to the instance's event log.
+    """
 
     def __init__(self, execution_id: str, logger: Any):
         self.execution_id = execution_id
@@ -77,6 +82,8 @@ class _OpLog:
         self.suppressed = 0
         self.mine: set[str] = set()  # event ids this op appended to its own execution
         self.lock = threading.Lock()
+        self._lines: list[str] = []
+        self._error = False
 
     def on_event(self, ev: Event) -> None:
         with self.lock:
@@ -86,18 +93,25 @@ class _OpLog:
                 self.suppressed += 1
                 return
             self.logged += 1
-        msg = describe_event(ev)
-        if ev.execution_id != self.execution_id:
-            msg = f"[sub-playbook {ev.execution_id[-12:]}] {msg}"
+            msg = describe_event(ev)
+            if ev.execution_id != self.execution_id:
+                msg = f"[sub-playbook {ev.execution_id[-12:]}] {msg}"
+            self._lines.append(msg)
+            self._error = self._error or ev.status == "error"
+
+    def flush(self) -> None:
+        with self.lock:
+            lines, error = self._lines, self._error
+            self._lines, self._error = [], False
+        if not lines:
+            return
         try:
-            if ev.status == "error":
-                self.logger.error(msg)
-            else:
-                self.logger.info(msg)
+            (self.logger.error if error else self.logger.info)("\n".join(lines))
         except Exception:  # noqa: BLE001 - logging never breaks an execution
             pass
 
     def close(self) -> None:
+        self.flush()
         if self.suppressed:
             try:
                 self.logger.info(
@@ -365,13 +379,15 @@ def run_steps(
                     run = eng.run(act)
                     record(run, eng.route(run))
                     report.recovered.append(srid)
+                    sink.flush()
             while True:
                 acts = eng.ready(steps)
                 if not acts:
                     break
-                for act in acts:
+                for act in acts:  # one Dagster log message per activation: scheduled .. routed
                     run = eng.run(act)
                     record(run, eng.route(run))
+                    sink.flush()
                 if not region:
                     break
             eng = sync(eng, sink.mine)
