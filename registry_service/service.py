@@ -317,6 +317,25 @@ class Registry:
             )
         return tx.one(f"SELECT {_RESOURCE_COLS} FROM registry_resource WHERE uri = ?", (loc.uri,))
 
+    def _find_with_locations(self, tx: Tx, loc: ResourceLocator) -> tuple[tuple[Any, ...] | None, list[Location]]:
+        """The resource and its locations in one round trip (resolve is the hot path)."""
+        cols = ", ".join("r." + c.strip() for c in _RESOURCE_COLS.split(",")) + ", " + ", ".join(
+            "l." + c.strip() for c in _LOCATION_COLS.split(","))
+        sql = f"SELECT {cols} FROM registry_resource r LEFT JOIN registry_location l ON l.resource_id = r.resource_id"
+        if loc.version is None or loc.version == LATEST:
+            sql += (" WHERE r.resource_id = (SELECT resource_id FROM registry_resource WHERE series_id = ?"
+                    " AND status = 'active' ORDER BY seq DESC LIMIT 1)")
+            key = loc.series
+        else:
+            sql += " WHERE r.uri = ?"
+            key = loc.uri
+        rows = tx.all(sql + " ORDER BY l.created_at, l.location_id", (key,))
+        if not rows:
+            return None, []
+        n = len(_RESOURCE_COLS.split(","))
+        locations = [self._location_from_row(r[n:]) for r in rows if r[n] is not None]
+        return rows[0][:n], locations
+
     def _insert_location(
         self, tx: Tx, resource_id: str, loc: ResourceLocator, spec: LocationIn, role: str, now: str
     ) -> Location:
@@ -453,14 +472,11 @@ class Registry:
     ) -> AccessPlan:
         loc = _locator(uri, require_version=False)
         owned = self._owns(p, loc.tenant, loc.project)
-        locations: list[Location] = []
         with self.store.read() as tx:
-            row = self._find(tx, loc)
+            row, locations = self._find_with_locations(tx, loc)
             grant_id = None
             if not owned:
                 grant_id = self._grant_for(tx, p, loc.series, row[0] if row else None, ("read", "write"))
-            if row is not None and (owned or grant_id is not None):
-                locations = self._locations(tx, [row[0]])[row[0]]
         if not owned:
             allowed = row is not None and grant_id is not None
             reason = f"grant {grant_id}" if allowed else "no live grant"
