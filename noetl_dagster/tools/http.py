@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
+import threading
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -101,8 +103,25 @@ def rewrite_url(url: str, overrides: Mapping[str, str]) -> str:
     return target.rstrip("/") + rest
 
 
+_client_lock = threading.Lock()
+_ssl_context: ssl.SSLContext | None = None
+
+
+def _verified_ssl() -> ssl.SSLContext:
+    # loading the CA bundle costs tens of milliseconds: once per process, not per execution
+    global _ssl_context
+    if _ssl_context is None:
+        _ssl_context = httpx.create_ssl_context()
+    return _ssl_context
+
+
 def _client(ctx: ToolContext, verify: bool) -> httpx.Client:
-    return ctx.resource(f"http.client:verify={verify}", lambda: httpx.Client(verify=verify, limits=POOL_LIMITS))
+    # the lock makes the parallel iterations of a loop share one client instead of racing to build several
+    with _client_lock:
+        return ctx.resource(
+            f"http.client:verify={verify}",
+            lambda: httpx.Client(verify=_verified_ssl() if verify else False, limits=POOL_LIMITS),
+        )
 
 
 def _timeout(value: Any) -> httpx.Timeout:

@@ -135,7 +135,7 @@ CORE_SAMPLE = [
     "retry_test/http_retry_status_code.yaml",  # httpbin stub
     "http_test.yaml",  # NoETL API stub
     "pagination/cursor/test_pagination_cursor.yaml",  # paginated-api, cursor loop
-    "pagination/basic/test_pagination_basic.yaml",  # parallel http loop overlapping on the probe
+    "pagination/offset/test_pagination_offset.yaml",  # paginated-api, offset loop
     "retry_test/retry_simple_config.yaml",  # 500 on first attempt, retried by policy
     "retry_test/duckdb_retry_query.yaml",  # duckdb
     "iterator_save_test/iterator_save_test.yaml",  # postgres
