@@ -357,17 +357,21 @@ class Engine:
                 if on_step:
                     on_step(run)
 
-    def recover(self, on_step: Callable[[StepRun], None] | None = None) -> list[str]:
+    def recover(
+        self, on_step: Callable[[StepRun], None] | None = None, allowed: Iterable[str] | None = None
+    ) -> list[str]:
         """Continue an execution whose process died, from its durable events alone.
 
         Finished-but-unrouted step runs are routed; step runs that were scheduled
         but never finished run again under their recorded ``step_run_id`` (so they
-        are not counted twice); nothing that had finished runs again.
+        are not counted twice); nothing that had finished runs again. ``allowed``
+        restricts recovery to those steps (a Dagster op recovers only its own).
         Returns the step runs it resumed.
         """
         st = self.state
         resumed: list[str] = []
-        if st.status == "requested":  # died before the workflow started
+        only = set(allowed) if allowed is not None else None
+        if st.status == "requested" and only is None:  # died before the workflow started
             req = next((e for e in self.services.event_store.read(self.execution_id) if e.name == E.EXECUTION_REQUESTED), None)
             overrides = dict((req.data if req else {}).get("workload") or {})
             merged = {**self.playbook.workload, **overrides}
@@ -377,6 +381,8 @@ class Engine:
             return resumed
         for srid in st.unrouted_runs():
             info = st.step_runs[srid]
+            if only is not None and info["step"] not in only:
+                continue
             ok = st.step_status.get(info["step"]) == "done"
             step = self.playbook.step(info["step"])
             result = st.result(info["step"])
@@ -385,6 +391,8 @@ class Engine:
             self.route(StepRun(info["step"], srid, ok, result if ok else None, err, name, info.get("args")))
             resumed.append(srid)
         for srid, step_name in list(st.running.items()):
+            if only is not None and step_name not in only:
+                continue
             info = st.step_runs[srid]
             run = self.worker.run_step(self.playbook.step(step_name), srid, info.get("args"))
             self.route(run)

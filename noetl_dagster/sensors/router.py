@@ -52,6 +52,7 @@ from noetl_dagster.translator.runtime import (
     TAG_TENANT,
     TAG_TOKEN,
     attach,
+    work_steps,
 )
 
 log = logging.getLogger("noetl_dagster.router")
@@ -260,17 +261,17 @@ def _plan_execution(
         launches.append(
             Launch(eid, compiled.step_jobs[step], key, f"token for {step}", {**base_tags, TAG_STEP: step, TAG_TOKEN: tids[0]})
         )
-    for srid, step in st.running.items():  # a separate step's run died mid-step
+    left = list(st.running.items()) + [(r, st.step_runs[r]["step"]) for r in st.unrouted_runs()]
+    for srid, step in left:  # a separate step's run died mid-step (or before routing)
         if step in separate and step not in live_steps:
             launches.append(
                 Launch(eid, compiled.step_jobs[step], f"{srid}:{st.sequence}", f"recover {step}", {**base_tags, TAG_STEP: step})
             )
 
     # (a)/(c) the main job: a fresh detached request, or work left with no live run
-    main_work = any(tok.step not in separate for tok in st.tokens.values()) or any(
-        s not in separate for s in st.running.values()
-    )
-    needs_finish = eng.is_done() and not st.finished and not live
+    work = work_steps(st)
+    main_work = any(s not in separate for s in work)
+    needs_finish = eng.is_done() and not work and not st.finished and not live
     if (main_work or needs_finish) and not live_main and not (needs_finish and launches):
         reason = "detached request" if not runs else ("finish" if needs_finish and not main_work else "resume")
         launches.append(Launch(eid, compiled.job_name, f"{eid}:{st.sequence}", reason, dict(base_tags)))

@@ -33,6 +33,7 @@ from noetl_dagster.translator.runtime import (
     result_metadata,
     run_steps,
     start_execution,
+    work_steps,
 )
 from noetl_dagster.translator.translator import NoetlOpSpec
 
@@ -178,11 +179,13 @@ def make_start_op(pb: Playbook, spec: NoetlOpSpec, plan: JobPlan, node_outputs: 
                 f"continuing execution {eid}: status {st.status}, {len(st.tokens)} pending token(s), "
                 f"{len(st.running)} unfinished step run(s)"
             )
-            if eng.is_done() and not st.finished:  # the run that drained it died before finishing
+            if st.status == "requested":  # its requester died before the workflow started
+                eng.recover()
+            if eng.is_done() and not work_steps(st) and not st.finished:  # the last run died before finishing
                 with execution_lock(res.locks_dir(), eid):
                     status = eng.finish()
                 _tag_run(context, {TAG_STATUS: status})
-        pending = {t.step for t in st.tokens.values()} | set(st.running.values())
+        pending = work_steps(st)
         for key in plan.roots:
             if plan.nodes[key].reach & pending:
                 yield dg.Output(None, node_outputs[key], metadata={"execution_id": eid})

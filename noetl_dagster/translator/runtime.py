@@ -30,7 +30,7 @@ from typing import Any
 
 from noetl_dagster.dsl.model import Playbook
 from noetl_dagster.engine import events as E
-from noetl_dagster.engine.control import Activation, Engine, Services
+from noetl_dagster.engine.control import Engine, Services
 from noetl_dagster.engine.events import Event, uuid7_from
 from noetl_dagster.engine.state import fold
 from noetl_dagster.engine.worker import StepRun
@@ -314,11 +314,7 @@ class StepOutcome:
     step_run_id: str
     ok: bool
     error: dict[str, Any] | None
-    fired: list[tuple[str, str]]
-
-    @property
-    def unhandled(self) -> bool:
-        return not self.ok and not self.fired
+    unhandled: bool  # failed and no arc routed the failure: it fails the execution (and the op)
 
 
 @dataclass
@@ -334,10 +330,14 @@ class OpReport:
         return [o for o in self.outcomes if o.unhandled]
 
     def pending_steps(self) -> set[str]:
-        if self.engine is None:
-            return set()
-        st = self.engine.state
-        return {t.step for t in st.tokens.values()} | set(st.running.values())
+        return work_steps(self.engine.state) if self.engine is not None else set()
+
+
+def work_steps(st: Any) -> set[str]:
+    """Steps with work in the log: pending tokens, unfinished step runs, finished runs never routed."""
+    out = {t.step for t in st.tokens.values()} | set(st.running.values())
+    out.update(st.step_runs[r]["step"] for r in st.unrouted_runs())
+    return out
 
 
 def run_steps(
@@ -353,7 +353,6 @@ def run_steps(
 ) -> OpReport:
     """Run every activation of ``steps`` the log holds (recovering crashed step runs first)."""
     report = OpReport(eid, None)
-    allowed = set(steps)
     with op_log(eid, logger) as sink:
         try:
             eng = attach(pb, svc, eid)
@@ -367,19 +366,15 @@ def run_steps(
                 logger.info(f"execution {eid} already {eng.state.status}; nothing to run for {', '.join(steps)}")
                 return report
 
-            def record(run: StepRun, fired: list[tuple[str, str]]) -> None:
-                report.outcomes.append(StepOutcome(run.step, run.step_run_id, run.ok, run.error, fired))
+            def record(run: StepRun, fired: list[tuple[str, str]] | None = None) -> None:
+                unhandled = not run.ok and (not fired if fired is not None else eng.state.failed)
+                report.outcomes.append(StepOutcome(run.step, run.step_run_id, run.ok, run.error, unhandled))
 
-            # step runs started by a run that died (scheduled, never finished): run them again
-            for srid, step in list(eng.state.running.items()):
-                if step in allowed:
-                    info = eng.state.step_runs.get(srid, {})
-                    logger.warning(f"recovering step run {srid} of {step!r}: it was scheduled by a run that did not finish")
-                    act = Activation(step, srid, list(info.get("token_ids", [])), info.get("args"))
-                    run = eng.run(act)
-                    record(run, eng.route(run))
-                    report.recovered.append(srid)
-                    sink.flush()
+            # step runs a dead run left behind: routed if they finished, run again (same id) if not
+            report.recovered = eng.recover(on_step=record, allowed=steps)
+            if report.recovered:
+                logger.warning(f"recovered step run(s) {', '.join(report.recovered)} left by a run that did not finish")
+                sink.flush()
             while True:
                 acts = eng.ready(steps)
                 if not acts:
@@ -390,6 +385,7 @@ def run_steps(
                     sink.flush()
                 if not region:
                     break
+            eng.recorder.flush()  # admission skips are buffered until the next durable append
             eng = sync(eng, sink.mine)
             report.engine = eng
             if eng.is_done() and not eng.state.finished:

@@ -48,10 +48,11 @@ def test_launchpad_run_is_tagged_logs_noetl_events_and_takes_typed_workload(dags
     assert requested.name == "playbook.execution.requested"
     assert requested.data["workload"] == {"name": "Ada", "times": 2}
     assert requested.data["requested_by"] == f"dagster:{result.run_id}"
-    messages = [e.user_message for e in ephemeral_instance.all_logs(result.run_id)]
+    lines = [ln for e in ephemeral_instance.all_logs(result.run_id) for ln in e.user_message.splitlines()]
     for name in ("workflow.started", "step.started", "task.started", "task.done", "step.done", "next.evaluated",
                  "workflow.finished"):  # fmt: skip
-        assert any(m.startswith(name) for m in messages), name
+        assert any(ln.startswith(name) for ln in lines), name
+    assert any(ln.startswith("task.done done.count ok") for ln in lines)
     md = _output_metadata(result, "hello_dagster__done")
     assert md["result"].data == {"said": 2, "last": "Hello, Ada!"}
     assert md["noetl/status"].value == "done" and md["execution_id"].value == eid
@@ -153,21 +154,48 @@ def test_running_a_finished_execution_again_changes_nothing(dagster_data, epheme
     assert len(skipped) == 3  # every step op: the log holds no work for them
 
 
-def test_reexecution_from_failure_resumes_from_the_event_log(tmp_path, monkeypatch, dagster_data):
+@pytest.fixture(scope="module")
+def recovery_data_dir(tmp_path_factory):
+    """One data dir for every run of the reconstructable job (Dagster caches a reconstructed job per process)."""
+    import os
+
+    d = tmp_path_factory.mktemp("recovery") / "noetl"
+    os.environ["RECOVERY_TEST_DATA_DIR"] = str(d)
+    os.environ["RECOVERY_TEST_PLAYBOOK"] = str(EXAMPLES / "hello_dagster.yaml")
+    yield d
+    os.environ.pop("RECOVERY_TEST_DATA_DIR", None)
+    os.environ.pop("RECOVERY_TEST_PLAYBOOK", None)
+
+
+@pytest.mark.parametrize("crash_at", ["running", "after_routing"])
+def test_reexecution_from_failure_resumes_from_the_event_log(monkeypatch, recovery_data_dir, crash_at):
+    """The op of `repeat` dies (its worker is lost) while running the step, or after the step ran and
+    was routed; Dagster's re-execution from failure continues from the log: nothing durable runs twice."""
     from noetl_dagster.engine.control import Engine
+    from noetl_dagster.translator import runtime
 
-    monkeypatch.setenv("RECOVERY_TEST_DATA_DIR", str(dagster_data))
-    monkeypatch.setenv("RECOVERY_TEST_PLAYBOOK", str(EXAMPLES / "hello_dagster.yaml"))
-    real_run = Engine.run
-    crashes = []
+    dagster_data = recovery_data_dir
+    crashes: list[str] = []
+    if crash_at == "running":
+        real_run = Engine.run
 
-    def crash_once(self, act):
-        if act.step == "repeat" and not crashes:
-            crashes.append(act.step_run_id)
-            raise RuntimeError("worker lost")  # the step was scheduled and never finished
-        return real_run(self, act)
+        def crash_once(self, act):
+            if act.step == "repeat" and not crashes:
+                crashes.append(act.step_run_id)
+                raise RuntimeError("worker lost")  # nothing of this activation became durable
+            return real_run(self, act)
 
-    monkeypatch.setattr(Engine, "run", crash_once)
+        monkeypatch.setattr(Engine, "run", crash_once)
+    else:
+        real_sync = runtime.sync
+
+        def crash_after_routing(eng, mine):
+            if "repeat" in eng.state.results and not crashes:
+                crashes.append("repeat")
+                raise RuntimeError("worker lost")  # `repeat` ran and was routed; the op died after
+            return real_sync(eng, mine)
+
+        monkeypatch.setattr(runtime, "sync", crash_after_routing)
     import recovery_jobs
 
     job = dg.reconstructable(recovery_jobs.hello_job)
@@ -178,16 +206,15 @@ def test_reexecution_from_failure_resumes_from_the_event_log(tmp_path, monkeypat
         assert not any(e.name == "workflow.finished" for e in events_of(dagster_data, eid))
         second = dg.execute_job(job, instance, reexecution_options=dg.ReexecutionOptions.from_failure(first.run_id, instance))
         assert second.success
-        rerun = instance.get_run_by_id(second.run_id)
-        assert rerun.tags["noetl/execution_id"] == eid
+        assert instance.get_run_by_id(second.run_id).tags["noetl/execution_id"] == eid
         executed = {e.step_key for e in instance.all_logs(second.run_id) if e.is_dagster_event
                     and e.dagster_event.event_type_value == "STEP_START"}  # fmt: skip
         assert executed == {"hello_dagster__repeat", "hello_dagster__done"}
     events = events_of(dagster_data, eid)
-    scheduled = [e.step for e in events if e.name == "step.scheduled"]
-    assert scheduled == ["start", "repeat", "done"]  # nothing completed ran twice
-    started = [e.step_run_id for e in events if e.name == "step.started" and e.step == "repeat"]
-    assert started == [crashes[0]]  # the crashed step run is recovered with its own id
+    assert [e.step for e in events if e.name == "step.scheduled"] == ["start", "repeat", "done"]
+    assert [e.step for e in events if e.name == "step.done"] == ["start", "repeat", "done"]  # none ran twice
+    if crash_at == "running":
+        assert crashes[0] not in {e.step_run_id for e in events}  # the lost activation left no trace
     assert [e.data["status"] for e in events if e.name == "workflow.finished"] == ["completed"]
     done = [e.data["result"] for e in events if e.name == "step.done" and e.step == "done"]
     assert done == [{"said": 3, "last": "Hello, Dagster!"}]
