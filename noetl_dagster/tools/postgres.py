@@ -15,12 +15,14 @@ it is split on top-level ``;`` and run inside an explicit transaction.
 
 Errors carry ``pg: {code, sqlstate}`` (``code`` the PostgreSQL condition name);
 connection failures, serialization failures, deadlocks, lock timeouts and
-resource shortages are retryable. One connection pool per credential per execution.
+resource shortages are retryable. One connection pool per credential (connection
+string) per process, shared by the executions that process runs.
 """
 
 from __future__ import annotations
 
-import hashlib
+import atexit
+import os
 import re
 import threading
 from collections.abc import Mapping, Sequence
@@ -305,10 +307,30 @@ def _combined(results: list[dict[str, Any]]) -> dict[str, Any]:
     return {**last, **{f"command_{i}": r for i, r in enumerate(results)}}
 
 
+_POOLS: dict[tuple[int, str, int], PgConnector] = {}
+_POOLS_LOCK = threading.Lock()
+
+
 def connector_for(conninfo: str, ctx: ToolContext) -> PgConnector:
-    key = "pg.pool:" + hashlib.sha256(conninfo.encode()).hexdigest()[:16]
-    size = int((ctx.spec or {}).get("pool_size") or DEFAULT_POOL_SIZE) if isinstance(ctx.spec, Mapping) else DEFAULT_POOL_SIZE
-    return ctx.resource(key, lambda: PgConnector(conninfo, size))
+    """The process's pool for this connection string: executions share it, so a
+    loop's sixteen connections are opened once, not once per execution."""
+    spec = ctx.spec if isinstance(ctx.spec, Mapping) else {}
+    size = int(spec.get("pool_size") or DEFAULT_POOL_SIZE)
+    key = (os.getpid(), conninfo, size)  # a forked worker never reuses its parent's sockets
+    with _POOLS_LOCK:
+        connector = _POOLS.get(key)
+        if connector is None:
+            connector = _POOLS[key] = PgConnector(conninfo, size)
+        return connector
+
+
+@atexit.register
+def close_pools() -> None:
+    with _POOLS_LOCK:
+        for key, connector in list(_POOLS.items()):
+            if key[0] == os.getpid():
+                connector.close()
+            del _POOLS[key]
 
 
 def postgres_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:

@@ -195,8 +195,13 @@ def test_one_pool_per_credential_shared_by_parallel_calls(make_ctx, pg_keychain,
         t.join()
     assert not errors
     assert postgres_tool({"auth": "pg_test", "query": f"SELECT count(*) AS n FROM {table}"}, ctx)["rows"] == [{"n": 200}]
-    assert len([k for k in ctx.resources if k.startswith("pg.pool:")]) == 1
-    assert set(ctx.factory_calls.values()) == {1}  # pool and resolved conninfo made once
+    from noetl_dagster.tools.postgres import connector_for
+
+    assert set(ctx.factory_calls.values()) == {1}  # the credential resolved once per execution
+    other = make_ctx(pg_keychain)  # another execution with the same credential shares the pool
+    postgres_tool({"auth": "pg_test", "query": "SELECT 1"}, other)
+    conninfo = ctx.resources["pg.conninfo:pg_test"][0]
+    assert connector_for(conninfo, ctx) is connector_for(conninfo, other)
 
 
 def test_huge_result(make_ctx, pg_keychain):
