@@ -12,6 +12,7 @@ from noetl_dagster.translator.build import (
     compile_playbooks,
 )
 from noetl_dagster.translator.translator import (
+    NoetlAssetData,
     NoetlJobSpec,
     NoetlNodeData,
     NoetlOpSpec,
@@ -22,7 +23,7 @@ from noetl_dagster.translator.translator import (
 )
 
 __all__ = [
-    "CompiledPlaybook", "NoetlCodeLocation", "NoetlJobSpec", "NoetlNodeData", "NoetlOpSpec", "NoetlPlaybookData",
+    "CompiledPlaybook", "NoetlAssetData", "NoetlCodeLocation", "NoetlJobSpec", "NoetlNodeData", "NoetlOpSpec", "NoetlPlaybookData",
     "NoetlScheduleSpec", "NoetlStepData", "NoetlTranslator", "PlaybookIndex", "build_playbook_definitions",
     "compile_playbooks",
 ]  # fmt: skip

@@ -35,6 +35,7 @@ from noetl_dagster.translator.translator import (
     NoetlPlaybookData,
     NoetlStepData,
     NoetlTranslator,
+    declared_assets,
 )
 
 try:
@@ -324,9 +325,10 @@ def _compile_one(pb: Playbook, data: NoetlPlaybookData, translator: NoetlTransla
             )
         )
     for sd in step_data.values():
-        spec = translator.get_asset_spec(sd)
-        if spec is not None:
-            c.assets.append(spec)
+        for asset in declared_assets(sd):
+            spec = translator.get_asset_spec(asset)
+            if spec is not None:
+                c.assets.append(spec)
     return c
 
 

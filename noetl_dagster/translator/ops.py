@@ -279,8 +279,7 @@ def _report_outputs(
         if report.recovered:
             md["recovered_step_runs"] = ", ".join(report.recovered)
         yield dg.Output(None, RESULT_OUTPUT, metadata=md)
-        for step in ran:
-            yield from _materializations(eng, step)
+    yield from _materializations(eng.execution_id, report.task_results)
     if plan is None:
         return
     pending = report.pending_steps()
@@ -294,42 +293,42 @@ def _report_outputs(
             yield dg.Output(None, name, metadata={"tokens": ", ".join(toks) or "(downstream work)"})
 
 
-def _materializations(eng: Any, step: str) -> Iterator[dg.AssetMaterialization]:
-    """Results that name ``noetl://`` resources become materializations of their asset keys."""
-    try:
-        result = eng.state.result(step)
-    except Exception:  # noqa: BLE001 - an unreadable payload is shown elsewhere
-        return
-    for uri, info in _noetl_uris(result):
-        try:
-            key = asset_key_for_uri(uri)
-        except InvalidLocator:
-            continue
-        md: dict[str, Any] = {"noetl/uri": uri, "noetl/step": step, "noetl/execution_id": eng.execution_id}
-        for k in ("rows", "row_count", "size", "bytes", "checksum", "version"):
-            v = info.get(k)
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                md[k] = v
-            elif isinstance(v, str):
-                md[k] = dg.MetadataValue.text(v)
-        inputs = info.get("inputs") or info.get("upstream") or []
-        if isinstance(inputs, list) and inputs:
-            md["noetl/inputs"] = dg.MetadataValue.text(", ".join(str(i) for i in inputs))
-        yield dg.AssetMaterialization(asset_key=key, metadata=md, description=f"stored by step {step}")
+def _materializations(eid: str, task_results: list[tuple[str, Any]]) -> Iterator[dg.AssetMaterialization]:
+    """Tasks that stored a table (their result is a ``noetl://`` reference) materialize its asset key."""
+    for step, result in task_results:
+        for info in _stored_refs(result):
+            uri = info["uri"]
+            try:
+                key = asset_key_for_uri(uri)
+            except InvalidLocator:
+                continue
+            md: dict[str, Any] = {"noetl/uri": uri, "noetl/step": step, "noetl/execution_id": eid}
+            for k in ("rows", "size", "checksum", "version", "format", "urn", "location"):
+                v = info.get(k)
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    md[k] = v
+                elif isinstance(v, str):
+                    md[k] = dg.MetadataValue.text(v)
+            if isinstance(info.get("rows"), int):
+                md["dagster/row_count"] = info["rows"]
+            inputs = info.get("inputs") or []
+            if isinstance(inputs, list) and inputs:
+                md["noetl/inputs"] = dg.MetadataValue.text(", ".join(str(i) for i in inputs))
+            yield dg.AssetMaterialization(asset_key=key, metadata=md, description=f"stored by step {step}")
 
 
-def _noetl_uris(value: Any, depth: int = 0) -> Iterator[tuple[str, dict[str, Any]]]:
-    if depth > 4:
-        return
-    if isinstance(value, dict):
-        uri = value.get("uri") or value.get("noetl_uri")
-        if isinstance(uri, str) and uri.startswith("noetl://"):
-            yield uri, value
-            return
-        for v in value.values():
-            yield from _noetl_uris(v, depth + 1)
-    elif isinstance(value, list):
-        for v in value[:100]:
-            yield from _noetl_uris(v, depth + 1)
-    elif isinstance(value, str) and value.startswith("noetl://"):
-        yield value, {}
+def _stored_refs(result: Any) -> Iterator[dict[str, Any]]:
+    """The store references in a task result: itself, or each item of a list / loop aggregate.
+
+    Only top-level references count: a read's result carries the reference it read under
+    ``ref``, which is an input, not something this task stored.
+    """
+    if isinstance(result, dict) and isinstance(result.get("uri"), str) and result["uri"].startswith("noetl://"):
+        yield result
+    elif isinstance(result, dict) and isinstance(result.get("results"), list):
+        for item in result["results"][:1000]:
+            yield from _stored_refs(item)
+    elif isinstance(result, list):
+        for item in result[:1000]:
+            if isinstance(item, dict):
+                yield from _stored_refs(item)

@@ -81,6 +81,7 @@ class _OpLog:
         self.logged = 0
         self.suppressed = 0
         self.mine: set[str] = set()  # event ids this op appended to its own execution
+        self.task_results: list[tuple[str, Any]] = []  # (step, result) of every successful task, in order
         self.lock = threading.Lock()
         self._lines: list[str] = []
         self._error = False
@@ -89,6 +90,8 @@ class _OpLog:
         with self.lock:
             if ev.execution_id == self.execution_id:
                 self.mine.add(ev.event_id)
+                if ev.name == E.TASK_DONE and ev.status == "success":
+                    self.task_results.append((ev.step or "", (ev.data.get("outcome") or {}).get("result")))
             if self.logged >= MAX_LOGGED_EVENTS_PER_OP:
                 self.suppressed += 1
                 return
@@ -324,6 +327,7 @@ class OpReport:
     outcomes: list[StepOutcome] = field(default_factory=list)
     finished: str | None = None  # final status when this op finished the execution
     recovered: list[str] = field(default_factory=list)  # step runs re-run after a crash
+    task_results: list[tuple[str, Any]] = field(default_factory=list)  # (step, result) of successful tasks
 
     @property
     def unhandled(self) -> list[StepOutcome]:
@@ -386,6 +390,7 @@ def run_steps(
                 if not region:
                     break
             eng.recorder.flush()  # admission skips are buffered until the next durable append
+            report.task_results = sink.task_results
             eng = sync(eng, sink.mine)
             report.engine = eng
             if eng.is_done() and not eng.state.finished:

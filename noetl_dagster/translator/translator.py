@@ -106,6 +106,17 @@ class NoetlStepData:
 
 
 @dataclass(frozen=True)
+class NoetlAssetData:
+    """A table a step stores under a literal ``noetl://`` URI (a storage task's ``uri``)."""
+
+    step: NoetlStepData
+    uri: str
+    task: str
+    kind: str
+    deps: tuple[str, ...] = ()  # literal URIs it is made from: reads before it in the step, its `inputs`
+
+
+@dataclass(frozen=True)
 class NoetlNodeData:
     """One op of a job: ``start`` (records the request), ``step`` (one step) or ``region`` (a cycle)."""
 
@@ -278,31 +289,34 @@ class NoetlTranslator:
         return specs
 
     # -- assets -------------------------------------------------------------------------
-    def get_asset_spec(self, data: NoetlStepData) -> dg.AssetSpec | None:
-        """An asset for a step that declares where it stores its result (a literal ``noetl://`` URI).
+    def get_asset_spec(self, data: NoetlAssetData) -> dg.AssetSpec | None:
+        """An asset for a table a step stores under a literal ``noetl://`` URI, with its declared inputs as deps.
 
-        Looks at each task's ``output``/``uri``/``target`` config keys; results stored at runtime
-        under other URIs still appear in the catalog as materializations of their keys.
+        Tables stored under templated URIs still reach the catalog: each run materializes the
+        key of the reference the task returned (with ``noetl/inputs`` metadata).
         """
-        uris = declared_uris(data.step)
-        if not uris:
-            return None
-        uri = uris[0]
         try:
-            key = dg.AssetKey(asset_key_for_uri(uri))
+            key = dg.AssetKey(asset_key_for_uri(data.uri))
+            deps = [dg.AssetKey(asset_key_for_uri(u)) for u in data.deps]
         except InvalidLocator:
             return None
-        meta: dict[str, Any] = {"noetl/uri": uri, "noetl/step": data.name, "noetl/playbook": data.playbook.path}
-        refs = self._code_references(data.playbook.file, data.line)
+        step = data.step
+        meta: dict[str, Any] = {
+            "noetl/uri": data.uri,
+            "noetl/step": step.name,
+            "noetl/task": data.task,
+            "noetl/playbook": step.playbook.path,
+        }
+        refs = self._code_references(step.playbook.file, step.line)
         if refs is not None:
             meta["dagster/code_references"] = refs
         return dg.AssetSpec(
             key=key,
-            description=data.step.desc or f"Stored by step {data.name} of {data.playbook.path}",
-            group_name=data.playbook.job_name,
-            kinds={"noetl", *data.kinds},
+            deps=[d for d in deps if d != key],
+            description=step.step.desc or f"Stored by step {step.name} of {step.playbook.path}",
+            group_name=step.playbook.job_name,
+            kinds={"noetl", data.kind},
             metadata=meta,
-            tags={TAG_PLAYBOOK: data.playbook.path[:63]} if _tag_value_ok(data.playbook.path) else {},
         )
 
     # -- helpers ------------------------------------------------------------------------
@@ -317,15 +331,22 @@ class NoetlTranslator:
             )
 
 
-def declared_uris(step: Step) -> list[str]:
-    out: list[str] = []
-    for task in step.tool:
-        for key in ("output", "uri", "target", "destination"):
-            v = task.config.get(key)
-            if isinstance(v, Mapping):
-                v = v.get("uri")
-            if isinstance(v, str) and "{{" not in v and is_locator(v) and v not in out:
-                out.append(v)
+def declared_assets(data: NoetlStepData) -> list[NoetlAssetData]:
+    """Tables the step's tasks store under literal URIs, with the literal URIs they read first."""
+    out: list[NoetlAssetData] = []
+    reads: list[str] = []
+    for task in data.step.tool:
+        uri = task.config.get("uri")
+        if not (isinstance(uri, str) and "{{" not in uri and is_locator(uri)):
+            continue
+        if str(task.config.get("op") or "write") == "read":
+            reads.append(uri)
+            continue
+        inputs = task.config.get("inputs") or []
+        inputs = [inputs] if isinstance(inputs, str) else list(inputs)
+        literal = [u for u in inputs if isinstance(u, str) and "{{" not in u and is_locator(u)]
+        deps = tuple(dict.fromkeys(reads + literal))
+        out.append(NoetlAssetData(data, uri, task.label, task.kind, deps))
     return out
 
 

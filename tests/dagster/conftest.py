@@ -41,7 +41,8 @@ def dagster_data(tmp_path):
     close_all_services()
 
 
-VOLATILE_KEYS = {"execution_id", "date"}  # ids of this run and its sub-playbooks; HTTP Date headers
+# ids of this run and its sub-playbooks; HTTP Date headers; ids the registry and the object store mint
+VOLATILE_KEYS = {"execution_id", "date", "resource_id", "location"}
 
 
 def strip_ids(value: Any, ids: set[str]) -> Any:
@@ -76,10 +77,15 @@ def events_of(data_dir: Path, execution_id: str) -> list[Any]:
         store.close()
 
 
+def scope_of(path: Path) -> dict[str, str]:
+    """The example playbooks run as the example project's tenant/project (its tables live there)."""
+    return {"tenant": "demo", "project": "examples"} if path.parent == EXAMPLES else {}
+
+
 def run_local(path: Path, data_dir: Path, workload: dict | None = None) -> Any:
-    return run_playbook(path, workload, data_dir=data_dir)
+    return run_playbook(path, workload, data_dir=data_dir, **scope_of(path))
 
 
 def run_dagster(path: Path, data_dir: Path, instance: dg.DagsterInstance, mode: str = "default",
                 workload: dict | None = None) -> Any:  # fmt: skip
-    return run_playbook_dagster(path, workload, data_dir=data_dir, instance=instance, mode=mode)
+    return run_playbook_dagster(path, workload, data_dir=data_dir, instance=instance, mode=mode, **scope_of(path))

@@ -229,3 +229,18 @@ def test_detached_request_is_recorded_for_the_router(dagster_data, mode):
     events = events_of(dagster_data, r.execution_id)
     assert [e.name for e in events] == ["playbook.execution.requested", "workflow.started", "token.enqueued"]
     assert events[0].data["requested_by"] == "detached:cli"
+
+
+def test_stored_tables_materialize_their_assets(dagster_data, ephemeral_instance):
+    loc = compile_playbooks(EXAMPLES / "sales_tables.yaml", include_sensor=False,
+                            resource=NoetlResource(data_dir=str(dagster_data), tenant="demo", project="examples"))  # fmt: skip
+    assert loc.definitions.resolve_job_def("sales_tables").execute_in_process(instance=ephemeral_instance).success
+    daily = ephemeral_instance.get_latest_materialization_event(dg.AssetKey(["demo", "examples", "sales", "daily_sales"]))
+    md = daily.asset_materialization.metadata
+    assert md["dagster/row_count"].value == 15 and md["checksum"].value.startswith("sha256:")
+    assert md["noetl/uri"].value.startswith("noetl://demo/examples/sales/dataset/daily_sales@v")
+    totals = ephemeral_instance.get_latest_materialization_event(
+        dg.AssetKey(["demo", "examples", "sales", "region_totals"])).asset_materialization.metadata
+    assert "daily_sales@v" in totals["noetl/inputs"].value  # the version it was made from
+    # a read is an input, not a materialization: daily_sales was materialized once (by store_daily)
+    assert daily.asset_materialization.metadata["noetl/step"].value == "store_daily"

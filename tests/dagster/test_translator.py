@@ -216,3 +216,15 @@ def test_dagster_definitions_validate_on_the_example_project(tmp_path):
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "All code locations passed validation" in out.stdout + out.stderr
+
+
+def test_stored_tables_are_assets_with_lineage():
+    loc = _location(EXAMPLES / "sales_tables.yaml")
+    specs = {s.key.to_user_string(): s for s in loc.definitions.resolve_all_asset_specs()}
+    daily, totals = specs["demo/examples/sales/daily_sales"], specs["demo/examples/sales/region_totals"]
+    assert [d.asset_key for d in totals.deps] == [daily.key]  # read first in the same step
+    assert daily.metadata["noetl/uri"] == "noetl://demo/examples/sales/dataset/daily_sales"
+    assert "parquet" in daily.kinds and daily.group_name == "sales_tables"
+    pb = load_playbook(EXAMPLES / "sales_tables.yaml")
+    ref = daily.metadata["dagster/code_references"].code_references[0]
+    assert ref.line_number == pb.step("store_daily").line
