@@ -258,7 +258,11 @@ def _executor(name: str) -> dg.ExecutorDefinition:
         return dg.multiprocess_executor
     if name == "in_process":
         return dg.in_process_executor
-    raise ValueError(f"unknown executor {name!r}; use in_process or multiprocess")
+    if name == "k8s":
+        from dagster_k8s import k8s_job_executor  # noqa: PLC0415 - only on Kubernetes deployments
+
+        return k8s_job_executor
+    raise ValueError(f"unknown executor {name!r}; use in_process, multiprocess or k8s")
 
 
 def _compile_one(pb: Playbook, data: NoetlPlaybookData, translator: NoetlTranslator) -> CompiledPlaybook:

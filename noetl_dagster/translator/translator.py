@@ -28,6 +28,7 @@ from typing import Any
 import dagster as dg
 
 from noetl_dagster.dsl.model import Playbook, Step
+from noetl_dagster.k8s import step_k8s_tags
 from noetl_dagster.storage.locator import InvalidLocator, asset_key_for_uri, is_locator
 from noetl_dagster.translator import naming
 from noetl_dagster.translator.runtime import (
@@ -162,7 +163,7 @@ class NoetlJobSpec(_Replaceable):
     description: str | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
     metadata: Mapping[str, Any] = field(default_factory=dict)
-    executor: str = "in_process"  # "in_process" | "multiprocess"
+    executor: str = "in_process"  # "in_process" | "multiprocess" | "k8s" (dagster-k8s k8s_job_executor)
     op_retry_policy: dg.RetryPolicy | None = None
 
 
@@ -249,6 +250,9 @@ class NoetlTranslator:
         }
         if sources:
             tags["noetl/source"] = ",".join(sources)[:255]
+        for sd in data.steps:  # Kubernetes placement from the playbook (profiles, resources), merged per op
+            for k, v in step_k8s_tags(data.playbook.playbook, sd.step).items():
+                tags.setdefault(k, v)
         return NoetlOpSpec(
             name=op_name,
             description=desc,

@@ -4,6 +4,7 @@ layout and the code location (component + ``dagster definitions validate``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -228,3 +229,27 @@ def test_stored_tables_are_assets_with_lineage():
     pb = load_playbook(EXAMPLES / "sales_tables.yaml")
     ref = daily.metadata["dagster/code_references"].code_references[0]
     assert ref.line_number == pb.step("store_daily").line
+
+
+def test_kubernetes_placement_becomes_op_tags(tmp_path):
+    p = tmp_path / "k.yaml"
+    p.write_text(textwrap.dedent("""
+        apiVersion: noetl.io/v2
+        kind: Playbook
+        metadata: {name: k, path: t/k}
+        executor:
+          spec:
+            profiles: {big: {resources: {cpu: 2, memory: 4Gi}}}
+        workflow:
+          - step: start
+            spec: {profile: big}
+            tool: {kind: noop}
+            next: {arcs: [{step: light}]}
+          - step: light
+            tool: {kind: noop}
+    """))
+    job = _job(_location(p), "k")
+    heavy = job.graph.node_named("k__start").definition.tags
+    cfg = json.loads(heavy["dagster-k8s/config"])
+    assert cfg["container_config"]["resources"]["requests"] == {"cpu": "2", "memory": "4Gi"}
+    assert "dagster-k8s/config" not in job.graph.node_named("k__light").definition.tags
