@@ -13,7 +13,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from noetl_dagster.dsl.model import Loop, RuleThen, Step, Task
@@ -78,6 +78,36 @@ class _CtxGuard:
                         f"parallel loop iterations {owner} and {iteration} both write ctx.{k}; "
                         "write per-iteration state with set_iter, or use a sequential loop"
                     )
+
+
+@dataclass
+class LoopRun:
+    """One loop of a step run between loop.started and loop.done (see Worker.loop_begin)."""
+
+    loop: Loop
+    frame: _Frame
+    loop_id: str
+    items: list[Any]
+    max_in_flight: int
+    t0: float
+    results: list[Any] = field(default_factory=list)
+    oks: list[bool] = field(default_factory=list)
+    guard: _CtxGuard | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.items)
+        self.results = self.results or [None] * n
+        self.oks = self.oks or [False] * n
+        if self.parallel and self.guard is None:
+            self.guard = _CtxGuard()
+
+    @property
+    def total(self) -> int:
+        return len(self.items)
+
+    @property
+    def parallel(self) -> bool:
+        return self.loop.mode == "parallel" and len(self.items) > 1
 
 
 def _error(kind: str, message: str, *, retryable: bool = False, code: Any = None) -> dict[str, Any]:
@@ -162,9 +192,7 @@ class Worker:
 
     # -- steps -------------------------------------------------------------------
     def run_step(self, step: Step, step_run_id: str, args: Any) -> StepRun:
-        rec = self.engine.recorder
-        rec.emit(E.STEP_STARTED, step=step.name, step_run_id=step_run_id, entity_id=step_run_id, status="in_progress")
-        t0 = time.perf_counter()
+        t0 = self.step_begin(step, step_run_id)
         if step.loop is not None:
             frame = _Frame(step, step_run_id, args, {})
             ok, result, error = self._run_loop(step.loop, frame, lambda f: self._run_pipeline(step.tool, f))
@@ -173,6 +201,21 @@ class Worker:
             frame = _Frame(step, step_run_id, args, {})
             ok, result, error = self._run_pipeline(step.tool, frame)
             event_name = "call.done" if ok else "call.error"
+        return self.step_end(step, step_run_id, args, ok, result, error, event_name, t0)
+
+    # The phases of run_step, public so a runner can run a loop step's iterations elsewhere
+    # (the Dagster translator's loop frames): step_begin, loop_begin, loop_iteration..., loop_end, step_end.
+    def step_begin(self, step: Step, step_run_id: str) -> float:
+        self.engine.recorder.emit(E.STEP_STARTED, step=step.name, step_run_id=step_run_id, entity_id=step_run_id,
+                                  status="in_progress")  # fmt: skip
+        return time.perf_counter()
+
+    def step_end(
+        self, step: Step, step_run_id: str, args: Any, ok: bool, result: Any, error: dict[str, Any] | None,
+        event_name: str, t0: float,
+    ) -> StepRun:  # fmt: skip
+        rec = self.engine.recorder
+        frame = _Frame(step, step_run_id, args, {})
         if ok and step.set:
             try:
                 scope = self.base_scope(args, frame.iter).child(
@@ -231,8 +274,21 @@ class Worker:
         frame: _Frame,
         body: Callable[[_Frame], tuple[bool, Any, dict[str, Any] | None]],
     ) -> tuple[bool, Any, dict[str, Any] | None]:
-        rec = self.engine.recorder
-        step = frame.step
+        lr, err = self.loop_begin(loop, frame)
+        if lr is None:
+            return False, None, err
+        if lr.parallel:
+            with ThreadPoolExecutor(max_workers=min(lr.max_in_flight, lr.total),
+                                    thread_name_prefix=f"noetl-{frame.step.name}") as pool:  # fmt: skip
+                for fut in [pool.submit(self.loop_iteration, lr, i, body) for i in range(lr.total)]:
+                    fut.result()
+        else:
+            for i in range(lr.total):
+                self.loop_iteration(lr, i, body)
+        return self.loop_end(lr)
+
+    def loop_begin(self, loop: Loop, frame: _Frame) -> tuple[LoopRun | None, dict[str, Any] | None]:
+        """Render ``loop.in`` and record loop.started; (None, error) when the loop cannot start."""
         scope = self.base_scope(frame.args, frame.iter)
         t0 = time.perf_counter()
         try:
@@ -243,88 +299,101 @@ class Worker:
             mif = int(mif) if mif not in (None, "") else DEFAULT_MAX_IN_FLIGHT
             mif = max(1, mif)
         except (TemplateError, ValueError, TypeError) as e:
-            return False, None, _error("template_error", str(e))
-        loop_id = uuid7()
-        n = len(items)
-        parallel = loop.mode == "parallel" and n > 1
-        rec.emit(
+            return None, _error("template_error", str(e))
+        lr = LoopRun(loop, frame, uuid7(), items, mif, t0)
+        self.engine.recorder.emit(
             E.LOOP_STARTED,
+            step=frame.step.name,
+            step_run_id=frame.step_run_id,
+            loop_id=lr.loop_id,
+            entity_id=lr.loop_id,
+            status="in_progress",
+            data={"total": lr.total, "mode": loop.mode, "max_in_flight": mif if loop.mode == "parallel" else 1},
+        )
+        return lr, None
+
+    def loop_resume(
+        self, step: Step, step_run_id: str, args: Any, loop_id: str, items: list[Any], max_in_flight: int,
+        t0: float, ctx_writers: Mapping[str, int] | None = None,
+    ) -> LoopRun:  # fmt: skip
+        """A started step loop, rebuilt from what its loop.started recorded (for iterations run elsewhere);
+        ``ctx_writers`` (ctx key -> iteration that wrote it) keeps the parallel-loop write rule across frames."""
+        assert step.loop is not None
+        lr = LoopRun(step.loop, _Frame(step, step_run_id, args, {}), loop_id, list(items), max_in_flight, t0)
+        if lr.guard is not None and ctx_writers:
+            lr.guard.writers.update(ctx_writers)
+        return lr
+
+    def loop_iteration(
+        self, lr: LoopRun, i: int, body: Callable[[_Frame], tuple[bool, Any, dict[str, Any] | None]] | None = None
+    ) -> None:
+        """Run iteration ``i`` (the step's pipeline unless ``body`` is given) and record its events."""
+        rec = self.engine.recorder
+        frame, loop, step = lr.frame, lr.loop, lr.frame.step
+        if body is None:
+            body = lambda f: self._run_pipeline(step.tool, f)  # noqa: E731
+        n = lr.total
+        it: dict[str, Any] = {
+            loop.iterator: lr.items[i],
+            "index": i,
+            "_index": i,
+            "_first": i == 0,
+            "_last": i == n - 1,
+            "_total": n,
+            "parent": frame.iter if frame.iter else None,
+        }
+        f = _Frame(step, frame.step_run_id, frame.args, it, lr.loop_id, i, lr.guard)
+        rec.emit(
+            E.LOOP_ITERATION_STARTED,
             step=step.name,
             step_run_id=frame.step_run_id,
-            loop_id=loop_id,
-            entity_id=loop_id,
+            loop_id=lr.loop_id,
+            iteration=i,
+            entity_id=lr.loop_id,
             status="in_progress",
-            data={"total": n, "mode": loop.mode, "max_in_flight": mif if loop.mode == "parallel" else 1},
         )
-        results: list[Any] = [None] * n
-        oks = [False] * n
-        guard = _CtxGuard() if parallel else None
-        parent_iter = frame.iter if frame.iter else None
-
-        def one(i: int) -> None:
-            it: dict[str, Any] = {
-                loop.iterator: items[i],
-                "index": i,
-                "_index": i,
-                "_first": i == 0,
-                "_last": i == n - 1,
-                "_total": n,
-                "parent": parent_iter,
-            }
-            f = _Frame(step, frame.step_run_id, frame.args, it, loop_id, i, guard)
+        ok, result, error = body(f)
+        lr.results[i] = result if ok else {"status": "error", "error": error}
+        lr.oks[i] = ok
+        if ok:
             rec.emit(
-                E.LOOP_ITERATION_STARTED,
+                E.LOOP_ITERATION_DONE,
                 step=step.name,
                 step_run_id=frame.step_run_id,
-                loop_id=loop_id,
+                loop_id=lr.loop_id,
                 iteration=i,
-                entity_id=loop_id,
-                status="in_progress",
+                entity_id=lr.loop_id,
+                data={"result": rec.offload(result, f"{step.name}/iter-{i}")},
             )
-            ok, result, error = body(f)
-            results[i] = result if ok else {"status": "error", "error": error}
-            oks[i] = ok
-            if ok:
-                rec.emit(
-                    E.LOOP_ITERATION_DONE,
-                    step=step.name,
-                    step_run_id=frame.step_run_id,
-                    loop_id=loop_id,
-                    iteration=i,
-                    entity_id=loop_id,
-                    data={"result": rec.offload(result, f"{step.name}/iter-{i}")},
-                )
-            else:
-                rec.emit(
-                    E.LOOP_ITERATION_FAILED,
-                    step=step.name,
-                    step_run_id=frame.step_run_id,
-                    loop_id=loop_id,
-                    iteration=i,
-                    entity_id=loop_id,
-                    status="error",
-                    data={"error": error},
-                )
-
-        if parallel:
-            with ThreadPoolExecutor(max_workers=min(mif, n), thread_name_prefix=f"noetl-{step.name}") as pool:
-                for fut in [pool.submit(one, i) for i in range(n)]:
-                    fut.result()
         else:
-            for i in range(n):
-                one(i)
+            rec.emit(
+                E.LOOP_ITERATION_FAILED,
+                step=step.name,
+                step_run_id=frame.step_run_id,
+                loop_id=lr.loop_id,
+                iteration=i,
+                entity_id=lr.loop_id,
+                status="error",
+                data={"error": error},
+            )
+
+    def loop_end(self, lr: LoopRun) -> tuple[bool, Any, dict[str, Any] | None]:
+        """Record loop.done with the aggregate of every iteration (``lr.results`` / ``lr.oks`` filled)."""
+        rec = self.engine.recorder
+        step, n = lr.frame.step, lr.total
+        results, oks = lr.results, lr.oks
         failed = n - sum(oks)
         aggregate = {"results": results, "stats": {"total": n, "ok": n - failed, "failed": failed}}
         rec.emit(
             E.LOOP_DONE,
             step=step.name,
-            step_run_id=frame.step_run_id,
-            loop_id=loop_id,
-            entity_id=loop_id,
+            step_run_id=lr.frame.step_run_id,
+            loop_id=lr.loop_id,
+            entity_id=lr.loop_id,
             status="success" if not failed else "error",
             data={
                 "result": rec.offload(aggregate, f"{step.name}/loop"),
-                "duration_ms": round((time.perf_counter() - t0) * 1000, 3),
+                "duration_ms": round((time.perf_counter() - lr.t0) * 1000, 3),
             },
         )
         if failed:
