@@ -312,6 +312,11 @@ class Worker:
         )
         return lr, None
 
+    def step_loop_begin(self, step: Step, step_run_id: str, args: Any) -> tuple[LoopRun | None, dict[str, Any] | None]:
+        """loop_begin for a step-level loop (the step's own frame)."""
+        assert step.loop is not None
+        return self.loop_begin(step.loop, _Frame(step, step_run_id, args, {}))
+
     def loop_resume(
         self, step: Step, step_run_id: str, args: Any, loop_id: str, items: list[Any], max_in_flight: int,
         t0: float, ctx_writers: Mapping[str, int] | None = None,

@@ -25,6 +25,7 @@ from noetl_dagster.dsl.model import Playbook
 from noetl_dagster.engine.graph import analyze
 from noetl_dagster.resources.noetl import NoetlResource, resource_from_env
 from noetl_dagster.translator import naming
+from noetl_dagster.translator.frames import loop_dependencies, make_loop_ops
 from noetl_dagster.translator.ops import RESOURCE_KEY, make_node_op, make_start_op, output_name
 from noetl_dagster.translator.plan import MODES, JobPlan, Node, plan_job
 from noetl_dagster.translator.runtime import TAG_STEP
@@ -288,16 +289,37 @@ def _compile_one(pb: Playbook, data: NoetlPlaybookData, translator: NoetlTransla
     start_op = make_start_op(pb, start_spec, plan, start_outs)
     node_defs: list[dg.OpDefinition] = [start_op]
     deps: dict[str, dict[str, dg.MultiDependencyDefinition]] = {}
+    out_op: dict[str, str] = {k: s.name for k, s in node_specs.items()}  # the op holding a node's token outputs
+    frame_sizes = {
+        k: translator.get_loop_frame_size(step_data[n.first]) if n.kind == "step" else None
+        for k, n in plan.nodes.items()
+    }
+    for key, size in frame_sizes.items():
+        if size is not None:
+            out_op[key] = f"{node_specs[key].name}__collect"
     for key, node in plan.nodes.items():
-        sources = [dg.DependencyDefinition(node_specs[p].name, outs_of[p][key]) for p in node.pred]
+        sources = [dg.DependencyDefinition(out_op[p], outs_of[p][key]) for p in node.pred]
         if key in plan.roots:
             sources.insert(0, dg.DependencyDefinition(start_spec.name, start_outs[key]))
-        node_defs.append(make_node_op(pb, node_specs[key], plan, node, outs_of[key], has_input=bool(sources)))
+        spec = node_specs[key]
+        if frame_sizes[key] is not None:
+            frame_spec = spec.replace_attributes(
+                name=f"{spec.name}__frame", description=f"Iterations of the loop of step {node.first} (one frame)."
+            )
+            collect_spec = spec.replace_attributes(
+                name=out_op[key], description=f"Collects the loop of step {node.first}: loop.done, step.done, routing."
+            )
+            _check_names([frame_spec.name, collect_spec.name], pb)
+            ops = make_loop_ops(pb, spec, frame_spec, collect_spec, plan, node, outs_of[key],
+                                frame_size=frame_sizes[key] or None)  # fmt: skip
+            node_defs.extend(ops)
+            deps.update(loop_dependencies(spec.name, frame_spec.name, collect_spec.name))
+        else:
+            node_defs.append(make_node_op(pb, spec, plan, node, outs_of[key], has_input=bool(sources)))
         if sources:
-            deps[node_specs[key].name] = {"after": dg.MultiDependencyDefinition(sources)}
+            deps[spec.name] = {"after": dg.MultiDependencyDefinition(sources)}
     jobs = [_job(job_spec, node_defs, deps)]
-    c = CompiledPlaybook(pb, data, plan, job_spec.name, start_spec.name,
-                         node_ops={k: s.name for k, s in node_specs.items()})  # fmt: skip
+    c = CompiledPlaybook(pb, data, plan, job_spec.name, start_spec.name, node_ops=out_op)
 
     # separate steps: one job of one op each, launched by the sensor
     for step in plan.separate:

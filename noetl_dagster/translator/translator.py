@@ -260,6 +260,20 @@ class NoetlTranslator:
             kinds=frozenset({"noetl", *data.kinds}),
         )
 
+    def get_loop_frame_size(self, data: NoetlStepData) -> int | None:
+        """Split a loop step into Dagster frames (plan -> frame -> collect)? None runs the loop inside the step's op.
+
+        Default: frames for every step-level loop of a one-run job, except ``loop.spec.policy.exec: local``;
+        ``loop.spec.dagster.frame_size`` sets the iterations per frame of a parallel loop (default: 16 frames
+        at most; a sequential loop is one frame). Returns the frame size, 0 for the default.
+        """
+        loop = data.step.loop
+        if loop is None or loop.exec == "local" or data.playbook.mode != "default":
+            return None
+        dag = loop.spec.get("dagster") if isinstance(loop.spec, Mapping) else None
+        size = dag.get("frame_size") if isinstance(dag, Mapping) else None
+        return int(size) if size else 0
+
     # -- schedules ----------------------------------------------------------------------
     def get_schedule_specs(self, data: NoetlPlaybookData) -> list[NoetlScheduleSpec]:
         specs: list[NoetlScheduleSpec] = []

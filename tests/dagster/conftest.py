@@ -89,3 +89,30 @@ def run_local(path: Path, data_dir: Path, workload: dict | None = None) -> Any:
 def run_dagster(path: Path, data_dir: Path, instance: dg.DagsterInstance, mode: str = "default",
                 workload: dict | None = None) -> Any:  # fmt: skip
     return run_playbook_dagster(path, workload, data_dir=data_dir, instance=instance, mode=mode, **scope_of(path))
+
+
+@pytest.fixture(scope="session")
+def recovery_env(tmp_path_factory):
+    """Env for tests/dagster/recovery_jobs.py: Dagster caches a reconstructed job per process, so every
+    re-execution test shares one data dir and the jobs are built from files named here."""
+    import textwrap  # noqa: PLC0415
+
+    from test_loop_frames import LOOP  # noqa: PLC0415
+
+    base = tmp_path_factory.mktemp("recovery")
+    frames = base / "frames.yaml"
+    frames.write_text(textwrap.dedent(LOOP.format(n=6, mode="parallel", extra=", dagster: {frame_size: 3}",
+                                                  task_extra="")).lstrip())  # fmt: skip
+    env = {
+        "RECOVERY_TEST_DATA_DIR": str(base / "noetl"),
+        "RECOVERY_TEST_PLAYBOOK": str(EXAMPLES / "hello_dagster.yaml"),
+        "RECOVERY_TEST_FRAMES_PLAYBOOK": str(frames),
+    }
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    yield base / "noetl"
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

@@ -95,7 +95,7 @@ FAILING = """
           - divide:
               kind: python
               code: "result = 1 / 0"
-        next: {arcs: [{step: join}]}
+        next: {arcs: [{step: join, when: "{{ outcome.status == 'ok' }}"}]}
       - step: fine
         tool: {kind: noop, result: {ok: true}}
         next: {arcs: [{step: join}]}
@@ -154,27 +154,14 @@ def test_running_a_finished_execution_again_changes_nothing(dagster_data, epheme
     assert len(skipped) == 3  # every step op: the log holds no work for them
 
 
-@pytest.fixture(scope="module")
-def recovery_data_dir(tmp_path_factory):
-    """One data dir for every run of the reconstructable job (Dagster caches a reconstructed job per process)."""
-    import os
-
-    d = tmp_path_factory.mktemp("recovery") / "noetl"
-    os.environ["RECOVERY_TEST_DATA_DIR"] = str(d)
-    os.environ["RECOVERY_TEST_PLAYBOOK"] = str(EXAMPLES / "hello_dagster.yaml")
-    yield d
-    os.environ.pop("RECOVERY_TEST_DATA_DIR", None)
-    os.environ.pop("RECOVERY_TEST_PLAYBOOK", None)
-
-
 @pytest.mark.parametrize("crash_at", ["running", "after_routing"])
-def test_reexecution_from_failure_resumes_from_the_event_log(monkeypatch, recovery_data_dir, crash_at):
+def test_reexecution_from_failure_resumes_from_the_event_log(monkeypatch, recovery_env, crash_at):
     """The op of `repeat` dies (its worker is lost) while running the step, or after the step ran and
     was routed; Dagster's re-execution from failure continues from the log: nothing durable runs twice."""
     from noetl_dagster.engine.control import Engine
     from noetl_dagster.translator import runtime
 
-    dagster_data = recovery_data_dir
+    dagster_data = recovery_env
     crashes: list[str] = []
     if crash_at == "running":
         real_run = Engine.run
