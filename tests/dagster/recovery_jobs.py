@@ -24,3 +24,16 @@ def frames_job() -> dg.JobDefinition:
     resource = NoetlResource(data_dir=os.environ["RECOVERY_TEST_DATA_DIR"])
     loc = compile_playbooks(os.environ["RECOVERY_TEST_FRAMES_PLAYBOOK"], resource=resource, include_sensor=False)
     return loc.definitions.resolve_job_def(loc.index.playbooks[0].job_name)
+
+
+def frames_job_multiprocess() -> dg.JobDefinition:
+    from noetl_dagster.translator import NoetlTranslator
+
+    class Multiprocess(NoetlTranslator):
+        def get_job_spec(self, data):  # noqa: ANN001
+            return super().get_job_spec(data).replace_attributes(executor="multiprocess")
+
+    resource = NoetlResource(data_dir=os.environ["RECOVERY_TEST_DATA_DIR"])
+    loc = compile_playbooks(os.environ["RECOVERY_TEST_FRAMES_PLAYBOOK"], Multiprocess(), resource=resource,
+                            include_sensor=False)  # fmt: skip
+    return loc.definitions.resolve_job_def(loc.index.playbooks[0].job_name)

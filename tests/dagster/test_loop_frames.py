@@ -133,3 +133,26 @@ def test_example_http_loop_runs_as_frames(dagster_data, ephemeral_instance):
     assert result.success
     frames = [k for k in _steps_run(result) if k.startswith("customers_http__customer_stats__frame[")]
     assert len(frames) == 6  # one per customer (6 iterations, at most 16 frames)
+
+
+@pytest.mark.slow
+def test_frames_run_in_separate_processes(recovery_env):
+    """The multiprocess executor runs each frame in its own process; they append to one execution."""
+    from pathlib import Path
+
+    # step subprocesses import recovery_jobs from this directory
+    job = dg.build_reconstructable_job("recovery_jobs", "frames_job_multiprocess",
+                                       reconstructor_working_directory=str(Path(__file__).resolve().parent))  # fmt: skip
+    with dg.instance_for_test() as instance:
+        result = dg.execute_job(job, instance, run_config={"execution": {"config": {"max_concurrent": 2}}})
+        assert result.success
+        eid = instance.get_run_by_id(result.run_id).tags["noetl/execution_id"]
+        pids = {e.dagster_event.pid for e in instance.all_logs(result.run_id)
+                if e.is_dagster_event and e.dagster_event.event_type_value == "STEP_START"
+                and "__frame[" in (e.step_key or "")}  # fmt: skip
+        assert len(pids) == 2  # two frames, two processes
+    events = events_of(recovery_env, eid)
+    assert sorted(e.iteration for e in events if e.name == "loop.iteration.done") == [0, 1, 2, 3, 4, 5]
+    assert [e.data["result"] for e in events if e.name == "step.done" and e.step == "total"] == [55]
+    assert [e.data["status"] for e in events if e.name == "workflow.finished"] == ["completed"]
+    assert [e.sequence for e in events] == list(range(1, len(events) + 1))  # one gap-free log
