@@ -1540,7 +1540,8 @@ class _Migrator:
         return out
 
     def _guard(self, s: CommentedMap) -> str | None:
-        """Legacy routing never left a failed step; arcs with a `when` keep that (loop steps excepted)."""
+        """Legacy routing never left a failed step, while a standard arc (with or without `when`) also
+        routes a failure (SEMANTICS §5): migrated arcs keep the legacy rule with this guard (loop steps excepted)."""
         if "loop" in s or "tool" not in s:
             return None
         return "event.name != 'call.error'"
@@ -1574,19 +1575,19 @@ class _Migrator:
             targets = [(t, g.set) for g in always for t in g.targets] + [(t, None) for t in default]
             mode = "exclusive" if len(targets) <= 1 else "inclusive"
             for t, st in targets:
-                arcs.append(self._arc(t, set_=st))
+                arcs.append(self._arc(t, guard, st))
         elif not always and all(len(g.targets) == 1 for g in conds) and len(default) <= 1:
             mode = "exclusive"
             for g in conds:
                 arcs.append(self._arc(g.targets[0], when_of(g.when, []), g.set))
             for t in default:
-                arcs.append(self._arc(t))
+                arcs.append(self._arc(t, guard))
         else:
             mode = "inclusive"
             exprs = [cond_expr(g.when) for g in conds]
             for g in always:
                 for t in g.targets:
-                    arcs.append(self._arc(t, set_=g.set))
+                    arcs.append(self._arc(t, guard, g.set))
             for i, g in enumerate(conds):
                 earlier = [f"not {_group_always(e)}" for e in exprs[:i]]
                 for t in g.targets:

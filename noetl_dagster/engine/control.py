@@ -23,7 +23,7 @@ from noetl_dagster.engine.recorder import Recorder
 from noetl_dagster.engine.scope import Scope, StepResults
 from noetl_dagster.engine.state import ExecutionState
 from noetl_dagster.engine.templates import TemplateError, template_env
-from noetl_dagster.engine.worker import StepRun, Worker
+from noetl_dagster.engine.worker import StepRun, Worker, outcome_envelope
 from noetl_dagster.storage.events import EventStore
 from noetl_dagster.storage.payload import Offloader
 from noetl_dagster.tools.registry import ToolError
@@ -99,11 +99,21 @@ class Engine:
     def keychain(self) -> Any:
         if self._keychain is None:
             factory = self.services.keychain_factory or _default_keychain
-            self._keychain = factory(self.playbook)
-            try:
-                self.recorder.redactor.add(self._keychain.secret_values())
-            except Exception:  # noqa: BLE001 - a provider failing to list secrets must not stop the run
-                pass
+            kc = factory(self.playbook)
+            if callable(getattr(kc, "bind", None)):
+                # declarations render against this execution; every secret resolved later is redacted
+                kc.bind(
+                    context=lambda: {**self.state.workload, "workload": self.state.workload, "ctx": self.state.ctx,
+                                     "execution_id": self.execution_id},  # fmt: skip
+                    render=self.env.render,
+                    on_secret=self.recorder.redactor.add,
+                )
+            else:
+                try:
+                    self.recorder.redactor.add(kc.secret_values())
+                except Exception:  # noqa: BLE001 - a provider failing to list secrets must not stop the run
+                    pass
+            self._keychain = kc
         return self._keychain
 
     def keychain_namespace(self) -> Mapping[str, Any]:
@@ -112,9 +122,8 @@ class Engine:
         return self.keychain().namespace()
 
     def credential(self, name: str) -> dict[str, Any]:
-        cred = self.keychain().credential(name)
-        self.recorder.redactor.add(_strings(cred))
-        return cred
+        # the keychain reports the secret fields (passwords, tokens) to the redactor, not hosts or names
+        return self.keychain().credential(name)
 
     def resource(self, key: str, factory: Callable[[], Any]) -> Any:
         if key not in self._resources:
@@ -277,18 +286,10 @@ class Engine:
         fired: list[dict[str, Any]] = []
         errors: list[str] = []
         if router and router.arcs:
-            outcome = {
-                "status": "ok" if run.ok else "error",
-                "result": run.result,
-                "data": run.result,
-                "response": run.result,
-                "error": run.error,
-            }
+            outcome = outcome_envelope(run.ok, run.result, run.error)
             event = {"name": run.event_name, "step": run.step, "status": "ok" if run.ok else "error", "payload": outcome}
             scope = self._scope(run.args, event=event, outcome=outcome, output=outcome, error=run.error)
             for i, arc in enumerate(router.arcs):
-                if arc.when is None and not run.ok:
-                    continue  # an unconditional arc is the success path; it never swallows a failure
                 try:
                     if not self.env.truthy(arc.when, scope):
                         continue
@@ -429,19 +430,6 @@ class Engine:
         if isinstance(result, dict):
             return {**result, "execution_id": child.execution_id}
         return {"result": result, "execution_id": child.execution_id}
-
-
-def _strings(value: Any) -> list[str]:
-    out: list[str] = []
-    if isinstance(value, str):
-        out.append(value)
-    elif isinstance(value, dict):
-        for v in value.values():
-            out.extend(_strings(v))
-    elif isinstance(value, list):
-        for v in value:
-            out.extend(_strings(v))
-    return out
 
 
 def _default_keychain(pb: Playbook) -> Any:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from noetl_dagster.dsl.model import Loop, RuleThen, Step, Task
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine.events import now_iso, uuid7
-from noetl_dagster.engine.scope import Scope, StepResults
+from noetl_dagster.engine.scope import Scope, StepResults, view
 from noetl_dagster.engine.templates import TemplateError, template_env
 from noetl_dagster.tools.registry import ToolError, get_tool
 
@@ -446,7 +446,8 @@ class Worker:
                 if then is not None and then.set:
                     self._apply_set(then.set.ctx, then.set.iter, pscope, frame, source=f"rule:{task.label}")
                 if task.set and do != "retry":
-                    self._apply_set(task.set.ctx, task.set.iter, pscope, frame, source=f"task:{task.label}")
+                    tscope = pscope.child(output=view(outcome.get("result")))
+                    self._apply_set(task.set.ctx, task.set.iter, tscope, frame, source=f"task:{task.label}")
             except (TemplateError, CtxConflict) as e:
                 kind = "template_error" if isinstance(e, TemplateError) else "ctx_conflict"
                 outcome = outcome | {"status": "error", "error": _error(kind, str(e))}
@@ -568,7 +569,7 @@ class Worker:
             ok, result, error = self._run_loop(
                 task.loop, inner, lambda f: self._task_body_as_pipeline(task, f, attempt)
             )
-            outcome = {"status": "ok" if ok else "error", "result": result, "data": result, "response": result, "error": error}
+            outcome = outcome_envelope(ok, result, error)
         else:
             outcome = self._invoke(task, frame, scope, attempt)
         outcome["meta"] = {
@@ -611,7 +612,7 @@ class Worker:
             out = _err_outcome(_error("exception", f"{type(e).__name__}: {e}"))
             out["py"] = {"exception_type": type(e).__name__, "traceback": traceback.format_exc(limit=8)}
             return out
-        return {"status": "ok", "result": result, "data": result, "response": result, "error": None}
+        return outcome_envelope(True, result, None)
 
     # -- workbook ----------------------------------------------------------------
     def call_workbook(self, name: str, inputs: dict[str, Any], frame: _Frame, scope: Scope) -> Any:
@@ -638,9 +639,15 @@ class Worker:
         return outcome.get("result")
 
 
+def outcome_envelope(ok: bool, result: Any, error: Any) -> dict[str, Any]:
+    """The outcome (SEMANTICS §3): ``result``; ``data`` follows the `.data` rule (the result's own
+    ``data`` key when it has one, e.g. an HTTP body, else the result); ``response`` is the result."""
+    data = result["data"] if isinstance(result, dict) and "data" in result else result
+    return {"status": "ok" if ok else "error", "result": result, "data": data, "response": result, "error": error}
+
+
 def _err_outcome(error: dict[str, Any]) -> dict[str, Any]:
-    return {"status": "error", "result": None, "data": None, "response": None, "error": error}
+    return outcome_envelope(False, None, error)
 
 
-def _outcome_view(ok: bool, result: Any, error: Any) -> dict[str, Any]:
-    return {"status": "ok" if ok else "error", "result": result, "data": result, "response": result, "error": error}
+_outcome_view = outcome_envelope

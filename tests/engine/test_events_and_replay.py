@@ -250,7 +250,7 @@ workflow:
       - bad:
           kind: python
           code: "raise RuntimeError('kaput')"
-    next: {arcs: [{step: never}]}
+    next: {arcs: [{step: never, when: "{{ event.name == 'call.done' }}"}]}
   - step: never
     tool: {kind: noop}
 """

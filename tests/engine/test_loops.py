@@ -123,7 +123,7 @@ def test_failed_iteration_fails_step_after_loop_done(run_pb):
 """, after="""
     next:
       arcs:
-        - {step: ok_path}
+        - {step: ok_path, when: "{{ start.status != 'error' }}"}
         - {step: on_loop_done, when: "{{ event.name == 'loop.done' and start.status == 'error' }}"}
   - step: ok_path
     tool: {kind: noop}
@@ -152,7 +152,7 @@ def test_failed_iteration_unhandled_fails_execution(run_pb):
       code: "result = 10 // x"
 """, after="""
     next:
-      arcs: [{step: after}]
+      arcs: [{step: after, when: "{{ outcome.status == 'ok' }}"}]
   - step: after
     tool: {kind: noop}
 """))

@@ -462,8 +462,8 @@ workflow:
         raise RuntimeError("boom")
     next:
       arcs:
-        - {step: ok_path}
         - {step: recover, when: "{{ event.name == 'call.error' }}"}
+        - {step: ok_path, when: "{{ event.name == 'call.done' }}"}
   - step: ok_path
     tool: {kind: noop}
   - step: recover
@@ -474,7 +474,6 @@ workflow:
 def test_failure_routed_by_a_matching_arc_is_handled(run_pb):
     r = run_pb(FAIL)
     assert r.status == "completed"
-    # the unconditional arc is the success path: it never fires on failure
     assert r.runs == {"start": 1, "recover": 1}
     ev = r.named("next.evaluated", "start")[0]
     assert ev.data["event_name"] == "call.error"
@@ -483,6 +482,17 @@ def test_failure_routed_by_a_matching_arc_is_handled(run_pb):
     assert r.results["recover"] == "error"
     assert r.results["start"]["status"] == "error"
     assert "boom" in r.results["start"]["error"]["message"]
+
+
+def test_an_arc_without_when_routes_a_failure_too(run_pb):
+    # SEMANTICS §5: an arc with no `when` matches, so it handles the failure
+    r = run_pb(FAIL.replace("""        - {step: recover, when: "{{ event.name == 'call.error' }}"}
+        - {step: ok_path, when: "{{ event.name == 'call.done' }}"}""", "        - {step: ok_path}"))
+    assert r.status == "completed"
+    assert r.runs == {"start": 1, "ok_path": 1}
+    ev = r.named("next.evaluated", "start")[0]
+    assert ev.data["event_name"] == "call.error" and ev.data["unhandled_failure"] is False
+    assert r.results["start"]["status"] == "error"
 
 
 def test_failure_routed_by_step_status_condition(run_pb):
@@ -524,7 +534,7 @@ workflow:
     tool:
       kind: python
       code: "raise RuntimeError('bad branch')"
-    next: {arcs: [{step: never}]}
+    next: {arcs: [{step: never, when: "{{ event.name == 'call.done' }}"}]}
   - step: good
     tool: {kind: noop}
     next: {arcs: [{step: good2}]}
@@ -585,7 +595,11 @@ workflow:
 
 
 def test_join_after_an_unhandled_failed_branch_still_fires_and_execution_fails(run_pb):
-    r = run_pb(FANOUT.replace('result = {"side": "R"}', 'raise RuntimeError("right broke")'))
+    r = run_pb(
+        FANOUT.replace('result = {"side": "R"}', 'raise RuntimeError("right broke")').replace(
+            'arcs: [{step: join, args: {from: right,', """arcs: [{step: join, when: "{{ event.name == 'call.done' }}", args: {from: right,"""
+        )
+    )
     assert r.status == "failed"
     assert r.runs["join"] == 1
     assert r.results["join"] == {"arrived": ["left"]}

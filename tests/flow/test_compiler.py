@@ -46,6 +46,7 @@ def test_standard_form_shape():
         "arcs": [
             {
                 "step": "B_2_in",
+                "when": "{{ outcome.status == 'ok' }}",  # a flow stops where a task fails
                 "args": {
                     "input": "{{ outcome.result if outcome.result is not none else {} }}",
                     "from": "A_1",
@@ -73,10 +74,10 @@ def test_guards_and_iteration_compile_to_guard_steps_and_loops():
     assert guard["next"]["arcs"] == [
         {
             "step": "B_2",
-            "when": "{{ outcome.result.pass }}",
+            "when": "{{ outcome.status == 'ok' and outcome.result.pass }}",
             "args": {"sequence": "{{ outcome.result.input }}", "from": "B_2"},
         },
-        {"step": "C_3_in", "when": "{{ not outcome.result.pass }}", "args": {"input": {}, "from": "B_2"}},
+        {"step": "C_3_in", "when": "{{ outcome.status == 'ok' and not outcome.result.pass }}", "args": {"input": {}, "from": "B_2"}},
     ]
     assert st["B_2"]["loop"] == {
         "in": "{{ args.sequence }}",
@@ -95,8 +96,8 @@ def test_guarded_subflow_fork_skips_to_its_join():
     fork = steps(pb)["fork_2"]
     assert fork["tool"][0]["kind"] == "flow_guard"
     assert [(a["step"], a.get("when")) for a in fork["next"]["arcs"]] == [
-        ("B_3", "{{ outcome.result.pass }}"),
-        ("join_5", "{{ not outcome.result.pass }}"),
+        ("B_3", "{{ outcome.status == 'ok' and outcome.result.pass }}"),
+        ("join_5", "{{ outcome.status == 'ok' and not outcome.result.pass }}"),
     ]
 
 

@@ -132,7 +132,7 @@ def test_v1_when_then_else_becomes_an_exclusive_router_that_does_not_route_failu
             "when": "{{ event.name != 'call.error' and start.n > 2 }}",
             "args": {"n": "{{ start.n }}"},
         },
-        {"step": "small"},
+        {"step": "small", "when": "{{ event.name != 'call.error' }}"},
     ]
     # main(n) read `n` routed in by `with`: it becomes an input
     assert step(doc, "big")["tool"]["input"] == {"n": "{{ n }}"}
@@ -191,10 +191,11 @@ def test_next_as_a_name_and_as_a_fan_out_list():
           - {step: c, tool: {kind: noop}}
         """)
     )
-    assert step(doc, "start")["next"] == {"spec": {"mode": "exclusive"}, "arcs": [{"step": "a"}]}
+    # a legacy step never routed on failure: the migrated arcs keep that with a guard
+    assert step(doc, "start")["next"] == {"spec": {"mode": "exclusive"}, "arcs": [{"step": "a", "when": "{{ event.name != 'call.error' }}"}]}
     assert step(doc, "a")["next"] == {
         "spec": {"mode": "inclusive"},
-        "arcs": [{"step": "b"}, {"step": "c", "args": {"x": 1}}],
+        "arcs": [{"step": "b", "when": "{{ event.name != 'call.error' }}"}, {"step": "c", "when": "{{ event.name != 'call.error' }}", "args": {"x": 1}}],
     }
     assert_valid(r.text)
 
@@ -595,7 +596,7 @@ def test_v1_loop_with_end_loop_folds_its_chain_into_the_loop_pipeline():
         "squares": "{{ each.results | map(attribute='square') | map(attribute='sq') | list }}",
         "last": "{{ (each.results | last).square }}",
     }
-    assert end["next"]["arcs"] == [{"step": "report", "args": {"squares": "{{ done_each.squares }}"}}]
+    assert end["next"]["arcs"] == [{"step": "report", "when": "{{ event.name != 'call.error' }}", "args": {"squares": "{{ done_each.squares }}"}}]
     assert_valid(r.text)
 
 

@@ -139,12 +139,6 @@ def everything_written(root: Path) -> bytes:
     return b"".join(p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the engine reads keychain.secret_values() once, before anything is resolved, so secrets that "
-    "templates read through {{ keychain.<name>.<field> }} never reach its redactor; Engine.keychain() must call "
-    "Keychain.bind(context=..., render=..., on_secret=redactor.add) (docs/tools.md, 'Engine integration')",
-)
 @pytest.mark.parametrize("json_output", [True, False], ids=["json", "table"])
 def test_secrets_never_appear_in_events_payloads_or_output(tmp_path, httpserver, json_output):
     httpserver.expect_request("/auth").respond_with_handler(echo)

@@ -49,8 +49,11 @@ _OUT_RESULT = "{{ outcome.result if outcome.result is not none else {} }}"
 _OUT_PLAIN = "{{ outcome.result }}"
 _OUT_LOOP = "{{ outcome.result.results }}"
 _OUT_GUARDED_FORK = "{{ outcome.result.input }}"
-_PASS = "{{ outcome.result.pass }}"
-_FAIL = "{{ not outcome.result.pass }}"
+# a flow stops where a task fails: every arc routes only an ok outcome (an arc with no `when`
+# would also route a failure, SEMANTICS §5)
+_OK = "{{ outcome.status == 'ok' }}"
+_PASS = "{{ outcome.status == 'ok' and outcome.result.pass }}"
+_FAIL = "{{ outcome.status == 'ok' and not outcome.result.pass }}"
 _IN_ARGS = "{{ args.input }}"
 _IN_ITER = "{{ iter.input }}"
 
@@ -193,9 +196,7 @@ class _Compiler:
     # -- arcs -----------------------------------------------------------------------------------
     def arc(self, target: int, value: Any, source_step: str, when: str | None = None) -> dict[str, Any]:
         tp = self.plans[target]
-        arc: dict[str, Any] = {"step": tp.entry}
-        if when:
-            arc["when"] = when
+        arc: dict[str, Any] = {"step": tp.entry, "when": when or _OK}
         arc["args"] = {tp.key_for_arrival(): value, "from": source_step}
         return arc
 
@@ -269,7 +270,7 @@ class _Compiler:
                 s["next"] = self.router(arcs)
             elif s["step"] == p.in_step:
                 key = "sequence" if p.loop else "input"
-                s["next"] = self.router([{"step": p.step, "args": {key: _OUT_PLAIN, "from": p.step}}])
+                s["next"] = self.router([{"step": p.step, "when": _OK, "args": {key: _OUT_PLAIN, "from": p.step}}])
             elif s["step"] == p.step:
                 arcs = self.node_arcs(node)
                 if arcs:
