@@ -82,6 +82,11 @@ def _source(inputs: dict[str, Any], ctx: ToolContext) -> str:
     if script:
         if isinstance(script, Mapping):
             src = script.get("source") or {}
+            if isinstance(src, Mapping) and (src.get("type") == "inline" or script.get("uri") == "inline"):
+                code = src.get("code") or script.get("code")
+                if not isinstance(code, str):
+                    raise ToolError("an inline `script` needs `source.code`", kind="config_error")
+                return code
             path = script.get("path") or script.get("uri") or (src.get("path") if isinstance(src, Mapping) else None)
         else:
             path = str(script)
@@ -259,6 +264,35 @@ def _run_python_process(source: str, data: dict[str, Any], context: dict[str, An
     raise ToolError(out["message"], kind=out["kind"], details=out.get("details") or {}, result=out.get("result"))
 
 
+def _import_libs(libs: Any) -> dict[str, Any]:
+    """``libs``: ``{alias: module}``, ``{alias: {from: module, import: name}}`` or a list of modules / such mappings."""
+    import importlib
+
+    items: list[tuple[str | None, Any]]
+    if isinstance(libs, Mapping):
+        items = list(libs.items())
+    elif isinstance(libs, list):
+        items = [(None, x) for x in libs]
+    else:
+        raise ToolError("`libs` must be a mapping of alias -> module, or a list", kind="config_error")
+    out: dict[str, Any] = {}
+    for alias, spec in items:
+        try:
+            if isinstance(spec, str):
+                out[alias or spec.split(".")[0]] = importlib.import_module(spec if alias else spec.split(".")[0])
+            elif isinstance(spec, Mapping) and spec.get("from"):
+                name = str(spec.get("import") or alias)
+                out[str(alias or spec.get("as") or name)] = getattr(importlib.import_module(str(spec["from"])), name)
+            elif isinstance(spec, Mapping) and spec.get("import"):
+                mod = str(spec["import"])
+                out[str(alias or spec.get("as") or mod.split(".")[0])] = importlib.import_module(mod)
+            else:
+                raise ToolError(f"libs: cannot read {spec!r}", kind="config_error")
+        except (ImportError, AttributeError) as e:
+            raise ToolError(f"libs: cannot import {spec!r}: {e}", kind="config_error") from None
+    return out
+
+
 @register_tool(
     "python",
     raw_keys={"code", "code_b64", "code_base64"},
@@ -268,14 +302,8 @@ def python_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     source = _source(inputs, ctx)
     data = _inputs(inputs)
     libs = inputs.get("libs")
-    if isinstance(libs, Mapping):
-        import importlib
-
-        for alias, module in libs.items():
-            try:
-                data.setdefault(str(alias), importlib.import_module(str(module)))
-            except ImportError as e:
-                raise ToolError(f"libs: cannot import {module!r}: {e}", kind="config_error") from None
+    if libs:
+        data.update({k: v for k, v in _import_libs(libs).items() if k not in data})
     spec = ctx.spec or {}
     if spec.get("isolation") == "process":
         timeout = float(spec.get("timeout") or spec.get("timeout_seconds") or 300)
