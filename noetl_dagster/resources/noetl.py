@@ -31,7 +31,8 @@ class NoetlResource(dg.ConfigurableResource):
 
     event_store_url: str | None = Field(
         default=None,
-        description="EventStore URL (sqlite:///path or postgresql://...); default <data_dir>/events.db",
+        description="EventStore URL (sqlite:///path or postgresql://...); default $NOETL_EVENT_STORE_URL, "
+        "else <data_dir>/events.db",
     )
     data_dir: str | None = Field(
         default=None, description="payloads, locks and the default event log; default $NOETL_DAGSTER_HOME or ./.noetl"
@@ -85,10 +86,11 @@ def close_all_services() -> None:
 
 
 def resource_from_env() -> NoetlResource:
-    """A resource configured from ``NOETL_DAGSTER_*`` environment variables (code locations use this)."""
+    """A resource from the environment (docs/configuration.md): ``NOETL_EVENT_STORE_URL``,
+    ``NOETL_DAGSTER_HOME``, ``NOETL_TENANT`` and ``NOETL_PROJECT``."""
     return NoetlResource(
-        event_store_url=os.environ.get("NOETL_DAGSTER_EVENT_STORE") or None,
+        event_store_url=os.environ.get("NOETL_EVENT_STORE_URL") or None,
         data_dir=os.environ.get("NOETL_DAGSTER_HOME") or None,
-        tenant=os.environ.get("NOETL_DAGSTER_TENANT", "default"),
-        project=os.environ.get("NOETL_DAGSTER_PROJECT", "default"),
+        tenant=os.environ.get("NOETL_TENANT", "default"),
+        project=os.environ.get("NOETL_PROJECT", "default"),
     )
