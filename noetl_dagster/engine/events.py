@@ -8,10 +8,10 @@ envelope is a plain dataclass so the hot path stays cheap; ``to_dict`` /
 from __future__ import annotations
 
 import os
+import random
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 SCHEMA_VERSION = "noetl.event.v1"
@@ -87,10 +87,18 @@ ENTITY_OF = {
 }
 
 
+_rng = random.Random(os.urandom(32))
+# a forked child must not repeat its parent's random stream
+os.register_at_fork(after_in_child=lambda: _rng.seed(os.urandom(32)))
+
+
 def uuid7() -> str:
-    """A time-ordered UUIDv7 string (RFC 9562): 48-bit ms timestamp, version, random."""
+    """A time-ordered UUIDv7 string (RFC 9562): 48-bit ms timestamp, version, 74 random bits.
+
+    The random bits come from a per-process generator seeded from ``os.urandom`` (and
+    reseeded after fork): ids must be unique, not secret, and this is 10x cheaper."""
     ms = time.time_ns() // 1_000_000
-    rand = int.from_bytes(os.urandom(10), "big")
+    rand = _rng.getrandbits(80)
     h = "%012x%04x%04x%012x" % (
         ms & 0xFFFFFFFFFFFF,
         0x7000 | ((rand >> 68) & 0xFFF),
@@ -110,8 +118,17 @@ def uuid7_from(*parts: str) -> str:
     return str(uuid.UUID(int=digest))
 
 
+_second_cache: list[Any] = [-1, ""]
+
+
 def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds")
+    """UTC now as ISO 8601 with microseconds (``2026-11-21T05:45:03.123456+00:00``)."""
+    t = time.time()
+    sec = int(t)
+    if sec != _second_cache[0]:
+        _second_cache[1] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))
+        _second_cache[0] = sec
+    return f"{_second_cache[1]}.{int((t - sec) * 1_000_000):06d}+00:00"
 
 
 @dataclass(slots=True)
