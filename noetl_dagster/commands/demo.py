@@ -33,6 +33,16 @@ def _default_home(example_dir: Path) -> Path:
     return Path.cwd()
 
 
+def _scope(example_dir: Path) -> tuple[str, str]:
+    """The tenant/project the example code location runs as (its component's defs.yaml), so the demo's
+    executions and stored tables are the ones `make dev` shows."""
+    import yaml  # noqa: PLC0415
+
+    doc = yaml.safe_load((example_dir / "defs" / "playbooks" / "defs.yaml").read_text(encoding="utf-8")) or {}
+    attrs = doc.get("attributes") or {}
+    return str(attrs.get("tenant", "default")), str(attrs.get("project", "default"))
+
+
 @click.command()
 @click.option("--home", type=click.Path(file_okay=False, path_type=Path),
               help="Where .dagster_home and .noetl go (default: example_project/ in a checkout, else .).")
@@ -57,6 +67,7 @@ def demo(home: Path | None, only: tuple[str, ...], fresh: bool, verbose: bool) -
     if not (dagster_home / "dagster.yaml").exists():
         shutil.copy(example_dir / "dagster.yaml", dagster_home / "dagster.yaml")
 
+    tenant, project = _scope(example_dir)
     files = sorted((example_dir / "playbooks").glob("*.yaml"))
     if only:
         wanted = set(only)
@@ -85,8 +96,8 @@ def demo(home: Path | None, only: tuple[str, ...], fresh: bool, verbose: bool) -
                     pb = load_playbook(f)
                     dag = pb.executor.spec.get("dagster") or {}
                     row["mode"] = dag.get("mode", "default") if isinstance(dag, dict) else "default"
-                    r = run_playbook_dagster(pb, data_dir=noetl_home, instance=instance,
-                                             log_level="INFO" if verbose else "ERROR")  # fmt: skip
+                    r = run_playbook_dagster(pb, data_dir=noetl_home, instance=instance, tenant=tenant,
+                                             project=project, log_level="INFO" if verbose else "CRITICAL")  # fmt: skip
                     row.update(status=r.status, steps=sum(r.runs.values()), runs=len(r.extra["dagster"]["run_ids"]),
                                id=r.execution_id)  # fmt: skip
                 except (PlaybookInvalid, DagsterRunError, OSError, ValueError) as e:
