@@ -544,7 +544,7 @@ def parse_playbook(
                 ctx.err(("workflow", i, "next", "arcs", j, "step"), "unknown-arc-target", f"arc targets missing step {a['step']!r}")
     for i, s in enumerate(wf):  # workbook references
         if isinstance(s, dict):
-            for label, body, ip in _task_items(_Ctx(sm, False), s.get("tool"), ("workflow", i, "tool")) if s.get("tool") else []:
+            for _label, body, ip in _task_items(_Ctx(sm, False), s.get("tool"), ("workflow", i, "tool")) if s.get("tool") else []:
                 if isinstance(body, dict) and body.get("kind") == "workbook":
                     ref = body.get("name") or (body.get("spec") or {}).get("name")
                     if ref and not any(w.name == ref for w in workbook) and not _is_template(ref):

@@ -99,7 +99,7 @@ def uuid7() -> str:
     reseeded after fork): ids must be unique, not secret, and this is 10x cheaper."""
     ms = time.time_ns() // 1_000_000
     rand = _rng.getrandbits(80)
-    h = "%012x%04x%04x%012x" % (
+    h = "%012x%04x%04x%012x" % (  # noqa: UP031 - the fastest formatting here
         ms & 0xFFFFFFFFFFFF,
         0x7000 | ((rand >> 68) & 0xFFF),
         0x8000 | ((rand >> 48) & 0x3FFF),

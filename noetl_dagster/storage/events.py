@@ -74,7 +74,7 @@ class EventStore(ABC):
             yield from rows
             gid = rows[-1].gid
 
-    def close(self) -> None:  # pragma: no cover - default no-op
+    def close(self) -> None:  # noqa: B027 - optional for adapters without connections
         pass
 
     def __enter__(self) -> EventStore:
@@ -180,7 +180,7 @@ class SqliteEventStore(EventStore):
         existing: dict[str, int] = {}
         for i in range(0, len(ids), 500):
             chunk = ids[i : i + 500]
-            q = "SELECT event_id, sequence FROM noetl_event WHERE event_id IN (%s)" % ",".join("?" * len(chunk))
+            q = f"SELECT event_id, sequence FROM noetl_event WHERE event_id IN ({','.join('?' * len(chunk))})"
             existing.update(c.execute(q, chunk).fetchall())
         return existing
 
@@ -223,171 +223,6 @@ class SqliteEventStore(EventStore):
                 " last_sequence = excluded.last_sequence",
                 (eid, pb, status or "", parent, ts, fin, next_seq[eid]),
             )
-
-    def read(self, execution_id: str, after_sequence: int = 0) -> list[Event]:
-        """Events of one execution in sequence order."""
-
-    @abstractmethod
-    def tail(self, after_gid: int = 0, limit: int = 1000) -> list[StoredEvent]:
-        """Events of every execution after a global cursor, in append order."""
-
-    @abstractmethod
-    def executions(self, limit: int = 100) -> list[ExecutionInfo]:
-        """Most recent executions first."""
-
-    @abstractmethod
-    def tail_last(self) -> int:
-        """The newest global cursor value (0 when empty)."""
-
-    def iter_all(self, batch: int = 5000) -> Iterator[StoredEvent]:
-        gid = 0
-        while True:
-            rows = self.tail(gid, batch)
-            if not rows:
-                return
-            yield from rows
-            gid = rows[-1].gid
-
-    def close(self) -> None:  # pragma: no cover - default no-op
-        pass
-
-    def __enter__(self) -> EventStore:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-
-# One list of statements per schema version; applied in order, recorded in noetl_schema_version.
-SQLITE_MIGRATIONS: list[list[str]] = [
-    [
-        """CREATE TABLE IF NOT EXISTS noetl_event (
-            gid INTEGER PRIMARY KEY AUTOINCREMENT,
-            event_id TEXT NOT NULL UNIQUE,
-            execution_id TEXT NOT NULL,
-            sequence INTEGER NOT NULL,
-            name TEXT NOT NULL,
-            ts TEXT NOT NULL,
-            body TEXT NOT NULL,
-            UNIQUE (execution_id, sequence))""",
-        """CREATE TABLE IF NOT EXISTS noetl_execution (
-            execution_id TEXT PRIMARY KEY,
-            playbook TEXT,
-            status TEXT NOT NULL,
-            parent_execution_id TEXT,
-            started_at TEXT,
-            finished_at TEXT,
-            last_sequence INTEGER NOT NULL DEFAULT 0)""",
-        """CREATE TRIGGER IF NOT EXISTS noetl_event_no_update BEFORE UPDATE ON noetl_event
-            BEGIN SELECT RAISE(ABORT, 'noetl_event is append-only'); END""",
-        """CREATE TRIGGER IF NOT EXISTS noetl_event_no_delete BEFORE DELETE ON noetl_event
-            BEGIN SELECT RAISE(ABORT, 'noetl_event is append-only'); END""",
-    ],
-]
-
-
-def _execution_update(ev: Event) -> tuple[str | None, str | None, str | None]:
-    """(playbook, status, finished_at) implied by an event, for the executions index."""
-    if ev.name == "playbook.execution.requested":
-        return ev.data.get("playbook"), "requested", None
-    if ev.name == "workflow.started":
-        return None, "running", None
-    if ev.name == "workflow.finished":
-        return None, ev.data.get("status", "completed"), ev.timestamp
-    return None, None, None
-
-
-class SqliteEventStore(EventStore):
-    def __init__(self, path: str | os.PathLike[str]):
-        self.path = str(path)
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self.url = f"sqlite:///{self.path}"
-        self._lock = threading.RLock()
-        self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=60)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.execute("PRAGMA busy_timeout=60000")
-        self._migrate()
-
-    def _migrate(self) -> None:
-        with self._lock:
-            self._conn.execute("CREATE TABLE IF NOT EXISTS noetl_schema_version (version INTEGER NOT NULL)")
-            row = self._conn.execute("SELECT MAX(version) FROM noetl_schema_version").fetchone()
-            current = row[0] or 0
-            for version, statements in enumerate(SQLITE_MIGRATIONS, start=1):
-                if version <= current:
-                    continue
-                self._conn.execute("BEGIN IMMEDIATE")
-                try:
-                    for stmt in statements:
-                        self._conn.execute(stmt)
-                    self._conn.execute("INSERT INTO noetl_schema_version VALUES (?)", (version,))
-                    self._conn.execute("COMMIT")
-                except Exception:
-                    self._conn.execute("ROLLBACK")
-                    raise
-
-    def append(self, events: Sequence[Event]) -> list[Event]:
-        if not events:
-            return []
-        with self._lock:
-            c = self._conn
-            c.execute("BEGIN IMMEDIATE")
-            try:
-                ids = [e.event_id for e in events]
-                existing: dict[str, int] = {}
-                for i in range(0, len(ids), 500):
-                    chunk = ids[i : i + 500]
-                    q = "SELECT event_id, sequence FROM noetl_event WHERE event_id IN (%s)" % ",".join(
-                        "?" * len(chunk)
-                    )
-                    existing.update(c.execute(q, chunk).fetchall())
-                next_seq: dict[str, int] = {}
-                rows = []
-                exec_updates: dict[str, list[Any]] = {}
-                for ev in events:
-                    if ev.event_id in existing:
-                        ev.sequence = existing[ev.event_id]
-                        continue
-                    eid = ev.execution_id
-                    if eid not in next_seq:
-                        r = c.execute(
-                            "SELECT COALESCE(MAX(sequence), 0) FROM noetl_event WHERE execution_id = ?", (eid,)
-                        ).fetchone()
-                        next_seq[eid] = r[0]
-                    next_seq[eid] += 1
-                    ev.sequence = next_seq[eid]
-                    existing[ev.event_id] = ev.sequence
-                    rows.append((ev.event_id, eid, ev.sequence, ev.name, ev.timestamp, dumps(ev.to_dict())))
-                    pb, status, fin = _execution_update(ev)
-                    upd = exec_updates.setdefault(eid, [None, None, None, ev.parent_execution_id, ev.timestamp])
-                    if pb:
-                        upd[0] = pb
-                    if status:
-                        upd[1] = status
-                    if fin:
-                        upd[2] = fin
-                c.executemany(
-                    "INSERT INTO noetl_event (event_id, execution_id, sequence, name, ts, body) VALUES (?,?,?,?,?,?)",
-                    rows,
-                )
-                for eid, (pb, status, fin, parent, ts) in exec_updates.items():
-                    c.execute(
-                        "INSERT INTO noetl_execution (execution_id, playbook, status, parent_execution_id, started_at,"
-                        " finished_at, last_sequence) VALUES (?,?,?,?,?,?,?)"
-                        " ON CONFLICT(execution_id) DO UPDATE SET"
-                        " playbook = COALESCE(excluded.playbook, noetl_execution.playbook),"
-                        " status = CASE WHEN excluded.status = '' THEN noetl_execution.status ELSE excluded.status END,"
-                        " finished_at = COALESCE(excluded.finished_at, noetl_execution.finished_at),"
-                        " last_sequence = excluded.last_sequence",
-                        (eid, pb, status or "", parent, ts, fin, next_seq[eid]),
-                    )
-                c.execute("COMMIT")
-            except BaseException:
-                c.execute("ROLLBACK")
-                raise
-        return list(events)
 
     def read(self, execution_id: str, after_sequence: int = 0) -> list[Event]:
         with self._lock:

@@ -9,10 +9,10 @@ turned into an error outcome by the engine too). Kinds register with
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-import importlib
 from importlib.metadata import entry_points
 from typing import Any, Protocol
 
