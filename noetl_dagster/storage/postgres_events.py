@@ -144,26 +144,29 @@ class PostgresEventStore(EventStore):
     def append(self, events: Sequence[Event]) -> list[Event]:
         if not events:
             return []
+        try:  # the common case: nothing in the batch was stored before (one round trip fewer)
+            return self._append(events, check_existing=False)
+        except psycopg.errors.UniqueViolation:  # a re-sent event: keep its stored sequence, store the rest
+            return self._append(events, check_existing=True)
+
+    def _append(self, events: Sequence[Event], *, check_existing: bool) -> list[Event]:
         with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (self._append_lock,))
-            ids = [e.event_id for e in events]
-            cur.execute(self._q("SELECT event_id, sequence FROM {schema}.noetl_event WHERE event_id = ANY(%s)"), (ids,))
-            existing: dict[str, int] = dict(cur.fetchall())
+            existing: dict[str, int] = {}
+            if check_existing:
+                ids = [e.event_id for e in events]
+                cur.execute(self._q("SELECT event_id, sequence FROM {schema}.noetl_event WHERE event_id = ANY(%s)"), (ids,))
+                existing = dict(cur.fetchall())
             exec_ids = sorted({e.execution_id for e in events if e.event_id not in existing})
             next_seq: dict[str, int] = {}
             if exec_ids:
-                # the counter rows: created on first sight, locked for this transaction
+                # the counter rows: created on first sight and locked for this transaction, in one statement
                 cur.execute(
                     self._q(
-                        "INSERT INTO {schema}.noetl_execution (execution_id, status, last_sequence)"
-                        " SELECT unnest(%s::text[]), '', 0 ON CONFLICT (execution_id) DO NOTHING"
-                    ),
-                    (exec_ids,),
-                )
-                cur.execute(
-                    self._q(
-                        "SELECT execution_id, last_sequence FROM {schema}.noetl_execution"
-                        " WHERE execution_id = ANY(%s) ORDER BY execution_id FOR UPDATE"
+                        "INSERT INTO {schema}.noetl_execution AS x (execution_id, status, last_sequence)"
+                        " SELECT unnest(%s::text[]), '', 0"
+                        " ON CONFLICT (execution_id) DO UPDATE SET last_sequence = x.last_sequence"
+                        " RETURNING execution_id, last_sequence"
                     ),
                     (exec_ids,),
                 )
