@@ -23,7 +23,7 @@ from ruamel.yaml import YAML
 
 from noetl_dagster.dsl.migrate import migrate_text
 
-SHARED = Path(os.environ.get("NOETL_SHARED", "/work/shared"))
+SHARED = Path(os.environ.get("NOETL_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
 E2E = SHARED / "conformance" / "noetl-e2e" / "fixtures" / "playbooks"
 LEGACY = SHARED / "conformance" / "legacy"
 try:

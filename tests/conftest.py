@@ -11,9 +11,9 @@ import pytest
 from noetl_dagster.engine import runner as _runner
 from noetl_dagster.engine.replay import diff_snapshots, replay
 
-CONFORMANCE = Path(__file__).resolve().parents[1].parent / "shared" / "conformance" / "noetl-e2e" / "fixtures" / "playbooks"
-if not CONFORMANCE.is_dir():  # CI clones next to ../shared as well
-    CONFORMANCE = Path(os.environ.get("NOETL_SHARED", "/work/shared")) / "conformance" / "noetl-e2e" / "fixtures" / "playbooks"
+# shared/ sits beside the checkout (locally and in CI); NOETL_SHARED points elsewhere
+SHARED = Path(os.environ.get("NOETL_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
+CONFORMANCE = SHARED / "conformance" / "noetl-e2e" / "fixtures" / "playbooks"
 
 _FINISHED: list = []
 

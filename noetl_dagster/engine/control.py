@@ -146,10 +146,19 @@ class Engine:
             self.recorder.emit(E.CTX_PATCHED, data={"patch": patch, "source": source}, **fields)
 
     # -- control plane -------------------------------------------------------------------
-    def start(self, workload: Mapping[str, Any] | None = None, *, requested_by: str = "cli") -> None:
-        """Record the request, merge the workload (shallow override) and enqueue the entry token."""
+    def start(
+        self,
+        workload: Mapping[str, Any] | None = None,
+        *,
+        requested_by: str = "cli",
+        nominal_time: str | None = None,
+    ) -> None:
+        """Record the request, merge the workload (shallow override) and enqueue the entry token.
+
+        ``nominal_time`` (ISO 8601) is the time a scheduled execution stands for."""
         pb = self.playbook
         overrides = dict(workload or {})
+        extra = {"nominal_time": nominal_time} if nominal_time else {}
         self.recorder.emit(
             E.EXECUTION_REQUESTED,
             entity_id=self.execution_id,
@@ -160,6 +169,7 @@ class Engine:
                 "workload": overrides,
                 "parent_execution_id": self.recorder.parent_execution_id,
                 "requested_by": requested_by,
+                **extra,
             },
         )
         merged = {**pb.workload, **overrides}

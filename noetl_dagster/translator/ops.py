@@ -154,6 +154,11 @@ def workload_overrides(pb: Playbook, cfg: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _nominal_time(context: Any) -> str | None:
+    """A scheduled run's nominal time (ISO 8601), from the tag Dagster's scheduler sets."""
+    return context.dagster_run.tags.get("dagster/scheduled_execution_time") or None
+
+
 def make_start_op(pb: Playbook, spec: NoetlOpSpec, plan: JobPlan, node_outputs: dict[str, str]) -> dg.OpDefinition:
     """``noetl_start``: record the request (typed workload config) or continue the tagged execution."""
     outs = {name: dg.Out(dg.Nothing, is_required=False) for name in node_outputs.values()}
@@ -169,7 +174,7 @@ def make_start_op(pb: Playbook, spec: NoetlOpSpec, plan: JobPlan, node_outputs: 
             eid = _execution_id(context)
         eng, started = start_execution(
             pb, svc, eid, workload_overrides(pb, cfg), requested_by=f"{REQUESTED_BY_DAGSTER}{context.run_id}",
-            logger=context.log,
+            logger=context.log, nominal_time=_nominal_time(context),
         )  # fmt: skip
         st = eng.state
         if started:

@@ -417,6 +417,7 @@ def start_execution(
     *,
     requested_by: str,
     logger: Any,
+    nominal_time: str | None = None,
 ) -> tuple[Engine, bool]:
     """Record the request and the entry token unless the execution already exists; (engine, started)."""
     with op_log(eid, logger):
@@ -431,7 +432,7 @@ def start_execution(
             svc.catalog.add_dir(pb.base_dir)
         eng = Engine(pb, svc, execution_id=eid)
         try:
-            eng.start(workload or {}, requested_by=requested_by)
+            eng.start(workload or {}, requested_by=requested_by, nominal_time=nominal_time)
         except BaseException:
             forget(svc, eid)
             raise

@@ -22,7 +22,7 @@ from noetl_dagster.storage.events import open_event_store
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "example_project" / "playbooks"
-SHARED = Path(os.environ.get("NOETL_SHARED", "/work/shared"))
+SHARED = Path(os.environ.get("NOETL_SHARED", REPO.parent / "shared"))
 FIXTURES = SHARED / "conformance" / "noetl-e2e" / "fixtures" / "playbooks"
 
 
