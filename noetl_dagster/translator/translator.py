@@ -28,7 +28,7 @@ from typing import Any
 import dagster as dg
 
 from noetl_dagster.dsl.model import Playbook, Step
-from noetl_dagster.k8s import step_k8s_tags
+from noetl_dagster.k8s import needs_k8s_job_executor, step_k8s_tags
 from noetl_dagster.storage.locator import InvalidLocator, asset_key_for_uri, is_locator
 from noetl_dagster.translator import naming
 from noetl_dagster.translator.runtime import (
@@ -39,6 +39,17 @@ from noetl_dagster.translator.runtime import (
     TAG_STEP,
     TAG_TENANT,
 )
+
+EXECUTOR_ENV = "NOETL_DAGSTER_EXECUTOR"
+
+
+def default_executor(pb: Playbook) -> str:
+    """``$NOETL_DAGSTER_EXECUTOR`` (in_process | multiprocess | k8s); on Kubernetes (``k8s``) only a
+    playbook with a ``distributed`` loop uses k8s_job_executor, the rest run in the run's own pod."""
+    choice = os.environ.get(EXECUTOR_ENV, "in_process") or "in_process"
+    if choice == "k8s":
+        return "k8s" if needs_k8s_job_executor(pb) else "in_process"
+    return choice
 
 
 # -- records (what the translator is told) ------------------------------------------------
@@ -220,6 +231,7 @@ class NoetlTranslator:
                 TAG_MODE: data.mode,
             },
             metadata=meta,
+            executor=default_executor(pb),
         )
 
     # -- ops ----------------------------------------------------------------------------

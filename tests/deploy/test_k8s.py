@@ -128,3 +128,24 @@ def test_tag_value_is_valid_for_dagster_k8s_validation():
     cfg = get_user_defined_k8s_config(tags)  # raises on an invalid tag
     assert cfg.container_config["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert json.loads(tags[K8S_CONFIG_TAG])["pod_spec_config"]["service_account_name"] == "noetl-gpu"
+
+
+def test_on_kubernetes_only_distributed_loops_get_the_k8s_job_executor(monkeypatch, tmp_path):
+    import yaml
+
+    from noetl_dagster.translator import compile_playbooks
+
+    base = {"apiVersion": "noetl.io/v2", "kind": "Playbook"}
+    loop = {"in": "{{ [1, 2] }}", "iterator": "i", "spec": {"mode": "parallel", "policy": {"exec": "distributed"}}}
+    (tmp_path / "dist.yaml").write_text(yaml.safe_dump({**base, "metadata": {"name": "dist", "path": "t/dist"},
+        "workflow": [{"step": "start", "loop": loop, "tool": {"kind": "noop"}}]}))  # fmt: skip
+    (tmp_path / "plain.yaml").write_text(yaml.safe_dump({**base, "metadata": {"name": "plain", "path": "t/plain"},
+        "workflow": [{"step": "start", "tool": {"kind": "noop"}}]}))  # fmt: skip
+    files = [tmp_path / "dist.yaml", tmp_path / "plain.yaml"]
+    monkeypatch.setenv("NOETL_DAGSTER_EXECUTOR", "k8s")
+    defs = compile_playbooks(files, include_sensor=False).definitions
+    assert defs.resolve_job_def("dist").executor_def.name == "k8s"
+    assert defs.resolve_job_def("plain").executor_def.name == "in_process"
+    monkeypatch.delenv("NOETL_DAGSTER_EXECUTOR")
+    defs = compile_playbooks(files, include_sensor=False).definitions
+    assert defs.resolve_job_def("dist").executor_def.name == "in_process"
