@@ -230,11 +230,13 @@ def verify_bundle(store: PayloadStore, prefix: str, manifest: dict[str, Any]) ->
 def _split_bundle_uri(uri: str) -> tuple[PayloadStore, str]:
     from urllib.parse import unquote
 
-    root = uri[: -len("manifest.json")] if uri.endswith("manifest.json") else uri
+    root, _, query = uri.partition("?")  # s3://bucket/…/execution=ID/?endpoint_url=… keeps its options
+    if root.endswith("manifest.json"):
+        root = root[: -len("manifest.json")]
     root = root.rstrip("/")
     if root.startswith("file://"):
         root = unquote(root[len("file://") :])
-    return open_payload_store(root), ""
+    return open_payload_store(root + (f"?{query}" if query else "")), ""
 
 
 def read_archive_events(uri: str) -> tuple[dict[str, Any], list[Event]]:

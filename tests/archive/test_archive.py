@@ -130,3 +130,17 @@ def test_cli_archive_errors(tmp_path, monkeypatch):
     assert res.exit_code == 2 and "no events" in res.output
     res = CliRunner().invoke(cli, ["replay", "--from-archive", str(tmp_path / "nothing-here")])
     assert res.exit_code != 0
+
+
+def test_archive_to_s3_and_replay_from_it(executed, s3_bucket, monkeypatch):
+    endpoint, bucket, _ = s3_bucket
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    r, store = executed
+    to = f"s3://{bucket}/archives?endpoint_url={endpoint}"
+    manifest = archive_execution(r.execution_id, store, to)
+    assert manifest["status"] == "written" and manifest["uri"].startswith(f"s3://{bucket}/archives/noetl/")
+    again = archive_execution(r.execution_id, store, to)
+    assert again["status"] == "exists"
+    report = replay_from_archive(f"{manifest['uri']}?endpoint_url={endpoint}")
+    assert report["match"] is True and report["runs"] == r.runs
