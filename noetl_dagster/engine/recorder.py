@@ -8,6 +8,7 @@ Listeners (Dagster logs, OpenLineage) see each event once it is durable.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -78,7 +79,7 @@ class Recorder:
         self._lock = threading.RLock()
         # an engine continuing an execution from its log (another op, run or process) must not reuse
         # the payload keys of earlier engines: each offload goes with at least one event, so start past them
-        self._offload_seq = state.sequence * 1000
+        self._offload_seq = itertools.count(state.sequence * 1000 + 1)  # next() is atomic: no lock per call
 
     @property
     def execution_id(self) -> str:
@@ -88,9 +89,7 @@ class Recorder:
         """A value as it should appear in an event: itself, or a ``$ref`` to the payload store."""
         if self.redactor:
             value = self.redactor.value(value)
-        with self._lock:
-            self._offload_seq += 1
-            n = self._offload_seq
+        n = next(self._offload_seq)
         return self.offloader.maybe_offload(value, f"{self.tenant}/{self.project}/{self.execution_id}/{hint}-{n}")
 
     def emit(self, name: str, *, data: dict[str, Any] | None = None, **fields: Any) -> Event:

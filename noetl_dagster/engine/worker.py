@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +29,35 @@ MAX_PIPELINE_TRANSITIONS = 100_000
 DEFAULT_MAX_IN_FLIGHT = 16
 DEFAULT_RETRY_ATTEMPTS = 3
 DEFAULT_RETRY_DELAY = 1.0
+
+
+def run_bounded(n: int, workers: int, fn: Callable[[int], Any], *, name: str = "noetl") -> None:
+    """Call ``fn(0..n-1)`` on at most ``workers`` threads that pull the next index (no future per item)."""
+    import threading
+
+    counter = iter(range(n))
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        while not errors:
+            with lock:
+                i = next(counter, None)
+            if i is None:
+                return
+            try:
+                fn(i)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+                errors.append(e)
+                return
+
+    threads = [threading.Thread(target=worker, name=f"{name}-{k}", daemon=True) for k in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
 
 
 @dataclass
@@ -278,10 +306,8 @@ class Worker:
         if lr is None:
             return False, None, err
         if lr.parallel:
-            with ThreadPoolExecutor(max_workers=min(lr.max_in_flight, lr.total),
-                                    thread_name_prefix=f"noetl-{frame.step.name}") as pool:  # fmt: skip
-                for fut in [pool.submit(self.loop_iteration, lr, i, body) for i in range(lr.total)]:
-                    fut.result()
+            run_bounded(lr.total, min(lr.max_in_flight, lr.total), lambda i: self.loop_iteration(lr, i, body),
+                        name=f"noetl-{frame.step.name}")  # fmt: skip
         else:
             for i in range(lr.total):
                 self.loop_iteration(lr, i, body)

@@ -104,8 +104,7 @@ def _source(inputs: dict[str, Any], ctx: ToolContext) -> str:
 
 def _compile(source: str) -> tuple[Any, bool]:
     """(code object, wrapped) — code whose top level returns is wrapped in a function."""
-    with _CODE_LOCK:
-        hit = _CODE_CACHE.get(source)
+    hit = _CODE_CACHE.get(source)  # a dict read is atomic; the lock only guards writes
     if hit is not None:
         return hit
     try:
