@@ -1,29 +1,14 @@
-"""Helpers for the Dagster tests: run a playbook through both runners and compare.
-
-The event log is the only record that counts: equivalence is checked on the
-``--json`` summary (minus ids) and on the sequence of event names of every
-step (per loop iteration, since parallel iterations interleave by design).
-"""
+"""Fixtures of the Dagster tests; shared helpers live in dagster_helpers.py."""
 
 from __future__ import annotations
 
 import os
-from collections import defaultdict
-from pathlib import Path
-from typing import Any
 
 import dagster as dg
 import pytest
+from dagster_helpers import EXAMPLES
 
-from noetl_dagster.dagster_runner import run_playbook_dagster
-from noetl_dagster.engine.runner import run_playbook
 from noetl_dagster.resources.noetl import close_all_services
-from noetl_dagster.storage.events import open_event_store
-
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = REPO / "example_project" / "playbooks"
-SHARED = Path(os.environ.get("NOETL_SHARED", REPO.parent / "shared"))
-FIXTURES = SHARED / "conformance" / "noetl-e2e" / "fixtures" / "playbooks"
 
 
 @pytest.fixture(scope="session")
@@ -39,56 +24,6 @@ def dagster_data(tmp_path):
     d = tmp_path / "noetl"
     yield d
     close_all_services()
-
-
-# ids of this run and its sub-playbooks; HTTP Date headers; ids the registry and the object store mint
-VOLATILE_KEYS = {"execution_id", "date", "resource_id", "location"}
-
-
-def strip_ids(value: Any, ids: set[str]) -> Any:
-    """Drop what differs between two runs of one playbook by nature (ids, clock headers)."""
-    if isinstance(value, dict):
-        return {k: strip_ids(v, ids) for k, v in value.items() if k.lower() not in VOLATILE_KEYS}
-    if isinstance(value, list):
-        return [strip_ids(v, ids) for v in value]
-    if isinstance(value, str) and value in ids:
-        return "<execution_id>"
-    return value
-
-
-def summary(result: Any) -> dict[str, Any]:
-    j = result.to_json()
-    return strip_ids(j, {j["execution_id"]})
-
-
-def names_per_step(events: list[Any]) -> dict[tuple[str | None, int | None], list[str]]:
-    """Event names grouped by (step, loop iteration), in log order."""
-    out: dict[tuple[str | None, int | None], list[str]] = defaultdict(list)
-    for ev in events:
-        out[(ev.step, ev.iteration)].append(ev.name)
-    return dict(out)
-
-
-def events_of(data_dir: Path, execution_id: str) -> list[Any]:
-    store = open_event_store(None, data_dir=data_dir)
-    try:
-        return store.read(execution_id)
-    finally:
-        store.close()
-
-
-def scope_of(path: Path) -> dict[str, str]:
-    """The example playbooks run as the example project's tenant/project (its tables live there)."""
-    return {"tenant": "demo", "project": "examples"} if path.parent == EXAMPLES else {}
-
-
-def run_local(path: Path, data_dir: Path, workload: dict | None = None) -> Any:
-    return run_playbook(path, workload, data_dir=data_dir, **scope_of(path))
-
-
-def run_dagster(path: Path, data_dir: Path, instance: dg.DagsterInstance, mode: str = "default",
-                workload: dict | None = None) -> Any:  # fmt: skip
-    return run_playbook_dagster(path, workload, data_dir=data_dir, instance=instance, mode=mode, **scope_of(path))
 
 
 @pytest.fixture(scope="session")

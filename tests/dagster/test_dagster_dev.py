@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import EXAMPLES, REPO
+from dagster_helpers import EXAMPLES, REPO
 
 from noetl_dagster.dagster_runner import run_playbook_dagster
 from noetl_dagster.resources.noetl import close_all_services

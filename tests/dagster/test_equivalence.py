@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, FIXTURES, events_of, names_per_step, run_dagster, run_local, summary
+from dagster_helpers import EXAMPLES, FIXTURES, events_of, names_per_step, run_dagster, run_local, summary
 
 from noetl_dagster.engine.replay import replay
 from noetl_dagster.storage.events import open_event_store

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dagster as dg
-from conftest import EXAMPLES
+from dagster_helpers import EXAMPLES
 
 from noetl_dagster.resources.noetl import NoetlResource
 from noetl_dagster.storage.events import open_event_store

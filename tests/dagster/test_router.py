@@ -7,7 +7,7 @@ import json
 
 import dagster as dg
 import pytest
-from conftest import EXAMPLES, events_of
+from dagster_helpers import EXAMPLES, events_of
 
 from noetl_dagster.dagster_runner import run_playbook_dagster
 from noetl_dagster.engine import events as E

@@ -9,7 +9,7 @@ import textwrap
 
 import dagster as dg
 import pytest
-from conftest import EXAMPLES, events_of, run_dagster, run_local, summary
+from dagster_helpers import EXAMPLES, events_of, run_dagster, run_local, summary
 
 from noetl_dagster.resources.noetl import NoetlResource
 from noetl_dagster.translator import compile_playbooks

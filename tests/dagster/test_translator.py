@@ -14,7 +14,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from conftest import EXAMPLES, REPO
+from dagster_helpers import EXAMPLES, REPO
 
 from noetl_dagster.dsl import PlaybookInvalid, load_playbook
 from noetl_dagster.translator import NoetlTranslator, build_playbook_definitions, compile_playbooks
