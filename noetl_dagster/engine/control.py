@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,7 +84,9 @@ class Engine:
         self.worker = Worker(self)
         self.env = template_env()
         self._resources: dict[str, Any] = {}
+        self._resources_lock = threading.Lock()
         self._keychain: Any = None
+        self._keychain_lock = threading.Lock()
 
     @property
     def execution_id(self) -> str:
@@ -97,7 +100,11 @@ class Engine:
             log.info(message)
 
     def keychain(self) -> Any:
-        if self._keychain is None:
+        if self._keychain is not None:
+            return self._keychain
+        with self._keychain_lock:  # parallel loop iterations ask at once: build it once
+            if self._keychain is not None:
+                return self._keychain
             factory = self.services.keychain_factory or _default_keychain
             kc = factory(self.playbook)
             if callable(getattr(kc, "bind", None)):
@@ -126,9 +133,13 @@ class Engine:
         return self.keychain().credential(name)
 
     def resource(self, key: str, factory: Callable[[], Any]) -> Any:
-        if key not in self._resources:
-            self._resources[key] = factory()
-        return self._resources[key]
+        res = self._resources.get(key)
+        if res is None:
+            with self._resources_lock:  # one pool per key even when parallel iterations ask at once
+                res = self._resources.get(key)
+                if res is None:
+                    res = self._resources[key] = factory()
+        return res
 
     def close_resources(self) -> None:
         for r in self._resources.values():

@@ -34,6 +34,7 @@ This module must stay free of Dagster imports.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -222,9 +223,17 @@ class FileProvider(KeychainProvider):
         return f"file {self.path}"
 
 
+@functools.lru_cache(maxsize=4)
+def _plugin_entry_points(path: tuple[str, ...]) -> tuple[Any, ...]:
+    """Scanning installed distributions costs milliseconds: once per ``sys.path``."""
+    return tuple(entry_points(group=ENTRY_POINT_GROUP))
+
+
 def plugin_providers() -> list[KeychainProvider]:
+    import sys
+
     out: list[KeychainProvider] = []
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
+    for ep in _plugin_entry_points(tuple(sys.path)):
         obj = ep.load()
         provider = obj() if callable(obj) else obj
         if not isinstance(provider, KeychainProvider):

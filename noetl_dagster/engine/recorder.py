@@ -16,6 +16,7 @@ from typing import Any
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.state import ExecutionState
 from noetl_dagster.storage.events import EventStore
+from noetl_dagster.storage.jsonutil import dumps
 from noetl_dagster.storage.payload import Offloader
 
 Listener = Callable[[Event], None]
@@ -25,11 +26,15 @@ REDACTED = "***"
 class Redactor:
     def __init__(self) -> None:
         self.secrets: set[str] = set()
+        self._needles: tuple[str, ...] = ()  # each secret as it appears in JSON text (raw and escaped)
 
     def add(self, values: Iterable[str]) -> None:
+        import json
+
         for v in values:
-            if isinstance(v, str) and len(v) >= 3:
+            if isinstance(v, str) and len(v) >= 3 and v not in self.secrets:
                 self.secrets.add(v)
+                self._needles = tuple({*self._needles, v, json.dumps(v)[1:-1]})
 
     def __bool__(self) -> bool:
         return bool(self.secrets)
@@ -45,10 +50,21 @@ class Redactor:
             return v
         if isinstance(v, str):
             return self.text(v)
+        try:  # fast path: one serialization tells whether any secret is in there at all
+            blob = dumps(v)
+        except Exception:  # noqa: BLE001 - fall back to the walk
+            blob = None
+        if blob is not None and not any(n in blob for n in self._needles):
+            return v
+        return self._walk(v)
+
+    def _walk(self, v: Any) -> Any:
+        if isinstance(v, str):
+            return self.text(v)
         if isinstance(v, dict):
-            return {k: self.value(x) for k, x in v.items()}
-        if isinstance(v, list):
-            return [self.value(x) for x in v]
+            return {k: self._walk(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [self._walk(x) for x in v]
         return v
 
 
