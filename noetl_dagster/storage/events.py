@@ -13,7 +13,7 @@ import os
 import sqlite3
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,6 +123,40 @@ def _execution_update(ev: Event) -> tuple[str | None, str | None, str | None]:
     return None, None, None
 
 
+def sequence_batch(
+    events: Sequence[Event], existing: dict[str, int], last_sequence: Callable[[str], int]
+) -> tuple[list[tuple[Any, ...]], dict[str, int], dict[str, list[Any]]]:
+    """Number a batch inside the adapter's write transaction (shared by every adapter).
+
+    Events already stored keep their sequence; the rest continue each execution's
+    sequence (``last_sequence(execution_id)`` is asked once per execution). Returns
+    the rows to insert, the last sequence per execution and the executions-index
+    updates ``{id: [playbook, status, finished_at, parent, started_at]}``."""
+    next_seq: dict[str, int] = {}
+    rows: list[tuple[Any, ...]] = []
+    exec_updates: dict[str, list[Any]] = {}
+    for ev in events:
+        if ev.event_id in existing:
+            ev.sequence = existing[ev.event_id]
+            continue
+        eid = ev.execution_id
+        if eid not in next_seq:
+            next_seq[eid] = last_sequence(eid)
+        next_seq[eid] += 1
+        ev.sequence = next_seq[eid]
+        existing[ev.event_id] = ev.sequence
+        rows.append((ev.event_id, eid, ev.sequence, ev.name, ev.timestamp, dumps(ev.to_dict())))
+        pb, status, fin = _execution_update(ev)
+        upd = exec_updates.setdefault(eid, [None, None, None, ev.parent_execution_id, ev.timestamp])
+        if pb:
+            upd[0] = pb
+        if status:
+            upd[1] = status
+        if fin:
+            upd[2] = fin
+    return rows, next_seq, exec_updates
+
+
 class SqliteEventStore(EventStore):
     def __init__(self, path: str | os.PathLike[str]):
         self.path = str(path)
@@ -186,29 +220,11 @@ class SqliteEventStore(EventStore):
 
     @staticmethod
     def _insert(c: sqlite3.Connection, events: Sequence[Event], existing: dict[str, int]) -> None:
-        next_seq: dict[str, int] = {}
-        rows = []
-        exec_updates: dict[str, list[Any]] = {}
-        for ev in events:
-            if ev.event_id in existing:
-                ev.sequence = existing[ev.event_id]
-                continue
-            eid = ev.execution_id
-            if eid not in next_seq:
-                r = c.execute("SELECT COALESCE(MAX(sequence), 0) FROM noetl_event WHERE execution_id = ?", (eid,)).fetchone()
-                next_seq[eid] = r[0]
-            next_seq[eid] += 1
-            ev.sequence = next_seq[eid]
-            existing[ev.event_id] = ev.sequence
-            rows.append((ev.event_id, eid, ev.sequence, ev.name, ev.timestamp, dumps(ev.to_dict())))
-            pb, status, fin = _execution_update(ev)
-            upd = exec_updates.setdefault(eid, [None, None, None, ev.parent_execution_id, ev.timestamp])
-            if pb:
-                upd[0] = pb
-            if status:
-                upd[1] = status
-            if fin:
-                upd[2] = fin
+        def last(eid: str) -> int:
+            q = "SELECT COALESCE(MAX(sequence), 0) FROM noetl_event WHERE execution_id = ?"
+            return c.execute(q, (eid,)).fetchone()[0]
+
+        rows, next_seq, exec_updates = sequence_batch(events, existing, last)
         c.executemany(
             "INSERT INTO noetl_event (event_id, execution_id, sequence, name, ts, body) VALUES (?,?,?,?,?,?)", rows
         )

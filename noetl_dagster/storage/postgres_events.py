@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
-from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
@@ -28,8 +27,8 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool
 
 from noetl_dagster.engine.events import Event
-from noetl_dagster.storage.events import EventStore, ExecutionInfo, StoredEvent, _execution_update
-from noetl_dagster.storage.jsonutil import dumps, loads
+from noetl_dagster.storage.events import EventStore, ExecutionInfo, StoredEvent, sequence_batch
+from noetl_dagster.storage.jsonutil import loads
 
 DEFAULT_SCHEMA = "noetl"
 
@@ -171,25 +170,7 @@ class PostgresEventStore(EventStore):
                     (exec_ids,),
                 )
                 next_seq = dict(cur.fetchall())
-            rows: list[tuple[Any, ...]] = []
-            exec_updates: dict[str, list[Any]] = {}
-            for ev in events:
-                if ev.event_id in existing:
-                    ev.sequence = existing[ev.event_id]
-                    continue
-                eid = ev.execution_id
-                next_seq[eid] += 1
-                ev.sequence = next_seq[eid]
-                existing[ev.event_id] = ev.sequence
-                rows.append((ev.event_id, eid, ev.sequence, ev.name, ev.timestamp, dumps(ev.to_dict())))
-                pb, status, fin = _execution_update(ev)
-                upd = exec_updates.setdefault(eid, [None, None, None, ev.parent_execution_id, ev.timestamp])
-                if pb:
-                    upd[0] = pb
-                if status:
-                    upd[1] = status
-                if fin:
-                    upd[2] = fin
+            rows, next_seq, exec_updates = sequence_batch(events, existing, next_seq.__getitem__)
             if rows:
                 cur.executemany(
                     self._q(
