@@ -103,3 +103,20 @@ def test_resume_of_a_finished_execution_changes_nothing(tmp_path):
 def test_resume_unknown_execution_is_a_clear_error(tmp_path):
     with pytest.raises(KeyError, match="no events"):
         resume_execution("nope", data_dir=tmp_path)
+
+
+def test_resume_command_errors_and_success(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from noetl_dagster.cli import cli
+
+    res = CliRunner().invoke(cli, ["resume", "no-such-execution", "--data-dir", str(tmp_path)])
+    assert res.exit_code == 2 and "no events" in res.output and "Traceback" not in res.output
+    done = run_playbook(PROBE, data_dir=tmp_path)
+    res = CliRunner().invoke(cli, ["resume", done.execution_id, "--data-dir", str(tmp_path), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["runs"] == done.runs
+    res = CliRunner().invoke(cli, ["resume", done.execution_id, "--data-dir", str(tmp_path), "--playbook", str(tmp_path / "missing.yaml")])
+    assert res.exit_code == 2 and "Traceback" not in res.output
