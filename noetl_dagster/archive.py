@@ -20,7 +20,6 @@ import hashlib
 import io
 import json
 from collections import Counter
-from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -277,7 +276,3 @@ def replay_from_archive(uri: str) -> dict[str, Any]:
         "runs": snap["runs"],
         "ctx": snap["ctx"],
     }
-
-
-def archive_many(ids: Iterable[str], event_store: EventStore, to: str) -> list[dict[str, Any]]:
-    return [archive_execution(i, event_store, to) for i in ids]

@@ -9,7 +9,6 @@ step (or one region of steps) per op.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -454,31 +453,6 @@ class Engine:
 
 
 def _default_keychain(pb: Playbook) -> Any:
-    try:
-        from noetl_dagster.engine.keychain import Keychain  # noqa: PLC0415
-    except ImportError:  # pragma: no cover - the keychain module ships with the package
-        return _StaticKeychain(pb.keychain)
+    from noetl_dagster.engine.keychain import Keychain  # noqa: PLC0415 - providers load lazily
+
     return Keychain(pb.keychain, base_dir=pb.base_dir)
-
-
-class _StaticKeychain:
-    """Literal keychain declarations only; used until a provider-backed keychain is configured."""
-
-    def __init__(self, decls: list[dict[str, Any]]):
-        self._decls = {d["name"]: {k: v for k, v in d.items() if k != "name"} for d in decls}
-
-    def namespace(self) -> Mapping[str, Any]:
-        return self._decls
-
-    def credential(self, name: str) -> dict[str, Any]:
-        if name in self._decls:
-            return self._decls[name]
-        env = os.environ.get(f"NOETL_CREDENTIAL_{name.upper()}")
-        if env:
-            import json
-
-            return json.loads(env)
-        raise ToolError(f"credential {name!r} is not defined", kind="credential_missing")
-
-    def secret_values(self) -> set[str]:
-        return set()

@@ -247,7 +247,7 @@ class Worker:
         if ok and step.set:
             try:
                 scope = self.base_scope(args, frame.iter).child(
-                    output=_outcome_view(ok, result, error), outcome=_outcome_view(ok, result, error), result=result
+                    output=outcome_envelope(ok, result, error), outcome=outcome_envelope(ok, result, error), result=result
                 )
                 scope.ns[step.name] = result  # the step's own result, before it is recorded
                 self._apply_set(step.set.ctx, {}, scope, frame, source="step")
@@ -675,5 +675,3 @@ def outcome_envelope(ok: bool, result: Any, error: Any) -> dict[str, Any]:
 def _err_outcome(error: dict[str, Any]) -> dict[str, Any]:
     return outcome_envelope(False, None, error)
 
-
-_outcome_view = outcome_envelope
