@@ -133,6 +133,10 @@ def resume_execution(
     if not state.finished:
         eng.recover(on_step)
         eng.drive(on_step)
+    return _finished(eng)
+
+
+def _finished(eng: Engine) -> ExecutionResult:
     for hook in FINISHED_HOOKS:
         hook(eng)
     return ExecutionResult.from_engine(eng)
@@ -173,6 +177,4 @@ def run_playbook(
     eng = Engine(pb, svc, execution_id=execution_id)
     eng.start(workload)
     eng.drive(on_step)
-    for hook in FINISHED_HOOKS:
-        hook(eng)
-    return ExecutionResult.from_engine(eng)
+    return _finished(eng)

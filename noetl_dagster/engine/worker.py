@@ -374,39 +374,19 @@ class Worker:
             "parent": frame.iter if frame.iter else None,
         }
         f = _Frame(step, frame.step_run_id, frame.args, it, lr.loop_id, i, lr.guard)
-        rec.emit(
-            E.LOOP_ITERATION_STARTED,
-            step=step.name,
-            step_run_id=frame.step_run_id,
-            loop_id=lr.loop_id,
-            iteration=i,
-            entity_id=lr.loop_id,
-            status="in_progress",
-        )
+
+        def iteration_event(name: str, **kw: Any) -> None:
+            rec.emit(name, step=step.name, step_run_id=frame.step_run_id, loop_id=lr.loop_id, iteration=i,
+                     entity_id=lr.loop_id, **kw)  # fmt: skip
+
+        iteration_event(E.LOOP_ITERATION_STARTED, status="in_progress")
         ok, result, error = body(f)
         lr.results[i] = result if ok else {"status": "error", "error": error}
         lr.oks[i] = ok
         if ok:
-            rec.emit(
-                E.LOOP_ITERATION_DONE,
-                step=step.name,
-                step_run_id=frame.step_run_id,
-                loop_id=lr.loop_id,
-                iteration=i,
-                entity_id=lr.loop_id,
-                data={"result": rec.offload(result, f"{step.name}/iter-{i}")},
-            )
+            iteration_event(E.LOOP_ITERATION_DONE, data={"result": rec.offload(result, f"{step.name}/iter-{i}")})
         else:
-            rec.emit(
-                E.LOOP_ITERATION_FAILED,
-                step=step.name,
-                step_run_id=frame.step_run_id,
-                loop_id=lr.loop_id,
-                iteration=i,
-                entity_id=lr.loop_id,
-                status="error",
-                data={"error": error},
-            )
+            iteration_event(E.LOOP_ITERATION_FAILED, status="error", data={"error": error})
 
     def loop_end(self, lr: LoopRun) -> tuple[bool, Any, dict[str, Any] | None]:
         """Record loop.done with the aggregate of every iteration (``lr.results`` / ``lr.oks`` filled)."""
