@@ -34,7 +34,7 @@ def run_playbooks(
     """Run every playbook once per (tenant, project) with the local runner.
 
     Returns (playbook, tenant, project, ExecutionResult or the exception it raised)."""
-    from noetl_dagster.engine.runner import run_playbook  # noqa: PLC0415
+    from noetl_dagster.runners.local import run_playbook  # noqa: PLC0415
 
     out = []
     for path in playbooks:

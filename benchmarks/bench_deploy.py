@@ -69,7 +69,7 @@ def _store_writer(url: str, start: mp.Barrier, out: mp.Queue) -> None:
 
 
 def _raw_writer(url: str, start: mp.Barrier, out: mp.Queue) -> None:
-    from noetl_dagster.storage.jsonutil import dumps
+    from noetl_dagster.engine.jsonutil import dumps
 
     evs = _events(str(uuid.uuid4()), EVENTS_PER_WRITER)
     rows = [(e.event_id, e.execution_id, n + 1, e.name, e.timestamp, dumps(e.to_dict())) for n, e in enumerate(evs)]
@@ -121,14 +121,14 @@ def bench_event_store() -> dict[str, float]:
 
 
 def _child(data_dir: str, eid: str) -> None:
-    from noetl_dagster.engine.runner import run_playbook
+    from noetl_dagster.runners.local import run_playbook
 
     run_playbook(Path(__file__).resolve().parents[1] / "tests" / "recovery" / "probe.yaml", data_dir=data_dir, execution_id=eid)
     os._exit(0)
 
 
 def bench_recovery() -> dict[str, float]:
-    from noetl_dagster.engine.runner import resume_execution, run_playbook
+    from noetl_dagster.runners.local import resume_execution, run_playbook
 
     probe = Path(__file__).resolve().parents[1] / "tests" / "recovery" / "probe.yaml"
     with tempfile.TemporaryDirectory() as d:

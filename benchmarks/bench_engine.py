@@ -65,7 +65,7 @@ def _playbook_file(tmp: Path, doc: dict[str, Any]) -> Path:
 def _run_engine(doc: dict[str, Any], tmp: Path) -> tuple[float, float, Any]:
     """Load (untimed), then time one run against a fresh embedded store: (wall s, cpu s, result)."""
     from noetl_dagster.dsl import load_playbook
-    from noetl_dagster.engine.runner import build_services, run_playbook
+    from noetl_dagster.runners.local import build_services, run_playbook
 
     pb = load_playbook(_playbook_file(tmp, doc))
     services = build_services(data_dir=tmp / "data", logger=lambda _m: None)

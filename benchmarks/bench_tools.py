@@ -151,7 +151,7 @@ def loop_playbook(tool: dict[str, Any], n: int):
 
 
 def run_engine(pb, work_dir: Path) -> float:
-    from noetl_dagster.engine.runner import run_playbook
+    from noetl_dagster.runners.local import run_playbook
 
     def once() -> None:
         res = run_playbook(pb, data_dir=work_dir / uuid.uuid4().hex)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from noetl_dagster.engine import runner as _runner
+from noetl_dagster.runners import local as _runner
 from noetl_dagster.engine.replay import diff_snapshots, replay
 
 # shared/ sits beside the checkout (locally and in CI); NOETL_SHARED points elsewhere

@@ -8,7 +8,7 @@ import sys
 import click
 
 from noetl_dagster.commands.core import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, _fail_input
-from noetl_dagster.storage.jsonutil import dumps
+from noetl_dagster.engine.jsonutil import dumps
 
 
 @click.command()
@@ -22,7 +22,7 @@ from noetl_dagster.storage.jsonutil import dumps
 def archive(execution_id: str, to: str, event_store: str | None, data_dir: str | None, registry_url: str | None,
             no_registry: bool, as_json: bool) -> None:  # fmt: skip
     """Write an execution's archive bundle (seed 004 §7) to a payload store."""
-    from noetl_dagster.archive import ArchiveConflict, archive_execution
+    from noetl_dagster.storage.archive import ArchiveConflict, archive_execution
     from noetl_dagster.storage.events import open_event_store
 
     store = open_event_store(event_store, data_dir=data_dir)
@@ -58,7 +58,7 @@ def resume(execution_id: str, playbook: str | None, event_store: str | None, dat
            catalog_dirs: tuple[str, ...], as_json: bool) -> None:  # fmt: skip
     """Finish an execution whose process died, from its event log (nothing that finished runs again)."""
     from noetl_dagster.dsl import PlaybookInvalid
-    from noetl_dagster.engine.runner import resume_execution
+    from noetl_dagster.runners.local import resume_execution
 
     try:
         result = resume_execution(execution_id, playbook=playbook, event_store=event_store, data_dir=data_dir,

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from noetl_dagster.storage.jsonutil import dumps
+from noetl_dagster.engine.jsonutil import dumps
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -128,14 +128,14 @@ def run(
         sys.exit(EXIT_BAD_INPUT)
     progress = _Progress(enabled=not as_json and not quiet)
     if runner == "dagster":
-        from noetl_dagster.dagster_runner import run_with_dagster
+        from noetl_dagster.runners.dagster_runner import run_with_dagster
 
         result = run_with_dagster(
             pb, overrides, event_store=event_store, data_dir=data_dir, catalog_dirs=catalog_dirs,
             tenant=tenant, project=project, mode=mode, detach=detach,
         )  # fmt: skip
     else:
-        from noetl_dagster.engine.runner import run_playbook
+        from noetl_dagster.runners.local import run_playbook
 
         result = run_playbook(
             pb, overrides, event_store=event_store, data_dir=data_dir, catalog_dirs=catalog_dirs,
@@ -183,7 +183,7 @@ def replay(execution_id: str | None, archive_uri: str | None, event_store: str |
     """Rebuild an execution's final state from its events alone."""
     if archive_uri:
         try:
-            from noetl_dagster.archive import replay_from_archive
+            from noetl_dagster.storage.archive import replay_from_archive
         except ImportError:
             _fail_input("execution archives are not available in this installation")
         report = replay_from_archive(archive_uri)
@@ -192,7 +192,7 @@ def replay(execution_id: str | None, archive_uri: str | None, event_store: str |
     if not execution_id:
         _fail_input("give an EXECUTION_ID or --from-archive URI")
     from noetl_dagster.engine.replay import replay as do_replay
-    from noetl_dagster.engine.runner import build_services
+    from noetl_dagster.runners.local import build_services
 
     svc = build_services(event_store=event_store, data_dir=data_dir)
     try:

@@ -167,7 +167,7 @@ def dashboard(clickhouse: str | None, data_dir: str | None, database: str | None
     """Render the facts dashboard: index.html (self-contained) and one PNG per panel."""
     from analytics.dashboard import render_dashboard  # noqa: PLC0415
     from analytics.exporter import FactExporter  # noqa: PLC0415
-    from noetl_dagster.engine.runner import default_data_dir  # noqa: PLC0415
+    from noetl_dagster.runners.local import default_data_dir  # noqa: PLC0415
 
     if days is not None and days <= 0:
         _fail_input("--days must be positive")

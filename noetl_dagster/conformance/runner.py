@@ -226,7 +226,7 @@ def run_fixture(
     """(outcome, reason, seconds, execution_id) of one ``noetl-dagster run --json``."""
     data_dir = work_dir / rel.replace("/", "__")
     cmd = [
-        sys.executable, "-m", "noetl_dagster.cli", "run", str(directory / rel), "--json", "--quiet",
+        sys.executable, "-m", "noetl_dagster.commands.main", "run", str(directory / rel), "--json", "--quiet",
         "--workload", json.dumps(workload), "--catalog", str(directory), "--data-dir", str(data_dir),
     ]  # fmt: skip
     started = time.perf_counter()

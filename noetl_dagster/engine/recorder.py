@@ -16,7 +16,7 @@ from typing import Any
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.state import ExecutionState
 from noetl_dagster.storage.events import EventStore
-from noetl_dagster.storage.jsonutil import dumps
+from noetl_dagster.engine.jsonutil import dumps
 from noetl_dagster.storage.payload import Offloader
 
 Listener = Callable[[Event], None]

@@ -6,7 +6,7 @@ from typing import Any
 
 from noetl_dagster.engine.state import ExecutionState, fold
 from noetl_dagster.storage.events import EventStore
-from noetl_dagster.storage.jsonutil import plain
+from noetl_dagster.engine.jsonutil import plain
 from noetl_dagster.storage.payload import Offloader
 
 

@@ -20,7 +20,7 @@ import dagster as dg
 from pydantic import Field
 
 from noetl_dagster.engine.control import Services
-from noetl_dagster.engine.runner import build_services, default_data_dir
+from noetl_dagster.runners.local import build_services, default_data_dir
 
 _lock = threading.Lock()
 _SERVICES: dict[tuple[Any, ...], Services] = {}

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from noetl_dagster.engine.events import Event
-from noetl_dagster.storage.jsonutil import dumps, loads
+from noetl_dagster.engine.jsonutil import dumps, loads
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from noetl_dagster.storage.jsonutil import dumps, loads
+from noetl_dagster.engine.jsonutil import dumps, loads
 from noetl_dagster.storage.locator import DEFAULT_LAYOUT, ObjectLayout
 
 DEFAULT_INLINE_LIMIT = 64 * 1024

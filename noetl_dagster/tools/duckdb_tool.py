@@ -28,7 +28,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from noetl_dagster.storage.jsonutil import dumps, plain
+from noetl_dagster.engine.jsonutil import dumps, plain
 from noetl_dagster.storage.payload import (
     DEFAULT_INLINE_LIMIT,
     FilePayloadStore,

@@ -34,7 +34,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from noetl_dagster.storage.jsonutil import plain
+from noetl_dagster.engine.jsonutil import plain
 from noetl_dagster.tools.credentials import lookup_credential
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
 

@@ -821,7 +821,7 @@ def _embedder(inputs: Mapping[str, Any]) -> Any:
     spec = inputs.get("embedding") or inputs.get("embedder")
     if spec is None:
         return None
-    from noetl_dagster.embeddings import EmbeddingError, get_embedder
+    from noetl_dagster.tools.embeddings import EmbeddingError, get_embedder
 
     try:
         return get_embedder(spec)

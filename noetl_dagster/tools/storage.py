@@ -37,7 +37,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from noetl_dagster.storage.jsonutil import plain
+from noetl_dagster.engine.jsonutil import plain
 from noetl_dagster.storage.locator import InvalidLocator, ResourceLocator
 from noetl_dagster.storage.payload import ChecksumMismatch, PayloadStore, ResultRef, is_ref
 from noetl_dagster.storage.tables import (
@@ -125,7 +125,7 @@ def table_data(value: Any, ctx: ToolContext) -> Any:
         data = store.get_verified(ref)
         if ref.format in (FORMAT_ARROW, "arrow_ipc", FORMAT_PARQUET):
             return read_file_table(data, FORMAT_ARROW if ref.format == "arrow_ipc" else ref.format)
-        from noetl_dagster.storage.jsonutil import loads  # noqa: PLC0415
+        from noetl_dagster.engine.jsonutil import loads  # noqa: PLC0415
 
         value = loads(data)
     if isinstance(value, Mapping) and isinstance(value.get("rows"), list) and not isinstance(value.get("rows"), str):

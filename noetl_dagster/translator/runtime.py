@@ -34,7 +34,7 @@ from noetl_dagster.engine.control import Engine, Services
 from noetl_dagster.engine.events import Event, uuid7_from
 from noetl_dagster.engine.state import fold
 from noetl_dagster.engine.worker import StepRun
-from noetl_dagster.storage.jsonutil import dumps, plain
+from noetl_dagster.engine.jsonutil import dumps, plain
 from noetl_dagster.storage.payload import is_ref
 
 log = logging.getLogger("noetl_dagster.dagster")

@@ -28,7 +28,7 @@ from typing import Any
 import dagster as dg
 
 from noetl_dagster.dsl.model import Playbook, Step
-from noetl_dagster.k8s import needs_k8s_job_executor, step_k8s_tags
+from noetl_dagster.translator.k8s import needs_k8s_job_executor, step_k8s_tags
 from noetl_dagster.storage.locator import InvalidLocator, asset_key_for_uri, is_locator
 from noetl_dagster.translator import naming
 from noetl_dagster.translator.runtime import (

@@ -19,7 +19,7 @@ from analytics.grafana import GRAFANA_JSON, build_dashboard, render_json
 from analytics.panels import PANELS
 from analytics.rollups import refresh_rollups
 from analytics.store import close_all
-from noetl_dagster.cli import cli
+from noetl_dagster.commands.main import cli
 from noetl_dagster.engine import events as E
 from noetl_dagster.storage.events import open_event_store
 

@@ -9,10 +9,10 @@ from urllib.parse import unquote
 import pytest
 from click.testing import CliRunner
 
-from noetl_dagster.archive import ArchiveConflict, archive_execution, read_archive_events, replay_from_archive
-from noetl_dagster.cli import cli
+from noetl_dagster.storage.archive import ArchiveConflict, archive_execution, read_archive_events, replay_from_archive
+from noetl_dagster.commands.main import cli
 from noetl_dagster.dsl import load_playbook_dict
-from noetl_dagster.engine.runner import run_playbook
+from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.storage.events import SqliteEventStore
 from noetl_dagster.storage.payload import ChecksumMismatch
 
@@ -98,7 +98,7 @@ def test_conflicting_archive_is_refused(executed, tmp_path):
 
 def test_unfinished_execution_is_not_archived(tmp_path):
     from noetl_dagster.engine.control import Engine
-    from noetl_dagster.engine.runner import build_services
+    from noetl_dagster.runners.local import build_services
 
     svc = build_services(data_dir=tmp_path)
     eng = Engine(load_playbook_dict(BIG), svc)

@@ -14,7 +14,7 @@ import textwrap
 import pytest
 from click.testing import CliRunner
 
-from noetl_dagster.cli import cli
+from noetl_dagster.commands.main import cli
 
 GOOD = """
 apiVersion: noetl.io/v2
@@ -67,7 +67,7 @@ def files(tmp_path):
 
 def _cli(*args: str, env_home) -> subprocess.CompletedProcess:
     env = {**os.environ, "NOETL_DAGSTER_HOME": str(env_home), "NO_COLOR": "1"}
-    return subprocess.run([sys.executable, "-m", "noetl_dagster.cli", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "noetl_dagster.commands.main", *map(str, args)],
                           capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
 
 

@@ -153,7 +153,7 @@ def pg_creds(tmp_path_factory):
 
 @pytest.mark.parametrize("rel", CORE_SAMPLE)
 def test_core_fixture_completes_against_stubs(rel, conformance_dir, stubs, pg_creds, tmp_path, monkeypatch):
-    from noetl_dagster.engine.runner import run_playbook
+    from noetl_dagster.runners.local import run_playbook
 
     monkeypatch.setenv("NOETL_HTTP_OVERRIDES", json.dumps(stubs.overrides))
     monkeypatch.setenv("NOETL_CREDENTIALS_FILE", str(pg_creds))
@@ -164,7 +164,7 @@ def test_core_fixture_completes_against_stubs(rel, conformance_dir, stubs, pg_cr
 
 
 def test_cursor_fixture_really_paged_through_the_stub(conformance_dir, stubs, tmp_path, monkeypatch):
-    from noetl_dagster.engine.runner import run_playbook
+    from noetl_dagster.runners.local import run_playbook
 
     rel = "pagination/cursor/test_pagination_cursor.yaml"
     monkeypatch.setenv("NOETL_HTTP_OVERRIDES", json.dumps(stubs.overrides))
@@ -175,7 +175,7 @@ def test_cursor_fixture_really_paged_through_the_stub(conformance_dir, stubs, tm
 
 def test_cli_validates_everything_and_runs_a_selection(conformance_dir, tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "noetl_dagster.cli", "conformance", str(conformance_dir), "--json",
+        [sys.executable, "-m", "noetl_dagster.commands.main", "conformance", str(conformance_dir), "--json",
          "--only", "hello_world/hello_world.yaml", "--only", "google_id_token_test", "--work-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -191,7 +191,7 @@ def test_cli_validates_everything_and_runs_a_selection(conformance_dir, tmp_path
 
 def test_cli_rejects_a_bad_override(conformance_dir):
     proc = subprocess.run(
-        [sys.executable, "-m", "noetl_dagster.cli", "conformance", str(conformance_dir), "--no-run", "--http-override", "nonsense"],
+        [sys.executable, "-m", "noetl_dagster.commands.main", "conformance", str(conformance_dir), "--no-run", "--http-override", "nonsense"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2 and "expected HOST=URL" in proc.stderr

@@ -14,8 +14,8 @@ from typing import Any
 
 import dagster as dg
 
-from noetl_dagster.dagster_runner import run_playbook_dagster
-from noetl_dagster.engine.runner import run_playbook
+from noetl_dagster.runners.dagster_runner import run_playbook_dagster
+from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.storage.events import open_event_store
 
 REPO = Path(__file__).resolve().parents[2]

@@ -21,7 +21,7 @@ import httpx
 import pytest
 from dagster_helpers import EXAMPLES, REPO
 
-from noetl_dagster.dagster_runner import run_playbook_dagster
+from noetl_dagster.runners.dagster_runner import run_playbook_dagster
 from noetl_dagster.resources.noetl import close_all_services
 from noetl_dagster.storage.events import open_event_store
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dagster as dg
 from click.testing import CliRunner
 
-from noetl_dagster.cli import cli
+from noetl_dagster.commands.main import cli
 
 
 def test_demo_runs_examples_and_says_where_to_look(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 from dagster_k8s.job import DagsterK8sJobConfig, construct_dagster_k8s_job, get_user_defined_k8s_config
 
 from noetl_dagster.dsl import load_playbook_dict
-from noetl_dagster.k8s import (
+from noetl_dagster.translator.k8s import (
     K8S_CONFIG_TAG,
     PlacementError,
     job_executor,

@@ -12,8 +12,8 @@ import dagster as dg
 import psycopg
 import pytest
 
-from noetl_dagster.dagster_runner import run_playbook_dagster
-from noetl_dagster.engine.runner import run_playbook
+from noetl_dagster.runners.dagster_runner import run_playbook_dagster
+from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.resources.noetl import close_all_services
 from noetl_dagster.storage.events import open_event_store
 

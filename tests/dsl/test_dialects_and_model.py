@@ -29,7 +29,7 @@ from noetl_dagster.dsl import (
     parse_playbook,
     validate_file,
 )
-from noetl_dagster.engine.runner import run_playbook
+from noetl_dagster.runners.local import run_playbook
 
 STANDARD = """
 apiVersion: noetl.io/v2

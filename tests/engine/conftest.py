@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from engine_helpers import Run, dedent, read_events
 
-from noetl_dagster.engine.runner import run_playbook
+from noetl_dagster.runners.local import run_playbook
 
 
 @pytest.fixture

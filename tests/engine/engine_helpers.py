@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from noetl_dagster.engine.events import Event
-from noetl_dagster.engine.runner import ExecutionResult
+from noetl_dagster.runners.local import ExecutionResult
 from noetl_dagster.storage.events import open_event_store
 
 

@@ -117,7 +117,7 @@ def test_user_profile_scorer_as_a_sub_playbook_by_catalog_path(run_pb, fixture_p
                   user_data: "{{ user }}"
                   execution_context: "{{ execution_id }}"
         """)
-    from noetl_dagster.engine.runner import run_playbook
+    from noetl_dagster.runners.local import run_playbook
 
     res = run_playbook(parent, catalog_dirs=[fixture_path("playbook_composition/user_profile_scorer.yaml").parent])
     assert res.status == "completed"

@@ -13,7 +13,7 @@ import pytest
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.replay import diff_snapshots, replay
-from noetl_dagster.engine.runner import FINISHED_HOOKS
+from noetl_dagster.runners.local import FINISHED_HOOKS
 from noetl_dagster.storage.events import SqliteEventStore, open_event_store
 
 HEAD = """

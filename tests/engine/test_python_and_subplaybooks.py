@@ -296,7 +296,7 @@ def test_sub_playbook_by_catalog_path_or_relative_path(run_pb, write_pb, ref):
 def test_sub_playbook_return_step_and_child_events(run_pb, write_pb):
     from engine_helpers import read_events
 
-    from noetl_dagster.engine.runner import ExecutionResult
+    from noetl_dagster.runners.local import ExecutionResult
 
     write_pb(CHILD, "sub/child.yaml")
     r = run_pb(_parent("catalog/tests/child", "start"))

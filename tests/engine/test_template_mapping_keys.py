@@ -1,7 +1,7 @@
 """Regressions found while migrating legacy playbooks."""
 
 from noetl_dagster.dsl import load_playbook_dict
-from noetl_dagster.engine.runner import run_playbook
+from noetl_dagster.runners.local import run_playbook
 
 
 def test_mapping_key_wins_over_dict_method(data_dir):

@@ -67,7 +67,7 @@ def run_flow(text: str, data_dir: Path, *, workload: dict[str, Any] | None = Non
              folder: Path | None = None) -> Any:  # fmt: skip
     """Write the flow to a file (resources resolve next to it), compile it and run it with the local runner."""
     from noetl_dagster.dsl.flow import load_flow_playbook
-    from noetl_dagster.engine.runner import run_playbook
+    from noetl_dagster.runners.local import run_playbook
 
     folder = folder or data_dir.parent
     folder.mkdir(parents=True, exist_ok=True)

@@ -11,11 +11,11 @@ import yaml
 from click.testing import CliRunner
 from flow_helpers import python_tasks
 
-from noetl_dagster.cli import cli
+from noetl_dagster.commands.main import cli
 from noetl_dagster.dsl import load_playbook_dict
 from noetl_dagster.dsl.flow import FlowCompileError, compile_flow, flow_to_mermaid, playbook_yaml
 from noetl_dagster.dsl.flow.mermaid import check_state_diagram
-from noetl_dagster.dsl.flow.tools import decode, encode, resource_format
+from noetl_dagster.tools.flow import decode, encode, resource_format
 from noetl_dagster.tools.registry import ToolError
 
 MERGE = python_tasks(["A", "B", "C"]) + S.MERGE_OPERATOR.flow

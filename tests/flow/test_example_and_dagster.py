@@ -12,7 +12,7 @@ from flow_helpers import python_tasks
 
 from noetl_dagster.dsl.flow import flow_to_mermaid, load_flow_playbook
 from noetl_dagster.dsl.flow.mermaid import check_state_diagram
-from noetl_dagster.engine.runner import run_playbook
+from noetl_dagster.runners.local import run_playbook
 
 DATA = Path(__file__).with_name("data")
 EXAMPLE = DATA / "customer_scores.flow"
@@ -42,7 +42,7 @@ def _same(a, b) -> None:
 
 
 def test_flows_run_the_same_on_dagster(tmp_path, data_dir):
-    from noetl_dagster.dagster_runner import run_playbook_dagster
+    from noetl_dagster.runners.dagster_runner import run_playbook_dagster
 
     flow_file = _copy_example(tmp_path)
     example = load_flow_playbook(flow_file)

@@ -12,10 +12,10 @@ import yaml
 from click.testing import CliRunner
 from flow_helpers import python_tasks
 
-from noetl_dagster.cli import cli
+from noetl_dagster.commands.main import cli
 from noetl_dagster.dsl import load_playbook, load_playbook_dict
 from noetl_dagster.dsl.flow import load_flow, load_flow_playbook, playbook_yaml
-from noetl_dagster.engine.runner import run_playbook
+from noetl_dagster.runners.local import run_playbook
 
 STATUS_A = "@task A (- {kind: python, code: \"result = {'status': input['status'], 'n': 2}\"} -);\n"
 

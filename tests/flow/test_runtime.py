@@ -11,7 +11,7 @@ from flow_helpers import python_tasks, run_flow
 
 from noetl_dagster.dsl.flow import NodeKind, flow_graph
 from noetl_dagster.dsl.flow.jsonpath import guard_holds
-from noetl_dagster.dsl.flow.tools import aggregate, merge_objects, tokens_input
+from noetl_dagster.tools.flow import aggregate, merge_objects, tokens_input
 from noetl_dagster.tools.registry import ToolError
 
 # -- the aggregation rules, as functions ---------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from flow_helpers import contracted_label_edges, id_edges, label_edges
 
-from noetl_dagster.cli import cli
+from noetl_dagster.commands.main import cli
 from noetl_dagster.dsl.flow import FlowCompileError, NodeKind, flow_graph, flow_to_mermaid, parse_flow
 from noetl_dagster.dsl.flow.mermaid import check_state_diagram
 

@@ -6,7 +6,7 @@ import json
 
 from click.testing import CliRunner
 
-from noetl_dagster.cli import cli
+from noetl_dagster.commands.main import cli
 
 
 def test_export_validates_and_writes_json_lines(lineage_runs, validator, tmp_path, monkeypatch):

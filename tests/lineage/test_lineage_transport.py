@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import lineage
-from noetl_dagster.engine.runner import run_playbook
+from noetl_dagster.runners.local import run_playbook
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "example_project" / "playbooks"
 FIXTURES = Path(__file__).resolve().parents[1] / "analytics" / "playbooks"

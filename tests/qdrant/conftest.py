@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from qdrant_helpers import Run, playbook
 
-from noetl_dagster.engine.runner import run_playbook
+from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.tools import qdrant as q
 
 

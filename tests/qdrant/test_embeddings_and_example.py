@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from noetl_dagster.embeddings import (
+from noetl_dagster.tools.embeddings import (
     CallableEmbedder,
     EmbeddingError,
     HashingEmbedder,
@@ -17,7 +17,7 @@ from noetl_dagster.embeddings import (
     parse_embedding_spec,
     register_embedder,
 )
-from noetl_dagster.engine.runner import run_playbook
+from noetl_dagster.runners.local import run_playbook
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "example_project" / "playbooks" / "vector_search.yaml"
 
@@ -28,7 +28,7 @@ def test_hashing_vectors_are_unit_length_and_deterministic_across_processes():
     assert vec.dtype == np.float32 and vec.shape == (16,)
     assert np.linalg.norm(vec) == pytest.approx(1.0, abs=1e-6)
     # another interpreter with another hash seed gives the same numbers (blake2b, not hash())
-    code = "from noetl_dagster.embeddings import HashingEmbedder; print(HashingEmbedder(dim=16).embed_one('Vector indexes on Qdrant').tolist())"
+    code = "from noetl_dagster.tools.embeddings import HashingEmbedder; print(HashingEmbedder(dim=16).embed_one('Vector indexes on Qdrant').tolist())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONHASHSEED": "12345", "PATH": ""}).stdout  # fmt: skip
     np.testing.assert_array_equal(np.array(eval(out), dtype=np.float32), vec)  # noqa: S307 - our own output
@@ -95,7 +95,7 @@ def test_example_playbook_answers_offline(home):
 
 
 def test_example_playbook_on_the_dagster_runner_matches_the_local_runner(home):
-    from noetl_dagster.dagster_runner import run_playbook_dagster
+    from noetl_dagster.runners.dagster_runner import run_playbook_dagster
 
     local = run_playbook(EXAMPLE, data_dir=home)
     on_dagster = run_playbook_dagster(EXAMPLE, data_dir=home)

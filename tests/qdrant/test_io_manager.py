@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from noetl_dagster.embeddings import get_embedder
+from noetl_dagster.tools.embeddings import get_embedder
 from noetl_dagster.io_managers.qdrant import (
     IndexHandle,
     QdrantIOManager,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from noetl_dagster.engine.runner import resume_execution, run_playbook
+from noetl_dagster.runners.local import resume_execution, run_playbook
 from noetl_dagster.storage.events import SqliteEventStore
 
 PROBE = Path(__file__).with_name("probe.yaml")
@@ -110,7 +110,7 @@ def test_resume_command_errors_and_success(tmp_path):
 
     from click.testing import CliRunner
 
-    from noetl_dagster.cli import cli
+    from noetl_dagster.commands.main import cli
 
     res = CliRunner().invoke(cli, ["resume", "no-such-execution", "--data-dir", str(tmp_path)])
     assert res.exit_code == 2 and "no events" in res.output and "Traceback" not in res.output

@@ -297,7 +297,7 @@ def test_split_schema():
 def test_engine_runs_and_replays_on_the_store(backend, tmp_path):
     """A real execution recorded in the store; the suite's conftest replays it from there."""
     from noetl_dagster.dsl import load_playbook_dict
-    from noetl_dagster.engine.runner import run_playbook
+    from noetl_dagster.runners.local import run_playbook
 
     pb = load_playbook_dict(
         {

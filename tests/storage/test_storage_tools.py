@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from noetl_dagster.engine.runner import run_playbook
+from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.storage.tables import table_checksum, to_arrow
 from noetl_dagster.tools.registry import ToolError, get_tool
 from noetl_dagster.tools.storage import write_sink

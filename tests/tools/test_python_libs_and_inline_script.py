@@ -3,7 +3,7 @@
 import pytest
 
 from noetl_dagster.dsl import load_playbook_dict
-from noetl_dagster.engine.runner import run_playbook
+from noetl_dagster.runners.local import run_playbook
 
 
 def _run(tool, workload=None):

@@ -127,7 +127,7 @@ def run_cli(tmp_path: Path, playbook: Path, *args: str) -> subprocess.CompletedP
         "PROBE_ENV_SECRET": SECRETS["env_secret"],
     }
     return subprocess.run(
-        [sys.executable, "-m", "noetl_dagster.cli", "run", str(playbook), *args],
+        [sys.executable, "-m", "noetl_dagster.commands.main", "run", str(playbook), *args],
         capture_output=True,
         text=True,
         env=env,

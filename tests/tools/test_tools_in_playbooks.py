@@ -10,7 +10,7 @@ import pytest
 from werkzeug.wrappers import Response
 
 from noetl_dagster.dsl import load_playbook_dict
-from noetl_dagster.engine.runner import run_playbook
+from noetl_dagster.runners.local import run_playbook
 
 
 def playbook(workflow, **extra):

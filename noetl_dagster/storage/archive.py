@@ -28,7 +28,7 @@ import zstandard
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.state import fold
 from noetl_dagster.storage.events import EventStore
-from noetl_dagster.storage.jsonutil import dumps, plain
+from noetl_dagster.engine.jsonutil import dumps, plain
 from noetl_dagster.storage.payload import ChecksumMismatch, PayloadStore, is_ref, open_payload_store
 
 SCHEMA = "noetl.archive-manifest.v1"

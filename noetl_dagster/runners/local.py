@@ -8,14 +8,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lineage import listener_from_env
 from noetl_dagster.dsl.model import Playbook
 from noetl_dagster.dsl.parse import load_playbook
 from noetl_dagster.engine.catalog import Catalog
 from noetl_dagster.engine.control import Engine, Services
 from noetl_dagster.engine.events import Event
+from noetl_dagster.engine.jsonutil import plain
 from noetl_dagster.engine.worker import StepRun
 from noetl_dagster.storage.events import EventStore, open_event_store
-from noetl_dagster.storage.jsonutil import plain
 from noetl_dagster.storage.payload import DEFAULT_INLINE_LIMIT, FilePayloadStore, Offloader
 
 # Called with (engine) after every execution finishes; tests use it to replay each execution.
@@ -62,10 +63,6 @@ class ExecutionResult:
 
 
 def _listeners_from_env() -> list[Callable[[Event], None]]:
-    try:
-        from lineage import listener_from_env  # noqa: PLC0415
-    except ImportError:
-        return []
     try:
         listener = listener_from_env()
     except Exception:  # noqa: BLE001 - lineage never stops a playbook

@@ -6,7 +6,7 @@ runs show in ``dagster dev``), else an ephemeral one. Per-step playbooks and
 executions with work left after a run (a failed branch next to a join, a
 separate step) continue the way the daemon would: the router's tick decides
 the next runs, which are executed here in turn. The result is the same
-:class:`~noetl_dagster.engine.runner.ExecutionResult` as the local runner's,
+:class:`~noetl_dagster.runners.local.ExecutionResult` as the local runner's,
 read back from the event log.
 
 ``detach=True`` only records the request (``requested_by: detached:cli``) and
@@ -28,7 +28,7 @@ from noetl_dagster.dsl.model import Playbook
 from noetl_dagster.dsl.parse import load_playbook
 from noetl_dagster.engine.control import Engine, Services
 from noetl_dagster.engine.events import uuid7
-from noetl_dagster.engine.runner import ExecutionResult
+from noetl_dagster.runners.local import ExecutionResult
 from noetl_dagster.engine.state import fold
 from noetl_dagster.resources.noetl import NoetlResource
 from noetl_dagster.sensors.router import RouterCursor, instance_run_lookup, router_tick
@@ -208,6 +208,6 @@ def result_from_log(svc: Services, eid: str, pb: Playbook) -> ExecutionResult:
 def _json(value: Any) -> str:
     import json
 
-    from noetl_dagster.storage.jsonutil import plain
+    from noetl_dagster.engine.jsonutil import plain
 
     return json.dumps(plain(value))
