@@ -7,7 +7,7 @@ import shutil
 import yaml
 from click.testing import CliRunner
 
-from noetl_dagster.cli import cli
+from noetl_dagster.commands.main import cli
 from tests.migrate.conftest import EARLY_V2, LABELMAP_V2, WEATHER_V1
 
 REFUSING = """apiVersion: noetl.io/v2

@@ -601,7 +601,7 @@ def test_v1_loop_with_end_loop_folds_its_chain_into_the_loop_pipeline():
 
 
 def test_v1_loop_fold_runs_each_branch(data_dir, tmp_path):
-    from noetl_dagster.engine.runner import run_playbook
+    from noetl_dagster.runners.local import run_playbook
 
     r = migrate_text(V1_LOOP, "loop.yaml")
     p = tmp_path / "loop.yaml"

@@ -7,7 +7,7 @@ import duckdb
 import psycopg
 
 from noetl_dagster.dsl.migrate import migrate_file
-from noetl_dagster.engine.runner import run_playbook
+from noetl_dagster.runners.local import run_playbook
 from tests.migrate.conftest import EARLY_V2, LABELMAP_V2, WEATHER_V1, Stub
 
 
