@@ -141,12 +141,24 @@ class RegistryClient(ABC):
 
 
 class InProcessRegistryClient(RegistryClient):
-    def __init__(self, registry: Registry, principal: Principal, *, owns_registry: bool = False):
+    """Calls a :class:`Registry` directly. Given the ``api_key`` the principal came from, every
+    call re-authenticates it (a cache hit unless a key was revoked), so a revoked key stops
+    working on its next call here too."""
+
+    def __init__(self, registry: Registry, principal: Principal, *, owns_registry: bool = False,
+                 api_key: str | None = None):
         self.registry = registry
-        self.principal = principal
+        self._principal = principal
+        self._api_key = api_key
         self.tenant = principal.tenant
         self.project = principal.project
         self._owns = owns_registry
+
+    @property
+    def principal(self) -> Principal:
+        if self._api_key is not None:
+            self._principal = self.registry.authenticate(self._api_key)
+        return self._principal
 
     def register(self, uri, *, kind=None, locations=(), metadata=None, inputs=(), execution_id=None, step=None,
                  task=None) -> Resource:  # noqa: D102
@@ -365,7 +377,7 @@ def open_registry(
         reg = shared_registry(url_or_db)
     principal = reg.authenticate(api_key) if api_key else Principal(tenant=tenant, project=project)
     if not api_key:
-        from noetl_dagster.storage.locator import ResourceLocator  # noqa: PLC0415 - validates the scope
+        from noetl_dagster.dsl.locator import ResourceLocator  # noqa: PLC0415 - validates the scope
 
         ResourceLocator(tenant, project or "x", "x", "x", "x")
-    return InProcessRegistryClient(reg, principal)
+    return InProcessRegistryClient(reg, principal, api_key=api_key or None)

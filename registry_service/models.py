@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 _CHECKSUM_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 _PHYSICAL_URI_RE = re.compile(r"^[a-z][a-z0-9+.-]{0,31}://[^\s\x00-\x1f]{1,4000}$")
@@ -37,10 +38,51 @@ def utc_now() -> datetime:
 
 
 def iso(ts: datetime) -> str:
-    """One fixed-width UTC text form, so stored timestamps compare as strings."""
+    """One fixed-width UTC text form (the year zero-padded to four digits: ``strftime('%Y')``
+    writes year 999 as ``999``, which sorts after ``2026``)."""
     if ts.tzinfo is None:
         raise ValueError("timestamps must carry a timezone")
-    return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    u = ts.astimezone(UTC)
+    return f"{u.year:04d}-{u.month:02d}-{u.day:02d}T{u.hour:02d}:{u.minute:02d}:{u.second:02d}.{u.microsecond:06d}Z"
+
+
+MAX_INT64 = 2**63 - 1
+MAX_JSON_DEPTH = 32
+
+
+def _clean_text(v: str) -> str:
+    """No text a store cannot keep intact: NUL (Postgres refuses it) or lone surrogates (not UTF-8)."""
+    if "\x00" in v:
+        raise ValueError("must not contain NUL characters")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("is not valid Unicode (lone surrogate)") from None
+    return v
+
+
+def _clean_json(v: Any, depth: int = 0) -> Any:
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+    if isinstance(v, str):
+        _clean_text(v)
+    elif isinstance(v, float):
+        if not math.isfinite(v):
+            raise ValueError("numbers must be finite")
+    elif isinstance(v, dict):
+        for k, item in v.items():
+            _clean_text(str(k))
+            _clean_json(item, depth + 1)
+    elif isinstance(v, list):
+        for item in v:
+            _clean_json(item, depth + 1)
+    return v
+
+
+Text = Annotated[str, Field(max_length=1024), AfterValidator(_clean_text)]
+ShortText = Annotated[str, Field(max_length=256), AfterValidator(_clean_text)]
+JsonObject = Annotated[dict[str, Any], AfterValidator(_clean_json)]
+Count = Annotated[int, Field(ge=0, le=MAX_INT64)]
 
 
 class _Model(BaseModel):
@@ -51,23 +93,23 @@ class LocationIn(_Model):
     """A physical copy of a resource."""
 
     uri: str = Field(description="physical address: file://, s3://, iceberg://, gs://, ...")
-    storage_type: str | None = Field(None, description="defaults to the URI scheme")
+    storage_type: ShortText | None = Field(None, description="defaults to the URI scheme")
     region: str = "local"
     storage_class: str = "standard"
     role: LocationRole | None = Field(None, description="primary or replica; the first location is primary")
     checksum: str | None = Field(None, description="sha256:<hex> of the stored bytes")
-    size_bytes: int | None = Field(None, ge=0)
-    format: str | None = None
-    rows: int | None = Field(None, ge=0)
-    schema_fingerprint: str | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    size_bytes: Count | None = None
+    format: ShortText | None = None
+    rows: Count | None = None
+    schema_fingerprint: ShortText | None = None
+    metadata: JsonObject = Field(default_factory=dict)
 
     @field_validator("uri")
     @classmethod
     def _uri(cls, v: str) -> str:
         if not _PHYSICAL_URI_RE.match(v) or v.startswith("noetl://"):
             raise ValueError("location uri must be a physical '<scheme>://...' address without whitespace")
-        return v
+        return _clean_text(v)
 
     @field_validator("checksum")
     @classmethod
@@ -95,14 +137,15 @@ class Location(LocationIn):
 
 
 class RegisterRequest(_Model):
-    uri: str = Field(description="noetl:// or urn:noetl; without a version the registry assigns the next v<N>")
-    kind: str | None = Field(None, description="defaults to the resource type of the URI")
-    locations: list[LocationIn] = Field(default_factory=list)
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    inputs: list[str] = Field(default_factory=list, description="noetl:// URIs this resource was derived from")
-    execution_id: str | None = None
-    step: str | None = None
-    task: str | None = None
+    uri: Text = Field(description="noetl:// or urn:noetl; without a version the registry assigns the next v<N>")
+    kind: ShortText | None = Field(None, description="defaults to the resource type of the URI")
+    locations: list[LocationIn] = Field(default_factory=list, max_length=1000)
+    metadata: JsonObject = Field(default_factory=dict)
+    inputs: list[Text] = Field(default_factory=list, max_length=10_000,
+                               description="noetl:// URIs this resource was derived from")
+    execution_id: ShortText | None = None
+    step: ShortText | None = None
+    task: ShortText | None = None
 
 
 class Resource(_Model):
@@ -155,19 +198,25 @@ class AccessPlan(_Model):
 
 
 class GrantRequest(_Model):
-    resource_uri: str = Field(description="a version (noetl://...@v3) or, unversioned, every version")
-    subject: str = Field(description="tenant:<t>, tenant://<t>, project:<t>/<p> or project://<t>/<p>")
+    resource_uri: Text = Field(description="a version (noetl://...@v3) or, unversioned, every version")
+    subject: ShortText = Field(description="tenant:<t>, tenant://<t>, project:<t>/<p> or project://<t>/<p>")
     permission: Permission = "read"
-    expires_at: datetime | None = None
-    purpose: str | None = None
-    conditions: dict[str, Any] = Field(default_factory=dict)
+    expires_at: datetime | None = Field(
+        None, description="RFC 3339 with an offset, years 0001-9999 in UTC; no leap second (':60')")
+    purpose: ShortText | None = None
+    conditions: JsonObject = Field(default_factory=dict)
 
     @field_validator("expires_at")
     @classmethod
     def _tz(cls, v: datetime | None) -> datetime | None:
-        if v is not None and v.tzinfo is None:
+        if v is None:
+            return None
+        if v.tzinfo is None:
             raise ValueError("expires_at needs a timezone (e.g. 2026-12-31T23:59:59Z)")
-        return v
+        try:
+            return v.astimezone(UTC)  # an offset can push 9999-12-31 or 0001-01-01 out of range
+        except (OverflowError, ValueError):
+            raise ValueError("expires_at is out of range once converted to UTC (years 0001-9999)") from None
 
 
 class Grant(_Model):

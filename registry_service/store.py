@@ -9,17 +9,20 @@ SQLite, an advisory lock on Postgres), so several processes may start at once.
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from registry_service.errors import Conflict
 
-# Timestamps are fixed-width UTC text in both dialects (see models.iso) so that
-# comparisons are plain string comparisons; JSON is jsonb on Postgres.
+# Timestamps are fixed-width UTC text in both dialects (see models.iso), for display and
+# ordering; grant expiry, which decides access, is also kept as an instant (migration 2).
+# JSON is jsonb on Postgres.
 _COMMON_V1 = """
 CREATE TABLE IF NOT EXISTS registry_api_key (
     key_id TEXT PRIMARY KEY,
@@ -163,8 +166,40 @@ def _statements(script: str, dialect: str) -> list[str]:
     return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
 
 
-# version -> script; append new versions, never edit shipped ones
-MIGRATIONS: list[str] = [_COMMON_V1]
+_TEXT_TS_RE = re.compile(r"^(\d{1,4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,6}))?Z$")
+
+
+def _parse_stored_ts(text: str) -> datetime:
+    """A timestamp written by earlier versions (years below 1000 were not zero-padded).
+    Anything unreadable becomes the earliest instant: a grant must never outlive a bad date."""
+    m = _TEXT_TS_RE.match(text or "")
+    try:
+        if m:
+            y, mo, d, h, mi, sec, frac = m.groups()
+            return datetime(int(y), int(mo), int(d), int(h), int(mi), int(sec), int((frac or "0").ljust(6, "0")),
+                            tzinfo=UTC)
+    except ValueError:
+        pass
+    return datetime.min.replace(tzinfo=UTC)
+
+
+def _v2_grant_instants(tx: Tx) -> None:
+    """Grant expiry as an instant (issue 15): timestamptz on Postgres, epoch microseconds on SQLite;
+    the ``auth`` counter that invalidates every process's key cache on revocation."""
+    from registry_service.common import instant  # noqa: PLC0415 - common imports this module
+    from registry_service.models import iso  # noqa: PLC0415
+
+    ts_type = "TIMESTAMPTZ" if tx.dialect == "postgres" else "INTEGER"
+    tx.exec(f"ALTER TABLE registry_grant ADD COLUMN expires_ts {ts_type}")
+    for grant_id, text in tx.all("SELECT grant_id, expires_at FROM registry_grant WHERE expires_at IS NOT NULL"):
+        ts = _parse_stored_ts(text)
+        tx.exec("UPDATE registry_grant SET expires_ts = ?, expires_at = ? WHERE grant_id = ?",
+                (instant(tx.dialect, ts), iso(ts), grant_id))
+    tx.exec("INSERT INTO registry_counter (name, value) VALUES ('auth', 0) ON CONFLICT (name) DO NOTHING")
+
+
+# version -> script (SQL text, or a function of a Tx); append new versions, never edit shipped ones
+MIGRATIONS: list[str | Callable[[Tx], None]] = [_COMMON_V1, _v2_grant_instants]
 
 
 class Tx:
@@ -262,8 +297,11 @@ class SqliteRegistryStore(RegistryStore):
                 current = c.execute("SELECT MAX(version) FROM registry_schema_version").fetchone()[0] or 0
                 for version, script in enumerate(MIGRATIONS, start=1):
                     if version > current:
-                        for stmt in _statements(script, "sqlite"):
-                            c.execute(stmt)
+                        if callable(script):
+                            script(Tx(c.cursor(), "sqlite"))
+                        else:
+                            for stmt in _statements(script, "sqlite"):
+                                c.execute(stmt)
                         c.execute("INSERT INTO registry_schema_version VALUES (?)", (version,))
                 c.execute("COMMIT")
             except BaseException:
@@ -317,8 +355,11 @@ class PostgresRegistryStore(RegistryStore):
             current = cur.fetchone()[0] or 0
             for version, script in enumerate(MIGRATIONS, start=1):
                 if version > current:
-                    for stmt in _statements(script, "postgres"):
-                        cur.execute(stmt)
+                    if callable(script):
+                        script(Tx(cur, "postgres"))
+                    else:
+                        for stmt in _statements(script, "postgres"):
+                            cur.execute(stmt)
                     cur.execute("INSERT INTO registry_schema_version VALUES (%s)", (version,))
 
     @contextmanager

@@ -1,0 +1,476 @@
+"""What exists and where: resources, versions, locations, lineage, listing and the outbox.
+
+Every cross-scope decision taken here (allowed through a grant, or denied) is
+written to the audit log; allowed writes are audited in their own transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from noetl_dagster.dsl.locator import ResourceLocator, shard_key
+from noetl_dagster.engine.events import uuid7
+from registry_service.access import AccessControl
+from registry_service.common import (
+    EV_LOCATION_ADDED,
+    EV_REGISTERED,
+    EV_REPLICA_AVAILABLE,
+    LATEST,
+    LOCATION_COLS,
+    MAX_CURSOR,
+    MAX_LINEAGE_DEPTH,
+    MAX_PAGE,
+    RESOURCE_COLS,
+    AuditRow,
+    RegistryBase,
+    check_int,
+    check_json_size,
+    check_text,
+    choose_location,
+    from_json,
+    instant,
+    location_from_row,
+    locator,
+    resource_from_row,
+    to_json,
+)
+from registry_service.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from registry_service.models import (
+    AccessPlan,
+    CatalogEvent,
+    EventPage,
+    Lineage,
+    LineageEdge,
+    Location,
+    LocationIn,
+    Principal,
+    RegisterRequest,
+    Resource,
+    ResourceSummary,
+    iso,
+    utc_now,
+)
+from registry_service.store import Tx
+
+_N_RESOURCE_COLS = len(RESOURCE_COLS.split(","))
+_EVENT_COLS = "seq, event_id, name, tenant_id, project_id, resource_id, uri, actor, ts, data"
+
+
+def _denied(message: str, loc: ResourceLocator) -> Forbidden:
+    """A Forbidden that remembers whose resource it was about, for the audit entry."""
+    err = Forbidden(message)
+    err.audit_uri, err.audit_owner = loc.uri, (loc.tenant, loc.project)  # type: ignore[attr-defined]
+    return err
+
+
+def _events(rows: Sequence[Sequence[Any]], after: int) -> EventPage:
+    events = [
+        CatalogEvent(seq=int(r[0]), event_id=r[1], name=r[2], tenant=r[3], project=r[4], resource_id=r[5],
+                     uri=r[6], actor=r[7], ts=r[8], data=from_json(r[9]))
+        for r in rows
+    ]
+    return EventPage(events=events, next_after=events[-1].seq if events else after)
+
+
+class Catalog(AccessControl):
+    """Resources, versions, locations, lineage, listing, catalog-change events."""
+
+    def _check_location(self, spec: LocationIn) -> None:
+        check_json_size(spec.metadata, "location metadata", self.limits.max_metadata_bytes)
+
+    def _check_register(self, req: RegisterRequest) -> None:
+        lim = self.limits
+        if len(req.locations) > lim.max_locations:
+            raise InvalidRequest(f"locations: at most {lim.max_locations} per call")
+        if len(req.inputs) > lim.max_inputs:
+            raise InvalidRequest(f"inputs: at most {lim.max_inputs} per call")
+        check_json_size(req.metadata, "metadata", lim.max_metadata_bytes)
+        for spec in req.locations:
+            self._check_location(spec)
+        for name in ("kind", "execution_id", "step", "task"):
+            check_text(getattr(req, name), name, lim.max_text)
+
+    def _locations(self, tx: Tx, resource_ids: Sequence[str]) -> dict[str, list[Location]]:
+        out: dict[str, list[Location]] = {rid: [] for rid in resource_ids}
+        for i in range(0, len(resource_ids), 500):
+            chunk = list(resource_ids[i : i + 500])
+            rows = tx.all(
+                f"SELECT {LOCATION_COLS} FROM registry_location WHERE resource_id IN ({','.join('?' * len(chunk))})"
+                " ORDER BY created_at, location_id",
+                chunk,
+            )
+            for r in rows:
+                out[r[1]].append(location_from_row(r))
+        return out
+
+    def _find(self, tx: Tx, loc: ResourceLocator) -> tuple[Any, ...] | None:
+        if loc.version is None or loc.version == LATEST:
+            return tx.one(
+                f"SELECT {RESOURCE_COLS} FROM registry_resource WHERE series_id = ? AND status = 'active'"
+                " ORDER BY seq DESC LIMIT 1",
+                (loc.series,),
+            )
+        return tx.one(f"SELECT {RESOURCE_COLS} FROM registry_resource WHERE uri = ?", (loc.uri,))
+
+    def _find_with_locations(self, tx: Tx, loc: ResourceLocator) -> tuple[tuple[Any, ...] | None, list[Location]]:
+        """The resource and its locations in one round trip (resolve is the hot path)."""
+        cols = ", ".join("r." + c.strip() for c in RESOURCE_COLS.split(",")) + ", " + ", ".join(
+            "l." + c.strip() for c in LOCATION_COLS.split(","))
+        sql = f"SELECT {cols} FROM registry_resource r LEFT JOIN registry_location l ON l.resource_id = r.resource_id"
+        if loc.version is None or loc.version == LATEST:
+            sql += (" WHERE r.resource_id = (SELECT resource_id FROM registry_resource WHERE series_id = ?"
+                    " AND status = 'active' ORDER BY seq DESC LIMIT 1)")
+            key = loc.series
+        else:
+            sql += " WHERE r.uri = ?"
+            key = loc.uri
+        rows = tx.all(sql + " ORDER BY l.created_at, l.location_id", (key,))
+        if not rows:
+            return None, []
+        n = _N_RESOURCE_COLS
+        locations = [location_from_row(r[n:]) for r in rows if r[n] is not None]
+        return rows[0][:n], locations
+
+    def _insert_location(
+        self, tx: Tx, resource_id: str, loc: ResourceLocator, spec: LocationIn, role: str, now: str
+    ) -> Location:
+        location = Location(
+            **spec.model_dump(exclude={"storage_type", "role"}),
+            storage_type=spec.storage_type or spec.uri.split("://", 1)[0],
+            role=role,  # type: ignore[arg-type]
+            location_id="loc_" + uuid7().replace("-", ""),
+            resource_id=resource_id,
+            shard=shard_key(loc.tenant, loc.project),
+            created_at=now,
+        )
+        tx.exec(
+            f"INSERT INTO registry_location ({LOCATION_COLS}) VALUES ({','.join('?' * 16)})",
+            (
+                location.location_id, resource_id, location.uri, location.storage_type, location.region,
+                location.shard, location.storage_class, location.role, location.status, location.checksum,
+                location.size_bytes, location.format, location.rows, location.schema_fingerprint,
+                to_json(location.metadata), now,
+            ),
+        )
+        return location
+
+    def _audit_denial(self, p: Principal, action: str, e: Forbidden, uri: str | None,
+                      owner: ResourceLocator | None) -> None:
+        uri = getattr(e, "audit_uri", uri)
+        tenant, project = getattr(e, "audit_owner", (owner.tenant, owner.project) if owner else (None, None))
+        self._audit(p, action, False, uri, tenant, project, e.message)
+
+    # -------------------------------------------------------------- register
+    def register(self, p: Principal, req: RegisterRequest) -> Resource:
+        loc = locator(req.uri, require_version=False, max_len=self.limits.max_uri_length)
+        if loc.version == LATEST:
+            raise InvalidRequest("'latest' is an alias for resolving; register without a version or with a new one")
+        self._check_register(req)
+        kind = req.kind or loc.type
+        primaries = [spec for spec in req.locations if spec.role == "primary"]
+        if len(primaries) > 1:
+            raise InvalidRequest("at most one primary location")
+        now = iso(utc_now())
+        try:
+            return self._register(p, req, loc, kind, primaries, now)
+        except Forbidden as e:
+            self._audit_denial(p, "register", e, loc.uri, loc)
+            raise
+
+    def _register(
+        self, p: Principal, req: RegisterRequest, loc: ResourceLocator, kind: str, primaries: list[LocationIn], now: str
+    ) -> Resource:
+        with self.store.write() as tx:
+            audits: list[AuditRow] = []
+            grant_id = self._authorize(tx, p, loc, None, "write")
+            if grant_id is not None:
+                audits.append((p, "register", True, loc.uri, loc.tenant, loc.project, f"grant {grant_id}"))
+            if loc.version is not None:
+                existing = self._find(tx, loc)
+                if existing is not None:
+                    self._audit_many(audits, tx)
+                    return self._idempotent_or_conflict(tx, existing, req)
+            inputs: list[tuple[str, str]] = []
+            for text in req.inputs:
+                in_loc = locator(text, require_version=False, max_len=self.limits.max_uri_length)
+                row = self._find(tx, in_loc)
+                if row is None:
+                    if self._owns(p, in_loc.tenant, in_loc.project):
+                        raise NotFound(f"input {text} is not registered")
+                    raise _denied(f"{p.label} may not read input {in_loc.uri}", in_loc)
+                try:
+                    in_grant = self._authorize(tx, p, in_loc, row[0], "read")
+                except Forbidden as e:
+                    raise _denied(e.message, in_loc) from None
+                if in_grant is not None:
+                    audits.append((p, "register:input", True, row[1], in_loc.tenant, in_loc.project,
+                                   f"grant {in_grant}"))
+                inputs.append((row[0], row[1]))
+            seq_row = tx.one(
+                "INSERT INTO registry_series (series_id, tenant_id, project_id, namespace, resource_type, name,"
+                " last_seq, created_at) VALUES (?,?,?,?,?,?,1,?)"
+                " ON CONFLICT (series_id) DO UPDATE SET last_seq = registry_series.last_seq + 1 RETURNING last_seq",
+                (loc.series, loc.tenant, loc.project, loc.namespace, loc.type, loc.name, now),
+            )
+            assert seq_row is not None
+            seq = int(seq_row[0])
+            version = loc.version or f"v{seq}"
+            full = loc.with_version(version)
+            resource_id = "res_" + uuid7().replace("-", "")
+            shard = shard_key(loc.tenant, loc.project)
+            tx.exec(
+                f"INSERT INTO registry_resource ({RESOURCE_COLS}) VALUES ({','.join('?' * 19)})",
+                (
+                    resource_id, full.uri, loc.series, loc.tenant, loc.project, loc.namespace, loc.type, loc.name,
+                    version, seq, kind, "active", shard, to_json(req.metadata), now, p.key_id, req.execution_id,
+                    req.step, req.task,
+                ),
+            )
+            locations = []
+            for i, spec in enumerate(req.locations):
+                role = spec.role or ("primary" if (not primaries and i == 0) else "replica")
+                locations.append(self._insert_location(tx, resource_id, full, spec, role, now))
+            for input_id, _ in inputs:
+                tx.exec(
+                    "INSERT INTO registry_lineage (lineage_id, output_resource_id, input_resource_id, relationship,"
+                    " execution_id, step, task, created_at) VALUES (?,?,?,?,?,?,?,?)"
+                    " ON CONFLICT (output_resource_id, input_resource_id) DO NOTHING",
+                    ("lin_" + uuid7().replace("-", ""), resource_id, input_id, "derived_from", req.execution_id,
+                     req.step, req.task, now),
+                )
+            self._event(
+                tx, EV_REGISTERED, loc.tenant, loc.project, resource_id, full.uri, p.key_id,
+                {
+                    "urn": full.urn, "version": version, "seq": seq, "kind": kind,
+                    "locations": [{"uri": lc.uri, "role": lc.role, "checksum": lc.checksum} for lc in locations],
+                    "inputs": [u for _, u in inputs], "execution_id": req.execution_id, "step": req.step,
+                },
+            )
+            self._audit_many(audits, tx)
+        return Resource(
+            resource_id=resource_id, uri=full.uri, urn=full.urn, series=loc.series, tenant=loc.tenant,
+            project=loc.project, namespace=loc.namespace, type=loc.type, name=loc.name, version=version, seq=seq,
+            kind=kind, status="active", home_shard=shard, metadata=req.metadata, locations=locations,
+            created_at=now, created_by=p.key_id, execution_id=req.execution_id, step=req.step, task=req.task,
+        )
+
+    def _idempotent_or_conflict(self, tx: Tx, row: Sequence[Any], req: RegisterRequest) -> Resource:
+        locations = self._locations(tx, [row[0]])[row[0]]
+        same = {(lc.uri, lc.checksum) for lc in locations} == {(s.uri, s.checksum) for s in req.locations}
+        if not same:
+            raise Conflict(f"{row[1]} is already registered with other locations")
+        return resource_from_row(row, locations)
+
+    # --------------------------------------------------------------- reading
+    def get(self, p: Principal, resource_id: str, *, _action: str = "get") -> Resource:
+        check_text(resource_id, "resource_id", self.limits.max_text)
+        with self.store.read() as tx:
+            row = tx.one(f"SELECT {RESOURCE_COLS} FROM registry_resource WHERE resource_id = ?", (resource_id,))
+            if row is None:  # ids are random, so "not found" reveals no names
+                raise NotFound(f"no resource {resource_id!r}")
+            loc = ResourceLocator(row[3], row[4], row[5], row[6], row[7], row[8])
+            owned = self._owns(p, loc.tenant, loc.project)
+            grant_id = None if owned else self._grant_for(tx, p, loc.series, row[0], ("read", "write"))
+            if owned or grant_id is not None:
+                resource = resource_from_row(row, self._locations(tx, [row[0]])[row[0]])
+        if owned:
+            return resource
+        if grant_id is not None:
+            self._audit(p, _action, True, row[1], loc.tenant, loc.project, f"grant {grant_id}")
+            return resource
+        self._audit(p, _action, False, row[1], loc.tenant, loc.project, "no live grant")
+        raise Forbidden(f"{p.label} may not read {row[1]}")
+
+    def resolve(
+        self, p: Principal, uri: str, *, purpose: str = "read", region: str | None = None
+    ) -> AccessPlan:
+        loc = locator(uri, require_version=False, max_len=self.limits.max_uri_length)
+        check_text(purpose, "purpose", self.limits.max_text)
+        check_text(region, "region", self.limits.max_text)
+        owned = self._owns(p, loc.tenant, loc.project)
+        with self.store.read() as tx:
+            row, locations = self._find_with_locations(tx, loc)
+            grant_id = None
+            if not owned:
+                grant_id = self._grant_for(tx, p, loc.series, row[0] if row else None, ("read", "write"))
+        if not owned:
+            allowed = row is not None and grant_id is not None
+            reason = f"grant {grant_id}" if allowed else "no live grant"
+            self._audit(p, f"resolve:{purpose}", allowed, row[1] if row else loc.uri, loc.tenant, loc.project, reason)
+            if not allowed:
+                raise Forbidden(f"{p.label} may not read {loc.uri}: no live grant")
+        if row is None:
+            raise NotFound(f"{loc.uri} is not registered")
+        chosen = choose_location(locations, region or self.region)
+        return AccessPlan(
+            allowed=True, resource_id=row[0], uri=row[1],
+            urn=ResourceLocator(row[3], row[4], row[5], row[6], row[7], row[8]).urn, version=row[8], kind=row[10],
+            status=row[11], location=chosen, locations=locations,
+            expected_checksum=chosen.checksum if chosen else None, size_bytes=chosen.size_bytes if chosen else None,
+            format=chosen.format if chosen else None, rows=chosen.rows if chosen else None,
+            schema_fingerprint=chosen.schema_fingerprint if chosen else None, metadata=from_json(row[13]),
+            via_grant=grant_id,
+        )
+
+    def add_location(self, p: Principal, resource_id: str, spec: LocationIn) -> Location:
+        check_text(resource_id, "resource_id", self.limits.max_text)
+        self._check_location(spec)
+        try:
+            return self._add_location(p, resource_id, spec)
+        except Forbidden as e:
+            self._audit_denial(p, "add_location", e, resource_id, None)
+            raise
+
+    def _add_location(self, p: Principal, resource_id: str, spec: LocationIn) -> Location:
+        now = iso(utc_now())
+        with self.store.write() as tx:
+            row = tx.one(f"SELECT {RESOURCE_COLS} FROM registry_resource WHERE resource_id = ?", (resource_id,))
+            if row is None:
+                raise NotFound(f"no resource {resource_id!r}")
+            loc = ResourceLocator(row[3], row[4], row[5], row[6], row[7], row[8])
+            try:
+                grant_id = self._authorize(tx, p, loc, resource_id, "write")
+            except Forbidden as e:
+                raise _denied(e.message, loc) from None
+            has_primary = tx.one(
+                "SELECT 1 FROM registry_location WHERE resource_id = ? AND role = 'primary'", (resource_id,)
+            )
+            role = spec.role or ("replica" if has_primary else "primary")
+            if role == "primary" and has_primary:
+                raise InvalidRequest(f"{row[1]} already has a primary location; add a replica")
+            location = self._insert_location(tx, resource_id, loc, spec, role, now)
+            name = EV_REPLICA_AVAILABLE if role == "replica" else EV_LOCATION_ADDED
+            self._event(
+                tx, name, loc.tenant, loc.project, resource_id, row[1], p.key_id,
+                {"location_id": location.location_id, "uri": location.uri, "role": role, "region": location.region,
+                 "checksum": location.checksum},
+            )
+            if grant_id is not None:
+                self._audit(p, "add_location", True, row[1], loc.tenant, loc.project, f"grant {grant_id}", tx)
+        return location
+
+    # --------------------------------------------------------------- lineage
+    def lineage(self, p: Principal, resource_id: str, direction: str = "up", depth: int = 1) -> Lineage:
+        if direction not in ("up", "down"):
+            raise InvalidRequest("direction must be 'up' or 'down'")
+        depth = max(1, min(check_int(depth, "depth", -MAX_CURSOR, MAX_CURSOR), MAX_LINEAGE_DEPTH))
+        me = self.get(p, resource_id, _action="lineage")  # checks access (and audits a cross-scope decision)
+        near, far = ("output_resource_id", "input_resource_id") if direction == "up" else (
+            "input_resource_id", "output_resource_id")
+        edges: list[LineageEdge] = []
+        audits: list[AuditRow] = []
+        hidden = 0
+        seen = {resource_id}
+        frontier = [resource_id]
+        with self.store.read() as tx:
+            for level in range(1, depth + 1):
+                if not frontier:
+                    break
+                rows = tx.all(
+                    f"SELECT r.resource_id, r.uri, r.tenant_id, r.project_id, r.namespace, r.resource_type, r.name,"
+                    f" r.version, r.kind, l.relationship, l.execution_id, l.step, l.task"
+                    f" FROM registry_lineage l JOIN registry_resource r ON r.resource_id = l.{far}"
+                    f" WHERE l.{near} IN ({','.join('?' * len(frontier))}) ORDER BY l.created_at, r.resource_id",
+                    frontier,
+                )
+                frontier = []
+                for r in rows:
+                    if r[0] in seen:
+                        continue
+                    seen.add(r[0])
+                    loc = ResourceLocator(r[2], r[3], r[4], r[5], r[6], r[7])
+                    if not self._owns(p, loc.tenant, loc.project):
+                        grant_id = self._grant_for(tx, p, loc.series, r[0], ("read", "write"))
+                        audits.append((p, "lineage:neighbour", grant_id is not None, r[1], loc.tenant, loc.project,
+                                       f"grant {grant_id}" if grant_id else "no live grant (hidden)"))
+                        if grant_id is None:
+                            hidden += 1
+                            continue
+                    frontier.append(r[0])
+                    edges.append(LineageEdge(
+                        resource=ResourceSummary(resource_id=r[0], uri=r[1], version=r[7], kind=r[8]),
+                        depth=level, relationship=r[9], execution_id=r[10], step=r[11], task=r[12],
+                    ))
+        self._audit_many(audits)
+        return Lineage(resource_id=resource_id, uri=me.uri, direction=direction, edges=edges,  # type: ignore[arg-type]
+                       hidden=hidden)
+
+    # ------------------------------------------------------------ list/search
+    def list_resources(
+        self,
+        p: Principal,
+        *,
+        tenant: str | None = None,
+        project: str | None = None,
+        namespace: str | None = None,
+        type: str | None = None,
+        q: str | None = None,
+        latest_only: bool = False,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[Resource]:
+        """Resources the caller may read: its own scope plus what live grants share with it.
+        Each cross-scope resource returned is an audited 'list' decision."""
+        limit = max(1, min(check_int(limit, "limit", -MAX_CURSOR, MAX_CURSOR), MAX_PAGE))
+        offset = max(0, check_int(offset, "offset", -MAX_CURSOR, self.limits.max_offset))
+        for name, value in (("tenant", tenant), ("project", project), ("namespace", namespace), ("type", type),
+                            ("q", q)):
+            check_text(value, name, self.limits.max_text)
+        own = "(r.tenant_id = ?" + (" AND r.project_id = ?)" if p.project else ")")
+        own_params: list[Any] = [p.tenant] + ([p.project] if p.project else [])
+        shared = (
+            "EXISTS (SELECT 1 FROM registry_grant g WHERE g.series_id = r.series_id"
+            " AND (g.resource_id IS NULL OR g.resource_id = r.resource_id) AND g.subject_tenant = ?"
+            " AND g.revoked_at IS NULL AND (g.expires_ts IS NULL OR g.expires_ts > ?)"
+            + (" AND (g.subject_project IS NULL OR g.subject_project = ?)" if p.project else "")
+            + ")"
+        )
+        sql = f"SELECT {', '.join('r.' + c.strip() for c in RESOURCE_COLS.split(','))} FROM registry_resource r"
+        sql += f" WHERE ({own} OR {shared})"
+        filters: list[Any] = []
+        for col, value in (("tenant_id", tenant), ("project_id", project), ("namespace", namespace),
+                           ("resource_type", type)):
+            if value:
+                sql += f" AND r.{col} = ?"
+                filters.append(value)
+        if q:
+            sql += " AND (r.uri LIKE ? ESCAPE '\\' OR r.kind = ?)"
+            escaped = q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            filters += [f"%{escaped}%", q]
+        if latest_only:
+            sql += " AND r.seq = (SELECT s.last_seq FROM registry_series s WHERE s.series_id = r.series_id)"
+        sql += " ORDER BY r.series_id, r.seq LIMIT ? OFFSET ?"
+        with self.store.read() as tx:
+            shared_params: list[Any] = [p.tenant, instant(tx.dialect, utc_now())] + ([p.project] if p.project else [])
+            rows = tx.all(sql, own_params + shared_params + filters + [limit, offset])
+            locations = self._locations(tx, [r[0] for r in rows])
+        self._audit_many([(p, "list", True, r[1], r[3], r[4], "live grant") for r in rows
+                          if not self._owns(p, r[3], r[4])])
+        return [resource_from_row(r, locations[r[0]]) for r in rows]
+
+
+
+class CatalogEvents(RegistryBase):
+    """The outbox of catalog-change events, read by a cursor."""
+
+    def events(self, p: Principal, after: int = 0, limit: int = 100) -> EventPage:
+        after = check_int(after, "after", 0, MAX_CURSOR)
+        limit = max(1, min(check_int(limit, "limit", -MAX_CURSOR, MAX_CURSOR), MAX_PAGE))
+        sql = f"SELECT {_EVENT_COLS} FROM registry_event WHERE tenant_id = ? AND seq > ?"
+        params: list[Any] = [p.tenant, after]
+        if p.project is not None:
+            sql += " AND project_id = ?"
+            params.append(p.project)
+        with self.store.read() as tx:
+            rows = tx.all(sql + " ORDER BY seq LIMIT ?", [*params, limit])
+        return _events(rows, after)
+
+    def all_events(self, after: int = 0, limit: int = 1000) -> EventPage:
+        """Every tenant's events: for trusted in-process consumers (replicators, exporters)."""
+        after = check_int(after, "after", 0, MAX_CURSOR)
+        limit = max(1, min(check_int(limit, "limit", -MAX_CURSOR, MAX_CURSOR), 10_000))
+        with self.store.read() as tx:
+            rows = tx.all(f"SELECT {_EVENT_COLS} FROM registry_event WHERE seq > ? ORDER BY seq LIMIT ?",
+                          (after, limit))
+        return _events(rows, after)
