@@ -69,7 +69,7 @@ def _store_writer(url: str, start: mp.Barrier, out: mp.Queue) -> None:
 
 
 def _raw_writer(url: str, start: mp.Barrier, out: mp.Queue) -> None:
-    from noetl_dagster.engine.jsonutil import dumps
+    from noetl_dagster.util.jsonutil import dumps
 
     evs = _events(str(uuid.uuid4()), EVENTS_PER_WRITER)
     rows = [(e.event_id, e.execution_id, n + 1, e.name, e.timestamp, dumps(e.to_dict())) for n, e in enumerate(evs)]

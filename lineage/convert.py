@@ -105,7 +105,7 @@ def dataset_identity(uri: str) -> tuple[str, str, str | None] | None:
     if not isinstance(uri, str) or "://" not in uri:
         return None
     if uri.startswith("noetl://"):
-        from noetl_dagster.storage.locator import InvalidLocator, parse_locator  # noqa: PLC0415
+        from noetl_dagster.dsl.locator import InvalidLocator, parse_locator  # noqa: PLC0415
 
         try:
             loc = parse_locator(uri, require_version=False)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from noetl_dagster.runners import local as _runner
 from noetl_dagster.engine.replay import diff_snapshots, replay
+from noetl_dagster.runners import local as _runner
 
 # shared/ sits beside the checkout (locally and in CI); NOETL_SHARED points elsewhere
 SHARED = Path(os.environ.get("NOETL_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))

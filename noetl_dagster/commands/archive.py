@@ -8,7 +8,7 @@ import sys
 import click
 
 from noetl_dagster.commands.core import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, _fail_input
-from noetl_dagster.engine.jsonutil import dumps
+from noetl_dagster.util.jsonutil import dumps
 
 
 @click.command()
@@ -23,7 +23,7 @@ def archive(execution_id: str, to: str, event_store: str | None, data_dir: str |
             no_registry: bool, as_json: bool) -> None:  # fmt: skip
     """Write an execution's archive bundle (seed 004 §7) to a payload store."""
     from noetl_dagster.storage.archive import ArchiveConflict, archive_execution
-    from noetl_dagster.storage.events import open_event_store
+    from noetl_dagster.storage.event_stores import open_event_store
 
     store = open_event_store(event_store, data_dir=data_dir)
     registry = None

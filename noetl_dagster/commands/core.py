@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from noetl_dagster.engine.jsonutil import dumps
+from noetl_dagster.util.jsonutil import dumps
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -128,7 +128,7 @@ def run(
         sys.exit(EXIT_BAD_INPUT)
     progress = _Progress(enabled=not as_json and not quiet)
     if runner == "dagster":
-        from noetl_dagster.runners.dagster_runner import run_with_dagster
+        from noetl_dagster.translator.runner import run_with_dagster
 
         result = run_with_dagster(
             pb, overrides, event_store=event_store, data_dir=data_dir, catalog_dirs=catalog_dirs,
@@ -168,7 +168,7 @@ def _print_summary(result: Any) -> None:
 
 
 def _open_store(event_store: str | None, data_dir: str | None) -> Any:
-    from noetl_dagster.storage.events import open_event_store
+    from noetl_dagster.storage.event_stores import open_event_store
 
     return open_event_store(event_store, data_dir=data_dir)
 

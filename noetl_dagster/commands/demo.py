@@ -80,9 +80,9 @@ def demo(home: Path | None, only: tuple[str, ...], fresh: bool, verbose: bool) -
 
     import dagster as dg  # noqa: PLC0415
 
-    from noetl_dagster.runners.dagster_runner import DagsterRunError, run_playbook_dagster  # noqa: PLC0415
     from noetl_dagster.dsl import PlaybookInvalid, load_playbook  # noqa: PLC0415
     from noetl_dagster.resources.noetl import close_all_services  # noqa: PLC0415
+    from noetl_dagster.translator.runner import DagsterRunError, run_playbook_dagster  # noqa: PLC0415
 
     rows: list[dict[str, Any]] = []
     instance = dg.DagsterInstance.from_config(str(dagster_home))

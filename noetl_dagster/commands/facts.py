@@ -34,7 +34,7 @@ def _store(clickhouse: str | None, data_dir: str | None, database: str | None) -
 
 
 def _events(events: str | None, data_dir: str | None) -> Any:
-    from noetl_dagster.storage.events import open_event_store  # noqa: PLC0415
+    from noetl_dagster.storage.event_stores import open_event_store
 
     try:
         return open_event_store(events, data_dir=data_dir)

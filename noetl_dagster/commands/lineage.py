@@ -57,7 +57,7 @@ def export(events_url: str | None, data_dir: str | None, executions: tuple[str, 
     from lineage.convert import LineageConverter  # noqa: PLC0415
     from lineage.emitter import file_client, registry_describer_from_env  # noqa: PLC0415
     from noetl_dagster.runners.local import default_data_dir  # noqa: PLC0415
-    from noetl_dagster.storage.events import open_event_store  # noqa: PLC0415
+    from noetl_dagster.storage.event_stores import open_event_store
 
     try:
         log = open_event_store(events_url, data_dir=data_dir)

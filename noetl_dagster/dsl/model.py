@@ -170,19 +170,3 @@ class Playbook(_Model):
         import os
 
         return os.path.dirname(os.path.abspath(self.source_file)) if self.source_file else None
-
-    # -- validation for programmatic construction ------------------------------
-    def check(self) -> Playbook:
-        """Validate a programmatically built playbook with the same rules as a file; raise PlaybookInvalid."""
-        from noetl_dagster.dsl.parse import PlaybookInvalid, parse_playbook
-
-        pb, issues = parse_playbook(self.to_raw(), source_file=self.source_file)
-        if issues:
-            raise PlaybookInvalid(issues)
-        return self
-
-    def to_raw(self) -> dict[str, Any]:
-        """The playbook as a standard-form document (YAML-ready)."""
-        from noetl_dagster.dsl.parse import playbook_to_raw
-
-        return playbook_to_raw(self)

@@ -8,12 +8,11 @@ YAML path, the line and the rule broken.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from noetl_dagster.dsl.loader import PathT, SourceMap, YamlSyntaxError, format_path, load_yaml_file
+from noetl_dagster.dsl.loader import PathT, SourceMap, format_path
 from noetl_dagster.dsl.model import (
     AdmitRule,
     Arc,
@@ -29,6 +28,7 @@ from noetl_dagster.dsl.model import (
     Task,
     WorkbookEntry,
 )
+from noetl_dagster.dsl.serialize import playbook_to_raw
 
 API_VERSION = "noetl.io/v2"
 DIRECTIVES = {"continue", "retry", "jump", "break", "fail"}
@@ -91,7 +91,7 @@ class _Ctx:
         if not self.check_kinds:
             return True
         if self._kinds is None:
-            from noetl_dagster.tools.registry import known_kinds
+            from noetl_dagster.dsl.kinds import known_kinds
 
             self._kinds = known_kinds()
         return kind in self._kinds
@@ -437,7 +437,7 @@ def _kinds_in(value: Any, out: set[str]) -> set[str]:
 
 def _kind_raw_keys(raw: Any) -> set[str]:
     """Config keys the document's tool kinds take verbatim (never rendered), e.g. python `code`."""
-    from noetl_dagster.tools.registry import known_kinds, raw_keys
+    from noetl_dagster.dsl.kinds import known_kinds, raw_keys
 
     known = known_kinds()
     out: set[str] = set()
@@ -448,7 +448,7 @@ def _kind_raw_keys(raw: Any) -> set[str]:
 
 
 def _check_templates(ctx: _Ctx, raw: dict[str, Any]) -> None:
-    from noetl_dagster.engine.templates import iter_template_strings, template_env
+    from noetl_dagster.dsl.templates import iter_template_strings, template_env
 
     env = template_env()
     raw_keys = _RAW_TEXT_KEYS | _kind_raw_keys(raw) if ctx.check_kinds else _RAW_TEXT_KEYS
@@ -599,146 +599,10 @@ def load_playbook_dict(raw: Any, source_file: str | None = None, source_map: Sou
     return pb
 
 
-def load_playbook(path: str | Path) -> Playbook:
-    """Load and validate a playbook file; raises PlaybookInvalid (incl. YAML syntax errors)."""
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{p}: no such playbook file")
-    if p.suffix == ".flow":
-        return _load_flow(p)
-    try:
-        raw, sm = load_yaml_file(p)
-    except YamlSyntaxError as e:
-        raise PlaybookInvalid([ValidationIssue(e.file, e.line, "", "yaml-syntax", e.message)]) from None
-    return load_playbook_dict(raw, source_file=str(p.resolve()), source_map=sm)
+def check_playbook(pb: Playbook) -> Playbook:
+    """Validate a playbook built in Python with the same rules as a file; raise PlaybookInvalid."""
+    from_model, issues = parse_playbook(playbook_to_raw(pb), source_file=pb.source_file)
+    if issues:
+        raise PlaybookInvalid(issues)
+    return pb
 
-
-def validate_file(path: str | Path) -> list[ValidationIssue]:
-    p = Path(path)
-    if not p.is_file():
-        return [ValidationIssue(str(p), 0, "", "file-not-found", "no such file")]
-    if p.suffix == ".flow":
-        try:
-            _load_flow(p)
-        except PlaybookInvalid as e:
-            return e.issues
-        return []
-    try:
-        raw, sm = load_yaml_file(p)
-    except YamlSyntaxError as e:
-        return [ValidationIssue(e.file, e.line, "", "yaml-syntax", e.message)]
-    _, issues = parse_playbook(raw, source_map=sm, source_file=str(p))
-    return issues
-
-
-def _load_flow(p: Path) -> Playbook:
-    """A ``.flow`` file (seed 002 syntax) compiled to a playbook; flow errors keep line and column."""
-    from noetl_dagster.dsl.flow import FlowError, load_flow_playbook
-
-    try:
-        return load_flow_playbook(p)
-    except FlowError as e:
-        where = f"column {e.column}: " if e.column is not None else ""
-        raise PlaybookInvalid([ValidationIssue(str(p), e.line or 1, "", e.rule, where + e.message)]) from None
-
-
-# -- back to a document --------------------------------------------------------
-
-
-def _set_raw(sb: SetBlock) -> dict[str, Any]:
-    return {**{f"ctx.{k}": v for k, v in sb.ctx.items()}, **{f"iter.{k}": v for k, v in sb.iter.items()}}
-
-
-def _rules_raw(rules: list[PolicyRule]) -> list[dict[str, Any]]:
-    out = []
-    for r in rules:
-        then: dict[str, Any] = {"do": r.then.do}
-        for k in ("attempts", "backoff", "delay", "to"):
-            v = getattr(r.then, k)
-            if v is not None:
-                then[k] = v
-        if r.then.set.ctx:
-            then["set_ctx"] = dict(r.then.set.ctx)
-        if r.then.set.iter:
-            then["set_iter"] = dict(r.then.set.iter)
-        out.append({"else": {"then": then}} if r.is_else else {"when": r.when, "then": then})
-    return out
-
-
-def _loop_raw(lp: Loop) -> dict[str, Any]:
-    spec: dict[str, Any] = {"mode": lp.mode, **lp.spec}
-    if lp.max_in_flight is not None:
-        spec["max_in_flight"] = lp.max_in_flight
-    if lp.exec:
-        spec.setdefault("policy", {})["exec"] = lp.exec
-    return {"in": lp.in_, "iterator": lp.iterator, "spec": spec}
-
-
-def _task_raw(t: Task) -> dict[str, Any]:
-    body: dict[str, Any] = {"kind": t.kind, **t.config}
-    spec = dict(t.spec)
-    if t.policy is not None:
-        spec["policy"] = {"rules": _rules_raw(t.policy)}
-    if spec:
-        body["spec"] = spec
-    if t.set:
-        body["set"] = _set_raw(t.set)
-    if t.loop:
-        body["loop"] = _loop_raw(t.loop)
-    return body
-
-
-def playbook_to_raw(pb: Playbook) -> dict[str, Any]:
-    """Standard form: tasks as `- <label>: {kind: ...}`, rule writes as set_ctx / set_iter."""
-    doc: dict[str, Any] = {
-        "apiVersion": pb.api_version,
-        "kind": "Playbook",
-        "metadata": pb.metadata.model_dump(exclude_none=True),
-    }
-    if pb.keychain:
-        doc["keychain"] = pb.keychain
-    if pb.executor.spec or pb.executor.profile:
-        doc["executor"] = pb.executor.model_dump(exclude_none=True)
-    if pb.workload:
-        doc["workload"] = pb.workload
-    if pb.workbook:
-        doc["workbook"] = [{"name": w.name, "tool": _task_raw(w.tool)} for w in pb.workbook]
-    steps = []
-    for s in pb.workflow:
-        d: dict[str, Any] = {"step": s.name}
-        if s.desc:
-            d["desc"] = s.desc
-        spec = dict(s.spec)
-        if s.admit is not None:
-            rules = [
-                {"else": {"then": {"allow": r.allow}}} if r.when is None else {"when": r.when, "then": {"allow": r.allow}}
-                for r in s.admit
-            ]
-            spec.setdefault("policy", {})["admit"] = {"rules": rules}
-        if spec:
-            d["spec"] = spec
-        if s.loop:
-            d["loop"] = _loop_raw(s.loop)
-        if s.input:
-            d["input"] = s.input
-        if s.tool:
-            d["tool"] = [{t.label: _task_raw(t)} for t in s.tool]
-        if s.set:
-            d["set"] = _set_raw(s.set)
-        if s.next is not None:
-            arcs = []
-            for a in s.next.arcs:
-                ad: dict[str, Any] = {"step": a.step}
-                if a.when is not None:
-                    ad["when"] = a.when
-                if a.args is not None:
-                    ad["args"] = a.args
-                if a.set:
-                    ad["set"] = _set_raw(a.set)
-                if a.spec:
-                    ad["spec"] = a.spec
-                arcs.append(ad)
-            d["next"] = {"spec": {"mode": s.next.mode, **s.next.spec}, "arcs": arcs}
-        steps.append(d)
-    doc["workflow"] = steps
-    return doc

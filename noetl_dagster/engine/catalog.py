@@ -10,9 +10,9 @@ from pathlib import Path
 
 import yaml
 
+from noetl_dagster.dsl import load_playbook
 from noetl_dagster.dsl.model import Playbook
-from noetl_dagster.dsl.parse import load_playbook
-from noetl_dagster.tools.registry import ToolError
+from noetl_dagster.engine.ports import ToolError
 
 try:
     from yaml import CSafeLoader as _Loader

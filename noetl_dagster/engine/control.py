@@ -16,17 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from noetl_dagster.dsl.model import Playbook, Step
+from noetl_dagster.dsl.templates import TemplateError, template_env
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine.events import uuid7
 from noetl_dagster.engine.graph import StepGraph, analyze
+from noetl_dagster.engine.ports import EventStore, ResultOffloader, ToolError
 from noetl_dagster.engine.recorder import Recorder
 from noetl_dagster.engine.scope import Scope, StepResults
 from noetl_dagster.engine.state import ExecutionState
-from noetl_dagster.engine.templates import TemplateError, template_env
 from noetl_dagster.engine.worker import StepRun, Worker, outcome_envelope
-from noetl_dagster.storage.events import EventStore
-from noetl_dagster.storage.payload import Offloader
-from noetl_dagster.tools.registry import ToolError
 
 log = logging.getLogger("noetl_dagster.engine")
 MAX_PLAYBOOK_DEPTH = 16
@@ -37,7 +35,7 @@ class Services:
     """What an execution runs against (shared with its child executions)."""
 
     event_store: EventStore
-    offloader: Offloader
+    offloader: ResultOffloader
     data_dir: Path
     catalog: Any  # noetl_dagster.engine.catalog.Catalog
     tenant: str = "default"

@@ -14,10 +14,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from noetl_dagster.engine.events import Event
+from noetl_dagster.engine.ports import EventStore, ResultOffloader
 from noetl_dagster.engine.state import ExecutionState
-from noetl_dagster.storage.events import EventStore
-from noetl_dagster.engine.jsonutil import dumps
-from noetl_dagster.storage.payload import Offloader
+from noetl_dagster.util.jsonutil import dumps
 
 Listener = Callable[[Event], None]
 REDACTED = "***"
@@ -73,7 +72,7 @@ class Recorder:
         self,
         state: ExecutionState,
         store: EventStore,
-        offloader: Offloader,
+        offloader: ResultOffloader,
         *,
         tenant: str = "default",
         project: str = "default",

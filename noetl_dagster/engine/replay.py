@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from noetl_dagster.engine.ports import EventStore, ResultOffloader
 from noetl_dagster.engine.state import ExecutionState, fold
-from noetl_dagster.storage.events import EventStore
-from noetl_dagster.engine.jsonutil import plain
-from noetl_dagster.storage.payload import Offloader
+from noetl_dagster.util.jsonutil import plain
 
 
-def replay(store: EventStore, execution_id: str, offloader: Offloader | None = None) -> ExecutionState:
+def replay(store: EventStore, execution_id: str, offloader: ResultOffloader | None = None) -> ExecutionState:
     events = store.read(execution_id)
     if not events:
         raise KeyError(f"no events for execution {execution_id}")

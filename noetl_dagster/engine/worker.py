@@ -15,12 +15,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from noetl_dagster.dsl.kinds import get_tool
 from noetl_dagster.dsl.model import Loop, RuleThen, Step, Task
+from noetl_dagster.dsl.templates import TemplateError, template_env
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine.events import now_iso, uuid7
+from noetl_dagster.engine.ports import ToolError
 from noetl_dagster.engine.scope import Scope, StepResults, view
-from noetl_dagster.engine.templates import TemplateError, template_env
-from noetl_dagster.tools.registry import ToolError, get_tool
 
 if TYPE_CHECKING:
     from noetl_dagster.engine.control import Engine
@@ -143,7 +144,7 @@ def _error(kind: str, message: str, *, retryable: bool = False, code: Any = None
 
 
 class _ToolCtx:
-    """The engine's implementation of tools.registry.ToolContext for one task call."""
+    """The engine's implementation of engine.ports.ToolContext for one task call."""
 
     def __init__(self, worker: Worker, frame: _Frame, task: Task, attempt: int, scope: Scope):
         self._worker = worker

@@ -12,7 +12,7 @@ of columns; otherwise ``load_as``).
 Which resource an asset is:
 1. ``metadata={"noetl/uri": "noetl://t/p/ns/type/name"}`` on the asset or output;
 2. an asset key ``[tenant, project, namespace, *name]`` whose first two parts are the
-   registry scope (what :func:`noetl_dagster.storage.locator.asset_key_for_uri` returns);
+   registry scope (what :func:`noetl_dagster.dsl.locator.asset_key_for_uri` returns);
 3. otherwise ``noetl://<tenant>/<project>/<namespace config>/<resource_type>/<asset key joined by '/'>``.
 Op outputs that are not assets get ``<namespace>/<type>/runs/<run_id>/<step>/<output>``.
 An input may pin a version with ``metadata={"noetl/version": "v3"}``; by default the newest.
@@ -27,8 +27,8 @@ from typing import Any, ClassVar
 import dagster as dg
 from pydantic import Field, PrivateAttr
 
+from noetl_dagster.dsl.locator import InvalidLocator, ResourceLocator, parse_locator
 from noetl_dagster.resources.registry import NoetlRegistryResource
-from noetl_dagster.storage.locator import InvalidLocator, ResourceLocator, parse_locator
 from noetl_dagster.storage.tables import AS_TYPES, TableStorage, convert
 from registry_service.errors import RegistryError
 

@@ -35,10 +35,10 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import dagster as dg
 from pydantic import Field
 
+from noetl_dagster.dsl.locator import InvalidLocator, ResourceLocator, parse_locator
 from noetl_dagster.io_managers.base import META_URI, META_VERSION
 from noetl_dagster.resources.qdrant import QdrantResource
 from noetl_dagster.resources.registry import NoetlRegistryResource
-from noetl_dagster.storage.locator import InvalidLocator, ResourceLocator, parse_locator
 from noetl_dagster.tools import qdrant as q
 from registry_service.client import RegistryClient
 from registry_service.models import AccessPlan, Resource

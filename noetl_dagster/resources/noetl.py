@@ -20,6 +20,7 @@ import dagster as dg
 from pydantic import Field
 
 from noetl_dagster.engine.control import Services
+from noetl_dagster.resources.runtime import dagster_log_listener, forget_engines
 from noetl_dagster.runners.local import build_services, default_data_dir
 
 _lock = threading.Lock()
@@ -52,8 +53,6 @@ class NoetlResource(dg.ConfigurableResource):
         with _lock:
             svc = _SERVICES.get(key)
             if svc is None:
-                from noetl_dagster.translator.runtime import dagster_log_listener  # noqa: PLC0415
-
                 svc = build_services(
                     event_store=self.event_store_url,
                     data_dir=self.resolved_data_dir(),
@@ -73,8 +72,6 @@ class NoetlResource(dg.ConfigurableResource):
 
 def close_all_services() -> None:
     """Close every cached event store (tests and the demo call this before removing a data dir)."""
-    from noetl_dagster.translator.runtime import forget_engines  # noqa: PLC0415
-
     forget_engines()
     with _lock:
         for svc in _SERVICES.values():

@@ -9,15 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from lineage import listener_from_env
+from noetl_dagster.dsl import check_playbook, load_playbook
 from noetl_dagster.dsl.model import Playbook
-from noetl_dagster.dsl.parse import load_playbook
 from noetl_dagster.engine.catalog import Catalog
 from noetl_dagster.engine.control import Engine, Services
 from noetl_dagster.engine.events import Event
-from noetl_dagster.engine.jsonutil import plain
 from noetl_dagster.engine.worker import StepRun
-from noetl_dagster.storage.events import EventStore, open_event_store
+from noetl_dagster.storage.event_stores import open_event_store
+from noetl_dagster.storage.events import EventStore
 from noetl_dagster.storage.payload import DEFAULT_INLINE_LIMIT, FilePayloadStore, Offloader
+from noetl_dagster.util.jsonutil import plain
 
 # Called with (engine) after every execution finishes; tests use it to replay each execution.
 FINISHED_HOOKS: list[Callable[[Engine], None]] = []
@@ -157,7 +158,7 @@ def run_playbook(
     """Run a playbook to completion in this process and return its summary."""
     if isinstance(playbook, Playbook):
         # built in Python (no source file): validate it like a file would be (raises PlaybookInvalid)
-        pb = playbook if playbook.source_file else playbook.check()
+        pb = playbook if playbook.source_file else check_playbook(playbook)
     else:
         pb = load_playbook(playbook)
     svc = services or build_services(

@@ -64,7 +64,7 @@ def facts_resource_from_env() -> FactsStoreResource:
 def export_tick(resource: FactsStoreResource, *, max_events: int, batch_events: int) -> dict[str, object]:
     """One exporter tick (the sensor body without Dagster): returns the report as a dict."""
     from analytics.exporter import FactExporter  # noqa: PLC0415
-    from noetl_dagster.storage.events import open_event_store  # noqa: PLC0415
+    from noetl_dagster.storage.event_stores import open_event_store
 
     with resource.open() as store:
         log = open_event_store(resource.event_store_url, data_dir=resource.data_dir)

@@ -42,7 +42,7 @@ import dagster as dg
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine.control import Engine, Services
 from noetl_dagster.resources.noetl import NoetlResource
-from noetl_dagster.translator.runtime import (
+from noetl_dagster.resources.runtime import (
     REQUESTED_BY_DAGSTER,
     REQUESTED_BY_DETACHED,
     TAG_EXECUTION,

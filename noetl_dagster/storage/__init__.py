@@ -1,1 +1,1 @@
-"""storage."""
+"""Storage adapters: event stores (SQLite, Postgres), payload stores, tables, archives."""

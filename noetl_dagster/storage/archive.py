@@ -28,8 +28,8 @@ import zstandard
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.state import fold
 from noetl_dagster.storage.events import EventStore
-from noetl_dagster.engine.jsonutil import dumps, plain
 from noetl_dagster.storage.payload import ChecksumMismatch, PayloadStore, is_ref, open_payload_store
+from noetl_dagster.util.jsonutil import dumps, plain
 
 SCHEMA = "noetl.archive-manifest.v1"
 SEGMENT_EVENTS = 10_000
@@ -116,7 +116,7 @@ def archive_execution(
     include_children: bool = True,
 ) -> dict[str, Any]:
     """Write the bundle; return the manifest (with ``uri`` and ``status``: written | exists)."""
-    from noetl_dagster.storage.locator import object_prefix
+    from noetl_dagster.dsl.locator import object_prefix
 
     store = to if isinstance(to, PayloadStore) else open_payload_store(to)
     events = _collect_execution(event_store, execution_id)

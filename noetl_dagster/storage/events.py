@@ -1,4 +1,4 @@
-"""EventStore port and its SQLite adapter (the embedded default).
+"""The SQLite EventStore adapter (the embedded default) and ``open_event_store``.
 
 The store is append-only (triggers refuse UPDATE/DELETE), idempotent on
 ``event_id`` (a re-sent event is dropped, never duplicated) and assigns a
@@ -12,77 +12,13 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from noetl_dagster.engine.events import Event
-from noetl_dagster.engine.jsonutil import dumps, loads
-
-
-@dataclass(frozen=True)
-class StoredEvent:
-    gid: int
-    event: Event
-
-
-@dataclass(frozen=True)
-class ExecutionInfo:
-    execution_id: str
-    playbook: str | None
-    status: str
-    started_at: str | None
-    finished_at: str | None
-    parent_execution_id: str | None
-    events: int
-
-
-class EventStore(ABC):
-    """Append-only, ordered event log."""
-
-    url: str
-
-    @abstractmethod
-    def append(self, events: Sequence[Event]) -> list[Event]:
-        """Append events; sets ``sequence`` on each. Events whose ``event_id`` is
-        already stored are skipped (and keep their stored sequence)."""
-
-    @abstractmethod
-    def read(self, execution_id: str, after_sequence: int = 0) -> list[Event]:
-        """Events of one execution in sequence order."""
-
-    @abstractmethod
-    def tail(self, after_gid: int = 0, limit: int = 1000) -> list[StoredEvent]:
-        """Events of every execution after a global cursor, in append order."""
-
-    @abstractmethod
-    def executions(self, limit: int = 100) -> list[ExecutionInfo]:
-        """Most recent executions first."""
-
-    @abstractmethod
-    def tail_last(self) -> int:
-        """The newest global cursor value (0 when empty)."""
-
-    def iter_all(self, batch: int = 5000) -> Iterator[StoredEvent]:
-        gid = 0
-        while True:
-            rows = self.tail(gid, batch)
-            if not rows:
-                return
-            yield from rows
-            gid = rows[-1].gid
-
-    def close(self) -> None:  # noqa: B027 - optional for adapters without connections
-        pass
-
-    def __enter__(self) -> EventStore:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
+from noetl_dagster.engine.ports import EventStore, ExecutionInfo, StoredEvent
+from noetl_dagster.util.jsonutil import dumps, loads
 
 # One list of statements per schema version; applied in order, recorded in noetl_schema_version.
 SQLITE_MIGRATIONS: list[list[str]] = [
@@ -272,23 +208,3 @@ class SqliteEventStore(EventStore):
     def close(self) -> None:
         with self._lock:
             self._conn.close()
-
-
-def open_event_store(url: str | None = None, *, data_dir: str | os.PathLike[str] | None = None) -> EventStore:
-    """Open an EventStore by URL: ``sqlite:///path``, a bare path, or ``postgresql://...``.
-
-    Without a URL: ``$NOETL_EVENT_STORE_URL``, else SQLite at ``<data_dir>/events.db``.
-    """
-    url = url or os.environ.get("NOETL_EVENT_STORE_URL") or None
-    if not url:
-        base = Path(data_dir or os.environ.get("NOETL_DAGSTER_HOME", ".noetl"))
-        return SqliteEventStore(base / "events.db")
-    if url.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):
-        from noetl_dagster.storage.postgres_events import PostgresEventStore  # noqa: PLC0415
-
-        return PostgresEventStore(url)
-    if url.startswith("sqlite:///"):
-        return SqliteEventStore(url[len("sqlite:///") :])
-    if url.startswith("sqlite://"):
-        return SqliteEventStore(url[len("sqlite://") :] or ":memory:")
-    return SqliteEventStore(url)

@@ -13,7 +13,7 @@ Adapters are chosen by URL with :func:`open_payload_store`:
 
 Keys are laid out per seed 004 §4 (``noetl/env=…/region=…/cell=…/shard=sNNNN/
 tenant=…/project=…/``) when the caller gives a tenant and project; see
-:mod:`noetl_dagster.storage.locator`.
+:mod:`noetl_dagster.dsl.locator`.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from noetl_dagster.engine.jsonutil import dumps, loads
-from noetl_dagster.storage.locator import DEFAULT_LAYOUT, ObjectLayout
+from noetl_dagster.dsl.locator import DEFAULT_LAYOUT, ObjectLayout
+from noetl_dagster.util.jsonutil import dumps, loads
 
 DEFAULT_INLINE_LIMIT = 64 * 1024
 PAYLOAD_STORE_ENV = "NOETL_PAYLOAD_STORE_URL"

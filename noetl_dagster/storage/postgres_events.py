@@ -28,7 +28,7 @@ from psycopg_pool import ConnectionPool
 
 from noetl_dagster.engine.events import Event
 from noetl_dagster.storage.events import EventStore, ExecutionInfo, StoredEvent, sequence_batch
-from noetl_dagster.engine.jsonutil import loads
+from noetl_dagster.util.jsonutil import loads
 
 DEFAULT_SCHEMA = "noetl"
 

@@ -32,7 +32,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 import pyarrow as pa
 
-from noetl_dagster.storage.locator import DEFAULT_LAYOUT, ObjectLayout, ResourceLocator, parse_locator
+from noetl_dagster.dsl.locator import DEFAULT_LAYOUT, ObjectLayout, ResourceLocator, parse_locator
 from noetl_dagster.storage.payload import (
     PAYLOAD_STORE_ENV,
     ChecksumMismatch,

@@ -235,7 +235,7 @@ sys.stdout.write("\n__NOETL_RESULT__" + json.dumps(out, default=str))
 
 
 def _run_python_process(source: str, data: dict[str, Any], context: dict[str, Any], timeout: float, log: Any) -> Any:
-    from noetl_dagster.engine.jsonutil import dumps
+    from noetl_dagster.util.jsonutil import dumps
 
     try:
         proc = subprocess.run(

@@ -28,7 +28,6 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from noetl_dagster.engine.jsonutil import dumps, plain
 from noetl_dagster.storage.payload import (
     DEFAULT_INLINE_LIMIT,
     FilePayloadStore,
@@ -38,6 +37,7 @@ from noetl_dagster.storage.payload import (
     sha256,
 )
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
+from noetl_dagster.util.jsonutil import dumps, plain
 
 BATCH_ROWS = 64 * 1024
 DML_TYPES = {"INSERT", "UPDATE", "DELETE"}

@@ -325,7 +325,7 @@ def _registry(inputs: Mapping[str, Any], ctx: ToolContext) -> Any:
 
 
 def _noetl(uri: str, op: str, inputs: Mapping[str, Any], value: Any, ctx: ToolContext) -> Any:
-    from noetl_dagster.storage.locator import InvalidLocator, parse_locator
+    from noetl_dagster.dsl.locator import InvalidLocator, parse_locator
     from registry_service.errors import RegistryError
 
     try:

@@ -34,9 +34,9 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from noetl_dagster.engine.jsonutil import plain
 from noetl_dagster.tools.credentials import lookup_credential
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
+from noetl_dagster.util.jsonutil import plain
 
 DEFAULT_POOL_SIZE = 16
 CONNECT_TIMEOUT = 10  # seconds, for a new connection and for waiting on the pool

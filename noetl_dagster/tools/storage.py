@@ -37,8 +37,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from noetl_dagster.engine.jsonutil import plain
-from noetl_dagster.storage.locator import InvalidLocator, ResourceLocator
+from noetl_dagster.dsl.locator import InvalidLocator, ResourceLocator
 from noetl_dagster.storage.payload import ChecksumMismatch, PayloadStore, ResultRef, is_ref
 from noetl_dagster.storage.tables import (
     FORMAT_ARROW,
@@ -50,6 +49,7 @@ from noetl_dagster.storage.tables import (
     read_file_table,
 )
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
+from noetl_dagster.util.jsonutil import plain
 
 REGISTRY_URL_ENV = "NOETL_REGISTRY_URL"
 REGISTRY_KEY_ENV = "NOETL_REGISTRY_API_KEY"
@@ -125,7 +125,7 @@ def table_data(value: Any, ctx: ToolContext) -> Any:
         data = store.get_verified(ref)
         if ref.format in (FORMAT_ARROW, "arrow_ipc", FORMAT_PARQUET):
             return read_file_table(data, FORMAT_ARROW if ref.format == "arrow_ipc" else ref.format)
-        from noetl_dagster.engine.jsonutil import loads  # noqa: PLC0415
+        from noetl_dagster.util.jsonutil import loads  # noqa: PLC0415
 
         value = loads(data)
     if isinstance(value, Mapping) and isinstance(value.get("rows"), list) and not isinstance(value.get("rows"), str):

@@ -20,15 +20,15 @@ from typing import Any
 import dagster as dg
 import yaml
 
+import noetl_dagster.translator.naming as naming
 from noetl_dagster.dsl import PlaybookInvalid, load_playbook
 from noetl_dagster.dsl.model import Playbook
 from noetl_dagster.engine.graph import analyze
 from noetl_dagster.resources.noetl import NoetlResource, resource_from_env
-from noetl_dagster.translator import naming
+from noetl_dagster.resources.runtime import TAG_STEP
 from noetl_dagster.translator.frames import loop_dependencies, make_loop_ops
 from noetl_dagster.translator.ops import RESOURCE_KEY, make_node_op, make_start_op, output_name
 from noetl_dagster.translator.plan import MODES, JobPlan, Node, plan_job
-from noetl_dagster.translator.runtime import TAG_STEP
 from noetl_dagster.translator.translator import (
     START_ID,
     NoetlJobSpec,

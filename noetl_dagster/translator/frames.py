@@ -34,16 +34,7 @@ from dagster._core.definitions.dependency import (
 
 from noetl_dagster.dsl.model import Playbook
 from noetl_dagster.engine import events as E
-from noetl_dagster.translator.ops import (
-    RESOURCE_KEY,
-    RESULT_OUTPUT,
-    _execution_id,
-    _report_outputs,
-    _tag_run,
-    op_tags,
-)
-from noetl_dagster.translator.plan import JobPlan, Node
-from noetl_dagster.translator.runtime import (
+from noetl_dagster.resources.runtime import (
     TAG_STATUS,
     OpReport,
     StepOutcome,
@@ -56,6 +47,15 @@ from noetl_dagster.translator.runtime import (
     sync,
     work_steps,
 )
+from noetl_dagster.translator.ops import (
+    RESOURCE_KEY,
+    RESULT_OUTPUT,
+    _execution_id,
+    _report_outputs,
+    _tag_run,
+    op_tags,
+)
+from noetl_dagster.translator.plan import JobPlan, Node
 from noetl_dagster.translator.translator import NoetlOpSpec
 
 MAX_FRAMES = 16

@@ -17,11 +17,10 @@ from typing import Any
 
 import dagster as dg
 
+import noetl_dagster.translator.naming as naming
+from noetl_dagster.dsl.locator import InvalidLocator, asset_key_for_uri
 from noetl_dagster.dsl.model import Playbook
-from noetl_dagster.storage.locator import InvalidLocator, asset_key_for_uri
-from noetl_dagster.translator import naming
-from noetl_dagster.translator.plan import JobPlan, Node
-from noetl_dagster.translator.runtime import (
+from noetl_dagster.resources.runtime import (
     REQUESTED_BY_DAGSTER,
     TAG_EXECUTION,
     TAG_STATUS,
@@ -35,6 +34,7 @@ from noetl_dagster.translator.runtime import (
     start_execution,
     work_steps,
 )
+from noetl_dagster.translator.plan import JobPlan, Node
 from noetl_dagster.translator.translator import NoetlOpSpec
 
 RESOURCE_KEY = "noetl"

@@ -27,11 +27,10 @@ from typing import Any
 
 import dagster as dg
 
+import noetl_dagster.translator.naming as naming
+from noetl_dagster.dsl.locator import InvalidLocator, asset_key_for_uri, is_locator
 from noetl_dagster.dsl.model import Playbook, Step
-from noetl_dagster.translator.k8s import needs_k8s_job_executor, step_k8s_tags
-from noetl_dagster.storage.locator import InvalidLocator, asset_key_for_uri, is_locator
-from noetl_dagster.translator import naming
-from noetl_dagster.translator.runtime import (
+from noetl_dagster.resources.runtime import (
     TAG_KIND,
     TAG_MODE,
     TAG_PLAYBOOK,
@@ -39,6 +38,7 @@ from noetl_dagster.translator.runtime import (
     TAG_STEP,
     TAG_TENANT,
 )
+from noetl_dagster.translator.k8s import needs_k8s_job_executor, step_k8s_tags
 
 EXECUTOR_ENV = "NOETL_DAGSTER_EXECUTOR"
 

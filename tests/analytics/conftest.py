@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from analytics.demo import example_playbooks, run_playbooks
 from analytics.store import FactsStore, close_all
+from noetl_dagster.commands.facts_demo import example_playbooks, run_playbooks
 from noetl_dagster.storage.events import SqliteEventStore
 
 HERE = Path(__file__).parent

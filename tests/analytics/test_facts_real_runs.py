@@ -21,7 +21,7 @@ from analytics.rollups import refresh_rollups
 from analytics.store import close_all
 from noetl_dagster.commands.main import cli
 from noetl_dagster.engine import events as E
-from noetl_dagster.storage.events import open_event_store
+from noetl_dagster.storage.event_stores import open_event_store
 
 
 def _walk_refs(value: Any, created: dict[str, int]) -> None:

@@ -9,10 +9,15 @@ from urllib.parse import unquote
 import pytest
 from click.testing import CliRunner
 
-from noetl_dagster.storage.archive import ArchiveConflict, archive_execution, read_archive_events, replay_from_archive
 from noetl_dagster.commands.main import cli
 from noetl_dagster.dsl import load_playbook_dict
 from noetl_dagster.runners.local import run_playbook
+from noetl_dagster.storage.archive import (
+    ArchiveConflict,
+    archive_execution,
+    read_archive_events,
+    replay_from_archive,
+)
 from noetl_dagster.storage.events import SqliteEventStore
 from noetl_dagster.storage.payload import ChecksumMismatch
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import dagster as dg
 
-from noetl_dagster.runners.dagster_runner import run_playbook_dagster
 from noetl_dagster.runners.local import run_playbook
-from noetl_dagster.storage.events import open_event_store
+from noetl_dagster.storage.event_stores import open_event_store
+from noetl_dagster.translator.runner import run_playbook_dagster
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "example_project" / "playbooks"

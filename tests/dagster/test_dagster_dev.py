@@ -21,9 +21,9 @@ import httpx
 import pytest
 from dagster_helpers import EXAMPLES, REPO
 
-from noetl_dagster.runners.dagster_runner import run_playbook_dagster
 from noetl_dagster.resources.noetl import close_all_services
-from noetl_dagster.storage.events import open_event_store
+from noetl_dagster.storage.event_stores import open_event_store
+from noetl_dagster.translator.runner import run_playbook_dagster
 
 RUNS_QUERY = """
 query Runs($eid: String!) {

@@ -11,7 +11,7 @@ import pytest
 from dagster_helpers import EXAMPLES, FIXTURES, events_of, names_per_step, run_dagster, run_local, summary
 
 from noetl_dagster.engine.replay import replay
-from noetl_dagster.storage.events import open_event_store
+from noetl_dagster.storage.event_stores import open_event_store
 
 # playbooks that choose per-step jobs or a separate step themselves
 SENSOR_ROUTED = {"examples/per_step_pipeline", "examples/failure_recovery"}

@@ -6,7 +6,7 @@ import dagster as dg
 from dagster_helpers import EXAMPLES
 
 from noetl_dagster.resources.noetl import NoetlResource
-from noetl_dagster.storage.events import open_event_store
+from noetl_dagster.storage.event_stores import open_event_store
 from noetl_dagster.translator import compile_playbooks
 
 

@@ -9,14 +9,14 @@ import dagster as dg
 import pytest
 from dagster_helpers import EXAMPLES, events_of
 
-from noetl_dagster.runners.dagster_runner import run_playbook_dagster
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine.control import Engine
 from noetl_dagster.engine.events import Event
-from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.resources.noetl import NoetlResource
+from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.sensors.router import RouterCursor, instance_run_lookup, router_tick
 from noetl_dagster.translator import compile_playbooks
+from noetl_dagster.translator.runner import run_playbook_dagster
 
 
 @pytest.fixture

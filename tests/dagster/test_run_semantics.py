@@ -209,7 +209,7 @@ def test_reexecution_from_failure_resumes_from_the_event_log(monkeypatch, recove
 
 @pytest.mark.parametrize("mode", ["default", "per_step"])
 def test_detached_request_is_recorded_for_the_router(dagster_data, mode):
-    from noetl_dagster.runners.dagster_runner import run_playbook_dagster
+    from noetl_dagster.translator.runner import run_playbook_dagster
 
     r = run_playbook_dagster(EXAMPLES / "hello_dagster.yaml", {"times": 1}, data_dir=dagster_data, mode=mode, detach=True)
     assert r.status == "requested"

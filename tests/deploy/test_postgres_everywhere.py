@@ -12,10 +12,10 @@ import dagster as dg
 import psycopg
 import pytest
 
-from noetl_dagster.runners.dagster_runner import run_playbook_dagster
-from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.resources.noetl import close_all_services
-from noetl_dagster.storage.events import open_event_store
+from noetl_dagster.runners.local import run_playbook
+from noetl_dagster.storage.event_stores import open_event_store
+from noetl_dagster.translator.runner import run_playbook_dagster
 
 PG = "postgresql://postgres@127.0.0.1:5432"
 REPO = Path(__file__).resolve().parents[2]

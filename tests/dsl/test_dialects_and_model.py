@@ -1,5 +1,5 @@
 """SEMANTICS §1: the standard form and the runtime dialect normalize to one
-canonical model; a playbook built in Python validates (.check()) and runs the
+canonical model; a playbook built in Python validates (check_playbook) and runs the
 same; the model round-trips to a standard-form document."""
 
 from __future__ import annotations
@@ -22,11 +22,13 @@ from noetl_dagster.dsl import (
     Step,
     Task,
     YamlSyntaxError,
+    check_playbook,
     load_playbook,
     load_playbook_dict,
     load_yaml_file,
     load_yaml_text,
     parse_playbook,
+    playbook_to_raw,
     validate_file,
 )
 from noetl_dagster.runners.local import run_playbook
@@ -241,7 +243,7 @@ def _programmatic() -> Playbook:
 
 def test_programmatic_playbook_checks_and_equals_the_yaml_model():
     pb = _programmatic()
-    assert pb.check() is pb
+    assert check_playbook(pb) is pb
     assert _canonical(pb) == _canonical(_load(STANDARD))
 
 
@@ -255,7 +257,7 @@ def test_programmatic_playbook_runs_the_same(data_dir, tmp_path):
 def test_programmatic_round_trip_through_a_document(tmp_path):
     import yaml
 
-    raw = _programmatic().to_raw()
+    raw = playbook_to_raw(_programmatic())
     p = tmp_path / "rt.yaml"
     p.write_text(yaml.safe_dump(raw, sort_keys=False))
     assert validate_file(p) == []
@@ -280,7 +282,7 @@ def test_programmatic_playbook_check_reports_rules(mutate, rule):
     mutate(pb)
     pb._steps = None
     with pytest.raises(PlaybookInvalid) as e:
-        pb.check()
+        check_playbook(pb)
     assert rule in {i.rule for i in e.value.issues}, [str(i) for i in e.value.issues]
 
 
@@ -293,7 +295,7 @@ def test_running_an_invalid_programmatic_playbook_is_refused(data_dir):
 
 
 def test_every_runnable_fixture_round_trips(conformance_dir: Path):
-    """to_raw() of any valid fixture parses back to the same model (check() relies on it)."""
+    """playbook_to_raw of any valid fixture parses back to the same model (check_playbook relies on it)."""
     checked = 0
     for f in sorted(conformance_dir.rglob("*.yaml")):
         try:
@@ -303,7 +305,7 @@ def test_every_runnable_fixture_round_trips(conformance_dir: Path):
         pb, issues = parse_playbook(raw, source_map=sm, source_file=str(f))
         if pb is None:
             continue
-        back, issues = parse_playbook(pb.to_raw(), source_file=pb.source_file)
+        back, issues = parse_playbook(playbook_to_raw(pb), source_file=pb.source_file)
         assert not issues, (f, [str(i) for i in issues])
         assert _canonical(back) == _canonical(pb), f
         checked += 1

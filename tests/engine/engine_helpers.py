@@ -9,7 +9,7 @@ from typing import Any
 
 from noetl_dagster.engine.events import Event
 from noetl_dagster.runners.local import ExecutionResult
-from noetl_dagster.storage.events import open_event_store
+from noetl_dagster.storage.event_stores import open_event_store
 
 
 @dataclass

@@ -14,7 +14,8 @@ from noetl_dagster.engine import events as E
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.replay import diff_snapshots, replay
 from noetl_dagster.runners.local import FINISHED_HOOKS
-from noetl_dagster.storage.events import SqliteEventStore, open_event_store
+from noetl_dagster.storage.event_stores import open_event_store
+from noetl_dagster.storage.events import SqliteEventStore
 
 HEAD = """
 apiVersion: noetl.io/v2

@@ -356,7 +356,7 @@ workflow:
 
 def test_loop_positions_replay(run_pb):
     from noetl_dagster.engine.replay import replay
-    from noetl_dagster.storage.events import open_event_store
+    from noetl_dagster.storage.event_stores import open_event_store
 
     r = run_pb(_loop("{{ [1, 0, 2] }}", tool="""
     tool:

@@ -313,7 +313,7 @@ def test_sub_playbook_return_step_and_child_events(run_pb, write_pb):
     assert {e.parent_execution_id for e in r.events} == {None}
     # the child's log replays on its own (conftest only sees top-level executions)
     from noetl_dagster.engine.replay import replay
-    from noetl_dagster.storage.events import open_event_store
+    from noetl_dagster.storage.event_stores import open_event_store
 
     with open_event_store(r.result.event_store_url) as store:
         state = replay(store, res["execution_id"])

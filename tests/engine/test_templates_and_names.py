@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from noetl_dagster.dsl.templates import TemplateError, template_env
 from noetl_dagster.engine.scope import Scope
-from noetl_dagster.engine.templates import TemplateError, template_env
 
 env = template_env()
 

@@ -42,7 +42,7 @@ def _same(a, b) -> None:
 
 
 def test_flows_run_the_same_on_dagster(tmp_path, data_dir):
-    from noetl_dagster.runners.dagster_runner import run_playbook_dagster
+    from noetl_dagster.translator.runner import run_playbook_dagster
 
     flow_file = _copy_example(tmp_path)
     example = load_flow_playbook(flow_file)

@@ -10,9 +10,9 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
+from noetl_dagster.dsl.locator import asset_key_for_uri
 from noetl_dagster.io_managers import ParquetIOManager
 from noetl_dagster.resources.registry import NoetlRegistryResource
-from noetl_dagster.storage.locator import asset_key_for_uri
 from noetl_dagster.storage.payload import ChecksumMismatch
 from noetl_dagster.storage.tables import table_checksum
 from registry_service.client import open_registry

@@ -8,8 +8,8 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
+from noetl_dagster.dsl.locator import asset_key_for_uri
 from noetl_dagster.resources.noetl import NoetlResource
-from noetl_dagster.storage.locator import asset_key_for_uri
 from noetl_dagster.storage.tables import TableStorage, table_checksum, to_arrow
 from noetl_dagster.translator import compile_playbooks
 from registry_service.client import open_registry

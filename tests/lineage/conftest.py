@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from analytics.demo import example_playbooks, run_playbooks
 from lineage.validate import LineageValidator
+from noetl_dagster.commands.facts_demo import example_playbooks, run_playbooks
 from noetl_dagster.storage.events import SqliteEventStore
 
 FIXTURES = Path(__file__).resolve().parents[1] / "analytics" / "playbooks"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from noetl_dagster.dsl import load_playbook_dict
-from noetl_dagster.storage.events import open_event_store
+from noetl_dagster.storage.event_stores import open_event_store
 
 
 class Run:

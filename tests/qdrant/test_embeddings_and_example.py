@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.tools.embeddings import (
     CallableEmbedder,
     EmbeddingError,
@@ -17,7 +18,6 @@ from noetl_dagster.tools.embeddings import (
     parse_embedding_spec,
     register_embedder,
 )
-from noetl_dagster.runners.local import run_playbook
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "example_project" / "playbooks" / "vector_search.yaml"
 
@@ -95,7 +95,7 @@ def test_example_playbook_answers_offline(home):
 
 
 def test_example_playbook_on_the_dagster_runner_matches_the_local_runner(home):
-    from noetl_dagster.runners.dagster_runner import run_playbook_dagster
+    from noetl_dagster.translator.runner import run_playbook_dagster
 
     local = run_playbook(EXAMPLE, data_dir=home)
     on_dagster = run_playbook_dagster(EXAMPLE, data_dir=home)

@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from noetl_dagster.tools.embeddings import get_embedder
+from noetl_dagster.dsl.locator import parse_locator
 from noetl_dagster.io_managers.qdrant import (
     IndexHandle,
     QdrantIOManager,
@@ -17,7 +17,7 @@ from noetl_dagster.io_managers.qdrant import (
 )
 from noetl_dagster.resources.qdrant import QdrantResource
 from noetl_dagster.resources.registry import NoetlRegistryResource
-from noetl_dagster.storage.locator import parse_locator
+from noetl_dagster.tools.embeddings import get_embedder
 from registry_service.client import open_registry
 from registry_service.errors import Forbidden
 

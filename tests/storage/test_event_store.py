@@ -11,7 +11,8 @@ import psycopg
 import pytest
 
 from noetl_dagster.engine.events import Event, uuid7
-from noetl_dagster.storage.events import SqliteEventStore, open_event_store
+from noetl_dagster.storage.event_stores import open_event_store
+from noetl_dagster.storage.events import SqliteEventStore
 from noetl_dagster.storage.postgres_events import (
     MIGRATIONS,
     EventStoreUnavailable,

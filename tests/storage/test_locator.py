@@ -7,7 +7,7 @@ from datetime import date
 
 import pytest
 
-from noetl_dagster.storage.locator import (
+from noetl_dagster.dsl.locator import (
     InvalidLocator,
     ObjectLayout,
     ResourceLocator,

@@ -9,7 +9,7 @@ from urllib.parse import unquote
 import boto3
 import pytest
 
-from noetl_dagster.storage.locator import object_prefix
+from noetl_dagster.dsl.locator import object_prefix
 from noetl_dagster.storage.payload import (
     ChecksumMismatch,
     FilePayloadStore,

@@ -135,7 +135,7 @@ def test_iceberg_refuses_names_that_would_alias(storage):
     with pytest.raises(TableDataError, match="cannot have '.'"):
         storage.publish(TABLE, "noetl://acme/lab/sales/dataset/a.b", format="iceberg")
     assert IcebergTables.identifier(
-        __import__("noetl_dagster.storage.locator", fromlist=["x"]).parse_locator("noetl://acme/lab/ns/dataset/x/y@v1")
+        __import__("noetl_dagster.dsl.locator", fromlist=["x"]).parse_locator("noetl://acme/lab/ns/dataset/x/y@v1")
     ) == ("acme", "lab", "ns", "x__y")
 
 

@@ -20,7 +20,7 @@ def playbook(workflow, **extra):
 
 
 def events(res, tmp_path):
-    from noetl_dagster.storage.events import open_event_store
+    from noetl_dagster.storage.event_stores import open_event_store
 
     store = open_event_store(None, data_dir=tmp_path)
     try:

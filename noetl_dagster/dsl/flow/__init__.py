@@ -61,7 +61,6 @@ def compile_flow(
 
 
 def _validate(playbook: dict[str, Any], file: str | None) -> None:
-    import noetl_dagster.tools.flow  # noqa: F401 - the flow kinds must be known to the validator
     from noetl_dagster.dsl.parse import parse_playbook
 
     _, issues = parse_playbook(playbook, source_file=file)

@@ -120,8 +120,7 @@ class _Compiler:
 
     def kinds(self) -> set[str]:
         if self._kinds is None:
-            import noetl_dagster.tools.flow  # noqa: F401 - registers the flow kinds
-            from noetl_dagster.tools.registry import known_kinds
+            from noetl_dagster.dsl.kinds import known_kinds
 
             self._kinds = known_kinds()
         return self._kinds

@@ -34,8 +34,8 @@ from noetl_dagster.engine.control import Engine, Services
 from noetl_dagster.engine.events import Event, uuid7_from
 from noetl_dagster.engine.state import fold
 from noetl_dagster.engine.worker import StepRun
-from noetl_dagster.engine.jsonutil import dumps, plain
 from noetl_dagster.storage.payload import is_ref
+from noetl_dagster.util.jsonutil import dumps, plain
 
 log = logging.getLogger("noetl_dagster.dagster")
 

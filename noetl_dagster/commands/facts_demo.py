@@ -1,7 +1,7 @@
 """Real runs for the dashboard: run the example playbooks for a few tenants,
 export their events as facts and render the dashboard.
 
-    .venv/bin/python -m analytics.demo --out docs/img [--data-dir DIR]
+    .venv/bin/python -m noetl_dagster.commands.facts_demo --out docs/img [--data-dir DIR]
 
 Tests use :func:`run_playbooks` to build event logs from real executions.
 """

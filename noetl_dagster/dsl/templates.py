@@ -47,7 +47,7 @@ class _Undefined(ChainableUndefined):
 
 
 def _tojson(value: Any, indent: int | None = None) -> str:
-    from noetl_dagster.engine.jsonutil import to_jsonable
+    from noetl_dagster.util.jsonutil import to_jsonable
 
     return json.dumps(value, default=to_jsonable, indent=indent)
 

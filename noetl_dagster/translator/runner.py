@@ -24,21 +24,21 @@ from typing import Any
 
 import dagster as dg
 
+from noetl_dagster.dsl import load_playbook
 from noetl_dagster.dsl.model import Playbook
-from noetl_dagster.dsl.parse import load_playbook
 from noetl_dagster.engine.control import Engine, Services
 from noetl_dagster.engine.events import uuid7
-from noetl_dagster.runners.local import ExecutionResult
 from noetl_dagster.engine.state import fold
 from noetl_dagster.resources.noetl import NoetlResource
-from noetl_dagster.sensors.router import RouterCursor, instance_run_lookup, router_tick
-from noetl_dagster.storage.events import EventStore
-from noetl_dagster.translator.build import CompiledPlaybook, NoetlCodeLocation, compile_playbooks
-from noetl_dagster.translator.runtime import (
+from noetl_dagster.resources.runtime import (
     REQUESTED_BY_DETACHED,
     TAG_EXECUTION,
     register_engine,
 )
+from noetl_dagster.runners.local import ExecutionResult
+from noetl_dagster.sensors.router import RouterCursor, instance_run_lookup, router_tick
+from noetl_dagster.storage.events import EventStore
+from noetl_dagster.translator.build import CompiledPlaybook, NoetlCodeLocation, compile_playbooks
 from noetl_dagster.translator.translator import NoetlTranslator
 
 MAX_RUNS = 10_000  # per execution; a guard against a routing bug looping forever
@@ -208,6 +208,6 @@ def result_from_log(svc: Services, eid: str, pb: Playbook) -> ExecutionResult:
 def _json(value: Any) -> str:
     import json
 
-    from noetl_dagster.engine.jsonutil import plain
+    from noetl_dagster.util.jsonutil import plain
 
     return json.dumps(plain(value))

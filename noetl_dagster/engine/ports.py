@@ -1,0 +1,137 @@
+"""Ports: the small interfaces through which the engine talks to the outside.
+
+The engine depends only on these; adapters (``storage``, ``tools``, ``lineage``,
+``analytics``) implement them and a composition root (``runners``, the Dagster
+resources) wires them together. Nothing here imports an adapter.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from noetl_dagster.engine.events import Event
+
+# Called with every event after it is recorded (lineage, facts, Dagster logs).
+EventListener = Callable[[Event], None]
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    gid: int
+    event: Event
+
+
+@dataclass(frozen=True)
+class ExecutionInfo:
+    execution_id: str
+    playbook: str | None
+    status: str
+    started_at: str | None
+    finished_at: str | None
+    parent_execution_id: str | None
+    events: int
+
+
+class EventStore(ABC):
+    """Append-only, ordered event log."""
+
+    url: str
+
+    @abstractmethod
+    def append(self, events: Sequence[Event]) -> list[Event]:
+        """Append events; sets ``sequence`` on each. Events whose ``event_id`` is
+        already stored are skipped (and keep their stored sequence)."""
+
+    @abstractmethod
+    def read(self, execution_id: str, after_sequence: int = 0) -> list[Event]:
+        """Events of one execution in sequence order."""
+
+    @abstractmethod
+    def tail(self, after_gid: int = 0, limit: int = 1000) -> list[StoredEvent]:
+        """Events of every execution after a global cursor, in append order."""
+
+    @abstractmethod
+    def executions(self, limit: int = 100) -> list[ExecutionInfo]:
+        """Most recent executions first."""
+
+    @abstractmethod
+    def tail_last(self) -> int:
+        """The newest global cursor value (0 when empty)."""
+
+    def iter_all(self, batch: int = 5000) -> Iterator[StoredEvent]:
+        gid = 0
+        while True:
+            rows = self.tail(gid, batch)
+            if not rows:
+                return
+            yield from rows
+            gid = rows[-1].gid
+
+    def close(self) -> None:  # noqa: B027 - optional for adapters without connections
+        pass
+
+    def __enter__(self) -> EventStore:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+
+class ResultOffloader(Protocol):
+    """Reference-first results: large values leave the event log as ``$ref`` envelopes."""
+
+    store: Any
+
+    def maybe_offload(self, value: Any, key: str) -> Any: ...
+
+    def resolve(self, value: Any) -> Any: ...
+
+
+class ToolError(Exception):
+    """A tool failed. ``details`` become kind helpers on the outcome (``http``, ``pg``, ``py``)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kind: str = "tool_error",
+        retryable: bool = False,
+        code: str | int | None = None,
+        details: Mapping[str, Any] | None = None,
+        result: Any = None,
+    ):
+        super().__init__(message)
+        self.message = message
+        self.kind = kind
+        self.retryable = retryable
+        self.code = code
+        self.details = dict(details or {})
+        self.result = result
+
+
+class ToolContext(Protocol):
+    """What a tool can see of the running execution (implemented by the engine)."""
+
+    execution_id: str
+    step: str
+    task: str
+    attempt: int
+    spec: Mapping[str, Any]  # the task's ``spec`` (policy excluded)
+    base_dir: str | None  # directory of the playbook file, for relative paths
+    render_context: Mapping[str, Any]  # read-only view of the template namespaces
+
+    def credential(self, name: str) -> dict[str, Any]: ...
+
+    def resource(self, key: str, factory: Callable[[], Any]) -> Any:
+        """A per-execution shared object (connection pools), created once."""
+
+    def run_playbook(self, path: str, workload: Mapping[str, Any], **kw: Any) -> dict[str, Any]: ...
+
+    def log(self, message: str) -> None: ...
+
+    def redact(self, value: str) -> None:
+        """Mark a secret value: it must never appear in events, logs or output."""

@@ -1,0 +1,1 @@
+"""Foundation helpers that import nothing else from the project (the bottom layer)."""
