@@ -4,24 +4,16 @@ in-process and over HTTP (uvicorn on a free loopback port)."""
 from __future__ import annotations
 
 import os
-import socket
-import threading
-import time
 import uuid
 
 import psycopg
 import pytest
+from registry_helpers import ServerThread, free_port  # noqa: F401 - free_port: re-exported
 
 from registry_service.client import HttpRegistryClient, InProcessRegistryClient, RegistryClient
 from registry_service.service import Registry
 
 PG_ADMIN_URL = os.environ.get("NOETL_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -48,36 +40,6 @@ def registry(db_url):
     reg = Registry(db_url)
     yield reg
     reg.close()
-
-
-class ServerThread:
-    """uvicorn serving an app in a background thread."""
-
-    def __init__(self, app):
-        import uvicorn
-
-        self.port = free_port()
-        self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> ServerThread:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("registry server did not start")
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
 
 
 @pytest.fixture(scope="module")
