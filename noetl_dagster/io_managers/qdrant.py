@@ -111,7 +111,7 @@ class IndexHandle:
             raise ValueError("query needs a vector or a text")
         if self.embedding is None:
             raise ValueError(f"{self.uri} was registered without an embedder; query it with a vector")
-        from noetl_dagster.tools.embeddings import get_embedder
+        from noetl_dagster.tools.qdrant.embeddings import get_embedder
 
         return get_embedder(self.embedding).embed([text])[0]
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from noetl_dagster.runners.local import run_playbook
-from noetl_dagster.tools.embeddings import (
+from noetl_dagster.tools.qdrant.embeddings import (
     CallableEmbedder,
     EmbeddingError,
     HashingEmbedder,
@@ -28,7 +28,7 @@ def test_hashing_vectors_are_unit_length_and_deterministic_across_processes():
     assert vec.dtype == np.float32 and vec.shape == (16,)
     assert np.linalg.norm(vec) == pytest.approx(1.0, abs=1e-6)
     # another interpreter with another hash seed gives the same numbers (blake2b, not hash())
-    code = "from noetl_dagster.tools.embeddings import HashingEmbedder; print(HashingEmbedder(dim=16).embed_one('Vector indexes on Qdrant').tolist())"
+    code = "from noetl_dagster.tools.qdrant.embeddings import HashingEmbedder; print(HashingEmbedder(dim=16).embed_one('Vector indexes on Qdrant').tolist())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONHASHSEED": "12345", "PATH": ""}).stdout  # fmt: skip
     np.testing.assert_array_equal(np.array(eval(out), dtype=np.float32), vec)  # noqa: S307 - our own output

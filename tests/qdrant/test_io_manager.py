@@ -17,7 +17,7 @@ from noetl_dagster.io_managers.qdrant import (
 )
 from noetl_dagster.resources.qdrant import QdrantResource
 from noetl_dagster.resources.registry import NoetlRegistryResource
-from noetl_dagster.tools.embeddings import get_embedder
+from noetl_dagster.tools.qdrant.embeddings import get_embedder
 from registry_service.client import open_registry
 from registry_service.errors import Forbidden
 

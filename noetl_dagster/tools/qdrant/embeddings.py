@@ -12,7 +12,7 @@ Plugging a model: register a factory under a name and refer to it as
 ``embedding: {model: <name>, ...}`` in a ``kind: qdrant`` task or call
 :func:`get_embedder` yourself::
 
-    from noetl_dagster.tools.embeddings import CallableEmbedder, register_embedder
+    from noetl_dagster.tools.qdrant.embeddings import CallableEmbedder, register_embedder
 
     def minilm(**options):
         import os
@@ -243,7 +243,7 @@ def get_embedder(spec: Any = None) -> Embedder:
     if factory is None:
         raise EmbeddingError(
             f"unknown embedding model {name!r} (known: {', '.join(sorted(_factories()))}); "
-            "register one with noetl_dagster.tools.embeddings.register_embedder"
+            "register one with noetl_dagster.tools.qdrant.embeddings.register_embedder"
         )
     try:
         embedder = factory(**options)
