@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -10,9 +11,19 @@ from typing import Any
 
 import click
 
+from noetl_dagster.commands.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from noetl_dagster.util.jsonutil import dumps
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def _scope_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """--tenant / --project: a name, never a path or control characters."""
+    if value is None or not _NAME.match(value) or ".." in value:
+        raise click.BadParameter(
+            f"{value!r}: use 1-128 letters, digits, '_', '.' or '-' (no path separators or control characters)"
+        )
+    return value
 
 
 def _fail_input(message: str) -> None:
@@ -38,6 +49,8 @@ def validate(files: tuple[str, ...], as_json: bool) -> None:
     else:
         for i in issues:
             click.echo(str(i))
+    if not issues and not as_json:
+        _cycle_warnings([f for f in files if f not in missing])
     for f in missing:
         click.echo(f"{f}:0: file-not-found: no such file", err=True)
     if missing:
@@ -46,6 +59,22 @@ def validate(files: tuple[str, ...], as_json: bool) -> None:
         sys.exit(EXIT_FAILED)
     if not as_json:
         click.echo(f"{len(files)} playbook(s) valid", err=True)
+
+
+def _cycle_warnings(files: list[str]) -> None:
+    """``FILE:LINE: warning: unguarded-cycle: ...`` on stderr (not an error: the step-run cap stops such a cycle)."""
+    from noetl_dagster.dsl import load_playbook
+    from noetl_dagster.dsl.files import unguarded_cycles
+
+    for f in files:
+        pb = load_playbook(f)
+        for cycle in unguarded_cycles(pb):
+            line = getattr(pb.step(cycle[0]), "line", None) or 1
+            click.echo(
+                f"{f}:{line}: warning: unguarded-cycle: {' -> '.join([*cycle, cycle[0]])} has no `when` guard; "
+                "it runs until the step-run cap (executor.spec.max_step_runs)",
+                err=True,
+            )
 
 
 def _parse_workload(text: str | None) -> dict[str, Any]:
@@ -95,11 +124,13 @@ class _Progress:
 @click.option("--catalog", "catalog_dirs", multiple=True, type=click.Path(file_okay=False), help="Extra directory of sub-playbooks.")
 @click.option("--event-store", help="Event store URL (sqlite:///path or postgresql://...). Default: $NOETL_DAGSTER_HOME/events.db")
 @click.option("--data-dir", type=click.Path(file_okay=False), help="Data directory (default $NOETL_DAGSTER_HOME or ./.noetl).")
-@click.option("--tenant", default="default", show_default=True)
-@click.option("--project", default="default", show_default=True)
+@click.option("--tenant", default="default", show_default=True, callback=_scope_name)
+@click.option("--project", default="default", show_default=True, callback=_scope_name)
 @click.option("--mode", type=click.Choice(["default", "per_step"]), default="default", help="Dagster runner: job layout.")
 @click.option("--detach", is_flag=True, help="Dagster runner: only request the execution; the sensor launches it.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
+@click.option("--max-step-runs", type=click.IntRange(1, 10_000_000), default=None,
+              help="Fail the execution after this many step runs (default: executor.spec.max_step_runs, else 10000).")
 def run(
     file: str,
     workload: str | None,
@@ -113,6 +144,7 @@ def run(
     mode: str,
     detach: bool,
     quiet: bool,
+    max_step_runs: int | None,
 ) -> None:
     """Run a playbook to completion. Exit 0 completed, 1 failed, 2 invalid input."""
     from noetl_dagster.dsl import PlaybookInvalid, load_playbook
@@ -126,6 +158,8 @@ def run(
         for i in e.issues:
             click.echo(str(i), err=True)
         sys.exit(EXIT_BAD_INPUT)
+    if max_step_runs is not None:
+        pb.executor.spec["max_step_runs"] = max_step_runs
     progress = _Progress(enabled=not as_json and not quiet)
     if runner == "dagster":
         from noetl_dagster.translator.runner import run_with_dagster
@@ -234,7 +268,7 @@ def events(execution_id: str, event_store: str | None, data_dir: str | None, as_
 @click.command()
 @click.option("--event-store")
 @click.option("--data-dir", type=click.Path(file_okay=False))
-@click.option("--limit", default=20, show_default=True)
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 100_000))
 @click.option("--json", "as_json", is_flag=True)
 def executions(event_store: str | None, data_dir: str | None, limit: int, as_json: bool) -> None:
     """List recent executions in the event store."""

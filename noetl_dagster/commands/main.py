@@ -13,6 +13,8 @@ import sys
 
 import click
 
+from noetl_dagster.commands.errors import GuardedGroup
+
 # name -> "module:attribute" of a click command
 COMMANDS: dict[str, str] = {
     "validate": "noetl_dagster.commands.core:validate",
@@ -32,7 +34,7 @@ COMMANDS: dict[str, str] = {
 }
 
 
-class LazyGroup(click.Group):
+class LazyGroup(GuardedGroup):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(name for name in COMMANDS if self._load(name) is not None)
 

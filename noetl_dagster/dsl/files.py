@@ -5,7 +5,9 @@ This is the top of the ``dsl`` layer: it picks the front end by file suffix.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 from noetl_dagster.dsl.flow import FlowError, load_flow_playbook
 from noetl_dagster.dsl.loader import YamlSyntaxError, load_yaml_file
@@ -23,8 +25,32 @@ def load_playbook(path: str | Path) -> Playbook:
     try:
         raw, sm = load_yaml_file(p)
     except YamlSyntaxError as e:
-        raise PlaybookInvalid([ValidationIssue(e.file, e.line, "", "yaml-syntax", e.message)]) from None
+        raise PlaybookInvalid([ValidationIssue(e.file, e.line, "", e.rule, e.message)]) from None
+    too_big = check_playbook_size(raw, str(p), sm.line(("workflow",)))
+    if too_big:
+        raise PlaybookInvalid(too_big)
     return load_playbook_dict(raw, source_file=str(p.resolve()), source_map=sm)
+
+
+def max_steps() -> int:
+    """The most steps one playbook may have (docs/limits.md); $NOETL_MAX_STEPS overrides."""
+    try:
+        value = int(os.environ.get("NOETL_MAX_STEPS", ""))
+    except ValueError:
+        return MAX_STEPS
+    return value if value > 0 else MAX_STEPS
+
+
+MAX_STEPS = 10_000
+
+
+def check_playbook_size(raw: Any, file: str, line: int = 1) -> list[ValidationIssue]:
+    """One ``max-steps`` issue when the document's workflow has more steps than allowed."""
+    wf = raw.get("workflow") if isinstance(raw, dict) else None
+    limit = max_steps()
+    if isinstance(wf, list) and len(wf) > limit:
+        return [ValidationIssue(file, line, "workflow", "max-steps", f"{len(wf)} steps; a playbook may have at most {limit}")]
+    return []
 
 
 def validate_file(path: str | Path) -> list[ValidationIssue]:
@@ -40,7 +66,10 @@ def validate_file(path: str | Path) -> list[ValidationIssue]:
     try:
         raw, sm = load_yaml_file(p)
     except YamlSyntaxError as e:
-        return [ValidationIssue(e.file, e.line, "", "yaml-syntax", e.message)]
+        return [ValidationIssue(e.file, e.line, "", e.rule, e.message)]
+    too_big = check_playbook_size(raw, str(p), sm.line(("workflow",)))
+    if too_big:
+        return too_big
     _, issues = parse_playbook(raw, source_map=sm, source_file=str(p))
     return issues
 
@@ -54,3 +83,55 @@ def _load_flow(p: Path) -> Playbook:
         raise PlaybookInvalid([ValidationIssue(str(p), e.line or 1, "", e.rule, where + e.message)]) from None
 
 
+
+
+def unguarded_cycles(pb: Playbook) -> list[list[str]]:
+    """Cycles of ``next`` arcs none of which has a ``when`` guard (each would run until the step-run cap).
+
+    Strongly connected components of the unguarded-arc graph (iterative Tarjan, linear)."""
+    succ: dict[str, list[str]] = {}
+    for st in pb.workflow:
+        arcs = st.next.arcs if st.next else []
+        succ[st.name] = [a.step for a in arcs if a.when is None or a.when is True]
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    out: list[list[str]] = []
+    counter = 0
+    for root in succ:
+        if root in index:
+            continue
+        work: list[tuple[str, int]] = [(root, 0)]
+        while work:
+            v, i = work.pop()
+            if i == 0:
+                index[v] = low[v] = counter
+                counter += 1
+                stack.append(v)
+                on_stack.add(v)
+            children = succ.get(v, [])
+            if i < len(children):
+                work.append((v, i + 1))
+                w = children[i]
+                if w not in succ:
+                    continue
+                if w not in index:
+                    work.append((w, 0))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1 or v in succ.get(v, []):
+                    out.append(sorted(comp, key=list(succ).index))
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[v])
+    return out

@@ -1,12 +1,19 @@
-"""YAML loading that keeps source lines.
+"""YAML loading that keeps source lines, within fixed limits.
 
 PyYAML (libyaml when present) composes the node tree once; we build plain
 Python data from it and, alongside, a :class:`SourceMap` from YAML paths
 (tuples of keys and indexes) to 1-based line numbers.
+
+Every command reads YAML through here, so the limits live here
+(docs/limits.md): document size, nesting depth, node count, alias count and
+the number of nodes aliases expand to (a "billion laughs" file is refused in
+milliseconds, before anything is built). A refusal is a
+:class:`YamlLimitError` naming the limit that was hit.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,10 +29,52 @@ except ImportError:  # pragma: no cover
 PathT = tuple[str | int, ...]
 
 
+def _env_int(name: str, default: int) -> int:
+    try:
+        value = int(os.environ.get(name, ""))
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+@dataclass(frozen=True)
+class YamlLimits:
+    """Bounds on one YAML document (see docs/limits.md)."""
+
+    max_bytes: int = 4 * 1024 * 1024  # size of the text, UTF-8
+    max_depth: int = 100  # nested mappings/sequences
+    max_nodes: int = 2_000_000  # nodes after alias expansion
+    max_aliases: int = 10_000  # alias references (*name)
+    max_alias_nodes: int = 100_000  # nodes added by expanding aliases
+
+    @classmethod
+    def from_env(cls) -> YamlLimits:
+        d = cls()
+        return cls(
+            max_bytes=_env_int("NOETL_YAML_MAX_BYTES", d.max_bytes),
+            max_depth=_env_int("NOETL_YAML_MAX_DEPTH", d.max_depth),
+            max_nodes=_env_int("NOETL_YAML_MAX_NODES", d.max_nodes),
+            max_aliases=d.max_aliases,
+            max_alias_nodes=d.max_alias_nodes,
+        )
+
+
 class YamlSyntaxError(ValueError):
+    rule = "yaml-syntax"
+
     def __init__(self, file: str, line: int, message: str):
-        super().__init__(f"{file}:{line}: yaml-syntax: {message}")
+        super().__init__(f"{file}:{line}: {self.rule}: {message}")
         self.file, self.line, self.message = file, line, message
+
+
+class YamlLimitError(YamlSyntaxError):
+    """The document exceeds one of :class:`YamlLimits`; ``limit`` names it."""
+
+    rule = "yaml-limit"
+
+    def __init__(self, file: str, line: int, limit: str, message: str):
+        self.limit = limit
+        super().__init__(file, line, f"{limit}: {message}")
 
 
 @dataclass
@@ -57,6 +106,64 @@ class _Builder(_Loader):  # type: ignore[misc,valid-type]
     pass
 
 
+def check_yaml_limits(text: str, file: str = "<memory>", limits: YamlLimits | None = None) -> None:
+    """Scan the event stream (flat, no recursion, nothing built) and raise
+    :class:`YamlLimitError` when a limit is exceeded. Syntax errors are left to
+    the loader that follows (they raise :class:`YamlSyntaxError` there)."""
+    lim = limits or YamlLimits.from_env()
+    size = len(text.encode("utf-8", "surrogatepass")) if len(text) * 4 > lim.max_bytes else len(text)
+    if size > lim.max_bytes:
+        raise YamlLimitError(file, 1, "max-bytes", f"document is {size} bytes; the limit is {lim.max_bytes}")
+    anchors: dict[str, int] = {}
+    stack: list[list[Any]] = []  # [anchor, subtree node count]
+    total = aliases = alias_nodes = 0
+    parser = _Builder(text)
+    try:
+        while True:
+            ev = parser.get_event()
+            if ev is None or isinstance(ev, yaml.StreamEndEvent):
+                break
+            line = ev.start_mark.line + 1 if ev.start_mark else 1
+            if isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                stack.append([ev.anchor, 1])
+                if len(stack) > lim.max_depth:
+                    raise YamlLimitError(file, line, "max-depth", f"nesting is deeper than {lim.max_depth} levels")
+                continue
+            if isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                anchor, n = stack.pop()
+                if anchor is not None:
+                    anchors[anchor] = n
+                if stack:
+                    stack[-1][1] += n
+                continue
+            if isinstance(ev, yaml.ScalarEvent):
+                n = 1
+                if ev.anchor is not None:
+                    anchors[ev.anchor] = 1
+            elif isinstance(ev, yaml.AliasEvent):
+                aliases += 1
+                n = anchors.get(ev.anchor, 1)
+                alias_nodes += n
+                if aliases > lim.max_aliases:
+                    raise YamlLimitError(file, line, "max-aliases", f"more than {lim.max_aliases} alias references")
+                if alias_nodes > lim.max_alias_nodes:
+                    raise YamlLimitError(
+                        file, line, "max-alias-nodes",
+                        f"aliases expand to more than {lim.max_alias_nodes} nodes (an alias bomb?)",
+                    )  # fmt: skip
+            else:
+                continue
+            total += n
+            if total > lim.max_nodes:
+                raise YamlLimitError(file, line, "max-nodes", f"more than {lim.max_nodes} nodes")
+            if stack:
+                stack[-1][1] += n
+    except yaml.YAMLError:
+        return  # the loader reports syntax errors with their position
+    finally:
+        parser.dispose()
+
+
 def _construct(loader: Any, node: yaml.Node, path: PathT, lines: dict[PathT, int]) -> Any:
     lines[path] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
@@ -66,9 +173,12 @@ def _construct(loader: Any, node: yaml.Node, path: PathT, lines: dict[PathT, int
             key = loader.construct_object(key_node, deep=True)
             if isinstance(key, list):
                 key = tuple(key)
+            try:
+                hash(key)
+            except TypeError:
+                raise YamlSyntaxError("", key_node.start_mark.line + 1, "a mapping key must be a scalar") from None
             child = (*path, key if isinstance(key, (str, int)) else str(key))
             out[key] = _construct(loader, value_node, child, lines)
-            lines.setdefault(child, key_node.start_mark.line + 1)
             lines[child] = key_node.start_mark.line + 1
         return out
     if isinstance(node, yaml.SequenceNode):
@@ -76,8 +186,11 @@ def _construct(loader: Any, node: yaml.Node, path: PathT, lines: dict[PathT, int
     return loader.construct_object(node, deep=True)
 
 
-def load_yaml_text(text: str, file: str = "<memory>") -> tuple[Any, SourceMap]:
-    """Parse one YAML document; return (data, source map). Raises YamlSyntaxError."""
+def load_yaml_text(text: str, file: str = "<memory>", limits: YamlLimits | None = None) -> tuple[Any, SourceMap]:
+    """Parse one YAML document; return (data, source map).
+
+    Raises YamlSyntaxError (YamlLimitError when a limit is hit)."""
+    check_yaml_limits(text, file, limits)
     loader = _Builder(text)
     try:
         node = loader.get_single_node()
@@ -86,20 +199,45 @@ def load_yaml_text(text: str, file: str = "<memory>") -> tuple[Any, SourceMap]:
         lines: dict[PathT, int] = {}
         data = _construct(loader, node, (), lines)
         return data, SourceMap(file, lines)
+    except YamlSyntaxError as e:
+        raise YamlSyntaxError(file, e.line, e.message) from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark else 1
         raise YamlSyntaxError(file, line, f"{e.problem or e}".strip()) from None
     except yaml.YAMLError as e:
         raise YamlSyntaxError(file, 1, str(e)) from None
+    except RecursionError:  # pragma: no cover - max_depth keeps this out of reach
+        raise YamlLimitError(file, 1, "max-depth", "nesting is too deep") from None
+    except (ValueError, OverflowError, TypeError) as e:  # e.g. a timestamp PyYAML cannot build
+        raise YamlSyntaxError(file, 1, f"{type(e).__name__}: {e}") from None
     finally:
         loader.dispose()
 
 
-def load_yaml_file(path: str | Path) -> tuple[Any, SourceMap]:
+def read_text_file(path: str | Path, limits: YamlLimits | None = None) -> str:
+    """Read a UTF-8 text file, refusing binary and oversize files as YamlSyntaxError/YamlLimitError."""
     p = Path(path)
+    lim = limits or YamlLimits.from_env()
     try:
-        text = p.read_text(encoding="utf-8")
+        size = p.stat().st_size
+    except OSError as e:
+        raise YamlSyntaxError(str(p), 0, f"cannot read: {e.strerror or e}") from None
+    if size > lim.max_bytes:
+        raise YamlLimitError(str(p), 1, "max-bytes", f"file is {size} bytes; the limit is {lim.max_bytes}")
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise YamlSyntaxError(str(p), 0, f"cannot read: {e.strerror or e}") from None
+    if b"\x00" in data:
+        raise YamlSyntaxError(str(p), 1, "binary file (contains NUL bytes), not YAML text")
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise YamlSyntaxError(str(p), 1, f"not UTF-8 text ({e.reason})") from None
-    return load_yaml_text(text, str(p))
+        line = data[: e.start].count(b"\n") + 1
+        raise YamlSyntaxError(str(p), line, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def load_yaml_file(path: str | Path, limits: YamlLimits | None = None) -> tuple[Any, SourceMap]:
+    p = Path(path)
+    return load_yaml_text(read_text_file(p, limits), str(p), limits)

@@ -28,6 +28,15 @@ from noetl_dagster.engine.worker import StepRun, Worker, outcome_envelope
 
 log = logging.getLogger("noetl_dagster.engine")
 MAX_PLAYBOOK_DEPTH = 16
+# step runs one execution may schedule (docs/limits.md); executor.spec.max_step_runs overrides
+DEFAULT_MAX_STEP_RUNS = 10_000
+
+
+def max_step_runs(playbook: Playbook) -> int:
+    value = playbook.executor.spec.get("max_step_runs") if playbook.executor else None
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return DEFAULT_MAX_STEP_RUNS
 
 
 @dataclass
@@ -295,7 +304,14 @@ class Engine:
         return Activation(step_name, srid, token_ids, args)
 
     def run(self, act: Activation) -> StepRun:
-        return self.worker.run_step(self.playbook.step(act.step), act.step_run_id, act.args)
+        step = self.playbook.step(act.step)
+        cap = max_step_runs(self.playbook)
+        if len(self.state.step_runs) > cap:  # a cycle with no guard: fail the run, route nothing
+            t0 = self.worker.step_begin(step, act.step_run_id)
+            err = {"kind": "max_step_runs", "message": f"execution exceeded {cap} step runs (max_step_runs); "
+                   "a cycle without a `when` guard?", "retryable": False, "code": None}  # fmt: skip
+            return self.worker.step_end(step, act.step_run_id, act.args, False, None, err, "call.error", t0)
+        return self.worker.run_step(step, act.step_run_id, act.args)
 
     def route(self, run: StepRun) -> list[tuple[str, str]]:
         """Evaluate ``next`` on a terminal step event; enqueue tokens; return [(token_id, step)]."""
@@ -303,7 +319,8 @@ class Engine:
         router = step.next
         fired: list[dict[str, Any]] = []
         errors: list[str] = []
-        if router and router.arcs:
+        capped = not run.ok and isinstance(run.error, dict) and run.error.get("kind") == "max_step_runs"
+        if router and router.arcs and not capped:
             outcome = outcome_envelope(run.ok, run.result, run.error)
             event = {"name": run.event_name, "step": run.step, "status": "ok" if run.ok else "error", "payload": outcome}
             scope = self._scope(run.args, event=event, outcome=outcome, output=outcome, error=run.error)

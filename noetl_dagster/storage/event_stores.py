@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from noetl_dagster.engine.ports import EventStore
@@ -12,7 +13,8 @@ from noetl_dagster.storage.events import SqliteEventStore
 def open_event_store(url: str | None = None, *, data_dir: str | os.PathLike[str] | None = None) -> EventStore:
     """Open an EventStore by URL: ``sqlite:///path``, a bare path, or ``postgresql://...``.
 
-    Without a URL: ``$NOETL_EVENT_STORE_URL``, else SQLite at ``<data_dir>/events.db``.
+    Any other scheme (``mysql://``...) is refused with ValueError, so is a bare
+    string that is not a SQLite file path. Without a URL: ``$NOETL_EVENT_STORE_URL``, else SQLite at ``<data_dir>/events.db``.
     """
     url = url or os.environ.get("NOETL_EVENT_STORE_URL") or None
     if not url:
@@ -24,7 +26,26 @@ def open_event_store(url: str | None = None, *, data_dir: str | os.PathLike[str]
 
         return PostgresEventStore(url)
     if url.startswith("sqlite:///"):
-        return SqliteEventStore(url[len("sqlite:///") :])
+        return SqliteEventStore(_sqlite_path(url[len("sqlite:///") :], url))
     if url.startswith("sqlite://"):
-        return SqliteEventStore(url[len("sqlite://") :] or ":memory:")
-    return SqliteEventStore(url)
+        return SqliteEventStore(_sqlite_path(url[len("sqlite://") :], url) or ":memory:")
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", url) and not re.match(r"^[A-Za-z]:[\\/]", url):
+        raise ValueError(f"unsupported event store URL {_scheme(url)}: use sqlite:///path or postgresql://...")
+    if not (url.endswith((".db", ".sqlite", ".sqlite3")) or Path(url).is_file()):
+        raise ValueError(f"event store {url!r} is neither a URL nor a SQLite file path (*.db, *.sqlite, an existing file)")
+    return SqliteEventStore(_sqlite_path(url, url))
+
+
+def _scheme(url: str) -> str:
+    return repr(url.split(":", 1)[0] + "://...")
+
+
+def _sqlite_path(path: str, url: str) -> str:
+    """Refuse what SQLite cannot open as a database file, with one clear message."""
+    if path in ("", ":memory:"):
+        return path
+    if any(ord(c) < 32 for c in path):
+        raise ValueError("event store path contains control characters")
+    if Path(path).is_dir():
+        raise ValueError(f"event store {path!r} is a directory, not a SQLite file")
+    return path
