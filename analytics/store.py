@@ -26,6 +26,8 @@ import pyarrow as pa
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ProgrammingError
 
+from analytics.schema import apply_migrations
+
 DEFAULT_DATABASE = "noetl"
 # no leading underscore: the views alias their tables as _name
 _DB_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
@@ -159,8 +161,6 @@ class FactsStore:
         return _is_chdb(self.url)
 
     def migrate(self) -> list[int]:
-        from analytics.schema import apply_migrations  # noqa: PLC0415 - avoid an import cycle
-
         applied = apply_migrations(self.client, self.database)
         self._migrated = True
         return applied

@@ -12,6 +12,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from noetl_dagster.dsl.kinds import known_kinds, raw_keys
+from noetl_dagster.dsl.legacy import find_legacy_constructs
 from noetl_dagster.dsl.loader import PathT, SourceMap, format_path
 from noetl_dagster.dsl.model import (
     AdmitRule,
@@ -29,6 +31,7 @@ from noetl_dagster.dsl.model import (
     WorkbookEntry,
 )
 from noetl_dagster.dsl.serialize import playbook_to_raw
+from noetl_dagster.dsl.templates import iter_template_strings, template_env
 
 API_VERSION = "noetl.io/v2"
 DIRECTIVES = {"continue", "retry", "jump", "break", "fail"}
@@ -91,8 +94,6 @@ class _Ctx:
         if not self.check_kinds:
             return True
         if self._kinds is None:
-            from noetl_dagster.dsl.kinds import known_kinds
-
             self._kinds = known_kinds()
         return kind in self._kinds
 
@@ -437,8 +438,6 @@ def _kinds_in(value: Any, out: set[str]) -> set[str]:
 
 def _kind_raw_keys(raw: Any) -> set[str]:
     """Config keys the document's tool kinds take verbatim (never rendered), e.g. python `code`."""
-    from noetl_dagster.dsl.kinds import known_kinds, raw_keys
-
     known = known_kinds()
     out: set[str] = set()
     for k in _kinds_in(raw, set()):
@@ -448,8 +447,6 @@ def _kind_raw_keys(raw: Any) -> set[str]:
 
 
 def _check_templates(ctx: _Ctx, raw: dict[str, Any]) -> None:
-    from noetl_dagster.dsl.templates import iter_template_strings, template_env
-
     env = template_env()
     raw_keys = _RAW_TEXT_KEYS | _kind_raw_keys(raw) if ctx.check_kinds else _RAW_TEXT_KEYS
     for path, source in iter_template_strings(raw):
@@ -576,8 +573,6 @@ def parse_playbook(
 
 def _legacy_issues(ctx: _Ctx, raw: dict[str, Any]) -> None:
     """Retired-era constructs the inline checks above did not already name (dsl.legacy lists them all)."""
-    from noetl_dagster.dsl.legacy import find_legacy_constructs
-
     reported = {i.path for i in ctx.issues}
     for path, construct, hint in find_legacy_constructs(raw):
         fp = format_path(path)

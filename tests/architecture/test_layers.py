@@ -21,7 +21,7 @@ MAX_CLASS_LINES = 400
 def test_import_contracts_hold():
     """import-linter's layers and forbidden-import contracts (pyproject.toml)."""
     lint = Path(sys.executable).with_name("lint-imports")
-    proc = subprocess.run([str(lint), "--config", str(ROOT / "pyproject.toml")], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run([str(lint), str(ROOT / "pyproject.toml")], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
