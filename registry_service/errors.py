@@ -17,6 +17,13 @@ class InvalidRequest(RegistryError):
     code = "invalid_request"
 
 
+class PayloadTooLarge(InvalidRequest):
+    """A request body over the service's limit (an InvalidRequest, so callers need no new except)."""
+
+    status = 413
+    code = "payload_too_large"
+
+
 class Unauthorized(RegistryError):
     status = 401
     code = "unauthorized"
@@ -38,6 +45,6 @@ class Conflict(RegistryError):
 
 
 ERRORS_BY_STATUS: dict[int, type[RegistryError]] = {
-    cls.status: cls for cls in (InvalidRequest, Unauthorized, Forbidden, NotFound, Conflict)
+    cls.status: cls for cls in (InvalidRequest, PayloadTooLarge, Unauthorized, Forbidden, NotFound, Conflict)
 }
 ERRORS_BY_STATUS[400] = InvalidRequest

@@ -273,6 +273,23 @@ def test_request_body_limit_is_413_and_configurable(registry, tenants):
     assert huge.status_code == 413
 
 
+def test_http_client_raises_payload_too_large(registry, tenants):
+    from registry_helpers import ServerThread
+
+    from registry_service.app import create_app
+    from registry_service.common import Limits
+    from registry_service.errors import PayloadTooLarge
+
+    ta, _ = tenants
+    _, key = registry.create_api_key(ta, "lab")
+    with ServerThread(create_app(registry, limits=Limits(max_body_bytes=2048))) as srv, \
+            HttpRegistryClient(srv.url, key) as c:
+        with pytest.raises(PayloadTooLarge) as err:
+            c.register(f"noetl://{ta}/lab/ns/dataset/big", metadata={"pad": "x" * 4000})
+        assert isinstance(err.value, InvalidRequest) and err.value.status == 413
+        assert c.register(f"noetl://{ta}/lab/ns/dataset/fits").version == "v1"
+
+
 def test_in_process_limits_raise_invalid_request(registry, tenants):
     ta, _ = tenants
     from registry_service.client import open_registry
