@@ -9,14 +9,13 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from noetl_dagster.dsl.locator import InvalidLocator, ResourceLocator, parse_locator
 from noetl_dagster.engine.events import uuid7
 from registry_service.errors import InvalidRequest
 from registry_service.models import Location, Principal, Resource, iso, utc_now
-from registry_service.store import RegistryStore, Tx
+from registry_service.store import RegistryStore, Tx, instant  # noqa: F401 - instant: re-exported
 
 EV_REGISTERED = "noetl.catalog.resource.registered"
 EV_LOCATION_ADDED = "noetl.catalog.resource.location_added"
@@ -144,18 +143,6 @@ def locator(uri: str, *, require_version: bool, max_len: int = 1024) -> Resource
         return parse_locator(uri, require_version=require_version)
     except InvalidLocator as e:
         raise InvalidRequest(str(e)) from e
-
-
-# ------------------------------------------------------------------ instants
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICRO = timedelta(microseconds=1)
-
-
-def instant(dialect: str, ts: datetime) -> Any:
-    """A timestamp as the store compares it: timestamptz on Postgres, epoch microseconds on SQLite."""
-    if ts.tzinfo is None:
-        raise ValueError("instants carry a timezone")
-    return ts.astimezone(UTC) if dialect == "postgres" else (ts - _EPOCH) // _MICRO
 
 
 def resource_from_row(row: Sequence[Any], locations: list[Location]) -> Resource:

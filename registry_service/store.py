@@ -14,11 +14,12 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from registry_service.errors import Conflict
+from registry_service.models import iso
 
 # Timestamps are fixed-width UTC text in both dialects (see models.iso), for display and
 # ordering; grant expiry, which decides access, is also kept as an instant (migration 2).
@@ -166,6 +167,17 @@ def _statements(script: str, dialect: str) -> list[str]:
     return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICRO = timedelta(microseconds=1)
+
+
+def instant(dialect: str, ts: datetime) -> Any:
+    """A timestamp as the store compares it: timestamptz on Postgres, epoch microseconds on SQLite."""
+    if ts.tzinfo is None:
+        raise ValueError("instants carry a timezone")
+    return ts.astimezone(UTC) if dialect == "postgres" else (ts - _EPOCH) // _MICRO
+
+
 _TEXT_TS_RE = re.compile(r"^(\d{1,4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,6}))?Z$")
 
 
@@ -186,9 +198,6 @@ def _parse_stored_ts(text: str) -> datetime:
 def _v2_grant_instants(tx: Tx) -> None:
     """Grant expiry as an instant (issue 15): timestamptz on Postgres, epoch microseconds on SQLite;
     the ``auth`` counter that invalidates every process's key cache on revocation."""
-    from registry_service.common import instant  # noqa: PLC0415 - common imports this module
-    from registry_service.models import iso  # noqa: PLC0415
-
     ts_type = "TIMESTAMPTZ" if tx.dialect == "postgres" else "INTEGER"
     tx.exec(f"ALTER TABLE registry_grant ADD COLUMN expires_ts {ts_type}")
     for grant_id, text in tx.all("SELECT grant_id, expires_at FROM registry_grant WHERE expires_at IS NOT NULL"):
