@@ -159,7 +159,7 @@ def test_reexecution_from_failure_resumes_from_the_event_log(monkeypatch, recove
     """The op of `repeat` dies (its worker is lost) while running the step, or after the step ran and
     was routed; Dagster's re-execution from failure continues from the log: nothing durable runs twice."""
     from noetl_dagster.engine.control import Engine
-    from noetl_dagster.translator import runtime
+    from noetl_dagster.resources import runtime
 
     dagster_data = recovery_env
     crashes: list[str] = []
