@@ -36,6 +36,8 @@ from noetl_dagster.dsl.templates import iter_template_strings, template_env
 API_VERSION = "noetl.io/v2"
 DIRECTIVES = {"continue", "retry", "jump", "break", "fail"}
 BACKOFFS = {"none", "fixed", "linear", "exponential"}
+MAX_RETRY_ATTEMPTS = 1_000  # docs/limits.md
+MAX_RETRY_DELAY = 3_600.0  # seconds; a templated delay is clamped to it at run time
 # keys of a task's ``spec`` that are runtime knobs; any other key found under
 # ``spec`` is a tool input written in the runtime dialect's "keys under spec" style
 TASK_SPEC_KNOBS = {
@@ -162,18 +164,18 @@ def _parse_then(ctx: _Ctx, raw: Any, path: PathT, task_labels: set[str] | None) 
         ctx.err(path, "policy-shape", "`then` must be a mapping with `do`")
         return None
     do = raw.get("do", "continue")
-    if do not in DIRECTIVES:
+    if not isinstance(do, str) or do not in DIRECTIVES:
         ctx.err((*path, "do"), "policy-directive", f"unknown directive {do!r}; use one of {sorted(DIRECTIVES)}")
         return None
     backoff = raw.get("backoff")
-    if backoff is not None and backoff not in BACKOFFS:
+    if backoff is not None and (not isinstance(backoff, str) or backoff not in BACKOFFS):
         ctx.err((*path, "backoff"), "policy-backoff", f"unknown backoff {backoff!r}; use one of {sorted(BACKOFFS)}")
         backoff = None
     to = raw.get("to")
     if do == "jump":
         if not to:
             ctx.err(path, "policy-jump", "`do: jump` needs `to` (a task label or `previous`)")
-        elif task_labels is not None and to != "previous" and to not in task_labels:
+        elif not isinstance(to, str) or (task_labels is not None and to != "previous" and to not in task_labels):
             ctx.err((*path, "to"), "policy-jump", f"jump target {to!r} is not a task of this pipeline")
     sb = _split_set(ctx, raw.get("set"), (*path, "set"))
     for key in ("set_ctx", "set_iter"):
@@ -184,6 +186,23 @@ def _parse_then(ctx: _Ctx, raw: Any, path: PathT, task_labels: set[str] | None) 
                 (sb.ctx if key == "set_ctx" else sb.iter).update(raw[key])
     attempts = raw.get("attempts", raw.get("max_attempts"))
     delay = raw.get("delay")
+    if attempts is not None and not isinstance(attempts, str) and (
+        not isinstance(attempts, int) or isinstance(attempts, bool) or not 0 <= attempts <= MAX_RETRY_ATTEMPTS
+    ):
+        ctx.err((*path, "attempts"), "policy-attempts", f"`attempts` must be an integer 0..{MAX_RETRY_ATTEMPTS} or a template")
+        attempts = None
+    if isinstance(delay, str) and not _is_template(delay):
+        try:
+            delay = float(delay)  # `1e308` is a string to YAML 1.1
+        except ValueError:
+            pass
+    if delay is not None and not isinstance(delay, str) and (
+        not isinstance(delay, (int, float)) or isinstance(delay, bool) or not 0 <= delay <= MAX_RETRY_DELAY
+    ):
+        ctx.err((*path, "delay"), "policy-delay", f"`delay` must be 0..{MAX_RETRY_DELAY} seconds or a template")
+        delay = None
+    if to is not None and not isinstance(to, str):
+        to = None
     return RuleThen(do=do, attempts=attempts, backoff=backoff, delay=delay, to=to, set=sb)
 
 
@@ -547,7 +566,7 @@ def parse_playbook(
                     if ref and not any(w.name == ref for w in workbook) and not _is_template(ref):
                         ctx.err((*ip, "name"), "unknown-workbook-entry", f"workbook entry {ref!r} is not defined")
     entry = executor_raw.get("spec", {}).get("entry_step") if isinstance(executor_raw.get("spec"), dict) else None
-    if entry and entry not in names:
+    if entry and (not isinstance(entry, str) or entry not in names):
         ctx.err(("executor", "spec", "entry_step"), "unknown-entry-step", f"entry step {entry!r} is not defined")
     _check_templates(ctx, raw)
     _legacy_issues(ctx, raw)

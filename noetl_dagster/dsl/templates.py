@@ -7,6 +7,12 @@
   naming the template; the engine turns it into an error outcome.
 * Compiled templates are cached by source, so a step that runs 10,000 times
   compiles its templates once.
+* The sandbox is immutable (``ctx.update(...)``, ``list.append(...)`` are
+  security errors) and bounded (docs/limits.md): ``range`` is capped at
+  :data:`MAX_RANGE` items, operators, padding/format/replace calls and the
+  produced value are capped at :data:`MAX_STR` characters and
+  :data:`MAX_ITEMS` items, :data:`MAX_VALUE_DEPTH` levels, and one render at
+  :data:`RENDER_SECONDS` seconds. Each limit is a TemplateError naming the template.
 """
 
 from __future__ import annotations
@@ -14,14 +20,86 @@ from __future__ import annotations
 import base64
 import json
 import re
+import threading
+import time
+import types
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jinja2
 from jinja2 import ChainableUndefined, nodes
-from jinja2.sandbox import SandboxedEnvironment
+from jinja2.exceptions import SecurityError
+from jinja2.filters import do_center, do_format, do_indent, do_replace, do_wordwrap
+from jinja2.sandbox import MAX_RANGE, ImmutableSandboxedEnvironment, safe_range
+from jinja2.utils import Namespace
 
 _SINGLE_EXPR = re.compile(r"^\s*\{\{(?P<expr>.*)\}\}\s*$", re.S)
+
+MAX_STR = 16 * 1024 * 1024  # characters in one produced string
+MAX_ITEMS = 1_000_000  # items in one produced list/dict (and in the whole rendered value)
+MAX_VALUE_DEPTH = 100  # nesting of a rendered value
+MAX_INT_BITS = 100_000  # size of an integer an operator may produce
+RENDER_SECONDS = 5.0  # wall time of one render
+__all__ = ["MAX_RANGE", "TemplateError", "TemplateEnv", "template_env", "iter_template_strings"]
+
+
+class _LimitExceeded(Exception):
+    """A template produced (or was about to produce) something beyond a limit."""
+
+
+_deadline = threading.local()
+
+
+def _tick() -> None:
+    end = getattr(_deadline, "at", None)
+    if end is not None and time.monotonic() > end:
+        raise _LimitExceeded(f"render took longer than {RENDER_SECONDS:g} s")
+
+
+def _sized(value: Any) -> int:
+    return len(value) if isinstance(value, (str, bytes, list, tuple, dict)) else 0
+
+
+def _check_len(n: int, what: str = "value") -> None:
+    if n > MAX_STR:
+        raise _LimitExceeded(f"{what} would have {n} items/characters; the limit is {MAX_STR}")
+
+
+def _big_int_arg(args: Any, kwargs: Mapping[str, Any] | None = None) -> None:
+    for v in (*args, *(kwargs or {}).values()):
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_STR:
+            raise _LimitExceeded(f"argument {v} is beyond the size limit {MAX_STR}")
+
+
+def _bounded(f: Any) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        _big_int_arg(args[1:], kwargs)
+        out = f(*args, **kwargs)
+        _check_len(_sized(out))
+        return out
+
+    wrapper.__name__ = getattr(f, "__name__", "filter")
+    wrapper.jinja_pass_arg = getattr(f, "jinja_pass_arg", None)  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _replace_filter(*args: Any, **kwargs: Any) -> Any:
+    # do_replace(eval_ctx, s, old, new, count=None)
+    s, new = (args[1] if len(args) > 1 else ""), (args[3] if len(args) > 3 else kwargs.get("new", ""))
+    _check_len(len(str(s)) * max(1, len(str(new))) if str(args[2] if len(args) > 2 else "") == "" or len(str(new)) > 1 else len(str(s)))
+    return do_replace(*args, **kwargs)
+
+
+_replace_filter.jinja_pass_arg = do_replace.jinja_pass_arg  # type: ignore[attr-defined]
+
+
+class _BoundedNamespace(Namespace):
+    """``namespace()`` whose attributes cannot grow past the size limits (``ns.s = ns.s ~ ns.s``)."""
+
+    def __setitem__(self, name: str, value: Any) -> None:  # type: ignore[override]
+        _tick()
+        _check_len(_sized(value), f"namespace attribute {name!r}")
+        super().__setitem__(name, value)
 
 
 class TemplateError(Exception):
@@ -80,6 +158,7 @@ class _WithGlobals(Mapping):
         self.globals = globals_
 
     def __getitem__(self, key: str) -> Any:
+        _tick()  # every name lookup (incl. once per outer loop iteration) checks the render deadline
         if key in self.scope:
             return self.scope[key]
         return self.globals[key]
@@ -94,10 +173,18 @@ class _WithGlobals(Mapping):
         return sum(1 for _ in self)
 
 
-class _Env(SandboxedEnvironment):
-    """``x.key`` on a mapping reads the key first, so ``workload.items`` is the value, not ``dict.items``."""
+_PADDING = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs", "format", "format_map", "join", "replace"})
+
+
+class _Env(ImmutableSandboxedEnvironment):
+    """``x.key`` on a mapping reads the key first, so ``workload.items`` is the value, not ``dict.items``.
+
+    Immutable (no ``append``/``update``/...), with size-checked operators and calls."""
+
+    intercepted_binops = frozenset({"*", "**", "+", "%", "//", "<<"})
 
     def getattr(self, obj: Any, attribute: str) -> Any:
+        _tick()
         if isinstance(obj, Mapping):
             try:
                 return obj[attribute]
@@ -105,11 +192,60 @@ class _Env(SandboxedEnvironment):
                 pass
         return super().getattr(obj, attribute)
 
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        _tick()
+        return super().getitem(obj, argument)
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        _tick()
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(n, int) and _sized(seq):
+                    _check_len(len(seq) * max(n, 0), "repetition")
+            if isinstance(left, int) and isinstance(right, int):
+                if left.bit_length() + right.bit_length() > MAX_INT_BITS:
+                    raise _LimitExceeded(f"integer product beyond {MAX_INT_BITS} bits")
+        elif operator == "**":
+            if isinstance(left, int) and isinstance(right, int) and right > 0:
+                if max(left.bit_length(), 1) * right > MAX_INT_BITS and abs(left) > 1:
+                    raise _LimitExceeded(f"integer power beyond {MAX_INT_BITS} bits")
+        elif operator == "<<":
+            if isinstance(right, int) and right > MAX_INT_BITS:
+                raise _LimitExceeded(f"shift beyond {MAX_INT_BITS} bits")
+        elif operator == "+":
+            if _sized(left) and _sized(right):
+                _check_len(len(left) + len(right), "concatenation")
+        elif operator == "%" and isinstance(left, str):
+            _big_int_arg(right if isinstance(right, tuple) else (right,))
+            if re.search(r"\d{8,}", left):
+                raise _LimitExceeded("format width beyond the size limit")
+        return super().call_binop(context, operator, left, right)
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+        _tick()
+        owner = getattr(__obj, "__self__", None)
+        if owner is None:  # the sandbox wraps str.format in a plain function
+            owner = getattr(getattr(__obj, "__wrapped__", None), "__self__", None)
+        if isinstance(owner, str) and getattr(__obj, "__name__", "") in _PADDING:
+            _big_int_arg(args, kwargs)
+            if __obj.__name__ in ("format", "format_map") and re.search(r"\d{8,}", owner):
+                raise _LimitExceeded("format width beyond the size limit")
+            if __obj.__name__ == "replace" and len(args) >= 2:
+                _check_len(len(owner) * max(1, len(str(args[1]))) if len(str(args[1])) > len(str(args[0])) else len(owner))
+        out = super().call(__context, __obj, *args, **kwargs)
+        _check_len(_sized(out))
+        return out
+
 
 class TemplateEnv:
     def __init__(self) -> None:
         env = _Env(undefined=_Undefined, autoescape=False, keep_trailing_newline=True)
         env.filters.update(
+            center=_bounded(do_center),
+            indent=_bounded(do_indent),
+            wordwrap=_bounded(do_wordwrap),
+            format=_bounded(do_format),
+            replace=_replace_filter,
             tojson=_tojson,
             to_json=_tojson,
             fromjson=_fromjson,
@@ -118,7 +254,7 @@ class TemplateEnv:
             b64decode=_b64decode,
         )
         env.globals.update(
-            range=range, len=len, str=str, int=int, float=float, bool=bool, dict=dict, list=list,
+            range=safe_range, namespace=_BoundedNamespace, len=len, str=str, int=int, float=float, bool=bool, dict=dict, list=list,
             min=min, max=max, sum=sum, sorted=sorted, abs=abs, round=round, enumerate=enumerate, zip=zip,
             is_defined=_is_defined,
         )  # fmt: skip
@@ -167,24 +303,48 @@ class TemplateEnv:
         if m and "{{" not in m.group("expr") and "}}" not in m.group("expr") and "{%" not in source:
             te = self._expression(source, m.group("expr"))
             tmpl = te._template
+            outer = getattr(_deadline, "at", None)
+            if outer is None:
+                _deadline.at = time.monotonic() + RENDER_SECONDS
             try:
                 ctx = tmpl.new_context(_WithGlobals(scope, self.env.globals), shared=True)  # no copy of the scope
                 for _ in tmpl.root_render_func(ctx):
                     pass
-                value = ctx.vars["result"]
+                return _plain(ctx.vars["result"])
             except TemplateError:
                 raise
+            except _LimitExceeded as e:
+                raise TemplateError(source, f"limit: {e}") from None
+            except RecursionError:
+                raise TemplateError(source, "limit: recursion too deep (a self-referencing value?)") from None
             except Exception as e:  # noqa: BLE001 - any render failure is an error outcome
                 raise TemplateError(source, f"{type(e).__name__}: {e}") from None
-            if isinstance(value, jinja2.Undefined):
-                return None
-            return value
+            finally:
+                if outer is None:
+                    _deadline.at = None
         tmpl = self._template(source)
+        outer = getattr(_deadline, "at", None)
+        if outer is None:
+            _deadline.at = time.monotonic() + RENDER_SECONDS
         try:
             ctx = tmpl.new_context(_WithGlobals(scope, self.env.globals), shared=True)
-            return tmpl.environment.concat(tmpl.root_render_func(ctx))  # type: ignore[attr-defined]
+            parts: list[str] = []
+            size = 0
+            for chunk in tmpl.root_render_func(ctx):
+                size += len(chunk)
+                _check_len(size, "output")
+                _tick()
+                parts.append(chunk)
+            return "".join(parts)
+        except _LimitExceeded as e:
+            raise TemplateError(source, f"limit: {e}") from None
+        except RecursionError:
+            raise TemplateError(source, "limit: recursion too deep (a self-referencing value?)") from None
         except Exception as e:  # noqa: BLE001
             raise TemplateError(source, f"{type(e).__name__}: {e}") from None
+        finally:
+            if outer is None:
+                _deadline.at = None
 
     def render(self, value: Any, scope: Mapping[str, Any]) -> Any:
         """Render every string inside ``value`` (dicts and lists recursively)."""
@@ -212,6 +372,50 @@ class TemplateEnv:
         except jinja2.TemplateSyntaxError:
             return set()
         return {n.name for n in ast.find_all(nodes.Name) if n.ctx == "load"}
+
+
+def _plain(value: Any) -> Any:
+    """A single expression's native value as plain data, within the limits.
+
+    Undefined -> None; generators/iterators -> lists; other mappings -> dicts;
+    an unsafe attribute (``map(attribute='__class__')``) -> security error;
+    self-references and oversize values -> limit errors."""
+    budget = [MAX_ITEMS]
+
+    def walk(v: Any, depth: int) -> Any:
+        if v is None or isinstance(v, (bool, int, float)):
+            return v
+        if isinstance(v, str):
+            _check_len(len(v), "string")
+            return v
+        if isinstance(v, jinja2.Undefined):
+            if getattr(v, "_undefined_exception", None) is SecurityError:
+                raise SecurityError(f"access to {v._undefined_name!r} is not allowed")  # type: ignore[attr-defined]
+            return None
+        if depth > MAX_VALUE_DEPTH:
+            raise _LimitExceeded(f"value nested deeper than {MAX_VALUE_DEPTH} levels (a self-reference?)")
+        if isinstance(v, (list, tuple, types.GeneratorType, map, filter, zip, enumerate, reversed)) or (
+            isinstance(v, Iterator) and not isinstance(v, (bytes, Mapping))
+        ):
+            out = []
+            for item in v:
+                budget[0] -= 1
+                if budget[0] < 0:
+                    raise _LimitExceeded(f"value has more than {MAX_ITEMS} items")
+                _tick()
+                out.append(walk(item, depth + 1))
+            return tuple(out) if isinstance(v, tuple) else out
+        if isinstance(v, Mapping):
+            budget[0] -= len(v)
+            if budget[0] < 0:
+                raise _LimitExceeded(f"value has more than {MAX_ITEMS} items")
+            _tick()
+            return {k: walk(x, depth + 1) for k, x in v.items()}
+        if isinstance(v, (range, set, frozenset)):
+            return walk(list(v), depth)
+        return v  # dates, decimals, bytes...: the JSON encoder handles or refuses them
+
+    return walk(value, 0)
 
 
 _ENV: TemplateEnv | None = None

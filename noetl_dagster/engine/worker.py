@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from noetl_dagster.dsl.kinds import get_tool
 from noetl_dagster.dsl.model import Loop, RuleThen, Step, Task
+from noetl_dagster.dsl.parse import MAX_RETRY_DELAY
 from noetl_dagster.dsl.templates import TemplateError, template_env
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine.events import now_iso, uuid7
@@ -512,13 +513,16 @@ class Worker:
         v = self.env.render(raw, scope) if isinstance(raw, str) else raw
         try:
             delay = float(v) if v is not None else DEFAULT_RETRY_DELAY
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             delay = DEFAULT_RETRY_DELAY
+        if delay != delay:  # NaN
+            delay = DEFAULT_RETRY_DELAY
+        delay = min(max(delay, 0.0), MAX_RETRY_DELAY)  # 1e308 / inf would overflow the clock
         if backoff == "linear":
-            return delay * attempt
-        if backoff == "exponential":
-            return delay * (2 ** (attempt - 1))
-        return delay
+            delay *= attempt
+        elif backoff == "exponential":
+            delay *= 2.0 ** min(attempt - 1, 64)
+        return min(delay, MAX_RETRY_DELAY)
 
     def _decide(self, task: Task, outcome: dict[str, Any], scope: Scope) -> tuple[RuleThen | None, dict[str, Any] | None]:
         """The matching rule's ``then`` (None: the defaults apply), or an error when a condition fails."""
