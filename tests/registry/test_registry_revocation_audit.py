@@ -12,6 +12,7 @@ from registry_helpers import ServerThread
 from registry_service.app import create_app
 from registry_service.client import open_registry
 from registry_service.errors import Forbidden, NotFound, Unauthorized
+from registry_service.models import Principal
 from registry_service.service import Registry
 
 
@@ -138,3 +139,59 @@ def b_trail(registry, tenant, key_id):
     """Key changes of a tenant, read as that tenant."""
     c = open_registry(registry, tenant=tenant, project=None)
     return [e for e in c.audit(limit=1000).entries if e.action.startswith("key:")]
+
+
+def test_revocation_reaches_a_server_in_another_process(pg_registry_url, tenants):
+    """`noetl-registry serve` in a child process on the Postgres database; the key is revoked by
+    this process; the child's very next answer is 401."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from registry_helpers import free_port
+
+    ta, tb = tenants
+    here = Registry(pg_registry_url)
+    key_id, key = here.create_api_key(ta, "lab")
+    _, key_b = here.create_api_key(tb)
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "registry_service.cli", "serve", "--db", pg_registry_url, "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "server did not come up"
+            time.sleep(0.1)
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as a, \
+                httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key_b}"}) as b:
+            uri = a.post("/v1/resources", json={"uri": f"noetl://{ta}/lab/ns/dataset/x"}).json()["uri"]
+            grant_id = a.post("/v1/grants", json={"resource_uri": uri, "subject": f"tenant:{tb}"}).json()["grant_id"]
+            for _ in range(5):
+                assert a.get("/v1/whoami").status_code == 200
+                assert b.get("/v1/resources/resolve", params={"uri": uri}).status_code == 200
+            here.revoke(Principal(ta, "lab"), grant_id)  # the grant, revoked by this process
+            assert b.get("/v1/resources/resolve", params={"uri": uri}).status_code == 403
+            t0 = time.perf_counter()
+            here.revoke_api_key(key_id)  # the key, revoked by this process
+            assert a.get("/v1/whoami").status_code == 401
+            print(f"cross-process key revocation: next request refused, {(time.perf_counter() - t0) * 1000:.1f} ms")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        here.close()
