@@ -7,11 +7,61 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
+from typing import Any
 
 import click
 
 from registry_service.errors import RegistryError
+
+# the same exit codes as noetl-dagster: 0 ok, 1 failed, 2 bad input (options, database URL, unreachable database)
+EXIT_BAD_INPUT = 2
+CONNECT_TIMEOUT_S = 10
+
+
+class BadInput(click.ClickException):
+    exit_code = EXIT_BAD_INPUT
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+def _one_line(e: BaseException) -> str:
+    text = (str(e).strip().splitlines() or [""])[0][:400]
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+class _Guarded(click.Group):
+    """No traceback from any sub-command: one ``error:`` line, exit 2 (bad input) or 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit, KeyboardInterrupt):
+            raise
+        except RegistryError as e:
+            raise BadInput(e.message) from None
+        except (OSError, ValueError, TypeError, LookupError, OverflowError, RecursionError, sqlite3.Error) as e:
+            raise BadInput(_one_line(e)) from None
+        except Exception as e:  # noqa: BLE001 - the last line of defence
+            mod = type(e).__module__ or ""
+            if mod.startswith(("psycopg", "psycopg_pool")):
+                raise BadInput(_one_line(e)) from None
+            raise click.ClickException(f"internal error: {_one_line(e)}") from None
+
+
+def _preflight(db: str) -> None:
+    """An unreachable Postgres fails here after CONNECT_TIMEOUT_S, not in a pool that retries for ever."""
+    if not db.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):
+        return
+    import psycopg  # noqa: PLC0415
+
+    dsn = db.replace("postgresql+psycopg://", "postgresql://", 1)
+    try:
+        psycopg.connect(dsn, connect_timeout=CONNECT_TIMEOUT_S).close()
+    except Exception as e:  # noqa: BLE001
+        raise BadInput(f"cannot reach registry database: {_one_line(e)}") from None
 
 DB_HELP = "sqlite:///path, a path, or postgresql://... (default: $NOETL_DAGSTER_HOME/registry.db)"
 
@@ -19,13 +69,15 @@ DB_HELP = "sqlite:///path, a path, or postgresql://... (default: $NOETL_DAGSTER_
 def _registry(db: str | None):
     from registry_service.service import Registry  # noqa: PLC0415
 
+    if db:
+        _preflight(db)
     try:
         return Registry(db or None)
-    except Exception as e:  # bad URL, unreachable server: one clear line, exit 2
-        raise click.ClickException(f"cannot open registry database {db or '(default)'}: {e}") from e
+    except Exception as e:  # noqa: BLE001 - bad URL, unreachable server: one clear line, exit 2
+        raise BadInput(f"cannot open registry database {db or '(default)'}: {_one_line(e)}") from None
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Guarded, context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
     """NoETL Resource Registry service."""
 
@@ -33,7 +85,7 @@ def cli() -> None:
 @cli.command()
 @click.option("--db", default=None, help=DB_HELP)
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8780, type=int, show_default=True)
+@click.option("--port", default=8780, type=click.IntRange(1, 65535), show_default=True)
 @click.option("--log-level", default="warning", show_default=True)
 def serve(db: str | None, host: str, port: int, log_level: str) -> None:
     """Run the HTTP service (OpenAPI docs at /docs)."""
@@ -71,7 +123,7 @@ def keys_create(db: str | None, tenant: str, project: str | None, label: str | N
     try:
         _, key = reg.create_api_key(tenant, project, label=label)
     except RegistryError as e:
-        raise click.ClickException(e.message) from e
+        raise BadInput(e.message) from None
     finally:
         reg.close()
     click.echo(key)
@@ -97,7 +149,7 @@ def keys_revoke(db: str | None, key_id: str) -> None:
     try:
         reg.revoke_api_key(key_id)
     except RegistryError as e:
-        raise click.ClickException(e.message) from e
+        raise BadInput(e.message) from None
     finally:
         reg.close()
     click.echo(f"revoked {key_id}")

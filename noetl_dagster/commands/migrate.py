@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 
+from noetl_dagster.dsl.loader import YamlSyntaxError, check_yaml_limits, read_text_file
 from noetl_dagster.dsl.migrate import MigrationInputError, MigrationResult, migrate_text
 
 
@@ -61,10 +62,11 @@ def migrate(files: tuple[Path, ...], output: Path | None, in_place: bool, check:
             sys.exit(2)
     code = 0
     for f in files:
-        try:
-            text = f.read_text(encoding="utf-8")
-        except OSError as e:
-            click.echo(f"{f}: cannot read: {e.strerror}", err=True)
+        try:  # the same limits as every other command (size, depth, nodes, aliases) before ruamel sees it
+            text = read_text_file(f)
+            check_yaml_limits(text, str(f))
+        except YamlSyntaxError as e:
+            click.echo(str(e), err=True)
             code = 2
             continue
         try:
