@@ -190,6 +190,7 @@ def test_migration_2_turns_old_text_expiry_into_instants(backend, tmp_path):
         ("/v1/resources", {"q": "a\x00b"}),
         ("/v1/resources", {"tenant": "t" * 10_000}),
         ("/v1/resources/resolve", {"uri": "noetl://a/b/c/d/" + "e/" * 3000 + "f@v1"}),
+        ("/v1/resources/resolve", {"uri": "noetl://a/b/c/d/" + "e/" * 600 + "f@v1"}),  # over max_uri_length
         ("/v1/resources/resolve", {"uri": "noetl://a/b/c/d/e@v1", "purpose": "p" * 1000}),
         ("/v1/resources/resolve", {"uri": "noetl://a/b/c/d/e\x00@v1"}),
         ("/v1/resources/res_%00x", {}),
