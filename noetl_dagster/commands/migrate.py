@@ -34,6 +34,20 @@ def _validation_issues(result: MigrationResult, label: str) -> list[str]:
     return [str(i) for i in issues]
 
 
+def _unmigratable(text: str, f: Path, exc: Exception) -> str:
+    """The loader's own diagnosis when it has one (file:line: rule: message), else the exception in one line."""
+    from noetl_dagster.commands.errors import one_line
+    from noetl_dagster.dsl.loader import load_yaml_text
+
+    try:
+        load_yaml_text(text, str(f))
+    except YamlSyntaxError as e:
+        return str(e)
+    except Exception:  # noqa: BLE001, S110 - fall through to the original error
+        pass
+    return f"{f}:1: migrate-input: cannot migrate: {one_line(exc)}"
+
+
 @click.command("migrate")
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-o", "--output", "output", type=click.Path(path_type=Path),
@@ -73,6 +87,10 @@ def migrate(files: tuple[Path, ...], output: Path | None, in_place: bool, check:
             result = migrate_text(text, str(f))
         except MigrationInputError as e:
             click.echo(str(e), err=True)
+            code = 2
+            continue
+        except Exception as e:  # noqa: BLE001 - input the round-trip parser cannot handle: say why in one line
+            click.echo(_unmigratable(text, f, e), err=True)
             code = 2
             continue
         for n in result.notes:
