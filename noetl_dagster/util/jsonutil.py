@@ -6,6 +6,7 @@ import base64
 import datetime as _dt
 import decimal
 import json
+import re
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -46,7 +47,13 @@ try:  # orjson is ~5x faster on the event hot path; the stdlib encoder is the fa
         except TypeError:  # e.g. integers beyond 64 bits
             return json.dumps(value, default=to_jsonable, separators=(",", ":"))
 
+    _LONG_INT = re.compile(r"\d{19}")  # orjson reads integers beyond 64 bits as floats
+    _LONG_INT_B = re.compile(rb"\d{19}")
+
     def loads(text: str | bytes) -> Any:
+        long_int = (_LONG_INT_B if isinstance(text, (bytes, bytearray)) else _LONG_INT).search(text)  # type: ignore[arg-type]
+        if long_int is not None:  # rare: keep big integers exact (replay must equal the live run)
+            return json.loads(text)
         return _orjson.loads(text)
 
 except ImportError:  # pragma: no cover

@@ -233,3 +233,11 @@ def test_default_step_run_cap(tmp_path, data_dir):
     r = invoke(["run", f, "--json"])
     assert json.loads(r.output)["runs"]["start"] == DEFAULT_MAX_STEP_RUNS + 1
     assert time.perf_counter() - t0 < 120
+
+
+def test_integers_beyond_64_bits_replay_exactly(tmp_path, data_dir):
+    # orjson reads them back as floats: the replayed workload differed from the live one (found by the fuzz suite)
+    f = write(tmp_path, "p.yaml", HEAD + "workflow:\n  - step: start\n    tool: {kind: noop, result: '{{ workload.big * 10 }}'}\n")
+    r = invoke(["run", f, "--json", "--workload", '{"big": 1000000000000000000000000000000}'])
+    assert r.exit_code == 0 and json.loads(r.output)["results"]["start"] == 10**31
+    # tests/conftest.py replays this execution and compares it with the live state
