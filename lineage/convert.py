@@ -31,6 +31,7 @@ from urllib.parse import unquote, urlsplit
 from openlineage.client.event_v2 import InputDataset, Job, OutputDataset, Run, RunEvent, RunState
 from openlineage.client.facet_v2 import (
     dataset_version_dataset,
+    datasource_dataset,
     error_message_run,
     job_type_job,
     nominal_time_run,
@@ -41,6 +42,7 @@ from openlineage.client.facet_v2 import (
     storage_dataset,
 )
 
+from noetl_dagster.dsl.locator import InvalidLocator, parse_locator
 from noetl_dagster.engine import events as ev
 from noetl_dagster.engine.events import Event, uuid7_from
 
@@ -105,8 +107,6 @@ def dataset_identity(uri: str) -> tuple[str, str, str | None] | None:
     if not isinstance(uri, str) or "://" not in uri:
         return None
     if uri.startswith("noetl://"):
-        from noetl_dagster.dsl.locator import InvalidLocator, parse_locator  # noqa: PLC0415
-
         try:
             loc = parse_locator(uri, require_version=False)
         except InvalidLocator:
@@ -466,6 +466,10 @@ class LineageConverter:
             facets["version"] = dataset_version_dataset.DatasetVersionDatasetFacet(
                 datasetVersion=ds.version, producer=self.producer
             )
+        facets["dataSource"] = datasource_dataset.DatasourceDatasetFacet(
+            name=ds.namespace, uri=ds.namespace if "://" in ds.namespace else f"{ds.namespace}://",
+            producer=self.producer,
+        )
         if ds.store:
             facets["storage"] = storage_dataset.StorageDatasetFacet(
                 storageLayer=ds.store, fileFormat=ds.format, producer=self.producer

@@ -120,3 +120,89 @@ class LineageValidator:
         errors = self.errors(event)
         if errors:
             raise jsonschema.ValidationError("; ".join(errors))
+
+
+TERMINAL = ("COMPLETE", "FAIL", "ABORT")
+
+
+def semantic_errors(events: list[dict[str, Any]]) -> list[str]:
+    """Rules across events that a schema cannot express (what OpenLineage's
+    compatibility tests check of a producer's stream):
+
+    - a run starts with START and ends with exactly one terminal event (COMPLETE,
+      FAIL or ABORT), with nothing after it, and its event times never go back;
+    - a run keeps one job identity (namespace and name) from START to the end;
+    - a ``parent`` facet (and its ``root``) points at a run that is in the stream,
+      under the job that run reported, and that run started no later than the child;
+    - a dataset keeps one identity: its ``dataSource`` and storage format do not
+      change between events, and its name is stable (no stray whitespace or
+      trailing separators).
+    """
+    errors: list[str] = []
+    runs: dict[str, dict[str, Any]] = {}
+    for i, ev in enumerate(events):
+        run_id = (ev.get("run") or {}).get("runId")
+        job = ev.get("job") or {}
+        ident = (job.get("namespace"), job.get("name"))
+        kind = ev.get("eventType")
+        when = ev.get("eventTime") or ""
+        r = runs.get(run_id)
+        if r is None:
+            r = runs[run_id] = {"job": ident, "first": kind, "start": when, "last_time": when, "ended": None, "index": i}
+            if kind != "START":
+                errors.append(f"event {i}: run {run_id} begins with {kind}, not START")
+        else:
+            if r["ended"] is not None:
+                errors.append(f"event {i}: run {run_id} has a {kind} event after its {r['ended']}")
+            if ident != r["job"]:
+                errors.append(f"event {i}: run {run_id} changed job from {r['job']} to {ident}")
+            if kind == "START":
+                errors.append(f"event {i}: run {run_id} starts twice")
+            if when and r["last_time"] and when < r["last_time"]:
+                errors.append(f"event {i}: run {run_id} goes back in time ({when} < {r['last_time']})")
+        if when:
+            r["last_time"] = max(r["last_time"] or when, when)
+        if kind in TERMINAL and r["ended"] is None:
+            r["ended"] = kind
+    for run_id, r in runs.items():
+        if r["ended"] is None:
+            errors.append(f"run {run_id} ({r['job'][1]}) never ends (no COMPLETE, FAIL or ABORT)")
+    for i, ev in enumerate(events):
+        parent = ((ev.get("run") or {}).get("facets") or {}).get("parent")
+        if not isinstance(parent, dict):
+            continue
+        child = (ev.get("run") or {}).get("runId")
+        links = [("parent", parent.get("run"), parent.get("job"))]
+        root = parent.get("root")
+        if isinstance(root, dict):
+            links.append(("root", root.get("run"), root.get("job")))
+        for what, run, job in links:
+            pid = (run or {}).get("runId")
+            target = runs.get(pid)
+            if target is None:
+                errors.append(f"event {i}: {what} run {pid} of run {child} is not in the stream")
+                continue
+            if ((job or {}).get("namespace"), (job or {}).get("name")) != target["job"]:
+                errors.append(f"event {i}: {what} job {job} of run {child} is not the job run {pid} reported")
+            if target["index"] > runs[child]["index"]:
+                errors.append(f"event {i}: {what} run {pid} starts after its child run {child}")
+    datasets: dict[tuple[str, str], dict[str, Any]] = {}
+    for i, ev in enumerate(events):
+        for side in ("inputs", "outputs"):
+            for ds in ev.get(side) or []:
+                key = (ds.get("namespace"), ds.get("name"))
+                name = key[1] or ""
+                if name != name.strip() or (len(name) > 1 and name.endswith("/")):
+                    errors.append(f"event {i}: dataset name {name!r} is not stable (whitespace or a trailing '/')")
+                facets = ds.get("facets") or {}
+                seen = {
+                    "dataSource": (facets.get("dataSource") or {}).get("uri"),
+                    "fileFormat": (facets.get("storage") or {}).get("fileFormat"),
+                }
+                known = datasets.setdefault(key, {})
+                for attr, value in seen.items():
+                    if value is None:
+                        continue
+                    if known.setdefault(attr, value) != value:
+                        errors.append(f"event {i}: dataset {key} changed {attr} from {known[attr]!r} to {value!r}")
+    return errors

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "example_project" / "playbooks"
 DEFAULT_TENANTS: tuple[tuple[str, str], ...] = (("acme", "sales"), ("globex", "research"))
 

@@ -100,10 +100,16 @@ def export(events_url: str | None, data_dir: str | None, executions: tuple[str, 
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--spec-dir", type=click.Path(file_okay=False), help="OpenLineage spec/ directory.")
 def validate(files: tuple[str, ...], spec_dir: str | None) -> None:
-    """Validate JSON-lines OpenLineage events offline (OpenLineage.json + facet schemas)."""
+    """Validate JSON-lines OpenLineage events offline: each against OpenLineage.json and the
+    facet schemas, and the stream against the rules across events (run lifecycles, parents
+    that exist, stable dataset identities)."""
+    from lineage.validate import semantic_errors  # noqa: PLC0415 - keeps the CLI quick to start
+
     validator = _validator(spec_dir)
     total = bad = 0
+    problems = 0
     for name in files:
+        parsed: list[dict] = []
         path = Path(name)
         if not path.is_file():
             _fail_input(f"no such file: {name}")
@@ -121,6 +127,15 @@ def validate(files: tuple[str, ...], spec_dir: str | None) -> None:
             if errs:
                 bad += 1
                 click.echo(f"{name}:{n}: {'; '.join(errs)}", err=True)
+            elif isinstance(doc, dict) and "run" in doc:
+                parsed.append(doc)
+        # each file is one stream: run lifecycles, parents that exist, stable datasets
+        stream = semantic_errors(parsed)
+        problems += len(stream)
+        for err in stream[:50]:
+            click.echo(f"{name}: {err}", err=True)
     click.echo(f"{total - bad} of {total} events valid")
-    if bad:
+    if problems:
+        click.echo(f"{problems} problems across events")
+    if bad or problems:
         sys.exit(EXIT_INVALID)

@@ -39,3 +39,16 @@ def test_validate_reports_bad_lines_and_bad_input(tmp_path):
     assert result.exit_code == 1
     assert "bad.jsonl:1:" in result.output and "bad.jsonl:2: not JSON" in result.output
     assert CliRunner().invoke(cli, ["lineage", "validate", str(tmp_path / "missing.jsonl")]).exit_code == 2
+
+
+def test_validate_reports_a_run_that_never_ends(lineage_runs, tmp_path):
+    """Each event is valid alone, but the stream breaks the lifecycle rule: exit 1, named."""
+    data_dir, _, _ = lineage_runs
+    default = data_dir / "lineage" / "openlineage.jsonl"
+    lines = default.read_text().splitlines()
+    kept = [ln for ln in lines if json.loads(ln)["eventType"] not in ("COMPLETE", "FAIL")]
+    broken = tmp_path / "no_end.jsonl"
+    broken.write_text("\n".join(kept) + "\n")
+    result = CliRunner().invoke(cli, ["lineage", "validate", str(broken)])
+    assert result.exit_code == 1
+    assert "never ends" in result.output and "problems across events" in result.output

@@ -170,3 +170,60 @@ def test_the_validator_rejects_broken_events(converted, validator, mutate, expec
     mutate(broken)
     errors = validator.errors(broken)
     assert errors and any(expected in e for e in errors), errors
+
+
+def test_the_stream_keeps_the_rules_across_events(converted):
+    """Run lifecycles, parents that exist, stable datasets (OpenLineage's compatibility rules)."""
+    from lineage.validate import semantic_errors
+
+    assert semantic_errors(converted) == []
+    assert all("dataSource" in ds["facets"] for ev in converted for ds in ev["inputs"] + ev["outputs"])
+
+
+def _break_parent(events):
+    child = next(ev for ev in events if "parent" in ev["run"]["facets"])
+    child["run"]["facets"]["parent"]["run"]["runId"] = "01890000-0000-7000-8000-000000000000"
+
+
+def _rename_job(events):
+    run_id = events[0]["run"]["runId"]
+    later = next(ev for ev in events[1:] if ev["run"]["runId"] == run_id)
+    later["job"]["name"] = later["job"]["name"] + ".renamed"
+
+
+def _event_after_end(events):
+    end = next(ev for ev in events if ev["eventType"] in ("COMPLETE", "FAIL"))
+    events.append(copy.deepcopy(end) | {"eventType": "RUNNING"})
+
+
+def _drop_terminal(events):
+    end = next(i for i, ev in enumerate(events) if ev["eventType"] in ("COMPLETE", "FAIL"))
+    del events[end]
+
+
+def _flip_format(events):
+    ds = next(ds for ev in events for ds in ev["outputs"] if "storage" in ds["facets"])
+    twin = next(ev for ev in events for d in ev["outputs"] + ev["inputs"]
+                if (d["namespace"], d["name"]) == (ds["namespace"], ds["name"]) and d is not ds)
+    for d in twin["outputs"] + twin["inputs"]:
+        if (d["namespace"], d["name"]) == (ds["namespace"], ds["name"]):
+            d["facets"]["storage"] = dict(ds["facets"]["storage"], fileFormat="something-else")
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (_break_parent, "is not in the stream"),
+        (_rename_job, "changed job"),
+        (_event_after_end, "after its"),
+        (_drop_terminal, "never ends"),
+        (_flip_format, "changed fileFormat"),
+    ],
+)
+def test_the_stream_rules_catch_broken_streams(converted, mutate, expected):
+    from lineage.validate import semantic_errors
+
+    broken = copy.deepcopy(converted)
+    mutate(broken)
+    errors = semantic_errors(broken)
+    assert any(expected in e for e in errors), errors[:5]
