@@ -173,6 +173,7 @@ def test_cursor_fixture_really_paged_through_the_stub(conformance_dir, stubs, tm
     assert res.runs["fetch_page"] == 4
 
 
+@pytest.mark.slow
 def test_cli_validates_everything_and_runs_a_selection(conformance_dir, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "noetl_dagster.commands.main", "conformance", str(conformance_dir), "--json",

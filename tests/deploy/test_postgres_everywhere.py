@@ -52,6 +52,7 @@ def pg_everywhere(tmp_path, monkeypatch):
             c.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
 
 
+@pytest.mark.slow
 def test_example_executions_on_postgres_end_to_end(pg_everywhere, tmp_path):
     names, home = pg_everywhere
     instance = dg.DagsterInstance.from_config(str(home))

@@ -97,6 +97,7 @@ print(json.dumps({"seqs": out, "errors": errors}))
 '''
 
 
+@pytest.mark.slow
 def test_concurrent_writer_processes_on_postgres_lose_nothing(pg_registry_url):
     """Several processes (each with two threads and its own pool) add versions and replicas
     to one series on the Postgres server: no lost version or location, no duplicate number."""

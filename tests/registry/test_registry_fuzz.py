@@ -18,6 +18,7 @@ from registry_service.app import create_app
 EXAMPLES = 40
 
 
+@pytest.mark.slow
 def test_openapi_sweep_finds_no_server_error(registry, tenants):
     ta, _ = tenants
     _, key = registry.create_api_key(ta, "lab")
@@ -101,6 +102,7 @@ HOSTILE_BODY_ONLY = ["\ud800", float("nan"), float("inf"), None, [], {}, {"a": "
 SPEC_EXAMPLES = 40
 
 
+@pytest.mark.slow
 def test_hostile_values_over_the_spec_find_no_server_error(registry, tenants):
 
     from fastapi.testclient import TestClient

@@ -210,6 +210,7 @@ def test_one_pooled_client_per_execution_reused_across_threads(httpserver, make_
     assert len(httpserver.log) == 80
 
 
+@pytest.mark.slow
 def test_huge_response_body(httpserver, make_ctx):
     rows = [{"id": i, "name": f"user-{i}", "tags": ["a", "b", "c"]} for i in range(100_000)]
     httpserver.expect_request("/big").respond_with_json(rows)

@@ -152,6 +152,7 @@ def test_bad_sql_error_carries_pg_details_into_the_outcome(tmp_path, pg_keychain
     assert done.data["outcome"]["pg"] == {"code": "syntax_error", "sqlstate": "42601"}
 
 
+@pytest.mark.slow
 def test_big_duckdb_result_is_an_arrow_reference_in_the_event_log(tmp_path):
     pb = playbook([{"step": "start", "tool": {"kind": "duckdb", "query": "SELECT range AS i, 'row ' || range AS s FROM range(200000)"}}])
     res = run_playbook(pb, data_dir=tmp_path)

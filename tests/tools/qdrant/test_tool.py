@@ -136,6 +136,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.filterwarnings("ignore:Api key is used with an insecure connection")  # the point of this test
 def test_server_down_is_retryable_and_the_key_is_redacted(run, monkeypatch):
     secret = "qd-key-" + uuid.uuid4().hex
     cred = {"url": f"http://127.0.0.1:{_free_port()}", "api_key": secret}
