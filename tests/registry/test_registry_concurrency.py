@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import uuid
 
+import pytest
+
 from registry_service.models import Principal
 from registry_service.service import Registry
 from registry_service.store import open_store
