@@ -68,7 +68,7 @@ def playbook_to_raw(pb: Playbook) -> dict[str, Any]:
     steps = []
     for s in pb.workflow:
         d: dict[str, Any] = {"step": s.name}
-        if s.desc:
+        if s.desc is not None:
             d["desc"] = s.desc
         spec = dict(s.spec)
         if s.admit is not None:
