@@ -123,14 +123,14 @@ def bench_event_store() -> dict[str, float]:
 def _child(data_dir: str, eid: str) -> None:
     from noetl_dagster.runners.local import run_playbook
 
-    run_playbook(Path(__file__).resolve().parents[1] / "tests" / "recovery" / "probe.yaml", data_dir=data_dir, execution_id=eid)
+    run_playbook(Path(__file__).resolve().parents[1] / "tests" / "runners" / "recovery" / "probe.yaml", data_dir=data_dir, execution_id=eid)
     os._exit(0)
 
 
 def bench_recovery() -> dict[str, float]:
     from noetl_dagster.runners.local import resume_execution, run_playbook
 
-    probe = Path(__file__).resolve().parents[1] / "tests" / "recovery" / "probe.yaml"
+    probe = Path(__file__).resolve().parents[1] / "tests" / "runners" / "recovery" / "probe.yaml"
     with tempfile.TemporaryDirectory() as d:
         run_playbook(probe, data_dir=Path(d) / "warm")  # imports and code caches warm
         t0 = time.perf_counter()

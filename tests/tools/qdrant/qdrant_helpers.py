@@ -44,7 +44,7 @@ def playbook(steps: list[dict[str, Any]], workload: dict[str, Any] | None = None
     return load_playbook_dict({
         "apiVersion": "noetl.io/v2",
         "kind": "Playbook",
-        "metadata": {"name": name, "path": f"tests/qdrant/{name}"},
+        "metadata": {"name": name, "path": f"tests/tools/qdrant/{name}"},
         "workload": workload or {},
         "workflow": workflow,
     })  # fmt: skip

@@ -19,7 +19,7 @@ from noetl_dagster.tools.qdrant.embeddings import (
     register_embedder,
 )
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "example_project" / "playbooks" / "vector_search.yaml"
+EXAMPLE = Path(__file__).resolve().parents[3] / "example_project" / "playbooks" / "vector_search.yaml"
 
 
 def test_hashing_vectors_are_unit_length_and_deterministic_across_processes():
