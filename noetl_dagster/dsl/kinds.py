@@ -46,6 +46,7 @@ BUILTIN_KINDS: dict[str, tuple[str, frozenset[str]]] = {
     "arrow": ("noetl_dagster.tools.storage", frozenset()),
     "iceberg": ("noetl_dagster.tools.storage", frozenset()),
     "qdrant": ("noetl_dagster.tools.qdrant", frozenset()),
+    "quantum": ("noetl_dagster.tools.quantum", frozenset()),
     # the kinds compiled flows use (dsl/flow)
     "flow_input": ("noetl_dagster.tools.flow", frozenset({"literal", "literal_b64"})),
     "flow_guard": ("noetl_dagster.tools.flow", frozenset()),
