@@ -149,3 +149,47 @@ def test_on_kubernetes_only_distributed_loops_get_the_k8s_job_executor(monkeypat
     monkeypatch.delenv("NOETL_DAGSTER_EXECUTOR")
     defs = compile_playbooks(files, include_sensor=False).definitions
     assert defs.resolve_job_def("dist").executor_def.name == "in_process"
+
+
+def _as_manifest(job) -> dict:
+    from kubernetes.client import ApiClient
+
+    doc = ApiClient().sanitize_for_serialization(job)
+    return {"apiVersion": "batch/v1", "kind": "Job", **doc}
+
+
+def _placement_jobs():
+    pb = _pb(
+        GPU_PROFILES,
+        [
+            {"step": "start", "tool": {"kind": "noop"}, "next": {"arcs": [{"step": "train"}]}},
+            {"step": "train", "spec": {"profile": "gpu", "resources": {"memory": "24Gi"}}, "tool": {"kind": "noop"},
+             "next": {"arcs": [{"step": "s"}]}},
+            {"step": "s", "spec": {"resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "2"}},
+                                   "placement": {"image": "registry/x:2", "env": {"A": 1}}}, "tool": {"kind": "noop"}},
+        ],
+    )  # fmt: skip
+    return {name: _as_manifest(_job(step_k8s_tags(pb, pb.step(name)))) for name in ("start", "train", "s")}
+
+
+def test_rendered_jobs_validate_against_the_kubernetes_api_schema():
+    """Every Job dagster-k8s builds from our tags is valid for the Kubernetes API (strict:
+    no unknown fields), checked offline against the published OpenAPI schemas."""
+    import kubernetes_validate
+
+    version = kubernetes_validate.latest_version()
+    for name, manifest in _placement_jobs().items():
+        kubernetes_validate.validate(manifest, desired_version=version, strict=True)  # raises, naming the field
+
+
+def test_the_kubernetes_schema_check_rejects_a_broken_job():
+    import kubernetes_validate
+
+    manifest = _placement_jobs()["train"]
+    manifest["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] = ["4 cpus"]
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(manifest, desired_version=kubernetes_validate.latest_version(), strict=True)
+    manifest = _placement_jobs()["s"]
+    manifest["spec"]["template"]["spec"]["nodeSelectr"] = {"a": "b"}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(manifest, desired_version=kubernetes_validate.latest_version(), strict=True)
