@@ -139,7 +139,7 @@ class EmulatedQPU(QuantumProvider):
             end = start + run_s
             st["busy_until"] = end
             st["ends"] = [e for e in st.get("ends", []) if e > t] + [end]
-        ahead = math.ceil((start - t) / self.cfg["seconds_per_job"]) if self.cfg["seconds_per_job"] else 0
+        ahead = math.ceil((start - t) / self.cfg["seconds_per_job"] - 1e-6) if self.cfg["seconds_per_job"] else 0
         return {
             **record,
             "status": "queued",
@@ -156,7 +156,7 @@ class EmulatedQPU(QuantumProvider):
         t = now()
         if t < emu["start_ts"]:
             spj = cfg["seconds_per_job"]
-            pos = max(1, math.ceil((emu["start_ts"] - t) / spj)) if spj else 1
+            pos = max(1, math.ceil((emu["start_ts"] - t) / spj - 1e-6)) if spj else 1
             return {**rec, "status": "queued", "queue_position": pos, "estimated_wait_seconds": round(emu["start_ts"] - t, 3)}
         if t < emu["end_ts"]:
             return {**rec, "status": "running", "queue_position": 0, "estimated_wait_seconds": 0.0}
