@@ -9,6 +9,7 @@ whole code location.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -78,7 +79,18 @@ class PlaybookIndex:
 
     playbooks: list[CompiledPlaybook]
     resource: NoetlResource
-    errors: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # one "FILE:LINE: RULE: message" block per broken file
+    invalid: list["InvalidPlaybook"] = field(default_factory=list)
+
+    def find_invalid(self, ref: str | None) -> "InvalidPlaybook | None":
+        """The broken playbook file ``ref`` names (file path or its stem), if any."""
+        if not ref:
+            return None
+        ref = str(ref)
+        for bad in self.invalid:
+            if os.path.abspath(ref) == os.path.abspath(bad.file) or Path(bad.file).stem == Path(ref).stem:
+                return bad
+        return None
 
     def find(self, ref: str | None) -> CompiledPlaybook | None:
         if not ref:
@@ -100,6 +112,27 @@ class PlaybookIndex:
 
     def job_for_step(self, compiled: CompiledPlaybook, step: str) -> str | None:
         return compiled.step_jobs.get(step)
+
+
+@dataclass(frozen=True)
+class InvalidPlaybook:
+    """A playbook file that did not load or compile: shown in Dagster as an asset with a failing check."""
+
+    file: str
+    issues: tuple[str, ...]  # "FILE:LINE: RULE: message" lines
+    key_name: str = ""  # unique among the broken files of a location (default: the file's stem)
+
+    @property
+    def message(self) -> str:
+        return "\n".join(self.issues)
+
+    @property
+    def asset_key(self) -> dg.AssetKey:
+        return dg.AssetKey(["noetl_invalid_playbook", self.key_name or naming.sanitize(Path(self.file).stem)])
+
+
+ON_ERROR = ("report", "skip", "raise")
+INVALID_CHECK = "playbook_is_valid"
 
 
 @dataclass
@@ -159,24 +192,27 @@ def compile_playbooks(
 ) -> NoetlCodeLocation:
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; use one of {', '.join(MODES)}")
-    if on_error not in ("raise", "skip"):
-        raise ValueError("on_error must be 'raise' or 'skip'")
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error must be one of {', '.join(ON_ERROR)}")
     translator = translator or NoetlTranslator()
     resource = resource or resource_from_env()
-    playbooks: list[Playbook] = []
-    errors: list[str] = []
+    loaded: list[tuple[Playbook, str | None]] = []  # (playbook, file it came from)
+    invalid: list[InvalidPlaybook] = []
     for item in discover_playbooks(paths_or_playbooks):
         if isinstance(item, Playbook):
-            playbooks.append(item)
+            loaded.append((item, item.source_file))
             continue
         try:
-            playbooks.append(load_playbook(item))
+            loaded.append((load_playbook(item), str(item)))
         except PlaybookInvalid as e:
-            msg = "\n".join(str(i) for i in e.issues) or str(e)
             if on_error == "raise":
                 raise PlaybookInvalid(e.issues) from None
-            errors.append(msg)
-            log.warning("skipping invalid playbook %s:\n%s", item, msg)
+            invalid.append(InvalidPlaybook(str(item), tuple(str(i) for i in e.issues) or (f"{item}:1: invalid: {e}",)))
+        except Exception as e:  # noqa: BLE001 - one unreadable file never takes the code location down
+            if on_error == "raise":
+                raise
+            invalid.append(InvalidPlaybook(str(item), (f"{item}:1: load-error: {type(e).__name__}: {e}",)))
+    playbooks = [pb for pb, _ in loaded]
     job_names = naming.unique_names(
         ((_identity(pb, i), pb.metadata.name) for i, pb in enumerate(playbooks)), base_fn=naming.job_base
     )
@@ -185,35 +221,102 @@ def compile_playbooks(
     schedules: list[dg.ScheduleDefinition] = []
     assets: list[dg.AssetSpec] = []
     seen_ops: dict[str, str] = {}
-    for i, pb in enumerate(playbooks):
+    for i, (pb, file) in enumerate(loaded):
         job_name = job_names[_identity(pb, i)]
-        pb_mode = _playbook_mode(pb, mode)
-        step_ids = naming.unique_names(((s.name, s.name) for s in pb.workflow), reserved=[START_ID])
-        data = NoetlPlaybookData(pb, job_name, pb_mode, resource.tenant, resource.project, step_ids)
-        c = _compile_one(pb, data, translator)
+        try:
+            pb_mode = _playbook_mode(pb, mode)
+            step_ids = naming.unique_names(((s.name, s.name) for s in pb.workflow), reserved=[START_ID])
+            data = NoetlPlaybookData(pb, job_name, pb_mode, resource.tenant, resource.project, step_ids)
+            c = _compile_one(pb, data, translator)
+            for job in c.jobs:
+                for node in job.graph.node_defs:
+                    owner = seen_ops.get(node.name, c.path)
+                    if owner != c.path:
+                        raise ValueError(f"op name {node.name!r} of {c.path} clashes with an op of {owner}")
+        except Exception as e:  # noqa: BLE001 - contained: this playbook is reported, the others load
+            if on_error == "raise" or file is None:
+                raise
+            line = getattr(pb.metadata, "line", None) or 1
+            invalid.append(InvalidPlaybook(file, (f"{file}:{line}: compile-error: {e}",)))
+            continue
         for job in c.jobs:
             for node in job.graph.node_defs:
-                owner = seen_ops.setdefault(node.name, c.path)
-                if owner != c.path:
-                    raise ValueError(f"op name {node.name!r} of {c.path} clashes with an op of {owner}")
+                seen_ops.setdefault(node.name, c.path)
         compiled.append(c)
         jobs += c.jobs
         schedules += c.schedules
         assets += c.assets
-    index = PlaybookIndex(compiled, resource, errors)
+    keys = naming.unique_names((bad.file, Path(bad.file).stem) for bad in invalid)
+    invalid = [dataclasses.replace(bad, key_name=keys[bad.file]) for bad in invalid]
+    errors = [bad.message for bad in invalid]
+    for bad in invalid:  # one line per broken file, no traceback
+        log.warning("noetl: invalid playbook %s not loaded (%s): %s", bad.file,
+                    "reported as asset " + bad.asset_key.to_user_string() if on_error == "report" else "skipped",
+                    bad.issues[0] + (f" (+{len(bad.issues) - 1} more)" if len(bad.issues) > 1 else ""))  # fmt: skip
+    index = PlaybookIndex(compiled, resource, errors, invalid)
     sensors = []
     if include_sensor:
         from noetl_dagster.sensors.router import build_router_sensor  # noqa: PLC0415
 
         sensors.append(build_router_sensor(index, name=sensor_name, minimum_interval_seconds=sensor_interval_seconds))
+    checks: list[dg.AssetChecksDefinition] = []
+    if on_error == "report":
+        for bad in invalid:
+            assets.append(invalid_playbook_asset(bad))
+            checks.append(invalid_playbook_check(bad))
     defs = dg.Definitions(
         jobs=jobs,
         schedules=schedules,
         sensors=sensors,
         assets=_dedupe_assets(assets),
+        asset_checks=checks,
         resources={RESOURCE_KEY: resource},
     )
     return NoetlCodeLocation(defs, index)
+
+
+def invalid_playbook_asset(bad: InvalidPlaybook) -> dg.AssetSpec:
+    """Where a Dagster user looks: the asset graph shows the broken file with its errors."""
+    return dg.AssetSpec(
+        bad.asset_key,
+        description=f"INVALID NoETL playbook {bad.file}: not loaded, no jobs.\n\n" + "\n".join(f"    {i}" for i in bad.issues),
+        group_name="noetl_invalid_playbooks",
+        kinds={"noetl"},
+        metadata={
+            "noetl/file": dg.MetadataValue.path(bad.file),
+            "noetl/errors": dg.MetadataValue.text(bad.message),
+            "dagster/code_references": dg.CodeReferencesMetadataValue(
+                code_references=[dg.LocalFileCodeReference(file_path=os.path.abspath(bad.file), line_number=_line_of(bad))]
+            ),
+        },
+        tags={"noetl/invalid": "true"},
+    )
+
+
+def invalid_playbook_check(bad: InvalidPlaybook) -> dg.AssetChecksDefinition:
+    """A check that fails with the validation errors (run it from the asset's Checks tab)."""
+
+    @dg.asset_check(
+        asset=bad.asset_key, name=INVALID_CHECK, description=bad.message, blocking=False,
+        metadata={"noetl/file": bad.file},
+    )  # fmt: skip
+    def _check() -> dg.AssetCheckResult:
+        return dg.AssetCheckResult(
+            passed=False,
+            severity=dg.AssetCheckSeverity.ERROR,
+            description=bad.message,
+            metadata={"noetl/errors": dg.MetadataValue.text(bad.message), "noetl/issue_count": len(bad.issues)},
+        )
+
+    return _check
+
+
+def _line_of(bad: InvalidPlaybook) -> int:
+    parts = bad.issues[0].split(":") if bad.issues else []
+    for p in parts[1:3]:
+        if p.strip().isdigit():
+            return max(int(p), 1)
+    return 1
 
 
 def build_playbook_definitions(
@@ -228,7 +331,10 @@ def build_playbook_definitions(
     ``mode="per_step"``: every step is its own job and the ``noetl_router`` sensor routes tokens.
     A playbook may choose its own mode with ``executor.spec.dagster.mode``. Keyword arguments:
     ``resource`` (:class:`NoetlResource`, default from ``NOETL_DAGSTER_*`` env vars),
-    ``include_sensor`` (default True: one router per code location), ``on_error`` ("raise" | "skip").
+    ``include_sensor`` (default True: one router per code location), ``on_error``: "raise" (default),
+    "report" (a broken file becomes an asset ``noetl_invalid_playbook/<stem>`` whose description and
+    failing ``playbook_is_valid`` check carry ``FILE:LINE: RULE: message``; the rest loads) or "skip"
+    (one warning line per broken file, nothing in Dagster).
     """
     return compile_playbooks(paths_or_playbooks, translator, mode, **kwargs).definitions
 
@@ -254,6 +360,10 @@ def _dedupe_assets(specs: Sequence[dg.AssetSpec]) -> list[dg.AssetSpec]:
     return list(seen.values())
 
 
+CELERY_BROKER_ENV = "NOETL_CELERY_BROKER"
+CELERY_BACKEND_ENV = "NOETL_CELERY_BACKEND"
+
+
 def _executor(name: str) -> dg.ExecutorDefinition:
     if name == "multiprocess":
         return dg.multiprocess_executor
@@ -263,7 +373,14 @@ def _executor(name: str) -> dg.ExecutorDefinition:
         from dagster_k8s import k8s_job_executor  # noqa: PLC0415 - only on Kubernetes deployments
 
         return k8s_job_executor
-    raise ValueError(f"unknown executor {name!r}; use in_process, multiprocess or k8s")
+    if name == "celery":
+        from dagster_celery import celery_executor  # noqa: PLC0415 - only where a Celery broker runs
+
+        broker = os.environ.get(CELERY_BROKER_ENV, "redis://127.0.0.1:6379/0")
+        return celery_executor.configured(
+            {"broker": broker, "backend": os.environ.get(CELERY_BACKEND_ENV, broker)}, name="celery"
+        )
+    raise ValueError(f"unknown executor {name!r}; use in_process, multiprocess, celery or k8s")
 
 
 def _compile_one(pb: Playbook, data: NoetlPlaybookData, translator: NoetlTranslator) -> CompiledPlaybook:

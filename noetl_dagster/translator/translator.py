@@ -44,8 +44,10 @@ EXECUTOR_ENV = "NOETL_DAGSTER_EXECUTOR"
 
 
 def default_executor(pb: Playbook) -> str:
-    """``$NOETL_DAGSTER_EXECUTOR`` (in_process | multiprocess | k8s); on Kubernetes (``k8s``) only a
-    playbook with a ``distributed`` loop uses k8s_job_executor, the rest run in the run's own pod."""
+    """``$NOETL_DAGSTER_EXECUTOR`` (in_process | multiprocess | celery | k8s); on Kubernetes (``k8s``)
+    only a playbook with a ``distributed`` loop uses k8s_job_executor, the rest run in the run's own
+    pod; ``celery`` sends every op (steps, regions, loop frames) to Celery workers
+    (``$NOETL_CELERY_BROKER``, default ``redis://127.0.0.1:6379/0``)."""
     choice = os.environ.get(EXECUTOR_ENV, "in_process") or "in_process"
     if choice == "k8s":
         return "k8s" if needs_k8s_job_executor(pb) else "in_process"
