@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from noetl_dagster.dsl.builder import canonical_yaml, playbook_id
 from noetl_dagster.dsl.model import Playbook, Step
+from noetl_dagster.dsl.parse import PlaybookInvalid, check_playbook
 from noetl_dagster.dsl.templates import TemplateError, template_env
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine.events import uuid7
@@ -24,6 +26,7 @@ from noetl_dagster.engine.ports import EventStore, ResultOffloader, ToolError
 from noetl_dagster.engine.recorder import Recorder
 from noetl_dagster.engine.scope import Scope, StepResults
 from noetl_dagster.engine.state import ExecutionState
+from noetl_dagster.engine.trust import UNRESTRICTED, DelegatedKeychain, Grant, grant_for_generated, violations
 from noetl_dagster.engine.worker import StepRun, Worker, outcome_envelope
 
 log = logging.getLogger("noetl_dagster.engine")
@@ -93,6 +96,7 @@ class Engine:
         self._resources_lock = threading.Lock()
         self._keychain: Any = None
         self._keychain_lock = threading.Lock()
+        self.grant: Grant = UNRESTRICTED  # narrowed for generated playbooks and their children (engine.trust)
 
     @property
     def execution_id(self) -> str:
@@ -169,6 +173,7 @@ class Engine:
         *,
         requested_by: str = "cli",
         nominal_time: str | None = None,
+        request: Mapping[str, Any] | None = None,
     ) -> None:
         """Record the request, merge the workload (shallow override) and enqueue the entry token.
 
@@ -187,6 +192,7 @@ class Engine:
                 "parent_execution_id": self.recorder.parent_execution_id,
                 "requested_by": requested_by,
                 **extra,
+                **dict(request or {}),
             },
         )
         merged = {**pb.workload, **overrides}
@@ -445,26 +451,73 @@ class Engine:
             self.close_resources()
 
     # -- sub-playbooks -----------------------------------------------------------------------
-    def run_child(self, path: str, workload: dict[str, Any], *, return_step: str | None = None, **_: Any) -> dict[str, Any]:
-        if self.depth + 1 > MAX_PLAYBOOK_DEPTH:
-            raise ToolError(f"sub-playbook nesting deeper than {MAX_PLAYBOOK_DEPTH}", kind="playbook_depth")
-        child_pb = self.services.catalog.find(path, self.playbook.base_dir)
-        child = Engine(child_pb, self.services, parent_execution_id=self.execution_id, depth=self.depth + 1)
-        child.start(workload, requested_by=f"playbook:{self.execution_id}")
-        status = child.drive()
-        st = child.state
-        step = return_step or st.last_step
-        result = st.result(step) if step else None
-        if status != "completed":
-            err = result.get("error") if isinstance(result, dict) else None
-            raise ToolError(
-                f"sub-playbook {path!r} (execution {child.execution_id}) {status}: {(err or {}).get('message', '')}",
-                kind="playbook_failed",
-                result={"execution_id": child.execution_id, "status": status},
-            )
-        if isinstance(result, dict):
-            return {**result, "execution_id": child.execution_id}
-        return {"result": result, "execution_id": child.execution_id}
+    def run_child(self, path: str, workload: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        """Run a sub-playbook: a catalog ``path``, or an inline (generated) ``definition`` (see run_child)."""
+        return run_child(self, path, workload, **kw)
+
+
+def run_child(
+    parent: Engine,
+    path: str,
+    workload: dict[str, Any],
+    *,
+    return_step: str | None = None,
+    definition: Playbook | None = None,
+    credentials: list[str] | None = None,
+    **_: Any,
+) -> dict[str, Any]:
+    """Run a child execution of ``parent``: a catalog ``path``, or an inline (generated) ``definition``
+    that runs behind the trust boundary of engine.trust (its own grant, a delegated keychain)."""
+    if parent.depth + 1 > MAX_PLAYBOOK_DEPTH:
+        raise ToolError(f"sub-playbook nesting deeper than {MAX_PLAYBOOK_DEPTH}", kind="playbook_depth")
+    request: dict[str, Any] = {}
+    if definition is not None:
+        try:
+            child_pb = check_playbook(definition)
+        except PlaybookInvalid as e:
+            raise ToolError(f"generated playbook is invalid: {e}", kind="generated_playbook_invalid",
+                            result={"issues": [str(i) for i in e.issues]}) from None  # fmt: skip
+        pid = playbook_id(child_pb)
+        grant = grant_for_generated(parent.grant, parent.playbook, credentials)
+        label = f"generated playbook {child_pb.metadata.name!r} ({pid})"
+        request = {"playbook_id": pid, "ephemeral": True, "definition": canonical_yaml(child_pb),
+                   "delegated_credentials": sorted(grant.credentials or ()),
+                   "allowed_kinds": sorted(grant.kinds or ())}  # fmt: skip
+    else:
+        child_pb = parent.services.catalog.find(path, parent.playbook.base_dir)
+        grant, label = parent.grant, f"sub-playbook {path!r}"
+    problems = violations(child_pb, grant) if grant.restricted else []
+    if problems:
+        raise ToolError(f"{label} refused: " + "; ".join(problems), kind="generated_playbook_refused",
+                        result={"violations": problems, **({"playbook_id": request["playbook_id"]} if request else {})})  # fmt: skip
+    child = Engine(child_pb, parent.services, parent_execution_id=parent.execution_id, depth=parent.depth + 1)
+    child.recorder.redactor.add(parent.recorder.redactor.secrets)  # what is secret to the parent is secret to the child
+    if grant.restricted:
+        child.grant = grant
+        kc = DelegatedKeychain(parent.credential, lambda: _secret_values(parent), grant.credentials or frozenset())
+        child._keychain = kc.bind(on_secret=child.recorder.redactor.add)  # noqa: SLF001 - the engine's own field
+        kc.bind(on_secret=parent.recorder.redactor.add)
+    child.start(workload, requested_by=f"playbook:{parent.execution_id}", request=request)
+    status = child.drive()
+    st = child.state
+    step = return_step or st.last_step
+    result = st.result(step) if step else None
+    extra = {"playbook_id": request["playbook_id"]} if request else {}
+    if status != "completed":
+        err = result.get("error") if isinstance(result, dict) else None
+        raise ToolError(
+            f"{label} (execution {child.execution_id}) {status}: {(err or {}).get('message', '')}",
+            kind="playbook_failed",
+            result={"execution_id": child.execution_id, "status": status, **extra},
+        )
+    if isinstance(result, dict):
+        return {**result, "execution_id": child.execution_id, **extra}
+    return {"result": result, "execution_id": child.execution_id, **extra}
+
+
+def _secret_values(engine: Engine) -> set[str]:
+    kc = engine._keychain  # noqa: SLF001 - read only: the secrets this execution's keychain resolved
+    return set(kc.secret_values()) if kc is not None and callable(getattr(kc, "secret_values", None)) else set()
 
 
 def _default_keychain(pb: Playbook) -> Any:

@@ -16,6 +16,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from noetl_dagster.dsl.files import check_playbook_size
+from noetl_dagster.dsl.loader import YamlSyntaxError, load_yaml_text
+from noetl_dagster.dsl.parse import parse_playbook
+from noetl_dagster.dsl.templates import TemplateError, template_env
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
 
 _CODE_CACHE: dict[str, Any] = {}
@@ -39,19 +43,77 @@ def workbook_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     return ctx.run_workbook(str(name), inputs)  # type: ignore[attr-defined]
 
 
-@register_tool("playbook", description="Runs a sub-playbook; returns its return_step (or last step) result.")
+@register_tool(
+    "playbook",
+    raw_keys={"definition"},
+    description="Runs a sub-playbook (a catalog `path` or an inline `definition`); returns its return_step result.",
+)
 def playbook_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     path = inputs.get("path") or inputs.get("catalog_path")
-    if not path:
-        raise ToolError("`kind: playbook` needs `path`", kind="config_error")
+    definition = inputs.get("definition")
+    if definition is not None and path:
+        raise ToolError("`kind: playbook` takes `path` or `definition`, not both", kind="config_error")
+    if not path and definition is None:
+        raise ToolError("`kind: playbook` needs `path` (a catalog playbook) or `definition` (an inline one)",
+                        kind="config_error")  # fmt: skip
     workload = inputs.get("input")
     if workload is None:
         workload = inputs.get("payload", inputs.get("args", {}))
     if not isinstance(workload, Mapping):
         raise ToolError("`kind: playbook` input must be a mapping (the child's workload)", kind="config_error")
-    return ctx.run_playbook(
-        str(path), dict(workload), return_step=inputs.get("return_step") or inputs.get("result_step")
-    )
+    return_step = inputs.get("return_step") or inputs.get("result_step")
+    if definition is None:
+        return ctx.run_playbook(str(path), dict(workload), return_step=return_step)
+    credentials = inputs.get("credentials") or []
+    if isinstance(credentials, str):
+        credentials = [credentials]
+    if not isinstance(credentials, list) or not all(isinstance(c, str) for c in credentials):
+        raise ToolError("`credentials` must be a list of keychain names", kind="config_error")
+    pb = generated_playbook(definition, ctx)
+    return ctx.run_playbook("", dict(workload), return_step=return_step, definition=pb, credentials=credentials)
+
+
+def generated_playbook(definition: Any, ctx: ToolContext) -> Any:
+    """An inline definition -> a validated Playbook: a mapping (as written, or produced by an earlier
+    step), YAML text, or a template (``{{ steps.plan.result }}``) rendering to either. Its own
+    templates are not rendered here: they belong to the child execution."""
+    value = definition
+    if isinstance(value, str) and ("{{" in value or "{%" in value) and value.strip().startswith(("{{", "{%")):
+        try:
+            value = template_env().render(value, ctx.render_context)
+        except TemplateError as e:
+            raise ToolError(f"`definition` template failed: {e}", kind="template_error") from None
+    source = None
+    if isinstance(value, str):
+        try:
+            value, source = load_yaml_text(value, "<generated>")
+        except YamlSyntaxError as e:
+            raise ToolError(f"generated playbook is invalid: {e.line}: {e.rule}: {e.message}",
+                            kind="generated_playbook_invalid", result={"issues": [f"{e.line}: {e.rule}: {e.message}"]}) from None  # fmt: skip
+    if isinstance(value, Mapping) and "$ref" in value and hasattr(ctx, "offloader"):
+        value = ctx.offloader.resolve(value)  # type: ignore[attr-defined] - a big result kept by reference
+    if not isinstance(value, Mapping):
+        raise ToolError(f"`definition` must be a playbook mapping or YAML text, not {type(value).__name__}",
+                        kind="generated_playbook_invalid", result={"issues": ["not-a-playbook"]})  # fmt: skip
+    raw = _plain(value)
+    issues = check_playbook_size(raw, "<generated>")
+    pb = None
+    if not issues:
+        pb, issues = parse_playbook(raw, source_map=source, source_file=None)
+    if issues:
+        lines = [f"{i.rule}: {i.path + ': ' if i.path and i.path != '<root>' else ''}{i.message}" for i in issues]
+        raise ToolError("generated playbook is invalid: " + "; ".join(lines), kind="generated_playbook_invalid",
+                        result={"issues": lines})  # fmt: skip
+    return pb
+
+
+def _plain(value: Any) -> Any:
+    """Mappings/sequences from a template scope (read-only views) -> plain dicts and lists."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 # -- python ---------------------------------------------------------------------
