@@ -4,14 +4,46 @@ from __future__ import annotations
 
 import hashlib
 import math
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 from noetl_dagster.tools.quantum.contract import CircuitSource, config_error
 
 # What a transpiled circuit may contain when no basis is asked for: the standard gates every built-in
 # provider executes. (Transpiling against AerSimulator's full target costs ~100 ms per circuit; this ~4 ms.)
 DEFAULT_BASIS = ["u", "p", "rx", "ry", "rz", "h", "x", "y", "z", "s", "sdg", "t", "tdg", "sx", "cx", "cz", "swap", "ccx", "id"]
+
+
+# Parsing (the OpenQASM 3 importer), building and transpiling circuits is not safe from several threads at
+# once (parallel loop iterations crashed the interpreter in QuantumCircuit.__init__): it is serialised here.
+# Simulation runs outside this lock. Parsed sources are cached, so a sweep parses its circuit once.
+QISKIT_LOCK = threading.RLock()
+# Qiskit objects used from a thread other than the one that made them, after that thread has exited (a
+# parallel loop's worker), crashed the interpreter (segfault in QuantumCircuit code) on the next
+# execution in the same process. So every Qiskit/Aer call runs on one long-lived thread of our own.
+_QISKIT_THREAD = "noetl-qiskit"
+_executor: ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def qiskit_call(fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+    """``fn(*args, **kw)`` on the Qiskit thread (directly when already on it)."""
+    global _executor
+    if threading.current_thread().name.startswith(_QISKIT_THREAD):
+        return fn(*args, **kw)
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=_QISKIT_THREAD)
+    return _executor.submit(fn, *args, **kw).result()
+
+_parsed: OrderedDict[tuple[int, str], Any] = OrderedDict()
+_PARSED_MAX = 64
 
 
 @dataclass
@@ -31,6 +63,21 @@ def sha256(text: str) -> str:
 
 
 def load(source: CircuitSource) -> Any:
+    """The parsed circuit (cached per source text; callers must not mutate it)."""
+    key = (source.version, source.text)
+    with QISKIT_LOCK:
+        hit = _parsed.get(key)
+        if hit is not None:
+            _parsed.move_to_end(key)
+            return hit
+        qc = _load(source)
+        _parsed[key] = qc
+        if len(_parsed) > _PARSED_MAX:
+            _parsed.popitem(last=False)
+        return qc
+
+
+def _load(source: CircuitSource) -> Any:
     from qiskit import qasm2, qasm3
 
     try:
@@ -55,6 +102,12 @@ def bind(circuit: Any, params: dict[str, float]) -> Any:
 
 def prepare(source: CircuitSource, params: dict[str, float], transpile_settings: dict[str, Any],
             defaults: dict[str, Any], seed: int) -> Prepared:  # fmt: skip
+    with QISKIT_LOCK:
+        return _prepare(source, params, transpile_settings, defaults, seed)
+
+
+def _prepare(source: CircuitSource, params: dict[str, float], transpile_settings: dict[str, Any],
+             defaults: dict[str, Any], seed: int) -> Prepared:  # fmt: skip
     from qiskit import qasm2, transpile
 
     qc = bind(load(source), params)
@@ -95,18 +148,32 @@ def prepare(source: CircuitSource, params: dict[str, float], transpile_settings:
 def from_qasm2(text: str) -> Any:
     from qiskit import qasm2
 
-    return qasm2.loads(text, custom_instructions=qasm2.LEGACY_CUSTOM_INSTRUCTIONS)
+    with QISKIT_LOCK:
+        return qasm2.loads(text, custom_instructions=qasm2.LEGACY_CUSTOM_INSTRUCTIONS)
 
 
-def bit_key(circuit: Any, values: dict[int, int]) -> str:
-    """Qiskit's count key: registers last-declared first, each from its highest bit, separated by spaces."""
-    parts = []
-    for reg in reversed(circuit.cregs):
-        parts.append("".join(str(values.get(circuit.find_bit(reg[i]).index, 0)) for i in reversed(range(len(reg)))))
-    if not parts:  # loose clbits without a register
-        n = circuit.num_clbits
-        parts.append("".join(str(values.get(i, 0)) for i in reversed(range(n))))
-    return " ".join(parts)
+def key_layout(circuit: Any) -> list[list[int]]:
+    """Clbit indices in Qiskit's count-key order: registers last-declared first, each from its highest bit
+    (the groups are separated by spaces in a key)."""
+    groups = [[circuit.find_bit(reg[i]).index for i in reversed(range(len(reg)))] for reg in reversed(circuit.cregs)]
+    return groups or [list(reversed(range(circuit.num_clbits)))]
+
+
+def counts_from_bits(bits: Any, layout: list[list[int]]) -> dict[str, int]:
+    """``bits[shot, clbit]`` (0/1) → Qiskit-ordered counts."""
+    import numpy as np
+
+    flat = [i for g in layout for i in g]
+    rows = np.asarray(bits, dtype=np.uint8)[:, flat] if flat else np.zeros((len(bits), 0), dtype=np.uint8)
+    uniq, freq = np.unique(rows, axis=0, return_counts=True)
+    out: dict[str, int] = {}
+    for row, n in zip(uniq.tolist(), freq.tolist(), strict=True):
+        parts, pos = [], 0
+        for g in layout:
+            parts.append("".join(str(b) for b in row[pos:pos + len(g)]))
+            pos += len(g)
+        out[" ".join(parts)] = int(n)
+    return dict(sorted(out.items()))
 
 
 def to_cirq(circuit: Any) -> tuple[Any, list[tuple[str, int]]]:

@@ -24,7 +24,7 @@ import math
 import time
 from typing import Any
 
-from noetl_dagster.tools.quantum.circuits import Prepared, from_qasm2
+from noetl_dagster.tools.quantum.circuits import QISKIT_LOCK, Prepared, from_qasm2, qiskit_call
 from noetl_dagster.tools.quantum.contract import config_error
 from noetl_dagster.tools.quantum.jobs import iso, now
 from noetl_dagster.tools.quantum.providers import QuantumProvider
@@ -168,15 +168,21 @@ class EmulatedQPU(QuantumProvider):
         emu = rec["emulator"]
         cfg = emu["config"]
         cal = calibration(rec["backend"], emu["start_ts"], cfg["calibration_period_s"])
-        circuit = from_qasm2(rec["qasm"])
         t0 = time.perf_counter()
-        kw: dict[str, Any] = {}
-        if cfg["noise"]:
-            kw["noise_model"] = noise_model(cal)
-        sim = AerSimulator(max_parallel_threads=1, **kw)
-        res = sim.run(circuit, shots=rec["shots"], seed_simulator=rec["seeds"]["simulator"]).result()
-        if not res.success:
-            return {**rec, "status": "failed", "error": str(res.status)}
+
+        def simulate() -> tuple[bool, Any]:
+            with QISKIT_LOCK:  # see circuits.qiskit_call
+                circuit = from_qasm2(rec["qasm"])
+                kw: dict[str, Any] = {}
+                if cfg["noise"]:
+                    kw["noise_model"] = noise_model(cal)
+                sim = AerSimulator(max_parallel_threads=1, **kw)
+                res = sim.run(circuit, shots=rec["shots"], seed_simulator=rec["seeds"]["simulator"]).result()
+                return (True, dict(sorted(res.get_counts().items()))) if res.success else (False, str(res.status))
+
+        ok, counts = qiskit_call(simulate)
+        if not ok:
+            return {**rec, "status": "failed", "error": counts}
         compute = time.perf_counter() - t0
         cost = round(cfg["price_per_task"] + cfg["price_per_shot"] * rec["shots"], 6)
         return {
@@ -189,7 +195,7 @@ class EmulatedQPU(QuantumProvider):
             "queue_seconds": round(emu["start_ts"] - emu["submitted_ts"], 6),
             "execution_seconds": round(emu["end_ts"] - emu["start_ts"], 6),
             "result": {
-                "counts": dict(sorted(res.get_counts().items())),
+                "counts": counts,
                 "calibration": cal,
                 "emulator_compute_seconds": round(compute, 6),
                 "noise": bool(cfg["noise"]),

@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from importlib.metadata import entry_points
 from typing import Any
 
-from noetl_dagster.tools.quantum.circuits import DEFAULT_BASIS, Prepared, from_qasm2
+from noetl_dagster.tools.quantum.circuits import DEFAULT_BASIS, QISKIT_LOCK, Prepared
 from noetl_dagster.tools.quantum.contract import config_error
 from noetl_dagster.tools.quantum.jobs import JobStore, iso, now
 
@@ -119,8 +119,10 @@ class AerProvider(LocalSimulator):
                 raise config_error(f"aer: unknown backend {backend!r} (aer_simulator or aer_simulator_<method>)", "unknown_backend")
             method = backend[len("aer_simulator_"):]
         try:
-            sim = AerSimulator(method=method, max_parallel_threads=int(self.options.get("max_parallel_threads", 1)))
-            res = sim.run(circuit, shots=shots, seed_simulator=seed).result()
+            # Qiskit's Rust circuit code and Aer crashed when driven from parallel loop threads at once
+            with QISKIT_LOCK:
+                sim = AerSimulator(method=method, max_parallel_threads=int(self.options.get("max_parallel_threads", 1)))
+                res = sim.run(circuit, shots=shots, seed_simulator=seed).result()
         except Exception as exc:  # noqa: BLE001
             raise config_error(f"aer: simulation refused: {exc}", "simulator_error") from None
         if not res.success:
@@ -145,21 +147,22 @@ class CirqProvider(LocalSimulator):
     def simulate(self, circuit: Any, shots: int, seed: int, backend: str) -> dict[str, Any]:
         import cirq
 
-        from noetl_dagster.tools.quantum.circuits import bit_key, to_cirq
+        import numpy as np
+
+        from noetl_dagster.tools.quantum.circuits import counts_from_bits, key_layout, to_cirq
 
         if backend not in ("cirq_simulator", "cirq"):
             raise config_error(f"cirq: unknown backend {backend!r} (cirq_simulator)", "unknown_backend")
-        cc, keys = to_cirq(circuit)
+        with QISKIT_LOCK:  # reading the Qiskit circuit; the cirq simulation itself runs unlocked
+            cc, keys = to_cirq(circuit)
+            layout = key_layout(circuit)
+            n_clbits = circuit.num_clbits
         run = cirq.Simulator(seed=seed).run(cc, repetitions=shots)
-        columns = [(cl, run.measurements[key][:, 0]) for key, cl in keys]
-        counts: dict[str, int] = {}
-        for shot in range(shots):
-            values: dict[int, int] = {}
-            for cl, col in columns:  # later measurements into one clbit overwrite earlier ones
-                values[cl] = int(col[shot])
-            k = bit_key(circuit, values)
-            counts[k] = counts.get(k, 0) + 1
-        return {"counts": dict(sorted(counts.items()))}
+        bits = np.zeros((shots, n_clbits), dtype=np.uint8)
+        for key, cl in keys:  # in program order: a later measurement into one clbit overwrites an earlier one
+            bits[:, cl] = run.measurements[key][:, 0]
+        counts = counts_from_bits(bits, layout)
+        return {"counts": counts}
 
 
 _lock = threading.Lock()

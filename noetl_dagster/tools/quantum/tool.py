@@ -15,6 +15,7 @@ seconds, cost (priced providers).
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,6 +27,45 @@ from noetl_dagster.tools.quantum.providers import QuantumProvider, get_provider_
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
 
 SECRET_FIELDS = ("token", "api_key", "apikey", "password", "secret", "secret_access_key", "access_token")
+
+
+_import_lock = threading.Lock()
+_imported: set[str] = set()
+
+
+def preload(provider: str) -> None:
+    """Import Qiskit/Aer (and cirq) once, under a lock: parallel loop iterations racing through the first
+    import of these C/Rust extensions can crash the interpreter."""
+    want = "cirq" if provider == "cirq" else "qiskit"
+    if want in _imported:
+        return
+    with _import_lock:
+        if want in _imported:
+            return
+        from noetl_dagster.tools.quantum.circuits import qiskit_call
+
+        qiskit_call(_warm_up, want == "cirq")
+        _imported.add(want)
+        _imported.add("qiskit")
+
+
+def _warm_up(with_cirq: bool) -> None:
+    """One tiny circuit through every code path once: parse (2 and 3), transpile, dump, simulate (with noise)."""
+    from qiskit import qasm2, qasm3, transpile
+    from qiskit_aer import AerSimulator
+
+    from noetl_dagster.tools.quantum.emulated import calibration, noise_model
+
+    qc = qasm3.loads('OPENQASM 3.0;\ninclude "stdgates.inc";\ninput float[64] a;\nqubit[1] q;\nbit[1] c;\nry(a) q[0];\nc[0] = measure q[0];\n')
+    qc = qc.assign_parameters([0.1])
+    tqc = transpile(qc, basis_gates=["rz", "sx", "x", "cx"], optimization_level=1, seed_transpiler=0)
+    back = qasm2.loads(qasm2.dumps(tqc), custom_instructions=qasm2.LEGACY_CUSTOM_INSTRUCTIONS)
+    AerSimulator(max_parallel_threads=1, noise_model=noise_model(calibration("warmup", 0.0, 1.0))).run(
+        back, shots=1, seed_simulator=0).result()
+    if with_cirq:
+        import cirq
+
+        cirq.Simulator(seed=0).run(cirq.Circuit(cirq.measure(cirq.LineQubit(0), key="m")), repetitions=1)
 
 
 def job_store(ctx: ToolContext) -> JobStore:
@@ -97,10 +137,20 @@ def job_view(rec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _submit(req: QuantumRequest, store: JobStore, ctx: ToolContext) -> tuple[QuantumProvider, dict[str, Any]]:
-    from noetl_dagster.tools.quantum.circuits import prepare
+    from noetl_dagster.tools.quantum.circuits import qiskit_call
 
     prov = _provider(req.provider, store, req, ctx)
     backend = req.backend or prov.default_backend
+    # prepare and submit on the Qiskit thread; only plain data (the job record) leaves it
+    rec = qiskit_call(_prepare_and_submit, prov, backend, req, ctx)
+    store.save(rec)
+    ctx.log(f"quantum: submitted {rec['job_id']} to {req.provider}/{backend} ({req.shots} shots, seed {req.seed}): {rec['status']}")
+    return prov, rec
+
+
+def _prepare_and_submit(prov: QuantumProvider, backend: str, req: QuantumRequest, ctx: ToolContext) -> dict[str, Any]:
+    from noetl_dagster.tools.quantum.circuits import prepare
+
     assert req.circuit is not None
     prepared = prepare(req.circuit, req.params, req.transpile, prov.transpile_defaults(backend), req.seed)
     record = {
@@ -121,9 +171,8 @@ def _submit(req: QuantumRequest, store: JobStore, ctx: ToolContext) -> tuple[Qua
         "step": getattr(ctx, "step", None),
     }
     rec = prov.submit(record, prepared)
-    store.save(rec)
-    ctx.log(f"quantum: submitted {rec['job_id']} to {req.provider}/{backend} ({req.shots} shots, seed {req.seed}): {rec['status']}")
-    return prov, rec
+    del prepared
+    return rec
 
 
 def _done_or_raise(rec: dict[str, Any]) -> dict[str, Any]:
@@ -143,6 +192,7 @@ def _done_or_raise(rec: dict[str, Any]) -> dict[str, Any]:
 def quantum_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     """Quantum circuits on simulators and (emulated) QPUs: run | submit | status | result | cancel | queue."""
     req = parse_request(inputs, ctx)
+    preload(req.provider)
     store = job_store(ctx)
     if req.operation == "queue":
         prov = _provider(req.provider, store, req, ctx)
