@@ -208,9 +208,16 @@ def _watch_request(index: Any, cur: RouterCursor, ev: E.Event, notes: list[str])
     ref = ev.data.get("playbook") or ev.data.get("name")
     if index.find(ref) is None and index.find(ev.data.get("file")) is None:
         if kind == "detached":
-            notes.append(f"execution {ev.execution_id}: playbook {ref!r} is not in this code location; not launched")
+            bad = _find_invalid(index, ev.data.get("file"))
+            why = f"is invalid ({bad.issues[0]})" if bad else "is not in this code location"
+            notes.append(f"execution {ev.execution_id}: playbook {ref!r} {why}; not launched")
         return
     cur.watch[ev.execution_id] = kind
+
+
+def _find_invalid(index: Any, file: Any) -> Any:
+    finder = getattr(index, "find_invalid", None)
+    return finder(file) if finder and file else None
 
 
 def _plan_execution(

@@ -1,36 +1,121 @@
 """A Dagster Component: add playbooks to a ``dg`` project without Python.
 
-``defs/playbooks/defs.yaml``::
+Scaffold one with ``dg scaffold defs noetl_dagster.NoetlPlaybooksComponent my_playbooks``
+(a ``defs.yaml`` and a sample playbook), or write ``defs/<name>/defs.yaml``::
 
-    type: noetl_dagster.translator.component.NoetlPlaybooksComponent
+    type: noetl_dagster.NoetlPlaybooksComponent
     attributes:
       playbooks_dir: playbooks          # relative to this defs.yaml; every *.yaml of kind Playbook
       mode: default                     # or per_step
+      on_error: report                  # report (default) | skip | raise
       data_dir: .noetl                  # optional; default $NOETL_DAGSTER_HOME, else <project root>/.noetl
       tenant: default
       project: default
+      translation:                      # like DbtProjectComponent's translation: block
+        job_tags: {team: data}
+        op_tags: {dagster/concurrency_key: noetl}
+        group_name: noetl_tables        # for the tables playbooks declare
+        asset_tags: {layer: bronze}
+        kinds: [postgres]
 
 Drop a playbook file into the directory and the code location has its job,
-its schedule (``executor.spec.schedule``) and the ``noetl_router`` sensor.
+its schedule (``executor.spec.schedule``) and the ``noetl_router`` sensor. A
+broken file never takes the location down: with ``on_error: report`` it is an
+asset ``noetl_invalid_playbook/<stem>`` whose description and failing
+``playbook_is_valid`` check carry ``FILE:LINE: RULE: message``.
 """
 
 from __future__ import annotations
 
 import os
+from importlib import resources as importlib_resources
 from pathlib import Path
+from typing import Literal
 
 import dagster as dg
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from noetl_dagster.resources.noetl import NoetlResource
 from noetl_dagster.translator.build import compile_playbooks
+from noetl_dagster.translator.translator import (
+    NoetlAssetData,
+    NoetlJobSpec,
+    NoetlNodeData,
+    NoetlOpSpec,
+    NoetlPlaybookData,
+    NoetlTranslator,
+)
+
+SAMPLE_PLAYBOOK = "hello_noetl.yaml"
 
 
+class NoetlTranslation(dg.Model, dg.Resolvable):
+    """Attributes merged into what the default translator produces (jobs, ops, declared assets)."""
+
+    job_tags: dict[str, str] = Field(default_factory=dict, description="tags added to every playbook job")
+    op_tags: dict[str, str] = Field(default_factory=dict, description="tags added to every op")
+    group_name: str | None = Field(default=None, description="asset group of the tables playbooks declare")
+    asset_tags: dict[str, str] = Field(default_factory=dict, description="tags added to every declared asset")
+    kinds: list[str] = Field(default_factory=list, description="kinds added to every declared asset")
+
+
+class _ConfiguredTranslator(NoetlTranslator):
+    def __init__(self, translation: NoetlTranslation):
+        self.translation = translation
+
+    def get_job_spec(self, data: NoetlPlaybookData) -> NoetlJobSpec:
+        return super().get_job_spec(data).merge_attributes(tags=self.translation.job_tags)
+
+    def get_op_spec(self, data: NoetlNodeData) -> NoetlOpSpec:
+        return super().get_op_spec(data).merge_attributes(tags=self.translation.op_tags)
+
+    def get_asset_spec(self, data: NoetlAssetData) -> dg.AssetSpec | None:
+        spec = super().get_asset_spec(data)
+        if spec is None:
+            return None
+        t = self.translation
+        if t.group_name:
+            spec = spec.replace_attributes(group_name=t.group_name)
+        if t.asset_tags or t.kinds:
+            spec = spec.merge_attributes(tags=t.asset_tags, kinds=set(t.kinds))
+        return spec
+
+
+class NoetlScaffoldParams(BaseModel):
+    playbooks_dir: str = Field(default="playbooks", description="folder (relative to defs.yaml) for the playbooks")
+    mode: Literal["default", "per_step"] = "default"
+
+
+class NoetlPlaybooksScaffolder(dg.Scaffolder[NoetlScaffoldParams]):
+    """``dg scaffold defs noetl_dagster.NoetlPlaybooksComponent NAME``: defs.yaml plus a sample playbook."""
+
+    @classmethod
+    def get_scaffold_params(cls) -> type[NoetlScaffoldParams]:
+        return NoetlScaffoldParams
+
+    def scaffold(self, request: dg.ScaffoldRequest[NoetlScaffoldParams]) -> None:
+        params = request.params or NoetlScaffoldParams()
+        dg.scaffold_component(
+            request, {"playbooks_dir": params.playbooks_dir, "mode": params.mode, "on_error": "report"}
+        )
+        target = Path(request.target_path) / params.playbooks_dir
+        target.mkdir(parents=True, exist_ok=True)
+        sample = target / SAMPLE_PLAYBOOK
+        if not sample.exists():
+            sample.write_text(
+                importlib_resources.files("noetl_dagster.translator").joinpath(SAMPLE_PLAYBOOK).read_text("utf-8"),
+                encoding="utf-8",
+            )
+
+
+@dg.scaffold_with(NoetlPlaybooksScaffolder)
 class NoetlPlaybooksComponent(dg.Component, dg.Resolvable, dg.Model):
     """NoETL playbooks (YAML, apiVersion noetl.io/v2) as Dagster jobs, schedules and a token-routing sensor."""
 
     playbooks_dir: str = Field(description="directory of playbook files, relative to the defs.yaml")
-    mode: str = Field(default="default", description="default (one run per execution) or per_step")
+    mode: Literal["default", "per_step"] = Field(
+        default="default", description="default (one run per execution) or per_step (one run per step)"
+    )
     event_store_url: str | None = Field(default=None, description="EventStore URL; default <data_dir>/events.db")
     data_dir: str | None = Field(
         default=None, description="NoETL data directory; default $NOETL_DAGSTER_HOME, else <project root>/.noetl"
@@ -38,7 +123,12 @@ class NoetlPlaybooksComponent(dg.Component, dg.Resolvable, dg.Model):
     tenant: str = "default"
     project: str = "default"
     include_sensor: bool = Field(default=True, description="add the noetl_router sensor (one per code location)")
-    on_error: str = Field(default="raise", description="an invalid playbook: raise (default) or skip")
+    on_error: Literal["report", "skip", "raise"] = Field(
+        default="report",
+        description="an invalid playbook: report (an asset with a failing check; the rest loads), "
+        "skip (a warning line only) or raise (the code location fails to load)",
+    )
+    translation: NoetlTranslation | None = Field(default=None, description="attributes merged into jobs, ops and assets")
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         base = Path(context.path)  # the folder holding defs.yaml
@@ -54,7 +144,9 @@ class NoetlPlaybooksComponent(dg.Component, dg.Resolvable, dg.Model):
             tenant=self.tenant,
             project=self.project,
         )
+        translator = _ConfiguredTranslator(self.translation) if self.translation else None
         location = compile_playbooks(
-            playbooks, mode=self.mode, resource=resource, include_sensor=self.include_sensor, on_error=self.on_error
-        )
+            playbooks, translator, mode=self.mode, resource=resource, include_sensor=self.include_sensor,
+            on_error=self.on_error,
+        )  # fmt: skip
         return location.definitions
