@@ -515,6 +515,20 @@ def run_child(
     return {"result": result, "execution_id": child.execution_id, **extra}
 
 
+def restore_generated(engine: Engine, request: Mapping[str, Any]) -> None:
+    """A generated child picked up again from its log alone (resume): the grant its request event
+    recorded, and a delegated keychain over the stored credentials (the parent is not there)."""
+    if not request.get("ephemeral"):
+        return
+    from noetl_dagster.engine.keychain import Keychain  # noqa: PLC0415 - providers load lazily
+
+    grant = Grant(frozenset(request.get("allowed_kinds") or ()), frozenset(request.get("delegated_credentials") or ()))
+    base = Keychain([]).bind(on_secret=engine.recorder.redactor.add)
+    engine.grant = grant
+    kc = DelegatedKeychain(base.credential, base.secret_values, grant.credentials or frozenset())
+    engine._keychain = kc.bind(on_secret=engine.recorder.redactor.add)  # noqa: SLF001 - the engine's own field
+
+
 def _secret_values(engine: Engine) -> set[str]:
     kc = engine._keychain  # noqa: SLF001 - read only: the secrets this execution's keychain resolved
     return set(kc.secret_values()) if kc is not None and callable(getattr(kc, "secret_values", None)) else set()

@@ -12,7 +12,9 @@ from lineage import listener_from_env
 from noetl_dagster.dsl import check_playbook, load_playbook
 from noetl_dagster.dsl.model import Playbook
 from noetl_dagster.engine.catalog import Catalog
-from noetl_dagster.engine.control import Engine, Services
+from noetl_dagster.dsl.loader import load_yaml_text
+from noetl_dagster.dsl.parse import load_playbook_dict
+from noetl_dagster.engine.control import Engine, Services, restore_generated
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.worker import StepRun
 from noetl_dagster.storage.event_stores import open_event_store
@@ -116,8 +118,12 @@ def resume_execution(
     if not events:
         raise KeyError(f"no events for execution {execution_id}")
     state = fold(events, svc.offloader.resolve)
+    req = next((e for e in events if e.name == "playbook.execution.requested"), None)
+    definition = (req.data.get("definition") if req else None) or ""
+    if playbook is None and definition:  # a generated playbook: its canonical YAML is on its request
+        raw, sm = load_yaml_text(str(definition), f"<generated {req.data.get('playbook_id')}>")
+        playbook = load_playbook_dict(raw, source_map=sm)
     if playbook is None:
-        req = next((e for e in events if e.name == "playbook.execution.requested"), None)
         path = (req.data.get("file") if req else None) or ""
         if not path or not Path(path).is_file():
             raise FileNotFoundError(f"execution {execution_id}: its playbook file {path!r} is not available; pass it")
@@ -128,6 +134,7 @@ def resume_execution(
     first = events[0]
     svc.tenant, svc.project = first.tenant_id, first.project_id
     eng = Engine(pb, svc, state=state, parent_execution_id=first.parent_execution_id)
+    restore_generated(eng, req.data if req else {})  # a generated child keeps its trust boundary
     if not state.finished:
         eng.recover(on_step)
         eng.drive(on_step)

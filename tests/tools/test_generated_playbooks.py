@@ -274,3 +274,34 @@ def test_restriction_is_inherited_and_only_narrows(env):
     assert inner["kind"] == "generated_playbook_refused"
     assert "not allowed" in inner["message"]
     assert children(store, middle.execution_id) == []
+
+
+def test_a_crashed_generated_child_resumes_from_its_log_with_its_grant(env, tmp_path):
+    """Only the child's events survive (the definition is on its request); resume rebuilds the
+    playbook from them and keeps the delegation: the delegated name resolves, nothing else does."""
+    from noetl_dagster.runners.local import resume_execution
+
+    res, store = env(parent_doc({"definition": _child_with_credential(), "credentials": ["pg_main"]}, generated=GENERATED_OK))
+    child_id = children(store, res.execution_id)[0].execution_id
+    events = store.read(child_id)
+    cut = next(i for i, e in enumerate(events) if e.name == "step.started" and e.step == "add")
+    crashed_url = f"sqlite:///{tmp_path / 'crashed.db'}"
+    crashed = open_event_store(crashed_url)
+    crashed.append(events[:cut])  # the process died just before `add` ran
+    resumed = resume_execution(child_id, event_store=crashed_url, data_dir=tmp_path / "home")
+    assert resumed.status == "completed", resumed.results
+    assert resumed.playbook == "generated/sum"
+    assert resumed.results["add"]["pw_len"] == len(SECRET)
+    assert_no_secret(crashed)
+    # the same log with the credential reached outside the delegation: refused after resume too
+    child = _child_with_credential()
+    child["workflow"][1]["tool"] = [{"q": {"kind": "postgres", "auth": "{{ 'other_' ~ 'cred' }}", "command": "select 1"}}]
+    res2, store2 = env(parent_doc({"definition": child, "credentials": ["pg_main"]},
+                                  generated={"allow_kinds": ["postgres"], "allow_credentials": ["pg_main"]}))  # fmt: skip
+    cid2 = children(store2, res2.execution_id)[0].execution_id
+    ev2 = store2.read(cid2)
+    cut2 = next(i for i, e in enumerate(ev2) if e.name == "step.started" and e.step == "add")
+    url2 = f"sqlite:///{tmp_path / 'crashed2.db'}"
+    open_event_store(url2).append(ev2[:cut2])
+    again = resume_execution(cid2, event_store=url2, data_dir=tmp_path / "home")
+    assert again.results["add"]["error"]["kind"] == "credential_not_delegated"
