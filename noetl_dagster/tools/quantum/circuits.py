@@ -11,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-T = TypeVar("T")
-
 from noetl_dagster.tools.quantum.contract import CircuitSource, config_error
+
+T = TypeVar("T")
 
 # What a transpiled circuit may contain when no basis is asked for: the standard gates every built-in
 # provider executes. (Transpiling against AerSimulator's full target costs ~100 ms per circuit; this ~4 ms.)

@@ -146,7 +146,6 @@ class CirqProvider(LocalSimulator):
 
     def simulate(self, circuit: Any, shots: int, seed: int, backend: str) -> dict[str, Any]:
         import cirq
-
         import numpy as np
 
         from noetl_dagster.tools.quantum.circuits import counts_from_bits, key_layout, to_cirq
