@@ -207,8 +207,13 @@ class ArcSpec:
         return d
 
 
-def arc(step: str, *, when: str | bool | None = None, args: Mapping[str, Any] | None = None,
-        set: Mapping[str, Any] | None = None) -> ArcSpec:  # noqa: A002 - the DSL's name
+def arc(
+    step: str,
+    *,
+    when: str | bool | None = None,
+    args: Mapping[str, Any] | None = None,
+    set: Mapping[str, Any] | None = None,
+) -> ArcSpec:  # noqa: A002 - the DSL's name
     """One ``next.arcs`` entry. ``set`` keys are ``ctx.<k>`` (or bare) as in YAML."""
     return ArcSpec(step, when, args, set, _caller())
 
@@ -404,7 +409,11 @@ def _as_route(value: Any, where: Where) -> Route | None:
         value = [value]
     if not isinstance(value, Sequence):
         raise TypeError("next= takes a step name, arc(...), a list of them, or route(...)")
-    return Route(tuple(a if isinstance(a, ArcSpec) else ArcSpec(str(a), where=where) for a in value), "exclusive", where)
+    return Route(
+        tuple(a if isinstance(a, ArcSpec) else ArcSpec(str(a), where=where) for a in value),
+        "exclusive",
+        where,
+    )
 
 
 def _as_calls(value: Any) -> list[Call]:
@@ -494,7 +503,11 @@ class PlaybookBuilder:
     def to_raw(self) -> dict[str, Any]:
         """The standard-form document (the YAML a person would write), before validation."""
         where = {k: v for k, v in self._where.items() if len(k) <= 1}
-        doc: dict[str, Any] = {"apiVersion": "noetl.io/v2", "kind": "Playbook", "metadata": dict(self._metadata)}
+        doc: dict[str, Any] = {
+            "apiVersion": "noetl.io/v2",
+            "kind": "Playbook",
+            "metadata": dict(self._metadata),
+        }
         if self._keychain:
             doc["keychain"] = []
             for i, (decl, w) in enumerate(self._keychain):
@@ -597,7 +610,12 @@ def _locate(issue: ValidationIssue, where: dict[PathT, Where]) -> ValidationIssu
     best: tuple[int, Where] | None = None
     for path, w in where.items():
         key = format_path(path)
-        if issue.path == key or issue.path.startswith(key + ".") or issue.path.startswith(key + "[") or key == "<root>":
+        if (
+            issue.path == key
+            or issue.path.startswith(key + ".")
+            or issue.path.startswith(key + "[")
+            or key == "<root>"
+        ):
             if best is None or len(path) > best[0]:
                 best = (len(path), w)
     if best is None:
@@ -613,7 +631,12 @@ class _Dumper(yaml.SafeDumper):
     """Multi-line strings (code) as ``|`` blocks when YAML allows it, else quoted."""
 
 
-_YAML_BREAKS = ("\x85", "\u2028", "\u2029", "\ufeff")  # line breaks to YAML: only a double-quoted escape keeps them
+_YAML_BREAKS = (
+    "\x85",
+    "\u2028",
+    "\u2029",
+    "\ufeff",
+)  # line breaks to YAML: only a double-quoted escape keeps them
 
 
 def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:

@@ -126,7 +126,9 @@ def violations(pb: Playbook, grant: Grant) -> list[str]:
     if grant.kinds is not None:
         for where, t in _tasks(pb):
             if t.kind not in grant.kinds:
-                out.append(f"{where}: tool kind {t.kind!r} is not allowed (allow_kinds: {sorted(grant.kinds)})")
+                out.append(
+                    f"{where}: tool kind {t.kind!r} is not allowed (allow_kinds: {sorted(grant.kinds)})"
+                )
     if grant.credentials is not None:
         asked: dict[str, str] = {}
         for decl in pb.keychain:
@@ -154,7 +156,9 @@ class DelegatedKeychain:
         self.names = names
         self._on_secret: list[Callable[[Iterable[str]], None]] = []
 
-    def bind(self, *, on_secret: Callable[[Iterable[str]], None] | None = None, **_: Any) -> DelegatedKeychain:
+    def bind(
+        self, *, on_secret: Callable[[Iterable[str]], None] | None = None, **_: Any
+    ) -> DelegatedKeychain:
         if on_secret is not None:
             self._on_secret.append(on_secret)
             on_secret(set(self._secrets()))

@@ -10,10 +10,10 @@ from typing import Any
 
 from lineage import listener_from_env
 from noetl_dagster.dsl import check_playbook, load_playbook
-from noetl_dagster.dsl.model import Playbook
-from noetl_dagster.engine.catalog import Catalog
 from noetl_dagster.dsl.loader import load_yaml_text
+from noetl_dagster.dsl.model import Playbook
 from noetl_dagster.dsl.parse import load_playbook_dict
+from noetl_dagster.engine.catalog import Catalog
 from noetl_dagster.engine.control import Engine, Services, restore_generated
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.worker import StepRun

@@ -101,7 +101,9 @@ def test_identity_ignores_layout_and_key_order():
     m2 = load_playbook_dict(shuffled)
     assert playbook_id(m2) == playbook_id(m) and playbook_id(m).startswith("sha256:")
     assert canonical_yaml(m2) == canonical_yaml(m)
-    changed = playbook("same", path="x/same").workload(a=1, b=3).step("s", tool=noop({"k": 1, "j": 2})).build()
+    changed = (
+        playbook("same", path="x/same").workload(a=1, b=3).step("s", tool=noop({"k": 1, "j": 2})).build()
+    )
     assert playbook_id(changed) != playbook_id(m)
 
 
@@ -114,7 +116,10 @@ def test_a_built_playbook_runs_like_its_yaml(tmp_path):
             "inc",
             tool=python("def main(n):\n    return {'n': n + 1}\n", input={"n": "{{ ctx.n }}"}),
             set={"ctx.n": "{{ inc.n }}"},
-            next=route(arc("inc", when="{{ ctx.n < workload.limit }}"), arc("done", when="{{ ctx.n >= workload.limit }}")),
+            next=route(
+                arc("inc", when="{{ ctx.n < workload.limit }}"),
+                arc("done", when="{{ ctx.n >= workload.limit }}"),
+            ),
         )
         .step("done", tool=noop({"final": "{{ ctx.n }}"}))
     )

@@ -37,10 +37,22 @@ _RUNS: list[float] = []
 # text without template delimiters (a `{{` that does not parse is a validation error, tested elsewhere)
 text = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="{}%#"), max_size=12)
 names = st.from_regex(r"[a-z][a-z0-9_]{0,7}", fullmatch=True)
-scalars = st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=False, allow_infinity=False) | text
-json_values = st.recursive(scalars, lambda c: st.lists(c, max_size=3) | st.dictionaries(names, c, max_size=3), max_leaves=8)
-templates = st.sampled_from(["{{ outcome.status == 'error' }}", "{{ ctx.n > 2 }}", "{{ workload.flag }}", True, False])
-set_blocks = st.dictionaries(st.builds(lambda p, n: p + n, st.sampled_from(["ctx.", "iter.", ""]), names), json_values, max_size=2)
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | text
+)
+json_values = st.recursive(
+    scalars, lambda c: st.lists(c, max_size=3) | st.dictionaries(names, c, max_size=3), max_leaves=8
+)
+templates = st.sampled_from(
+    ["{{ outcome.status == 'error' }}", "{{ ctx.n > 2 }}", "{{ workload.flag }}", True, False]
+)
+set_blocks = st.dictionaries(
+    st.builds(lambda p, n: p + n, st.sampled_from(["ctx.", "iter.", ""]), names), json_values, max_size=2
+)
 
 
 @st.composite
@@ -125,7 +137,11 @@ def builders(draw):
     return b
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(builders())
 def test_yaml_of_a_built_playbook_parses_back_to_the_same_model(b):
     t0 = time.perf_counter()

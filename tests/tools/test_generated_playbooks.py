@@ -35,12 +35,17 @@ CHILD = {
 }  # fmt: skip
 
 
-def parent_doc(tool_body: dict, *, generated: dict | None = None, before: list | None = None, keychain=None) -> dict:
+def parent_doc(
+    tool_body: dict, *, generated: dict | None = None, before: list | None = None, keychain=None
+) -> dict:
     doc = {
         "apiVersion": "noetl.io/v2",
         "kind": "Playbook",
         "metadata": {"name": "parent", "path": "tests/parent"},
-        "workflow": [*(before or []), {"step": "run_child", "tool": [{"child": {"kind": "playbook", **tool_body}}]}],
+        "workflow": [
+            *(before or []),
+            {"step": "run_child", "tool": [{"child": {"kind": "playbook", **tool_body}}]},
+        ],
     }
     if generated is not None:
         doc["executor"] = {"spec": {"generated": generated}}
@@ -54,7 +59,10 @@ def parent_doc(tool_body: dict, *, generated: dict | None = None, before: list |
 @pytest.fixture
 def env(tmp_path, monkeypatch):
     monkeypatch.setenv("NOETL_DAGSTER_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("NOETL_CREDENTIAL_PG_MAIN", json.dumps({"type": "postgres", "data": {"db_user": "app", "db_password": SECRET}}))
+    monkeypatch.setenv(
+        "NOETL_CREDENTIAL_PG_MAIN",
+        json.dumps({"type": "postgres", "data": {"db_user": "app", "db_password": SECRET}}),
+    )
     store_url = f"sqlite:///{tmp_path / 'events.db'}"
 
     def run(doc: dict, workload: dict | None = None):
@@ -71,7 +79,11 @@ def all_events(store):
 
 
 def children(store, parent_id: str) -> list:
-    return [e for e in all_events(store) if e.name == "playbook.execution.requested" and e.parent_execution_id == parent_id]
+    return [
+        e
+        for e in all_events(store)
+        if e.name == "playbook.execution.requested" and e.parent_execution_id == parent_id
+    ]
 
 
 def child_error(res) -> dict:
@@ -115,12 +127,21 @@ def test_inline_mapping_runs_as_a_sub_execution_with_its_own_events_and_replay(e
 def test_definition_produced_by_an_earlier_step_mapping_and_yaml_text(env):
     # the generating step builds the definition as data (its code is never rendered as a template)
     plan_mapping = {"step": "plan", "tool": [{"make": {"kind": "python", "code": f"result = {CHILD!r}"}}]}
-    res, store = env(parent_doc({"definition": "{{ plan }}", "input": {"a": 5}}, generated=GENERATED_OK, before=[plan_mapping]))
+    res, store = env(
+        parent_doc(
+            {"definition": "{{ plan }}", "input": {"a": 5}}, generated=GENERATED_OK, before=[plan_mapping]
+        )
+    )
     assert res.status == "completed", res.results
     assert res.results["run_child"]["sum"] == 7
     text = yaml.safe_dump(CHILD)
-    plan_text = {"step": "plan", "tool": [{"make": {"kind": "python", "code": f"result = {{'yaml': {text!r}}}"}}]}
-    res2, store2 = env(parent_doc({"definition": "{{ plan.yaml }}"}, generated=GENERATED_OK, before=[plan_text]))
+    plan_text = {
+        "step": "plan",
+        "tool": [{"make": {"kind": "python", "code": f"result = {{'yaml': {text!r}}}"}}],
+    }
+    res2, store2 = env(
+        parent_doc({"definition": "{{ plan.yaml }}"}, generated=GENERATED_OK, before=[plan_text])
+    )
     assert res2.status == "completed", res2.results
     assert res2.results["run_child"]["sum"] == 3
     # the same content gets the same id, however it reached the runtime
@@ -135,14 +156,19 @@ def test_builder_made_child_in_a_builder_made_parent(env, tmp_path):
     child = (
         playbook("built_child", path="generated/built")
         .workload(n=3)
-        .step("start", tool=python("def main(n):\n    return {'square': n * n}\n", input={"n": "{{ workload.n }}"}))
+        .step(
+            "start",
+            tool=python("def main(n):\n    return {'square': n * n}\n", input={"n": "{{ workload.n }}"}),
+        )
     )
     parent = (
         playbook("built_parent", path="tests/built_parent")
         .executor(generated={"allow_kinds": ["python"], "allow_credentials": []})
         .step("start", tool=subplaybook(definition=child, input={"n": 9}))
     )
-    res = run_playbook(parent.build(), event_store=f"sqlite:///{tmp_path / 'b.db'}", data_dir=tmp_path / "home")
+    res = run_playbook(
+        parent.build(), event_store=f"sqlite:///{tmp_path / 'b.db'}", data_dir=tmp_path / "home"
+    )
     assert res.status == "completed", res.results
     assert res.results["start"]["square"] == 81
     assert res.results["start"]["playbook_id"] == playbook_id(child.build())
@@ -171,7 +197,9 @@ def _child_with_credential(**extra) -> dict:
     child = json.loads(json.dumps(CHILD))
     child["keychain"] = [{"name": "pg_main"}]
     child["workflow"][1]["tool"][0]["calc"]["input"]["pw"] = "{{ keychain.pg_main.db_password }}"
-    child["workflow"][1]["tool"][0]["calc"]["code"] = "def main(a, b, pw):\n    return {'sum': a + b, 'pw_len': len(pw)}\n"
+    child["workflow"][1]["tool"][0]["calc"]["code"] = (
+        "def main(a, b, pw):\n    return {'sum': a + b, 'pw_len': len(pw)}\n"
+    )
     child.update(extra)
     return child
 
@@ -182,7 +210,11 @@ def test_undeclared_credential_is_refused_and_never_leaks(env):
     use = {"step": "use", "tool": [{"peek": {"kind": "python", "input": {"pw": "{{ keychain.pg_main.db_password }}"},
                                                "code": "def main(pw):\n    return {'n': len(pw)}\n"}}]}  # fmt: skip
     # allowed by policy but not passed by the call
-    res, store = env(parent_doc({"definition": _child_with_credential()}, generated=GENERATED_OK, before=[use], keychain=parent_kc))
+    res, store = env(
+        parent_doc(
+            {"definition": _child_with_credential()}, generated=GENERATED_OK, before=[use], keychain=parent_kc
+        )
+    )
     assert res.results["use"]["n"] == len(SECRET)
     err = child_error(res)
     assert err["kind"] == "generated_playbook_refused"
@@ -198,7 +230,11 @@ def test_undeclared_credential_is_refused_and_never_leaks(env):
 
 
 def test_delegated_credential_resolves_and_is_redacted_from_every_event(env):
-    res, store = env(parent_doc({"definition": _child_with_credential(), "credentials": ["pg_main"]}, generated=GENERATED_OK))
+    res, store = env(
+        parent_doc(
+            {"definition": _child_with_credential(), "credentials": ["pg_main"]}, generated=GENERATED_OK
+        )
+    )
     assert res.status == "completed", res.results
     assert res.results["run_child"]["pw_len"] == len(SECRET)
     req = children(store, res.execution_id)[0]
@@ -223,7 +259,9 @@ def test_a_credential_reached_at_run_time_outside_the_delegation_is_refused(env)
     assert_no_secret(store)
     # an `auth:` name outside the delegation is refused by the keychain itself
     child2 = json.loads(json.dumps(CHILD))
-    child2["workflow"][1]["tool"] = [{"q": {"kind": "postgres", "auth": "{{ 'pg_' ~ 'main' }}", "command": "select 1"}}]
+    child2["workflow"][1]["tool"] = [
+        {"q": {"kind": "postgres", "auth": "{{ 'pg_' ~ 'main' }}", "command": "select 1"}}
+    ]
     res2, store2 = env(parent_doc({"definition": child2}, generated={"allow_kinds": ["postgres"]}))
     kids2 = children(store2, res2.execution_id)
     inner2 = replay(store2, kids2[0].execution_id).result("add")["error"]
@@ -281,7 +319,11 @@ def test_a_crashed_generated_child_resumes_from_its_log_with_its_grant(env, tmp_
     playbook from them and keeps the delegation: the delegated name resolves, nothing else does."""
     from noetl_dagster.runners.local import resume_execution
 
-    res, store = env(parent_doc({"definition": _child_with_credential(), "credentials": ["pg_main"]}, generated=GENERATED_OK))
+    res, store = env(
+        parent_doc(
+            {"definition": _child_with_credential(), "credentials": ["pg_main"]}, generated=GENERATED_OK
+        )
+    )
     child_id = children(store, res.execution_id)[0].execution_id
     events = store.read(child_id)
     cut = next(i for i, e in enumerate(events) if e.name == "step.started" and e.step == "add")
@@ -295,7 +337,9 @@ def test_a_crashed_generated_child_resumes_from_its_log_with_its_grant(env, tmp_
     assert_no_secret(crashed)
     # the same log with the credential reached outside the delegation: refused after resume too
     child = _child_with_credential()
-    child["workflow"][1]["tool"] = [{"q": {"kind": "postgres", "auth": "{{ 'other_' ~ 'cred' }}", "command": "select 1"}}]
+    child["workflow"][1]["tool"] = [
+        {"q": {"kind": "postgres", "auth": "{{ 'other_' ~ 'cred' }}", "command": "select 1"}}
+    ]
     res2, store2 = env(parent_doc({"definition": child, "credentials": ["pg_main"]},
                                   generated={"allow_kinds": ["postgres"], "allow_credentials": ["pg_main"]}))  # fmt: skip
     cid2 = children(store2, res2.execution_id)[0].execution_id
