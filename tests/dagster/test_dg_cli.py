@@ -1,0 +1,65 @@
+"""``dg`` end to end (issue 22.3), as subprocesses of the real CLI: example_project is a dg
+project, the component is registered (``dg list components``), and
+``dg scaffold defs noetl_dagster.NoetlPlaybooksComponent my_playbooks`` gives a project
+that ``dg check defs`` accepts with a job for the sample playbook."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dagster_helpers import REPO
+
+BIN = Path(sys.executable).parent
+
+
+def _dg(args: list[str], cwd: Path, env_extra: dict[str, str] | None = None) -> str:
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **(env_extra or {})}
+    env.pop("DAGSTER_HOME", None)
+    out = subprocess.run([str(BIN / "dg"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, f"dg {' '.join(args)} exited {out.returncode}:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
+    return out.stdout
+
+
+@pytest.mark.slow
+def test_dg_checks_and_lists_the_example_project(tmp_path):
+    project = REPO / "example_project"
+    env = {"NOETL_DAGSTER_HOME": str(tmp_path / "noetl")}
+    assert "successfully" in _dg(["check", "yaml"], project, env)
+    assert "successfully" in _dg(["check", "defs"], project, env)
+    defs = json.loads(_dg(["list", "defs", "--json"], project, env))
+    jobs = {j["name"] for j in defs["jobs"]}
+    assert {"hello_dagster", "countdown_cycle", "per_step_pipeline__step__combine"} <= jobs
+    assert "noetl_router" in {s["name"] for s in defs["sensors"]}
+    comps = _dg(["list", "components", "--json"], project, env)
+    assert "noetl_dagster.NoetlPlaybooksComponent" in {c["key"] for c in json.loads(comps)["items"]}
+
+
+@pytest.mark.slow
+def test_dg_scaffold_defs_gives_a_working_component(tmp_path):
+    root = tmp_path / "proj"
+    (root / "myproj" / "defs").mkdir(parents=True)
+    (root / "myproj" / "__init__.py").write_text("")
+    (root / "myproj" / "defs" / "__init__.py").write_text("")
+    (root / "myproj" / "definitions.py").write_text(  # as `create-dagster project` writes it
+        "from pathlib import Path\n\nimport dagster as dg\n\n\n@dg.definitions\ndef defs():\n"
+        "    return dg.load_from_defs_folder(path_within_project=Path(__file__).parent)\n"
+    )
+    (root / "pyproject.toml").write_text(
+        '[project]\nname = "myproj"\nversion = "0"\n\n[tool.dg]\ndirectory_type = "project"\n\n'
+        '[tool.dg.project]\nroot_module = "myproj"\n'
+    )
+    env = {"PYTHONPATH": str(root), "NOETL_DAGSTER_HOME": str(tmp_path / "noetl")}
+    _dg(["scaffold", "defs", "noetl_dagster.NoetlPlaybooksComponent", "my_playbooks"], root, env)
+    folder = root / "myproj" / "defs" / "my_playbooks"
+    defs_yaml = (folder / "defs.yaml").read_text()
+    assert "type: noetl_dagster.NoetlPlaybooksComponent" in defs_yaml and "playbooks_dir: playbooks" in defs_yaml
+    assert (folder / "playbooks" / "hello_noetl.yaml").is_file()
+    _dg(["check", "yaml"], root, env)
+    _dg(["check", "defs"], root, env)
+    jobs = {j["name"] for j in json.loads(_dg(["list", "defs", "--json"], root, env))["jobs"]}
+    assert "hello_noetl" in jobs
