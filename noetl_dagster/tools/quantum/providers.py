@@ -12,6 +12,7 @@ credential (a keychain record, or ``None``). Job records are plain dicts persist
 
 from __future__ import annotations
 
+import importlib
 import threading
 import time
 import uuid
@@ -167,6 +168,7 @@ class CirqProvider(LocalSimulator):
 _lock = threading.Lock()
 _PROVIDERS: dict[str, type[QuantumProvider]] = {}
 _BUILTIN = {"aer": AerProvider, "cirq": CirqProvider}
+_BUILTIN_ELSEWHERE = {"emulated_qpu": "noetl_dagster.tools.quantum.emulated:EmulatedQPU"}
 _entry_points: dict[str, Any] | None = None
 
 
@@ -191,7 +193,7 @@ def _eps() -> dict[str, Any]:
 
 
 def provider_names() -> list[str]:
-    return sorted(set(_BUILTIN) | {"emulated_qpu"} | set(_PROVIDERS) | set(_eps()))
+    return sorted(set(_BUILTIN) | set(_BUILTIN_ELSEWHERE) | set(_PROVIDERS) | set(_eps()))
 
 
 def get_provider_class(name: str) -> type[QuantumProvider]:
@@ -199,10 +201,9 @@ def get_provider_class(name: str) -> type[QuantumProvider]:
         return _PROVIDERS[name]
     if name in _BUILTIN:
         return _BUILTIN[name]
-    if name == "emulated_qpu":
-        from noetl_dagster.tools.quantum.emulated import EmulatedQPU
-
-        return EmulatedQPU
+    if name in _BUILTIN_ELSEWHERE:  # by name, so this module and the emulator (a subclass) form no import cycle
+        module, _, attr = _BUILTIN_ELSEWHERE[name].partition(":")
+        return getattr(importlib.import_module(module), attr)
     ep = _eps().get(name)
     if ep is not None:
         cls = ep.load()
