@@ -70,7 +70,43 @@ def playbook_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     if not isinstance(credentials, list) or not all(isinstance(c, str) for c in credentials):
         raise ToolError("`credentials` must be a list of keychain names", kind="config_error")
     pb = generated_playbook(definition, ctx)
-    return ctx.run_playbook("", dict(workload), return_step=return_step, definition=pb, credentials=credentials)
+    registry = inputs.get("registry") or os.environ.get("NOETL_REGISTRY_URL")
+    try:
+        out = ctx.run_playbook("", dict(workload), return_step=return_step, definition=pb, credentials=credentials)
+    except ToolError as e:
+        if registry and e.kind == "playbook_failed" and isinstance(e.result, Mapping):
+            _register_ephemeral(registry, inputs, pb, e.result, ctx)
+        raise
+    if registry:
+        _register_ephemeral(registry, inputs, pb, out, ctx)
+    return out
+
+
+EPHEMERAL_DEFINITION_LIMIT = 48 << 10  # bytes of canonical YAML kept in the registry row's metadata
+
+
+def _register_ephemeral(registry: str, inputs: Mapping[str, Any], pb: Any, out: Mapping[str, Any], ctx: ToolContext) -> None:
+    """A ``kind: ephemeral_playbook`` catalog row for a generated child, when a registry is configured
+    for the execution (the task's ``registry:`` or ``$NOETL_REGISTRY_URL``). Registry trouble is logged,
+    never fails the step: the definition is on the child's request event either way."""
+    from noetl_dagster.dsl.builder import canonical_yaml, playbook_id
+    from noetl_dagster.dsl.locator import ResourceLocator
+    from registry_service.client import open_registry
+
+    pid = playbook_id(pb)
+    text = canonical_yaml(pb)
+    tenant, project = getattr(ctx, "tenant", None) or "default", getattr(ctx, "project", None) or "default"
+    meta: dict[str, Any] = {"playbook_id": pid, "name": pb.metadata.name, "path": pb.metadata.path,
+                            "parent_execution_id": ctx.execution_id, "status": out.get("status", "completed")}  # fmt: skip
+    if len(text.encode()) <= EPHEMERAL_DEFINITION_LIMIT:
+        meta["definition"] = text
+    try:
+        uri = ResourceLocator(tenant, project, "playbooks", "ephemeral_playbook", pid.split(":", 1)[1][:32]).uri
+        client = open_registry(str(registry), inputs.get("api_key") or None, tenant=tenant, project=project)
+        client.register(uri, kind="ephemeral_playbook", metadata=meta, execution_id=out.get("execution_id"),
+                        step=ctx.step, task=ctx.task)  # fmt: skip
+    except Exception as e:  # noqa: BLE001 - the catalog row is a convenience; the event log is the record
+        ctx.log(f"ephemeral playbook {pid} not registered: {type(e).__name__}: {e}")
 
 
 def generated_playbook(definition: Any, ctx: ToolContext) -> Any:

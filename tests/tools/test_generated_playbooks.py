@@ -349,3 +349,25 @@ def test_a_crashed_generated_child_resumes_from_its_log_with_its_grant(env, tmp_
     open_event_store(url2).append(ev2[:cut2])
     again = resume_execution(cid2, event_store=url2, data_dir=tmp_path / "home")
     assert again.results["add"]["error"]["kind"] == "credential_not_delegated"
+
+
+def test_ephemeral_catalog_row_when_a_registry_is_configured(env, tmp_path, monkeypatch):
+    from registry_service.client import open_registry
+
+    monkeypatch.delenv("NOETL_REGISTRY_URL", raising=False)
+
+    reg = str(tmp_path / "registry.db")
+    res, store = env(parent_doc({"definition": CHILD, "registry": reg}, generated=GENERATED_OK))
+    assert res.status == "completed", res.results
+    pid = res.results["run_child"]["playbook_id"]
+    rows = [r for r in open_registry(reg).list(q="ephemeral") if r.metadata.get("playbook_id") == pid]
+    assert len(rows) == 1, open_registry(reg).list()
+    row = rows[0]
+    assert row.metadata["parent_execution_id"] == res.execution_id
+    assert row.execution_id == res.results["run_child"]["execution_id"]
+    assert row.metadata["definition"] == canonical_yaml(load_playbook_dict(CHILD))
+    # without a registry configured for the execution nothing is written anywhere
+    res2, _ = env(parent_doc({"definition": CHILD}, generated=GENERATED_OK))
+    assert res2.status == "completed"
+    assert not (tmp_path / "home" / "registry.db").exists()
+    assert [r for r in open_registry(reg).list(q="ephemeral") if r.metadata.get("playbook_id") == pid] == rows
