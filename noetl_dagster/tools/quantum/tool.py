@@ -208,7 +208,20 @@ def quantum_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
                                 "(submit and poll it with status/result instead)", kind="timeout", retryable=True,
                                 code="timeout", result=job_view(rec))  # fmt: skip
             time.sleep(max(req.poll_interval, min(float(rec.get("estimated_wait_seconds") or 0.0), 1.0)))
-            rec = prov.status(rec)
+            try:
+                rec = prov.status(rec)
+            except ToolError as exc:  # the job is submitted: a transient poll failure must not resubmit it
+                if not exc.retryable:
+                    raise
+                ctx.log(f"quantum: polling {rec['job_id']}: {exc.message}; polling again")
+        for _ in range(100):
+            try:
+                return _done_or_raise(prov.result(rec))
+            except ToolError as exc:
+                if not exc.retryable or exc.kind == "not_ready" or time.monotonic() > deadline:
+                    raise
+                ctx.log(f"quantum: fetching {rec['job_id']}: {exc.message}; polling again")
+                time.sleep(req.poll_interval)
         return _done_or_raise(prov.result(rec))
     rec = store.load(req.job_id)  # type: ignore[arg-type]
     if req.provider != rec["provider"] and "provider" in inputs:

@@ -221,3 +221,25 @@ def test_a_plugged_provider_is_used_by_name(ctx):
     assert issubclass(StatevectorAer, QuantumProvider)
 
 
+
+
+def test_run_on_the_emulated_qpu_rides_out_transient_errors_without_resubmitting(ctx, home):
+    opts = {"queue_depth": 1, "seconds_per_job": 0.05, "execution_seconds": 0.05, "transient_error_rate": 0.4, "error_seed": 7}
+    done = None
+    for _ in range(10):  # submit itself may hit an injected 503: nothing was submitted then, so trying again is safe
+        try:
+            done = quantum_tool({**EMU, "provider_options": opts, "poll_interval": 0.02}, ctx)
+            break
+        except ToolError as e:
+            assert e.kind == "provider_unavailable"
+    assert done is not None and done["status"] == "done" and sum(done["counts"].values()) == 500
+    jobs = list((home / "quantum" / "jobs").glob("*.json"))
+    assert len(jobs) == 1  # one job, however many polls failed
+    from noetl_dagster.tools.quantum.emulated import _unit
+
+    calls = json.loads((home / "quantum" / "backend-emulated_qpu_5q.json").read_text())["calls"]
+    failed = [n for n in range(1, calls + 1) if _unit("err", 7, "emulated_qpu_5q", n) < 0.4]
+    submit_call = min(n for n in range(1, calls + 1) if n not in failed)  # the first call that got through
+    polled_failures = [n for n in failed if n > submit_call]
+    assert polled_failures, "the seed was meant to inject errors while polling"
+    assert sum("polling again" in line for line in ctx.logs) == len(polled_failures)
