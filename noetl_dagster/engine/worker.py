@@ -159,6 +159,8 @@ class _ToolCtx:
         self.render_context = scope
         self.tenant = worker.engine.services.tenant
         self.project = worker.engine.services.project
+        # a generated playbook (engine.trust): tools keep it away from the worker's environment
+        self.restricted = bool(getattr(worker.engine, "grant", None) and worker.engine.grant.restricted)
 
     @property
     def payloads(self) -> Any:

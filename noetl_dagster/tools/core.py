@@ -332,7 +332,9 @@ sys.stdout.write("\n__NOETL_RESULT__" + json.dumps(out, default=str))
 """
 
 
-def _run_python_process(source: str, data: dict[str, Any], context: dict[str, Any], timeout: float, log: Any) -> Any:
+def _run_python_process(
+    source: str, data: dict[str, Any], context: dict[str, Any], timeout: float, log: Any, env: dict[str, str] | None = None
+) -> Any:
     from noetl_dagster.util.jsonutil import dumps
 
     try:
@@ -342,6 +344,7 @@ def _run_python_process(source: str, data: dict[str, Any], context: dict[str, An
             capture_output=True,
             text=True,
             timeout=timeout,
+            env=env,
         )
     except subprocess.TimeoutExpired:
         raise ToolError(f"python process timed out after {timeout:g}s", kind="timeout", retryable=True,
@@ -402,9 +405,21 @@ def python_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     if libs:
         data.update({k: v for k, v in _import_libs(libs).items() if k not in data})
     spec = ctx.spec or {}
-    if spec.get("isolation") == "process":
+    restricted = bool(getattr(ctx, "restricted", False))
+    if spec.get("isolation") == "process" or restricted:
+        # a generated playbook's code always runs in a subprocess whose environment holds no credentials
         timeout = float(spec.get("timeout") or spec.get("timeout_seconds") or 300)
         scope = ctx.render_context
         plain_ctx = scope.plain() if hasattr(scope, "plain") else {}
-        return _run_python_process(source, data, plain_ctx, timeout, ctx.log)
+        return _run_python_process(source, data, plain_ctx, timeout, ctx.log, env=_scrubbed_env() if restricted else None)
     return run_python_inline(source, data, ctx.render_context, ctx.log)
+
+
+_CREDENTIAL_ENV = ("NOETL_CREDENTIAL", "NOETL_SECRET_", "NOETL_CREDENTIALS_FILE", "NOETL_REGISTRY_API_KEY")
+
+
+def _scrubbed_env() -> dict[str, str]:
+    """The worker's environment without credential providers' variables or secret-looking names."""
+    from noetl_dagster.engine.keychain import SECRET_FIELD
+
+    return {k: v for k, v in os.environ.items() if not k.startswith(_CREDENTIAL_ENV) and not SECRET_FIELD.search(k)}

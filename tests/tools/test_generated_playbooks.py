@@ -255,8 +255,17 @@ def test_a_credential_reached_at_run_time_outside_the_delegation_is_refused(env)
     assert len(kids) == 1
     child_state = replay(store, kids[0].execution_id)
     inner = child_state.result("add")["error"]
-    assert "pg_main" in inner["message"]
+    assert inner["message"] == "KeyError: 'keychain'"  # generated python runs in a subprocess without the keychain
     assert_no_secret(store)
+    # a template naming the credential at run time gets nothing
+    child3 = json.loads(json.dumps(CHILD))
+    calc = child3["workflow"][1]["tool"][0]["calc"]
+    calc["input"]["pw"] = "{% set n = 'pg_' ~ 'main' %}{{ keychain[n].db_password }}"
+    calc["code"] = "def main(a, b, pw):\n    return {'pw': pw}\n"
+    res3, store3 = env(parent_doc({"definition": child3}, generated=GENERATED_OK))
+    assert res3.status == "completed", res3.results
+    assert res3.results["run_child"]["pw"] in ("", None)
+    assert_no_secret(store3)
     # an `auth:` name outside the delegation is refused by the keychain itself
     child2 = json.loads(json.dumps(CHILD))
     child2["workflow"][1]["tool"] = [
@@ -371,3 +380,24 @@ def test_ephemeral_catalog_row_when_a_registry_is_configured(env, tmp_path, monk
     assert res2.status == "completed"
     assert not (tmp_path / "home" / "registry.db").exists()
     assert [r for r in open_registry(reg).list(q="ephemeral") if r.metadata.get("playbook_id") == pid] == rows
+
+
+def test_generated_python_runs_without_the_workers_credential_environment(env, monkeypatch):
+    monkeypatch.setenv("SOME_API_TOKEN", "tok-" + SECRET)
+    probe = json.loads(json.dumps(CHILD))
+    probe["workflow"][1]["tool"][0]["calc"]["code"] = (
+        "import os\n"
+        "def main(a, b):\n"
+        "    return {'seen': sorted(k for k in os.environ if k.startswith('NOETL_CREDENTIAL') or k == 'SOME_API_TOKEN'),\n"
+        "            'home': 'NOETL_DAGSTER_HOME' in os.environ}\n"
+    )
+    res, store = env(parent_doc({"definition": probe}, generated=GENERATED_OK))
+    assert res.status == "completed", res.results
+    assert res.results["run_child"]["seen"] == []
+    assert res.results["run_child"]["home"] is True  # the rest of the environment is there
+    # the same code in the parent (not generated) sees the worker's environment as before
+    own = {"step": "own", "tool": [{"p": {"kind": "python", "code": probe["workflow"][1]["tool"][0]["calc"]["code"],
+                                          "input": {"a": 1, "b": 2}}}]}  # fmt: skip
+    res2, _ = env(parent_doc({"definition": CHILD}, generated=GENERATED_OK, before=[own]))
+    assert res2.results["own"]["seen"] == ["NOETL_CREDENTIAL_PG_MAIN", "SOME_API_TOKEN"]
+    assert_no_secret(store)
