@@ -18,6 +18,7 @@ the state always equals the fold of the log in log order.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import logging
@@ -217,9 +218,19 @@ MAX_CACHED_ENGINES = 32
 
 def _new_engine(pb: Playbook, svc: Services, eid: str, events: list[Event]) -> Engine:
     state = fold(events, svc.offloader.resolve)
+    svc = services_of_execution(svc, events[0])
     if pb.base_dir:
         svc.catalog.add_dir(pb.base_dir)
     return Engine(pb, svc, execution_id=eid, state=state)
+
+
+def services_of_execution(svc: Services, first: Event) -> Services:
+    """One tenant/project for a whole execution: the one its request recorded (a detached request from
+    another tenant keeps its own, whichever code location's runs continue it)."""
+    tenant, project = first.tenant_id or svc.tenant, first.project_id or svc.project
+    if (tenant, project) == (svc.tenant, svc.project):
+        return svc
+    return dataclasses.replace(svc, tenant=tenant, project=project)
 
 
 def attach(pb: Playbook, svc: Services, eid: str) -> Engine | None:

@@ -249,8 +249,8 @@ def _plan_execution(
     base_tags = {
         TAG_EXECUTION: eid,
         TAG_PLAYBOOK: compiled.path,
-        TAG_TENANT: svc.tenant,
-        TAG_PROJECT: svc.project,
+        TAG_TENANT: first[0].tenant_id or svc.tenant,  # the request's, for the whole execution
+        TAG_PROJECT: first[0].project_id or svc.project,
     }
     launches: list[Launch] = []
     separate = set(compiled.step_jobs)

@@ -25,6 +25,7 @@ import noetl_dagster.translator.naming as naming
 from noetl_dagster.dsl import PlaybookInvalid, load_playbook
 from noetl_dagster.dsl.model import Playbook
 from noetl_dagster.engine.graph import analyze
+from noetl_dagster.resources.runtime import json_safe
 from noetl_dagster.resources.noetl import NoetlResource, resource_from_env
 from noetl_dagster.resources.runtime import TAG_STEP
 from noetl_dagster.translator.frames import loop_dependencies, make_loop_ops
@@ -435,7 +436,7 @@ def _compile_one(pb: Playbook, data: NoetlPlaybookData, translator: NoetlTransla
             node_defs.append(make_node_op(pb, spec, plan, node, outs_of[key], has_input=bool(sources)))
         if sources:
             deps[spec.name] = {"after": dg.MultiDependencyDefinition(sources)}
-    jobs = [_job(job_spec, node_defs, deps)]
+    jobs = [_job(job_spec, node_defs, deps, config=launch_config(pb, start_spec.name))]
     c = CompiledPlaybook(pb, data, plan, job_spec.name, start_spec.name, node_ops=out_op)
 
     # separate steps: one job of one op each, launched by the sensor
@@ -443,7 +444,7 @@ def _compile_one(pb: Playbook, data: NoetlPlaybookData, translator: NoetlTransla
         sd = step_data[step]
         op_spec = translator.get_op_spec(NoetlNodeData(data, "step", (sd,), separate=True))
         single = Node(f"step:{step}", "step", (step,))
-        op = make_node_op(pb, op_spec, None, single, {}, has_input=False)
+        op = make_node_op(pb, op_spec, None, single, {}, has_input=False, main_job=job_spec.name)
         sjob_spec = job_spec.replace_attributes(
             name=f"{job_spec.name}__step__{data.step_id(step)}",
             description=(sd.step.desc or f"Step {step}") + f"\n\nOne step of {data.path}, launched by the token router.",
@@ -475,7 +476,16 @@ def _compile_one(pb: Playbook, data: NoetlPlaybookData, translator: NoetlTransla
     return c
 
 
-def _job(spec: NoetlJobSpec, node_defs: list[dg.OpDefinition], deps: dict[str, Any]) -> dg.JobDefinition:
+def launch_config(pb: Playbook, start_op: str) -> dict[str, Any]:
+    """The job's default run config: the playbook's workload, so the launchpad opens pre-filled and a
+    launch with it unchanged runs the playbook as written."""
+    workload = {str(k): v for k, v in json_safe(pb.workload).items() if naming.NAME_RE.match(str(k))}
+    return {"ops": {start_op: {"config": {"workload": workload}}}}
+
+
+def _job(
+    spec: NoetlJobSpec, node_defs: list[dg.OpDefinition], deps: dict[str, Any], config: dict[str, Any] | None = None
+) -> dg.JobDefinition:
     graph = dg.GraphDefinition(name=spec.name, node_defs=node_defs, dependencies=deps, description=spec.description)
     return graph.to_job(
         name=spec.name,
@@ -483,6 +493,7 @@ def _job(spec: NoetlJobSpec, node_defs: list[dg.OpDefinition], deps: dict[str, A
         tags=dict(spec.tags),
         metadata=dict(spec.metadata),
         executor_def=_executor(spec.executor),
+        config=config,
         op_retry_policy=spec.op_retry_policy,
     )
 

@@ -123,6 +123,9 @@ class NoetlPlaybooksComponent(dg.Component, dg.Resolvable, dg.Model):
     tenant: str = "default"
     project: str = "default"
     include_sensor: bool = Field(default=True, description="add the noetl_router sensor (one per code location)")
+    sensor_interval_seconds: int = Field(
+        default=5, ge=1, description="router tick interval: the latency of each per-step hop and detached launch"
+    )
     on_error: Literal["report", "skip", "raise"] = Field(
         default="report",
         description="an invalid playbook: report (an asset with a failing check; the rest loads), "
@@ -147,6 +150,6 @@ class NoetlPlaybooksComponent(dg.Component, dg.Resolvable, dg.Model):
         translator = _ConfiguredTranslator(self.translation) if self.translation else None
         location = compile_playbooks(
             playbooks, translator, mode=self.mode, resource=resource, include_sensor=self.include_sensor,
-            on_error=self.on_error,
+            on_error=self.on_error, sensor_interval_seconds=self.sensor_interval_seconds,
         )  # fmt: skip
         return location.definitions

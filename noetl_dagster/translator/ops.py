@@ -80,6 +80,18 @@ def _execution_id(context) -> str:  # noqa: ANN001
     return eid
 
 
+def _tagged_execution(context) -> bool:  # noqa: ANN001
+    """The run (or the run it re-executes) carries an execution id."""
+    run = context.dagster_run
+    if run.tags.get(TAG_EXECUTION):
+        return True
+    for run_id in (run.parent_run_id, run.root_run_id):
+        other = context.instance.get_run_by_id(run_id) if run_id else None
+        if other is not None and other.tags.get(TAG_EXECUTION):
+            return True
+    return False
+
+
 def _remember_run(context, eid: str, *, tag: bool) -> None:  # noqa: ANN001
     with _run_lock:
         _RUN_EXECUTION[context.run_id] = eid
@@ -217,8 +229,12 @@ def make_node_op(
     node_outputs: dict[str, str],
     *,
     has_input: bool,
+    main_job: str | None = None,
 ) -> dg.OpDefinition:
-    """The op of one step (or one cycle region): run its activations, yield towards the work left."""
+    """The op of one step (or one cycle region): run its activations, yield towards the work left.
+
+    ``main_job``: this op is a per-step job's only op; launched by hand (no ``noetl/execution_id``
+    tag) it fails with a message naming the job to launch instead."""
     outs = {name: dg.Out(dg.Nothing, is_required=False) for name in node_outputs.values()}
     outs[RESULT_OUTPUT] = dg.Out(dg.Nothing, is_required=False, description="the step's result (metadata)")
     ins = {"after": dg.In(dg.Nothing)} if has_input else {}
@@ -227,13 +243,24 @@ def make_node_op(
     def _node(context, _inputs):  # noqa: ANN001
         res = getattr(context.resources, RESOURCE_KEY)
         svc = res.services()
+        if main_job and not _tagged_execution(context):
+            raise dg.Failure(
+                description=f"this job runs step {node.first!r} of {pb.metadata.path} for an execution the "
+                f"noetl_router sensor routes a token to; it cannot start one. Launch the job {main_job!r} "
+                "instead (or `noetl-dagster run --runner dagster --detach`), or set the run tag "
+                f"{TAG_EXECUTION}=<id> of an execution with a pending {node.first!r} token.",
+                allow_retries=False,
+            )
         eid = _execution_id(context)
 
         def finished(status: str) -> None:
             _tag_run(context, {TAG_STATUS: status})
 
-        report = run_steps(pb, svc, eid, node.steps, logger=context.log, locks_dir=res.locks_dir(), region=region,
-                           on_finish=finished)  # fmt: skip
+        try:
+            report = run_steps(pb, svc, eid, node.steps, logger=context.log, locks_dir=res.locks_dir(),
+                               region=region, on_finish=finished)  # fmt: skip
+        except LookupError as e:  # the execution is not in the log: a clear failure, not a traceback
+            raise dg.Failure(description=str(e), metadata={"execution_id": eid}, allow_retries=False) from None
         yield from _report_outputs(context, report, node, plan, node_outputs)
         bad = report.unhandled
         if bad:
