@@ -2,13 +2,17 @@
 
     defs = dg.Definitions.merge(build_playbook_definitions(...), build_facts_definitions())
 
-- ``noetl_facts_exporter`` (sensor): tails the NoETL event log from the cursor
-  stored in the facts database, exports new events as facts, and reports what
-  it did as an ``AssetObservation`` of ``noetl/facts`` (events exported, lag in
-  events and seconds, cursor, rows per table). One sensor is the one writer; a
-  tick that dies after inserting re-sends that batch next tick without changing
-  any total (the fact tables collapse rows on ``event_id``). The embedded chdb
-  store is released after each tick so the CLI can open it between ticks.
+- ``noetl_facts_exporter`` (sensor): cheap; reads only the event log's newest
+  position and, when it grew, launches ``noetl_facts_export_job`` (run_key = that
+  position; none while an export run is in progress). The heavy work (chdb,
+  ClickHouse inserts) never runs in the code server's sensor tick.
+- ``noetl/facts`` (asset, on ``noetl_facts_export_job``): exports new events from
+  the cursor stored in the facts database (at most ``max_events_per_tick`` per
+  run) and reports events exported, lag in events and seconds, cursor and rows
+  per table as materialization metadata. A run that dies after inserting
+  re-sends that batch next time without changing any total (the fact tables
+  collapse rows on ``event_id``). The embedded chdb store is released after
+  each run so the CLI can open it in between.
 - ``noetl/cost_rollups`` (asset, on ``noetl_cost_rollups_job`` and an optional
   schedule): rebuilds ``tenant_cost_fact`` with the price table.
 """
@@ -27,6 +31,9 @@ FACTS_KEY = dg.AssetKey(["noetl", "facts"])
 ROLLUPS_KEY = dg.AssetKey(["noetl", "cost_rollups"])
 GROUP = "noetl_analytics"
 RESOURCE_KEY = "noetl_facts"
+EXPORT_JOB = "noetl_facts_export_job"
+UNFINISHED = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING,
+              dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]  # fmt: skip
 
 
 class FactsStoreResource(dg.ConfigurableResource):
@@ -89,13 +96,6 @@ def build_facts_definitions(
         raise ValueError("max_events_per_tick and batch_events must be positive")
     resource = resource or facts_resource_from_env()
 
-    facts_spec = dg.AssetSpec(
-        FACTS_KEY,
-        group_name=GROUP,
-        description="NoETL event-log facts in ClickHouse (execution, step, task, frame, resource, compute).",
-        kinds={"clickhouse"},
-    )
-
     @dg.asset(
         key=ROLLUPS_KEY,
         deps=[FACTS_KEY],
@@ -123,31 +123,61 @@ def build_facts_definitions(
 
     rollups_job = dg.define_asset_job("noetl_cost_rollups_job", selection=[ROLLUPS_KEY])
 
-    @dg.sensor(
-        name="noetl_facts_exporter",
-        minimum_interval_seconds=minimum_interval_seconds,
-        default_status=default_status,
-        description="Exports new NoETL events to the ClickHouse facts store (the one writer).",
+    @dg.asset(
+        key=FACTS_KEY,
+        group_name=GROUP,
+        kinds={"clickhouse"},
+        description="NoETL event-log facts in ClickHouse (execution, step, task, frame, resource, compute). "
+        "Materialized by noetl_facts_export_job, which noetl_facts_exporter launches when the log grew.",
     )
-    def noetl_facts_exporter(context: dg.SensorEvaluationContext, noetl_facts: FactsStoreResource) -> dg.SensorResult:
+    def noetl_facts(context: dg.AssetExecutionContext, noetl_facts: FactsStoreResource) -> dg.MaterializeResult:
         report = export_tick(noetl_facts, max_events=max_events_per_tick, batch_events=batch_events)
         rows = report["rows"]
         assert isinstance(rows, dict)
-        metadata: dict[str, object] = {
-            "events_exported": report["events"],
-            "cursor": report["cursor_after"],
-            "lag_events": report["lag_events"],
-            "lag_seconds": dg.FloatMetadataValue(float(report["lag_seconds"])),  # type: ignore[arg-type]
-            "seconds": dg.FloatMetadataValue(float(report["seconds"])),  # type: ignore[arg-type]
-            **{f"rows_{table}": n for table, n in rows.items()},
-        }
         context.log.info(
             f"exported {report['events']} events (cursor {report['cursor_before']} -> {report['cursor_after']}),"
             f" lag {report['lag_events']} events"
         )
+        return dg.MaterializeResult(
+            metadata={
+                "events_exported": report["events"],
+                "cursor": report["cursor_after"],
+                "lag_events": report["lag_events"],
+                "lag_seconds": dg.FloatMetadataValue(float(report["lag_seconds"])),  # type: ignore[arg-type]
+                "seconds": dg.FloatMetadataValue(float(report["seconds"])),  # type: ignore[arg-type]
+                **{f"rows_{table}": n for table, n in rows.items()},
+            }
+        )
+
+    export_job = dg.define_asset_job(EXPORT_JOB, selection=[FACTS_KEY], tags={"noetl/facts": "export"})
+
+    @dg.sensor(
+        name="noetl_facts_exporter",
+        minimum_interval_seconds=minimum_interval_seconds,
+        default_status=default_status,
+        job=export_job,
+        description="Launches noetl_facts_export_job when the NoETL event log grew (the export runs in its "
+        "own run, never in the code server); one export run at a time.",
+    )
+    def noetl_facts_exporter(context: dg.SensorEvaluationContext, noetl_facts: FactsStoreResource):
+        from noetl_dagster.storage.event_stores import open_event_store  # noqa: PLC0415
+
+        log = open_event_store(noetl_facts.event_store_url, data_dir=noetl_facts.data_dir)
+        try:
+            last = log.tail_last()
+        finally:
+            log.close()
+        seen = int(context.cursor or 0)
+        if last <= seen:
+            return dg.SkipReason(f"no new events (log at {last})")
+        active = context.instance.get_run_records(
+            dg.RunsFilter(job_name=EXPORT_JOB, statuses=UNFINISHED), limit=1
+        )
+        if active:  # the one writer: the next tick asks again
+            return dg.SkipReason(f"export run {active[0].dagster_run.run_id} still in progress (log at {last})")
         return dg.SensorResult(
-            cursor=str(report["cursor_after"]),
-            asset_events=[dg.AssetObservation(asset_key=FACTS_KEY, metadata=metadata)],
+            run_requests=[dg.RunRequest(run_key=f"facts-export-{last}", tags={"noetl/log_position": str(last)})],
+            cursor=str(last),
         )
 
     schedules = []
@@ -157,8 +187,8 @@ def build_facts_definitions(
                                   default_status=dg.DefaultScheduleStatus.RUNNING)
         )
     return dg.Definitions(
-        assets=[facts_spec, noetl_cost_rollups],
-        jobs=[rollups_job],
+        assets=[noetl_facts, noetl_cost_rollups],
+        jobs=[rollups_job, export_job],
         sensors=[noetl_facts_exporter],
         schedules=schedules,
         resources={RESOURCE_KEY: resource},

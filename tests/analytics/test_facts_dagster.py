@@ -1,5 +1,7 @@
-"""The Dagster side: the exporter sensor (cursor, lag metadata, one writer that
-releases the embedded store between ticks) and the cost-rollups asset."""
+"""The Dagster side: the exporter sensor only looks at the event log's position and
+launches the export job (the chdb work runs in that run, never in the sensor tick); the
+``noetl/facts`` asset exports in bounded runs with cursor and lag metadata, one writer,
+releasing the embedded store after each run; the cost-rollups asset."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import pytest
 from analytics.store import FactsStore, close_all
 from analytics.synthetic import SyntheticSpec, generate
 from noetl_dagster.sensors.facts import (
+    EXPORT_JOB,
     FACTS_KEY,
     RESOURCE_KEY,
     ROLLUPS_KEY,
@@ -34,53 +37,62 @@ def _tick(defs, instance, resource, cursor=None):
     return sensor(ctx)
 
 
+def _export(defs, instance):
+    result = defs.resolve_job_def(EXPORT_JOB).execute_in_process(instance=instance)
+    assert result.success
+    return result.get_asset_materialization_events()[0].materialization.metadata
+
+
 def test_definitions_load_and_name_their_parts(setup):
     _, _, _, defs = setup
     dg.Definitions.validate_loadable(defs)
     assert defs.resolve_sensor_def("noetl_facts_exporter").name == "noetl_facts_exporter"
     assert defs.resolve_job_def("noetl_cost_rollups_job") is not None
+    assert defs.resolve_job_def(EXPORT_JOB) is not None
     assert defs.resolve_schedule_def("noetl_cost_rollups_schedule").cron_schedule == "0 * * * *"
     keys = {spec.key for spec in defs.resolve_all_asset_specs()}
     assert {FACTS_KEY, ROLLUPS_KEY} <= keys
 
 
-def test_sensor_exports_in_bounded_ticks_and_reports_lag(setup):
+def test_the_sensor_launches_a_run_and_never_opens_the_facts_store(setup):
+    tmp_path, log, resource, defs = setup
+    with dg.instance_for_test() as instance:
+        assert isinstance(_tick(defs, instance, resource), dg.SkipReason)  # empty log
+        events = list(generate(SyntheticSpec(executions=2, steps=3)))
+        log.append(events)
+        tick = _tick(defs, instance, resource)
+        (req,) = tick.run_requests
+        assert req.run_key == f"facts-export-{len(events)}" and tick.cursor == str(len(events))
+        assert isinstance(_tick(defs, instance, resource, tick.cursor), dg.SkipReason)  # nothing new
+    assert not (tmp_path / "facts").exists()  # no chdb in the tick
+
+
+def test_export_runs_are_bounded_and_report_lag(setup):
     tmp_path, log, resource, defs = setup
     events = list(generate(SyntheticSpec(executions=8, steps=3)))
     log.append(events)
     with dg.instance_for_test() as instance:
-        first = _tick(defs, instance, resource)
-        meta = first.asset_events[0].metadata
-        assert first.cursor == "300" and meta["events_exported"].value == 300
+        meta = _export(defs, instance)
+        assert meta["cursor"].value == 300 and meta["events_exported"].value == 300
         assert meta["lag_events"].value == len(events) - 300 and meta["lag_seconds"].value > 0
-        cursor, ticks = first.cursor, 1
-        while True:
-            result = _tick(defs, instance, resource, cursor)
-            ticks += 1
-            cursor = result.cursor
-            if result.asset_events[0].metadata["lag_events"].value == 0:
-                break
-        assert int(cursor) == len(events) and ticks == -(-len(events) // 300)
-    # released after every tick: another client (the CLI, another process) can open the path
+        runs = 1
+        while meta["lag_events"].value:
+            meta = _export(defs, instance)
+            runs += 1
+        assert meta["cursor"].value == len(events) and runs == -(-len(events) // 300)
+        again = _export(defs, instance)  # a re-run exports nothing twice (the stored cursor rules)
+        assert again["events_exported"].value == 0
+    # released after every run: another client (the CLI, another process) can open the path
     close_all()
     store = FactsStore(f"chdb://{tmp_path / 'facts'}")
     assert store.scalar("SELECT count() FROM $db.execution_fact WHERE transition = 'requested'") == 8
-
-
-def test_a_lost_dagster_cursor_does_not_double_count(setup):
-    _, log, resource, defs = setup
-    log.append(list(generate(SyntheticSpec(executions=4, steps=3))))
-    with dg.instance_for_test() as instance:
-        _tick(defs, instance, resource)
-        again = _tick(defs, instance, resource, cursor=None)  # Dagster's cursor reset: the stored one rules
-    assert again.asset_events[0].metadata["events_exported"].value == 0
 
 
 def test_rollups_asset_materializes_cost(setup):
     _, log, resource, defs = setup
     log.append(list(generate(SyntheticSpec(executions=6, steps=3, ref_rate=1.0))))
     with dg.instance_for_test() as instance:
-        _tick(defs, instance, resource)
+        _export(defs, instance)
         result = dg.materialize([defs.resolve_assets_def(ROLLUPS_KEY)], instance=instance)  # resource bound by defs
         assert result.success
         meta = result.get_asset_materialization_events()[0].materialization.metadata
