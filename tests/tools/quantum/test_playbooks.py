@@ -123,3 +123,21 @@ def test_examples_validate(name):
     from noetl_dagster.dsl import load_playbook
 
     assert load_playbook(EXAMPLES / f"{name}.yaml").metadata.name == name
+
+
+def test_a_bad_workload_fails_the_sweep_with_a_config_error(home):
+    r = run_playbook(EXAMPLES / "quantum_sweep.yaml", {"n_theta": 2, "n_phi": 1, "shots": 0}, data_dir=home)
+    assert r.status == "failed"
+    assert r.results["sweep"]["error"]["kind"] == "config_error" and "shots" in r.results["sweep"]["error"]["message"]
+    assert "aggregate" not in r.runs
+
+
+def test_a_qpu_job_that_never_finishes_falls_back_to_the_simulator(home):
+    # the poll gives up (attempts exhausted) long before a 1,000-second job finishes
+    qpu = {"queue_depth": 0, "execution_seconds": 1000, "calibration_period_s": 60}
+    r = run_playbook(EXAMPLES / "quantum_fallback.yaml", {"qpu": qpu, "poll_attempts": 5}, data_dir=home)
+    assert r.status == "completed", r.to_json()
+    assert r.results["start"]["route"] == "qpu" and r.results["report"]["route"] == "simulator"
+    assert r.runs["qpu_fetch"] == 1 and r.runs["simulate"] == 1
+    # the abandoned job was cancelled while running (so it is still charged, like a cloud QPU)
+    assert r.results["qpu_cancel"] == {"job_status": "cancelled", "cost_usd": 0.65}
