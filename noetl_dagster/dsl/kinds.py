@@ -36,7 +36,7 @@ _REGISTRY: dict[str, ToolKind] = {}
 BUILTIN_KINDS: dict[str, tuple[str, frozenset[str]]] = {
     "noop": ("noetl_dagster.tools.core", frozenset()),
     "workbook": ("noetl_dagster.tools.core", frozenset()),
-    "playbook": ("noetl_dagster.tools.core", frozenset()),
+    "playbook": ("noetl_dagster.tools.core", frozenset({"definition"})),  # an inline child: its templates are its own
     "python": ("noetl_dagster.tools.core", frozenset({"code", "code_b64", "code_base64"})),
     "http": ("noetl_dagster.tools.http", frozenset()),
     "postgres": ("noetl_dagster.tools.postgres", frozenset()),
