@@ -68,6 +68,7 @@ def calibration(backend: str, at: float, period: float) -> dict[str, Any]:
 class EmulatedQPU(QuantumProvider):
     name = "emulated_qpu"
     default_backend = "emulated_qpu_5q"
+    option_names = None  # checked below, with their types
 
     def __init__(self, store, options=None, credentials=None):
         super().__init__(store, options, credentials)

@@ -30,11 +30,16 @@ ENTRY_POINT_GROUP = "noetl_dagster.quantum_providers"
 class QuantumProvider(ABC):
     name: str = ""
     default_backend: str = ""
+    # provider_options this provider understands (None: it checks them itself)
+    option_names: frozenset[str] | None = frozenset()
 
     def __init__(self, store: JobStore, options: dict[str, Any] | None = None, credentials: dict[str, Any] | None = None):
         self.store = store
         self.options = dict(options or {})
         self.credentials = credentials
+        if self.option_names is not None and set(self.options) - self.option_names:
+            raise config_error(f"{self.name}: unknown provider_options {sorted(set(self.options) - self.option_names)}"
+                               f" (known: {', '.join(sorted(self.option_names)) or 'none'})")  # fmt: skip
 
     # -- what the tool asks before submitting --------------------------------------------------
     def backend_info(self, backend: str) -> dict[str, Any]:
@@ -104,6 +109,7 @@ class AerProvider(LocalSimulator):
 
     name = "aer"
     default_backend = "aer_simulator"
+    option_names = frozenset({"method", "max_parallel_threads"})
 
     def backend_info(self, backend: str) -> dict[str, Any]:
         import qiskit

@@ -48,6 +48,8 @@ def _err(ctx, **inputs) -> ToolError:
         ({"circuit": BELL, "provider": "emulated_qpu", "provider_options": {"queue_dept": 1}}, "unknown provider_options"),
         ({"circuit": BELL, "provider": "emulated_qpu", "provider_options": {"num_qubits": 1}}, "needs 2 qubits, the backend has 1"),
         ({"circuit": BELL, "backend": "aer_quantum_computer"}, "unknown backend"),
+        ({"circuit": BELL, "provider_options": {"noise": True}}, "aer: unknown provider_options ['noise']"),
+        ({"circuit": BELL, "provider": "cirq", "provider_options": {"x": 1}}, "cirq: unknown provider_options ['x']"),
         ({"circuit": BELL, "provider": "cirq", "backend": "sycamore"}, "unknown backend"),
     ],
 )
