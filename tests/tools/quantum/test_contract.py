@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import BELL, PARAM3
+from quantum_helpers import BELL, PARAM3
 
 from noetl_dagster.dsl.kinds import get_tool, known_kinds
 from noetl_dagster.runners.local import run_playbook

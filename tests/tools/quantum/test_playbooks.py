@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import BELL, EXAMPLES
+from quantum_helpers import BELL, EXAMPLES
 
 from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.storage.event_stores import open_event_store

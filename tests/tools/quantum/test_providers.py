@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from conftest import BELL, ORDER, PARAM3, REPO
+from quantum_helpers import BELL, ORDER, PARAM3, REPO
 
 from noetl_dagster.tools.quantum import QuantumProvider, provider_names, quantum_tool, register_provider
 from noetl_dagster.tools.quantum.providers import AerProvider
