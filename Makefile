@@ -11,6 +11,9 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e '.[dev]'
+	# the browser test drives Debian chromium through playwright (never `playwright install`)
+	command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; } || \
+		echo "setup: chromium not installed (apt-get failed); tests/dagster/test_browser.py needs /usr/bin/chromium"
 	touch $@
 
 demo: setup

@@ -1,0 +1,146 @@
+"""A real browser on the real UI (issue 22.5): ``dagster dev`` on a copy of example_project
+with one broken playbook added; Playwright drives Debian Chromium (``/usr/bin/chromium``,
+installed by ``make setup``): the launchpad of hello_dagster opens pre-filled with the
+workload, Launch Run with those defaults succeeds, the broken file is an asset whose page
+shows ``FILE:LINE: RULE: message`` and whose check fails, and the other jobs are there.
+Screenshots go to ``$NOETL_TEST_ARTIFACTS`` (default ``<repo>/.test-artifacts``)/browser."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from dagster_helpers import REPO
+from test_dagster_dev import _free_port, _graphql
+
+CHROMIUM = "/usr/bin/chromium"
+LOCATION = "example_project.definitions"
+BROKEN = "apiVersion: noetl.io/v2\nkind: Playbook\nmetadata: {name: broken, path: examples/broken}\nworkflow:\n  - step: start\n    tool: {kind: teleport}\n"
+RUN_QUERY = "query R($id: ID!) { runOrError(runId: $id) { ... on Run { status jobName } } }"
+CHECK_MUTATION = """
+mutation Launch($params: ExecutionParams!) {
+  launchRun(executionParams: $params) { __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message } }
+}
+"""
+
+
+@pytest.fixture
+def artifacts():
+    d = Path(os.environ.get("NOETL_TEST_ARTIFACTS", REPO / ".test-artifacts")) / "browser"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+@pytest.fixture
+def dev_with_broken_playbook(tmp_path):
+    site = tmp_path / "site"
+    shutil.copytree(REPO / "example_project", site / "example_project", symlinks=True,
+                    ignore=shutil.ignore_patterns(".noetl", ".dagster_home", "src", "__pycache__"))  # fmt: skip
+    (site / "example_project" / "playbooks" / "broken.yaml").write_text(BROKEN)
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "example_project" / "dagster.yaml", home / "dagster.yaml")
+    port = _free_port()
+    env = {**os.environ, "DAGSTER_HOME": str(home), "NOETL_DAGSTER_HOME": str(tmp_path / "noetl"),
+           "PYTHONPATH": str(site)}  # fmt: skip
+    log = open(tmp_path / "dagster_dev.log", "wb")
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "dagster"), "dev", "-m", LOCATION, "-h", "127.0.0.1", "-p", str(port)],
+        cwd=site, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert proc.poll() is None, (tmp_path / "dagster_dev.log").read_text()[-3000:]
+            try:
+                if httpx.get(f"{url}/server_info", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.time() < deadline, "dagster dev did not answer in 120 s"
+            time.sleep(0.5)
+        yield url, tmp_path / "dagster_dev.log"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        log.close()
+
+
+def _dismiss_welcome(page) -> None:  # noqa: ANN001
+    """The first visit shows a "Join the Dagster community" dialog; Skip it."""
+    skip = page.get_by_role("button", name="Skip")
+    try:
+        skip.wait_for(state="visible", timeout=5_000)
+    except Exception:  # noqa: BLE001 - no dialog this time
+        return
+    skip.click()
+
+
+def _wait_run(url: str, run_id: str, timeout: float = 120) -> str:
+    deadline = time.time() + timeout
+    status = "?"
+    while time.time() < deadline:
+        status = _graphql(url, RUN_QUERY, {"id": run_id})["runOrError"].get("status", "?")
+        if status in ("SUCCESS", "FAILURE", "CANCELED"):
+            return status
+        time.sleep(1)
+    return status
+
+
+@pytest.mark.slow
+def test_launchpad_defaults_run_and_the_broken_playbook_shows_in_the_browser(dev_with_broken_playbook, artifacts):
+    from playwright.sync_api import expect, sync_playwright  # noqa: PLC0415 - only the browser test needs it
+
+    url, dev_log = dev_with_broken_playbook
+    assert os.path.exists(CHROMIUM), "Debian chromium missing: `make setup` installs it"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        try:
+            # 1. the launchpad opens pre-filled with the playbook's workload
+            page.goto(f"{url}/locations/{LOCATION}/jobs/hello_dagster/playground")
+            expect(page.get_by_text("workload:").first).to_be_visible(timeout=60_000)
+            _dismiss_welcome(page)
+            expect(page.get_by_text("Dagster", exact=True).first).to_be_visible()
+            page.screenshot(path=artifacts / "1_launchpad_prefilled.png")
+            # 2. launch it unchanged; the run succeeds
+            launch = page.get_by_role("button", name="Launch Run")
+            expect(launch).to_be_enabled(timeout=30_000)
+            launch.click()
+            page.wait_for_url("**/runs/**", timeout=60_000)
+            run_id = page.url.rstrip("/").split("/runs/")[-1].split("?")[0].split("/")[0]
+            assert _wait_run(url, run_id) == "SUCCESS", dev_log.read_text()[-3000:]
+            page.reload()
+            expect(page.get_by_text("Success").first).to_be_visible(timeout=30_000)
+            page.screenshot(path=artifacts / "2_run_success.png")
+            # 3. the asset graph holds the broken playbook, its page carries FILE:LINE: RULE: message
+            page.goto(f"{url}/asset-groups")
+            page.wait_for_timeout(3000)
+            page.screenshot(path=artifacts / "3_asset_graph.png")
+            page.goto(f"{url}/assets/noetl_invalid_playbook/broken")
+            expect(page.get_by_text("INVALID NoETL playbook").first).to_be_visible(timeout=60_000)
+            expect(page.get_by_text("broken.yaml:6: unknown-tool-kind").first).to_be_visible()
+            page.screenshot(path=artifacts / "4_invalid_playbook_asset.png")
+            # its check, run from the Checks tab, fails with the same message
+            page.goto(f"{url}/assets/noetl_invalid_playbook/broken?view=checks")
+            expect(page.get_by_text("playbook_is_valid").first).to_be_visible(timeout=60_000)
+            page.screenshot(path=artifacts / "5_invalid_playbook_check.png")
+        finally:
+            browser.close()
+    jobs = _graphql(url, "{ repositoriesOrError { ... on RepositoryConnection { nodes { jobs { name } } } } }", {})
+    names = {j["name"] for r in jobs["repositoriesOrError"]["nodes"] for j in r["jobs"]}
+    assert {"hello_dagster", "countdown_cycle", "per_step_pipeline"} <= names and not any("broken" in n for n in names)
+    assert sum("broken.yaml" in line for line in dev_log.read_text().splitlines()) >= 1
