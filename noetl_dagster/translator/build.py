@@ -25,9 +25,8 @@ import noetl_dagster.translator.naming as naming
 from noetl_dagster.dsl import PlaybookInvalid, load_playbook
 from noetl_dagster.dsl.model import Playbook
 from noetl_dagster.engine.graph import analyze
-from noetl_dagster.resources.runtime import json_safe
 from noetl_dagster.resources.noetl import NoetlResource, resource_from_env
-from noetl_dagster.resources.runtime import TAG_STEP
+from noetl_dagster.resources.runtime import TAG_STEP, json_safe
 from noetl_dagster.translator.frames import loop_dependencies, make_loop_ops
 from noetl_dagster.translator.ops import RESOURCE_KEY, make_node_op, make_start_op, output_name
 from noetl_dagster.translator.plan import MODES, JobPlan, Node, plan_job
@@ -81,9 +80,9 @@ class PlaybookIndex:
     playbooks: list[CompiledPlaybook]
     resource: NoetlResource
     errors: list[str] = field(default_factory=list)  # one "FILE:LINE: RULE: message" block per broken file
-    invalid: list["InvalidPlaybook"] = field(default_factory=list)
+    invalid: list[InvalidPlaybook] = field(default_factory=list)
 
-    def find_invalid(self, ref: str | None) -> "InvalidPlaybook | None":
+    def find_invalid(self, ref: str | None) -> InvalidPlaybook | None:
         """The broken playbook file ``ref`` names (file path or its stem), if any."""
         if not ref:
             return None

@@ -5,7 +5,6 @@ every event and run of the execution."""
 
 from __future__ import annotations
 
-import dagster as dg
 from dagster_helpers import EXAMPLES, events_of
 
 from noetl_dagster.resources.noetl import NoetlResource
