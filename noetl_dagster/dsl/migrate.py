@@ -50,6 +50,8 @@ from ruamel.yaml.scalarstring import (
     SingleQuotedScalarString,
 )
 
+from noetl_dagster.util.sql import split_sql
+
 try:
     from yaml import CSafeLoader as _FastLoader
 except ImportError:  # pragma: no cover - libyaml missing
@@ -2517,8 +2519,6 @@ _COMMAND_N = re.compile(r"command_\d+")
 
 def _count_statements(sql: str) -> int:
     """Statements in a SQL text (top-level `;`, quotes and comments respected)."""
-    from noetl_dagster.tools.postgres import split_sql
-
     return len(split_sql(sql)) or 1
 
 
