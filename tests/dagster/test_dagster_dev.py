@@ -115,7 +115,8 @@ def _wait_finished(url: str, noetl_home: Path, eid: str, timeout: float) -> list
 def test_sensor_launches_detached_executions_in_dagster_dev(dagster_dev):
     url, noetl_home, proc = dagster_dev
     # requested outside Dagster: one run of the playbook's job, launched by the router
-    req = run_playbook_dagster(EXAMPLES / "hello_dagster.yaml", {"name": "daemon"}, data_dir=noetl_home, detach=True)
+    req = run_playbook_dagster(EXAMPLES / "hello_dagster.yaml", {"name": "daemon"}, data_dir=noetl_home,
+                               tenant="demo", project="examples", detach=True)  # fmt: skip
     assert req.status == "requested"
 
     runs = _wait_finished(url, noetl_home, req.execution_id, timeout=90)
@@ -133,6 +134,8 @@ def test_sensor_launches_detached_executions_in_dagster_dev(dagster_dev):
         assert len(finished) == 1 and finished[0].data["status"] == "completed"
         hello = {e.step: e.data.get("result") for e in store.read(req.execution_id) if e.name == "step.done"}
         assert hello["done"] == {"said": 3, "last": "Hello, daemon!"}
+        # one tenant/project for the whole execution: the request's, in every event and run tag
+        assert {(e.tenant_id, e.project_id) for e in store.read(req.execution_id)} == {("demo", "examples")}
     finally:
         store.close()
     assert proc.poll() is None
