@@ -29,7 +29,8 @@ nothing.
 
 Package layout (one module per era or construct; see docs/migrate.md):
 
-* ``driver``: ``_Migrator`` (document state, rule order, one step) and ``migrate_text`` / ``migrate_file``
+* ``driver``: ``_Migrator`` (rule order, scan, one step) and ``migrate_text`` / ``migrate_file``
+* ``base``: ``MigratorBase``, the shared per-document state and ``note`` / ``refuse``
 * ``root``, ``steps``, ``routing``, ``policies``, ``storage``, ``case``, ``loops``, ``loop_body``: the
   rules, as mixins of ``_Migrator``
 * ``templates``, ``yamltree``, ``pieces``, ``sql``, ``constants``: shared helpers

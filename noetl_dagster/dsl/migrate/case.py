@@ -8,6 +8,7 @@ from typing import Any
 from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.scalarstring import LiteralScalarString
 
+from .base import MigratorBase
 from .pieces import _Group, _raise, _TaskRef
 from .report import _Refuse
 from .templates import (
@@ -21,7 +22,7 @@ from .templates import (
 from .yamltree import _cm, _dq, _flow, _index, _line, _pop, _restyle
 
 
-class CaseMixin:
+class CaseMixin(MigratorBase):
     """Rules that split an early-v2 ``case`` into arcs and pipeline policy rules."""
 
     # -- case ----------------------------------------------------------------------

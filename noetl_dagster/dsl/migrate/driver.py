@@ -1,12 +1,11 @@
-"""The migration driver: ``_Migrator`` (the per-document state, the order the rules run in, one step's
-rules) and the public entry points ``migrate_text`` / ``migrate_file``."""
+"""The migration driver: ``_Migrator`` (the rule mixins combined, the order the rules run in, the step
+index and scan, one step's rules) and the public entry points ``migrate_text`` / ``migrate_file``."""
 
 from __future__ import annotations
 
 import io
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import yaml
 from ruamel.yaml.comments import CommentedMap
@@ -17,7 +16,7 @@ from .loop_body import LoopBodyMixin
 from .loops import LoopMixin
 from .pieces import _task_items
 from .policies import PolicyMixin
-from .report import MigrationInputError, MigrationNote, MigrationResult, _Refuse
+from .report import MigrationInputError, MigrationNote, MigrationResult
 from .root import RootMixin
 from .routing import RoutingMixin
 from .steps import StepMixin
@@ -25,10 +24,8 @@ from .storage import StorageMixin
 from .yamltree import (
     _cm,
     _flow,
-    _format_path,
     _give_trailing,
     _layout,
-    _line,
     _plain,
     _put,
     _take_trailing,
@@ -45,22 +42,6 @@ class _Migrator(
     RootMixin, StepMixin, PolicyMixin, RoutingMixin, StorageMixin, CaseMixin, LoopMixin, LoopBodyMixin
 ):
     """Rewrites one legacy playbook document in place; the mixins hold the rules."""
-
-    def __init__(self, doc: CommentedMap, file: str):
-        self.doc = doc
-        self.file = file
-        self.notes: list[MigrationNote] = []
-        self.frozen: set[int] = set()  # ids of steps left exactly as written (a refused construct spans them)
-
-    # -- notes -----------------------------------------------------------------
-    def note(self, level: str, rule: str, message: str, node: Any = None, key: Any = None, path: tuple = (),
-             line: int | None = None) -> None:  # fmt: skip
-        ln = line if line is not None else _line(node, key, default=_line(self.doc))
-        self.notes.append(MigrationNote(self.file, ln, _format_path(path), level, rule, message))
-
-    def refuse(self, e: _Refuse, rule: str, node: Any, key: Any, path: tuple) -> None:
-        self.note("refused", rule, f"{e.message}; left as written", e.node if e.node is not None else node,
-                  e.key if e.node is not None else key, path)  # fmt: skip
 
     # -- entry -----------------------------------------------------------------
     def run(self) -> None:

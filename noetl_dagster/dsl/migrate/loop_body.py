@@ -8,6 +8,7 @@ from typing import Any
 
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
+from .base import MigratorBase
 from .constants import RAW_TEXT_KEYS
 from .pieces import _bind_main_params, _Group, _Target, _task_items, _TaskRef
 from .report import _Refuse
@@ -15,7 +16,7 @@ from .templates import NameRef, Resolver, _tmpl, conjoin, rewrite_template, sing
 from .yamltree import _cm, _flow, _pop, _put, _restyle
 
 
-class LoopBodyMixin:
+class LoopBodyMixin(MigratorBase):
     """Folds the chain between a v1 loop step and its end_loop step into the loop step."""
 
     def _collapse_into(self, L: CommentedMap, E: CommentedMap) -> None:

@@ -7,6 +7,7 @@ import copy
 
 from ruamel.yaml.comments import CommentedMap
 
+from .base import MigratorBase
 from .report import _Refuse
 from .templates import (
     NameRef,
@@ -20,7 +21,7 @@ from .templates import (
 from .yamltree import _cm, _give_trailing, _index, _pop, _restyle, _take_trailing
 
 
-class LoopMixin:
+class LoopMixin(MigratorBase):
     """Rules over loop steps and the v1 loop / end_loop pairs (the fold itself is in loop_body)."""
 
     # loop.mode -> loop.spec.mode

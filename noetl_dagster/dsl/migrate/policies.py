@@ -7,6 +7,7 @@ from typing import Any
 
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
+from .base import MigratorBase
 from .constants import BACKOFFS
 from .pieces import _task_items
 from .report import _Refuse
@@ -23,7 +24,7 @@ from .templates import (
 from .yamltree import _cm, _dq, _flow, _index, _pop, _restyle
 
 
-class PolicyMixin:
+class PolicyMixin(MigratorBase):
     """Rules that become task policy rules (eval, retry) and step ``set`` (vars)."""
 
     def _eval_rules(self, raw: Any, body: CommentedMap) -> list[CommentedMap]:

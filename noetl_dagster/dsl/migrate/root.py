@@ -8,6 +8,7 @@ from typing import Any
 
 from ruamel.yaml.comments import CommentedMap
 
+from .base import MigratorBase
 from .constants import _COMMAND_N, KIND_ALIASES, OLD_APIS, RAW_TEXT_KEYS, STANDARD_API
 from .pieces import _task_items
 from .sql import _count_statements
@@ -15,7 +16,7 @@ from .templates import NameRef, TemplateRewriteError, _rewrite_all, rewrite_temp
 from .yamltree import _index, _line, _pop, _rename_key, _restyle, _walk_strings
 
 
-class RootMixin:
+class RootMixin(MigratorBase):
     """Rules over the document root and the file-wide template rewrites."""
 
     # -- root ------------------------------------------------------------------

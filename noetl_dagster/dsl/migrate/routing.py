@@ -9,6 +9,7 @@ from typing import Any
 
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
+from .base import MigratorBase
 from .constants import ARG_KEYS
 from .pieces import _Group, _Target, _target_args
 from .report import _Refuse
@@ -16,7 +17,7 @@ from .templates import _group, _group_always, _tmpl, conjoin, single_expression
 from .yamltree import _cm, _dq, _flow, _index, _line
 
 
-class RoutingMixin:
+class RoutingMixin(MigratorBase):
     """Rules that turn a legacy ``next`` into a router (exclusive or inclusive arcs)."""
 
     # -- routing -----------------------------------------------------------------

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
+from .base import MigratorBase
 from .constants import ARGS_NATIVE_KINDS, KIND_ALIASES, ROUTING_ONLY_TYPES, V1_STEP_KEYS
 from .pieces import _bind_main_params, _task_items
 from .report import _Refuse
 from .yamltree import _cm, _dq, _flow, _give_trailing, _index, _pop, _rename_key, _take_trailing
 
 
-class StepMixin:
+class StepMixin(MigratorBase):
     """Rules that turn a legacy step's tool spelling into ``tool:`` and its inputs into ``input:``."""
 
     # v1: type / task / with / inline config -> tool

@@ -9,6 +9,7 @@ from typing import Any
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.scalarstring import LiteralScalarString
 
+from .base import MigratorBase
 from .constants import _TABLE, EVENT_LOG_KINDS, STORAGE_KIND_KEYS, STORAGE_KINDS
 from .pieces import _task_items, _TaskRef
 from .report import _Refuse
@@ -38,7 +39,7 @@ def _storage_kind(cfg: Any) -> str | None:
     return None
 
 
-class StorageMixin:
+class StorageMixin(MigratorBase):
     """Rules over a step's pipeline: the main task, storage tasks, the pass-through result task."""
 
     # -- storage (sink / save) -----------------------------------------------------
