@@ -64,7 +64,9 @@ def playbook_to_raw(pb: Playbook) -> dict[str, Any]:
     if pb.workload:
         doc["workload"] = pb.workload
     if pb.workbook:
-        doc["workbook"] = [{"name": w.name, "tool": _task_raw(w.tool)} for w in pb.workbook]
+        doc["workbook"] = [
+            {"name": w.name, **({"desc": w.desc} if w.desc is not None else {}), "tool": _task_raw(w.tool)} for w in pb.workbook
+        ]
     steps = []
     for s in pb.workflow:
         d: dict[str, Any] = {"step": s.name}

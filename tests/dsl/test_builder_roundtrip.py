@@ -27,11 +27,17 @@ from noetl_dagster.dsl.builder import (
     playbook_id,
     python,
     route,
+    subplaybook,
     tool,
     when,
+    workbook,
 )
 
 EXAMPLES = 250
+CHILD_DEF = {
+    "apiVersion": "noetl.io/v2", "kind": "Playbook", "metadata": {"name": "c", "path": "g/c"},
+    "workflow": [{"step": "start", "tool": [{"t": {"kind": "noop", "result": "{{ workload.x }}"}}]}],
+}  # fmt: skip
 _RUNS: list[float] = []
 
 # text without template delimiters (a `{{` that does not parse is a validation error, tested elsewhere)
@@ -85,14 +91,14 @@ loops = st.builds(
 
 
 @st.composite
-def tasks(draw, count: int):
+def tasks(draw, count: int, entries: list[str]):
     labels = draw(st.lists(names, min_size=count, max_size=count, unique=True))
     out = []
     for label in labels:
         pol = draw(policies(labels))
         set_ = draw(st.none() | set_blocks)
         lp = draw(st.none() | loops)
-        choice = draw(st.integers(0, 3))
+        choice = draw(st.integers(0, 6))
         if choice == 0:
             out.append(python(draw(st.sampled_from(["result = 1", "def main(x):\n    return x\n"])), label=label,
                               input=draw(st.none() | st.dictionaries(names, json_values, max_size=2)),
@@ -103,8 +109,17 @@ def tasks(draw, count: int):
                             spec=draw(st.none() | st.just({"timeout": 5}))))  # fmt: skip
         elif choice == 2:
             out.append(noop(draw(json_values), label=label, policy=pol, set=set_))
-        else:
+        elif choice == 3:
             out.append(tool("noop", label=label, result=draw(json_values), loop=lp))
+        elif choice == 4 and entries:
+            out.append(workbook(draw(st.sampled_from(entries)), input=draw(st.none() | st.dictionaries(names, json_values, max_size=2)),
+                                label=label, policy=pol))  # fmt: skip
+        elif choice == 5:
+            out.append(subplaybook(draw(names) + "/" + draw(names), input=draw(st.none() | st.dictionaries(names, json_values, max_size=2)),
+                                   return_step=draw(st.none() | names), label=label))  # fmt: skip
+        else:  # an inline child: kept verbatim (its templates are its own)
+            out.append(subplaybook(definition=draw(st.sampled_from([CHILD_DEF, "{{ plan }}"])), credentials=draw(st.none() | st.lists(names, max_size=2)),
+                                   label=label, policy=pol))  # fmt: skip
     return out
 
 
@@ -119,8 +134,12 @@ def builders(draw):
     if draw(st.booleans()):
         b.executor(entry_step=draw(st.sampled_from(step_names)), max_step_runs=draw(st.none() | st.integers(1, 99)),
                    generated=draw(st.none() | st.just({"allow_kinds": ["noop"], "allow_credentials": []})))  # fmt: skip
+    entries = draw(st.lists(names, max_size=2, unique=True))
+    for e in entries:
+        b.workbook(e, python("result = input", input=draw(st.none() | st.dictionaries(names, json_values, max_size=2))),
+                   desc=draw(st.none() | text))  # fmt: skip
     for name in step_names:
-        pipeline = draw(tasks(draw(st.integers(0, 3))))
+        pipeline = draw(tasks(draw(st.integers(0, 3)), entries))
         arcs = []
         for target in draw(st.lists(st.sampled_from(step_names), max_size=3)):
             arcs.append(arc(target, when=draw(st.none() | templates), args=draw(st.none() | st.dictionaries(names, json_values, max_size=2)),
