@@ -163,7 +163,7 @@ def bench_cycle(iterations: int) -> tuple[float, float]:
         loc = compile_playbooks([pb], resource=NoetlResource(data_dir=str(Path(tmp) / "noetl")), include_sensor=False)
         job = loc.definitions.resolve_job_def("countdown_cycle")
         cfg = {"loggers": {"console": {"config": {"log_level": "ERROR"}}},
-               "ops": {"countdown_cycle__noetl_start": {"config": {"workload": {"count": iterations}}}}}  # fmt: skip
+               "ops": {"noetl_start": {"config": {"workload": {"count": iterations}}}}}  # fmt: skip
         job.execute_in_process(instance=instance, run_config=cfg)  # warm-up
         t0 = time.perf_counter()
         r = job.execute_in_process(instance=instance, run_config=cfg)

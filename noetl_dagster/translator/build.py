@@ -20,6 +20,7 @@ from typing import Any
 
 import dagster as dg
 import yaml
+from dagster._core.definitions.dependency import DynamicCollectDependencyDefinition
 
 import noetl_dagster.translator.naming as naming
 from noetl_dagster.dsl import PlaybookInvalid, load_playbook
@@ -435,8 +436,11 @@ def _compile_one(pb: Playbook, data: NoetlPlaybookData, translator: NoetlTransla
             node_defs.append(make_node_op(pb, spec, plan, node, outs_of[key], has_input=bool(sources)))
         if sources:
             deps[spec.name] = {"after": dg.MultiDependencyDefinition(sources)}
-    jobs = [_job(job_spec, node_defs, deps, config=launch_config(pb, start_spec.name))]
-    c = CompiledPlaybook(pb, data, plan, job_spec.name, start_spec.name, node_ops=out_op)
+    prefix = f"{data.job_name}__"
+    start_node = node_alias(start_spec.name, prefix)
+    jobs = [_job(job_spec, node_defs, deps, config=launch_config(pb, start_node), prefix=prefix)]
+    c = CompiledPlaybook(pb, data, plan, job_spec.name, start_node,
+                         node_ops={k: node_alias(v, prefix) for k, v in out_op.items()})  # fmt: skip
 
     # separate steps: one job of one op each, launched by the sensor
     for step in plan.separate:
@@ -450,7 +454,7 @@ def _compile_one(pb: Playbook, data: NoetlPlaybookData, translator: NoetlTransla
             tags={**job_spec.tags, TAG_STEP: step},
         )
         _check_names([sjob_spec.name], pb)
-        jobs.append(_job(sjob_spec, [op], {}))
+        jobs.append(_job(sjob_spec, [op], {}, prefix=prefix))
         c.step_jobs[step] = sjob_spec.name
     c.jobs = jobs
 
@@ -461,7 +465,7 @@ def _compile_one(pb: Playbook, data: NoetlPlaybookData, translator: NoetlTransla
                 cron_schedule=sspec.cron_schedule,
                 job=jobs[0],
                 execution_timezone=sspec.execution_timezone,
-                run_config={"ops": {start_spec.name: {"config": {"workload_json": json.dumps(dict(sspec.workload))}}}},
+                run_config={"ops": {start_node: {"config": {"workload_json": json.dumps(dict(sspec.workload))}}}},
                 tags=dict(sspec.tags),
                 description=sspec.description,
                 default_status=dg.DefaultScheduleStatus.RUNNING if sspec.running else dg.DefaultScheduleStatus.STOPPED,
@@ -482,10 +486,35 @@ def launch_config(pb: Playbook, start_op: str) -> dict[str, Any]:
     return {"ops": {start_op: {"config": {"workload": workload}}}}
 
 
+def node_alias(op_name: str, prefix: str) -> str:
+    """The name an op has inside its job: its definition name without the ``<job>__`` prefix
+    (definitions stay unique in the code location; the graph, launchpad and run config read
+    ``start``, ``noetl_start``, ``cycle__check`` rather than ``<job>__start``)."""
+    return op_name[len(prefix):] if op_name.startswith(prefix) and len(op_name) > len(prefix) else op_name
+
+
+def _realias(dep: Any, alias: dict[str, str]) -> Any:
+    if isinstance(dep, DynamicCollectDependencyDefinition):
+        return DynamicCollectDependencyDefinition(alias.get(dep.node_name, dep.node_name), dep.output_name)
+    if isinstance(dep, dg.MultiDependencyDefinition):
+        return dg.MultiDependencyDefinition([_realias(d, alias) for d in dep.get_dependencies_and_mappings()])
+    if isinstance(dep, dg.DependencyDefinition):
+        return dg.DependencyDefinition(alias.get(dep.node, dep.node), dep.output, dep.description)
+    return dep
+
+
 def _job(
-    spec: NoetlJobSpec, node_defs: list[dg.OpDefinition], deps: dict[str, Any], config: dict[str, Any] | None = None
-) -> dg.JobDefinition:
-    graph = dg.GraphDefinition(name=spec.name, node_defs=node_defs, dependencies=deps, description=spec.description)
+    spec: NoetlJobSpec, node_defs: list[dg.OpDefinition], deps: dict[str, Any], config: dict[str, Any] | None = None,
+    prefix: str = "",
+) -> dg.JobDefinition:  # fmt: skip
+    alias = {d.name: node_alias(d.name, prefix) for d in node_defs}
+    if len(set(alias.values())) != len(alias):  # a custom translator's names: keep them as they are
+        alias = {d.name: d.name for d in node_defs}
+    dependencies = {
+        dg.NodeInvocation(d.name, alias=alias[d.name]): {i: _realias(dep, alias) for i, dep in deps.get(d.name, {}).items()}
+        for d in node_defs
+    }
+    graph = dg.GraphDefinition(name=spec.name, node_defs=node_defs, dependencies=dependencies, description=spec.description)
     return graph.to_job(
         name=spec.name,
         description=spec.description,

@@ -21,7 +21,7 @@ def _location(data, *names):
 def test_launchpad_defaults_are_the_workload_and_run_unchanged(dagster_data, ephemeral_instance):
     loc = _location(dagster_data, "hello_dagster.yaml")
     job = loc.definitions.resolve_job_def("hello_dagster")
-    start = "hello_dagster__noetl_start"
+    start = "noetl_start"
     assert job.run_config_schema.config_type.fields  # typed
     default = job.run_config  # the "default" preset the launchpad opens with
     assert default == {"ops": {start: {"config": {"workload": {"name": "Dagster", "times": 3}}}}}

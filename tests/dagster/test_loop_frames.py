@@ -56,9 +56,9 @@ def _steps_run(result: dg.ExecuteInProcessResult) -> list[str]:
 def test_loop_step_compiles_to_plan_frame_collect(tmp_path):
     loc = compile_playbooks(_pb(tmp_path), include_sensor=False)
     names = {n.name for n in loc.definitions.resolve_job_def("frames").nodes}
-    assert {"frames__start", "frames__start__frame", "frames__start__collect", "frames__total"} <= names
+    assert {"start", "start__frame", "start__collect", "total"} <= names
     local = compile_playbooks(_pb(tmp_path, extra=", policy: {exec: local}"), include_sensor=False)
-    assert "frames__start__frame" not in {n.name for n in local.definitions.resolve_job_def("frames").nodes}
+    assert "start__frame" not in {n.name for n in local.definitions.resolve_job_def("frames").nodes}
 
 
 @pytest.mark.parametrize(("n", "mode", "extra", "frames"), [
@@ -73,7 +73,7 @@ def test_frames_match_the_local_runner(tmp_path, dagster_data, ephemeral_instanc
     loc = compile_playbooks(p, resource=NoetlResource(data_dir=str(dagster_data)), include_sensor=False)
     result = loc.definitions.resolve_job_def("frames").execute_in_process(instance=ephemeral_instance)
     assert result.success
-    assert sum(1 for k in _steps_run(result) if k.startswith("frames__start__frame[")) == frames
+    assert sum(1 for k in _steps_run(result) if k.startswith("start__frame[")) == frames
     eid = ephemeral_instance.get_run_by_id(result.run_id).tags["noetl/execution_id"]
     assert names_per_step(events_of(dagster_data, eid)) == names_per_step(events_of(tmp_path / "local", local.execution_id))
     done = [e for e in events_of(dagster_data, eid) if e.name == "step.done" and e.step == "total"]
@@ -118,7 +118,7 @@ def test_reexecuting_a_frame_that_died_skips_logged_iterations(monkeypatch, reco
         assert again.success
         rerun = {e.step_key for e in instance.all_logs(again.run_id)
                  if e.is_dagster_event and e.dagster_event.event_type_value == "STEP_START"}  # fmt: skip
-        assert rerun == {"frames__start__frame[f1]", "frames__start__collect", "frames__total"}
+        assert rerun == {"start__frame[f1]", "start__collect", "total"}
     events = events_of(recovery_env, eid)
     done = sorted(e.iteration for e in events if e.name == "loop.iteration.done")
     assert done == [0, 1, 2, 3, 4, 5]  # each iteration once: 3 was not repeated
@@ -131,7 +131,7 @@ def test_example_http_loop_runs_as_frames(dagster_data, ephemeral_instance):
                             resource=NoetlResource(data_dir=str(dagster_data), tenant="demo", project="examples"))  # fmt: skip
     result = loc.definitions.resolve_job_def("customers_http").execute_in_process(instance=ephemeral_instance)
     assert result.success
-    frames = [k for k in _steps_run(result) if k.startswith("customers_http__customer_stats__frame[")]
+    frames = [k for k in _steps_run(result) if k.startswith("customer_stats__frame[")]
     assert len(frames) == 6  # one per customer (6 iterations, at most 16 frames)
 
 

@@ -35,7 +35,7 @@ def _output_metadata(result: dg.ExecuteInProcessResult, op: str, output: str = "
 def test_launchpad_run_is_tagged_logs_noetl_events_and_takes_typed_workload(dagster_data, ephemeral_instance):
     loc = _compile(EXAMPLES / "hello_dagster.yaml", dagster_data)
     job = loc.definitions.resolve_job_def("hello_dagster")
-    cfg = {"ops": {"hello_dagster__noetl_start": {"config": {"workload": {"name": "Ada", "times": 2}}}}}
+    cfg = {"ops": {"noetl_start": {"config": {"workload": {"name": "Ada", "times": 2}}}}}
     result = job.execute_in_process(run_config=cfg, instance=ephemeral_instance)  # no noetl tags: as the launchpad
     assert result.success
     run = ephemeral_instance.get_run_by_id(result.run_id)
@@ -53,7 +53,7 @@ def test_launchpad_run_is_tagged_logs_noetl_events_and_takes_typed_workload(dags
                  "workflow.finished"):  # fmt: skip
         assert any(ln.startswith(name) for ln in lines), name
     assert any(ln.startswith("task.done done.count ok") for ln in lines)
-    md = _output_metadata(result, "hello_dagster__done")
+    md = _output_metadata(result, "done")
     assert md["result"].data == {"said": 2, "last": "Hello, Ada!"}
     assert md["noetl/status"].value == "done" and md["execution_id"].value == eid
 
@@ -73,7 +73,7 @@ def test_big_result_shows_as_a_reference(tmp_path, dagster_data, ephemeral_insta
         """)
     loc = _compile(p, dagster_data)
     result = loc.definitions.resolve_job_def("big").execute_in_process(instance=ephemeral_instance)
-    md = _output_metadata(result, "big__start")
+    md = _output_metadata(result, "start")
     assert "result" not in md
     assert md["result_ref"].value.startswith("file://")
     assert md["result_ref_rows"].value == 2000
@@ -111,7 +111,7 @@ def test_failed_task_fails_its_op_with_the_outcome_error(tmp_path, dagster_data,
                                                                         raise_on_error=False)  # fmt: skip
     assert not result.success
     (failure,) = [e for e in result.all_events if e.is_step_failure]
-    assert failure.step_key == "fails__boom"
+    assert failure.step_key == "boom"
     desc = failure.step_failure_data.user_failure_data.description
     assert "step 'boom' failed" in desc and "ZeroDivisionError" in desc
     # the join downstream of the failed op is not run in this run; the execution is not lost
@@ -134,9 +134,9 @@ def test_handled_failure_routes_and_the_op_succeeds(dagster_data, ephemeral_inst
     loc = _compile(EXAMPLES / "failure_recovery.yaml", dagster_data)
     result = loc.definitions.resolve_job_def("failure_recovery").execute_in_process(instance=ephemeral_instance)
     assert result.success
-    md = _output_metadata(result, "failure_recovery__start")
+    md = _output_metadata(result, "start")
     assert md["noetl/status"].value == "failed"  # the step failed; its arc handled it
-    outputs = {ev.step_output_data.output_name for ev in result.events_for_node("failure_recovery__start")
+    outputs = {ev.step_output_data.output_name for ev in result.events_for_node("start")
                if ev.event_type_value == "STEP_OUTPUT"}  # fmt: skip
     assert outputs == {"result", "to_repair"}
 
@@ -196,7 +196,7 @@ def test_reexecution_from_failure_resumes_from_the_event_log(monkeypatch, recove
         assert instance.get_run_by_id(second.run_id).tags["noetl/execution_id"] == eid
         executed = {e.step_key for e in instance.all_logs(second.run_id) if e.is_dagster_event
                     and e.dagster_event.event_type_value == "STEP_START"}  # fmt: skip
-        assert executed == {"hello_dagster__repeat", "hello_dagster__done"}
+        assert executed == {"repeat", "done"}
     events = events_of(dagster_data, eid)
     assert [e.step for e in events if e.name == "step.scheduled"] == ["start", "repeat", "done"]
     assert [e.step for e in events if e.name == "step.done"] == ["start", "repeat", "done"]  # none ran twice

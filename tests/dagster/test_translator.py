@@ -38,29 +38,30 @@ def _upstream(job: dg.JobDefinition, op: str) -> set[str]:
 def test_cycle_condenses_to_one_region_op():
     loc = _location(EXAMPLES / "countdown_cycle.yaml")
     job = _job(loc, "countdown_cycle")
-    names = {n.name for n in job.nodes}
-    assert names == {
+    names = {n.name for n in job.nodes}  # readable in the job: no <job>__ prefix
+    assert names == {"noetl_start", "start", "cycle__check", "liftoff"}
+    assert {n.definition.name for n in job.nodes} == {  # definitions stay unique in the code location
         "countdown_cycle__noetl_start",
         "countdown_cycle__start",
         "countdown_cycle__cycle__check",
         "countdown_cycle__liftoff",
     }
-    region = job.graph.node_named("countdown_cycle__cycle__check").definition
+    region = job.graph.node_named("cycle__check").definition
     assert region.tags["noetl/step"] == "check,tick"
-    assert _upstream(job, "countdown_cycle__liftoff") == {"countdown_cycle__cycle__check"}
+    assert _upstream(job, "liftoff") == {"cycle__check"}
 
 
 def test_join_is_one_fan_in_input_over_every_predecessor():
     loc = _location(EXAMPLES / "fanout_join.yaml")
     job = _job(loc, "fanout_join")
-    merge = "fanout_join__merge"
-    assert _upstream(job, merge) == {f"fanout_join__{s}" for s in ("count_regions", "name_regions", "fast", "slow")}
-    deps = {getattr(k, "name", k): v for k, v in job.graph.dependencies.items()}
+    merge = "merge"
+    assert _upstream(job, merge) == {"count_regions", "name_regions", "fast", "slow"}
+    deps = {getattr(k, "alias", None) or getattr(k, "name", k): v for k, v in job.graph.dependencies.items()}
     fan_in = deps[merge]["after"]
     # one fan-in input, so Dagster runs the join when at least one branch yields (and skips it when none does)
     assert isinstance(fan_in, dg.MultiDependencyDefinition)
     assert len(fan_in.get_dependencies_and_mappings()) == 4
-    outs = {o.name: o for o in job.graph.node_named("fanout_join__choose").definition.output_defs}
+    outs = {o.name: o for o in job.graph.node_named("choose").definition.output_defs}
     assert set(outs) == {"to_fast", "to_slow", "result"}
     assert all(not o.is_required for o in outs.values())
 
@@ -74,19 +75,19 @@ def test_tags_descriptions_kinds_and_code_references():
     refs = job.metadata["dagster/code_references"].code_references
     assert refs[0].file_path == str((EXAMPLES / "customers_http.yaml").resolve())
     pb = load_playbook(EXAMPLES / "customers_http.yaml")
-    op = job.graph.node_named("customers_http__customer_stats").definition
+    op = job.graph.node_named("customer_stats").definition
     assert op.description == "One GET per customer, in parallel"
     assert op.tags["noetl/step"] == "customer_stats"
     assert op.tags["noetl/kind"] == "http"
     assert op.tags["noetl/source"] == f"customers_http.yaml:{pb.step('customer_stats').line}"
     assert "dagster/kind/http" in op.tags and "dagster/kind/noetl" in op.tags
-    start = job.graph.node_named("customers_http__noetl_start").definition
+    start = job.graph.node_named("noetl_start").definition
     assert set(start.config_schema.config_type.fields) == {"workload", "workload_json", "execution_id"}
 
 
 def test_launchpad_config_is_typed_from_the_workload():
     loc = _location(EXAMPLES / "hello_dagster.yaml")
-    start = _job(loc, "hello_dagster").graph.node_named("hello_dagster__noetl_start").definition
+    start = _job(loc, "hello_dagster").graph.node_named("noetl_start").definition
     fields = start.config_schema.config_type.fields["workload"].config_type.fields
     assert fields["name"].config_type.given_name == "String" and fields["name"].default_value == "Dagster"
     assert fields["times"].config_type.given_name == "Int" and fields["times"].default_value == 3
@@ -108,7 +109,7 @@ def test_fifty_playbooks_with_clashing_names_load_together(tmp_path):
     dg.Definitions.validate_loadable(defs)
     jobs = defs.resolve_all_job_defs()
     assert len(jobs) == 50
-    ops = [n.name for j in jobs for n in j.nodes]
+    ops = [n.definition.name for j in jobs for n in j.nodes]
     assert len(ops) == len(set(ops)) == 50 * (len(steps) + 1)
     assert all(NAME_RE.match(n) for n in ops + [j.name for j in jobs])
 
@@ -128,9 +129,9 @@ def test_translator_customisation_with_replace_and_merge():
     job = _job(loc, "orders_duckdb")
     assert job.description == "custom"
     assert job.executor_def.name == "multiprocess"
-    op = job.graph.node_named("orders_duckdb__by_region").definition
+    op = job.graph.node_named("by_region").definition
     assert op.tags["team"] == "analytics" and "dagster/kind/sql" in op.tags
-    assert "team" not in job.graph.node_named("orders_duckdb__report").definition.tags
+    assert "team" not in job.graph.node_named("report").definition.tags
 
 
 def test_schedule_from_executor_spec():
@@ -140,7 +141,7 @@ def test_schedule_from_executor_spec():
     assert sched.cron_schedule == "0 2 * * *" and sched.execution_timezone == "UTC"
     assert sched.job_name == "nightly_report"
     cfg = sched.evaluate_tick(dg.build_schedule_context()).run_requests[0].run_config
-    assert cfg["ops"]["nightly_report__noetl_start"]["config"]["workload_json"] == '{"days": 7}'
+    assert cfg["ops"]["noetl_start"]["config"]["workload_json"] == '{"days": 7}'
 
 
 @pytest.mark.parametrize(
@@ -167,7 +168,7 @@ def test_per_step_mode_gives_each_step_its_own_job():
     names = sorted(j.name for j in loc.definitions.resolve_all_job_defs())
     pb = load_playbook(EXAMPLES / "fanout_join.yaml")
     assert names == sorted(["fanout_join", *(f"fanout_join__step__{s.name}" for s in pb.workflow)])
-    assert [n.name for n in _job(loc, "fanout_join").nodes] == ["fanout_join__noetl_start"]
+    assert [n.name for n in _job(loc, "fanout_join").nodes] == ["noetl_start"]
     step_job = _job(loc, "fanout_join__step__merge")
     assert step_job.tags["noetl/step"] == "merge"
 
@@ -249,7 +250,7 @@ def test_kubernetes_placement_becomes_op_tags(tmp_path):
             tool: {kind: noop}
     """))
     job = _job(_location(p), "k")
-    heavy = job.graph.node_named("k__start").definition.tags
+    heavy = job.graph.node_named("start").definition.tags
     cfg = json.loads(heavy["dagster-k8s/config"])
     assert cfg["container_config"]["resources"]["requests"] == {"cpu": "2", "memory": "4Gi"}
-    assert "dagster-k8s/config" not in job.graph.node_named("k__light").definition.tags
+    assert "dagster-k8s/config" not in job.graph.node_named("light").definition.tags
