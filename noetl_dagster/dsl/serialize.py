@@ -32,7 +32,7 @@ def _loop_raw(lp: Loop) -> dict[str, Any]:
     if lp.max_in_flight is not None:
         spec["max_in_flight"] = lp.max_in_flight
     if lp.exec:
-        spec.setdefault("policy", {})["exec"] = lp.exec
+        spec["policy"] = {**(spec.get("policy") or {}), "exec": lp.exec}  # a copy: never write into the model
     return {"in": lp.in_, "iterator": lp.iterator, "spec": spec}
 
 
@@ -78,7 +78,7 @@ def playbook_to_raw(pb: Playbook) -> dict[str, Any]:
                 {"else": {"then": {"allow": r.allow}}} if r.when is None else {"when": r.when, "then": {"allow": r.allow}}
                 for r in s.admit
             ]
-            spec.setdefault("policy", {})["admit"] = {"rules": rules}
+            spec["policy"] = {**(spec.get("policy") or {}), "admit": {"rules": rules}}  # a copy: never write into the model
         if spec:
             d["spec"] = spec
         if s.loop:
