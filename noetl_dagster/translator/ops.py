@@ -328,7 +328,7 @@ def _report_outputs(
 def _materializations(eid: str, task_results: list[tuple[str, Any]]) -> Iterator[dg.AssetMaterialization]:
     """Tasks that stored a table (their result is a ``noetl://`` reference) materialize its asset key."""
     for step, result in task_results:
-        for info in _stored_refs(result):
+        for info in stored_refs(result):
             uri = info["uri"]
             try:
                 key = asset_key_for_uri(uri)
@@ -349,7 +349,7 @@ def _materializations(eid: str, task_results: list[tuple[str, Any]]) -> Iterator
             yield dg.AssetMaterialization(asset_key=key, metadata=md, description=f"stored by step {step}")
 
 
-def _stored_refs(result: Any) -> Iterator[dict[str, Any]]:
+def stored_refs(result: Any) -> Iterator[dict[str, Any]]:
     """The store references in a task result: itself, or each item of a list / loop aggregate.
 
     Only top-level references count: a read's result carries the reference it read under
@@ -359,8 +359,8 @@ def _stored_refs(result: Any) -> Iterator[dict[str, Any]]:
         yield result
     elif isinstance(result, dict) and isinstance(result.get("results"), list):
         for item in result["results"][:1000]:
-            yield from _stored_refs(item)
+            yield from stored_refs(item)
     elif isinstance(result, list):
         for item in result[:1000]:
             if isinstance(item, dict):
-                yield from _stored_refs(item)
+                yield from stored_refs(item)
