@@ -93,6 +93,15 @@ def _replace_filter(*args: Any, **kwargs: Any) -> Any:
 _replace_filter.jinja_pass_arg = do_replace.jinja_pass_arg  # type: ignore[attr-defined]
 
 
+def _lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:  # noqa: A002 - Jinja's signature
+    """Jinja's ``lipsum`` with bounded counts (``lipsum(10**6)`` used to render for minutes)."""
+    from jinja2.utils import generate_lorem_ipsum
+
+    if not (0 <= n <= 1_000 and 0 <= min <= max <= 1_000):
+        raise _LimitExceeded("lipsum() takes at most 1000 paragraphs of at most 1000 words")
+    return generate_lorem_ipsum(n=n, html=html, min=min, max=max)
+
+
 class _BoundedNamespace(Namespace):
     """``namespace()`` whose attributes cannot grow past the size limits (``ns.s = ns.s ~ ns.s``)."""
 
@@ -254,7 +263,7 @@ class TemplateEnv:
             b64decode=_b64decode,
         )
         env.globals.update(
-            range=safe_range, namespace=_BoundedNamespace, len=len, str=str, int=int, float=float, bool=bool, dict=dict, list=list,
+            range=safe_range, namespace=_BoundedNamespace, lipsum=_lipsum, len=len, str=str, int=int, float=float, bool=bool, dict=dict, list=list,
             min=min, max=max, sum=sum, sorted=sorted, abs=abs, round=round, enumerate=enumerate, zip=zip,
             is_defined=_is_defined,
         )  # fmt: skip

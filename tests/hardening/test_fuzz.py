@@ -174,7 +174,7 @@ def playbooks(draw):
         else:
             then = draw(st.sampled_from([
                 {"do": "retry", "attempts": 2, "delay": 0}, {"do": "continue"}, {"do": "fail"}, {"do": "break"},
-                {"do": "retry", "attempts": 2, "delay": 0, "backoff": "exponential"}, {"do": "jump", "to": "t1"},
+                {"do": "retry", "attempts": 2, "delay": 0, "backoff": "exponential"}, {"do": "jump", "to": "t2"},
             ]))  # fmt: skip
             step["tool"] = [
                 {"t1": {"kind": "python", "code": draw(st.sampled_from(CODES)),

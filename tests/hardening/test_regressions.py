@@ -177,6 +177,7 @@ def test_registry_commands_use_the_same_exit_codes(tmp_path, args, needle):
         ("{{ 'a' | center(10**9) }}", "limit"),
         ("{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}", "limit"),
         ("{{ 7 ** 10000000 }}", "limit"),
+        ("{{ lipsum(10**6) }}", "limit"),  # found by the fuzz suite: rendered for minutes
     ],
 )
 def test_template_sandbox_is_immutable_and_bounded(template, needle):
