@@ -429,8 +429,12 @@ class Engine:
             step = self.playbook.step(info["step"])
             result = st.result(info["step"])
             name = "loop.done" if step.loop else ("call.done" if ok else "call.error")
+            keep = ok or (step.loop is not None and isinstance(result, dict) and "stats" in result)
             err = None if ok else (result or {}).get("error")
-            self.route(StepRun(info["step"], srid, ok, result if ok else None, err, name, info.get("args")))
+            if not ok and keep:  # a failed loop step keeps its aggregate as result
+                err = {"kind": "loop_failed", "message": f"{result['stats'].get('failed')} loop iterations failed",
+                       "retryable": False, "code": None}  # fmt: skip
+            self.route(StepRun(info["step"], srid, ok, result if keep else None, err, name, info.get("args")))
             resumed.append(srid)
         for srid, step_name in list(st.running.items()):
             if only is not None and step_name not in only:

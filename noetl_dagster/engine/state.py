@@ -98,7 +98,8 @@ class ExecutionState:
             self.finished_runs.add(ev.step_run_id)
             self.last_step = ev.step
         elif name == E.STEP_FAILED:
-            self.results[ev.step] = {"status": "error", "error": d.get("error")}
+            # a loop step's result stays its {results, stats} aggregate (SEMANTICS §4)
+            self.results[ev.step] = d["result"] if "result" in d else {"status": "error", "error": d.get("error")}
             self._resolved.pop(ev.step, None)
             self.step_status[ev.step] = "failed"
             self.running.pop(ev.step_run_id, None)

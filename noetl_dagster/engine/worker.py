@@ -269,13 +269,17 @@ class Worker:
                 data={"result": rec.offload(result, f"{step.name}/result"), "duration_ms": duration_ms},
             )
         else:
+            data: dict[str, Any] = {"error": error, "duration_ms": duration_ms}
+            if event_name == "loop.done" and result is not None:
+                # SEMANTICS §4: a loop step keeps its {results, stats} also when iterations failed
+                data["result"] = rec.offload(result, f"{step.name}/result")
             rec.emit(
                 E.STEP_FAILED,
                 step=step.name,
                 step_run_id=step_run_id,
                 entity_id=step_run_id,
                 status="error",
-                data={"error": error, "duration_ms": duration_ms},
+                data=data,
             )
         return StepRun(step.name, step_run_id, ok, result, error, event_name, args)
 

@@ -123,8 +123,8 @@ def test_failed_iteration_fails_step_after_loop_done(run_pb):
 """, after="""
     next:
       arcs:
-        - {step: ok_path, when: "{{ start.status != 'error' }}"}
-        - {step: on_loop_done, when: "{{ event.name == 'loop.done' and start.status == 'error' }}"}
+        - {step: ok_path, when: "{{ start.stats.failed == 0 }}"}
+        - {step: on_loop_done, when: "{{ event.name == 'loop.done' and start.stats.failed > 0 }}"}
   - step: ok_path
     tool: {kind: noop}
   - step: on_loop_done
@@ -141,7 +141,54 @@ def test_failed_iteration_fails_step_after_loop_done(run_pb):
     # loop.done comes before step.failed, and arcs see event.name == 'loop.done'
     assert r.index("loop.done", "start")[0] < r.index("step.failed", "start")[0]
     assert r.named("next.evaluated", "start")[0].data["event_name"] == "loop.done"
-    assert "1 of 3 loop iterations failed" in r.results["start"]["error"]["message"]
+    assert "1 of 3 loop iterations failed" in r.named("step.failed", "start")[0].data["error"]["message"]
+    # SEMANTICS §4: the step's result keeps results and stats although an iteration failed
+    assert r.results["start"]["stats"] == {"total": 3, "ok": 2, "failed": 1}
+    assert r.results["start"]["results"][1]["status"] == "error"
+
+
+def test_failed_iteration_result_reaches_arcs_and_later_steps(run_pb):
+    """Issue 16.1: arcs testing stats.failed and outcome.result see the aggregate; a later step reads it."""
+    r = run_pb(_loop("{{ [1, 0, 2, 0] }}", tool="""
+    tool:
+      kind: python
+      input: {x: "{{ iter.item }}"}
+      code: "result = 10 // x"
+""", after="""
+    next:
+      arcs:
+        - step: report
+          when: "{{ start.stats.failed > 0 and outcome.result.stats.ok == 2 }}"
+          args: {failed: "{{ start.stats.failed }}", first: "{{ start.results[0] }}"}
+  - step: report
+    tool:
+      kind: python
+      input: {failed: "{{ args.failed }}", n: "{{ start.stats.total }}", kinds: "{{ start.results | map(attribute='status') | list }}"}
+      code: "result = {'failed': failed, 'n': n, 'kinds': kinds}"
+"""))
+    assert r.status == "completed"
+    assert r.runs == {"start": 1, "report": 1}
+    assert r.results["report"]["failed"] == 2 and r.results["report"]["n"] == 4
+    assert r.named("next.evaluated", "start")[0].data["errors"] == []
+
+
+def test_failed_iteration_retry_policy_applies_inside_iteration(run_pb):
+    """Per-iteration task policy: `continue` on error turns the failed iteration into an ok one."""
+    r = run_pb(_loop("{{ [1, 0] }}", tool="""
+    tool:
+      - t:
+          kind: python
+          input: {x: "{{ iter.item }}"}
+          code: "result = 10 // x"
+          spec:
+            policy:
+              rules:
+                - when: "{{ outcome.status == 'error' }}"
+                  then: {do: retry, attempts: 2, delay: 0}
+"""))
+    assert r.status == "failed"
+    assert len(r.named("task.started", "start")) == 3  # 1 + 2 attempts for the failing iteration
+    assert r.results["start"]["stats"] == {"total": 2, "ok": 1, "failed": 1}
 
 
 def test_failed_iteration_unhandled_fails_execution(run_pb):
@@ -259,7 +306,7 @@ def test_parallel_set_ctx_same_key_is_a_conflict(run_pb):
     assert len(failed) == 2  # the first writer owns the key, the other two are rejected
     assert all(e.data["error"]["kind"] == "ctx_conflict" for e in failed)
     assert "ctx.last" in failed[0].data["error"]["message"]
-    assert r.results["start"]["error"]["kind"] == "ctx_conflict"
+    assert sum(isinstance(x, dict) and (x.get("error") or {}).get("kind") == "ctx_conflict" for x in r.results["start"]["results"]) == 2
 
 
 def test_parallel_set_ctx_conflict_via_policy_rule(run_pb):
