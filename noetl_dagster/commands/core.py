@@ -36,21 +36,25 @@ def _fail_input(message: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the issues as a JSON list.")
 def validate(files: tuple[str, ...], as_json: bool) -> None:
     """Validate playbooks: one `FILE:LINE: RULE: message` line per error; exit 1 if any."""
-    from noetl_dagster.dsl import validate_file
+    from noetl_dagster.dsl.files import check_file
 
     missing = [f for f in files if not Path(f).is_file()]
     issues = []
+    valid = []
     for f in files:
         if f in missing:
             continue
-        issues.extend(validate_file(f))
+        pb, found = check_file(f)
+        issues.extend(found)
+        if pb is not None:
+            valid.append((f, pb))
     if as_json:
         click.echo(json.dumps([i.__dict__ for i in issues], indent=2))
     else:
         for i in issues:
             click.echo(str(i))
     if not issues and not as_json:
-        _cycle_warnings([f for f in files if f not in missing])
+        _cycle_warnings(valid)
     for f in missing:
         click.echo(f"{f}:0: file-not-found: no such file", err=True)
     if missing:
@@ -61,13 +65,11 @@ def validate(files: tuple[str, ...], as_json: bool) -> None:
         click.echo(f"{len(files)} playbook(s) valid", err=True)
 
 
-def _cycle_warnings(files: list[str]) -> None:
+def _cycle_warnings(playbooks: list[tuple[str, Any]]) -> None:
     """``FILE:LINE: warning: unguarded-cycle: ...`` on stderr (not an error: the step-run cap stops such a cycle)."""
-    from noetl_dagster.dsl import load_playbook
     from noetl_dagster.dsl.files import unguarded_cycles
 
-    for f in files:
-        pb = load_playbook(f)
+    for f, pb in playbooks:
         for cycle in unguarded_cycles(pb):
             line = getattr(pb.step(cycle[0]), "line", None) or 1
             click.echo(

@@ -54,24 +54,28 @@ def check_playbook_size(raw: Any, file: str, line: int = 1) -> list[ValidationIs
 
 
 def validate_file(path: str | Path) -> list[ValidationIssue]:
+    return check_file(path)[1]
+
+
+def check_file(path: str | Path) -> tuple[Playbook | None, list[ValidationIssue]]:
+    """Parse and validate once: (the playbook when it is valid, the issues)."""
     p = Path(path)
     if not p.is_file():
-        return [ValidationIssue(str(p), 0, "", "file-not-found", "no such file")]
+        return None, [ValidationIssue(str(p), 0, "", "file-not-found", "no such file")]
     if p.suffix == ".flow":
         try:
-            _load_flow(p)
+            return _load_flow(p), []
         except PlaybookInvalid as e:
-            return e.issues
-        return []
+            return None, e.issues
     try:
         raw, sm = load_yaml_file(p)
     except YamlSyntaxError as e:
-        return [ValidationIssue(e.file, e.line, "", e.rule, e.message)]
+        return None, [ValidationIssue(e.file, e.line, "", e.rule, e.message)]
     too_big = check_playbook_size(raw, str(p), sm.line(("workflow",)))
     if too_big:
-        return too_big
-    _, issues = parse_playbook(raw, source_map=sm, source_file=str(p))
-    return issues
+        return None, too_big
+    pb, issues = parse_playbook(raw, source_map=sm, source_file=str(p))
+    return (None if issues else pb), issues
 
 
 def _load_flow(p: Path) -> Playbook:

@@ -263,7 +263,7 @@ def fuzz_files(tmp_path_factory):
 @FUZZ
 @given(
     command=st.sampled_from(sorted(COMMAND_OPTIONS)),
-    positional=st.lists(st.sampled_from(ARG_VALUES), max_size=2),
+    positional=st.lists(st.sampled_from(["{PB}", "{PB}", "{BOMB}", "{BIN}", *ARG_VALUES]), min_size=1, max_size=2),
     options=st.lists(st.tuples(st.integers(0, 20), st.sampled_from(ARG_VALUES)), max_size=4),
 )
 def test_fuzz_cli_arguments(fuzz_files, monkeypatch, command, positional, options):
