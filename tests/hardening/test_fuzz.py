@@ -7,7 +7,7 @@ bounded time; a playbook that validates must run to `completed` or `failed`
 (never exit 2, never left `running`); and tests/conftest.py replays every
 execution that ran and compares it with the live state.
 
-The example budget is fixed for CI (the whole file runs in well under 60 s);
+The example budget is fixed for CI (60 per test; the whole file runs in well under 60 s);
 set NOETL_FUZZ_EXAMPLES=500 (per test) for a longer run.
 """
 
@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from noetl_dagster.dsl.loader import YamlSyntaxError, load_yaml_text
 
-EXAMPLES = int(os.environ.get("NOETL_FUZZ_EXAMPLES", "20"))
+EXAMPLES = int(os.environ.get("NOETL_FUZZ_EXAMPLES", "60"))
 PER_EXAMPLE_S = 20.0
 FUZZ = settings(
     max_examples=EXAMPLES,
