@@ -264,13 +264,13 @@ class Engine:
                 if act is not None:
                     acts.append(act)
         if not acts and allowed_set is None and not self.state.running and self.state.tokens:
-            # only joins waiting on each other: release the first-declared one
-            waiting = self.state.pending_steps()
-            first = min(waiting, key=self.graph.order.index)
-            tids = [t for t, tok in self.state.tokens.items() if tok.step == first]
-            act = self._admit(first, tids, [self.state.tokens[t].args for t in tids])
-            if act is not None:
-                acts.append(act)
+            # only joins waiting on each other (an irreducible cycle): every pending join
+            # fires at once with the tokens it has (SEMANTICS §5; order independent)
+            for step in sorted(self.state.pending_steps(), key=self.graph.order.index):
+                tids = [t for t, tok in self.state.tokens.items() if tok.step == step]
+                act = self._admit(step, tids, [self.state.tokens[t].args for t in tids])
+                if act is not None:
+                    acts.append(act)
         # not flushed here: a step's events become durable together when it is routed
         return acts
 

@@ -1,8 +1,8 @@
 """Static analysis of a playbook's step graph.
 
 Joins (SEMANTICS.md §5): a step with two or more distinct predecessor steps,
-not counting back-edges (edges that close a cycle in a depth-first walk from
-the entry). A join fires when no live position can still reach one of its
+not counting back-edges (u->v where v dominates u: every path from the entry
+to u passes through v; independent of the order steps and arcs are written in). A join fires when no live position can still reach one of its
 predecessors without passing through the join itself: its *feeders*.
 Strongly connected components are what the Dagster translator condenses into
 region ops.
@@ -36,32 +36,32 @@ class StepGraph:
         return len(comp) > 1 or comp[0] in self.succ.get(comp[0], [])
 
 
-def _dfs_back_edges(entry: str, succ: dict[str, list[str]], order: list[str]) -> set[tuple[str, str]]:
-    back: set[tuple[str, str]] = set()
-    state: dict[str, int] = {}  # 1 on stack, 2 done
-
-    def visit(root: str) -> None:
-        stack = [(root, iter(succ.get(root, [])))]
-        state[root] = 1
-        while stack:
-            node, it = stack[-1]
-            for nxt in it:
-                st = state.get(nxt, 0)
-                if st == 1:
-                    back.add((node, nxt))
-                elif st == 0:
-                    state[nxt] = 1
-                    stack.append((nxt, iter(succ.get(nxt, []))))
-                    break
-            else:
-                state[node] = 2
-                stack.pop()
-
-    visit(entry)
-    for s in order:  # steps unreachable from the entry still get classified
-        if s not in state:
-            visit(s)
-    return back
+def _dominance_back_edges(entry: str, succ: dict[str, list[str]], order: list[str]) -> set[tuple[str, str]]:
+    """Back-edges by dominance (SEMANTICS §5): u->v where every path from the entry to u
+    passes through v. Independent of the order steps and arcs are written in. Steps the
+    entry cannot reach hang off a virtual root, so none of them dominates another."""
+    root = object()
+    reach = _reach_without(entry, succ, "")
+    nodes = set(order) | {entry}
+    preds: dict[object, set[object]] = {n: set() for n in nodes}
+    for a in nodes:
+        for b in succ.get(a, []):
+            preds.setdefault(b, set()).add(a)
+    preds[entry].add(root)
+    for n in nodes - reach:
+        preds[n].add(root)
+    allnodes: set[object] = set(preds) | {root}
+    dom: dict[object, set[object]] = {n: set(allnodes) for n in preds}
+    dom[root] = {root}
+    changed = True
+    while changed:
+        changed = False
+        for n in preds:
+            ps = [dom[p] for p in preds[n] if p in dom]
+            new = set.intersection(*ps) | {n} if ps else {n}
+            if new != dom[n]:
+                dom[n], changed = new, True
+    return {(a, b) for a in nodes for b in succ.get(a, []) if b in dom.get(a, ())}
 
 
 def _reach_without(start: str, succ: dict[str, list[str]], blocked: str) -> set[str]:
@@ -136,7 +136,7 @@ def analyze(pb: Playbook) -> StepGraph:
                 targets.append(t)
         succ[s.name] = targets
     entry = pb.entry_step
-    back = _dfs_back_edges(entry, succ, order)
+    back = _dominance_back_edges(entry, succ, order)
     pred: dict[str, set[str]] = {s: set() for s in order}
     for a, targets in succ.items():
         for b in targets:
