@@ -45,11 +45,16 @@ MAX_STEPS = 10_000
 
 
 def check_playbook_size(raw: Any, file: str, line: int = 1) -> list[ValidationIssue]:
-    """One ``max-steps`` issue when the document's workflow has more steps than allowed."""
+    """A ``max-steps`` issue when the workflow has more steps than allowed; a ``max-step-runs``
+    issue when ``executor.spec.max_step_runs`` is not a positive integer."""
     wf = raw.get("workflow") if isinstance(raw, dict) else None
     limit = max_steps()
     if isinstance(wf, list) and len(wf) > limit:
         return [ValidationIssue(file, line, "workflow", "max-steps", f"{len(wf)} steps; a playbook may have at most {limit}")]
+    spec = (raw.get("executor") or {}).get("spec") if isinstance(raw, dict) and isinstance(raw.get("executor"), dict) else None
+    cap = spec.get("max_step_runs") if isinstance(spec, dict) else None
+    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+        return [ValidationIssue(file, line, "executor.spec.max_step_runs", "max-step-runs", "must be a positive integer")]
     return []
 
 

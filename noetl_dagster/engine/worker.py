@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from noetl_dagster.dsl.kinds import get_tool
 from noetl_dagster.dsl.model import Loop, RuleThen, Step, Task
-from noetl_dagster.dsl.parse import MAX_RETRY_DELAY
+from noetl_dagster.dsl.parse import MAX_RETRY_ATTEMPTS, MAX_RETRY_DELAY
 from noetl_dagster.dsl.templates import TemplateError, template_env
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine.events import now_iso, uuid7
@@ -452,7 +452,7 @@ class Worker:
             try:
                 pscope = scope.child(outcome=outcome, output=outcome, error=outcome.get("error"), result=outcome.get("result"))
                 if do == "retry":  # resolved first: an exhausted retry is a plain continue / fail, writes included
-                    max_attempts = self._int(then.attempts if then else None, pscope, DEFAULT_RETRY_ATTEMPTS)
+                    max_attempts = min(self._int(then.attempts if then else None, pscope, DEFAULT_RETRY_ATTEMPTS), MAX_RETRY_ATTEMPTS)
                     if attempt < max_attempts:
                         delay = self._retry_delay(then, attempt, pscope)
                     else:
@@ -508,7 +508,7 @@ class Worker:
         v = self.env.render(value, scope) if isinstance(value, str) else value
         try:
             return int(v)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # int(inf) overflows
             return default
 
     def _retry_delay(self, then: RuleThen | None, attempt: int, scope: Scope) -> float:

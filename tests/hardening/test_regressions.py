@@ -242,3 +242,24 @@ def test_integers_beyond_64_bits_replay_exactly(tmp_path, data_dir):
     r = invoke(["run", f, "--json", "--workload", '{"big": 1000000000000000000000000000000}'])
     assert r.exit_code == 0 and json.loads(r.output)["results"]["start"] == 10**31
     # tests/conftest.py replays this execution and compares it with the live state
+
+
+def test_templated_retry_attempts_are_capped(tmp_path, data_dir):
+    # `attempts: '{{ 10**100 }}'` retried until the pipeline limit (100,000 task runs): effectively a hang
+    from noetl_dagster.dsl.parse import MAX_RETRY_ATTEMPTS
+
+    f = write(tmp_path, "p.yaml", policy("retry", "delay: 0").replace("attempts: 2", "attempts: '{{ 10**100 }}'"))
+    t0 = time.perf_counter()
+    r = invoke(["run", f, "--json"])
+    assert json.loads(r.output)["status"] == "failed" and time.perf_counter() - t0 < 60
+    from noetl_dagster.storage.event_stores import open_event_store
+
+    events = open_event_store(None, data_dir=data_dir).read(json.loads(r.output)["execution_id"])
+    assert sum(e.name == "task.done" for e in events) == MAX_RETRY_ATTEMPTS
+
+
+def test_max_step_runs_must_be_a_positive_integer(tmp_path):
+    for bad in ("[1]", "0", "-3", "true", "'10'"):
+        f = write(tmp_path, "p.yaml", SELF_LOOP.replace("@EXECUTOR@", f"executor: {{spec: {{max_step_runs: {bad}}}}}\n"))
+        r = invoke(["validate", f])
+        assert r.exit_code == 1 and "max-step-runs" in r.output, bad
