@@ -85,8 +85,11 @@ def _parse_workload(text: str | None) -> dict[str, Any]:
     if text.startswith("@"):
         p = Path(text[1:])
         if not p.is_file():
-            _fail_input(f"--workload file {p} does not exist")
-        text = p.read_text()
+            _fail_input(f"--workload file {p} does not exist or is not a file")
+        try:
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            _fail_input(f"--workload file {p} is not UTF-8 text ({e.reason} at byte {e.start})")
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:

@@ -263,3 +263,10 @@ def test_max_step_runs_must_be_a_positive_integer(tmp_path):
         f = write(tmp_path, "p.yaml", SELF_LOOP.replace("@EXECUTOR@", f"executor: {{spec: {{max_step_runs: {bad}}}}}\n"))
         r = invoke(["validate", f])
         assert r.exit_code == 1 and "max-step-runs" in r.output, bad
+
+
+def test_workload_file_that_is_binary_names_the_file(tmp_path):
+    pb = write(tmp_path, "ok.yaml", HEAD + "workflow:\n  - step: start\n    tool: {kind: noop}\n")
+    b = write(tmp_path, "w.json", b"\xff\xfe{}")
+    r = invoke(["run", pb, "--workload", "@" + b])
+    assert r.exit_code == 2 and "w.json is not UTF-8" in r.output
