@@ -65,7 +65,9 @@ def _is_store_error(exc: BaseException) -> bool:
     """A database or object store the user pointed at that cannot be used (unreachable, wrong kind)."""
     mod = type(exc).__module__ or ""
     name = type(exc).__name__
-    return mod.startswith(("psycopg", "sqlalchemy", "botocore", "noetl_dagster.storage")) or name.endswith("Unavailable")
+    return mod.startswith(("psycopg", "sqlalchemy", "botocore", "noetl_dagster.storage")) or name.endswith(
+        "Unavailable"
+    )
 
 
 def convert(exc: BaseException) -> click.ClickException:

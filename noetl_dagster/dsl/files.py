@@ -50,11 +50,23 @@ def check_playbook_size(raw: Any, file: str, line: int = 1) -> list[ValidationIs
     wf = raw.get("workflow") if isinstance(raw, dict) else None
     limit = max_steps()
     if isinstance(wf, list) and len(wf) > limit:
-        return [ValidationIssue(file, line, "workflow", "max-steps", f"{len(wf)} steps; a playbook may have at most {limit}")]
-    spec = (raw.get("executor") or {}).get("spec") if isinstance(raw, dict) and isinstance(raw.get("executor"), dict) else None
+        return [
+            ValidationIssue(
+                file, line, "workflow", "max-steps", f"{len(wf)} steps; a playbook may have at most {limit}"
+            )
+        ]
+    spec = (
+        (raw.get("executor") or {}).get("spec")
+        if isinstance(raw, dict) and isinstance(raw.get("executor"), dict)
+        else None
+    )
     cap = spec.get("max_step_runs") if isinstance(spec, dict) else None
     if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
-        return [ValidationIssue(file, line, "executor.spec.max_step_runs", "max-step-runs", "must be a positive integer")]
+        return [
+            ValidationIssue(
+                file, line, "executor.spec.max_step_runs", "max-step-runs", "must be a positive integer"
+            )
+        ]
     return []
 
 
@@ -90,8 +102,6 @@ def _load_flow(p: Path) -> Playbook:
     except FlowError as e:
         where = f"column {e.column}: " if e.column is not None else ""
         raise PlaybookInvalid([ValidationIssue(str(p), e.line or 1, "", e.rule, where + e.message)]) from None
-
-
 
 
 def unguarded_cycles(pb: Playbook) -> list[list[str]]:

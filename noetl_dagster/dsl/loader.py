@@ -127,7 +127,9 @@ def check_yaml_limits(text: str, file: str = "<memory>", limits: YamlLimits | No
             if isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
                 stack.append([ev.anchor, 1])
                 if len(stack) > lim.max_depth:
-                    raise YamlLimitError(file, line, "max-depth", f"nesting is deeper than {lim.max_depth} levels")
+                    raise YamlLimitError(
+                        file, line, "max-depth", f"nesting is deeper than {lim.max_depth} levels"
+                    )
                 continue
             if isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
                 anchor, n = stack.pop()
@@ -145,7 +147,9 @@ def check_yaml_limits(text: str, file: str = "<memory>", limits: YamlLimits | No
                 n = anchors.get(ev.anchor, 1)
                 alias_nodes += n
                 if aliases > lim.max_aliases:
-                    raise YamlLimitError(file, line, "max-aliases", f"more than {lim.max_aliases} alias references")
+                    raise YamlLimitError(
+                        file, line, "max-aliases", f"more than {lim.max_aliases} alias references"
+                    )
                 if alias_nodes > lim.max_alias_nodes:
                     raise YamlLimitError(
                         file, line, "max-alias-nodes",
@@ -176,7 +180,9 @@ def _construct(loader: Any, node: yaml.Node, path: PathT, lines: dict[PathT, int
             try:
                 hash(key)
             except TypeError:
-                raise YamlSyntaxError("", key_node.start_mark.line + 1, "a mapping key must be a scalar") from None
+                raise YamlSyntaxError(
+                    "", key_node.start_mark.line + 1, "a mapping key must be a scalar"
+                ) from None
             child = (*path, key if isinstance(key, (str, int)) else str(key))
             out[key] = _construct(loader, value_node, child, lines)
             lines[child] = key_node.start_mark.line + 1
@@ -186,7 +192,9 @@ def _construct(loader: Any, node: yaml.Node, path: PathT, lines: dict[PathT, int
     return loader.construct_object(node, deep=True)
 
 
-def load_yaml_text(text: str, file: str = "<memory>", limits: YamlLimits | None = None) -> tuple[Any, SourceMap]:
+def load_yaml_text(
+    text: str, file: str = "<memory>", limits: YamlLimits | None = None
+) -> tuple[Any, SourceMap]:
     """Parse one YAML document; return (data, source map).
 
     Raises YamlSyntaxError (YamlLimitError when a limit is hit)."""

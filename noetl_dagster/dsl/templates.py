@@ -86,7 +86,11 @@ def _bounded(f: Any) -> Any:
 def _replace_filter(*args: Any, **kwargs: Any) -> Any:
     # do_replace(eval_ctx, s, old, new, count=None)
     s, new = (args[1] if len(args) > 1 else ""), (args[3] if len(args) > 3 else kwargs.get("new", ""))
-    _check_len(len(str(s)) * max(1, len(str(new))) if str(args[2] if len(args) > 2 else "") == "" or len(str(new)) > 1 else len(str(s)))
+    _check_len(
+        len(str(s)) * max(1, len(str(new)))
+        if str(args[2] if len(args) > 2 else "") == "" or len(str(new)) > 1
+        else len(str(s))
+    )
     return do_replace(*args, **kwargs)
 
 
@@ -182,7 +186,9 @@ class _WithGlobals(Mapping):
         return sum(1 for _ in self)
 
 
-_PADDING = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs", "format", "format_map", "join", "replace"})
+_PADDING = frozenset(
+    {"center", "ljust", "rjust", "zfill", "expandtabs", "format", "format_map", "join", "replace"}
+)
 
 
 class _Env(ImmutableSandboxedEnvironment):
@@ -240,7 +246,11 @@ class _Env(ImmutableSandboxedEnvironment):
             if __obj.__name__ in ("format", "format_map") and re.search(r"\d{8,}", owner):
                 raise _LimitExceeded("format width beyond the size limit")
             if __obj.__name__ == "replace" and len(args) >= 2:
-                _check_len(len(owner) * max(1, len(str(args[1]))) if len(str(args[1])) > len(str(args[0])) else len(owner))
+                _check_len(
+                    len(owner) * max(1, len(str(args[1])))
+                    if len(str(args[1])) > len(str(args[0]))
+                    else len(owner)
+                )
         out = super().call(__context, __obj, *args, **kwargs)
         _check_len(_sized(out))
         return out
@@ -316,7 +326,9 @@ class TemplateEnv:
             if outer is None:
                 _deadline.at = time.monotonic() + RENDER_SECONDS
             try:
-                ctx = tmpl.new_context(_WithGlobals(scope, self.env.globals), shared=True)  # no copy of the scope
+                ctx = tmpl.new_context(
+                    _WithGlobals(scope, self.env.globals), shared=True
+                )  # no copy of the scope
                 for _ in tmpl.root_render_func(ctx):
                     pass
                 return _plain(ctx.vars["result"])

@@ -42,7 +42,9 @@ def assert_clean(code: int, output: str, exception: BaseException | None, args: 
     assert code in (0, 1, 2), f"{args} exited {code}:\n{output[-2000:]}"
 
 
-def run_subprocess(args: list[str], timeout: float = 60, registry: bool = False, env: dict | None = None) -> tuple[int, str, float]:
+def run_subprocess(
+    args: list[str], timeout: float = 60, registry: bool = False, env: dict | None = None
+) -> tuple[int, str, float]:
     """Run the real console script (what a user sees); returns (exit code, stdout+stderr, seconds)."""
     exe = Path(sys.executable).parent / ("noetl-registry" if registry else "noetl-dagster")
     t0 = time.perf_counter()

@@ -32,7 +32,11 @@ PER_EXAMPLE_S = 20.0
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,  # wall time is asserted per example instead (first runs import modules)
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
     derandomize=os.environ.get("NOETL_FUZZ_RANDOM") is None,  # CI: the same examples every run
     database=None,
 )
@@ -70,20 +74,26 @@ scalars = st.one_of(
 )  # fmt: skip
 json_like = st.recursive(
     scalars,
-    lambda kids: st.one_of(st.lists(kids, max_size=4), st.dictionaries(st.text(max_size=8), kids, max_size=4)),
+    lambda kids: st.one_of(
+        st.lists(kids, max_size=4), st.dictionaries(st.text(max_size=8), kids, max_size=4)
+    ),
     max_leaves=12,
 )
 json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(10**30), 10**30), st.floats(allow_nan=False),
                          st.text(max_size=20), st.sampled_from(EVIL_TEMPLATES))  # fmt: skip
 workloads = st.dictionaries(
     st.text(max_size=10),
-    st.recursive(json_scalars, lambda k: st.one_of(st.lists(k, max_size=4), st.dictionaries(st.text(max_size=6), k, max_size=4)),
-                 max_leaves=10),  # fmt: skip
+    st.recursive(
+        json_scalars,
+        lambda k: st.one_of(st.lists(k, max_size=4), st.dictionaries(st.text(max_size=6), k, max_size=4)),
+        max_leaves=10,
+    ),  # fmt: skip
     max_size=5,
 )
 
 
 # -- 1. mutated corpus files -------------------------------------------------------------------
+
 
 def _mutate_tree(data, rnd: random.Random, value):
     """Replace one random node of a loaded YAML tree by ``value``."""
@@ -124,7 +134,8 @@ def _mutate_bytes(raw: bytes, rnd: random.Random, junk: bytes) -> bytes:
     seed=st.integers(0, 2**32),
     structural=st.booleans(),
     value=json_like,
-    junk=st.binary(max_size=16) | st.sampled_from([b"&a [*a]", b"*x", b"{{", b"\t", b"\xff", b": : :", b"- [[[[", b"<<: *a"]),
+    junk=st.binary(max_size=16)
+    | st.sampled_from([b"&a [*a]", b"*x", b"{{", b"\t", b"\xff", b": : :", b"- [[[[", b"<<: *a"]),
 )
 def test_fuzz_mutated_corpus_validate_and_migrate(tmp_path_factory, index, seed, structural, value, junk):
     assert CORPUS, f"no corpus under {SHARED}"
@@ -168,7 +179,10 @@ def playbooks(draw):
         step: dict = {"step": name}
         kind = draw(st.sampled_from(["noop", "python", "pipeline"]))
         if kind == "noop":
-            step["tool"] = {"kind": "noop", "input": {"x": draw(st.sampled_from([*EVIL_TEMPLATES, "plain", 3]))}}
+            step["tool"] = {
+                "kind": "noop",
+                "input": {"x": draw(st.sampled_from([*EVIL_TEMPLATES, "plain", 3]))},
+            }
         elif kind == "python":
             step["tool"] = {"kind": "python", "code": draw(st.sampled_from(CODES))}
         else:
@@ -185,7 +199,13 @@ def playbooks(draw):
             step["loop"] = {"in": draw(st.sampled_from(["{{ workload.items }}", "{{ [1, 2, 3] }}", "{{ range(4) }}", "{{ 5 }}"])),
                             "iterator": "it", "spec": {"mode": draw(st.sampled_from(["sequential", "parallel"]))}}  # fmt: skip
         if draw(st.booleans()):
-            step["set"] = {"ctx": {"n": draw(st.sampled_from(["{{ ctx.n | default(0) + 1 }}", "{{ 1 }}", *EVIL_TEMPLATES[:4]]))}}
+            step["set"] = {
+                "ctx": {
+                    "n": draw(
+                        st.sampled_from(["{{ ctx.n | default(0) + 1 }}", "{{ 1 }}", *EVIL_TEMPLATES[:4]])
+                    )
+                }
+            }
         arcs = [{"step": draw(st.sampled_from(names))} for _ in range(draw(st.integers(0, 2)))]
         for arc in arcs:
             w = draw(st.sampled_from(WHENS))
@@ -227,7 +247,17 @@ ARG_VALUES = [
 ]  # fmt: skip
 COMMAND_OPTIONS = {
     "validate": ["--json"],
-    "run": ["--workload", "--json", "--event-store", "--data-dir", "--tenant", "--project", "--max-step-runs", "--catalog", "-q"],
+    "run": [
+        "--workload",
+        "--json",
+        "--event-store",
+        "--data-dir",
+        "--tenant",
+        "--project",
+        "--max-step-runs",
+        "--catalog",
+        "-q",
+    ],
     "replay": ["--from-archive", "--event-store", "--data-dir", "--json"],
     "events": ["--event-store", "--data-dir", "--json"],
     "executions": ["--event-store", "--data-dir", "--limit", "--json"],
@@ -263,7 +293,9 @@ def fuzz_files(tmp_path_factory):
 @FUZZ
 @given(
     command=st.sampled_from(sorted(COMMAND_OPTIONS)),
-    positional=st.lists(st.sampled_from(["{PB}", "{PB}", "{BOMB}", "{BIN}", *ARG_VALUES]), min_size=1, max_size=2),
+    positional=st.lists(
+        st.sampled_from(["{PB}", "{PB}", "{BOMB}", "{BIN}", *ARG_VALUES]), min_size=1, max_size=2
+    ),
     options=st.lists(st.tuples(st.integers(0, 20), st.sampled_from(ARG_VALUES)), max_size=4),
 )
 def test_fuzz_cli_arguments(fuzz_files, monkeypatch, command, positional, options):
@@ -284,7 +316,10 @@ def test_fuzz_cli_arguments(fuzz_files, monkeypatch, command, positional, option
 @FUZZ
 @given(
     command=st.sampled_from(sorted(REGISTRY)),
-    options=st.lists(st.tuples(st.integers(0, 20), st.sampled_from([*ARG_VALUES, "sqlite:///{DIR}/r.db", "acme"])), max_size=4),
+    options=st.lists(
+        st.tuples(st.integers(0, 20), st.sampled_from([*ARG_VALUES, "sqlite:///{DIR}/r.db", "acme"])),
+        max_size=4,
+    ),
     key_id=st.sampled_from(["x", "nrk_x", "", "\x00", "a" * 5000]),
 )
 def test_fuzz_registry_cli_arguments(fuzz_files, monkeypatch, command, options, key_id):

@@ -20,6 +20,7 @@ BOMB = "\n".join(
 
 # -- 2. bounded parsing ----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("command", [["validate"], ["run", "--quiet"], ["migrate"]])
 def test_alias_bomb_is_refused_quickly_by_every_command(tmp_path, command):
     f = write(tmp_path, "bomb.yaml", BOMB)
@@ -77,7 +78,9 @@ def test_oversize_playbook_is_refused_with_the_size_limits(tmp_path):
 
 # -- 1. one clear line, exit codes -----------------------------------------------------------
 
-POLICY = HEAD + """workflow:
+POLICY = (
+    HEAD
+    + """workflow:
   - step: start
     tool:
       - t:
@@ -89,6 +92,7 @@ POLICY = HEAD + """workflow:
                 - when: "{{ outcome.status == 'error' }}"
                   then: {do: @DO@, attempts: 2, @EXTRA@}
 """
+)
 
 
 def policy(do: str, extra: str) -> str:
@@ -98,7 +102,11 @@ def policy(do: str, extra: str) -> str:
 @pytest.mark.parametrize(
     "text,rule",
     [
-        (HEAD + "executor: {spec: {entry_step: [a, b]}}\nworkflow:\n  - step: start\n    tool: {kind: noop}\n", "unknown-entry-step"),
+        (
+            HEAD
+            + "executor: {spec: {entry_step: [a, b]}}\nworkflow:\n  - step: start\n    tool: {kind: noop}\n",
+            "unknown-entry-step",
+        ),
         (policy("retry", "backoff: [x]"), "policy-backoff"),
         (policy("[retry]", "delay: 1"), "policy-directive"),
         (policy("jump", "to: [x]"), "policy-jump"),
@@ -131,7 +139,9 @@ def test_unhashable_and_out_of_range_values_are_validation_issues(tmp_path, text
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, needle):
     pb = write(tmp_path, "ok.yaml", HEAD + "workflow:\n  - step: start\n    tool: {kind: noop}\n")
     args = [a.replace("{tmp}", str(tmp_path)).replace("{pb}", pb) for a in args]
-    code, out, _ = run_subprocess([*args, "--data-dir", str(tmp_path / "d")] if args[0] != "replay" else args, timeout=60)
+    code, out, _ = run_subprocess(
+        [*args, "--data-dir", str(tmp_path / "d")] if args[0] != "replay" else args, timeout=60
+    )
     assert code == 2 and needle in out, out
 
 
@@ -163,6 +173,7 @@ def test_registry_commands_use_the_same_exit_codes(tmp_path, args, needle):
 
 # -- 3. the template sandbox -----------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     "template,needle",
     [
@@ -175,7 +186,10 @@ def test_registry_commands_use_the_same_exit_codes(tmp_path, args, needle):
         ("{{ '%0*d' % (10**9, 1) }}", "limit"),
         ("{{ '{:>999999999}'.format(1) }}", "limit"),
         ("{{ 'a' | center(10**9) }}", "limit"),
-        ("{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}", "limit"),
+        (
+            "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
+            "limit",
+        ),
         ("{{ 7 ** 10000000 }}", "limit"),
         ("{{ lipsum(10**6) }}", "limit"),  # found by the fuzz suite: rendered for minutes
     ],
@@ -189,16 +203,21 @@ def test_template_sandbox_is_immutable_and_bounded(template, needle):
 def test_render_time_is_bounded():
     t0 = time.perf_counter()
     with pytest.raises(TemplateError, match="longer than"):
-        template_env().render_str("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}x", {})
+        template_env().render_str(
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}x", {}
+        )
     assert time.perf_counter() - t0 < 15
 
 
 def test_template_failures_at_run_time_fail_the_step_and_the_execution(tmp_path, data_dir):
-    text = HEAD + """workload: {items: [1, 2]}
+    text = (
+        HEAD
+        + """workload: {items: [1, 2]}
 workflow:
   - step: start
     tool: {kind: noop, input: {x: "{{ ctx.update({'a': 1}) }}"}}
 """
+    )
     f = write(tmp_path, "p.yaml", text)
     assert invoke(["validate", f]).exit_code == 0
     r = invoke(["run", f, "--json"])
@@ -211,11 +230,15 @@ workflow:
 
 # -- 4. the step-run cap ----------------------------------------------------------------------
 
-SELF_LOOP = HEAD + "@EXECUTOR@workflow:\n  - step: start\n    tool: {kind: noop}\n    next: {arcs: [{step: start}]}\n"
+SELF_LOOP = (
+    HEAD + "@EXECUTOR@workflow:\n  - step: start\n    tool: {kind: noop}\n    next: {arcs: [{step: start}]}\n"
+)
 
 
 def test_self_loop_without_guard_is_stopped_by_the_step_run_cap(tmp_path, data_dir):
-    f = write(tmp_path, "loop.yaml", SELF_LOOP.replace("@EXECUTOR@", "executor: {spec: {max_step_runs: 25}}\n"))
+    f = write(
+        tmp_path, "loop.yaml", SELF_LOOP.replace("@EXECUTOR@", "executor: {spec: {max_step_runs: 25}}\n")
+    )
     v = invoke(["validate", f])
     assert v.exit_code == 0 and "unguarded-cycle" in v.output
     r = invoke(["run", f, "--json"])
@@ -238,7 +261,11 @@ def test_default_step_run_cap(tmp_path, data_dir):
 
 def test_integers_beyond_64_bits_replay_exactly(tmp_path, data_dir):
     # orjson reads them back as floats: the replayed workload differed from the live one (found by the fuzz suite)
-    f = write(tmp_path, "p.yaml", HEAD + "workflow:\n  - step: start\n    tool: {kind: noop, result: '{{ workload.big * 10 }}'}\n")
+    f = write(
+        tmp_path,
+        "p.yaml",
+        HEAD + "workflow:\n  - step: start\n    tool: {kind: noop, result: '{{ workload.big * 10 }}'}\n",
+    )
     r = invoke(["run", f, "--json", "--workload", '{"big": 1000000000000000000000000000000}'])
     assert r.exit_code == 0 and json.loads(r.output)["results"]["start"] == 10**31
     # tests/conftest.py replays this execution and compares it with the live state
@@ -248,7 +275,9 @@ def test_templated_retry_attempts_are_capped(tmp_path, data_dir):
     # `attempts: '{{ 10**100 }}'` retried until the pipeline limit (100,000 task runs): effectively a hang
     from noetl_dagster.dsl.parse import MAX_RETRY_ATTEMPTS
 
-    f = write(tmp_path, "p.yaml", policy("retry", "delay: 0").replace("attempts: 2", "attempts: '{{ 10**100 }}'"))
+    f = write(
+        tmp_path, "p.yaml", policy("retry", "delay: 0").replace("attempts: 2", "attempts: '{{ 10**100 }}'")
+    )
     t0 = time.perf_counter()
     r = invoke(["run", f, "--json"])
     assert json.loads(r.output)["status"] == "failed" and time.perf_counter() - t0 < 60
@@ -260,7 +289,11 @@ def test_templated_retry_attempts_are_capped(tmp_path, data_dir):
 
 def test_max_step_runs_must_be_a_positive_integer(tmp_path):
     for bad in ("[1]", "0", "-3", "true", "'10'"):
-        f = write(tmp_path, "p.yaml", SELF_LOOP.replace("@EXECUTOR@", f"executor: {{spec: {{max_step_runs: {bad}}}}}\n"))
+        f = write(
+            tmp_path,
+            "p.yaml",
+            SELF_LOOP.replace("@EXECUTOR@", f"executor: {{spec: {{max_step_runs: {bad}}}}}\n"),
+        )
         r = invoke(["validate", f])
         assert r.exit_code == 1 and "max-step-runs" in r.output, bad
 
