@@ -17,7 +17,8 @@ from pathlib import Path
 
 import click
 
-from noetl_dagster.dsl.loader import YamlSyntaxError, check_yaml_limits, read_text_file
+from noetl_dagster.commands.errors import one_line
+from noetl_dagster.dsl.loader import YamlSyntaxError, check_yaml_limits, load_yaml_text, read_text_file
 from noetl_dagster.dsl.migrate import MigrationInputError, MigrationResult, migrate_text
 
 
@@ -36,9 +37,6 @@ def _validation_issues(result: MigrationResult, label: str) -> list[str]:
 
 def _unmigratable(text: str, f: Path, exc: Exception) -> str:
     """The loader's own diagnosis when it has one (file:line: rule: message), else the exception in one line."""
-    from noetl_dagster.commands.errors import one_line
-    from noetl_dagster.dsl.loader import load_yaml_text
-
     try:
         load_yaml_text(text, str(f))
     except YamlSyntaxError as e:

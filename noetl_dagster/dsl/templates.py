@@ -31,7 +31,7 @@ from jinja2 import ChainableUndefined, nodes
 from jinja2.exceptions import SecurityError
 from jinja2.filters import do_center, do_format, do_indent, do_replace, do_wordwrap
 from jinja2.sandbox import MAX_RANGE, ImmutableSandboxedEnvironment, safe_range
-from jinja2.utils import Namespace
+from jinja2.utils import Namespace, generate_lorem_ipsum
 
 _SINGLE_EXPR = re.compile(r"^\s*\{\{(?P<expr>.*)\}\}\s*$", re.S)
 
@@ -99,8 +99,6 @@ _replace_filter.jinja_pass_arg = do_replace.jinja_pass_arg  # type: ignore[attr-
 
 def _lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:  # noqa: A002 - Jinja's signature
     """Jinja's ``lipsum`` with bounded counts (``lipsum(10**6)`` used to render for minutes)."""
-    from jinja2.utils import generate_lorem_ipsum
-
     if not (0 <= n <= 1_000 and 0 <= min <= max <= 1_000):
         raise _LimitExceeded("lipsum() takes at most 1000 paragraphs of at most 1000 words")
     return generate_lorem_ipsum(n=n, html=html, min=min, max=max)
