@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import os
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -330,6 +331,11 @@ def _playbook_multi_asset(c: CompiledPlaybook, specs: list[dg.AssetSpec]) -> dg.
 
 def invalid_playbook_asset(bad: InvalidPlaybook) -> dg.AssetSpec:
     """Where a Dagster user looks: the asset graph shows the broken file with its errors."""
+    with warnings.catch_warnings():  # beta API; the reference is what the UI links to the YAML line
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        code_refs = dg.CodeReferencesMetadataValue(
+            code_references=[dg.LocalFileCodeReference(file_path=os.path.abspath(bad.file), line_number=_line_of(bad))]
+        )
     return dg.AssetSpec(
         bad.asset_key,
         description=f"INVALID NoETL playbook {bad.file}: not loaded, no jobs.\n\n" + "\n".join(f"    {i}" for i in bad.issues),
@@ -338,9 +344,7 @@ def invalid_playbook_asset(bad: InvalidPlaybook) -> dg.AssetSpec:
         metadata={
             "noetl/file": dg.MetadataValue.path(bad.file),
             "noetl/errors": dg.MetadataValue.text(bad.message),
-            "dagster/code_references": dg.CodeReferencesMetadataValue(
-                code_references=[dg.LocalFileCodeReference(file_path=os.path.abspath(bad.file), line_number=_line_of(bad))]
-            ),
+            "dagster/code_references": code_refs,
         },
         tags={"noetl/invalid": "true"},
     )

@@ -178,7 +178,7 @@ def test_rendered_jobs_validate_against_the_kubernetes_api_schema():
     import kubernetes_validate
 
     version = kubernetes_validate.latest_version()
-    for name, manifest in _placement_jobs().items():
+    for manifest in _placement_jobs().values():
         kubernetes_validate.validate(manifest, desired_version=version, strict=True)  # raises, naming the field
 
 

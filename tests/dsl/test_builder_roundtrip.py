@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -167,6 +168,7 @@ def builders(draw):
     return b
 
 
+@pytest.mark.slow
 @settings(
     max_examples=EXAMPLES,
     deadline=None,

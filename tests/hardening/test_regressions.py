@@ -200,6 +200,7 @@ def test_template_sandbox_is_immutable_and_bounded(template, needle):
     assert needle in str(e.value) and "template" in str(e.value)
 
 
+@pytest.mark.slow
 def test_render_time_is_bounded():
     t0 = time.perf_counter()
     with pytest.raises(TemplateError, match="longer than"):
@@ -249,6 +250,7 @@ def test_self_loop_without_guard_is_stopped_by_the_step_run_cap(tmp_path, data_d
     assert json.loads(r.output)["runs"]["start"] == 6
 
 
+@pytest.mark.slow
 def test_default_step_run_cap(tmp_path, data_dir):
     from noetl_dagster.engine.control import DEFAULT_MAX_STEP_RUNS
 
