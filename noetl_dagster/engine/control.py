@@ -263,7 +263,8 @@ class Engine:
                 act = self._admit(step, group, args)
                 if act is not None:
                     acts.append(act)
-        if not acts and allowed_set is None and not self.state.running and self.state.tokens:
+        pending_all_here = allowed_set is None or all(tok.step in allowed_set for tok in self.state.tokens.values())
+        if not acts and pending_all_here and not self.state.running and self.state.tokens:
             # only joins waiting on each other (an irreducible cycle): every pending join
             # fires at once with the tokens it has (SEMANTICS §5; order independent)
             for step in sorted(self.state.pending_steps(), key=self.graph.order.index):
