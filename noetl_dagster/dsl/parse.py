@@ -113,6 +113,9 @@ def _split_set(ctx: _Ctx, raw: Any, path: PathT) -> SetBlock:
     out = SetBlock()
     for k, v in raw.items():
         key = str(k)
+        if key == "workload" or key.startswith("workload."):
+            ctx.err((*path, key), "set-workload", f"`set: {{{key}: …}}`: the workload is immutable; write ctx.<key> instead")
+            continue
         if key.startswith("iter."):
             out.iter[key[5:]] = v
         elif key.startswith(("ctx.", "step.")):
@@ -187,9 +190,9 @@ def _parse_then(ctx: _Ctx, raw: Any, path: PathT, task_labels: set[str] | None) 
     attempts = raw.get("attempts", raw.get("max_attempts"))
     delay = raw.get("delay")
     if attempts is not None and not isinstance(attempts, str) and (
-        not isinstance(attempts, int) or isinstance(attempts, bool) or not 0 <= attempts <= MAX_RETRY_ATTEMPTS
+        not isinstance(attempts, int) or isinstance(attempts, bool) or not 1 <= attempts <= MAX_RETRY_ATTEMPTS
     ):
-        ctx.err((*path, "attempts"), "policy-attempts", f"`attempts` must be an integer 0..{MAX_RETRY_ATTEMPTS} or a template")
+        ctx.err((*path, "attempts"), "policy-attempts", f"`attempts` must be an integer 1..{MAX_RETRY_ATTEMPTS} or a template")
         attempts = None
     if isinstance(delay, str) and not _is_template(delay):
         try:

@@ -395,6 +395,31 @@ CASES = {
             next:  #@
               - step: start
         """,
+    "set-workload": """
+        apiVersion: noetl.io/v2
+        kind: Playbook
+        metadata: {name: v, path: tests/v}
+        workflow:
+          - step: start
+            tool: {kind: noop}
+            set:
+              workload.x: 1  #@
+        """,
+    "policy-attempts": """
+        apiVersion: noetl.io/v2
+        kind: Playbook
+        metadata: {name: v, path: tests/v}
+        workflow:
+          - step: start
+            tool:
+              kind: noop
+              spec:
+                policy:
+                  rules:
+                    - then:
+                        do: retry
+                        attempts: 0  #@
+        """,
     "yaml-syntax": """
         apiVersion: noetl.io/v2
         kind: Playbook
@@ -532,3 +557,10 @@ def test_every_conformance_fixture_we_run_is_valid(conformance_dir):
                 "vars_test/test_vars_block.yaml", "playbook_composition/user_profile_scorer.yaml",
                 "playbook_composition/playbook_composition.yaml"):  # fmt: skip
         assert validate_file(conformance_dir / rel) == [], rel
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_retry_attempts_below_one_rejected(tmp_path, value):
+    text = CASES["policy-attempts"].replace("attempts: 0", f"attempts: {value}")
+    issues = validate_file(_write(tmp_path, text))
+    assert [i.rule for i in issues] == ["policy-attempts"]

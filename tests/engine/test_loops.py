@@ -187,7 +187,7 @@ def test_failed_iteration_retry_policy_applies_inside_iteration(run_pb):
                   then: {do: retry, attempts: 2, delay: 0}
 """))
     assert r.status == "failed"
-    assert len(r.named("task.started", "start")) == 3  # 1 + 2 attempts for the failing iteration
+    assert len(r.named("task.started", "start")) == 3  # iteration 0 once, the failing iteration twice (attempts: 2)
     assert r.results["start"]["stats"] == {"total": 2, "ok": 1, "failed": 1}
 
 
