@@ -220,6 +220,10 @@ class Worker:
             chain.append(task_results)
             ns["results"] = task_results
         chain += [steps, st.workload]
+        if st.last_step is not None:
+            # bare `result` (NoETL runtime dialect): the most recently finished step's result,
+            # last in the chain so any other `result` name wins (a step's own set/policy binds it)
+            chain.append({"result": st.result(st.last_step)})
         return Scope(ns, tuple(chain))
 
     # -- steps -------------------------------------------------------------------
@@ -534,7 +538,7 @@ class Worker:
         """The matching rule's ``then`` (None: the defaults apply), or an error when a condition fails."""
         if task.policy is None:
             return None, None
-        pscope = scope.child(outcome=outcome, output=outcome, error=outcome.get("error"))
+        pscope = scope.child(outcome=outcome, output=outcome, error=outcome.get("error"), result=outcome.get("result"))
         else_then = None
         for rule in task.policy:
             if rule.is_else:

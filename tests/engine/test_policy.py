@@ -641,3 +641,37 @@ def test_retry_delay_formula(backoff, delay, expected):
     worker = Worker(None)  # the delay needs only the template environment
     then = RuleThen(do="retry", backoff=backoff, delay=delay)
     assert [worker._retry_delay(then, n, Scope({}, ())) for n in (1, 2, 3)] == expected
+
+
+def test_bare_result_in_rules_set_and_next_step_input(run_pb):
+    """Issue 16.5 (core fixture root_scripts/test_script_loading): `{{ result }}` is the task's own
+    result in its policy rules and writes, the step's own in its `set`, and in a later step's
+    input the most recently finished step's result."""
+    r = run_pb("""
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: r, path: tests/r}
+workflow:
+  - step: start
+    tool:
+      - t:
+          kind: python
+          code: "result = {'status': 'success', 'n': 2}"
+          spec:
+            policy:
+              rules:
+                - when: "{{ result.n == 2 }}"
+                  then: {do: continue, set_ctx: {seen: "{{ result.n }}"}}
+    set: {ctx.own: "{{ result.status }}"}
+    next: {arcs: [{step: end}]}
+  - step: end
+    tool:
+      kind: python
+      input: {result: "{{ result }}"}
+      code: |
+        assert result.get('status') == 'success'
+        result = {'test': 'passed'}
+""")
+    assert r.status == "completed", r.results
+    assert r.ctx == {"seen": 2, "own": "success"}
+    assert r.results["end"] == {"test": "passed"}
