@@ -345,6 +345,13 @@ def _parse_router(ctx: _Ctx, raw: Any, path: PathT) -> Router | None:
     if mode not in ("exclusive", "inclusive"):
         ctx.err((*path, "spec", "mode"), "next-mode", f"router mode {mode!r} is not exclusive or inclusive")
         mode = "exclusive"
+    on_no_match = spec.get("on_no_match", "quiet")
+    if on_no_match not in ("quiet", "complete"):
+        # both end the branch without an error when no arc matches (docs/dsl.md)
+        ctx.err((*path, "spec", "on_no_match"), "next-on-no-match", f"`on_no_match` {on_no_match!r} is not quiet or complete")
+    unknown = sorted(str(k) for k in spec if k not in ("mode", "on_no_match"))
+    if unknown:
+        ctx.err((*path, "spec", unknown[0]), "next-spec-key", f"unknown `next.spec` key(s) {unknown}: only mode and on_no_match")
     arcs_raw = raw.get("arcs", [])
     if not isinstance(arcs_raw, list):
         ctx.err((*path, "arcs"), "next-shape", "`next.arcs` must be a list")

@@ -420,6 +420,30 @@ CASES = {
                         do: retry
                         attempts: 0  #@
         """,
+    "next-on-no-match": """
+        apiVersion: noetl.io/v2
+        kind: Playbook
+        metadata: {name: v, path: tests/v}
+        workflow:
+          - step: start
+            tool: {kind: noop}
+            next:
+              spec:
+                on_no_match: explode  #@
+              arcs: [{step: start, when: "{{ false }}"}]
+        """,
+    "next-spec-key": """
+        apiVersion: noetl.io/v2
+        kind: Playbook
+        metadata: {name: v, path: tests/v}
+        workflow:
+          - step: start
+            tool: {kind: noop}
+            next:
+              spec:
+                fan: all  #@
+              arcs: [{step: start, when: "{{ false }}"}]
+        """,
     "yaml-syntax": """
         apiVersion: noetl.io/v2
         kind: Playbook
