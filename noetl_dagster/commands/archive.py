@@ -58,12 +58,13 @@ def resume(execution_id: str, playbook: str | None, event_store: str | None, dat
            catalog_dirs: tuple[str, ...], as_json: bool) -> None:  # fmt: skip
     """Finish an execution whose process died, from its event log (nothing that finished runs again)."""
     from noetl_dagster.dsl import PlaybookInvalid
+    from noetl_dagster.engine.ports import ExecutionLeased
     from noetl_dagster.runners.local import resume_execution
 
     try:
         result = resume_execution(execution_id, playbook=playbook, event_store=event_store, data_dir=data_dir,
                                   catalog_dirs=catalog_dirs)  # fmt: skip
-    except (KeyError, FileNotFoundError) as e:
+    except (KeyError, FileNotFoundError, ExecutionLeased) as e:
         _fail_input(str(e.args[0]) if e.args else str(e))
     except PlaybookInvalid as e:
         for i in e.issues:

@@ -35,6 +35,10 @@ class ExecutionInfo:
     events: int
 
 
+class ExecutionLeased(RuntimeError):
+    """Another live process holds the execution's lease (a second ``resume`` of one execution)."""
+
+
 class EventStore(ABC):
     """Append-only, ordered event log."""
 
@@ -69,6 +73,13 @@ class EventStore(ABC):
                 return
             yield from rows
             gid = rows[-1].gid
+
+    def acquire_lease(self, execution_id: str) -> None:  # noqa: B027 - adapters without leases allow all
+        """Take the exclusive lease on one execution (``resume``); raise ExecutionLeased if another live
+        process holds it. A lease whose holder died (kill -9) is stale and is taken over."""
+
+    def release_lease(self, execution_id: str) -> None:  # noqa: B027
+        """Give the lease back (idempotent)."""
 
     def close(self) -> None:  # noqa: B027 - optional for adapters without connections
         pass

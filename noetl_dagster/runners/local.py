@@ -133,11 +133,22 @@ def resume_execution(
         svc.catalog.add_dir(pb.base_dir)
     first = events[0]
     svc.tenant, svc.project = first.tenant_id, first.project_id
-    eng = Engine(pb, svc, state=state, parent_execution_id=first.parent_execution_id)
-    restore_generated(eng, req.data if req else {})  # a generated child keeps its trust boundary
-    if not state.finished:
-        eng.recover(on_step)
-        eng.drive(on_step)
+    if state.finished:
+        eng = Engine(pb, svc, state=state, parent_execution_id=first.parent_execution_id)
+        restore_generated(eng, req.data if req else {})
+        return _finished(eng)
+    # one resume at a time per execution: a second one is refused (ExecutionLeased) while this one lives
+    svc.event_store.acquire_lease(execution_id)
+    try:
+        events = svc.event_store.read(execution_id)  # re-read under the lease: a previous resume may have run
+        state = fold(events, svc.offloader.resolve)
+        eng = Engine(pb, svc, state=state, parent_execution_id=first.parent_execution_id)
+        restore_generated(eng, req.data if req else {})  # a generated child keeps its trust boundary
+        if not state.finished:
+            eng.recover(on_step)
+            eng.drive(on_step)
+    finally:
+        svc.event_store.release_lease(execution_id)
     return _finished(eng)
 
 

@@ -10,14 +10,16 @@ increasing cursor used by sensors and exporters to tail the log.
 from __future__ import annotations
 
 import os
+import socket
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from noetl_dagster.engine.events import Event
-from noetl_dagster.engine.ports import EventStore, ExecutionInfo, StoredEvent
+from noetl_dagster.engine.ports import EventStore, ExecutionInfo, ExecutionLeased, StoredEvent
 from noetl_dagster.util.jsonutil import dumps, loads
 
 # One list of statements per schema version; applied in order, recorded in noetl_schema_version.
@@ -45,7 +47,27 @@ SQLITE_MIGRATIONS: list[list[str]] = [
         """CREATE TRIGGER IF NOT EXISTS noetl_event_no_delete BEFORE DELETE ON noetl_event
             BEGIN SELECT RAISE(ABORT, 'noetl_event is append-only'); END""",
     ],
+    [  # 2: per-execution leases (a second ``resume`` of one execution is refused)
+        """CREATE TABLE IF NOT EXISTS noetl_lease (
+            execution_id TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            host TEXT NOT NULL,
+            pid INTEGER NOT NULL,
+            expires_at REAL NOT NULL)""",
+    ],
 ]
+
+LEASE_TTL = float(os.environ.get("NOETL_LEASE_TTL", "60"))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _execution_update(ev: Event) -> tuple[str | None, str | None, str | None]:
@@ -100,6 +122,7 @@ class SqliteEventStore(EventStore):
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self.url = f"sqlite:///{self.path}"
         self._lock = threading.RLock()
+        self._leases: dict[str, tuple[str, threading.Event]] = {}
         self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=60)
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
@@ -205,6 +228,63 @@ class SqliteEventStore(EventStore):
             ).fetchall()
         return [ExecutionInfo(r[0], r[1], r[2] or "unknown", r[3], r[4], r[5], r[6]) for r in rows]
 
+    def acquire_lease(self, execution_id: str) -> None:
+        """A row in ``noetl_lease``: live while its holder renews it (every TTL/3) and, on this host,
+        while its process exists; a holder killed with SIGKILL leaves a stale row that is taken over."""
+        host, pid, now = socket.gethostname(), os.getpid(), time.time()
+        owner = f"{host}:{pid}:{id(self)}"
+        with self._lock:
+            c = self._conn
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                row = c.execute(
+                    "SELECT owner, host, pid, expires_at FROM noetl_lease WHERE execution_id = ?", (execution_id,)
+                ).fetchone()
+                if row and row[0] != owner:
+                    same_host_dead = row[1] == host and not _pid_alive(int(row[2]))
+                    if not same_host_dead and row[3] > now:
+                        raise ExecutionLeased(
+                            f"execution {execution_id} is being resumed by another process"
+                            f" (pid {row[2]} on {row[1]}); its lease expires in {row[3] - now:.0f}s"
+                        )
+                c.execute(
+                    "INSERT INTO noetl_lease (execution_id, owner, host, pid, expires_at) VALUES (?,?,?,?,?)"
+                    " ON CONFLICT(execution_id) DO UPDATE SET owner = excluded.owner, host = excluded.host,"
+                    " pid = excluded.pid, expires_at = excluded.expires_at",
+                    (execution_id, owner, host, pid, now + LEASE_TTL),
+                )
+                c.execute("COMMIT")
+            except BaseException:
+                if c.in_transaction:
+                    c.execute("ROLLBACK")
+                raise
+        stop = threading.Event()
+        self._leases[execution_id] = (owner, stop)
+
+        def renew() -> None:
+            while not stop.wait(LEASE_TTL / 3):
+                try:
+                    with self._lock:
+                        self._conn.execute(
+                            "UPDATE noetl_lease SET expires_at = ? WHERE execution_id = ? AND owner = ?",
+                            (time.time() + LEASE_TTL, execution_id, owner),
+                        )
+                except sqlite3.Error:
+                    return
+
+        threading.Thread(target=renew, name=f"noetl-lease-{execution_id}", daemon=True).start()
+
+    def release_lease(self, execution_id: str) -> None:
+        held = self._leases.pop(execution_id, None)
+        if not held:
+            return
+        owner, stop = held
+        stop.set()
+        with self._lock:
+            self._conn.execute("DELETE FROM noetl_lease WHERE execution_id = ? AND owner = ?", (execution_id, owner))
+
     def close(self) -> None:
+        for eid in list(self._leases):
+            self.release_lease(eid)
         with self._lock:
             self._conn.close()

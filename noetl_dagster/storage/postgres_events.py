@@ -27,6 +27,7 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool
 
 from noetl_dagster.engine.events import Event
+from noetl_dagster.engine.ports import ExecutionLeased
 from noetl_dagster.storage.events import EventStore, ExecutionInfo, StoredEvent, sequence_batch
 from noetl_dagster.util.jsonutil import loads
 
@@ -98,6 +99,8 @@ class PostgresEventStore(EventStore):
         self.schema = schema or url_schema
         self.url = url
         self._ident = sql.Identifier(self.schema)
+        self._conninfo = conninfo
+        self._leases: dict[str, psycopg.Connection] = {}
         try:  # a direct connect first: libpq's own error now, rather than a pool timeout later
             psycopg.connect(conninfo, connect_timeout=10).close()
         except psycopg.Error as e:
@@ -229,7 +232,25 @@ class PostgresEventStore(EventStore):
             ).fetchall()
         return [ExecutionInfo(r[0], r[1], r[2] or "unknown", r[3], r[4], r[5], int(r[6])) for r in rows]
 
+    def acquire_lease(self, execution_id: str) -> None:
+        """A session advisory lock on a connection of its own: the server drops it when the holder's
+        connection goes away, so a resume killed with SIGKILL leaves no stale lease."""
+        conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=10)
+        key = _lock_key(self.schema, f"lease:{execution_id}")
+        got = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
+        if not (got and got[0]):
+            conn.close()
+            raise ExecutionLeased(f"execution {execution_id} is being resumed by another process")
+        self._leases[execution_id] = conn
+
+    def release_lease(self, execution_id: str) -> None:
+        conn = self._leases.pop(execution_id, None)
+        if conn is not None:
+            conn.close()
+
     def close(self) -> None:
+        for eid in list(self._leases):
+            self.release_lease(eid)
         self._pool.close()
 
     def __repr__(self) -> str:
