@@ -33,7 +33,9 @@ from jinja2.filters import do_center, do_format, do_indent, do_replace, do_wordw
 from jinja2.sandbox import MAX_RANGE, ImmutableSandboxedEnvironment, safe_range
 from jinja2.utils import Namespace, generate_lorem_ipsum
 
-_SINGLE_EXPR = re.compile(r"^\s*\{\{(?P<expr>.*)\}\}\s*$", re.S)
+# exactly one expression yields the native value (SEMANTICS §2); padding makes it a string
+# (only the one trailing newline a YAML block scalar adds is tolerated)
+_SINGLE_EXPR = re.compile(r"^\{\{(?P<expr>.*)\}\}\n?$", re.S)
 
 MAX_STR = 16 * 1024 * 1024  # characters in one produced string
 MAX_ITEMS = 1_000_000  # items in one produced list/dict (and in the whole rendered value)

@@ -25,7 +25,9 @@ def render(src, **scope):
         ("{{ [1, 2] }}", [1, 2]),
         ("{{ {'a': 1} }}", {"a": 1}),
         ("{{ true }}", True),
-        ("  {{ 2.5 }}  ", 2.5),
+        ("  {{ 2.5 }}  ", "  2.5  "),  # SEMANTICS §2: padding around the expression makes a string
+        (" {{ x }} ", " {'deep': [1]} "),
+        ("{{ 2.5 }}\n", 2.5),  # the trailing newline of a YAML block scalar is tolerated
         ("{{ x }}", {"deep": [1]}),
         ("{{ range(3) | list }}", [0, 1, 2]),
         ("{{ len(x.deep) }}", 1),
