@@ -21,13 +21,14 @@ from noetl_dagster.dsl.parse import PlaybookInvalid, check_playbook
 from noetl_dagster.dsl.templates import TemplateError, template_env
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine.events import uuid7
+from noetl_dagster.engine.frame import StepRun, outcome_envelope
 from noetl_dagster.engine.graph import StepGraph, analyze
 from noetl_dagster.engine.ports import EventStore, ResultOffloader, ToolError
 from noetl_dagster.engine.recorder import Recorder
 from noetl_dagster.engine.scope import Scope, StepResults
 from noetl_dagster.engine.state import ExecutionState
 from noetl_dagster.engine.trust import UNRESTRICTED, DelegatedKeychain, Grant, grant_for_generated, violations
-from noetl_dagster.engine.worker import StepRun, Worker, outcome_envelope
+from noetl_dagster.engine.worker import Worker
 
 log = logging.getLogger("noetl_dagster.engine")
 MAX_PLAYBOOK_DEPTH = 16

@@ -33,8 +33,8 @@ from noetl_dagster.dsl.model import Playbook
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine.control import Engine, Services
 from noetl_dagster.engine.events import Event, uuid7_from
+from noetl_dagster.engine.frame import StepRun
 from noetl_dagster.engine.state import fold
-from noetl_dagster.engine.worker import StepRun
 from noetl_dagster.storage.payload import is_ref
 from noetl_dagster.util.jsonutil import dumps, plain
 

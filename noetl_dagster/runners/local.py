@@ -16,7 +16,7 @@ from noetl_dagster.dsl.parse import load_playbook_dict
 from noetl_dagster.engine.catalog import Catalog
 from noetl_dagster.engine.control import Engine, Services, restore_generated
 from noetl_dagster.engine.events import Event
-from noetl_dagster.engine.worker import StepRun
+from noetl_dagster.engine.frame import StepRun
 from noetl_dagster.storage.event_stores import open_event_store
 from noetl_dagster.storage.events import EventStore
 from noetl_dagster.storage.payload import DEFAULT_INLINE_LIMIT, FilePayloadStore, Offloader
