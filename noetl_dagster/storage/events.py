@@ -9,7 +9,10 @@ increasing cursor used by sensors and exporters to tail the log.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import re
 import socket
 import sqlite3
 import threading
@@ -56,6 +59,41 @@ SQLITE_MIGRATIONS: list[list[str]] = [
             expires_at REAL NOT NULL)""",
     ],
 ]
+
+log = logging.getLogger("noetl_dagster.storage")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _clean(value: Any) -> Any:
+    """Lone surrogates (from a workload or tool result holding e.g. "\\udcff") replaced by U+FFFD, so
+    nothing read back from the store can fail to encode as UTF-8 later (output, archives, exporters)."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value) if _LONE_SURROGATE.search(value) else value
+    if isinstance(value, dict):
+        return {_clean(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def decode_body(body: Any, where: str, skipped: list[tuple[str, str]] | None = None) -> Event | None:
+    """One stored row → Event, or None (logged, and added to ``skipped``) when the row cannot be decoded.
+
+    Readers skip and report a bad row rather than fail: one corrupt execution must not stop
+    ``events``/``replay`` of the rest of its log, nor the facts or lineage exports of every other one."""
+    try:
+        try:
+            raw = loads(body)
+        except ValueError:  # orjson refuses lone-surrogate escapes the stdlib writer produces
+            raw = _clean(json.loads(body))
+        return Event.from_dict(raw)
+    except Exception as e:  # noqa: BLE001 - any undecodable row is skipped, never fatal
+        msg = f"{type(e).__name__}: {str(e)[:200]}"
+        log.warning("skipping undecodable event row %s: %s", where, msg)
+        if skipped is not None:
+            skipped.append((where, msg))
+        return None
+
 
 LEASE_TTL = float(os.environ.get("NOETL_LEASE_TTL", "60"))
 
@@ -124,6 +162,9 @@ class SqliteEventStore(EventStore):
         self._lock = threading.RLock()
         self._leases: dict[str, tuple[str, threading.Event]] = {}
         self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=60)
+        # a row holding invalid UTF-8 (written by anything but this store) must not fail the whole fetch
+        self._conn.text_factory = lambda b: b.decode("utf-8", "replace")
+        self.skipped: list[tuple[str, str]] = []  # bad rows the readers skipped: (where, why)
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.execute("PRAGMA busy_timeout=60000")
@@ -202,17 +243,22 @@ class SqliteEventStore(EventStore):
     def read(self, execution_id: str, after_sequence: int = 0) -> list[Event]:
         with self._lock:
             rows = self._conn.execute(
-                "SELECT body FROM noetl_event WHERE execution_id = ? AND sequence > ? ORDER BY sequence",
+                "SELECT sequence, body FROM noetl_event WHERE execution_id = ? AND sequence > ? ORDER BY sequence",
                 (execution_id, after_sequence),
             ).fetchall()
-        return [Event.from_dict(loads(r[0])) for r in rows]
+        out = [decode_body(b, f"{execution_id}#{seq}", self.skipped) for seq, b in rows]
+        return [e for e in out if e is not None]
 
     def tail(self, after_gid: int = 0, limit: int = 1000) -> list[StoredEvent]:
-        with self._lock:
-            rows = self._conn.execute(
-                "SELECT gid, body FROM noetl_event WHERE gid > ? ORDER BY gid LIMIT ?", (after_gid, limit)
-            ).fetchall()
-        return [StoredEvent(g, Event.from_dict(loads(b))) for g, b in rows]
+        while True:  # a batch made only of bad rows must not look like the end of the log
+            with self._lock:
+                rows = self._conn.execute(
+                    "SELECT gid, body FROM noetl_event WHERE gid > ? ORDER BY gid LIMIT ?", (after_gid, limit)
+                ).fetchall()
+            out = [StoredEvent(g, e) for g, b in rows if (e := decode_body(b, f"gid {g}", self.skipped))]
+            if out or not rows:
+                return out
+            after_gid = rows[-1][0]
 
     def tail_last(self) -> int:
         with self._lock:

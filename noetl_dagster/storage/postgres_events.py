@@ -28,8 +28,7 @@ from psycopg_pool import ConnectionPool
 
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.ports import ExecutionLeased
-from noetl_dagster.storage.events import EventStore, ExecutionInfo, StoredEvent, sequence_batch
-from noetl_dagster.util.jsonutil import loads
+from noetl_dagster.storage.events import EventStore, ExecutionInfo, StoredEvent, decode_body, sequence_batch
 
 DEFAULT_SCHEMA = "noetl"
 
@@ -101,6 +100,7 @@ class PostgresEventStore(EventStore):
         self._ident = sql.Identifier(self.schema)
         self._conninfo = conninfo
         self._leases: dict[str, psycopg.Connection] = {}
+        self.skipped: list[tuple[str, str]] = []  # bad rows the readers skipped: (where, why)
         try:  # a direct connect first: libpq's own error now, rather than a pool timeout later
             psycopg.connect(conninfo, connect_timeout=10).close()
         except psycopg.Error as e:
@@ -202,19 +202,25 @@ class PostgresEventStore(EventStore):
         with self._pool.connection() as conn:
             rows = conn.execute(
                 self._q(
-                    "SELECT body::text FROM {schema}.noetl_event WHERE execution_id = %s AND sequence > %s ORDER BY sequence"
+                    "SELECT sequence, body::text FROM {schema}.noetl_event"
+                    " WHERE execution_id = %s AND sequence > %s ORDER BY sequence"
                 ),
                 (execution_id, after_sequence),
             ).fetchall()
-        return [Event.from_dict(loads(r[0])) for r in rows]
+        out = [decode_body(b, f"{execution_id}#{seq}", self.skipped) for seq, b in rows]
+        return [e for e in out if e is not None]
 
     def tail(self, after_gid: int = 0, limit: int = 1000) -> list[StoredEvent]:
-        with self._pool.connection() as conn:
-            rows = conn.execute(
-                self._q("SELECT gid, body::text FROM {schema}.noetl_event WHERE gid > %s ORDER BY gid LIMIT %s"),
-                (after_gid, limit),
-            ).fetchall()
-        return [StoredEvent(int(g), Event.from_dict(loads(b))) for g, b in rows]
+        while True:  # a batch made only of bad rows must not look like the end of the log
+            with self._pool.connection() as conn:
+                rows = conn.execute(
+                    self._q("SELECT gid, body::text FROM {schema}.noetl_event WHERE gid > %s ORDER BY gid LIMIT %s"),
+                    (after_gid, limit),
+                ).fetchall()
+            out = [StoredEvent(int(g), e) for g, b in rows if (e := decode_body(b, f"gid {g}", self.skipped))]
+            if out or not rows:
+                return out
+            after_gid = int(rows[-1][0])
 
     def tail_last(self) -> int:
         with self._pool.connection() as conn:
