@@ -8,7 +8,7 @@ import yaml
 from click.testing import CliRunner
 
 from noetl_dagster.commands.main import cli
-from tests.migrate.conftest import EARLY_V2, LABELMAP_V2, WEATHER_V1
+from tests.dsl.migrate.conftest import EARLY_V2, LABELMAP_V2, WEATHER_V1
 
 REFUSING = """apiVersion: noetl.io/v2
 kind: Playbook

@@ -8,7 +8,7 @@ import yaml
 from noetl_dagster.dsl import validate_file
 from noetl_dagster.dsl.legacy import find_legacy_constructs
 from noetl_dagster.dsl.migrate import migrate_file, migrate_text
-from tests.migrate.conftest import EARLY_V2, LABELMAP_V2, WEATHER_V1, issues_of, step
+from tests.dsl.migrate.conftest import EARLY_V2, LABELMAP_V2, WEATHER_V1, issues_of, step
 
 LEGACY = [WEATHER_V1, EARLY_V2, LABELMAP_V2]
 

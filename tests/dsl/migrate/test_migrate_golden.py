@@ -19,7 +19,7 @@ import pytest
 from noetl_dagster.dsl.migrate import MigrationInputError, migrate_text
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
-SHARED = Path(os.environ.get("NOETL_SHARED", Path(__file__).resolve().parents[2].parent / "shared"))
+SHARED = Path(os.environ.get("NOETL_SHARED", Path(__file__).resolve().parents[3].parent / "shared"))
 CASES = json.loads((GOLDEN / "manifest.json").read_text()) if (GOLDEN / "manifest.json").exists() else []
 
 

@@ -8,7 +8,7 @@ import yaml
 
 from noetl_dagster.dsl.legacy import find_legacy_constructs
 from noetl_dagster.dsl.migrate import migrate_text
-from tests.migrate.conftest import assert_valid, migrate, step
+from tests.dsl.migrate.conftest import assert_valid, migrate, step
 
 
 def y(text: str) -> str:

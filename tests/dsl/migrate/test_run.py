@@ -8,7 +8,7 @@ import psycopg
 
 from noetl_dagster.dsl.migrate import migrate_file
 from noetl_dagster.runners.local import run_playbook
-from tests.migrate.conftest import EARLY_V2, LABELMAP_V2, WEATHER_V1, Stub
+from tests.dsl.migrate.conftest import EARLY_V2, LABELMAP_V2, WEATHER_V1, Stub
 
 
 def _write(tmp_path, path, replace: dict[str, str] | None = None):

@@ -1,5 +1,5 @@
 """Regenerate the golden files from a migrate implementation (run only on purpose:
-`python tests/migrate/golden/regen.py [captured-inputs.json]`). The goldens pin the
+`python tests/dsl/migrate/golden/regen.py [captured-inputs.json]`). The goldens pin the
 output of the code as it was before the split into a package (issue 23)."""
 
 from __future__ import annotations
