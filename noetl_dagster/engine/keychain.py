@@ -279,6 +279,10 @@ class _Namespace(Mapping[str, Any]):
         self._kc = keychain
 
     def __getitem__(self, name: str) -> dict[str, Any]:
+        # a template reads only what the playbook declares (issue 14.6): an undeclared name never
+        # reaches the providers (NOETL_CREDENTIAL_* variables, the credentials file)
+        if name not in self._kc.declared:
+            raise UnknownCredential(f"keychain.{name}: not declared under the playbook's keychain:")
         return self._kc.credential(name)
 
     def __iter__(self) -> Iterator[str]:
