@@ -30,10 +30,19 @@ class Redactor:
     def add(self, values: Iterable[str]) -> None:
         import json
 
+        import base64
+        from urllib.parse import quote
+
         for v in values:
             if isinstance(v, str) and len(v) >= 3 and v not in self.secrets:
-                self.secrets.add(v)
-                self._needles = tuple({*self._needles, v, json.dumps(v)[1:-1]})
+                raw = v.encode("utf-8", "surrogatepass")
+                # derived forms a server may echo back: base64 (|b64encode), percent-encoding
+                forms = {v, base64.b64encode(raw).decode(), base64.b64encode(raw).decode().rstrip("="),
+                         base64.urlsafe_b64encode(raw).decode().rstrip("="), quote(v, safe="")}  # fmt: skip
+                for f in forms:
+                    if len(f) >= 3 and f not in self.secrets:
+                        self.secrets.add(f)
+                        self._needles = tuple({*self._needles, f, json.dumps(f)[1:-1]})
 
     def __bool__(self) -> bool:
         return bool(self.secrets)
@@ -61,7 +70,7 @@ class Redactor:
         if isinstance(v, str):
             return self.text(v)
         if isinstance(v, dict):
-            return {k: self._walk(x) for k, x in v.items()}
+            return {(self.text(k) if isinstance(k, str) else k): self._walk(x) for k, x in v.items()}
         if isinstance(v, (list, tuple)):
             return [self._walk(x) for x in v]
         return v
