@@ -31,6 +31,7 @@ local stub servers (``noetl-dagster conformance --http-override``).
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import ssl
@@ -167,6 +168,8 @@ def auth_headers(auth: Any, ctx: ToolContext) -> tuple[dict[str, str], httpx.Aut
         if user is None or pw is None:
             raise ToolError(f"http: {label} (basic) needs username and password", kind="auth_error")
         ctx.redact(str(pw))
+        # the Authorization header a server may echo back: base64 of user:password
+        ctx.redact(base64.b64encode(f"{user}:{pw}".encode()).decode())
         return {}, httpx.BasicAuth(str(user), str(pw))
     if kind in ("header", "api_key", "apikey"):
         header = record.get("header") or record.get("header_name") or "X-API-Key"
