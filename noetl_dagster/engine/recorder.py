@@ -28,9 +28,8 @@ class Redactor:
         self._needles: tuple[str, ...] = ()  # each secret as it appears in JSON text (raw and escaped)
 
     def add(self, values: Iterable[str]) -> None:
-        import json
-
         import base64
+        import json
         from urllib.parse import quote
 
         for v in values:

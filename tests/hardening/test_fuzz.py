@@ -324,6 +324,7 @@ def test_fuzz_cli_arguments(fuzz_files, monkeypatch, command, positional, option
 )
 def test_fuzz_registry_cli_arguments(fuzz_files, monkeypatch, command, options, key_id):
     monkeypatch.setenv("NOETL_DAGSTER_HOME", fuzz_files["DIR"] + "/home")
+    monkeypatch.chdir(fuzz_files["DIR"])  # a relative --db names a file: never in the checkout
     opts = REGISTRY[command]
     args = list(command)
     if command == ("keys", "revoke"):
