@@ -13,6 +13,7 @@ from noetl_dagster.dsl.flow import FlowError, load_flow_playbook
 from noetl_dagster.dsl.loader import YamlSyntaxError, load_yaml_file
 from noetl_dagster.dsl.model import Playbook
 from noetl_dagster.dsl.parse import PlaybookInvalid, ValidationIssue, load_playbook_dict, parse_playbook
+from noetl_dagster.util.graphs import strongly_connected
 
 
 def load_playbook(path: str | Path) -> Playbook:
@@ -105,52 +106,10 @@ def _load_flow(p: Path) -> Playbook:
 
 
 def unguarded_cycles(pb: Playbook) -> list[list[str]]:
-    """Cycles of ``next`` arcs none of which has a ``when`` guard (each would run until the step-run cap).
-
-    Strongly connected components of the unguarded-arc graph (iterative Tarjan, linear)."""
+    """Cycles of ``next`` arcs none of which has a ``when`` guard (each would run until the step-run cap)."""
     succ: dict[str, list[str]] = {}
     for st in pb.workflow:
         arcs = st.next.arcs if st.next else []
         succ[st.name] = [a.step for a in arcs if a.when is None or a.when is True]
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    on_stack: set[str] = set()
-    stack: list[str] = []
-    out: list[list[str]] = []
-    counter = 0
-    for root in succ:
-        if root in index:
-            continue
-        work: list[tuple[str, int]] = [(root, 0)]
-        while work:
-            v, i = work.pop()
-            if i == 0:
-                index[v] = low[v] = counter
-                counter += 1
-                stack.append(v)
-                on_stack.add(v)
-            children = succ.get(v, [])
-            if i < len(children):
-                work.append((v, i + 1))
-                w = children[i]
-                if w not in succ:
-                    continue
-                if w not in index:
-                    work.append((w, 0))
-                elif w in on_stack:
-                    low[v] = min(low[v], index[w])
-                continue
-            if low[v] == index[v]:
-                comp = []
-                while True:
-                    w = stack.pop()
-                    on_stack.discard(w)
-                    comp.append(w)
-                    if w == v:
-                        break
-                if len(comp) > 1 or v in succ.get(v, []):
-                    out.append(sorted(comp, key=list(succ).index))
-            if work:
-                parent = work[-1][0]
-                low[parent] = min(low[parent], low[v])
-    return out
+    succ = {v: [w for w in ws if w in succ] for v, ws in succ.items()}
+    return [c for c in strongly_connected(list(succ), succ) if len(c) > 1 or c[0] in succ[c[0]]]

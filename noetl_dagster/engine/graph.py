@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from noetl_dagster.dsl.model import Playbook
+from noetl_dagster.util.graphs import strongly_connected
 
 
 @dataclass
@@ -76,56 +77,6 @@ def _reach_without(start: str, succ: dict[str, list[str]], blocked: str) -> set[
     return seen
 
 
-def _tarjan(order: list[str], succ: dict[str, list[str]]) -> list[list[str]]:
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    on: set[str] = set()
-    stack: list[str] = []
-    out: list[list[str]] = []
-    counter = 0
-
-    for root in order:
-        if root in index:
-            continue
-        work = [(root, 0)]
-        while work:
-            v, i = work.pop()
-            if i == 0:
-                index[v] = low[v] = counter
-                counter += 1
-                stack.append(v)
-                on.add(v)
-            nbrs = succ.get(v, [])
-            recurse = False
-            while i < len(nbrs):
-                w = nbrs[i]
-                i += 1
-                if w not in index:
-                    work.append((v, i))
-                    work.append((w, 0))
-                    recurse = True
-                    break
-                if w in on:
-                    low[v] = min(low[v], index[w])
-            if recurse:
-                continue
-            if low[v] == index[v]:
-                comp = []
-                while True:
-                    w = stack.pop()
-                    on.discard(w)
-                    comp.append(w)
-                    if w == v:
-                        break
-                pos = {s: k for k, s in enumerate(order)}
-                out.append(sorted(comp, key=pos.__getitem__))
-            if work:
-                parent = work[-1][0]
-                low[parent] = min(low[parent], low[v])
-    out.reverse()  # Tarjan yields reverse topological order
-    return out
-
-
 def analyze(pb: Playbook) -> StepGraph:
     order = [s.name for s in pb.workflow]
     succ: dict[str, list[str]] = {}
@@ -153,4 +104,4 @@ def analyze(pb: Playbook) -> StepGraph:
             if reach & pred[j]:
                 f.add(s)
         feeders[j] = frozenset(f)
-    return StepGraph(entry, order, succ, pred, back, joins, feeders, _tarjan(order, succ))
+    return StepGraph(entry, order, succ, pred, back, joins, feeders, strongly_connected(order, succ))

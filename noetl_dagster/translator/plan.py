@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from noetl_dagster.dsl.model import Playbook, Step
-from noetl_dagster.engine.graph import StepGraph, _tarjan, analyze
+from noetl_dagster.engine.graph import StepGraph, analyze
+from noetl_dagster.util.graphs import strongly_connected
 
 MODES = ("default", "per_step")
 
@@ -79,7 +80,7 @@ def plan_job(pb: Playbook, mode: str = "default", graph: StepGraph | None = None
     if sep:  # the components of the job's own subgraph: a separate step breaks the cycles through it
         order = [s for s in g.order if s not in sep]
         sub = {s: [t for t in g.succ.get(s, []) if t not in sep] for s in order}
-        comps = _tarjan(order, sub)
+        comps = strongly_connected(order, sub)
     else:
         sub, comps = g.succ, g.sccs
     for comp in comps:
