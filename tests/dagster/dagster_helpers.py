@@ -7,12 +7,19 @@ step (per loop iteration, since parallel iterations interleave by design).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
+import sys
+import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import httpx
 
 from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.storage.event_stores import open_event_store
@@ -72,3 +79,46 @@ def run_local(path: Path, data_dir: Path, workload: dict | None = None) -> Any:
 def run_dagster(path: Path, data_dir: Path, instance: dg.DagsterInstance, mode: str = "default",
                 workload: dict | None = None) -> Any:  # fmt: skip
     return run_playbook_dagster(path, workload, data_dir=data_dir, instance=instance, mode=mode, **scope_of(path))
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def dagster_dev_server(module: str, *, cwd: Path, env: dict[str, str], log_path: Path) -> Iterator[tuple[str, Any]]:
+    """`dagster dev -m MODULE` on a free port: yields (url, process) once /server_info answers;
+    stops it with SIGINT (as a user would), SIGKILL only if it will not stop."""
+    port = free_port()
+    log = open(log_path, "wb")  # noqa: SIM115 - closed in finally, after the process
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "dagster"), "dev", "-m", module, "-h", "127.0.0.1", "-p", str(port)],
+        cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert proc.poll() is None, log_path.read_text()[-3000:]
+            try:
+                if httpx.get(f"{url}/server_info", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.time() < deadline, "dagster dev did not answer /server_info in 120 s"
+            time.sleep(0.5)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+                raise AssertionError("dagster dev did not stop on SIGINT within 60 s") from None
+        log.close()

@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
-from dagster_helpers import REPO
-from test_dagster_dev import _free_port, _graphql
+from dagster_helpers import REPO, dagster_dev_server
+from test_dagster_dev import _graphql
 
 CHROMIUM = "/usr/bin/chromium"
 LOCATION = "example_project.definitions"
@@ -47,36 +43,10 @@ def dev_with_broken_playbook(tmp_path):
     home = tmp_path / "dagster_home"
     home.mkdir()
     shutil.copy(REPO / "example_project" / "dagster.yaml", home / "dagster.yaml")
-    port = _free_port()
     env = {**os.environ, "DAGSTER_HOME": str(home), "NOETL_DAGSTER_HOME": str(tmp_path / "noetl"),
            "PYTHONPATH": str(site)}  # fmt: skip
-    log = open(tmp_path / "dagster_dev.log", "wb")
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "dagster"), "dev", "-m", LOCATION, "-h", "127.0.0.1", "-p", str(port)],
-        cwd=site, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while True:
-            assert proc.poll() is None, (tmp_path / "dagster_dev.log").read_text()[-3000:]
-            try:
-                if httpx.get(f"{url}/server_info", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.time() < deadline, "dagster dev did not answer in 120 s"
-            time.sleep(0.5)
+    with dagster_dev_server(LOCATION, cwd=site, env=env, log_path=tmp_path / "dagster_dev.log") as (url, _):
         yield url, tmp_path / "dagster_dev.log"
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-        log.close()
 
 
 def _dismiss_welcome(page) -> None:  # noqa: ANN001

@@ -10,16 +10,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-from dagster_helpers import EXAMPLES, REPO
+from dagster_helpers import EXAMPLES, REPO, dagster_dev_server
 
 from noetl_dagster.resources.noetl import close_all_services
 from noetl_dagster.storage.event_stores import open_event_store
@@ -34,12 +30,6 @@ query Runs($eid: String!) {
   }
 }
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _graphql(url: str, query: str, variables: dict) -> dict:
@@ -62,37 +52,12 @@ def dagster_dev(tmp_path):
     home.mkdir()
     shutil.copy(REPO / "example_project" / "dagster.yaml", home / "dagster.yaml")
     noetl_home = tmp_path / "noetl"
-    port = _free_port()
     env = {**os.environ, "DAGSTER_HOME": str(home), "NOETL_DAGSTER_HOME": str(noetl_home)}
-    bindir = Path(sys.executable).parent
-    log = open(tmp_path / "dagster_dev.log", "wb")
-    proc = subprocess.Popen(
-        [str(bindir / "dagster"), "dev", "-m", "example_project.definitions", "-h", "127.0.0.1", "-p", str(port)],
-        cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 120
-        while True:
-            assert proc.poll() is None, (tmp_path / "dagster_dev.log").read_text()[-3000:]
-            try:
-                if httpx.get(f"{url}/server_info", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.time() < deadline, "dagster dev did not answer /server_info in 120 s"
-            time.sleep(0.5)
-        yield url, noetl_home, proc
+        with dagster_dev_server("example_project.definitions", cwd=tmp_path, env=env,
+                                log_path=tmp_path / "dagster_dev.log") as (url, proc):  # fmt: skip
+            yield url, noetl_home, proc
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-                raise AssertionError("dagster dev did not stop on SIGINT within 60 s") from None
-        log.close()
         close_all_services()
 
 
