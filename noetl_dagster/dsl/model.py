@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 Directive = Literal["continue", "retry", "jump", "break", "fail"]
 Backoff = Literal["none", "fixed", "linear", "exponential"]
@@ -86,6 +86,75 @@ class Router(_Model):
     spec: dict[str, Any] = Field(default_factory=dict)
 
 
+class OutputCheck(_Model):
+    """A check on a declared output, evaluated from the event log (docs/dagster.md): exactly one of
+    ``row_count`` ({min, max}), ``schema`` ({columns: {name: arrow type}, stable: bool}),
+    ``freshness`` ({max_age_minutes}) or ``assert`` (a template predicate)."""
+
+    name: str | None = None
+    row_count: dict[str, int] | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    freshness: dict[str, float] | None = None
+    assert_: str | None = Field(default=None, alias="assert")
+    severity: Literal["error", "warn"] = "error"
+    blocking: bool = False
+    description: str | None = None
+
+    @property
+    def kind(self) -> str:
+        given = {"row_count": self.row_count, "schema": self.schema_, "freshness": self.freshness, "assert": self.assert_}
+        return next((k for k, v in given.items() if v is not None), "assert")
+
+
+class Output(_Model):
+    """A table a step produces (``outputs:``): an asset of the code location, keyed by its URI."""
+
+    uri: str  # noetl://tenant/project/namespace/type/name, unversioned
+    description: str | None = None
+    owners: list[str] = Field(default_factory=list)
+    kinds: list[str] = Field(default_factory=list)
+    tags: dict[str, str] = Field(default_factory=dict)
+    group: str | None = None
+    automation: str | dict[str, Any] | None = None  # eager | on_missing | {on_cron, timezone}
+    freshness: dict[str, Any] | None = None  # {fail_after_minutes, warn_after_minutes} | {deadline_cron, ...}
+    checks: list[OutputCheck] = Field(default_factory=list)
+    line: int | None = None
+
+
+class Partitions(_Model):
+    """``executor.spec.dagster.partitions``: one of daily/hourly/weekly/monthly (a start date) or
+    static (values, or the name of a workload key holding them); the key lands in ``workload_key``."""
+
+    daily: str | None = None
+    hourly: str | None = None
+    weekly: str | None = None
+    monthly: str | None = None
+    static: list[str] | str | None = None
+    workload_key: str
+    timezone: str | None = None
+    end_offset: int = 0
+
+    @field_validator("daily", "hourly", "weekly", "monthly", mode="before")
+    @classmethod
+    def _date_text(cls, v: Any) -> Any:
+        return v.isoformat() if hasattr(v, "isoformat") else v  # YAML reads 2026-11-01 as a date
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in ("daily", "hourly", "weekly", "monthly", "static") if getattr(self, k) is not None)
+
+
+class DagsterSpec(_Model):
+    """``executor.spec.dagster``: how the playbook appears in Dagster beyond its jobs."""
+
+    mode: Literal["default", "per_step"] | None = None
+    partitions: Partitions | None = None
+    automation: str | dict[str, Any] | None = None
+    freshness: dict[str, Any] | None = None
+    owners: list[str] = Field(default_factory=list)
+    group: str | None = None
+
+
 class Step(_Model):
     name: str
     desc: str | None = None
@@ -96,6 +165,7 @@ class Step(_Model):
     input: dict[str, Any] = Field(default_factory=dict)
     next: Router | None = None
     set: SetBlock = Field(default_factory=SetBlock)
+    outputs: list[Output] = Field(default_factory=list)  # tables it produces (Dagster assets)
     line: int | None = None  # source line of the step, for code references
 
     @property
@@ -164,6 +234,12 @@ class Playbook(_Model):
     @property
     def name(self) -> str:
         return self.metadata.name
+
+    @property
+    def dagster(self) -> DagsterSpec:
+        """``executor.spec.dagster`` typed (validated when the playbook was parsed)."""
+        raw = self.executor.spec.get("dagster")
+        return DagsterSpec.model_validate(raw) if isinstance(raw, dict) else DagsterSpec()
 
     @property
     def base_dir(self) -> str | None:

@@ -30,6 +30,7 @@ from noetl_dagster.dsl.model import (
     Task,
     WorkbookEntry,
 )
+from noetl_dagster.dsl.outputs import check_dagster_spec, parse_outputs
 from noetl_dagster.dsl.serialize import playbook_to_raw
 from noetl_dagster.dsl.templates import iter_template_strings, template_env
 
@@ -445,6 +446,7 @@ def _parse_step(ctx: _Ctx, raw: Any, path: PathT) -> Step | None:
         input=step_input,
         next=nxt,
         set=_split_set(ctx, raw.get("set"), (*path, "set")),
+        outputs=parse_outputs(ctx, raw["outputs"], (*path, "outputs"), ctx.sm.line) if raw.get("outputs") is not None else [],
         line=ctx.sm.line(path),
     )
 
@@ -525,6 +527,7 @@ def parse_playbook(
     if not isinstance(executor_raw, dict):
         ctx.err(("executor",), "executor-shape", "`executor` must be a mapping")
         executor_raw = {}
+    check_dagster_spec(ctx, executor_raw.get("spec"), workload)
     workbook: list[WorkbookEntry] = []
     wb_raw = raw.get("workbook") or []
     if isinstance(wb_raw, dict):  # {name: {tool}} shorthand

@@ -89,6 +89,8 @@ def playbook_to_raw(pb: Playbook) -> dict[str, Any]:
             d["tool"] = [{t.label: _task_raw(t)} for t in s.tool]
         if s.set:
             d["set"] = _set_raw(s.set)
+        if s.outputs:
+            d["outputs"] = [o.model_dump(by_alias=True, exclude_none=True, exclude_defaults=True, exclude={"line"}) for o in s.outputs]
         if s.next is not None:
             arcs = []
             for a in s.next.arcs:
