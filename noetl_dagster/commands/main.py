@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "archive": "noetl_dagster.commands.archive:archive",
     "resume": "noetl_dagster.commands.archive:resume",
     "demo": "noetl_dagster.commands.demo:demo",
+    "tools": "noetl_dagster.commands.tools:tools",
 }
 
 

@@ -1,22 +1,49 @@
 """The tool-kind catalogue: which ``kind:`` names exist and how to load them.
 
 A tool kind is a callable ``(inputs: dict, ctx: ToolContext) -> result`` (see
-``noetl_dagster.engine.ports``). Kinds register with :func:`register_tool` or
-through the ``noetl_dagster.tools`` entry-point group (``name =
-"package.module:callable"``). Validation asks this catalogue for names and raw
-keys without importing any tool module; the engine asks it for the callable.
+``noetl_dagster.engine.ports``) with a typed pydantic config model. Every kind, built in
+or third party, is found through the ``noetl_dagster.tools`` entry-point group
+(``name = "package.module:attr"``, docs/tools.md "Adding a tool kind"): loading the entry
+point imports the module, whose :func:`register_tool` call names the kind, its config model
+and its raw keys. Validation asks this catalogue for names without importing any tool module;
+the engine asks it for the kind and calls :meth:`ToolKind.invoke`.
+
+A plugin that fails to load (import error, missing attribute) becomes a *broken* kind: its
+name stays known, every call fails with a ``plugin_error`` naming the entry point and the
+cause, and every other kind still loads.
 """
 
 from __future__ import annotations
 
-import importlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
+from pydantic import BaseModel, ValidationError
+
 ToolFn = Callable[[dict[str, Any], Any], Any]  # (inputs, engine.ports.ToolContext) -> result
+ENTRY_POINT_GROUP = "noetl_dagster.tools"
+DISTRIBUTION = "noetl-dagster"
+
+
+class KindError(Exception):
+    """A kind could not be called; the engine makes it an error outcome of this ``kind``."""
+
+    kind = "tool_error"
+
+
+class ToolConfigError(KindError):
+    """A kind's rendered config does not match its config model."""
+
+    kind = "config_error"
+
+
+class PluginLoadError(KindError):
+    """A plugin's entry point did not load (import error, missing attribute)."""
+
+    kind = "plugin_error"
 
 
 @dataclass
@@ -26,86 +53,179 @@ class ToolKind:
     # config keys the engine must not render before the call (code, nested specs)
     raw_keys: frozenset[str] = field(default_factory=frozenset)
     description: str = ""
+    config: type[BaseModel] | None = None  # the typed config model (validated before every call)
+    source: str = ""  # the entry point value ("module:attr") or "register_tool" for in-process kinds
+    distribution: str = ""  # the package that declares the entry point
+    error: str | None = None  # set on a broken plugin: why it did not load
+
+    def config_schema(self) -> dict[str, Any] | None:
+        return self.config.model_json_schema() if self.config is not None else None
+
+    def check_config(self, inputs: dict[str, Any]) -> None:
+        """Validate rendered inputs against the config model; one line per problem."""
+        if self.config is None:
+            return
+        try:
+            self.config.model_validate(inputs)
+        except ValidationError as e:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '<config>'}: {err['msg']}"
+                for err in e.errors()[:5]
+            )
+            raise ToolConfigError(f"kind {self.name!r}: invalid config: {problems}") from None
+
+    def invoke(self, inputs: dict[str, Any], ctx: Any) -> Any:
+        self.check_config(inputs)
+        return self.fn(inputs, ctx)
 
 
-_lock = threading.Lock()
+_lock = threading.RLock()
 _REGISTRY: dict[str, ToolKind] = {}
+_BROKEN: dict[str, ToolKind] = {}
+_ENTRY_POINTS: dict[str, EntryPoint] | None = None
 
-# Built-in kinds by name -> (module that registers them, raw keys). Modules are imported on
-# first use only, so validating or running a playbook never pays for kinds it does not use.
-BUILTIN_KINDS: dict[str, tuple[str, frozenset[str]]] = {
-    "noop": ("noetl_dagster.tools.core", frozenset()),
-    "workbook": ("noetl_dagster.tools.core", frozenset()),
-    "playbook": ("noetl_dagster.tools.core", frozenset({"definition"})),  # an inline child: its templates are its own
-    "python": ("noetl_dagster.tools.core", frozenset({"code", "code_b64", "code_base64"})),
-    "http": ("noetl_dagster.tools.http", frozenset()),
-    "postgres": ("noetl_dagster.tools.postgres", frozenset()),
-    "duckdb": ("noetl_dagster.tools.duckdb_tool", frozenset()),
-    "secrets": ("noetl_dagster.tools.secrets", frozenset()),
-    "parquet": ("noetl_dagster.tools.storage", frozenset()),
-    "arrow": ("noetl_dagster.tools.storage", frozenset()),
-    "iceberg": ("noetl_dagster.tools.storage", frozenset()),
-    "qdrant": ("noetl_dagster.tools.qdrant", frozenset()),
-    "quantum": ("noetl_dagster.tools.quantum", frozenset()),
-    # the kinds compiled flows use (dsl/flow)
-    "flow_input": ("noetl_dagster.tools.flow", frozenset({"literal", "literal_b64"})),
-    "flow_guard": ("noetl_dagster.tools.flow", frozenset()),
-    "resource": ("noetl_dagster.tools.flow", frozenset()),
+# Raw keys of this package's kinds, so validating a playbook imports no tool module. Only a hint:
+# the registered kind's own raw_keys win once it is loaded (tests/tools/test_plugins.py checks both agree).
+_NONE: frozenset[str] = frozenset()
+_RAW_KEY_HINTS: dict[str, frozenset[str]] = {
+    "playbook": frozenset({"definition"}),  # an inline child: its templates are its own
+    "python": frozenset({"code", "code_b64", "code_base64"}),
+    "flow_input": frozenset({"literal", "literal_b64"}),
+    **dict.fromkeys(
+        (
+            "noop",
+            "workbook",
+            "http",
+            "postgres",
+            "duckdb",
+            "secrets",
+            "parquet",
+            "arrow",
+            "iceberg",
+            "qdrant",
+            "quantum",
+            "flow_guard",
+            "resource",
+        ),
+        _NONE,
+    ),
 }
-BUILTIN_MODULES = sorted({m for m, _ in BUILTIN_KINDS.values()})
-_ENTRY_POINTS: dict[str, Any] | None = None
 
 
 def register_tool(
-    name: str, fn: ToolFn | None = None, *, raw_keys: frozenset[str] | set[str] = frozenset(), description: str = ""
+    name: str,
+    fn: ToolFn | None = None,
+    *,
+    config: type[BaseModel] | None = None,
+    raw_keys: frozenset[str] | set[str] = frozenset(),
+    description: str = "",
 ):
-    """Register a tool kind; usable as a decorator: ``@register_tool("echo")``."""
+    """Register a tool kind; usable as a decorator: ``@register_tool("echo", config=EchoConfig)``."""
 
     def deco(f: ToolFn) -> ToolFn:
+        ep = _entry_points().get(name)
         with _lock:
-            _REGISTRY[name] = ToolKind(name, f, frozenset(raw_keys), description or (f.__doc__ or "").strip())
+            _REGISTRY[name] = ToolKind(
+                name,
+                f,
+                frozenset(raw_keys),
+                description or (f.__doc__ or "").strip().split("\n")[0],
+                config,
+                ep.value if ep is not None else "register_tool",
+                _dist_name(ep),
+            )
+            _BROKEN.pop(name, None)
         return f
 
     return deco(fn) if fn is not None else deco
 
 
-def _entry_points() -> dict[str, Any]:
+def _dist_name(ep: EntryPoint | None) -> str:
+    dist = getattr(ep, "dist", None) if ep is not None else None
+    return str(dist.metadata["Name"]) if dist is not None else ""
+
+
+def _entry_points() -> dict[str, EntryPoint]:
     global _ENTRY_POINTS
     if _ENTRY_POINTS is None:
-        _ENTRY_POINTS = {ep.name: ep for ep in entry_points(group="noetl_dagster.tools")}
+        eps: dict[str, EntryPoint] = {}
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            eps.setdefault(ep.name, ep)  # the first distribution on sys.path wins a name clash
+        _ENTRY_POINTS = eps
     return _ENTRY_POINTS
 
 
+def refresh_entry_points() -> None:
+    """Forget the cached entry points and broken kinds (after installing a plugin in-process)."""
+    global _ENTRY_POINTS
+    with _lock:
+        _ENTRY_POINTS = None
+        _BROKEN.clear()
+
+
+def _broken(name: str, ep: EntryPoint, reason: str) -> ToolKind:
+    message = (
+        f"tool kind {name!r} failed to load from entry point {ep.value!r} ({_dist_name(ep) or '?'}): {reason}"
+    )
+
+    def fail(inputs: dict[str, Any], ctx: Any) -> Any:
+        raise PluginLoadError(message)
+
+    tk = ToolKind(name, fail, frozenset(), "", None, ep.value, _dist_name(ep), message)
+    _BROKEN[name] = tk
+    return tk
+
+
 def get_tool(name: str) -> ToolKind | None:
-    """The kind's implementation, importing its module on first use."""
-    tk = _REGISTRY.get(name)
+    """The kind's implementation, importing its module on first use (a broken plugin: a failing kind)."""
+    tk = _REGISTRY.get(name) or _BROKEN.get(name)
     if tk is not None:
         return tk
-    if name in BUILTIN_KINDS:
-        importlib.import_module(BUILTIN_KINDS[name][0])
-        return _REGISTRY.get(name)
     ep = _entry_points().get(name)
-    if ep is not None:
-        obj = ep.load()  # importing the module may register the kind itself (with its raw keys)
+    if ep is None:
+        return None
+    with _lock:
+        if name in _REGISTRY:
+            return _REGISTRY[name]
+        try:
+            obj = ep.load()  # importing the module registers the kind (with its config and raw keys)
+        except Exception as e:  # noqa: BLE001 - any import failure of a plugin must not break the others
+            return _broken(name, ep, f"{type(e).__name__}: {e}")
         if name not in _REGISTRY:
             if isinstance(obj, ToolKind):
                 _REGISTRY[name] = obj
             elif callable(obj):
                 register_tool(name, obj)
-        return _REGISTRY.get(name)
-    return None
+            else:
+                return _broken(name, ep, f"{type(obj).__name__} is neither a tool function nor a ToolKind")
+        return _REGISTRY[name]
 
 
 def known_kinds() -> set[str]:
     """Every kind name that can be used, without importing any tool module."""
-    return set(BUILTIN_KINDS) | set(_REGISTRY) | set(_entry_points())
+    return set(_REGISTRY) | set(_entry_points())
+
+
+def builtin_kinds() -> set[str]:
+    """The kinds this package declares (its own entry points)."""
+    return {n for n, ep in _entry_points().items() if _dist_name(ep) == DISTRIBUTION}
+
+
+def all_kinds() -> list[ToolKind]:
+    """Every kind, loaded (broken plugins included, with their error), sorted by name."""
+    out = []
+    for name in sorted(known_kinds()):
+        tk = get_tool(name)
+        if tk is not None:
+            out.append(tk)
+    return out
 
 
 def raw_keys(name: str) -> frozenset[str]:
     """Config keys a kind takes verbatim (never rendered); built-ins answer without an import."""
     if name in _REGISTRY:
         return _REGISTRY[name].raw_keys
-    if name in BUILTIN_KINDS:
-        return BUILTIN_KINDS[name][1]
+    if name in _RAW_KEY_HINTS and name in builtin_kinds():
+        return _RAW_KEY_HINTS[name]
     tk = get_tool(name)
     return tk.raw_keys if tk else frozenset()

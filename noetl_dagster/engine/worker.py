@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from noetl_dagster.dsl.kinds import get_tool
+from noetl_dagster.dsl.kinds import KindError, get_tool
 from noetl_dagster.dsl.model import RuleThen, Step, Task
 from noetl_dagster.dsl.parse import MAX_RETRY_ATTEMPTS, MAX_RETRY_DELAY
 from noetl_dagster.dsl.templates import TemplateError, template_env
@@ -374,7 +374,9 @@ class Worker(LoopPhases):
         except TemplateError as e:
             return _err_outcome(_error("template_error", str(e)))
         try:
-            result = kind.fn(config, _ToolCtx(self, frame, task, attempt, scope))
+            result = kind.invoke(config, _ToolCtx(self, frame, task, attempt, scope))
+        except KindError as e:  # config not matching the kind's model, a plugin that did not load
+            return _err_outcome(_error(e.kind, str(e)))
         except ToolError as e:
             out = _err_outcome(_error(e.kind, str(e.message), retryable=e.retryable, code=e.code))
             out.update(e.details)

@@ -20,6 +20,7 @@ from noetl_dagster.dsl.files import check_playbook_size
 from noetl_dagster.dsl.loader import YamlSyntaxError, load_yaml_text
 from noetl_dagster.dsl.parse import parse_playbook
 from noetl_dagster.dsl.templates import TemplateError, template_env
+from noetl_dagster.tools.configs import NoopConfig, PlaybookConfig, PythonConfig, WorkbookConfig
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
 
 _CODE_CACHE: dict[str, Any] = {}
@@ -28,14 +29,14 @@ _RESERVED = {"code", "code_b64", "code_base64", "script", "libs", "deps", "input
 STDOUT_LIMIT = 8192
 
 
-@register_tool("noop", description="Does nothing; returns {status: noop} (or its `result` input).")
+@register_tool("noop", config=NoopConfig, description="Does nothing; returns {status: noop} (or its `result` input).")
 def noop_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     if "result" in inputs:
         return inputs["result"]
     return {"status": "noop"}
 
 
-@register_tool("workbook", description="Runs the named `workbook` entry's tool with the merged input.")
+@register_tool("workbook", config=WorkbookConfig, description="Runs the named `workbook` entry's tool with the merged input.")
 def workbook_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     name = inputs.get("name")
     if not name:
@@ -45,6 +46,7 @@ def workbook_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
 
 @register_tool(
     "playbook",
+    config=PlaybookConfig,
     raw_keys={"definition"},
     description="Runs a sub-playbook (a catalog `path` or an inline `definition`); returns its return_step result.",
 )
@@ -395,6 +397,7 @@ def _import_libs(libs: Any) -> dict[str, Any]:
 
 @register_tool(
     "python",
+    config=PythonConfig,
     raw_keys={"code", "code_b64", "code_base64"},
     description="Runs Python code: inputs are globals; result is `result`, main(...)'s return, or a top-level return.",
 )

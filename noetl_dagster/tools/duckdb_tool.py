@@ -36,6 +36,7 @@ from noetl_dagster.storage.payload import (
     is_ref,
     sha256,
 )
+from noetl_dagster.tools.configs import DuckdbConfig
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
 from noetl_dagster.util.jsonutil import dumps, plain
 
@@ -216,4 +217,4 @@ def duckdb_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     return run_duckdb(conn, sql, inputs.get("params"), ctx)
 
 
-register_tool("duckdb", duckdb_tool, description="SQL on DuckDB; result {rows, row_count, columns} or an Arrow $ref")
+register_tool("duckdb", duckdb_tool, config=DuckdbConfig, description="SQL on DuckDB; result {rows, row_count, columns} or an Arrow $ref")

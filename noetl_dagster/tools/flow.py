@@ -27,6 +27,7 @@ from urllib.parse import unquote, urlsplit
 import yaml
 
 from noetl_dagster.dsl.flow.jsonpath import guard_holds
+from noetl_dagster.tools.configs import FlowGuardConfig, FlowInputConfig, ResourceConfig
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
 
 # -- input aggregation (seed 002) -------------------------------------------------------------
@@ -91,6 +92,7 @@ def tokens_input(tokens: Any, order: list[str] | None = None, merge: bool = Fals
 
 @register_tool(
     "flow_input",
+    config=FlowInputConfig,
     raw_keys={"literal", "literal_b64"},
     description="A flow task's input: aggregates the step's tokens (`tokens`, `order`, `merge`), "
     "or returns `value` / `literal` as it is.",
@@ -108,6 +110,7 @@ def flow_input_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
 
 @register_tool(
     "flow_guard",
+    config=FlowGuardConfig,
     description="A guarded flow task's input and whether its JSONPath guard (`path`) holds: {pass, input}.",
 )
 def flow_guard_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
@@ -398,6 +401,7 @@ def _read_location(where: str, ctx: ToolContext) -> bytes:
 
 @register_tool(
     "resource",
+    config=ResourceConfig,
     description="Loads (`op: load`) or stores (`op: store`, `value`) a resource by `uri`: "
     "file:// or a path relative to the playbook, http(s)://, noetl:// (resource registry).",
 )

@@ -42,6 +42,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from noetl_dagster.tools.configs import HttpConfig
 from noetl_dagster.tools.credentials import lookup_credential
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
 
@@ -312,4 +313,4 @@ def http_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     return result
 
 
-register_tool("http", http_tool, description="HTTP request (httpx); result {status_code, headers, data}")
+register_tool("http", http_tool, config=HttpConfig, description="HTTP request (httpx); result {status_code, headers, data}")

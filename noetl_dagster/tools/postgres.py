@@ -34,6 +34,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from noetl_dagster.tools.configs import PostgresConfig
 from noetl_dagster.tools.credentials import lookup_credential
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
 from noetl_dagster.util.jsonutil import plain
@@ -294,4 +295,4 @@ def postgres_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         raise pg_error(e, label) from None
 
 
-register_tool("postgres", postgres_tool, description="SQL on PostgreSQL (psycopg 3); result {rows, row_count, columns}")
+register_tool("postgres", postgres_tool, config=PostgresConfig, description="SQL on PostgreSQL (psycopg 3); result {rows, row_count, columns}")

@@ -1,38 +1,55 @@
 """The plugin API for tool kinds, in one import.
 
-A third-party kind needs only this module::
+A third-party kind needs only this module and one entry point (docs/tools.md "Adding a tool kind")::
 
-    from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
+    from noetl_dagster.tools.registry import ToolConfig, ToolContext, ToolError, register_tool
 
-    @register_tool("echo")
+    class EchoConfig(ToolConfig):
+        message: str
+
+    @register_tool("echo", config=EchoConfig)
     def echo(inputs, ctx: ToolContext):
-        return inputs
+        return {"echo": inputs["message"]}
+
+    # pyproject.toml:  [project.entry-points."noetl_dagster.tools"]  echo = "my_pkg.echo:echo"
 
 The catalogue lives in ``noetl_dagster.dsl.kinds`` (validation needs the names)
 and the contract in ``noetl_dagster.engine.ports`` (the engine calls the kinds).
 """
 
 from noetl_dagster.dsl.kinds import (
-    BUILTIN_KINDS,
-    BUILTIN_MODULES,
+    ENTRY_POINT_GROUP,
+    KindError,
+    PluginLoadError,
+    ToolConfigError,
     ToolFn,
     ToolKind,
+    all_kinds,
+    builtin_kinds,
     get_tool,
     known_kinds,
     raw_keys,
+    refresh_entry_points,
     register_tool,
 )
 from noetl_dagster.engine.ports import ToolContext, ToolError
+from noetl_dagster.tools.configs import ToolConfig
 
 __all__ = [
-    "BUILTIN_KINDS",
-    "BUILTIN_MODULES",
+    "ENTRY_POINT_GROUP",
+    "ToolConfig",
+    "KindError",
+    "PluginLoadError",
+    "ToolConfigError",
     "ToolContext",
     "ToolError",
     "ToolFn",
     "ToolKind",
+    "all_kinds",
+    "builtin_kinds",
     "get_tool",
     "known_kinds",
     "raw_keys",
+    "refresh_entry_points",
     "register_tool",
 ]

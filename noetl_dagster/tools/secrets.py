@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from noetl_dagster.tools.configs import SecretsConfig
 from noetl_dagster.tools.credentials import lookup_credential
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
 
@@ -55,4 +56,4 @@ def secrets_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     return {"name": name, "field": field, "ref": f"keychain:{name}.{field}", "value": value}
 
 
-register_tool("secrets", secrets_tool, description="Read a secret from the keychain (value redacted in events)")
+register_tool("secrets", secrets_tool, config=SecretsConfig, description="Read a secret from the keychain (value redacted in events)")

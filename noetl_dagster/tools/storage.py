@@ -48,6 +48,7 @@ from noetl_dagster.storage.tables import (
     TableStorage,
     read_file_table,
 )
+from noetl_dagster.tools.configs import StorageConfig
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
 from noetl_dagster.util.jsonutil import plain
 
@@ -232,6 +233,6 @@ def write_sink(result: Any, sink: Mapping[str, Any], ctx: ToolContext) -> dict[s
     return _run(fmt, spec, ctx)
 
 
-register_tool("parquet", parquet_tool, description=parquet_tool.__doc__ or "")
-register_tool("arrow", arrow_tool, description=arrow_tool.__doc__ or "")
-register_tool("iceberg", iceberg_tool, description=iceberg_tool.__doc__ or "")
+register_tool("parquet", parquet_tool, config=StorageConfig, description=parquet_tool.__doc__ or "")
+register_tool("arrow", arrow_tool, config=StorageConfig, description=arrow_tool.__doc__ or "")
+register_tool("iceberg", iceberg_tool, config=StorageConfig, description=iceberg_tool.__doc__ or "")

@@ -9,6 +9,7 @@ from typing import Any
 
 from qdrant_client import models
 
+from noetl_dagster.tools.configs import QdrantConfig
 from noetl_dagster.tools.credentials import lookup_credential
 from noetl_dagster.tools.qdrant.client import (
     DEFAULT_BATCH,
@@ -264,5 +265,6 @@ def qdrant_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
 register_tool(
     KIND,
     qdrant_tool,
+    config=QdrantConfig,
     description="Vector collections on Qdrant: create | upsert | query | delete; result {points | hits, count}",
 )

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from noetl_dagster.tools.configs import QuantumConfig
 from noetl_dagster.tools.quantum.contract import QuantumRequest, config_error, parse_request
 from noetl_dagster.tools.quantum.jobs import JobStore, iso, now
 from noetl_dagster.tools.quantum.providers import QuantumProvider, get_provider_class
@@ -188,7 +189,7 @@ def _done_or_raise(rec: dict[str, Any]) -> dict[str, Any]:
     return job_view(rec)
 
 
-@register_tool("quantum")
+@register_tool("quantum", config=QuantumConfig)
 def quantum_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     """Quantum circuits on simulators and (emulated) QPUs: run | submit | status | result | cancel | queue."""
     req = parse_request(inputs, ctx)
