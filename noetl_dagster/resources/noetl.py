@@ -64,6 +64,14 @@ class NoetlResource(dg.ConfigurableResource):
                 _SERVICES[key] = svc
             return svc
 
+    def registry(self, tenant: str, project: str) -> Any:
+        """A registry client for one scope: the one the storage tool kinds write to
+        (``$NOETL_REGISTRY_URL``, else ``<data_dir>/registry.db``), for asset metadata and checks."""
+        from registry_service.client import open_registry  # noqa: PLC0415 - only asset code reads it
+
+        url = os.environ.get("NOETL_REGISTRY_URL") or str(self.resolved_data_dir() / "registry.db")
+        return open_registry(url, os.environ.get("NOETL_REGISTRY_API_KEY") or None, tenant=tenant, project=project)
+
     def locks_dir(self) -> Path:
         d = self.resolved_data_dir() / "locks"
         d.mkdir(parents=True, exist_ok=True)

@@ -25,14 +25,15 @@ from dagster._core.definitions.dependency import DynamicCollectDependencyDefinit
 
 import noetl_dagster.translator.naming as naming
 from noetl_dagster.dsl import PlaybookInvalid, load_playbook
-from noetl_dagster.dsl.locator import InvalidLocator, asset_key_for_uri
-from noetl_dagster.dsl.model import Playbook
+from noetl_dagster.dsl.model import Output, Playbook
 from noetl_dagster.engine.graph import analyze
 from noetl_dagster.resources.noetl import NoetlResource, resource_from_env
 from noetl_dagster.resources.runtime import TAG_STEP, json_safe
-from noetl_dagster.runners.local import run_playbook
+from noetl_dagster.translator.assets import playbook_assets
+from noetl_dagster.translator.checks import playbook_checks
+from noetl_dagster.translator.declare import with_partition_metadata
 from noetl_dagster.translator.frames import loop_dependencies, make_loop_ops
-from noetl_dagster.translator.ops import RESOURCE_KEY, make_node_op, make_start_op, output_name, stored_refs
+from noetl_dagster.translator.ops import RESOURCE_KEY, make_node_op, make_start_op, output_name
 from noetl_dagster.translator.plan import MODES, JobPlan, Node, plan_job
 from noetl_dagster.translator.translator import (
     START_ID,
@@ -67,6 +68,7 @@ class CompiledPlaybook:
     jobs: list[dg.JobDefinition] = field(default_factory=list)
     schedules: list[dg.ScheduleDefinition] = field(default_factory=list)
     assets: list[dg.AssetSpec] = field(default_factory=list)
+    outputs: dict[dg.AssetKey, Output] = field(default_factory=dict)  # declared outputs (checks, owners...)
 
     @property
     def path(self) -> str:
@@ -228,6 +230,7 @@ def compile_playbooks(
     for i, (pb, file) in enumerate(loaded):
         job_name = job_names[_identity(pb, i)]
         try:
+            pb = with_partition_metadata(pb)  # partitioned: storage writes record their partition key
             pb_mode = _playbook_mode(pb, mode)
             step_ids = naming.unique_names(((s.name, s.name) for s in pb.workflow), reserved=[START_ID])
             data = NoetlPlaybookData(pb, job_name, pb_mode, resource.tenant, resource.project, step_ids)
@@ -265,6 +268,7 @@ def compile_playbooks(
         sensors.append(build_router_sensor(index, name=sensor_name, minimum_interval_seconds=sensor_interval_seconds))
     checks: list[dg.AssetChecksDefinition] = []
     assets_defs = playbook_assets(compiled, _dedupe_assets(assets))
+    checks += playbook_checks(compiled, {k for ad in assets_defs for k in ad.keys})
     if on_error == "report":
         for bad in invalid:
             assets.append(invalid_playbook_asset(bad))
@@ -278,55 +282,6 @@ def compile_playbooks(
         resources={RESOURCE_KEY: resource},
     )
     return NoetlCodeLocation(defs, index)
-
-
-def playbook_assets(compiled: list[CompiledPlaybook], specs: list[dg.AssetSpec]) -> list[dg.AssetsDefinition]:
-    """Asset-first: the tables a playbook declares (storage tasks with literal ``noetl://`` URIs) are
-    materializable. *Materialize* runs the whole playbook (its workload defaults) in the asset's op
-    and reports each declared table with the reference it stored (rows, version, checksum). A table
-    two playbooks declare belongs to the first."""
-    owner: dict[dg.AssetKey, str] = {}
-    by_pb: dict[str, list[dg.AssetSpec]] = {}
-    wanted = {s.key: s for s in specs}
-    for c in compiled:
-        for a in c.assets:
-            if a.key in wanted and a.key not in owner:
-                owner[a.key] = c.path
-                by_pb.setdefault(c.path, []).append(wanted[a.key])
-    return [_playbook_multi_asset(c, by_pb[c.path]) for c in compiled if c.path in by_pb]
-
-
-def _playbook_multi_asset(c: CompiledPlaybook, specs: list[dg.AssetSpec]) -> dg.AssetsDefinition:
-    pb = c.playbook
-
-    @dg.multi_asset(
-        specs=specs, name=f"{c.job_name}__tables", required_resource_keys={RESOURCE_KEY}, can_subset=False,
-        description=f"Runs {c.path} (its workload defaults) and reports the tables it stores.",
-    )  # fmt: skip
-    def _tables(context):  # noqa: ANN001, ANN202 - Dagster reads the annotation at runtime; none here
-        res = getattr(context.resources, RESOURCE_KEY)
-        result = run_playbook(pb, services=res.services(), logger=context.log.info)
-        if result.status != "completed":
-            raise dg.Failure(description=f"{c.path}: execution {result.execution_id} {result.status}",
-                             metadata={"execution_id": result.execution_id}, allow_retries=False)  # fmt: skip
-        stored: dict[dg.AssetKey, dict[str, Any]] = {}
-        for value in result.results.values():
-            for info in stored_refs(value):
-                try:
-                    stored[dg.AssetKey(asset_key_for_uri(info["uri"]))] = info
-                except InvalidLocator:
-                    continue
-        for spec in specs:
-            info = stored.get(spec.key, {})
-            md: dict[str, Any] = {"noetl/execution_id": result.execution_id}
-            for k in ("uri", "version", "checksum", "format"):
-                if isinstance(info.get(k), (str, int)):
-                    md[f"noetl/{k}"] = info[k]
-            if isinstance(info.get("rows"), int):
-                md["dagster/row_count"] = info["rows"]
-            yield dg.MaterializeResult(asset_key=spec.key, metadata=md)
-
-    return _tables
 
 
 def invalid_playbook_asset(bad: InvalidPlaybook) -> dg.AssetSpec:
@@ -532,6 +487,8 @@ def _compile_one(pb: Playbook, data: NoetlPlaybookData, translator: NoetlTransla
             spec = translator.get_asset_spec(asset)
             if spec is not None:
                 c.assets.append(spec)
+                if asset.output is not None:
+                    c.outputs.setdefault(spec.key, asset.output)
     return c
 
 

@@ -29,7 +29,7 @@ import dagster as dg
 
 import noetl_dagster.translator.naming as naming
 from noetl_dagster.dsl.locator import InvalidLocator, asset_key_for_uri, is_locator
-from noetl_dagster.dsl.model import Playbook, Step
+from noetl_dagster.dsl.model import Output, Playbook, Step
 from noetl_dagster.resources.runtime import (
     TAG_KIND,
     TAG_MODE,
@@ -37,6 +37,12 @@ from noetl_dagster.resources.runtime import (
     TAG_PROJECT,
     TAG_STEP,
     TAG_TENANT,
+)
+from noetl_dagster.translator.declare import (
+    STORAGE_KINDS,
+    automation_condition,
+    freshness_policy,
+    partitions_def,
 )
 from noetl_dagster.translator.k8s import needs_k8s_job_executor, step_k8s_tags
 
@@ -121,13 +127,15 @@ class NoetlStepData:
 
 @dataclass(frozen=True)
 class NoetlAssetData:
-    """A table a step stores under a literal ``noetl://`` URI (a storage task's ``uri``)."""
+    """A table a step produces: declared in its ``outputs`` and/or stored by a task under a literal
+    ``noetl://`` URI (a storage task's ``uri``)."""
 
     step: NoetlStepData
     uri: str
     task: str
     kind: str
     deps: tuple[str, ...] = ()  # literal URIs it is made from: reads before it in the step, its `inputs`
+    output: Output | None = None  # the step's declaration (owners, kinds, checks, automation...)
 
 
 @dataclass(frozen=True)
@@ -322,10 +330,12 @@ class NoetlTranslator:
 
     # -- assets -------------------------------------------------------------------------
     def get_asset_spec(self, data: NoetlAssetData) -> dg.AssetSpec | None:
-        """An asset for a table a step stores under a literal ``noetl://`` URI, with its declared inputs as deps.
+        """An asset for a table a step produces, with its declared inputs as deps.
 
-        Tables stored under templated URIs still reach the catalog: each run materializes the
-        key of the reference the task returned (with ``noetl/inputs`` metadata).
+        Kinds: ``noetl``, the storage format and the step's tool kinds (python, duckdb, ...), plus the
+        output's; owners, group, automation and freshness from the output, else ``executor.spec.dagster``;
+        the code reference points at the ``outputs`` entry (else the step). Tables stored under templated
+        URIs still reach the catalog: each run materializes the key of the reference a task returned.
         """
         try:
             key = dg.AssetKey(asset_key_for_uri(data.uri))
@@ -333,22 +343,37 @@ class NoetlTranslator:
         except InvalidLocator:
             return None
         step = data.step
+        pb = step.playbook.playbook
+        dag = pb.dagster
+        out = data.output or Output(uri=data.uri)
         meta: dict[str, Any] = {
             "noetl/uri": data.uri,
             "noetl/step": step.name,
-            "noetl/task": data.task,
             "noetl/playbook": step.playbook.path,
         }
-        refs = self._code_references(step.playbook.file, step.line)
+        if data.task:
+            meta["noetl/task"] = data.task
+        declared = [c.schema_.get("columns") for c in out.checks if c.schema_ and c.schema_.get("columns")]
+        if declared:
+            meta["dagster/column_schema"] = dg.TableSchema(
+                columns=[dg.TableColumn(str(n), str(t)) for n, t in declared[0].items()]
+            )
+        refs = self._code_references(step.playbook.file, out.line or step.line)
         if refs is not None:
             meta["dagster/code_references"] = refs
+        kinds = {"noetl", data.kind, *step.kinds, *out.kinds} - {"noetl_table"}
         return dg.AssetSpec(
             key=key,
             deps=[d for d in deps if d != key],
-            description=step.step.desc or f"Stored by step {step.name} of {step.playbook.path}",
-            group_name=step.playbook.job_name,
-            kinds={"noetl", data.kind},
+            description=out.description or step.step.desc or f"Stored by step {step.name} of {step.playbook.path}",
+            group_name=out.group or dag.group or step.playbook.job_name,
+            kinds=kinds,
+            owners=list(out.owners or dag.owners) or None,
+            tags=dict(out.tags) or None,
             metadata=meta,
+            automation_condition=automation_condition(out.automation or dag.automation),
+            freshness_policy=freshness_policy(out.freshness or dag.freshness),
+            partitions_def=partitions_def(pb),
         )
 
     # -- helpers ------------------------------------------------------------------------
@@ -364,7 +389,8 @@ class NoetlTranslator:
 
 
 def declared_assets(data: NoetlStepData) -> list[NoetlAssetData]:
-    """Tables the step's tasks store under literal URIs, with the literal URIs they read first."""
+    """Tables the step produces: its ``outputs`` and what its tasks store under literal URIs,
+    with the literal URIs they read first."""
     out: list[NoetlAssetData] = []
     reads: list[str] = []
     for task in data.step.tool:
@@ -379,6 +405,14 @@ def declared_assets(data: NoetlStepData) -> list[NoetlAssetData]:
         literal = [u for u in inputs if isinstance(u, str) and "{{" not in u and is_locator(u)]
         deps = tuple(dict.fromkeys(reads + literal))
         out.append(NoetlAssetData(data, uri, task.label, task.kind, deps))
+    for o in data.step.outputs:
+        hit = next((i for i, a in enumerate(out) if a.uri.split("@")[0] == o.uri), None)
+        if hit is not None:
+            out[hit] = dataclasses.replace(out[hit], output=o)
+            continue
+        writer = next((t for t in data.step.tool if t.kind in STORAGE_KINDS and t.config.get("op", "write") == "write"), None)
+        out.append(NoetlAssetData(data, o.uri, writer.label if writer else "", writer.kind if writer else "noetl_table",
+                                  tuple(dict.fromkeys(reads)), o))  # fmt: skip
     return out
 
 

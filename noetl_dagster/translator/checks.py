@@ -1,0 +1,157 @@
+"""Playbook-declared asset checks, evaluated from the event log.
+
+Each ``outputs[].checks`` entry of a step becomes a Dagster asset check on the
+table's asset (one ``multi_asset_check`` per playbook, ``<job>__checks``). A check
+reads the table's newest version the way the catalog knows it: the registry record
+(columns, rows, partition key) and the execution's event log (the reference the task
+returned, when it was stored, the workload), then:
+
+- ``row_count: {min, max}``: the version's row count within bounds;
+- ``schema: {columns: {name: type}, stable: true}``: the declared columns exist with
+  these Arrow types; ``stable``: no column added, dropped or retyped since the previous version;
+- ``freshness: {max_age_minutes}``: the version was stored at most that long ago;
+- ``assert: '{{ ... }}'``: a template predicate over ``output`` (the reference: rows, size,
+  version, uri...), ``columns``, ``workload``, ``execution_id``, ``partition_key``.
+
+Materializing the asset runs its checks after it in the same run; a check can also be
+run alone (the asset's *Checks* tab) to re-evaluate the newest version, e.g. freshness.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import dagster as dg
+
+from noetl_dagster.dsl.model import OutputCheck
+from noetl_dagster.dsl.templates import TemplateError, template_env
+from noetl_dagster.translator.assets import StoredVersion, latest_version, previous_version
+from noetl_dagster.translator.ops import RESOURCE_KEY
+
+if TYPE_CHECKING:  # pragma: no cover
+    from noetl_dagster.resources.noetl import NoetlResource
+    from noetl_dagster.translator.build import CompiledPlaybook
+
+
+def playbook_checks(compiled: list[CompiledPlaybook], owned: set[dg.AssetKey]) -> list[dg.AssetChecksDefinition]:
+    """One multi-asset check per playbook over the checks its outputs declare (for the tables it owns)."""
+    out: list[dg.AssetChecksDefinition] = []
+    for c in compiled:
+        declared: dict[dg.AssetCheckKey, tuple[str, OutputCheck]] = {}
+        specs: list[dg.AssetCheckSpec] = []
+        for spec in c.assets:
+            output = c.outputs.get(spec.key)
+            if spec.key not in owned or output is None:
+                continue
+            for chk in output.checks:
+                key = dg.AssetCheckKey(spec.key, chk.name or chk.kind)
+                if key in declared:
+                    continue
+                declared[key] = (output.uri, chk)
+                specs.append(dg.AssetCheckSpec(
+                    key.name, asset=spec.key, blocking=chk.blocking, description=chk.description or describe(chk),
+                    metadata={"noetl/check": chk.kind, "noetl/playbook": c.path},
+                ))  # fmt: skip
+        if specs:
+            out.append(_checks_def(c, specs, declared))
+    return out
+
+
+def _checks_def(
+    c: CompiledPlaybook, specs: list[dg.AssetCheckSpec], declared: dict[dg.AssetCheckKey, tuple[str, OutputCheck]]
+) -> dg.AssetChecksDefinition:
+    @dg.multi_asset_check(
+        specs=specs, name=f"{c.job_name}__checks", can_subset=True, required_resource_keys={RESOURCE_KEY},
+        description=f"Checks {c.path} declares on its outputs, evaluated from the event log and the registry.",
+    )  # fmt: skip
+    def _checks(context):  # noqa: ANN001, ANN202 - Dagster reads the annotation at runtime; none here
+        res: NoetlResource = getattr(context.resources, RESOURCE_KEY)
+        versions: dict[str, StoredVersion | None] = {}
+        for key in sorted(context.selected_asset_check_keys, key=lambda k: (k.asset_key.to_user_string(), k.name)):
+            uri, chk = declared[key]
+            if uri not in versions:
+                versions[uri] = latest_version(res, uri)
+            yield evaluate(res, key, chk, versions[uri])
+
+    return _checks
+
+
+def describe(chk: OutputCheck) -> str:
+    if chk.row_count is not None:
+        return "row count within " + ", ".join(f"{k} {v}" for k, v in chk.row_count.items())
+    if chk.schema_ is not None:
+        parts = []
+        if chk.schema_.get("columns"):
+            parts.append("columns " + ", ".join(f"{n}: {t}" for n, t in chk.schema_["columns"].items()))
+        if chk.schema_.get("stable"):
+            parts.append("no schema drift since the previous version")
+        return "; ".join(parts) or "schema"
+    if chk.freshness is not None:
+        return f"stored less than {chk.freshness['max_age_minutes']} minutes ago"
+    return f"assert {chk.assert_}"
+
+
+def evaluate(res: NoetlResource, key: dg.AssetCheckKey, chk: OutputCheck, v: StoredVersion | None) -> dg.AssetCheckResult:
+    severity = dg.AssetCheckSeverity.WARN if chk.severity == "warn" else dg.AssetCheckSeverity.ERROR
+    if v is None:
+        return dg.AssetCheckResult(asset_key=key.asset_key, check_name=key.name, passed=False, severity=severity,
+                                   description="no version of the table is registered yet")  # fmt: skip
+    md: dict[str, Any] = {"noetl/uri": v.uri}
+    if v.execution_id:
+        md["noetl/execution_id"] = v.execution_id
+    passed, why = _verdict(res, chk, v, md)
+    return dg.AssetCheckResult(asset_key=key.asset_key, check_name=key.name, passed=passed, severity=severity,
+                               description=why, metadata=md)  # fmt: skip
+
+
+def _verdict(res: NoetlResource, chk: OutputCheck, v: StoredVersion, md: dict[str, Any]) -> tuple[bool, str]:
+    if chk.row_count is not None:
+        rows = v.rows
+        md["rows"] = rows if rows is not None else -1
+        lo, hi = chk.row_count.get("min"), chk.row_count.get("max")
+        ok = rows is not None and (lo is None or rows >= lo) and (hi is None or rows <= hi)
+        return ok, f"{rows} rows (expected {describe(chk).removeprefix('row count within ')})"
+    if chk.schema_ is not None:
+        return _schema(res, chk.schema_, v, md)
+    if chk.freshness is not None:
+        if v.stored_at is None:
+            return False, "the version has no recorded time"
+        age = (datetime.now(UTC) - v.stored_at).total_seconds() / 60
+        md["age_minutes"] = round(age, 2)
+        limit = chk.freshness["max_age_minutes"]
+        return age <= limit, f"stored {age:.1f} minutes ago (limit {limit})"
+    scope = {"output": v.ref, "columns": v.columns, "workload": v.workload, "execution_id": v.execution_id,
+             "partition_key": v.partition_key, "rows": v.rows}  # fmt: skip
+    try:
+        value = template_env().render_str(chk.assert_ or "", scope)
+    except TemplateError as e:
+        return False, f"{chk.assert_}: {e}"
+    ok = value is True or (isinstance(value, str) and value.strip().lower() == "true")
+    md["value"] = str(value)[:200]
+    return ok, f"{chk.assert_} -> {value!r}"
+
+
+def _schema(res: NoetlResource, decl: dict[str, Any], v: StoredVersion, md: dict[str, Any]) -> tuple[bool, str]:
+    have = {str(c.get("name")): str(c.get("type")) for c in v.columns}
+    md["columns"] = dg.MetadataValue.json(have)
+    problems: list[str] = []
+    for name, typ in (decl.get("columns") or {}).items():
+        if name not in have:
+            problems.append(f"column {name} missing")
+        elif have[name] != typ:
+            problems.append(f"column {name} is {have[name]}, declared {typ}")
+    if decl.get("stable"):
+        prev = previous_version(res, v)
+        if prev is not None:
+            before = {str(c.get("name")): str(c.get("type")) for c in prev.columns}
+            added = sorted(set(have) - set(before))
+            dropped = sorted(set(before) - set(have))
+            retyped = sorted(n for n in set(have) & set(before) if have[n] != before[n])
+            for what, names in (("added", added), ("dropped", dropped), ("retyped", retyped)):
+                if names:
+                    problems.append(f"{what} since {prev.ref.get('version')}: {', '.join(names)}")
+            md["previous_version"] = str(prev.ref.get("version"))
+    if problems:
+        return False, "schema drift: " + "; ".join(problems)
+    return True, f"{len(have)} columns as declared" + (" and unchanged" if decl.get("stable") else "")
