@@ -31,7 +31,7 @@ from noetl_dagster.resources.noetl import NoetlResource, resource_from_env
 from noetl_dagster.resources.runtime import TAG_STEP, json_safe
 from noetl_dagster.translator.assets import playbook_assets
 from noetl_dagster.translator.checks import playbook_checks
-from noetl_dagster.translator.declare import with_partition_metadata
+from noetl_dagster.translator.declare import partitions_def, with_partition_metadata
 from noetl_dagster.translator.frames import loop_dependencies, make_loop_ops
 from noetl_dagster.translator.ops import RESOURCE_KEY, make_node_op, make_start_op, output_name
 from noetl_dagster.translator.plan import MODES, JobPlan, Node, plan_job
@@ -449,7 +449,8 @@ def _compile_one(pb: Playbook, data: NoetlPlaybookData, translator: NoetlTransla
             deps[spec.name] = {"after": dg.MultiDependencyDefinition(sources)}
     prefix = f"{data.job_name}__"
     start_node = node_alias(start_spec.name, prefix)
-    jobs = [_job(job_spec, node_defs, deps, config=launch_config(pb, start_node), prefix=prefix)]
+    jobs = [_job(job_spec, node_defs, deps, config=launch_config(pb, start_node), prefix=prefix,
+                 partitions_def=partitions_def(pb))]  # fmt: skip
     c = CompiledPlaybook(pb, data, plan, job_spec.name, start_node,
                          node_ops={k: node_alias(v, prefix) for k, v in out_op.items()})  # fmt: skip
 
@@ -518,7 +519,7 @@ def _realias(dep: Any, alias: dict[str, str]) -> Any:
 
 def _job(
     spec: NoetlJobSpec, node_defs: list[dg.OpDefinition], deps: dict[str, Any], config: dict[str, Any] | None = None,
-    prefix: str = "",
+    prefix: str = "", partitions_def: dg.PartitionsDefinition | None = None,
 ) -> dg.JobDefinition:  # fmt: skip
     alias = {d.name: node_alias(d.name, prefix) for d in node_defs}
     if len(set(alias.values())) != len(alias):  # a custom translator's names: keep them as they are
@@ -536,6 +537,7 @@ def _job(
         executor_def=_executor(spec.executor),
         config=config,
         op_retry_policy=spec.op_retry_policy,
+        partitions_def=partitions_def,
     )
 
 

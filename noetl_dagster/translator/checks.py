@@ -26,8 +26,8 @@ import dagster as dg
 
 from noetl_dagster.dsl.model import OutputCheck
 from noetl_dagster.dsl.templates import TemplateError, template_env
-from noetl_dagster.translator.assets import StoredVersion, latest_version, previous_version
 from noetl_dagster.translator.ops import RESOURCE_KEY
+from noetl_dagster.translator.versions import StoredVersion, latest_version, previous_version
 
 if TYPE_CHECKING:  # pragma: no cover
     from noetl_dagster.resources.noetl import NoetlResource

@@ -36,6 +36,7 @@ from noetl_dagster.resources.runtime import (
 )
 from noetl_dagster.translator.plan import JobPlan, Node
 from noetl_dagster.translator.translator import NoetlOpSpec
+from noetl_dagster.translator.versions import StoredVersion, stored_refs, version_metadata, with_registry
 
 RESOURCE_KEY = "noetl"
 RESULT_OUTPUT = "result"
@@ -184,8 +185,12 @@ def make_start_op(pb: Playbook, spec: NoetlOpSpec, plan: JobPlan, node_outputs: 
             _remember_run(context, eid, tag=context.dagster_run.tags.get(TAG_EXECUTION) != eid)
         else:
             eid = _execution_id(context)
+        overrides = workload_overrides(pb, cfg)
+        parts = pb.dagster.partitions
+        if parts is not None and context.has_partition_key:  # a partitioned run: the key is a workload value
+            overrides[parts.workload_key] = context.partition_key
         eng, started = start_execution(
-            pb, svc, eid, workload_overrides(pb, cfg), requested_by=f"{REQUESTED_BY_DAGSTER}{context.run_id}",
+            pb, svc, eid, overrides, requested_by=f"{REQUESTED_BY_DAGSTER}{context.run_id}",
             logger=context.log, nominal_time=_nominal_time(context),
         )  # fmt: skip
         st = eng.state
@@ -311,7 +316,8 @@ def _report_outputs(
         if report.recovered:
             md["recovered_step_runs"] = ", ".join(report.recovered)
         yield dg.Output(None, RESULT_OUTPUT, metadata=md)
-    yield from _materializations(eng.execution_id, report.task_results)
+    yield from _materializations(eng.execution_id, report.task_results, getattr(context.resources, RESOURCE_KEY),
+                                 context.partition_key if context.has_partition_key else None)
     if plan is None:
         return
     pending = report.pending_steps()
@@ -325,8 +331,11 @@ def _report_outputs(
             yield dg.Output(None, name, metadata={"tokens": ", ".join(toks) or "(downstream work)"})
 
 
-def _materializations(eid: str, task_results: list[tuple[str, Any]]) -> Iterator[dg.AssetMaterialization]:
-    """Tasks that stored a table (their result is a ``noetl://`` reference) materialize its asset key."""
+def _materializations(
+    eid: str, task_results: list[tuple[str, Any]], resource: Any = None, partition: str | None = None
+) -> Iterator[dg.AssetMaterialization]:
+    """Tasks that stored a table (their result is a ``noetl://`` reference) materialize its asset key,
+    with the metadata the asset-first multi-asset reports (schema, rows, bytes, version)."""
     for step, result in task_results:
         for info in stored_refs(result):
             uri = info["uri"]
@@ -334,33 +343,8 @@ def _materializations(eid: str, task_results: list[tuple[str, Any]]) -> Iterator
                 key = asset_key_for_uri(uri)
             except InvalidLocator:
                 continue
-            md: dict[str, Any] = {"noetl/uri": uri, "noetl/step": step, "noetl/execution_id": eid}
-            for k in ("rows", "size", "checksum", "version", "format", "urn", "location"):
-                v = info.get(k)
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    md[k] = v
-                elif isinstance(v, str):
-                    md[k] = dg.MetadataValue.text(v)
-            if isinstance(info.get("rows"), int):
-                md["dagster/row_count"] = info["rows"]
-            inputs = info.get("inputs") or []
-            if isinstance(inputs, list) and inputs:
-                md["noetl/inputs"] = dg.MetadataValue.text(", ".join(str(i) for i in inputs))
-            yield dg.AssetMaterialization(asset_key=key, metadata=md, description=f"stored by step {step}")
-
-
-def stored_refs(result: Any) -> Iterator[dict[str, Any]]:
-    """The store references in a task result: itself, or each item of a list / loop aggregate.
-
-    Only top-level references count: a read's result carries the reference it read under
-    ``ref``, which is an input, not something this task stored.
-    """
-    if isinstance(result, dict) and isinstance(result.get("uri"), str) and result["uri"].startswith("noetl://"):
-        yield result
-    elif isinstance(result, dict) and isinstance(result.get("results"), list):
-        for item in result["results"][:1000]:
-            yield from stored_refs(item)
-    elif isinstance(result, list):
-        for item in result[:1000]:
-            if isinstance(item, dict):
-                yield from stored_refs(item)
+            v = StoredVersion(uri, dict(info), execution_id=eid)
+            md = version_metadata(with_registry(resource, v) if resource is not None else v)
+            md["noetl/step"] = step
+            yield dg.AssetMaterialization(asset_key=key, metadata=md, description=f"stored by step {step}",
+                                          partition=partition)  # fmt: skip

@@ -50,7 +50,7 @@ def test_declared_tables_materialize_with_schema_rows_bytes_and_checks(dagster_d
     assert check_keys == {"row_count", "schema_drift", "freshness", "three_regions_a_day"}
 
     with dg.instance_for_test() as instance:
-        for n in (1, 2):  # the second run: schema_drift compares with v1
+        for _ in range(2):  # the second run: schema_drift compares with v1
             result = defs.resolve_implicit_global_asset_job_def().execute_in_process(instance=instance)
             assert result.success
         mats = {e.materialization.asset_key: e.materialization.metadata for e in result.get_asset_materialization_events()}
@@ -60,7 +60,7 @@ def test_declared_tables_materialize_with_schema_rows_bytes_and_checks(dagster_d
     assert md["dagster/row_count"].value == 15 and md["noetl/size_bytes"].value > 0
     assert [(c.name, c.type) for c in md["dagster/column_schema"].schema.columns] == [
         ("day", "int64"), ("region", "string"), ("amount", "int64")]  # fmt: skip
-    assert md["noetl/version"].value == f"v{n}" and md["noetl/uri"].value.endswith(f"daily_sales@v{n}")
+    assert md["noetl/version"].value == "v2" and md["noetl/uri"].value.endswith("daily_sales@v2")
     assert md["noetl/checksum"].value.startswith("sha256:")
     assert mats[TOTALS]["dagster/row_count"].value == 3
     assert run.tags["noetl/execution_id"] == md["noetl/execution_id"].value
@@ -176,6 +176,18 @@ def test_daily_partition_key_becomes_the_workload_value(dagster_data, tmp_path):
 
     table, _ = TableStorage(storage, data_dir=dagster_data).fetch(plan.uri, as_type="arrow")
     assert table.to_pylist() == [{"day": "2026-11-20"}]
+
+
+def test_partitioned_playbook_job_takes_the_partition_key(dagster_data, tmp_path):
+    f = tmp_path / "daily.yaml"
+    f.write_text(DAILY_PB)
+    job = _defs([f], dagster_data).resolve_job_def("daily_load")
+    assert isinstance(job.partitions_def, dg.DailyPartitionsDefinition)
+    key = dg.AssetKey(["demo", "examples", "t", "daily_load"])
+    with dg.instance_for_test() as instance:
+        assert job.execute_in_process(instance=instance, partition_key="2026-11-21").success
+        mat = instance.get_latest_materialization_event(key).asset_materialization
+    assert mat.partition == "2026-11-21" and mat.metadata["noetl/partition_key"].value == "2026-11-21"
 
 
 def test_on_cron_automation_requests_the_asset_after_the_tick(dagster_data, tmp_path):

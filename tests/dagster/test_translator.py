@@ -226,10 +226,10 @@ def test_stored_tables_are_assets_with_lineage():
     daily, totals = specs["demo/examples/sales/daily_sales"], specs["demo/examples/sales/region_totals"]
     assert [d.asset_key for d in totals.deps] == [daily.key]  # read first in the same step
     assert daily.metadata["noetl/uri"] == "noetl://demo/examples/sales/dataset/daily_sales"
-    assert "parquet" in daily.kinds and daily.group_name == "sales_tables"
+    assert "parquet" in daily.kinds and daily.group_name == "sales"  # executor.spec.dagster.group
     pb = load_playbook(EXAMPLES / "sales_tables.yaml")
     ref = daily.metadata["dagster/code_references"].code_references[0]
-    assert ref.line_number == pb.step("store_daily").line
+    assert ref.line_number == pb.step("store_daily").outputs[0].line  # the outputs entry declaring it
 
 
 def test_kubernetes_placement_becomes_op_tags(tmp_path):
