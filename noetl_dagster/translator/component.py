@@ -37,6 +37,7 @@ from pydantic import BaseModel, Field
 
 from noetl_dagster.resources.noetl import NoetlResource
 from noetl_dagster.translator.build import compile_playbooks
+from noetl_dagster.translator.declare import automation_condition
 from noetl_dagster.translator.translator import (
     NoetlAssetData,
     NoetlJobSpec,
@@ -57,6 +58,16 @@ class NoetlTranslation(dg.Model, dg.Resolvable):
     group_name: str | None = Field(default=None, description="asset group of the tables playbooks declare")
     asset_tags: dict[str, str] = Field(default_factory=dict, description="tags added to every declared asset")
     kinds: list[str] = Field(default_factory=list, description="kinds added to every declared asset")
+    owners: list[str] = Field(
+        default_factory=list, description="owners (emails, team:<name>) of declared assets whose playbook names none"
+    )
+    automation: str | dict[str, str] | None = Field(
+        default=None, description="automation of declared assets that declare none: eager, on_missing or {on_cron: '<cron>'}"
+    )
+    asset_metadata: dict[str, str] = Field(
+        default_factory=dict,
+        description="metadata added to every declared asset; values are templates over {playbook}, {step}, {uri}",
+    )
 
 
 class _ConfiguredTranslator(NoetlTranslator):
@@ -78,6 +89,13 @@ class _ConfiguredTranslator(NoetlTranslator):
             spec = spec.replace_attributes(group_name=t.group_name)
         if t.asset_tags or t.kinds:
             spec = spec.merge_attributes(tags=t.asset_tags, kinds=set(t.kinds))
+        if t.owners and not spec.owners:
+            spec = spec.replace_attributes(owners=t.owners)
+        if t.automation and spec.automation_condition is None:
+            spec = spec.replace_attributes(automation_condition=automation_condition(t.automation))
+        if t.asset_metadata:
+            names = {"playbook": data.step.playbook.path, "step": data.step.name, "uri": data.uri}
+            spec = spec.merge_attributes(metadata={k: v.format(**names) for k, v in t.asset_metadata.items()})
         return spec
 
 
