@@ -106,6 +106,8 @@ _RAW_KEY_HINTS: dict[str, frozenset[str]] = {
             "quantum",
             "flow_guard",
             "resource",
+            "shell",
+            "script",
         ),
         _NONE,
     ),
