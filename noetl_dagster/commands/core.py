@@ -36,7 +36,7 @@ def _fail_input(message: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the issues as a JSON list.")
 def validate(files: tuple[str, ...], as_json: bool) -> None:
     """Validate playbooks: one `FILE:LINE: RULE: message` line per error; exit 1 if any."""
-    from noetl_dagster.dsl.files import check_file
+    from noetl_dagster.dsl.files import check_file_with_warnings
 
     missing = [f for f in files if not Path(f).is_file()]
     issues = []
@@ -44,8 +44,10 @@ def validate(files: tuple[str, ...], as_json: bool) -> None:
     for f in files:
         if f in missing:
             continue
-        pb, found = check_file(f)
+        pb, found, warnings = check_file_with_warnings(f)
         issues.extend(found)
+        for w in warnings:  # deprecated spellings: stderr, never an error (stdout stays the error list)
+            click.echo(f"{w.file}:{w.line}: warning: {w.rule}: {w.path}: {w.message}", err=True)
         if pb is not None:
             valid.append((f, pb))
     if as_json:

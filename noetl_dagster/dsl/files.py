@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from noetl_dagster.dsl.flow import FlowError, load_flow_playbook
-from noetl_dagster.dsl.loader import YamlSyntaxError, load_yaml_file
+from noetl_dagster.dsl.legacy import find_deprecated_spellings
+from noetl_dagster.dsl.loader import SourceMap, YamlSyntaxError, format_path, load_yaml_file
 from noetl_dagster.dsl.model import Playbook
 from noetl_dagster.dsl.parse import PlaybookInvalid, ValidationIssue, load_playbook_dict, parse_playbook
 from noetl_dagster.util.graphs import strongly_connected
@@ -77,23 +78,40 @@ def validate_file(path: str | Path) -> list[ValidationIssue]:
 
 def check_file(path: str | Path) -> tuple[Playbook | None, list[ValidationIssue]]:
     """Parse and validate once: (the playbook when it is valid, the issues)."""
+    pb, issues, _ = check_file_with_warnings(path)
+    return pb, issues
+
+
+def check_file_with_warnings(
+    path: str | Path,
+) -> tuple[Playbook | None, list[ValidationIssue], list[ValidationIssue]]:
+    """check_file plus the warnings: deprecated spellings of renamed keys (rule ``deprecated-key``)."""
     p = Path(path)
     if not p.is_file():
-        return None, [ValidationIssue(str(p), 0, "", "file-not-found", "no such file")]
+        return None, [ValidationIssue(str(p), 0, "", "file-not-found", "no such file")], []
     if p.suffix == ".flow":
         try:
-            return _load_flow(p), []
+            return _load_flow(p), [], []
         except PlaybookInvalid as e:
-            return None, e.issues
+            return None, e.issues, []
     try:
         raw, sm = load_yaml_file(p)
     except YamlSyntaxError as e:
-        return None, [ValidationIssue(e.file, e.line, "", e.rule, e.message)]
+        return None, [ValidationIssue(e.file, e.line, "", e.rule, e.message)], []
     too_big = check_playbook_size(raw, str(p), sm.line(("workflow",)))
     if too_big:
-        return None, too_big
+        return None, too_big, []
     pb, issues = parse_playbook(raw, source_map=sm, source_file=str(p))
-    return (None if issues else pb), issues
+    return (None if issues else pb), issues, deprecation_warnings(raw, sm)
+
+
+def deprecation_warnings(raw: Any, sm: SourceMap) -> list[ValidationIssue]:
+    """One warning per old spelling NoETL renamed (still valid here; `migrate` rewrites it)."""
+    return [
+        ValidationIssue(sm.file, sm.line(path), format_path(path), "deprecated-key",
+                        f"{old} is deprecated; use {new} (`noetl-dagster migrate` rewrites it)")  # fmt: skip
+        for path, old, new in find_deprecated_spellings(raw)
+    ]
 
 
 def _load_flow(p: Path) -> Playbook:

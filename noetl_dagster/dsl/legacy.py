@@ -24,7 +24,7 @@ Finding = tuple[PathT, str, str]
 
 MIGRATE = "run `noetl-dagster migrate FILE`"
 # the tool kinds whose own `args` key is not an input mapping
-_ARGS_NATIVE_KINDS = frozenset({"container", "shell", "script", "job", "k8s"})
+ARGS_NATIVE_KINDS = frozenset({"container", "shell", "script", "job", "k8s"})
 _VARS_REF = re.compile(r"(?:\{\{|\{%)[^}]*?(?<![\w.])vars\s*(?:\.|\[)")
 
 _STEP_KEYS: dict[str, tuple[str, str]] = {
@@ -36,11 +36,10 @@ _STEP_KEYS: dict[str, tuple[str, str]] = {
     "save": ("`save:` block", "becomes a storage task in the pipeline"),
     "retry": ("step `retry:` block", "becomes a `do: retry` rule in the task's `spec.policy.rules`"),
     "vars": ("step `vars:`", "becomes step `set: {ctx.<name>: ...}`"),
-    "args": ("step `args:`", "becomes the task `input`"),
     "end_loop": ("`end_loop` step", "the loop body folds into the loop step's pipeline"),
     "eval": ("`eval:` rules", "become `spec.policy.rules`"),
     "expr": ("`expr:`", "becomes a policy rule `when`"),
-    "set_vars": ("`set_vars`", "becomes `set_ctx`"),
+    "set_vars": ("`set_vars`", "becomes `set: {ctx.<name>}`"),
     "when": ("step `when`", "becomes `spec.policy.admit.rules`"),
 }
 
@@ -161,9 +160,6 @@ def _step(step: dict, path: PathT, out: list[Finding]) -> None:
 def _task(task: dict, path: PathT, out: list[Finding]) -> None:
     if "kind" not in task and "type" in task:
         out.append(((*path, "type"), "task `type:`", f"{MIGRATE}: becomes `kind:`"))
-    kind = task.get("kind", task.get("type"))
-    if isinstance(task.get("args"), dict) and kind not in _ARGS_NATIVE_KINDS:
-        out.append(((*path, "args"), "task `args:`", f"{MIGRATE}: becomes `input`"))
     if isinstance(task.get("with"), dict):
         out.append(((*path, "with"), "task `with:`", f"{MIGRATE}: becomes `input`"))
     if isinstance(task.get("retry"), dict):
@@ -184,7 +180,11 @@ def _task(task: dict, path: PathT, out: list[Finding]) -> None:
             then = body.get("then", body) if isinstance(body, dict) else None
             if isinstance(then, dict) and "set_vars" in then:
                 out.append(
-                    ((*path, "spec", "policy", "rules", j), "`set_vars`", f"{MIGRATE}: becomes `set_ctx`")
+                    (
+                        (*path, "spec", "policy", "rules", j),
+                        "`set_vars`",
+                        f"{MIGRATE}: becomes `set: {{ctx.*}}`",
+                    )
                 )
             if "expr" in rule:
                 out.append(
@@ -207,3 +207,92 @@ def _vars_refs(value: Any, path: PathT, out: list[Finding]) -> None:
     elif isinstance(value, list):
         for i, v in enumerate(value):
             _vars_refs(v, (*path, i), out)
+
+
+# -- deprecated spellings (NoETL's renames): valid, reported as warnings ------------------------
+
+_OUTCOME_REF = re.compile(r"(?<![\w.'\"])outcome(?=\s*[.\[])")
+_TEMPLATE = re.compile(r"\{\{.*?\}\}|\{%.*?%\}", re.S)
+
+
+def uses_outcome(source: Any) -> bool:
+    """A template reading ``outcome.<...>`` (renamed ``output`` in policies, arcs and step ``set``)."""
+    return isinstance(source, str) and any(
+        _OUTCOME_REF.search(m.group(0)) for m in _TEMPLATE.finditer(source)
+    )
+
+
+def find_deprecated_spellings(data: Any) -> list[Finding]:
+    """Old spellings of keys NoETL renamed, which this engine still runs: step/task ``args`` ->
+    ``input``, ``set_ctx`` / ``set_iter`` -> ``set: {ctx.*, iter.*}``, ``outcome`` -> ``output`` in
+    policy rules, arcs and step ``set``. ``(path, old, new)``; ``migrate`` rewrites each."""
+    out: list[Finding] = []
+    if not isinstance(data, dict):
+        return out
+    for key in ("workbook", "workbooks"):
+        for i, entry in enumerate(data.get(key) or [] if isinstance(data.get(key), list) else []):
+            if isinstance(entry, dict) and isinstance(entry.get("tool"), dict):
+                _dep_task(entry["tool"], (key, i, "tool"), out)
+    for i, step in enumerate(data.get("workflow") or [] if isinstance(data.get("workflow"), list) else []):
+        if not isinstance(step, dict):
+            continue
+        path: PathT = ("workflow", i)
+        if isinstance(step.get("args"), dict):
+            out.append(((*path, "args"), "step `args`", "`input`"))
+        _dep_set(step, path, out)
+        nxt = step.get("next")
+        for j, arc in enumerate(nxt.get("arcs") or [] if isinstance(nxt, dict) else []):
+            if isinstance(arc, dict):
+                _dep_outcome(arc.get("when"), (*path, "next", "arcs", j, "when"), out)
+                _dep_outcome(arc.get("set"), (*path, "next", "arcs", j, "set"), out)
+        tool = step.get("tool")
+        items = [tool] if isinstance(tool, dict) else tool if isinstance(tool, list) else []
+        for j, item in enumerate(items):
+            if not isinstance(item, dict):
+                continue
+            ip: PathT = (*path, "tool") if isinstance(tool, dict) else (*path, "tool", j)
+            if "kind" not in item and len(item) == 1 and isinstance(next(iter(item.values())), dict):
+                ((label, item),) = item.items()
+                ip = (*ip, label)
+            _dep_task(item, ip, out)
+    return out
+
+
+def _dep_set(holder: dict, path: PathT, out: list[Finding]) -> None:
+    for key, ns in (("set_ctx", "ctx"), ("set_iter", "iter")):
+        if key in holder:
+            out.append(((*path, key), f"`{key}`", f"`set: {{{ns}.<key>: ...}}`"))
+    for key in ("set", "set_ctx", "set_iter"):
+        _dep_outcome(holder.get(key), (*path, key), out)
+
+
+def _dep_outcome(value: Any, path: PathT, out: list[Finding]) -> None:
+    if isinstance(value, str):
+        if uses_outcome(value):
+            out.append((path, "template variable `outcome`", "`output`"))
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _dep_outcome(v, (*path, k), out)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _dep_outcome(v, (*path, i), out)
+
+
+def _dep_task(task: dict, path: PathT, out: list[Finding]) -> None:
+    if isinstance(task.get("args"), dict) and task.get("kind") not in ARGS_NATIVE_KINDS:
+        out.append(((*path, "args"), "task `args`", "`input`"))
+    spec = task.get("spec")
+    policy = spec.get("policy") if isinstance(spec, dict) else None
+    rules = policy.get("rules") if isinstance(policy, dict) else None
+    for j, rule in enumerate(rules if isinstance(rules, list) else []):
+        if not isinstance(rule, dict):
+            continue
+        rp: PathT = (*path, "spec", "policy", "rules", j)
+        _dep_outcome(rule.get("when"), (*rp, "when"), out)
+        if isinstance(rule.get("else"), dict):
+            body, bp = rule["else"], (*rp, "else")
+        else:
+            body, bp = rule, rp
+        then = body.get("then") if isinstance(body, dict) else None
+        if isinstance(then, dict):
+            _dep_set(then, (*bp, "then"), out)

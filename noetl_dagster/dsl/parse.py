@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from noetl_dagster.dsl.kinds import known_kinds, raw_keys
-from noetl_dagster.dsl.legacy import find_legacy_constructs
+from noetl_dagster.dsl.legacy import ARGS_NATIVE_KINDS, find_legacy_constructs
 from noetl_dagster.dsl.loader import PathT, SourceMap, format_path
 from noetl_dagster.dsl.model import (
     AdmitRule,
@@ -54,13 +54,12 @@ LEGACY_STEP_KEYS = {
     "save": "`save:` blocks",
     "retry": "step `retry:` blocks",
     "vars": "step `vars:`",
-    "args": "step `args:`",
     "end_loop": "`end_loop`",
     "task": "`task:`/`with:` workbook calls",
     "with": "`task:`/`with:` workbook calls",
-    "set_ctx": "step-level `set_ctx`",
-    "set_iter": "step-level `set_iter`",
 }
+# NoETL's renamed keys (old -> new): accepted side by side with a deprecation warning
+# (dsl.legacy.find_deprecated_spellings); `noetl-dagster migrate` rewrites them.
 IGNORED_STEP_KEYS = {"output", "command", "metadata", "labels"}
 
 
@@ -126,6 +125,25 @@ def _split_set(ctx: _Ctx, raw: Any, path: PathT) -> SetBlock:
     return out
 
 
+def _set_with_legacy(ctx: _Ctx, raw: dict[str, Any], path: PathT) -> SetBlock:
+    """``set`` plus the deprecated ``set_ctx`` / ``set_iter`` spellings of the same writes."""
+    sb = _split_set(ctx, raw.get("set"), (*path, "set"))
+    for key in ("set_ctx", "set_iter"):
+        if key in raw:
+            if not isinstance(raw[key], dict):
+                ctx.err((*path, key), "set-shape", f"`{key}` must be a mapping")
+            else:
+                (sb.ctx if key == "set_ctx" else sb.iter).update(raw[key])
+    return sb
+
+
+def _input_with_legacy(ctx: _Ctx, raw: dict[str, Any], path: PathT, what: str) -> Any:
+    """``input``, or its deprecated spelling ``args`` (never both)."""
+    if "args" in raw and "input" in raw:
+        ctx.err((*path, "args"), "input-and-args", f"{what} has both `input` and its old spelling `args`; keep `input`")
+    return raw["input"] if "input" in raw else raw.get("args")
+
+
 def _parse_rules(ctx: _Ctx, raw: Any, path: PathT, task_labels: set[str] | None) -> list[PolicyRule] | None:
     if not isinstance(raw, dict) or "rules" not in raw:
         ctx.err(path, "policy-shape", "a task policy must be an object with `rules` (a list)")
@@ -181,13 +199,7 @@ def _parse_then(ctx: _Ctx, raw: Any, path: PathT, task_labels: set[str] | None) 
             ctx.err(path, "policy-jump", "`do: jump` needs `to` (a task label or `previous`)")
         elif not isinstance(to, str) or (task_labels is not None and to != "previous" and to not in task_labels):
             ctx.err((*path, "to"), "policy-jump", f"jump target {to!r} is not a task of this pipeline")
-    sb = _split_set(ctx, raw.get("set"), (*path, "set"))
-    for key in ("set_ctx", "set_iter"):
-        if key in raw:
-            if not isinstance(raw[key], dict):
-                ctx.err((*path, key), "set-shape", f"`{key}` must be a mapping")
-            else:
-                (sb.ctx if key == "set_ctx" else sb.iter).update(raw[key])
+    sb = _set_with_legacy(ctx, raw, path)
     attempts = raw.get("attempts", raw.get("max_attempts"))
     delay = raw.get("delay")
     if attempts is not None and not isinstance(attempts, str) and (
@@ -289,6 +301,9 @@ def _parse_task(ctx: _Ctx, label: str, body: dict[str, Any], path: PathT, labels
         ctx.err((*path, "spec"), "tool-shape", "`spec` must be a mapping")
         spec_raw = {}
     config = {k: v for k, v in body.items() if k not in TASK_META_KEYS}
+    if isinstance(body.get("args"), dict) and kind not in ARGS_NATIVE_KINDS:  # deprecated spelling of `input`
+        config["input"] = _input_with_legacy(ctx, body, path, "a task")
+        config.pop("args")
     if kind == "workbook" and "name" in body:  # `name` names the workbook entry it calls
         config["name"] = body["name"]
     spec: dict[str, Any] = {}
@@ -432,7 +447,7 @@ def _parse_step(ctx: _Ctx, raw: Any, path: PathT) -> Step | None:
     loop = _parse_loop(ctx, raw["loop"], (*path, "loop")) if "loop" in raw else None
     tool = _parse_pipeline(ctx, raw["tool"], (*path, "tool")) if raw.get("tool") is not None else []
     nxt = _parse_router(ctx, raw["next"], (*path, "next")) if raw.get("next") is not None else None
-    step_input = raw.get("input") or {}
+    step_input = _input_with_legacy(ctx, raw, path, f"step {name!r}") or {}
     if not isinstance(step_input, dict):
         ctx.err((*path, "input"), "step-shape", "step `input` must be a mapping")
         step_input = {}
@@ -445,7 +460,7 @@ def _parse_step(ctx: _Ctx, raw: Any, path: PathT) -> Step | None:
         tool=tool,
         input=step_input,
         next=nxt,
-        set=_split_set(ctx, raw.get("set"), (*path, "set")),
+        set=_set_with_legacy(ctx, raw, path),
         outputs=parse_outputs(ctx, raw["outputs"], (*path, "outputs"), ctx.sm.line) if raw.get("outputs") is not None else [],
         line=ctx.sm.line(path),
     )

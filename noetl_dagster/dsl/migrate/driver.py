@@ -16,6 +16,7 @@ from .loop_body import LoopBodyMixin
 from .loops import LoopMixin
 from .pieces import _task_items
 from .policies import PolicyMixin
+from .renames import RenameMixin
 from .report import MigrationInputError, MigrationNote, MigrationResult
 from .root import RootMixin
 from .routing import RoutingMixin
@@ -39,7 +40,7 @@ except ImportError:  # pragma: no cover - libyaml missing
 
 
 class _Migrator(
-    RootMixin, StepMixin, PolicyMixin, RoutingMixin, StorageMixin, CaseMixin, LoopMixin, LoopBodyMixin
+    RootMixin, StepMixin, PolicyMixin, RoutingMixin, StorageMixin, CaseMixin, LoopMixin, LoopBodyMixin, RenameMixin
 ):
     """Rewrites one legacy playbook document in place; the mixins hold the rules."""
 
@@ -59,6 +60,7 @@ class _Migrator(
         self._root_vars()
         self._legacy_pg_results()
         self._v1_workbook_inputs()
+        self._renames()  # last: also renames the old spellings the rules above wrote
 
     def _region(self, L: CommentedMap, E: CommentedMap) -> list[CommentedMap]:
         """L, E and every step reachable from L's `next` without passing E."""
@@ -163,13 +165,14 @@ class _Migrator(
 
 def migrate_text(text: str, file: str = "<memory>") -> MigrationResult:
     """Migrate one playbook's YAML text; the result keeps the original when nothing is legacy."""
-    from noetl_dagster.dsl.legacy import find_legacy_constructs
+    from noetl_dagster.dsl.legacy import find_deprecated_spellings, find_legacy_constructs
 
     try:  # libyaml first: most files are standard already and need no round-trip tree
         quick = yaml.load(text, Loader=_FastLoader)
     except yaml.YAMLError:
         quick = None  # let ruamel report the error with its line
-    if isinstance(quick, dict) and quick.get("kind") == "Playbook" and not find_legacy_constructs(quick):
+    if (isinstance(quick, dict) and quick.get("kind") == "Playbook" and not find_legacy_constructs(quick)
+            and not find_deprecated_spellings(quick)):  # fmt: skip
         return MigrationResult(file, text, text, [])
     y = _yaml_for(text)
     try:
@@ -184,7 +187,7 @@ def migrate_text(text: str, file: str = "<memory>") -> MigrationResult:
     y.indent(mapping=mapping, sequence=sequence, offset=offset)
     if doc.get("kind") != "Playbook":
         raise MigrationInputError(f"{file}:1: not-a-playbook: `kind` is {doc.get('kind')!r}, not Playbook")
-    if not _needs_migration(doc, find_legacy_constructs):
+    if not _needs_migration(doc, find_legacy_constructs) and not find_deprecated_spellings(doc):
         return MigrationResult(file, text, text, [])
     before = _plain(doc)
     m = _Migrator(doc, file)

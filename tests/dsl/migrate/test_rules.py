@@ -325,17 +325,17 @@ def test_retry_blocks_become_retry_policy_rules():
         """)
     )
     rules = step(doc, "start")["tool"]["spec"]["policy"]["rules"]
-    assert rules == [{"when": "{{ outcome.result.status_code >= 500 }}",
+    assert rules == [{"when": "{{ output.result.status_code >= 500 }}",
                       "then": {"do": "retry", "attempts": 4, "backoff": "exponential", "delay": 0.5}}]  # fmt: skip
     plain = step(doc, "plain")["tool"]["spec"]["policy"]["rules"][0]
     assert plain == {
-        "when": "{{ outcome.status == 'error' }}",
+        "when": "{{ output.status == 'error' }}",
         "then": {"do": "retry", "attempts": 5, "backoff": "exponential"},
     }
     kinds = step(doc, "kinds")["tool"]
     assert "retry" not in kinds
     assert kinds["spec"]["policy"]["rules"][0] == {
-        "when": "{{ outcome.status == 'error' and outcome.error.kind in ['timeout', 'connection_error'] }}",
+        "when": "{{ output.status == 'error' and output.error.kind in ['timeout', 'connection_error'] }}",
         "then": {"do": "retry", "attempts": 2, "backoff": "fixed", "delay": 5},
     }
     assert_valid(r.text)
@@ -364,8 +364,8 @@ def test_eval_expr_and_set_vars_become_policy_rules():
     fetch = step(doc, "start")["tool"][0]["fetch"]
     assert "eval" not in fetch
     assert fetch["spec"]["policy"]["rules"] == [
-        {"when": "{{ outcome.status == 'error' }}", "then": {"do": "retry", "attempts": 3}},
-        {"else": {"then": {"do": "continue", "set_ctx": {"email": "{{ outcome.result.email }}"}}}},
+        {"when": "{{ output.status == 'error' }}", "then": {"do": "retry", "attempts": 3}},
+        {"else": {"then": {"do": "continue", "set": {"ctx.email": "{{ output.result.email }}"}}}},
     ]
     assert_valid(r.text)
 
@@ -418,11 +418,11 @@ def test_case_sink_becomes_a_storage_task_with_policy_rules_and_case_next_become
     main, sink = s["tool"]
     assert main["name"] == "fetch" and sink["name"] == "fetch_sink"
     assert main["spec"]["policy"]["rules"] == [
-        {"when": "{{ outcome.status == 'error' }}",
+        {"when": "{{ output.status == 'error' }}",
          "then": {"do": "retry", "attempts": 3, "backoff": "exponential", "delay": 0.1}},
-        {"when": "{{ outcome.status == 'ok' and outcome.result.status_code == 200 }}",
+        {"when": "{{ output.status == 'ok' and output.result.status_code == 200 }}",
          "then": {"do": "jump", "to": "fetch_sink"}},
-        {"when": "{{ outcome.status == 'ok' }}", "then": {"do": "break"}},
+        {"when": "{{ output.status == 'ok' }}", "then": {"do": "break"}},
     ]  # fmt: skip
     assert sink["kind"] == "postgres" and sink["auth"] == "pg_local"
     assert sink["command"].startswith(
@@ -582,12 +582,12 @@ def test_v1_loop_with_end_loop_folds_its_chain_into_the_loop_pipeline():
     assert labels == ["each_bind", "square", "big", "small", "each_iteration"]
     square = each["tool"][1]
     assert square["spec"]["policy"]["rules"] == [
-        {"when": "{{ outcome.status == 'ok' and outcome.result.sq > 100 }}",
-         "then": {"do": "continue", "set_iter": {"v": "{{ outcome.result.sq }}"}}},
-        {"when": "{{ outcome.status == 'ok' }}", "then": {"do": "jump", "to": "small"}},
+        {"when": "{{ output.status == 'ok' and output.result.sq > 100 }}",
+         "then": {"do": "continue", "set": {"iter.v": "{{ output.result.sq }}"}}},
+        {"when": "{{ output.status == 'ok' }}", "then": {"do": "jump", "to": "small"}},
     ]  # fmt: skip
     assert each["tool"][2]["spec"]["policy"]["rules"] == [
-        {"when": "{{ outcome.status == 'ok' }}", "then": {"do": "jump", "to": "each_iteration"}}
+        {"when": "{{ output.status == 'ok' }}", "then": {"do": "jump", "to": "each_iteration"}}
     ]
     assert each["next"] == {"spec": {"mode": "exclusive"}, "arcs": [{"step": "done_each"}]}
     assert [s["step"] for s in doc["workflow"]] == ["start", "each", "done_each", "report"]
