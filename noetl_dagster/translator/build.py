@@ -210,9 +210,7 @@ def compile_playbooks(
             continue
         try:
             loaded.append((load_playbook(item), str(item)))
-        except PlaybookInvalid as e:
-            if on_error == "raise":
-                raise PlaybookInvalid(e.issues) from None
+        except PlaybookInvalid as e:  # "raise" too: every broken file is named in the one error below
             invalid.append(InvalidPlaybook(str(item), tuple(str(i) for i in e.issues) or (f"{item}:1: invalid: {e}",)))
         except Exception as e:  # noqa: BLE001 - one unreadable file never takes the code location down
             if on_error == "raise":
@@ -241,7 +239,7 @@ def compile_playbooks(
                     if owner != c.path:
                         raise ValueError(f"op name {node.name!r} of {c.path} clashes with an op of {owner}")
         except Exception as e:  # noqa: BLE001 - contained: this playbook is reported, the others load
-            if on_error == "raise" or file is None:
+            if file is None:
                 raise
             line = getattr(pb.metadata, "line", None) or 1
             invalid.append(InvalidPlaybook(file, (f"{file}:{line}: compile-error: {e}",)))
@@ -253,6 +251,8 @@ def compile_playbooks(
         jobs += c.jobs
         schedules += c.schedules
         assets += c.assets
+    if on_error == "raise" and invalid:
+        raise PlaybookInvalid([i for bad in invalid for i in bad.issues])  # type: ignore[misc] - FILE:LINE: RULE lines
     keys = naming.unique_names((bad.file, Path(bad.file).stem) for bad in invalid)
     invalid = [dataclasses.replace(bad, key_name=keys[bad.file]) for bad in invalid]
     errors = [bad.message for bad in invalid]

@@ -35,6 +35,7 @@ from typing import Literal
 import dagster as dg
 from pydantic import BaseModel, Field
 
+from noetl_dagster.dsl import PlaybookInvalid
 from noetl_dagster.resources.noetl import NoetlResource
 from noetl_dagster.translator.build import compile_playbooks
 from noetl_dagster.translator.declare import automation_condition
@@ -166,8 +167,22 @@ class NoetlPlaybooksComponent(dg.Component, dg.Resolvable, dg.Model):
             project=self.project,
         )
         translator = _ConfiguredTranslator(self.translation) if self.translation else None
-        location = compile_playbooks(
-            playbooks, translator, mode=self.mode, resource=resource, include_sensor=self.include_sensor,
-            on_error=self.on_error, sensor_interval_seconds=self.sensor_interval_seconds,
-        )  # fmt: skip
+        try:
+            location = compile_playbooks(
+                playbooks, translator, mode=self.mode, resource=resource, include_sensor=self.include_sensor,
+                on_error=self.on_error, sensor_interval_seconds=self.sensor_interval_seconds,
+            )  # fmt: skip
+        except PlaybookInvalid as e:  # on_error: raise: the FILE:LINE: RULE lines, not our stack
+            raise InvalidPlaybooks(e, playbooks) from None
         return location.definitions
+
+
+class InvalidPlaybooks(Exception):
+    """``on_error: raise`` and a playbook does not load: every broken file, one line per issue."""
+
+    def __init__(self, error: PlaybookInvalid, folder: Path):
+        lines = [str(i) for i in error.issues]
+        super().__init__(
+            f"{len(lines)} playbook issue(s) in {folder} (on_error: raise; on_error: report loads the rest):\n"
+            + "\n".join(lines)
+        )

@@ -63,3 +63,38 @@ def test_dg_scaffold_defs_gives_a_working_component(tmp_path):
     _dg(["check", "defs"], root, env)
     jobs = {j["name"] for j in json.loads(_dg(["list", "defs", "--json"], root, env))["jobs"]}
     assert "hello_noetl" in jobs
+
+
+@pytest.mark.slow
+def test_on_error_raise_fails_the_load_with_file_line_rule_lines_not_a_traceback(tmp_path):
+    root = tmp_path / "proj"
+    (root / "myproj" / "defs" / "pbs" / "playbooks").mkdir(parents=True)
+    (root / "myproj" / "__init__.py").write_text("")
+    (root / "myproj" / "defs" / "__init__.py").write_text("")
+    (root / "myproj" / "definitions.py").write_text(
+        "from pathlib import Path\n\nimport dagster as dg\n\n\n@dg.definitions\ndef defs():\n"
+        "    return dg.load_from_defs_folder(path_within_project=Path(__file__).parent)\n"
+    )
+    (root / "pyproject.toml").write_text(
+        '[project]\nname = "myproj"\nversion = "0"\n\n[tool.dg]\ndirectory_type = "project"\n\n'
+        '[tool.dg.project]\nroot_module = "myproj"\n'
+    )
+    pbs = root / "myproj" / "defs" / "pbs"
+    (pbs / "defs.yaml").write_text("type: noetl_dagster.NoetlPlaybooksComponent\nattributes:\n"
+                                   "  playbooks_dir: playbooks\n  on_error: raise\n")  # fmt: skip
+    for name in ("bad", "worse"):
+        (pbs / "playbooks" / f"{name}.yaml").write_text(
+            "apiVersion: noetl.io/v2\nkind: Playbook\nmetadata: {name: b, path: t/b}\nworkflow:\n"
+            "  - step: start\n    tool: [{a: {kind: teleport}}]\n"
+        )
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": str(root),
+           "NOETL_DAGSTER_HOME": str(tmp_path / "noetl"), "DAGSTER_HOME": str(tmp_path / "dh")}  # fmt: skip
+    (tmp_path / "dh").mkdir()
+    (tmp_path / "dh" / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    out = subprocess.run([str(BIN / "dg"), "check", "defs"], cwd=root, env=env, capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    for name in ("bad", "worse"):  # every broken file, FILE:LINE: RULE
+        assert f"{pbs / 'playbooks' / name}.yaml:6: unknown-tool-kind:" in text
+    assert "compile_playbooks" not in text and len(text.splitlines()) < 40, text  # Dagster's own frame: ~30 lines

@@ -188,9 +188,11 @@ def test_invalid_playbook_raises_or_is_skipped(tmp_path):
         "  - step: start\n    tool: {kind: teleport}\n"
     )
     (tmp_path / "not_a_playbook.yaml").write_text("load_from: []\n")
+    (tmp_path / "worse.yaml").write_text((tmp_path / "bad.yaml").read_text())
     with pytest.raises(PlaybookInvalid) as e:
         build_playbook_definitions(tmp_path)
-    assert "bad.yaml:6" in str(e.value.issues[0])
+    assert "bad.yaml:6" in str(e.value.issues[0]) and "worse.yaml:6" in str(e.value)  # every broken file at once
+    (tmp_path / "worse.yaml").unlink()
     loc = compile_playbooks(tmp_path, on_error="skip", include_sensor=False)
     assert [c.path for c in loc.index.playbooks] == ["examples/hello_dagster"]
     assert len(loc.index.errors) == 1 and "teleport" in loc.index.errors[0]
