@@ -169,12 +169,15 @@ def run(
         pb.executor.spec["max_step_runs"] = max_step_runs
     progress = _Progress(enabled=not as_json and not quiet)
     if runner == "dagster":
-        from noetl_dagster.translator.runner import run_with_dagster
+        from noetl_dagster.translator.runner import DetachTargetMissing, run_with_dagster
 
-        result = run_with_dagster(
-            pb, overrides, event_store=event_store, data_dir=data_dir, catalog_dirs=catalog_dirs,
-            tenant=tenant, project=project, mode=mode, detach=detach,
-        )  # fmt: skip
+        try:
+            result = run_with_dagster(
+                pb, overrides, event_store=event_store, data_dir=data_dir, catalog_dirs=catalog_dirs,
+                tenant=tenant, project=project, mode=mode, detach=detach,
+            )  # fmt: skip
+        except DetachTargetMissing as e:
+            _fail_input(str(e))
     else:
         from noetl_dagster.runners.local import run_playbook
 
@@ -184,6 +187,8 @@ def run(
         )  # fmt: skip
     if as_json:
         click.echo(dumps(result.to_json()))
+    elif result.extra.get("follow"):  # detached: the request id and how to follow it, no empty table
+        click.echo(result.extra["follow"])
     else:
         _print_summary(result)
     sys.exit(EXIT_OK if result.status in ("completed", "requested") else EXIT_FAILED)

@@ -85,6 +85,13 @@ def run_playbook_dagster(
     pb = playbook if isinstance(playbook, Playbook) else load_playbook(playbook)
     if isinstance(event_store, EventStore):
         raise TypeError("pass the event store as a URL: Dagster resources are configured by value")
+    if detach and not (event_store or data_dir or os.environ.get("NOETL_EVENT_STORE_URL")
+                       or os.environ.get("NOETL_DAGSTER_HOME")):  # fmt: skip
+        raise DetachTargetMissing(
+            "--detach records the request in the event log the code location's noetl_router sensor reads; "
+            "name it with --data-dir (the location's NOETL_DAGSTER_HOME, e.g. example_project/.noetl) or "
+            "--event-store, or set NOETL_DAGSTER_HOME / NOETL_EVENT_STORE_URL"
+        )
     resource = NoetlResource(
         event_store_url=event_store,
         data_dir=str(Path(data_dir).resolve()) if data_dir else None,
@@ -126,7 +133,22 @@ def _detach(compiled: CompiledPlaybook, svc: Services, eid: str, workload: dict[
     eng.start(workload, requested_by=f"{REQUESTED_BY_DETACHED}cli")
     register_engine(eng)
     # "requested": nothing ran yet; the router sensor of a running dagster-daemon launches it
-    return ExecutionResult(eid, "requested", dict(eng.state.ctx), {}, {}, svc.event_store.url, pb.metadata.path)
+    result = ExecutionResult(eid, "requested", dict(eng.state.ctx), {}, {}, svc.event_store.url, pb.metadata.path)
+    where = f"--event-store {svc.event_store.url}"
+    if svc.event_store.url.startswith("sqlite:///") and svc.event_store.url.endswith("/events.db"):
+        where = f"--data-dir {svc.event_store.url.removeprefix('sqlite:///').removesuffix('/events.db')}"
+    result.extra["follow"] = (
+        f"requested execution {eid} of {pb.metadata.path} (tenant {svc.tenant}, "
+        f"project {svc.project}); the noetl_router sensor of a running dagster-daemon / dagster dev over "
+        f"{svc.event_store.url} launches it within a tick.\n"
+        f"  follow: noetl-dagster events {eid} {where}\n"
+        f"  in the Dagster UI: Runs, filter by tag noetl/execution_id={eid}"
+    )
+    return result
+
+
+class DetachTargetMissing(ValueError):
+    """``--detach`` without an event log the code location reads: the request would be lost."""
 
 
 def drive(
