@@ -2,7 +2,8 @@
 with one broken playbook added; Playwright drives Debian Chromium (``/usr/bin/chromium``,
 installed by ``make setup``): the launchpad of hello_dagster opens pre-filled with the
 workload, Launch Run with those defaults succeeds, the broken file is an asset whose page
-shows ``FILE:LINE: RULE: message`` and whose check fails, and the other jobs are there.
+shows ``FILE:LINE: RULE: message`` and whose check fails, the other jobs are there, and a
+declared table is a materializable asset whose page lists its declared checks.
 Screenshots go to ``$NOETL_TEST_ARTIFACTS`` (default ``<repo>/.test-artifacts``)/browser."""
 
 from __future__ import annotations
@@ -108,9 +109,17 @@ def test_launchpad_defaults_run_and_the_broken_playbook_shows_in_the_browser(dev
             page.goto(f"{url}/assets/noetl_invalid_playbook/broken?view=checks")
             expect(page.get_by_text("playbook_is_valid").first).to_be_visible(timeout=60_000)
             page.screenshot(path=artifacts / "5_invalid_playbook_check.png")
+            # 4. a table a playbook declares: an asset page with its declared checks
+            page.goto(f"{url}/assets/demo/examples/sales/daily_sales?view=checks")
+            expect(page.get_by_text("schema_drift").first).to_be_visible(timeout=60_000)
+            expect(page.get_by_text("three_regions_a_day").first).to_be_visible()
+            page.screenshot(path=artifacts / "6_declared_asset_checks.png")
         finally:
             browser.close()
     jobs = _graphql(url, "{ repositoriesOrError { ... on RepositoryConnection { nodes { jobs { name } } } } }", {})
     names = {j["name"] for r in jobs["repositoriesOrError"]["nodes"] for j in r["jobs"]}
     assert {"hello_dagster", "countdown_cycle", "per_step_pipeline"} <= names and not any("broken" in n for n in names)
     assert sum("broken.yaml" in line for line in dev_log.read_text().splitlines()) >= 1
+    nodes = _graphql(url, "{ assetNodes { assetKey { path } isMaterializable kinds } }", {})["assetNodes"]
+    daily = next(n for n in nodes if n["assetKey"]["path"] == ["demo", "examples", "sales", "daily_sales"])
+    assert daily["isMaterializable"] and {"parquet", "duckdb"} <= set(daily["kinds"])

@@ -25,6 +25,20 @@ def _dg(args: list[str], cwd: Path, env_extra: dict[str, str] | None = None) -> 
     return out.stdout
 
 
+def _project_files(root: Path) -> None:
+    """A dg project ``myproj`` as `create-dagster project` lays it out (the defs folder must exist)."""
+    (root / "myproj" / "__init__.py").write_text("")
+    (root / "myproj" / "defs" / "__init__.py").write_text("")
+    (root / "myproj" / "definitions.py").write_text(  # as `create-dagster project` writes it
+        "from pathlib import Path\n\nimport dagster as dg\n\n\n@dg.definitions\ndef defs():\n"
+        "    return dg.load_from_defs_folder(path_within_project=Path(__file__).parent)\n"
+    )
+    (root / "pyproject.toml").write_text(
+        '[project]\nname = "myproj"\nversion = "0"\n\n[tool.dg]\ndirectory_type = "project"\n\n'
+        '[tool.dg.project]\nroot_module = "myproj"\n'
+    )
+
+
 @pytest.mark.slow
 def test_dg_checks_and_lists_the_example_project(tmp_path):
     project = REPO / "example_project"
@@ -43,16 +57,7 @@ def test_dg_checks_and_lists_the_example_project(tmp_path):
 def test_dg_scaffold_defs_gives_a_working_component(tmp_path):
     root = tmp_path / "proj"
     (root / "myproj" / "defs").mkdir(parents=True)
-    (root / "myproj" / "__init__.py").write_text("")
-    (root / "myproj" / "defs" / "__init__.py").write_text("")
-    (root / "myproj" / "definitions.py").write_text(  # as `create-dagster project` writes it
-        "from pathlib import Path\n\nimport dagster as dg\n\n\n@dg.definitions\ndef defs():\n"
-        "    return dg.load_from_defs_folder(path_within_project=Path(__file__).parent)\n"
-    )
-    (root / "pyproject.toml").write_text(
-        '[project]\nname = "myproj"\nversion = "0"\n\n[tool.dg]\ndirectory_type = "project"\n\n'
-        '[tool.dg.project]\nroot_module = "myproj"\n'
-    )
+    _project_files(root)
     env = {"PYTHONPATH": str(root), "NOETL_DAGSTER_HOME": str(tmp_path / "noetl")}
     _dg(["scaffold", "defs", "noetl_dagster.NoetlPlaybooksComponent", "my_playbooks"], root, env)
     folder = root / "myproj" / "defs" / "my_playbooks"
@@ -69,16 +74,7 @@ def test_dg_scaffold_defs_gives_a_working_component(tmp_path):
 def test_on_error_raise_fails_the_load_with_file_line_rule_lines_not_a_traceback(tmp_path):
     root = tmp_path / "proj"
     (root / "myproj" / "defs" / "pbs" / "playbooks").mkdir(parents=True)
-    (root / "myproj" / "__init__.py").write_text("")
-    (root / "myproj" / "defs" / "__init__.py").write_text("")
-    (root / "myproj" / "definitions.py").write_text(
-        "from pathlib import Path\n\nimport dagster as dg\n\n\n@dg.definitions\ndef defs():\n"
-        "    return dg.load_from_defs_folder(path_within_project=Path(__file__).parent)\n"
-    )
-    (root / "pyproject.toml").write_text(
-        '[project]\nname = "myproj"\nversion = "0"\n\n[tool.dg]\ndirectory_type = "project"\n\n'
-        '[tool.dg.project]\nroot_module = "myproj"\n'
-    )
+    _project_files(root)
     pbs = root / "myproj" / "defs" / "pbs"
     (pbs / "defs.yaml").write_text("type: noetl_dagster.NoetlPlaybooksComponent\nattributes:\n"
                                    "  playbooks_dir: playbooks\n  on_error: raise\n")  # fmt: skip
