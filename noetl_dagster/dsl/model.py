@@ -53,13 +53,43 @@ class AdmitRule(_Model):
     allow: bool = True
 
 
+class FramePolicy(_Model):
+    """NoETL's FramePolicy (``loop.spec.frame``): how a cursor loop claims and holds rows."""
+
+    max_rows: int = Field(1, ge=1)  # rows claimed per frame
+    max_seconds: float = Field(30.0, gt=0)
+    max_bytes: int = Field(64 * 1024 * 1024, ge=1)
+    lease_seconds: float = Field(120.0, gt=0)  # how long a claim holds without a heartbeat
+    heartbeat_seconds: float = Field(30.0, gt=0)
+    row_concurrency: int = Field(1, ge=1)
+    process: Literal["row", "frame"] = "row"  # the pipeline runs once per row, or once per frame
+    verify_ipc: bool = False
+    retry_mode: Literal["whole_frame"] = "whole_frame"
+    max_attempts: int = Field(3, ge=1)
+
+
+class Cursor(_Model):
+    """``loop.cursor``: a pull source whose rows are claimed in frames (postgres, duckdb, nats_stream)."""
+
+    kind: str
+    auth: Any = None  # a credential name (or inline record / DSN)
+    claim: str  # the driver's claim statement (SQL) or subject (nats_stream); a template
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
 class Loop(_Model):
-    in_: Any = Field(alias="in")
+    in_: Any = Field(None, alias="in")
     iterator: str
-    mode: Literal["sequential", "parallel"] = "sequential"
+    mode: Literal["sequential", "parallel", "cursor"] = "sequential"
     max_in_flight: int | str | None = None
     exec: Literal["distributed", "local"] | None = None
     spec: dict[str, Any] = Field(default_factory=dict)
+    cursor: Cursor | None = None
+    frame: FramePolicy | None = None
+
+    @property
+    def frame_policy(self) -> FramePolicy:
+        return self.frame or FramePolicy()
 
 
 class Task(_Model):

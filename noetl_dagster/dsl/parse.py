@@ -18,7 +18,9 @@ from noetl_dagster.dsl.loader import PathT, SourceMap, format_path
 from noetl_dagster.dsl.model import (
     AdmitRule,
     Arc,
+    Cursor,
     Executor,
+    FramePolicy,
     Loop,
     Metadata,
     Playbook,
@@ -230,14 +232,18 @@ def _parse_loop(ctx: _Ctx, raw: Any, path: PathT) -> Loop | None:
     if not isinstance(spec, dict):
         ctx.err((*path, "spec"), "loop-shape", "`loop.spec` must be a mapping")
         spec = {}
+    if "cursor" in raw:
+        return _parse_cursor_loop(ctx, raw, spec, path)
     if "in" not in raw or "iterator" not in raw:
         missing = [k for k in ("in", "iterator") if k not in raw]
-        extra = " (cursor loops are not supported: use `in` over a query result)" if "cursor" in raw else ""
-        ctx.err(path, "loop-in-iterator", f"a loop needs both `in` and `iterator`; missing {missing}{extra}")
+        ctx.err(path, "loop-in-iterator", f"a loop needs both `in` and `iterator`; missing {missing}")
         return None
     mode = spec.get("mode", raw.get("mode", "sequential"))
     if "mode" in raw and "mode" not in spec:
         ctx.err((*path, "mode"), "legacy-construct", f"`loop.mode` belongs under `loop.spec.mode`; {MIGRATE_HINT}")
+    if mode == "cursor":
+        ctx.err((*path, "spec", "mode"), "loop-mode", "`spec.mode: cursor` needs a `loop.cursor` source, not `loop.in`")
+        return None
     if mode not in ("sequential", "parallel"):
         ctx.err((*path, "spec", "mode"), "loop-mode", f"loop mode {mode!r} is not sequential or parallel")
         return None
@@ -256,6 +262,52 @@ def _parse_loop(ctx: _Ctx, raw: Any, path: PathT) -> Loop | None:
         max_in_flight=spec.get("max_in_flight"),
         exec=exec_,
         spec={k: v for k, v in spec.items() if k not in ("mode", "max_in_flight")},
+    )
+
+
+CURSOR_KINDS = ("postgres", "duckdb", "nats_stream")
+
+
+def _parse_cursor_loop(ctx: _Ctx, raw: dict[str, Any], spec: dict[str, Any], path: PathT) -> Loop | None:
+    """``loop: {cursor: {kind, auth, claim, options}, iterator, spec: {mode: cursor, max_in_flight, frame}}``."""
+    cur, cp = raw["cursor"], (*path, "cursor")
+    n = len(ctx.issues)
+    if "in" in raw:
+        ctx.err((*path, "in"), "loop-source", "a loop takes either `in` (a collection) or `cursor` (a pull source), not both")
+    if not isinstance(raw.get("iterator"), str) or not raw["iterator"].isidentifier():
+        ctx.err((*path, "iterator"), "loop-in-iterator", "a cursor loop needs `iterator: <name>`")
+    if spec.get("mode") != "cursor":
+        ctx.err((*path, "spec", "mode"), "loop-mode", f"`loop.cursor` needs `spec.mode: cursor` (got {spec.get('mode')!r})")
+    if not isinstance(cur, dict):
+        ctx.err(cp, "cursor-shape", "`loop.cursor` must be a mapping with `kind` and `claim`")
+        return None
+    if cur.get("kind") not in CURSOR_KINDS:
+        ctx.err((*cp, "kind"), "cursor-kind", f"cursor kind {cur.get('kind')!r} is not one of {', '.join(CURSOR_KINDS)}")
+    if not isinstance(cur.get("claim"), str) or not cur["claim"].strip():
+        ctx.err((*cp, "claim"), "cursor-claim", "`cursor.claim` must be the claim statement (SQL) or subject (nats_stream)")
+    if not isinstance(cur.get("options", {}), dict):
+        ctx.err((*cp, "options"), "cursor-shape", "`cursor.options` must be a mapping")
+    unknown = sorted(set(cur) - {"kind", "auth", "claim", "options"})
+    if unknown:
+        ctx.err((*cp, unknown[0]), "cursor-shape", f"unknown cursor key {unknown[0]!r} (kind, auth, claim, options)")
+    frame_raw = spec.get("frame", spec.get("frame_policy")) or {}
+    frame = None
+    try:
+        frame = FramePolicy(**frame_raw) if isinstance(frame_raw, dict) else None
+        if frame is None:
+            ctx.err((*path, "spec", "frame"), "loop-frame", "`spec.frame` must be a mapping")
+    except ValidationError as e:
+        for err in e.errors()[:3]:
+            ctx.err((*path, "spec", "frame", *err["loc"]), "loop-frame", err["msg"])
+    if len(ctx.issues) > n:
+        return None
+    return Loop(
+        iterator=raw["iterator"],
+        mode="cursor",
+        max_in_flight=spec.get("max_in_flight"),
+        spec={k: v for k, v in spec.items() if k not in ("mode", "max_in_flight", "frame", "frame_policy")},
+        cursor=Cursor(kind=cur["kind"], auth=cur.get("auth"), claim=cur["claim"], options=dict(cur.get("options") or {})),
+        frame=frame,
     )
 
 

@@ -33,6 +33,10 @@ def _loop_raw(lp: Loop) -> dict[str, Any]:
         spec["max_in_flight"] = lp.max_in_flight
     if lp.exec:
         spec["policy"] = {**(spec.get("policy") or {}), "exec": lp.exec}  # a copy: never write into the model
+    if lp.cursor is not None:
+        if lp.frame is not None:
+            spec["frame"] = lp.frame.model_dump()
+        return {"cursor": lp.cursor.model_dump(), "iterator": lp.iterator, "spec": spec}
     return {"in": lp.in_, "iterator": lp.iterator, "spec": spec}
 
 

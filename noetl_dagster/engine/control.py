@@ -56,6 +56,8 @@ class Services:
     listeners: list[Callable[[E.Event], None]] = field(default_factory=list)
     logger: Callable[[str], None] | None = None
     keychain_factory: Callable[[Playbook], Any] | None = None
+    # loop.cursor drivers by kind (engine.ports.CursorOpener), wired by the runner
+    cursor_sources: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

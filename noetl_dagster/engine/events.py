@@ -37,6 +37,9 @@ LOOP_ITERATION_STARTED = "loop.iteration.started"
 LOOP_ITERATION_DONE = "loop.iteration.done"
 LOOP_ITERATION_FAILED = "loop.iteration.failed"
 LOOP_DONE = "loop.done"
+# cursor loops: a frame of rows claimed from the source, and its rows acknowledged back
+LOOP_FRAME_CLAIMED = "loop.frame.claimed"
+LOOP_FRAME_COMMITTED = "loop.frame.committed"
 
 SERVER_EVENTS = frozenset(
     {
@@ -62,6 +65,8 @@ ALL_EVENT_NAMES = SERVER_EVENTS | {
     LOOP_ITERATION_DONE,
     LOOP_ITERATION_FAILED,
     LOOP_DONE,
+    LOOP_FRAME_CLAIMED,
+    LOOP_FRAME_COMMITTED,
 }
 
 ENTITY_OF = {
@@ -83,6 +88,8 @@ ENTITY_OF = {
     LOOP_ITERATION_DONE: "loop",
     LOOP_ITERATION_FAILED: "loop",
     LOOP_DONE: "loop",
+    LOOP_FRAME_CLAIMED: "loop",
+    LOOP_FRAME_COMMITTED: "loop",
     NEXT_EVALUATED: "next",
 }
 

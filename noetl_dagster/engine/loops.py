@@ -3,6 +3,7 @@ can run a loop's iterations in other processes or Dagster ops without a second i
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -14,17 +15,223 @@ from noetl_dagster.engine.events import uuid7
 from noetl_dagster.engine.frame import (
     DEFAULT_MAX_IN_FLIGHT,
     LoopRun,
+    _CtxGuard,
     _error,
     _Frame,
     run_bounded,
 )
+from noetl_dagster.engine.ports import CursorRequest, CursorRow, CursorSource
 from noetl_dagster.engine.scope import Scope
 
 if TYPE_CHECKING:
     from noetl_dagster.engine.control import Engine
 
 
-class LoopPhases:
+class _CursorRun:
+    """What the slots of one cursor loop share (guarded by ``lock``)."""
+
+    def __init__(
+        self, loop: Loop, frame: _Frame, loop_id: str, done: dict[str, Any], guard: _CtxGuard | None
+    ):
+        self.loop, self.frame, self.loop_id, self.guard = loop, frame, loop_id, guard
+        self.policy = loop.frame_policy
+        self.done = done  # key -> result of a row finished by an earlier attempt of this step run
+        self.lock = threading.Lock()
+        self.keys: list[str] = list(done)
+        self.results: list[Any] = list(done.values())
+        self.oks: list[bool] = [True] * len(done)
+        self.error: dict[str, Any] | None = None
+
+    def slot(self) -> int:
+        with self.lock:
+            self.keys.append("")
+            self.results.append(None)
+            self.oks.append(False)
+            return len(self.keys) - 1
+
+
+class _Heartbeat:
+    """Extends the lease of a frame's rows every ``heartbeat_seconds`` while they are processed."""
+
+    def __init__(
+        self, source: CursorSource, rows: list[CursorRow], seconds: float, log: Callable[[str], None]
+    ):
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(source, rows, seconds, log), daemon=True,
+                                        name="noetl-cursor-heartbeat")  # fmt: skip
+        self._thread.start()
+
+    def _run(
+        self, source: CursorSource, rows: list[CursorRow], seconds: float, log: Callable[[str], None]
+    ) -> None:
+        while not self._stop.wait(seconds):
+            try:
+                source.heartbeat(rows)
+            except Exception as e:  # noqa: BLE001 - a missed heartbeat only shortens the lease
+                log(f"cursor heartbeat failed: {type(e).__name__}: {e}")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+class CursorLoops:
+    """``loop.cursor`` (NoETL's pull loops): ``max_in_flight`` slots each claim frames of up to
+    ``frame.max_rows`` rows from the source, run the pipeline per row (or per frame), record the
+    iteration durably and only then acknowledge the rows; a heartbeat extends the lease meanwhile.
+
+    Resume (the step run again under its id) first reads which row keys this step run already
+    finished: such a row, claimed again because the process died before its ack, is acknowledged
+    without running again; its earlier result stays in the aggregate. Drivers sit behind
+    ``engine.ports.CursorSource`` and are wired by the runner (``Services.cursor_sources``)."""
+
+    engine: Engine
+
+    def _run_cursor_loop(
+        self, loop: Loop, frame: _Frame, body: Callable[[_Frame], tuple[bool, Any, dict[str, Any] | None]]
+    ) -> tuple[bool, Any, dict[str, Any] | None]:
+        eng, rec, cur = self.engine, self.engine.recorder, loop.cursor
+        assert cur is not None
+        fp = loop.frame_policy
+        t0 = time.perf_counter()
+        try:
+            scope = self.base_scope(frame.args, frame.iter)
+            mif = loop.max_in_flight
+            mif = self.env.render(mif, scope) if isinstance(mif, str) else mif
+            slots = max(1, int(mif)) if mif not in (None, "") else 1
+            # one request per slot: the owner names the slot, stable across resume (same step run id)
+            reqs = [self._cursor_request(cur, fp, scope, f"{eng.execution_id}:{frame.step_run_id}:{k}", k)
+                    for k in range(slots)]  # fmt: skip
+        except (TemplateError, ValueError, TypeError) as e:
+            return False, None, _error("template_error", str(e))
+        opener = eng.services.cursor_sources.get(cur.kind)
+        if opener is None:
+            return (
+                False,
+                None,
+                _error("cursor_error", f"no driver for cursor kind {cur.kind!r} is wired into this runner"),
+            )
+        done = self._cursor_done_rows(frame.step_run_id)
+        st = _CursorRun(
+            loop, frame, uuid7(), done, _CtxGuard() if slots > 1 or fp.row_concurrency > 1 else None
+        )
+        rec.emit(E.LOOP_STARTED, step=frame.step.name, step_run_id=frame.step_run_id, loop_id=st.loop_id,
+                 entity_id=st.loop_id, status="in_progress",
+                 data={"total": 0, "mode": "cursor", "cursor": cur.kind, "max_in_flight": slots,
+                       "frame": fp.model_dump(), "resumed_rows": len(done)})  # fmt: skip
+        sources: list[CursorSource] = []
+        try:
+            sources = [opener(req) for req in reqs]
+            run_bounded(
+                slots,
+                slots,
+                lambda k: self._cursor_slot(st, sources[k], body),
+                name=f"noetl-{frame.step.name}",
+            )
+        except Exception as e:  # noqa: BLE001 - a driver failure ends the loop with an error, never a crash
+            st.error = st.error or _error("cursor_error", f"cursor {cur.kind}: {type(e).__name__}: {e}")
+        finally:
+            for src in sources:
+                try:
+                    src.close()
+                except Exception:  # noqa: BLE001, S110 - closing is best effort
+                    pass
+        lr = LoopRun(loop, frame, st.loop_id, st.keys, slots, t0, st.results, st.oks)
+        ok, aggregate, err = self.loop_end(lr)
+        if st.error is not None:
+            return False, aggregate, st.error
+        return ok, aggregate, err
+
+    def _cursor_request(self, cur: Any, fp: Any, scope: Scope, owner: str, slot: int) -> CursorRequest:
+        eng = self.engine
+        cscope = scope.child(cursor={"owner": owner, "slot": slot, "execution_id": eng.execution_id,
+                                     "max_rows": fp.max_rows, "lease_seconds": fp.lease_seconds})  # fmt: skip
+        return CursorRequest(
+            kind=cur.kind,
+            claim=str(self.env.render(cur.claim, cscope)),
+            options=self.env.render(dict(cur.options), cscope),
+            auth=self.env.render(cur.auth, cscope) if cur.auth is not None else None,
+            owner=owner,
+            lease_seconds=fp.lease_seconds,
+            credential=eng.credential,
+            base_dir=eng.playbook.base_dir,
+        )
+
+    def _cursor_done_rows(self, step_run_id: str) -> dict[str, Any]:
+        """Row keys this step run finished before (an earlier attempt that died), with their results."""
+        svc = self.engine.services
+        out: dict[str, Any] = {}
+        for ev in svc.event_store.read(self.engine.execution_id):
+            if ev.name == E.LOOP_ITERATION_DONE and ev.step_run_id == step_run_id:
+                key = (ev.data or {}).get("cursor_key")
+                if key is not None and key not in out:
+                    out[key] = svc.offloader.resolve((ev.data or {}).get("result"))
+        return out
+
+    def _cursor_slot(
+        self, st: _CursorRun, src: CursorSource, body: Callable[[_Frame], tuple[bool, Any, Any]]
+    ) -> None:
+        rec, fp, step = self.engine.recorder, st.policy, st.frame.step
+        while st.error is None:
+            rows = src.claim(fp.max_rows)
+            if not rows:
+                return
+            frame_id = uuid7()
+            rec.emit(E.LOOP_FRAME_CLAIMED, step=step.name, step_run_id=st.frame.step_run_id, loop_id=st.loop_id,
+                     entity_id=st.loop_id, data={"frame_id": frame_id, "keys": [r.key for r in rows], "count": len(rows)})  # fmt: skip
+            rec.flush()
+            if fp.process == "frame":
+                units = [(CursorRow("+".join(r.key for r in rows), [r.value for r in rows]), rows)]
+            else:
+                units = [(r, [r]) for r in rows]
+            outcome = {"ok": 0, "failed": 0, "resumed": 0}
+            hb = _Heartbeat(src, rows, fp.heartbeat_seconds, self.engine.log)
+            try:
+                run_bounded(len(units), min(fp.row_concurrency, len(units)),
+                            lambda j, u=units, o=outcome: self._cursor_unit(st, src, u[j][0], u[j][1], body, o))  # fmt: skip
+            finally:
+                hb.stop()
+            rec.emit(E.LOOP_FRAME_COMMITTED, step=step.name, step_run_id=st.frame.step_run_id, loop_id=st.loop_id,
+                     entity_id=st.loop_id, data={"frame_id": frame_id, **outcome})  # fmt: skip
+
+    def _cursor_unit(self, st: _CursorRun, src: CursorSource, unit: CursorRow, members: list[CursorRow],
+                     body: Callable[[_Frame], tuple[bool, Any, Any]], outcome: dict[str, int]) -> None:  # fmt: skip
+        if unit.key in st.done:  # finished before the process died, not acknowledged: acknowledge only
+            src.ack(members)
+            with st.lock:
+                outcome["resumed"] += 1
+            return
+        rec, loop, frame, step = self.engine.recorder, st.loop, st.frame, st.frame.step
+        i = st.slot()
+        it = {loop.iterator: unit.value, "index": i, "_index": i, "_first": i == 0, "_last": False, "_total": None,
+              "parent": frame.iter if frame.iter else None, "cursor_key": unit.key}  # fmt: skip
+        f = _Frame(step, frame.step_run_id, frame.args, it, st.loop_id, i, st.guard)
+
+        def iteration_event(name: str, **kw: Any) -> None:
+            rec.emit(name, step=step.name, step_run_id=frame.step_run_id, loop_id=st.loop_id, iteration=i,
+                     entity_id=st.loop_id, **kw)  # fmt: skip
+
+        iteration_event(E.LOOP_ITERATION_STARTED, status="in_progress", data={"cursor_key": unit.key})
+        ok, result, error = body(f)
+        with st.lock:
+            st.keys[i], st.oks[i] = unit.key, ok
+            st.results[i] = result if ok else {"status": "error", "error": error}
+            outcome["ok" if ok else "failed"] += 1
+        if ok:
+            iteration_event(E.LOOP_ITERATION_DONE,
+                            data={"result": rec.offload(result, f"{step.name}/iter-{i}"), "cursor_key": unit.key})  # fmt: skip
+        else:
+            iteration_event(
+                E.LOOP_ITERATION_FAILED, status="error", data={"error": error, "cursor_key": unit.key}
+            )
+        rec.flush()  # durable before the source forgets the rows: a resume then knows they are done
+        if ok:
+            src.ack(members)
+        else:
+            src.fail(members, error)
+
+
+class LoopPhases(CursorLoops):
     """The loop half of :class:`~noetl_dagster.engine.worker.Worker` (it provides the pipeline)."""
 
     engine: Engine
@@ -38,7 +245,9 @@ class LoopPhases:
             try:
                 items = json.loads(items)
             except ValueError:
-                raise TemplateError(str(raw), f"loop.in rendered to a string, not a list: {items[:80]!r}") from None
+                raise TemplateError(
+                    str(raw), f"loop.in rendered to a string, not a list: {items[:80]!r}"
+                ) from None
         if isinstance(items, Mapping):
             if set(items) == {"results", "stats"} and isinstance(items.get("results"), list):
                 return list(items["results"])  # a loop step's aggregate iterates over its results
@@ -55,6 +264,8 @@ class LoopPhases:
         frame: _Frame,
         body: Callable[[_Frame], tuple[bool, Any, dict[str, Any] | None]],
     ) -> tuple[bool, Any, dict[str, Any] | None]:
+        if loop.cursor is not None:
+            return self._run_cursor_loop(loop, frame, body)
         lr, err = self.loop_begin(loop, frame)
         if lr is None:
             return False, None, err
@@ -87,11 +298,17 @@ class LoopPhases:
             loop_id=lr.loop_id,
             entity_id=lr.loop_id,
             status="in_progress",
-            data={"total": lr.total, "mode": loop.mode, "max_in_flight": mif if loop.mode == "parallel" else 1},
+            data={
+                "total": lr.total,
+                "mode": loop.mode,
+                "max_in_flight": mif if loop.mode == "parallel" else 1,
+            },
         )
         return lr, None
 
-    def step_loop_begin(self, step: Step, step_run_id: str, args: Any) -> tuple[LoopRun | None, dict[str, Any] | None]:
+    def step_loop_begin(
+        self, step: Step, step_run_id: str, args: Any
+    ) -> tuple[LoopRun | None, dict[str, Any] | None]:
         """loop_begin for a step-level loop (the step's own frame)."""
         assert step.loop is not None
         return self.loop_begin(step.loop, _Frame(step, step_run_id, args, {}))
@@ -109,7 +326,10 @@ class LoopPhases:
         return lr
 
     def loop_iteration(
-        self, lr: LoopRun, i: int, body: Callable[[_Frame], tuple[bool, Any, dict[str, Any] | None]] | None = None
+        self,
+        lr: LoopRun,
+        i: int,
+        body: Callable[[_Frame], tuple[bool, Any, dict[str, Any] | None]] | None = None,
     ) -> None:
         """Run iteration ``i`` (the step's pipeline unless ``body`` is given) and record its events."""
         rec = self.engine.recorder
@@ -137,7 +357,9 @@ class LoopPhases:
         lr.results[i] = result if ok else {"status": "error", "error": error}
         lr.oks[i] = ok
         if ok:
-            iteration_event(E.LOOP_ITERATION_DONE, data={"result": rec.offload(result, f"{step.name}/iter-{i}")})
+            iteration_event(
+                E.LOOP_ITERATION_DONE, data={"result": rec.offload(result, f"{step.name}/iter-{i}")}
+            )
         else:
             iteration_event(E.LOOP_ITERATION_FAILED, status="error", data={"error": error})
 
@@ -167,4 +389,3 @@ class LoopPhases:
             err.setdefault("kind", "loop_failed")
             return False, aggregate, err
         return True, aggregate, None
-

@@ -146,3 +146,53 @@ class ToolContext(Protocol):
 
     def redact(self, value: str) -> None:
         """Mark a secret value: it must never appear in events, logs or output."""
+
+
+# -- cursor loops (loop.cursor): pull sources whose rows are claimed in frames ----------------------
+
+
+@dataclass(frozen=True)
+class CursorRow:
+    """One claimed row: ``key`` identifies it across processes (resume skips a key already done)."""
+
+    key: str
+    value: Any
+    handle: Any = None  # driver state (a NATS message)
+
+
+@dataclass(frozen=True)
+class CursorRequest:
+    """Everything a driver needs to open a source (templates already rendered)."""
+
+    kind: str
+    claim: str
+    options: Mapping[str, Any]
+    auth: Any  # a credential name, inline record or DSN, as written
+    owner: str  # stable across resume: "<execution_id>:<step_run_id>"
+    lease_seconds: float
+    credential: Callable[[str], dict[str, Any]]  # the keychain
+    base_dir: str | None = None
+
+
+class CursorSource(ABC):
+    """A claimed-row source. Drivers live in ``noetl_dagster.tools.cursor_*``, wired by the runner."""
+
+    @abstractmethod
+    def claim(self, max_rows: int) -> list[CursorRow]:
+        """Claim up to ``max_rows`` rows (an empty list: drained)."""
+
+    @abstractmethod
+    def ack(self, rows: Sequence[CursorRow]) -> None:
+        """The rows are done (their iteration is recorded): never hand them out again."""
+
+    def fail(self, rows: Sequence[CursorRow], error: Mapping[str, Any] | None) -> None:  # noqa: B027
+        """The rows' iteration failed (default: leave them to the lease)."""
+
+    def heartbeat(self, rows: Sequence[CursorRow]) -> None:  # noqa: B027
+        """Extend the lease of rows still being processed."""
+
+    def close(self) -> None:  # noqa: B027
+        pass
+
+
+CursorOpener = Callable[[CursorRequest], CursorSource]

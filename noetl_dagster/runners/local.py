@@ -20,6 +20,7 @@ from noetl_dagster.engine.frame import StepRun
 from noetl_dagster.storage.event_stores import open_event_store
 from noetl_dagster.storage.events import EventStore
 from noetl_dagster.storage.payload import DEFAULT_INLINE_LIMIT, FilePayloadStore, Offloader
+from noetl_dagster.tools.cursor_sources import default_cursor_sources
 from noetl_dagster.util.jsonutil import plain
 
 # Called with (engine) after every execution finishes; tests use it to replay each execution.
@@ -97,6 +98,7 @@ def build_services(
         project=project,
         listeners=[*listeners, *_listeners_from_env()],
         logger=logger,
+        cursor_sources=default_cursor_sources(),
     )
 
 

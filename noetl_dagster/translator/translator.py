@@ -290,7 +290,7 @@ class NoetlTranslator:
         at most; a sequential loop is one frame). Returns the frame size, 0 for the default.
         """
         loop = data.step.loop
-        if loop is None or loop.exec == "local" or data.playbook.mode != "default":
+        if loop is None or loop.exec == "local" or data.playbook.mode != "default" or loop.cursor is not None:
             return None
         dag = loop.spec.get("dagster") if isinstance(loop.spec, Mapping) else None
         size = dag.get("frame_size") if isinstance(dag, Mapping) else None
