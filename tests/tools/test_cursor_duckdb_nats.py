@@ -214,3 +214,43 @@ def test_nats_stream_cursor_loop_resumes_after_sigkill(tmp_path, nats_stream):
     assert _processed(tmp_path) == Counter({i: 1 for i in range(1, 7)})
     assert out["results"]["start"]["stats"] == {"total": 6, "ok": 6, "failed": 0}
     assert asyncio.run(_nats_pending(stream)) == (0, 0)
+
+
+@pytest.mark.slow
+def test_dagster_runner_gives_the_same_cursor_loop_trace(tmp_path):
+    """The Dagster runner runs the cursor loop inside its step op: same summary, same events per step."""
+    import dagster as dg
+
+    from noetl_dagster.runners.local import run_playbook
+    from noetl_dagster.storage.event_stores import open_event_store
+    from noetl_dagster.translator.runner import run_playbook_dagster
+
+    def names(data: Path, eid: str) -> list[tuple]:
+        store = open_event_store(None, data_dir=data)
+        try:
+            return [(e.step, e.iteration, e.name, (e.data or {}).get("cursor_key")) for e in store.read(eid)]
+        finally:
+            store.close()
+
+    runs = {}
+    for runner in ("local", "dagster"):
+        d = tmp_path / runner
+        d.mkdir()
+        db = _duck_queue(d, 4)
+        pb = d / "pb.yaml"
+        pb.write_text(_duckdb_playbook(db, d))
+        if runner == "local":
+            res = run_playbook(pb, data_dir=d / "data")
+        else:
+            inst = dg.DagsterInstance.ephemeral()
+            try:
+                res = run_playbook_dagster(pb, None, data_dir=d / "data", instance=inst, mode="default")
+            finally:
+                inst.dispose()
+        assert res.status == "completed", res.results
+        assert _processed(d) == Counter({i: 1 for i in range(1, 5)})
+        runs[runner] = (res.to_json()["results"], names(d / "data", res.execution_id))
+    assert runs["dagster"][0] == runs["local"][0]
+    local_trace = [t for t in runs["local"][1] if t[2].startswith(("loop.", "task.", "step."))]
+    dag_trace = [t for t in runs["dagster"][1] if t[2].startswith(("loop.", "task.", "step."))]
+    assert dag_trace == local_trace
