@@ -85,11 +85,16 @@ class Loop(_Model):
     exec: Literal["distributed", "local"] | None = None
     spec: dict[str, Any] = Field(default_factory=dict)
     cursor: Cursor | None = None
-    frame: FramePolicy | None = None
+    frame: dict[str, Any] | None = None  # FramePolicy fields as written (values may be templates)
 
     @property
     def frame_policy(self) -> FramePolicy:
-        return self.frame or FramePolicy()
+        """The frame policy without its templated fields (the engine renders those per run)."""
+        return FramePolicy(**{k: v for k, v in (self.frame or {}).items() if not _is_template(v)})
+
+
+def _is_template(value: Any) -> bool:
+    return isinstance(value, str) and ("{{" in value or "{%" in value)
 
 
 class Task(_Model):

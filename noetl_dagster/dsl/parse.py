@@ -290,15 +290,15 @@ def _parse_cursor_loop(ctx: _Ctx, raw: dict[str, Any], spec: dict[str, Any], pat
     unknown = sorted(set(cur) - {"kind", "auth", "claim", "options"})
     if unknown:
         ctx.err((*cp, unknown[0]), "cursor-shape", f"unknown cursor key {unknown[0]!r} (kind, auth, claim, options)")
-    frame_raw = spec.get("frame", spec.get("frame_policy")) or {}
-    frame = None
-    try:
-        frame = FramePolicy(**frame_raw) if isinstance(frame_raw, dict) else None
-        if frame is None:
-            ctx.err((*path, "spec", "frame"), "loop-frame", "`spec.frame` must be a mapping")
-    except ValidationError as e:
-        for err in e.errors()[:3]:
-            ctx.err((*path, "spec", "frame", *err["loc"]), "loop-frame", err["msg"])
+    frame = spec.get("frame", spec.get("frame_policy")) or {}
+    if not isinstance(frame, dict):
+        ctx.err((*path, "spec", "frame"), "loop-frame", "`spec.frame` must be a mapping")
+    else:
+        try:  # templated values (`lease_seconds: "{{ workload.lease }}"`) are checked when rendered
+            FramePolicy(**{k: v for k, v in frame.items() if not _is_template(v)})
+        except ValidationError as e:
+            for err in e.errors()[:3]:
+                ctx.err((*path, "spec", "frame", *err["loc"]), "loop-frame", err["msg"])
     if len(ctx.issues) > n:
         return None
     return Loop(

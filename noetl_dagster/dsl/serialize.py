@@ -35,7 +35,7 @@ def _loop_raw(lp: Loop) -> dict[str, Any]:
         spec["policy"] = {**(spec.get("policy") or {}), "exec": lp.exec}  # a copy: never write into the model
     if lp.cursor is not None:
         if lp.frame is not None:
-            spec["frame"] = lp.frame.model_dump()
+            spec["frame"] = dict(lp.frame)
         return {"cursor": lp.cursor.model_dump(), "iterator": lp.iterator, "spec": spec}
     return {"in": lp.in_, "iterator": lp.iterator, "spec": spec}
 

@@ -8,7 +8,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from noetl_dagster.dsl.model import Loop, Step
+from pydantic import ValidationError
+
+from noetl_dagster.dsl.model import FramePolicy, Loop, Step
 from noetl_dagster.dsl.templates import TemplateError
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine.events import uuid7
@@ -31,10 +33,11 @@ class _CursorRun:
     """What the slots of one cursor loop share (guarded by ``lock``)."""
 
     def __init__(
-        self, loop: Loop, frame: _Frame, loop_id: str, done: dict[str, Any], guard: _CtxGuard | None
-    ):
+        self, loop: Loop, frame: _Frame, loop_id: str, done: dict[str, Any], guard: _CtxGuard | None,
+        policy: FramePolicy,
+    ):  # fmt: skip
         self.loop, self.frame, self.loop_id, self.guard = loop, frame, loop_id, guard
-        self.policy = loop.frame_policy
+        self.policy = policy
         self.done = done  # key -> result of a row finished by an earlier attempt of this step run
         self.lock = threading.Lock()
         self.keys: list[str] = list(done)
@@ -92,16 +95,22 @@ class CursorLoops:
     ) -> tuple[bool, Any, dict[str, Any] | None]:
         eng, rec, cur = self.engine, self.engine.recorder, loop.cursor
         assert cur is not None
-        fp = loop.frame_policy
         t0 = time.perf_counter()
         try:
             scope = self.base_scope(frame.args, frame.iter)
+            fp = FramePolicy(**self.env.render(dict(loop.frame or {}), scope))  # its values may be templates
             mif = loop.max_in_flight
             mif = self.env.render(mif, scope) if isinstance(mif, str) else mif
             slots = max(1, int(mif)) if mif not in (None, "") else 1
             # one request per slot: the owner names the slot, stable across resume (same step run id)
             reqs = [self._cursor_request(cur, fp, scope, f"{eng.execution_id}:{frame.step_run_id}:{k}", k)
                     for k in range(slots)]  # fmt: skip
+        except ValidationError as e:
+            return (
+                False,
+                None,
+                _error("config_error", f"loop.spec.frame: {e.errors()[0]['msg']} ({e.errors()[0]['loc']})"),
+            )
         except (TemplateError, ValueError, TypeError) as e:
             return False, None, _error("template_error", str(e))
         opener = eng.services.cursor_sources.get(cur.kind)
@@ -113,7 +122,7 @@ class CursorLoops:
             )
         done = self._cursor_done_rows(frame.step_run_id)
         st = _CursorRun(
-            loop, frame, uuid7(), done, _CtxGuard() if slots > 1 or fp.row_concurrency > 1 else None
+            loop, frame, uuid7(), done, _CtxGuard() if slots > 1 or fp.row_concurrency > 1 else None, fp
         )
         rec.emit(E.LOOP_STARTED, step=frame.step.name, step_run_id=frame.step_run_id, loop_id=st.loop_id,
                  entity_id=st.loop_id, status="in_progress",
@@ -145,7 +154,8 @@ class CursorLoops:
     def _cursor_request(self, cur: Any, fp: Any, scope: Scope, owner: str, slot: int) -> CursorRequest:
         eng = self.engine
         cscope = scope.child(cursor={"owner": owner, "slot": slot, "execution_id": eng.execution_id,
-                                     "max_rows": fp.max_rows, "lease_seconds": fp.lease_seconds})  # fmt: skip
+                                     "max_rows": fp.max_rows, "lease_seconds": fp.lease_seconds},
+                             __frame_max_rows=fp.max_rows, __frame_policy=fp.model_dump())  # NoETL's names  # fmt: skip
         return CursorRequest(
             kind=cur.kind,
             claim=str(self.env.render(cur.claim, cscope)),

@@ -254,3 +254,28 @@ def test_dagster_runner_gives_the_same_cursor_loop_trace(tmp_path):
     local_trace = [t for t in runs["local"][1] if t[2].startswith(("loop.", "task.", "step."))]
     dag_trace = [t for t in runs["dagster"][1] if t[2].startswith(("loop.", "task.", "step."))]
     assert dag_trace == local_trace
+
+
+def test_templated_frame_policy_and_noetl_claim_names(tmp_path):
+    """NoETL's fixtures template the frame policy and read ``__frame_max_rows`` in the claim."""
+    from noetl_dagster.dsl import load_playbook
+    from noetl_dagster.runners.local import run_playbook
+    from noetl_dagster.storage.event_stores import open_event_store
+
+    db = _duck_queue(tmp_path, 5)
+    text = _duckdb_playbook(db, tmp_path).replace("LIMIT {{ cursor.max_rows }}", "LIMIT {{ __frame_max_rows | default(1) | int }}")
+    text = text.replace("frame: {max_rows: 2}", 'frame: {max_rows: "{{ workload.rows }}"}')
+    text = text.replace("workflow:", "workload: {rows: 3}\nworkflow:", 1)
+    pb = tmp_path / "pb.yaml"
+    pb.write_text(text)
+    res = run_playbook(load_playbook(pb), data_dir=tmp_path / "d")
+    assert res.status == "completed", res.results
+    store = open_event_store(None, data_dir=tmp_path / "d")
+    try:
+        counts = [e.data["count"] for e in store.read(res.execution_id) if e.name == "loop.frame.claimed"]
+    finally:
+        store.close()
+    assert counts == [3, 2]
+    bad = run_playbook(load_playbook(pb), {"rows": 0}, data_dir=tmp_path / "d2")
+    assert bad.status == "failed"
+    assert "loop.spec.frame: Input should be greater than or equal to 1" in json.dumps(bad.to_json())
