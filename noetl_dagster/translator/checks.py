@@ -88,7 +88,7 @@ def describe(chk: OutputCheck) -> str:
             parts.append("no schema drift since the previous version")
         return "; ".join(parts) or "schema"
     if chk.freshness is not None:
-        return f"stored less than {chk.freshness['max_age_minutes']} minutes ago"
+        return f"stored less than {chk.freshness['max_age_minutes']:g} minutes ago"
     return f"assert {chk.assert_}"
 
 
@@ -120,7 +120,7 @@ def _verdict(res: NoetlResource, chk: OutputCheck, v: StoredVersion, md: dict[st
         age = (datetime.now(UTC) - v.stored_at).total_seconds() / 60
         md["age_minutes"] = round(age, 2)
         limit = chk.freshness["max_age_minutes"]
-        return age <= limit, f"stored {age:.1f} minutes ago (limit {limit})"
+        return age <= limit, f"stored {age:.1f} minutes ago (limit {limit:g})"
     scope = {"output": v.ref, "columns": v.columns, "workload": v.workload, "execution_id": v.execution_id,
              "partition_key": v.partition_key, "rows": v.rows}  # fmt: skip
     try:

@@ -71,6 +71,22 @@ def _wait_run(url: str, run_id: str, timeout: float = 120) -> str:
     return status
 
 
+MATERIALIZATION = """
+query M($path: [String!]!) { assetOrError(assetKey: {path: $path}) { ... on Asset {
+  assetMaterializations(limit: 1) { runId metadataEntries { label } } } } }
+"""
+
+
+def _wait_materialization(url: str, path: list[str], timeout: float = 180) -> dict | None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        mats = _graphql(url, MATERIALIZATION, {"path": path})["assetOrError"].get("assetMaterializations") or []
+        if mats:
+            return mats[0]
+        time.sleep(1)
+    return None
+
+
 @pytest.mark.slow
 def test_launchpad_defaults_run_and_the_broken_playbook_shows_in_the_browser(dev_with_broken_playbook, artifacts):
     from playwright.sync_api import expect, sync_playwright  # noqa: PLC0415 - only the browser test needs it
@@ -114,6 +130,18 @@ def test_launchpad_defaults_run_and_the_broken_playbook_shows_in_the_browser(dev
             expect(page.get_by_text("schema_drift").first).to_be_visible(timeout=60_000)
             expect(page.get_by_text("three_regions_a_day").first).to_be_visible()
             page.screenshot(path=artifacts / "6_declared_asset_checks.png")
+            # 5. Materialize from its page: the playbook runs, then its checks pass
+            page.get_by_text("Materialize", exact=True).first.click()
+            # the playbook is one unit (can_subset=False): Dagster asks to materialize region_totals too
+            expect(page.get_by_text("Additional assets will be materialized")).to_be_visible(timeout=30_000)
+            page.get_by_role("button", name="Confirm").click()
+            mat = _wait_materialization(url, ["demo", "examples", "sales", "daily_sales"])
+            assert mat is not None, dev_log.read_text()[-3000:]
+            assert {"dagster/column_schema", "dagster/row_count", "noetl/version"} <= {m["label"] for m in mat["metadataEntries"]}
+            assert _wait_run(url, mat["runId"]) == "SUCCESS", dev_log.read_text()[-3000:]
+            page.reload()
+            expect(page.get_by_text("Passed").first).to_be_visible(timeout=60_000)
+            page.screenshot(path=artifacts / "7_materialized_checks_passed.png")
         finally:
             browser.close()
     jobs = _graphql(url, "{ repositoriesOrError { ... on RepositoryConnection { nodes { jobs { name } } } } }", {})
