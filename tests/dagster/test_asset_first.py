@@ -190,6 +190,8 @@ def test_partitioned_playbook_job_takes_the_partition_key(dagster_data, tmp_path
     assert mat.partition == "2026-11-21" and mat.metadata["noetl/partition_key"].value == "2026-11-21"
 
 
+# Dagster's own automation tester passes a beta parameter (AssetSelection.all(include_sources=True))
+@pytest.mark.filterwarnings("ignore:Parameter `include_sources` of function `AssetSelection.all`")
 def test_on_cron_automation_requests_the_asset_after_the_tick(dagster_data, tmp_path):
     import datetime as dt  # noqa: PLC0415
 
