@@ -16,7 +16,7 @@ from typing import Any
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.ports import EventStore, ResultOffloader
 from noetl_dagster.engine.state import ExecutionState
-from noetl_dagster.util.jsonutil import dumps
+from noetl_dagster.util.jsonstream import json_contains
 
 Listener = Callable[[Event], None]
 REDACTED = "***"
@@ -57,12 +57,11 @@ class Redactor:
             return v
         if isinstance(v, str):
             return self.text(v)
-        try:  # fast path: one serialization tells whether any secret is in there at all
-            blob = dumps(v)
+        try:  # fast path: one streamed serialization (chunk by chunk, issue 14.8) tells whether any secret is there
+            if not json_contains(v, self._needles):
+                return v
         except Exception:  # noqa: BLE001 - fall back to the walk
-            blob = None
-        if blob is not None and not any(n in blob for n in self._needles):
-            return v
+            pass
         return self._walk(v)
 
     def _walk(self, v: Any) -> Any:

@@ -31,7 +31,8 @@ from typing import IO, Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from noetl_dagster.dsl.locator import DEFAULT_LAYOUT, ObjectLayout
-from noetl_dagster.util.jsonutil import dumps, loads
+from noetl_dagster.util.jsonstream import dumps_bytes, is_plain_json, iter_json, json_size_bound
+from noetl_dagster.util.jsonutil import loads
 
 DEFAULT_INLINE_LIMIT = 64 * 1024
 PAYLOAD_STORE_ENV = "NOETL_PAYLOAD_STORE_URL"
@@ -77,6 +78,7 @@ def sha256(data: bytes) -> str:
 # From the first chunk at least this big on, hashing runs on a helper thread (hashlib drops
 # the GIL for large updates), so it overlaps the encoder and the write instead of adding to them.
 _THREADED_HASH_MIN = 64 * 1024
+_HASH_QUEUE = 16
 
 
 class HashingWriter:
@@ -91,7 +93,7 @@ class HashingWriter:
         self._hash = hashlib.sha256()
         self.size = 0
         self.closed = False
-        self._queue: queue.SimpleQueue[Any] | None = None
+        self._queue: queue.Queue[Any] | None = None
         self._thread: threading.Thread | None = None
         self._threaded = threaded
         self._error: BaseException | None = None
@@ -128,7 +130,8 @@ class HashingWriter:
 
     def _hash_async(self, data: Any) -> None:
         if self._queue is None:
-            self._queue = queue.SimpleQueue()
+            # bounded: a writer faster than the hasher waits instead of piling up chunk copies
+            self._queue = queue.Queue(maxsize=_HASH_QUEUE)
             self._thread = threading.Thread(target=self._hash_loop, name="payload-sha256", daemon=True)
             self._thread.start()
         self._queue.put(data)
@@ -252,11 +255,19 @@ class PayloadStore(ABC):
         raise NotImplementedError
 
     def put_json(self, key: str, value: Any, *, rows: int | None = None) -> ResultRef:
-        data = dumps(value).encode()
-        uri = self.put_bytes(key, data)
+        """Store a value's JSON text, streamed: encoded, hashed and written chunk by chunk, so a big
+        value is never held a second time as text (issue 14.8)."""
         if rows is None and isinstance(value, list):
             rows = len(value)
-        return ResultRef(uri=uri, store=self.name, format="json", size=len(data), checksum=sha256(data), rows=rows)
+        try:
+            w = self.writer(key)
+        except NotImplementedError:  # an adapter without streaming writes: one buffer
+            data = b"".join(iter_json(value))
+            return ResultRef(self.put_bytes(key, data), self.name, "json", len(data), sha256(data), rows)
+        with w:
+            for piece in iter_json(value):
+                w.write(piece)
+        return ResultRef(uri=w.uri, store=self.name, format="json", size=w.size, checksum=w.checksum, rows=rows)
 
     def get_verified(self, ref: ResultRef) -> bytes:
         data = self.get_bytes(ref.uri)
@@ -561,22 +572,44 @@ class Offloader:
         self.store = store
         self.inline_limit = inline_limit
         self.key_prefix = layout.prefix(tenant, project) if tenant and project else ""
+        # the value offloaded last and its envelope: a task's result is offloaded again at once as
+        # its step's result, and must not be written twice
+        self._last: tuple[Any, ResultRef] | None = None
 
     def maybe_offload(self, value: Any, key: str) -> Any:
+        """``value`` itself when its JSON text is at most ``inline_limit`` bytes, else a ``$ref``.
+
+        The size is decided from a lower bound that stops at the limit, and a big value is
+        streamed to the store, so memory stays about the value itself (issue 14.8)."""
         if value is None or isinstance(value, (bool, int, float)):
             return value
         if isinstance(value, str) and len(value) < self.inline_limit // 4:
             return value
-        data = dumps(value).encode()
-        if len(data) <= self.inline_limit:
-            return value
-        uri = self.store.put_bytes(self.key_prefix + key + ".json", data)
+        last = self._last
+        if last is not None and last[0] is value:  # the same (live) object: its payload is already written
+            return last[1].envelope()
+        key = self.key_prefix + key + ".json"
         rows = len(value) if isinstance(value, list) else None
-        return ResultRef(uri, self.store.name, "json", len(data), sha256(data), rows).envelope()
+        if json_size_bound(value, self.inline_limit) <= self.inline_limit:
+            data = dumps_bytes(value)  # near the limit: small enough to measure exactly
+            if len(data) <= self.inline_limit:
+                return value
+            ref = ResultRef(self.store.put_bytes(key, data), self.store.name, "json", len(data), sha256(data), rows)
+        else:
+            ref = self.store.put_json(key, value, rows=rows)
+        self._last = (value, ref)
+        return ref.envelope()
 
     def resolve(self, value: Any) -> Any:
         if is_ref(value):
-            return self.store.get_json(ResultRef.from_dict(value["$ref"]))
+            ref = ResultRef.from_dict(value["$ref"])
+            last = self._last
+            # the payload this process just wrote: the live value, when reading it back would give an
+            # equal value of the same types (else a reader would see what replay does not)
+            if last is not None and last[1].uri == ref.uri and last[1].checksum == ref.checksum:
+                if is_plain_json(last[0]):
+                    return last[0]
+            return self.store.get_json(ref)
         return value
 
 
