@@ -193,8 +193,10 @@ class NoetlTableIOManager(dg.ConfigurableIOManager):
         ref = pub.ref()
         meta: dict[str, Any] = {
             "dagster/row_count": dg.MetadataValue.int(ref["rows"]),
-            "dagster/column_schema": dg.TableSchema(
-                columns=[dg.TableColumn(c["name"], c["type"]) for c in pub.write.columns]
+            "dagster/column_schema": dg.TableSchema(  # the same shape the playbook assets report (translator/versions.py)
+                columns=[dg.TableColumn(c["name"], c["type"],
+                                        constraints=dg.TableColumnConstraints(nullable=bool(c.get("nullable", True))))
+                         for c in pub.write.columns]
             ),
             "noetl/uri": dg.MetadataValue.text(ref["uri"]),
             "noetl/urn": dg.MetadataValue.text(ref["urn"]),

@@ -85,7 +85,7 @@ def test_writer_and_reader_playbooks_on_dagster(location, instance, home):
             event = instance.get_latest_materialization_event(dg.AssetKey(asset_key_for_uri(uri)))
             assert event is not None, uri
             md = event.asset_materialization.metadata
-            assert md["noetl/uri"].value == uri and md["checksum"].value.startswith("sha256:")
+            assert md["noetl/uri"].value == uri and md["noetl/checksum"].value.startswith("sha256:")
         copy_md = instance.get_latest_materialization_event(
             dg.AssetKey(["acme", "lab", "copies", f"orders_{k}"])).asset_materialization.metadata
         assert source.uri in copy_md["noetl/inputs"].value
