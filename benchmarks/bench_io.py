@@ -14,7 +14,12 @@ Each measurement is the median of ``--repeat`` runs, baseline and IO manager
 interleaved so that machine load hits both alike. Reads (resolve + verify + decode)
 are printed for information, next to a plain read.
 
-Run: ``python -m benchmarks.bench_io [--rows N] [--repeat N]`` or ``python -m benchmarks --only io``.
+A large result (issue 14.8): a playbook whose python step returns a ``--large-mb`` MB string
+and a list of strings of the same JSON size, run in a fresh subprocess each; printed are the
+peak RSS over the process's baseline (``ru_maxrss``) as a multiple of the result's own
+footprint, the run time and the bytes written to the payload store. Target: <= 2x.
+
+Run: ``python -m benchmarks.bench_io [--rows N] [--repeat N] [--large-mb N]`` or ``python -m benchmarks --only io``.
 """
 
 from __future__ import annotations
@@ -29,6 +34,55 @@ from collections.abc import Callable
 from pathlib import Path
 
 TARGET_RATIO = 1.2
+LARGE_TARGET = 2.0
+
+LARGE_PROBE = """
+import json, resource, sys, time, tempfile
+from pathlib import Path
+from noetl_dagster.runners.local import run_playbook
+
+tmp, code = Path(tempfile.mkdtemp(prefix="bench_large_")), sys.argv[1]
+pb = tmp / "pb.yaml"
+head = "apiVersion: noetl.io/v2\\nkind: Playbook\\nmetadata: {name: big, path: bench/big}\\n"
+pb.write_text(head + "workflow:\\n  - step: start\\n    tool: {kind: python, code: 'result = 1'}\\n")
+run_playbook(str(pb), data_dir=tmp / "warm")
+pb.write_text(head + "workflow:\\n  - step: start\\n    tool: {kind: python, code: " + json.dumps(code) + "}\\n"
+              "    next: {arcs: [{step: use}]}\\n  - step: use\\n    tool: {kind: noop, result: '{{ start | length }}'}\\n")
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+t0 = time.perf_counter()
+r = run_playbook(str(pb), data_dir=tmp / "d")
+seconds = time.perf_counter() - t0
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+value = r.results["start"]
+footprint = sys.getsizeof(value) + (sum(sys.getsizeof(v) for v in value) if isinstance(value, list) else 0)
+written = sum(p.stat().st_size for p in (tmp / "d" / "payloads").rglob("*") if p.is_file())
+print(json.dumps({"status": r.status, "over_base": peak - base, "footprint": footprint, "seconds": seconds,
+                  "written": written}))
+"""
+
+
+def large_result(mb: int) -> bool:
+    """Peak memory of a run whose step returns a big result (each case in a fresh process)."""
+    import json
+    import subprocess
+    import sys
+
+    ok = True
+    print(f"large result ({mb} MB), peak RSS over the process baseline / the result's footprint")
+    for label, code in (("string", f"result = 'x' * {mb * 1_000_000}"),
+                        ("list of strings", f"result = [f'{{i:095d}}' for i in range({mb * 10_000})]")):  # fmt: skip
+        proc = subprocess.run([sys.executable, "-c", LARGE_PROBE, code], capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0:
+            print(f"  {label:<20} failed: {proc.stderr.strip().splitlines()[-1:]}")
+            ok = False
+            continue
+        m = json.loads(proc.stdout.strip().splitlines()[-1])
+        ratio = m["over_base"] / m["footprint"]
+        verdict = "PASS" if ratio <= LARGE_TARGET and m["status"] == "completed" else "MISS"
+        ok = ok and verdict == "PASS"
+        print(f"  {label:<20} footprint {m['footprint'] / 1e6:6.0f} MB  peak over base {m['over_base'] / 1e6:6.0f} MB  "
+              f"ratio {ratio:4.2f}  {m['seconds']:5.2f} s  written {m['written'] / 1e6:6.0f} MB  {verdict}")
+    return ok
 
 
 def make_table(rows: int):
@@ -74,7 +128,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="IO managers vs plain pyarrow / pyiceberg")
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--large-mb", type=int, default=200, help="size of the large-result case (0: skip it)")
+    ap.add_argument("--only-large", action="store_true", help="run only the large-result case")
     args = ap.parse_args(argv)
+    if args.large_mb:
+        large_result(args.large_mb)
+    if args.only_large:
+        return 0
 
     import dagster as dg
     import pyarrow.feather as feather

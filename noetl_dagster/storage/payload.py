@@ -575,6 +575,7 @@ class Offloader:
         # the value offloaded last and its envelope: a task's result is offloaded again at once as
         # its step's result, and must not be written twice
         self._last: tuple[Any, ResultRef] | None = None
+        self._last_plain: tuple[Any, bool] | None = None
 
     def maybe_offload(self, value: Any, key: str) -> Any:
         """``value`` itself when its JSON text is at most ``inline_limit`` bytes, else a ``$ref``.
@@ -607,7 +608,9 @@ class Offloader:
             # the payload this process just wrote: the live value, when reading it back would give an
             # equal value of the same types (else a reader would see what replay does not)
             if last is not None and last[1].uri == ref.uri and last[1].checksum == ref.checksum:
-                if is_plain_json(last[0]):
+                if self._last_plain is None or self._last_plain[0] is not last:
+                    self._last_plain = (last, is_plain_json(last[0]))  # once per value, not per read
+                if self._last_plain[1]:
                     return last[0]
             return self.store.get_json(ref)
         return value

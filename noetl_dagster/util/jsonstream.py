@@ -188,11 +188,17 @@ def is_plain_json(value: Any) -> bool:
             if v - v != 0.0:  # inf and nan
                 return False
         elif t is list:
-            stack.append(iter(v))
+            if not _SCALARS.issuperset(map(type, v)):  # C-speed pass; walk only lists holding more than scalars
+                stack.append(iter(v))
         elif t is dict:
-            if not all(type(k) is str for k in v):
+            if not _STR.issuperset(map(type, v)):
                 return False
-            stack.append(iter(v.values()))
+            if not _SCALARS.issuperset(map(type, v.values())):
+                stack.append(iter(v.values()))
         else:
             return False
     return True
+
+
+_SCALARS = frozenset({str, int, bool, type(None)})
+_STR = frozenset({str})
