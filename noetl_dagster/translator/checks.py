@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
-from noetl_dagster.dsl.model import OutputCheck
+from noetl_dagster.dsl.locator import InvalidLocator, asset_key_for_uri
+from noetl_dagster.dsl.model import OutputCheck, Playbook
 from noetl_dagster.dsl.templates import TemplateError, template_env
-from noetl_dagster.translator.ops import RESOURCE_KEY
-from noetl_dagster.translator.versions import StoredVersion, latest_version, previous_version
+from noetl_dagster.translator.versions import RESOURCE_KEY, StoredVersion, latest_version, previous_version
 
 if TYPE_CHECKING:  # pragma: no cover
     from noetl_dagster.resources.noetl import NoetlResource
@@ -93,16 +93,36 @@ def describe(chk: OutputCheck) -> str:
 
 
 def evaluate(res: NoetlResource, key: dg.AssetCheckKey, chk: OutputCheck, v: StoredVersion | None) -> dg.AssetCheckResult:
+    return dg.AssetCheckResult(**_evaluation(res, key, chk, v))
+
+
+def declared_check_evaluations(pb: Playbook, res: NoetlResource, step: str, v: StoredVersion) -> list[dg.AssetCheckEvaluation]:
+    """A job run that stored a table evaluates the checks its step declares on it (the same checks the
+    asset's ``<job>__checks`` runs), so a playbook run shows them too."""
+    out: list[dg.AssetCheckEvaluation] = []
+    series = v.uri.split("@")[0]
+    for o in pb.steps[step].outputs if step in pb.steps else []:
+        if o.uri != series:
+            continue
+        try:
+            key = dg.AssetKey(asset_key_for_uri(o.uri))
+        except InvalidLocator:
+            continue
+        for chk in o.checks:
+            out.append(dg.AssetCheckEvaluation(**_evaluation(res, dg.AssetCheckKey(key, chk.name or chk.kind), chk, v)))
+    return out
+
+
+def _evaluation(res: NoetlResource, key: dg.AssetCheckKey, chk: OutputCheck, v: StoredVersion | None) -> dict[str, Any]:
     severity = dg.AssetCheckSeverity.WARN if chk.severity == "warn" else dg.AssetCheckSeverity.ERROR
+    base = {"asset_key": key.asset_key, "check_name": key.name, "severity": severity}
     if v is None:
-        return dg.AssetCheckResult(asset_key=key.asset_key, check_name=key.name, passed=False, severity=severity,
-                                   description="no version of the table is registered yet")  # fmt: skip
+        return {**base, "passed": False, "description": "no version of the table is registered yet"}
     md: dict[str, Any] = {"noetl/uri": v.uri}
     if v.execution_id:
         md["noetl/execution_id"] = v.execution_id
     passed, why = _verdict(res, chk, v, md)
-    return dg.AssetCheckResult(asset_key=key.asset_key, check_name=key.name, passed=passed, severity=severity,
-                               description=why, metadata=md)  # fmt: skip
+    return {**base, "passed": passed, "description": why, "metadata": md}
 
 
 def _verdict(res: NoetlResource, chk: OutputCheck, v: StoredVersion, md: dict[str, Any]) -> tuple[bool, str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 import dagster as dg
@@ -34,11 +35,18 @@ from noetl_dagster.resources.runtime import (
     start_execution,
     work_steps,
 )
+from noetl_dagster.translator.checks import declared_check_evaluations
 from noetl_dagster.translator.plan import JobPlan, Node
 from noetl_dagster.translator.translator import NoetlOpSpec
-from noetl_dagster.translator.versions import StoredVersion, stored_refs, version_metadata, with_registry
+from noetl_dagster.translator.versions import (
+    RESOURCE_KEY,
+    StoredVersion,
+    stored_refs,
+    version_metadata,
+    with_registry,
+)
 
-RESOURCE_KEY = "noetl"
+__all__ = ["RESOURCE_KEY"]  # re-exported: frames, build and assets import it from here
 RESULT_OUTPUT = "result"
 
 # run id -> execution id chosen by noetl_start in this process (launchpad runs without the tag)
@@ -316,8 +324,13 @@ def _report_outputs(
         if report.recovered:
             md["recovered_step_runs"] = ", ".join(report.recovered)
         yield dg.Output(None, RESULT_OUTPUT, metadata=md)
-    yield from _materializations(eng.execution_id, report.task_results, getattr(context.resources, RESOURCE_KEY),
-                                 context.partition_key if context.has_partition_key else None)
+    res = getattr(context.resources, RESOURCE_KEY)
+    for step, v, mat in _materializations(eng.execution_id, report.task_results, res,
+                                          context.partition_key if context.has_partition_key else None,
+                                          eng.state.workload):  # fmt: skip
+        yield mat
+        for ev in declared_check_evaluations(eng.playbook, res, step, v):  # the step's declared checks
+            context.log_event(ev)
     if plan is None:
         return
     pending = report.pending_steps()
@@ -332,10 +345,12 @@ def _report_outputs(
 
 
 def _materializations(
-    eid: str, task_results: list[tuple[str, Any]], resource: Any = None, partition: str | None = None
-) -> Iterator[dg.AssetMaterialization]:
+    eid: str, task_results: list[tuple[str, Any]], resource: Any = None, partition: str | None = None,
+    workload: Mapping[str, Any] | None = None,
+) -> Iterator[tuple[str, StoredVersion, dg.AssetMaterialization]]:
     """Tasks that stored a table (their result is a ``noetl://`` reference) materialize its asset key,
     with the metadata the asset-first multi-asset reports (schema, rows, bytes, version)."""
+    now = datetime.now(UTC)
     for step, result in task_results:
         for info in stored_refs(result):
             uri = info["uri"]
@@ -343,8 +358,10 @@ def _materializations(
                 key = asset_key_for_uri(uri)
             except InvalidLocator:
                 continue
-            v = StoredVersion(uri, dict(info), execution_id=eid)
-            md = version_metadata(with_registry(resource, v) if resource is not None else v)
+            v = StoredVersion(uri, dict(info), execution_id=eid, stored_at=now, workload=dict(workload or {}))
+            if resource is not None:
+                v = with_registry(resource, v)
+            md = version_metadata(v)
             md["noetl/step"] = step
-            yield dg.AssetMaterialization(asset_key=key, metadata=md, description=f"stored by step {step}",
-                                          partition=partition)  # fmt: skip
+            yield step, v, dg.AssetMaterialization(asset_key=key, metadata=md, description=f"stored by step {step}",
+                                                   partition=partition)  # fmt: skip

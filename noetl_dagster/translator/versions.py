@@ -19,6 +19,8 @@ from noetl_dagster.engine import events as E
 if TYPE_CHECKING:  # pragma: no cover
     from noetl_dagster.resources.noetl import NoetlResource
 
+RESOURCE_KEY = "noetl"  # the NoetlResource of a code location
+
 
 # -- what an execution stored ----------------------------------------------------------------
 @dataclass

@@ -240,3 +240,17 @@ def test_bad_partitions_in_a_code_location_are_contained(dagster_data, tmp_path)
                             resource=NoetlResource(data_dir=str(dagster_data)))  # fmt: skip
     assert [c.job_name for c in loc.index.playbooks] == ["good_load"]
     assert "bad.yaml:7: partitions:" in loc.index.invalid[0].issues[0]
+
+
+def test_a_playbook_job_run_evaluates_the_declared_checks_of_what_it_stored(dagster_data):
+    defs = _defs([EXAMPLES / "sales_tables.yaml"], dagster_data)
+    with dg.instance_for_test() as instance:
+        result = defs.resolve_job_def("sales_tables").execute_in_process(instance=instance)
+        assert result.success
+        evals = {(e.asset_key, e.check_name): e for e in result.get_asset_check_evaluations()}
+        record = instance.event_log_storage.get_latest_asset_check_execution_by_key(
+            [dg.AssetCheckKey(DAILY, "three_regions_a_day")])  # fmt: skip
+    assert set(evals) == {(DAILY, n) for n in ("row_count", "schema_drift", "freshness", "three_regions_a_day")} | {
+        (TOTALS, "row_count")}  # fmt: skip
+    assert all(e.passed for e in evals.values()), {k: e.description for k, e in evals.items()}
+    assert record[dg.AssetCheckKey(DAILY, "three_regions_a_day")].status.value == "SUCCEEDED"
