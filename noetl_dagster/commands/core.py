@@ -6,6 +6,8 @@ import json
 import re
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -168,23 +170,29 @@ def run(
     if max_step_runs is not None:
         pb.executor.spec["max_step_runs"] = max_step_runs
     progress = _Progress(enabled=not as_json and not quiet)
+    from noetl_dagster.engine.events import uuid7
+
+    execution_id = uuid7()
     if runner == "dagster":
         from noetl_dagster.translator.runner import DetachTargetMissing, run_with_dagster
 
         try:
-            result = run_with_dagster(
-                pb, overrides, event_store=event_store, data_dir=data_dir, catalog_dirs=catalog_dirs,
-                tenant=tenant, project=project, mode=mode, detach=detach,
-            )  # fmt: skip
+            with _execution_lease(event_store, data_dir, None if detach else execution_id):
+                result = run_with_dagster(
+                    pb, overrides, event_store=event_store, data_dir=data_dir, catalog_dirs=catalog_dirs,
+                    tenant=tenant, project=project, mode=mode, detach=detach, execution_id=execution_id,
+                )  # fmt: skip
         except DetachTargetMissing as e:
             _fail_input(str(e))
     else:
         from noetl_dagster.runners.local import run_playbook
 
-        result = run_playbook(
-            pb, overrides, event_store=event_store, data_dir=data_dir, catalog_dirs=catalog_dirs,
-            tenant=tenant, project=project, on_step=progress.on_step, logger=lambda m: None,
-        )  # fmt: skip
+        with _execution_lease(event_store, data_dir, execution_id):
+            result = run_playbook(
+                pb, overrides, event_store=event_store, data_dir=data_dir, catalog_dirs=catalog_dirs,
+                tenant=tenant, project=project, on_step=progress.on_step, logger=lambda m: None,
+                execution_id=execution_id,
+            )  # fmt: skip
     if as_json:
         click.echo(dumps(result.to_json()))
     elif result.extra.get("follow"):  # detached: the request id and how to follow it, no empty table
@@ -192,6 +200,22 @@ def run(
     else:
         _print_summary(result)
     sys.exit(EXIT_OK if result.status in ("completed", "requested") else EXIT_FAILED)
+
+
+@contextmanager
+def _execution_lease(event_store: str | None, data_dir: str | None, execution_id: str | None) -> Iterator[None]:
+    """`run` holds its execution's lease while it runs, as `resume` does (issue 14.7): a `resume`
+    of a running execution is refused instead of running it a second time. The lease lives on a
+    store connection of its own; a detached run (nothing runs here) takes none."""
+    if execution_id is None:
+        yield
+        return
+    store = _open_store(event_store, data_dir)
+    try:
+        store.acquire_lease(execution_id)
+        yield
+    finally:
+        store.close()  # releases the lease
 
 
 def _print_summary(result: Any) -> None:
