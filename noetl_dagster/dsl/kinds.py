@@ -108,6 +108,7 @@ _RAW_KEY_HINTS: dict[str, frozenset[str]] = {
             "resource",
             "shell",
             "script",
+            "transfer",
         ),
         _NONE,
     ),
