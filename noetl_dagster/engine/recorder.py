@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from noetl_dagster.engine import logredact
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.ports import EventStore, ResultOffloader
 from noetl_dagster.engine.state import ExecutionState
@@ -30,14 +31,17 @@ class Redactor:
     def add(self, values: Iterable[str]) -> None:
         import base64
         import json
-        from urllib.parse import quote
+        from urllib.parse import quote, quote_plus
 
         for v in values:
             if isinstance(v, str) and len(v) >= 3 and v not in self.secrets:
                 raw = v.encode("utf-8", "surrogatepass")
-                # derived forms a server may echo back: base64 (|b64encode), percent-encoding
+                # derived forms a server may echo back: base64 (|b64encode), percent-encoding (a path,
+                # a query string as httpx and HTML forms write it: space as '+')
                 forms = {v, base64.b64encode(raw).decode(), base64.b64encode(raw).decode().rstrip("="),
-                         base64.urlsafe_b64encode(raw).decode().rstrip("="), quote(v, safe="")}  # fmt: skip
+                         base64.urlsafe_b64encode(raw).decode().rstrip("="), quote(v, safe=""), quote(v),
+                         quote_plus(v)}  # fmt: skip
+                logredact.watch(self)  # and out of Python logs while this execution lives
                 for f in forms:
                     if len(f) >= 3 and f not in self.secrets:
                         self.secrets.add(f)
