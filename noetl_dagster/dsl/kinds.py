@@ -109,6 +109,7 @@ _RAW_KEY_HINTS: dict[str, frozenset[str]] = {
             "shell",
             "script",
             "transfer",
+            "snowflake",
         ),
         _NONE,
     ),
