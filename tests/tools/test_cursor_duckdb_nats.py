@@ -7,14 +7,14 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
 from pathlib import Path
 
 import pytest
+
+from tests.tools.cursor_common import cli, resume_last, wait
 
 NATS_URL = "nats://127.0.0.1:4222"
 
@@ -74,38 +74,20 @@ workflow:
 {BODY.format(key="msg.n", marks=marks)}"""
 
 
-def _cli(*args: str, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "noetl_dagster.commands.main", *args], env=env or dict(os.environ),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-
-
 def _processed(marks: Path) -> Counter:
     log = marks / "processed.log"
     return Counter(int(x) for x in log.read_text().split()) if log.exists() else Counter()
 
 
-def _wait(cond, timeout: float = 60) -> None:
-    t0 = time.time()
-    while not cond():
-        assert time.time() - t0 < timeout, "timed out"
-        time.sleep(0.1)
-
-
 def _kill_and_resume(pb: Path, data: Path, marks: Path) -> dict:
-    run = _cli("run", str(pb), "--data-dir", str(data), "-q", env={**os.environ, "CURSOR_SLOW_ID": "3"})
-    _wait(lambda: (marks / "started-3").exists())
+    run = cli("run", str(pb), "--data-dir", str(data), "-q", env={**os.environ, "CURSOR_SLOW_ID": "3"})
+    wait(lambda: (marks / "started-3").exists())
     time.sleep(0.3)
     run.send_signal(signal.SIGKILL)
     run.wait(timeout=30)
     assert run.returncode == -signal.SIGKILL
     assert _processed(marks) == Counter({1: 1, 2: 1})
-    ex = subprocess.run([sys.executable, "-m", "noetl_dagster.commands.main", "executions", "--data-dir", str(data), "--json"],
-                        capture_output=True, text=True, timeout=60)  # fmt: skip
-    eid = json.loads(ex.stdout)[0]["execution_id"]
-    res = subprocess.run([sys.executable, "-m", "noetl_dagster.commands.main", "resume", eid, "--data-dir", str(data), "--json"],
-                         capture_output=True, text=True, timeout=240)  # fmt: skip
-    assert res.returncode == 0, res.stdout + res.stderr
-    return json.loads(res.stdout)
+    return resume_last(data)
 
 
 def _duck_queue(tmp_path: Path, n: int) -> Path:

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -18,6 +16,7 @@ import psycopg
 import pytest
 
 from noetl_dagster.storage.event_stores import open_event_store
+from tests.tools.cursor_common import cli, resume_last, wait
 
 DSN = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -104,22 +103,10 @@ def _sql(q: str) -> list[tuple]:
         return conn.execute(q).fetchall()
 
 
-def _cli(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "noetl_dagster.commands.main", *args], env=env or dict(os.environ),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)  # fmt: skip
-
-
 def _exactly_once(table: str, n: int) -> None:
     done = _sql(f"SELECT id, count(*) FROM {table}_done GROUP BY id ORDER BY id")
     assert done == [(i, 1) for i in range(1, n + 1)], done
     assert _sql(f"SELECT count(*) FROM {table} WHERE status <> 'done'") == [(0,)]
-
-
-def _wait(cond, timeout: float = 60) -> None:
-    t0 = time.time()
-    while not cond():
-        assert time.time() - t0 < timeout, "timed out"
-        time.sleep(0.1)
 
 
 def test_cursor_loop_claims_frames_and_acks_every_row(queue, tmp_path):
@@ -153,7 +140,7 @@ def test_two_executions_share_one_queue_without_double_processing(queue, tmp_pat
     _fill(queue, n)
     pb_file = tmp_path / "pb.yaml"
     pb_file.write_text(_playbook(queue, tmp_path, slots=2, max_rows=3))
-    runs = [_cli("run", str(pb_file), "--data-dir", str(tmp_path / f"d{k}"), "--json", "-q") for k in range(2)]
+    runs = [cli("run", str(pb_file), "--data-dir", str(tmp_path / f"d{k}"), "--json", "-q") for k in range(2)]
     outs = [r.communicate(timeout=240) for r in runs]
     for r, (out, err) in zip(runs, outs, strict=True):
         assert r.returncode == 0, out + err
@@ -175,11 +162,11 @@ def test_resume_after_sigkill_loses_and_repeats_no_row(queue, tmp_path, where):
         env["CURSOR_SLOW_ID"] = "3"  # row 3's body sleeps: killed inside it
     else:
         _sql(f"UPDATE {queue}_ctl SET slow_ack = 3 RETURNING 1")  # row 3 recorded, its ack sleeps: killed there
-    run = _cli("run", str(pb_file), "--data-dir", str(data), "-q", env=env)
+    run = cli("run", str(pb_file), "--data-dir", str(data), "-q", env=env)
     if where == "body":
-        _wait(lambda: (tmp_path / "started-3").exists())
+        wait(lambda: (tmp_path / "started-3").exists())
     else:
-        _wait(lambda: _sql(f"SELECT count(*) FROM {queue}_done WHERE id = 3") == [(1,)])
+        wait(lambda: _sql(f"SELECT count(*) FROM {queue}_done WHERE id = 3") == [(1,)])
     time.sleep(0.5)
     run.send_signal(signal.SIGKILL)
     run.wait(timeout=30)
@@ -188,13 +175,8 @@ def test_resume_after_sigkill_loses_and_repeats_no_row(queue, tmp_path, where):
     assert _sql(f"SELECT id, status FROM {queue} WHERE status = 'claimed' ORDER BY id") == [(3, "claimed"), (4, "claimed")]
     _sql(f"UPDATE {queue}_ctl SET slow_ack = NULL RETURNING 1")
 
-    ex = subprocess.run([sys.executable, "-m", "noetl_dagster.commands.main", "executions", "--data-dir", str(data), "--json"],
-                        capture_output=True, text=True, timeout=60)  # fmt: skip
-    eid = json.loads(ex.stdout)[0]["execution_id"]
-    res = subprocess.run([sys.executable, "-m", "noetl_dagster.commands.main", "resume", eid, "--data-dir", str(data), "--json"],
-                         capture_output=True, text=True, timeout=240)  # fmt: skip
-    assert res.returncode == 0, res.stdout + res.stderr
-    out = json.loads(res.stdout)
+    out = resume_last(data)
+    eid = out["execution_id"]
     assert out["status"] == "completed"
     _exactly_once(queue, n)
     agg = out["results"]["start"]
