@@ -126,9 +126,23 @@ def test_corpus_discovery_core_list_and_validation(conformance_dir):
     assert len(core) == 66 and set(core) <= set(files)
     ok = check_file(conformance_dir, "hello_world/hello_world.yaml")
     assert ok.parsed and ok.valid and ok.errors == []
-    bad = check_file(conformance_dir, "data_transfer/http_to_postgres_transfer/http_to_postgres_transfer.yaml")
+    bad = check_file(conformance_dir, "regression_test/master_regression_test.yaml")  # a legacy `retry:` block
     assert bad.parsed and not bad.valid
-    assert bad.errors[0].startswith("data_transfer/http_to_postgres_transfer/http_to_postgres_transfer.yaml:55: unknown-tool-kind")
+    assert bad.errors[0].startswith("regression_test/master_regression_test.yaml:31: legacy-construct")
+
+
+CURSOR_FIXTURES = [  # loop.cursor (issue 17.2); before it, each was `loop-in-iterator`
+    "batch_execution/frame_heartbeat_regression/frame_heartbeat_regression.yaml",  # templated frame policy
+    "patient_batch_parallel_queue/patient_batch_parallel_queue.yaml",
+    "pft_flow_test/test_pft_flow_v2.yaml",
+    "pft_flow_test/test_pft_page_continuation.yaml",
+]
+
+
+@pytest.mark.parametrize("rel", CURSOR_FIXTURES)
+def test_cursor_loop_fixtures_validate(rel, conformance_dir):
+    res = check_file(conformance_dir, rel)
+    assert res.parsed and res.valid, res.errors
 
 
 CORE_SAMPLE = [
