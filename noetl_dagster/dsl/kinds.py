@@ -110,6 +110,8 @@ _RAW_KEY_HINTS: dict[str, frozenset[str]] = {
             "script",
             "transfer",
             "snowflake",
+            "artifact",
+            "result_fetch",
         ),
         _NONE,
     ),
@@ -223,6 +225,17 @@ def all_kinds() -> list[ToolKind]:
         if tk is not None:
             out.append(tk)
     return out
+
+
+def required_keys(name: str) -> list[str]:
+    """Config keys the kind's model requires (by the name a playbook writes); built-ins of this
+    package declare none, so validating them imports nothing."""
+    if name not in _REGISTRY and name in _RAW_KEY_HINTS and name in builtin_kinds():
+        return []
+    tk = get_tool(name)
+    if tk is None or tk.config is None:
+        return []
+    return [f.alias or n for n, f in tk.config.model_fields.items() if f.is_required()]
 
 
 def raw_keys(name: str) -> frozenset[str]:

@@ -31,6 +31,9 @@ def view(value: Any) -> Any:
     return value
 
 
+_TIERS = {"file": "disk"}
+
+
 class StepResults(Mapping):
     """Read-only mapping of step name -> result view, resolving references lazily."""
 
@@ -44,9 +47,17 @@ class StepResults(Mapping):
     def __getitem__(self, key: str) -> Any:
         if key in self._cache:
             return self._cache[key]
-        if key not in self._names():
+        names = self._names()
+        if key not in names:
             raise KeyError(key)
-        v = view(self._get(key))
+        v = self._get(key)
+        raw = names.get(key) if isinstance(names, Mapping) else None
+        if isinstance(v, dict) and isinstance(raw, dict) and len(raw) == 1 and isinstance(raw.get("$ref"), dict):
+            # an offloaded result (NoETL): `step._ref` is its reference (kind: artifact reads it back),
+            # `step._store` the tier it went to, in NoETL's names (a file payload store is the disk tier)
+            store = raw["$ref"].get("store")
+            v = {**v, "_ref": raw["$ref"], "_store": _TIERS.get(store, store)}
+        v = view(v)
         self._cache[key] = v
         return v
 
