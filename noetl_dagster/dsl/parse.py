@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from noetl_dagster.dsl.kinds import known_kinds, raw_keys
+from noetl_dagster.dsl.kinds import known_kinds, raw_keys, required_keys
 from noetl_dagster.dsl.legacy import ARGS_NATIVE_KINDS, find_legacy_constructs
 from noetl_dagster.dsl.loader import PathT, SourceMap, format_path
 from noetl_dagster.dsl.model import (
@@ -358,6 +358,11 @@ def _parse_task(ctx: _Ctx, label: str, body: dict[str, Any], path: PathT, labels
         config.pop("args")
     if kind == "workbook" and "name" in body:  # `name` names the workbook entry it calls
         config["name"] = body["name"]
+    if ctx.check_kinds and ctx.known_kind(kind):
+        spec_keys = set(body.get("spec") or {}) if isinstance(body.get("spec"), dict) else set()
+        for key in required_keys(kind):  # the kind's typed config model (dsl/kinds, docs/tools.md)
+            if key not in config and key not in spec_keys:
+                ctx.err((*path, "kind"), "tool-config", f"kind {kind!r} needs `{key}` (its config model requires it)")
     spec: dict[str, Any] = {}
     for k, v in spec_raw.items():
         if k in TASK_SPEC_KNOBS:

@@ -126,11 +126,16 @@ def test_third_party_kind_is_listed_with_its_schema_and_runs(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     assert "hihi" in run.stdout
 
-    # the typed model refuses a config without `message` before the plugin runs
-    bad = _playbook(tmp_path, {"kind": "echo3p", "times": "x"})
+    # validate reads the model: a required key that is not written is an error before anything runs
+    bad = _playbook(tmp_path, {"kind": "echo3p", "times": 2})
+    val = _cli("validate", str(bad), env=env, cwd=tmp_path)
+    assert val.returncode == 1
+    assert "tool-config: workflow[0].tool.kind: kind 'echo3p' needs `message`" in val.stdout
+    # at run time the model checks the rendered values: `times` must render to an integer
+    bad = _playbook(tmp_path, {"kind": "echo3p", "message": "hi", "times": "{{ 'x' }}"})
     run = _cli("run", str(bad), "--json", "-q", env=env, cwd=tmp_path)
     assert run.returncode == 1
-    assert "kind 'echo3p': invalid config: message: Field required" in run.stdout
+    assert "kind 'echo3p': invalid config: times: Input should be a valid integer" in run.stdout
 
 
 @pytest.mark.parametrize(
