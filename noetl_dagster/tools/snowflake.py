@@ -176,9 +176,9 @@ def snowflake_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
 
 
 # -- transfer support ------------------------------------------------------------------------------
-def snowflake_batches(src: Mapping[str, Any], chunk: int, ctx: ToolContext) -> Iterator[pa.RecordBatch]:
-    from noetl_dagster.tools.transfer import to_batch  # noqa: PLC0415
-
+def snowflake_batches(src: Mapping[str, Any], chunk: int, ctx: ToolContext,
+                      to_batch: Callable[[list[dict[str, Any]]], pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The source query's rows, ``chunk`` at a time, as batches (``to_batch`` is transfer's converter)."""
     connector = _import_connector()
     conn = connect(src.get("auth"), ctx)
     try:

@@ -186,7 +186,7 @@ def _source(kind: str, src: Mapping[str, Any], chunk: int, ctx: ToolContext) -> 
         return _duck_source(src, chunk, ctx)
     from noetl_dagster.tools.snowflake import snowflake_batches  # noqa: PLC0415
 
-    return snowflake_batches(src, chunk, ctx)
+    return snowflake_batches(src, chunk, ctx, to_batch)
 
 
 # -- targets ---------------------------------------------------------------------------------------
