@@ -28,6 +28,7 @@ BODY = """\
             pathlib.Path("{marks}", f"started-{{jid}}").touch()
             if os.environ.get("CURSOR_SLOW_ID") == str(jid):
                 time.sleep(120)
+            time.sleep(float(os.environ.get("CURSOR_DELAY", "0")))  # lets a second execution start in time
             with open("{marks}/processed.log", "a") as f:
                 f.write(f"{{jid}}\\n")
             result = {{"jid": jid}}
@@ -261,3 +262,21 @@ def test_templated_frame_policy_and_noetl_claim_names(tmp_path):
     bad = run_playbook(load_playbook(pb), {"rows": 0}, data_dir=tmp_path / "d2")
     assert bad.status == "failed"
     assert "loop.spec.frame: Input should be greater than or equal to 1" in json.dumps(bad.to_json())
+
+
+@pytest.mark.slow
+def test_two_executions_share_one_nats_durable_without_double_processing(tmp_path, nats_stream):
+    stream, subject = nats_stream
+    n = 30
+    asyncio.run(_nats_setup(stream, subject, n))
+    pb = tmp_path / "pb.yaml"
+    pb.write_text(_nats_playbook(stream, subject, tmp_path, lease=30))
+    env = {**os.environ, "CURSOR_DELAY": "0.1"}
+    runs = [cli("run", str(pb), "--data-dir", str(tmp_path / f"d{k}"), "--json", "-q", env=env) for k in range(2)]
+    outs = [r.communicate(timeout=240) for r in runs]
+    for r, (out, err) in zip(runs, outs, strict=True):
+        assert r.returncode == 0, out + err
+    assert _processed(tmp_path) == Counter({i: 1 for i in range(1, n + 1)})
+    per_exec = [json.loads(out)["results"]["start"]["stats"]["ok"] for out, _ in outs]
+    assert sum(per_exec) == n and all(k > 0 for k in per_exec), per_exec
+    assert asyncio.run(_nats_pending(stream)) == (0, 0)

@@ -59,6 +59,7 @@ workflow:
             pathlib.Path("{marker_dir}", f"started-{{jid}}").touch()
             if os.environ.get("CURSOR_SLOW_ID") == str(jid):
                 time.sleep(120)
+            time.sleep(float(os.environ.get("CURSOR_DELAY", "0")))  # lets a second execution start in time
             result = {{"jid": jid}}
       - record:
           kind: postgres
@@ -88,6 +89,9 @@ def queue(tmp_path):
             END $$""")
     yield table
     with psycopg.connect(DSN, autocommit=True) as conn:
+        # a killed client's ack may still sleep on the server (it ends only when it next writes to the socket)
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+                     "AND query LIKE %s", (f"%{table}_ack%",))  # fmt: skip
         conn.execute(f"DROP TABLE IF EXISTS {table}, {table}_done, {table}_ctl")
         conn.execute(f"DROP FUNCTION IF EXISTS {table}_ack(int)")
 
@@ -140,7 +144,8 @@ def test_two_executions_share_one_queue_without_double_processing(queue, tmp_pat
     _fill(queue, n)
     pb_file = tmp_path / "pb.yaml"
     pb_file.write_text(_playbook(queue, tmp_path, slots=2, max_rows=3))
-    runs = [cli("run", str(pb_file), "--data-dir", str(tmp_path / f"d{k}"), "--json", "-q") for k in range(2)]
+    env = {**os.environ, "CURSOR_DELAY": "0.1"}
+    runs = [cli("run", str(pb_file), "--data-dir", str(tmp_path / f"d{k}"), "--json", "-q", env=env) for k in range(2)]
     outs = [r.communicate(timeout=240) for r in runs]
     for r, (out, err) in zip(runs, outs, strict=True):
         assert r.returncode == 0, out + err
