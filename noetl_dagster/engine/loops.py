@@ -44,6 +44,7 @@ class _CursorRun:
         self.results: list[Any] = list(done.values())
         self.oks: list[bool] = [True] * len(done)
         self.error: dict[str, Any] | None = None
+        self.attempts: dict[str, int] = {}  # failed runs per key in this loop run (frame.max_attempts)
 
     def slot(self) -> int:
         with self.lock:
@@ -194,7 +195,7 @@ class CursorLoops:
                 units = [(CursorRow("+".join(r.key for r in rows), [r.value for r in rows]), rows)]
             else:
                 units = [(r, [r]) for r in rows]
-            outcome = {"ok": 0, "failed": 0, "resumed": 0}
+            outcome = {"ok": 0, "failed": 0, "resumed": 0, "exhausted": 0}
             hb = _Heartbeat(src, rows, fp.heartbeat_seconds, self.engine.log)
             try:
                 run_bounded(len(units), min(fp.row_concurrency, len(units)),
@@ -203,6 +204,8 @@ class CursorLoops:
                 hb.stop()
             rec.emit(E.LOOP_FRAME_COMMITTED, step=step.name, step_run_id=st.frame.step_run_id, loop_id=st.loop_id,
                      entity_id=st.loop_id, data={"frame_id": frame_id, **outcome})  # fmt: skip
+            if outcome["exhausted"] == len(units):  # the claim only hands back rows out of attempts: stop
+                return
 
     def _cursor_unit(self, st: _CursorRun, src: CursorSource, unit: CursorRow, members: list[CursorRow],
                      body: Callable[[_Frame], tuple[bool, Any, Any]], outcome: dict[str, int]) -> None:  # fmt: skip
@@ -211,6 +214,10 @@ class CursorLoops:
             with st.lock:
                 outcome["resumed"] += 1
             return
+        with st.lock:  # a row that failed frame.max_attempts times stays claimed for the operator
+            if st.attempts.get(unit.key, 0) >= st.policy.max_attempts:
+                outcome["exhausted"] += 1
+                return
         rec, loop, frame, step = self.engine.recorder, st.loop, st.frame, st.frame.step
         i = st.slot()
         it = {loop.iterator: unit.value, "index": i, "_index": i, "_first": i == 0, "_last": False, "_total": None,
@@ -227,6 +234,8 @@ class CursorLoops:
             st.keys[i], st.oks[i] = unit.key, ok
             st.results[i] = result if ok else {"status": "error", "error": error}
             outcome["ok" if ok else "failed"] += 1
+            if not ok:
+                st.attempts[unit.key] = st.attempts.get(unit.key, 0) + 1
         if ok:
             iteration_event(E.LOOP_ITERATION_DONE,
                             data={"result": rec.offload(result, f"{step.name}/iter-{i}"), "cursor_key": unit.key})  # fmt: skip

@@ -193,3 +193,39 @@ def test_resume_after_sigkill_loses_and_repeats_no_row(queue, tmp_path, where):
     finally:
         store.close()
     assert sorted(keys) == [str(i) for i in range(1, n + 1)]  # each row finished exactly once in the log
+
+
+@pytest.mark.parametrize("with_fail", [False, True])
+def test_a_failing_row_is_bounded_by_max_attempts_or_moved_by_fail(queue, tmp_path, with_fail):
+    """Without a `fail` statement the owner clause hands a failed row straight back: frame.max_attempts
+    (NoETL's FramePolicy) bounds it and the slot stops, leaving the row claimed and the rest pending (none
+    lost, for another run or the operator). With `fail` moving it out of the queue the loop goes on."""
+    from noetl_dagster.dsl import load_playbook
+    from noetl_dagster.runners.local import run_playbook
+    from noetl_dagster.storage.event_stores import open_event_store
+
+    _fill(queue, 4)
+    text = _playbook(queue, tmp_path, max_rows=1).replace(
+        "result = {\"jid\": jid}\n      - record:", "assert jid != 2, 'row 2 is poison'\n            result = {\"jid\": jid}\n      - record:"
+    ).replace("heartbeat_seconds: 0.5}", "heartbeat_seconds: 0.5, max_attempts: 3}")
+    if with_fail:
+        text = text.replace("          key: id\n", f"          key: id\n          fail: \"UPDATE {queue} SET status = 'failed' WHERE id = %(id)s\"\n")
+    assert "row 2 is poison" in text and "max_attempts: 3" in text
+    pb = tmp_path / "pb.yaml"
+    pb.write_text(text)
+    res = run_playbook(load_playbook(pb), data_dir=tmp_path / "d")
+    assert res.status == "failed"  # a failed iteration fails the loop step
+    store = open_event_store(None, data_dir=tmp_path / "d")
+    try:
+        failed = [e.data["cursor_key"] for e in store.read(res.execution_id) if e.name == "loop.iteration.failed"]
+    finally:
+        store.close()
+    rows = _sql(f"SELECT id, status FROM {queue} ORDER BY id")
+    if with_fail:
+        assert failed == ["2"]
+        assert res.results["start"]["stats"] == {"total": 4, "ok": 3, "failed": 1}
+        assert rows == [(1, "done"), (2, "failed"), (3, "done"), (4, "done")]
+    else:
+        assert failed == ["2", "2", "2"]
+        assert res.results["start"]["stats"] == {"total": 4, "ok": 1, "failed": 3}
+        assert rows == [(1, "done"), (2, "claimed"), (3, "pending"), (4, "pending")]
