@@ -211,6 +211,7 @@ def _vars_refs(value: Any, path: PathT, out: list[Finding]) -> None:
 
 # -- deprecated spellings (NoETL's renames): valid, reported as warnings ------------------------
 
+OBJECT_TIER = "output store kind `object`"
 _OUTCOME_REF = re.compile(r"(?<![\w.'\"])outcome(?=\s*[.\[])")
 _TEMPLATE = re.compile(r"\{\{.*?\}\}|\{%.*?%\}", re.S)
 
@@ -281,6 +282,10 @@ def _dep_outcome(value: Any, path: PathT, out: list[Finding]) -> None:
 def _dep_task(task: dict, path: PathT, out: list[Finding]) -> None:
     if isinstance(task.get("args"), dict) and task.get("kind") not in ARGS_NATIVE_KINDS:
         out.append(((*path, "args"), "task `args`", "`input`"))
+    output = task.get("output")
+    store = output.get("store") if isinstance(output, dict) else None
+    if isinstance(store, dict) and store.get("kind") == "object":  # NoETL's OutputStore: `object` -> `disk`
+        out.append(((*path, "output", "store", "kind"), OBJECT_TIER, "`disk`"))
     spec = task.get("spec")
     policy = spec.get("policy") if isinstance(spec, dict) else None
     rules = policy.get("rules") if isinstance(policy, dict) else None

@@ -27,6 +27,7 @@ workflow:
           args: {k: 3}
           code: |
             result = {"v": k + base}
+          output: {store: {kind: object}}
           spec:
             policy:
               rules:
@@ -71,6 +72,7 @@ def test_migrate_rewrites_every_renamed_key_and_is_idempotent():
     assert "input: {base: 10}" in new and "input: {k: 3}" in new
     assert "ctx.started: true" in new and "ctx.v:" in new and "iter.seen: true" in new
     assert "output.status == 'ok'" in new and "output.result.v" in new
+    assert "store: {kind: disk}" in new
     import yaml
 
     assert find_deprecated_spellings(yaml.safe_load(new)) == []
@@ -89,7 +91,8 @@ def test_validate_warns_for_each_old_spelling_and_exits_0(tmp_path):
     assert "workflow[0].set_ctx: `set_ctx` is deprecated; use `set: {ctx.<key>: ...}`" in text
     assert "task `args` is deprecated" in text and "`set_iter` is deprecated" in text
     assert "template variable `outcome` is deprecated; use `output`" in text
-    assert len(warnings) == 8
+    assert "workflow[0].tool[0].first.output.store.kind: output store kind `object` is deprecated; use `disk`" in text
+    assert len(warnings) == 9
     js = subprocess.run([sys.executable, "-m", "noetl_dagster.commands.main", "validate", "--json", str(f)],
                         capture_output=True, text=True, timeout=60)  # fmt: skip
     assert js.returncode == 0 and json.loads(js.stdout) == []  # warnings are not errors

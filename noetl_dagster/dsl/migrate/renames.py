@@ -1,6 +1,6 @@
 """NoETL's renamed keys, old spelling -> new (issue 17.1): step/task ``args`` -> ``input``,
 ``set_ctx`` / ``set_iter`` -> ``set: {ctx.*, iter.*}``, ``outcome`` -> ``output`` in policy rules,
-arcs and step ``set``. Runs last, so the spellings the other rules produce are rewritten too; the
+arcs and step ``set``, tool ``output.store.kind: object`` -> ``disk``. Runs last, so the spellings the other rules produce are rewritten too; the
 places are exactly those ``dsl.legacy.find_deprecated_spellings`` reports (validate's warnings)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 from ruamel.yaml.comments import CommentedMap
 
-from noetl_dagster.dsl.legacy import _OUTCOME_REF, _TEMPLATE, find_deprecated_spellings
+from noetl_dagster.dsl.legacy import _OUTCOME_REF, _TEMPLATE, OBJECT_TIER, find_deprecated_spellings
 
 from .base import MigratorBase
 from .yamltree import _index, _rename_key, _restyle
@@ -30,12 +30,15 @@ class RenameMixin(MigratorBase):
                     value = parent[path[-1]]
                     if isinstance(value, str):
                         parent[path[-1]] = _restyle(value, _rewrite_outcome(value))
-        for path, _old, _new in reversed(found):  # deepest last-first keeps earlier paths valid
+        for path, old, _new in reversed(found):  # deepest last-first keeps earlier paths valid
             holder = self._at(path[:-1])
             key = path[-1]
             if not isinstance(holder, CommentedMap) or key not in holder:
                 continue
-            if key == "args":
+            if old == OBJECT_TIER:
+                holder[key] = _restyle(holder[key], "disk")
+                self.note("info", "renamed-key", "output store kind `object` -> `disk`", holder, key, path)
+            elif key == "args":
                 if "input" in holder:
                     self.note(
                         "refused",
