@@ -64,6 +64,8 @@ class Redactor:
         try:  # fast path: one streamed serialization (chunk by chunk, issue 14.8) tells whether any secret is there
             if not json_contains(v, self._needles):
                 return v
+        except RecursionError:
+            raise  # a cyclic value: the walk would recurse for ever too (the task fails, see Worker)
         except Exception:  # noqa: BLE001 - fall back to the walk
             pass
         return self._walk(v)

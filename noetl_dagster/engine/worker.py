@@ -34,6 +34,7 @@ from noetl_dagster.engine.frame import (
 from noetl_dagster.engine.loops import LoopPhases
 from noetl_dagster.engine.ports import ToolError
 from noetl_dagster.engine.scope import Scope, StepResults, view
+from noetl_dagster.engine.usage import Meter, add_offload
 
 if TYPE_CHECKING:
     from noetl_dagster.engine.control import Engine
@@ -224,6 +225,14 @@ class Worker(LoopPhases):
                 kind = "template_error" if isinstance(e, TemplateError) else "ctx_conflict"
                 outcome = outcome | {"status": "error", "error": _error(kind, str(e))}
                 do, status_ok = "fail", False
+            try:
+                recorded = self._outcome_event(outcome, frame, task)
+            except (ValueError, TypeError, RecursionError, OverflowError) as e:
+                # a result JSON cannot hold (a cycle, say) fails the task; it never crashes the execution
+                msg = f"task {task.label!r} returned a result that cannot be stored: {type(e).__name__}: {e}"
+                outcome = _err_outcome(_error("result_not_serializable", msg)) | {"meta": outcome["meta"]}
+                do, status_ok = "fail", False
+                recorded = self._outcome_event(outcome, frame, task)
             self.engine.recorder.emit(
                 E.TASK_DONE,
                 step=frame.step.name,
@@ -234,7 +243,7 @@ class Worker(LoopPhases):
                 iteration=frame.iteration,
                 attempt=attempt,
                 status="success" if status_ok else "error",
-                data={"task": task.label, "kind": task.kind, "outcome": self._outcome_event(outcome, frame, task), "directive": do},
+                data={"task": task.label, "kind": task.kind, "outcome": recorded, "directive": do},
             )
             if do == "retry":
                 if delay > 0:
@@ -319,6 +328,8 @@ class Worker(LoopPhases):
     def _outcome_event(self, outcome: dict[str, Any], frame: _Frame, task: Task) -> dict[str, Any]:
         out = {k: v for k, v in outcome.items() if k not in ("data", "response", "result")}
         out["result"] = self.engine.recorder.offload(outcome.get("result"), f"{frame.step.name}/{task.label}")
+        if isinstance(out.get("meta"), dict) and isinstance(out["meta"].get("usage"), dict):
+            add_offload(out["meta"]["usage"], out["result"])
         return out
 
     # -- one task call -----------------------------------------------------------
@@ -339,6 +350,7 @@ class Worker(LoopPhases):
             data={"task": task.label, "kind": task.kind},
         )
         t0 = time.perf_counter()
+        meter = Meter()  # measured usage, recorded in the event (replay reads it, never re-measures)
         if task.loop is not None:
             inner = _Frame(frame.step, frame.step_run_id, frame.args, frame.iter, frame.loop_id, frame.iteration, frame.ctx_guard)
             ok, result, error = self._run_loop(
@@ -352,6 +364,7 @@ class Worker(LoopPhases):
             "duration_ms": round((time.perf_counter() - t0) * 1000, 3),
             "started_at": started_at,
             "task_run_id": task_run_id,
+            "usage": meter.stop(outcome.get("result")),
         }
         return outcome
 

@@ -305,3 +305,23 @@ def test_workload_file_that_is_binary_names_the_file(tmp_path):
     b = write(tmp_path, "w.json", b"\xff\xfe{}")
     r = invoke(["run", pb, "--workload", "@" + b])
     assert r.exit_code == 2 and "w.json is not UTF-8" in r.output
+
+
+# -- 8. results that cannot be stored ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "code",
+    ["result = []; result.append(result)", "result = {(1, 2): 'tuple key'}", "result = {'a': {1j: 2}}"],
+    ids=["cycle", "tuple-key", "complex-key"],
+)
+def test_a_result_json_cannot_hold_fails_the_task_not_the_process(tmp_path, data_dir, code):
+    """Before, the ValueError/TypeError from the encoder escaped the engine: `run` ended with
+    `error: ValueError: Circular reference detected` and the execution stayed `running`."""
+    text = HEAD + f'workflow:\n  - step: start\n    tool: {{kind: python, code: "{code}"}}\n'
+    f = write(tmp_path, "p.yaml", text)
+    r = invoke(["run", f, "--json"])
+    out = json.loads(r.output)
+    assert r.exit_code == 1 and out["status"] == "failed"
+    assert out["results"]["start"]["error"]["kind"] == "result_not_serializable"
+    assert json.loads(invoke(["executions", "--json"]).output)[0]["status"] == "failed"
