@@ -31,6 +31,7 @@ from typing import IO, Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from noetl_dagster.dsl.locator import DEFAULT_LAYOUT, ObjectLayout
+from noetl_dagster.engine.usage import count
 from noetl_dagster.util.jsonstream import dumps_bytes, is_plain_json, iter_json, json_size_bound
 from noetl_dagster.util.jsonutil import loads
 
@@ -263,14 +264,17 @@ class PayloadStore(ABC):
             w = self.writer(key)
         except NotImplementedError:  # an adapter without streaming writes: one buffer
             data = b"".join(iter_json(value))
+            count(bytes_written=len(data))
             return ResultRef(self.put_bytes(key, data), self.name, "json", len(data), sha256(data), rows)
         with w:
             for piece in iter_json(value):
                 w.write(piece)
+        count(bytes_written=w.size)  # the running task's usage (outside a task: nothing)
         return ResultRef(uri=w.uri, store=self.name, format="json", size=w.size, checksum=w.checksum, rows=rows)
 
     def get_verified(self, ref: ResultRef) -> bytes:
         data = self.get_bytes(ref.uri)
+        count(bytes_read=len(data))
         actual = sha256(data)
         if actual != ref.checksum:
             raise ChecksumMismatch(f"checksum mismatch for {ref.uri}: expected {ref.checksum}, got {actual}")

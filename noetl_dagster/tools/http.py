@@ -42,6 +42,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from noetl_dagster.engine.usage import count_network
 from noetl_dagster.tools.configs import HttpConfig
 from noetl_dagster.tools.credentials import lookup_credential
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
@@ -299,6 +300,9 @@ def http_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
             f"http: {method} {url} failed: {type(e).__name__}: {e}", kind="connection_error", retryable=True, code="connection_error"
         ) from None
 
+    # body bytes on the wire (compressed as received); headers are not counted
+    sent = resp.request.headers.get("content-length")
+    count_network(resp.request.url.host, int(sent) if sent and sent.isdigit() else 0, resp.num_bytes_downloaded)
     data = _parse(resp)
     result = {"status_code": resp.status_code, "headers": dict(resp.headers), "data": data, "body": data}
     if not 200 <= resp.status_code < 300:

@@ -1,0 +1,164 @@
+"""Measured usage of one task attempt: the ``usage`` object of its ``task.done`` event.
+
+The worker wraps every task call in a :class:`Meter`; what it measures lands in
+``outcome.meta.usage`` of the terminal event, so replay and the facts read the
+recorded numbers and never measure again.
+
+How (and why this way — see docs/analytics.md "Measured usage"):
+
+- ``cpu_s``: :func:`time.thread_time` delta — CPU of the calling thread only,
+  which is right for tasks that run in-process on the worker thread (parallel
+  loop iterations each have their own thread and their own meter).
+- ``child_cpu_s`` / ``child_maxrss_bytes``: ``getrusage(RUSAGE_CHILDREN)``
+  delta — user+system CPU of the subprocesses (shell, container CLIs) that
+  finished and were waited for during the task. Process-wide: two tasks that
+  reap children at the same time share the figure.
+- ``mem_peak_bytes`` / ``mem_delta_bytes``: resident set size from
+  ``/proc/self/statm`` at start and end, and the process high-water mark
+  ``ru_maxrss``. If the high-water mark rose during the task the task set it,
+  so the peak is exact; otherwise the peak is the larger of the start and end
+  RSS (a lower bound). tracemalloc would be exact for Python objects but
+  slows allocation-heavy tasks several times, and misses C buffers.
+- ``wall_s``: :func:`time.perf_counter` delta.
+- counters a tool, store or IO manager adds with :func:`count` while the task
+  runs (``bytes_read``, ``bytes_written``, ``net_in_bytes``, ``net_out_bytes``,
+  ``egress_bytes``, ``rows``, ``shots``, ``qpu_s``…) — a context variable, so
+  no driver is imported here and concurrent tasks do not mix.
+- from the result: ``rows`` from ``row_count`` / ``rows``, ``shots`` from a
+  quantum result, when no tool counted them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from contextvars import ContextVar
+from typing import Any
+
+try:  # POSIX only; elsewhere usage has wall time and counters
+    import resource as _resource
+except ImportError:  # pragma: no cover - Windows
+    _resource = None  # type: ignore[assignment]
+
+_COUNTERS: ContextVar[dict[str, float] | None] = ContextVar("noetl_usage_counters", default=None)
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+# ru_maxrss is KiB on Linux, bytes on macOS
+_MAXRSS_UNIT = 1 if os.uname().sysname == "Darwin" else 1024
+_STATM = "/proc/self/statm"
+_HAS_STATM = os.path.exists(_STATM)
+
+
+def count(**amounts: float) -> None:
+    """Add ``amounts`` to the running task's usage (no-op outside a task)."""
+    c = _COUNTERS.get()
+    if c is None:
+        return
+    for k, v in amounts.items():
+        if v:
+            c[k] = c.get(k, 0) + v
+
+
+def _rss() -> int:
+    if not _HAS_STATM:
+        return 0
+    with open(_STATM, "rb") as f:
+        return int(f.read().split()[1]) * _PAGE
+
+
+class Meter:
+    """One task attempt's measurement; ``stop`` returns the ``usage`` mapping."""
+
+    __slots__ = ("_token", "_counters", "_wall", "_cpu", "_rss", "_maxrss", "_child")
+
+    def __init__(self) -> None:
+        self._counters: dict[str, float] = {}
+        self._token = _COUNTERS.set(self._counters)
+        self._rss = _rss()
+        if _resource is not None:
+            self._maxrss = _resource.getrusage(_resource.RUSAGE_SELF).ru_maxrss
+            ch = _resource.getrusage(_resource.RUSAGE_CHILDREN)
+            self._child = (ch.ru_utime + ch.ru_stime, ch.ru_maxrss)
+        else:
+            self._maxrss, self._child = 0, (0.0, 0)
+        self._cpu = time.thread_time()
+        self._wall = time.perf_counter()
+
+    def stop(self, result: Any = None) -> dict[str, Any]:
+        wall = time.perf_counter() - self._wall
+        cpu = time.thread_time() - self._cpu
+        try:
+            _COUNTERS.reset(self._token)
+        except ValueError:  # stopped in another context (should not happen): leave the var alone
+            pass
+        rss = _rss()
+        u: dict[str, Any] = {"wall_s": round(wall, 6), "cpu_s": round(cpu, 6)}
+        if _resource is not None:
+            maxrss = _resource.getrusage(_resource.RUSAGE_SELF).ru_maxrss
+            peak = maxrss * _MAXRSS_UNIT if maxrss > self._maxrss else max(rss, self._rss)
+            u["mem_peak_bytes"] = peak
+            u["mem_delta_bytes"] = max(0, peak - self._rss)
+            ch = _resource.getrusage(_resource.RUSAGE_CHILDREN)
+            child_cpu = ch.ru_utime + ch.ru_stime - self._child[0]
+            if child_cpu > 0:
+                u["child_cpu_s"] = round(child_cpu, 6)
+                u["child_maxrss_bytes"] = ch.ru_maxrss * _MAXRSS_UNIT
+        for k, v in self._counters.items():
+            u[k] = round(v, 6) if isinstance(v, float) else v
+        _from_result(u, result)
+        return u
+
+
+def _from_result(u: dict[str, Any], result: Any) -> None:
+    """Rows and shots a result states, when no tool counted them."""
+    if not isinstance(result, Mapping):
+        return
+    if "rows" not in u:
+        n = result.get("row_count")
+        if n is None:
+            n = result.get("rows_written", result.get("rows"))
+        if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
+            u["rows"] = n
+    if "shots" not in u and isinstance(result.get("shots"), int):
+        u["shots"] = result["shots"]
+
+
+def add_offload(usage: dict[str, Any], recorded_result: Any) -> None:
+    """Bytes the payload store wrote for an offloaded result (``{"$ref": {..., size}}``)."""
+    if isinstance(recorded_result, Mapping):
+        ref = recorded_result.get("$ref")
+        if isinstance(ref, Mapping) and isinstance(ref.get("size"), int):
+            usage["bytes_written"] = usage.get("bytes_written", 0) + ref["size"]
+
+
+_IN_CLUSTER = tuple(
+    s.strip() for s in os.environ.get("NOETL_IN_CLUSTER_SUFFIXES", ".svc,.svc.cluster.local,.internal,.local").split(",") if s.strip()
+)
+
+
+def in_cluster(host: str | None) -> bool:
+    """Whether ``host`` is inside the cluster: loopback, private or link-local IPs, or a cluster DNS suffix.
+
+    No DNS lookup (it would cost more than the request): a public name is egress.
+    """
+    if not host:
+        return False
+    h = host.strip("[]").lower()
+    if h == "localhost" or h.endswith(_IN_CLUSTER):
+        return True
+    import ipaddress
+
+    try:
+        ip = ipaddress.ip_address(h)
+    except ValueError:
+        return "." not in h  # a bare service name resolves inside the cluster
+    return ip.is_private or ip.is_loopback or ip.is_link_local
+
+
+def count_network(host: str | None, sent: int, received: int) -> None:
+    """Network bytes of one request; what leaves the cluster is egress too."""
+    if _COUNTERS.get() is None:
+        return
+    count(net_out_bytes=sent, net_in_bytes=received)
+    if not in_cluster(host):
+        count(egress_bytes=sent)
