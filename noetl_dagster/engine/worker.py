@@ -225,6 +225,14 @@ class Worker(LoopPhases):
                 kind = "template_error" if isinstance(e, TemplateError) else "ctx_conflict"
                 outcome = outcome | {"status": "error", "error": _error(kind, str(e))}
                 do, status_ok = "fail", False
+            try:
+                recorded = self._outcome_event(outcome, frame, task)
+            except (ValueError, TypeError, RecursionError, OverflowError) as e:
+                # a result JSON cannot hold (a cycle, say) fails the task; it never crashes the execution
+                msg = f"task {task.label!r} returned a result that cannot be stored: {type(e).__name__}: {e}"
+                outcome = _err_outcome(_error("result_not_serializable", msg)) | {"meta": outcome["meta"]}
+                do, status_ok = "fail", False
+                recorded = self._outcome_event(outcome, frame, task)
             self.engine.recorder.emit(
                 E.TASK_DONE,
                 step=frame.step.name,
@@ -235,7 +243,7 @@ class Worker(LoopPhases):
                 iteration=frame.iteration,
                 attempt=attempt,
                 status="success" if status_ok else "error",
-                data={"task": task.label, "kind": task.kind, "outcome": self._outcome_event(outcome, frame, task), "directive": do},
+                data={"task": task.label, "kind": task.kind, "outcome": recorded, "directive": do},
             )
             if do == "retry":
                 if delay > 0:
