@@ -141,7 +141,7 @@ def sequence_batch(
         next_seq[eid] += 1
         ev.sequence = next_seq[eid]
         existing[ev.event_id] = ev.sequence
-        rows.append((ev.event_id, eid, ev.sequence, ev.name, ev.timestamp, dumps(ev.to_dict())))
+        rows.append((ev.event_id, eid, ev.sequence, ev.name, ev.timestamp, dumps(ev.to_stored())))
         pb, status, fin = _execution_update(ev)
         upd = exec_updates.setdefault(eid, [None, None, None, ev.parent_execution_id, ev.timestamp])
         if pb:

@@ -205,7 +205,7 @@ class PostgresEventStore(EventStore):
         ev_ids, ev_execs, ev_names, ev_ts, tails = [], [], [], [], []
         idx: dict[str, list[Any]] = {}
         for ev in events:
-            d = ev.to_dict()
+            d = ev.to_stored()
             d["sequence"] = None
             text = dumps({"sequence": None, **d})
             tails.append(text[len(_SEQ_HEAD) :])  # '{"sequence":null,' is always the head (first key)

@@ -19,6 +19,7 @@ from noetl_dagster.storage.postgres_events import (
     PostgresEventStore,
     split_schema,
 )
+from noetl_dagster.util.jsonutil import dumps
 
 PG_ADMIN_URL = os.environ.get("NOETL_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 STORE_DB = "noetl_dagster_store_test"
@@ -322,3 +323,21 @@ def test_engine_runs_and_replays_on_the_store(backend, tmp_path):
     assert [e.sequence for e in events] == list(range(1, len(events) + 1))
     assert events[0].name == "playbook.execution.requested" and events[-1].name == "playbook.processed"
     assert {i.execution_id: i.status for i in store.executions()}[res.execution_id] == "completed"
+
+
+def test_stored_bodies_are_compact_and_read_back_whole(backend):
+    """Issue 19: bodies leave out what ``from_dict`` restores (None, defaults, derived source/entity),
+    a data value holding the literal '"sequence":null' does not confuse the Postgres numbering, and
+    every field, defaults and non-defaults alike, reads back as it was emitted."""
+    store = backend.open()
+    x = uuid7()
+    plain = ev(x, "loop.iteration.started", status="in_progress", step="s", loop_id="l", iteration=0, data={})
+    odd = ev(x, "task.done", data={"sequence": None, "s": '{"sequence":null,'}, tenant_id="t", project_id="p",
+             parent_execution_id="parent", attempt=2, source="server", entity="custom")  # fmt: skip
+    store.append([plain, odd])
+    got = store.read(x)
+    assert [g.to_dict() for g in got] == [plain.to_dict(), odd.to_dict()]
+    assert [g.sequence for g in got] == [1, 2]
+    stored = plain.to_stored()
+    assert set(stored) == {"event_id", "sequence", "execution_id", "timestamp", "name", "step", "loop_id", "iteration", "status"}
+    assert len(dumps(stored)) < 0.7 * len(dumps(plain.to_dict()))
