@@ -1,4 +1,7 @@
-"""Run the benchmarks: ``python -m benchmarks [--only NAME] [--list]``.
+"""Run the benchmarks: ``python -m benchmarks [--quick] [--only NAME] [--list]``.
+
+``--quick`` runs each benchmark at a reduced size (``QUICK_ARGS``; a few minutes in all
+instead of tens): the ratios keep their meaning, the absolute figures get noisier.
 
 Every ``benchmarks/bench_*.py`` module is found by name and its ``main()`` called
 in turn, with ``sys.argv`` reset so a module's own argument parser sees no
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 import time
@@ -17,6 +21,19 @@ import traceback
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
+
+# reduced sizes for --quick (the modules' own flags); modules not listed run as they are
+QUICK_ARGS: dict[str, list[str]] = {
+    "bench_engine": ["--steps", "300", "--iterations", "2000", "--big-loop", "20000"],
+    "bench_io": ["--rows", "200000", "--repeat", "3", "--large-mb", "50"],
+    "bench_tools": ["--n", "200"],
+    "bench_dagster": ["--steps", "20", "--repeat", "3", "--iterations", "10", "--playbooks", "50"],
+    "bench_facts": ["--events", "100000", "--rounds", "1", "--batch", "50000", "--exporter-events", "20000"],
+    "bench_qdrant": ["--n", "10000", "--queries", "20"],
+    "bench_registry": ["--n", "1000"],
+    "bench_flow": ["--statements", "30"],
+}
+QUICK_ENV = {"NOETL_BENCH_EXECUTIONS": "30"}  # bench_throughput: executions per worker
 
 
 def discover() -> list[str]:
@@ -32,7 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", action="append", default=[], metavar="NAME",
                     help="run only this benchmark (bench_engine or engine); repeatable")  # fmt: skip
     ap.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    ap.add_argument("--quick", action="store_true", help="reduced sizes: every benchmark in a few minutes")
     args = ap.parse_args(argv)
+    if args.quick:
+        for k, v in QUICK_ENV.items():
+            os.environ.setdefault(k, v)
     names = discover()
     if args.list:
         print("\n".join(names))
@@ -48,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n######## {name} ########", flush=True)
         t0 = time.perf_counter()
         saved_argv = sys.argv
-        sys.argv = [f"benchmarks/{name}.py"]
+        sys.argv = [f"benchmarks/{name}.py", *(QUICK_ARGS.get(name, []) if args.quick else [])]
         try:
             module = importlib.import_module(f"benchmarks.{name}")
             module.main()

@@ -9,7 +9,10 @@
    (``result = x * 2``), sequential and parallel (max_in_flight 16), next to the
    same code exec'd 10,000 times by plain Python (a thread pool of 16 for the
    parallel baseline). Target: <= 5 s each.
-3. Peak RSS of the process that runs each loop (``ru_maxrss``), next to its RSS
+3. The big loop (issue 19): one sequential loop of ``--big-loop`` items (200,000 by
+   default) over the same python task; wall time and the size of the event store it
+   leaves (SQLite file + WAL, and the payload store). Targets: <= 20 s, <= 200 MB.
+4. Peak RSS of the process that runs each loop (``ru_maxrss``), next to its RSS
    once the engine is imported and warmed up. Target: <= 300 MB.
 
 Every case runs in a fresh child process so memory figures do not bleed into
@@ -39,6 +42,8 @@ from typing import Any
 STEP_TARGET_MS = 1.0
 LOOP_TARGET_S = 5.0
 RSS_TARGET_MB = 300.0
+BIG_LOOP_TARGET_S = 20.0
+BIG_LOOP_TARGET_MB = 200.0
 
 
 def _rss_mb() -> float:
@@ -161,8 +166,43 @@ def case_loop(n: int, mode: str) -> dict[str, Any]:
             "rss_before_mb": rss_before, "peak_rss_mb": peak}  # fmt: skip
 
 
+def _dir_mb(path: Path, pattern: str = "*") -> float:
+    return sum(p.stat().st_size for p in path.rglob(pattern) if p.is_file()) / 1e6
+
+
+def case_big_loop(n: int) -> dict[str, Any]:
+    doc = {
+        "apiVersion": "noetl.io/v2",
+        "kind": "Playbook",
+        "metadata": {"name": "bench_big_loop", "path": "benchmarks/big_loop"},
+        "workload": {"n": n},
+        "workflow": [
+            {
+                "step": "start",
+                "loop": {"in": "{{ range(workload.n) | list }}", "iterator": "x", "spec": {"mode": "sequential"}},
+                "tool": {"kind": "python", "input": {"x": "{{ iter.x }}"}, "code": LOOP_CODE},
+            }
+        ],
+    }
+    with tempfile.TemporaryDirectory() as d:
+        _run_engine({**doc, "workload": {"n": 20}}, Path(d) / "warm")
+        wall, cpu, res = _run_engine(doc, Path(d) / "run")
+        data = Path(d) / "run" / "data"
+        events_mb, payload_mb = _dir_mb(data, "events.db*"), _dir_mb(data / "payloads")
+    assert res.status == "completed" and res.results["start"]["stats"]["ok"] == n
+    return {"case": "big_loop", "n": n, "wall_s": wall, "cpu_s": cpu, "events_mb": events_mb, "payload_mb": payload_mb,
+            "peak_rss_mb": _peak_rss_mb()}  # fmt: skip
+
+
 def _child(args: argparse.Namespace) -> None:
-    if args.case == "steps":
+    if args.case == "big_loop_full_bodies":  # the before of issue 19: every envelope field in every body
+        from noetl_dagster.engine.events import Event
+
+        Event.to_stored = Event.to_dict  # type: ignore[method-assign]
+        out = case_big_loop(args.big_loop) | {"case": "big_loop_full_bodies"}
+    elif args.case == "big_loop":
+        out = case_big_loop(args.big_loop)
+    elif args.case == "steps":
         out = case_steps(args.steps)
     else:
         out = case_loop(args.iterations, args.case.removeprefix("loop_"))
@@ -171,7 +211,7 @@ def _child(args: argparse.Namespace) -> None:
 
 def _spawn(case: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "benchmarks.bench_engine", "--case", case,
-           "--steps", str(args.steps), "--iterations", str(args.iterations)]  # fmt: skip
+           "--steps", str(args.steps), "--iterations", str(args.iterations), "--big-loop", str(args.big_loop)]  # fmt: skip
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=1800)
     for line in proc.stdout.splitlines():
@@ -186,7 +226,18 @@ def _verdict(ok: bool) -> str:
 
 def report(results: list[dict[str, Any]]) -> None:
     for r in results:
-        if r["case"] == "steps":
+        if r["case"].startswith("big_loop"):
+            n, mb = r["n"], r["events_mb"] + r["payload_mb"]
+            scale = 200_000 / n
+            before = " (before: full event bodies)" if r["case"] == "big_loop_full_bodies" else ""
+            print(f"== big loop: {n:,} sequential python iterations{before} ==")
+            print(f"  engine              : {r['wall_s']:8.3f} s wall   {r['cpu_s']:8.3f} s cpu   {n / r['wall_s']:10,.0f} iterations/s")
+            print(f"  event store         : {r['events_mb']:8.1f} MB   payload store {r['payload_mb']:.1f} MB   peak RSS {r['peak_rss_mb']:.0f} MB")
+            est_s, est_mb = r["wall_s"] * scale, mb * scale
+            print(f"  at 200,000 items    : {est_s:8.1f} s (target <= {BIG_LOOP_TARGET_S:g}: {_verdict(est_s <= BIG_LOOP_TARGET_S)})"
+                  f"   {est_mb:8.1f} MB (target <= {BIG_LOOP_TARGET_MB:g}: {_verdict(est_mb <= BIG_LOOP_TARGET_MB)})"
+                  + ("" if n == 200_000 else "  (scaled linearly)"))  # fmt: skip
+        elif r["case"] == "steps":
             n = r["n"]
             per = r["wall_s"] / n * 1000
             per_cpu = r["cpu_s"] / n * 1000
@@ -215,7 +266,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--iterations", type=int, default=10_000)
-    ap.add_argument("--case", choices=["steps", "loop_sequential", "loop_parallel"], help=argparse.SUPPRESS)
+    ap.add_argument("--big-loop", type=int, default=200_000, help="items of the big loop (0: skip it)")
+    ap.add_argument("--case", choices=["steps", "loop_sequential", "loop_parallel", "big_loop", "big_loop_full_bodies"], help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.case:
         _child(args)
@@ -224,7 +276,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"machine: {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
           f"(wall times grow with load; cpu times less so)")  # fmt: skip
     results = []
-    for case in ("steps", "loop_sequential", "loop_parallel"):
+    for case in ("steps", "loop_sequential", "loop_parallel", *(["big_loop_full_bodies", "big_loop"] if args.big_loop else [])):
         try:
             results.append(_spawn(case, args))
         except Exception as e:  # noqa: BLE001 - report and go on: the other figures still count

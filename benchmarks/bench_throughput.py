@@ -4,7 +4,9 @@ latency of each from request to completion (p50, p99).
 Workers are processes (the GIL makes threads pointless for engine CPU), each running
 executions back to back against one shared event store:
 
-1. the Postgres EventStore (the production store) with 1, 2 and 4 worker processes;
+1. the Postgres EventStore (the production store) with 1, 2 and 4 worker processes, and
+   with 1 worker on the append path as it was before issue 19 (one transaction of nine
+   round trips per flush, full event bodies) for a before/after in the same run;
 2. the SQLite EventStore (embedded default) with 1 worker;
 3. the baseline in the same run: the same five steps as plain Python calls that write
    one row each to Postgres (what a hand-written durable loop costs), 4 processes.
@@ -49,11 +51,16 @@ def _url(db: str) -> str:
     return PG.rsplit("/", 1)[0] + "/" + db
 
 
-def _engine_worker(path: str, store_url: str, data_dir: str, n: int, start, out) -> None:
+def _engine_worker(path: str, store_url: str, data_dir: str, n: int, start, out, legacy: bool = False) -> None:
     from noetl_dagster.runners.local import run_playbook
     from noetl_dagster.storage.event_stores import open_event_store
 
     store = open_event_store(store_url, data_dir=data_dir)
+    if legacy:  # the append before issue 19: full bodies, one transaction of nine round trips per flush
+        from noetl_dagster.engine.events import Event
+
+        Event.to_stored = Event.to_dict  # type: ignore[method-assign]
+        store.append = lambda events: store._append(events, check_existing=False)  # type: ignore[attr-defined,method-assign]
     run_playbook(path, event_store=store, data_dir=data_dir)  # warm: imports, pools, template cache
     start.wait()
     latencies = []
@@ -81,11 +88,11 @@ def _baseline_worker(url: str, n: int, start, out) -> None:
         out.put((time.perf_counter() - t0, latencies))
 
 
-def _run(target, args_for, workers: int) -> tuple[float, float, float]:
+def _run(target, args_for, workers: int, **kw) -> tuple[float, float, float]:
     ctx = mp.get_context("spawn")
     start = ctx.Barrier(workers)
     out = ctx.Queue()
-    procs = [ctx.Process(target=target, args=(*args_for(i), start, out)) for i in range(workers)]
+    procs = [ctx.Process(target=target, args=(*args_for(i), start, out), kwargs=kw) for i in range(workers)]
     for p in procs:
         p.start()
     results = [out.get(timeout=600) for _ in procs]
@@ -110,6 +117,9 @@ def main() -> None:
             path.write_text(yaml.safe_dump(PLAYBOOK, sort_keys=False))
             rows = []
             base = _run(_baseline_worker, lambda i: (_url(db), PER_WORKER), 4)
+            fig = _run(_engine_worker, lambda i: (str(path), _url(db) + "?schema=legacy", f"{tmp}/l{i}", PER_WORKER), 1,
+                       legacy=True)  # fmt: skip
+            rows.append(("before: Postgres store, 1 worker, old append", fig))
             for workers in (1, 2, 4):
                 fig = _run(_engine_worker, lambda i: (str(path), _url(db), f"{tmp}/d{i}", PER_WORKER), workers)
                 rows.append((f"engine, Postgres store, {workers} worker(s)", fig))
