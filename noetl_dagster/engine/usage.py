@@ -59,11 +59,18 @@ def count(**amounts: float) -> None:
             c[k] = c.get(k, 0) + v
 
 
+_statm_fd: tuple[int, int] | None = None  # (pid, fd): /proc/self resolves at open, so a forked child reopens
+
+
 def _rss() -> int:
+    """Resident bytes now: one pread of a kept-open /proc/self/statm (3 us; open+read is 20 us)."""
+    global _statm_fd
     if not _HAS_STATM:
         return 0
-    with open(_STATM, "rb") as f:
-        return int(f.read().split()[1]) * _PAGE
+    pid = os.getpid()
+    if _statm_fd is None or _statm_fd[0] != pid:
+        _statm_fd = (pid, os.open(_STATM, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
+    return int(os.pread(_statm_fd[1], 64, 0).split()[1]) * _PAGE
 
 
 class Meter:
