@@ -7,7 +7,8 @@ executions back to back against one shared event store:
 1. the Postgres EventStore (the production store) with 1, 2 and 4 worker processes, and
    with 1 worker on the append path as it was before issue 19 (one transaction of nine
    round trips per flush, full event bodies) for a before/after in the same run;
-2. the SQLite EventStore (embedded default) with 1 worker;
+2. the Postgres EventStore with ``synchronous_commit=off`` in its URL (the opt-in fsync
+   policy of docs/capacity.md), 1 worker; the SQLite EventStore (embedded default), 1 worker;
 3. the baseline in the same run: the same five steps as plain Python calls that write
    one row each to Postgres (what a hand-written durable loop costs), 4 processes.
 
@@ -123,6 +124,9 @@ def main() -> None:
             for workers in (1, 2, 4):
                 fig = _run(_engine_worker, lambda i: (str(path), _url(db), f"{tmp}/d{i}", PER_WORKER), workers)
                 rows.append((f"engine, Postgres store, {workers} worker(s)", fig))
+            async_url = _url(db) + "?options=-c%20synchronous_commit%3Doff"  # the opt-in fsync policy
+            fig = _run(_engine_worker, lambda i: (str(path), async_url, f"{tmp}/a{i}", PER_WORKER), 1)
+            rows.append(("engine, Postgres, synchronous_commit=off, 1 wkr", fig))
             fig = _run(_engine_worker, lambda i: (str(path), f"sqlite:///{tmp}/events.db", f"{tmp}/s{i}", PER_WORKER), 1)
             rows.append(("engine, SQLite store, 1 worker", fig))
             rows.append(("baseline: 5 plain inserts, 4 workers", base))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
@@ -125,7 +125,8 @@ def split_schema(url: str) -> tuple[str, str]:
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
     schema = next((v for k, v in query if k == "schema"), None) or DEFAULT_SCHEMA
-    rest = urlencode([(k, v) for k, v in query if k != "schema"])
+    # quote, not quote_plus: libpq does not read '+' as a space (options=-c%20synchronous_commit%3Doff)
+    rest = urlencode([(k, v) for k, v in query if k != "schema"], quote_via=quote)
     return urlunsplit((parts.scheme, parts.netloc, parts.path, rest, parts.fragment)), schema
 
 

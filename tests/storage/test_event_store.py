@@ -294,6 +294,25 @@ def test_postgres_unreachable_is_a_clear_error():
 def test_split_schema():
     assert split_schema("postgresql+psycopg://u@h:5/db?schema=s1&sslmode=disable") == ("postgresql://u@h:5/db?sslmode=disable", "s1")
     assert split_schema("postgresql://u@h/db") == ("postgresql://u@h/db", "noetl")
+    # libpq reads %20, not '+', as a space: the fsync policy of docs/capacity.md goes through options
+    assert split_schema("postgresql://u@h/db?options=-c%20synchronous_commit%3Doff&schema=s")[0] == (
+        "postgresql://u@h/db?options=-c%20synchronous_commit%3Doff"
+    )
+
+
+def test_synchronous_commit_off_reaches_the_store_connections(pg_store_db):
+    schema = "t_" + uuid.uuid4().hex[:12]
+    store = PostgresEventStore(f"{pg_store_db}?schema={schema}&options=-c%20synchronous_commit%3Doff")
+    try:
+        with store._pool.connection() as conn:
+            assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "off"
+        x = uuid7()
+        store.append([ev(x), ev(x)])
+        assert [e.sequence for e in store.read(x)] == [1, 2]
+    finally:
+        store.close()
+        with psycopg.connect(pg_store_db, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
 def test_engine_runs_and_replays_on_the_store(backend, tmp_path):
