@@ -98,11 +98,31 @@ def qasm_version(text: str) -> int | None:
     return None
 
 
+PACKAGE_PREFIX = "package://"
+
+
+def _package_file(ref: str) -> Path:
+    """``package://<module>/<path>``: a circuit shipped as package data (e.g.
+    ``package://noetl_dagster.tools.quantum/qasm/bell.qasm``), found wherever the package is installed."""
+    import importlib.resources
+
+    module, _, rel = ref[len(PACKAGE_PREFIX):].partition("/")
+    if not module or not rel or ".." in Path(rel).parts:
+        raise config_error(f"circuit file {ref!r}: expected package://<module>/<path inside it>")
+    try:
+        root = importlib.resources.files(module)
+    except (ModuleNotFoundError, TypeError):
+        raise config_error(f"circuit file {ref!r}: no package {module!r}", "not_found") from None
+    return Path(str(root.joinpath(rel)))
+
+
 def _read_file(ref: Any, ctx: ToolContext) -> CircuitSource:
     if not isinstance(ref, str) or not ref.strip():
         raise config_error(f"circuit file must be a path, got {ref!r}")
     path = Path(ref.strip())
-    if not path.is_absolute():
+    if ref.strip().startswith(PACKAGE_PREFIX):
+        path = _package_file(ref.strip())
+    elif not path.is_absolute():
         base = getattr(ctx, "base_dir", None)
         path = (Path(base) if base else Path.cwd()) / path
     if not path.is_file():

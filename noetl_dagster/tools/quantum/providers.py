@@ -174,7 +174,9 @@ class CirqProvider(LocalSimulator):
 _lock = threading.Lock()
 _PROVIDERS: dict[str, type[QuantumProvider]] = {}
 _BUILTIN = {"aer": AerProvider, "cirq": CirqProvider}
-_BUILTIN_ELSEWHERE = {"emulated_qpu": "noetl_dagster.tools.quantum.emulated:EmulatedQPU"}
+_BUILTIN_ELSEWHERE = {"emulated_qpu": "noetl_dagster.tools.quantum.emulated:EmulatedQPU",
+                      "ibm_runtime": "noetl_dagster.tools.quantum.cloud:IBMRuntimeProvider",
+                      "braket": "noetl_dagster.tools.quantum.cloud:BraketProvider"}
 _entry_points: dict[str, Any] | None = None
 
 

@@ -27,7 +27,8 @@ from noetl_dagster.tools.quantum.jobs import JobStore, iso, now
 from noetl_dagster.tools.quantum.providers import QuantumProvider, get_provider_class
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
 
-SECRET_FIELDS = ("token", "api_key", "apikey", "password", "secret", "secret_access_key", "access_token")
+SECRET_FIELDS = ("token", "api_key", "apikey", "password", "secret", "secret_access_key", "access_token",
+                 "aws_secret_access_key", "aws_session_token")
 
 
 _import_lock = threading.Lock()
