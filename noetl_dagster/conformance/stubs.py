@@ -175,7 +175,24 @@ class PaginatedApi(StubServer):
             ("GET", "/api/v1/concurrency/probe$", self.concurrency_probe),
             ("POST", "/api/v1/concurrency/reset$", self.concurrency_reset),
             ("GET", "/api/v1/concurrency/stats$", self.concurrency_stats),
+            ("GET", "/api/v1/patient/", self.patient_records),
         ]
+
+    # the PFT patient-domain contract (pft_flow_test/test_pft_page_continuation): one record per page,
+    # `paging.hasMore` the only signal for the next page; 1-3 pages per (data type, patient)
+    PATIENT_DOMAINS = ("assessments", "conditions", "medications", "vital_signs")
+
+    def patient_records(self, req: Request) -> Reply:
+        domain = req.path.rstrip("/").rsplit("/", 1)[-1]
+        if domain not in self.PATIENT_DOMAINS:
+            return Reply(404, {"error": f"paginated-api stub: no patient domain {domain!r}"})
+        patient, (page, size) = req.int_arg("patientId", 0), self._page(req)
+        total = 1 + (patient + self.PATIENT_DOMAINS.index(domain)) % 3
+        start = (page - 1) * size
+        rows = [{"id": f"{domain}-{patient}-{i}", "patientId": patient, "type": domain, "seq": i}
+                for i in range(start + 1, min(start + size, total) + 1)]  # fmt: skip
+        paging = {"hasMore": start + size < total, "page": page, "pageSize": size, "total": -(-total // size)}
+        return Reply(200, {"data": {"data": rows, "paging": paging}})
 
     @staticmethod
     def _page(req: Request) -> tuple[int, int]:

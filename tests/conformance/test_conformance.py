@@ -210,3 +210,20 @@ def test_cli_rejects_a_bad_override(conformance_dir):
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2 and "expected HOST=URL" in proc.stderr
+
+
+@pytest.mark.slow
+def test_cursor_loop_fixture_drains_page_continuation_work(conformance_dir, stubs, pg_creds, tmp_path, monkeypatch):
+    """NoETL's PFT page-continuation fixture: a postgres cursor loop whose body enqueues the next page;
+    its own verify step checks every (data type, patient) reached its terminal page exactly once."""
+    from noetl_dagster.runners.local import run_playbook
+
+    rel = "pft_flow_test/test_pft_page_continuation.yaml"
+    monkeypatch.setenv("NOETL_HTTP_OVERRIDES", json.dumps(stubs.overrides))
+    monkeypatch.setenv("NOETL_CREDENTIALS_FILE", str(pg_creds))
+    workload = fixture_workload(conformance_dir / rel, FixtureSetup(), stubs.overrides)
+    res = run_playbook(conformance_dir / rel, workload, data_dir=tmp_path / "home", catalog_dirs=[conformance_dir])
+    assert res.status == "completed", {s: r for s, r in res.results.items() if isinstance(r, dict) and r.get("status") == "error"}
+    stats = res.results["fetch_pages"]["stats"]
+    # 10 patients x 4 data types, 1-3 pages each (the stub's contract): 80 pages, all fetched once
+    assert stats == {"total": 80, "ok": 80, "failed": 0}
