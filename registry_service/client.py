@@ -172,6 +172,10 @@ class InProcessRegistryClient(RegistryClient):
     def resolve(self, uri, *, purpose="read", region=None) -> AccessPlan:
         return self.registry.resolve(self.principal, uri, purpose=purpose, region=region)
 
+    def delete_ephemeral(self, resource_id) -> Resource:
+        """Tombstone a generated playbook's row once its parent execution is archived (registry_service/ephemeral.py)."""
+        return self.registry.delete_ephemeral(self.principal, resource_id)
+
     def get(self, resource_id) -> Resource:
         return self.registry.get(self.principal, resource_id)
 

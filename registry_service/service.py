@@ -40,12 +40,13 @@ from registry_service.common import (  # noqa: F401 - re-exported names
     choose_location,
     parse_subject,
 )
+from registry_service.ephemeral import EphemeralRows
 from registry_service.store import RegistryStore, open_store
 
 _choose_location = choose_location  # the former private name
 
 
-class Registry(Catalog, CatalogEvents):
+class Registry(Catalog, CatalogEvents, EphemeralRows):
     """The registry over one store. Thread-safe; share one per process.
 
     ``key_cache_ttl`` bounds how long a validated key is reused; revocation does
