@@ -86,6 +86,7 @@ class _OpLog:
         self.lock = threading.Lock()
         self._lines: list[str] = []
         self._error = False
+        self.children: list[tuple[str, str, bool]] = []  # (execution_id, playbook, generated) of sub-playbooks
 
     def on_event(self, ev: Event) -> None:
         with self.lock:
@@ -100,6 +101,13 @@ class _OpLog:
             msg = describe_event(ev)
             if ev.execution_id != self.execution_id:
                 msg = f"[sub-playbook {ev.execution_id[-12:]}] {msg}"
+                if ev.name == E.EXECUTION_REQUESTED and ev.parent_execution_id:
+                    d = ev.data or {}
+                    gen = bool(d.get("ephemeral"))
+                    ref = str(d.get("playbook_id") if gen else d.get("playbook") or d.get("path") or "")
+                    self.children.append((ev.execution_id, ref, gen))
+                    msg += (f"\n{'generated ' if gen else ''}child execution {ev.execution_id} ({ref}) "
+                            f"of {ev.parent_execution_id}, runs inside this op")  # fmt: skip
             self._lines.append(msg)
             self._error = self._error or ev.status == "error"
 
@@ -142,8 +150,19 @@ def dagster_log_listener(ev: Event) -> None:
         target.on_event(ev)
 
 
+def child_tags(children: list[tuple[str, str, bool]]) -> dict[str, str]:
+    """Run tags naming the sub-executions an op ran (a child runs inside its parent's op, never as a run
+    of its own): ``noetl/child_executions`` and, for generated ones, ``noetl/generated_playbooks``."""
+    tags = {"noetl/child_executions": ",".join(c[0] for c in children)}
+    gen = [c[1] for c in children if c[2]]
+    if gen:
+        tags["noetl/generated_playbooks"] = ",".join(gen)
+    return tags
+
+
 @contextlib.contextmanager
-def op_log(execution_id: str, logger: Any) -> Iterator[_OpLog]:
+def op_log(execution_id: str, logger: Any, tag_run: Any = None) -> Iterator[_OpLog]:
+    """``tag_run(tags)``, when given, tags the Dagster run with the sub-executions the op ran."""
     sink = _OpLog(execution_id, logger)
     with _active_lock:
         _ACTIVE[execution_id] = sink
@@ -154,6 +173,11 @@ def op_log(execution_id: str, logger: Any) -> Iterator[_OpLog]:
             for k in [k for k, v in _ACTIVE.items() if v is sink]:
                 del _ACTIVE[k]
         sink.close()
+        if tag_run is not None and sink.children:
+            try:
+                tag_run(child_tags(sink.children))
+            except Exception:  # noqa: BLE001 - a tag is informational
+                pass
 
 
 def describe_event(ev: Event) -> str:
@@ -365,10 +389,11 @@ def run_steps(
     locks_dir: Path,
     region: bool = False,
     on_finish: Callable[[str], None] | None = None,
+    tag_run: Callable[[dict[str, str]], None] | None = None,
 ) -> OpReport:
     """Run every activation of ``steps`` the log holds (recovering crashed step runs first)."""
     report = OpReport(eid, None)
-    with op_log(eid, logger) as sink:
+    with op_log(eid, logger, tag_run) as sink:
         try:
             eng = attach(pb, svc, eid)
             if eng is None:

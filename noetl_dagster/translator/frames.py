@@ -54,6 +54,7 @@ from noetl_dagster.translator.ops import (
     _report_outputs,
     _tag_run,
     op_tags,
+    run_tagger,
 )
 from noetl_dagster.translator.plan import JobPlan, Node
 from noetl_dagster.translator.translator import NoetlOpSpec
@@ -102,7 +103,7 @@ def make_loop_ops(
         eid = _execution_id(context)
         frames: list[dict[str, Any]] = []
         failed: list[StepOutcome] = []
-        with op_log(eid, context.log) as sink:
+        with op_log(eid, context.log, run_tagger(context)) as sink:
             try:
                 eng = attach(pb, svc, eid)
                 if eng is None:
@@ -152,7 +153,7 @@ def make_loop_ops(
         res = getattr(context.resources, RESOURCE_KEY)
         svc = res.services()
         eid = _execution_id(context)
-        with op_log(eid, context.log) as sink:
+        with op_log(eid, context.log, run_tagger(context)) as sink:
             try:
                 eng = attach(pb, svc, eid)
                 if eng is None:
@@ -195,7 +196,7 @@ def make_loop_ops(
         svc = res.services()
         eid = _execution_id(context)
         report = OpReport(eid, None)
-        with op_log(eid, context.log) as sink:
+        with op_log(eid, context.log, run_tagger(context)) as sink:
             try:
                 eng = attach(pb, svc, eid)
                 if eng is None:
@@ -322,3 +323,4 @@ def _perf_at(ts: str | None) -> float:
         return time.perf_counter()
     elapsed = time.time() - datetime.fromisoformat(ts).timestamp()
     return time.perf_counter() - max(0.0, elapsed)
+

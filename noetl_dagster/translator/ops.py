@@ -115,6 +115,20 @@ def _tag_run(context: dg.OpExecutionContext, tags: Mapping[str, str]) -> None:
         context.log.warning(f"could not tag run: {e}")
 
 
+def run_tagger(context: Any) -> Any:
+    """``tag(tags)`` merging comma lists into the run's tags (sub-executions an op ran)."""
+
+    def tag(tags: dict[str, str]) -> None:
+        run = context.instance.get_run_by_id(context.run_id)
+        merged = dict(tags)
+        for k, v in tags.items():  # several ops of one run each ran children: keep them all
+            old = (run.tags.get(k) if run is not None else None) or ""
+            merged[k] = ",".join(x for x in dict.fromkeys([*old.split(","), *v.split(",")]) if x)
+        context.instance.add_run_tags(context.run_id, merged)
+
+    return tag
+
+
 def workload_field(workload: Mapping[str, Any]) -> dg.Field:
     """A typed launchpad config for workload overrides: one field per workload key, its value as default."""
     fields: dict[str, dg.Field] = {}
@@ -271,6 +285,7 @@ def make_node_op(
 
         try:
             report = run_steps(pb, svc, eid, node.steps, logger=context.log, locks_dir=res.locks_dir(),
+                               tag_run=run_tagger(context),
                                region=region, on_finish=finished)  # fmt: skip
         except LookupError as e:  # the execution is not in the log: a clear failure, not a traceback
             raise dg.Failure(description=str(e), metadata={"execution_id": eid}, allow_retries=False) from None
