@@ -112,6 +112,7 @@ _RAW_KEY_HINTS: dict[str, frozenset[str]] = {
             "snowflake",
             "artifact",
             "result_fetch",
+            "nats",
         ),
         _NONE,
     ),
