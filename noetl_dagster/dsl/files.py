@@ -13,7 +13,7 @@ from noetl_dagster.dsl.flow import FlowError, load_flow_playbook
 from noetl_dagster.dsl.legacy import find_deprecated_spellings
 from noetl_dagster.dsl.loader import SourceMap, YamlSyntaxError, format_path, load_yaml_file
 from noetl_dagster.dsl.model import Playbook
-from noetl_dagster.dsl.parse import PlaybookInvalid, ValidationIssue, load_playbook_dict, parse_playbook
+from noetl_dagster.dsl.parse import PlaybookInvalid, ValidationIssue, executor_warnings, load_playbook_dict, parse_playbook
 from noetl_dagster.util.graphs import strongly_connected
 
 
@@ -102,7 +102,7 @@ def check_file_with_warnings(
     if too_big:
         return None, too_big, []
     pb, issues = parse_playbook(raw, source_map=sm, source_file=str(p))
-    return (None if issues else pb), issues, deprecation_warnings(raw, sm)
+    return (None if issues else pb), issues, deprecation_warnings(raw, sm) + executor_warnings(raw, sm)
 
 
 def deprecation_warnings(raw: Any, sm: SourceMap) -> list[ValidationIssue]:

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from noetl_dagster.dsl.executor_spec import check_executor, no_effect_keys
 from noetl_dagster.dsl.kinds import known_kinds, raw_keys, required_keys
 from noetl_dagster.dsl.legacy import ARGS_NATIVE_KINDS, find_legacy_constructs
 from noetl_dagster.dsl.loader import PathT, SourceMap, format_path
@@ -653,6 +654,7 @@ def parse_playbook(
     entry = executor_raw.get("spec", {}).get("entry_step") if isinstance(executor_raw.get("spec"), dict) else None
     if entry and (not isinstance(entry, str) or entry not in names):
         ctx.err(("executor", "spec", "entry_step"), "unknown-entry-step", f"entry step {entry!r} is not defined")
+    check_executor(ctx, executor_raw, [st.name for st in steps], wf)
     _check_templates(ctx, raw)
     _legacy_issues(ctx, raw)
     if ctx.issues or meta is None:
@@ -673,6 +675,12 @@ def parse_playbook(
             ctx.err(tuple(err["loc"]), "schema", err["msg"])
         return None, ctx.issues
     return pb, []
+
+
+def executor_warnings(raw: Any, sm: SourceMap) -> list[ValidationIssue]:
+    """``executor-no-effect`` warnings: NoETL executor keys accepted without effect (dsl.executor_spec)."""
+    return [ValidationIssue(sm.file, sm.line(path), format_path(path), "executor-no-effect", f"accepted, has no effect: {why}")
+            for path, why in no_effect_keys(raw)]  # fmt: skip
 
 
 def _legacy_issues(ctx: _Ctx, raw: dict[str, Any]) -> None:

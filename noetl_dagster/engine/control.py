@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from noetl_dagster.dsl.builder import canonical_yaml, playbook_id
+from noetl_dagster.dsl.executor_spec import final_step, no_next_is_error
 from noetl_dagster.dsl.model import Playbook, Step
 from noetl_dagster.dsl.parse import PlaybookInvalid, check_playbook
 from noetl_dagster.dsl.templates import TemplateError, template_env
@@ -316,7 +317,7 @@ class Engine:
     def run(self, act: Activation) -> StepRun:
         step = self.playbook.step(act.step)
         cap = max_step_runs(self.playbook)
-        if len(self.state.step_runs) > cap:  # a cycle with no guard: fail the run, route nothing
+        if len(self.state.step_runs) > cap and act.step != final_step(self.playbook):  # a cycle with no guard: fail the run, route nothing
             t0 = self.worker.step_begin(step, act.step_run_id)
             err = {"kind": "max_step_runs", "message": f"execution exceeded {cap} step runs (max_step_runs); "
                    "a cycle without a `when` guard?", "retryable": False, "code": None}  # fmt: skip
@@ -346,7 +347,8 @@ class Engine:
                 fired.append({"arc": i, "step": arc.step, "token_id": uuid7(), "args": args, "patch": patch})
                 if router.mode == "exclusive":
                     break
-        unhandled = not run.ok and not fired
+        dead_end = run.ok and not fired and not errors and not capped and dead_end_is_error(self.playbook, router)
+        unhandled = (not run.ok and not fired) or dead_end
         self.recorder.emit(
             E.NEXT_EVALUATED,
             step=run.step,
@@ -359,6 +361,7 @@ class Engine:
                 "fired": [{"arc": f["arc"], "step": f["step"], "token_id": f["token_id"]} for f in fired],
                 "unhandled_failure": unhandled,
                 "errors": errors,
+                **({"no_match_error": True} if dead_end else {}),
             },
         )
         out = []
@@ -377,6 +380,7 @@ class Engine:
         """Record the terminal pair once nothing remains; returns the final status."""
         if self.state.finished:
             return self.state.status
+        run_final_step(self)
         status = "failed" if self.state.failed else "completed"
         self.recorder.emit(E.WORKFLOW_FINISHED, entity_id=self.execution_id, status="success" if status == "completed" else "error",
                            data={"status": status})  # fmt: skip
@@ -462,6 +466,27 @@ class Engine:
     def run_child(self, path: str, workload: dict[str, Any], **kw: Any) -> dict[str, Any]:
         """Run a sub-playbook: a catalog ``path``, or an inline (generated) ``definition`` (see run_child)."""
         return run_child(self, path, workload, **kw)
+
+
+def run_final_step(eng: Engine) -> None:
+    """executor.spec.final_step: run it once, now that the workflow is quiescent (also after a
+    failure). Its args carry the workflow's status and last step; its own failure fails the run."""
+    final = final_step(eng.playbook)
+    st = eng.state
+    if final is None or st.runs.get(final) or st.step_status.get(final) == "skipped":
+        return
+    args = {"status": "failed" if st.failed else "completed", "last_step": st.last_step}
+    tid = eng._enqueue(final, args, None)  # noqa: SLF001 - the engine's own token machine
+    act = eng._admit(final, [tid], args)  # noqa: SLF001 - admission rules apply as to any step
+    if act is not None:
+        eng.route(eng.run(act))
+    eng.recorder.flush()
+
+
+def dead_end_is_error(pb: Playbook, router: Any) -> bool:
+    """executor.spec.no_next_is_error: a success no arc routes fails the run, unless its router says
+    the dead end is intended (on_no_match: quiet); a step without arcs is a normal end."""
+    return bool(router and router.arcs) and no_next_is_error(pb) and router.spec.get("on_no_match") != "quiet"
 
 
 def run_child(

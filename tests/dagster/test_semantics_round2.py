@@ -73,3 +73,29 @@ def test_joins_in_cycles_same_on_both_runners(name, tmp_path, ephemeral_instance
         # running either); same events per step, same runs and results
         got, want = ({k: sorted(v) for k, v in d.items()} for d in (got, want))
     assert got == want
+
+
+def _engine_case(name: str) -> str:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "engine"))
+    import test_executor_spec as tx
+
+    return {"FINAL": tx.FINAL, "NO_NEXT": tx._nne("true")}[name]
+
+
+@pytest.mark.parametrize("name,workload", [("FINAL", None), ("FINAL", {"fail": True}), ("NO_NEXT", None)])
+def test_executor_spec_same_on_both_runners(name, workload, tmp_path, ephemeral_instance, dagster_data):
+    """executor.spec.final_step (after success and after a failure) and no_next_is_error."""
+    path = tmp_path / f"{name.lower()}.yaml"
+    path.write_text(textwrap.dedent(_engine_case(name)).lstrip())
+    local_dir = tmp_path / "local"
+    local = run_local(path, local_dir, workload)
+    dag = run_dagster(path, dagster_data, ephemeral_instance, workload=workload)
+    want = "failed" if (workload or name == "NO_NEXT") else "completed"
+    assert local.status == dag.status == want
+    if name == "FINAL":
+        assert local.runs["cleanup"] == dag.runs["cleanup"] == 1
+    assert summary(dag) == summary(local)
+    assert names_per_step(events_of(dagster_data, dag.execution_id)) == names_per_step(events_of(local_dir, local.execution_id))
