@@ -60,6 +60,20 @@ PFT_QUEUE_TABLE = """CREATE TABLE IF NOT EXISTS public.pft_test_patient_work_que
     PRIMARY KEY (execution_id, facility_mapping_id, data_type, patient_id))"""
 
 
+# NoETL's catalog table (noetl/database/ddl/postgres/schema_ddl.sql, without the FK to noetl.resource) and
+# the row a NoETL server holds for postgres_test once it is registered (a playbook runs from the catalog)
+NOETL_CATALOG_SEED = [
+    "CREATE SCHEMA IF NOT EXISTS noetl",
+    """CREATE TABLE IF NOT EXISTS noetl.catalog (
+         catalog_id BIGINT PRIMARY KEY, path TEXT NOT NULL, version SMALLSERIAL NOT NULL, kind VARCHAR NOT NULL,
+         content TEXT, layout JSONB, payload JSONB, meta JSONB,
+         created_at TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP, UNIQUE (path, version))""",
+    "DELETE FROM noetl.catalog WHERE path = 'test/postgres'",
+    "INSERT INTO noetl.catalog (catalog_id, path, version, kind) VALUES (1, 'test/postgres', 1, 'Playbook') "
+    "ON CONFLICT (catalog_id) DO NOTHING",
+]
+
+
 def _pg_conninfo_workload(keys: dict[str, str], pg: dict[str, str]) -> dict[str, Any]:
     """Workload keys a fixture's own Python code reads to connect to Postgres."""
     return {wk: pg[field_name] for wk, field_name in keys.items()}
@@ -104,8 +118,9 @@ def fixture_setups(pg: dict[str, str]) -> dict[str, FixtureSetup]:
             "this engine does not have",
         ),
         "postgres_test.yaml": FixtureSetup(
-            not_runnable="reads the NoETL server's own system tables (noetl.catalog), which exist only inside a "
-            "NoETL deployment"
+            seeds=NOETL_CATALOG_SEED,
+            note="reads the NoETL server's catalog: noetl.catalog created with NoETL's DDL (schema_ddl.sql) and "
+            "holding the row NoETL writes when this playbook is registered to run (path test/postgres, kind Playbook)",
         ),
         "retry_test/python_retry_exception.yaml": FixtureSetup(
             note="random by design: each attempt fails with probability 0.7, so even with its retries a run fails now and then"

@@ -146,6 +146,7 @@ def test_cursor_loop_fixtures_validate(rel, conformance_dir):
 
 
 CORE_SAMPLE = [
+    "postgres_test.yaml",  # reads noetl.catalog: seeded with NoETL's DDL and its own catalog row
     "retry_test/http_retry_status_code.yaml",  # httpbin stub
     "http_test.yaml",  # NoETL API stub
     "pagination/cursor/test_pagination_cursor.yaml",  # paginated-api, cursor loop
@@ -169,9 +170,15 @@ def pg_creds(tmp_path_factory):
 def test_core_fixture_completes_against_stubs(rel, conformance_dir, stubs, pg_creds, tmp_path, monkeypatch):
     from noetl_dagster.runners.local import run_playbook
 
+    from noetl_dagster.conformance.corpus import fixture_setups
+
     monkeypatch.setenv("NOETL_HTTP_OVERRIDES", json.dumps(stubs.overrides))
     monkeypatch.setenv("NOETL_CREDENTIALS_FILE", str(pg_creds))
-    workload = fixture_workload(conformance_dir / rel, FixtureSetup(), stubs.overrides)
+    target = PostgresTarget(DEFAULT_PG_URL)
+    setup = fixture_setups(target.params).get(rel, FixtureSetup())
+    if setup.seeds:
+        target.run_sql(setup.seeds)
+    workload = fixture_workload(conformance_dir / rel, setup, stubs.overrides)
     res = run_playbook(conformance_dir / rel, workload, data_dir=tmp_path / "home", catalog_dirs=[conformance_dir])
     failed = {s: r for s, r in res.results.items() if isinstance(r, dict) and r.get("status") == "error"}
     assert res.status == "completed", failed
