@@ -519,7 +519,7 @@ def run_child(
     else:
         child_pb = parent.services.catalog.find(path, parent.playbook.base_dir)
         grant, label = parent.grant, f"sub-playbook {path!r}"
-    problems = violations(child_pb, grant) if grant.restricted else []
+    problems = violations(child_pb, grant, parent.services.tenant) if grant.restricted else []
     if problems:
         raise ToolError(f"{label} refused: " + "; ".join(problems), kind="generated_playbook_refused",
                         result={"violations": problems, **({"playbook_id": request["playbook_id"]} if request else {})})  # fmt: skip

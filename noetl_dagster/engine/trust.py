@@ -28,6 +28,7 @@ from noetl_dagster.engine.ports import ToolError
 
 _KEYCHAIN_REF = re.compile(r"keychain\s*(?:\.\s*([A-Za-z_]\w*)|\[\s*['\"]([^'\"]+)['\"]\s*\])")
 _CREDENTIAL_KEYS = ("auth", "credential", "credentials")
+_RESOURCE_URI = re.compile(r"noetl://([A-Za-z0-9_.-]+)/")
 
 
 @dataclass(frozen=True)
@@ -120,9 +121,19 @@ def _credential_refs(value: Any, out: set[str]) -> set[str]:
     return out
 
 
-def violations(pb: Playbook, grant: Grant) -> list[str]:
-    """Everything in ``pb`` the grant does not allow (empty when it may run)."""
+def violations(pb: Playbook, grant: Grant, tenant: str | None = None) -> list[str]:
+    """Everything in ``pb`` the grant does not allow (empty when it may run). With ``tenant`` (the
+    execution's), a literal ``noetl://<other tenant>/…`` resource anywhere in the playbook is refused too:
+    a restricted child works in its parent's tenant only (run-time URIs meet the registry's own checks)."""
     out: list[str] = []
+    if tenant is not None:
+        seen: set[str] = set()
+        for text in _strings(pb.model_dump(mode="json", exclude={"source_file"})):
+            for m in _RESOURCE_URI.finditer(text):
+                if m.group(1) != tenant and m.group(1) not in seen:
+                    seen.add(m.group(1))
+                    out.append(f"resource noetl://{m.group(1)}/… belongs to tenant {m.group(1)!r}, not this "
+                               f"execution's tenant {tenant!r} (cross-tenant resources are refused)")  # fmt: skip
     if grant.kinds is not None:
         for where, t in _tasks(pb):
             if t.kind not in grant.kinds:

@@ -401,3 +401,36 @@ def test_generated_python_runs_without_the_workers_credential_environment(env, m
     res2, _ = env(parent_doc({"definition": CHILD}, generated=GENERATED_OK, before=[own]))
     assert res2.results["own"]["seen"] == ["NOETL_CREDENTIAL_PG_MAIN", "SOME_API_TOKEN"]
     assert_no_secret(store)
+
+
+def _child_reading(uri: str) -> dict:
+    child = json.loads(json.dumps(CHILD))
+    child["workflow"][1]["tool"][0]["calc"]["input"]["src"] = uri
+    child["workflow"][1]["tool"][0]["calc"]["code"] = "def main(a, b, src):\n    return {'sum': a + b, 'src': src}\n"
+    return child
+
+
+def test_a_cross_tenant_resource_is_refused_with_an_error_event(tmp_path, monkeypatch):
+    monkeypatch.setenv("NOETL_DAGSTER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("NOETL_CREDENTIAL_PG_MAIN", json.dumps({"type": "postgres", "data": {"db_password": SECRET}}))
+    url = f"sqlite:///{tmp_path / 'events.db'}"
+
+    def run(child):
+        pb = load_playbook_dict(parent_doc({"definition": child}, generated=GENERATED_OK))
+        return run_playbook(pb, None, event_store=url, data_dir=tmp_path / "home", tenant="acme", project="p1")
+
+    res = run(_child_reading("noetl://globex/finance/tables/table/payroll@v3"))
+    err = child_error(res)
+    assert err["kind"] == "generated_playbook_refused"
+    assert "tenant 'globex', not this execution's tenant 'acme'" in err["message"]
+    store = open_event_store(url)
+    assert children(store, res.execution_id) == []  # nothing ran in the child
+    done = [e for e in all_events(store) if e.execution_id == res.execution_id and e.name == "task.done"
+            and e.step == "run_child"]  # fmt: skip
+    assert done and done[-1].status == "error"
+    assert done[-1].data["outcome"]["error"]["kind"] == "generated_playbook_refused"
+    assert_no_secret(store)
+    # the parent's own tenant is fine
+    ok = run(_child_reading("noetl://acme/p1/tables/table/orders"))
+    assert ok.status == "completed", ok.results
+    assert ok.results["run_child"]["src"] == "noetl://acme/p1/tables/table/orders"
