@@ -1,10 +1,11 @@
-"""``executor`` keys: which ones the engine implements, which it accepts without effect (warned),
+"""NoETL keys: ``executor`` keys: which ones the engine implements, which it accepts without effect (warned),
 and the rest (errors). Nothing under ``executor`` is silently ignored (issue 16.4).
 
 NoETL's schema (noetl/core/dsl/playbook.schema.json, Executor / ExecutorSpecFull) has
 ``profile``, ``version``, ``requires`` and ``spec: {entry_step, final_step, no_next_is_error,
 policy}``; this project adds ``spec.dagster``, ``spec.schedule``, ``spec.max_step_runs`` and
-``spec.generated``.
+``spec.generated``. The step and task keys of NoETL's schema this engine keeps without an effect
+are warned the same way (``no_effect_keys``; tests/engine/test_noetl_schema_keys walks the schema).
 """
 
 from __future__ import annotations
@@ -64,18 +65,72 @@ def check_executor(ctx: Any, executor: dict[str, Any], step_names: list[str], wo
                         f"final step {final!r} runs once after the workflow; an arc cannot route to it")  # fmt: skip
 
 
+# NoETL step and task keys (playbook.schema.json Step/StepPolicy/Arc, ToolSpec/TaskPolicy) kept
+# for compatibility without an effect here; each is warned where it appears
+STEP_NO_EFFECT = {
+    ("spec", "timeout"): "a step timeout is not enforced (a task's own `timeout` is its tool's)",
+    ("spec", "policy", "lifecycle"): "step lifecycle policy is NoETL server behaviour",
+    ("spec", "policy", "failure"): "step failure policy is not applied; route failures with `next` arcs",
+    ("spec", "policy", "emit"): "custom event emission is not supported",
+    ("spec", "policy", "admit", "mode"): "admission rules are always first-match",
+    **{("loop", "spec", "frame", k): f"cursor frame `{k}` is not applied (frames are bounded by max_rows and the lease)"
+       for k in ("max_seconds", "max_bytes", "verify_ipc", "retry_mode")},
+}
+ARC_NO_EFFECT = {("spec",): "arc `spec` is not used"}
+TASK_NO_EFFECT = {
+    ("spec", "timeout"): "a task `spec.timeout` is enforced only for python with `isolation: process`",
+    ("spec", "policy", "mode"): "task policy rules are always first-match",
+    ("spec", "policy", "on_unmatched"): "an unmatched task policy continues on success and fails on error",
+    ("spec", "policy", "before"): "task policy before-hooks are not run",
+    ("spec", "policy", "after"): "task policy after-hooks are not run",
+    ("spec", "policy", "finally"): "task policy finally-hooks are not run",
+    ("output",): "the tool `output` storage policy is not applied; results are offloaded by the engine's own rules",
+}
+
+
+def _found(node: Any, path: PathT) -> bool:
+    for part in path:
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _tasks(tool: Any, path: PathT) -> list[tuple[Any, PathT]]:
+    if isinstance(tool, dict) and "kind" in tool:
+        return [(tool, path)]
+    out: list[tuple[Any, PathT]] = []
+    for i, item in enumerate(tool if isinstance(tool, list) else []):
+        if isinstance(item, dict) and "kind" not in item and len(item) == 1:  # label map `- name: {kind}`
+            (label, body), = item.items()
+            out.append((body, (*path, i, label)))
+        elif isinstance(item, dict):
+            out.append((item, (*path, i)))
+    return out
+
+
 def no_effect_keys(raw: Any) -> list[tuple[PathT, str]]:
-    """(path, why) per NoETL executor key this engine accepts but does not apply (warned by validate)."""
-    ex = raw.get("executor") if isinstance(raw, dict) else None
-    if not isinstance(ex, dict):
+    """(path, why) per NoETL key this engine accepts but does not apply (warned by validate)."""
+    if not isinstance(raw, dict):
         return []
     out: list[tuple[PathT, str]] = []
-    for path, why in NO_EFFECT.items():
-        node: Any = ex
-        for part in path:
-            node = node.get(part) if isinstance(node, dict) else None
-        if node is not None:
-            out.append((("executor", *path), why))
+    ex = raw.get("executor")
+    out += [(("executor", *p), why) for p, why in NO_EFFECT.items() if _found(ex, p)]
+    tasks: list[tuple[Any, PathT]] = []
+    for i, w in enumerate(raw.get("workbook") if isinstance(raw.get("workbook"), list) else []):
+        if isinstance(w, dict):
+            tasks += _tasks(w.get("tool"), ("workbook", i, "tool"))
+    for i, s in enumerate(raw.get("workflow") if isinstance(raw.get("workflow"), list) else []):
+        if not isinstance(s, dict):
+            continue
+        out += [(("workflow", i, *p), why) for p, why in STEP_NO_EFFECT.items() if _found(s, p)]
+        nxt = s.get("next")
+        arcs = nxt.get("arcs") if isinstance(nxt, dict) else None
+        for j, a in enumerate(arcs if isinstance(arcs, list) else []):
+            out += [(("workflow", i, "next", "arcs", j, *p), why) for p, why in ARC_NO_EFFECT.items() if _found(a, p)]
+        tasks += _tasks(s.get("tool"), ("workflow", i, "tool"))
+    for body, tp in tasks:
+        out += [((*tp, *p), why) for p, why in TASK_NO_EFFECT.items() if _found(body, p)]
     return out
 
 

@@ -678,9 +678,9 @@ def parse_playbook(
 
 
 def executor_warnings(raw: Any, sm: SourceMap) -> list[ValidationIssue]:
-    """``executor-no-effect`` warnings: NoETL executor keys accepted without effect (dsl.executor_spec)."""
-    return [ValidationIssue(sm.file, sm.line(path), format_path(path), "executor-no-effect", f"accepted, has no effect: {why}")
-            for path, why in no_effect_keys(raw)]  # fmt: skip
+    """``executor-no-effect`` / ``no-effect`` warnings: NoETL keys accepted without effect (dsl.executor_spec)."""
+    return [ValidationIssue(sm.file, sm.line(path), format_path(path), "executor-no-effect" if path[0] == "executor" else "no-effect",
+                            f"accepted, has no effect: {why}") for path, why in no_effect_keys(raw)]  # fmt: skip
 
 
 def _legacy_issues(ctx: _Ctx, raw: dict[str, Any]) -> None:
