@@ -84,6 +84,16 @@ SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
         ("egress_bytes", _U64),
         ("provider", _STR),
         ("region", _STR),
+        # measured usage (outcome.meta.usage, sql/V003__allocation.sql)
+        ("playbook", _STR),
+        ("mem_bytes", _U64),
+        ("mem_peak_bytes", _U64),
+        ("bytes_read", _U64),
+        ("bytes_written", _U64),
+        ("net_in_bytes", _U64),
+        ("net_out_bytes", _U64),
+        ("rows_moved", _U64),
+        ("shots", _U64),
     ],
     "frame_fact": COMMON
     + [
@@ -219,11 +229,17 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+_NO_USAGE: dict[str, Any] = {}
+
+
 class FactBuilder:
     """Accumulates fact rows as tuples (one list per table), in SCHEMAS column order."""
 
     def __init__(self) -> None:
         self.rows: dict[str, list[tuple[Any, ...]]] = {}
+        self._playbooks: dict[
+            str, str
+        ] = {}  # execution -> playbook path, for task rows (kept across batches)
         self.reset()
         self.events = 0
         self._handlers: dict[str, Callable[[ev.Event], None]] = {
@@ -272,6 +288,10 @@ class FactBuilder:
             transition = status = "requested"
             playbook = d.get("playbook")
             playbook_name = d.get("name")
+            if type(playbook) is str:
+                if len(self._playbooks) > 200_000:
+                    self._playbooks.clear()
+                self._playbooks[e.execution_id] = playbook
         elif name == ev.WORKFLOW_STARTED:
             transition, status = "started", "running"
         elif name == ev.WORKFLOW_FINISHED:
@@ -328,18 +348,29 @@ class FactBuilder:
             err_kind = err_message = None
             retryable = 0
         status = outcome.get("status") or ("error" if e.status == "error" else "ok")
+        usage = meta.get("usage")
+        if type(usage) is not dict:
+            usage = _NO_USAGE
         egress = meta.get("egress_bytes")
+        if egress is None:
+            egress = usage.get("egress_bytes")
         if egress is None:
             http = outcome.get("http")
             if type(http) is dict:
                 egress = http.get("request_bytes")
+        cpu_ms = meta.get("cpu_ms")
+        if cpu_ms is None and "cpu_s" in usage:
+            cpu_ms = ((usage.get("cpu_s") or 0) + (usage.get("child_cpu_s") or 0)) * 1000
         self._task_rows.append(
             (
                 e.event_id, e.timestamp, e.tenant_id, e.project_id, e.execution_id,
                 e.step, e.step_run_id, e.task_run_id, task, kind, attempt, status, duration,
                 err_kind, err_message, retryable, d.get("directive"), e.loop_id, e.iteration,
                 meta.get("worker_class") or d.get("worker_class"), meta.get("resource_type"), meta.get("units"),
-                meta.get("cpu_ms"), egress, meta.get("provider"), meta.get("region"),
+                cpu_ms, egress, meta.get("provider"), meta.get("region"),
+                self._playbooks.get(e.execution_id), usage.get("mem_delta_bytes"), usage.get("mem_peak_bytes"),
+                usage.get("bytes_read"), usage.get("bytes_written"), usage.get("net_in_bytes"), usage.get("net_out_bytes"),
+                usage.get("rows"), usage.get("shots"),
             )
         )  # fmt: skip
         result = outcome.get("result")
@@ -442,7 +473,9 @@ class FactBuilder:
             rows = self.rows[table]
             if not rows:
                 continue
-            arrays = [_column(values, typ) for (_, typ), values in zip(cols, zip(*rows, strict=True), strict=True)]
+            arrays = [
+                _column(values, typ) for (_, typ), values in zip(cols, zip(*rows, strict=True), strict=True)
+            ]
             out[table] = pa.Table.from_arrays(arrays, names=[n for n, _ in cols])
         return out
 

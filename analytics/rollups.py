@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from analytics.allocation import rebuild_allocation, sync_price_versions
 from analytics.pricing import PriceTable
 from analytics.store import FactsStore
 
@@ -64,6 +65,8 @@ def refresh_rollups(store: FactsStore, prices: PriceTable | None = None) -> Roll
     )
     store.command("EXCHANGE TABLES $db.tenant_cost_fact AND $db.tenant_cost_fact_next")
     store.command("TRUNCATE TABLE $db.tenant_cost_fact_next")
+    sync_price_versions(store, prices)
+    rebuild_allocation(store)
     _, rows = store.query("SELECT count(), sum(amount), uniqExact(tenant_id) FROM $db.tenant_cost_fact")
     count, total, tenants = rows[0]
     return RollupReport(int(count), float(total or 0.0), prices.currency, int(tenants), now, prices.source)

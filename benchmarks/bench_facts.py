@@ -10,6 +10,12 @@ Measured in one process, best of N rounds each (the machine is shared):
 Also: the exporter end to end (SQLite event log tail -> facts, cursor stored) on a smaller log.
 
     .venv/bin/python -m benchmarks.bench_facts [--events N] [--rounds R]
+    .venv/bin/python -m benchmarks.bench_facts --only allocation [--allocation-rows 10000000]
+
+Allocation (issue 18.2): N synthetic task attempts generated inside ClickHouse with numbers()
+(50 tenants, 400 playbooks, 8 steps each, 90 days, measured-usage columns filled) are inserted
+into task_fact (the materialized view fills the AggregatingMergeTree rollup on the way), then
+the dashboard's queries are timed against the rollup and, for comparison, the raw facts.
 """
 
 from __future__ import annotations
@@ -70,13 +76,96 @@ def best(values: list[float]) -> float:
     return min(values)
 
 
+ALLOC_INSERT = """INSERT INTO $db.task_fact (event_id, ts, tenant_id, project_id, execution_id, step, step_run_id,
+    task_run_id, task, kind, attempt, status, duration_ms, playbook, cpu_ms, mem_bytes, mem_peak_bytes, bytes_read,
+    bytes_written, net_in_bytes, net_out_bytes, egress_bytes, rows_moved, units)
+SELECT toString(number), now64(6) - toIntervalSecond((number * 7919) % (90 * 86400)), concat('tenant-', toString(number % 50)),
+    concat('project-', toString(number % 7)), concat('exec-', toString(intDiv(number, 12))),
+    concat('step-', toString(number % 8)), toString(intDiv(number, 3)), toString(number), 'task', 'python',
+    1 + (number % 97 = 0), if(number % 53 = 0, 'error', 'ok'), 5 + (cityHash64(number) % 5000) / 10.0,
+    concat('playbooks/pb-', toString(number % 400)), (cityHash64(number, 1) % 4000) / 10.0,
+    cityHash64(number, 2) % 200000000, 300000000, cityHash64(number, 3) % 1000000, cityHash64(number, 4) % 2000000,
+    cityHash64(number, 5) % 100000, cityHash64(number, 6) % 10000, if(number % 10 = 0, cityHash64(number, 6) % 10000, 0),
+    cityHash64(number, 7) % 5000, 1
+FROM numbers({n:UInt64})"""
+
+ALLOC_QUERIES = {
+    "cost per tenant per day, 30 days (rollup)": (
+        "SELECT tenant, day, sum(cost) FROM $db.allocation_cost_day WHERE day >= today() - 30 GROUP BY tenant, day"
+    ),
+    "top 10 playbooks of one tenant, 30 days (rollup)": (
+        "SELECT playbook, sum(cost) AS c FROM $db.allocation_cost_day WHERE tenant = 'tenant-7' AND day >= today() - 30"
+        " GROUP BY playbook ORDER BY c DESC LIMIT 10"
+    ),
+    "drill-down tenant -> playbook -> steps (rollup)": (
+        "SELECT step, sum(cost), sum(attempts), sum(failed_attempts) / sum(attempts), sum(retries) / sum(attempts)"
+        " FROM $db.allocation_cost_day WHERE tenant = 'tenant-7' AND playbook = 'playbooks/pb-207' GROUP BY step"
+    ),
+    "idle / unallocated per day (rollup)": "SELECT * FROM $db.allocation_summary_day ORDER BY day",
+    "drill-down step -> executions (raw task_fact)": (
+        "SELECT execution_id, sum(cpu_ms) / 3.6e6 AS cpu_h, count() FROM $db.task_fact WHERE tenant_id = 'tenant-7'"
+        " AND playbook = 'playbooks/pb-207' AND step = 'step-7' GROUP BY execution_id ORDER BY cpu_h DESC LIMIT 20"
+    ),
+    "cost per tenant per day, 30 days (raw task_fact, for comparison)": (
+        "SELECT tenant_id, toDate(ts) AS day, sum(coalesce(cpu_ms, 0)) / 3.6e6 * 0.031611 FROM $db.task_fact"
+        " WHERE ts >= now() - INTERVAL 30 DAY GROUP BY tenant_id, day"
+    ),
+}
+
+
+def bench_allocation(rows: int, rounds: int) -> None:
+    from analytics.allocation import sync_price_versions
+    from analytics.pricing import PriceTable
+
+    work = Path(tempfile.mkdtemp(prefix="bench_alloc_"))
+    store = FactsStore(f"chdb://{work / 'facts'}", database="alloc")
+    sync_price_versions(store, PriceTable.load())
+    t = time.perf_counter()
+    step = 2_000_000
+    for start in range(0, rows, step):
+        store.command(
+            ALLOC_INSERT.replace(
+                "FROM numbers({n:UInt64})", f"FROM numbers({start}, {min(step, rows - start)})"
+            )
+        )
+    ins = time.perf_counter() - t
+    _, c = store.query("SELECT count() FROM $db.task_fact")
+    _, r = store.query("SELECT count() FROM $db.allocation_step_day")
+    print(
+        f"inserted {c[0][0]:,} task facts in {ins:.1f}s ({c[0][0] / ins:,.0f} rows/s, MV included); rollup parts rows {r[0][0]:,}"
+    )
+    t = time.perf_counter()
+    store.command("OPTIMIZE TABLE $db.allocation_step_day FINAL")
+    _, r = store.query("SELECT count() FROM $db.allocation_step_day")
+    print(
+        f"rollup merged to {r[0][0]:,} rows in {time.perf_counter() - t:.1f}s (background merges do this in production)"
+    )
+    for name, sql in ALLOC_QUERIES.items():
+        times = []
+        for _ in range(rounds):
+            t = time.perf_counter()
+            _, out = store.query(sql)
+            times.append(time.perf_counter() - t)
+        print(
+            f"{best(times) * 1000:8.1f} ms  {name}  ({len(out)} rows; rounds: {', '.join(f'{x * 1000:.0f}' for x in times)})"
+        )
+    close_all()
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=250_000, help="events per Arrow batch")
     ap.add_argument("--exporter-events", type=int, default=100_000)
+    ap.add_argument("--only", choices=["export", "allocation"], default=None)
+    ap.add_argument("--allocation-rows", type=int, default=10_000_000)
     args = ap.parse_args()
+    if args.only != "export":
+        bench_allocation(args.allocation_rows, args.rounds)
+        if args.only == "allocation":
+            return
 
     t0 = time.perf_counter()
     spec = SyntheticSpec(executions=args.events // 75 + 1, steps=6)
@@ -122,9 +211,13 @@ def main() -> None:
     print()
     print(f"facts export:              {n / t_ours:>12,.0f} events/s  ({t_ours:.2f}s for {n:,} events)")
     print(f"raw insert_arrow (events): {n / t_raw_ev:>12,.0f} events/s  ({t_raw_ev:.2f}s)")
-    print(f"raw insert_arrow (facts):  {n / t_raw_facts:>12,.0f} events/s  ({t_raw_facts:.2f}s, {fact_rows:,} rows)")
+    print(
+        f"raw insert_arrow (facts):  {n / t_raw_facts:>12,.0f} events/s  ({t_raw_facts:.2f}s, {fact_rows:,} rows)"
+    )
     ratio = t_raw_ev / t_ours
-    print(f"ratio facts / raw events:  {ratio:.2f}  (target >= 0.5; >= 100k events/s: {'yes' if n / t_ours >= 1e5 else 'NO'})")
+    print(
+        f"ratio facts / raw events:  {ratio:.2f}  (target >= 0.5; >= 100k events/s: {'yes' if n / t_ours >= 1e5 else 'NO'})"
+    )
     print(f"ratio facts / raw facts:   {t_raw_facts / t_ours:.2f}  (share of time spent inserting)")
 
     # end to end: SQLite event log -> exporter (cursor in ClickHouse) -> facts

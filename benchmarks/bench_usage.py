@@ -78,7 +78,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"Meter() + stop(): {per * 1e6:.1f} us per task attempt (best of 3 x 20,000)")
     on, off = engine(args.steps, args.rounds)
     n = args.steps
-    print(f"engine, {n:,} noop steps: with usage {on / n * 1e3:.4f} ms/step, without {off / n * 1e3:.4f} ms/step")
+    print(
+        f"engine, {n:,} noop steps: with usage {on / n * 1e3:.4f} ms/step, without {off / n * 1e3:.4f} ms/step"
+    )
     print(f"usage overhead per step: {(on - off) / n * 1e3:+.4f} ms  ratio with/without: {on / off:.3f}")
 
 

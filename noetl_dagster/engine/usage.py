@@ -139,7 +139,11 @@ def add_offload(usage: dict[str, Any], recorded_result: Any) -> None:
 
 
 _IN_CLUSTER = tuple(
-    s.strip() for s in os.environ.get("NOETL_IN_CLUSTER_SUFFIXES", ".svc,.svc.cluster.local,.internal,.local").split(",") if s.strip()
+    s.strip()
+    for s in os.environ.get("NOETL_IN_CLUSTER_SUFFIXES", ".svc,.svc.cluster.local,.internal,.local").split(
+        ","
+    )
+    if s.strip()
 )
 
 

@@ -40,10 +40,13 @@ class FactsStoreResource(dg.ConfigurableResource):
     """The ClickHouse facts store (embedded chdb by default) and the event log it is fed from."""
 
     clickhouse_url: str | None = Field(
-        default=None, description="chdb:///dir or http(s)://host:8123; default $NOETL_CLICKHOUSE_URL or <data_dir>/facts"
+        default=None,
+        description="chdb:///dir or http(s)://host:8123; default $NOETL_CLICKHOUSE_URL or <data_dir>/facts",
     )
     database: str | None = Field(default=None, description="ClickHouse database; default noetl")
-    event_store_url: str | None = Field(default=None, description="NoETL event log; default <data_dir>/events.db")
+    event_store_url: str | None = Field(
+        default=None, description="NoETL event log; default <data_dir>/events.db"
+    )
     data_dir: str | None = Field(default=None, description="default $NOETL_DAGSTER_HOME or ./.noetl")
     prices: str | None = Field(default=None, description="price table file; default analytics/prices.yaml")
 
@@ -60,9 +63,13 @@ class FactsStoreResource(dg.ConfigurableResource):
 
 def facts_resource_from_env() -> FactsStoreResource:
     return FactsStoreResource(
-        clickhouse_url=os.environ.get("NOETL_CLICKHOUSE_URL") or os.environ.get("NOETL_DAGSTER_CLICKHOUSE_URL") or None,
+        clickhouse_url=os.environ.get("NOETL_CLICKHOUSE_URL")
+        or os.environ.get("NOETL_DAGSTER_CLICKHOUSE_URL")
+        or None,
         database=os.environ.get("NOETL_DAGSTER_FACTS_DB") or None,
-        event_store_url=os.environ.get("NOETL_EVENT_STORE_URL") or os.environ.get("NOETL_DAGSTER_EVENT_STORE") or None,
+        event_store_url=os.environ.get("NOETL_EVENT_STORE_URL")
+        or os.environ.get("NOETL_DAGSTER_EVENT_STORE")
+        or None,
         data_dir=os.environ.get("NOETL_DAGSTER_HOME") or None,
         prices=os.environ.get("NOETL_DAGSTER_PRICES") or None,
     )
@@ -80,6 +87,28 @@ def export_tick(resource: FactsStoreResource, *, max_events: int, batch_events: 
         finally:
             log.close()
     return report.to_dict()
+
+
+# one catalog asset per rollup table/view the dashboards read (materialized after noetl/cost_rollups)
+ROLLUP_PREFIX = ["noetl", "rollups"]
+ROLLUP_TABLES = {
+    "tenant_cost_fact": "Priced cost lines per tenant / project / playbook / day / category (rebuilt each refresh).",
+    "allocation_step_day": "AggregatingMergeTree: measured usage per tenant / project / playbook / step / day.",
+    "allocation_cost_day": "View: allocation_step_day priced by the price version valid on each day.",
+    "storage_cost_day": "View: storage byte-hours of stored results per day, priced.",
+    "allocation_summary_day": "View: allocated, unallocated, storage, capacity and idle cost per day.",
+}
+
+
+def insights_metadata(alloc: dict[str, object]) -> dict[str, object]:
+    """Numeric metadata in the shape Dagster+ Insights custom metrics read (one numeric key each)."""
+    out: dict[str, object] = {}
+    for key in ("cpu_core_hours", "ram_byte_hours", "cost", "idle", "unallocated", "capacity_cost"):
+        out[f"noetl/{key}"] = dg.FloatMetadataValue(float(alloc.get(key) or 0))  # type: ignore[arg-type]
+    for key in ("egress_bytes", "attempts", "failed_attempts", "retries"):
+        out[f"noetl/{key}"] = dg.IntMetadataValue(int(alloc.get(key) or 0))  # type: ignore[call-overload]
+    out["noetl/price_version"] = str(alloc.get("price_version") or "")
+    return out
 
 
 def build_facts_definitions(
@@ -103,13 +132,17 @@ def build_facts_definitions(
         kinds={"clickhouse"},
         description="tenant_cost_fact and the cost_by_tenant/project/playbook_day views, priced with the price table.",
     )
-    def noetl_cost_rollups(context: dg.AssetExecutionContext, noetl_facts: FactsStoreResource) -> dg.MaterializeResult:
+    def noetl_cost_rollups(
+        context: dg.AssetExecutionContext, noetl_facts: FactsStoreResource
+    ) -> dg.MaterializeResult:
+        from analytics.allocation import allocation_totals  # noqa: PLC0415
         from analytics.pricing import PriceTable  # noqa: PLC0415
         from analytics.rollups import refresh_rollups  # noqa: PLC0415
 
         prices = PriceTable.load(noetl_facts.prices, data_dir=noetl_facts.data_dir)
         with noetl_facts.open() as store:
             report = refresh_rollups(store, prices)
+            alloc = allocation_totals(store)
         context.log.info(f"tenant_cost_fact: {report.rows} rows, {report.total:.6f} {report.currency}")
         return dg.MaterializeResult(
             metadata={
@@ -118,10 +151,32 @@ def build_facts_definitions(
                 "currency": report.currency,
                 "tenants": report.tenants,
                 "prices": report.prices,
+                **insights_metadata(alloc),
             }
         )
 
-    rollups_job = dg.define_asset_job("noetl_cost_rollups_job", selection=[ROLLUPS_KEY])
+    @dg.multi_asset(
+        specs=[
+            dg.AssetSpec(
+                ROLLUP_PREFIX + [t], deps=[ROLLUPS_KEY], group_name=GROUP, kinds={"clickhouse"}, description=d
+            )
+            for t, d in ROLLUP_TABLES.items()
+        ],
+        name="noetl_rollup_tables",
+        can_subset=False,
+    )
+    def noetl_rollup_tables(context: dg.AssetExecutionContext, noetl_facts: FactsStoreResource):
+        with noetl_facts.open() as store:
+            for table in ROLLUP_TABLES:
+                _, rows = store.query(f"SELECT count() FROM $db.{table}")
+                yield dg.MaterializeResult(
+                    asset_key=dg.AssetKey(ROLLUP_PREFIX + [table]), metadata={"rows": int(rows[0][0])}
+                )
+
+    rollups_job = dg.define_asset_job(
+        "noetl_cost_rollups_job",
+        selection=dg.AssetSelection.assets(ROLLUPS_KEY, *[ROLLUP_PREFIX + [t] for t in ROLLUP_TABLES]),
+    )
 
     @dg.asset(
         key=FACTS_KEY,
@@ -130,7 +185,9 @@ def build_facts_definitions(
         description="NoETL event-log facts in ClickHouse (execution, step, task, frame, resource, compute). "
         "Materialized by noetl_facts_export_job, which noetl_facts_exporter launches when the log grew.",
     )
-    def noetl_facts(context: dg.AssetExecutionContext, noetl_facts: FactsStoreResource) -> dg.MaterializeResult:
+    def noetl_facts(
+        context: dg.AssetExecutionContext, noetl_facts: FactsStoreResource
+    ) -> dg.MaterializeResult:
         report = export_tick(noetl_facts, max_events=max_events_per_tick, batch_events=batch_events)
         rows = report["rows"]
         assert isinstance(rows, dict)
@@ -174,20 +231,28 @@ def build_facts_definitions(
             dg.RunsFilter(job_name=EXPORT_JOB, statuses=UNFINISHED), limit=1
         )
         if active:  # the one writer: the next tick asks again
-            return dg.SkipReason(f"export run {active[0].dagster_run.run_id} still in progress (log at {last})")
+            return dg.SkipReason(
+                f"export run {active[0].dagster_run.run_id} still in progress (log at {last})"
+            )
         return dg.SensorResult(
-            run_requests=[dg.RunRequest(run_key=f"facts-export-{last}", tags={"noetl/log_position": str(last)})],
+            run_requests=[
+                dg.RunRequest(run_key=f"facts-export-{last}", tags={"noetl/log_position": str(last)})
+            ],
             cursor=str(last),
         )
 
     schedules = []
     if rollup_cron:
         schedules.append(
-            dg.ScheduleDefinition(name="noetl_cost_rollups_schedule", job=rollups_job, cron_schedule=rollup_cron,
-                                  default_status=dg.DefaultScheduleStatus.RUNNING)
+            dg.ScheduleDefinition(
+                name="noetl_cost_rollups_schedule",
+                job=rollups_job,
+                cron_schedule=rollup_cron,
+                default_status=dg.DefaultScheduleStatus.RUNNING,
+            )
         )
     return dg.Definitions(
-        assets=[noetl_facts, noetl_cost_rollups],
+        assets=[noetl_facts, noetl_cost_rollups, noetl_rollup_tables],
         jobs=[rollups_job, export_job],
         sensors=[noetl_facts_exporter],
         schedules=schedules,

@@ -97,3 +97,26 @@ def test_rollups_asset_materializes_cost(setup):
         assert result.success
         meta = result.get_asset_materialization_events()[0].materialization.metadata
     assert meta["rows"].value > 0 and meta["total_cost"].value > 0 and meta["tenants"].value == 2
+
+
+def test_rollup_job_reports_insights_metrics_and_one_asset_per_rollup_table(setup):
+    from noetl_dagster.sensors.facts import ROLLUP_PREFIX, ROLLUP_TABLES
+
+    _, log, resource, defs = setup
+    log.append(list(generate(SyntheticSpec(executions=6, steps=3, ref_rate=1.0))))
+    with dg.instance_for_test() as instance:
+        _export(defs, instance)
+        result = defs.resolve_job_def("noetl_cost_rollups_job").execute_in_process(instance=instance)
+        assert result.success
+        mats = {
+            e.materialization.asset_key.to_user_string(): e.materialization.metadata
+            for e in result.get_asset_materialization_events()
+        }
+    meta = mats[ROLLUPS_KEY.to_user_string()]
+    # numeric keys (Dagster+ Insights custom metrics are numeric asset metadata)
+    assert meta["noetl/cpu_core_hours"].value > 0 and meta["noetl/attempts"].value > 0
+    assert meta["noetl/cost"].value > 0 and meta["noetl/price_version"].value == "2026-01"
+    assert 0 <= meta["noetl/idle"].value <= meta["noetl/capacity_cost"].value
+    for table in ROLLUP_TABLES:
+        assert mats["/".join([*ROLLUP_PREFIX, table])]["rows"].value >= 0
+    assert mats["/".join([*ROLLUP_PREFIX, "allocation_step_day"])]["rows"].value > 0

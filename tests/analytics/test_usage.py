@@ -18,7 +18,9 @@ def _run(tmp_path, workflow: str, workload=None):
     pb = tmp_path / "usage.yaml"
     head = "apiVersion: noetl.io/v2\nkind: Playbook\nmetadata: {name: usage, path: tests/usage}\nworkflow:\n"
     pb.write_text(head + textwrap.dedent(workflow), encoding="utf-8")
-    res = run_playbook(pb, workload, data_dir=tmp_path / "data", event_store=f"sqlite:///{tmp_path / 'events.db'}")
+    res = run_playbook(
+        pb, workload, data_dir=tmp_path / "data", event_store=f"sqlite:///{tmp_path / 'events.db'}"
+    )
     store = open_event_store(res.event_store_url)
     try:
         events = store.read(res.execution_id)
@@ -29,7 +31,9 @@ def _run(tmp_path, workflow: str, workload=None):
 
 
 def test_cpu_memory_rows_and_offloaded_bytes_of_python_tasks(tmp_path):
-    res, _, usage = _run(tmp_path, """
+    res, _, usage = _run(
+        tmp_path,
+        """
       - step: start
         tool:
           - burn:
@@ -49,7 +53,8 @@ def test_cpu_memory_rows_and_offloaded_bytes_of_python_tasks(tmp_path):
               kind: python
               code: |
                 result = ["row %d %s" % (i, "y" * 40) for i in range(5000)]
-    """)
+    """,
+    )
     assert res.status == "completed", res
     burn, alloc, big = usage["burn"], usage["alloc"], usage["big"]
     assert burn["cpu_s"] > 0.05 and burn["wall_s"] >= burn["cpu_s"] * 0.5
@@ -62,13 +67,16 @@ def test_cpu_memory_rows_and_offloaded_bytes_of_python_tasks(tmp_path):
 
 
 def test_subprocess_cpu_is_the_childs_rusage(tmp_path):
-    res, _, usage = _run(tmp_path, """
+    res, _, usage = _run(
+        tmp_path,
+        """
       - step: start
         tool:
           - sh:
               kind: shell
               cmd: "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; echo $i"
-    """)
+    """,
+    )
     assert res.status == "completed", res
     sh = usage["sh"]
     assert sh["child_cpu_s"] > 0.05, sh
@@ -79,7 +87,9 @@ def test_subprocess_cpu_is_the_childs_rusage(tmp_path):
 def test_http_bytes_in_and_out_and_in_cluster_is_not_egress(tmp_path, httpserver):
     body = "z" * 12345
     httpserver.expect_request("/up", method="POST").respond_with_data(body, content_type="text/plain")
-    res, _, usage = _run(tmp_path, """
+    res, _, usage = _run(
+        tmp_path,
+        """
       - step: start
         tool:
           - post:
@@ -87,7 +97,9 @@ def test_http_bytes_in_and_out_and_in_cluster_is_not_egress(tmp_path, httpserver
               method: POST
               url: "{{ workload.url }}"
               body: {payload: "{{ workload.pad }}"}
-    """, {"url": httpserver.url_for("/up"), "pad": "p" * 500})
+    """,
+        {"url": httpserver.url_for("/up"), "pad": "p" * 500},
+    )
     assert res.status == "completed", res
     u = usage["post"]
     assert u["net_in_bytes"] == 12345
@@ -96,14 +108,19 @@ def test_http_bytes_in_and_out_and_in_cluster_is_not_egress(tmp_path, httpserver
 
 
 def test_replay_reads_the_recorded_usage(tmp_path):
-    res, events, usage = _run(tmp_path, """
+    res, events, usage = _run(
+        tmp_path,
+        """
       - step: start
         tool: {kind: python, code: "result = sum(range(100000))"}
-    """)
+    """,
+    )
     store = open_event_store(res.event_store_url)
     try:
         state = replay(store, res.execution_id)
-        again = [e.data["outcome"]["meta"]["usage"] for e in store.read(res.execution_id) if e.name == "task.done"]
+        again = [
+            e.data["outcome"]["meta"]["usage"] for e in store.read(res.execution_id) if e.name == "task.done"
+        ]
     finally:
         store.close()
     assert state.snapshot()["status"] == res.status
@@ -119,5 +136,10 @@ def test_counters_and_egress_classification():
     assert u["bytes_read"] == 15 and u["rows"] == 3  # a tool's own count wins over the result's
     assert u["shots"] == 1024 and u["wall_s"] >= 0.01
     count(bytes_read=1)  # outside a task: nothing to add to, no error
-    assert in_cluster("127.0.0.1") and in_cluster("10.1.2.3") and in_cluster("postgres") and in_cluster("db.svc.cluster.local")
+    assert (
+        in_cluster("127.0.0.1")
+        and in_cluster("10.1.2.3")
+        and in_cluster("postgres")
+        and in_cluster("db.svc.cluster.local")
+    )
     assert not in_cluster("api.github.com") and not in_cluster("8.8.8.8")
