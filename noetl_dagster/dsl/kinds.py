@@ -113,6 +113,8 @@ _RAW_KEY_HINTS: dict[str, frozenset[str]] = {
             "artifact",
             "result_fetch",
             "nats",
+            "mcp",
+            "agent",
         ),
         _NONE,
     ),
