@@ -42,6 +42,9 @@ from openlineage.client.facet_v2 import (
     storage_dataset,
 )
 
+from lineage.quantum_facet import FACET_NAME as QUANTUM_FACET
+from lineage.quantum_facet import MAX_JOBS as QUANTUM_MAX_JOBS
+from lineage.quantum_facet import QuantumJobsRunFacet, quantum_provenance
 from noetl_dagster.dsl.locator import InvalidLocator, parse_locator
 from noetl_dagster.engine import events as ev
 from noetl_dagster.engine.events import Event, uuid7_from
@@ -210,6 +213,8 @@ class _RunState:
     started: bool = False
     finished: bool = False
     error: dict[str, Any] | None = None
+    quantum: list[dict[str, Any]] = field(default_factory=list)  # provenance of quantum jobs (quantum_facet.py)
+    quantum_dropped: int = 0
 
 
 @dataclass
@@ -306,6 +311,12 @@ class LineageConverter:
             result = outcome.get("result")
             new = self._add_outputs(run, result_outputs(result), exe)
             new |= self._add_inputs(run, result_inputs(result), exe)
+            job = quantum_provenance(result)
+            if job is not None:
+                if len(run.quantum) < QUANTUM_MAX_JOBS:
+                    run.quantum.append(job)
+                else:
+                    run.quantum_dropped += 1
             if new and run.started and not run.finished:
                 out.append(self._step_event(exe, run, RunState.RUNNING, e))
         elif name == ev.LOOP_STARTED:
@@ -426,6 +437,9 @@ class LineageConverter:
                 facets["parent"] = self._parent(exe.parent.run, exe.root)
         else:
             facets["parent"] = self._parent(exe.run, exe.root)
+        if run.quantum:
+            facets[QUANTUM_FACET] = QuantumJobsRunFacet(jobs=list(run.quantum), truncated=run.quantum_dropped,
+                                                        producer=self.producer)  # fmt: skip
         if state == RunState.FAIL and run.error is not None:
             err = run.error
             message = str(err.get("message") or err.get("kind") or "failed")

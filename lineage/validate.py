@@ -55,7 +55,9 @@ class LineageValidator:
             raise SpecNotFound(
                 f"OpenLineage spec not found at {root}; set OPENLINEAGE_SPEC_DIR to the spec/ directory"
             )
-        schemas = [json.loads(p.read_text()) for p in [root, *sorted((self.spec_dir / "facets").glob("*.json"))]]
+        # plus the custom facets noetl-dagster emits (lineage/facets/, e.g. noetl_quantum)
+        own = sorted((Path(__file__).parent / "facets").glob("*.json"))
+        schemas = [json.loads(p.read_text()) for p in [root, *sorted((self.spec_dir / "facets").glob("*.json")), *own]]
         self.schemas = {s["$id"]: s for s in schemas}
         self.registry: Registry = Registry().with_resources(
             (sid, Resource.from_contents(s, default_specification=DRAFT202012)) for sid, s in self.schemas.items()
