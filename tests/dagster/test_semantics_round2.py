@@ -85,14 +85,16 @@ def _engine_case(name: str) -> str:
     return {"FINAL": tx.FINAL, "NO_NEXT": tx._nne("true")}[name]
 
 
-@pytest.mark.parametrize("name,workload", [("FINAL", None), ("FINAL", {"fail": True}), ("NO_NEXT", None)])
-def test_executor_spec_same_on_both_runners(name, workload, tmp_path, ephemeral_instance, dagster_data):
+@pytest.mark.slow
+@pytest.mark.parametrize("name,workload,mode", [("FINAL", None, "default"), ("FINAL", {"fail": True}, "default"),
+                                               ("FINAL", {"fail": True}, "per_step"), ("NO_NEXT", None, "default")])  # fmt: skip
+def test_executor_spec_same_on_both_runners(name, workload, mode, tmp_path, ephemeral_instance, dagster_data):
     """executor.spec.final_step (after success and after a failure) and no_next_is_error."""
     path = tmp_path / f"{name.lower()}.yaml"
     path.write_text(textwrap.dedent(_engine_case(name)).lstrip())
     local_dir = tmp_path / "local"
     local = run_local(path, local_dir, workload)
-    dag = run_dagster(path, dagster_data, ephemeral_instance, workload=workload)
+    dag = run_dagster(path, dagster_data, ephemeral_instance, mode=mode, workload=workload)
     want = "failed" if (workload or name == "NO_NEXT") else "completed"
     assert local.status == dag.status == want
     if name == "FINAL":
