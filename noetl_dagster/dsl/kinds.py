@@ -115,6 +115,7 @@ _RAW_KEY_HINTS: dict[str, frozenset[str]] = {
             "nats",
             "mcp",
             "agent",
+            "container",
         ),
         _NONE,
     ),

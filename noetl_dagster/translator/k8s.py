@@ -67,6 +67,11 @@ def step_placement(pb: Playbook, step: Step) -> dict[str, Any]:
         if unknown:
             raise PlacementError(f"executor profile {name!r}: unknown keys {sorted(unknown)}")
         out = _merge(out, prof)
+    for task in step.tool:  # kind: container: the step's pod runs that image (docs/tools.md "container")
+        if task.kind == "container":
+            from noetl_dagster.tools.container import k8s_placement  # noqa: PLC0415
+
+            out = _merge(out, k8s_placement(task.config))
     if isinstance(step.spec.get("placement"), Mapping):
         out = _merge(out, step.spec["placement"])
     if isinstance(step.spec.get("resources"), Mapping):
