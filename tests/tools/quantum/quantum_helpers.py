@@ -6,6 +6,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLES = REPO / "example_project" / "playbooks"
+# the example playbooks run as the example project's tenant/project (quantum_sweep stores its table there)
+DEMO = {"tenant": "demo", "project": "examples"}
 
 BELL = """OPENQASM 2.0;
 include "qelib1.inc";

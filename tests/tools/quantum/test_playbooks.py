@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from quantum_helpers import BELL, EXAMPLES
+from quantum_helpers import BELL, DEMO, EXAMPLES
 
 from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.storage.event_stores import open_event_store
@@ -19,7 +19,7 @@ def _task_results(home, execution_id, task):
 
 
 def test_parameter_sweep_aggregates_a_parallel_grid_and_records_provenance(home):
-    r = run_playbook(EXAMPLES / "quantum_sweep.yaml", {"n_theta": 4, "n_phi": 3}, data_dir=home)
+    r = run_playbook(EXAMPLES / "quantum_sweep.yaml", {"n_theta": 4, "n_phi": 3}, data_dir=home, **DEMO)
     assert r.status == "completed", r.to_json()
     agg = r.results["aggregate"]
     assert agg["points"] == 12 and r.results["sweep"]["stats"] == {"total": 12, "ok": 12, "failed": 0}
@@ -32,32 +32,32 @@ def test_parameter_sweep_aggregates_a_parallel_grid_and_records_provenance(home)
     assert len({o["result"]["job_id"] for o in outcomes}) == 12
     assert all(o["result"]["metadata"]["tags"]["experiment"] == "ry_pair_sweep" for o in outcomes)
     # reproducible: the same workload gives the same aggregate, point for point
-    again = run_playbook(EXAMPLES / "quantum_sweep.yaml", {"n_theta": 4, "n_phi": 3}, data_dir=home)
+    again = run_playbook(EXAMPLES / "quantum_sweep.yaml", {"n_theta": 4, "n_phi": 3}, data_dir=home, **DEMO)
     assert again.results["aggregate"] == agg
 
 
 def test_the_sweep_on_cirq_agrees_with_aer(home):
-    a = run_playbook(EXAMPLES / "quantum_sweep.yaml", {"shots": 4000}, data_dir=home)
-    c = run_playbook(EXAMPLES / "quantum_sweep.yaml", {"shots": 4000, "provider": "cirq"}, data_dir=home)
+    a = run_playbook(EXAMPLES / "quantum_sweep.yaml", {"shots": 4000}, data_dir=home, **DEMO)
+    c = run_playbook(EXAMPLES / "quantum_sweep.yaml", {"shots": 4000, "provider": "cirq"}, data_dir=home, **DEMO)
     assert c.status == "completed", c.to_json()
     for (t1, p1, z1), (t2, p2, z2) in zip(a.results["aggregate"]["grid"], c.results["aggregate"]["grid"], strict=True):
         assert (t1, p1) == (t2, p2) and abs(z1 - z2) < 0.1
 
 
 def test_vqe_cycle_converges_by_routing_on_the_loss_delta(home):
-    r = run_playbook(EXAMPLES / "quantum_vqe.yaml", data_dir=home)
+    r = run_playbook(EXAMPLES / "quantum_vqe.yaml", data_dir=home, **DEMO)
     assert r.status == "completed", r.to_json()
     rep = r.results["report"]
     assert rep["converged"] and rep["energy"] < -0.98 and abs(rep["theta"] - 3.14159) < 0.2
     assert r.runs["evaluate"] == rep["iterations"] >= 3  # the cycle ran until the delta fell under the tolerance
     assert len(_task_results(home, r.execution_id, "center")) == rep["iterations"]
     # a tolerance it cannot reach stops on max_iterations, not converged
-    capped = run_playbook(EXAMPLES / "quantum_vqe.yaml", {"tolerance": 0.0, "max_iterations": 3}, data_dir=home)
+    capped = run_playbook(EXAMPLES / "quantum_vqe.yaml", {"tolerance": 0.0, "max_iterations": 3}, data_dir=home, **DEMO)
     assert capped.runs["evaluate"] == 3 and not capped.results["report"]["converged"]
 
 
 def test_fallback_to_the_simulator_when_the_queue_is_too_long(home):
-    r = run_playbook(EXAMPLES / "quantum_fallback.yaml", data_dir=home)
+    r = run_playbook(EXAMPLES / "quantum_fallback.yaml", data_dir=home, **DEMO)
     assert r.status == "completed", r.to_json()
     assert r.results["start"]["route"] == "simulator" and r.results["start"]["estimated_wait_seconds"] == 20.0
     assert "qpu_submit" not in r.runs
@@ -67,7 +67,7 @@ def test_fallback_to_the_simulator_when_the_queue_is_too_long(home):
 def test_short_queue_goes_to_the_qpu_and_polls_through_queue_and_transient_errors(home):
     qpu = {"queue_depth": 3, "seconds_per_job": 0.15, "execution_seconds": 0.2, "transient_error_rate": 0.3,
            "error_seed": 1, "calibration_period_s": 60}  # fmt: skip
-    r = run_playbook(EXAMPLES / "quantum_fallback.yaml", {"qpu": qpu}, data_dir=home)
+    r = run_playbook(EXAMPLES / "quantum_fallback.yaml", {"qpu": qpu}, data_dir=home, **DEMO)
     assert r.status == "completed", r.to_json()
     rep = r.results["report"]
     assert rep["route"] == "qpu" and rep["backend"] == "emulated_qpu_5q" and rep["cost_usd"] == 0.65
@@ -92,7 +92,7 @@ def test_a_job_submitted_by_one_execution_is_fetched_by_another(home, tmp_path):
         " circuit: {file: bell.qasm}, shots: 200, seed: 4, provider_options: {queue_depth: 1, seconds_per_job: 0.1}}\n"
     )
     (tmp_path / "bell.qasm").write_text(BELL)
-    first = run_playbook(pb1, data_dir=home)
+    first = run_playbook(pb1, data_dir=home, **DEMO)
     job_id = first.results["start"]["job_id"]
     pb2 = tmp_path / "fetch.yaml"
     pb2.write_text(
@@ -102,7 +102,7 @@ def test_a_job_submitted_by_one_execution_is_fetched_by_another(home, tmp_path):
         "                - when: \"{{ outcome.status == 'error' and outcome.error.kind == 'not_ready' }}\"\n"
         "                  then: {do: retry, attempts: 100, delay: 0.05}\n"
     )
-    second = run_playbook(pb2, {"job_id": job_id}, data_dir=home)
+    second = run_playbook(pb2, {"job_id": job_id}, data_dir=home, **DEMO)
     assert second.status == "completed", second.to_json()
     assert second.results["start"]["job_id"] == job_id and sum(second.results["start"]["counts"].values()) == 200
     assert ctx_sub["shots"] == second.results["start"]["metadata"]["shots"]
@@ -126,7 +126,7 @@ def test_examples_validate(name):
 
 
 def test_a_bad_workload_fails_the_sweep_with_a_config_error(home):
-    r = run_playbook(EXAMPLES / "quantum_sweep.yaml", {"n_theta": 2, "n_phi": 1, "shots": 0}, data_dir=home)
+    r = run_playbook(EXAMPLES / "quantum_sweep.yaml", {"n_theta": 2, "n_phi": 1, "shots": 0}, data_dir=home, **DEMO)
     assert r.status == "failed"
     sweep = r.results["sweep"]  # a loop keeps its results and stats when iterations fail (SEMANTICS §4)
     assert sweep["stats"] == {"total": 2, "ok": 0, "failed": 2}
@@ -137,7 +137,7 @@ def test_a_bad_workload_fails_the_sweep_with_a_config_error(home):
 def test_a_qpu_job_that_never_finishes_falls_back_to_the_simulator(home):
     # the poll gives up (attempts exhausted) long before a 1,000-second job finishes
     qpu = {"queue_depth": 0, "execution_seconds": 1000, "calibration_period_s": 60}
-    r = run_playbook(EXAMPLES / "quantum_fallback.yaml", {"qpu": qpu, "poll_attempts": 5}, data_dir=home)
+    r = run_playbook(EXAMPLES / "quantum_fallback.yaml", {"qpu": qpu, "poll_attempts": 5}, data_dir=home, **DEMO)
     assert r.status == "completed", r.to_json()
     assert r.results["start"]["route"] == "qpu" and r.results["report"]["route"] == "simulator"
     assert r.runs["qpu_fetch"] == 1 and r.runs["simulate"] == 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from openlineage.client.serde import Serde
-from quantum_helpers import EXAMPLES
+from quantum_helpers import DEMO, EXAMPLES
 
 from lineage.convert import LineageConverter
 from lineage.quantum_facet import SCHEMA_URL
@@ -16,7 +16,7 @@ from noetl_dagster.storage.event_stores import open_event_store
 
 
 def test_sweep_step_run_carries_a_quantum_provenance_facet(home):
-    r = run_playbook(EXAMPLES / "quantum_sweep.yaml", {"n_theta": 2, "n_phi": 2, "shots": 200}, data_dir=home)
+    r = run_playbook(EXAMPLES / "quantum_sweep.yaml", {"n_theta": 2, "n_phi": 2, "shots": 200}, data_dir=home, **DEMO)
     assert r.status == "completed", r.results
     events = open_event_store(None, data_dir=home).read(r.execution_id)
     conv = LineageConverter()
@@ -42,3 +42,45 @@ def test_sweep_step_run_carries_a_quantum_provenance_facet(home):
     # steps that ran no quantum job carry no such facet
     others = [x for x in runs if x.job.name.endswith((".start", ".aggregate"))]
     assert others and all("noetl_quantum" not in (x.run.facets or {}) for x in others)
+
+
+SWEEP_TABLE = "noetl://demo/examples/quantum/dataset/ry_pair_sweep"
+
+
+def test_sweep_table_is_a_parquet_asset_with_provenance_in_its_registry_record(tmp_path, monkeypatch):
+    from urllib.parse import unquote
+
+    import dagster as dg
+    import pyarrow.parquet as pq
+
+    from noetl_dagster.resources.noetl import NoetlResource, close_all_services
+    from noetl_dagster.translator import compile_playbooks
+    from registry_service.client import open_registry
+
+    data = tmp_path / "data"
+    monkeypatch.setenv("NOETL_DAGSTER_HOME", str(data))
+    res = NoetlResource(data_dir=str(data), tenant="demo", project="examples")
+    defs = compile_playbooks([EXAMPLES / "quantum_sweep.yaml"], include_sensor=False, resource=res).definitions
+    key = dg.AssetKey(["demo", "examples", "quantum", "ry_pair_sweep"])
+    assert defs.resolve_assets_def(key).is_executable
+    try:
+        with dg.instance_for_test() as instance:
+            result = defs.resolve_implicit_global_asset_job_def().execute_in_process(instance=instance)
+            assert result.success
+            mats = {e.materialization.asset_key: e.materialization.metadata for e in result.get_asset_materialization_events()}
+    finally:
+        close_all_services()
+    md = mats[key]
+    assert md["dagster/row_count"].value == 9  # the default 3 x 3 grid
+    # the registry record of the table holds the sweep's provenance
+    reg = open_registry(str(data / "registry.db"), tenant="demo", project="examples")
+    plan = reg.resolve(SWEEP_TABLE + "@latest")
+    rec = reg.get(plan.resource_id) if hasattr(plan, "resource_id") else plan
+    meta = rec.metadata
+    assert meta["provider"] == "aer" and meta["backend"] == "aer_simulator" and meta["backend_version"]
+    assert meta["shots"] == 2000 and meta["seeds"] == list(range(7, 16)) and meta["circuit_sha256"]
+    # counts and expectation values are stored by reference: the Parquet file at the resource's location
+    loc = rec.locations[0].uri
+    table = pq.read_table(unquote(loc.removeprefix("file://")))
+    assert table.num_rows == 9 and {"zz", "exact", "counts", "seed", "backend_version"} <= set(table.column_names)
+    assert json.loads(table.column("counts")[0].as_py())
