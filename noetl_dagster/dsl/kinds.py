@@ -116,6 +116,7 @@ _RAW_KEY_HINTS: dict[str, frozenset[str]] = {
             "mcp",
             "agent",
             "container",
+            "gcs",
         ),
         _NONE,
     ),
