@@ -26,7 +26,7 @@ COMMANDS: dict[str, str] = {
     "migrate": "noetl_dagster.commands.migrate:migrate",
     "flow": "noetl_dagster.commands.flow:flow",
     "facts": "noetl_dagster.commands.facts:facts",
-    "dashboard": "noetl_dagster.commands.facts:dashboard",
+    "dashboard": "noetl_dagster.commands.dashboard:dashboard",
     "lineage": "noetl_dagster.commands.lineage:lineage",
     "archive": "noetl_dagster.commands.archive:archive",
     "resume": "noetl_dagster.commands.archive:resume",
