@@ -1,0 +1,46 @@
+"""The Grafana dashboard JSON against the structure of Grafana's dashboard schema (issue 18.4).
+
+Grafana publishes its dashboard schema as CUE/TypeScript (``@grafana/schema``), not as a
+JSON Schema that is installable offline here, so this checks the schema's required
+fields and types structurally: the dashboard's required keys, each panel's id/type/
+gridPos (within the 24-column grid, no overlaps), each target's refId and the
+datasource the import inputs declare."""
+
+from __future__ import annotations
+
+from analytics.grafana import build_dashboard
+
+PANEL_TYPES = {"stat", "timeseries", "barchart", "table", "bargauge", "piechart", "text", "gauge", "heatmap"}
+
+
+def test_dashboard_has_the_schema_required_fields():
+    d = build_dashboard()
+    assert isinstance(d["schemaVersion"], int) and d["schemaVersion"] >= 36
+    assert isinstance(d["title"], str) and d["title"] and isinstance(d["uid"], str) and 0 < len(d["uid"]) <= 40
+    assert isinstance(d["editable"], bool) and isinstance(d["tags"], list)
+    assert set(d["time"]) >= {"from", "to"} and isinstance(d["templating"]["list"], list)
+    assert isinstance(d["annotations"]["list"], list)
+    inputs = {i["name"]: i for i in d["__inputs"]}
+    assert inputs["DS_CLICKHOUSE"]["type"] == "datasource"
+    assert inputs["DS_CLICKHOUSE"]["pluginId"] == "grafana-clickhouse-datasource"
+    assert any(r["id"] == "grafana-clickhouse-datasource" for r in d["__requires"])
+
+
+def test_panels_and_targets_are_well_formed():
+    d = build_dashboard()
+    ids, cells = set(), set()
+    for p in d["panels"]:
+        assert isinstance(p["id"], int) and p["id"] not in ids
+        ids.add(p["id"])
+        assert p["type"] in PANEL_TYPES and p["title"]
+        g = p["gridPos"]
+        assert all(isinstance(g[k], int) and g[k] >= 0 for k in "xywh") and g["w"] > 0 and g["h"] > 0
+        assert g["x"] + g["w"] <= 24, p["title"]
+        cover = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        assert not cover & cells, f"{p['title']} overlaps another panel"
+        cells |= cover
+        assert p["datasource"] == {"type": "grafana-clickhouse-datasource", "uid": "${DS_CLICKHOUSE}"}
+        refs = [t["refId"] for t in p["targets"]]
+        assert refs and len(set(refs)) == len(refs)
+        for t in p["targets"]:
+            assert t["rawSql"].strip() and t["format"] in (0, 1, 2, "table", "time_series")
