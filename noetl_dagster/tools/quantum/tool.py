@@ -177,6 +177,19 @@ def _prepare_and_submit(prov: QuantumProvider, backend: str, req: QuantumRequest
     return rec
 
 
+def _count_usage(rec: dict[str, Any], store: JobStore) -> None:
+    """Shots and device seconds into the task's measured usage (engine/usage.py → task_fact), once per
+    job: the task that first returns its counts (run, or result after submit/poll) carries them."""
+    from noetl_dagster.engine.usage import count
+
+    if rec.get("status") != "done" or rec.get("usage_counted"):
+        return
+    count(shots=int(rec.get("shots") or 0), qpu_s=float(rec.get("execution_seconds") or 0.0),
+          quantum_jobs=1)  # fmt: skip
+    rec["usage_counted"] = True
+    store.save(rec)
+
+
 def _done_or_raise(rec: dict[str, Any]) -> dict[str, Any]:
     if rec["status"] == "failed":
         raise ToolError(f"quantum: job {rec['job_id']} failed: {rec.get('error')}", kind="job_failed", code="failed",
@@ -218,13 +231,19 @@ def quantum_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
                 ctx.log(f"quantum: polling {rec['job_id']}: {exc.message}; polling again")
         for _ in range(100):
             try:
-                return _done_or_raise(prov.result(rec))
+                rec = prov.result(rec)
+                out = _done_or_raise(rec)
+                _count_usage(rec, store)
+                return out
             except ToolError as exc:
                 if not exc.retryable or exc.kind == "not_ready" or time.monotonic() > deadline:
                     raise
                 ctx.log(f"quantum: fetching {rec['job_id']}: {exc.message}; polling again")
                 time.sleep(req.poll_interval)
-        return _done_or_raise(prov.result(rec))
+        rec = prov.result(rec)
+        out = _done_or_raise(rec)
+        _count_usage(rec, store)
+        return out
     rec = store.load(req.job_id)  # type: ignore[arg-type]
     if req.provider != rec["provider"] and "provider" in inputs:
         raise config_error(f"job {req.job_id} belongs to provider {rec['provider']!r}, not {req.provider!r}")
@@ -233,4 +252,7 @@ def quantum_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         return job_view(prov.status(rec))
     if req.operation == "cancel":
         return job_view(prov.cancel(rec))
-    return _done_or_raise(prov.result(rec))
+    rec = prov.result(rec)
+    out = _done_or_raise(rec)
+    _count_usage(rec, store)
+    return out

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from openlineage.client.serde import Serde
-from quantum_helpers import DEMO, EXAMPLES
+from quantum_helpers import BELL, DEMO, EXAMPLES
 
 from lineage.convert import LineageConverter
 from lineage.quantum_facet import SCHEMA_URL
@@ -84,3 +85,36 @@ def test_sweep_table_is_a_parquet_asset_with_provenance_in_its_registry_record(t
     table = pq.read_table(unquote(loc.removeprefix("file://")))
     assert table.num_rows == 9 and {"zz", "exact", "counts", "seed", "backend_version"} <= set(table.column_names)
     assert json.loads(table.column("counts")[0].as_py())
+
+
+def test_shots_and_device_seconds_reach_the_usage_and_the_task_facts(home):
+    from analytics.facts import FactBuilder
+    from noetl_dagster.dsl import load_playbook_dict
+
+    emu = {"queue_depth": 0, "execution_seconds": 0.05, "calibration_period_s": 3600, "noise": False}
+    doc = {"apiVersion": "noetl.io/v2", "kind": "Playbook", "metadata": {"name": "q_usage", "path": "tests/q_usage"},
+           "workflow": [
+               {"step": "start", "tool": [{"sim": {"kind": "quantum", "circuit": BELL, "shots": 300, "seed": 1}}],
+                "next": {"arcs": [{"step": "qpu"}]}},
+               {"step": "qpu", "tool": [
+                   {"sub": {"kind": "quantum", "operation": "submit", "provider": "emulated_qpu", "circuit": BELL,
+                            "shots": 200, "seed": 2, "provider_options": emu}},
+                   {"fetch": {"kind": "quantum", "operation": "run", "provider": "aer", "circuit": BELL, "shots": 50,
+                              "seed": 3}},
+                   {"res": {"kind": "quantum", "operation": "result", "job_id": "{{ sub.job_id }}",
+                            "spec": {"policy": {"rules": [{"when": "{{ outcome.status == 'error' }}",
+                                                           "then": {"do": "retry", "attempts": 100, "delay": 0.05}}]}}}},
+                   {"again": {"kind": "quantum", "operation": "result", "job_id": "{{ sub.job_id }}"}}]}]}  # fmt: skip
+    r = run_playbook(load_playbook_dict(doc), None, data_dir=home)
+    assert r.status == "completed", r.results
+    events = open_event_store(None, data_dir=home).read(r.execution_id)
+    usage = {e.data["task"]: (e.data["outcome"].get("meta") or {}).get("usage") or {}
+             for e in events if e.name == "task.done" and e.data["outcome"]["status"] == "ok"}  # fmt: skip
+    assert usage["sim"]["shots"] == 300 and usage["sim"]["quantum_jobs"] == 1
+    assert "shots" not in usage["sub"]  # submitted, not yet run: nothing to count
+    assert usage["res"]["shots"] == 200 and usage["res"]["qpu_s"] == pytest.approx(0.05)
+    assert "shots" not in usage["again"]  # fetched twice, counted once
+    fb = FactBuilder()
+    fb.add(events)
+    shots = {t["task"]: t["shots"] for t in fb.tables()["task_fact"].to_pylist() if t["status"] == "ok"}
+    assert shots["sim"] == 300 and shots["res"] == 200 and shots["fetch"] == 50
