@@ -45,10 +45,21 @@ def json_size_bound(value: Any, cap: int) -> int:
     (so the answer is ``> cap`` then, not the full bound). Iterative: any nesting depth is fine."""
     total = 0
     stack: list[Iterator[Any]] = [iter((value,))]
+    owners: list[int] = [0]  # id of the container each iterator walks
+    active: set[int] = set()  # containers being walked: meeting one again inside itself is a cycle
+
+    def enter(container: Any, items: Iterator[Any]) -> None:
+        if id(container) in active:
+            raise ValueError("Circular reference detected")  # as json.dumps says it
+        active.add(id(container))
+        stack.append(items)
+        owners.append(id(container))
+
     while stack:
         v = next(stack[-1], _END)
         if v is _END:
             stack.pop()
+            active.discard(owners.pop())
             continue
         t = type(v)
         if t is str:
@@ -59,15 +70,15 @@ def json_size_bound(value: Any, cap: int) -> int:
             total += 4
         elif isinstance(v, (list, tuple)):
             total += len(v) + 1  # brackets and commas
-            stack.append(iter(v))
+            enter(v, iter(v))
         elif isinstance(v, Mapping):
             total += 2 * len(v) + 1  # braces, colons and commas
-            stack.append(itertools.chain.from_iterable(v.items()))
+            enter(v, itertools.chain.from_iterable(v.items()))
         elif isinstance(v, (bytes, bytearray, memoryview)):
             total += 4 * memoryview(v).nbytes // 3  # base64
         elif isinstance(v, (set, frozenset)):
             total += len(v) + 1
-            stack.append(iter(v))
+            enter(v, iter(v))
         elif hasattr(v, "__len__") and not hasattr(v, "model_dump"):  # arrays, tables: one byte per item at least
             try:
                 total += len(v) + 1
@@ -75,6 +86,7 @@ def json_size_bound(value: Any, cap: int) -> int:
                 total += 1
         else:
             stack.append(iter((to_jsonable(v),)))
+            owners.append(0)
         if total > cap:
             return total
     return total
@@ -177,6 +189,8 @@ def is_plain_json(value: Any) -> bool:
     lists, str, bool, None, int and finite float (no tuples, sets, bytes, dates, NaN)."""
     stack: list[Iterator[Any]] = [iter((value,))]
     while stack:
+        if len(stack) > _PLAIN_DEPTH:  # deeper than JSON text is ever read back (or a cycle): not plain
+            return False
         v = next(stack[-1], _END)
         if v is _END:
             stack.pop()
@@ -201,4 +215,5 @@ def is_plain_json(value: Any) -> bool:
 
 
 _SCALARS = frozenset({str, int, bool, type(None)})
+_PLAIN_DEPTH = 1000
 _STR = frozenset({str})

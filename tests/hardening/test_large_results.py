@@ -61,6 +61,27 @@ def test_the_size_decision_on_a_huge_list_does_not_walk_it():
     assert time.perf_counter() - t0 < 0.05
 
 
+def test_a_cycle_is_refused_at_once_and_shared_values_are_not_cycles():
+    import time
+
+    a: list = []
+    a.append(a)
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match="Circular"):
+        json_size_bound(a, 1 << 20)
+    with pytest.raises(ValueError, match="Circular"):
+        b"".join(iter_json({"x": [a]}))
+    assert time.perf_counter() - t0 < 1
+    shared = ["s" * 10] * 3
+    assert json_size_bound([shared, shared, {"k": shared}], 10**6) > 0
+    assert not is_plain_json(a)
+    import datetime
+    import decimal
+
+    odd = [datetime.date(2026, 1, 1), decimal.Decimal("1.5"), {1j: 2}, b"xyz", {1, 2}]
+    assert json_size_bound(odd, 10**6) <= len(json.dumps(odd[:2], default=str)) + 40
+
+
 def test_secret_split_across_chunks_is_still_found():
     value = {"a": "x" * 1000 + "s3cr3t" + "y" * 1000}
     assert json_contains(value, ["s3cr3t"], chunk=1003)  # the needle straddles two pieces

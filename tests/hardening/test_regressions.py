@@ -325,3 +325,19 @@ def test_a_result_json_cannot_hold_fails_the_task_not_the_process(tmp_path, data
     assert r.exit_code == 1 and out["status"] == "failed"
     assert out["results"]["start"]["error"]["kind"] == "result_not_serializable"
     assert json.loads(invoke(["executions", "--json"]).output)[0]["status"] == "failed"
+
+
+def test_a_cyclic_result_in_a_loop_fails_fast(tmp_path, data_dir):
+    """Before, the size estimate walked a cycle ~500k levels deep per nesting level: the run hung."""
+    text = HEAD + (
+        "workflow:\n  - step: start\n    loop: {in: '{{ [1, 2] }}', iterator: it}\n"
+        "    tool: {kind: python, code: 'result = []; result.append(result)'}\n"
+    )
+    f = write(tmp_path, "p.yaml", text)
+    t0 = time.perf_counter()
+    r = invoke(["run", f, "--json"])
+    assert time.perf_counter() - t0 < 20
+    out = json.loads(r.output)
+    assert r.exit_code == 1 and out["status"] == "failed"
+    errors = [x["error"]["kind"] for x in out["results"]["start"]["results"]]
+    assert errors == ["result_not_serializable"] * 2
