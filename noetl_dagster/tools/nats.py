@@ -187,7 +187,7 @@ async def _run(inputs: Mapping[str, Any], args: dict[str, Any]) -> dict[str, Any
     try:
         # nats-py keeps retrying an initial connect to a dead server; bound it
         nc = await asyncio.wait_for(nats.connect(**args, error_cb=quiet), timeout=args["connect_timeout"] + 1)
-    except (asyncio.TimeoutError, OSError, nats.errors.NoServersError) as e:
+    except (TimeoutError, OSError, nats.errors.NoServersError) as e:
         raise ToolError(f"nats: cannot connect to {','.join(args['servers'])}: {e or type(e).__name__}",
                         kind="connection_error", retryable=True) from None
     try:
@@ -249,7 +249,7 @@ def nats_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     except (nats.errors.NoServersError, ConnectionRefusedError, OSError) as e:
         raise ToolError(f"nats: cannot connect to {where}: {e or type(e).__name__}", kind="connection_error",
                         retryable=True) from None
-    except (nats.errors.TimeoutError, asyncio.TimeoutError):
+    except (TimeoutError, nats.errors.TimeoutError):
         raise ToolError(f"nats: {op} timed out ({where})", kind="timeout", retryable=True) from None
     except jserr.NotFoundError as e:
         raise ToolError(f"nats: {op}: not found: {e.description or e}", kind="not_found",

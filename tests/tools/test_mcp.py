@@ -6,7 +6,6 @@ from __future__ import annotations
 import socket
 import sys
 import textwrap
-import threading
 import time
 
 import pytest

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import uuid
 from pathlib import Path
@@ -54,8 +55,6 @@ def responder():
             nc = await nats.connect(URL)
 
             async def handle(msg):
-                import json
-
                 body = json.loads(msg.data)
                 await msg.respond(json.dumps({"echo": body, "n": len(body)}).encode())
 
@@ -145,7 +144,7 @@ def test_bad_config_is_a_clear_validation_error(make_ctx):
 
 
 def test_core_fixture_test_nats_kv_runs(tmp_path, monkeypatch):
-    monkeypatch.setenv("NOETL_CREDENTIAL_NATS_CREDENTIAL", '{"nats_url": "%s"}' % URL)
+    monkeypatch.setenv("NOETL_CREDENTIAL_NATS_CREDENTIAL", json.dumps({"nats_url": URL}))
     res = run_playbook(load_playbook(str(FIXTURE)), data_dir=tmp_path)
     assert res.status == "completed", res
     assert res.results["kv_get"]["value"]["email"] == "test@example.com"

@@ -7,7 +7,6 @@ import psycopg
 import pytest
 
 from noetl_dagster.dsl.kinds import ToolConfigError, get_tool
-from noetl_dagster.engine.keychain import Keychain
 from noetl_dagster.engine.ports import ToolError
 from noetl_dagster.tools.snowflake import snowflake_tool
 from noetl_dagster.tools.transfer import transfer_tool

@@ -3,10 +3,8 @@ through the registry-backed table storage — and the core fixture http_to_postg
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import duckdb
 import psycopg
 import pytest
 
@@ -116,15 +114,16 @@ def test_bad_config_is_a_clear_validation_error():
 
 def test_core_fixture_http_to_postgres_transfer_runs(pg_tools_db, tmp_path, monkeypatch):
     """The e2e fixture, unchanged: a local HTTP server stands in for jsonplaceholder, pg_local is real Postgres."""
-    from psycopg.conninfo import conninfo_to_dict
-
     import json
+
+    from psycopg.conninfo import conninfo_to_dict
 
     from noetl_dagster.conformance.stubs import JsonPlaceholder, StubSet
 
     info = conninfo_to_dict(pg_tools_db)
-    monkeypatch.setenv("NOETL_CREDENTIAL_PG_LOCAL", '{"db_host": "%s", "db_port": "%s", "db_user": "%s", "db_name": "%s"}'
-                       % (info.get("host", "127.0.0.1"), info.get("port", 5432), info.get("user", "postgres"), info["dbname"]))
+    record = {"db_host": info.get("host", "127.0.0.1"), "db_port": str(info.get("port", 5432)),
+              "db_user": info.get("user", "postgres"), "db_name": info["dbname"]}
+    monkeypatch.setenv("NOETL_CREDENTIAL_PG_LOCAL", json.dumps(record))
     with StubSet((JsonPlaceholder,)) as stubs:
         monkeypatch.setenv("NOETL_HTTP_OVERRIDES", json.dumps(stubs.overrides))
         res = run_playbook(load_playbook(str(FIXTURE)), data_dir=tmp_path)
