@@ -168,7 +168,11 @@ def test_fuzz_mutated_corpus_validate_and_migrate(tmp_path_factory, index, seed,
 STEP_NAMES = ["start", "a", "b", "c", "end"]
 WHENS = [None, None, "{{ true }}", "{{ false }}", "{{ ctx.n | default(0) < 3 }}", "{{ outcome.status == 'error' }}",
          "{{ event.name == 'call.done' }}", *EVIL_TEMPLATES[:6]]  # fmt: skip
-CODES = ["result = 1", "result = {'n': 2}", "raise ValueError('boom')", "result = [1] * 3"]
+CODES = ["result = 1", "result = {'n': 2}", "raise ValueError('boom')", "result = [1] * 3",
+         # results over the inline limit (stored by reference, read back live or from the store) and
+         # results JSON cannot hold (a task error, never a crash)
+         "result = ['x' * 100] * 1000", "result = {'t': (1, 2), 'b': 'y' * 70000}",
+         "result = []; result.append(result)", "result = {(1, 2): 3}"]  # fmt: skip
 
 
 @st.composite
