@@ -173,3 +173,20 @@ def count_network(host: str | None, sent: int, received: int) -> None:
     count(net_out_bytes=sent, net_in_bytes=received)
     if not in_cluster(host):
         count(egress_bytes=sent)
+
+
+def accumulate(total: dict[str, float], usage: Any) -> None:
+    """Add one attempt's numeric ``usage`` into ``total`` (peaks take the max, the rest sums)."""
+    if not isinstance(usage, Mapping):
+        return
+    for k, v in usage.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if k in _PEAKS:
+            total[k] = max(total.get(k, 0), v)
+        else:
+            total[k] = total.get(k, 0) + v
+    total["attempts"] = total.get("attempts", 0) + 1
+
+
+_PEAKS = frozenset({"mem_peak_bytes", "child_maxrss_bytes"})

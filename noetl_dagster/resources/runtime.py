@@ -35,6 +35,7 @@ from noetl_dagster.engine.control import Engine, Services
 from noetl_dagster.engine.events import Event, uuid7_from
 from noetl_dagster.engine.frame import StepRun
 from noetl_dagster.engine.state import fold
+from noetl_dagster.engine.usage import accumulate
 from noetl_dagster.storage.payload import is_ref
 from noetl_dagster.util.jsonutil import dumps, plain
 
@@ -83,6 +84,7 @@ class _OpLog:
         self.suppressed = 0
         self.mine: set[str] = set()  # event ids this op appended to its own execution
         self.task_results: list[tuple[str, Any]] = []  # (step, result) of every successful task, in order
+        self.usage: dict[str, dict[str, float]] = {}  # step -> summed measured usage of its task attempts
         self.lock = threading.Lock()
         self._lines: list[str] = []
         self._error = False
@@ -92,8 +94,11 @@ class _OpLog:
         with self.lock:
             if ev.execution_id == self.execution_id:
                 self.mine.add(ev.event_id)
-                if ev.name == E.TASK_DONE and ev.status == "success":
-                    self.task_results.append((ev.step or "", (ev.data.get("outcome") or {}).get("result")))
+                if ev.name == E.TASK_DONE:
+                    outcome = ev.data.get("outcome") or {}
+                    accumulate(self.usage.setdefault(ev.step or "", {}), (outcome.get("meta") or {}).get("usage"))
+                    if ev.status == "success":
+                        self.task_results.append((ev.step or "", outcome.get("result")))
             if self.logged >= MAX_LOGGED_EVENTS_PER_OP:
                 self.suppressed += 1
                 return
@@ -363,6 +368,7 @@ class OpReport:
     finished: str | None = None  # final status when this op finished the execution
     recovered: list[str] = field(default_factory=list)  # step runs re-run after a crash
     task_results: list[tuple[str, Any]] = field(default_factory=list)  # (step, result) of successful tasks
+    usage: dict[str, dict[str, float]] = field(default_factory=dict)  # step -> measured usage (engine/usage.py)
 
     @property
     def unhandled(self) -> list[StepOutcome]:
@@ -427,6 +433,7 @@ def run_steps(
                     break
             eng.recorder.flush()  # admission skips are buffered until the next durable append
             report.task_results = sink.task_results
+            report.usage = sink.usage
             eng = sync(eng, sink.mine)
             report.engine = eng
             if eng.is_done() and not eng.state.finished:

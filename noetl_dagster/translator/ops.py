@@ -316,6 +316,15 @@ def make_node_op(
     )
 
 
+def usage_metadata(usage: dict[str, dict[str, float]], steps: list[str]) -> dict[str, Any]:
+    """Measured usage of this op's steps as numeric metadata (Dagster+ Insights reads numeric keys)."""
+    total: dict[str, float] = {}
+    for s in steps:
+        for k, v in usage.get(s, {}).items():
+            total[k] = max(total.get(k, 0), v) if k.endswith("peak_bytes") or k.endswith("maxrss_bytes") else total.get(k, 0) + v
+    return {f"noetl/usage/{k}": dg.FloatMetadataValue(float(v)) if isinstance(v, float) else int(v) for k, v in sorted(total.items())}
+
+
 def _report_outputs(
     context: dg.OpExecutionContext, report: OpReport, node: Node, plan: JobPlan | None, node_outputs: dict[str, str]
 ) -> Iterator[Any]:
@@ -336,6 +345,7 @@ def _report_outputs(
                     if k != "noetl/step":
                         md[f"{s}.{k.removeprefix('noetl/')}"] = v
         md["execution_id"] = eng.execution_id
+        md.update(usage_metadata(report.usage, ran))
         if report.recovered:
             md["recovered_step_runs"] = ", ".join(report.recovered)
         yield dg.Output(None, RESULT_OUTPUT, metadata=md)

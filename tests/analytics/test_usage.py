@@ -143,3 +143,38 @@ def test_counters_and_egress_classification():
         and in_cluster("db.svc.cluster.local")
     )
     assert not in_cluster("api.github.com") and not in_cluster("8.8.8.8")
+
+
+def test_dagster_op_output_carries_the_steps_measured_usage(tmp_path):
+    import dagster as dg
+
+    from noetl_dagster.resources.noetl import NoetlResource
+    from noetl_dagster.translator import compile_playbooks
+
+    pb = tmp_path / "usage_dagster.yaml"
+    pb.write_text(textwrap.dedent("""
+        apiVersion: noetl.io/v2
+        kind: Playbook
+        metadata: {name: usage_dagster, path: tests/usage_dagster}
+        workflow:
+          - step: start
+            tool:
+              kind: python
+              code: |
+                t = 0
+                for i in range(1_000_000):
+                    t += i
+                result = {"row_count": 5}
+    """).lstrip())
+    loc = compile_playbooks(pb, resource=NoetlResource(data_dir=str(tmp_path / "d")), include_sensor=False)
+    with dg.instance_for_test() as instance:
+        result = loc.definitions.resolve_job_def("usage_dagster").execute_in_process(instance=instance)
+        assert result.success
+        md = next(
+            dict(ev.step_output_data.metadata)
+            for node in ("start", "noetl_start")
+            for ev in (result.events_for_node(node) if node in {n.name for n in result.job_def.nodes} else [])
+            if ev.event_type_value == "STEP_OUTPUT" and ev.step_output_data.output_name == "result"
+        )
+    assert md["noetl/usage/cpu_s"].value > 0.01 and md["noetl/usage/wall_s"].value > 0
+    assert md["noetl/usage/rows"].value == 5 and md["noetl/usage/attempts"].value == 1
