@@ -78,3 +78,37 @@ def test_core_fixtures_run(name, tmp_path):
         # we have no NATS KV tier: the 100 KB result goes to the disk (file) store like the bigger ones
         assert tiers["inline"]["correct"] and tiers["disk"]["correct"] and tiers["large_storage"]["correct"]
         assert tiers["nats_kv"]["store"] == "disk" and not tiers["nats_kv"]["correct"]
+
+
+@pytest.mark.slow
+def test_output_select_fixture_gives_the_same_trace_under_dagster(tmp_path, monkeypatch):
+    """The offload -> _ref -> artifact path through a real Dagster run (execute_in_process) and the local
+    runner: same results, same event names in the same order."""
+    import dagster as dg
+
+    from noetl_dagster.resources.noetl import close_all_services
+    from noetl_dagster.storage.event_stores import open_event_store
+    from noetl_dagster.translator.runner import run_playbook_dagster
+
+    monkeypatch.setenv("NOETL_DAGSTER_HOME", str(tmp_path / "home"))
+    pb = load_playbook(str(FIXTURES / "test_output_select.yaml"))
+    local = run_playbook(pb, data_dir=tmp_path / "local")
+    url = f"sqlite:///{tmp_path / 'events.db'}"
+    instance = dg.DagsterInstance.ephemeral()
+    try:
+        dag = run_playbook_dagster(pb, event_store=url, data_dir=tmp_path / "home", instance=instance)
+    finally:
+        instance.dispose()
+        close_all_services()
+    assert dag.status == local.status == "completed"
+    assert dag.results["summary"] == local.results["summary"]
+
+    def names(store_url, execution_id):
+        store = open_event_store(store_url)
+        try:
+            return [e.name for e in store.read(execution_id)]
+        finally:
+            store.close()
+
+    dag_names = names(url, dag.execution_id)
+    assert dag_names and dag_names == names(f"sqlite:///{tmp_path / 'local' / 'events.db'}", local.execution_id)
