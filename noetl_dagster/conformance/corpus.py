@@ -95,8 +95,8 @@ def fixture_setups(pg: dict[str, str]) -> dict[str, FixtureSetup]:
             "key, and a stored service-account credential) and a private Cloud Run service"
         ),
         "api_integration/auth0/auth0_login.yaml": FixtureSetup(
-            not_runnable="needs an Auth0 tenant (JWKS download and RS256 token verification), the NoETL gateway "
-            "callback service and a NATS server (kind nats)"
+            not_runnable="needs an Auth0 tenant (JWKS download and RS256 token verification) and the NoETL gateway "
+            "callback service"
         ),
         "batch_execution/heavy_payload_pipeline_chunk_worker/heavy_payload_pipeline_chunk_worker.yaml": FixtureSetup(
             after=["batch_execution/heavy_payload_pipeline_in_step/heavy_payload_pipeline_in_step.yaml"],

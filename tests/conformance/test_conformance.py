@@ -131,9 +131,8 @@ def test_corpus_discovery_core_list_and_validation(conformance_dir):
     assert bad.errors[0].startswith("regression_test/master_regression_test.yaml:31: legacy-construct")
 
 
-CURSOR_FIXTURES = [  # loop.cursor (issue 17.2); before it, each was `loop-in-iterator`
+CURSOR_FIXTURES = [  # every step-level loop.cursor of the corpus (issue 17.2); before it, each was `loop-in-iterator`
     "batch_execution/frame_heartbeat_regression/frame_heartbeat_regression.yaml",  # templated frame policy
-    "patient_batch_parallel_queue/patient_batch_parallel_queue.yaml",
     "pft_flow_test/test_pft_flow_v2.yaml",
     "pft_flow_test/test_pft_page_continuation.yaml",
 ]
