@@ -13,7 +13,13 @@ from noetl_dagster.dsl.flow import FlowError, load_flow_playbook
 from noetl_dagster.dsl.legacy import find_deprecated_spellings
 from noetl_dagster.dsl.loader import SourceMap, YamlSyntaxError, format_path, load_yaml_file
 from noetl_dagster.dsl.model import Playbook
-from noetl_dagster.dsl.parse import PlaybookInvalid, ValidationIssue, executor_warnings, load_playbook_dict, parse_playbook
+from noetl_dagster.dsl.parse import (
+    PlaybookInvalid,
+    ValidationIssue,
+    executor_warnings,
+    load_playbook_dict,
+    parse_playbook,
+)
 from noetl_dagster.util.graphs import strongly_connected
 
 

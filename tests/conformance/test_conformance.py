@@ -167,9 +167,8 @@ def pg_creds(tmp_path_factory):
 
 @pytest.mark.parametrize("rel", CORE_SAMPLE)
 def test_core_fixture_completes_against_stubs(rel, conformance_dir, stubs, pg_creds, tmp_path, monkeypatch):
-    from noetl_dagster.runners.local import run_playbook
-
     from noetl_dagster.conformance.corpus import fixture_setups
+    from noetl_dagster.runners.local import run_playbook
 
     monkeypatch.setenv("NOETL_HTTP_OVERRIDES", json.dumps(stubs.overrides))
     monkeypatch.setenv("NOETL_CREDENTIALS_FILE", str(pg_creds))
