@@ -24,7 +24,6 @@ import textwrap
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("NOETL_SHARED", REPO.parent / "shared"))
@@ -71,7 +70,6 @@ def run_theirs(path: Path, timeout: float = 30) -> Side:
 
 def run_ours_inline(path: Path) -> Side:
     from noetl_dagster.dsl.files import check_file  # noqa: PLC0415 - the project's venv only
-
     from noetl_dagster.runners.local import run_playbook  # noqa: PLC0415
 
     pb, issues = check_file(path)
