@@ -3,8 +3,8 @@ and the rest (errors). Nothing under ``executor`` is silently ignored (issue 16.
 
 NoETL's schema (noetl/core/dsl/playbook.schema.json, Executor / ExecutorSpecFull) has
 ``profile``, ``version``, ``requires`` and ``spec: {entry_step, final_step, no_next_is_error,
-policy}``; this project adds ``spec.dagster``, ``spec.schedule``, ``spec.max_step_runs`` and
-``spec.generated``. The step and task keys of NoETL's schema this engine keeps without an effect
+policy}``; this project adds ``spec.dagster``, ``spec.schedule``, ``spec.max_step_runs``,
+``spec.generated`` and the Kubernetes placement keys ``spec.profiles`` / ``spec.default_profile``. The step and task keys of NoETL's schema this engine keeps without an effect
 are warned the same way (``no_effect_keys``; tests/engine/test_noetl_schema_keys walks the schema).
 """
 
@@ -15,7 +15,10 @@ from typing import Any
 from noetl_dagster.dsl.loader import PathT
 
 EXECUTOR_KEYS = {"profile", "version", "requires", "spec"}
-SPEC_IMPLEMENTED = {"entry_step", "final_step", "no_next_is_error", "dagster", "schedule", "max_step_runs", "generated"}
+SPEC_IMPLEMENTED = {
+    "entry_step", "final_step", "no_next_is_error", "dagster", "schedule", "max_step_runs", "generated",
+    "profiles", "default_profile",  # Kubernetes placement (translator/k8s.py, docs/deploy.md)
+}
 # accepted for NoETL compatibility and warned: they select NoETL server behaviour with no counterpart here
 NO_EFFECT = {
     ("profile",): "the runtime profile (local/distributed) is chosen by the runner here",
@@ -115,7 +118,10 @@ def no_effect_keys(raw: Any) -> list[tuple[PathT, str]]:
         return []
     out: list[tuple[PathT, str]] = []
     ex = raw.get("executor")
-    out += [(("executor", *p), why) for p, why in NO_EFFECT.items() if _found(ex, p)]
+    # executor.profile names a Kubernetes placement profile when spec.profiles defines it (docs/deploy.md)
+    spec = ex.get("spec") if isinstance(ex, dict) else None
+    placement = isinstance(spec, dict) and isinstance(spec.get("profiles"), dict) and ex.get("profile") in spec["profiles"]
+    out += [(("executor", *p), why) for p, why in NO_EFFECT.items() if _found(ex, p) and not (p == ("profile",) and placement)]
     tasks: list[tuple[Any, PathT]] = []
     for i, w in enumerate(raw.get("workbook") if isinstance(raw.get("workbook"), list) else []):
         if isinstance(w, dict):

@@ -142,3 +142,15 @@ def test_noetl_executor_keys_without_effect_are_warned(write_pb):
     assert issues == [] and pb is not None
     assert {w.path for w in warnings if w.rule == "executor-no-effect"} == {
         "executor.profile", "executor.requires", "executor.spec.policy"}  # fmt: skip
+
+
+def test_kubernetes_placement_keys_are_implemented_not_unknown(write_pb):
+    """executor.spec.profiles / default_profile drive translator/k8s.py (docs/deploy.md): no error, and an
+    executor.profile naming one of them is not warned as without effect (regression: both were refused)."""
+    text = _nne("false").replace("executor:\n", "executor:\n  profile: small\n").replace(
+        "spec: {no_next_is_error: false}",
+        "spec: {no_next_is_error: false, default_profile: small, profiles: {small: {resources: {cpu: 1}}}}",
+    )
+    pb, issues, warnings = check_file_with_warnings(write_pb(text))
+    assert issues == [] and pb is not None, [str(i) for i in issues]
+    assert "executor.profile" not in {w.path for w in warnings}
