@@ -290,7 +290,7 @@ class SqliteEventStore(EventStore):
                     same_host_dead = row[1] == host and not _pid_alive(int(row[2]))
                     if not same_host_dead and row[3] > now:
                         raise ExecutionLeased(
-                            f"execution {execution_id} is being resumed by another process"
+                            f"execution {execution_id} is leased by another process (a run or resume of it is in progress)"
                             f" (pid {row[2]} on {row[1]}); its lease expires in {row[3] - now:.0f}s"
                         )
                 c.execute(

@@ -324,7 +324,7 @@ class PostgresEventStore(EventStore):
         got = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
         if not (got and got[0]):
             conn.close()
-            raise ExecutionLeased(f"execution {execution_id} is being resumed by another process")
+            raise ExecutionLeased(f"execution {execution_id} is leased by another process (a run or resume of it is in progress)")
         self._leases[execution_id] = conn
 
     def release_lease(self, execution_id: str) -> None:

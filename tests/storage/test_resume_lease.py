@@ -101,7 +101,7 @@ def test_second_resume_refused_and_stale_lease_after_sigkill_expires(tmp_path, s
     second = _cli("resume", eid, *common, env=env)
     out, err = second.communicate(timeout=120)
     assert second.returncode == 2, (out, err)
-    assert "being resumed by another process" in err
+    assert "leased by another process (a run or resume of it is in progress)" in err
     assert len(mark.read_text()) == 2, "the refused resume ran nothing"
 
     # kill -9 the holder: its lease is stale, a new resume takes it over and finishes
