@@ -21,7 +21,7 @@ SELECT _t.tenant_id, _t.project_id, if(_dim.playbook != '', _dim.playbook, _t.pl
        toUInt64(count()), toUInt64(countIf(_t.status = 'error')), toUInt64(countIf(_t.attempt > 1)),
        sum(coalesce(_t.cpu_ms, _t.duration_ms * _t.units)) / 3.6e6, sum(_t.mem_bytes * _t.duration_ms) / 3.6e6,
        sum(_t.duration_ms) / 3.6e6, sum(_t.egress_bytes), sum(_t.net_in_bytes), sum(_t.net_out_bytes),
-       sum(_t.bytes_read), sum(_t.bytes_written), sum(_t.rows_moved), sum(_t.shots),
+       sum(_t.bytes_read), sum(_t.bytes_written), sum(_t.rows_moved), sum(_t.shots), sum(_t.qpu_seconds),
        uniqState(_t.execution_id), quantilesTDigestState(0.5, 0.9, 0.99)(_t.duration_ms)
 FROM $db.task_fact AS _t FINAL
 LEFT JOIN $db.execution_dim AS _dim ON _dim.execution_id = _t.execution_id
@@ -57,7 +57,8 @@ def allocation_totals(store: FactsStore) -> dict[str, Any]:
     """Totals over all days: usage, cost by component, idle and unallocated (for metadata and reports)."""
     cols, rows = store.query(
         "SELECT sum(cpu_core_hours), sum(ram_byte_hours), sum(egress_bytes), sum(cost), sumIf(cost, tenant = '__unallocated__'),"
-        " sum(attempts), sum(failed_attempts), sum(retries), any(currency), any(price_version) FROM $db.allocation_cost_day"
+        " sum(attempts), sum(failed_attempts), sum(retries), any(currency), any(price_version),"
+        " sum(shots), sum(qpu_seconds), sum(quantum_cost) FROM $db.allocation_cost_day"
     )
     _, idle = store.query("SELECT sum(idle), sum(capacity_cost) FROM $db.allocation_summary_day")
     r = rows[0]
@@ -65,5 +66,6 @@ def allocation_totals(store: FactsStore) -> dict[str, Any]:
         "cpu_core_hours": float(r[0] or 0), "ram_byte_hours": float(r[1] or 0), "egress_bytes": int(r[2] or 0),
         "cost": float(r[3] or 0), "unallocated": float(r[4] or 0), "attempts": int(r[5] or 0),
         "failed_attempts": int(r[6] or 0), "retries": int(r[7] or 0), "currency": r[8] or "", "price_version": r[9] or "",
+        "shots": int(r[10] or 0), "qpu_seconds": float(r[11] or 0), "quantum_cost": float(r[12] or 0),
         "idle": float(idle[0][0] or 0), "capacity_cost": float(idle[0][1] or 0),
     }  # fmt: skip

@@ -94,6 +94,7 @@ SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
         ("net_out_bytes", _U64),
         ("rows_moved", _U64),
         ("shots", _U64),
+        ("qpu_seconds", _F64),  # sql/V004__quantum_prices.sql
     ],
     "frame_fact": COMMON
     + [
@@ -370,7 +371,7 @@ class FactBuilder:
                 cpu_ms, egress, meta.get("provider"), meta.get("region"),
                 self._playbooks.get(e.execution_id), usage.get("mem_delta_bytes"), usage.get("mem_peak_bytes"),
                 usage.get("bytes_read"), usage.get("bytes_written"), usage.get("net_in_bytes"), usage.get("net_out_bytes"),
-                usage.get("rows"), usage.get("shots"),
+                usage.get("rows"), usage.get("shots"), usage.get("qpu_s"),
             )
         )  # fmt: skip
         result = outcome.get("result")

@@ -27,6 +27,8 @@ ALLOCATION_PRICES = (
     "storage_gb_hour",
     "capacity_cores",
     "capacity_ram_gb",
+    "shot",  # quantum line (sql/V004__quantum_prices.sql): per shot and per QPU-second
+    "qpu_second",
 )
 
 
