@@ -39,11 +39,16 @@ from noetl_dagster.engine.usage import Meter, add_offload
 if TYPE_CHECKING:
     from noetl_dagster.engine.control import Engine
 
+MAX_NOTE_CHARS = 16 * 1024  # a recorded SQL statement (ctx.note) is bounded: events stay small
+
+
 class _ToolCtx:
     """The engine's implementation of engine.ports.ToolContext for one task call."""
 
-    def __init__(self, worker: Worker, frame: _Frame, task: Task, attempt: int, scope: Scope):
+    def __init__(self, worker: Worker, frame: _Frame, task: Task, attempt: int, scope: Scope,
+                 notes: dict[str, Any] | None = None):
         self._worker = worker
+        self._notes = notes
         self._frame = frame
         self.execution_id = worker.engine.execution_id
         self.step = frame.step.name
@@ -86,6 +91,19 @@ class _ToolCtx:
 
     def redact(self, value: str) -> None:
         self._worker.engine.recorder.redactor.add([value])
+
+    def note(self, **meta: Any) -> None:
+        """Facts about the call for ``outcome.meta`` of ``task.done`` (a SQL tool's statement, for
+        lineage): redacted first, a string cut at MAX_NOTE_CHARS with ``<key>_truncated``."""
+        if self._notes is None:
+            return
+        redactor = self._worker.engine.recorder.redactor
+        for key, value in meta.items():
+            value = redactor.value(value) if redactor else value
+            if isinstance(value, str) and len(value) > MAX_NOTE_CHARS:
+                value = value[:MAX_NOTE_CHARS]
+                self._notes[f"{key}_truncated"] = True
+            self._notes[key] = value
 
 
 class Worker(LoopPhases):
@@ -350,6 +368,7 @@ class Worker(LoopPhases):
             data={"task": task.label, "kind": task.kind},
         )
         t0 = time.perf_counter()
+        notes: dict[str, Any] = {}  # what the tool noted (ctx.note), for outcome.meta
         meter = Meter()  # measured usage, recorded in the event (replay reads it, never re-measures)
         if task.loop is not None:
             inner = _Frame(frame.step, frame.step_run_id, frame.args, frame.iter, frame.loop_id, frame.iteration, frame.ctx_guard)
@@ -358,7 +377,7 @@ class Worker(LoopPhases):
             )
             outcome = outcome_envelope(ok, result, error)
         else:
-            outcome = self._invoke(task, frame, scope, attempt)
+            outcome = self._invoke(task, frame, scope, attempt, notes)
         outcome["meta"] = {
             "attempt": attempt,
             "duration_ms": round((time.perf_counter() - t0) * 1000, 3),
@@ -366,6 +385,8 @@ class Worker(LoopPhases):
             "task_run_id": task_run_id,
             "usage": meter.stop(outcome.get("result")),
         }
+        if notes:
+            outcome["meta"].update(notes)
         return outcome
 
     def _task_body_as_pipeline(self, task: Task, frame: _Frame, attempt: int) -> tuple[bool, Any, dict[str, Any] | None]:
@@ -373,7 +394,8 @@ class Worker(LoopPhases):
         outcome = self._invoke(task, frame, scope, attempt)
         return outcome["status"] == "ok", outcome.get("result"), outcome.get("error")
 
-    def _invoke(self, task: Task, frame: _Frame, scope: Scope, attempt: int) -> dict[str, Any]:
+    def _invoke(self, task: Task, frame: _Frame, scope: Scope, attempt: int,
+                notes: dict[str, Any] | None = None) -> dict[str, Any]:
         kind = get_tool(task.kind)
         if kind is None:
             return _err_outcome(_error("unknown_kind", f"tool kind {task.kind!r} is not registered"))
@@ -387,7 +409,7 @@ class Worker(LoopPhases):
         except TemplateError as e:
             return _err_outcome(_error("template_error", str(e)))
         try:
-            result = kind.invoke(config, _ToolCtx(self, frame, task, attempt, scope))
+            result = kind.invoke(config, _ToolCtx(self, frame, task, attempt, scope, notes))
         except KindError as e:  # config not matching the kind's model, a plugin that did not load
             return _err_outcome(_error(e.kind, str(e)))
         except ToolError as e:

@@ -59,15 +59,22 @@ def payload_store_for(ctx: ToolContext) -> PayloadStore:
     return ctx.resource("payload_store", lambda: FilePayloadStore(_data_dir(ctx) / "payloads"))
 
 
-def _connection(database: Any, ctx: ToolContext) -> duckdb.DuckDBPyConnection:
+def _path(database: Any, ctx: ToolContext) -> Path | None:
+    """The database file (None: the execution's in-memory database)."""
     if database in (None, "", ":memory:"):
-        return ctx.resource("duckdb::memory:", lambda: duckdb.connect(":memory:"))
+        return None
     if not isinstance(database, str):
         raise ToolError(f"duckdb: database must be a path string, got {type(database).__name__}", kind="config_error")
     path = Path(database).expanduser()
     if not path.is_absolute():
         path = _data_dir(ctx) / path
-    path = path.resolve()
+    return path.resolve()
+
+
+def _connection(database: Any, ctx: ToolContext) -> duckdb.DuckDBPyConnection:
+    path = _path(database, ctx)
+    if path is None:
+        return ctx.resource("duckdb::memory:", lambda: duckdb.connect(":memory:"))
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         return ctx.resource(f"duckdb:{path}", lambda: duckdb.connect(str(path)))
@@ -213,7 +220,12 @@ def load_arrow_result(value: Any, store: PayloadStore) -> Any:
 def duckdb_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     """SQL on DuckDB; result {rows, row_count, columns}, or an Arrow $ref when large."""
     sql = _sql(inputs)
-    conn = _connection(inputs.get("database", inputs.get("db_path", inputs.get("path"))), ctx)
+    database = inputs.get("database", inputs.get("db_path", inputs.get("path")))
+    conn = _connection(database, ctx)
+    note = getattr(ctx, "note", None)
+    if note is not None:  # the statement, for OpenLineage column lineage (lineage/sql.py)
+        path = _path(database, ctx)
+        note(sql=sql, sql_namespace=f"duckdb://{path}" if path else "duckdb://memory", sql_default_schema="main")
     return run_duckdb(conn, sql, inputs.get("params"), ctx)
 
 

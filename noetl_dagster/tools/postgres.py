@@ -275,6 +275,21 @@ def close_pools() -> None:
             del _POOLS[key]
 
 
+def _note_sql(sql: list[str] | str, conninfo: str, schema: Any, ctx: ToolContext) -> None:
+    """The statement and server, for OpenLineage column lineage (lineage/sql.py); never the password."""
+    note = getattr(ctx, "note", None)
+    if note is None:
+        return
+    try:
+        params = conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        params = {}
+    host = str(params.get("host") or "localhost").split(",")[0]
+    port = str(params.get("port") or "5432").split(",")[0]
+    note(sql=sql if isinstance(sql, str) else ";\n".join(sql), sql_namespace=f"postgres://{host}:{port}",
+         sql_database=params.get("dbname"), sql_default_schema=schema if isinstance(schema, str) else "public")
+
+
 def postgres_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     """SQL against PostgreSQL (psycopg 3); result {rows, row_count, columns}."""
     auth = inputs.get("auth") or inputs.get("credential") or inputs.get("connection_string") or inputs.get("dsn")
@@ -285,6 +300,7 @@ def postgres_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     else:
         conninfo, label = conninfo_from(auth, ctx)
     sql = _statements(inputs)
+    _note_sql(sql, conninfo, inputs.get("schema"), ctx)
     connector = connector_for(conninfo, ctx)
     try:
         with connector.connection() as conn:
