@@ -17,13 +17,17 @@
   tasks/iterations/result stored; its inputs are references it received as
   arguments and registry resources it read. The playbook run reports every
   output and the inputs it did not produce itself.
+- SQL: a task whose event records its statement (``outcome.meta.sql``, noted by the
+  postgres/duckdb tools) adds the tables it reads and writes, named in the
+  server's namespace, with a ``columnLineage`` facet on each written table
+  (parsed by lineage/sql.py with openlineage-sql).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -45,6 +49,7 @@ from openlineage.client.facet_v2 import (
 from lineage.quantum_facet import FACET_NAME as QUANTUM_FACET
 from lineage.quantum_facet import MAX_JOBS as QUANTUM_MAX_JOBS
 from lineage.quantum_facet import QuantumJobsRunFacet, quantum_provenance
+from lineage.sql import sql_lineage
 from noetl_dagster.dsl.locator import InvalidLocator, parse_locator
 from noetl_dagster.engine import events as ev
 from noetl_dagster.engine.events import Event, uuid7_from
@@ -93,6 +98,7 @@ class DatasetRef:
     rows: int | None = None
     columns: list[dict[str, Any]] | None = None
     uri: str = ""
+    column_lineage: Any = None  # a columnLineage facet parsed from the SQL that wrote it (lineage/sql.py)
     derived_from: list[str] = field(default_factory=list)  # registry lineage (noetl:// URIs)
 
     @property
@@ -100,7 +106,7 @@ class DatasetRef:
         return self.namespace, self.name
 
     def merge(self, other: DatasetRef) -> None:
-        for attr in ("version", "store", "format", "size", "rows", "columns"):
+        for attr in ("version", "store", "format", "size", "rows", "columns", "column_lineage"):
             if getattr(other, attr) is not None:
                 setattr(self, attr, getattr(other, attr))
 
@@ -311,6 +317,7 @@ class LineageConverter:
             result = outcome.get("result")
             new = self._add_outputs(run, result_outputs(result), exe)
             new |= self._add_inputs(run, result_inputs(result), exe)
+            new |= self._add_sql(run, data.get("kind"), outcome.get("meta"))
             job = quantum_provenance(result)
             if job is not None:
                 if len(run.quantum) < QUANTUM_MAX_JOBS:
@@ -361,7 +368,12 @@ class LineageConverter:
         out.append(self._step_event(exe, run, state, e))
         # the playbook run reports what its steps produced and consumed
         for key, ds in run.outputs.items():
-            exe.run.outputs.setdefault(key, ds)
+            seen = exe.run.outputs.get(key)
+            if seen is None:
+                exe.run.outputs[key] = ds
+            elif seen is not ds:  # a later step's facts (a table's column lineage) win, per field
+                exe.run.outputs[key] = replace(seen)
+                exe.run.outputs[key].merge(ds)
         for key, ds in run.inputs.items():
             exe.run.inputs.setdefault(key, ds)
         return out
@@ -390,6 +402,32 @@ class LineageConverter:
 
     def _add_inputs(self, run: _RunState, refs: list[dict[str, Any]], exe: _Execution) -> bool:
         return self._collect(run.inputs, refs, exe)
+
+    def _add_sql(self, run: _RunState, kind: Any, meta: Any) -> bool:
+        """Tables a SQL task's statement (``outcome.meta.sql``, noted by the tool) reads and writes,
+        with the columnLineage of each written table."""
+        if not isinstance(meta, dict) or not isinstance(meta.get("sql"), str) or meta.get("sql_truncated"):
+            return False  # a statement cut at the size bound would parse into wrong lineage
+        namespace = meta.get("sql_namespace")
+        if not isinstance(namespace, str) or "://" not in namespace:
+            return False
+        schema, database = meta.get("sql_default_schema"), meta.get("sql_database")
+        parsed = sql_lineage(meta["sql"], namespace, kind=str(kind or "generic"),
+                             default_schema=schema if isinstance(schema, str) else None,
+                             database=database if isinstance(database, str) else None)  # fmt: skip
+        new = False
+        for name in parsed.inputs:
+            if (namespace, name) not in run.inputs:
+                run.inputs[(namespace, name)] = DatasetRef(namespace=namespace, name=name)
+                new = True
+        for name in parsed.outputs:
+            ds = run.outputs.get((namespace, name))
+            if ds is None:
+                ds = run.outputs[(namespace, name)] = DatasetRef(namespace=namespace, name=name)
+                new = True
+            if name in parsed.column_lineage:
+                ds.column_lineage = parsed.column_lineage[name]
+        return new
 
     def _enrich(self, ds: DatasetRef, exe: _Execution) -> None:
         if self.describe is None or not ds.uri.startswith("noetl://"):
@@ -484,6 +522,8 @@ class LineageConverter:
             name=ds.namespace, uri=ds.namespace if "://" in ds.namespace else f"{ds.namespace}://",
             producer=self.producer,
         )
+        if ds.column_lineage is not None:
+            facets["columnLineage"] = ds.column_lineage
         if ds.store:
             facets["storage"] = storage_dataset.StorageDatasetFacet(
                 storageLayer=ds.store, fileFormat=ds.format, producer=self.producer
