@@ -2,7 +2,8 @@
 
 Every /v1 call needs ``Authorization: Bearer <key>``; keys come from
 ``noetl-registry keys create``. Errors are ``{"detail": ..., "code": ...}`` with
-401 (no/bad key), 403 (tenant policy), 404, 409 (version conflict), 413 (body
+401 (no/bad key), 403 (tenant policy), 404, 409 (version conflict; an ephemeral row deleted
+before its parent is archived, or a non-ephemeral one), 413 (body
 over the limit), 422 (bad input, out-of-range numbers and dates).
 """
 
@@ -217,6 +218,12 @@ def create_app(registry: Registry | str | None = None, *, limits: Limits | None 
     @app.post("/v1/resources/{resource_id}/locations", status_code=201, tags=["resources"])
     async def add_location(resource_id: Id, body: LocationIn, p: Caller) -> Location:
         return await run(reg.add_location, p, resource_id, body)
+
+    @app.delete("/v1/ephemeral-playbooks/{resource_id}", tags=["resources"])
+    async def delete_ephemeral(resource_id: Id, p: Caller) -> Resource:
+        """Tombstone a generated playbook's row (kind ephemeral_playbook) once its generating execution is
+        archived: 409 before that, or for any other kind; repeating it answers the same tombstone."""
+        return await run(reg.delete_ephemeral, p, resource_id)
 
     @app.get("/v1/resources/{resource_id}/lineage", tags=["lineage"])
     async def lineage(

@@ -284,6 +284,10 @@ class HttpRegistryClient(RegistryClient):
     def get(self, resource_id) -> Resource:
         return Resource.model_validate_json(self._call("GET", f"/v1/resources/{_seg(resource_id)}"))
 
+    def delete_ephemeral(self, resource_id) -> Resource:
+        """DELETE /v1/ephemeral-playbooks/{id}: Conflict (409) before the parent is archived or for other kinds."""
+        return Resource.model_validate_json(self._call("DELETE", f"/v1/ephemeral-playbooks/{_seg(resource_id)}"))
+
     def add_location(self, resource_id, location) -> Location:
         body = _location(location).model_dump_json()
         return Location.model_validate_json(self._call("POST", f"/v1/resources/{_seg(resource_id)}/locations",
