@@ -110,3 +110,42 @@ def test_quantum_prices_are_versioned(qpu_run):
     assert rows == [("new", pytest.approx(meta["shots"] * 0.001))]
     with pytest.raises(PriceConfigError, match=r"allocation\[0\]: shot must be a non-negative number"):
         PriceTable.from_dict({"allocation": [{"shot": -1}]})
+
+
+def test_a_store_at_v003_upgrades_and_prices_quantum(qpu_home, tmp_path, monkeypatch):
+    """An existing facts database (V001..V003, with a rebuild's staging table of the old shape) takes
+    V004: the rollup's new column sits where the exact rebuild's positional INSERT puts it."""
+    import shutil
+
+    from analytics import schema
+    from analytics.store import FactsStore, close_all
+
+    old = tmp_path / "sql_v003"
+    old.mkdir()
+    for f in sorted(schema.SQL_DIR.glob("V00[123]__*.sql")):
+        shutil.copy(f, old / f.name)
+    url = f"chdb://{tmp_path / 'facts_v003'}"
+    try:
+        monkeypatch.setattr(schema, "SQL_DIR", old)
+        store = FactsStore(url)
+        assert store.migrate() == [] and schema.latest_version() == 3
+        # what a V003 rebuild leaves behind: the staging table in the old shape
+        store.command("CREATE TABLE $db.allocation_step_day_next AS $db.allocation_step_day")
+        monkeypatch.setattr(schema, "SQL_DIR", schema.Path(schema.__file__).parent / "sql")
+        assert store.migrate() == [4]
+        home, _ = qpu_home
+        log = open_event_store(None, data_dir=home)
+        try:
+            FactExporter(store, log).export()  # through the recreated materialized view
+        finally:
+            log.close()
+        _, mv = store.query("SELECT sum(shots), sum(qpu_seconds) FROM $db.allocation_step_day")
+        refresh_rollups(store, PriceTable.from_dict({"allocation": {"shot": SHOT, "qpu_second": QPU_SECOND}}))
+        _, exact = store.query(
+            "SELECT sum(shots), sum(qpu_seconds), sum(quantum_cost) FROM $db.allocation_cost_day"
+        )
+        shots, qpu_s, cost = exact[0]
+        assert shots == 1000 and qpu_s >= 0.3 and (shots, pytest.approx(qpu_s)) == (mv[0][0], mv[0][1])
+        assert cost == pytest.approx(shots * SHOT + qpu_s * QPU_SECOND)
+    finally:
+        close_all()
