@@ -2,7 +2,8 @@
 
 A YAML (or JSON) mapping with sections ``compute`` (per CPU-second by worker
 class), ``storage`` (per GB-month by storage class) with ``storage_months``,
-``egress`` (per GB by region), ``call`` (per call by tool kind),
+``egress`` (per GB by region), ``call`` (per call by tool kind), ``quantum``
+(per ``shot`` and per ``qpu_second``),
 ``worker_class_by_kind`` and ``currency``. See ``analytics/prices.yaml``.
 """
 
@@ -17,7 +18,8 @@ from typing import Any
 import yaml
 
 DEFAULT_PRICES = Path(__file__).parent / "prices.yaml"
-UNITS = {"compute": "cpu_second", "storage": "GB-month", "egress": "GB", "call": "call"}
+UNITS = {"compute": "cpu_second", "storage": "GB-month", "egress": "GB", "call": "call", "quantum": "item"}
+QUANTUM_ITEMS = ("shot", "qpu_second")  # the quantum section's items are its units
 _KEYS = set(UNITS) | {"currency", "storage_months", "worker_class_by_kind", "allocation"}
 # one version of the allocation prices (OpenCost's units); `version` and `valid_from` name it
 ALLOCATION_PRICES = (
@@ -60,6 +62,11 @@ class PriceTable:
             if not isinstance(section, dict):
                 raise PriceConfigError(f"{source}: `{category}` must map items to prices")
             prices[category] = {}
+            if category == "quantum" and set(map(str, section)) - set(QUANTUM_ITEMS):
+                raise PriceConfigError(
+                    f"{source}: quantum prices are per {' and per '.join(QUANTUM_ITEMS)},"
+                    f" got {sorted(set(map(str, section)) - set(QUANTUM_ITEMS))}"
+                )
             for item, price in section.items():
                 if isinstance(price, bool) or not isinstance(price, (int, float)) or price < 0:
                     raise PriceConfigError(
@@ -114,7 +121,8 @@ class PriceTable:
         for category, items in self.prices.items():
             multiplier = self.storage_months if category == "storage" else 1.0
             for item, price in sorted(items.items()):
-                out.append([category, item, UNITS[category], price, multiplier, self.currency])
+                unit = item if category == "quantum" else UNITS[category]
+                out.append([category, item, unit, price, multiplier, self.currency])
         return out
 
 

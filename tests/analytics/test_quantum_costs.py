@@ -114,7 +114,7 @@ def test_quantum_prices_are_versioned(qpu_run):
 
 def test_a_store_at_v003_upgrades_and_prices_quantum(qpu_home, tmp_path, monkeypatch):
     """An existing facts database (V001..V003, with a rebuild's staging table of the old shape) takes
-    V004: the rollup's new column sits where the exact rebuild's positional INSERT puts it."""
+    V004 and V005: the rollup's new column sits where the exact rebuild's positional INSERT puts it."""
     import shutil
 
     from analytics import schema
@@ -132,7 +132,7 @@ def test_a_store_at_v003_upgrades_and_prices_quantum(qpu_home, tmp_path, monkeyp
         # what a V003 rebuild leaves behind: the staging table in the old shape
         store.command("CREATE TABLE $db.allocation_step_day_next AS $db.allocation_step_day")
         monkeypatch.setattr(schema, "SQL_DIR", schema.Path(schema.__file__).parent / "sql")
-        assert store.migrate() == [4]
+        assert store.migrate() == [4, 5]
         home, _ = qpu_home
         log = open_event_store(None, data_dir=home)
         try:
@@ -149,3 +149,29 @@ def test_a_store_at_v003_upgrades_and_prices_quantum(qpu_home, tmp_path, monkeyp
         assert cost == pytest.approx(shots * SHOT + qpu_s * QPU_SECOND)
     finally:
         close_all()
+
+
+def test_tenant_cost_lines_carry_quantum(qpu_run):
+    """The tenant-cost model (V002 price lines, V005): `quantum` lines per shot and per QPU-second."""
+    store, meta = qpu_run
+    shots, qpu_s = meta["shots"], meta["execution_seconds"]
+    refresh_rollups(
+        store, PriceTable.from_dict({"currency": "EUR", "quantum": {"shot": SHOT, "qpu_second": QPU_SECOND}})
+    )
+    _, rows = store.query(
+        "SELECT item, unit, sum(quantity), any(unit_price), sum(amount), any(currency) FROM $db.tenant_cost_fact"
+        " WHERE category = 'quantum' AND tenant_id = 'acme' GROUP BY item, unit ORDER BY item"
+    )
+    (i1, u1, q1, p1, a1, c1), (i2, u2, q2, p2, a2, c2) = rows
+    assert (i1, u1, p1, c1) == ("qpu_second", "qpu_second", QPU_SECOND, "EUR") and (i2, u2, p2, c2) == (
+        "shot",
+        "shot",
+        SHOT,
+        "EUR",
+    )
+    assert q1 == pytest.approx(qpu_s) and a1 == pytest.approx(qpu_s * QPU_SECOND)
+    assert q2 == shots and a2 == pytest.approx(shots * SHOT)
+    with pytest.raises(
+        PriceConfigError, match=r"quantum prices are per shot and per qpu_second, got \['gate'\]"
+    ):
+        PriceTable.from_dict({"quantum": {"gate": 1.0}})
