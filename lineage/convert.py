@@ -317,7 +317,8 @@ class LineageConverter:
             result = outcome.get("result")
             new = self._add_outputs(run, result_outputs(result), exe)
             new |= self._add_inputs(run, result_inputs(result), exe)
-            new |= self._add_sql(run, data.get("kind"), outcome.get("meta"))
+            meta = outcome.get("meta") if isinstance(outcome.get("meta"), dict) else {}
+            new |= self._add_sql(run, meta.get("sql_dialect") or data.get("kind"), meta)
             job = quantum_provenance(result)
             if job is not None:
                 if len(run.quantum) < QUANTUM_MAX_JOBS:

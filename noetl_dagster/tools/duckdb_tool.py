@@ -217,15 +217,21 @@ def load_arrow_result(value: Any, store: PayloadStore) -> Any:
     return {"rows": plain(table.to_pylist()), "row_count": table.num_rows, "columns": list(table.schema.names)}
 
 
+def note_sql(sql: str, database: Any, ctx: ToolContext) -> None:
+    """The statement and database, for OpenLineage column lineage (lineage/sql.py)."""
+    note = getattr(ctx, "note", None)
+    if note is not None:
+        path = _path(database, ctx)
+        note(sql=sql, sql_namespace=f"duckdb://{path}" if path else "duckdb://memory", sql_default_schema="main",
+             sql_dialect="duckdb")
+
+
 def duckdb_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     """SQL on DuckDB; result {rows, row_count, columns}, or an Arrow $ref when large."""
     sql = _sql(inputs)
     database = inputs.get("database", inputs.get("db_path", inputs.get("path")))
     conn = _connection(database, ctx)
-    note = getattr(ctx, "note", None)
-    if note is not None:  # the statement, for OpenLineage column lineage (lineage/sql.py)
-        path = _path(database, ctx)
-        note(sql=sql, sql_namespace=f"duckdb://{path}" if path else "duckdb://memory", sql_default_schema="main")
+    note_sql(sql, database, ctx)
     return run_duckdb(conn, sql, inputs.get("params"), ctx)
 
 

@@ -275,7 +275,7 @@ def close_pools() -> None:
             del _POOLS[key]
 
 
-def _note_sql(sql: list[str] | str, conninfo: str, schema: Any, ctx: ToolContext) -> None:
+def note_sql(sql: list[str] | str, conninfo: str, schema: Any, ctx: ToolContext) -> None:
     """The statement and server, for OpenLineage column lineage (lineage/sql.py); never the password."""
     note = getattr(ctx, "note", None)
     if note is None:
@@ -287,7 +287,8 @@ def _note_sql(sql: list[str] | str, conninfo: str, schema: Any, ctx: ToolContext
     host = str(params.get("host") or "localhost").split(",")[0]
     port = str(params.get("port") or "5432").split(",")[0]
     note(sql=sql if isinstance(sql, str) else ";\n".join(sql), sql_namespace=f"postgres://{host}:{port}",
-         sql_database=params.get("dbname"), sql_default_schema=schema if isinstance(schema, str) else "public")
+         sql_database=params.get("dbname"), sql_default_schema=schema if isinstance(schema, str) else "public",
+         sql_dialect="postgres")
 
 
 def postgres_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
@@ -300,7 +301,7 @@ def postgres_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     else:
         conninfo, label = conninfo_from(auth, ctx)
     sql = _statements(inputs)
-    _note_sql(sql, conninfo, inputs.get("schema"), ctx)
+    note_sql(sql, conninfo, inputs.get("schema"), ctx)
     connector = connector_for(conninfo, ctx)
     try:
         with connector.connection() as conn:

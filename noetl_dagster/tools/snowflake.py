@@ -118,10 +118,10 @@ def sf_error(e: BaseException, what: str) -> ToolError:
     )
 
 
-def connect(auth: Any, ctx: ToolContext) -> Any:
+def connect(auth: Any, ctx: ToolContext, params: dict[str, Any] | None = None) -> Any:
     connector = _import_connector()
     try:
-        return connector.connect(**connect_params(auth, ctx))
+        return connector.connect(**(params or connect_params(auth, ctx)))
     except connector.errors.Error as e:
         raise sf_error(e, "connecting") from None
 
@@ -138,6 +138,16 @@ def _sql(inputs: Mapping[str, Any]) -> str:
     return sql
 
 
+def note_sql(sql: str, params: Mapping[str, Any], ctx: ToolContext) -> None:
+    """The statement and account, for OpenLineage column lineage (lineage/sql.py; OpenLineage's
+    Snowflake naming: namespace ``snowflake://<account>``, name ``database.schema.table``)."""
+    note = getattr(ctx, "note", None)
+    if note is not None:
+        note(sql=sql, sql_namespace=f"snowflake://{str(params.get('account')).lower()}",
+             sql_database=params.get("database"), sql_default_schema=params.get("schema") or "PUBLIC",
+             sql_dialect="snowflake")
+
+
 def _cursor_result(cur: Any) -> dict[str, Any]:
     if not cur.description:
         return {"rows": [], "row_count": max(cur.rowcount or 0, 0), "columns": []}
@@ -150,7 +160,10 @@ def _cursor_result(cur: Any) -> dict[str, Any]:
 def snowflake_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     """SQL on Snowflake; result {rows, row_count, columns, command_0…}."""
     sql = _sql(inputs)
-    conn = connect(inputs.get("auth") or inputs.get("credential"), ctx)
+    auth = inputs.get("auth") or inputs.get("credential")
+    params = connect_params(auth, ctx)
+    note_sql(sql, params, ctx)
+    conn = connect(auth, ctx, params)
     connector = _import_connector()
     try:
         results: list[dict[str, Any]] = []
@@ -180,7 +193,9 @@ def snowflake_batches(src: Mapping[str, Any], chunk: int, ctx: ToolContext,
                       to_batch: Callable[[list[dict[str, Any]]], pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The source query's rows, ``chunk`` at a time, as batches (``to_batch`` is transfer's converter)."""
     connector = _import_connector()
-    conn = connect(src.get("auth"), ctx)
+    params = connect_params(src.get("auth"), ctx)
+    note_sql(str(src["query"]), params, ctx)  # the source query, for column lineage
+    conn = connect(src.get("auth"), ctx, params)
     try:
         with conn.cursor() as cur:
             cur.execute(str(src["query"]))

@@ -137,9 +137,10 @@ def _pg_conninfo(end: Mapping[str, Any], ctx: ToolContext) -> tuple[str, str]:
 def _pg_source(src: Mapping[str, Any], chunk: int, ctx: ToolContext) -> Iterator[pa.RecordBatch]:
     import psycopg  # noqa: PLC0415
 
-    from noetl_dagster.tools.postgres import pg_error  # noqa: PLC0415
+    from noetl_dagster.tools.postgres import note_sql, pg_error  # noqa: PLC0415
 
     conninfo, label = _pg_conninfo(src, ctx)
+    note_sql(str(src["query"]), conninfo, src.get("schema"), ctx)  # the source query, for column lineage
     try:
         with psycopg.connect(conninfo) as conn, conn.cursor(name="noetl_transfer") as cur:
             cur.itersize = chunk
@@ -163,6 +164,9 @@ def _duck_conn(end: Mapping[str, Any], ctx: ToolContext) -> Any:
 def _duck_source(src: Mapping[str, Any], chunk: int, ctx: ToolContext) -> Iterator[pa.RecordBatch]:
     import duckdb  # noqa: PLC0415
 
+    from noetl_dagster.tools.duckdb_tool import note_sql  # noqa: PLC0415
+
+    note_sql(str(src["query"]), src.get("database") or src.get("db_path"), ctx)  # the source query, for lineage
     cur = _duck_conn(src, ctx).cursor()
     try:
         reader = cur.sql(str(src["query"])).to_arrow_reader(chunk)
