@@ -147,6 +147,10 @@ class ToolContext(Protocol):
     def redact(self, value: str) -> None:
         """Mark a secret value: it must never appear in events, logs or output."""
 
+    def note(self, **meta: Any) -> None:
+        """Facts about the call (e.g. the SQL it ran) for ``outcome.meta`` of ``task.done``:
+        redacted, long strings cut (engine/worker.py). Optional: tools look it up with getattr."""
+
 
 # -- cursor loops (loop.cursor): pull sources whose rows are claimed in frames ----------------------
 
