@@ -24,6 +24,8 @@ from __future__ import annotations
 import atexit
 import os
 import re
+import socket
+import struct
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -34,6 +36,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from noetl_dagster.engine.usage import count_network
 from noetl_dagster.tools.configs import PostgresConfig
 from noetl_dagster.tools.credentials import lookup_credential
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
@@ -291,6 +294,39 @@ def note_sql(sql: list[str] | str, conninfo: str, schema: Any, ctx: ToolContext)
          sql_dialect="postgres")
 
 
+# struct tcp_info (Linux >= 4.2): tcpi_bytes_acked, tcpi_bytes_received at byte 120
+_TCP_INFO_BYTES = struct.Struct("=QQ")
+_TCP_INFO_AT = 120
+
+
+def socket_bytes(conn: psycopg.Connection) -> tuple[int, int] | None:
+    """(sent and acknowledged, received) bytes of the connection's TCP socket, read from the kernel's
+    TCP_INFO: the real wire bytes, protocol framing included. None on a Unix socket or without TCP_INFO."""
+    if not hasattr(socket, "TCP_INFO"):
+        return None
+    try:
+        sock = socket.socket(fileno=os.dup(conn.pgconn.socket))  # a dup: closing it leaves libpq's fd open
+    except (OSError, psycopg.Error):
+        return None
+    try:
+        if sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return None
+        raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_AT + _TCP_INFO_BYTES.size)
+    except OSError:
+        return None
+    finally:
+        sock.close()
+    if len(raw) < _TCP_INFO_AT + _TCP_INFO_BYTES.size:
+        return None
+    return _TCP_INFO_BYTES.unpack_from(raw, _TCP_INFO_AT)
+
+
+def _count_wire_bytes(conn: psycopg.Connection, before: tuple[int, int] | None, host: str | None) -> None:
+    after = socket_bytes(conn) if before is not None else None
+    if after is not None:
+        count_network(host, max(after[0] - before[0], 0), max(after[1] - before[1], 0))
+
+
 def postgres_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     """SQL against PostgreSQL (psycopg 3); result {rows, row_count, columns}."""
     auth = inputs.get("auth") or inputs.get("credential") or inputs.get("connection_string") or inputs.get("dsn")
@@ -305,7 +341,11 @@ def postgres_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     connector = connector_for(conninfo, ctx)
     try:
         with connector.connection() as conn:
-            return run_sql(conn, sql, inputs.get("params"), inputs.get("schema"))
+            before = socket_bytes(conn)  # measured usage (engine/usage.py): network bytes of this call
+            try:
+                return run_sql(conn, sql, inputs.get("params"), inputs.get("schema"))
+            finally:
+                _count_wire_bytes(conn, before, conninfo_to_dict(conninfo).get("host"))
     except ToolError:
         raise
     except (psycopg.Error, PoolTimeout) as e:

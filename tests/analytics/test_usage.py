@@ -178,3 +178,33 @@ def test_dagster_op_output_carries_the_steps_measured_usage(tmp_path):
         )
     assert md["noetl/usage/cpu_s"].value > 0.01 and md["noetl/usage/wall_s"].value > 0
     assert md["noetl/usage/rows"].value == 5 and md["noetl/usage/attempts"].value == 1
+
+
+PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def test_postgres_wire_bytes_from_the_sockets_tcp_info(tmp_path):
+    """Postgres network bytes are the connection's real TCP bytes (kernel TCP_INFO), per task."""
+    res, _, usage = _run(
+        tmp_path,
+        """
+      - step: start
+        tool:
+          - big_in:
+              kind: postgres
+              connection_string: "{{ workload.dsn }}"
+              query: "SELECT repeat('x', 200000) AS big"
+          - big_out:
+              kind: postgres
+              connection_string: "{{ workload.dsn }}"
+              query: "SELECT length('{{ workload.pad }}') AS n"
+    """,
+        {"dsn": PG_URL, "pad": "p" * 50000},
+    )
+    assert res.status == "completed", res
+    big_in, big_out = usage["big_in"], usage["big_out"]
+    assert 200_000 <= big_in["net_in_bytes"] < 210_000  # the value plus protocol framing
+    assert big_in["net_out_bytes"] < 1_000
+    assert 50_000 <= big_out["net_out_bytes"] < 52_000
+    assert big_out["net_in_bytes"] < 1_000
+    assert "egress_bytes" not in big_in  # 127.0.0.1 is inside the cluster
