@@ -111,6 +111,7 @@ class PgConnector:
 
     def __init__(self, conninfo: str, max_size: int = DEFAULT_POOL_SIZE):
         self.conninfo = conninfo
+        self.host = conninfo_to_dict(conninfo).get("host")  # for measured usage: in-cluster or egress
         self.max_size = max_size
         self._pool: ConnectionPool | None = None
         self._lock = threading.Lock()
@@ -345,7 +346,7 @@ def postgres_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
             try:
                 return run_sql(conn, sql, inputs.get("params"), inputs.get("schema"))
             finally:
-                _count_wire_bytes(conn, before, conninfo_to_dict(conninfo).get("host"))
+                _count_wire_bytes(conn, before, connector.host)
     except ToolError:
         raise
     except (psycopg.Error, PoolTimeout) as e:
