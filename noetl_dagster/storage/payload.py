@@ -32,6 +32,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from noetl_dagster.dsl.locator import DEFAULT_LAYOUT, ObjectLayout
 from noetl_dagster.engine.usage import count
+from noetl_dagster.storage.objstore_usage import s3_config_kwargs
 from noetl_dagster.util.jsonstream import dumps_bytes, is_plain_json, iter_json, json_size_bound
 from noetl_dagster.util.jsonutil import loads
 
@@ -424,8 +425,11 @@ class S3PayloadStore(PayloadStore):
             client_kwargs.setdefault("region_name", region)
         endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         self.endpoint_url = endpoint_url
+        # network bytes of every request go into the running task's usage (storage/objstore_usage.py)
+        config_kwargs = s3_config_kwargs(storage_options.pop("config_kwargs", None))
         self.fs = s3fs.S3FileSystem(
-            endpoint_url=endpoint_url, key=key, secret=secret, client_kwargs=client_kwargs, **storage_options
+            endpoint_url=endpoint_url, key=key, secret=secret, client_kwargs=client_kwargs,
+            config_kwargs=config_kwargs, **storage_options,
         )
         if create_bucket and not self.fs.exists(self.bucket):
             self.fs.mkdir(self.bucket)
