@@ -18,6 +18,7 @@ The URL is a libpq URL; an extra ``schema=`` query parameter selects the schema
 
 from __future__ import annotations
 
+import os
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -37,9 +38,11 @@ from noetl_dagster.storage.events import (
     decode_body,
     sequence_batch,
 )
+from noetl_dagster.storage.postgres_group_commit import GroupCommit
 from noetl_dagster.util.jsonutil import dumps
 
 DEFAULT_SCHEMA = "noetl"
+GROUP_MAX_EVENTS = 5000  # events per group-commit statement at most
 
 # One list of statements per schema version; ``{schema}`` is the quoted schema name.
 MIGRATIONS: list[list[str]] = [
@@ -74,16 +77,17 @@ MIGRATIONS: list[list[str]] = [
 
 _SEQ_HEAD = '{"sequence":null,'
 
-# One statement per batch (autocommit: its commit is the only other wait); parameters go in binary
-# (%b): text arrays in text format are escaped by a regex per element. The advisory lock is
-# taken before any gid is drawn, so gid order stays commit order; the counter rows are upserted
-# with the batch's count per execution (``excluded.last_sequence``) and return the new last
-# sequence, from which each event's number follows by its rank in the batch.
-APPEND_SQL = """WITH lk AS MATERIALIZED (SELECT pg_advisory_xact_lock(%b) AS locked),
+# One statement per batch (autocommit: its commit is the only other wait). The columns go as
+# array literals built here (``_array``: two str.replace per value; psycopg's own array dumpers
+# cost ~1 ms per flush in Python). The advisory lock is taken before any gid is drawn, so gid order
+# stays commit order; the counter rows are upserted with the batch's count per execution
+# (``excluded.last_sequence``) and return the new last sequence, from which each event's number
+# follows by its rank in the batch. A batch may hold the flushes of many executions (group commit).
+APPEND_SQL = """WITH lk AS MATERIALIZED (SELECT pg_advisory_xact_lock(%s::bigint) AS locked),
 ctr AS (
   INSERT INTO {schema}.noetl_execution AS x
     (execution_id, playbook, status, finished_at, parent_execution_id, started_at, last_sequence)
-  SELECT u.* FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::bigint[])
+  SELECT u.* FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::bigint[])
     AS u, lk
   ON CONFLICT (execution_id) DO UPDATE SET
     playbook = COALESCE(excluded.playbook, x.playbook),
@@ -96,13 +100,77 @@ ctr AS (
 ev AS (
   SELECT e.*, row_number() OVER (PARTITION BY e.execution_id ORDER BY e.ord) AS k,
     count(*) OVER (PARTITION BY e.execution_id) AS n
-  FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::text[]) WITH ORDINALITY
+  FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[]) WITH ORDINALITY
     AS e(event_id, execution_id, name, ts, tail, ord))
 INSERT INTO {schema}.noetl_event (event_id, execution_id, sequence, name, ts, body)
 SELECT ev.event_id, ev.execution_id, ctr.last_sequence - ev.n + ev.k, ev.name, ev.ts,
        ('{{"sequence":' || (ctr.last_sequence - ev.n + ev.k) || ',' || ev.tail)::json
 FROM ev JOIN ctr USING (execution_id) ORDER BY ev.ord
 RETURNING event_id, sequence"""
+
+
+def _array(values: Sequence[str | None]) -> str:
+    """A Postgres array literal of text values (NULL for None)."""
+    return "{" + ",".join(
+        "NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values
+    ) + "}"
+
+
+class _Batch:
+    """One flush, encoded in the caller's thread: the event columns and the executions index rows
+    ([playbook, status, finished_at, parent, started_at, count] per execution)."""
+
+    __slots__ = ("events", "ids", "execs", "names", "ts", "tails", "idx")
+
+    def __init__(self, events: Sequence[Event]):
+        self.events = events
+        self.ids: list[str] = []
+        self.execs: list[str] = []
+        self.names: list[str] = []
+        self.ts: list[str] = []
+        self.tails: list[str] = []
+        self.idx: dict[str, list[Any]] = {}
+        for ev in events:
+            d = ev.to_stored()
+            d["sequence"] = None
+            text = dumps({"sequence": None, **d})
+            self.tails.append(text[len(_SEQ_HEAD) :])  # '{"sequence":null,' is always the head (first key)
+            self.ids.append(ev.event_id)
+            self.execs.append(ev.execution_id)
+            self.names.append(ev.name)
+            self.ts.append(ev.timestamp)
+            self.merge_index(ev.execution_id, [*_execution_update(ev), ev.parent_execution_id, ev.timestamp, 1])
+
+    def merge_index(self, execution_id: str, new: list[Any]) -> None:
+        upd = self.idx.get(execution_id)
+        if upd is None:
+            self.idx[execution_id] = list(new)
+            return
+        upd[0] = new[0] or upd[0]  # the latest playbook, status and finish win
+        upd[1] = new[1] or upd[1]
+        upd[2] = new[2] or upd[2]
+        upd[5] += new[5]  # parent and start: the first seen stay
+
+    def params(self, lock: int) -> tuple[Any, ...]:
+        rows = [(eid, u[0], u[1] or "", u[2], u[3], u[4], str(u[5])) for eid, u in self.idx.items()]
+        cols = list(zip(*rows, strict=True))
+        return (lock, *(_array(c) for c in cols[:6]), "{" + ",".join(cols[6]) + "}",
+                _array(self.ids), _array(self.execs), _array(self.names), _array(self.ts), _array(self.tails))  # fmt: skip
+
+    @classmethod
+    def combine(cls, batches: Sequence[_Batch]) -> _Batch:
+        if len(batches) == 1:
+            return batches[0]
+        out = cls(())
+        for b in batches:
+            out.ids += b.ids
+            out.execs += b.execs
+            out.names += b.names
+            out.ts += b.ts
+            out.tails += b.tails
+            for eid, u in b.idx.items():
+                out.merge_index(eid, u)
+        return out
 
 
 class EventStoreUnavailable(RuntimeError):
@@ -136,7 +204,7 @@ def _lock_key(schema: str, purpose: str) -> int:
 
 
 class PostgresEventStore(EventStore):
-    def __init__(self, url: str, *, schema: str | None = None, pool_size: int = 4):
+    def __init__(self, url: str, *, schema: str | None = None, pool_size: int = 4, group_commit: bool | None = None):
         conninfo, url_schema = split_schema(url)
         self.schema = schema or url_schema
         self.url = url
@@ -153,6 +221,18 @@ class PostgresEventStore(EventStore):
         )
         self._pool.open(wait=True, timeout=15)
         self._append_lock = _lock_key(self.schema, "append")
+        if group_commit is None:
+            group_commit = os.environ.get("NOETL_PG_GROUP_COMMIT", "1").lower() not in ("0", "false", "no", "off")
+        # concurrent appends from this process's threads: one statement per round (postgres_group_commit)
+        self._group: GroupCommit[_Batch, list[Event]] | None = None
+        if group_commit:
+            self._group = GroupCommit(
+                lambda batches: self._append_one_statement(batches),
+                self._append_batch,
+                split_on=lambda e: isinstance(e, psycopg.DatabaseError) and not isinstance(e, psycopg.OperationalError),
+                weight=lambda b: len(b.ids),
+                max_weight=GROUP_MAX_EVENTS,
+            )
         try:
             self._migrate()
             with self._pool.connection() as conn:  # rendered once: composing it per call cost 2 ms
@@ -191,43 +271,32 @@ class PostgresEventStore(EventStore):
     def append(self, events: Sequence[Event]) -> list[Event]:
         if not events:
             return []
-        try:  # the common case: nothing in the batch was stored before: one statement, one round trip
-            return self._append_one_statement(events)
-        except psycopg.errors.UniqueViolation:  # a re-sent event: keep its stored sequence, store the rest
-            return self._append(events, check_existing=True)
+        batch = _Batch(events)  # encoded here, in the caller's thread, not in the group's round
+        if self._group is None:
+            return self._append_batch(batch)
+        return self._group.submit(batch)
 
-    def _append_one_statement(self, events: Sequence[Event]) -> list[Event]:
-        """Lock, number, insert and index a batch in one autocommit statement (issue 19: a flush
-        was nine round trips and a commit; on a busy server each round trip waits for CPU).
+    def _append_batch(self, batch: _Batch) -> list[Event]:
+        try:  # the common case: nothing in the batch was stored before: one statement, one round trip
+            return self._append_one_statement([batch])[0]
+        except psycopg.errors.UniqueViolation:  # a re-sent event: keep its stored sequence, store the rest
+            return self._append(batch.events, check_existing=True)
+
+    def _append_one_statement(self, batches: Sequence[_Batch]) -> list[list[Event]]:
+        """Lock, number, insert and index one or more flushes in one autocommit statement (issue 19:
+        a flush was nine round trips and a commit; on a busy server each round trip waits for CPU).
 
         The server numbers the events from the execution's counter row (so several processes may
         append to one execution) and writes the sequence into each body's head; the body's
-        remainder is serialized here."""
-        ev_ids, ev_execs, ev_names, ev_ts, tails = [], [], [], [], []
-        idx: dict[str, list[Any]] = {}
-        for ev in events:
-            d = ev.to_stored()
-            d["sequence"] = None
-            text = dumps({"sequence": None, **d})
-            tails.append(text[len(_SEQ_HEAD) :])  # '{"sequence":null,' is always the head (first key)
-            ev_ids.append(ev.event_id)
-            ev_execs.append(ev.execution_id)
-            ev_names.append(ev.name)
-            ev_ts.append(ev.timestamp)
-            pb, status, fin = _execution_update(ev)
-            upd = idx.setdefault(ev.execution_id, [None, "", None, ev.parent_execution_id, ev.timestamp, 0])
-            upd[0] = pb or upd[0]
-            upd[1] = status or upd[1]
-            upd[2] = fin or upd[2]
-            upd[5] += 1
-        cols = list(zip(*((eid, *u) for eid, u in idx.items()), strict=True))
+        remainder was serialized by ``_Batch``."""
+        params = _Batch.combine(batches).params(self._append_lock)
         with self._pool.connection() as conn:
-            rows = conn.execute(self._append_sql, (self._append_lock, *map(list, cols), ev_ids, ev_execs, ev_names,
-                                                   ev_ts, tails), prepare=True).fetchall()  # fmt: skip
+            rows = conn.execute(self._append_sql, params, prepare=True).fetchall()
         seqs = dict(rows)
-        for ev in events:
-            ev.sequence = seqs[ev.event_id]
-        return list(events)
+        for b in batches:
+            for ev in b.events:
+                ev.sequence = seqs[ev.event_id]
+        return [list(b.events) for b in batches]
 
     def _append(self, events: Sequence[Event], *, check_existing: bool) -> list[Event]:
         with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
