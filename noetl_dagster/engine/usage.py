@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
@@ -128,6 +129,21 @@ def _from_result(u: dict[str, Any], result: Any) -> None:
             u["rows"] = n
     if "shots" not in u and isinstance(result.get("shots"), int):
         u["shots"] = result["shots"]
+
+
+@contextmanager
+def network_into(usage: dict[str, Any]) -> Iterator[None]:
+    """Add the network bytes counted inside (the upload of the task's offloaded result, after its
+    meter stopped) to ``usage``; the stored bytes themselves come from the ref (:func:`add_offload`)."""
+    counters: dict[str, float] = {}
+    token = _COUNTERS.set(counters)
+    try:
+        yield
+    finally:
+        _COUNTERS.reset(token)
+        for k in ("net_out_bytes", "net_in_bytes", "egress_bytes"):
+            if counters.get(k):
+                usage[k] = usage.get(k, 0) + counters[k]
 
 
 def add_offload(usage: dict[str, Any], recorded_result: Any) -> None:

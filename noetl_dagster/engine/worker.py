@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from noetl_dagster.dsl.kinds import KindError, get_tool
@@ -34,7 +35,7 @@ from noetl_dagster.engine.frame import (
 from noetl_dagster.engine.loops import LoopPhases
 from noetl_dagster.engine.ports import ToolError
 from noetl_dagster.engine.scope import Scope, StepResults, view
-from noetl_dagster.engine.usage import Meter, add_offload
+from noetl_dagster.engine.usage import Meter, add_offload, network_into
 
 if TYPE_CHECKING:
     from noetl_dagster.engine.control import Engine
@@ -345,9 +346,11 @@ class Worker(LoopPhases):
 
     def _outcome_event(self, outcome: dict[str, Any], frame: _Frame, task: Task) -> dict[str, Any]:
         out = {k: v for k, v in outcome.items() if k not in ("data", "response", "result")}
-        out["result"] = self.engine.recorder.offload(outcome.get("result"), f"{frame.step.name}/{task.label}")
-        if isinstance(out.get("meta"), dict) and isinstance(out["meta"].get("usage"), dict):
-            add_offload(out["meta"]["usage"], out["result"])
+        usage = out["meta"].get("usage") if isinstance(out.get("meta"), dict) else None
+        with network_into(usage) if isinstance(usage, dict) else nullcontext():  # an object-store upload's bytes
+            out["result"] = self.engine.recorder.offload(outcome.get("result"), f"{frame.step.name}/{task.label}")
+        if isinstance(usage, dict):
+            add_offload(usage, out["result"])
         return out
 
     # -- one task call -----------------------------------------------------------
