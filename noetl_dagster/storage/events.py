@@ -9,6 +9,7 @@ increasing cursor used by sensors and exporters to tail the log.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -20,6 +21,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+import zstandard
 
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.ports import EventStore, ExecutionInfo, ExecutionLeased, StoredEvent
@@ -57,6 +60,25 @@ SQLITE_MIGRATIONS: list[list[str]] = [
             host TEXT NOT NULL,
             pid INTEGER NOT NULL,
             expires_at REAL NOT NULL)""",
+    ],
+    [  # 3: event segments (issue 19): a big batch of one execution's events as one compressed row
+        """CREATE TABLE IF NOT EXISTS noetl_event_segment (
+            gid_last INTEGER PRIMARY KEY,
+            gid_first INTEGER NOT NULL,
+            execution_id TEXT NOT NULL,
+            seq_first INTEGER NOT NULL,
+            seq_last INTEGER NOT NULL,
+            body BLOB NOT NULL)""",
+        "CREATE INDEX IF NOT EXISTS noetl_event_segment_exec ON noetl_event_segment (execution_id, seq_last)",
+        # every stored event's id (a 16-byte digest) -> its sequence: idempotency across rows and segments
+        """CREATE TABLE IF NOT EXISTS noetl_event_key (
+            k BLOB PRIMARY KEY,
+            sequence INTEGER NOT NULL) WITHOUT ROWID""",
+        "INSERT OR IGNORE INTO noetl_event_key (k, sequence) SELECT noetl_event_key(event_id), sequence FROM noetl_event",
+        """CREATE TRIGGER IF NOT EXISTS noetl_event_segment_no_update BEFORE UPDATE ON noetl_event_segment
+            BEGIN SELECT RAISE(ABORT, 'noetl_event_segment is append-only'); END""",
+        """CREATE TRIGGER IF NOT EXISTS noetl_event_segment_no_delete BEFORE DELETE ON noetl_event_segment
+            BEGIN SELECT RAISE(ABORT, 'noetl_event_segment is append-only'); END""",
     ],
 ]
 
@@ -120,14 +142,15 @@ def _execution_update(ev: Event) -> tuple[str | None, str | None, str | None]:
 
 
 def sequence_batch(
-    events: Sequence[Event], existing: dict[str, int], last_sequence: Callable[[str], int]
+    events: Sequence[Event], existing: dict[str, int], last_sequence: Callable[[str], int], *, encode: bool = True
 ) -> tuple[list[tuple[Any, ...]], dict[str, int], dict[str, list[Any]]]:
     """Number a batch inside the adapter's write transaction (shared by every adapter).
 
     Events already stored keep their sequence; the rest continue each execution's
     sequence (``last_sequence(execution_id)`` is asked once per execution). Returns
     the rows to insert, the last sequence per execution and the executions-index
-    updates ``{id: [playbook, status, finished_at, parent, started_at]}``."""
+    updates ``{id: [playbook, status, finished_at, parent, started_at]}``. Without ``encode`` a row
+    ends with the Event itself instead of its JSON body (the caller encodes it its own way)."""
     next_seq: dict[str, int] = {}
     rows: list[tuple[Any, ...]] = []
     exec_updates: dict[str, list[Any]] = {}
@@ -141,7 +164,7 @@ def sequence_batch(
         next_seq[eid] += 1
         ev.sequence = next_seq[eid]
         existing[ev.event_id] = ev.sequence
-        rows.append((ev.event_id, eid, ev.sequence, ev.name, ev.timestamp, dumps(ev.to_stored())))
+        rows.append((ev.event_id, eid, ev.sequence, ev.name, ev.timestamp, dumps(ev.to_stored()) if encode else ev))
         pb, status, fin = _execution_update(ev)
         upd = exec_updates.setdefault(eid, [None, None, None, ev.parent_execution_id, ev.timestamp])
         if pb:
@@ -153,7 +176,65 @@ def sequence_batch(
     return rows, next_seq, exec_updates
 
 
+def event_key(event_id: str) -> bytes:
+    """The 16-byte digest ``noetl_event_key`` indexes an event id by (idempotent appends)."""
+    return hashlib.blake2b(str(event_id).encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+# A batch of at least this many new events of one execution is stored as one segment row (issue 19).
+SEGMENT_MIN = int(os.environ.get("NOETL_EVENT_SEGMENT_MIN", "256") or 0)
+
+
+def encode_segment(events: Sequence[Event], compressor: Any) -> bytes:
+    """zstd of the JSON array of the events' stored forms, without what the segment row holds
+    (execution id, and the sequence: the first one's plus the position)."""
+    items = []
+    for ev in events:
+        d = ev.to_stored()
+        del d["execution_id"], d["sequence"]
+        items.append(d)
+    return compressor.compress(dumps(items).encode("utf-8", "surrogatepass"))
+
+
+def decode_segment(
+    body: bytes, execution_id: str, seq_first: int, gid_first: int, where: str,
+    skipped: list[tuple[str, str]] | None = None,
+) -> list[tuple[int, Event]]:  # fmt: skip
+    """One segment row -> [(gid, Event)], in order; an undecodable segment or item is skipped and reported."""
+    try:
+        raw = zstandard.ZstdDecompressor().decompress(body)
+        try:
+            items = loads(raw)
+        except ValueError:  # lone surrogates written by the stdlib fallback (see decode_body)
+            items = _clean(json.loads(raw.decode("utf-8", "surrogatepass")))
+    except Exception as e:  # noqa: BLE001 - a corrupt segment is skipped, never fatal
+        msg = f"{type(e).__name__}: {str(e)[:200]}"
+        log.warning("skipping undecodable event segment %s: %s", where, msg)
+        if skipped is not None:
+            skipped.append((where, msg))
+        return []
+    out: list[tuple[int, Event]] = []
+    for i, d in enumerate(items):
+        try:
+            d["execution_id"], d["sequence"] = execution_id, seq_first + i
+            out.append((gid_first + i, Event.from_dict(d)))
+        except Exception as e:  # noqa: BLE001
+            msg = f"{type(e).__name__}: {str(e)[:200]}"
+            log.warning("skipping undecodable event row %s#%d: %s", where, i, msg)
+            if skipped is not None:
+                skipped.append((f"{where}#{i}", msg))
+    return out
+
+
 class SqliteEventStore(EventStore):
+    """Small batches are one row per event (``noetl_event``); a batch of at least ``segment_min``
+    new events of one execution (a loop's iterations between flushes) is one zstd-compressed row
+    of ``noetl_event_segment`` holding consecutive sequences and gids. ``gid`` stays one global
+    cursor: a segment reserves its range from ``noetl_event``'s AUTOINCREMENT counter. Readers
+    merge both tables, so they see the same events either way (``segment_min=None``: rows only)."""
+
+    segment_min: int | None = SEGMENT_MIN or None
+
     def __init__(self, path: str | os.PathLike[str]):
         self.path = str(path)
         if self.path != ":memory:":
@@ -164,6 +245,8 @@ class SqliteEventStore(EventStore):
         self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=60)
         # a row holding invalid UTF-8 (written by anything but this store) must not fail the whole fetch
         self._conn.text_factory = lambda b: b.decode("utf-8", "replace")
+        self._conn.create_function("noetl_event_key", 1, event_key, deterministic=True)
+        self._zstd = zstandard.ZstdCompressor(level=1)
         self.skipped: list[tuple[str, str]] = []  # bad rows the readers skipped: (where, why)
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
@@ -180,6 +263,9 @@ class SqliteEventStore(EventStore):
                     continue
                 self._conn.execute("BEGIN IMMEDIATE")
                 try:
+                    if (self._conn.execute("SELECT MAX(version) FROM noetl_schema_version").fetchone()[0] or 0) >= version:
+                        self._conn.execute("ROLLBACK")  # another process migrated meanwhile
+                        continue
                     for stmt in statements:
                         self._conn.execute(stmt)
                     self._conn.execute("INSERT INTO noetl_schema_version VALUES (?)", (version,))
@@ -216,18 +302,30 @@ class SqliteEventStore(EventStore):
             chunk = ids[i : i + 500]
             q = f"SELECT event_id, sequence FROM noetl_event WHERE event_id IN ({','.join('?' * len(chunk))})"
             existing.update(c.execute(q, chunk).fetchall())
+            by_key = {event_key(e): e for e in chunk}
+            q = f"SELECT k, sequence FROM noetl_event_key WHERE k IN ({','.join('?' * len(chunk))})"
+            for k, seq in c.execute(q, list(by_key)).fetchall():
+                existing.setdefault(by_key[k], seq)
         return existing
 
-    @staticmethod
-    def _insert(c: sqlite3.Connection, events: Sequence[Event], existing: dict[str, int]) -> None:
+    def _insert(self, c: sqlite3.Connection, events: Sequence[Event], existing: dict[str, int]) -> None:
         def last(eid: str) -> int:
-            q = "SELECT COALESCE(MAX(sequence), 0) FROM noetl_event WHERE execution_id = ?"
-            return c.execute(q, (eid,)).fetchone()[0]
+            q = ("SELECT MAX(COALESCE((SELECT MAX(sequence) FROM noetl_event WHERE execution_id = ?), 0),"
+                 " COALESCE((SELECT MAX(seq_last) FROM noetl_event_segment WHERE execution_id = ?), 0))")  # fmt: skip
+            return c.execute(q, (eid, eid)).fetchone()[0]
 
-        rows, next_seq, exec_updates = sequence_batch(events, existing, last)
-        c.executemany(
-            "INSERT INTO noetl_event (event_id, execution_id, sequence, name, ts, body) VALUES (?,?,?,?,?,?)", rows
-        )
+        resent = bool(existing)
+        rows, next_seq, exec_updates = sequence_batch(events, existing, last, encode=False)
+        if rows and self.segment_min and len(rows) >= self.segment_min and len(next_seq) == 1 and not resent:
+            self._insert_segment(c, rows)
+        elif rows:
+            c.executemany(
+                "INSERT INTO noetl_event (event_id, execution_id, sequence, name, ts, body) VALUES (?,?,?,?,?,?)",
+                [(*r[:5], dumps(r[5].to_stored())) for r in rows],
+            )
+        # with re-sent events (``existing``) a key collision is impossible but ignored, never fatal
+        verb = "INSERT OR IGNORE" if resent else "INSERT"
+        c.executemany(f"{verb} INTO noetl_event_key (k, sequence) VALUES (?,?)", [(event_key(r[0]), r[2]) for r in rows])
         for eid, (pb, status, fin, parent, ts) in exec_updates.items():
             c.execute(
                 "INSERT INTO noetl_execution (execution_id, playbook, status, parent_execution_id, started_at,"
@@ -240,14 +338,44 @@ class SqliteEventStore(EventStore):
                 (eid, pb, status or "", parent, ts, fin, next_seq[eid]),
             )
 
+    def _insert_segment(self, c: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+        """One execution's new events (consecutive sequences) as one row; their gids are reserved
+        from noetl_event's AUTOINCREMENT counter, so rows appended later still sort after them."""
+        n = len(rows)
+        top = c.execute("SELECT seq FROM sqlite_sequence WHERE name = 'noetl_event'").fetchone()
+        if top is None:
+            base = c.execute("SELECT COALESCE(MAX(gid), 0) FROM noetl_event").fetchone()[0]
+            c.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('noetl_event', ?)", (base + n,))
+        else:
+            base = top[0]
+            c.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'noetl_event'", (base + n,))
+        c.execute(
+            "INSERT INTO noetl_event_segment (gid_last, gid_first, execution_id, seq_first, seq_last, body)"
+            " VALUES (?,?,?,?,?,?)",
+            (base + n, base + 1, rows[0][1], rows[0][2], rows[-1][2], encode_segment([r[5] for r in rows], self._zstd)),
+        )
+
+    def _segment(self, gid_last: int, gid_first: int, eid: str, seq_first: int, body: bytes) -> list[tuple[int, Event]]:
+        return decode_segment(body, eid, seq_first, gid_first, f"segment gid {gid_first}-{gid_last}", self.skipped)
+
     def read(self, execution_id: str, after_sequence: int = 0) -> list[Event]:
         with self._lock:
             rows = self._conn.execute(
                 "SELECT sequence, body FROM noetl_event WHERE execution_id = ? AND sequence > ? ORDER BY sequence",
                 (execution_id, after_sequence),
             ).fetchall()
-        out = [decode_body(b, f"{execution_id}#{seq}", self.skipped) for seq, b in rows]
-        return [e for e in out if e is not None]
+            segs = self._conn.execute(
+                "SELECT gid_last, gid_first, seq_first, body FROM noetl_event_segment"
+                " WHERE execution_id = ? AND seq_last > ? ORDER BY seq_last",
+                (execution_id, after_sequence),
+            ).fetchall()
+        out = [e for seq, b in rows if (e := decode_body(b, f"{execution_id}#{seq}", self.skipped)) is not None]
+        if not segs:
+            return out
+        for gl, gf, sf, body in segs:
+            out += [e for _g, e in self._segment(gl, gf, execution_id, sf, body) if e.sequence > after_sequence]
+        out.sort(key=lambda e: e.sequence or 0)
+        return out
 
     def tail(self, after_gid: int = 0, limit: int = 1000) -> list[StoredEvent]:
         while True:  # a batch made only of bad rows must not look like the end of the log
@@ -255,14 +383,35 @@ class SqliteEventStore(EventStore):
                 rows = self._conn.execute(
                     "SELECT gid, body FROM noetl_event WHERE gid > ? ORDER BY gid LIMIT ?", (after_gid, limit)
                 ).fetchall()
+                cur = self._conn.execute(
+                    "SELECT gid_last, gid_first, execution_id, seq_first, body FROM noetl_event_segment"
+                    " WHERE gid_last > ? ORDER BY gid_last",
+                    (after_gid,),
+                )
+                segs, in_segs = [], 0
+                while in_segs < limit and (seg := cur.fetchone()) is not None:  # enough to fill the page
+                    segs.append(seg)
+                    in_segs += seg[0] - max(seg[1] - 1, after_gid)
+                cur.close()
             out = [StoredEvent(g, e) for g, b in rows if (e := decode_body(b, f"gid {g}", self.skipped))]
-            if out or not rows:
+            for gl, gf, eid, sf, body in segs:
+                out += [StoredEvent(g, e) for g, e in self._segment(gl, gf, eid, sf, body) if g > after_gid]
+            if segs:
+                out.sort(key=lambda s: s.gid)
+                del out[limit:]
+            # how far this page surely covers each table (None: to its end)
+            bounds = [b for b in (rows[-1][0] if len(rows) >= limit else None,
+                                  segs[-1][0] if in_segs >= limit else None) if b is not None]  # fmt: skip
+            if out or not bounds:
                 return out
-            after_gid = rows[-1][0]
+            after_gid = min(bounds)  # a page made only of bad rows: go on after it
 
     def tail_last(self) -> int:
         with self._lock:
-            r = self._conn.execute("SELECT COALESCE(MAX(gid), 0) FROM noetl_event").fetchone()
+            r = self._conn.execute(
+                "SELECT MAX(COALESCE((SELECT MAX(gid) FROM noetl_event), 0),"
+                " COALESCE((SELECT MAX(gid_last) FROM noetl_event_segment), 0))"
+            ).fetchone()
         return int(r[0])
 
     def executions(self, limit: int = 100) -> list[ExecutionInfo]:
