@@ -15,10 +15,28 @@ executions back to back against one shared event store:
 The ratio column is the engine's executions per minute over the baseline's.
 Run: ``python -m benchmarks.bench_throughput`` (needs Postgres at 127.0.0.1:5432).
 Anchor (Kestra's published figure): 1,000 executions/min at 0.47 s latency.
+
+Throughput mode (``--throughput``): many executions at once per worker process (threads), across
+processes: P processes x T threads, each thread running executions back to back for
+``--seconds``; the latency of each is from its request (the ``run_playbook`` call) to its
+completion. For each (P, T), in turn and in the same run:
+
+* baseline: raw psycopg doing the same inserts: each thread its own connection, each flush of
+  a real execution (captured once: the same event rows, names and body sizes) one transaction
+  of ``executemany`` into a copy of the event table (same columns, keys and indexes; no
+  numbering, no append lock, no executions index);
+* old path: the Postgres EventStore with group commit off (``group_commit=False``): each flush
+  its own statement and commit, threads queueing on the append lock;
+* new path: group commit on (the default): the flushes of all threads of a process that arrive
+  while a statement is in flight go in the next statement, one commit for all of them.
+
+The server's commit settings (``commit_delay``, ``commit_siblings``, ``synchronous_commit``...) are
+printed as they are; nothing is changed on the server.
 """
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing as mp
 import os
 import statistics
@@ -46,6 +64,10 @@ PLAYBOOK = {
         {"step": "end", "tool": {"kind": "noop"}},
     ],
 }
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
 
 
 def _url(db: str) -> str:
@@ -106,7 +128,16 @@ def _run(target, args_for, workers: int, **kw) -> tuple[float, float, float]:
     return per_min, statistics.median(lat), p99
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--throughput", action="store_true", help="P processes x T threads, old path vs new path")
+    ap.add_argument("--procs", default="1,2,4", help="worker processes, comma-separated")
+    ap.add_argument("--threads", default="1,8,32", help="threads per process, comma-separated")
+    ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds per row")
+    args = ap.parse_args(argv)
+    if args.throughput:
+        grid(PLAYBOOK, _ints(args.procs), _ints(args.threads), args.seconds)
+        return
     db = f"nd_tp_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(PG, autocommit=True) as c:
         c.execute(f"CREATE DATABASE {db}")
@@ -134,6 +165,157 @@ def main() -> None:
             for label, (per_min, p50, p99) in rows:
                 print(f"{label:44} {per_min:10.0f} {p50 * 1000:8.1f} {p99 * 1000:8.1f} {per_min / base[0]:7.2f}")
             print(f"(CPU cores: {os.cpu_count()}; {PER_WORKER} executions per worker; Kestra's anchor: 1,000/min, 470 ms)")
+    finally:
+        with psycopg.connect(PG, autocommit=True) as c:
+            c.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+
+
+# ---- throughput mode: P processes x T threads ---------------------------------------------------
+
+SERVER_SETTINGS = ("synchronous_commit", "commit_delay", "commit_siblings", "fsync", "wal_sync_method",
+                   "wal_writer_delay", "max_connections", "shared_buffers")  # fmt: skip
+
+COPY_TABLE = """CREATE TABLE IF NOT EXISTS bench_event (
+    gid BIGSERIAL PRIMARY KEY, event_id TEXT NOT NULL UNIQUE, execution_id TEXT NOT NULL,
+    sequence BIGINT NOT NULL, name TEXT NOT NULL, ts TEXT NOT NULL, body JSON NOT NULL,
+    UNIQUE (execution_id, sequence))"""
+
+
+def _load() -> str:
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def _capture_flushes(path: str, url: str, data_dir: str) -> list[list[tuple[str, str, str]]]:
+    """The flushes of one real execution: per flush, its events' (name, ts, stored body)."""
+    from noetl_dagster.runners.local import run_playbook
+    from noetl_dagster.storage.postgres_events import PostgresEventStore
+    from noetl_dagster.util.jsonutil import dumps
+
+    store = PostgresEventStore(url, group_commit=False)
+    flushes: list[list[tuple[str, str, str]]] = []
+    append = store.append
+
+    def recording(events):  # type: ignore[no-untyped-def]
+        out = append(events)
+        flushes.append([(e.name, e.timestamp, dumps(e.to_stored())) for e in out])
+        return out
+
+    store.append = recording  # type: ignore[method-assign]
+    run_playbook(path, event_store=store, data_dir=data_dir)
+    store.close()
+    return flushes
+
+
+def _threads(body, threads: int, seconds: float, start, out) -> None:  # type: ignore[no-untyped-def]
+    """Run ``body(thread_index)`` (one execution) back to back on each thread until the deadline."""
+    import threading
+
+    lats: list[float] = []
+    done = threading.Barrier(threads + 1)
+
+    def loop(i: int) -> None:
+        mine = []
+        done.wait()
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            r0 = time.perf_counter()
+            body(i)
+            mine.append(time.perf_counter() - r0)
+        lats.extend(mine)
+
+    ts = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(threads)]
+    for t in ts:
+        t.start()
+    start.wait()  # every process ready
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    done.wait()
+    for t in ts:
+        t.join()
+    out.put((time.perf_counter() - t0, lats, time.process_time() - c0))
+
+
+def _tp_engine(path: str, url: str, data_dir: str, threads: int, seconds: float, group: bool, start, out) -> None:  # type: ignore[no-untyped-def]
+    from noetl_dagster.runners.local import run_playbook
+    from noetl_dagster.storage.postgres_events import PostgresEventStore
+
+    store = PostgresEventStore(url, group_commit=group, pool_size=max(4, threads))
+    run_playbook(path, event_store=store, data_dir=data_dir)  # warm: imports, pools, template cache
+
+    def one(i: int) -> None:
+        result = run_playbook(path, event_store=store, data_dir=data_dir)
+        assert result.status == "completed", result.status
+
+    _threads(one, threads, seconds, start, out)
+    store.close()
+
+
+def _tp_baseline(url: str, flushes, threads: int, seconds: float, start, out) -> None:  # type: ignore[no-untyped-def]
+    conns = [psycopg.connect(url, autocommit=True) for _ in range(threads)]
+    ins = "INSERT INTO bench_event (event_id, execution_id, sequence, name, ts, body) VALUES (%s, %s, %s, %s, %s, %s)"
+
+    def one(i: int) -> None:
+        conn, eid, seq = conns[i], str(uuid.uuid4()), 0
+        for flush in flushes:
+            rows = []
+            for name, ts, body in flush:
+                seq += 1
+                rows.append((str(uuid.uuid4()), eid, seq, name, ts, body))
+            with conn.transaction(), conn.cursor() as cur:
+                cur.executemany(ins, rows)
+
+    _threads(one, threads, seconds, start, out)
+    for c in conns:
+        c.close()
+
+
+def _tp_run(target, args_for, procs: int) -> dict:  # type: ignore[no-untyped-def]
+    ctx = mp.get_context("spawn")
+    start = ctx.Barrier(procs)
+    out = ctx.Queue()
+    ps = [ctx.Process(target=target, args=(*args_for(i), start, out)) for i in range(procs)]
+    load0 = _load()
+    for p in ps:
+        p.start()
+    results = [out.get(timeout=900) for _ in ps]
+    for p in ps:
+        p.join()
+    wall = max(r[0] for r in results)
+    lat = sorted(x for r in results for x in r[1])
+    return {"per_min": len(lat) / wall * 60, "p50": statistics.median(lat),
+            "p99": lat[min(len(lat) - 1, int(len(lat) * 0.99))], "n": len(lat),
+            "cpu_ms": sum(r[2] for r in results) / len(lat) * 1000, "load": f"{load0} -> {_load()}"}  # fmt: skip
+
+
+def grid(playbook: dict, procs: list[int], threads: list[int], seconds: float) -> None:
+    db = f"nd_tpg_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(PG, autocommit=True) as c:
+        c.execute(f"CREATE DATABASE {db}")
+        settings = c.execute("SELECT name, setting FROM pg_settings WHERE name = ANY(%s)", (list(SERVER_SETTINGS),)).fetchall()
+    with psycopg.connect(_url(db), autocommit=True) as c:
+        c.execute(COPY_TABLE)
+    print("server:", ", ".join(f"{k}={v}" for k, v in sorted(settings)), f"(CPU cores: {os.cpu_count()})")
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "five_steps.yaml"
+            path.write_text(yaml.safe_dump(playbook, sort_keys=False))
+            flushes = _capture_flushes(str(path), _url(db) + "?schema=capture", f"{tmp}/cap")
+            n_ev = sum(len(f) for f in flushes)
+            print(f"one execution: {len(flushes)} flushes, {n_ev} events, "
+                  f"{sum(len(b) for f in flushes for _, _, b in f)} body bytes; {seconds:.0f} s per row")  # fmt: skip
+            print(f"{'P x T':8} {'path':10} {'exec/min':>9} {'p50 ms':>8} {'p99 ms':>8} {'cpu ms/ex':>9} "
+                  f"{'vs base':>7} {'vs old':>7}  load 1/5/15 min (before -> after)")  # fmt: skip
+            for p in procs:
+                for t in threads:
+                    base = _tp_run(_tp_baseline, lambda i, t=t: (_url(db), flushes, t, seconds), p)
+                    old = _tp_run(_tp_engine, lambda i, t=t: (str(path), _url(db) + "?schema=oldpath", f"{tmp}/o{i}",
+                                                              t, seconds, False), p)  # fmt: skip
+                    new = _tp_run(_tp_engine, lambda i, t=t: (str(path), _url(db) + "?schema=newpath", f"{tmp}/n{i}",
+                                                              t, seconds, True), p)  # fmt: skip
+                    for label, r in (("baseline", base), ("old path", old), ("new path", new)):
+                        print(f"{p} x {t:<4} {label:10} {r['per_min']:9.0f} {r['p50'] * 1000:8.1f} {r['p99'] * 1000:8.1f} "
+                              f"{r['cpu_ms']:9.2f} {r['per_min'] / base['per_min']:7.2f} "
+                              f"{r['per_min'] / old['per_min']:7.2f}  {r['load']}", flush=True)  # fmt: skip
     finally:
         with psycopg.connect(PG, autocommit=True) as c:
             c.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
