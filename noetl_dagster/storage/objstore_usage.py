@@ -15,8 +15,9 @@ response once the request is sent and the response head has arrived:
 That is the HTTP message bytes exactly (the test compares them with a TCP relay's counts),
 except interim ``100 Continue`` responses, which aiohttp does not show the client (25 bytes
 each), and TLS record overhead on https endpoints. The bytes go to
-:func:`~noetl_dagster.engine.usage.count_network` with the endpoint's host, which classifies
-them as in-cluster or egress exactly as for HTTP and Postgres.
+:func:`~noetl_dagster.engine.usage.count` with the endpoint host's class from
+:func:`~noetl_dagster.engine.usage.in_cluster` (cached per host): in-cluster or egress exactly as
+for HTTP and Postgres.
 
 Hooks: S3 through aiobotocore's documented ``AioConfig(http_session_cls=...)`` (a subclass of
 its aiohttp session that counts after ``send``), GCS through an aiohttp ``TraceConfig``
@@ -29,11 +30,26 @@ from __future__ import annotations
 
 import contextvars
 from functools import lru_cache
+from itertools import chain
 from typing import Any
 
-from noetl_dagster.engine.usage import count_network
+from noetl_dagster.engine.usage import count, in_cluster
 
 _EOL = 2  # CRLF
+
+
+@lru_cache(maxsize=256)
+def _egress(host: str | None) -> bool:
+    """``not in_cluster(host)``, remembered per endpoint host (the IP parse costs more than the count)."""
+    return not in_cluster(host)
+
+
+def _count(host: str | None, sent: int, received: int) -> None:
+    """:func:`~noetl_dagster.engine.usage.count_network` with the host's class cached."""
+    if _egress(host):
+        count(net_out_bytes=sent, net_in_bytes=received, egress_bytes=sent)
+    else:
+        count(net_out_bytes=sent, net_in_bytes=received)
 
 
 def _request_bytes(resp: Any) -> int:
@@ -42,7 +58,8 @@ def _request_bytes(resp: Any) -> int:
     # "METHOD /path?query HTTP/1.1\r\n"
     n = len(info.method) + 1 + len(info.url.raw_path_qs.encode()) + len(" HTTP/1.1") + _EOL
     headers = info.headers
-    n += sum(len(k.encode()) + 2 + len(v.encode()) + _EOL for k, v in headers.items()) + _EOL
+    # "Name: value\r\n" per header, then an empty line
+    n += len("".join(chain.from_iterable(headers.items())).encode()) + 4 * len(headers) + _EOL
     length = headers.get("Content-Length")
     if length and length.isdigit():
         n += int(length)
@@ -54,7 +71,8 @@ def _response_head_bytes(resp: Any) -> int:
     v = resp.version
     status = f"HTTP/{v.major}.{v.minor} {resp.status} {resp.reason or ''}" if v else f"HTTP/1.1 {resp.status}"
     n = len(status.encode()) + _EOL
-    return n + sum(len(k) + 2 + len(val) + _EOL for k, val in resp.raw_headers) + _EOL
+    raw = resp.raw_headers
+    return n + sum(map(len, chain.from_iterable(raw))) + 4 * len(raw) + _EOL
 
 
 def count_exchange(resp: Any) -> None:
@@ -62,7 +80,7 @@ def count_exchange(resp: Any) -> None:
     in the running task's usage: request and response head now, the response body when it ends."""
     try:
         host = resp.request_info.url.host
-        count_network(host, _request_bytes(resp), _response_head_bytes(resp))
+        _count(host, _request_bytes(resp), _response_head_bytes(resp))
     except (AttributeError, TypeError, ValueError):  # not an aiohttp response: nothing to count
         return
     content = getattr(resp, "content", None)
@@ -71,7 +89,7 @@ def count_exchange(resp: Any) -> None:
     ctx = contextvars.copy_context()  # the body may end in a callback outside the task's context
 
     def _body_done() -> None:
-        ctx.run(count_network, host, 0, int(getattr(content, "total_bytes", 0) or 0))
+        ctx.run(_count, host, 0, int(getattr(content, "total_bytes", 0) or 0))
 
     content.on_eof(_body_done)
 
