@@ -3,9 +3,12 @@ can run a loop's iterations in other processes or Dagster ops without a second i
 
 from __future__ import annotations
 
+import math
+import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -27,6 +30,207 @@ from noetl_dagster.engine.scope import Scope
 
 if TYPE_CHECKING:
     from noetl_dagster.engine.control import Engine
+
+
+# -- parallel loops: lanes widened by a measured rule ------------------------------------------
+LANE_TICK_SECONDS = 0.01  # how often the loop's own thread looks at the lanes
+LANE_MAX_GIL_SHARE = 0.5  # a second lane only when iterations hold a CPU at most half of their time
+LANE_SAMPLES = 9  # the rule reads the median GIL share of the last LANE_SAMPLES measured iterations
+LANE_MIN_SAMPLES = 3  # ... once at least this many were measured (a median of 3 outvotes one)
+LANE_CLEAR_WAIT = 0.1  # ... or at once when every measured iteration held a CPU at most 10% of its time
+LANE_SAMPLE_FIRST, LANE_SAMPLE_EVERY = 8, 16  # measure a lane's first 8 iterations, then every 16th
+LANE_PATIENCE_SECONDS = 0.1  # no iteration finished for this long: judge the running ones instead
+LANE_FIRST_PATIENCE_SECONDS = (
+    0.02  # ... while fewer than LANE_MIN_SAMPLES were measured (no flush is due yet)
+)
+
+
+def _open_clock(native_id: int | None) -> Callable[[], tuple[float, float]] | None:
+    """A reader of (CPU seconds, seconds runnable but waiting for a core) of the CALLING thread.
+
+    Linux: ``/proc/self/task/<tid>/schedstat``, the kernel's own account, so a thread that waits
+    for a core on a busy machine is not mistaken for one waiting on I/O. Elsewhere the thread's
+    CPU clock with no run-queue figure; None when neither exists."""
+    if native_id is not None:
+        try:
+            fd = os.open(f"/proc/self/task/{native_id}/schedstat", os.O_RDONLY)
+        except OSError:
+            fd = -1
+        if fd >= 0:
+
+            def schedstat() -> tuple[float, float]:
+                try:
+                    cpu_ns, wait_ns, *_ = os.pread(fd, 128, 0).split()
+                except OSError:
+                    return time.thread_time(), 0.0
+                return int(cpu_ns) / 1e9, int(wait_ns) / 1e9
+
+            schedstat.close = lambda: os.close(fd)  # type: ignore[attr-defined]
+            return schedstat
+    try:
+        time.thread_time()
+    except OSError:  # pragma: no cover - platforms without a thread CPU clock
+        return None
+    return lambda: (time.thread_time(), 0.0)
+
+
+def _thread_clock(native_id: int | None) -> tuple[float, float] | None:
+    """(CPU, run-queue wait) seconds of ANOTHER thread of this process so far (Linux only)."""
+    if native_id is None:
+        return None
+    try:
+        with open(f"/proc/self/task/{native_id}/schedstat", "rb") as fh:
+            cpu_ns, wait_ns, *_ = fh.read().split()
+        return int(cpu_ns) / 1e9, int(wait_ns) / 1e9
+    except (OSError, ValueError):
+        return None
+
+
+class Lanes:
+    """Call ``fn(0..n-1)`` on 1..``max_lanes`` threads ("lanes") that pull the next index.
+
+    The rule (measured by benchmarks/bench_loops.py): a parallel loop starts on ONE lane, in index
+    order. A lane measures some of its iterations (its first ``LANE_SAMPLE_FIRST``, then every
+    ``LANE_SAMPLE_EVERY``-th): the CPU time the kernel charged the thread and the time it sat
+    runnable waiting for a core, so the iteration's GIL share is ``g = cpu / (wall - run-queue
+    wait)``: the fraction of its time it runs Python (or C holding the interpreter) rather than
+    waiting on I/O, a sleep or a child process. Threads can overlap only the waiting, so at most
+    ``1/g`` lanes are useful. Every ``LANE_TICK_SECONDS`` the loop's own thread takes the median
+    ``g`` of the last ``LANE_SAMPLES`` measured iterations (at least ``LANE_MIN_SAMPLES``, so the
+    median ignores the odd iteration that waited on an event-store flush; or a single one when
+    every measured iteration waited at least 90% of its time, ``g <= LANE_CLEAR_WAIT``) and widens the loop to
+    ``min(max_lanes, floor(1/g))`` lanes when that is more than it has (``g <= 0.5`` for a second
+    lane). An iteration that runs long is judged while it runs: when no iteration finished for
+    ``LANE_PATIENCE_SECONDS`` (``LANE_FIRST_PATIENCE_SECONDS`` until ``LANE_MIN_SAMPLES`` were
+    measured: an I/O loop widens within its first waits), the lanes' share over that time decides the same way. Lanes are
+    never withdrawn. A CPU-bound loop (``g`` near 1) thus stays on one lane and costs what the
+    sequential loop costs (no GIL hand-offs, no lock contention); an I/O-bound loop widens after a
+    few iterations. Where no thread clock exists the loop widens to ``max_lanes`` at once (the
+    behaviour before the rule). Known limit: C code that releases the GIL yet burns CPU (numpy,
+    compression) counts as CPU-bound and keeps one lane; run it with ``isolation: process``
+    (waiting on a child process is waiting) to get the cores.
+
+    The indices come from one shared iterator (``next`` is atomic under the GIL: no lock per
+    iteration); an exception raised by ``fn`` stops lanes taking new indices and is re-raised
+    here after every lane has finished its current call."""
+
+    def __init__(self, n: int, max_lanes: int, fn: Callable[[int], Any], *, name: str = "noetl"):
+        self.n, self.max_lanes, self.fn, self.name = n, max(1, min(max_lanes, n)), fn, name
+        self._indices = iter(range(n))
+        self._errors: list[BaseException] = []
+        self._lock = threading.Lock()
+        self._running = 0
+        self._finished = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._done: list[int] = []  # iterations finished, per lane (each lane writes only its own slot)
+        self._samples: deque[float] = deque(maxlen=LANE_SAMPLES)  # GIL shares of measured iterations
+        self._no_clock = False
+        self.gil_share: float | None = None
+        self.widened_at: float | None = None  # seconds after the start when the loop first widened
+
+    def run(self) -> dict[str, Any]:
+        if self.n <= 0:
+            return {"lanes": 0, "gil_share": None, "widened_at": None}
+        t0 = time.perf_counter()
+        self._start(1)
+        seen, since, base = list(self._done), time.perf_counter(), self._clocks()
+        while not self._finished.wait(LANE_TICK_SECONDS):
+            lanes = len(self._threads)
+            if lanes >= self.max_lanes:
+                continue  # nothing left to decide: wait for the lanes
+            if self._no_clock:  # no thread clock on this platform: the behaviour before the rule
+                self._decide(0.0, t0)
+                continue
+            samples = sorted(self._samples)
+            if len(samples) >= LANE_MIN_SAMPLES or (samples and samples[-1] <= LANE_CLEAR_WAIT):
+                self._decide(samples[len(samples) // 2], t0)
+            now = time.perf_counter()
+            if self._done != seen or len(self._threads) != lanes:
+                seen, since, base = list(self._done), now, self._clocks()
+            elif now - since >= (
+                LANE_PATIENCE_SECONDS if len(samples) >= LANE_MIN_SAMPLES else LANE_FIRST_PATIENCE_SECONDS
+            ):
+                # nothing finished for a while: judge what runs
+                g = self._share_since(base, now - since)
+                if g is not None:
+                    self._decide(g, t0)
+                seen, since, base = list(self._done), now, self._clocks()
+        for t in self._threads:
+            t.join()
+        if self._errors:
+            raise self._errors[0]
+        return {"lanes": len(self._threads), "gil_share": None if self.gil_share is None else round(self.gil_share, 4),
+                "widened_at": self.widened_at}  # fmt: skip
+
+    def _decide(self, g: float, t0: float) -> None:
+        self.gil_share = g
+        target = min(self.max_lanes, math.floor(1 / g)) if g > 0 else self.max_lanes
+        if target > len(self._threads):
+            if self.widened_at is None:
+                self.widened_at = round(time.perf_counter() - t0, 4)
+            self._start(target - len(self._threads))
+
+    def _clocks(self) -> list[tuple[float, float] | None]:
+        return [_thread_clock(t.native_id) if t.is_alive() else None for t in self._threads]
+
+    def _share_since(self, base: list[tuple[float, float] | None], wall: float) -> float | None:
+        cpu_sum = avail_sum = 0.0
+        for t, before in zip(self._threads, base, strict=False):
+            now = _thread_clock(t.native_id) if before is not None and t.is_alive() else None
+            if now is None or before is None:
+                continue
+            cpu, wait = now[0] - before[0], now[1] - before[1]
+            cpu_sum += cpu
+            avail_sum += max(wall - wait, cpu)
+        return cpu_sum / avail_sum if avail_sum > 0 else None
+
+    def _start(self, k: int) -> None:
+        for _ in range(k):
+            with self._lock:
+                if self._finished.is_set():
+                    return
+                self._running += 1
+            lane = len(self._threads)
+            self._done.append(0)
+            t = threading.Thread(target=self._lane, args=(lane,), name=f"{self.name}-{lane}", daemon=True)
+            self._threads.append(t)
+            t.start()
+
+    def _lane(self, lane: int) -> None:
+        clock = _open_clock(threading.get_native_id())
+        if clock is None:
+            self._no_clock = True
+        fn, indices, samples, done, errors = self.fn, self._indices, self._samples, self._done, self._errors
+        perf = time.perf_counter
+        k = 0
+        try:
+            while not errors:
+                i = next(indices, None)
+                if i is None:
+                    return
+                measure = clock is not None and (k < LANE_SAMPLE_FIRST or k % LANE_SAMPLE_EVERY == 0)
+                if measure:
+                    c0, q0 = clock()  # type: ignore[misc]
+                    w0 = perf()
+                try:
+                    fn(i)
+                except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+                    errors.append(e)
+                    return
+                if measure:
+                    w1 = perf()
+                    c1, q1 = clock()  # type: ignore[misc]
+                    avail = (w1 - w0) - (q1 - q0)
+                    samples.append(min(1.0, (c1 - c0) / avail) if avail > 0 else 1.0)
+                k += 1
+                done[lane] = k
+        finally:
+            if clock is not None and hasattr(clock, "close"):
+                clock.close()
+            with self._lock:
+                self._running -= 1
+                if self._running == 0:
+                    self._finished.set()
 
 
 class _CursorRun:
@@ -289,12 +493,34 @@ class LoopPhases(CursorLoops):
         if lr is None:
             return False, None, err
         if lr.parallel:
-            run_bounded(lr.total, min(lr.max_in_flight, lr.total), lambda i: self.loop_iteration(lr, i, body),
-                        name=f"noetl-{frame.step.name}")  # fmt: skip
+            self._run_parallel(lr, body)
         else:
             for i in range(lr.total):
                 self.loop_iteration(lr, i, body)
         return self.loop_end(lr)
+
+    def _run_parallel(
+        self, lr: LoopRun, body: Callable[[_Frame], tuple[bool, Any, dict[str, Any] | None]]
+    ) -> None:
+        """A parallel loop's iterations on 1..max_in_flight lanes, widened by the GIL-share rule (Lanes)."""
+        self.loop_iterations(lr, range(lr.total), body)
+
+    def loop_iterations(
+        self, lr: LoopRun, indices: Sequence[int],
+        body: Callable[[_Frame], tuple[bool, Any, dict[str, Any] | None]] | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        """Run iterations ``indices`` of ``lr`` (in parallel when the loop is parallel, see :class:`Lanes`);
+        returns the schedule taken (lanes started, GIL share measured), also kept as ``lr.schedule``."""
+        idx = list(indices)
+        if not lr.parallel or len(idx) <= 1:
+            for i in idx:
+                self.loop_iteration(lr, i, body)
+            lr.schedule = {"lanes": 1 if idx else 0, "gil_share": None, "widened_at": None}  # type: ignore[attr-defined]
+            return lr.schedule  # type: ignore[attr-defined]
+        lanes = Lanes(len(idx), min(lr.max_in_flight, len(idx)), lambda k: self.loop_iteration(lr, idx[k], body),
+                      name=f"noetl-{lr.frame.step.name}")  # fmt: skip
+        lr.schedule = lanes.run()  # type: ignore[attr-defined]
+        return lr.schedule  # type: ignore[attr-defined]
 
     def loop_begin(self, loop: Loop, frame: _Frame) -> tuple[LoopRun | None, dict[str, Any] | None]:
         """Render ``loop.in`` and record loop.started; (None, error) when the loop cannot start."""
