@@ -177,8 +177,16 @@ def sequence_batch(
 
 
 def event_key(event_id: str) -> bytes:
-    """The 16-byte digest ``noetl_event_key`` indexes an event id by (idempotent appends)."""
-    return hashlib.blake2b(str(event_id).encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    """The 16 bytes ``noetl_event_key`` indexes an event id by (idempotent appends): a UUID's own
+    bytes (uuid7 ids are time-ordered, so new keys land at the end of the B-tree and a commit
+    dirties few pages), else a 16-byte digest of the id."""
+    s = str(event_id)
+    if len(s) == 36 and s[8] == s[13] == s[18] == s[23] == "-" and s == s.lower():  # one spelling per key
+        try:
+            return bytes.fromhex(s.replace("-", ""))
+        except ValueError:
+            pass
+    return hashlib.blake2b(s.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 # A batch of at least this many new events of one execution is stored as one segment row (issue 19).
