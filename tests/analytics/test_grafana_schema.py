@@ -1,10 +1,10 @@
 """The Grafana dashboard JSON against the structure of Grafana's dashboard schema (issue 18.4).
 
-Grafana publishes its dashboard schema as CUE/TypeScript (``@grafana/schema``), not as a
-JSON Schema that is installable offline here, so this checks the schema's required
-fields and types structurally: the dashboard's required keys, each panel's id/type/
-gridPos (within the 24-column grid, no overlaps), each target's refId and the
-datasource the import inputs declare."""
+The field names and types are checked against Grafana's schema itself (the official
+grafana-foundation-sdk models) in test_grafana_schema_sdk.py; this file checks what that schema
+does not model: the import envelope (``__inputs`` / ``__requires``), unique panel ids, the
+24-column grid without overlaps, each target's refId, SQL and format, and the datasource the
+import inputs declare."""
 
 from __future__ import annotations
 
