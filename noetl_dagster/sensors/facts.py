@@ -21,11 +21,21 @@
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from importlib.util import find_spec
+from typing import TYPE_CHECKING
 
 import dagster as dg
 from pydantic import Field
 
-from analytics.store import FactsStore
+if TYPE_CHECKING:
+    from analytics.store import FactsStore
+
+# The store (clickhouse-connect, pyarrow: ~1 s of CPU) is imported when a tick or a run opens it,
+# not when a code location loads this module (every run worker does); a missing analytics extra
+# still fails the import here, so example_project/definitions.py leaves the facts out.
+for _module in ("clickhouse_connect", "pyarrow"):
+    if find_spec(_module) is None:
+        raise ImportError(f"noetl_dagster.sensors.facts needs {_module} (the analytics extra)", name=_module)
 
 FACTS_KEY = dg.AssetKey(["noetl", "facts"])
 ROLLUPS_KEY = dg.AssetKey(["noetl", "cost_rollups"])
@@ -51,8 +61,10 @@ class FactsStoreResource(dg.ConfigurableResource):
     prices: str | None = Field(default=None, description="price table file; default analytics/prices.yaml")
 
     @contextmanager
-    def open(self) -> Iterator[FactsStore]:
+    def open(self) -> "Iterator[FactsStore]":
         """The store for one tick or one run; the embedded engine is released afterwards."""
+        from analytics.store import FactsStore  # noqa: PLC0415 - see the module's imports
+
         store = FactsStore(self.clickhouse_url, data_dir=self.data_dir, database=self.database)
         try:
             yield store

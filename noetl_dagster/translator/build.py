@@ -24,12 +24,13 @@ import yaml
 from dagster._core.definitions.dependency import DynamicCollectDependencyDefinition
 
 import noetl_dagster.translator.naming as naming
-from noetl_dagster.dsl import PlaybookInvalid, load_playbook
+from noetl_dagster.dsl import PlaybookInvalid
 from noetl_dagster.dsl.model import Output, Playbook
 from noetl_dagster.engine.graph import analyze
 from noetl_dagster.resources.noetl import NoetlResource, resource_from_env
 from noetl_dagster.resources.runtime import TAG_STEP, json_safe
 from noetl_dagster.translator.assets import playbook_assets
+from noetl_dagster.translator.cache import load_playbook_cached
 from noetl_dagster.translator.checks import playbook_checks
 from noetl_dagster.translator.declare import partitions_def, with_partition_metadata
 from noetl_dagster.translator.frames import loop_dependencies, make_loop_ops
@@ -209,7 +210,7 @@ def compile_playbooks(
             loaded.append((item, item.source_file))
             continue
         try:
-            loaded.append((load_playbook(item), str(item)))
+            loaded.append((load_playbook_cached(item), str(item)))
         except PlaybookInvalid as e:  # "raise" too: every broken file is named in the one error below
             invalid.append(InvalidPlaybook(str(item), tuple(str(i) for i in e.issues) or (f"{item}:1: invalid: {e}",)))
         except Exception as e:  # noqa: BLE001 - one unreadable file never takes the code location down
