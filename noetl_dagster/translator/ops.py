@@ -11,14 +11,17 @@ on either branch).
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
 import noetl_dagster.translator.naming as naming
+from analytics.pricing import Cost, PriceTable, cost_of_events
 from noetl_dagster.dsl.locator import InvalidLocator, asset_key_for_uri
 from noetl_dagster.dsl.model import Playbook
 from noetl_dagster.resources.runtime import (
@@ -325,6 +328,79 @@ def usage_metadata(usage: dict[str, dict[str, float]], steps: list[str]) -> dict
     return {f"noetl/usage/{k}": dg.FloatMetadataValue(float(v)) if isinstance(v, float) else int(v) for k, v in sorted(total.items())}
 
 
+# -- cost per attempt / step / op / execution (analytics/pricing.py: the allocation SQL's formula) --
+COST_PREFIX = "noetl/cost/"
+TAG_PRICE_VERSION = "noetl/price_version"
+_prices_lock = threading.Lock()
+# (env file, data dir) -> (source, mtime, PriceTable)
+_PRICES: dict[tuple[str, str], tuple[str, float, PriceTable]] = {}
+
+
+def price_table(resource: Any) -> PriceTable:
+    """The run's price table (``$NOETL_DAGSTER_PRICES`` > ``<data dir>/prices.yaml`` > the packaged
+    default, as the facts refresh loads it), re-read when the file changes."""
+    data_dir = resource.resolved_data_dir() if hasattr(resource, "resolved_data_dir") else None
+    key = (os.environ.get("NOETL_DAGSTER_PRICES") or "", str(data_dir or ""))
+    with _prices_lock:
+        cached = _PRICES.get(key)
+    if cached is not None:
+        try:
+            if Path(cached[0]).stat().st_mtime == cached[1]:
+                return cached[2]
+        except OSError:
+            pass
+    table = PriceTable.load(data_dir=data_dir)
+    try:
+        mtime = Path(table.source).stat().st_mtime
+    except OSError:
+        mtime = -1.0
+    with _prices_lock:
+        _PRICES[key] = (table.source, mtime, table)
+    return table
+
+
+def cost_metadata(cost: Cost, share: float = 1.0) -> dict[str, Any]:
+    """A :class:`analytics.pricing.Cost` (times ``share``) as numeric metadata: ``noetl/cost/<currency>``
+    (the total, e.g. ``noetl/cost/usd``) and one key per component, plus the price version (text)."""
+    cur = cost.currency.lower()
+    md: dict[str, Any] = {f"{COST_PREFIX}{cur}": dg.FloatMetadataValue(cost.total * share)}
+    for c in ("cpu", "ram", "egress", "shot", "qpu"):
+        md[f"{COST_PREFIX}{c}_{cur}"] = dg.FloatMetadataValue(getattr(cost, c) * share)
+    md[f"{COST_PREFIX}attempts"] = cost.attempts
+    md[f"{COST_PREFIX}price_version"] = dg.MetadataValue.text(cost.price_version)
+    return md
+
+
+def cost_tags(cost: Cost) -> dict[str, str]:
+    """Run tags of an execution's cost: ``noetl/cost_<currency>`` (decimal string) and ``noetl/price_version``."""
+    return {f"noetl/cost_{cost.currency.lower()}": f"{cost.total:.12f}".rstrip("0").rstrip("."),
+            TAG_PRICE_VERSION: cost.price_version or "-"}  # fmt: skip
+
+
+def _op_cost_metadata(prices: PriceTable, by_step: Mapping[str, Cost], ran: list[str], *, multi: bool) -> dict[str, Any]:
+    """The op's cost (its steps' attempts summed), and each step's total when the op runs several."""
+    md = cost_metadata(sum((by_step[s] for s in ran if s in by_step), Cost(currency=prices.currency)))
+    if multi:
+        cur = prices.currency.lower()
+        for s in ran:
+            md[f"{s}.cost_{cur}"] = dg.FloatMetadataValue(by_step[s].total if s in by_step else 0.0)
+    return md
+
+
+def _costs(context: Any, report: OpReport) -> tuple[PriceTable, dict[str, Cost], list[Any]] | None:
+    """(price table, step -> Cost of the attempts of the step runs this op reported, the execution's
+    events) from the execution's ``task.done`` events; None (with a warning) when it cannot be priced."""
+    eng = report.engine
+    try:
+        prices = price_table(getattr(context.resources, RESOURCE_KEY))
+        events = [e for e in eng.services.event_store.read(eng.execution_id) if e.execution_id == eng.execution_id]
+        runs = {o.step_run_id for o in report.outcomes}
+        return prices, cost_of_events(prices, events, runs), events
+    except Exception as e:  # noqa: BLE001 - cost is informational; a bad price file never fails a step
+        context.log.warning(f"no cost metadata: {e}")
+        return None
+
+
 def _report_outputs(
     context: dg.OpExecutionContext, report: OpReport, node: Node, plan: JobPlan | None, node_outputs: dict[str, str]
 ) -> Iterator[Any]:
@@ -335,6 +411,7 @@ def _report_outputs(
     for o in report.outcomes:
         if o.step not in ran:
             ran.append(o.step)
+    priced = _costs(context, report) if ran or report.finished else None
     if ran:
         if len(node.steps) == 1:
             md = result_metadata(eng, ran[0])
@@ -346,13 +423,18 @@ def _report_outputs(
                         md[f"{s}.{k.removeprefix('noetl/')}"] = v
         md["execution_id"] = eng.execution_id
         md.update(usage_metadata(report.usage, ran))
+        if priced is not None:
+            md.update(_op_cost_metadata(priced[0], priced[1], ran, multi=len(node.steps) > 1))
         if report.recovered:
             md["recovered_step_runs"] = ", ".join(report.recovered)
         yield dg.Output(None, RESULT_OUTPUT, metadata=md)
+    if priced is not None and report.finished:  # the execution is over: its whole cost on the run
+        prices, _, events = priced
+        _tag_run(context, cost_tags(sum(cost_of_events(prices, events).values(), Cost(currency=prices.currency))))
     res = getattr(context.resources, RESOURCE_KEY)
     for step, v, mat in _materializations(eng.execution_id, report.task_results, res,
                                           context.partition_key if context.has_partition_key else None,
-                                          eng.state.workload):  # fmt: skip
+                                          eng.state.workload, priced[1] if priced else None):  # fmt: skip
         yield mat
         for ev in declared_check_evaluations(eng.playbook, res, step, v):  # the step's declared checks
             context.log_event(ev)
@@ -371,22 +453,32 @@ def _report_outputs(
 
 def _materializations(
     eid: str, task_results: list[tuple[str, Any]], resource: Any = None, partition: str | None = None,
-    workload: Mapping[str, Any] | None = None,
+    workload: Mapping[str, Any] | None = None, costs: Mapping[str, Cost] | None = None,
 ) -> Iterator[tuple[str, StoredVersion, dg.AssetMaterialization]]:
     """Tasks that stored a table (their result is a ``noetl://`` reference) materialize its asset key,
-    with the metadata the asset-first multi-asset reports (schema, rows, bytes, version)."""
+    with the metadata the asset-first multi-asset reports (schema, rows, bytes, version), and the
+    step's cost (``costs``: step -> Cost) split evenly over the tables the step stored, so summing
+    ``noetl/cost/usd`` over assets (as Insights does) counts each attempt once."""
     now = datetime.now(UTC)
+    stored: list[tuple[str, dict[str, Any], dg.AssetKey]] = []
     for step, result in task_results:
         for info in stored_refs(result):
-            uri = info["uri"]
             try:
-                key = asset_key_for_uri(uri)
+                stored.append((step, info, asset_key_for_uri(info["uri"])))
             except InvalidLocator:
                 continue
-            v = StoredVersion(uri, dict(info), execution_id=eid, stored_at=now, workload=dict(workload or {}))
-            if resource is not None:
-                v = with_registry(resource, v)
-            md = version_metadata(v)
-            md["noetl/step"] = step
-            yield step, v, dg.AssetMaterialization(asset_key=key, metadata=md, description=f"stored by step {step}",
-                                                   partition=partition)  # fmt: skip
+    per_step: dict[str, int] = {}
+    for step, _, _ in stored:
+        per_step[step] = per_step.get(step, 0) + 1
+    for step, info, key in stored:
+        uri = info["uri"]
+        v = StoredVersion(uri, dict(info), execution_id=eid, stored_at=now, workload=dict(workload or {}))
+        if resource is not None:
+            v = with_registry(resource, v)
+        md = version_metadata(v)
+        md["noetl/step"] = step
+        if costs and step in costs:
+            md.update(cost_metadata(costs[step], 1.0 / per_step[step]))
+            md[f"{COST_PREFIX}share"] = dg.FloatMetadataValue(1.0 / per_step[step])
+        yield step, v, dg.AssetMaterialization(asset_key=key, metadata=md, description=f"stored by step {step}",
+                                               partition=partition)  # fmt: skip

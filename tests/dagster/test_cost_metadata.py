@@ -1,0 +1,167 @@
+"""Cost per execution on real Dagster runs (execute_in_process, instance_for_test): every op's result output
+and every asset materialization carries ``noetl/cost/usd`` (+ components, price version) priced from the
+measured usage of its task attempts with analytics/pricing.py (the allocation SQL's formula); the run that
+finishes the execution is tagged ``noetl/cost_usd`` / ``noetl/price_version`` with the execution's total."""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+import yaml
+
+from analytics.pricing import AttemptUsage, PriceTable
+from noetl_dagster.resources.noetl import NoetlResource
+from noetl_dagster.storage.event_stores import open_event_store
+from noetl_dagster.translator import compile_playbooks
+
+PRICES = """\
+currency: USD
+allocation:
+  - version: t-1
+    valid_from: 2000-01-01
+    cpu_core_hour: 36.0      # 1 cent per CPU-second: the test's few CPU-seconds are cents, not micro-cents
+    ram_gb_hour: 3.6
+    egress_gb: 0.09
+    shot: 0.0009
+    qpu_second: 1.6
+"""
+
+PLAYBOOK = """\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: cost_probe, path: tests/cost_probe}
+workload: {n: 100000}
+workflow:
+  - step: start
+    tool:
+      - crunch:
+          kind: python
+          input: {n: "{{ workload.n }}"}
+          code: |
+            t = 0
+            for i in range(n):
+                t += i * i
+            result = {"ratio": t / 0}
+    next:
+      arcs:
+        - step: repair
+          when: "{{ event.name == 'call.error' }}"
+  - step: repair
+    tool:
+      - rows:
+          kind: python
+          input: {n: "{{ workload.n }}"}
+          code: |
+            t = 0
+            for i in range(n):
+                t += i % 7
+            result = [{"k": i, "v": t % (i + 1)} for i in range(50)]
+      - save_a:
+          kind: parquet
+          uri: noetl://demo/examples/costs/dataset/cost_probe_a
+          data: "{{ rows }}"
+      - save_b:
+          kind: parquet
+          uri: noetl://demo/examples/costs/dataset/cost_probe_b
+          data: "{{ rows }}"
+"""
+
+
+def _run(tmp_path, prices: str | None):  # noqa: ANN001, ANN202
+    pb = tmp_path / "cost_probe.yaml"
+    pb.write_text(PLAYBOOK)
+    data = tmp_path / "noetl"
+    data.mkdir()
+    if prices is not None:
+        (data / "prices.yaml").write_text(prices)  # <data dir>/prices.yaml, as `facts refresh` reads it
+    res = NoetlResource(data_dir=str(data), tenant="demo", project="examples")
+    loc = compile_playbooks(pb, resource=res, include_sensor=False)
+    instance = dg.instance_for_test()
+    inst = instance.__enter__()
+    result = loc.definitions.resolve_job_def("cost_probe").execute_in_process(
+        instance=inst, raise_on_error=False
+    )
+    return instance, inst, result, data
+
+
+def _result_metadata(result, step: str) -> dict:  # noqa: ANN001
+    for node in result.job_def.nodes:
+        if node.name.endswith(step):
+            for ev in result.events_for_node(node.name):
+                if ev.event_type_value == "STEP_OUTPUT" and ev.step_output_data.output_name == "result":
+                    return {k: getattr(v, "value", v) for k, v in ev.step_output_data.metadata.items()}
+    raise AssertionError(f"no result output for {step}")
+
+
+def _attempts(data, execution_id: str) -> dict[str, list]:  # noqa: ANN001
+    log = open_event_store(None, data_dir=data)
+    try:
+        events = log.read(execution_id)
+    finally:
+        log.close()
+    out: dict[str, list] = {}
+    for e in events:
+        if e.name == "task.done":
+            out.setdefault(e.step, []).append(e)
+    return out
+
+
+def test_cost_metadata_and_run_tags_equal_the_formula(tmp_path):
+    instance, inst, result, data = _run(tmp_path, PRICES)
+    try:
+        assert result.success
+        run = inst.get_run_by_id(result.run_id)
+        eid = run.tags["noetl/execution_id"]
+        prices = PriceTable.from_dict(yaml.safe_load(PRICES))
+        attempts = _attempts(data, eid)
+        assert {s: len(a) for s, a in attempts.items()} == {"start": 1, "repair": 3}
+        assert attempts["start"][0].data["outcome"]["status"] == "error"  # failed attempts cost too
+
+        def formula(step: str):  # noqa: ANN202
+            return prices.cost(AttemptUsage.from_task_done(e.data, e.timestamp) for e in attempts[step])
+
+        for step in ("start", "repair"):
+            md, want = _result_metadata(result, step), formula(step)
+            assert md["noetl/cost/usd"] == pytest.approx(want.total, rel=1e-12) and want.total > 0
+            for c in ("cpu", "ram", "egress", "shot", "qpu"):
+                assert md[f"noetl/cost/{c}_usd"] == pytest.approx(getattr(want, c), rel=1e-12, abs=1e-15)
+            assert md["noetl/cost/price_version"] == "t-1" and md["noetl/cost/attempts"] == len(
+                attempts[step]
+            )
+            # the CPU line is the op's measured CPU (its usage metadata) in core-hours x the core-hour price
+            cpu_s = md["noetl/usage/cpu_s"] + md.get("noetl/usage/child_cpu_s", 0)
+            assert md["noetl/cost/cpu_usd"] == pytest.approx(cpu_s / 3600 * 36.0, rel=1e-9)
+        # the two tables `repair` stored: each carries half the step's cost, so a sum over assets is the step's
+        mats = [ev.event_specific_data.materialization for ev in result.all_events
+                if ev.event_type_value == "ASSET_MATERIALIZATION"]  # fmt: skip
+        assert sorted(m.asset_key.path[-1] for m in mats) == ["cost_probe_a", "cost_probe_b"]
+        repair = formula("repair")
+        for m in mats:
+            md = {k: getattr(v, "value", v) for k, v in m.metadata.items()}
+            assert md["noetl/cost/usd"] == pytest.approx(repair.total / 2, rel=1e-12)
+            assert md["noetl/cost/share"] == 0.5 and md["noetl/cost/price_version"] == "t-1"
+        # the asset's materialization history (what Insights reads) has the numeric key
+        latest = inst.get_latest_materialization_event(dg.AssetKey(mats[0].asset_key.path))
+        assert latest.asset_materialization.metadata["noetl/cost/usd"].value > 0
+        # the run that finished the execution carries the execution's total cost and price version
+        total = formula("start") + formula("repair")
+        assert run.tags["noetl/status"] == "completed"
+        assert float(run.tags["noetl/cost_usd"]) == pytest.approx(total.total, rel=1e-9, abs=1e-12)
+        assert run.tags["noetl/price_version"] == "t-1"
+    finally:
+        instance.__exit__(None, None, None)
+
+
+def test_a_bad_price_file_never_fails_the_run(tmp_path):
+    instance, inst, result, _ = _run(tmp_path, "allocation: [{cpu_core_hour: -1}]\n")
+    try:
+        assert result.success
+        md = _result_metadata(result, "repair")
+        assert "noetl/usage/cpu_s" in md and not any(k.startswith("noetl/cost/") for k in md)
+        assert "noetl/cost_usd" not in inst.get_run_by_id(result.run_id).tags
+        warnings = [
+            e.user_message for e in inst.all_logs(result.run_id) if "no cost metadata" in e.user_message
+        ]
+        assert warnings and "cpu_core_hour must be a non-negative number" in warnings[0]
+    finally:
+        instance.__exit__(None, None, None)
