@@ -104,7 +104,10 @@ def uuid7() -> str:
 
     The random bits come from a per-process generator seeded from ``os.urandom`` (and
     reseeded after fork): ids must be unique, not secret, and this is 10x cheaper."""
-    ms = time.time_ns() // 1_000_000
+    return _uuid7_at(time.time_ns() // 1_000_000)
+
+
+def _uuid7_at(ms: int) -> str:
     rand = _rng.getrandbits(80)
     h = "%012x%04x%04x%012x" % (  # noqa: UP031 - the fastest formatting here
         ms & 0xFFFFFFFFFFFF,
@@ -130,12 +133,15 @@ _second_cache: list[Any] = [-1, ""]
 
 def now_iso() -> str:
     """UTC now as ISO 8601 with microseconds (``2026-11-21T05:45:03.123456+00:00``)."""
-    t = time.time()
-    sec = int(t)
+    return _iso_at(time.time_ns())
+
+
+def _iso_at(t_ns: int) -> str:
+    sec, ns = divmod(t_ns, 1_000_000_000)
     if sec != _second_cache[0]:
         _second_cache[1] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))
         _second_cache[0] = sec
-    return f"{_second_cache[1]}.{int((t - sec) * 1_000_000):06d}+00:00"
+    return f"{_second_cache[1]}.{ns // 1000:06d}+00:00"
 
 
 _OPTIONAL = ("parent_execution_id", "entity_id", "step", "step_run_id", "task_run_id", "loop_id", "iteration", "attempt")
@@ -157,14 +163,20 @@ class Event:
     parent_execution_id: str | None = None
     tenant_id: str = "default"
     project_id: str = "default"
-    event_id: str = field(default_factory=uuid7)
-    timestamp: str = field(default_factory=now_iso)
+    event_id: str = None  # type: ignore[assignment]  # None: a new uuid7 (see __post_init__)
+    timestamp: str = None  # type: ignore[assignment]  # None: now, from the same clock read as the id
     sequence: int | None = None
     source: str = ""
     entity: str = ""
     schema_version: str = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
+        if self.event_id is None or self.timestamp is None:  # one clock read for both (a syscall here)
+            t = time.time_ns()
+            if self.event_id is None:
+                self.event_id = _uuid7_at(t // 1_000_000)
+            if self.timestamp is None:
+                self.timestamp = _iso_at(t)
         if not self.source:
             self.source = "server" if self.name in SERVER_EVENTS else "worker"
         if not self.entity:
@@ -201,10 +213,23 @@ class Event:
         same event, so replay and readers see no difference."""
         d = {"event_id": self.event_id, "sequence": self.sequence, "execution_id": self.execution_id,
              "timestamp": self.timestamp, "name": self.name}  # fmt: skip
-        for key in _OPTIONAL:
-            v = getattr(self, key)
-            if v is not None:
-                d[key] = v
+        # _OPTIONAL spelled out: this runs for every stored event
+        if self.parent_execution_id is not None:
+            d["parent_execution_id"] = self.parent_execution_id
+        if self.entity_id is not None:
+            d["entity_id"] = self.entity_id
+        if self.step is not None:
+            d["step"] = self.step
+        if self.step_run_id is not None:
+            d["step_run_id"] = self.step_run_id
+        if self.task_run_id is not None:
+            d["task_run_id"] = self.task_run_id
+        if self.loop_id is not None:
+            d["loop_id"] = self.loop_id
+        if self.iteration is not None:
+            d["iteration"] = self.iteration
+        if self.attempt is not None:
+            d["attempt"] = self.attempt
         if self.status != "success":
             d["status"] = self.status
         if self.tenant_id != "default":

@@ -122,7 +122,7 @@ class Recorder:
 
     def emit(self, name: str, *, data: dict[str, Any] | None = None, **fields: Any) -> Event:
         d = data if data is not None else {}
-        if self.redactor:
+        if d and self.redactor:  # (an empty body holds no secret)
             d = self.redactor.value(d)
         ev = Event(
             name,

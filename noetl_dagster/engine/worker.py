@@ -56,12 +56,15 @@ class _ToolCtx:
         self.task = task.label
         self.attempt = attempt
         self.spec = task.spec
-        self.base_dir = worker.engine.playbook.base_dir
         self.render_context = scope
         self.tenant = worker.engine.services.tenant
         self.project = worker.engine.services.project
         # a generated playbook (engine.trust): tools keep it away from the worker's environment
         self.restricted = bool(getattr(worker.engine, "grant", None) and worker.engine.grant.restricted)
+
+    @property
+    def base_dir(self) -> Any:  # computed when a tool asks (a path operation per task otherwise)
+        return self._worker.engine.playbook.base_dir
 
     @property
     def payloads(self) -> Any:
@@ -228,18 +231,19 @@ class Worker(LoopPhases):
             # writes: the rule's set_ctx / set_iter, then the task's own `set`
             delay = 0.0
             try:
-                pscope = scope.child(outcome=outcome, output=outcome, error=outcome.get("error"), result=outcome.get("result"))
-                if do == "retry":  # resolved first: an exhausted retry is a plain continue / fail, writes included
-                    max_attempts = min(self._int(then.attempts if then else None, pscope, DEFAULT_RETRY_ATTEMPTS), MAX_RETRY_ATTEMPTS)
-                    if attempt < max_attempts:
-                        delay = self._retry_delay(then, attempt, pscope)
-                    else:
-                        do = "continue" if status_ok else "fail"
-                if then is not None and then.set:
-                    self._apply_set(then.set.ctx, then.set.iter, pscope, frame, source=f"rule:{task.label}")
-                if task.set and do != "retry":
-                    tscope = pscope.child(output=view(outcome.get("result")))
-                    self._apply_set(task.set.ctx, task.set.iter, tscope, frame, source=f"task:{task.label}")
+                if do == "retry" or (then is not None and then.set) or task.set:  # else nothing renders here
+                    pscope = scope.child(outcome=outcome, output=outcome, error=outcome.get("error"), result=outcome.get("result"))
+                    if do == "retry":  # resolved first: an exhausted retry is a plain continue / fail, writes included
+                        max_attempts = min(self._int(then.attempts if then else None, pscope, DEFAULT_RETRY_ATTEMPTS), MAX_RETRY_ATTEMPTS)
+                        if attempt < max_attempts:
+                            delay = self._retry_delay(then, attempt, pscope)
+                        else:
+                            do = "continue" if status_ok else "fail"
+                    if then is not None and then.set:
+                        self._apply_set(then.set.ctx, then.set.iter, pscope, frame, source=f"rule:{task.label}")
+                    if task.set and do != "retry":
+                        tscope = pscope.child(output=view(outcome.get("result")))
+                        self._apply_set(task.set.ctx, task.set.iter, tscope, frame, source=f"task:{task.label}")
             except (TemplateError, CtxConflict) as e:
                 kind = "template_error" if isinstance(e, TemplateError) else "ctx_conflict"
                 outcome = outcome | {"status": "error", "error": _error(kind, str(e))}
