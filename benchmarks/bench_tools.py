@@ -9,8 +9,13 @@ Each comparison is made in this process, on the same server, one after the
 other, best of three; the figure is engine time / direct time (target: <= 1.5x). The tool
 function alone (called from 16 threads with a minimal context) is shown too,
 to separate tool cost from engine bookkeeping (events, state, SQLite log).
+For Postgres (issue 19.2, target <= 1.2x) the variants run interleaved round by
+round (best of three each), and a loop of ``noop`` tasks of the same shape gives
+the engine's own cost per iteration; ``--baseline-rev REV`` adds the tool as it
+was at git revision REV (tool and engine loop), for a before/after in one run.
 
-Run: ``python -m benchmarks.bench_tools [--n 1000]`` (Postgres at 127.0.0.1:5432, trust auth).
+Run: ``python -m benchmarks.bench_tools [--n 1000] [--only postgres] [--baseline-rev REV]``
+(Postgres at 127.0.0.1:5432, trust auth).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from psycopg_pool import ConnectionPool
 PG = os.environ.get("NOETL_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 CONCURRENCY = 16
 TARGET = 1.5
+PG_TARGET = 1.2  # issue 19.2
 
 
 # -- a loopback HTTP server -----------------------------------------------------------------
@@ -150,16 +156,17 @@ def loop_playbook(tool: dict[str, Any], n: int):
     )
 
 
-def run_engine(pb, work_dir: Path) -> float:
+def run_engine_once(pb, work_dir: Path) -> None:
     from noetl_dagster.runners.local import run_playbook
 
-    def once() -> None:
-        res = run_playbook(pb, data_dir=work_dir / uuid.uuid4().hex)
-        stats = res.results["start"]["stats"]
-        if res.status != "completed" or stats["failed"]:
-            raise RuntimeError(f"engine run failed: {res.status} {stats}")
+    res = run_playbook(pb, data_dir=work_dir / uuid.uuid4().hex)
+    stats = res.results["start"]["stats"]
+    if res.status != "completed" or stats["failed"]:
+        raise RuntimeError(f"engine run failed: {res.status} {stats}")
 
-    return timed(once)
+
+def run_engine(pb, work_dir: Path) -> float:
+    return timed(lambda: run_engine_once(pb, work_dir))
 
 
 def bench_http(n: int, work_dir: Path) -> dict[str, float]:
@@ -182,9 +189,53 @@ def bench_http(n: int, work_dir: Path) -> dict[str, float]:
     return {"direct": direct, "tool": tool, "engine": engine}
 
 
-def bench_postgres(n: int, work_dir: Path) -> dict[str, float]:
+def load_tool_at(rev: str):
+    """The postgres tool function as it was at git revision ``rev``, loaded beside the current one
+    (for a before/after in the same run). Loading it re-registers kind ``postgres``: call
+    :func:`use_tool` before each engine run."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    text = subprocess.run(["git", "-C", str(root), "show", f"{rev}:noetl_dagster/tools/postgres.py"],
+                          check=True, capture_output=True, text=True).stdout  # fmt: skip
+    path = Path(tempfile.mkdtemp(prefix="bench-tools-rev-")) / "postgres_at_rev.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location(f"_bench_postgres_{rev}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod.postgres_tool
+
+
+def use_tool(fn: Callable[..., Any]) -> None:
+    from noetl_dagster.tools.configs import PostgresConfig
+    from noetl_dagster.tools.registry import register_tool
+
+    register_tool("postgres", fn, config=PostgresConfig)
+
+
+def best_of(variants: dict[str, Callable[[], Any]]) -> dict[str, float]:
+    """Best of REPEAT for each variant, the variants interleaved round by round, so a burst of load
+    on the shared machine hits all of them alike."""
+    best = dict.fromkeys(variants, float("inf"))
+    for _ in range(REPEAT):
+        for name, fn in variants.items():
+            t0 = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return best
+
+
+def bench_postgres(n: int, work_dir: Path, baseline_rev: str | None = None) -> dict[str, float]:
+    """direct, tool (and tool@rev), engine (and engine@rev), engine with a noop tool; seconds."""
     from noetl_dagster.tools.postgres import postgres_tool
 
+    tools = {"": postgres_tool}
+    if baseline_rev:
+        tools["@" + baseline_rev] = load_tool_at(baseline_rev)
+        use_tool(postgres_tool)
     db = f"nd_bench_tools_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(PG, autocommit=True) as c:
         c.execute(f"CREATE DATABASE {db}")
@@ -198,9 +249,11 @@ def bench_postgres(n: int, work_dir: Path) -> dict[str, float]:
     creds_file.write_text(json.dumps({"credentials": {"pg_bench": record}}))
     old_env = os.environ.get("NOETL_CREDENTIALS_FILE")
     os.environ["NOETL_CREDENTIALS_FILE"] = str(creds_file)
+    tables = ["direct_rows"] + [f"tool_rows{i}" for i in range(len(tools))] + [f"engine_rows{i}" for i in range(len(tools))]
+    ctxs: list[_Ctx] = []
     try:
         with psycopg.connect(url, autocommit=True) as c:
-            for t in ("direct_rows", "tool_rows", "engine_rows"):
+            for t in tables:
                 c.execute(f"CREATE TABLE {t} (i int, note text)")
         with ConnectionPool(url, min_size=CONCURRENCY, max_size=CONCURRENCY, kwargs={"autocommit": True}) as pool:
             pool.wait()
@@ -209,42 +262,40 @@ def bench_postgres(n: int, work_dir: Path) -> dict[str, float]:
                 with pool.connection() as conn:
                     conn.execute("INSERT INTO direct_rows VALUES (%s, %s)", (i, f"row {i}"))
 
-            direct = timed(lambda: fan_out(n, insert))
-        ctx = _Ctx({"pg_bench": record})
-        try:
-            postgres_tool({"auth": "pg_bench", "query": "SELECT 1"}, ctx)  # open the pool
-            tool = timed(
-                lambda: fan_out(
-                    n, lambda i: postgres_tool({"auth": "pg_bench", "command": "INSERT INTO tool_rows VALUES (%s, %s)", "params": [i, f"row {i}"]}, ctx)
+            variants: dict[str, Callable[[], Any]] = {"direct": lambda: fan_out(n, insert)}
+            for k, (suffix, fn) in enumerate(tools.items()):
+                ctx = _Ctx({"pg_bench": record})
+                ctxs.append(ctx)
+                fan_out(2 * CONCURRENCY, lambda i, fn=fn, ctx=ctx: fn({"auth": "pg_bench", "query": "SELECT 1"}, ctx))  # open the pool
+                command = f"INSERT INTO tool_rows{k} VALUES (%s, %s)"
+                variants["tool" + suffix] = lambda fn=fn, ctx=ctx, command=command: fan_out(
+                    n, lambda i: fn({"auth": "pg_bench", "command": command, "params": [i, f"row {i}"]}, ctx)
                 )
-            )
-        finally:
-            ctx.close()
-        engine = run_engine(
-            loop_playbook(
-                {"kind": "postgres", "auth": "pg_bench", "command": "INSERT INTO engine_rows VALUES (%(i)s, %(note)s)",
-                 "params": {"i": "{{ iter.i }}", "note": "row {{ iter.i }}"}},
-                n,
-            ),
-            work_dir,
-        )  # fmt: skip
+            for k, (suffix, fn) in enumerate(tools.items()):
+                pb = loop_playbook(
+                    {"kind": "postgres", "auth": "pg_bench", "command": f"INSERT INTO engine_rows{k} VALUES (%(i)s, %(note)s)",
+                     "params": {"i": "{{ iter.i }}", "note": "row {{ iter.i }}"}},
+                    n,
+                )  # fmt: skip
+                variants["engine" + suffix] = lambda pb=pb, fn=fn: (use_tool(fn), run_engine_once(pb, work_dir))
+            variants["noop"] = lambda: run_engine_once(loop_playbook({"kind": "noop"}, n), work_dir)
+            times = best_of(variants)
+        use_tool(postgres_tool)
         with psycopg.connect(url) as c:
-            counts = [c.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("direct_rows", "tool_rows", "engine_rows")]
-        if counts != [n * REPEAT] * 3:
-            raise RuntimeError(f"row counts {counts}, expected {n * REPEAT} each")
+            counts = [c.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in tables]
+        if counts != [n * REPEAT] * len(tables):
+            raise RuntimeError(f"row counts {dict(zip(tables, counts, strict=True))}, expected {n * REPEAT} each")
     finally:
+        use_tool(postgres_tool)
+        for ctx in ctxs:
+            ctx.close()
         if old_env is None:
             os.environ.pop("NOETL_CREDENTIALS_FILE", None)
         else:
             os.environ["NOETL_CREDENTIALS_FILE"] = old_env
         with psycopg.connect(PG, autocommit=True) as c:
             c.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
-    return {"direct": direct, "tool": tool, "engine": engine}
-
-
-def bench_noop(n: int, work_dir: Path) -> float:
-    """The engine's own cost for the same loop shape: a noop tool, no I/O."""
-    return run_engine(loop_playbook({"kind": "noop"}, n), work_dir)
+    return times
 
 
 def report(name: str, n: int, t: dict[str, float]) -> None:
@@ -256,16 +307,40 @@ def report(name: str, n: int, t: dict[str, float]) -> None:
     print(f"  engine   {t['engine']:7.3f} s  {n / t['engine']:8.0f}/s  ratio {ratio:.2f}x  (target <= {TARGET}x: {verdict})")
 
 
+def report_postgres(n: int, t: dict[str, float]) -> None:
+    """Tool cost and engine bookkeeping apart: ``tool fn`` is the tool called from 16 threads with a
+    minimal context (the tool's own cost next to direct psycopg); ``engine`` the same INSERTs as a
+    parallel loop; ``noop`` the same loop with a tool that does nothing (the engine's bookkeeping)."""
+    d = t["direct"]
+    print(f"postgres INSERT: {n} calls, max_in_flight {CONCURRENCY}  (load average {load_average()})")
+    for name, v in t.items():
+        ratio = "" if name in ("direct", "noop") else f"  ratio {v / d:.2f}x"
+        target = f"  (target <= {PG_TARGET}x: {'OK' if v / d <= PG_TARGET else 'MISS'})" if name.startswith(("tool", "engine")) else ""
+        print(f"  {name:<16} {v:7.3f} s  {n / v:8.0f}/s  {v / n * 1e3:6.3f} ms/call{ratio}{target}")
+    if "noop" in t:
+        print(f"  engine bookkeeping: {t['noop'] / n * 1e3:.3f} ms per iteration (noop loop) = "
+              f"{t['noop'] / t['engine']:.0%} of the engine loop, {t['noop'] / d:.2f}x the whole direct run")  # fmt: skip
+
+
+def load_average() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=1000, help="calls per comparison (default 1000)")
+    ap.add_argument("--only", choices=("http", "postgres"), help="run one comparison")
+    ap.add_argument("--baseline-rev", help="also time the postgres tool as of this git revision (before/after, same run)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-tools-") as tmp:
         work = Path(tmp)
-        report("http GET", args.n, bench_http(args.n, work))
-        report("postgres INSERT", args.n, bench_postgres(args.n, work))
-        noop = bench_noop(args.n, work)
-        print(f"engine bookkeeping alone (loop of {args.n} noop tasks): {noop:.3f} s, {noop / args.n * 1000:.2f} ms per iteration")
+        if args.only in (None, "http"):
+            report("http GET", args.n, bench_http(args.n, work))
+        if args.only in (None, "postgres"):
+            report_postgres(args.n, bench_postgres(args.n, work, args.baseline_rev))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,9 @@ import re
 import socket
 import struct
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 import psycopg
@@ -36,7 +38,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from noetl_dagster.engine.usage import count_network
+from noetl_dagster.engine.usage import count, in_cluster
 from noetl_dagster.tools.configs import PostgresConfig
 from noetl_dagster.tools.credentials import lookup_credential
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
@@ -111,7 +113,9 @@ class PgConnector:
 
     def __init__(self, conninfo: str, max_size: int = DEFAULT_POOL_SIZE):
         self.conninfo = conninfo
-        self.host = conninfo_to_dict(conninfo).get("host")  # for measured usage: in-cluster or egress
+        self.server = server_of(conninfo)  # parsed once: libpq's parser costs ~0.1-0.4 ms a call
+        self.host = self.server[3]
+        self.egress = not in_cluster(self.host)  # measured usage: decided once, not per call (~0.1 ms)
         self.max_size = max_size
         self._pool: ConnectionPool | None = None
         self._lock = threading.Lock()
@@ -198,8 +202,18 @@ def _result(cur: psycopg.Cursor) -> dict[str, Any]:
     return {"rows": rows, "row_count": len(rows), "columns": columns}
 
 
+_PLACEHOLDER = re.compile(r"%(\([^)]+\))?s")
+
+
+@lru_cache(maxsize=1024)
 def _uses_placeholders(stmt: str) -> bool:
-    return bool(re.search(r"%(\([^)]+\))?s", stmt))
+    return bool(_PLACEHOLDER.search(stmt))
+
+
+@lru_cache(maxsize=512)
+def _split(sql: str) -> tuple[str, ...]:
+    """split_sql, cached: a loop runs the same statement text thousands of times (50 us a split)."""
+    return tuple(split_sql(sql))
 
 
 def run_sql(conn: psycopg.Connection, sql: list[str] | str, params: Any, schema: str | None) -> dict[str, Any]:
@@ -207,7 +221,7 @@ def run_sql(conn: psycopg.Connection, sql: list[str] | str, params: Any, schema:
         raise ToolError(f"postgres: params must be a list or a mapping, got {type(params).__name__}", kind="config_error")
     if params is not None and len(params) == 0:
         params = None
-    statements = split_sql(sql) if isinstance(sql, str) and (params is not None or schema) else sql
+    statements = _split(sql) if isinstance(sql, str) and (params is not None or schema) else sql
     with conn.cursor(row_factory=dict_row) as cur:
         if isinstance(statements, str):
             # One simple-protocol round trip; Postgres runs it as one implicit transaction.
@@ -249,20 +263,28 @@ def run_sql(conn: psycopg.Connection, sql: list[str] | str, params: Any, schema:
 
 def _combined(results: list[dict[str, Any]]) -> dict[str, Any]:
     """The last statement's result, plus every statement's as ``command_<i>`` (NoETL's shape)."""
+    if len(results) == 1:
+        return {**results[0], "command_0": results[0]}
     last = results[-1] if results else {"rows": [], "row_count": 0, "columns": []}
     return {**last, **{f"command_{i}": r for i, r in enumerate(results)}}
 
 
 _POOLS: dict[tuple[int, str, int], PgConnector] = {}
 _POOLS_LOCK = threading.Lock()
+_PID = [os.getpid()]  # refreshed in a forked child, so the hot path makes no getpid() call
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
 
 
 def connector_for(conninfo: str, ctx: ToolContext) -> PgConnector:
     """The process's pool for this connection string: executions share it, so a
     loop's sixteen connections are opened once, not once per execution."""
-    spec = ctx.spec if isinstance(ctx.spec, Mapping) else {}
-    size = int(spec.get("pool_size") or DEFAULT_POOL_SIZE)
-    key = (os.getpid(), conninfo, size)  # a forked worker never reuses its parent's sockets
+    spec = ctx.spec
+    size = int(spec.get("pool_size") or DEFAULT_POOL_SIZE) if isinstance(spec, dict | Mapping) and spec else DEFAULT_POOL_SIZE
+    key = (_PID[0], conninfo, size)  # a forked worker never reuses its parent's sockets
+    connector = _POOLS.get(key)  # the hot path: no lock once the pool exists (dict reads are atomic)
+    if connector is not None:
+        return connector
     with _POOLS_LOCK:
         connector = _POOLS.get(key)
         if connector is None:
@@ -279,53 +301,115 @@ def close_pools() -> None:
             del _POOLS[key]
 
 
-def note_sql(sql: list[str] | str, conninfo: str, schema: Any, ctx: ToolContext) -> None:
-    """The statement and server, for OpenLineage column lineage (lineage/sql.py); never the password."""
-    note = getattr(ctx, "note", None)
-    if note is None:
-        return
+@lru_cache(maxsize=256)
+def server_of(conninfo: str) -> tuple[str, str | None, str, str | None]:
+    """(lineage namespace ``postgres://host:port``, dbname, default host, host as written) of a
+    connection string — parsed once per string, never the password."""
     try:
         params = conninfo_to_dict(conninfo)
     except psycopg.ProgrammingError:
         params = {}
     host = str(params.get("host") or "localhost").split(",")[0]
     port = str(params.get("port") or "5432").split(",")[0]
-    note(sql=sql if isinstance(sql, str) else ";\n".join(sql), sql_namespace=f"postgres://{host}:{port}",
-         sql_database=params.get("dbname"), sql_default_schema=schema if isinstance(schema, str) else "public",
+    return f"postgres://{host}:{port}", params.get("dbname"), host, params.get("host")
+
+
+def note_sql(sql: list[str] | str, conninfo: str, schema: Any, ctx: ToolContext) -> None:
+    """The statement and server, for OpenLineage column lineage (lineage/sql.py); never the password."""
+    note = getattr(ctx, "note", None)
+    if note is None:
+        return
+    namespace, dbname, _, _ = server_of(conninfo)
+    note(sql=sql if isinstance(sql, str) else ";\n".join(sql), sql_namespace=namespace,
+         sql_database=dbname, sql_default_schema=schema if isinstance(schema, str) else "public",
          sql_dialect="postgres")
 
 
 # struct tcp_info (Linux >= 4.2): tcpi_bytes_acked, tcpi_bytes_received at byte 120
 _TCP_INFO_BYTES = struct.Struct("=QQ")
 _TCP_INFO_AT = 120
+_TCP_INFO_LEN = _TCP_INFO_AT + _TCP_INFO_BYTES.size
+
+
+class _Wire:
+    """One pooled connection's TCP socket for TCP_INFO reads: a dup of libpq's fd kept open (made once
+    per connection: a socket per call cost two 10-20 us dup/probe/close rounds), and the counters read
+    when the connection last went back to the pool — the next call's "before", so a call costs one
+    getsockopt. Between two calls a pooled connection carries no traffic of anyone else's."""
+
+    __slots__ = ("fd", "sock", "last")
+
+    def __init__(self, fd: int, sock: socket.socket | None):
+        self.fd, self.sock, self.last = fd, sock, None
+
+    def read(self) -> tuple[int, int] | None:
+        if self.sock is None:
+            return None
+        try:
+            raw = self.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
+        except OSError:
+            return None
+        return _TCP_INFO_BYTES.unpack_from(raw, _TCP_INFO_AT) if len(raw) >= _TCP_INFO_LEN else None
+
+
+_WIRES: weakref.WeakKeyDictionary[psycopg.Connection, _Wire] = weakref.WeakKeyDictionary()
+_WIRES_LOCK = threading.Lock()
+
+
+def _wire(conn: psycopg.Connection) -> _Wire:
+    fd = conn.pgconn.socket
+    wire = _WIRES.get(conn)
+    if wire is not None and wire.fd == fd:
+        return wire
+    sock: socket.socket | None = None
+    if hasattr(socket, "TCP_INFO"):
+        try:
+            sock = socket.socket(fileno=os.dup(fd))  # a dup: closing it leaves libpq's fd open
+        except OSError:
+            sock = None
+        if sock is not None and sock.family not in (socket.AF_INET, socket.AF_INET6):  # a Unix socket
+            sock.close()
+            sock = None
+    wire = _Wire(fd, sock)
+    with _WIRES_LOCK:
+        old = _WIRES.get(conn)
+        _WIRES[conn] = wire
+    if old is not None and old.sock is not None:
+        old.sock.close()
+    if sock is not None:
+        weakref.finalize(conn, sock.close)  # the dup goes with the connection
+    return wire
 
 
 def socket_bytes(conn: psycopg.Connection) -> tuple[int, int] | None:
     """(sent and acknowledged, received) bytes of the connection's TCP socket, read from the kernel's
     TCP_INFO: the real wire bytes, protocol framing included. None on a Unix socket or without TCP_INFO."""
-    if not hasattr(socket, "TCP_INFO"):
-        return None
     try:
-        sock = socket.socket(fileno=os.dup(conn.pgconn.socket))  # a dup: closing it leaves libpq's fd open
-    except (OSError, psycopg.Error):
+        return _wire(conn).read()
+    except psycopg.Error:
         return None
-    try:
-        if sock.family not in (socket.AF_INET, socket.AF_INET6):
-            return None
-        raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_AT + _TCP_INFO_BYTES.size)
-    except OSError:
-        return None
-    finally:
-        sock.close()
-    if len(raw) < _TCP_INFO_AT + _TCP_INFO_BYTES.size:
-        return None
-    return _TCP_INFO_BYTES.unpack_from(raw, _TCP_INFO_AT)
 
 
-def _count_wire_bytes(conn: psycopg.Connection, before: tuple[int, int] | None, host: str | None) -> None:
-    after = socket_bytes(conn) if before is not None else None
-    if after is not None:
-        count_network(host, max(after[0] - before[0], 0), max(after[1] - before[1], 0))
+def _wire_before(conn: psycopg.Connection) -> _Wire | None:
+    """The connection's wire, with ``last`` set to the counters now unless the last call left them."""
+    try:
+        wire = _wire(conn)
+    except psycopg.Error:
+        return None
+    if wire.last is None:
+        wire.last = wire.read()
+    return wire if wire.last is not None else None
+
+
+def _count_wire_bytes(wire: _Wire | None, egress: bool) -> None:
+    """engine.usage.count_network's counters (in-cluster decided once per connector, not per call)."""
+    if wire is None:
+        return
+    before, after = wire.last, wire.read()
+    wire.last = after
+    if before is not None and after is not None:
+        sent = max(after[0] - before[0], 0)
+        count(net_out_bytes=sent, net_in_bytes=max(after[1] - before[1], 0), egress_bytes=sent if egress else 0)
 
 
 def postgres_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
@@ -342,11 +426,11 @@ def postgres_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     connector = connector_for(conninfo, ctx)
     try:
         with connector.connection() as conn:
-            before = socket_bytes(conn)  # measured usage (engine/usage.py): network bytes of this call
+            wire = _wire_before(conn)  # measured usage (engine/usage.py): network bytes of this call
             try:
                 return run_sql(conn, sql, inputs.get("params"), inputs.get("schema"))
             finally:
-                _count_wire_bytes(conn, before, connector.host)
+                _count_wire_bytes(wire, connector.egress)
     except ToolError:
         raise
     except (psycopg.Error, PoolTimeout) as e:
