@@ -12,6 +12,9 @@
 3. The big loop (issue 19): one sequential loop of ``--big-loop`` items (200,000 by
    default) over the same python task; wall time and the size of the event store it
    leaves (SQLite file + WAL, and the payload store). Targets: <= 20 s, <= 200 MB.
+   Run twice: first with the store's event segments off (``big_loop_rows``: one row per
+   event, the before), then as shipped (a flushed batch of >= 256 events of one execution
+   is one zstd-compressed segment row); the ratio after/before is printed.
 4. Peak RSS of the process that runs each loop (``ru_maxrss``), next to its RSS
    once the engine is imported and warmed up. Target: <= 300 MB.
 
@@ -195,11 +198,18 @@ def case_big_loop(n: int) -> dict[str, Any]:
 
 
 def _child(args: argparse.Namespace) -> None:
-    if args.case == "big_loop_full_bodies":  # the before of issue 19: every envelope field in every body
+    if args.case == "big_loop_full_bodies":  # the first before of issue 19: every envelope field in every body
         from noetl_dagster.engine.events import Event
+        from noetl_dagster.storage.events import SqliteEventStore
 
         Event.to_stored = Event.to_dict  # type: ignore[method-assign]
+        SqliteEventStore.segment_min = None
         out = case_big_loop(args.big_loop) | {"case": "big_loop_full_bodies"}
+    elif args.case == "big_loop_rows":  # the before of event segments: one SQLite row per event
+        from noetl_dagster.storage.events import SqliteEventStore
+
+        SqliteEventStore.segment_min = None
+        out = case_big_loop(args.big_loop) | {"case": "big_loop_rows"}
     elif args.case == "big_loop":
         out = case_big_loop(args.big_loop)
     elif args.case == "steps":
@@ -225,11 +235,13 @@ def _verdict(ok: bool) -> str:
 
 
 def report(results: list[dict[str, Any]]) -> None:
+    by_case = {r["case"]: r for r in results}
     for r in results:
         if r["case"].startswith("big_loop"):
             n, mb = r["n"], r["events_mb"] + r["payload_mb"]
             scale = 200_000 / n
-            before = " (before: full event bodies)" if r["case"] == "big_loop_full_bodies" else ""
+            before = {"big_loop_full_bodies": " (before: one row per event, full bodies)",
+                      "big_loop_rows": " (before: one row per event, compact bodies)"}.get(r["case"], "")  # fmt: skip
             print(f"== big loop: {n:,} sequential python iterations{before} ==")
             print(f"  engine              : {r['wall_s']:8.3f} s wall   {r['cpu_s']:8.3f} s cpu   {n / r['wall_s']:10,.0f} iterations/s")
             print(f"  event store         : {r['events_mb']:8.1f} MB   payload store {r['payload_mb']:.1f} MB   peak RSS {r['peak_rss_mb']:.0f} MB")
@@ -237,6 +249,10 @@ def report(results: list[dict[str, Any]]) -> None:
             print(f"  at 200,000 items    : {est_s:8.1f} s (target <= {BIG_LOOP_TARGET_S:g}: {_verdict(est_s <= BIG_LOOP_TARGET_S)})"
                   f"   {est_mb:8.1f} MB (target <= {BIG_LOOP_TARGET_MB:g}: {_verdict(est_mb <= BIG_LOOP_TARGET_MB)})"
                   + ("" if n == 200_000 else "  (scaled linearly)"))  # fmt: skip
+            b = by_case.get("big_loop_rows")
+            if r["case"] == "big_loop" and b is not None and b["n"] == n:
+                print(f"  after / before      : wall {r['wall_s'] / b['wall_s']:.2f}x   cpu {r['cpu_s'] / b['cpu_s']:.2f}x   "
+                      f"store {mb / (b['events_mb'] + b['payload_mb']):.3f}x (before: one row per event)")  # fmt: skip
         elif r["case"] == "steps":
             n = r["n"]
             per = r["wall_s"] / n * 1000
@@ -267,7 +283,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--iterations", type=int, default=10_000)
     ap.add_argument("--big-loop", type=int, default=200_000, help="items of the big loop (0: skip it)")
-    ap.add_argument("--case", choices=["steps", "loop_sequential", "loop_parallel", "big_loop", "big_loop_full_bodies"], help=argparse.SUPPRESS)
+    ap.add_argument("--case", choices=["steps", "loop_sequential", "loop_parallel", "big_loop", "big_loop_rows", "big_loop_full_bodies"], help=argparse.SUPPRESS)
+    ap.add_argument("--only", help="comma-separated cases to run (default: all)")
     args = ap.parse_args(argv)
     if args.case:
         _child(args)
@@ -276,7 +293,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"machine: {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
           f"(wall times grow with load; cpu times less so)")  # fmt: skip
     results = []
-    for case in ("steps", "loop_sequential", "loop_parallel", *(["big_loop_full_bodies", "big_loop"] if args.big_loop else [])):
+    cases = ("steps", "loop_sequential", "loop_parallel", *(["big_loop_rows", "big_loop"] if args.big_loop else []))
+    if args.only:
+        cases = tuple(c for c in args.only.split(",") if c)
+    for case in cases:
         try:
             results.append(_spawn(case, args))
         except Exception as e:  # noqa: BLE001 - report and go on: the other figures still count
