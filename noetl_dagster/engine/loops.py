@@ -33,12 +33,14 @@ if TYPE_CHECKING:
 
 
 # -- parallel loops: lanes widened by a measured rule ------------------------------------------
-LANE_TICK_SECONDS = 0.01  # how often the loop's own thread looks at the lanes
-LANE_MAX_GIL_SHARE = 0.5  # a second lane only when iterations hold a CPU at most half of their time
+LANE_TICK_SECONDS = 0.02  # how often the loop's own thread looks for a long iteration, at the start
+LANE_HEADROOM = (
+    0.8  # lanes = floor(0.8 / g): a second lane only when iterations hold a CPU <= 40% of their time
+)
 LANE_SAMPLES = 9  # the rule reads the median GIL share of the last LANE_SAMPLES measured iterations
 LANE_MIN_SAMPLES = 3  # ... once at least this many were measured (a median of 3 outvotes one)
 LANE_CLEAR_WAIT = 0.1  # ... or at once when every measured iteration held a CPU at most 10% of its time
-LANE_SAMPLE_FIRST, LANE_SAMPLE_EVERY = 8, 16  # measure a lane's first 8 iterations, then every 16th
+LANE_SAMPLE_FIRST, LANE_SAMPLE_EVERY = 8, 16  # measure a lane's iterations 1..8, then every 16th (0 warms up)
 LANE_PATIENCE_SECONDS = 0.1  # no iteration finished for this long: judge the running ones instead
 LANE_FIRST_PATIENCE_SECONDS = (
     0.02  # ... while fewer than LANE_MIN_SAMPLES were measured (no flush is due yet)
@@ -48,30 +50,32 @@ LANE_FIRST_PATIENCE_SECONDS = (
 def _open_clock(native_id: int | None) -> Callable[[], tuple[float, float]] | None:
     """A reader of (CPU seconds, seconds runnable but waiting for a core) of the CALLING thread.
 
-    Linux: ``/proc/self/task/<tid>/schedstat``, the kernel's own account, so a thread that waits
-    for a core on a busy machine is not mistaken for one waiting on I/O. Elsewhere the thread's
-    CPU clock with no run-queue figure; None when neither exists."""
+    CPU from the thread's own clock (``time.thread_time``, exact); the run-queue wait from Linux'
+    ``/proc/self/task/<tid>/schedstat``, the kernel's own account, so a thread that waits for a
+    core on a busy machine is not mistaken for one waiting on I/O (elsewhere: no run-queue
+    figure). None when the platform has no thread CPU clock."""
+    try:
+        time.thread_time()
+    except OSError:  # pragma: no cover - platforms without a thread CPU clock
+        return None
+    fd = -1
     if native_id is not None:
         try:
             fd = os.open(f"/proc/self/task/{native_id}/schedstat", os.O_RDONLY)
         except OSError:
             fd = -1
-        if fd >= 0:
+    if fd < 0:
+        return lambda: (time.thread_time(), 0.0)
 
-            def schedstat() -> tuple[float, float]:
-                try:
-                    cpu_ns, wait_ns, *_ = os.pread(fd, 128, 0).split()
-                except OSError:
-                    return time.thread_time(), 0.0
-                return int(cpu_ns) / 1e9, int(wait_ns) / 1e9
+    def clock() -> tuple[float, float]:
+        try:
+            wait_ns = os.pread(fd, 128, 0).split()[1]
+        except (OSError, IndexError):
+            return time.thread_time(), 0.0
+        return time.thread_time(), int(wait_ns) / 1e9
 
-            schedstat.close = lambda: os.close(fd)  # type: ignore[attr-defined]
-            return schedstat
-    try:
-        time.thread_time()
-    except OSError:  # pragma: no cover - platforms without a thread CPU clock
-        return None
-    return lambda: (time.thread_time(), 0.0)
+    clock.close = lambda: os.close(fd)  # type: ignore[attr-defined]
+    return clock
 
 
 def _thread_clock(native_id: int | None) -> tuple[float, float] | None:
@@ -89,26 +93,37 @@ def _thread_clock(native_id: int | None) -> tuple[float, float] | None:
 class Lanes:
     """Call ``fn(0..n-1)`` on 1..``max_lanes`` threads ("lanes") that pull the next index.
 
-    The rule (measured by benchmarks/bench_loops.py): a parallel loop starts on ONE lane, in index
-    order. A lane measures some of its iterations (its first ``LANE_SAMPLE_FIRST``, then every
-    ``LANE_SAMPLE_EVERY``-th): the CPU time the kernel charged the thread and the time it sat
-    runnable waiting for a core, so the iteration's GIL share is ``g = cpu / (wall - run-queue
-    wait)``: the fraction of its time it runs Python (or C holding the interpreter) rather than
-    waiting on I/O, a sleep or a child process. Threads can overlap only the waiting, so at most
-    ``1/g`` lanes are useful. Every ``LANE_TICK_SECONDS`` the loop's own thread takes the median
-    ``g`` of the last ``LANE_SAMPLES`` measured iterations (at least ``LANE_MIN_SAMPLES``, so the
-    median ignores the odd iteration that waited on an event-store flush; or a single one when
-    every measured iteration waited at least 90% of its time, ``g <= LANE_CLEAR_WAIT``) and widens the loop to
-    ``min(max_lanes, floor(1/g))`` lanes when that is more than it has (``g <= 0.5`` for a second
-    lane). An iteration that runs long is judged while it runs: when no iteration finished for
-    ``LANE_PATIENCE_SECONDS`` (``LANE_FIRST_PATIENCE_SECONDS`` until ``LANE_MIN_SAMPLES`` were
-    measured: an I/O loop widens within its first waits), the lanes' share over that time decides the same way. Lanes are
-    never withdrawn. A CPU-bound loop (``g`` near 1) thus stays on one lane and costs what the
-    sequential loop costs (no GIL hand-offs, no lock contention); an I/O-bound loop widens after a
-    few iterations. Where no thread clock exists the loop widens to ``max_lanes`` at once (the
-    behaviour before the rule). Known limit: C code that releases the GIL yet burns CPU (numpy,
-    compression) counts as CPU-bound and keeps one lane; run it with ``isolation: process``
-    (waiting on a child process is waiting) to get the cores.
+    The rule (measured by benchmarks/bench_loops.py): a parallel loop starts on ONE lane, in
+    index order, and widens only on measured evidence that threads can overlap its iterations.
+
+    - A lane's first iteration is its warm-up (lazy imports, plugin discovery, connections:
+      one-time waits that say nothing about the loop) and is not judged.
+    - A lane measures its iterations ``1..LANE_SAMPLE_FIRST``, then every
+      ``LANE_SAMPLE_EVERY``-th: the CPU time the kernel charged the thread and the time it sat
+      runnable waiting for a core (so a busy machine is not mistaken for I/O). The iteration's
+      GIL share is ``g = cpu / (wall - run-queue wait)``: the fraction of its time it runs
+      Python (or C holding the interpreter) rather than waiting on I/O, a sleep or a child
+      process. Threads overlap only the waiting, so at most ``1/g`` lanes are useful.
+    - After each measured iteration the lane takes the median ``g`` of the last
+      ``LANE_SAMPLES`` measured iterations, once there are ``LANE_MIN_SAMPLES`` (the median
+      ignores the odd iteration that waited on an event-store flush), or at once when every
+      measured iteration waited at least 90% of its time (``g <= LANE_CLEAR_WAIT``), and widens
+      the loop to ``min(max_lanes, floor(LANE_HEADROOM/g))`` lanes when that is more than it
+      has (the headroom pays for the lanes' own hand-offs): a second lane needs ``g <= 0.4``.
+    - A long iteration is judged while it runs, by the loop's own thread (it wakes every
+      ``LANE_TICK_SECONDS`` at the start, every ``LANE_PATIENCE_SECONDS/2`` later: each wake-up
+      takes the GIL from a lane): after the warm-up, when no iteration finished for
+      ``LANE_PATIENCE_SECONDS`` (``LANE_FIRST_PATIENCE_SECONDS`` until ``LANE_MIN_SAMPLES``
+      were measured), the lanes' share over that time decides the same way.
+    - Lanes are never withdrawn; ``max_lanes`` (max_in_flight) is never exceeded.
+
+    A CPU-bound loop (``g`` near 1) thus stays on one lane and costs what the sequential loop
+    costs (no GIL hand-offs, no lock contention, the trace in index order); an I/O-bound loop
+    widens during its second iteration (it pays one serial iteration, the warm-up). Where no
+    thread clock exists the loop widens to ``max_lanes`` at once (the behaviour before the
+    rule). Known limit: C code that releases the GIL yet burns CPU (numpy, compression) counts
+    as CPU-bound and keeps one lane; ``isolation: process`` (waiting on a child process is
+    waiting) gets it the cores.
 
     The indices come from one shared iterator (``next`` is atomic under the GIL: no lock per
     iteration); an exception raised by ``fn`` stops lanes taking new indices and is re-raised
@@ -125,35 +140,39 @@ class Lanes:
         self._done: list[int] = []  # iterations finished, per lane (each lane writes only its own slot)
         self._samples: deque[float] = deque(maxlen=LANE_SAMPLES)  # GIL shares of measured iterations
         self._no_clock = False
+        self._decide_lock = threading.Lock()
+        self._t0 = time.perf_counter()
         self.gil_share: float | None = None
         self.widened_at: float | None = None  # seconds after the start when the loop first widened
 
     def run(self) -> dict[str, Any]:
         if self.n <= 0:
             return {"lanes": 0, "gil_share": None, "widened_at": None}
-        t0 = time.perf_counter()
+        self._t0 = time.perf_counter()
         self._start(1)
         seen, since, base = list(self._done), time.perf_counter(), self._clocks()
-        while not self._finished.wait(LANE_TICK_SECONDS):
+        # the lanes judge their own samples (no wake-up here per iteration: a CPU-bound lane is never
+        # made to hand the GIL over); this thread only watches for a long iteration, rarely once
+        # the loop has samples (each wake-up takes the GIL from a lane)
+        tick = LANE_TICK_SECONDS
+        while not self._finished.wait(tick):
             lanes = len(self._threads)
             if lanes >= self.max_lanes:
+                tick = 1.0
                 continue  # nothing left to decide: wait for the lanes
             if self._no_clock:  # no thread clock on this platform: the behaviour before the rule
-                self._decide(0.0, t0)
+                self._decide(0.0)
                 continue
-            samples = sorted(self._samples)
-            if len(samples) >= LANE_MIN_SAMPLES or (samples and samples[-1] <= LANE_CLEAR_WAIT):
-                self._decide(samples[len(samples) // 2], t0)
+            started = len(self._samples) >= LANE_MIN_SAMPLES
+            patience = LANE_PATIENCE_SECONDS if started else LANE_FIRST_PATIENCE_SECONDS
+            tick = LANE_PATIENCE_SECONDS / 2 if started else LANE_TICK_SECONDS
             now = time.perf_counter()
             if self._done != seen or len(self._threads) != lanes:
                 seen, since, base = list(self._done), now, self._clocks()
-            elif now - since >= (
-                LANE_PATIENCE_SECONDS if len(samples) >= LANE_MIN_SAMPLES else LANE_FIRST_PATIENCE_SECONDS
-            ):
-                # nothing finished for a while: judge what runs
+            elif any(seen) and now - since >= patience:  # nothing finished for a while: judge what runs
                 g = self._share_since(base, now - since)
                 if g is not None:
-                    self._decide(g, t0)
+                    self._decide(g)
                 seen, since, base = list(self._done), now, self._clocks()
         for t in self._threads:
             t.join()
@@ -162,13 +181,20 @@ class Lanes:
         return {"lanes": len(self._threads), "gil_share": None if self.gil_share is None else round(self.gil_share, 4),
                 "widened_at": self.widened_at}  # fmt: skip
 
-    def _decide(self, g: float, t0: float) -> None:
-        self.gil_share = g
-        target = min(self.max_lanes, math.floor(1 / g)) if g > 0 else self.max_lanes
-        if target > len(self._threads):
-            if self.widened_at is None:
-                self.widened_at = round(time.perf_counter() - t0, 4)
-            self._start(target - len(self._threads))
+    def _judge(self) -> None:
+        """The sample rule, run by a lane after each measured iteration."""
+        samples = sorted(self._samples)
+        if len(samples) >= LANE_MIN_SAMPLES or (samples and samples[-1] <= LANE_CLEAR_WAIT):
+            self._decide(samples[len(samples) // 2])
+
+    def _decide(self, g: float) -> None:
+        with self._decide_lock:
+            self.gil_share = g
+            target = min(self.max_lanes, math.floor(LANE_HEADROOM / g)) if g > 0 else self.max_lanes
+            if target > len(self._threads):
+                if self.widened_at is None:
+                    self.widened_at = round(time.perf_counter() - self._t0, 4)
+                self._start(target - len(self._threads))
 
     def _clocks(self) -> list[tuple[float, float] | None]:
         return [_thread_clock(t.native_id) if t.is_alive() else None for t in self._threads]
@@ -208,7 +234,9 @@ class Lanes:
                 i = next(indices, None)
                 if i is None:
                     return
-                measure = clock is not None and (k < LANE_SAMPLE_FIRST or k % LANE_SAMPLE_EVERY == 0)
+                measure = (
+                    clock is not None and 0 < k and (k <= LANE_SAMPLE_FIRST or k % LANE_SAMPLE_EVERY == 0)
+                )
                 if measure:
                     c0, q0 = clock()  # type: ignore[misc]
                     w0 = perf()
@@ -222,6 +250,8 @@ class Lanes:
                     c1, q1 = clock()  # type: ignore[misc]
                     avail = (w1 - w0) - (q1 - q0)
                     samples.append(min(1.0, (c1 - c0) / avail) if avail > 0 else 1.0)
+                    if len(self._threads) < self.max_lanes:
+                        self._judge()
                 k += 1
                 done[lane] = k
         finally:
