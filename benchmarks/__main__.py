@@ -32,6 +32,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "bench_qdrant": ["--n", "10000", "--queries", "20"],
     "bench_registry": ["--n", "1000"],
     "bench_flow": ["--statements", "30"],
+    "bench_loops": ["--cpu", "2000", "--io", "100", "--repeat", "2"],
     "bench_dagster_latency": ["--requests", "2"],
 }
 QUICK_ENV = {"NOETL_BENCH_EXECUTIONS": "30"}  # bench_throughput: executions per worker
