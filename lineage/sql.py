@@ -1,8 +1,15 @@
 """Column lineage of a SQL statement (issue 18.5) with openlineage-sql, OpenLineage's own
 SQL parser: for each written table, a ``columnLineage`` dataset facet naming, per output
-column, the input columns it was computed from (a plain copy is ``DIRECT/IDENTITY``, an
-expression ``DIRECT/TRANSFORMATION``). A statement that does not parse, or writes no
-table, gives nothing (lineage then has datasets without columns, never an error).
+column, the input columns it was computed from. A statement that does not parse, or writes
+no table, gives nothing (lineage then has datasets without columns, never an error).
+
+openlineage-sql names the output columns after the select items and ignores an ``INSERT``
+column list; :mod:`lineage.sql_shape` reads the list and the select list's order, so
+``INSERT INTO t (a, b) SELECT x, y FROM s`` maps ``s.x -> t.a`` and ``s.y -> t.b`` (each
+``UNION`` branch too), and gives each item its subtype per the facet spec: ``DIRECT/IDENTITY``
+for a column taken as is (renamed or not), ``DIRECT/AGGREGATION`` for an aggregate,
+``DIRECT/TRANSFORMATION`` otherwise (``masking`` for hashes). A statement whose shape it does
+not know keeps openlineage-sql's names (IDENTITY only when the name is unchanged).
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ from functools import lru_cache
 from typing import Any
 
 from openlineage.client.generated import column_lineage_dataset as cl
+
+from lineage.sql_shape import shape, split_statements
 
 PRODUCER = "https://github.com/noetl/noetl-dagster"
 DIALECTS = {"postgres": "postgres", "duckdb": "duckdb", "snowflake": "snowflake", "mysql": "mysql", "mariadb": "mysql"}
@@ -59,7 +68,7 @@ def _parsed(statements: tuple[str, ...], namespace: str, kind: str, default_sche
     outputs = tuple(dict.fromkeys(_name(t, default_schema, database) for t in meta.out_tables))
     if not outputs:
         return SqlLineage(inputs=inputs)
-    return SqlLineage(inputs, outputs, _column_facets(meta, outputs, namespace, default_schema, database))
+    return SqlLineage(inputs, outputs, _facets(statements, namespace, kind, default_schema, database))
 
 
 def column_lineage(
@@ -70,28 +79,54 @@ def column_lineage(
     return sql_lineage(sql, namespace, kind=kind, default_schema=default_schema, database=database).column_lineage
 
 
-def _column_facets(meta: Any, out_names: tuple[str, ...], namespace: str, default_schema: str | None,
-                   database: str | None) -> dict[str, cl.ColumnLineageDatasetFacet]:
-    fields: dict[str, dict[str, cl.Fields]] = {n: {} for n in out_names}
-    for col in meta.column_lineage:
-        target = _name(col.descendant.origin, default_schema, database) if col.descendant.origin else out_names[0]
-        inputs = [
-            cl.InputField(
-                namespace=namespace,
-                name=_name(src.origin, default_schema, database),
-                field=src.name,
-                transformations=[
-                    cl.Transformation(
-                        type="DIRECT",
-                        subtype="IDENTITY" if src.name == col.descendant.name and len(col.lineage) == 1 else "TRANSFORMATION",
-                    )
-                ],
-            )
-            for src in col.lineage
-            if src.origin is not None
-        ]
-        if inputs:
-            fields.setdefault(target, {})[col.descendant.name] = cl.Fields(inputFields=inputs)
+def _facets(statements: tuple[str, ...], namespace: str, kind: str, default_schema: str | None,
+            database: str | None) -> dict[str, cl.ColumnLineageDatasetFacet]:
+    """Column lineage statement by statement: each written table gets the fields its own
+    statement maps (openlineage-sql gives no target table per column when several statements
+    write), in the INSERT column list's names when the select list's shape is known."""
+    import openlineage_sql  # noqa: PLC0415
+
+    fields: dict[str, dict[str, list[cl.InputField]]] = {}
+    for stmt in (one for sql in statements for one in split_statements(sql)):
+        try:
+            meta = openlineage_sql.parse([stmt], dialect=DIALECTS.get(kind, "generic"), default_schema=default_schema)
+        except Exception:  # noqa: BLE001 - as in _parsed
+            continue
+        if meta is None or not meta.out_tables or not meta.column_lineage:
+            continue
+        target = _name(meta.out_tables[0], default_schema, database)
+        out = fields.setdefault(target, {})
+        by_name = {col.descendant.name: col for col in meta.column_lineage}
+        form = shape(stmt)
+        if form is None:  # not a shape we know: openlineage-sql's names, subtype by name only
+            for col in meta.column_lineage:
+                single = len(col.lineage) == 1 and col.lineage[0].name == col.descendant.name
+                _add(out, col.descendant.name, col, namespace, default_schema, database,
+                     cl.Transformation(type="DIRECT", subtype="IDENTITY" if single else "TRANSFORMATION"))
+            continue
+        for branch in form.branches:
+            for column, item in zip(form.targets(), branch, strict=True):
+                col = by_name.get(item.name)
+                if col is None:  # a constant: no input column
+                    continue
+                subtype = item.subtype if item.subtype != "IDENTITY" or len(col.lineage) == 1 else "TRANSFORMATION"
+                _add(out, column, col, namespace, default_schema, database,
+                     cl.Transformation(type="DIRECT", subtype=subtype, masking=True if item.masking else None))
     return {
-        name: cl.ColumnLineageDatasetFacet(fields=f, producer=PRODUCER) for name, f in fields.items() if f
+        name: cl.ColumnLineageDatasetFacet(
+            fields={c: cl.Fields(inputFields=inputs) for c, inputs in f.items()}, producer=PRODUCER
+        )
+        for name, f in fields.items() if f
     }
+
+
+def _add(out: dict[str, list[cl.InputField]], column: str, col: Any, namespace: str, default_schema: str | None,
+         database: str | None, transformation: cl.Transformation) -> None:
+    """Add ``col``'s input columns to the output ``column`` (once each)."""
+    have = out.setdefault(column, [])
+    for src in col.lineage:
+        if src.origin is None:
+            continue
+        name = _name(src.origin, default_schema, database)
+        if not any(f.name == name and f.field == src.name and f.transformations == [transformation] for f in have):
+            have.append(cl.InputField(namespace=namespace, name=name, field=src.name, transformations=[transformation]))
