@@ -24,7 +24,7 @@ from typing import Any
 
 import zstandard
 
-from noetl_dagster.engine.events import Event
+from noetl_dagster.engine.events import ENTITY_OF, SCHEMA_VERSION, SERVER_EVENTS, Event
 from noetl_dagster.engine.ports import EventStore, ExecutionInfo, ExecutionLeased, StoredEvent
 from noetl_dagster.util.jsonutil import dumps, loads
 
@@ -141,6 +141,9 @@ def _execution_update(ev: Event) -> tuple[str | None, str | None, str | None]:
     return None, None, None
 
 
+_EXECUTION_EVENTS = frozenset({"playbook.execution.requested", "workflow.started", "workflow.finished"})
+
+
 def sequence_batch(
     events: Sequence[Event], existing: dict[str, int], last_sequence: Callable[[str], int], *, encode: bool = True
 ) -> tuple[list[tuple[Any, ...]], dict[str, int], dict[str, list[Any]]]:
@@ -165,8 +168,12 @@ def sequence_batch(
         ev.sequence = next_seq[eid]
         existing[ev.event_id] = ev.sequence
         rows.append((ev.event_id, eid, ev.sequence, ev.name, ev.timestamp, dumps(ev.to_stored()) if encode else ev))
+        upd = exec_updates.get(eid)
+        if upd is None:
+            upd = exec_updates[eid] = [None, None, None, ev.parent_execution_id, ev.timestamp]
+        if ev.name not in _EXECUTION_EVENTS:
+            continue
         pb, status, fin = _execution_update(ev)
-        upd = exec_updates.setdefault(eid, [None, None, None, ev.parent_execution_id, ev.timestamp])
         if pb:
             upd[0] = pb
         if status:
@@ -193,15 +200,57 @@ def event_key(event_id: str) -> bytes:
 SEGMENT_MIN = int(os.environ.get("NOETL_EVENT_SEGMENT_MIN", "256") or 0)
 
 
+# The columns of a segment body: every envelope field but the two the segment row holds
+# (execution_id; sequence = seq_first + position). One list per field, in event order.
+_SEGMENT_COLUMNS = ("event_id", "timestamp", "name", "data", "status", "entity_id", "step", "step_run_id",
+                    "task_run_id", "loop_id", "iteration", "attempt", "parent_execution_id", "tenant_id",
+                    "project_id", "source", "entity", "schema_version")  # fmt: skip
+_SEGMENT_DEFAULTS = {"status": "success", "tenant_id": "default", "project_id": "default", "schema_version": SCHEMA_VERSION}
+_DERIVED = ("source", "entity")  # derived from the name unless set otherwise
+
+
 def encode_segment(events: Sequence[Event], compressor: Any) -> bytes:
-    """zstd of the JSON array of the events' stored forms, without what the segment row holds
-    (execution id, and the sequence: the first one's plus the position)."""
-    items = []
-    for ev in events:
-        d = ev.to_stored()
-        del d["execution_id"], d["sequence"]
-        items.append(d)
-    return compressor.compress(dumps(items).encode("utf-8", "surrogatepass"))
+    """zstd of a columnar JSON object ``{"n": count, "c": {field: [value per event]}}``: a column
+    whose values are all None (or all the default) is left out; ``source``/``entity`` only when some
+    event's differs from what its name implies. Columns compress far better than per-event objects
+    and cost no dict per event to build."""
+    cols: dict[str, list[Any]] = {}
+    for f in _SEGMENT_COLUMNS:
+        vals = [getattr(e, f) for e in events]
+        if f in _DERIVED:
+            implied = [_implied(f, e.name) for e in events]
+            if vals == implied:
+                continue
+        elif f in _SEGMENT_DEFAULTS:
+            if all(v == _SEGMENT_DEFAULTS[f] for v in vals):
+                continue
+        elif f == "data":
+            if not any(vals):
+                continue
+        elif all(v is None for v in vals):
+            continue
+        cols[f] = vals
+    return compressor.compress(dumps({"n": len(events), "c": cols}).encode("utf-8", "surrogatepass"))
+
+
+def _implied(field_name: str, name: str) -> str:
+    if field_name == "source":
+        return "server" if name in SERVER_EVENTS else "worker"
+    return ENTITY_OF.get(name, "workflow")
+
+
+def _segment_items(doc: Any) -> list[dict[str, Any]]:
+    """A decoded segment body as one dict per event (columnar, or a list of stored forms)."""
+    if isinstance(doc, list):
+        return doc
+    n, cols = int(doc["n"]), doc["c"]
+    items: list[dict[str, Any]] = [{} for _ in range(n)]
+    for f, vals in cols.items():
+        if len(vals) != n:
+            raise ValueError(f"segment column {f!r} has {len(vals)} values for {n} events")
+        for d, v in zip(items, vals, strict=True):
+            d[f] = v
+    return items
 
 
 def decode_segment(
@@ -212,9 +261,10 @@ def decode_segment(
     try:
         raw = zstandard.ZstdDecompressor().decompress(body)
         try:
-            items = loads(raw)
+            doc = loads(raw)
         except ValueError:  # lone surrogates written by the stdlib fallback (see decode_body)
-            items = _clean(json.loads(raw.decode("utf-8", "surrogatepass")))
+            doc = _clean(json.loads(raw.decode("utf-8", "surrogatepass")))
+        items = _segment_items(doc)
     except Exception as e:  # noqa: BLE001 - a corrupt segment is skipped, never fatal
         msg = f"{type(e).__name__}: {str(e)[:200]}"
         log.warning("skipping undecodable event segment %s: %s", where, msg)

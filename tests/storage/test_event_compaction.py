@@ -203,3 +203,30 @@ def test_replay_equals_live_for_a_loop_stored_in_segments(tmp_path, monkeypatch)
         assert sum(e.name == E.LOOP_ITERATION_DONE for e in evs) == 150
     finally:
         store.close()
+
+
+def test_a_segment_written_as_a_list_of_stored_events_still_reads(tmp_path):
+    """The first segment body format (a JSON list of stored forms) stays readable."""
+    import zstandard
+
+    from noetl_dagster.util.jsonutil import dumps
+
+    store = SqliteEventStore(tmp_path / "e.db")
+    try:
+        evs = _events("x", 4)
+        items = []
+        for e in evs:
+            d = e.to_stored()
+            del d["execution_id"], d["sequence"]
+            items.append(d)
+        body = zstandard.ZstdCompressor().compress(dumps(items).encode("utf-8", "surrogatepass"))
+        store._conn.execute(
+            "INSERT INTO noetl_event_segment (gid_last, gid_first, execution_id, seq_first, seq_last, body)"
+            " VALUES (4, 1, 'x', 1, 4, ?)",
+            (body,),
+        )
+        got = store.read("x")
+        assert [_plain(e) | {"sequence": None} for e in got] == [_plain(e) for e in evs]
+        assert [e.sequence for e in got] == [1, 2, 3, 4]
+    finally:
+        store.close()
