@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from datetime import date
+from pathlib import Path
 
 import pytest
 
@@ -245,3 +246,14 @@ def test_python_cost_equals_the_allocation_sql_on_a_real_run(facts_store, tmp_pa
     # CPU is priced on every attempt (RAM only when RSS rose past its start during the task, which depends
     # on the process's earlier high-water mark: compared above, not required to be positive here)
     assert all(c.cpu > 0 for c in py.values())
+
+
+def test_the_default_price_table_prices_quantum_in_both_models():
+    """analytics/prices.yaml: list prices per shot (Braket, Rigetti Ankaa-3) and per QPU-second (IBM
+    Pay-As-You-Go, USD 96/min), the same in the tenant-cost `quantum:` section and the allocation version."""
+    prices = PriceTable.load(Path(__file__).resolve().parents[2] / "analytics" / "prices.yaml")
+    assert prices.prices["quantum"] == {"shot": 0.0009, "qpu_second": 1.6}
+    v = prices.version_on(date(2026, 11, 25))
+    assert (v["version"], v["shot"], v["qpu_second"]) == ("2026-01", 0.0009, 1.6)
+    job = prices.attempt_cost(AttemptUsage(date(2026, 11, 25), shots=1000, qpu_seconds=2.5))
+    assert job.quantum == pytest.approx(1000 * 0.0009 + 2.5 * 96 / 60)
