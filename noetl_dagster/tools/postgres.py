@@ -12,11 +12,21 @@ Python worker's shape, which many playbooks read: ``{{ step.command_0.rows }}``)
 Statements run in one transaction: without ``params`` the text goes to the
 server as one simple-protocol query (an implicit transaction); with ``params``
 it is split on top-level ``;`` and run inside an explicit transaction.
+Bulk: ``batch`` (a list of parameter sets for one statement: ``executemany`` in
+pipeline mode) and ``copy: {table, columns, rows}`` (``COPY … FROM STDIN``), in
+tools/postgres_batch.py.
 
 Errors carry ``pg: {code, sqlstate}`` (``code`` the PostgreSQL condition name);
 connection failures, serialization failures, deadlocks, lock timeouts and
 resource shortages are retryable. One connection pool per credential (connection
-string) per process, shared by the executions that process runs.
+string) per process, shared by the executions that process runs. Statements
+with params are prepared server-side by psycopg from their 5th use on a
+connection (``prepare_threshold``), so a loop's INSERT is parsed and planned
+once per pooled connection.
+
+The per-call path is kept lean (a parallel loop calls it thousands of times):
+statement splits cached, the server parsed once per connection string, and
+measured network bytes read with one ``getsockopt(TCP_INFO)`` per call.
 """
 
 from __future__ import annotations
@@ -33,7 +43,6 @@ from functools import lru_cache
 from typing import Any
 
 import psycopg
-from psycopg import sql as pgsql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
@@ -41,6 +50,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from noetl_dagster.engine.usage import count, in_cluster
 from noetl_dagster.tools.configs import PostgresConfig
 from noetl_dagster.tools.credentials import lookup_credential
+from noetl_dagster.tools.postgres_batch import run_batch, run_copy, set_search_path
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
 from noetl_dagster.util.jsonutil import plain
 from noetl_dagster.util.sql import split_sql
@@ -247,11 +257,7 @@ def run_sql(conn: psycopg.Connection, sql: list[str] | str, params: Any, schema:
             return _combined([_result(cur)])
         with conn.transaction():
             if schema:
-                cur.execute(
-                    pgsql.SQL("SET LOCAL search_path TO {}").format(
-                        pgsql.SQL(", ").join(pgsql.Identifier(s.strip()) for s in str(schema).split(","))
-                    )
-                )
+                set_search_path(cur, schema)
             for stmt in statements:
                 if params is not None and _uses_placeholders(stmt):
                     cur.execute(stmt, params)
@@ -412,6 +418,15 @@ def _count_wire_bytes(wire: _Wire | None, egress: bool) -> None:
         count(net_out_bytes=sent, net_in_bytes=max(after[1] - before[1], 0), egress_bytes=sent if egress else 0)
 
 
+def _copy_sql(copy: Any) -> str:
+    """The COPY as a statement, for lineage (the rows themselves are streamed, never noted)."""
+    if not isinstance(copy, Mapping):
+        raise ToolError("postgres: 'copy' must be a mapping {table, columns, rows}", kind="config_error")
+    cols = copy.get("columns")
+    cols = f" ({', '.join(map(str, cols))})" if isinstance(cols, list) and cols else ""
+    return f"COPY {copy.get('table')}{cols} FROM STDIN"
+
+
 def postgres_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     """SQL against PostgreSQL (psycopg 3); result {rows, row_count, columns}."""
     auth = inputs.get("auth") or inputs.get("credential") or inputs.get("connection_string") or inputs.get("dsn")
@@ -421,14 +436,19 @@ def postgres_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         conninfo, label = ctx.resource(f"pg.conninfo:{auth}", lambda: conninfo_from(auth, ctx))
     else:
         conninfo, label = conninfo_from(auth, ctx)
-    sql = _statements(inputs)
-    note_sql(sql, conninfo, inputs.get("schema"), ctx)
+    copy, batch, schema = inputs.get("copy"), inputs.get("batch"), inputs.get("schema")
+    sql = _statements(inputs) if copy is None else _copy_sql(copy)
+    note_sql(sql, conninfo, schema, ctx)
     connector = connector_for(conninfo, ctx)
     try:
         with connector.connection() as conn:
             wire = _wire_before(conn)  # measured usage (engine/usage.py): network bytes of this call
             try:
-                return run_sql(conn, sql, inputs.get("params"), inputs.get("schema"))
+                if copy is not None:
+                    return _combined([run_copy(conn, copy, schema)])
+                if batch is not None:
+                    return _combined([run_batch(conn, _split(sql) if isinstance(sql, str) else sql, batch, schema)])
+                return run_sql(conn, sql, inputs.get("params"), schema)
             finally:
                 _count_wire_bytes(wire, connector.egress)
     except ToolError:
