@@ -68,7 +68,7 @@ def _parsed(statements: tuple[str, ...], namespace: str, kind: str, default_sche
     outputs = tuple(dict.fromkeys(_name(t, default_schema, database) for t in meta.out_tables))
     if not outputs:
         return SqlLineage(inputs=inputs)
-    return SqlLineage(inputs, outputs, _facets(statements, namespace, kind, default_schema, database))
+    return SqlLineage(inputs, outputs, _facets(statements, meta, namespace, kind, default_schema, database))
 
 
 def column_lineage(
@@ -79,7 +79,7 @@ def column_lineage(
     return sql_lineage(sql, namespace, kind=kind, default_schema=default_schema, database=database).column_lineage
 
 
-def _facets(statements: tuple[str, ...], namespace: str, kind: str, default_schema: str | None,
+def _facets(statements: tuple[str, ...], whole: Any, namespace: str, kind: str, default_schema: str | None,
             database: str | None) -> dict[str, cl.ColumnLineageDatasetFacet]:
     """Column lineage statement by statement: each written table gets the fields its own
     statement maps (openlineage-sql gives no target table per column when several statements
@@ -87,11 +87,15 @@ def _facets(statements: tuple[str, ...], namespace: str, kind: str, default_sche
     import openlineage_sql  # noqa: PLC0415
 
     fields: dict[str, dict[str, list[cl.InputField]]] = {}
-    for stmt in (one for sql in statements for one in split_statements(sql)):
-        try:
-            meta = openlineage_sql.parse([stmt], dialect=DIALECTS.get(kind, "generic"), default_schema=default_schema)
-        except Exception:  # noqa: BLE001 - as in _parsed
-            continue
+    each = [one for sql in statements for one in split_statements(sql)]
+    for stmt in each:
+        if len(each) == 1:
+            meta = whole  # one statement: the parse already made
+        else:
+            try:
+                meta = openlineage_sql.parse([stmt], dialect=DIALECTS.get(kind, "generic"), default_schema=default_schema)
+            except Exception:  # noqa: BLE001 - as in _parsed
+                continue
         if meta is None or not meta.out_tables or not meta.column_lineage:
             continue
         target = _name(meta.out_tables[0], default_schema, database)

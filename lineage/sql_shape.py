@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 _TOKEN = re.compile(
     r"""
@@ -57,15 +58,15 @@ _CLAUSE_END = frozenset({"from", "where", "group", "having", "window", "order", 
                          "union", "intersect", "except", "returning", "on", "into"})
 
 
-@dataclass(frozen=True)
-class _Tok:
+class _Tok(NamedTuple):
     kind: str  # ident | qident | string | number | op
     text: str
-    depth: int  # parenthesis depth before this token
+    depth: int  # parenthesis depth of this token (a parenthesis: the depth outside it)
+    word: str  # lower-cased keyword/identifier, "" for other kinds
 
-    @property
-    def word(self) -> str:
-        return self.text.lower() if self.kind == "ident" else ""
+
+def _rebased(toks: list[_Tok], by: int) -> list[_Tok]:
+    return toks if not by else [t._replace(depth=t.depth - by) for t in toks]
 
 
 @dataclass(frozen=True)
@@ -92,29 +93,34 @@ class Shape:
 def _tokens(sql: str) -> list[_Tok] | None:
     out: list[_Tok] = []
     depth, pos = 0, 0
-    while pos < len(sql):
-        m = _TOKEN.match(sql, pos)
-        if m is None:
+    make = _Tok._make
+    for m in _TOKEN.finditer(sql):
+        if m.start() != pos:
             return None  # a character we do not know: no shape
         pos = m.end()
-        kind = m.lastgroup if m.lastgroup != "tag" else "dollar"
-        if kind in ("ws", "comment"):
+        kind = m.lastgroup
+        if kind == "ws" or kind == "comment":
             continue
         text = m.group()
-        if kind == "dollar":
+        if kind == "op":
+            if text == ")":
+                depth -= 1
+                if depth < 0:
+                    return None
+            elif text == "(":
+                out.append(make((kind, text, depth, "")))
+                depth += 1
+                continue
+        elif kind == "dollar" or kind == "tag":
             kind = "string"
-        if text == ")":
-            depth -= 1
-        out.append(_Tok(kind, text, depth))
-        if text == "(":
-            depth += 1
-        if depth < 0:
-            return None
-    return out
+        out.append(make((kind, text, depth, text.lower() if kind == "ident" else "")))
+    return out if pos == len(sql) else None
 
 
 def split_statements(sql: str) -> list[str]:
     """``sql`` cut at the top-level semicolons (strings, comments and quotes respected)."""
+    if ";" not in sql:
+        return [sql.strip()] if sql.strip() else []
     parts, start, pos, depth = [], 0, 0, 0
     while pos < len(sql):
         m = _TOKEN.match(sql, pos)
@@ -139,8 +145,13 @@ def _ident(t: _Tok) -> str:
     return t.text
 
 
+_WRITES = re.compile(r"\s*(?:(?:--[^\n]*\n|/\*.*?\*/)\s*)*(?:insert|create)\b", re.IGNORECASE | re.DOTALL)
+
+
 def shape(sql: str) -> Shape | None:
     """The shape of one ``INSERT … SELECT`` or ``CREATE TABLE … AS SELECT`` statement, or None."""
+    if not _WRITES.match(sql):
+        return None
     toks = _tokens(sql)
     if not toks:
         return None
@@ -174,8 +185,7 @@ def shape(sql: str) -> Shape | None:
         query = toks[at + 1:]
     else:
         return None
-    base = query[0].depth if query else 0
-    query = [_Tok(t.kind, t.text, t.depth - base) for t in query]
+    query = _rebased(query, query[0].depth if query else 0)
     branches = _branches(query)
     if not branches:
         return None
@@ -191,7 +201,7 @@ def _branches(query: list[_Tok]) -> tuple[tuple[Item, ...], ...] | None:
         inner = query[1:-1]
         if any(t.depth < 1 for t in inner):
             break  # (a) UNION (b): not one parenthesized query
-        query = [_Tok(t.kind, t.text, t.depth - 1) for t in inner]
+        query = _rebased(inner, 1)
     if not query:
         return None
     words = [t.word if t.depth == 0 else "" for t in query]
