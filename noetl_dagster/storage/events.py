@@ -70,11 +70,11 @@ SQLITE_MIGRATIONS: list[list[str]] = [
             seq_last INTEGER NOT NULL,
             body BLOB NOT NULL)""",
         "CREATE INDEX IF NOT EXISTS noetl_event_segment_exec ON noetl_event_segment (execution_id, seq_last)",
-        # every stored event's id (a 16-byte digest) -> its sequence: idempotency across rows and segments
+        # the id (16 bytes, see event_key) -> sequence of every event stored in a segment: appends stay
+        # idempotent (rows have noetl_event's UNIQUE event_id)
         """CREATE TABLE IF NOT EXISTS noetl_event_key (
             k BLOB PRIMARY KEY,
             sequence INTEGER NOT NULL) WITHOUT ROWID""",
-        "INSERT OR IGNORE INTO noetl_event_key (k, sequence) SELECT noetl_event_key(event_id), sequence FROM noetl_event",
         """CREATE TRIGGER IF NOT EXISTS noetl_event_segment_no_update BEFORE UPDATE ON noetl_event_segment
             BEGIN SELECT RAISE(ABORT, 'noetl_event_segment is append-only'); END""",
         """CREATE TRIGGER IF NOT EXISTS noetl_event_segment_no_delete BEFORE DELETE ON noetl_event_segment
@@ -303,7 +303,6 @@ class SqliteEventStore(EventStore):
         self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=60)
         # a row holding invalid UTF-8 (written by anything but this store) must not fail the whole fetch
         self._conn.text_factory = lambda b: b.decode("utf-8", "replace")
-        self._conn.create_function("noetl_event_key", 1, event_key, deterministic=True)
         self._zstd = zstandard.ZstdCompressor(level=1)
         self.skipped: list[tuple[str, str]] = []  # bad rows the readers skipped: (where, why)
         self._conn.execute("PRAGMA journal_mode=WAL")
@@ -367,24 +366,42 @@ class SqliteEventStore(EventStore):
         return existing
 
     def _insert(self, c: sqlite3.Connection, events: Sequence[Event], existing: dict[str, int]) -> None:
+        """Rows or one segment. Idempotency: a re-sent event stored as a row hits noetl_event's UNIQUE
+        event_id, one stored in a segment hits noetl_event_key; either raises IntegrityError and
+        ``append`` runs again with the stored sequences (``existing``), storing the rest as rows."""
+        with_segments: set[str] = set()  # executions that have segments
+        known: set[str] = set()  # executions already in noetl_execution
+
         def last(eid: str) -> int:
-            q = ("SELECT MAX(COALESCE((SELECT MAX(sequence) FROM noetl_event WHERE execution_id = ?), 0),"
-                 " COALESCE((SELECT MAX(seq_last) FROM noetl_event_segment WHERE execution_id = ?), 0))")  # fmt: skip
-            return c.execute(q, (eid, eid)).fetchone()[0]
+            rows_max, seg_max, row = c.execute(
+                "SELECT (SELECT MAX(sequence) FROM noetl_event WHERE execution_id = ?),"
+                " (SELECT MAX(seq_last) FROM noetl_event_segment WHERE execution_id = ?),"
+                " (SELECT 1 FROM noetl_execution WHERE execution_id = ?)",
+                (eid, eid, eid),
+            ).fetchone()
+            if seg_max:
+                with_segments.add(eid)
+            if row:
+                known.add(eid)
+            return max(rows_max or 0, seg_max or 0)
 
         resent = bool(existing)
         rows, next_seq, exec_updates = sequence_batch(events, existing, last, encode=False)
         if rows and self.segment_min and len(rows) >= self.segment_min and len(next_seq) == 1 and not resent:
+            if self._stored_as_rows(c, [r[0] for r in rows]):
+                raise sqlite3.IntegrityError("a re-sent event (stored as a row)")
             self._insert_segment(c, rows)
+            c.executemany("INSERT INTO noetl_event_key (k, sequence) VALUES (?,?)", [(event_key(r[0]), r[2]) for r in rows])
         elif rows:
+            if not resent and with_segments and self._stored_in_segments(c, [r[0] for r in rows if r[1] in with_segments]):
+                raise sqlite3.IntegrityError("a re-sent event (stored in a segment)")
             c.executemany(
                 "INSERT INTO noetl_event (event_id, execution_id, sequence, name, ts, body) VALUES (?,?,?,?,?,?)",
                 [(*r[:5], dumps(r[5].to_stored())) for r in rows],
             )
-        # with re-sent events (``existing``) a key collision is impossible but ignored, never fatal
-        verb = "INSERT OR IGNORE" if resent else "INSERT"
-        c.executemany(f"{verb} INTO noetl_event_key (k, sequence) VALUES (?,?)", [(event_key(r[0]), r[2]) for r in rows])
         for eid, (pb, status, fin, parent, ts) in exec_updates.items():
+            if eid in known and not (pb or status or fin):
+                continue  # nothing to change (last_sequence is read from the log, see executions)
             c.execute(
                 "INSERT INTO noetl_execution (execution_id, playbook, status, parent_execution_id, started_at,"
                 " finished_at, last_sequence) VALUES (?,?,?,?,?,?,?)"
@@ -395,6 +412,24 @@ class SqliteEventStore(EventStore):
                 " last_sequence = excluded.last_sequence",
                 (eid, pb, status or "", parent, ts, fin, next_seq[eid]),
             )
+
+    @staticmethod
+    def _stored_as_rows(c: sqlite3.Connection, ids: list[str]) -> bool:
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            q = f"SELECT 1 FROM noetl_event WHERE event_id IN ({','.join('?' * len(chunk))}) LIMIT 1"
+            if c.execute(q, chunk).fetchone():
+                return True
+        return False
+
+    @staticmethod
+    def _stored_in_segments(c: sqlite3.Connection, ids: list[str]) -> bool:
+        for i in range(0, len(ids), 500):
+            keys = [event_key(e) for e in ids[i : i + 500]]
+            q = f"SELECT 1 FROM noetl_event_key WHERE k IN ({','.join('?' * len(keys))}) LIMIT 1"
+            if c.execute(q, keys).fetchone():
+                return True
+        return False
 
     def _insert_segment(self, c: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
         """One execution's new events (consecutive sequences) as one row; their gids are reserved
@@ -474,9 +509,12 @@ class SqliteEventStore(EventStore):
 
     def executions(self, limit: int = 100) -> list[ExecutionInfo]:
         with self._lock:
-            rows = self._conn.execute(
-                "SELECT execution_id, playbook, status, started_at, finished_at, parent_execution_id, last_sequence"
-                " FROM noetl_execution ORDER BY started_at DESC LIMIT ?",
+            rows = self._conn.execute(  # last_sequence is kept only when the status changes: read the log's
+                "SELECT x.execution_id, playbook, status, started_at, finished_at, parent_execution_id,"
+                " MAX(x.last_sequence,"
+                "     COALESCE((SELECT MAX(sequence) FROM noetl_event e WHERE e.execution_id = x.execution_id), 0),"
+                "     COALESCE((SELECT MAX(seq_last) FROM noetl_event_segment s WHERE s.execution_id = x.execution_id), 0))"
+                " FROM noetl_execution x ORDER BY started_at DESC LIMIT ?",
                 (limit,),
             ).fetchall()
         return [ExecutionInfo(r[0], r[1], r[2] or "unknown", r[3], r[4], r[5], r[6]) for r in rows]

@@ -87,11 +87,15 @@ def test_resent_events_are_not_duplicated(tmp_path):
         again = _copy(evs[:120])  # both re-sent, plus ten new
         store.append(again)
         assert [e.sequence for e in again] == list(range(1, 121))
+        small = _copy(evs[:3])  # re-sent segment events in a small batch (the rows path)
+        store.append(small)
+        assert [e.sequence for e in small] == [1, 2, 3]
         store.append(_copy(evs[120:]))
         got = store.read("x")
         assert [e.event_id for e in got] == [e.event_id for e in evs]
         assert [e.sequence for e in got] == list(range(1, 301))
         assert [s.gid for s in store.tail(0, 10_000)] == list(range(1, 301))
+        assert store.executions()[0].events == 300
     finally:
         store.close()
 
