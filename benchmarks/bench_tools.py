@@ -298,6 +298,75 @@ def bench_postgres(n: int, work_dir: Path, baseline_rev: str | None = None) -> d
     return times
 
 
+def bench_postgres_bulk(n: int, work_dir: Path) -> dict[str, float]:
+    """``n`` rows in one call: the tool's ``batch`` (executemany, pipeline mode) and ``copy`` next to
+    the same psycopg calls made directly, and ``batch`` as one engine task; seconds, best of 3."""
+    from noetl_dagster.dsl import load_playbook_dict
+    from noetl_dagster.tools.postgres import postgres_tool
+
+    db = f"nd_bench_bulk_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(PG, autocommit=True) as c:
+        c.execute(f"CREATE DATABASE {db}")
+    url = PG.rsplit("/", 1)[0] + "/" + db
+    tables = ("direct_many", "tool_batch", "direct_copy", "tool_copy", "engine_batch")
+    rows = [[i, f"row {i}"] for i in range(n)]
+    ctx = _Ctx({"pg": {"connection_string": url}})
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            for t in tables:
+                conn.execute(f"CREATE TABLE {t} (i int, note text)")
+
+            def direct_many() -> None:
+                with conn.transaction(), conn.cursor() as cur:
+                    cur.executemany("INSERT INTO direct_many VALUES (%s, %s)", rows)
+
+            def direct_copy() -> None:
+                with conn.transaction(), conn.cursor() as cur, cur.copy("COPY direct_copy (i, note) FROM STDIN") as cp:
+                    for r in rows:
+                        cp.write_row(r)
+
+            postgres_tool({"auth": "pg", "query": "SELECT 1"}, ctx)
+            pb = load_playbook_dict(
+                {"apiVersion": "noetl.io/v2", "kind": "Playbook", "metadata": {"name": "bench_bulk", "path": "bench/bulk"},
+                 "workload": {"dsn": url, "rows": rows},
+                 "workflow": [{"step": "start", "tool": {"kind": "postgres", "connection_string": "{{ workload.dsn }}",
+                               "command": "INSERT INTO engine_batch VALUES (%s, %s)", "batch": "{{ workload.rows }}"}}]}
+            )  # fmt: skip
+
+            def engine_batch() -> None:
+                from noetl_dagster.runners.local import run_playbook
+
+                res = run_playbook(pb, data_dir=work_dir / uuid.uuid4().hex)
+                if res.status != "completed":
+                    raise RuntimeError(f"engine run failed: {res.status}")
+
+            times = best_of(
+                {
+                    "direct executemany": direct_many,
+                    "tool batch": lambda: postgres_tool({"auth": "pg", "command": "INSERT INTO tool_batch VALUES (%s, %s)", "batch": rows}, ctx),
+                    "direct copy": direct_copy,
+                    "tool copy": lambda: postgres_tool({"auth": "pg", "copy": {"table": "tool_copy", "columns": ["i", "note"], "rows": rows}}, ctx),
+                    "engine batch": engine_batch,
+                }
+            )
+            counts = [conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in tables]
+        if counts != [n * REPEAT] * len(tables):
+            raise RuntimeError(f"row counts {dict(zip(tables, counts, strict=True))}, expected {n * REPEAT} each")
+    finally:
+        ctx.close()
+        with psycopg.connect(PG, autocommit=True) as c:
+            c.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+    return times
+
+
+def report_bulk(n: int, t: dict[str, float]) -> None:
+    print(f"postgres bulk: {n} rows in one call  (load average {load_average()})")
+    base = {"tool batch": "direct executemany", "engine batch": "direct executemany", "tool copy": "direct copy"}
+    for name, v in t.items():
+        ratio = f"  ratio {v / t[base[name]]:.2f}x vs {base[name]}" if name in base else ""
+        print(f"  {name:<20} {v:7.3f} s  {n / v:9.0f} rows/s{ratio}")
+
+
 def report(name: str, n: int, t: dict[str, float]) -> None:
     ratio = t["engine"] / t["direct"]
     verdict = "OK" if ratio <= TARGET else "MISS"
@@ -332,6 +401,7 @@ def load_average() -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=1000, help="calls per comparison (default 1000)")
+    ap.add_argument("--bulk", type=int, default=10000, help="rows for the bulk (batch, copy) comparison (default 10000)")
     ap.add_argument("--only", choices=("http", "postgres"), help="run one comparison")
     ap.add_argument("--baseline-rev", help="also time the postgres tool as of this git revision (before/after, same run)")
     args = ap.parse_args(argv)
@@ -341,6 +411,7 @@ def main(argv: list[str] | None = None) -> None:
             report("http GET", args.n, bench_http(args.n, work))
         if args.only in (None, "postgres"):
             report_postgres(args.n, bench_postgres(args.n, work, args.baseline_rev))
+            report_bulk(args.bulk, bench_postgres_bulk(args.bulk, work))
 
 
 if __name__ == "__main__":

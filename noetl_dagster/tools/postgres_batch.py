@@ -9,7 +9,8 @@ what a ``RETURNING`` clause returned, in order.
 ``copy: {table, columns, rows}`` streams ``rows`` (lists in ``columns`` order, or mappings keyed
 by column name; ``columns`` defaults to the first mapping's keys) with ``COPY … FROM STDIN``
 (text format, psycopg's row writer): the fastest way into a table. ``table`` may be
-``schema.table``; mapping and list values of a row go in as ``jsonb``. One transaction.
+``schema.table``; a mapping value goes in as ``jsonb``, a list as an array (as with ``params``).
+One transaction.
 """
 
 from __future__ import annotations
@@ -70,8 +71,16 @@ def run_batch(conn: psycopg.Connection, statements: Sequence[str], batch: Any, s
     return {"rows": plain(rows), "row_count": affected, "columns": columns}
 
 
-def _copy_value(v: Any) -> Any:
-    return Jsonb(v) if isinstance(v, (Mapping, list)) else v
+_SCALARS = frozenset({int, str, float, bool, type(None)})
+
+
+def _copy_row(values: Sequence[Any]) -> Sequence[Any]:
+    """Mappings become jsonb (psycopg has no other adapter for them); the rest goes as it is (a list
+    is an array, as in ``params``). Exact-type checks first: this runs once per value of a bulk load."""
+    for v in values:
+        if type(v) not in _SCALARS:
+            return [Jsonb(v) if isinstance(v, Mapping) else v for v in values]
+    return values
 
 
 def run_copy(conn: psycopg.Connection, spec: Any, schema: Any) -> dict[str, Any]:
@@ -98,15 +107,18 @@ def run_copy(conn: psycopg.Connection, spec: Any, schema: Any) -> dict[str, Any]
         if schema:
             set_search_path(cur, schema)
         with cur.copy(stmt) as copy:
-            for i, row in enumerate(rows):
-                if isinstance(row, Mapping):
+            write = copy.write_row
+            for row in rows:
+                t = type(row)
+                if t is list or t is tuple:
+                    write(_copy_row(row))
+                elif isinstance(row, Mapping):
                     if not columns:
                         raise ToolError("postgres: 'copy.columns' is required for rows of mappings", kind="config_error")
-                    values = [_copy_value(row.get(c)) for c in columns]
+                    write(_copy_row([row.get(c) for c in columns]))
                 elif isinstance(row, (list, tuple)):
-                    values = [_copy_value(v) for v in row]
+                    write(_copy_row(row))
                 else:
-                    raise ToolError(f"postgres: copy.rows[{i}] must be a list or a mapping", kind="config_error")
-                copy.write_row(values)
+                    raise ToolError(f"postgres: copy.rows[{n}] must be a list or a mapping", kind="config_error")
                 n += 1
     return {"rows": [], "row_count": n, "columns": []}
