@@ -117,6 +117,7 @@ def s3_config_kwargs(config_kwargs: dict[str, Any] | None = None) -> dict[str, A
     return out
 
 
+@lru_cache(maxsize=1)  # one object: fsspec caches filesystems by their arguments
 def aiohttp_trace_config() -> Any:
     """An ``aiohttp.TraceConfig`` counting each exchange (gcsfs: ``session_kwargs={"trace_configs": [...]}``)."""
     import aiohttp  # noqa: PLC0415

@@ -12,9 +12,12 @@
 | ``delete`` | ``source`` | ``{uri, deleted}`` |
 
 Credentials: ``credential`` | ``auth`` names a record with ``service_account_json`` (or ``token``); without one
-gcsfs uses Application Default Credentials. ``endpoint`` points gcsfs at an emulator (fake-gcs-server).
-Other fsspec URLs (``memory://``, ``file://``) are accepted by the same code path — that is how it is
-tested here, because no GCS emulator is installable on this machine (docs/tools.md states the gap).
+gcsfs uses Application Default Credentials. ``endpoint`` points gcsfs at an emulator (fake-gcs-server,
+gcp-storage-emulator) through gcsfs's JSON-API client. Network bytes of each request go into the task's
+measured usage (storage/objstore_usage.py).
+Other fsspec URLs (``memory://``, ``file://``) are accepted by the same code path — that is how the
+operations are tested (tests/tools/test_gcs.py); write/read through gcsfs run against gcp-storage-emulator
+in tests/storage/test_objstore_usage_gcs.py.
 Errors: ``not_found``, ``auth_error``, ``gcs_error`` (retryable for 429/5xx-like transport failures).
 """
 
@@ -27,6 +30,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from noetl_dagster.storage.objstore_usage import aiohttp_trace_config
 from noetl_dagster.tools.configs import ToolConfig
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
 from noetl_dagster.tools.shell import work_dir
@@ -72,6 +76,11 @@ def _fs(uri: str, inputs: Mapping[str, Any], ctx: ToolContext) -> Any:
         kw.setdefault("token", "anon")
     if inputs.get("project") or record.get("project_id"):
         kw["project"] = inputs.get("project") or record.get("project_id")
+    kw["session_kwargs"] = {"trace_configs": [aiohttp_trace_config()]}  # network bytes into the task's usage
+    if inputs.get("endpoint"):  # an emulator serves the JSON API only: no gRPC bucket-type probe (60 s timeouts)
+        from gcsfs.core import GCSFileSystem  # noqa: PLC0415
+
+        return GCSFileSystem(**kw)
     return gcsfs.GCSFileSystem(**kw)
 
 
