@@ -18,9 +18,9 @@ tenant=…/project=…/``) when the caller gives a tenant and project; see
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import os
-import queue
 import threading
 import uuid
 from abc import ABC, abstractmethod
@@ -77,27 +77,37 @@ def sha256(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-# From the first chunk at least this big on, hashing runs on a helper thread (hashlib drops
-# the GIL for large updates), so it overlaps the encoder and the write instead of adding to them.
+# Hashing runs on a helper thread (hashlib drops the GIL for large updates) from the first chunk at
+# least this big on, so that it overlaps the encoder and the write instead of adding to them. Chunks
+# go over in batches of at least _HASH_BATCH bytes (a wake-up per batch, not per write), and at most
+# _HASH_BACKLOG bytes wait for the hasher: a writer faster than it waits instead of piling up chunks.
 _THREADED_HASH_MIN = 64 * 1024
-_HASH_QUEUE = 16
+_HASH_BATCH = 1 << 20
+_HASH_BACKLOG = 8 << 20
 
 
 class HashingWriter:
-    """A binary file object that sha256-hashes and counts what passes through it.
+    """A binary file object that sha256-hashes and counts what passes through it, in one pass:
+    each chunk is hashed as it goes out, never read back.
 
-    Writers such as pyarrow mostly hand over immutable buffers (``bytes``, or Arrow
-    ``Buffer`` views of a table's columns), which the helper thread can hash after
-    ``write`` returns without a copy; mutable ones are copied first."""
+    Writers such as pyarrow mostly hand over ``bytes`` or read-only Arrow ``Buffer`` views
+    (a table's columns, compressed bodies), which the helper thread hashes after ``write``
+    returns without a copy; anything else (a ``bytearray`` or ``memoryview`` a producer may
+    refill) is copied first."""
 
     def __init__(self, sink: IO[bytes], *, threaded: bool = True):
         self._sink = sink
         self._hash = hashlib.sha256()
         self.size = 0
         self.closed = False
-        self._queue: queue.Queue[Any] | None = None
-        self._thread: threading.Thread | None = None
+        self.batches = 0  # hand-overs to the hashing thread
         self._threaded = threaded
+        self._thread: threading.Thread | None = None
+        self._cond = threading.Condition()
+        self._waiting: collections.deque[tuple[list[Any], int] | None] = collections.deque()
+        self._backlog = 0  # bytes handed over and not hashed yet
+        self._batch: list[Any] = []
+        self._batch_bytes = 0
         self._error: BaseException | None = None
 
     # file protocol used by pyarrow / pandas / json writers
@@ -122,40 +132,63 @@ class HashingWriter:
             return 0
         self._sink.write(data)
         self.size += n
-        if self._thread is not None:
-            self._queue.put(data if _immutable(data) else bytes(data))  # type: ignore[union-attr]
-        elif self._threaded and n >= _THREADED_HASH_MIN:
-            self._hash_async(data if _immutable(data) else bytes(data))
-        else:
-            self._hash.update(data)
+        if self._thread is None and not self._batch and not (self._threaded and n >= _THREADED_HASH_MIN):
+            self._hash.update(data)  # small writes before the first big one: at once, no thread
+            return n
+        self._batch.append(data if _retainable(data) else bytes(data))
+        self._batch_bytes += n
+        if self._batch_bytes >= _HASH_BATCH:
+            self._hand_over()
         return n
 
-    def _hash_async(self, data: Any) -> None:
-        if self._queue is None:
-            # bounded: a writer faster than the hasher waits instead of piling up chunk copies
-            self._queue = queue.Queue(maxsize=_HASH_QUEUE)
+    def _hand_over(self) -> None:
+        batch, nbytes = self._batch, self._batch_bytes
+        self._batch, self._batch_bytes = [], 0
+        if self._thread is None:
             self._thread = threading.Thread(target=self._hash_loop, name="payload-sha256", daemon=True)
             self._thread.start()
-        self._queue.put(data)
+        with self._cond:
+            while self._backlog and self._backlog + nbytes > _HASH_BACKLOG:
+                self._cond.wait()
+            self._backlog += nbytes
+            self._waiting.append((batch, nbytes))
+            self._cond.notify_all()
+        self.batches += 1
 
     def _hash_loop(self) -> None:
-        assert self._queue is not None
+        update = self._hash.update
         while True:
-            item = self._queue.get()
+            with self._cond:
+                while not self._waiting:
+                    self._cond.wait()
+                item = self._waiting.popleft()
             if item is None:
                 return
+            batch, nbytes = item
             try:
-                self._hash.update(item)
-            except BaseException as e:  # pragma: no cover - surfaced in hexdigest
+                if self._error is None:
+                    for chunk in batch:
+                        update(chunk)
+            except BaseException as e:  # pragma: no cover - surfaced in checksum/close
                 self._error = e
+            del batch, item
+            with self._cond:
+                self._backlog -= nbytes
+                self._cond.notify_all()
 
     def _drain(self) -> None:
         if self._thread is not None:
-            assert self._queue is not None
-            self._queue.put(None)
+            if self._batch:
+                self._hand_over()
+            with self._cond:
+                self._waiting.append(None)
+                self._cond.notify_all()
             self._thread.join()
             self._thread = None
-            self._queue = None
+        elif self._batch:  # a thread was never needed after all
+            for item in self._batch:
+                self._hash.update(item)
+            self._batch, self._batch_bytes = [], 0
         if self._error is not None:
             raise self._error
 
@@ -169,10 +202,12 @@ class HashingWriter:
         self.closed = True
 
 
-def _immutable(data: Any) -> bool:
+def _retainable(data: Any) -> bool:
+    """Whether ``data`` may be hashed after ``write`` returned without a copy."""
     if isinstance(data, bytes):
         return True
-    # an Arrow Buffer that is not mutable is a view of data nobody may change (a table's column)
+    # a read-only Arrow Buffer is a view of data nobody may change (a table's column, a compressed
+    # body); a mutable one may wrap a Python object its producer refills (pa.py_buffer(bytearray))
     return type(data).__module__.startswith("pyarrow") and getattr(data, "is_mutable", True) is False
 
 
