@@ -41,7 +41,8 @@ LANE_SAMPLES = 9  # the rule reads the median GIL share of the last LANE_SAMPLES
 LANE_MIN_SAMPLES = 3  # ... once at least this many were measured (a median of 3 outvotes one)
 LANE_CLEAR_WAIT = 0.1  # ... or at once when every measured iteration held a CPU at most 10% of its time
 LANE_SAMPLE_FIRST, LANE_SAMPLE_EVERY = 8, 16  # measure a lane's iterations 1..8, then every 16th (0 warms up)
-LANE_PATIENCE_SECONDS = 0.1  # no iteration finished for this long: judge the running ones instead
+LANE_LONG_ITERATION = 0.002  # ... and every one after an iteration this long (the measuring is cheap by then)
+LANE_PATIENCE_SECONDS = 1.0  # no iteration finished for this long: judge the running ones instead
 LANE_FIRST_PATIENCE_SECONDS = (
     0.02  # ... while fewer than LANE_MIN_SAMPLES were measured (no flush is due yet)
 )
@@ -99,23 +100,29 @@ class Lanes:
     - A lane's first iteration is its warm-up (lazy imports, plugin discovery, connections:
       one-time waits that say nothing about the loop) and is not judged.
     - A lane measures its iterations ``1..LANE_SAMPLE_FIRST``, then every
-      ``LANE_SAMPLE_EVERY``-th: the CPU time the kernel charged the thread and the time it sat
-      runnable waiting for a core (so a busy machine is not mistaken for I/O). The iteration's
-      GIL share is ``g = cpu / (wall - run-queue wait)``: the fraction of its time it runs
-      Python (or C holding the interpreter) rather than waiting on I/O, a sleep or a child
-      process. Threads overlap only the waiting, so at most ``1/g`` lanes are useful.
+      ``LANE_SAMPLE_EVERY``-th and every one after an iteration of ``LANE_LONG_ITERATION`` or
+      more: the CPU time the kernel charged the thread and the time it sat runnable waiting
+      for a core (so a busy machine is not mistaken for I/O). The iteration's GIL share is
+      ``g = cpu / (wall - run-queue wait)``: the fraction of its time it runs Python (or C
+      holding the interpreter) rather than waiting on I/O, a sleep or a child process. Threads overlap only the waiting, so at most ``1/g`` lanes are useful.
     - After each measured iteration the lane takes the median ``g`` of the last
       ``LANE_SAMPLES`` measured iterations, once there are ``LANE_MIN_SAMPLES`` (the median
       ignores the odd iteration that waited on an event-store flush), or at once when every
       measured iteration waited at least 90% of its time (``g <= LANE_CLEAR_WAIT``), and widens
       the loop to ``min(max_lanes, floor(LANE_HEADROOM/g))`` lanes when that is more than it
       has (the headroom pays for the lanes' own hand-offs): a second lane needs ``g <= 0.4``.
-    - A long iteration is judged while it runs, by the loop's own thread (it wakes every
-      ``LANE_TICK_SECONDS`` at the start, every ``LANE_PATIENCE_SECONDS/2`` later: each wake-up
-      takes the GIL from a lane): after the warm-up, when no iteration finished for
-      ``LANE_PATIENCE_SECONDS`` (``LANE_FIRST_PATIENCE_SECONDS`` until ``LANE_MIN_SAMPLES``
-      were measured), the lanes' share over that time decides the same way.
-    - Lanes are never withdrawn; ``max_lanes`` (max_in_flight) is never exceeded.
+    - A long iteration is judged while it runs, by the loop's own thread. It wakes every
+      ``LANE_TICK_SECONDS`` until ``LANE_MIN_SAMPLES`` were measured, then only every
+      ``LANE_PATIENCE_SECONDS/2``: each wake-up takes the GIL from a lane, and on an overloaded
+      machine the hand-off stalls the lane until the woken thread gets a core. After the
+      warm-up, when no iteration finished for ``LANE_PATIENCE_SECONDS``
+      (``LANE_FIRST_PATIENCE_SECONDS`` until ``LANE_MIN_SAMPLES`` were measured), the lanes'
+      share over that time decides the same way.
+    - The rule corrects itself: when the median asks for at most half the lanes the loop has
+      (iterations that wait on the GIL of their sibling lanes look like waiting, so an
+      over-wide CPU-bound loop still measures ``g`` near 1 in most iterations), the width drops
+      to that, and lanes above it leave after their current iteration. Samples restart at
+      every change. ``max_lanes`` (max_in_flight) is never exceeded.
 
     A CPU-bound loop (``g`` near 1) thus stays on one lane and costs what the sequential loop
     costs (no GIL hand-offs, no lock contention, the trace in index order); an I/O-bound loop
@@ -134,7 +141,9 @@ class Lanes:
         self._indices = iter(range(n))
         self._errors: list[BaseException] = []
         self._lock = threading.Lock()
-        self._running = 0
+        self._running = 0  # lanes alive (at most max_lanes)
+        self._width = 1  # lanes wanted: one above it leaves after its current iteration
+        self._peak = 0
         self._finished = threading.Event()
         self._threads: list[threading.Thread] = []
         self._done: list[int] = []  # iterations finished, per lane (each lane writes only its own slot)
@@ -144,10 +153,11 @@ class Lanes:
         self._t0 = time.perf_counter()
         self.gil_share: float | None = None
         self.widened_at: float | None = None  # seconds after the start when the loop first widened
+        self.narrowed = 0  # times the loop gave lanes back (the rule's own correction)
 
     def run(self) -> dict[str, Any]:
         if self.n <= 0:
-            return {"lanes": 0, "gil_share": None, "widened_at": None}
+            return {"lanes": 0, "gil_share": None, "widened_at": None, "narrowed": 0, "final_lanes": 0}
         self._t0 = time.perf_counter()
         self._start(1)
         seen, since, base = list(self._done), time.perf_counter(), self._clocks()
@@ -157,9 +167,9 @@ class Lanes:
         tick = LANE_TICK_SECONDS
         while not self._finished.wait(tick):
             lanes = len(self._threads)
-            if lanes >= self.max_lanes:
+            if self._running >= self.max_lanes:
                 tick = 1.0
-                continue  # nothing left to decide: wait for the lanes
+                continue  # no lane to add: the lanes' samples may still narrow the loop
             if self._no_clock:  # no thread clock on this platform: the behaviour before the rule
                 self._decide(0.0)
                 continue
@@ -178,8 +188,8 @@ class Lanes:
             t.join()
         if self._errors:
             raise self._errors[0]
-        return {"lanes": len(self._threads), "gil_share": None if self.gil_share is None else round(self.gil_share, 4),
-                "widened_at": self.widened_at}  # fmt: skip
+        return {"lanes": self._peak, "gil_share": None if self.gil_share is None else round(self.gil_share, 4),
+                "widened_at": self.widened_at, "narrowed": self.narrowed, "final_lanes": self._width}  # fmt: skip
 
     def _judge(self) -> None:
         """The sample rule, run by a lane after each measured iteration."""
@@ -190,11 +200,17 @@ class Lanes:
     def _decide(self, g: float) -> None:
         with self._decide_lock:
             self.gil_share = g
-            target = min(self.max_lanes, math.floor(LANE_HEADROOM / g)) if g > 0 else self.max_lanes
-            if target > len(self._threads):
+            target = max(1, min(self.max_lanes, math.floor(LANE_HEADROOM / g))) if g > 0 else self.max_lanes
+            if target > self._width:
                 if self.widened_at is None:
                     self.widened_at = round(time.perf_counter() - self._t0, 4)
-                self._start(target - len(self._threads))
+                self._width = target
+                self._samples.clear()  # the next samples judge the new width
+                self._start(target - self._running)
+            elif target <= self._width // 2:  # measured as over-wide (GIL-saturated): give lanes back
+                self._width = target
+                self.narrowed += 1
+                self._samples.clear()
 
     def _clocks(self) -> list[tuple[float, float] | None]:
         return [_thread_clock(t.native_id) if t.is_alive() else None for t in self._threads]
@@ -213,9 +229,10 @@ class Lanes:
     def _start(self, k: int) -> None:
         for _ in range(k):
             with self._lock:
-                if self._finished.is_set():
+                if self._finished.is_set() or self._running >= self.max_lanes:
                     return
                 self._running += 1
+                self._peak = max(self._peak, self._running)
             lane = len(self._threads)
             self._done.append(0)
             t = threading.Thread(target=self._lane, args=(lane,), name=f"{self.name}-{lane}", daemon=True)
@@ -228,39 +245,49 @@ class Lanes:
             self._no_clock = True
         fn, indices, samples, done, errors = self.fn, self._indices, self._samples, self._done, self._errors
         perf = time.perf_counter
-        k = 0
+        k, last = 0, 0.0  # iterations done by this lane, wall seconds of its last one
+        counted = True  # this lane is in self._running
         try:
             while not errors:
+                if self._running > self._width:  # the loop narrowed: leave if still over
+                    with self._lock:
+                        if self._running > self._width:
+                            self._running -= 1
+                            counted = False
+                            return
                 i = next(indices, None)
                 if i is None:
                     return
                 measure = (
-                    clock is not None and 0 < k and (k <= LANE_SAMPLE_FIRST or k % LANE_SAMPLE_EVERY == 0)
+                    clock is not None
+                    and 0 < k
+                    and (k <= LANE_SAMPLE_FIRST or k % LANE_SAMPLE_EVERY == 0 or last >= LANE_LONG_ITERATION)
                 )
                 if measure:
                     c0, q0 = clock()  # type: ignore[misc]
-                    w0 = perf()
+                w0 = perf()
                 try:
                     fn(i)
                 except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
                     errors.append(e)
                     return
+                w1 = perf()
+                last = w1 - w0
                 if measure:
-                    w1 = perf()
                     c1, q1 = clock()  # type: ignore[misc]
-                    avail = (w1 - w0) - (q1 - q0)
+                    avail = last - (q1 - q0)
                     samples.append(min(1.0, (c1 - c0) / avail) if avail > 0 else 1.0)
-                    if len(self._threads) < self.max_lanes:
-                        self._judge()
+                    self._judge()
                 k += 1
                 done[lane] = k
         finally:
             if clock is not None and hasattr(clock, "close"):
                 clock.close()
-            with self._lock:
-                self._running -= 1
-                if self._running == 0:
-                    self._finished.set()
+            if counted:
+                with self._lock:
+                    self._running -= 1
+                    if self._running == 0:
+                        self._finished.set()
 
 
 class _CursorRun:
@@ -545,7 +572,8 @@ class LoopPhases(CursorLoops):
         if not lr.parallel or len(idx) <= 1:
             for i in idx:
                 self.loop_iteration(lr, i, body)
-            lr.schedule = {"lanes": 1 if idx else 0, "gil_share": None, "widened_at": None}  # type: ignore[attr-defined]
+            lr.schedule = {"lanes": 1 if idx else 0, "gil_share": None, "widened_at": None, "narrowed": 0,
+                           "final_lanes": 1 if idx else 0}  # fmt: skip  # type: ignore[attr-defined]
             return lr.schedule  # type: ignore[attr-defined]
         lanes = Lanes(len(idx), min(lr.max_in_flight, len(idx)), lambda k: self.loop_iteration(lr, idx[k], body),
                       name=f"noetl-{lr.frame.step.name}")  # fmt: skip
