@@ -33,8 +33,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import Any
 
@@ -153,19 +152,29 @@ def _from_result(u: dict[str, Any], result: Any) -> None:
         u["shots"] = result["shots"]
 
 
-@contextmanager
-def network_into(usage: dict[str, Any]) -> Iterator[None]:
+class network_into:  # noqa: N801 - used as a function: ``with network_into(usage):``
     """Add the network bytes counted inside (the upload of the task's offloaded result, after its
-    meter stopped) to ``usage``; the stored bytes themselves come from the ref (:func:`add_offload`)."""
-    counters: dict[str, float] = {}
-    token = _COUNTERS.set(counters)
-    try:
-        yield
-    finally:
-        _COUNTERS.reset(token)
-        for k in ("net_out_bytes", "net_in_bytes", "egress_bytes"):
-            if counters.get(k):
-                usage[k] = usage.get(k, 0) + counters[k]
+    meter stopped) to ``usage``; the stored bytes themselves come from the ref (:func:`add_offload`).
+    A class, not a generator context manager: 2 us instead of 10 per task attempt."""
+
+    __slots__ = ("_usage", "_counters", "_token")
+
+    def __init__(self, usage: dict[str, Any]) -> None:
+        self._usage = usage
+
+    def __enter__(self) -> None:
+        self._counters: dict[str, float] = {}
+        self._token = _COUNTERS.set(self._counters)
+
+    def __exit__(self, *exc: object) -> None:
+        _COUNTERS.reset(self._token)
+        for k in _NETWORK:
+            v = self._counters.get(k)
+            if v:
+                self._usage[k] = self._usage.get(k, 0) + v
+
+
+_NETWORK = ("net_out_bytes", "net_in_bytes", "egress_bytes")
 
 
 def add_offload(usage: dict[str, Any], recorded_result: Any) -> None:
