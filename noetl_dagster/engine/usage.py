@@ -155,7 +155,7 @@ def _from_result(u: dict[str, Any], result: Any) -> None:
 class network_into:  # noqa: N801 - used as a function: ``with network_into(usage):``
     """Add the network bytes counted inside (the upload of the task's offloaded result, after its
     meter stopped) to ``usage``; the stored bytes themselves come from the ref (:func:`add_offload`).
-    A class, not a generator context manager: 2 us instead of 10 per task attempt."""
+    A class, not a generator context manager: 5.5 us instead of 12 per task attempt (load 18)."""
 
     __slots__ = ("_usage", "_counters", "_token")
 
