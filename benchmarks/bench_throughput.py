@@ -134,9 +134,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--procs", default="1,2,4", help="worker processes, comma-separated")
     ap.add_argument("--threads", default="1,8,32", help="threads per process, comma-separated")
     ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds per row")
+    ap.add_argument("--commit-delay", type=int, default=0, help="also the old path with this commit_delay (us)")
     args = ap.parse_args(argv)
     if args.throughput:
-        grid(PLAYBOOK, _ints(args.procs), _ints(args.threads), args.seconds)
+        grid(PLAYBOOK, _ints(args.procs), _ints(args.threads), args.seconds, args.commit_delay)
         return
     db = f"nd_tp_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(PG, autocommit=True) as c:
@@ -206,7 +207,7 @@ def _capture_flushes(path: str, url: str, data_dir: str) -> list[list[tuple[str,
     return flushes
 
 
-def _threads(body, threads: int, seconds: float, start, out) -> None:  # type: ignore[no-untyped-def]
+def _threads(body, threads: int, seconds: float, start, out, stats=lambda: (0, 0)) -> None:  # type: ignore[no-untyped-def]
     """Run ``body(thread_index)`` (one execution) back to back on each thread until the deadline."""
     import threading
 
@@ -232,7 +233,7 @@ def _threads(body, threads: int, seconds: float, start, out) -> None:  # type: i
     done.wait()
     for t in ts:
         t.join()
-    out.put((time.perf_counter() - t0, lats, time.process_time() - c0))
+    out.put((time.perf_counter() - t0, lats, time.process_time() - c0, stats()))
 
 
 def _tp_engine(path: str, url: str, data_dir: str, threads: int, seconds: float, group: bool, start, out) -> None:  # type: ignore[no-untyped-def]
@@ -246,7 +247,9 @@ def _tp_engine(path: str, url: str, data_dir: str, threads: int, seconds: float,
         result = run_playbook(path, event_store=store, data_dir=data_dir)
         assert result.status == "completed", result.status
 
-    _threads(one, threads, seconds, start, out)
+    group = store._group  # flushes and statements (rounds) of the measured part
+    r0, q0 = (group.rounds, group.requests) if group else (0, 0)
+    _threads(one, threads, seconds, start, out, lambda: (group.rounds - r0, group.requests - q0) if group else (0, 0))
     store.close()
 
 
@@ -284,10 +287,11 @@ def _tp_run(target, args_for, procs: int) -> dict:  # type: ignore[no-untyped-de
     lat = sorted(x for r in results for x in r[1])
     return {"per_min": len(lat) / wall * 60, "p50": statistics.median(lat),
             "p99": lat[min(len(lat) - 1, int(len(lat) * 0.99))], "n": len(lat),
-            "cpu_ms": sum(r[2] for r in results) / len(lat) * 1000, "load": f"{load0} -> {_load()}"}  # fmt: skip
+            "cpu_ms": sum(r[2] for r in results) / len(lat) * 1000, "load": f"{load0} -> {_load()}",
+            "per_stmt": sum(r[3][1] for r in results) / max(1, sum(r[3][0] for r in results))}  # fmt: skip
 
 
-def grid(playbook: dict, procs: list[int], threads: list[int], seconds: float) -> None:
+def grid(playbook: dict, procs: list[int], threads: list[int], seconds: float, commit_delay: int = 0) -> None:
     db = f"nd_tpg_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(PG, autocommit=True) as c:
         c.execute(f"CREATE DATABASE {db}")
@@ -303,8 +307,9 @@ def grid(playbook: dict, procs: list[int], threads: list[int], seconds: float) -
             n_ev = sum(len(f) for f in flushes)
             print(f"one execution: {len(flushes)} flushes, {n_ev} events, "
                   f"{sum(len(b) for f in flushes for _, _, b in f)} body bytes; {seconds:.0f} s per row")  # fmt: skip
-            print(f"{'P x T':8} {'path':10} {'exec/min':>9} {'p50 ms':>8} {'p99 ms':>8} {'cpu ms/ex':>9} "
+            print(f"{'P x T':8} {'path':10} {'exec/min':>9} {'p50 ms':>8} {'p99 ms':>8} {'cpu ms/ex':>9} {'fl/st':>6} "
                   f"{'vs base':>7} {'vs old':>7}  load 1/5/15 min (before -> after)")  # fmt: skip
+            opt = f"&options=-c%20commit_delay%3D{commit_delay}"
             for p in procs:
                 for t in threads:
                     base = _tp_run(_tp_baseline, lambda i, t=t: (_url(db), flushes, t, seconds), p)
@@ -312,9 +317,13 @@ def grid(playbook: dict, procs: list[int], threads: list[int], seconds: float) -
                                                               t, seconds, False), p)  # fmt: skip
                     new = _tp_run(_tp_engine, lambda i, t=t: (str(path), _url(db) + "?schema=newpath", f"{tmp}/n{i}",
                                                               t, seconds, True), p)  # fmt: skip
-                    for label, r in (("baseline", base), ("old path", old), ("new path", new)):
+                    rows = [("baseline", base), ("old path", old), ("new path", new)]
+                    if commit_delay and t == threads[-1]:  # the server's own group commit, this session only
+                        rows.append(("old+delay", _tp_run(_tp_engine, lambda i, t=t: (
+                            str(path), _url(db) + "?schema=olddelay" + opt, f"{tmp}/od{i}", t, seconds, False), p)))
+                    for label, r in rows:
                         print(f"{p} x {t:<4} {label:10} {r['per_min']:9.0f} {r['p50'] * 1000:8.1f} {r['p99'] * 1000:8.1f} "
-                              f"{r['cpu_ms']:9.2f} {r['per_min'] / base['per_min']:7.2f} "
+                              f"{r['cpu_ms']:9.2f} {r['per_stmt']:6.1f} {r['per_min'] / base['per_min']:7.2f} "
                               f"{r['per_min'] / old['per_min']:7.2f}  {r['load']}", flush=True)  # fmt: skip
     finally:
         with psycopg.connect(PG, autocommit=True) as c:
