@@ -11,6 +11,12 @@
   lock, so a reader tailing ``gid > cursor`` can never step over an event that
   commits later with a smaller ``gid``. Appends are batched by the recorder, so
   the lock is held for one short transaction per batch.
+* Group commit (on by default; ``NOETL_PG_GROUP_COMMIT=0`` or ``group_commit=False`` turns it
+  off): flushes from threads of one process that arrive while a statement is in flight go
+  together in the next one, one transaction and one WAL flush for all of them
+  (``postgres_group_commit``). Each ``append`` still returns only once its own events are
+  committed, so kill -9 safety is unchanged; ``synchronous_commit`` stays the server's unless
+  the URL opts out (``options=-c%20synchronous_commit%3Doff``, docs/capacity.md).
 
 The URL is a libpq URL; an extra ``schema=`` query parameter selects the schema
 (default ``noetl``), e.g. ``postgresql://postgres@127.0.0.1:5432/postgres?schema=noetl``.
