@@ -20,9 +20,9 @@ Errors carry ``pg: {code, sqlstate}`` (``code`` the PostgreSQL condition name);
 connection failures, serialization failures, deadlocks, lock timeouts and
 resource shortages are retryable. One connection pool per credential (connection
 string) per process, shared by the executions that process runs. Statements
-with params are prepared server-side by psycopg from their 5th use on a
-connection (``prepare_threshold``), so a loop's INSERT is parsed and planned
-once per pooled connection.
+with params are prepared server-side by psycopg from their second use on a
+connection (``prepare_threshold`` 1, psycopg's default is 5), so a loop's INSERT
+is parsed and planned once per pooled connection.
 
 The per-call path is kept lean (a parallel loop calls it thousands of times):
 statement splits cached, the server parsed once per connection string, and
@@ -56,6 +56,10 @@ from noetl_dagster.util.jsonutil import plain
 from noetl_dagster.util.sql import split_sql
 
 DEFAULT_POOL_SIZE = 16
+# psycopg prepares a statement server-side once it ran this many times on a connection (its default
+# is 5): a loop's statement is parsed and planned once per pooled connection from its second call,
+# while a one-off statement (values spliced into the text by a template) is never prepared.
+PREPARE_THRESHOLD = 1
 CONNECT_TIMEOUT = 10  # seconds, for a new connection and for waiting on the pool
 # SQLSTATE classes/codes worth retrying: the same call may succeed a moment later.
 RETRYABLE_SQLSTATE_CLASSES = ("08", "53", "57")  # connection, insufficient resources, operator intervention
@@ -142,7 +146,7 @@ class PgConnector:
                     self.conninfo,
                     min_size=1,
                     max_size=self.max_size,
-                    kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT},
+                    kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT, "prepare_threshold": PREPARE_THRESHOLD},
                     open=True,
                     name="noetl-postgres",
                 )

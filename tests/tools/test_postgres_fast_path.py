@@ -167,3 +167,22 @@ def test_batch_and_copy_through_the_engine(tmp_path, pg_tools_db, table):
     res = run_playbook(pb, data_dir=tmp_path / "data")
     assert res.status == "completed", res
     assert res.results["start"]["rows"] == [{"n": 102}]
+
+
+def test_a_repeated_statement_is_prepared_server_side_from_its_second_call(make_ctx, pg_tools_db, table):
+    dsn = _fresh_dsn(pg_tools_db)
+    ctx = make_ctx()
+    ctx.spec = {"pool_size": 1}  # one connection: the prepared statements are that session's
+    insert = f"INSERT INTO {table} (id, note) VALUES (%s, %s)"
+
+    def prepared() -> list[str]:
+        out = postgres_tool({"connection_string": dsn, "query": "SELECT statement FROM pg_prepared_statements"}, ctx)
+        return [r["statement"] for r in out["rows"] if table in r["statement"]]
+
+    postgres_tool({"connection_string": dsn, "command": insert, "params": [1, "a"]}, ctx)
+    assert prepared() == []  # a one-off statement is not prepared
+    postgres_tool({"connection_string": dsn, "command": insert, "params": [2, "b"]}, ctx)
+    assert len(prepared()) == 1  # psycopg's default threshold (5) would still parse and plan it each call
+    for i in range(3, 10):
+        postgres_tool({"connection_string": dsn, "command": insert, "params": [i, "c"]}, ctx)
+    assert len(prepared()) == 1
