@@ -101,7 +101,10 @@ def _facets(statements: tuple[str, ...], whole: Any, namespace: str, kind: str, 
         target = _name(meta.out_tables[0], default_schema, database)
         out = fields.setdefault(target, {})
         by_name = {col.descendant.name: col for col in meta.column_lineage}
-        form = shape(stmt)
+        try:
+            form = shape(stmt)
+        except Exception:  # noqa: BLE001 - never an error from lineage: openlineage-sql's names then
+            form = None
         if form is None:  # not a shape we know: openlineage-sql's names, subtype by name only
             for col in meta.column_lineage:
                 single = len(col.lineage) == 1 and col.lineage[0].name == col.descendant.name

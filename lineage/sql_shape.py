@@ -209,6 +209,11 @@ def _branches(query: list[_Tok]) -> tuple[tuple[Item, ...], ...] | None:
     starts = [j for j, w in enumerate(words) if w == "select"]
     if not starts or (not through_cte and starts[0] != 0):
         return None
+    for j, w in enumerate(words):  # (a) UNION (b): a parenthesized branch we do not read
+        if w in _SET_OPS:
+            k = j + 2 if j + 1 < len(words) and words[j + 1] in ("all", "distinct") else j + 1
+            if k < len(query) and query[k].text == "(":
+                return None
     unnamed = [0]  # openlineage-sql counts unnamed items across the whole statement
     out = []
     for n, s in enumerate(starts):

@@ -13,6 +13,8 @@ import uuid
 import duckdb
 import psycopg
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lineage.convert import convert_all
 from lineage.sql import column_lineage
@@ -183,6 +185,7 @@ def test_shapes_it_does_not_know_keep_openlineage_sqls_names():
     assert shape("INSERT INTO t (a, b) VALUES (1, 2)") is None
     assert shape("INSERT INTO t BY NAME SELECT x AS b FROM s") is None
     assert shape("INSERT INTO t (a, b) SELECT x FROM s") is None  # the counts differ
+    assert shape("INSERT INTO t (a) SELECT x FROM s UNION ALL (SELECT y FROM v)") is None  # a parenthesized branch
     f = column_lineage("INSERT INTO t SELECT x AS a, y FROM s", "duckdb://m", kind="duckdb", default_schema="main")
     assert set(f["main.t"].fields) == {"a", "y"}
     # through a CTE or a derived table the value may have been computed there: not claimed IDENTITY
@@ -191,3 +194,18 @@ def test_shapes_it_does_not_know_keep_openlineage_sqls_names():
     assert [t.subtype for t in cte["main.t"].fields["a"].inputFields[0].transformations] == ["TRANSFORMATION"]
     assert split_statements("INSERT INTO a SELECT ';' FROM b; -- x;\nSELECT $$;$$") == [
         "INSERT INTO a SELECT ';' FROM b", "-- x;\nSELECT $$;$$"]
+
+
+_FRAGMENTS = ["INSERT", "INTO", "t", "(", ")", ",", "a", "SELECT", "FROM", "s", "AS", "x", "UNION", "ALL", "WITH",
+              "'q;'", ";", "*", ".", "sum", "over", "DISTINCT", "ON", "create", "--c\n", "/*x*/", "$$", '"Q"', "::",
+              "VALUES", "1", "BY", "CASE", "END", "E'\\''", "+"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(_FRAGMENTS), max_size=20))
+def test_any_token_soup_gives_a_shape_or_none_never_an_error(parts):
+    sql = " ".join(parts)
+    for text in (sql, "INSERT INTO t " + sql, "INSERT INTO t (a, b) SELECT " + sql):
+        form = shape(text)
+        assert form is None or all(len(b) == len(form.targets()) for b in form.branches)
+    assert all(split_statements(sql))
