@@ -387,18 +387,43 @@ def _op_cost_metadata(prices: PriceTable, by_step: Mapping[str, Cost], ran: list
     return md
 
 
-def _costs(context: Any, report: OpReport) -> tuple[PriceTable, dict[str, Cost], list[Any]] | None:
-    """(price table, step -> Cost of the attempts of the step runs this op reported, the execution's
-    events) from the execution's ``task.done`` events; None (with a warning) when it cannot be priced."""
+def _costs(context: Any, report: OpReport) -> tuple[PriceTable, dict[str, Cost]] | None:
+    """(price table, step -> Cost of the attempts of the step runs this op reported) from the execution's
+    ``task.done`` events; None (with a warning) when it cannot be priced."""
     eng = report.engine
     try:
         prices = price_table(getattr(context.resources, RESOURCE_KEY))
-        events = [e for e in eng.services.event_store.read(eng.execution_id) if e.execution_id == eng.execution_id]
         runs = {o.step_run_id for o in report.outcomes}
-        return prices, cost_of_events(prices, events, runs), events
+        events = _events_of_runs(eng, runs) if runs else []
+        return prices, cost_of_events(prices, events, runs)
     except Exception as e:  # noqa: BLE001 - cost is informational; a bad price file never fails a step
         context.log.warning(f"no cost metadata: {e}")
         return None
+
+
+def _events_of_runs(eng: Any, runs: set[str]) -> list[Any]:
+    """The tail of the execution's log that holds the step runs ``runs`` (from their ``step.scheduled``
+    on): a window from the last sequence the op saw, widened x4 until every run's scheduling is in it,
+    so an op reads its own events, not the whole log (which would make a long execution quadratic)."""
+    store, eid, last = eng.services.event_store, eng.execution_id, eng.state.sequence
+    window = 16
+    while True:
+        after = max(0, last - window)
+        events = [e for e in store.read(eid, after_sequence=after) if e.execution_id == eid]
+        if after == 0 or runs <= {e.step_run_id for e in events if e.name == "step.scheduled"}:
+            return events
+        window *= 4
+
+
+def _execution_cost(context: Any, report: OpReport, prices: PriceTable) -> Cost | None:
+    """The whole execution's cost: every ``task.done`` in its log, whichever run or op recorded it."""
+    eng = report.engine
+    try:
+        events = [e for e in eng.services.event_store.read(eng.execution_id) if e.execution_id == eng.execution_id]
+    except Exception as e:  # noqa: BLE001 - informational
+        context.log.warning(f"no execution cost: {e}")
+        return None
+    return sum(cost_of_events(prices, events).values(), Cost(currency=prices.currency))
 
 
 def _report_outputs(
@@ -429,8 +454,9 @@ def _report_outputs(
             md["recovered_step_runs"] = ", ".join(report.recovered)
         yield dg.Output(None, RESULT_OUTPUT, metadata=md)
     if priced is not None and report.finished:  # the execution is over: its whole cost on the run
-        prices, _, events = priced
-        _tag_run(context, cost_tags(sum(cost_of_events(prices, events).values(), Cost(currency=prices.currency))))
+        total = _execution_cost(context, report, priced[0])
+        if total is not None:
+            _tag_run(context, cost_tags(total))
     res = getattr(context.resources, RESOURCE_KEY)
     for step, v, mat in _materializations(eng.execution_id, report.task_results, res,
                                           context.partition_key if context.has_partition_key else None,
