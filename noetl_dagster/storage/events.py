@@ -5,6 +5,19 @@ The store is append-only (triggers refuse UPDATE/DELETE), idempotent on
 gap-free ``sequence`` per execution inside the write transaction, so several
 processes may append to one execution. ``gid`` is a global, monotonically
 increasing cursor used by sensors and exporters to tail the log.
+
+Layout (issue 19): a small batch is one ``noetl_event`` row per event; a batch of at least
+``SEGMENT_MIN`` (256, ``$NOETL_EVENT_SEGMENT_MIN``; 0 turns segments off) new events of one
+execution - a loop's iterations between two flushes - is one ``noetl_event_segment`` row: a
+zstd-compressed columnar body with consecutive sequences and gids (~30 bytes per event instead of
+~720). Readers merge both tables; every event reads back exactly as appended.
+
+Durability (the fsync policy): WAL journal with ``synchronous=NORMAL``. An append is one
+transaction; once it returns, its events survive the death of the process (kill -9) - the
+recorder appends at each step's routing and every 2,000 events inside a loop, so a killed run
+loses at most the step (or loop iterations) in flight, which resume runs again. SQLite syncs
+the WAL to disk at each checkpoint, not at each commit: an OS crash or power loss may lose the
+transactions since the last checkpoint, never corrupt the file. A commit costs no fsync.
 """
 
 from __future__ import annotations
