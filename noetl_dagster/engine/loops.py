@@ -263,21 +263,23 @@ class Lanes:
                     and 0 < k
                     and (k <= LANE_SAMPLE_FIRST or k % LANE_SAMPLE_EVERY == 0 or last >= LANE_LONG_ITERATION)
                 )
+                w0 = perf()  # the wall interval spans the clock reads: the run-queue wait is inside it
                 if measure:
                     c0, q0 = clock()  # type: ignore[misc]
-                w0 = perf()
                 try:
                     fn(i)
                 except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
                     errors.append(e)
                     return
-                w1 = perf()
-                last = w1 - w0
                 if measure:
                     c1, q1 = clock()  # type: ignore[misc]
+                    last = perf() - w0
                     avail = last - (q1 - q0)
-                    samples.append(min(1.0, (c1 - c0) / avail) if avail > 0 else 1.0)
-                    self._judge()
+                    if avail > 0:
+                        samples.append(min(1.0, (c1 - c0) / avail))
+                        self._judge()
+                else:
+                    last = perf() - w0
                 k += 1
                 done[lane] = k
         finally:
