@@ -165,3 +165,57 @@ def test_a_bad_price_file_never_fails_the_run(tmp_path):
         assert warnings and "cpu_core_hour must be a non-negative number" in warnings[0]
     finally:
         instance.__exit__(None, None, None)
+
+
+LOOP = """\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: cost_frames, path: tests/cost_frames}
+workflow:
+  - step: start
+    loop:
+      in: "{{ range(40) | list }}"
+      iterator: x
+      spec: {mode: parallel, dagster: {frame_size: 8}}
+    tool:
+      - square:
+          kind: python
+          input: {x: "{{ iter.x }}"}
+          code: |
+            result = {"sq": x * x}
+    next: {arcs: [{step: total}]}
+  - step: total
+    tool:
+      - sum:
+          kind: python
+          input: {rows: "{{ start.results }}"}
+          code: |
+            result = sum(r["sq"] for r in rows)
+"""
+
+
+def test_a_loop_run_as_frames_is_priced_on_its_collect_op(tmp_path):
+    """The collect op reports the loop step run: all its iterations' attempts, recorded by the frame ops
+    (the log window widens past the op's own events until it holds the step run's scheduling)."""
+    pb = tmp_path / "cost_frames.yaml"
+    pb.write_text(LOOP)
+    data = tmp_path / "noetl"
+    data.mkdir()
+    (data / "prices.yaml").write_text(PRICES)
+    loc = compile_playbooks(pb, resource=NoetlResource(data_dir=str(data)), include_sensor=False)
+    with dg.instance_for_test() as inst:
+        result = loc.definitions.resolve_job_def("cost_frames").execute_in_process(instance=inst)
+        assert result.success
+        assert {n.name for n in result.job_def.nodes} >= {"start", "start__frame", "start__collect", "total"}
+        run = inst.get_run_by_id(result.run_id)
+        attempts = _attempts(data, run.tags["noetl/execution_id"])
+        assert len(attempts["start"]) == 40
+        prices = PriceTable.from_dict(yaml.safe_load(PRICES))
+        md = _result_metadata(result, "start__collect")
+        loop = prices.cost(AttemptUsage.from_task_done(e.data, e.timestamp) for e in attempts["start"])
+        assert md["noetl/cost/attempts"] == 40
+        assert md["noetl/cost/usd"] == pytest.approx(loop.total, rel=1e-12) and loop.total > 0
+        total = loop + prices.cost(
+            AttemptUsage.from_task_done(e.data, e.timestamp) for e in attempts["total"]
+        )
+        assert float(run.tags["noetl/cost_usd"]) == pytest.approx(total.total, rel=1e-9, abs=1e-12)
