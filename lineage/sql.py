@@ -87,6 +87,7 @@ def _facets(statements: tuple[str, ...], whole: Any, namespace: str, kind: str, 
     import openlineage_sql  # noqa: PLC0415
 
     fields: dict[str, dict[str, list[cl.InputField]]] = {}
+    indirect: dict[str, dict[tuple[str, str], list[cl.Transformation]]] = {}
     each = [one for sql in statements for one in split_statements(sql)]
     for stmt in each:
         if len(each) == 1:
@@ -119,12 +120,32 @@ def _facets(statements: tuple[str, ...], whole: Any, namespace: str, kind: str, 
                 subtype = item.subtype if item.subtype != "IDENTITY" or len(col.lineage) == 1 else "TRANSFORMATION"
                 _add(out, column, col, namespace, default_schema, database,
                      cl.Transformation(type="DIRECT", subtype=subtype, masking=True if item.masking else None))
+        reads = indirect.setdefault(target, {})
+        for table, column, subtype in form.indirect:
+            name = _resolve(table, meta.in_tables, default_schema, database)
+            if name is not None:
+                ts = reads.setdefault((name, column), [])
+                if not any(t.subtype == subtype for t in ts):
+                    ts.append(cl.Transformation(type="INDIRECT", subtype=subtype))
     return {
         name: cl.ColumnLineageDatasetFacet(
-            fields={c: cl.Fields(inputFields=inputs) for c, inputs in f.items()}, producer=PRODUCER
+            fields={c: cl.Fields(inputFields=inputs) for c, inputs in f.items()},
+            dataset=[cl.InputField(namespace=namespace, name=t, field=c, transformations=ts)
+                     for (t, c), ts in indirect.get(name, {}).items()] or None,
+            producer=PRODUCER,
         )
         for name, f in fields.items() if f
     }
+
+
+def _resolve(table: str, in_tables: Any, default_schema: str | None, database: str | None) -> str | None:
+    """The name of the one input table ``table`` (as written in the statement) stands for."""
+    want = [p.lower() for p in table.split(".")]
+    found = {
+        _name(t, default_schema, database) for t in in_tables
+        if [p.lower() for p in (t.database or database or "", t.schema or default_schema or "", t.name)][-len(want):] == want
+    }
+    return found.pop() if len(found) == 1 else None
 
 
 def _add(out: dict[str, list[cl.InputField]], column: str, col: Any, namespace: str, default_schema: str | None,

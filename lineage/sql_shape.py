@@ -85,6 +85,8 @@ class Shape:
 
     columns: tuple[str, ...] | None
     branches: tuple[tuple[Item, ...], ...]
+    # (table as written, column, INDIRECT subtype) read by WHERE / JOIN … ON / GROUP BY / HAVING / ORDER BY
+    indirect: tuple[tuple[str, str, str], ...] = ()
 
     def targets(self) -> tuple[str, ...]:
         return self.columns if self.columns is not None else tuple(i.name for i in self.branches[0])
@@ -186,16 +188,17 @@ def shape(sql: str) -> Shape | None:
     else:
         return None
     query = _rebased(query, query[0].depth if query else 0)
-    branches = _branches(query)
+    indirect: list[tuple[str, str, str]] = []
+    branches = _branches(query, indirect)
     if not branches:
         return None
     width = len(branches[0])
     if any(len(b) != width for b in branches) or (columns is not None and len(columns) != width):
         return None
-    return Shape(columns, branches)
+    return Shape(columns, branches, tuple(dict.fromkeys(indirect)))
 
 
-def _branches(query: list[_Tok]) -> tuple[tuple[Item, ...], ...] | None:
+def _branches(query: list[_Tok], indirect: list[tuple[str, str, str]]) -> tuple[tuple[Item, ...], ...] | None:
     """The select lists of the top-level SELECT and its UNION / INTERSECT / EXCEPT branches."""
     while query and query[0].text == "(" and query[-1].text == ")" and query[-1].depth == 0:  # (SELECT …)
         inner = query[1:-1]
@@ -226,6 +229,8 @@ def _branches(query: list[_Tok]) -> tuple[tuple[Item, ...], ...] | None:
         if items is None:
             return None
         out.append(items)
+        if not (through_cte or derived):
+            indirect += _indirect(query[end:stop])
     return tuple(out)
 
 
@@ -280,3 +285,94 @@ def _item(toks: list[_Tok], unnamed: list[int], indirect: bool) -> Item | None:
         name = f"_{unnamed[0]}"
         unnamed[0] += 1
     return Item(name, subtype, bool(calls & MASKING))
+
+
+_REGION = {"where": "FILTER", "having": "FILTER", "qualify": "FILTER", "group": "GROUP_BY", "order": "SORT"}
+_JOINS = frozenset({"join", "inner", "left", "right", "full", "cross", "natural", "outer", "lateral"})
+_NOT_COLUMN = _NOT_ALIAS | frozenset(
+    "ilike similar escape exists any some asc desc nulls first last interval date time timestamp with "
+    "without zone by collate current_date current_time current_timestamp localtime localtimestamp cast "
+    "array row filter partition rows range unbounded preceding following current default using".split()
+)
+
+
+def _indirect(toks: list[_Tok]) -> list[tuple[str, str, str]]:
+    """``(table as written, column, subtype)`` for the columns a branch's FROM … clauses read
+    without writing them: JOIN conditions, WHERE / HAVING / QUALIFY filters, GROUP BY, ORDER BY.
+    Only what is unambiguous: a column qualified by a table or alias of the branch, or any
+    column when the branch reads one table; nothing through a subquery."""
+    words = [t.word if t.depth == 0 else "" for t in toks]
+    if not words or words[0] != "from":
+        return []
+    tables: dict[str, str] = {}  # alias or table name -> table as written
+    regions: list[tuple[str, list[_Tok]]] = []
+    i, n, region = 1, len(toks), None
+    while i < n:
+        t, w = toks[i], words[i]
+        if t.depth == 0 and w in _REGION:
+            region = (_REGION[w], [])
+            regions.append(region)
+            i += 2 if w in ("group", "order") else 1
+            continue
+        if t.depth == 0 and (w in ("limit", "offset", "fetch", "window", "returning")
+                             or (w == "on" and i + 1 < n and words[i + 1] == "conflict")):
+            break  # the end of what the branch reads
+        if region is not None:
+            region[1].append(t)
+        elif t.depth == 0 and w == "on":
+            region = None
+            cond: list[_Tok] = []
+            i += 1
+            while i < n and not (toks[i].depth == 0 and (words[i] in _JOINS or words[i] in _REGION or toks[i].text == ",")):
+                cond.append(toks[i])
+                i += 1
+            regions.append(("JOIN", cond))
+            continue
+        elif t.text == "(":
+            return []  # a derived table or a function in FROM
+        elif t.kind in ("ident", "qident") and w not in _JOINS and w not in ("as", "using"):
+            j = i
+            parts = [_ident(toks[j])]
+            while j + 2 < n and toks[j + 1].text == "." and toks[j + 2].kind in ("ident", "qident"):
+                j += 2
+                parts.append(_ident(toks[j]))
+            name = ".".join(parts)
+            j += 1
+            if j < n and words[j] == "as":
+                j += 1
+            alias = _ident(toks[j]) if j < n and toks[j].kind in ("ident", "qident") and words[j] not in (
+                _JOINS | _NOT_COLUMN | set(_REGION) | {"on", "limit"}) else None
+            tables[(alias or parts[-1]).lower()] = name
+            i = j + 1 if alias else j
+            continue
+        i += 1
+    out = []
+    for subtype, region_toks in regions:
+        if any(t.text == "(" and k + 1 < len(region_toks) and region_toks[k + 1].word in ("select", "with")
+               for k, t in enumerate(region_toks)):
+            continue  # a subquery: its columns are not this branch's
+        for qual, column in _column_refs(region_toks):
+            table = tables.get(qual.lower()) if qual else (next(iter(tables.values())) if len(tables) == 1 else None)
+            if table:
+                out.append((table, column, subtype))
+    return out
+
+
+def _column_refs(toks: list[_Tok]) -> list[tuple[str | None, str]]:
+    refs = []
+    i, n = 0, len(toks)
+    while i < n:
+        t = toks[i]
+        if t.kind in ("ident", "qident") and not (i and toks[i - 1].text in (".", "::")):
+            j = i
+            parts = [_ident(t)]
+            while j + 2 < n and toks[j + 1].text == "." and toks[j + 2].kind in ("ident", "qident"):
+                j += 2
+                parts.append(_ident(toks[j]))
+            called = j + 1 < n and toks[j + 1].text == "("
+            if not called and (len(parts) > 1 or (t.kind == "qident" or t.word not in _NOT_COLUMN)):
+                refs.append((".".join(parts[:-1]) or None, parts[-1]))
+            i = j + 1
+            continue
+        i += 1
+    return refs

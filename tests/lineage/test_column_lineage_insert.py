@@ -54,6 +54,12 @@ def _map(fields):
     }
 
 
+def _indirect(facet):
+    """{(input table, input column, INDIRECT subtype)} of the facet's dataset-level list."""
+    return {(f["name"], f["field"], t["subtype"]) for f in facet.get("dataset", []) for t in f["transformations"]
+            if t["type"] == "INDIRECT"}
+
+
 def _check(lineage, validator):
     for doc in lineage:
         assert validator.errors(doc) == [], doc
@@ -110,6 +116,8 @@ def test_duckdb_insert_column_list_maps_by_position_with_subtypes(tmp_path, vali
         "d": {("main.s", "email", "TRANSFORMATION", True)},  # a hash masks the value
         # e = count(*) reads no column: no entry
     }
+    assert _indirect(out["facets"]["columnLineage"]) == {  # GROUP BY: dataset-level INDIRECT lineage
+        ("main.s", "x", "GROUP_BY"), ("main.s", "y", "GROUP_BY"), ("main.s", "email", "GROUP_BY")}
     union = _output(lineage, ".union", "main.t")
     assert _map(union["facets"]["columnLineage"]["fields"]) == {
         "a": {("main.s", "x", "IDENTITY", False), ("main.s", "y", "IDENTITY", False)},
@@ -172,11 +180,13 @@ def test_postgres_two_inserts_with_column_lists_each_map_their_own_table(tmp_pat
         "n_orders": {(orders, "id", "AGGREGATION", False)},
         "big_qty": {(orders, "qty", "AGGREGATION", False)},
     }
+    assert _indirect(totals["facets"]["columnLineage"]) == {(orders, "qty", "FILTER"), (orders, "customer", "GROUP_BY")}
     audit = _output(lineage, ".load", f"test.{pg_schema}.audit")  # the second statement's table, not the first's
     assert _map(audit["facets"]["columnLineage"]["fields"]) == {
         "id_copy": {(orders, "id", "IDENTITY", False)},
         "what": {(orders, "customer", "TRANSFORMATION", False)},
     }
+    assert "dataset" not in audit["facets"]["columnLineage"]  # no filter, join, grouping or sort
 
 
 def test_shapes_it_does_not_know_keep_openlineage_sqls_names():
@@ -194,6 +204,20 @@ def test_shapes_it_does_not_know_keep_openlineage_sqls_names():
     assert [t.subtype for t in cte["main.t"].fields["a"].inputFields[0].transformations] == ["TRANSFORMATION"]
     assert split_statements("INSERT INTO a SELECT ';' FROM b; -- x;\nSELECT $$;$$") == [
         "INSERT INTO a SELECT ';' FROM b", "-- x;\nSELECT $$;$$"]
+
+
+def test_indirect_reads_join_filter_group_sort_only_when_unambiguous():
+    joined = shape("INSERT INTO t (a) SELECT o.customer FROM public.orders o JOIN customers AS c ON c.id = o.cid "
+                   "WHERE o.qty > 0 AND c.active GROUP BY o.customer ORDER BY o.customer LIMIT 5")
+    assert set(joined.indirect) == {("customers", "id", "JOIN"), ("public.orders", "cid", "JOIN"),
+                                    ("public.orders", "qty", "FILTER"), ("customers", "active", "FILTER"),
+                                    ("public.orders", "customer", "GROUP_BY"), ("public.orders", "customer", "SORT")}
+    assert shape("INSERT INTO t (a) SELECT x FROM s, u WHERE k = 1").indirect == ()  # k: s or u?
+    assert shape("INSERT INTO t (a) SELECT x FROM s WHERE k IN (SELECT k FROM v)").indirect == ()  # a subquery
+    assert shape("INSERT INTO t (a) SELECT x FROM s WHERE y > 0 ON CONFLICT (a) DO NOTHING").indirect == (
+        ("s", "y", "FILTER"),)
+    assert shape("INSERT INTO t (a) SELECT x FROM s WHERE d > current_date - interval '1 day'").indirect == (
+        ("s", "d", "FILTER"),)
 
 
 _FRAGMENTS = ["INSERT", "INTO", "t", "(", ")", ",", "a", "SELECT", "FROM", "s", "AS", "x", "UNION", "ALL", "WITH",
