@@ -16,6 +16,12 @@ Per item, the OpenLineage column-lineage subtype (DIRECT transformations of the 
 - ``AGGREGATION``: an aggregate function call without ``OVER`` (``sum(x)``, ``round(avg(x), 2)``);
 - ``TRANSFORMATION``: any other expression; ``masking`` when it hashes (``md5(x)``, ``sha256``…).
 
+Per branch also the columns it reads without writing them (the facet's dataset-level
+``INDIRECT`` lineage): ``JOIN … ON`` (``JOIN``), ``WHERE`` / ``HAVING`` / ``QUALIFY``
+(``FILTER``), ``GROUP BY`` (``GROUP_BY``), ``ORDER BY`` (``SORT``) — only when unambiguous: a
+column qualified by a table or alias of the branch, or any column when the branch reads one
+table; nothing through a subquery, ``USING`` or a derived table.
+
 A tokenizer, not a parser: comments, strings (``''``, ``E''``, dollar quotes), quoted
 identifiers and parentheses are respected; anything it does not recognise (``SELECT *``,
 ``VALUES``, a column count that does not match the list) gives ``None`` and the caller keeps
