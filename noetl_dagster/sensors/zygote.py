@@ -1,0 +1,146 @@
+"""A warm process that forks Dagster run workers (``python -m noetl_dagster.sensors.zygote``).
+
+Started by :class:`noetl_dagster.sensors.launcher.NoetlRunLauncher`, once per code location.
+It imports Dagster and loads the code location once, then reads one line per run from stdin (a
+serialized ``ExecuteRunArgs``) and forks: the child is what ``dagster api execute_run`` would be,
+without the interpreter start, the imports and the code location load (seconds of CPU each
+time, docs/capacity.md). It answers one line per request on stdout: ``ok <pid>`` or ``error
+<message>``.
+
+Protocol, first line: what to load (see :func:`load`); answer ``ready <pid>`` or
+``error <message>``. End of stdin ends the zygote; the runs it forked keep running (they are
+ordinary run workers, reaped by ``SIGCHLD`` being ignored here, and restored in the child).
+
+The child runs the job from the repository loaded here (the same code pointer; a run needs the
+code as it was when the code location was loaded, and the launcher starts a new zygote when the
+code server is replaced, e.g. on a reload).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import sys
+import threading
+import traceback
+from typing import Any
+
+# imported by every run worker after the code location: the CLI body, the executor, the SQL storages
+WARM_MODULES = (
+    "dagster._cli.api", "dagster._core.execution.api", "dagster._core.executor.in_process",
+    "dagster._core.execution.plan.execute_step", "dagster._core.storage.sql", "alembic.script", "alembic.runtime.migration",
+)  # fmt: skip
+PROFILE_ENV = "NOETL_ZYGOTE_PROFILE"  # a directory: each forked run worker writes its CPU profile there
+
+
+def _reply(line: str) -> None:
+    sys.stdout.write(line.replace("\n", " ") + "\n")
+    sys.stdout.flush()
+
+
+def load(request: str) -> Any:
+    """Load the code location and make the run worker's reconstruction of it free in the children.
+
+    ``request``: JSON ``{"origin": <serialized RepositoryPythonOrigin>, "load_data": <serialized
+    RepositoryLoadData or null>}``; the load data is what the code server recorded with the runs
+    (a run worker reconstructs the repository with it), so the children find exactly this one.
+    """
+    import json  # noqa: PLC0415
+
+    import dagster._core.definitions.reconstruct as reconstruct  # noqa: PLC0415
+    from dagster._core.origin import RepositoryPythonOrigin  # noqa: PLC0415
+    from dagster._serdes import deserialize_value  # noqa: PLC0415
+    from dagster._utils.hosted_user_process import recon_repository_from_origin  # noqa: PLC0415
+
+    req = json.loads(request)
+    origin = deserialize_value(req["origin"], RepositoryPythonOrigin)
+    load_data = deserialize_value(req["load_data"]) if req.get("load_data") else None
+    recon_repo = recon_repository_from_origin(origin)
+    if load_data is not None:
+        recon_repo = recon_repo.with_repository_load_data(load_data)
+    repo_def = recon_repo.get_definition()
+    original = reconstruct.reconstruct_repository_def_from_pointer
+
+    def warm(pointer: Any, repository_load_data: Any = None) -> Any:
+        if pointer == recon_repo.pointer and repository_load_data == load_data:
+            return repo_def
+        return original(pointer, repository_load_data)
+
+    reconstruct.reconstruct_repository_def_from_pointer = warm  # this process and its children only
+    for module in WARM_MODULES + tuple(req.get("modules") or ()):  # what every run worker imports next
+        try:
+            importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - only a head start; the run worker imports it itself
+            pass
+    return repo_def
+
+
+def run_child(serialized_args: str) -> int:
+    """In the forked child: ``dagster api execute_run`` on the warm code; the exit code."""
+    from dagster._cli.api import execute_run_command  # noqa: PLC0415
+    from dagster._utils.interrupts import setup_interrupt_handlers  # noqa: PLC0415
+
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # subprocess.wait in the run needs its children
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    setup_interrupt_handlers()  # SIGTERM -> SIGINT: the run is interrupted and reported, as in the CLI
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # the zygote's request pipe is not the run's
+    os.dup2(2, 1)  # run worker output goes where the daemon's does
+    profile_dir = os.environ.get(PROFILE_ENV)
+    profiler = None
+    if profile_dir:  # CPU profile of each run worker (benchmarks/bench_dagster_latency.py --profile)
+        import cProfile  # noqa: PLC0415
+        import time  # noqa: PLC0415
+
+        profiler = cProfile.Profile(time.process_time)
+        profiler.enable()
+    try:
+        execute_run_command.callback(serialized_args, None)
+        return 0
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 1
+    except BaseException:  # noqa: BLE001 - the run worker's own errors are in the event log; this is the rest
+        traceback.print_exc()
+        return 1
+    finally:
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(os.path.join(profile_dir, f"run_worker_{os.getpid()}.prof"))
+
+
+def serve(stdin: Any = None) -> None:
+    stdin = stdin or sys.stdin
+    first = stdin.readline()
+    try:
+        load(first.strip())
+    except BaseException as e:  # noqa: BLE001 - the launcher falls back to the code server
+        _reply(f"error {type(e).__name__}: {e}")
+        return
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # finished run workers are reaped by the kernel
+    _reply(f"ready {os.getpid()} threads={threading.active_count()}")
+    for line in stdin:
+        args = line.strip()
+        if not args:
+            continue
+        try:
+            pid = os.fork()
+        except OSError as e:
+            _reply(f"error fork failed: {e}")
+            continue
+        if pid == 0:
+            code = 1
+            try:
+                code = run_child(args)
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        _reply(f"ok {pid}")
+
+
+if __name__ == "__main__":
+    try:
+        serve()
+    except KeyboardInterrupt:  # dagster dev stopped with Ctrl-C: the process group's SIGINT
+        pass

@@ -1,0 +1,108 @@
+"""Run workers forked from a warm process do not load the code location again (issue 19 §3).
+
+A real zygote (``python -m noetl_dagster.sensors.zygote``) loads a one-job code location, then
+forks the run worker of a real run on a SQLite instance; the run succeeds, it ran in the forked
+process, and the code location's definitions function ran once (in the zygote), not once more
+per run as with ``dagster api execute_run``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dagster as dg
+import yaml
+from dagster._core.code_pointer import CodePointer
+from dagster._core.origin import JobPythonOrigin, RepositoryPythonOrigin
+from dagster._grpc.types import ExecuteRunArgs
+from dagster._serdes import serialize_value
+
+from noetl_dagster.sensors.launcher import NoetlRunLauncher
+
+REPO = Path(__file__).resolve().parents[2]
+
+CODE = '''
+import os
+from pathlib import Path
+
+import dagster as dg
+
+HERE = Path(__file__).parent
+
+
+@dg.op
+def where():
+    (HERE / "ran_in").write_text(str(os.getpid()))
+
+
+@dg.job(executor_def=dg.in_process_executor)  # the op runs in the run worker itself
+def warm_job():
+    where()
+
+
+@dg.definitions
+def defs():
+    with open(HERE / "loads", "a") as fh:  # one line per load of the code location
+        fh.write(f"{os.getpid()}\\n")
+    return dg.Definitions(jobs=[warm_job])
+'''
+
+
+def test_a_forked_run_worker_runs_the_job_without_loading_the_code_again(tmp_path):
+    code = tmp_path / "warm_defs.py"
+    code.write_text(CODE)
+    origin = RepositoryPythonOrigin(sys.executable, CodePointer.from_python_file(str(code), "defs", str(tmp_path)))
+    job_origin = JobPythonOrigin("warm_job", origin)
+    zygote = subprocess.Popen(
+        [sys.executable, "-m", "noetl_dagster.sensors.zygote"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True, cwd=REPO,
+    )  # fmt: skip
+    try:
+        (tmp_path / "home").mkdir()
+        with dg.instance_for_test(temp_dir=str(tmp_path / "home")) as instance:
+            assert zygote.stdin and zygote.stdout
+            zygote.stdin.write(json.dumps({"origin": serialize_value(origin), "load_data": None}) + "\n")
+            zygote.stdin.flush()
+            assert zygote.stdout.readline().startswith("ready ")
+            assert (tmp_path / "loads").read_text().split() == [str(zygote.pid)]
+
+            import importlib.util  # the job's definition, for the run record only
+
+            spec = importlib.util.spec_from_file_location("warm_defs_here", code)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)  # type: ignore[union-attr]
+            run = instance.create_run_for_job(module.warm_job, job_code_origin=job_origin)
+            (tmp_path / "loads").write_text(f"{zygote.pid}\n")  # the test's own load above does not count
+
+            args = ExecuteRunArgs(job_origin=job_origin, run_id=run.run_id, instance_ref=instance.get_ref())
+            zygote.stdin.write(serialize_value(args) + "\n")
+            zygote.stdin.flush()
+            answer = zygote.stdout.readline().split()
+            assert answer[0] == "ok", answer
+            worker = int(answer[1])
+
+            deadline = time.time() + 120
+            while time.time() < deadline:
+                status = instance.get_run_by_id(run.run_id).status
+                if status in (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE):
+                    break
+                time.sleep(0.2)
+            assert status == dg.DagsterRunStatus.SUCCESS
+            assert (tmp_path / "ran_in").read_text() == str(worker) != str(zygote.pid)
+            assert (tmp_path / "loads").read_text().split() == [str(zygote.pid)]  # not loaded again
+    finally:
+        zygote.stdin.close()  # type: ignore[union-attr]
+        zygote.wait(timeout=30)
+
+
+def test_the_example_instance_uses_the_warm_launcher():
+    settings = yaml.safe_load((REPO / "example_project" / "dagster.yaml").read_text())
+    with dg.instance_for_test(overrides={"run_launcher": settings["run_launcher"]}) as instance:
+        assert isinstance(instance.run_launcher, NoetlRunLauncher) and instance.run_launcher.warm
+    off = {"module": "noetl_dagster.sensors.launcher", "class": "NoetlRunLauncher", "config": {"warm": False}}
+    with dg.instance_for_test(overrides={"run_launcher": off}) as instance:
+        assert not instance.run_launcher.warm
