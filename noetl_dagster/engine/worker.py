@@ -20,7 +20,7 @@ from noetl_dagster.dsl.model import RuleThen, Step, Task
 from noetl_dagster.dsl.parse import MAX_RETRY_ATTEMPTS, MAX_RETRY_DELAY
 from noetl_dagster.dsl.templates import TemplateError, template_env
 from noetl_dagster.engine import events as E
-from noetl_dagster.engine.events import now_iso, uuid7
+from noetl_dagster.engine.events import uuid7
 from noetl_dagster.engine.frame import (
     DEFAULT_RETRY_ATTEMPTS,
     DEFAULT_RETRY_DELAY,
@@ -361,8 +361,7 @@ class Worker(LoopPhases):
     def _call_task(self, task: Task, frame: _Frame, scope: Scope, attempt: int) -> dict[str, Any]:
         rec = self.engine.recorder
         task_run_id = uuid7()
-        started_at = now_iso()
-        rec.emit(
+        started_at = rec.emit(  # outcome.meta.started_at: the task.started event's own timestamp
             E.TASK_STARTED,
             step=frame.step.name,
             step_run_id=frame.step_run_id,
@@ -373,7 +372,7 @@ class Worker(LoopPhases):
             attempt=attempt,
             status="in_progress",
             data={"task": task.label, "kind": task.kind},
-        )
+        ).timestamp
         t0 = time.perf_counter()
         notes: dict[str, Any] = {}  # what the tool noted (ctx.note), for outcome.meta
         meter = Meter()  # measured usage, recorded in the event (replay reads it, never re-measures)
