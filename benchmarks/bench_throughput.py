@@ -207,7 +207,28 @@ def _capture_flushes(path: str, url: str, data_dir: str) -> list[list[tuple[str,
     return flushes
 
 
-def _threads(body, threads: int, seconds: float, start, out, stats=lambda: (0, 0)) -> None:  # type: ignore[no-untyped-def]
+class _ServerCpu:
+    """CPU seconds used so far by the server backends of this worker's connections (tagged by
+    ``application_name``), read from /proc: the server runs on this machine. 0 when it does not."""
+
+    def __init__(self, url: str, tag: str):
+        self.conn = psycopg.connect(url, autocommit=True)
+        self.tag = tag
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def __call__(self) -> float:
+        pids = self.conn.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s", (self.tag,)).fetchall()
+        total = 0.0
+        for (pid,) in pids:
+            try:
+                f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(f[11]) + int(f[12])) / self.tick
+        return total
+
+
+def _threads(body, threads: int, seconds: float, start, out, stats=lambda: (0, 0), server=lambda: 0.0) -> None:  # type: ignore[no-untyped-def]
     """Run ``body(thread_index)`` (one execution) back to back on each thread until the deadline."""
     import threading
 
@@ -230,18 +251,22 @@ def _threads(body, threads: int, seconds: float, start, out, stats=lambda: (0, 0
     start.wait()  # every process ready
     t0 = time.perf_counter()
     c0 = time.process_time()
+    s0 = server()
     done.wait()
     for t in ts:
         t.join()
-    out.put((time.perf_counter() - t0, lats, time.process_time() - c0, stats()))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    out.put((wall, lats, cpu, stats(), server() - s0))
 
 
 def _tp_engine(path: str, url: str, data_dir: str, threads: int, seconds: float, group: bool, start, out) -> None:  # type: ignore[no-untyped-def]
     from noetl_dagster.runners.local import run_playbook
     from noetl_dagster.storage.postgres_events import PostgresEventStore
 
-    store = PostgresEventStore(url, group_commit=group, pool_size=max(4, threads))
+    tag = f"ndtp{os.getpid()}"
+    store = PostgresEventStore(url + "&application_name=" + tag, group_commit=group, pool_size=max(4, min(threads, 8)))
     run_playbook(path, event_store=store, data_dir=data_dir)  # warm: imports, pools, template cache
+    server = _ServerCpu(url.split("?", 1)[0], tag)
 
     def one(i: int) -> None:
         result = run_playbook(path, event_store=store, data_dir=data_dir)
@@ -249,12 +274,16 @@ def _tp_engine(path: str, url: str, data_dir: str, threads: int, seconds: float,
 
     group = store._group  # flushes and statements (rounds) of the measured part
     r0, q0 = (group.rounds, group.requests) if group else (0, 0)
-    _threads(one, threads, seconds, start, out, lambda: (group.rounds - r0, group.requests - q0) if group else (0, 0))
+    _threads(one, threads, seconds, start, out, lambda: (group.rounds - r0, group.requests - q0) if group else (0, 0),
+             server)  # fmt: skip
     store.close()
+    server.conn.close()
 
 
 def _tp_baseline(url: str, flushes, threads: int, seconds: float, start, out) -> None:  # type: ignore[no-untyped-def]
-    conns = [psycopg.connect(url, autocommit=True) for _ in range(threads)]
+    tag = f"ndtp{os.getpid()}"
+    conns = [psycopg.connect(url, autocommit=True, application_name=tag) for _ in range(threads)]
+    server = _ServerCpu(url, tag)
     ins = "INSERT INTO bench_event (event_id, execution_id, sequence, name, ts, body) VALUES (%s, %s, %s, %s, %s, %s)"
 
     def one(i: int) -> None:
@@ -267,8 +296,8 @@ def _tp_baseline(url: str, flushes, threads: int, seconds: float, start, out) ->
             with conn.transaction(), conn.cursor() as cur:
                 cur.executemany(ins, rows)
 
-    _threads(one, threads, seconds, start, out)
-    for c in conns:
+    _threads(one, threads, seconds, start, out, server=server)
+    for c in [*conns, server.conn]:
         c.close()
 
 
@@ -288,7 +317,8 @@ def _tp_run(target, args_for, procs: int) -> dict:  # type: ignore[no-untyped-de
     return {"per_min": len(lat) / wall * 60, "p50": statistics.median(lat),
             "p99": lat[min(len(lat) - 1, int(len(lat) * 0.99))], "n": len(lat),
             "cpu_ms": sum(r[2] for r in results) / len(lat) * 1000, "load": f"{load0} -> {_load()}",
-            "per_stmt": sum(r[3][1] for r in results) / max(1, sum(r[3][0] for r in results))}  # fmt: skip
+            "per_stmt": sum(r[3][1] for r in results) / max(1, sum(r[3][0] for r in results)),
+            "srv_ms": sum(r[4] for r in results) / len(lat) * 1000}  # fmt: skip
 
 
 def grid(playbook: dict, procs: list[int], threads: list[int], seconds: float, commit_delay: int = 0) -> None:
@@ -307,7 +337,7 @@ def grid(playbook: dict, procs: list[int], threads: list[int], seconds: float, c
             n_ev = sum(len(f) for f in flushes)
             print(f"one execution: {len(flushes)} flushes, {n_ev} events, "
                   f"{sum(len(b) for f in flushes for _, _, b in f)} body bytes; {seconds:.0f} s per row")  # fmt: skip
-            print(f"{'P x T':8} {'path':10} {'exec/min':>9} {'p50 ms':>8} {'p99 ms':>8} {'cpu ms/ex':>9} {'fl/st':>6} "
+            print(f"{'P x T':8} {'path':10} {'exec/min':>9} {'p50 ms':>8} {'p99 ms':>8} {'cpu ms/ex':>9} {'srv ms':>6} {'fl/st':>6} "
                   f"{'vs base':>7} {'vs old':>7}  load 1/5/15 min (before -> after)")  # fmt: skip
             opt = f"&options=-c%20commit_delay%3D{commit_delay}"
             for p in procs:
@@ -323,7 +353,7 @@ def grid(playbook: dict, procs: list[int], threads: list[int], seconds: float, c
                             str(path), _url(db) + "?schema=olddelay" + opt, f"{tmp}/od{i}", t, seconds, False), p)))
                     for label, r in rows:
                         print(f"{p} x {t:<4} {label:10} {r['per_min']:9.0f} {r['p50'] * 1000:8.1f} {r['p99'] * 1000:8.1f} "
-                              f"{r['cpu_ms']:9.2f} {r['per_stmt']:6.1f} {r['per_min'] / base['per_min']:7.2f} "
+                              f"{r['cpu_ms']:9.2f} {r['srv_ms']:6.2f} {r['per_stmt']:6.1f} {r['per_min'] / base['per_min']:7.2f} "
                               f"{r['per_min'] / old['per_min']:7.2f}  {r['load']}", flush=True)  # fmt: skip
     finally:
         with psycopg.connect(PG, autocommit=True) as c:
