@@ -189,3 +189,45 @@ def test_a_task_that_offloads_its_result_to_s3_has_the_network_bytes_in_its_usag
     ref = next(e.data["outcome"]["result"]["$ref"] for e in events if e.name == "task.done")
     assert usage["bytes_written"] == ref["size"] > 200_000
     assert ref["size"] < usage["net_out_bytes"] <= r.up
+
+
+def test_parallel_iterations_each_carry_their_own_upload(tmp_path, relay):
+    """Three iterations in flight at once, each offloading a result of its own size to S3 through
+    the same client: each task's usage holds its own upload (the counters follow the context)."""
+    from noetl_dagster.runners.local import build_services, run_playbook
+    from noetl_dagster.storage.event_stores import open_event_store
+
+    r, bucket = relay
+    store = _store(bucket, f"http://127.0.0.1:{r.port}")
+    pb = tmp_path / "par.yaml"
+    pb.write_text(textwrap.dedent("""\
+        apiVersion: noetl.io/v2
+        kind: Playbook
+        metadata: {name: s3par, path: tests/s3par}
+        workflow:
+          - step: start
+            loop:
+              in: "{{ [100, 200, 300] }}"
+              iterator: item
+              spec: {mode: parallel, max_in_flight: 3}
+            tool:
+              - big:
+                  kind: python
+                  input: {k: "{{ iter.item }}"}
+                  code: |
+                    import time
+                    time.sleep(0.2)
+                    result = "z" * (k * 1000)
+        """), encoding="utf-8")
+    svc = build_services(event_store=f"sqlite:///{tmp_path / 'events.db'}", data_dir=tmp_path / "data", payload_store=store)
+    r.reset()
+    res = run_playbook(pb, services=svc)
+    assert res.status == "completed", res
+    with open_event_store(res.event_store_url) as es:
+        events = es.read(res.execution_id)
+    done = sorted((e.data["outcome"]["result"]["$ref"]["size"], e.data["outcome"]["meta"]["usage"])
+                  for e in events if e.name == "task.done")
+    assert [size // 1000 for size, _ in done] == [100, 200, 300]
+    for size, usage in done:
+        assert size < usage["net_out_bytes"] < size + 4_000, (size, usage)
+    assert sum(u["net_out_bytes"] for _, u in done) <= r.up
