@@ -38,3 +38,22 @@ def test_sensor_loop_seconds_is_configurable(restore_loop_time):
     with dg.instance_for_test(overrides={"run_coordinator": config}) as instance:
         assert instance.run_coordinator.sensor_loop_seconds == 3
         assert sensor_daemon.MIN_INTERVAL_LOOP_TIME == 3
+
+
+def test_the_postgres_profile_and_the_helm_values_use_the_noetl_coordinator(restore_loop_time):
+    profile = yaml.safe_load((REPO / "deploy" / "dagster.postgres.yaml").read_text())["run_coordinator"]
+    helm = yaml.safe_load((REPO / "deploy" / "helm" / "values.yaml").read_text())["dagsterDaemon"]
+    assert helm["runCoordinator"]["type"] == "CustomRunCoordinator"
+    custom = helm["runCoordinator"]["config"]["customRunCoordinator"]
+    assert helm["image"]["repository"] == (
+        yaml.safe_load((REPO / "deploy" / "helm" / "values.yaml").read_text())["dagster-user-deployments"]["deployments"][0][
+            "image"]["repository"]
+    )  # the daemon builds the coordinator: it runs the image that has noetl-dagster  # fmt: skip
+    for settings in (profile, custom):
+        sensor_daemon.MIN_INTERVAL_LOOP_TIME = 5
+        with dg.instance_for_test(overrides={"run_coordinator": settings}) as instance:
+            coordinator = instance.run_coordinator
+            assert isinstance(coordinator, NoetlRunCoordinator) and sensor_daemon.MIN_INTERVAL_LOOP_TIME == 1
+            assert coordinator.dequeue_interval_seconds == 1
+            limits = coordinator.get_run_queue_config().tag_concurrency_limits
+            assert [(t["key"], t["limit"]) for t in limits] == [("noetl/execution_id", 1)]
