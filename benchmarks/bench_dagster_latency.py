@@ -8,7 +8,17 @@ event log: request -> run enqueued (router sensor tick and evaluation) -> starti
 and launcher) -> started (the run worker process booted and loaded the code).
 Target: p50 request-to-start <= 3 s. The first request is a warm-up (code location load).
 
-Run: ``python -m benchmarks.bench_dagster_latency [--requests N]`` or ``python -m benchmarks --only dagster_latency``.
+Two configurations in the same run (the machine is shared: compare them, not absolute times):
+``before`` is Dagster's default run launcher (the code server spawns a new interpreter per run)
+with the playbook cache off; ``after`` is ``example_project/dagster.yaml`` as shipped
+(``NoetlRunLauncher`` forks run workers from a warm process; parsed playbooks cached).
+``--postgres`` puts the Dagster instance (runs, event logs, schedules) on the local Postgres.
+The boot is also measured in CPU seconds, outside Dagster's event log: a cold run worker
+(a new interpreter: import Dagster, load the code location, open the instance) against a warm
+one (forked from a process that loaded the code location: open the instance, find the job).
+
+Run: ``python -m benchmarks.bench_dagster_latency [--requests N] [--config before|after|both] [--postgres]``
+or ``python -m benchmarks --only dagster_latency``.
 """
 
 from __future__ import annotations
@@ -58,12 +68,38 @@ def _stages(instance, run) -> dict[str, float]:
     return out
 
 
-def measure(requests: int, timeout: float) -> list[dict[str, float]]:
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def _instance_yaml(config: str, pg_url: str | None) -> str:
+    import yaml
+
+    settings = yaml.safe_load((REPO / "example_project" / "dagster.yaml").read_text())
+    if config == "before":
+        settings.pop("run_launcher", None)  # Dagster's DefaultRunLauncher: the code server spawns each run
+    if pg_url:
+        settings["storage"] = {"postgres": {"postgres_url": pg_url}}
+    return yaml.safe_dump(settings, sort_keys=False)
+
+
+def _pg_database(name: str, drop: bool = False) -> str:
+    import psycopg
+
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if not drop:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    return f"postgresql+psycopg2://postgres@127.0.0.1:5432/{name}"
+
+
+def measure(requests: int, timeout: float, config: str = "after", postgres: bool = False) -> list[dict[str, float]]:
     tmp = Path(tempfile.mkdtemp(prefix="bench_dagster_latency_"))
     home, noetl_home = tmp / "dagster_home", tmp / "noetl"
     home.mkdir()
-    shutil.copy(REPO / "example_project" / "dagster.yaml", home / "dagster.yaml")
+    pg_name = f"bench_dagster_{os.getpid()}_{config}" if postgres else None
+    (home / "dagster.yaml").write_text(_instance_yaml(config, _pg_database(pg_name) if pg_name else None))
     os.environ["DAGSTER_HOME"], os.environ["NOETL_DAGSTER_HOME"] = str(home), str(noetl_home)
+    os.environ["NOETL_DAGSTER_PLAYBOOK_CACHE"] = str(tmp / "playbook_cache") if config == "after" else "off"
     port = _free_port()
     log = open(tmp / "dagster_dev.log", "wb")  # noqa: SIM115 - closed in finally
     proc = subprocess.Popen(
@@ -89,7 +125,7 @@ def measure(requests: int, timeout: float) -> list[dict[str, float]]:
                 raise RuntimeError("dagster dev did not answer in 180 s")
             time.sleep(0.5)
         instance = dg.DagsterInstance.get()
-        rows = []
+        rows: list[dict[str, float]] = []
         for i in range(requests + 1):
             t0 = time.time()
             req = run_playbook_dagster(HELLO, {"name": f"r{i}"}, data_dir=noetl_home, tenant="demo", project="examples",
@@ -99,7 +135,9 @@ def measure(requests: int, timeout: float) -> list[dict[str, float]]:
             if i == 0 or not all(s in st for s in STAGES):
                 continue  # warm-up: the daemon's first tick loads the code location
             rows.append({"created": st["RUN_ENQUEUED"] - t0, "queued": st["RUN_STARTING"] - st["RUN_ENQUEUED"],
-                         "boot": st["RUN_START"] - st["RUN_STARTING"], "total": st["RUN_START"] - t0})  # fmt: skip
+                         "boot": st["RUN_START"] - st["RUN_STARTING"], "total": st["RUN_START"] - t0,
+                         "warm": float(run.tags.get("noetl/warm_launch") == "true")})  # fmt: skip
+        instance.dispose()
         return rows
     finally:
         if proc.poll() is None:
@@ -114,27 +152,108 @@ def measure(requests: int, timeout: float) -> list[dict[str, float]]:
 
         close_all_services()
         shutil.rmtree(tmp, ignore_errors=True)
+        if pg_name:
+            _pg_database(pg_name, drop=True)
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=8)
-    ap.add_argument("--timeout", type=float, default=120)
-    args = ap.parse_args(argv)
-    rows = measure(args.requests, args.timeout)
+COLD_BOOT = """
+import sys, dagster as dg
+from dagster._core.code_pointer import CodePointer
+from dagster._utils.hosted_user_process import recon_repository_from_origin
+from dagster._core.origin import RepositoryPythonOrigin
+origin = RepositoryPythonOrigin(sys.executable, CodePointer.from_module("example_project.definitions", "defs", None))
+recon_repository_from_origin(origin).get_reconstructable_job("hello_dagster").get_definition()
+dg.DagsterInstance.ephemeral().dispose()
+"""
+
+
+def boot_cpu(samples: int = 3) -> dict[str, float]:
+    """CPU seconds (user + system) of a run worker's boot: a new interpreter vs a fork of a warm one."""
+    import resource
+    import tempfile as tf
+
+    from noetl_dagster.sensors import zygote
+
+    def cpu(ru: resource.struct_rusage) -> float:
+        return ru.ru_utime + ru.ru_stime
+
+    with tf.TemporaryDirectory() as cache:
+        env = {**os.environ, "NOETL_DAGSTER_PLAYBOOK_CACHE": "off"}
+        cold, cached = [], []
+        for i in range(samples):
+            for out, e in ((cold, env), (cached, {**env, "NOETL_DAGSTER_PLAYBOOK_CACHE": cache})):
+                before = cpu(resource.getrusage(resource.RUSAGE_CHILDREN))
+                subprocess.run([sys.executable, "-c", COLD_BOOT], cwd=REPO, env=e, check=True, capture_output=True)
+                if not (out is cached and i == 0):  # the first cached boot fills the cache
+                    out.append(cpu(resource.getrusage(resource.RUSAGE_CHILDREN)) - before)
+    import json
+
+    from dagster._core.code_pointer import CodePointer
+    from dagster._core.origin import RepositoryPythonOrigin
+    from dagster._serdes import serialize_value
+    from dagster._utils.hosted_user_process import recon_repository_from_origin
+
+    origin = RepositoryPythonOrigin(sys.executable, CodePointer.from_module("example_project.definitions", "defs", None))
+    zygote.load(json.dumps({"origin": serialize_value(origin), "load_data": None}))
+    import dagster as dg
+
+    warm = []
+    for _ in range(samples):
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                recon_repository_from_origin(origin).get_reconstructable_job("hello_dagster").get_definition()
+                dg.DagsterInstance.ephemeral().dispose()
+            except BaseException:  # noqa: BLE001
+                code = 1
+            os._exit(code)
+        _, status, ru = os.wait4(pid, 0)
+        if status == 0:
+            warm.append(cpu(ru))
+    return {"cold": statistics.median(cold), "cold_cached": statistics.median(cached), "warm": statistics.median(warm)}
+
+
+def _report(config: str, rows: list[dict[str, float]], postgres: bool) -> None:
     if not rows:
-        print("no request completed")
+        print(f"{config}: no request completed")
         return
-    print(f"request -> run start through dagster dev, {len(rows)} requests (load average {os.getloadavg()[0]:.2f})")
-    print(f"  {'stage':<34} {'p50 s':>7} {'max s':>7}")
+    warm = sum(r["warm"] for r in rows)
+    print(f"{config}: request -> run start through dagster dev ({'Postgres' if postgres else 'SQLite'} instance), "
+          f"{len(rows)} requests, {warm:.0f} warm launches (load average {os.getloadavg()[0]:.2f})")  # fmt: skip
+    print(f"  {'stage':<38} {'p50 s':>7} {'max s':>7}")
     labels = {"created": "request -> run enqueued (sensor)", "queued": "enqueued -> starting (queue, launch)",
               "boot": "starting -> started (run worker)",
               "total": "request -> run started"}  # fmt: skip
     for key, label in labels.items():
         vals = [r[key] for r in rows]
-        print(f"  {label:<34} {statistics.median(vals):7.2f} {max(vals):7.2f}")
+        print(f"  {label:<38} {statistics.median(vals):7.2f} {max(vals):7.2f}")
     p50 = statistics.median(r["total"] for r in rows)
     print(f"  p50 request-to-start {p50:.2f} s   target <= {TARGET_S:g} s: {'PASS' if p50 <= TARGET_S else 'MISS'}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--config", choices=("before", "after", "both"), default="both")
+    ap.add_argument("--postgres", action="store_true", help="the Dagster instance on the local Postgres")
+    ap.add_argument("--no-boot-cpu", action="store_true", help="skip the CPU measurement of the boot")
+    args = ap.parse_args(argv)
+    print(f"load average at start {os.getloadavg()[0]:.2f}")
+    if not args.no_boot_cpu:
+        b = boot_cpu()
+        print(f"run worker boot, CPU seconds (median of 3): new interpreter {b['cold']:.2f}, "
+              f"with the playbook cache {b['cold_cached']:.2f}, forked from a warm process {b['warm']:.2f} "
+              f"(load average {os.getloadavg()[0]:.2f})")  # fmt: skip
+    configs = ("before", "after") if args.config == "both" else (args.config,)
+    results = {c: measure(args.requests, args.timeout, c, args.postgres) for c in configs}
+    for c in configs:
+        _report(c, results[c], args.postgres)
+    if len(configs) == 2 and all(results.values()):
+        b, a = (statistics.median(r["total"] for r in results[c]) for c in configs)
+        bb, ab = (statistics.median(r["boot"] for r in results[c]) for c in configs)
+        print(f"after / before: request-to-start p50 {a / b:.2f}x, boot p50 {ab / bb:.2f}x")
 
 
 if __name__ == "__main__":
