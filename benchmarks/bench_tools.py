@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -195,7 +196,6 @@ def load_tool_at(rev: str):
     :func:`use_tool` before each engine run."""
     import importlib.util
     import subprocess
-    import sys
 
     root = Path(__file__).resolve().parent.parent
     text = subprocess.run(["git", "-C", str(root), "show", f"{rev}:noetl_dagster/tools/postgres.py"],
@@ -216,15 +216,24 @@ def use_tool(fn: Callable[..., Any]) -> None:
     register_tool("postgres", fn, config=PostgresConfig)
 
 
-def best_of(variants: dict[str, Callable[[], Any]]) -> dict[str, float]:
-    """Best of REPEAT for each variant, the variants interleaved round by round, so a burst of load
-    on the shared machine hits all of them alike."""
+def best_of(variants: dict[str, Callable[[], Any]], cpu: dict[str, float] | None = None) -> dict[str, float]:
+    """Best of REPEAT for each variant, the variants interleaved round by round (so a burst of load
+    on the shared machine hits all of them alike), the order rotated each round (so none always
+    follows the engine's garbage), and a garbage collection before each timing. ``cpu`` receives the
+    least process CPU time of each variant (this process only: the server's CPU is not in it) - a
+    steadier figure than wall time when the machine is loaded."""
+    import gc
+
     best = dict.fromkeys(variants, float("inf"))
-    for _ in range(REPEAT):
-        for name, fn in variants.items():
-            t0 = time.perf_counter()
-            fn()
+    names = list(variants)
+    for r in range(REPEAT):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            gc.collect()
+            c0, t0 = time.process_time(), time.perf_counter()
+            variants[name]()
             best[name] = min(best[name], time.perf_counter() - t0)
+            if cpu is not None:
+                cpu[name] = min(cpu.get(name, float("inf")), time.process_time() - c0)
     return best
 
 
@@ -279,7 +288,9 @@ def bench_postgres(n: int, work_dir: Path, baseline_rev: str | None = None) -> d
                 )  # fmt: skip
                 variants["engine" + suffix] = lambda pb=pb, fn=fn: (use_tool(fn), run_engine_once(pb, work_dir))
             variants["noop"] = lambda: run_engine_once(loop_playbook({"kind": "noop"}, n), work_dir)
-            times = best_of(variants)
+            cpu: dict[str, float] = {}
+            times = best_of(variants, cpu)
+            times.update({f"cpu:{k}": v for k, v in cpu.items()})
         use_tool(postgres_tool)
         with psycopg.connect(url) as c:
             counts = [c.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in tables]
@@ -289,6 +300,8 @@ def bench_postgres(n: int, work_dir: Path, baseline_rev: str | None = None) -> d
         use_tool(postgres_tool)
         for ctx in ctxs:
             ctx.close()
+        for fn in tools.values():  # the tools' process-wide pools, before their database goes
+            sys.modules[fn.__module__].close_pools()
         if old_env is None:
             os.environ.pop("NOETL_CREDENTIALS_FILE", None)
         else:
@@ -354,6 +367,7 @@ def bench_postgres_bulk(n: int, work_dir: Path) -> dict[str, float]:
             raise RuntimeError(f"row counts {dict(zip(tables, counts, strict=True))}, expected {n * REPEAT} each")
     finally:
         ctx.close()
+        sys.modules[postgres_tool.__module__].close_pools()
         with psycopg.connect(PG, autocommit=True) as c:
             c.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
     return times
@@ -377,18 +391,26 @@ def report(name: str, n: int, t: dict[str, float]) -> None:
 
 
 def report_postgres(n: int, t: dict[str, float]) -> None:
-    """Tool cost and engine bookkeeping apart: ``tool fn`` is the tool called from 16 threads with a
+    """Tool cost and engine bookkeeping apart: ``tool`` is the tool called from 16 threads with a
     minimal context (the tool's own cost next to direct psycopg); ``engine`` the same INSERTs as a
-    parallel loop; ``noop`` the same loop with a tool that does nothing (the engine's bookkeeping)."""
-    d = t["direct"]
+    parallel loop; ``noop`` the same loop with a tool that does nothing (the engine's bookkeeping).
+    Wall time, and this process's CPU time (client side only)."""
+    d, dc = t["direct"], t.get("cpu:direct")
     print(f"postgres INSERT: {n} calls, max_in_flight {CONCURRENCY}  (load average {load_average()})")
     for name, v in t.items():
-        ratio = "" if name in ("direct", "noop") else f"  ratio {v / d:.2f}x"
-        target = f"  (target <= {PG_TARGET}x: {'OK' if v / d <= PG_TARGET else 'MISS'})" if name.startswith(("tool", "engine")) else ""
-        print(f"  {name:<16} {v:7.3f} s  {n / v:8.0f}/s  {v / n * 1e3:6.3f} ms/call{ratio}{target}")
+        if name.startswith("cpu:"):
+            continue
+        ratio = "" if name in ("direct", "noop") else f"  ratio {v / d:5.2f}x"
+        target = f" ({'OK' if v / d <= PG_TARGET else 'MISS'} <= {PG_TARGET}x)" if name.startswith(("tool", "engine")) else ""
+        c = t.get(f"cpu:{name}")
+        cpu = f"  | cpu {c / n * 1e3:6.3f} ms/call" + (f" {c / dc:5.2f}x" if dc and name != "direct" else "") if c else ""
+        print(f"  {name:<16} {v:7.3f} s  {v / n * 1e3:6.3f} ms/call{ratio}{target}{cpu}")
     if "noop" in t:
         print(f"  engine bookkeeping: {t['noop'] / n * 1e3:.3f} ms per iteration (noop loop) = "
               f"{t['noop'] / t['engine']:.0%} of the engine loop, {t['noop'] / d:.2f}x the whole direct run")  # fmt: skip
+    if "cpu:noop" in t and "cpu:tool" in t:
+        extra = t["cpu:engine"] - t["cpu:tool"] - t["cpu:noop"]
+        print(f"  engine CPU per postgres iteration beyond the tool and the noop bookkeeping: {extra / n * 1e3:.3f} ms")
 
 
 def load_average() -> str:

@@ -139,6 +139,9 @@ class PgConnector:
         psycopg.connect(self.conninfo, connect_timeout=CONNECT_TIMEOUT).close()
 
     def pool(self) -> ConnectionPool:
+        pool = self._pool  # the hot path: no lock once the pool is open
+        if pool is not None:
+            return pool
         with self._lock:
             if self._pool is None:
                 self._probe()
@@ -198,7 +201,12 @@ def pg_error(e: BaseException, label: str) -> ToolError:
 
 
 def _statements(inputs: Mapping[str, Any]) -> list[str] | str:
-    sql = inputs.get("command", inputs.get("query", inputs.get("commands", inputs.get("sql"))))
+    for key in ("command", "query", "commands", "sql"):  # the first key present wins, even if None
+        if key in inputs:
+            sql = inputs[key]
+            break
+    else:
+        sql = None
     if sql is None or (isinstance(sql, str) and not sql.strip()):
         raise ToolError("postgres: 'command' (or 'query') is required", kind="config_error")
     if isinstance(sql, str):
