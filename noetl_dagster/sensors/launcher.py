@@ -172,6 +172,21 @@ class NoetlRunLauncher(DefaultRunLauncher):
             self._zygotes[key] = z
             return z
 
+    # -- run monitoring: a forked worker that died (kill -9, OOM) fails its run, as the code server does
+    @property
+    def supports_check_run_worker_health(self) -> bool:
+        return True
+
+    def check_run_worker_health(self, run: Any) -> Any:
+        from dagster._core.launcher import CheckRunHealthResult, WorkerStatus  # noqa: PLC0415
+
+        pid = run.tags.get(TAG_PID)
+        if pid is None or run.tags.get(TAG_HOST) != socket.gethostname():
+            return CheckRunHealthResult(WorkerStatus.RUNNING, "launched through the code server, which watches it")
+        if _alive(int(pid)):
+            return CheckRunHealthResult(WorkerStatus.RUNNING)
+        return CheckRunHealthResult(WorkerStatus.FAILED, f"run worker process {pid} is gone")
+
     # -- termination -----------------------------------------------------------------------
     def terminate(self, run_id: str) -> bool:
         run = self._instance.get_run_by_id(run_id) if self.has_instance else None
@@ -206,3 +221,17 @@ def _storage_modules(ref: Any) -> list[str]:
         if isinstance(module, str):
             out.append(module)
     return sorted(set(out))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is gone
+    except (OSError, IndexError):
+        return True

@@ -106,3 +106,25 @@ def test_the_example_instance_uses_the_warm_launcher():
     off = {"module": "noetl_dagster.sensors.launcher", "class": "NoetlRunLauncher", "config": {"warm": False}}
     with dg.instance_for_test(overrides={"run_launcher": off}) as instance:
         assert not instance.run_launcher.warm
+
+
+def test_run_monitoring_sees_a_dead_forked_worker():
+    """A forked worker killed with -9 fails its run (the daemon's run monitoring), as a code server's would."""
+    from dagster._core.launcher import WorkerStatus
+    from dagster._core.storage.dagster_run import DagsterRun
+
+    from noetl_dagster.sensors.launcher import TAG_HOST, TAG_PID
+
+    launcher = NoetlRunLauncher()
+    assert launcher.supports_check_run_worker_health
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        run = DagsterRun(job_name="j", run_id="r1", tags={TAG_PID: str(worker.pid), TAG_HOST: __import__("socket").gethostname()})
+        assert launcher.check_run_worker_health(run).status == WorkerStatus.RUNNING
+        worker.kill()
+        worker.wait()
+        assert launcher.check_run_worker_health(run).status == WorkerStatus.FAILED
+    finally:
+        worker.kill()
+    other = DagsterRun(job_name="j", run_id="r2")  # launched through the code server: its business
+    assert launcher.check_run_worker_health(other).status == WorkerStatus.RUNNING
