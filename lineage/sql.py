@@ -20,7 +20,7 @@ from typing import Any
 
 from openlineage.client.generated import column_lineage_dataset as cl
 
-from lineage.sql_shape import shape, split_statements
+from lineage.sql_shape import ITEM, shape, split_statements
 
 PRODUCER = "https://github.com/noetl/noetl-dagster"
 DIALECTS = {"postgres": "postgres", "duckdb": "duckdb", "snowflake": "snowflake", "mysql": "mysql", "mariadb": "mysql"}
@@ -122,9 +122,15 @@ def _facets(statements: tuple[str, ...], whole: Any, namespace: str, kind: str, 
                      cl.Transformation(type="DIRECT", subtype=subtype, masking=True if item.masking else None))
         reads = indirect.setdefault(target, {})
         for table, column, subtype in form.indirect:
-            name = _resolve(table, meta.in_tables, default_schema, database)
-            if name is not None:
-                ts = reads.setdefault((name, column), [])
+            if table == ITEM:  # GROUP BY 1: the input columns of that select item
+                col = by_name.get(column)
+                found = [(_name(src.origin, default_schema, database), src.name)
+                         for src in (col.lineage if col is not None else ()) if src.origin is not None]
+            else:
+                name = _resolve(table, meta.in_tables, default_schema, database)
+                found = [(name, column)] if name is not None else []
+            for key in found:
+                ts = reads.setdefault(key, [])
                 if not any(t.subtype == subtype for t in ts):
                     ts.append(cl.Transformation(type="INDIRECT", subtype=subtype))
     return {

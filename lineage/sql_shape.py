@@ -236,7 +236,7 @@ def _branches(query: list[_Tok], indirect: list[tuple[str, str, str]]) -> tuple[
             return None
         out.append(items)
         if not (through_cte or derived):
-            indirect += _indirect(query[end:stop])
+            indirect += _indirect(query[end:stop], items)
     return tuple(out)
 
 
@@ -302,7 +302,10 @@ _NOT_COLUMN = _NOT_ALIAS | frozenset(
 )
 
 
-def _indirect(toks: list[_Tok]) -> list[tuple[str, str, str]]:
+ITEM = "@item"  # the table of an indirect ref by select-list position: the column is the item's name
+
+
+def _indirect(toks: list[_Tok], items: tuple[Item, ...] = ()) -> list[tuple[str, str, str]]:
     """``(table as written, column, subtype)`` for the columns a branch's FROM … clauses read
     without writing them: JOIN conditions, WHERE / HAVING / QUALIFY filters, GROUP BY, ORDER BY.
     Only what is unambiguous: a column qualified by a table or alias of the branch, or any
@@ -357,6 +360,12 @@ def _indirect(toks: list[_Tok]) -> list[tuple[str, str, str]]:
         if any(t.text == "(" and k + 1 < len(region_toks) and region_toks[k + 1].word in ("select", "with")
                for k, t in enumerate(region_toks)):
             continue  # a subquery: its columns are not this branch's
+        if subtype in ("GROUP_BY", "SORT"):  # GROUP BY 1, 2 / ORDER BY 2: the select item at that position
+            out += [(ITEM, items[int(t.text) - 1].name, subtype) for k, t in enumerate(region_toks)
+                    if t.kind == "number" and t.depth == 0 and t.text.isdigit() and 0 < int(t.text) <= len(items)
+                    and (k == 0 or region_toks[k - 1].text == ",")
+                    and (k + 1 == len(region_toks) or region_toks[k + 1].text == ","
+                         or region_toks[k + 1].word in ("asc", "desc", "nulls"))]
         for qual, column in _column_refs(region_toks):
             table = tables.get(qual.lower()) if qual else (next(iter(tables.values())) if len(tables) == 1 else None)
             if table:

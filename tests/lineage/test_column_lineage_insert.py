@@ -213,6 +213,11 @@ def test_indirect_reads_join_filter_group_sort_only_when_unambiguous():
                                     ("public.orders", "qty", "FILTER"), ("customers", "active", "FILTER"),
                                     ("public.orders", "customer", "GROUP_BY"), ("public.orders", "customer", "SORT")}
     assert shape("INSERT INTO t (a) SELECT x FROM s, u WHERE k = 1").indirect == ()  # k: s or u?
+    # GROUP BY / ORDER BY by position: the input columns of that select item
+    by_pos = column_lineage("INSERT INTO t (d, n) SELECT o.created_at::date, sum(o.qty) FROM o GROUP BY 1 ORDER BY 2 DESC",
+                            "duckdb://m", kind="duckdb", default_schema="main")["main.t"]
+    assert {(f.name, f.field, t.subtype) for f in by_pos.dataset for t in f.transformations} == {
+        ("main.o", "created_at", "GROUP_BY"), ("main.o", "qty", "SORT")}
     assert shape("INSERT INTO t (a) SELECT x FROM s WHERE k IN (SELECT k FROM v)").indirect == ()  # a subquery
     assert shape("INSERT INTO t (a) SELECT x FROM s WHERE y > 0 ON CONFLICT (a) DO NOTHING").indirect == (
         ("s", "y", "FILTER"),)
