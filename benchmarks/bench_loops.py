@@ -161,6 +161,13 @@ def compare(name: str, tool: dict[str, Any], n: int, repeat: int, tmp: Path) -> 
             cpus[label].append(cpu)
     sched = _SCHEDULES[-1] if _SCHEDULES else {}
     out: dict[str, Any] = {"name": name, "n": n, "repeat": repeat, "schedule": sched}
+    for k in ("before", "after"):  # per round, against the sequential run next to it
+        out[f"{k}_paired"] = statistics.median(
+            x / s for x, s in zip(walls[k], walls["sequential"], strict=True)
+        )
+        out[f"{k}_cpu_paired"] = statistics.median(
+            x / s for x, s in zip(cpus[k], cpus["sequential"], strict=True)
+        )
     for k in labels:
         out[k], out[f"{k}_cpu"] = min(walls[k]), min(cpus[k])
         out[f"{k}_med"], out[f"{k}_cpu_med"] = statistics.median(walls[k]), statistics.median(cpus[k])
@@ -181,6 +188,9 @@ def report(rows: list[dict[str, Any]]) -> None:
                   f"parallel/sequential {b / s:6.3f}x wall {bc / sc:6.3f}x cpu")  # fmt: skip
             print(f"  [{stat}] parallel after  : {a:8.3f} s wall {ac:8.3f} s cpu   "
                   f"parallel/sequential {a / s:6.3f}x wall {ac / sc:6.3f}x cpu")  # fmt: skip
+        for k in ("before", "after"):
+            print(f"  [median of per-round ratios] parallel {k}/sequential: "
+                  f"{row[k + '_paired']:6.3f}x wall {row[k + '_cpu_paired']:6.3f}x cpu")  # fmt: skip
         print(f"  schedule after      : {row['schedule']}")
         s, a = row["sequential"], row["after"]
         if cpu:

@@ -39,7 +39,7 @@ LANE_HEADROOM = (
 )
 LANE_SAMPLES = 9  # the rule reads the median GIL share of the last LANE_SAMPLES measured iterations
 LANE_MIN_SAMPLES = 3  # ... once at least this many were measured (a median of 3 outvotes one)
-LANE_CLEAR_WAIT = 0.1  # ... or at once when every measured iteration held a CPU at most 10% of its time
+LANE_CLEAR_WAIT = 0.1  # ... or at 2 when both held a CPU at most 10% of their time (clearly waiting)
 LANE_SAMPLE_FIRST, LANE_SAMPLE_EVERY = 8, 16  # measure a lane's iterations 1..8, then every 16th (0 warms up)
 LANE_LONG_ITERATION = 0.002  # ... and every one after an iteration this long (the measuring is cheap by then)
 LANE_PATIENCE_SECONDS = 1.0  # no iteration finished for this long: judge the running ones instead
@@ -107,8 +107,8 @@ class Lanes:
       holding the interpreter) rather than waiting on I/O, a sleep or a child process. Threads overlap only the waiting, so at most ``1/g`` lanes are useful.
     - After each measured iteration the lane takes the median ``g`` of the last
       ``LANE_SAMPLES`` measured iterations, once there are ``LANE_MIN_SAMPLES`` (the median
-      ignores the odd iteration that waited on an event-store flush), or at once when every
-      measured iteration waited at least 90% of its time (``g <= LANE_CLEAR_WAIT``), and widens
+      ignores the odd iteration that waited on an event-store flush), or at two when both
+      waited at least 90% of their time (``g <= LANE_CLEAR_WAIT``), and widens
       the loop to ``min(max_lanes, floor(LANE_HEADROOM/g))`` lanes when that is more than it
       has (the headroom pays for the lanes' own hand-offs): a second lane needs ``g <= 0.4``.
     - A long iteration is judged while it runs, by the loop's own thread. It wakes every
@@ -194,7 +194,7 @@ class Lanes:
     def _judge(self) -> None:
         """The sample rule, run by a lane after each measured iteration."""
         samples = sorted(self._samples)
-        if len(samples) >= LANE_MIN_SAMPLES or (samples and samples[-1] <= LANE_CLEAR_WAIT):
+        if len(samples) >= LANE_MIN_SAMPLES or (len(samples) >= 2 and samples[-1] <= LANE_CLEAR_WAIT):
             self._decide(samples[len(samples) // 2])
 
     def _decide(self, g: float) -> None:
