@@ -4,7 +4,7 @@
    (a self-routing cycle counted in ``ctx``), next to the same work done as plain
    Python calls (the noop tool function, the counter update, the comparison).
    Overhead per step = engine time per step - baseline time per step.
-   Target: <= 1 ms.
+   Target: <= 0.2 ms (issue 19; issue 2 asked <= 1 ms).
 2. Loop throughput: one step looping 10,000 times over a `python` task
    (``result = x * 2``), sequential and parallel (max_in_flight 16), next to the
    same code exec'd 10,000 times by plain Python (a thread pool of 16 for the
@@ -42,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-STEP_TARGET_MS = 1.0
+STEP_TARGET_MS = 0.2  # issue 19 (issue 2 asked <= 1 ms)
 LOOP_TARGET_S = 5.0
 RSS_TARGET_MB = 300.0
 BIG_LOOP_TARGET_S = 20.0
