@@ -22,6 +22,7 @@ transactions since the last checkpoint, never corrupt the file. A commit costs n
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -31,7 +32,7 @@ import socket
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -464,8 +465,19 @@ class SqliteEventStore(EventStore):
     def _segment(self, gid_last: int, gid_first: int, eid: str, seq_first: int, body: bytes) -> list[tuple[int, Event]]:
         return decode_segment(body, eid, seq_first, gid_first, f"segment gid {gid_first}-{gid_last}", self.skipped)
 
+    @contextlib.contextmanager
+    def _snapshot(self) -> Iterator[sqlite3.Connection]:
+        """One read transaction (caller holds the lock): both tables seen as of one commit, so a
+        reader never gets a later segment while missing an earlier row committed between two SELECTs."""
+        c = self._conn
+        c.execute("BEGIN")
+        try:
+            yield c
+        finally:
+            c.execute("COMMIT")
+
     def read(self, execution_id: str, after_sequence: int = 0) -> list[Event]:
-        with self._lock:
+        with self._lock, self._snapshot():
             rows = self._conn.execute(
                 "SELECT sequence, body FROM noetl_event WHERE execution_id = ? AND sequence > ? ORDER BY sequence",
                 (execution_id, after_sequence),
@@ -485,7 +497,7 @@ class SqliteEventStore(EventStore):
 
     def tail(self, after_gid: int = 0, limit: int = 1000) -> list[StoredEvent]:
         while True:  # a batch made only of bad rows must not look like the end of the log
-            with self._lock:
+            with self._lock, self._snapshot():
                 rows = self._conn.execute(
                     "SELECT gid, body FROM noetl_event WHERE gid > ? ORDER BY gid LIMIT ?", (after_gid, limit)
                 ).fetchall()

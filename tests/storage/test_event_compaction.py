@@ -234,3 +234,49 @@ def test_a_segment_written_as_a_list_of_stored_events_still_reads(tmp_path):
         assert [e.sequence for e in got] == [1, 2, 3, 4]
     finally:
         store.close()
+
+
+class _WriteBetween:
+    """A connection proxy: after the reader's first SELECT on noetl_event, another process-like
+    store commits a row and then a segment (the interleaving two SELECTs could see half of)."""
+
+    def __init__(self, conn, write):
+        self._c, self._write, self.done = conn, write, False
+
+    def execute(self, q, *args):
+        r = self._c.execute(q, *args)
+        if not self.done and q.startswith("SELECT gid, body FROM noetl_event"):
+            self.done = True
+            r = r.fetchall()
+            self._write()
+            return _Rows(r)
+        return r
+
+    def __getattr__(self, name):
+        return getattr(self._c, name)
+
+
+class _Rows(list):
+    def fetchall(self):
+        return list(self)
+
+
+def test_tail_sees_rows_and_segments_as_of_one_commit(tmp_path):
+    db = tmp_path / "e.db"
+    reader, writer = SqliteEventStore(db), SqliteEventStore(db)
+    writer.segment_min = 50
+    try:
+        reader.append(_events("x", 3))
+
+        def write():
+            writer.append(_events("y", 1))  # gid 4, a row
+            writer.append(_events("z", 60))  # gids 5-64, a segment
+
+        reader._conn = _WriteBetween(reader._conn, write)
+        first = [s.gid for s in reader.tail(0, 1000)]
+        assert first == [1, 2, 3]  # not [1, 2, 3, 5..64] with gid 4 skipped for ever
+        assert [s.gid for s in reader.tail(3, 1000)] == list(range(4, 65))
+    finally:
+        reader._conn = reader._conn._c if isinstance(reader._conn, _WriteBetween) else reader._conn
+        reader.close()
+        writer.close()
