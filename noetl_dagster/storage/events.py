@@ -450,11 +450,12 @@ class SqliteEventStore(EventStore):
         from noetl_event's AUTOINCREMENT counter, so rows appended later still sort after them."""
         n = len(rows)
         top = c.execute("SELECT seq FROM sqlite_sequence WHERE name = 'noetl_event'").fetchone()
+        base = max(top[0] if top else 0, c.execute(
+            "SELECT MAX(COALESCE((SELECT MAX(gid) FROM noetl_event), 0),"
+            " COALESCE((SELECT MAX(gid_last) FROM noetl_event_segment), 0))").fetchone()[0])  # fmt: skip
         if top is None:
-            base = c.execute("SELECT COALESCE(MAX(gid), 0) FROM noetl_event").fetchone()[0]
             c.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('noetl_event', ?)", (base + n,))
         else:
-            base = top[0]
             c.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'noetl_event'", (base + n,))
         c.execute(
             "INSERT INTO noetl_event_segment (gid_last, gid_first, execution_id, seq_first, seq_last, body)"
