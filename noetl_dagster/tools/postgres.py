@@ -239,7 +239,8 @@ def _split(sql: str) -> tuple[str, ...]:
 
 
 def run_sql(conn: psycopg.Connection, sql: list[str] | str, params: Any, schema: str | None) -> dict[str, Any]:
-    if params is not None and not isinstance(params, (Mapping, list, tuple)):
+    positional = type(params) is list or type(params) is tuple  # exact types first: this runs every call
+    if params is not None and not positional and not isinstance(params, (Mapping, list, tuple)):
         raise ToolError(f"postgres: params must be a list or a mapping, got {type(params).__name__}", kind="config_error")
     if params is not None and len(params) == 0:
         params = None
@@ -252,7 +253,7 @@ def run_sql(conn: psycopg.Connection, sql: list[str] | str, params: Any, schema:
             while cur.nextset():
                 results.append(_result(cur))
             return _combined(results)
-        if params is not None and not isinstance(params, Mapping):
+        if params is not None and len(statements) > 1 and (positional or not isinstance(params, Mapping)):
             with_placeholders = [s for s in statements if _uses_placeholders(s)]
             if len(with_placeholders) > 1:
                 raise ToolError(
