@@ -147,11 +147,12 @@ class NoetlRunLauncher(DefaultRunLauncher):
         if run.has_repository_load_data and run.execution_plan_snapshot_id:
             plan = self._instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
             load_data = serialize_value(plan.repository_load_data) if plan.repository_load_data else None
+        ref = self._instance.get_ref()
         request = json.dumps({"origin": serialize_value(repo_origin), "load_data": load_data,
-                              "modules": _storage_modules(self._instance.get_ref())})  # fmt: skip
+                              "modules": _storage_modules(ref), "instance_ref": serialize_value(ref)})  # fmt: skip
         key = (location_name, server_id, request)
         zygote = self._zygote(key, repo_origin.executable_path or sys.executable, request)
-        args = ExecuteRunArgs(job_origin=origin, run_id=run.run_id, instance_ref=self._instance.get_ref())
+        args = ExecuteRunArgs(job_origin=origin, run_id=run.run_id, instance_ref=ref)
         try:
             return zygote.fork_run(serialize_value(args))
         except Exception:

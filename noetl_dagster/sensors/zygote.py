@@ -73,7 +73,31 @@ def load(request: str) -> Any:
             importlib.import_module(module)
         except Exception:  # noqa: BLE001 - only a head start; the run worker imports it itself
             pass
+    if req.get("instance_ref"):
+        _open_instance_once(deserialize_value(req["instance_ref"]))
     return repo_def
+
+
+def _open_instance_once(ref: Any) -> None:
+    """Open the instance here, once: a run worker's ``DagsterInstance.from_ref(ref)`` gets a copy.
+
+    Opening it checks each storage's schema revision (alembic parses every migration script: ~1 s
+    of CPU per run worker with the SQLite storages). Dagster's SQL storages hold no connection
+    between calls (NullPool) and start no thread when opened, so a forked child may use the copy;
+    if this process has any other thread afterwards, the children open their own as before.
+    """
+    from dagster import DagsterInstance  # noqa: PLC0415
+
+    before = threading.active_count()
+    instance = DagsterInstance.from_ref(ref)
+    if threading.active_count() != before:
+        return
+    original = DagsterInstance.from_ref
+
+    def from_ref(instance_ref: Any) -> Any:
+        return instance if instance_ref == ref else original(instance_ref)
+
+    DagsterInstance.from_ref = staticmethod(from_ref)  # type: ignore[method-assign] - this process and its children
 
 
 def run_child(serialized_args: str) -> int:

@@ -65,7 +65,8 @@ def test_a_forked_run_worker_runs_the_job_without_loading_the_code_again(tmp_pat
         (tmp_path / "home").mkdir()
         with dg.instance_for_test(temp_dir=str(tmp_path / "home")) as instance:
             assert zygote.stdin and zygote.stdout
-            zygote.stdin.write(json.dumps({"origin": serialize_value(origin), "load_data": None}) + "\n")
+            request = {"origin": serialize_value(origin), "load_data": None, "instance_ref": serialize_value(instance.get_ref())}
+            zygote.stdin.write(json.dumps(request) + "\n")
             zygote.stdin.flush()
             assert zygote.stdout.readline().startswith("ready ")
             assert (tmp_path / "loads").read_text().split() == [str(zygote.pid)]
