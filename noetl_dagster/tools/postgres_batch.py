@@ -9,7 +9,7 @@ what a ``RETURNING`` clause returned, in order.
 ``copy: {table, columns, rows}`` streams ``rows`` (lists in ``columns`` order, or mappings keyed
 by column name; ``columns`` defaults to the first mapping's keys) with ``COPY … FROM STDIN``
 (text format, psycopg's row writer): the fastest way into a table. ``table`` may be
-``schema.table``; a mapping value goes in as ``jsonb``, a list as an array (as with ``params``).
+``schema.table``; a dict value goes in as ``jsonb``, a list as an array (as with ``params``).
 One transaction.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 from psycopg import sql as pgsql
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
+from psycopg.types.json import JsonbDumper
 
 from noetl_dagster.tools.registry import ToolError
 from noetl_dagster.util.jsonutil import plain
@@ -71,18 +71,6 @@ def run_batch(conn: psycopg.Connection, statements: Sequence[str], batch: Any, s
     return {"rows": plain(rows), "row_count": affected, "columns": columns}
 
 
-_SCALARS = frozenset({int, str, float, bool, type(None)})
-
-
-def _copy_row(values: Sequence[Any]) -> Sequence[Any]:
-    """Mappings become jsonb (psycopg has no other adapter for them); the rest goes as it is (a list
-    is an array, as in ``params``). Exact-type checks first: this runs once per value of a bulk load."""
-    for v in values:
-        if type(v) not in _SCALARS:
-            return [Jsonb(v) if isinstance(v, Mapping) else v for v in values]
-    return values
-
-
 def run_copy(conn: psycopg.Connection, spec: Any, schema: Any) -> dict[str, Any]:
     if not isinstance(spec, Mapping):
         raise ToolError("postgres: 'copy' must be a mapping {table, columns, rows}", kind="config_error")
@@ -106,18 +94,21 @@ def run_copy(conn: psycopg.Connection, spec: Any, schema: Any) -> dict[str, Any]
     with conn.transaction(), conn.cursor() as cur:
         if schema:
             set_search_path(cur, schema)
+        # a dict value goes in as jsonb: psycopg adapts it per value, no Python pass over the rows
+        # (this cursor's adapters only; the pooled connection's stay as they are)
+        cur.adapters.register_dumper(dict, JsonbDumper)
         with cur.copy(stmt) as copy:
             write = copy.write_row
             for row in rows:
                 t = type(row)
                 if t is list or t is tuple:
-                    write(_copy_row(row))
+                    write(row)
                 elif isinstance(row, Mapping):
                     if not columns:
                         raise ToolError("postgres: 'copy.columns' is required for rows of mappings", kind="config_error")
-                    write(_copy_row([row.get(c) for c in columns]))
+                    write([row.get(c) for c in columns])
                 elif isinstance(row, (list, tuple)):
-                    write(_copy_row(row))
+                    write(row)
                 else:
                     raise ToolError(f"postgres: copy.rows[{n}] must be a list or a mapping", kind="config_error")
                 n += 1
