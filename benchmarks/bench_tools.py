@@ -4,6 +4,8 @@
    server (uvicorn), next to N GETs by 16 threads sharing one ``httpx.Client``.
 2. Postgres: a parallel loop of N ``postgres`` INSERTs with bound params
    (max_in_flight 16), next to N INSERTs by 16 threads over a psycopg pool.
+3. Postgres bulk: ``10 x N`` rows in one call with the tool's ``batch`` and ``copy``, next to
+   psycopg's ``executemany`` and ``COPY``, and ``batch`` as one engine task.
 
 Each comparison is made in this process, on the same server, one after the
 other, best of three; the figure is engine time / direct time (target: <= 1.5x). The tool
@@ -423,7 +425,7 @@ def load_average() -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=1000, help="calls per comparison (default 1000)")
-    ap.add_argument("--bulk", type=int, default=10000, help="rows for the bulk (batch, copy) comparison (default 10000)")
+    ap.add_argument("--bulk", type=int, help="rows for the bulk (batch, copy) comparison (default 10 x --n)")
     ap.add_argument("--only", choices=("http", "postgres"), help="run one comparison")
     ap.add_argument("--baseline-rev", help="also time the postgres tool as of this git revision (before/after, same run)")
     args = ap.parse_args(argv)
@@ -433,7 +435,8 @@ def main(argv: list[str] | None = None) -> None:
             report("http GET", args.n, bench_http(args.n, work))
         if args.only in (None, "postgres"):
             report_postgres(args.n, bench_postgres(args.n, work, args.baseline_rev))
-            report_bulk(args.bulk, bench_postgres_bulk(args.bulk, work))
+            bulk = args.bulk or 10 * args.n
+            report_bulk(bulk, bench_postgres_bulk(bulk, work))
 
 
 if __name__ == "__main__":
