@@ -29,13 +29,14 @@ R = TypeVar("R")
 
 
 class _Request(Generic[T]):
-    __slots__ = ("item", "result", "error", "done", "wake")
+    __slots__ = ("item", "result", "error", "done", "promoted", "wake")
 
     def __init__(self, item: T):
         self.item = item
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = False
+        self.promoted = False
         self.wake = threading.Lock()
         self.wake.acquire()  # released by the round that finishes this request, or that promotes it
 
@@ -77,7 +78,11 @@ class GroupCommit(Generic[T, R]):
             lead = not self._busy
             self._busy = True
         if not lead:
-            req.wake.acquire()  # done by another round, or promoted to lead the next one
+            try:
+                req.wake.acquire()  # done by another round, or promoted to lead the next one
+            except BaseException:  # interrupted (KeyboardInterrupt in the main thread): never strand the queue
+                self._abandon(req)
+                raise
             if req.done:
                 return req.outcome()
         self._lead()
@@ -104,12 +109,28 @@ class GroupCommit(Generic[T, R]):
                 self.rounds += 1
                 self.requests += len(batch)
                 self.largest = max(self.largest, len(batch))
-                nxt = self._queue[0] if self._queue else None
-                self._busy = nxt is not None
+                nxt = self._promote_locked()
             for r in batch[1:]:  # batch[0] is this thread's own request
                 r.wake.release()
             if nxt is not None:
                 nxt.wake.release()  # promoted: not done, so it leads the next round
+
+    def _promote_locked(self) -> _Request[T] | None:
+        nxt = self._queue[0] if self._queue else None
+        self._busy = nxt is not None
+        if nxt is not None:
+            nxt.promoted = True
+        return nxt
+
+    def _abandon(self, req: _Request[T]) -> None:
+        """A waiting caller gives up: out of the queue, and if it had been promoted, the next one leads."""
+        with self._mutex:
+            if req.done or req not in self._queue:
+                return  # finished, or taken into a round already (that round completes it)
+            self._queue.remove(req)
+            nxt = self._promote_locked() if req.promoted else None
+        if nxt is not None:
+            nxt.wake.release()
 
     def _run(self, batch: list[_Request[T]]) -> None:
         if len(batch) == 1:  # alone: exactly the path without grouping

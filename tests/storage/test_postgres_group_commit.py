@@ -182,6 +182,49 @@ def test_a_flush_the_server_refuses_fails_only_its_own_caller(url):
         store.close()
 
 
+class _Interrupted(Exception):
+    pass
+
+
+def _interrupt(*_):
+    raise _Interrupted
+
+
+def test_a_caller_interrupted_while_queued_does_not_strand_the_others(url):
+    """Ctrl-C (here: SIGALRM raising) in a thread waiting for its round: it leaves the queue, so the
+    round that ends next promotes a caller that is really waiting (not the one that gave up)."""
+    store = PostgresEventStore(url)
+    held = _Held(store)
+    done: dict[str, list] = {}
+    mine = _ev(uuid7())
+    a = threading.Thread(target=lambda: done.setdefault("a", store.append([_ev(uuid7())])), daemon=True)
+    a.start()
+    _wait(lambda: held.waiters() == 1)  # a leads its round, blocked on the server lock
+
+    def b_after_main():
+        _wait(lambda: len(store._group._queue) == 1)  # queued behind the main thread's request
+        done["b"] = store.append([_ev(uuid7())])
+
+    b = threading.Thread(target=b_after_main, daemon=True)
+    b.start()
+    previous = signal.signal(signal.SIGALRM, _interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        with pytest.raises(_Interrupted):
+            store.append([mine])
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        held.release()
+    a.join(10)
+    b.join(10)
+    try:
+        assert set(done) == {"a", "b"}, "a caller was stranded"
+        assert store.read(mine.execution_id) == []  # never sent: it left before any round took it
+    finally:
+        store.close()
+
+
 def test_group_commit_can_be_turned_off(url, monkeypatch):
     monkeypatch.setenv("NOETL_PG_GROUP_COMMIT", "0")
     store = PostgresEventStore(url)
