@@ -271,6 +271,9 @@ class IcebergTables:
             self.properties = {"type": "sql", "uri": f"sqlite:///{root / 'catalog.db'}",
                                "warehouse": (root / "warehouse").as_uri()}
         self._catalog: Any = None
+        # identifier -> (snapshot id, its live data files): the last snapshot this object wrote, so
+        # that the next append's manifest is the parent's files plus the ones it added
+        self._live: dict[tuple[str, ...], tuple[int, list[tuple[str, int, int]]]] = {}
 
     @property
     def catalog(self) -> Any:
@@ -309,12 +312,18 @@ class IcebergTables:
         if any(name not in current for name in table.schema.names):
             with tbl.update_schema() as update:
                 update.union_by_name(table.schema)
-        if mode == "overwrite" and tbl.current_snapshot() is not None:
+        parent = tbl.current_snapshot()
+        if mode == "overwrite" and parent is not None:
             tbl.overwrite(table)
         else:
             tbl.append(table)
         snapshot = tbl.current_snapshot()
-        files, checksum = self.manifest(tbl, snapshot.snapshot_id)
+        files = self._appended_files(tbl, ident, parent, snapshot)
+        if files is None:
+            files, checksum = self.manifest(tbl, snapshot.snapshot_id)
+        else:
+            checksum = self.manifest_checksum(snapshot.snapshot_id, files)
+        self._live[ident] = (snapshot.snapshot_id, files)
         total_rows = int(snapshot.summary.get("total-records", table.num_rows)) if snapshot.summary else table.num_rows
         schema = tbl.schema().as_arrow()
         meta = {
@@ -356,8 +365,45 @@ class IcebergTables:
             (task.file.file_path, int(task.file.file_size_in_bytes), int(task.file.record_count))
             for task in tbl.scan(snapshot_id=snapshot_id).plan_files()
         )
+        return files, IcebergTables.manifest_checksum(snapshot_id, files)
+
+    @staticmethod
+    def manifest_checksum(snapshot_id: int, files: list[tuple[str, int, int]]) -> str:
         digest = hashlib.sha256(json.dumps([snapshot_id, files], separators=(",", ":")).encode()).hexdigest()
-        return files, "sha256:" + digest
+        return "sha256:" + digest
+
+    def _appended_files(self, tbl: Any, ident: tuple[str, ...], parent: Any,
+                        snapshot: Any) -> list[tuple[str, int, int]] | None:
+        """The live files of an append on top of the snapshot this object wrote last: the parent's
+        files plus the ones the append added, from the manifests it wrote, instead of reading every
+        manifest of the table (that grows with each append). ``None`` when that does not apply
+        (first write here, another writer in between, an overwrite, delete files, or totals that
+        do not add up): then :meth:`manifest` reads them all. Same list, same checksum."""
+        known = self._live.get(ident)
+        summary = snapshot.summary
+        if (parent is None or known is None or known[0] != parent.snapshot_id or summary is None
+                or snapshot.parent_snapshot_id != parent.snapshot_id or summary.operation.value != "append"):
+            return None
+        from pyiceberg.manifest import ManifestContent, ManifestEntryStatus  # noqa: PLC0415
+
+        added = []
+        for mf in snapshot.manifests(tbl.io):
+            if mf.content != ManifestContent.DATA:
+                return None  # delete files: let the scan decide what is live
+            if mf.added_snapshot_id != snapshot.snapshot_id:
+                continue  # the parent's manifests, unchanged
+            for entry in mf.fetch_manifest_entry(tbl.io, discard_deleted=True):
+                if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot.snapshot_id:
+                    f = entry.data_file
+                    added.append((f.file_path, int(f.file_size_in_bytes), int(f.record_count)))
+        files = sorted([*known[1], *added])
+        try:
+            totals = int(summary.get("total-data-files")), int(summary.get("total-records"))
+        except (TypeError, ValueError):
+            return None
+        if totals != (len(files), sum(f[2] for f in files)) or len(set(files)) != len(files):
+            return None
+        return files
 
     def read(self, location_uri: str, metadata: Mapping[str, Any], expected_checksum: str | None,
              columns: list[str] | None = None) -> pa.Table:

@@ -155,3 +155,41 @@ def test_storing_a_table_adds_little_memory_to_the_library_write(tmp_path, fmt):
     else:  # Parquet buffers a whole row group (1 Mi rows) even when written plainly: compare with that
         raw = _extra(tmp_path, fmt, "raw", rows)
         assert ours["extra"] <= raw["extra"] + 32 * 2**20, (ours, raw)  # a few chunks, whatever the size
+
+
+def test_iceberg_appends_digest_only_what_they_added(tmp_path, monkeypatch):
+    """An append's checksum is the parent's live files plus the added ones, not a read of every
+    manifest (that grew with each append: 0.44 s at 100 appends); the value is the same as the
+    full scan's, which readers recompute; another writer in between or an overwrite falls back."""
+    from noetl_dagster.dsl.locator import parse_locator
+    from noetl_dagster.storage.tables import IcebergTables
+
+    full = IcebergTables.manifest
+    scans = []
+
+    def counted(tbl, snapshot_id):
+        scans.append(snapshot_id)
+        return full(tbl, snapshot_id)
+
+    monkeypatch.setattr(IcebergTables, "manifest", staticmethod(counted))
+    ice = IcebergTables(data_dir=tmp_path)
+    loc = parse_locator("noetl://acme/lab/ns/dataset/t", require_version=False)
+    small = _table(100)
+
+    def check(w):
+        tbl = ice.catalog.load_table(ice.identifier(loc))
+        assert full(tbl, w.metadata["snapshot_id"])[1] == w.checksum
+        assert ice.read(w.uri, w.metadata, w.checksum).num_rows == w.rows
+
+    for _ in range(5):
+        check(ice.write(small, loc))
+    assert len(scans) == 1 + 5  # the first write scanned; then only check()'s reads did
+    scans.clear()
+    IcebergTables(data_dir=tmp_path).write(small, loc)  # another writer appends in between
+    w = ice.write(small, loc)
+    check(w)
+    assert w.metadata["data_files"] == 7 and len(scans) == 2 + 1  # both writers scanned once
+    scans.clear()
+    check(ice.write(small, loc, mode="overwrite"))
+    check(ice.write(small, loc))
+    assert len(scans) == 1 + 2  # the overwrite scanned, the append after it did not
