@@ -6,8 +6,8 @@ recorded numbers and never measure again.
 
 How (and why this way — see docs/analytics.md "Measured usage"):
 
-- ``cpu_s``: CPU of the calling thread only (user + system of ``getrusage(RUSAGE_THREAD)``
-  on Linux, one system call that also gives ``ru_maxrss``; :func:`time.thread_time` elsewhere),
+- ``cpu_s``: CPU of the calling thread only (:func:`time.thread_time`: ``getrusage(RUSAGE_THREAD)``
+  is updated only at scheduler ticks and reads 0 for short tasks in worker threads),
   which is right for tasks that run in-process on the worker thread (parallel
   loop iterations each have their own thread and their own meter).
 - ``child_cpu_s`` / ``child_maxrss_bytes``: ``getrusage(RUSAGE_CHILDREN)``
@@ -82,16 +82,10 @@ def _rss() -> int:
     return int(os.pread(_statm_fd, 64, 0).split()[1]) * _PAGE
 
 
-# Linux: getrusage(RUSAGE_THREAD) gives the calling thread's CPU (user + system, what
-# time.thread_time measures) and the process's ru_maxrss in one system call instead of two
-# (system calls are the meter's cost: it runs twice per task).
-_RUSAGE_THREAD = getattr(_resource, "RUSAGE_THREAD", None) if os.uname().sysname == "Linux" else None
-
-
+# CPU comes from time.thread_time (CLOCK_THREAD_CPUTIME_ID), not getrusage(RUSAGE_THREAD):
+# the kernel updates a running thread's rusage times only at scheduler ticks, so a task of
+# under a tick measured 0.0 CPU in loop worker threads (tests/analytics/test_allocation.py).
 def _cpu_and_maxrss() -> tuple[float, int]:
-    if _RUSAGE_THREAD is not None:
-        r = _resource.getrusage(_RUSAGE_THREAD)
-        return r.ru_utime + r.ru_stime, r.ru_maxrss
     maxrss = _resource.getrusage(_resource.RUSAGE_SELF).ru_maxrss if _resource is not None else 0
     return time.thread_time(), maxrss
 
