@@ -84,7 +84,7 @@ class Engine:
         self.services = services
         self.depth = depth
         self.graph: StepGraph = analyze(playbook)
-        self._steps: dict[str, Step] = dict(playbook.steps)  # by name (Playbook.step costs a pydantic getattr)
+        self._steps: dict[str, Step] = dict(playbook.steps)  # Playbook.step's dict (its cache costs a pydantic getattr)
         self.state = state or ExecutionState(execution_id or uuid7(), services.offloader.resolve)
         self.recorder = Recorder(
             self.state,
@@ -102,10 +102,6 @@ class Engine:
         self._keychain: Any = None
         self._keychain_lock = threading.Lock()
         self.grant: Grant = UNRESTRICTED  # narrowed for generated playbooks and their children (engine.trust)
-
-    def _step(self, name: str) -> Step:
-        step = self._steps.get(name)
-        return step if step is not None else self.playbook.step(name)  # (unknown: Playbook's own error)
 
     @property
     def execution_id(self) -> str:
@@ -285,7 +281,7 @@ class Engine:
         return acts
 
     def _admit(self, step_name: str, token_ids: list[str], args: Any) -> Activation | None:
-        step = self._step(step_name)
+        step = self._steps[step_name]
         allowed, reason = True, None
         if step.admit:
             scope = self._scope(args)
@@ -320,7 +316,7 @@ class Engine:
         return Activation(step_name, srid, token_ids, args)
 
     def run(self, act: Activation) -> StepRun:
-        step = self._step(act.step)
+        step = self._steps[act.step]
         cap = max_step_runs(self.playbook)
         if len(self.state.step_runs) > cap and act.step != final_step(self.playbook):  # a cycle with no guard: fail the run, route nothing
             t0 = self.worker.step_begin(step, act.step_run_id)
@@ -331,7 +327,7 @@ class Engine:
 
     def route(self, run: StepRun) -> list[tuple[str, str]]:
         """Evaluate ``next`` on a terminal step event; enqueue tokens; return [(token_id, step)]."""
-        step: Step = self._step(run.step)
+        step: Step = self._steps[run.step]
         router = step.next
         fired: list[dict[str, Any]] = []
         errors: list[str] = []
@@ -439,7 +435,7 @@ class Engine:
             if only is not None and info["step"] not in only:
                 continue
             ok = st.step_status.get(info["step"]) == "done"
-            step = self._step(info["step"])
+            step = self._steps[info["step"]]
             result = st.result(info["step"])
             name = "loop.done" if step.loop else ("call.done" if ok else "call.error")
             keep = ok or (step.loop is not None and isinstance(result, dict) and "stats" in result)
@@ -453,7 +449,7 @@ class Engine:
             if only is not None and step_name not in only:
                 continue
             info = st.step_runs[srid]
-            run = self.worker.run_step(self._step(step_name), srid, info.get("args"))
+            run = self.worker.run_step(self._steps[step_name], srid, info.get("args"))
             self.route(run)
             resumed.append(srid)
             if on_step:
