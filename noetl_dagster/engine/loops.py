@@ -40,7 +40,8 @@ LANE_HEADROOM = (
 LANE_SAMPLES = 9  # the rule reads the median GIL share of the last LANE_SAMPLES measured iterations
 LANE_MIN_SAMPLES = 3  # ... once at least this many were measured (a median of 3 outvotes one)
 LANE_CLEAR_WAIT = 0.1  # ... or at 2 when both held a CPU at most 10% of their time (clearly waiting)
-LANE_SAMPLE_FIRST, LANE_SAMPLE_EVERY = 8, 16  # measure a lane's iterations 1..8, then every 16th (0 warms up)
+LANE_SAMPLE_FIRST = 8  # measure a lane's iterations 1..8 (0 warms up), then ...
+LANE_SAMPLE_SECONDS = 0.01  # ... the first one to start at least this long after the last measured one
 LANE_LONG_ITERATION = 0.002  # ... and every one after an iteration this long (the measuring is cheap by then)
 LANE_PATIENCE_SECONDS = 1.0  # no iteration finished for this long: judge the running ones instead
 LANE_FIRST_PATIENCE_SECONDS = (
@@ -99,9 +100,10 @@ class Lanes:
 
     - A lane's first iteration is its warm-up (lazy imports, plugin discovery, connections:
       one-time waits that say nothing about the loop) and is not judged.
-    - A lane measures its iterations ``1..LANE_SAMPLE_FIRST``, then every
-      ``LANE_SAMPLE_EVERY``-th and every one after an iteration of ``LANE_LONG_ITERATION`` or
-      more: the CPU time the kernel charged the thread and the time it sat runnable waiting
+    - A lane measures its iterations ``1..LANE_SAMPLE_FIRST``, then one every
+      ``LANE_SAMPLE_SECONDS`` (a measurement costs a few syscalls: bounded to well under 1% of
+      a CPU-bound lane) and every one after an iteration of ``LANE_LONG_ITERATION`` or more:
+      the CPU time the kernel charged the thread and the time it sat runnable waiting
       for a core (so a busy machine is not mistaken for I/O). The iteration's GIL share is
       ``g = cpu / (wall - run-queue wait)``: the fraction of its time it runs Python (or C
       holding the interpreter) rather than waiting on I/O, a sleep or a child process. Threads overlap only the waiting, so at most ``1/g`` lanes are useful.
@@ -245,7 +247,7 @@ class Lanes:
             self._no_clock = True
         fn, indices, samples, done, errors = self.fn, self._indices, self._samples, self._done, self._errors
         perf = time.perf_counter
-        k, last = 0, 0.0  # iterations done by this lane, wall seconds of its last one
+        k, last, next_sample = 0, 0.0, 0.0  # iterations done by this lane, wall seconds of its last one
         counted = True  # this lane is in self._running
         try:
             while not errors:
@@ -258,13 +260,14 @@ class Lanes:
                 i = next(indices, None)
                 if i is None:
                     return
+                w0 = perf()  # the wall interval spans the clock reads: the run-queue wait is inside it
                 measure = (
                     clock is not None
                     and 0 < k
-                    and (k <= LANE_SAMPLE_FIRST or k % LANE_SAMPLE_EVERY == 0 or last >= LANE_LONG_ITERATION)
+                    and (k <= LANE_SAMPLE_FIRST or w0 >= next_sample or last >= LANE_LONG_ITERATION)
                 )
-                w0 = perf()  # the wall interval spans the clock reads: the run-queue wait is inside it
                 if measure:
+                    next_sample = w0 + LANE_SAMPLE_SECONDS
                     c0, q0 = clock()  # type: ignore[misc]
                 try:
                     fn(i)
