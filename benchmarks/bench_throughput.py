@@ -31,7 +31,10 @@ completion. For each (P, T), in turn and in the same run:
   while a statement is in flight go in the next statement, one commit for all of them.
 
 The server's commit settings (``commit_delay``, ``commit_siblings``, ``synchronous_commit``...) are
-printed as they are; nothing is changed on the server.
+printed as they are; nothing is changed on the server. Columns: client CPU per execution, CPU of
+the workers' own server backends per execution (``/proc``, by ``application_name``), flushes per
+statement. Headline configuration: ``--procs 2 --threads 24`` (fig: ~10,000/min, p99 < 1 s at load
+~13 on 2 cores; docs/capacity.md).
 """
 
 from __future__ import annotations
@@ -132,7 +135,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--throughput", action="store_true", help="P processes x T threads, old path vs new path")
     ap.add_argument("--procs", default="1,2,4", help="worker processes, comma-separated")
-    ap.add_argument("--threads", default="1,8,32", help="threads per process, comma-separated")
+    ap.add_argument("--threads", default="1,12", help="threads per process, comma-separated (the baseline opens"
+                    " P x T connections: keep it under the server's max_connections)")  # fmt: skip
     ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds per row")
     ap.add_argument("--commit-delay", type=int, default=0, help="also the old path with this commit_delay (us)")
     args = ap.parse_args(argv)
