@@ -1,5 +1,8 @@
 # Two commands on a fresh machine: `make demo` and `make test`.
 VENV ?= .venv
+# three pytest-xdist workers, a file per worker at a time (module fixtures stay shared);
+# `make test PYTEST_ARGS=` runs serially
+PYTEST_ARGS ?= -n 3 --dist loadfile
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 

@@ -18,6 +18,16 @@ CONFORMANCE = SHARED / "conformance" / "noetl-e2e" / "fixtures" / "playbooks"
 _FINISHED: list = []
 
 
+def pytest_configure(config):
+    """Under pytest-xdist each worker gets its own default data dir, so tests that rely on the
+    default home (embedded chDB allows one process per path, SQLite logs) never share one."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and "NOETL_DAGSTER_HOME" not in os.environ:
+        import tempfile
+
+        os.environ["NOETL_DAGSTER_HOME"] = tempfile.mkdtemp(prefix=f"noetl-{worker}-")
+
+
 def _record(engine) -> None:
     _FINISHED.append((engine.services, engine.execution_id, engine.state.snapshot()))
 

@@ -22,7 +22,7 @@ from noetl_dagster.storage.postgres_events import (
 from noetl_dagster.util.jsonutil import dumps
 
 PG_ADMIN_URL = os.environ.get("NOETL_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-STORE_DB = "noetl_dagster_store_test"
+STORE_DB = "noetl_dagster_store_test" + os.environ.get("PYTEST_XDIST_WORKER", "")  # one per xdist worker
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ from noetl_dagster.engine.keychain import FileProvider, Keychain
 from noetl_dagster.storage.payload import FilePayloadStore
 
 PG_ADMIN_URL = os.environ.get("NOETL_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-TOOLS_DB = "noetl_dagster_tools_test"
+TOOLS_DB = "noetl_dagster_tools_test" + os.environ.get("PYTEST_XDIST_WORKER", "")  # one per xdist worker
 
 
 class StubToolContext:

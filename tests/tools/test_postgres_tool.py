@@ -157,7 +157,7 @@ def test_unknown_credential(make_ctx, pg_keychain):
 def test_connection_string_directly_and_in_a_record(make_ctx, pg_keychain, pg_tools_db):
     ctx = make_ctx(pg_keychain)
     assert postgres_tool({"connection_string": pg_tools_db, "query": "SELECT current_database() AS d"}, ctx)["rows"][0]["d"] == (
-        "noetl_dagster_tools_test"
+        pg_tools_db.rpartition("/")[2]
     )
     assert postgres_tool({"auth": "pg_dsn", "query": "SELECT 1 AS one"}, ctx)["rows"] == [{"one": 1}]
 

@@ -29,7 +29,7 @@ EARLY_V2 = LEGACY_DIR / (
     "http_iterator_save_postgres__http_iterator_save_postgres.yaml"
 )
 PG_ADMIN_URL = os.environ.get("NOETL_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-MIGRATE_DB = "noetl_dagster_migrate_test"
+MIGRATE_DB = "noetl_dagster_migrate_test" + os.environ.get("PYTEST_XDIST_WORKER", "")  # one per xdist worker
 
 
 def migrate(text: str) -> tuple[MigrationResult, dict[str, Any]]:
