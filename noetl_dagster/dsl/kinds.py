@@ -83,6 +83,9 @@ _lock = threading.RLock()
 _REGISTRY: dict[str, ToolKind] = {}
 _BROKEN: dict[str, ToolKind] = {}
 _ENTRY_POINTS: dict[str, EntryPoint] | None = None
+# names among _ENTRY_POINTS that this package declares; asking a distribution its name parses its
+# METADATA file (~1 ms each), which the parser did for every entry point of every task (22 ms a task)
+_BUILTIN: frozenset[str] | None = None
 
 # Raw keys of this package's kinds, so validating a playbook imports no tool module. Only a hint:
 # the registered kind's own raw_keys win once it is loaded (tests/tools/test_plugins.py checks both agree).
@@ -168,9 +171,10 @@ def _entry_points() -> dict[str, EntryPoint]:
 
 def refresh_entry_points() -> None:
     """Forget the cached entry points and broken kinds (after installing a plugin in-process)."""
-    global _ENTRY_POINTS
+    global _ENTRY_POINTS, _BUILTIN
     with _lock:
         _ENTRY_POINTS = None
+        _BUILTIN = None
         _BROKEN.clear()
 
 
@@ -217,9 +221,16 @@ def known_kinds() -> set[str]:
     return set(_REGISTRY) | set(_entry_points())
 
 
+def _builtin_names() -> frozenset[str]:
+    global _BUILTIN
+    if _BUILTIN is None:
+        _BUILTIN = frozenset(n for n, ep in _entry_points().items() if _dist_name(ep) == DISTRIBUTION)
+    return _BUILTIN
+
+
 def builtin_kinds() -> set[str]:
     """The kinds this package declares (its own entry points)."""
-    return {n for n, ep in _entry_points().items() if _dist_name(ep) == DISTRIBUTION}
+    return set(_builtin_names())
 
 
 def all_kinds() -> list[ToolKind]:
@@ -235,7 +246,7 @@ def all_kinds() -> list[ToolKind]:
 def required_keys(name: str) -> list[str]:
     """Config keys the kind's model requires (by the name a playbook writes); built-ins of this
     package declare none, so validating them imports nothing."""
-    if name not in _REGISTRY and name in _RAW_KEY_HINTS and name in builtin_kinds():
+    if name not in _REGISTRY and name in _RAW_KEY_HINTS and name in _builtin_names():
         return []
     tk = get_tool(name)
     if tk is None or tk.config is None:
@@ -247,7 +258,7 @@ def raw_keys(name: str) -> frozenset[str]:
     """Config keys a kind takes verbatim (never rendered); built-ins answer without an import."""
     if name in _REGISTRY:
         return _REGISTRY[name].raw_keys
-    if name in _RAW_KEY_HINTS and name in builtin_kinds():
+    if name in _RAW_KEY_HINTS and name in _builtin_names():
         return _RAW_KEY_HINTS[name]
     tk = get_tool(name)
     return tk.raw_keys if tk else frozenset()
