@@ -35,5 +35,6 @@ def test_distribution_metadata_is_read_once_per_entry_point_not_per_task(monkeyp
     pb = load_playbook_dict(yaml.safe_load(yaml.safe_dump(doc)), source_file="chain.yaml")
     assert len(pb.workflow) == 60
     assert 0 < len(calls) <= len(kinds._entry_points()), len(calls)
-    load_playbook_dict(doc, source_file="chain.yaml")  # a second playbook in the same process reads none again
+    # a second playbook in the same process reads none again
+    load_playbook_dict(doc, source_file="chain.yaml")
     assert len(calls) <= len(kinds._entry_points())
