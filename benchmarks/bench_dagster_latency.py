@@ -17,7 +17,7 @@ The boot is also measured in CPU seconds, outside Dagster's event log: a cold ru
 (a new interpreter: import Dagster, load the code location, open the instance) against a warm
 one (forked from a process that loaded the code location: open the instance, find the job).
 
-Run: ``python -m benchmarks.bench_dagster_latency [--requests N] [--config before|after|both] [--postgres]``
+Run: ``python -m benchmarks.bench_dagster_latency [--requests N] [--config before|after|both] [--postgres] [--burst N]``
 or ``python -m benchmarks --only dagster_latency``.
 """
 
@@ -92,7 +92,9 @@ def _pg_database(name: str, drop: bool = False) -> str:
     return f"postgresql+psycopg2://postgres@127.0.0.1:5432/{name}"
 
 
-def measure(requests: int, timeout: float, config: str = "after", postgres: bool = False) -> list[dict[str, float]]:
+def measure(
+    requests: int, timeout: float, config: str = "after", postgres: bool = False, burst: int = 0
+) -> list[dict[str, float]]:
     tmp = Path(tempfile.mkdtemp(prefix="bench_dagster_latency_"))
     home, noetl_home = tmp / "dagster_home", tmp / "noetl"
     home.mkdir()
@@ -137,6 +139,8 @@ def measure(requests: int, timeout: float, config: str = "after", postgres: bool
             rows.append({"created": st["RUN_ENQUEUED"] - t0, "queued": st["RUN_STARTING"] - st["RUN_ENQUEUED"],
                          "boot": st["RUN_START"] - st["RUN_STARTING"], "total": st["RUN_START"] - t0,
                          "warm": float(run.tags.get("noetl/warm_launch") == "true")})  # fmt: skip
+        if burst:
+            rows.append(_burst(instance, burst, noetl_home, timeout))
         instance.dispose()
         return rows
     finally:
@@ -154,6 +158,29 @@ def measure(requests: int, timeout: float, config: str = "after", postgres: bool
         shutil.rmtree(tmp, ignore_errors=True)
         if pg_name:
             _pg_database(pg_name, drop=True)
+
+
+def _burst(instance, n: int, noetl_home: Path, timeout: float) -> dict[str, float]:
+    """``n`` detached requests at once; runs per minute from the first request to the last run's end."""
+    from noetl_dagster.translator.runner import run_playbook_dagster
+
+    t0 = time.time()
+    sent = []
+    for i in range(n):
+        req = run_playbook_dagster(HELLO, {"name": f"b{i}"}, data_dir=noetl_home, tenant="demo", project="examples",
+                                   detach=True)  # fmt: skip
+        sent.append((time.time(), req.execution_id))
+    starts, ends, failed = [], [], 0
+    for t_req, eid in sent:
+        run = _wait_run(instance, eid, timeout)
+        failed += run.status.value != "SUCCESS"
+        stats = instance.get_run_stats(run.run_id)
+        starts.append((_stages(instance, run).get("RUN_START") or stats.start_time or t_req) - t_req)
+        ends.append((stats.end_time or time.time()) - t_req)
+    span = max(t_req + e for (t_req, _), e in zip(sent, ends, strict=True)) - t0
+    return {"burst": n, "failed": failed, "span": span, "per_min": n / span * 60,
+            "start_p50": statistics.median(starts), "start_max": max(starts),
+            "done_p50": statistics.median(ends), "done_p99": statistics.quantiles(ends, n=100)[98] if n > 1 else ends[0]}  # fmt: skip
 
 
 COLD_BOOT = """
@@ -215,6 +242,13 @@ def boot_cpu(samples: int = 3) -> dict[str, float]:
 
 
 def _report(config: str, rows: list[dict[str, float]], postgres: bool) -> None:
+    bursts = [r for r in rows if "burst" in r]
+    rows = [r for r in rows if "burst" not in r]
+    for b in bursts:
+        print(f"{config}: burst of {b['burst']:.0f} detached requests ({'Postgres' if postgres else 'SQLite'} instance): "
+              f"{b['per_min']:.1f} runs per minute ({b['span']:.1f} s, {b['failed']:.0f} failed); request -> start "
+              f"p50 {b['start_p50']:.2f} s max {b['start_max']:.2f} s; request -> done p50 {b['done_p50']:.2f} s "
+              f"p99 {b['done_p99']:.2f} s (load average {os.getloadavg()[0]:.2f})")  # fmt: skip
     if not rows:
         print(f"{config}: no request completed")
         return
@@ -239,6 +273,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--config", choices=("before", "after", "both"), default="both")
     ap.add_argument("--postgres", action="store_true", help="the Dagster instance on the local Postgres")
     ap.add_argument("--no-boot-cpu", action="store_true", help="skip the CPU measurement of the boot")
+    ap.add_argument("--burst", type=int, default=0, help="then N requests at once: runs per minute through Dagster")
     args = ap.parse_args(argv)
     print(f"load average at start {os.getloadavg()[0]:.2f}")
     if not args.no_boot_cpu:
@@ -247,12 +282,12 @@ def main(argv: list[str] | None = None) -> None:
               f"with the playbook cache {b['cold_cached']:.2f}, forked from a warm process {b['warm']:.2f} "
               f"(load average {os.getloadavg()[0]:.2f})")  # fmt: skip
     configs = ("before", "after") if args.config == "both" else (args.config,)
-    results = {c: measure(args.requests, args.timeout, c, args.postgres) for c in configs}
+    results = {c: measure(args.requests, args.timeout, c, args.postgres, args.burst) for c in configs}
     for c in configs:
         _report(c, results[c], args.postgres)
     if len(configs) == 2 and all(results.values()):
-        b, a = (statistics.median(r["total"] for r in results[c]) for c in configs)
-        bb, ab = (statistics.median(r["boot"] for r in results[c]) for c in configs)
+        b, a = (statistics.median(r["total"] for r in results[c] if "total" in r) for c in configs)
+        bb, ab = (statistics.median(r["boot"] for r in results[c] if "boot" in r) for c in configs)
         print(f"after / before: request-to-start p50 {a / b:.2f}x, boot p50 {ab / bb:.2f}x")
 
 
