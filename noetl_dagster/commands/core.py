@@ -104,7 +104,11 @@ def _parse_workload(text: str | None) -> dict[str, Any]:
 
 
 class _Progress:
-    """A live step table on stderr for interactive runs; silent otherwise."""
+    """A live step table on stderr for interactive runs; silent otherwise.
+
+    The styled pieces are rendered by rich once (so NO_COLOR, FORCE_COLOR and a non-terminal
+    stderr behave as before) and each line is written straight to the console's file: a
+    ``console.print`` per line (markup parse, segment render, wrap) cost ~0.2 ms a step."""
 
     def __init__(self, enabled: bool):
         self.enabled = enabled
@@ -115,14 +119,25 @@ class _Progress:
             from rich.console import Console
 
             self._console = Console(stderr=True)
+            self._ok = _styled(self._console, "green", "ok")
+            self._failed = _styled(self._console, "red", "failed")
+            self._dim_on, self._dim_off = _styled(self._console, "dim", "\0").split("\0")
 
     def on_step(self, run: Any) -> None:
         self.count += 1
         if self._console is not None:
-            mark = "[green]ok[/]" if run.ok else "[red]failed[/]"
-            self._console.print(
-                f"  {self.count:>4}  {run.step:<32} {mark}  [dim]{time.perf_counter() - self.t0:6.2f}s[/]", highlight=False
+            mark = self._ok if run.ok else self._failed
+            elapsed = time.perf_counter() - self.t0
+            self._console.file.write(
+                f"  {self.count:>4}  {run.step:<32} {mark}  {self._dim_on}{elapsed:6.2f}s{self._dim_off}\n"
             )
+
+
+def _styled(console: Any, style: str, text: str) -> str:
+    """text in style as this console writes it (ANSI codes, or plain text when it has no colors)."""
+    with console.capture() as cap:
+        console.print(f"[{style}]{text}[/]", end="", highlight=False)
+    return cap.get()
 
 
 @click.command()
@@ -218,6 +233,40 @@ def _execution_lease(event_store: str | None, data_dir: str | None, execution_id
         store.close()  # releases the lease
 
 
+# A summary of more steps than this shows the first and last SUMMARY_EDGE and every failed one,
+# each stretch of hidden steps as one "... N more steps" row with their runs (the rich table cost
+# ~0.2 ms a row; all steps: noetl-dagster events ID or run --json)
+SUMMARY_MAX_ROWS = 50
+SUMMARY_EDGE = 20
+
+
+def _summary_rows(result: Any) -> list[tuple[str, str, str]]:
+    """(step, runs, result) rows of the summary table, collapsed for long runs."""
+    steps = list(result.runs.items())
+
+    def failed(step: str) -> bool:
+        r = result.results.get(step)
+        return isinstance(r, dict) and r.get("status") == "error"
+
+    if len(steps) <= SUMMARY_MAX_ROWS:
+        shown = set(range(len(steps)))
+    else:
+        last = len(steps) - SUMMARY_EDGE
+        shown = {i for i, (step, _) in enumerate(steps) if i < SUMMARY_EDGE or i >= last or failed(step)}
+    rows: list[tuple[str, str, str]] = []
+    hidden, hidden_runs = 0, 0
+    for i, (step, n) in enumerate(steps):
+        if i not in shown:
+            hidden, hidden_runs = hidden + 1, hidden_runs + n
+            continue
+        if hidden:
+            rows.append((f"... {hidden} more steps", str(hidden_runs), ""))
+            hidden, hidden_runs = 0, 0
+        text = dumps(result.results.get(step))
+        rows.append((step, str(n), text if len(text) <= 100 else text[:97] + "..."))
+    return rows
+
+
 def _print_summary(result: Any) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -229,10 +278,8 @@ def _print_summary(result: Any) -> None:
     table.add_column("step")
     table.add_column("runs", justify="right")
     table.add_column("result", overflow="fold")
-    for step, n in result.runs.items():
-        r = result.results.get(step)
-        text = dumps(r)
-        table.add_row(step, str(n), text if len(text) <= 100 else text[:97] + "...")
+    for step, n, text in _summary_rows(result):
+        table.add_row(step, n, text, style=None if text else "dim")  # a step's result is never "" (null)
     console.print(table)
     console.print(f"event log: {result.event_store_url}  (noetl-dagster events {result.execution_id})")
 
