@@ -34,6 +34,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "bench_flow": ["--statements", "30"],
     "bench_loops": ["--cpu", "2000", "--io", "100", "--repeat", "2"],
     "bench_dagster_latency": ["--requests", "2"],
+    "bench_noetl_local": ["--steps", "200"],
 }
 QUICK_ENV = {"NOETL_BENCH_EXECUTIONS": "30"}  # bench_throughput: executions per worker
 
