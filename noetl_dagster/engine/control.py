@@ -238,13 +238,12 @@ class Engine:
         return Scope(ns, tuple(chain))
 
     def _join_ready(self, step: str, allowed: set[str] | None) -> bool:
-        feeders = self.graph.feeders.get(step, frozenset())
-        if not feeders:
+        g = self.graph
+        if step not in g.joins:
             return True
-        for other in self.state.pending_steps():
-            if other != step and other in feeders:
-                return False
-        return all(s not in feeders for s in self.state.running.values())
+        return not g.join_waits_on(step, self.state.pending_steps()) and not g.join_waits_on(
+            step, self.state.running.values()
+        )
 
     def ready(self, allowed: Iterable[str] | None = None) -> list[Activation]:
         """Schedule every runnable activation: admission, then step.scheduled (or step.skipped)."""

@@ -313,11 +313,8 @@ def _any_runnable(eng: Engine, separate: set[str]) -> bool:
 
 def _join_ready(eng: Engine, step: str) -> bool:
     """Mirror of the engine's join barrier (SEMANTICS §5), read-only: no feeder pending or running."""
-    feeders = eng.graph.feeders.get(step, frozenset())
-    st = eng.state
-    if any(other != step and other in feeders for other in st.pending_steps()):
-        return False
-    return all(s not in feeders for s in st.running.values())
+    g, st = eng.graph, eng.state
+    return not g.join_waits_on(step, st.pending_steps()) and not g.join_waits_on(step, st.running.values())
 
 
 def build_router_sensor(
