@@ -193,3 +193,61 @@ def test_iceberg_appends_digest_only_what_they_added(tmp_path, monkeypatch):
     check(ice.write(small, loc, mode="overwrite"))
     check(ice.write(small, loc))
     assert len(scans) == 1 + 2  # the overwrite scanned, the append after it did not
+
+
+def test_a_long_streamed_arrow_write_hashes_every_byte_once(tmp_path):
+    """Many times the hashing backlog streamed through the store's writer (a large result in
+    miniature): the checksum is the sha256 of the file as stored, its size the file's size, and
+    the bytes went to the hashing thread in megabyte batches, none read back from the file."""
+    rng = np.random.default_rng(11)
+    schema = pa.schema([("x", pa.float64()), ("i", pa.int64())])
+    batch = pa.record_batch([rng.random(64 * 1024), np.arange(64 * 1024, dtype=np.int64)], schema=schema)
+    store = FilePayloadStore(tmp_path)
+    with store.writer("big/a.arrow") as w:
+        with pa.ipc.new_file(w, schema, options=pa.ipc.IpcWriteOptions(compression="lz4")) as writer:
+            for _ in range(96):  # ~96 MiB of batches, ~12x _HASH_BACKLOG
+                writer.write_batch(batch)
+    assert w.size == os.path.getsize(tmp_path / "big" / "a.arrow") > 8 * payload._HASH_BACKLOG
+    assert w.checksum == _file_sha(w.uri)
+    assert w.batches <= w.size // payload._HASH_BATCH + 2
+    assert store.read_verified(w.uri, w.checksum)[:6] == b"ARROW1"
+
+
+@pytest.mark.parametrize("fmt", ["arrow", "parquet"])
+def test_a_write_failing_midway_leaves_no_file_and_no_resource(tmp_path, monkeypatch, fmt):
+    """An error after the hashing thread started (here: the disk fails at 4 MiB) removes the
+    temporary file, stops the thread, and registers nothing: no version, no half-written file."""
+    import threading
+
+    from noetl_dagster.storage.payload import PayloadWriter
+    from noetl_dagster.storage.tables import TableStorage
+    from registry_service.client import open_registry
+    from registry_service.service import Registry
+
+    real_write = PayloadWriter.write
+
+    def failing_write(self, data):
+        if self.size > 4 << 20:
+            raise OSError(28, "No space left on device")
+        return real_write(self, data)
+
+    monkeypatch.setattr(PayloadWriter, "write", failing_write)
+    reg = Registry(f"sqlite:///{tmp_path / 'registry.db'}")
+    try:
+        storage = TableStorage(open_registry(reg, tenant="acme", project="lab"), data_dir=tmp_path / "home")
+        before = {t.ident for t in threading.enumerate()}
+        with pytest.raises(OSError, match="No space left"):
+            storage.publish(
+                _table(1_000_000),
+                "noetl://acme/lab/ns/dataset/t",
+                format=fmt,
+                compression="uncompressed" if fmt == "arrow" else None,
+            )
+        assert not [p for p in (tmp_path / "home").rglob("*") if p.is_file() and p.suffix != ".db"]
+        assert not [t for t in threading.enumerate() if t.ident not in before and t.name == "payload-sha256"]
+        assert storage.registry.list(namespace="ns") == []
+        monkeypatch.undo()  # the disk is back: the next write is the first version
+        again = storage.publish(_table(10), "noetl://acme/lab/ns/dataset/t", format=fmt)
+        assert again.ref()["uri"].endswith("@v1")
+    finally:
+        reg.close()
