@@ -315,6 +315,12 @@ class TemplateEnv:
         return t
 
     # -- rendering ---------------------------------------------------------
+    def _context(self, tmpl: jinja2.Template, scope: Mapping[str, Any]) -> jinja2.runtime.Context:
+        """A shared context over the scope (no copy of it), as ``tmpl.new_context(vars, shared=True)``
+        builds it minus the set of the template's global names it collects for module exports,
+        which rendering never reads (an iteration over every global at every render)."""
+        return self.env.context_class(self.env, _WithGlobals(scope, self.env.globals), tmpl.name, tmpl.blocks)
+
     def render_str(self, source: str, scope: Mapping[str, Any]) -> Any:
         if "{{" not in source and "{%" not in source:
             return source
@@ -326,9 +332,7 @@ class TemplateEnv:
             if outer is None:
                 _deadline.at = time.monotonic() + RENDER_SECONDS
             try:
-                ctx = tmpl.new_context(
-                    _WithGlobals(scope, self.env.globals), shared=True
-                )  # no copy of the scope
+                ctx = self._context(tmpl, scope)
                 for _ in tmpl.root_render_func(ctx):
                     pass
                 return _plain(ctx.vars["result"])
@@ -348,7 +352,7 @@ class TemplateEnv:
         if outer is None:
             _deadline.at = time.monotonic() + RENDER_SECONDS
         try:
-            ctx = tmpl.new_context(_WithGlobals(scope, self.env.globals), shared=True)
+            ctx = self._context(tmpl, scope)
             parts: list[str] = []
             size = 0
             for chunk in tmpl.root_render_func(ctx):

@@ -107,15 +107,23 @@ def uuid7() -> str:
     return _uuid7_at(time.time_ns() // 1_000_000)
 
 
+# the id's first 15 characters ("tttttttt-tttt-7") for the millisecond formatted last: one tuple,
+# replaced whole, so a thread never pairs a millisecond with another's prefix
+_ms_prefix: tuple[int, str] = (-1, "")
+
+
 def _uuid7_at(ms: int) -> str:
+    global _ms_prefix
+    p = _ms_prefix
+    if p[0] != ms:
+        p = _ms_prefix = (ms, "%08x-%04x-7" % ((ms >> 16) & 0xFFFFFFFF, ms & 0xFFFF))  # noqa: UP031
     rand = _rng.getrandbits(80)
-    h = "%012x%04x%04x%012x" % (  # noqa: UP031 - the fastest formatting here
-        ms & 0xFFFFFFFFFFFF,
-        0x7000 | ((rand >> 68) & 0xFFF),
+    return "%s%03x-%04x-%012x" % (  # noqa: UP031 - the fastest formatting here
+        p[1],
+        (rand >> 68) & 0xFFF,
         0x8000 | ((rand >> 48) & 0x3FFF),
         rand & 0xFFFFFFFFFFFF,
     )
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def uuid7_from(*parts: str) -> str:

@@ -23,6 +23,8 @@ def test_distribution_metadata_is_read_once_per_entry_point_not_per_task(monkeyp
     # reading a distribution's name parses its METADATA file (~1 ms); the parser asked it for
     # every entry point of every task: 4.4 s to parse a 200-step chain, 22 ms a task
     kinds.refresh_entry_points()
+    # as in a fresh process: no tool module imported yet (the parser then answers from the entry points)
+    monkeypatch.setattr(kinds, "_REGISTRY", {})
     calls = []
     real = kinds._dist_name
 
