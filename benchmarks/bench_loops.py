@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -61,39 +60,11 @@ def _server_main(port: int, latency: float) -> None:
     srv.serve_forever()
 
 
-class LatencyServer:
-    """A real HTTP server in its own process (it never competes with the engine for the GIL)."""
+def LatencyServer(latency: float):  # noqa: N802 - reads as the class it returns
+    """A real HTTP server in its own process that answers every GET after ``latency`` seconds."""
+    from benchmarks.bench_tools import LoopbackServer
 
-    def __init__(self, latency: float) -> None:
-        import multiprocessing as mp
-
-        import httpx
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.proc = mp.get_context("spawn").Process(
-            target=_server_main, args=(self.port, latency), daemon=True
-        )
-        self.proc.start()
-        deadline = time.time() + 30
-        while True:
-            try:
-                httpx.get(self.url, timeout=2).raise_for_status()
-                return
-            except httpx.HTTPError:
-                if time.time() > deadline or not self.proc.is_alive():
-                    self.close()
-                    raise RuntimeError("latency server did not start") from None
-                time.sleep(0.05)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/item"
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.join(timeout=5)
+    return LoopbackServer(_server_main, (latency,))
 
 
 def _playbook(tool: dict[str, Any], n: int, mode: str):

@@ -61,20 +61,21 @@ def _serve(port: int) -> None:
 
 
 class LoopbackServer:
-    """uvicorn in its own process, so the server never competes with the client for the GIL."""
+    """An HTTP server in its own process, so it never competes with the client for the GIL:
+    ``target(port, *args)`` serves (uvicorn with ``_app`` by default) until the process ends."""
 
-    def __init__(self) -> None:
+    def __init__(self, target: Any = None, args: tuple[Any, ...] = ()) -> None:
         import multiprocessing as mp
 
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        self.proc = mp.get_context("spawn").Process(target=_serve, args=(self.port,), daemon=True)
+        self.proc = mp.get_context("spawn").Process(target=target or _serve, args=(self.port, *args), daemon=True)
         self.proc.start()
         deadline = time.time() + 30
         while True:
             try:
-                httpx.get(self.url, timeout=1).raise_for_status()
+                httpx.get(self.url, timeout=2).raise_for_status()
                 return
             except httpx.HTTPError:
                 if time.time() > deadline or not self.proc.is_alive():
