@@ -40,6 +40,8 @@ from dagster._core.launcher import LaunchRunContext
 from dagster._core.launcher.default_run_launcher import DefaultRunLauncher
 from dagster._serdes import ConfigurableClassData
 
+from noetl_dagster.util.procs import pid_alive
+
 log = logging.getLogger("noetl_dagster.launcher")
 
 TAG_PID = "noetl/run_worker_pid"
@@ -184,7 +186,7 @@ class NoetlRunLauncher(DefaultRunLauncher):
         pid = run.tags.get(TAG_PID)
         if pid is None or run.tags.get(TAG_HOST) != socket.gethostname():
             return CheckRunHealthResult(WorkerStatus.RUNNING, "launched through the code server, which watches it")
-        if _alive(int(pid)):
+        if pid_alive(int(pid)):
             return CheckRunHealthResult(WorkerStatus.RUNNING)
         return CheckRunHealthResult(WorkerStatus.FAILED, f"run worker process {pid} is gone")
 
@@ -224,15 +226,3 @@ def _storage_modules(ref: Any) -> list[str]:
     return sorted(set(out))
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is gone
-    except (OSError, IndexError):
-        return True

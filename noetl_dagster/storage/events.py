@@ -41,6 +41,7 @@ import zstandard
 from noetl_dagster.engine.events import ENTITY_OF, SCHEMA_VERSION, SERVER_EVENTS, Event
 from noetl_dagster.engine.ports import EventStore, ExecutionInfo, ExecutionLeased, StoredEvent
 from noetl_dagster.util.jsonutil import dumps, loads
+from noetl_dagster.util.procs import pid_alive
 
 # One list of statements per schema version; applied in order, recorded in noetl_schema_version.
 SQLITE_MIGRATIONS: list[list[str]] = [
@@ -132,16 +133,6 @@ def decode_body(body: Any, where: str, skipped: list[tuple[str, str]] | None = N
 
 
 LEASE_TTL = float(os.environ.get("NOETL_LEASE_TTL", "60"))
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _execution_update(ev: Event) -> tuple[str | None, str | None, str | None]:
@@ -558,7 +549,7 @@ class SqliteEventStore(EventStore):
                     "SELECT owner, host, pid, expires_at FROM noetl_lease WHERE execution_id = ?", (execution_id,)
                 ).fetchone()
                 if row and row[0] != owner:
-                    same_host_dead = row[1] == host and not _pid_alive(int(row[2]))
+                    same_host_dead = row[1] == host and not pid_alive(int(row[2]))
                     if not same_host_dead and row[3] > now:
                         raise ExecutionLeased(
                             f"execution {execution_id} is leased by another process (a run or resume of it is in progress)"
