@@ -371,10 +371,20 @@ def cost_metadata(cost: Cost, share: float = 1.0) -> dict[str, Any]:
     return md
 
 
+def _decimal(x: float) -> str:
+    return f"{x:.12f}".rstrip("0").rstrip(".")
+
+
 def cost_tags(cost: Cost) -> dict[str, str]:
     """Run tags of an execution's cost: ``noetl/cost_<currency>`` (decimal string) and ``noetl/price_version``."""
-    return {f"noetl/cost_{cost.currency.lower()}": f"{cost.total:.12f}".rstrip("0").rstrip("."),
-            TAG_PRICE_VERSION: cost.price_version or "-"}  # fmt: skip
+    return {f"noetl/cost_{cost.currency.lower()}": _decimal(cost.total), TAG_PRICE_VERSION: cost.price_version or "-"}
+
+
+def _single_op_run(context: Any) -> bool:
+    try:
+        return len(context.job_def.nodes) == 1
+    except Exception:  # noqa: BLE001 - no job definition at hand (a direct op invocation)
+        return False
 
 
 def _op_cost_metadata(prices: PriceTable, by_step: Mapping[str, Cost], ran: list[str], *, multi: bool) -> dict[str, Any]:
@@ -453,10 +463,19 @@ def _report_outputs(
         if report.recovered:
             md["recovered_step_runs"] = ", ".join(report.recovered)
         yield dg.Output(None, RESULT_OUTPUT, metadata=md)
+    tags: dict[str, str] = {}
+    if priced is not None and ran and _single_op_run(context):
+        # a run of one op (a per-step job the router launched): the run's own cost is the op's
+        prices, by_step = priced
+        own = sum((by_step[s] for s in ran if s in by_step), Cost(currency=prices.currency))
+        tags[f"noetl/run_cost_{own.currency.lower()}"] = _decimal(own.total)
+        tags[TAG_PRICE_VERSION] = own.price_version or "-"
     if priced is not None and report.finished:  # the execution is over: its whole cost on the run
         total = _execution_cost(context, report, priced[0])
         if total is not None:
-            _tag_run(context, cost_tags(total))
+            tags.update(cost_tags(total))
+    if tags:
+        _tag_run(context, tags)
     res = getattr(context.resources, RESOURCE_KEY)
     for step, v, mat in _materializations(eng.execution_id, report.task_results, res,
                                           context.partition_key if context.has_partition_key else None,

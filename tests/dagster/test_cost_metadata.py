@@ -219,3 +219,44 @@ def test_a_loop_run_as_frames_is_priced_on_its_collect_op(tmp_path):
             AttemptUsage.from_task_done(e.data, e.timestamp) for e in attempts["total"]
         )
         assert float(run.tags["noetl/cost_usd"]) == pytest.approx(total.total, rel=1e-9, abs=1e-12)
+
+
+def test_each_per_step_run_carries_its_own_cost_and_the_finishing_run_the_total(dagster_data, ephemeral_instance):
+    """Per-step jobs (the router launches one run per token): every run of one op is tagged
+    ``noetl/run_cost_usd`` with its step's attempts; the run that finishes the execution also gets
+    ``noetl/cost_usd``, the whole execution, which the runs' own costs add up to."""
+    from dagster_helpers import EXAMPLES
+
+    from noetl_dagster.sensors.router import RouterCursor, instance_run_lookup, router_tick
+    from noetl_dagster.translator.runner import run_playbook_dagster
+
+    dagster_data.mkdir(parents=True, exist_ok=True)
+    (dagster_data / "prices.yaml").write_text(PRICES)
+    path = EXAMPLES / "per_step_pipeline.yaml"
+    loc = compile_playbooks([path], resource=NoetlResource(data_dir=str(dagster_data)))
+    eid = run_playbook_dagster(path, data_dir=dagster_data, detach=True).execution_id
+    svc, cursor, runs = loc.index.resource.services(), RouterCursor(), {}
+    for _ in range(10):
+        tick = router_tick(loc.index, svc, instance_run_lookup(ephemeral_instance), cursor)
+        cursor = tick.cursor
+        if not tick.launches:
+            break
+        for la in tick.launches:
+            job = loc.definitions.resolve_job_def(la.job_name)
+            res = job.execute_in_process(instance=ephemeral_instance, tags={**la.tags, "dagster/run_key": la.run_key})
+            assert res.success
+            runs[la.tags.get("noetl/step") or "noetl_start"] = res.run_id
+    assert set(runs) >= {"start", "total", "maximum", "combine"}
+    prices = PriceTable.from_dict(yaml.safe_load(PRICES))
+    attempts = _attempts(dagster_data, eid)
+    own = {}
+    for step in ("start", "total", "maximum", "combine"):
+        tags = ephemeral_instance.get_run_by_id(runs[step]).tags
+        expected = prices.cost(AttemptUsage.from_task_done(e.data, e.timestamp) for e in attempts[step])
+        own[step] = float(tags["noetl/run_cost_usd"])
+        assert own[step] == pytest.approx(expected.total, rel=1e-9, abs=1e-12) and own[step] > 0
+        assert tags["noetl/price_version"] == "t-1"
+    finishing = [s for s, r in runs.items() if "noetl/cost_usd" in ephemeral_instance.get_run_by_id(r).tags]
+    assert finishing == ["combine"]
+    total = float(ephemeral_instance.get_run_by_id(runs["combine"]).tags["noetl/cost_usd"])
+    assert total == pytest.approx(sum(own.values()), rel=1e-9, abs=1e-9)
