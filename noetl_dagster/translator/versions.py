@@ -41,9 +41,13 @@ class StoredVersion:
         return self.ref.get("rows") if isinstance(self.ref.get("rows"), int) else None
 
 
-def stored_in_execution(resource: NoetlResource, execution_id: str) -> dict[dg.AssetKey, StoredVersion]:
-    """Every table the execution stored, newest last per key, read from its event log."""
-    events = resource.services().event_store.read(execution_id)
+def stored_in_execution(
+    resource: NoetlResource, execution_id: str, steps: dict[dg.AssetKey, str] | None = None, events: Any = None
+) -> dict[dg.AssetKey, StoredVersion]:
+    """Every table the execution stored, newest last per key, read from its event log (or ``events``,
+    already read); ``steps`` (when given) receives the step that stored each one."""
+    if events is None:
+        events = resource.services().event_store.read(execution_id)
     workload = next((dict(e.data.get("workload") or {}) for e in events if e.name == E.WORKFLOW_STARTED), {})
     out: dict[dg.AssetKey, StoredVersion] = {}
     for ev in events:
@@ -58,6 +62,8 @@ def stored_in_execution(resource: NoetlResource, execution_id: str) -> dict[dg.A
             out[key] = with_registry(resource, StoredVersion(
                 ref["uri"], dict(ref), execution_id=execution_id, stored_at=_time(ev.timestamp), workload=workload,
             ))  # fmt: skip
+            if steps is not None and ev.step:
+                steps[key] = ev.step
     return out
 
 

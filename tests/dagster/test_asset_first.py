@@ -254,3 +254,45 @@ def test_a_playbook_job_run_evaluates_the_declared_checks_of_what_it_stored(dags
         (TOTALS, "row_count")}  # fmt: skip
     assert all(e.passed for e in evals.values()), {k: e.description for k, e in evals.items()}
     assert record[dg.AssetCheckKey(DAILY, "three_regions_a_day")].status.value == "SUCCEEDED"
+
+
+def test_materializing_the_declared_tables_reports_their_cost(dagster_data):
+    """The asset-first multi-asset carries the storing step's cost on each materialization (split over
+    the tables that step stored) and tags the run with the execution's total, as the op-based jobs do."""
+    import yaml
+
+    from analytics.pricing import AttemptUsage, PriceTable
+    from noetl_dagster.storage.event_stores import open_event_store
+
+    prices_yaml = (
+        "currency: USD\nallocation:\n  - {version: t-9, valid_from: 2000-01-01, cpu_core_hour: 36.0,"
+        " ram_gb_hour: 3.6, egress_gb: 0.09, shot: 0.0009, qpu_second: 1.6}\n"
+    )
+    dagster_data.mkdir(parents=True, exist_ok=True)
+    (dagster_data / "prices.yaml").write_text(prices_yaml)
+    defs = _defs([EXAMPLES / "sales_tables.yaml"], dagster_data)
+    with dg.instance_for_test() as instance:
+        result = defs.resolve_implicit_global_asset_job_def().execute_in_process(instance=instance)
+        assert result.success
+        mats = {e.materialization.asset_key: e.materialization.metadata for e in result.get_asset_materialization_events()}
+        tags = instance.get_run_by_id(result.run_id).tags
+    eid = tags["noetl/execution_id"]
+    log = open_event_store(None, data_dir=dagster_data)
+    try:
+        attempts = [e for e in log.read(eid) if e.name == "task.done" and e.execution_id == eid]
+    finally:
+        log.close()
+    prices = PriceTable.from_dict(yaml.safe_load(prices_yaml))
+    by_step: dict[str, list] = {}
+    for e in attempts:
+        by_step.setdefault(e.step, []).append(e)
+    for key in (DAILY, TOTALS):
+        md = mats[key]
+        step = md["noetl/step"].value
+        share = md["noetl/cost/share"].value
+        expected = prices.cost(AttemptUsage.from_task_done(e.data, e.timestamp) for e in by_step[step])
+        assert md["noetl/cost/usd"].value == pytest.approx(expected.total * share, rel=1e-9)
+        assert md["noetl/cost/usd"].value > 0 and md["noetl/cost/price_version"].value == "t-9"
+    total = prices.cost(AttemptUsage.from_task_done(e.data, e.timestamp) for e in attempts)
+    assert float(tags["noetl/cost_usd"]) == pytest.approx(total.total, rel=1e-9, abs=1e-12)
+    assert tags["noetl/run_cost_usd"] == tags["noetl/cost_usd"] and tags["noetl/price_version"] == "t-9"
