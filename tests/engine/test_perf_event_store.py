@@ -76,7 +76,11 @@ def test_kill_nine_while_a_loop_writes_segments_then_resume(tmp_path):
     from noetl_dagster.runners.local import resume_execution
 
     p = tmp_path / "pb.yaml"
-    p.write_text(LOOP.replace(f"{{n: {N}}}", "{n: 1500}"))  # segments at 2,000 and 4,000 events, 6,000 in all
+    # segments at 2,000 and 4,000 events, 6,000 in all; the iterations after the first segment
+    # (index 550 on) take >= 2 ms each, so the kill lands inside the loop however fast the engine
+    # is (the loop once finished before a loaded machine's poll saw the first segment)
+    slow = 'code: "import time\\nif x >= 550: time.sleep(0.002)\\nresult = x * 2"'
+    p.write_text(LOOP.replace(f"{{n: {N}}}", "{n: 1500}").replace('code: "result = x * 2"', slow))
     base = run_playbook(p, data_dir=tmp_path / "base")
     assert base.results["start"]["stats"]["ok"] == 1500
     d, eid = tmp_path / "killed", "01a1f000-0000-7000-8000-00000000beef"
