@@ -237,14 +237,6 @@ class Engine:
         chain += [st.ctx, steps, st.workload]
         return Scope(ns, tuple(chain))
 
-    def _join_ready(self, step: str, allowed: set[str] | None) -> bool:
-        g = self.graph
-        if step not in g.joins:
-            return True
-        return not g.join_waits_on(step, self.state.pending_steps()) and not g.join_waits_on(
-            step, self.state.running.values()
-        )
-
     def ready(self, allowed: Iterable[str] | None = None) -> list[Activation]:
         """Schedule every runnable activation: admission, then step.scheduled (or step.skipped)."""
         allowed_set = set(allowed) if allowed is not None else None
@@ -256,7 +248,7 @@ class Engine:
             by_step.setdefault(tok.step, []).append(tid)
         for step, tids in by_step.items():
             if self.graph.is_join(step):
-                if not self._join_ready(step, allowed_set):
+                if not self.graph.join_ready(step, self.state.pending_steps(), self.state.running.values()):
                     continue
                 groups = [tids]
                 args_of = [[self.state.tokens[t].args for t in tids]]

@@ -296,12 +296,12 @@ def _stale_unstarted(r: RunInfo, now: float, grace: float) -> bool:
 
 def _runnable_steps(eng: Engine, steps: set[str]) -> list[str]:
     """Steps (among ``steps``) with pending tokens that ``engine.ready`` would schedule now."""
-    st = eng.state
+    st, g = eng.state, eng.graph
     out: list[str] = []
     for step in st.pending_steps():
         if step not in steps:
             continue
-        if eng.graph.is_join(step) and not _join_ready(eng, step):
+        if g.is_join(step) and not g.join_ready(step, st.pending_steps(), st.running.values()):
             continue
         out.append(step)
     return out
@@ -310,11 +310,6 @@ def _runnable_steps(eng: Engine, steps: set[str]) -> list[str]:
 def _any_runnable(eng: Engine, separate: set[str]) -> bool:
     return bool(_runnable_steps(eng, set(eng.playbook.steps))) or bool(eng.state.running)
 
-
-def _join_ready(eng: Engine, step: str) -> bool:
-    """Mirror of the engine's join barrier (SEMANTICS §5), read-only: no feeder pending or running."""
-    g, st = eng.graph, eng.state
-    return not g.join_waits_on(step, st.pending_steps()) and not g.join_waits_on(step, st.running.values())
 
 
 def build_router_sensor(
