@@ -13,14 +13,21 @@ step's ``outputs``; asset checks from the outputs' ``checks`` (``checks.py``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections import Counter
+from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from analytics.pricing import Cost, PriceTable, cost_of_events
+from analytics.pricing import Cost
 from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.translator.declare import partitions_def
-from noetl_dagster.translator.ops import COST_PREFIX, RESOURCE_KEY, cost_metadata, cost_tags, price_table
+from noetl_dagster.translator.ops import (
+    RESOURCE_KEY,
+    cost_tags,
+    priced_events,
+    run_cost_tags,
+    table_cost_metadata,
+)
 from noetl_dagster.translator.versions import first_error, stored_in_execution, version_metadata
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -70,11 +77,9 @@ def playbook_multi_asset(c: CompiledPlaybook, specs: list[dg.AssetSpec]) -> dg.A
         steps: dict[dg.AssetKey, str] = {}
         stored = stored_in_execution(res, result.execution_id, steps, events)
         # priced like the ops: this execution's own attempts (a sub-playbook is priced on its own)
-        costs = _costs(context, res, [e for e in events if e.execution_id == result.execution_id])
-        reported = [s for s in specs if s.key in stored]
-        per_step: dict[str, int] = {}
-        for spec in reported:
-            per_step[steps.get(spec.key, "")] = per_step.get(steps.get(spec.key, ""), 0) + 1
+        own = [e for e in events if e.execution_id == result.execution_id]
+        costs = priced_events(context, res, lambda: own)
+        per_step = Counter(steps.get(spec.key) for spec in specs if spec.key in stored)  # tables per step
         for spec in specs:
             v = stored.get(spec.key)
             if v is None:
@@ -85,25 +90,12 @@ def playbook_multi_asset(c: CompiledPlaybook, specs: list[dg.AssetSpec]) -> dg.A
             step = steps.get(spec.key)
             if step:
                 md["noetl/step"] = step
-            if costs is not None and step in costs[1]:  # the storing step's cost, split over its tables
-                md.update(cost_metadata(costs[1][step], 1.0 / per_step[step]))
-                md[f"{COST_PREFIX}share"] = dg.FloatMetadataValue(1.0 / per_step[step])
+            if costs is not None and step in costs[1]:
+                md.update(table_cost_metadata(costs[1][step], per_step[step]))
             yield dg.MaterializeResult(asset_key=spec.key, metadata=md)
         if costs is not None:
-            total = sum(costs[1].values(), Cost(currency=costs[0].currency))
-            tags = cost_tags(total)
-            tags[f"noetl/run_cost_{total.currency.lower()}"] = tags[f"noetl/cost_{total.currency.lower()}"]
-            context.instance.add_run_tags(context.run.run_id, tags)
+            total = sum(costs[1].values(), Cost(currency=costs[0].currency))  # the run is the execution
+            context.instance.add_run_tags(context.run.run_id, {**cost_tags(total), **run_cost_tags(total)})
 
     return _tables
 
-
-def _costs(context: Any, res: NoetlResource, events: list[Any]) -> tuple[PriceTable, dict[str, Cost]] | None:
-    """(price table, step -> Cost of every attempt the execution recorded); None (a warning) when the
-    price file does not load: cost is informational and never fails a materialization."""
-    try:
-        prices = price_table(res)
-        return prices, cost_of_events(prices, events)
-    except Exception as e:  # noqa: BLE001
-        context.log.warning(f"no cost metadata: {e}")
-        return None

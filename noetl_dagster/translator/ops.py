@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -380,6 +380,20 @@ def cost_tags(cost: Cost) -> dict[str, str]:
     return {f"noetl/cost_{cost.currency.lower()}": _decimal(cost.total), TAG_PRICE_VERSION: cost.price_version or "-"}
 
 
+def run_cost_tags(cost: Cost) -> dict[str, str]:
+    """Run tags of the run's own attempts: ``noetl/run_cost_<currency>`` and ``noetl/price_version``."""
+    cur = cost.currency.lower()
+    return {f"noetl/run_cost_{cur}": _decimal(cost.total), TAG_PRICE_VERSION: cost.price_version or "-"}
+
+
+def table_cost_metadata(cost: Cost, tables: int) -> dict[str, Any]:
+    """A storing step's cost on one of the ``tables`` it stored: an even share, so summing
+    ``noetl/cost/<currency>`` over assets (as Insights does) counts each attempt once."""
+    md = cost_metadata(cost, 1.0 / tables)
+    md[f"{COST_PREFIX}share"] = dg.FloatMetadataValue(1.0 / tables)
+    return md
+
+
 def _single_op_run(context: Any) -> bool:
     try:
         return len(context.job_def.nodes) == 1
@@ -400,13 +414,23 @@ def _op_cost_metadata(prices: PriceTable, by_step: Mapping[str, Cost], ran: list
 def _costs(context: Any, report: OpReport) -> tuple[PriceTable, dict[str, Cost]] | None:
     """(price table, step -> Cost of the attempts of the step runs this op reported) from the execution's
     ``task.done`` events; None (with a warning) when it cannot be priced."""
-    eng = report.engine
+    runs = {o.step_run_id for o in report.outcomes}
+    resource = getattr(context.resources, RESOURCE_KEY)
+    def events() -> list[Any]:
+        return _events_of_runs(report.engine, runs) if runs else []
+
+    return priced_events(context, resource, events, runs)
+
+
+def priced_events(
+    context: Any, resource: Any, events: Callable[[], list[Any]], runs: set[str] | None = None
+) -> tuple[PriceTable, dict[str, Cost]] | None:
+    """(price table, step -> Cost of the ``task.done`` attempts in ``events()``, of ``runs`` when given);
+    None, with a warning, when they cannot be priced: cost is informational and never fails a step."""
     try:
-        prices = price_table(getattr(context.resources, RESOURCE_KEY))
-        runs = {o.step_run_id for o in report.outcomes}
-        events = _events_of_runs(eng, runs) if runs else []
-        return prices, cost_of_events(prices, events, runs)
-    except Exception as e:  # noqa: BLE001 - cost is informational; a bad price file never fails a step
+        prices = price_table(resource)
+        return prices, cost_of_events(prices, events(), runs)
+    except Exception as e:  # noqa: BLE001
         context.log.warning(f"no cost metadata: {e}")
         return None
 
@@ -468,8 +492,7 @@ def _report_outputs(
         # a run of one op (a per-step job the router launched): the run's own cost is the op's
         prices, by_step = priced
         own = sum((by_step[s] for s in ran if s in by_step), Cost(currency=prices.currency))
-        tags[f"noetl/run_cost_{own.currency.lower()}"] = _decimal(own.total)
-        tags[TAG_PRICE_VERSION] = own.price_version or "-"
+        tags.update(run_cost_tags(own))
     if priced is not None and report.finished:  # the execution is over: its whole cost on the run
         total = _execution_cost(context, report, priced[0])
         if total is not None:
@@ -523,7 +546,6 @@ def _materializations(
         md = version_metadata(v)
         md["noetl/step"] = step
         if costs and step in costs:
-            md.update(cost_metadata(costs[step], 1.0 / per_step[step]))
-            md[f"{COST_PREFIX}share"] = dg.FloatMetadataValue(1.0 / per_step[step])
+            md.update(table_cost_metadata(costs[step], per_step[step]))
         yield step, v, dg.AssetMaterialization(asset_key=key, metadata=md, description=f"stored by step {step}",
                                                partition=partition)  # fmt: skip
