@@ -94,7 +94,8 @@ def _pg_database(name: str, drop: bool = False) -> str:
 
 def measure(
     requests: int, timeout: float, config: str = "after", postgres: bool = False, burst: int = 0
-) -> list[dict[str, float]]:
+) -> tuple[list[dict[str, float]], dict[str, float] | None]:
+    """(one row per sequential request, the burst's figures or None)"""
     tmp = Path(tempfile.mkdtemp(prefix="bench_dagster_latency_"))
     home, noetl_home = tmp / "dagster_home", tmp / "noetl"
     home.mkdir()
@@ -139,10 +140,9 @@ def measure(
             rows.append({"created": st["RUN_ENQUEUED"] - t0, "queued": st["RUN_STARTING"] - st["RUN_ENQUEUED"],
                          "boot": st["RUN_START"] - st["RUN_STARTING"], "total": st["RUN_START"] - t0,
                          "warm": float(run.tags.get("noetl/warm_launch") == "true")})  # fmt: skip
-        if burst:
-            rows.append(_burst(instance, burst, noetl_home, timeout))
+        burst_figures = _burst(instance, burst, noetl_home, timeout) if burst else None
         instance.dispose()
-        return rows
+        return rows, burst_figures
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGINT)
@@ -241,10 +241,8 @@ def boot_cpu(samples: int = 3) -> dict[str, float]:
     return {"cold": statistics.median(cold), "cold_cached": statistics.median(cached), "warm": statistics.median(warm)}
 
 
-def _report(config: str, rows: list[dict[str, float]], postgres: bool) -> None:
-    bursts = [r for r in rows if "burst" in r]
-    rows = [r for r in rows if "burst" not in r]
-    for b in bursts:
+def _report(config: str, rows: list[dict[str, float]], b: dict[str, float] | None, postgres: bool) -> None:
+    if b is not None:
         print(f"{config}: burst of {b['burst']:.0f} detached requests ({'Postgres' if postgres else 'SQLite'} instance): "
               f"{b['per_min']:.1f} runs per minute ({b['span']:.1f} s, {b['failed']:.0f} failed); request -> start "
               f"p50 {b['start_p50']:.2f} s max {b['start_max']:.2f} s; request -> done p50 {b['done_p50']:.2f} s "
@@ -284,10 +282,10 @@ def main(argv: list[str] | None = None) -> None:
     configs = ("before", "after") if args.config == "both" else (args.config,)
     results = {c: measure(args.requests, args.timeout, c, args.postgres, args.burst) for c in configs}
     for c in configs:
-        _report(c, results[c], args.postgres)
-    if len(configs) == 2 and all(results.values()):
-        b, a = (statistics.median(r["total"] for r in results[c] if "total" in r) for c in configs)
-        bb, ab = (statistics.median(r["boot"] for r in results[c] if "boot" in r) for c in configs)
+        _report(c, *results[c], args.postgres)
+    if len(configs) == 2 and all(results[c][0] for c in configs):
+        b, a = (statistics.median(r["total"] for r in results[c][0]) for c in configs)
+        bb, ab = (statistics.median(r["boot"] for r in results[c][0]) for c in configs)
         print(f"after / before: request-to-start p50 {a / b:.2f}x, boot p50 {ab / bb:.2f}x")
 
 
