@@ -152,11 +152,13 @@ def test_a_corrupt_segment_is_skipped_and_reported(tmp_path):
     store.segment_min = 50
     try:
         store.append(_events("x", 3))
-        store._conn.execute(
+        other = sqlite3.connect(tmp_path / "e.db", isolation_level=None)  # another writer, as append would
+        other.execute(
             "INSERT INTO noetl_event_segment (gid_last, gid_first, execution_id, seq_first, seq_last, body)"
             " VALUES (100, 4, 'x', 4, 100, x'00ff')"
         )
-        store._conn.execute("UPDATE sqlite_sequence SET seq = 100 WHERE name = 'noetl_event'")  # as append does
+        other.execute("UPDATE sqlite_sequence SET seq = 100 WHERE name = 'noetl_event'")
+        other.close()
         store.append(_events("x", 2, start=3))
         assert [e.sequence for e in store.read("x")] == [1, 2, 3, 101, 102]
         assert [s.gid for s in store.tail(0, 1000)] == [1, 2, 3, 101, 102]
