@@ -18,7 +18,8 @@ How (and why this way — see docs/analytics.md "Measured usage"):
   ``/proc/self/statm`` at start and end, and the process high-water mark
   ``ru_maxrss``. If the high-water mark rose during the task the task set it,
   so the peak is exact; otherwise the peak is the larger of the start and end
-  RSS (a lower bound). tracemalloc would be exact for Python objects but
+  RSS (a lower bound). An attempt under ``SHORT_TASK_S`` (0.5 ms) is not read
+  again at its end: its peak is the starting RSS (read at most 1 ms before). tracemalloc would be exact for Python objects but
   slows allocation-heavy tasks several times, and misses C buffers.
 - ``wall_s``: :func:`time.perf_counter` delta.
 - counters a tool, store or IO manager adds with :func:`count` while the task
@@ -82,6 +83,28 @@ def _rss() -> int:
     return int(os.pread(_statm_fd, 64, 0).split()[1]) * _PAGE
 
 
+# A task attempt shorter than this can neither have run and reaped a child process (fork, exec
+# and wait take over a millisecond) nor have grown the resident set measurably, so its stop
+# reads no memory or child figures: its peak is its starting RSS (issue 19: 3 system calls and a
+# pread less per short task). Longer attempts are measured in full.
+SHORT_TASK_S = 0.0005
+# The starting RSS is read again when the last reading is older than this (between two short
+# tasks of one engine the process grows by less than a page).
+RSS_FRESH_S = 0.001
+_rss_seen: tuple[float, int] = (-1.0, 0)  # (perf_counter, rss): replaced whole, so threads never mix
+
+
+def _recent_rss() -> int:
+    global _rss_seen
+    now = time.perf_counter()
+    seen = _rss_seen
+    if now - seen[0] < RSS_FRESH_S:
+        return seen[1]
+    rss = _rss()
+    _rss_seen = (now, rss)
+    return rss
+
+
 # CPU comes from time.thread_time (CLOCK_THREAD_CPUTIME_ID), not getrusage(RUSAGE_THREAD):
 # the kernel updates a running thread's rusage times only at scheduler ticks, so a task of
 # under a tick measured 0.0 CPU in loop worker threads (tests/analytics/test_allocation.py).
@@ -98,7 +121,7 @@ class Meter:
     def __init__(self) -> None:
         self._counters: dict[str, float] = {}
         self._token = _COUNTERS.set(self._counters)
-        self._rss = _rss()
+        self._rss = _recent_rss()
         if _resource is not None:
             ch = _resource.getrusage(_resource.RUSAGE_CHILDREN)
             self._child = (ch.ru_utime + ch.ru_stime, ch.ru_maxrss)
@@ -109,23 +132,30 @@ class Meter:
 
     def stop(self, result: Any = None) -> dict[str, Any]:
         wall = time.perf_counter() - self._wall
-        cpu, maxrss = _cpu_and_maxrss()
-        cpu -= self._cpu
         try:
             _COUNTERS.reset(self._token)
         except ValueError:  # stopped in another context (should not happen): leave the var alone
             pass
-        rss = _rss()
-        u: dict[str, Any] = {"wall_s": round(wall, 6), "cpu_s": round(cpu, 6)}
-        if _resource is not None:
-            peak = maxrss * _MAXRSS_UNIT if maxrss > self._maxrss else max(rss, self._rss)
-            u["mem_peak_bytes"] = peak
-            u["mem_delta_bytes"] = max(0, peak - self._rss)
-            ch = _resource.getrusage(_resource.RUSAGE_CHILDREN)
-            child_cpu = ch.ru_utime + ch.ru_stime - self._child[0]
-            if child_cpu > 0:
-                u["child_cpu_s"] = round(child_cpu, 6)
-                u["child_maxrss_bytes"] = ch.ru_maxrss * _MAXRSS_UNIT
+        if wall < SHORT_TASK_S:  # see SHORT_TASK_S: memory and children as at the start
+            cpu = time.thread_time() - self._cpu
+            u: dict[str, Any] = {"wall_s": round(wall, 6), "cpu_s": round(cpu, 6)}
+            if _resource is not None:
+                u["mem_peak_bytes"] = self._rss
+                u["mem_delta_bytes"] = 0
+        else:
+            cpu, maxrss = _cpu_and_maxrss()
+            cpu -= self._cpu
+            rss = _rss()
+            u = {"wall_s": round(wall, 6), "cpu_s": round(cpu, 6)}
+            if _resource is not None:
+                peak = maxrss * _MAXRSS_UNIT if maxrss > self._maxrss else max(rss, self._rss)
+                u["mem_peak_bytes"] = peak
+                u["mem_delta_bytes"] = max(0, peak - self._rss)
+                ch = _resource.getrusage(_resource.RUSAGE_CHILDREN)
+                child_cpu = ch.ru_utime + ch.ru_stime - self._child[0]
+                if child_cpu > 0:
+                    u["child_cpu_s"] = round(child_cpu, 6)
+                    u["child_maxrss_bytes"] = ch.ru_maxrss * _MAXRSS_UNIT
         for k, v in self._counters.items():
             u[k] = round(v, 6) if isinstance(v, float) else v
         _from_result(u, result)

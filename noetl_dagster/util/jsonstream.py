@@ -40,9 +40,27 @@ except ImportError:  # pragma: no cover
         return json.dumps(value, default=to_jsonable, separators=(",", ":")).encode()
 
 
+_FLAT_MAX = 16  # a flat dict of at most this many scalars cannot reach any cap by its keys alone
+
+
 def json_size_bound(value: Any, cap: int) -> int:
     """A lower bound of ``len(dumps_bytes(value))``; the walk stops once the bound exceeds ``cap``
     (so the answer is ``> cap`` then, not the full bound). Iterative: any nesting depth is fine."""
+    if type(value) is dict and len(value) <= _FLAT_MAX:  # the common small result: no walk to set up
+        total = 2 * len(value) + 1
+        for k, v in value.items():
+            t = type(v)
+            if t is str:
+                total += len(v) + 2
+            elif t is int or t is float:
+                total += 1
+            elif v is None or t is bool:
+                total += 4
+            else:
+                break  # something nested or unusual: the full walk below
+            total += len(k) + 2 if type(k) is str else 1
+        else:
+            return total
     total = 0
     stack: list[Iterator[Any]] = [iter((value,))]
     owners: list[int] = [0]  # id of the container each iterator walks

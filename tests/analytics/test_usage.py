@@ -208,3 +208,30 @@ def test_postgres_wire_bytes_from_the_sockets_tcp_info(tmp_path):
     assert 50_000 <= big_out["net_out_bytes"] < 52_000
     assert big_out["net_in_bytes"] < 1_000
     assert "egress_bytes" not in big_in  # 127.0.0.1 is inside the cluster
+
+
+def test_a_short_attempt_reads_no_memory_or_child_figures_at_its_end(monkeypatch):
+    """Issue 19: an attempt under SHORT_TASK_S reports its starting RSS as its peak and reads
+    neither /proc nor getrusage when it stops; a longer one is measured in full."""
+    from noetl_dagster.engine import usage
+
+    meter = Meter()
+    reads: list[str] = []
+    real_getrusage, real_rss = usage._resource.getrusage, usage._rss
+    monkeypatch.setattr(usage._resource, "getrusage", lambda who: reads.append("getrusage") or real_getrusage(who))
+    monkeypatch.setattr(usage, "_rss", lambda: reads.append("rss") or real_rss())
+    u = meter.stop()
+    assert u["wall_s"] < usage.SHORT_TASK_S and reads == []
+    assert u["mem_peak_bytes"] == meter._rss > 0 and u["mem_delta_bytes"] == 0
+    assert "child_cpu_s" not in u
+
+    meter = Meter()
+    block = bytearray(64 * 1024 * 1024)  # touched: the resident set grows by 64 MB
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    time.sleep(usage.SHORT_TASK_S)
+    reads.clear()
+    u = meter.stop()
+    assert "rss" in reads and "getrusage" in reads
+    assert u["mem_peak_bytes"] >= meter._rss + 60 * 1024 * 1024
+    del block
