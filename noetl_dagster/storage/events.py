@@ -46,8 +46,10 @@ from noetl_dagster.util.procs import pid_alive
 # One list of statements per schema version; applied in order, recorded in noetl_schema_version.
 SQLITE_MIGRATIONS: list[list[str]] = [
     [
+        # gid: assigned by the store (see SqliteEventStore._top_gid); files created before issue 19
+        # have AUTOINCREMENT here, which costs a sqlite_sequence write per append and changes nothing else
         """CREATE TABLE IF NOT EXISTS noetl_event (
-            gid INTEGER PRIMARY KEY AUTOINCREMENT,
+            gid INTEGER PRIMARY KEY,
             event_id TEXT NOT NULL UNIQUE,
             execution_id TEXT NOT NULL,
             sequence INTEGER NOT NULL,
@@ -293,8 +295,9 @@ class SqliteEventStore(EventStore):
     """Small batches are one row per event (``noetl_event``); a batch of at least ``segment_min``
     new events of one execution (a loop's iterations between flushes) is one zstd-compressed row
     of ``noetl_event_segment`` holding consecutive sequences and gids. ``gid`` stays one global
-    cursor: a segment reserves its range from ``noetl_event``'s AUTOINCREMENT counter. Readers
-    merge both tables, so they see the same events either way (``segment_min=None``: rows only)."""
+    cursor: every append numbers its rows or segment after the highest gid of both tables, inside
+    its write transaction (rows are never deleted, so a gid is never reused). Readers merge both
+    tables, so they see the same events either way (``segment_min=None``: rows only)."""
 
     segment_min: int | None = SEGMENT_MIN or None
 
@@ -318,7 +321,12 @@ class SqliteEventStore(EventStore):
         # execution this connection appended to; valid while PRAGMA data_version says no other
         # connection committed since our last append (saves a 3-subquery SELECT per flush)
         self._seq_cache: dict[str, tuple[int, bool, bool]] = {}
+        self._top_gid_seen: int | None = None  # the highest gid after our last append (same validity)
         self._data_version: int | None = None
+        # files created before issue 19 keep AUTOINCREMENT: their segments also advance sqlite_sequence,
+        # so an older writer on the same file still numbers its rows after them
+        self._autoincrement = bool(self._conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE name = 'noetl_event' AND sql LIKE '%AUTOINCREMENT%'").fetchone())  # fmt: skip
 
     def _migrate(self) -> None:
         with self._lock:
@@ -350,25 +358,43 @@ class SqliteEventStore(EventStore):
             try:
                 version = c.execute("PRAGMA data_version").fetchone()[0]
                 if version != self._data_version:  # another connection committed: ask the log again
-                    self._seq_cache.clear()
+                    self._forget()
                 try:  # the common case: nothing in the batch was stored before
-                    seen = self._insert(c, events, {})
+                    seen, top = self._insert(c, events, {})
                 except sqlite3.IntegrityError:  # a re-sent event: keep its stored sequence, store the rest
                     c.execute("ROLLBACK")
                     c.execute("BEGIN IMMEDIATE")
-                    self._seq_cache.clear()
+                    self._forget()
                     version = c.execute("PRAGMA data_version").fetchone()[0]
-                    seen = self._insert(c, events, self._existing(c, events))
+                    seen, top = self._insert(c, events, self._existing(c, events))
                 c.execute("COMMIT")
             except BaseException:
-                self._seq_cache.clear()
-                self._data_version = None
+                self._forget()
                 if c.in_transaction:
                     c.execute("ROLLBACK")
                 raise
             self._seq_cache.update(seen)
+            self._top_gid_seen = top
             self._data_version = version
         return list(events)
+
+    def _forget(self) -> None:
+        self._seq_cache.clear()
+        self._top_gid_seen = None
+        self._data_version = None
+
+    def _top_gid(self, c: sqlite3.Connection) -> int:
+        """The highest gid stored (rows or segments), read inside the write transaction unless known."""
+        if self._top_gid_seen is not None:
+            return self._top_gid_seen
+        top = c.execute(
+            "SELECT MAX(COALESCE((SELECT MAX(gid) FROM noetl_event), 0),"
+            " COALESCE((SELECT MAX(gid_last) FROM noetl_event_segment), 0))"
+        ).fetchone()[0]
+        if self._autoincrement:
+            row = c.execute("SELECT seq FROM sqlite_sequence WHERE name = 'noetl_event'").fetchone()
+            top = max(top, row[0] if row else 0)
+        return top
 
     @staticmethod
     def _existing(c: sqlite3.Connection, events: Sequence[Event]) -> dict[str, int]:
@@ -386,11 +412,11 @@ class SqliteEventStore(EventStore):
 
     def _insert(
         self, c: sqlite3.Connection, events: Sequence[Event], existing: dict[str, int]
-    ) -> dict[str, tuple[int, bool, bool]]:
+    ) -> tuple[dict[str, tuple[int, bool, bool]], int]:
         """Rows or one segment. Idempotency: a re-sent event stored as a row hits noetl_event's UNIQUE
         event_id, one stored in a segment hits noetl_event_key; either raises IntegrityError and
         ``append`` runs again with the stored sequences (``existing``), storing the rest as rows.
-        Returns the ``_seq_cache`` entries as of this transaction's commit."""
+        Returns the ``_seq_cache`` entries and the highest gid as of this transaction's commit."""
         with_segments: set[str] = set()  # executions that have segments
         known: set[str] = set()  # executions already in noetl_execution
         cache = self._seq_cache
@@ -420,16 +446,20 @@ class SqliteEventStore(EventStore):
         if rows and self.segment_min and len(rows) >= self.segment_min and len(next_seq) == 1 and not resent:
             if self._stored_as_rows(c, [r[0] for r in rows]):
                 raise sqlite3.IntegrityError("a re-sent event (stored as a row)")
-            self._insert_segment(c, rows)
+            top = self._insert_segment(c, rows, self._top_gid(c))
             with_segments.add(rows[0][1])
             c.executemany("INSERT INTO noetl_event_key (k, sequence) VALUES (?,?)", [(event_key(r[0]), r[2]) for r in rows])
         elif rows:
             if not resent and with_segments and self._stored_in_segments(c, [r[0] for r in rows if r[1] in with_segments]):
                 raise sqlite3.IntegrityError("a re-sent event (stored in a segment)")
+            top = self._top_gid(c)
             c.executemany(
-                "INSERT INTO noetl_event (event_id, execution_id, sequence, name, ts, body) VALUES (?,?,?,?,?,?)",
-                [(*r[:5], dumps(r[5].to_stored())) for r in rows],
+                "INSERT INTO noetl_event (gid, event_id, execution_id, sequence, name, ts, body) VALUES (?,?,?,?,?,?,?)",
+                [(top + i, *r[:5], dumps(r[5].to_stored())) for i, r in enumerate(rows, start=1)],
             )
+            top += len(rows)
+        else:
+            top = self._top_gid_seen  # nothing new (every event was stored before): unknown stays unknown
         for eid, (pb, status, fin, parent, ts) in exec_updates.items():
             if eid in known and not (pb or status or fin):
                 continue  # nothing to change (last_sequence is read from the log, see executions)
@@ -444,7 +474,7 @@ class SqliteEventStore(EventStore):
                 (eid, pb, status or "", parent, ts, fin, next_seq[eid]),
             )
         # every execution of the batch now has a noetl_execution row (inserted above unless known)
-        return {eid: (seq, eid in with_segments, True) for eid, seq in next_seq.items()}
+        return {eid: (seq, eid in with_segments, True) for eid, seq in next_seq.items()}, top
 
     @staticmethod
     def _stored_as_rows(c: sqlite3.Connection, ids: list[str]) -> bool:
@@ -464,23 +494,21 @@ class SqliteEventStore(EventStore):
                 return True
         return False
 
-    def _insert_segment(self, c: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
-        """One execution's new events (consecutive sequences) as one row; their gids are reserved
-        from noetl_event's AUTOINCREMENT counter, so rows appended later still sort after them."""
+    def _insert_segment(self, c: sqlite3.Connection, rows: list[tuple[Any, ...]], base: int) -> int:
+        """One execution's new events (consecutive sequences) as one row with gids ``base+1..base+n``
+        (``base``: the highest gid stored); returns the new highest gid."""
         n = len(rows)
-        top = c.execute("SELECT seq FROM sqlite_sequence WHERE name = 'noetl_event'").fetchone()
-        base = max(top[0] if top else 0, c.execute(
-            "SELECT MAX(COALESCE((SELECT MAX(gid) FROM noetl_event), 0),"
-            " COALESCE((SELECT MAX(gid_last) FROM noetl_event_segment), 0))").fetchone()[0])  # fmt: skip
-        if top is None:
-            c.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('noetl_event', ?)", (base + n,))
-        else:
-            c.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'noetl_event'", (base + n,))
+        if self._autoincrement:  # an older writer numbers its rows from sqlite_sequence: advance it too
+            if c.execute("SELECT 1 FROM sqlite_sequence WHERE name = 'noetl_event'").fetchone() is None:
+                c.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('noetl_event', ?)", (base + n,))
+            else:
+                c.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'noetl_event'", (base + n,))
         c.execute(
             "INSERT INTO noetl_event_segment (gid_last, gid_first, execution_id, seq_first, seq_last, body)"
             " VALUES (?,?,?,?,?,?)",
             (base + n, base + 1, rows[0][1], rows[0][2], rows[-1][2], encode_segment([r[5] for r in rows], self._zstd)),
         )
+        return base + n
 
     def _segment(self, gid_last: int, gid_first: int, eid: str, seq_first: int, body: bytes) -> list[tuple[int, Event]]:
         return decode_segment(body, eid, seq_first, gid_first, f"segment gid {gid_first}-{gid_last}", self.skipped)

@@ -157,7 +157,6 @@ def test_a_corrupt_segment_is_skipped_and_reported(tmp_path):
             "INSERT INTO noetl_event_segment (gid_last, gid_first, execution_id, seq_first, seq_last, body)"
             " VALUES (100, 4, 'x', 4, 100, x'00ff')"
         )
-        other.execute("UPDATE sqlite_sequence SET seq = 100 WHERE name = 'noetl_event'")
         other.close()
         store.append(_events("x", 2, start=3))
         assert [e.sequence for e in store.read("x")] == [1, 2, 3, 101, 102]
