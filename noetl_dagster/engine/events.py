@@ -152,6 +152,9 @@ def _iso_at(t_ns: int) -> str:
     return f"{_second_cache[1]}.{ns // 1000:06d}+00:00"
 
 
+# the fields a store row holds in columns (``to_stored(envelope=False)`` leaves them out of the body)
+ENVELOPE_COLUMNS = ("event_id", "execution_id", "sequence", "name", "timestamp")
+
 _OPTIONAL = ("parent_execution_id", "entity_id", "step", "step_run_id", "task_run_id", "loop_id", "iteration", "attempt")
 
 
@@ -214,13 +217,14 @@ class Event:
             "data": self.data,
         }
 
-    def to_stored(self) -> dict[str, Any]:
+    def to_stored(self, envelope: bool = True) -> dict[str, Any]:
         """The compact form the EventStore keeps: ``to_dict`` without the fields ``from_dict``
         restores by itself (None, the defaults, source/entity derived from the name). A loop
         iteration's events shrink by about a third (issue 19); ``from_dict(to_stored())`` is the
-        same event, so replay and readers see no difference."""
+        same event, so replay and readers see no difference. Without ``envelope`` it also leaves
+        out what a store keeps in columns of its own (``ENVELOPE_COLUMNS``)."""
         d = {"event_id": self.event_id, "sequence": self.sequence, "execution_id": self.execution_id,
-             "timestamp": self.timestamp, "name": self.name}  # fmt: skip
+             "timestamp": self.timestamp, "name": self.name} if envelope else {}  # fmt: skip
         # _OPTIONAL spelled out: this runs for every stored event
         if self.parent_execution_id is not None:
             d["parent_execution_id"] = self.parent_execution_id

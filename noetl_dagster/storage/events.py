@@ -38,7 +38,7 @@ from typing import Any
 
 import zstandard
 
-from noetl_dagster.engine.events import ENTITY_OF, SCHEMA_VERSION, SERVER_EVENTS, Event
+from noetl_dagster.engine.events import ENTITY_OF, ENVELOPE_COLUMNS, SCHEMA_VERSION, SERVER_EVENTS, Event
 from noetl_dagster.engine.ports import EventStore, ExecutionInfo, ExecutionLeased, StoredEvent
 from noetl_dagster.util.jsonutil import dumps, loads
 from noetl_dagster.util.procs import pid_alive
@@ -115,8 +115,12 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def decode_body(body: Any, where: str, skipped: list[tuple[str, str]] | None = None) -> Event | None:
+def decode_body(
+    body: Any, where: str, skipped: list[tuple[str, str]] | None = None, columns: Sequence[Any] | None = None
+) -> Event | None:
     """One stored row → Event, or None (logged, and added to ``skipped``) when the row cannot be decoded.
+    ``columns``: the row's ``ENVELOPE_COLUMNS`` values, for a body written without them (SQLite rows
+    since issue 19; a body that has them, as older rows do, keeps its own).
 
     Readers skip and report a bad row rather than fail: one corrupt execution must not stop
     ``events``/``replay`` of the rest of its log, nor the facts or lineage exports of every other one."""
@@ -125,6 +129,8 @@ def decode_body(body: Any, where: str, skipped: list[tuple[str, str]] | None = N
             raw = loads(body)
         except ValueError:  # orjson refuses lone-surrogate escapes the stdlib writer produces
             raw = _clean(json.loads(body))
+        if columns is not None and "event_id" not in raw and type(raw) is dict:
+            raw.update(zip(ENVELOPE_COLUMNS, columns, strict=True))
         return Event.from_dict(raw)
     except Exception as e:  # noqa: BLE001 - any undecodable row is skipped, never fatal
         msg = f"{type(e).__name__}: {str(e)[:200]}"
@@ -455,7 +461,7 @@ class SqliteEventStore(EventStore):
             top = self._top_gid(c)
             c.executemany(
                 "INSERT INTO noetl_event (gid, event_id, execution_id, sequence, name, ts, body) VALUES (?,?,?,?,?,?,?)",
-                [(top + i, *r[:5], dumps(r[5].to_stored())) for i, r in enumerate(rows, start=1)],
+                [(top + i, *r[:5], dumps(r[5].to_stored(envelope=False))) for i, r in enumerate(rows, start=1)],
             )
             top += len(rows)
         else:
@@ -527,7 +533,8 @@ class SqliteEventStore(EventStore):
     def read(self, execution_id: str, after_sequence: int = 0) -> list[Event]:
         with self._lock, self._snapshot():
             rows = self._conn.execute(
-                "SELECT sequence, body FROM noetl_event WHERE execution_id = ? AND sequence > ? ORDER BY sequence",
+                "SELECT body, event_id, execution_id, sequence, name, ts FROM noetl_event"
+                " WHERE execution_id = ? AND sequence > ? ORDER BY sequence",
                 (execution_id, after_sequence),
             ).fetchall()
             segs = self._conn.execute(
@@ -535,7 +542,7 @@ class SqliteEventStore(EventStore):
                 " WHERE execution_id = ? AND seq_last > ? ORDER BY seq_last",
                 (execution_id, after_sequence),
             ).fetchall()
-        out = [e for seq, b in rows if (e := decode_body(b, f"{execution_id}#{seq}", self.skipped)) is not None]
+        out = [e for r in rows if (e := decode_body(r[0], f"{execution_id}#{r[3]}", self.skipped, r[1:])) is not None]
         if not segs:
             return out
         for gl, gf, sf, body in segs:
@@ -547,7 +554,9 @@ class SqliteEventStore(EventStore):
         while True:  # a batch made only of bad rows must not look like the end of the log
             with self._lock, self._snapshot():
                 rows = self._conn.execute(
-                    "SELECT gid, body FROM noetl_event WHERE gid > ? ORDER BY gid LIMIT ?", (after_gid, limit)
+                    "SELECT gid, body, event_id, execution_id, sequence, name, ts FROM noetl_event"
+                    " WHERE gid > ? ORDER BY gid LIMIT ?",
+                    (after_gid, limit),
                 ).fetchall()
                 cur = self._conn.execute(
                     "SELECT gid_last, gid_first, execution_id, seq_first, body FROM noetl_event_segment"
@@ -559,7 +568,7 @@ class SqliteEventStore(EventStore):
                     segs.append(seg)
                     in_segs += seg[0] - max(seg[1] - 1, after_gid)
                 cur.close()
-            out = [StoredEvent(g, e) for g, b in rows if (e := decode_body(b, f"gid {g}", self.skipped))]
+            out = [StoredEvent(r[0], e) for r in rows if (e := decode_body(r[1], f"gid {r[0]}", self.skipped, r[2:]))]
             for gl, gf, eid, sf, body in segs:
                 out += [StoredEvent(g, e) for g, e in self._segment(gl, gf, eid, sf, body) if g > after_gid]
             if segs:

@@ -74,7 +74,8 @@ def test_a_segment_is_much_smaller_than_its_rows(tmp_path):
     seg, rows = _stores(tmp_path, [_events("x", 2000)])
     seg.close()
     rows.close()
-    assert (tmp_path / "seg.db").stat().st_size * 5 < (tmp_path / "rows.db").stat().st_size
+    # 4.4x here; it was over 5x while row bodies repeated their envelope columns (before issue 19's slim rows)
+    assert (tmp_path / "seg.db").stat().st_size * 4 < (tmp_path / "rows.db").stat().st_size
 
 
 def test_resent_events_are_not_duplicated(tmp_path):
@@ -246,7 +247,7 @@ class _WriteBetween:
 
     def execute(self, q, *args):
         r = self._c.execute(q, *args)
-        if not self.done and q.startswith("SELECT gid, body FROM noetl_event"):
+        if not self.done and q.startswith("SELECT gid, body") and " FROM noetl_event WHERE" in q:
             self.done = True
             r = r.fetchall()
             self._write()
