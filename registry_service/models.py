@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-_CHECKSUM_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+_CHECKSUM_RE = re.compile(r"^(sha256|blake3):[0-9a-f]{64}$")
 _PHYSICAL_URI_RE = re.compile(r"^[a-z][a-z0-9+.-]{0,31}://[^\s\x00-\x1f]{1,4000}$")
 _REGION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -97,7 +97,7 @@ class LocationIn(_Model):
     region: str = "local"
     storage_class: str = "standard"
     role: LocationRole | None = Field(None, description="primary or replica; the first location is primary")
-    checksum: str | None = Field(None, description="sha256:<hex> of the stored bytes")
+    checksum: str | None = Field(None, description="sha256:<hex> or blake3:<hex> of the stored bytes")
     size_bytes: Count | None = None
     format: ShortText | None = None
     rows: Count | None = None
@@ -115,7 +115,7 @@ class LocationIn(_Model):
     @classmethod
     def _checksum(cls, v: str | None) -> str | None:
         if v is not None and not _CHECKSUM_RE.match(v):
-            raise ValueError("checksum must be 'sha256:' followed by 64 lowercase hex digits")
+            raise ValueError("checksum must be 'sha256:' or 'blake3:' followed by 64 lowercase hex digits")
         return v
 
     @field_validator("region", "storage_class")

@@ -25,10 +25,11 @@ import threading
 from typing import Any, ClassVar
 
 import dagster as dg
-from pydantic import Field, PrivateAttr
+from pydantic import Field, PrivateAttr, field_validator
 
 from noetl_dagster.dsl.locator import InvalidLocator, ResourceLocator, parse_locator
 from noetl_dagster.resources.registry import NoetlRegistryResource
+from noetl_dagster.storage.payload import CHECKSUM_ALGORITHMS
 from noetl_dagster.storage.tables import AS_TYPES, TableStorage, convert
 from registry_service.errors import RegistryError
 
@@ -102,6 +103,18 @@ class NoetlTableIOManager(dg.ConfigurableIOManager):
     resource_type: str = Field(default="dataset", description="resource type in the noetl:// URI")
     region: str = Field(default="local", description="region recorded on locations and preferred on reads")
     load_as: str = Field(default="arrow", description=f"type returned for unannotated inputs: {', '.join(AS_TYPES)}")
+    checksum_algorithm: str = Field(
+        default="",
+        description="checksum of written files: sha256 or blake3 (about 4x faster to compute; a table write"
+        " costs ~1.1x a plain pyarrow write instead of ~1.4x); empty: $NOETL_CHECKSUM_ALGORITHM, else sha256",
+    )
+
+    @field_validator("checksum_algorithm")
+    @classmethod
+    def _known_checksum(cls, v: str) -> str:
+        if v and v.lower() not in CHECKSUM_ALGORITHMS:
+            raise ValueError(f"checksum_algorithm {v!r} is not one of: {', '.join(CHECKSUM_ALGORITHMS)} (or empty)")
+        return v.lower()
 
     _storage: TableStorage | None = PrivateAttr(default=None)
 
@@ -188,6 +201,7 @@ class NoetlTableIOManager(dg.ConfigurableIOManager):
             execution_id=self._execution_id(context),
             step=context.step_key,
             task=context.name,
+            checksum=self.checksum_algorithm or None,
             **self._write_options(context),
         )
         ref = pub.ref()

@@ -186,11 +186,12 @@ class TableWrite:
 
 
 def write_parquet(
-    table: pa.Table, store: PayloadStore, key: str, *, compression: str = "snappy", **options: Any
+    table: pa.Table, store: PayloadStore, key: str, *, compression: str = "snappy", checksum: str | None = None,
+    **options: Any,
 ) -> TableWrite:
     import pyarrow.parquet as pq  # noqa: PLC0415
 
-    with store.writer(key) as w:
+    with store.writer(key, checksum) as w:
         # Parquet emits many small pages; batching them keeps Python calls (and sync hashing) few
         sink = pa.BufferedOutputStream(pa.PythonFile(w, mode="w"), buffer_size=PARQUET_WRITE_BUFFER)
         pq.write_table(table, sink, compression=compression, **options)
@@ -201,13 +202,13 @@ def write_parquet(
 
 
 def write_arrow_ipc(
-    table: pa.Table, store: PayloadStore, key: str, *, compression: str | None = "lz4"
+    table: pa.Table, store: PayloadStore, key: str, *, compression: str | None = "lz4", checksum: str | None = None
 ) -> TableWrite:
     """Feather v2 = the Arrow IPC file format. ``lz4`` matches pyarrow's Feather default;
     ``None``/``"uncompressed"`` gives a file that can be memory-mapped without decoding."""
     codec = None if compression in (None, "", "uncompressed", "none") else compression
     options = pa.ipc.IpcWriteOptions(compression=codec)
-    with store.writer(key) as w:
+    with store.writer(key, checksum) as w:
         with pa.ipc.new_file(w, table.schema, options=options) as writer:
             # record batches of Feather's default size: codec work spreads over threads, readers stream
             writer.write_table(table, max_chunksize=IPC_BATCH_ROWS)
@@ -515,6 +516,7 @@ class TableStorage:
         mode: str = "append",
         partition_by: Any = None,
         compression: str | None = None,
+        checksum: str | None = None,
         inputs: Iterable[str] = (),
         metadata: Mapping[str, Any] | None = None,
         kind: str | None = None,
@@ -522,15 +524,18 @@ class TableStorage:
         step: str | None = None,
         task: str | None = None,
     ) -> Publication:
-        """Write ``data`` as a new version of ``uri`` (unversioned: the registry numbers it)."""
+        """Write ``data`` as a new version of ``uri`` (unversioned: the registry numbers it).
+        ``checksum``: the algorithm of a file's checksum (sha256 or blake3; None: the process
+        default, ``$NOETL_CHECKSUM_ALGORITHM``); an Iceberg snapshot's manifest digest stays sha256."""
         fmt = normalize_format(format)
         loc = parse_locator(uri, require_version=False)
         table = to_arrow(data)
         if fmt == FORMAT_PARQUET:
-            written = write_parquet(table, self.store, self.object_key(loc, fmt), compression=compression or "snappy")
+            written = write_parquet(table, self.store, self.object_key(loc, fmt), compression=compression or "snappy",
+                                    checksum=checksum)
         elif fmt == FORMAT_ARROW:
             written = write_arrow_ipc(table, self.store, self.object_key(loc, fmt),
-                                      compression="lz4" if compression is None else compression)
+                                      compression="lz4" if compression is None else compression, checksum=checksum)
         else:
             written = self.iceberg.write(table, loc, mode=mode, partition_by=partition_by)
         meta = {"content_type": CONTENT_TYPES[fmt], "columns": written.columns, **dict(metadata or {})}

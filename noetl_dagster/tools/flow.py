@@ -27,6 +27,7 @@ from urllib.parse import unquote, urlsplit
 import yaml
 
 from noetl_dagster.dsl.flow.jsonpath import guard_holds
+from noetl_dagster.storage.payload import ChecksumMismatch, checksum_as
 from noetl_dagster.tools.configs import FlowGuardConfig, FlowInputConfig, ResourceConfig
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
 
@@ -345,8 +346,11 @@ def _noetl(uri: str, op: str, inputs: Mapping[str, Any], value: Any, ctx: ToolCo
             where = plan.location.uri
             data = _read_location(where, ctx)
             expected = plan.location.checksum or plan.expected_checksum
-            if expected and _checksum(data) != expected:
-                raise ToolError(f"{where}: checksum mismatch for {uri}", kind="checksum_mismatch")
+            try:
+                if expected and checksum_as(data, expected) != expected:
+                    raise ChecksumMismatch(f"{where}: checksum mismatch for {uri}")
+            except ChecksumMismatch as e:  # a different digest, or an algorithm this build cannot compute
+                raise ToolError(str(e), kind="checksum_mismatch") from None
             fmt = resource_format(where, inputs) or (plan.location.format or plan.format)
             return decode(data, fmt if fmt in FORMATS else None, uri)
         fmt = resource_format(uri, inputs) or "json"

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from noetl_dagster.dsl.locator import asset_key_for_uri
-from noetl_dagster.io_managers import ParquetIOManager
+from noetl_dagster.io_managers import ArrowIPCIOManager, ParquetIOManager
 from noetl_dagster.resources.registry import NoetlRegistryResource
 from noetl_dagster.storage.payload import ChecksumMismatch
 from noetl_dagster.storage.tables import table_checksum
@@ -243,3 +243,37 @@ def test_bad_asset_names_give_a_clear_error(io_managers, instance):
     with pytest.raises(dg.DagsterInvariantViolationError, match="noetl/uri"):
         dg.materialize([weird], resources=io_managers(), instance=instance)
     assert ParquetIOManager  # exported
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_blake3_checksums_round_trip_through_the_registry_and_catch_tampering(fmt, registry_db, instance):
+    """checksum_algorithm="blake3" (issue 19.2): registered, resolved and verified like sha256."""
+    reg = NoetlRegistryResource(url=registry_db, tenant="acme", project="lab")
+    cls = ParquetIOManager if fmt == "parquet" else ArrowIPCIOManager
+    resources = {fmt: cls(registry=reg, checksum_algorithm="blake3")}
+
+    @dg.asset(key=["acme", "lab", "b3", "src"], io_manager_key=fmt)
+    def src() -> pa.Table:
+        return ORDERS
+
+    @dg.asset(io_manager_key=fmt)
+    def sink(src: pa.Table) -> pa.Table:
+        assert src.equals(ORDERS)
+        return src
+
+    assert dg.materialize([src, sink], resources=resources, instance=instance).success
+    meta = _meta(instance, ["acme", "lab", "b3", "src"])
+    plan = reg.get_client().resolve("noetl://acme/lab/b3/dataset/src", purpose="read")
+    assert plan.expected_checksum.startswith("blake3:")
+    path = unquote(urlsplit(meta["noetl/location"].value).path)
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0xFF
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(ChecksumMismatch):
+        dg.materialize([src.to_source_asset(), sink], resources=resources, instance=instance, selection=[sink])
+
+
+def test_an_unknown_checksum_algorithm_is_a_config_error(registry_db):
+    reg = NoetlRegistryResource(url=registry_db, tenant="acme", project="lab")
+    with pytest.raises(Exception, match="checksum_algorithm 'md5' is not one of"):
+        ArrowIPCIOManager(registry=reg, checksum_algorithm="md5")

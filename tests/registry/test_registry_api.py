@@ -142,3 +142,14 @@ def test_whoami(connect, tenants):
 
 def checksum(ch: str = "a") -> str:
     return "sha256:" + ch * 64
+
+
+def test_checksums_name_their_algorithm_sha256_or_blake3(connect, tenants):
+    ta, _ = tenants
+    a = connect(ta, "lab")
+    b3 = "blake3:" + "c" * 64
+    r = a.register(f"noetl://{ta}/lab/ns/dataset/b3", locations=[{"uri": "file:///b3.arrow", "checksum": b3}])
+    assert a.resolve(r.uri).expected_checksum == b3
+    for bad in ("md5:" + "c" * 32, "c" * 64, "blake3:" + "C" * 64, "blake3:" + "c" * 63):
+        with pytest.raises(InvalidRequest):
+            a.register(f"noetl://{ta}/lab/ns/dataset/bad", locations=[{"uri": "file:///x", "checksum": bad}])
