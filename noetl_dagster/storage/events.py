@@ -100,6 +100,19 @@ SQLITE_MIGRATIONS: list[list[str]] = [
 ]
 
 log = logging.getLogger("noetl_dagster.storage")
+
+
+class EventStoreTooNew(RuntimeError):
+    """The store's schema is newer than this version knows: it was written by a newer noetl-dagster,
+    and appending with an older one could break what the newer layout relies on (e.g. gid order)."""
+
+
+def refuse_newer_schema(current: int, known: int, where: str) -> None:
+    if current > known:
+        raise EventStoreTooNew(
+            f"the event store {where} has schema version {current}; this noetl-dagster knows up to {known}"
+            " (the store was written by a newer version): upgrade noetl-dagster to use it"
+        )
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -339,6 +352,7 @@ class SqliteEventStore(EventStore):
             self._conn.execute("CREATE TABLE IF NOT EXISTS noetl_schema_version (version INTEGER NOT NULL)")
             row = self._conn.execute("SELECT MAX(version) FROM noetl_schema_version").fetchone()
             current = row[0] or 0
+            refuse_newer_schema(current, len(SQLITE_MIGRATIONS), self.path)
             for version, statements in enumerate(SQLITE_MIGRATIONS, start=1):
                 if version <= current:
                     continue

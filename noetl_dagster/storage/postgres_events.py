@@ -42,6 +42,7 @@ from noetl_dagster.storage.events import (
     StoredEvent,
     _execution_update,
     decode_body,
+    refuse_newer_schema,
     sequence_batch,
 )
 from noetl_dagster.storage.postgres_group_commit import GroupCommit
@@ -262,6 +263,7 @@ class PostgresEventStore(EventStore):
             )
             row = conn.execute(self._q("SELECT COALESCE(MAX(version), 0) FROM {schema}.noetl_schema_version")).fetchone()
             current = row[0] if row else 0
+            refuse_newer_schema(current, len(MIGRATIONS), f"{masked(self._conninfo)} (schema {self.schema})")
             for version, statements in enumerate(MIGRATIONS, start=1):
                 if version <= current:
                     continue

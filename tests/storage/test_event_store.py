@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import sqlite3
 import threading
 import uuid
@@ -12,7 +14,7 @@ import pytest
 
 from noetl_dagster.engine.events import Event, uuid7
 from noetl_dagster.storage.event_stores import open_event_store
-from noetl_dagster.storage.events import SqliteEventStore
+from noetl_dagster.storage.events import EventStoreTooNew, SqliteEventStore
 from noetl_dagster.storage.postgres_events import (
     MIGRATIONS,
     EventStoreUnavailable,
@@ -360,3 +362,18 @@ def test_stored_bodies_are_compact_and_read_back_whole(backend):
     stored = plain.to_stored()
     assert set(stored) == {"event_id", "sequence", "execution_id", "timestamp", "name", "step", "loop_id", "iteration", "status"}
     assert len(dumps(stored)) < 0.7 * len(dumps(plain.to_dict()))
+
+
+def test_a_store_written_by_a_newer_version_is_refused_not_appended_to(backend, tmp_path):
+    """A schema version above what this build knows means a newer layout (e.g. store-numbered gids
+    since issue 19): opening it is a clear error, and the CLI says so in one line (exit 2)."""
+    backend.open().close()
+    backend.raw("INSERT INTO noetl_schema_version (version) VALUES (99)")
+    with pytest.raises(EventStoreTooNew, match="schema version 99"):
+        backend.open()
+    url = backend.location if backend.kind != "sqlite" else f"sqlite:///{backend.location}"
+    r = subprocess.run(
+        [sys.executable, "-m", "noetl_dagster.commands.main", "executions", "--event-store", url],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "NOETL_DAGSTER_HOME": str(tmp_path)},
+    )  # fmt: skip
+    assert r.returncode == 2 and "schema version 99" in r.stderr and "Traceback" not in r.stderr, r.stderr
