@@ -124,6 +124,7 @@ class StorageConfig(ToolConfig):
     mode: str | None = _f("append | overwrite (default append)")
     partition_by: Any = _f("partition columns")
     compression: str | None = _f("file compression")
+    checksum: str | None = _f("checksum of a parquet/arrow file: sha256 (default) | blake3")
     metadata: dict[str, Any] | None = _f("resource metadata")
     columns: list[str] | None = _f("columns to read")
     as_: str | None = Field(None, alias="as", description="records | arrow | ref (read shape)")

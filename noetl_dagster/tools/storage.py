@@ -38,7 +38,7 @@ from typing import Any
 import pyarrow as pa
 
 from noetl_dagster.dsl.locator import InvalidLocator, ResourceLocator
-from noetl_dagster.storage.payload import ChecksumMismatch, PayloadStore, ResultRef, is_ref
+from noetl_dagster.storage.payload import CHECKSUM_ALGORITHMS, ChecksumMismatch, PayloadStore, ResultRef, is_ref
 from noetl_dagster.storage.tables import (
     FORMAT_ARROW,
     FORMAT_ICEBERG,
@@ -55,7 +55,7 @@ from noetl_dagster.util.jsonutil import plain
 REGISTRY_URL_ENV = "NOETL_REGISTRY_URL"
 REGISTRY_KEY_ENV = "NOETL_REGISTRY_API_KEY"
 _KNOWN_KEYS = {"op", "uri", "resource", "namespace", "type", "version", "data", "rows", "mode", "partition_by",
-               "compression", "inputs", "metadata", "resource_kind", "registry", "api_key", "store", "catalog",
+               "compression", "checksum", "inputs", "metadata", "resource_kind", "registry", "api_key", "store", "catalog",
                "catalog_name", "as", "columns", "input"}
 
 
@@ -150,6 +150,10 @@ def _write(fmt: str, inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, A
     lineage = inputs.get("inputs") or []
     if isinstance(lineage, str):
         lineage = [lineage]
+    checksum = inputs.get("checksum")
+    if checksum is not None and str(checksum).lower() not in CHECKSUM_ALGORITHMS:
+        raise ToolError(f"{fmt}: checksum {checksum!r} is not one of: {', '.join(CHECKSUM_ALGORITHMS)}",
+                        kind="config_error")  # fmt: skip
     pub = storage.publish(
         table_data(raw, ctx),
         uri,
@@ -157,6 +161,7 @@ def _write(fmt: str, inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, A
         mode=str(inputs.get("mode") or "append"),
         partition_by=inputs.get("partition_by"),
         compression=inputs.get("compression"),
+        checksum=str(checksum).lower() if checksum is not None and fmt != "iceberg" else None,
         inputs=list(lineage),
         metadata=dict(inputs.get("metadata") or {}),
         kind=inputs.get("resource_kind"),

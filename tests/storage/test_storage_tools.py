@@ -137,6 +137,7 @@ def test_bad_inputs_give_clear_errors(tmp_path, data_dir):
         "data: [1, 2]\n          resource: ok": "config_error",  # not records
         "data: [{a: 1}]\n          resource: ok\n          op: delete": "config_error",
         "data: [{a: 1}]\n          resource: ok\n          colour: red": "config_error",
+        "data: [{a: 1}]\n          resource: ok\n          checksum: md5": "config_error",
     }
     for body, kind in cases.items():
         pb.write_text(f"""
@@ -179,3 +180,28 @@ def test_write_sink_hook_writes_any_result(data_dir):
     assert ref["uri"] == "noetl://acme/lab/results/dataset/sunk@v1" and ref["rows"] == 2
     with pytest.raises(ToolError, match="sink kind"):
         write_sink([], {"kind": "csv"}, ctx)
+
+
+@pytest.mark.parametrize("kind", ["arrow", "parquet"])
+def test_a_blake3_checksum_from_the_playbook_is_registered_and_verified_on_read(tmp_path, data_dir, kind):
+    w = tmp_path / "w.yaml"
+    w.write_text(f"""
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {{name: w, path: tests/w}}
+workflow:
+  - step: start
+    tool:
+      - out:
+          kind: {kind}
+          uri: noetl://acme/lab/sales/dataset/b3_{kind}
+          checksum: blake3
+          data: {ROWS!r}
+""")
+    res = run_playbook(w, tenant="acme", project="lab", data_dir=data_dir)
+    assert res.status == "completed", res.results
+    assert res.results["start"]["checksum"].startswith("blake3:")
+    back = run_playbook(_reader(tmp_path, kind), {"uri": f"noetl://acme/lab/sales/dataset/b3_{kind}"},
+                        tenant="acme", project="lab", data_dir=data_dir)  # fmt: skip
+    assert back.status == "completed", back.results
+    assert back.results["start"]["rows"] == ROWS
