@@ -38,7 +38,13 @@ from typing import Any
 import pyarrow as pa
 
 from noetl_dagster.dsl.locator import InvalidLocator, ResourceLocator
-from noetl_dagster.storage.payload import CHECKSUM_ALGORITHMS, ChecksumMismatch, PayloadStore, ResultRef, is_ref
+from noetl_dagster.storage.payload import (
+    CHECKSUM_ALGORITHMS,
+    ChecksumMismatch,
+    PayloadStore,
+    ResultRef,
+    is_ref,
+)
 from noetl_dagster.storage.tables import (
     FORMAT_ARROW,
     FORMAT_ICEBERG,

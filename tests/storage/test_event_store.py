@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
-import sqlite3
 import threading
 import uuid
 
