@@ -19,8 +19,9 @@ How (and why this way — see docs/analytics.md "Measured usage"):
   ``ru_maxrss``. If the high-water mark rose during the task the task set it,
   so the peak is exact; otherwise the peak is the larger of the start and end
   RSS (a lower bound). An attempt under ``SHORT_TASK_S`` (0.5 ms) is not read
-  again at its end: its peak is the starting RSS (read at most 1 ms before). tracemalloc would be exact for Python objects but
-  slows allocation-heavy tasks several times, and misses C buffers.
+  again at its end: its peak is the starting RSS (read at most 1 ms before).
+  tracemalloc would be exact for Python objects but slows allocation-heavy
+  tasks several times, and misses C buffers.
 - ``wall_s``: :func:`time.perf_counter` delta.
 - counters a tool, store or IO manager adds with :func:`count` while the task
   runs (``bytes_read``, ``bytes_written``, ``net_in_bytes``, ``net_out_bytes``,
@@ -136,26 +137,20 @@ class Meter:
             _COUNTERS.reset(self._token)
         except ValueError:  # stopped in another context (should not happen): leave the var alone
             pass
-        if wall < SHORT_TASK_S:  # see SHORT_TASK_S: memory and children as at the start
-            cpu = time.thread_time() - self._cpu
-            u: dict[str, Any] = {"wall_s": round(wall, 6), "cpu_s": round(cpu, 6)}
-            if _resource is not None:
-                u["mem_peak_bytes"] = self._rss
-                u["mem_delta_bytes"] = 0
-        else:
-            cpu, maxrss = _cpu_and_maxrss()
-            cpu -= self._cpu
-            rss = _rss()
-            u = {"wall_s": round(wall, 6), "cpu_s": round(cpu, 6)}
-            if _resource is not None:
-                peak = maxrss * _MAXRSS_UNIT if maxrss > self._maxrss else max(rss, self._rss)
-                u["mem_peak_bytes"] = peak
-                u["mem_delta_bytes"] = max(0, peak - self._rss)
-                ch = _resource.getrusage(_resource.RUSAGE_CHILDREN)
-                child_cpu = ch.ru_utime + ch.ru_stime - self._child[0]
-                if child_cpu > 0:
-                    u["child_cpu_s"] = round(child_cpu, 6)
-                    u["child_maxrss_bytes"] = ch.ru_maxrss * _MAXRSS_UNIT
+        short = wall < SHORT_TASK_S  # see SHORT_TASK_S: memory and children as at the start
+        u: dict[str, Any] = {"wall_s": round(wall, 6), "cpu_s": round(time.thread_time() - self._cpu, 6)}
+        if _resource is not None and short:
+            u["mem_peak_bytes"], u["mem_delta_bytes"] = self._rss, 0
+        elif _resource is not None:
+            maxrss, rss = _resource.getrusage(_resource.RUSAGE_SELF).ru_maxrss, _rss()
+            peak = maxrss * _MAXRSS_UNIT if maxrss > self._maxrss else max(rss, self._rss)
+            u["mem_peak_bytes"] = peak
+            u["mem_delta_bytes"] = max(0, peak - self._rss)
+            ch = _resource.getrusage(_resource.RUSAGE_CHILDREN)
+            child_cpu = ch.ru_utime + ch.ru_stime - self._child[0]
+            if child_cpu > 0:
+                u["child_cpu_s"] = round(child_cpu, 6)
+                u["child_maxrss_bytes"] = ch.ru_maxrss * _MAXRSS_UNIT
         for k, v in self._counters.items():
             u[k] = round(v, 6) if isinstance(v, float) else v
         _from_result(u, result)

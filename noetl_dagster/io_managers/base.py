@@ -29,7 +29,7 @@ from pydantic import Field, PrivateAttr, field_validator
 
 from noetl_dagster.dsl.locator import InvalidLocator, ResourceLocator, parse_locator
 from noetl_dagster.resources.registry import NoetlRegistryResource
-from noetl_dagster.storage.payload import CHECKSUM_ALGORITHMS
+from noetl_dagster.storage.payload import CHECKSUM_ALGORITHMS, checksum_algorithm
 from noetl_dagster.storage.tables import AS_TYPES, TableStorage, convert
 from registry_service.errors import RegistryError
 
@@ -112,9 +112,10 @@ class NoetlTableIOManager(dg.ConfigurableIOManager):
     @field_validator("checksum_algorithm")
     @classmethod
     def _known_checksum(cls, v: str) -> str:
-        if v and v.lower() not in CHECKSUM_ALGORITHMS:
-            raise ValueError(f"checksum_algorithm {v!r} is not one of: {', '.join(CHECKSUM_ALGORITHMS)} (or empty)")
-        return v.lower()
+        try:
+            return checksum_algorithm(v) if v else ""
+        except ValueError:  # said with the field's name, as the launchpad shows it
+            raise ValueError(f"checksum_algorithm {v!r} is not one of: {', '.join(CHECKSUM_ALGORITHMS)} (or empty)") from None
 
     _storage: TableStorage | None = PrivateAttr(default=None)
 

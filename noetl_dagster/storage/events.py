@@ -101,6 +101,10 @@ SQLITE_MIGRATIONS: list[list[str]] = [
 
 log = logging.getLogger("noetl_dagster.storage")
 
+# noetl_event's columns holding an event's ENVELOPE_COLUMNS (in that order): readers select them
+# beside the body, which since issue 19 leaves them out
+_ROW_ENVELOPE = "event_id, execution_id, sequence, name, ts"
+
 
 class EventStoreTooNew(RuntimeError):
     """The store's schema is newer than this version knows: it was written by a newer noetl-dagster,
@@ -113,6 +117,8 @@ def refuse_newer_schema(current: int, known: int, where: str) -> None:
             f"the event store {where} has schema version {current}; this noetl-dagster knows up to {known}"
             " (the store was written by a newer version): upgrade noetl-dagster to use it"
         )
+
+
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -142,7 +148,7 @@ def decode_body(
             raw = loads(body)
         except ValueError:  # orjson refuses lone-surrogate escapes the stdlib writer produces
             raw = _clean(json.loads(body))
-        if columns is not None and "event_id" not in raw and type(raw) is dict:
+        if columns is not None and type(raw) is dict and "event_id" not in raw:
             raw.update(zip(ENVELOPE_COLUMNS, columns, strict=True))
         return Event.from_dict(raw)
     except Exception as e:  # noqa: BLE001 - any undecodable row is skipped, never fatal
@@ -336,10 +342,10 @@ class SqliteEventStore(EventStore):
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.execute("PRAGMA busy_timeout=60000")
         self._migrate()
-        # the last sequence, whether it has segments and whether noetl_execution holds it, per
-        # execution this connection appended to; valid while PRAGMA data_version says no other
-        # connection committed since our last append (saves a 3-subquery SELECT per flush)
-        self._seq_cache: dict[str, tuple[int, bool, bool]] = {}
+        # the last sequence and whether it has segments, per execution this connection appended to
+        # (so noetl_execution holds it); valid while PRAGMA data_version says no other connection
+        # committed since our last append (saves a 3-subquery SELECT per flush)
+        self._seq_cache: dict[str, tuple[int, bool]] = {}
         self._top_gid_seen: int | None = None  # the highest gid after our last append (same validity)
         self._data_version: int | None = None
         # files created before issue 19 keep AUTOINCREMENT: their segments also advance sqlite_sequence,
@@ -432,7 +438,7 @@ class SqliteEventStore(EventStore):
 
     def _insert(
         self, c: sqlite3.Connection, events: Sequence[Event], existing: dict[str, int]
-    ) -> tuple[dict[str, tuple[int, bool, bool]], int]:
+    ) -> tuple[dict[str, tuple[int, bool]], int]:
         """Rows or one segment. Idempotency: a re-sent event stored as a row hits noetl_event's UNIQUE
         event_id, one stored in a segment hits noetl_event_key; either raises IntegrityError and
         ``append`` runs again with the stored sequences (``existing``), storing the rest as rows.
@@ -443,11 +449,10 @@ class SqliteEventStore(EventStore):
 
         def last(eid: str) -> int:
             hit = cache.get(eid)
-            if hit is not None:
+            if hit is not None:  # appended to before, so noetl_execution has it
+                known.add(eid)
                 if hit[1]:
                     with_segments.add(eid)
-                if hit[2]:
-                    known.add(eid)
                 return hit[0]
             rows_max, seg_max, row = c.execute(
                 "SELECT (SELECT MAX(sequence) FROM noetl_event WHERE execution_id = ?),"
@@ -494,7 +499,7 @@ class SqliteEventStore(EventStore):
                 (eid, pb, status or "", parent, ts, fin, next_seq[eid]),
             )
         # every execution of the batch now has a noetl_execution row (inserted above unless known)
-        return {eid: (seq, eid in with_segments, True) for eid, seq in next_seq.items()}, top
+        return {eid: (seq, eid in with_segments) for eid, seq in next_seq.items()}, top
 
     @staticmethod
     def _stored_as_rows(c: sqlite3.Connection, ids: list[str]) -> bool:
@@ -547,8 +552,7 @@ class SqliteEventStore(EventStore):
     def read(self, execution_id: str, after_sequence: int = 0) -> list[Event]:
         with self._lock, self._snapshot():
             rows = self._conn.execute(
-                "SELECT body, event_id, execution_id, sequence, name, ts FROM noetl_event"
-                " WHERE execution_id = ? AND sequence > ? ORDER BY sequence",
+                f"SELECT body, {_ROW_ENVELOPE} FROM noetl_event WHERE execution_id = ? AND sequence > ? ORDER BY sequence",
                 (execution_id, after_sequence),
             ).fetchall()
             segs = self._conn.execute(
@@ -568,8 +572,7 @@ class SqliteEventStore(EventStore):
         while True:  # a batch made only of bad rows must not look like the end of the log
             with self._lock, self._snapshot():
                 rows = self._conn.execute(
-                    "SELECT gid, body, event_id, execution_id, sequence, name, ts FROM noetl_event"
-                    " WHERE gid > ? ORDER BY gid LIMIT ?",
+                    f"SELECT gid, body, {_ROW_ENVELOPE} FROM noetl_event WHERE gid > ? ORDER BY gid LIMIT ?",
                     (after_gid, limit),
                 ).fetchall()
                 cur = self._conn.execute(

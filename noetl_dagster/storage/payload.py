@@ -91,13 +91,19 @@ CHECKSUM_ALGORITHMS: dict[str, Callable[[], Any]] = {"sha256": hashlib.sha256, "
 DEFAULT_CHECKSUM = os.environ.get("NOETL_CHECKSUM_ALGORITHM", "sha256") or "sha256"
 
 
+def checksum_algorithm(name: str | None = None) -> str:
+    """``name`` as a known algorithm (None or empty: ``$NOETL_CHECKSUM_ALGORITHM``, else sha256);
+    ValueError for any other name (the one check behind the IO managers, tools and writers)."""
+    algorithm = (name or DEFAULT_CHECKSUM).lower()
+    if algorithm not in CHECKSUM_ALGORITHMS:
+        raise ValueError(f"unknown checksum algorithm {name!r}; one of: {', '.join(CHECKSUM_ALGORITHMS)}")
+    return algorithm
+
+
 def new_hasher(algorithm: str | None = None) -> tuple[str, Any]:
-    """``(algorithm, hash object)`` for ``algorithm`` (None: ``$NOETL_CHECKSUM_ALGORITHM``, sha256)."""
-    algorithm = (algorithm or DEFAULT_CHECKSUM).lower()
-    make = CHECKSUM_ALGORITHMS.get(algorithm)
-    if make is None:
-        raise ValueError(f"unknown checksum algorithm {algorithm!r}; one of: {', '.join(CHECKSUM_ALGORITHMS)}")
-    return algorithm, make()
+    """``(algorithm, hash object)``, ``algorithm`` as :func:`checksum_algorithm` reads it."""
+    algorithm = checksum_algorithm(algorithm)
+    return algorithm, CHECKSUM_ALGORITHMS[algorithm]()
 
 
 def checksum_of(data: bytes, algorithm: str | None = None) -> str:
@@ -107,14 +113,16 @@ def checksum_of(data: bytes, algorithm: str | None = None) -> str:
     return f"{algorithm}:{h.hexdigest()}"
 
 
-def checksum_as(data: bytes, expected: str) -> str:
-    """The checksum of ``data`` by the algorithm ``expected`` names (to compare with it)."""
-    algorithm = expected.split(":", 1)[0] if ":" in expected else ""
+def verify_checksum(data: bytes, expected: str | None, where: str) -> None:
+    """ChecksumMismatch unless ``data`` hashes, by the algorithm ``expected`` names, to ``expected``
+    (a checksum naming no known algorithm fails closed too)."""
+    algorithm = (expected or "").split(":", 1)[0] if ":" in (expected or "") else ""
     if algorithm not in CHECKSUM_ALGORITHMS:
-        raise ChecksumMismatch(f"unsupported checksum {expected[:40]!r}: one of {', '.join(CHECKSUM_ALGORITHMS)} expected")
-    h = CHECKSUM_ALGORITHMS[algorithm]()
-    h.update(data)
-    return f"{algorithm}:{h.hexdigest()}"
+        raise ChecksumMismatch(f"{where}: unsupported checksum {(expected or '')[:40]!r}; one of"
+                               f" {', '.join(CHECKSUM_ALGORITHMS)} expected")  # fmt: skip
+    actual = checksum_of(data, algorithm)
+    if actual != expected:
+        raise ChecksumMismatch(f"checksum mismatch for {where}: expected {expected}, got {actual}")
 
 
 # Hashing runs on a helper thread (hashlib drops the GIL for large updates) from the first chunk at
@@ -351,9 +359,7 @@ class PayloadStore(ABC):
     def get_verified(self, ref: ResultRef) -> bytes:
         data = self.get_bytes(ref.uri)
         count(bytes_read=len(data))
-        actual = checksum_as(data, ref.checksum or "")
-        if actual != ref.checksum:
-            raise ChecksumMismatch(f"checksum mismatch for {ref.uri}: expected {ref.checksum}, got {actual}")
+        verify_checksum(data, ref.checksum, ref.uri)
         return data
 
     def read_verified(self, uri: str, checksum: str) -> bytes:

@@ -15,7 +15,6 @@ playbook runs in any process that has this package installed.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import tempfile
@@ -27,7 +26,7 @@ from urllib.parse import unquote, urlsplit
 import yaml
 
 from noetl_dagster.dsl.flow.jsonpath import guard_holds
-from noetl_dagster.storage.payload import ChecksumMismatch, checksum_as
+from noetl_dagster.storage.payload import ChecksumMismatch, sha256, verify_checksum
 from noetl_dagster.tools.configs import FlowGuardConfig, FlowInputConfig, ResourceConfig
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
 
@@ -240,10 +239,6 @@ def encode(value: Any, fmt: str | None) -> bytes:
     return (json.dumps(value, ensure_ascii=False, indent=2, default=str) + "\n").encode()
 
 
-def _checksum(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
 def _file_path(uri: str, base_dir: str | None) -> Path:
     if uri.startswith("file:"):
         parts = urlsplit(uri)
@@ -346,16 +341,16 @@ def _noetl(uri: str, op: str, inputs: Mapping[str, Any], value: Any, ctx: ToolCo
             where = plan.location.uri
             data = _read_location(where, ctx)
             expected = plan.location.checksum or plan.expected_checksum
-            try:
-                if expected and checksum_as(data, expected) != expected:
-                    raise ChecksumMismatch(f"{where}: checksum mismatch for {uri}")
-            except ChecksumMismatch as e:  # a different digest, or an algorithm this build cannot compute
-                raise ToolError(str(e), kind="checksum_mismatch") from None
+            if expected:
+                try:
+                    verify_checksum(data, expected, f"{where} ({uri})")
+                except ChecksumMismatch as e:
+                    raise ToolError(str(e), kind="checksum_mismatch") from None
             fmt = resource_format(where, inputs) or (plan.location.format or plan.format)
             return decode(data, fmt if fmt in FORMATS else None, uri)
         fmt = resource_format(uri, inputs) or "json"
         data = encode(value, fmt)
-        checksum = _checksum(data)
+        checksum = sha256(data)
         key = f"resources/{loc.tenant}/{loc.project}/{loc.namespace}/{loc.type}/{loc.name}/{checksum[7:23]}.{fmt}"
         location_uri = _put_bytes(key, data, ctx)
         rows = len(value) if isinstance(value, list) else None
@@ -440,4 +435,4 @@ def resource_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
         _write_atomic(path, data)
     except OSError as e:
         raise ToolError(f"cannot write {path}: {e.strerror}", kind="resource_error") from None
-    return {"uri": path.as_uri(), "format": fmt, "size": len(data), "checksum": _checksum(data)}
+    return {"uri": path.as_uri(), "format": fmt, "size": len(data), "checksum": sha256(data)}

@@ -39,10 +39,10 @@ import pyarrow as pa
 
 from noetl_dagster.dsl.locator import InvalidLocator, ResourceLocator
 from noetl_dagster.storage.payload import (
-    CHECKSUM_ALGORITHMS,
     ChecksumMismatch,
     PayloadStore,
     ResultRef,
+    checksum_algorithm,
     is_ref,
 )
 from noetl_dagster.storage.tables import (
@@ -157,9 +157,10 @@ def _write(fmt: str, inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, A
     if isinstance(lineage, str):
         lineage = [lineage]
     checksum = inputs.get("checksum")
-    if checksum is not None and str(checksum).lower() not in CHECKSUM_ALGORITHMS:
-        raise ToolError(f"{fmt}: checksum {checksum!r} is not one of: {', '.join(CHECKSUM_ALGORITHMS)}",
-                        kind="config_error")  # fmt: skip
+    try:
+        checksum = checksum_algorithm(str(checksum)) if checksum is not None else None
+    except ValueError as e:
+        raise ToolError(f"{fmt}: {e}", kind="config_error") from None
     pub = storage.publish(
         table_data(raw, ctx),
         uri,
@@ -167,7 +168,7 @@ def _write(fmt: str, inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, A
         mode=str(inputs.get("mode") or "append"),
         partition_by=inputs.get("partition_by"),
         compression=inputs.get("compression"),
-        checksum=str(checksum).lower() if checksum is not None and fmt != "iceberg" else None,
+        checksum=checksum,
         inputs=list(lineage),
         metadata=dict(inputs.get("metadata") or {}),
         kind=inputs.get("resource_kind"),
