@@ -21,8 +21,6 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 DEFAULT_PRICES = Path(__file__).parent / "prices.yaml"
 UNITS = {"compute": "cpu_second", "storage": "GB-month", "egress": "GB", "call": "call", "quantum": "item"}
 QUANTUM_ITEMS = ("shot", "qpu_second")  # the quantum section's items are its units
@@ -107,7 +105,7 @@ class PriceTable:
             if not candidate:
                 continue
             p = Path(candidate)
-            if p.is_file():
+            if p.exists():  # the reader refuses what is not a regular file (a FIFO, a device)
                 return cls._read(p)
             if candidate is path or candidate == os.environ.get("NOETL_DAGSTER_PRICES"):
                 raise PriceConfigError(f"price table not found: {p}")
@@ -115,10 +113,14 @@ class PriceTable:
 
     @classmethod
     def _read(cls, path: Path) -> PriceTable:
-        try:
-            raw = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as e:
-            raise PriceConfigError(f"{path}: not valid YAML/JSON: {e}") from e
+        from noetl_dagster.dsl.loader import YamlFileError, YamlSyntaxError, load_yaml_file  # noqa: PLC0415
+
+        try:  # the bounded reader and the YAML limits every command uses
+            raw, _ = load_yaml_file(path, what="price table")
+        except YamlFileError as e:  # not a regular file (a FIFO, a device), unreadable
+            raise PriceConfigError(str(e)) from None
+        except YamlSyntaxError as e:
+            raise PriceConfigError(f"the price table is not valid YAML/JSON: {e}") from None
         return cls.from_dict(raw, str(path))
 
     def version_on(self, day: date) -> dict[str, Any] | None:

@@ -39,15 +39,20 @@ def conformance(directory, as_json, overrides, core_list, pg_url, only, no_run, 
     server. Exit 0 when every core fixture that ran completed, else 1."""
     from noetl_dagster.conformance.report import markdown, print_table
     from noetl_dagster.conformance.runner import ERROR, FAILED, TIMEOUT, run_conformance
+    from noetl_dagster.dsl.loader import YamlSyntaxError
 
     def progress(rep):
         if not as_json:
             click.echo(f"  {rep.outcome:<18} {rep.path}", err=True)
 
-    report = run_conformance(
-        directory, core_list=core_list, http_overrides=_overrides(overrides), pg_url=pg_url,
-        only=list(only) or None, run_core=not no_run, work_dir=work_dir, progress=progress,
-    )  # fmt: skip
+    try:
+        report = run_conformance(
+            directory, core_list=core_list, http_overrides=_overrides(overrides), pg_url=pg_url,
+            only=list(only) or None, run_core=not no_run, work_dir=work_dir, progress=progress,
+        )  # fmt: skip
+    except YamlSyntaxError as e:  # the --core list cannot be read (not a regular file, too large, binary)
+        click.echo(str(e), err=True)
+        sys.exit(2)
     if markdown_out:
         Path(markdown_out).write_text(markdown(report))
     if as_json:

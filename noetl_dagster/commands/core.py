@@ -8,7 +8,6 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import click
@@ -28,6 +27,12 @@ def _scope_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
     return value
 
 
+# issues about the file itself, not its content (the bounded reader's refusals): exit 2
+_FILE_RULES = frozenset({"file-not-found", "cannot-read", "not-a-file"})
+# `--workload @file`: read by the bounded reader, at most this many bytes
+WORKLOAD_FILE_MAX_BYTES = 16 * 1024 * 1024
+
+
 def _fail_input(message: str) -> None:
     click.echo(f"error: {message}", err=True)
     sys.exit(EXIT_BAD_INPUT)
@@ -40,13 +45,14 @@ def validate(files: tuple[str, ...], as_json: bool) -> None:
     """Validate playbooks: one `FILE:LINE: RULE: message` line per error; exit 1 if any."""
     from noetl_dagster.dsl.files import check_file_with_warnings
 
-    missing = [f for f in files if not Path(f).is_file()]
+    unreadable = []  # missing, not a regular file (a FIFO, a device), unreadable: bad input, exit 2
     issues = []
     valid = []
     for f in files:
-        if f in missing:
-            continue
         pb, found, warnings = check_file_with_warnings(f)
+        if found and found[0].rule in _FILE_RULES:
+            unreadable.extend(found)
+            continue
         issues.extend(found)
         for w in warnings:  # deprecated spellings: stderr, never an error (stdout stays the error list)
             click.echo(f"{w.file}:{w.line}: warning: {w.rule}: {w.path}: {w.message}", err=True)
@@ -59,9 +65,9 @@ def validate(files: tuple[str, ...], as_json: bool) -> None:
             click.echo(str(i))
     if not issues and not as_json:
         _cycle_warnings(valid)
-    for f in missing:
-        click.echo(f"{f}:0: file-not-found: no such file", err=True)
-    if missing:
+    for i in unreadable:
+        click.echo(str(i), err=True)
+    if unreadable:
         sys.exit(EXIT_BAD_INPUT)
     if issues:
         sys.exit(EXIT_FAILED)
@@ -87,13 +93,12 @@ def _parse_workload(text: str | None) -> dict[str, Any]:
     if not text:
         return {}
     if text.startswith("@"):
-        p = Path(text[1:])
-        if not p.is_file():
-            _fail_input(f"--workload file {p} does not exist or is not a file")
+        from noetl_dagster.dsl.files import InputFileError, read_bounded_text
+
         try:
-            text = p.read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            _fail_input(f"--workload file {p} is not UTF-8 text ({e.reason} at byte {e.start})")
+            text = read_bounded_text(text[1:], WORKLOAD_FILE_MAX_BYTES, what="--workload file")
+        except InputFileError as e:
+            _fail_input(str(e))
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
@@ -174,10 +179,10 @@ def run(
     from noetl_dagster.dsl import PlaybookInvalid, load_playbook
 
     overrides = _parse_workload(workload)
-    if not Path(file).is_file():
-        _fail_input(f"{file}: no such playbook file")
     try:
         pb = load_playbook(file)
+    except FileNotFoundError as e:
+        _fail_input(str(e))
     except PlaybookInvalid as e:
         for i in e.issues:
             click.echo(str(i), err=True)

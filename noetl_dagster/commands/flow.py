@@ -36,11 +36,13 @@ def compile_cmd(file: Path, fmt: str, output: Path | None, direction: str) -> No
         playbook_yaml,
         rebase_resources,
     )
+    from noetl_dagster.dsl.loader import YamlSyntaxError, read_text_file
 
-    if not file.is_file():
-        click.echo(f"{file}: no such flow file", err=True)
+    try:  # the bounded reader: a regular file within the document size limit
+        text = read_text_file(file, what="flow file")
+    except YamlSyntaxError as e:
+        click.echo(str(e), err=True)
         sys.exit(2)
-    text = file.read_text(encoding="utf-8")
     try:
         if fmt == "mermaid":
             out = flow_to_mermaid(text, file=str(file), direction=direction)

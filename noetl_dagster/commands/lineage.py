@@ -19,6 +19,8 @@ from typing import Any
 import click
 
 EXIT_INVALID, EXIT_BAD_INPUT = 1, 2
+# `lineage validate`: a JSON-lines file is read whole by the bounded reader, at most this many bytes
+EVENTS_FILE_MAX_BYTES = 256 * 1024 * 1024
 
 
 def _fail_input(message: str) -> None:
@@ -104,16 +106,18 @@ def validate(files: tuple[str, ...], spec_dir: str | None) -> None:
     facet schemas, and the stream against the rules across events (run lifecycles, parents
     that exist, stable dataset identities)."""
     from lineage.validate import semantic_errors  # noqa: PLC0415 - keeps the CLI quick to start
+    from noetl_dagster.dsl.files import InputFileError, read_bounded_text  # noqa: PLC0415
 
     validator = _validator(spec_dir)
     total = bad = 0
     problems = 0
     for name in files:
         parsed: list[dict] = []
-        path = Path(name)
-        if not path.is_file():
-            _fail_input(f"no such file: {name}")
-        for n, line in enumerate(path.read_text().splitlines(), start=1):
+        try:
+            text = read_bounded_text(name, EVENTS_FILE_MAX_BYTES, what="events file")
+        except InputFileError as e:
+            _fail_input(str(e))
+        for n, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
             total += 1

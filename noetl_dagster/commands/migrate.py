@@ -75,7 +75,7 @@ def migrate(files: tuple[Path, ...], output: Path | None, in_place: bool, check:
     code = 0
     for f in files:
         try:  # the same limits as every other command (size, depth, nodes, aliases) before ruamel sees it
-            text = read_text_file(f)
+            text = read_text_file(f, what="playbook")
             check_yaml_limits(text, str(f))
         except YamlSyntaxError as e:
             click.echo(str(e), err=True)

@@ -33,6 +33,7 @@ except ImportError:  # pragma: no cover
 
 from noetl_dagster.conformance.corpus import PG_CREDENTIAL_NAMES, PG_PAYLOAD, FixtureSetup, fixture_setups
 from noetl_dagster.conformance.stubs import StubSet
+from noetl_dagster.dsl.loader import YamlSyntaxError, read_text_file
 from noetl_dagster.tools.http import OVERRIDES_ENV, rewrite_url
 
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/noetl_conformance"
@@ -107,7 +108,7 @@ def find_core_list(directory: Path) -> Path | None:
 def read_core_list(path: Path, directory: Path) -> list[str]:
     """Core fixture paths, relative to ``directory`` (the list names them from the corpus root)."""
     out = []
-    for line in path.read_text().splitlines():
+    for line in read_text_file(path, what="core fixture list").splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
@@ -129,9 +130,9 @@ def check_file(directory: Path, rel: str) -> FixtureReport:
 
     path = directory / rel
     try:
-        doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
+        doc = yaml.load(read_text_file(path), Loader=_Loader)
         parsed = isinstance(doc, dict)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, YamlSyntaxError):
         parsed = False
     issues = validate_file(path)
     prefix = str(directory) + os.sep  # errors name files relative to the corpus directory
@@ -151,7 +152,7 @@ def rewrite_workload_hosts(value: Any, overrides: Mapping[str, str]) -> Any:
 
 def fixture_workload(path: Path, setup: FixtureSetup, overrides: Mapping[str, str]) -> dict[str, Any]:
     """The ``--workload`` for one fixture: the pg_local payload, rewritten hosts, then documented overrides."""
-    doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader) or {}
+    doc = yaml.load(read_text_file(path), Loader=_Loader) or {}
     workload = doc.get("workload") if isinstance(doc, dict) else None
     workload = workload if isinstance(workload, dict) else {}
     out: dict[str, Any] = {}

@@ -1,6 +1,8 @@
 """Playbook files: YAML (``.yaml``/``.yml``) and flow (``.flow``) sources to one model.
 
 This is the top of the ``dsl`` layer: it picks the front end by file suffix.
+Every file a command is given is read by :func:`read_bounded` (re-exported here from
+``util.files``): regular files only, never more than a limit, a one-line refusal otherwise.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import Any
 
 from noetl_dagster.dsl.flow import FlowError, load_flow_playbook
 from noetl_dagster.dsl.legacy import find_deprecated_spellings
-from noetl_dagster.dsl.loader import SourceMap, YamlSyntaxError, format_path, load_yaml_file
+from noetl_dagster.dsl.loader import SourceMap, YamlFileError, YamlSyntaxError, format_path, load_yaml_file
 from noetl_dagster.dsl.model import Playbook
 from noetl_dagster.dsl.parse import (
     PlaybookInvalid,
@@ -20,18 +22,23 @@ from noetl_dagster.dsl.parse import (
     load_playbook_dict,
     parse_playbook,
 )
+from noetl_dagster.util.files import InputFileError, read_bounded, read_bounded_text
 from noetl_dagster.util.graphs import strongly_connected
+
+__all__ = ["InputFileError", "read_bounded", "read_bounded_text"]  # the one bounded reader, for every caller
 
 
 def load_playbook(path: str | Path) -> Playbook:
     """Load and validate a playbook file; raises PlaybookInvalid (incl. YAML syntax errors)."""
     p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{p}: no such playbook file")
     if p.suffix == ".flow":
         return _load_flow(p)
     try:
-        raw, sm = load_yaml_file(p)
+        raw, sm = load_yaml_file(p, what="playbook")
+    except YamlFileError as e:
+        if e.rule == "file-not-found":
+            raise FileNotFoundError(f"{p}: no such playbook file") from None
+        raise PlaybookInvalid([ValidationIssue(e.file, e.line, "", e.rule, e.message)]) from None
     except YamlSyntaxError as e:
         raise PlaybookInvalid([ValidationIssue(e.file, e.line, "", e.rule, e.message)]) from None
     too_big = check_playbook_size(raw, str(p), sm.line(("workflow",)))
@@ -93,15 +100,18 @@ def check_file_with_warnings(
 ) -> tuple[Playbook | None, list[ValidationIssue], list[ValidationIssue]]:
     """check_file plus the warnings: deprecated spellings of renamed keys (rule ``deprecated-key``)."""
     p = Path(path)
-    if not p.is_file():
-        return None, [ValidationIssue(str(p), 0, "", "file-not-found", "no such file")], []
     if p.suffix == ".flow":
         try:
             return _load_flow(p), [], []
         except PlaybookInvalid as e:
             return None, e.issues, []
+        except FileNotFoundError:
+            return None, [ValidationIssue(str(p), 0, "", "file-not-found", "no such file")], []
     try:
-        raw, sm = load_yaml_file(p)
+        raw, sm = load_yaml_file(p, what="playbook")
+    except YamlFileError as e:
+        message = "no such file" if e.rule == "file-not-found" else e.message
+        return None, [ValidationIssue(e.file, e.line, "", e.rule, message)], []
     except YamlSyntaxError as e:
         return None, [ValidationIssue(e.file, e.line, "", e.rule, e.message)], []
     too_big = check_playbook_size(raw, str(p), sm.line(("workflow",)))
@@ -124,6 +134,12 @@ def _load_flow(p: Path) -> Playbook:
     """A ``.flow`` file (seed 002 syntax) compiled to a playbook; flow errors keep line and column."""
     try:
         return load_flow_playbook(p)
+    except YamlFileError as e:
+        if e.rule == "file-not-found":
+            raise FileNotFoundError(f"{p}: no such flow file") from None
+        raise PlaybookInvalid([ValidationIssue(e.file, e.line, "", e.rule, e.message)]) from None
+    except YamlSyntaxError as e:  # too large, binary, not UTF-8
+        raise PlaybookInvalid([ValidationIssue(e.file, e.line, "", e.rule, e.message)]) from None
     except FlowError as e:
         where = f"column {e.column}: " if e.column is not None else ""
         raise PlaybookInvalid([ValidationIssue(str(p), e.line or 1, "", e.rule, where + e.message)]) from None

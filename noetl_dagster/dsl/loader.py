@@ -5,10 +5,14 @@ Python data from it and, alongside, a :class:`SourceMap` from YAML paths
 (tuples of keys and indexes) to 1-based line numbers.
 
 Every command reads YAML through here, so the limits live here
-(docs/limits.md): document size, nesting depth, node count, alias count and
-the number of nodes aliases expand to (a "billion laughs" file is refused in
-milliseconds, before anything is built). A refusal is a
-:class:`YamlLimitError` naming the limit that was hit.
+(docs/limits.md): document size, nesting depth, node count, alias count, the
+number of nodes aliases expand to and the size of the text they expand to (a
+"billion laughs" file, or one long scalar aliased thousands of times, is
+refused in milliseconds, before anything is built). A refusal is a
+:class:`YamlLimitError` naming the limit that was hit. A key given twice in
+one mapping is a :class:`YamlDuplicateKey` (YAML requires unique keys; PyYAML
+would keep the last one silently). Files are read by the one bounded reader
+(:func:`noetl_dagster.util.files.read_bounded`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from noetl_dagster.util.files import InputFileError, read_bounded
 
 try:  # libyaml is ~10x faster when available
     from yaml import CSafeLoader as _Loader
@@ -46,6 +52,7 @@ class YamlLimits:
     max_nodes: int = 2_000_000  # nodes after alias expansion
     max_aliases: int = 10_000  # alias references (*name)
     max_alias_nodes: int = 100_000  # nodes added by expanding aliases
+    max_expanded_chars: int = 16 * 1024 * 1024  # scalar text after alias expansion (keys and values)
 
     @classmethod
     def from_env(cls) -> YamlLimits:
@@ -56,6 +63,7 @@ class YamlLimits:
             max_nodes=_env_int("NOETL_YAML_MAX_NODES", d.max_nodes),
             max_aliases=d.max_aliases,
             max_alias_nodes=d.max_alias_nodes,
+            max_expanded_chars=_env_int("NOETL_YAML_MAX_EXPANDED_CHARS", d.max_expanded_chars),
         )
 
 
@@ -65,6 +73,12 @@ class YamlSyntaxError(ValueError):
     def __init__(self, file: str, line: int, message: str):
         super().__init__(f"{file}:{line}: {self.rule}: {message}")
         self.file, self.line, self.message = file, line, message
+
+
+class YamlDuplicateKey(YamlSyntaxError):
+    """A mapping names the same key twice (YAML requires unique keys)."""
+
+    rule = "duplicate-key"
 
 
 class YamlLimitError(YamlSyntaxError):
@@ -114,9 +128,9 @@ def check_yaml_limits(text: str, file: str = "<memory>", limits: YamlLimits | No
     size = len(text.encode("utf-8", "surrogatepass")) if len(text) * 4 > lim.max_bytes else len(text)
     if size > lim.max_bytes:
         raise YamlLimitError(file, 1, "max-bytes", f"document is {size} bytes; the limit is {lim.max_bytes}")
-    anchors: dict[str, int] = {}
-    stack: list[list[Any]] = []  # [anchor, subtree node count]
-    total = aliases = alias_nodes = 0
+    anchors: dict[str, tuple[int, int]] = {}  # anchor -> (nodes, scalar characters) of its subtree
+    stack: list[list[Any]] = []  # [anchor, subtree node count, subtree scalar characters]
+    total = aliases = alias_nodes = chars = 0
     parser = _Builder(text)
     try:
         while True:
@@ -125,26 +139,27 @@ def check_yaml_limits(text: str, file: str = "<memory>", limits: YamlLimits | No
                 break
             line = ev.start_mark.line + 1 if ev.start_mark else 1
             if isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-                stack.append([ev.anchor, 1])
+                stack.append([ev.anchor, 1, 0])
                 if len(stack) > lim.max_depth:
                     raise YamlLimitError(
                         file, line, "max-depth", f"nesting is deeper than {lim.max_depth} levels"
                     )
                 continue
             if isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-                anchor, n = stack.pop()
+                anchor, n, size = stack.pop()
                 if anchor is not None:
-                    anchors[anchor] = n
+                    anchors[anchor] = (n, size)
                 if stack:
                     stack[-1][1] += n
+                    stack[-1][2] += size
                 continue
             if isinstance(ev, yaml.ScalarEvent):
-                n = 1
+                n, size = 1, len(ev.value)
                 if ev.anchor is not None:
-                    anchors[ev.anchor] = 1
+                    anchors[ev.anchor] = (1, size)
             elif isinstance(ev, yaml.AliasEvent):
                 aliases += 1
-                n = anchors.get(ev.anchor, 1)
+                n, size = anchors.get(ev.anchor, (1, 0))
                 alias_nodes += n
                 if aliases > lim.max_aliases:
                     raise YamlLimitError(
@@ -158,10 +173,18 @@ def check_yaml_limits(text: str, file: str = "<memory>", limits: YamlLimits | No
             else:
                 continue
             total += n
+            chars += size  # what building the data would hold: an alias counts its anchor's text again
             if total > lim.max_nodes:
                 raise YamlLimitError(file, line, "max-nodes", f"more than {lim.max_nodes} nodes")
+            if chars > lim.max_expanded_chars:
+                raise YamlLimitError(
+                    file, line, "max-expanded-chars",
+                    f"with its aliases expanded the document holds more than {lim.max_expanded_chars}"
+                    " characters of text",
+                )  # fmt: skip
             if stack:
                 stack[-1][1] += n
+                stack[-1][2] += size
     except yaml.YAMLError:
         return  # the loader reports syntax errors with their position
     finally:
@@ -171,8 +194,11 @@ def check_yaml_limits(text: str, file: str = "<memory>", limits: YamlLimits | No
 def _construct(loader: Any, node: yaml.Node, path: PathT, lines: dict[PathT, int]) -> Any:
     lines[path] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
+        # keys written in this mapping, not merged in by `<<` (which they may override)
+        own = {id(k) for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"}
         loader.flatten_mapping(node)
         out: dict[Any, Any] = {}
+        first: dict[Any, int] = {}  # own key -> its line
         for key_node, value_node in node.value:
             key = loader.construct_object(key_node, deep=True)
             if isinstance(key, list):
@@ -184,6 +210,13 @@ def _construct(loader: Any, node: yaml.Node, path: PathT, lines: dict[PathT, int
                     "", key_node.start_mark.line + 1, "a mapping key must be a scalar"
                 ) from None
             child = (*path, key if isinstance(key, (str, int)) else str(key))
+            if id(key_node) in own:
+                if key in first:  # PyYAML keeps the last silently: a playbook that says two things is refused
+                    raise YamlDuplicateKey(
+                        "", key_node.start_mark.line + 1,
+                        f"{format_path(child)}: given twice in this mapping (first at line {first[key]})",
+                    )  # fmt: skip
+                first[key] = key_node.start_mark.line + 1
             out[key] = _construct(loader, value_node, child, lines)
             lines[child] = key_node.start_mark.line + 1
         return out
@@ -207,8 +240,9 @@ def load_yaml_text(
         lines: dict[PathT, int] = {}
         data = _construct(loader, node, (), lines)
         return data, SourceMap(file, lines)
-    except YamlSyntaxError as e:
-        raise YamlSyntaxError(file, e.line, e.message) from None
+    except YamlSyntaxError as e:  # from _construct, which does not know the file name
+        cls = YamlDuplicateKey if isinstance(e, YamlDuplicateKey) else YamlSyntaxError
+        raise cls(file, e.line, e.message) from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark else 1
@@ -223,20 +257,27 @@ def load_yaml_text(
         loader.dispose()
 
 
-def read_text_file(path: str | Path, limits: YamlLimits | None = None) -> str:
-    """Read a UTF-8 text file, refusing binary and oversize files as YamlSyntaxError/YamlLimitError."""
+class YamlFileError(YamlSyntaxError):
+    """The file cannot be read as a document at all: missing, unreadable, or not a regular file
+    (a FIFO, a device). ``rule`` is the reader's: ``file-not-found``, ``cannot-read``, ``not-a-file``."""
+
+    def __init__(self, file: str, rule: str, message: str):
+        self.rule = rule
+        super().__init__(file, 0, message)
+
+
+def read_text_file(path: str | Path, limits: YamlLimits | None = None, *, what: str = "file") -> str:
+    """Read a UTF-8 text file through the bounded reader: a missing or non-regular file is a
+    :class:`YamlFileError`, one over ``max_bytes`` a :class:`YamlLimitError`, binary or non-UTF-8
+    text a :class:`YamlSyntaxError`."""
     p = Path(path)
     lim = limits or YamlLimits.from_env()
     try:
-        size = p.stat().st_size
-    except OSError as e:
-        raise YamlSyntaxError(str(p), 0, f"cannot read: {e.strerror or e}") from None
-    if size > lim.max_bytes:
-        raise YamlLimitError(str(p), 1, "max-bytes", f"file is {size} bytes; the limit is {lim.max_bytes}")
-    try:
-        data = p.read_bytes()
-    except OSError as e:
-        raise YamlSyntaxError(str(p), 0, f"cannot read: {e.strerror or e}") from None
+        data = read_bounded(p, lim.max_bytes, what=what)
+    except InputFileError as e:
+        if e.rule == "max-bytes":
+            raise YamlLimitError(str(p), 1, "max-bytes", e.message) from None
+        raise YamlFileError(str(p), e.rule, e.message) from None
     if b"\x00" in data:
         raise YamlSyntaxError(str(p), 1, "binary file (contains NUL bytes), not YAML text")
     try:
@@ -246,6 +287,8 @@ def read_text_file(path: str | Path, limits: YamlLimits | None = None) -> str:
         raise YamlSyntaxError(str(p), line, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
-def load_yaml_file(path: str | Path, limits: YamlLimits | None = None) -> tuple[Any, SourceMap]:
+def load_yaml_file(
+    path: str | Path, limits: YamlLimits | None = None, *, what: str = "file"
+) -> tuple[Any, SourceMap]:
     p = Path(path)
-    return load_yaml_text(read_text_file(p, limits), str(p), limits)
+    return load_yaml_text(read_text_file(p, limits, what=what), str(p), limits)

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from noetl_dagster.dsl import load_playbook
+from noetl_dagster.dsl.loader import read_text_file
 from noetl_dagster.dsl.model import Playbook
 from noetl_dagster.engine.ports import ToolError
 
@@ -47,7 +48,7 @@ class Catalog:
                 if n > MAX_SCAN_FILES:
                     return index
                 try:
-                    doc = yaml.load(f.read_text(encoding="utf-8"), Loader=_Loader)
+                    doc = yaml.load(read_text_file(f), Loader=_Loader)  # bounded: a huge file is skipped
                 except Exception:  # noqa: BLE001 - unreadable files are simply not in the catalog
                     continue
                 if isinstance(doc, dict) and doc.get("kind") == "Playbook":

@@ -16,6 +16,7 @@ from typing import Any
 from noetl_dagster.dsl.flow.errors import FlowCompileError, FlowError, FlowSyntaxError
 from noetl_dagster.dsl.flow.graph import FlowGraph, Node, NodeKind, build_graph
 from noetl_dagster.dsl.flow.parser import parse_flow
+from noetl_dagster.dsl.loader import read_text_file
 
 FLOW_SUFFIX = ".flow"
 
@@ -78,9 +79,7 @@ def load_flow(path: str | os.PathLike[str]) -> dict[str, Any]:
     the playbook's source file, i.e. of this flow file.
     """
     p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{p}: no such flow file")
-    text = p.read_text(encoding="utf-8")
+    text = read_text_file(p, what="flow file")  # the bounded reader, with the YAML document size limit
     return compile_flow(text, file=str(p), name=p.stem)
 
 
