@@ -1,6 +1,12 @@
 // The cost dashboard's client: filters over the allocation rollup rows, Plotly charts, drill-down.
-const S = {tenant: "", project: "", playbook: "", step: "", data: null};
+// Every string from the data is text: DOM nodes get it through textContent / new Option, Plotly
+// through esc() (its labels read a little HTML: <b>, <a href>, <span style>); raw values ride in
+// customdata for the clicks. No innerHTML anywhere.
+"use strict";
+const S = {tenant: "", project: "", playbook: "", step: "", data: null, cluster: null};
 const $ = (id) => document.getElementById(id);
+const INLINE = (() => { const el = $("noetl-data"); return el ? JSON.parse(el.textContent) : null; })();
+const esc = (v) => String(v).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
 const sum = (rows, k) => rows.reduce((a, r) => a + (+r[k] || 0), 0);
 function groupBy(rows, keyf) {
   const m = new Map();
@@ -8,8 +14,7 @@ function groupBy(rows, keyf) {
   return m;
 }
 function fill(sel, values, current) {
-  const el = $(sel);
-  el.innerHTML = '<option value="">(all)</option>' + values.map((v) => `<option${v === current ? " selected" : ""}>${v}</option>`).join("");
+  $(sel).replaceChildren(new Option("(all)", ""), ...values.map((v) => new Option(v, v, false, v === current)));
 }
 function filtered(ignore) {
   const st = $("f-start").value, en = $("f-end").value;
@@ -19,11 +24,13 @@ function filtered(ignore) {
     && (!st || r.day >= st) && (!en || r.day <= en));
 }
 function uniq(rows, k) { return [...new Set(rows.map((r) => r[k]))].sort(); }
-const layout = (title, extra) => Object.assign({title: {text: title, font: {size: 14}}, margin: {l: 60, r: 10, t: 36, b: 80}, barmode: "stack", legend: {orientation: "h"}}, extra || {});
+const layout = (title, extra) => Object.assign({title: {text: esc(title), font: {size: 14}}, margin: {l: 60, r: 10, t: 36, b: 80}, barmode: "stack", legend: {orientation: "h"}}, extra || {});
+const category = {type: "category"};
 function render() {
   const d = S.data, cur = d.currency || "";
-  $("banner").style.display = d.synthetic ? "block" : "none";
+  $("banner").hidden = !d.synthetic;
   $("meta").textContent = `${d.start} .. ${d.end}, prices ${d.price_version} (${cur})`;
+  $("who").textContent = d.viewer ? (d.viewer.admin ? `${d.viewer.name}: all tenants` : `tenant ${d.viewer.name}`) : "";
   fill("f-tenant", uniq(filtered("tenant"), "tenant"), S.tenant);
   fill("f-project", uniq(filtered("project"), "project"), S.project);
   fill("f-playbook", uniq(filtered("playbook"), "playbook"), S.playbook);
@@ -33,71 +40,97 @@ function render() {
   const byTenant = groupBy(rows, (r) => r.tenant);
   const ts = [...byTenant].map(([t, rs]) => {
     const byDay = groupBy(rs, (r) => r.day);
-    return {type: "bar", name: t, x: days, y: days.map((x) => sum(byDay.get(x) || [], "cost"))};
+    return {type: "bar", name: esc(t), x: days, y: days.map((x) => sum(byDay.get(x) || [], "cost"))};
   });
-  Plotly.react("ts", ts, layout(`cost per day per tenant (${cur})`));
-  // 2. allocated / unallocated / storage / idle per day (whole cluster: not filtered by tenant)
-  const st = $("f-start").value, en = $("f-end").value;
-  const sm = d.summary.filter((r) => (!st || r.day >= st) && (!en || r.day <= en));
-  Plotly.react("idle", ["allocated", "unallocated", "storage", "idle"].map((k) => ({type: "bar", name: k, x: sm.map((r) => r.day), y: sm.map((r) => r[k])})),
-    layout(`allocated, unallocated and idle per day (${cur}, all tenants)`));
+  // a few days read better as one bar group each than on a time axis ticking hours
+  Plotly.react("ts", ts, layout(`cost per day per tenant (${cur})`, days.length < 8 ? {xaxis: category} : {}));
+  // 2. allocated / unallocated / storage / idle per day: the whole cluster, admin keys only
+  $("idle").hidden = !S.cluster;
+  if (S.cluster) {
+    const st = $("f-start").value, en = $("f-end").value;
+    const sm = S.cluster.filter((r) => (!st || r.day >= st) && (!en || r.day <= en));
+    Plotly.react("idle", ["allocated", "unallocated", "storage", "idle"].map((k) => ({type: "bar", name: k, x: sm.map((r) => r.day), y: sm.map((r) => r[k])})),
+      layout(`allocated, unallocated and idle per day (${cur}, all tenants)`));
+  }
   // 3. top N playbooks
   const n = Math.max(1, +$("f-topn").value || 10);
-  const top = [...groupBy(rows, (r) => r.tenant + " / " + r.playbook)].map(([k, rs]) => [k, sum(rs, "cost")]).sort((a, b) => b[1] - a[1]).slice(0, n).reverse();
-  Plotly.react("topn", [{type: "bar", orientation: "h", x: top.map((t) => t[1]), y: top.map((t) => t[0]), name: "cost"}],
-    layout(`top ${n} playbooks by cost (click to drill down)`, {margin: {l: 220, r: 10, t: 36, b: 40}}));
+  const top = [...groupBy(rows, (r) => JSON.stringify([r.tenant, r.playbook]))].map(([k, rs]) => [JSON.parse(k), sum(rs, "cost")])
+    .sort((a, b) => b[1] - a[1]).slice(0, n).reverse();
+  Plotly.react("topn", [{type: "bar", orientation: "h", x: top.map((t) => t[1]), y: top.map((t) => esc(t[0].join(" / "))),
+    customdata: top.map((t) => t[0]), name: "cost"}],
+    layout(`top ${n} playbooks by cost (click to drill down)`, {margin: {l: 220, r: 10, t: 36, b: 40}, yaxis: category}));
   // 4. drill-down: tenants -> playbooks -> steps
-  const level = S.playbook ? "step" : S.tenant ? "playbook" : "tenant";
+  const level = S.level = S.playbook ? "step" : S.tenant ? "playbook" : "tenant";
   const parts = [...groupBy(rows, (r) => r[level])].map(([k, rs]) => [k, sum(rs, "cost"), sum(rs, "cpu_core_hours")]).sort((a, b) => b[1] - a[1]);
-  Plotly.react("steps", [{type: "bar", x: parts.map((p) => p[0]), y: parts.map((p) => p[1]), name: "cost", customdata: parts.map((p) => p[2]),
-    hovertemplate: "%{x}: %{y:.4f} " + cur + "<br>%{customdata:.4f} CPU core-hours<extra></extra>"}],
-    layout(`cost per ${level} (click to drill down)`));
+  Plotly.react("steps", [{type: "bar", x: parts.map((p) => esc(p[0])), y: parts.map((p) => p[1]), name: "cost",
+    customdata: parts.map((p) => [p[0], p[2]]),
+    hovertemplate: "%{x}: %{y:.4f} " + esc(cur) + "<br>%{customdata[1]:.4f} CPU core-hours<extra></extra>"}],
+    layout(`cost per ${level} (click to drill down)`, {xaxis: category}));
   // 5. error and retry rates per playbook
-  const rates = [...groupBy(rows, (r) => r.playbook)].map(([k, rs]) => [k, sum(rs, "failed") / Math.max(sum(rs, "attempts"), 1), sum(rs, "retries") / Math.max(sum(rs, "attempts"), 1)]);
+  const rates = [...groupBy(rows, (r) => r.playbook)].map(([k, rs]) => [esc(k), sum(rs, "failed") / Math.max(sum(rs, "attempts"), 1), sum(rs, "retries") / Math.max(sum(rs, "attempts"), 1)]);
   Plotly.react("rates", [
     {type: "bar", name: "error rate", x: rates.map((r) => r[0]), y: rates.map((r) => r[1])},
     {type: "bar", name: "retry rate", x: rates.map((r) => r[0]), y: rates.map((r) => r[2])},
-  ], layout("error and retry rate per playbook (task attempts)", {barmode: "group", yaxis: {tickformat: ".1%"}}));
+  ], layout("error and retry rate per playbook (task attempts)", {barmode: "group", yaxis: {tickformat: ".1%"}, xaxis: category}));
   crumbs();
 }
 function crumbs() {
-  const c = [['all', () => { S.tenant = S.playbook = S.step = ""; }]];
+  const c = [["all", () => { S.tenant = S.playbook = S.step = ""; }]];
   if (S.tenant) c.push([S.tenant, () => { S.playbook = S.step = ""; }]);
   if (S.playbook) c.push([S.playbook, () => { S.step = ""; }]);
   if (S.step) c.push([S.step, () => {}]);
-  $("crumbs").innerHTML = "";
+  $("crumbs").replaceChildren();
   c.forEach(([label, f], i) => {
     const a = document.createElement("a"); a.textContent = label;
     a.onclick = () => { f(); render(); };
     $("crumbs").append(a); if (i < c.length - 1) $("crumbs").append(" > ");
   });
 }
-async function showExecutions() {
-  $("exec-title").textContent = `${S.tenant} / ${S.playbook} / ${S.step}`;
-  if (INLINE) { $("executions").textContent = "per-execution drill-down needs `noetl-dagster dashboard serve`"; return; }
-  const q = new URLSearchParams({tenant: S.tenant, playbook: S.playbook, step: S.step, start: $("f-start").value, end: $("f-end").value});
-  const rows = await (await fetch("/api/executions?" + q)).json();
-  const cols = ["execution_id", "started", "attempts", "failed", "cpu_core_hours", "seconds"];
-  $("executions").innerHTML = "<table><tr>" + cols.map((c) => `<th>${c}</th>`).join("") + "</tr>"
-    + rows.map((r) => "<tr>" + cols.map((c) => `<td>${r[c]}</td>`).join("") + "</tr>").join("") + "</table>";
+function showError(message) { $("error").textContent = message; $("error").hidden = !message; }
+async function getJSON(path, params) {
+  const r = await fetch(path + "?" + new URLSearchParams(params), {credentials: "same-origin"});
+  const body = await r.json().catch(() => ({}));
+  if (r.status === 401) throw new Error("signed out (" + (body.error || "401") + "): reload the page to sign in again");
+  if (!r.ok) throw new Error(body.error || r.statusText);
+  return body;
 }
-async function fetchData() {
-  const q = new URLSearchParams({start: $("f-start").value, end: $("f-end").value});
-  S.data = await (await fetch("/api/data?" + q)).json();
+function table(cols, rows) {
+  const t = document.createElement("table"), head = t.insertRow();
+  for (const c of cols) { const th = document.createElement("th"); th.textContent = c; head.append(th); }
+  for (const r of rows) { const tr = t.insertRow(); for (const c of cols) tr.insertCell().textContent = r[c] ?? ""; }
+  return t;
+}
+async function showExecutions() {
+  const tenants = uniq(filtered(), "tenant"), tenant = S.tenant || (tenants.length === 1 ? tenants[0] : "");
+  $("exec-title").textContent = `${tenant} / ${S.playbook} / ${S.step}`;
+  if (INLINE) { $("executions").textContent = "per-execution drill-down needs `noetl-dagster dashboard serve`"; return; }
+  try {
+    const rows = await getJSON("/api/executions", {tenant, playbook: S.playbook, step: S.step, start: $("f-start").value, end: $("f-end").value});
+    $("executions").replaceChildren(table(["execution_id", "started", "attempts", "failed", "cpu_core_hours", "seconds"], rows));
+  } catch (e) { showError(e.message); }
+}
+async function fetchData(range) {
+  S.data = await getJSON("/api/data", range);
+  S.cluster = S.data.viewer && S.data.viewer.admin ? await getJSON("/api/cluster", {start: S.data.start, end: S.data.end}) : null;
 }
 async function main() {
-  if (INLINE) S.data = INLINE; else S.data = await (await fetch("/api/data")).json();
+  if (INLINE) { S.data = INLINE; S.cluster = INLINE.cluster || null; } else await fetchData({});
   for (const k of ["start", "end"]) { const el = $("f-" + k); el.value = S.data[k]; el.min = S.data.min_day; el.max = S.data.max_day; }
   for (const k of ["tenant", "project", "playbook"]) $("f-" + k).onchange = (e) => { S[k] = e.target.value; S.step = ""; render(); };
-  for (const k of ["start", "end"]) $("f-" + k).onchange = async () => { if (!INLINE) await fetchData(); render(); };
+  for (const k of ["start", "end"]) {
+    $("f-" + k).onchange = async () => {
+      try { if (!INLINE) await fetchData({start: $("f-start").value, end: $("f-end").value}); showError(""); } catch (e) { showError(e.message); }
+      render();
+    };
+  }
   $("f-topn").onchange = render;
   render();
-  $("topn").on("plotly_click", (ev) => { const [t, ...p] = ev.points[0].y.split(" / "); S.tenant = t; S.playbook = p.join(" / "); S.step = ""; render(); });
+  $("topn").on("plotly_click", (ev) => { [S.tenant, S.playbook] = ev.points[0].customdata; S.step = ""; render(); });
   $("steps").on("plotly_click", (ev) => {
-    const v = ev.points[0].x;
-    if (!S.tenant) S.tenant = v; else if (!S.playbook) S.playbook = v; else { S.step = v; showExecutions(); }
+    const v = ev.points[0].customdata[0];
+    if (S.level === "tenant") S.tenant = v; else if (S.level === "playbook") S.playbook = v; else { S.step = v; showExecutions(); }
     render();
   });
   document.body.dataset.ready = "1";
 }
-main();
+main().catch((e) => { showError(e.message); document.body.dataset.ready = "error"; });

@@ -1,14 +1,16 @@
 """``noetl-dagster dashboard [render options] | serve | export | demo-history``.
 
 ``dashboard`` alone (or with the render options) renders the static matplotlib pages as
-before; ``serve`` runs the interactive Plotly dashboard over ClickHouse queries, ``export``
-writes the same page with its data inlined, ``demo-history`` fills the facts store with a
+before; ``serve`` runs the interactive Plotly dashboard over ClickHouse queries (signed in with
+registry API keys, each key seeing its tenant's rows), ``export`` writes the same page with one
+tenant's data (or, ``--all-tenants``, everyone's) inlined, ``demo-history`` fills the facts store with a
 clearly labelled SYNTHETIC 30-day history for several tenants.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -39,19 +41,39 @@ dashboard.add_command(render_command, "render")
 @click.option("--port", type=int, default=8765, show_default=True)
 @click.option("--prices", type=click.Path(dir_okay=False), help="Price table to load before serving.")
 @click.option("--no-refresh", is_flag=True, help="Serve what the rollups hold; do not refresh them first.")
+@click.option("--registry", "registry_url", default=None,
+              help="Registry whose API keys sign in: a DB URL or path, or http(s)://… of `noetl-registry serve` "
+                   "(default: $NOETL_REGISTRY_URL, else $NOETL_DAGSTER_HOME/registry.db).")
+@click.option("--admin-tenant", "admin_tenants", multiple=True, envvar="NOETL_DASHBOARD_ADMIN_TENANT",
+              help="Keys of this tenant (not project-scoped) see every tenant and the cluster view; repeatable.")
+@click.option("--secure-cookie", is_flag=True, help="Mark the session cookie Secure (serving behind HTTPS).")
 def serve(clickhouse: str | None, data_dir: str | None, database: str | None, host: str, port: int,
-          prices: str | None, no_refresh: bool) -> None:  # fmt: skip
-    """Serve the interactive cost dashboard (filters, drill-down) until interrupted."""
-    from analytics.interactive import make_server  # noqa: PLC0415
+          prices: str | None, no_refresh: bool, registry_url: str | None, admin_tenants: tuple[str, ...],
+          secure_cookie: bool) -> None:  # fmt: skip
+    """Serve the interactive cost dashboard (filters, drill-down) until interrupted.
 
+    Every page and API request needs a registry API key (Authorization: Bearer <key>, or sign in
+    at /login or /?key=<key> for an HttpOnly session cookie); each key sees its own tenant's rows."""
+    from analytics.dashboard_access import KeyAuth  # noqa: PLC0415
+    from analytics.interactive import make_server  # noqa: PLC0415
+    from registry_service.errors import RegistryError  # noqa: PLC0415
+
+    try:
+        auth = KeyAuth(registry_url, admin_tenants=admin_tenants)
+        auth.check()
+    except RegistryError as e:
+        _fail_input(e.message)
+    except Exception as e:  # noqa: BLE001 - a bad URL or unreachable database: one line, exit 2
+        _fail_input(f"cannot open the registry {registry_url or '(default)'}: {type(e).__name__}: {e}")
     store = _store(clickhouse, data_dir, database)
     if not no_refresh:
         _refresh(store, prices, data_dir)
     try:
-        server = make_server(store, host, port)
+        server = make_server(store, host, port, auth=auth, secure_cookie=secure_cookie)
     except OSError as e:
         _fail_input(f"cannot listen on {host}:{port}: {e.strerror or e}")
-    click.echo(f"dashboard: http://{host}:{server.server_address[1]}/", err=False)
+    admins = f"; admin tenants: {', '.join(sorted(auth.admin_tenants))}" if auth.admin_tenants else ""
+    click.echo(f"dashboard: http://{host}:{server.server_address[1]}/ (sign in with a registry API key{admins})")
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -64,13 +86,33 @@ def serve(clickhouse: str | None, data_dir: str | None, database: str | None, ho
 @common
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Output directory (writes cost.html).")
 @click.option("--prices", type=click.Path(dir_okay=False))
-def export_cmd(clickhouse: str | None, data_dir: str | None, database: str | None, out: str, prices: str | None) -> None:
-    """Write the interactive dashboard as one self-contained HTML file (data inlined)."""
+@click.option("--tenant", default=None, help="Write only this tenant's rows (the file can go to that tenant).")
+@click.option("--project", default=None, help="With --tenant: only this project's rows.")
+@click.option("--all-tenants", is_flag=True, help="Write every tenant's rows and the cluster view (operators only).")
+def export_cmd(clickhouse: str | None, data_dir: str | None, database: str | None, out: str, prices: str | None,
+               tenant: str | None, project: str | None, all_tenants: bool) -> None:  # fmt: skip
+    """Write the interactive dashboard as one self-contained HTML file (one tenant's data inlined)."""
+    from analytics.dashboard_access import Viewer  # noqa: PLC0415
     from analytics.interactive import export_static  # noqa: PLC0415
 
+    if bool(tenant) == all_tenants:
+        _fail_input("say whose rows to write: --tenant T (one tenant) or --all-tenants")
+    if project and not tenant:
+        _fail_input("--project needs --tenant")
     store = _store(clickhouse, data_dir, database)
     _refresh(store, prices, data_dir)
-    click.echo(f"dashboard: {export_static(store, Path(out))}")
+    viewer = Viewer.of_tenant(tenant, project) if tenant else Viewer.everyone()
+    if tenant and not _has_rows(store, tenant, project):
+        _fail_input(f"no cost rows for tenant {tenant!r}" + (f" project {project!r}" if project else ""))
+    click.echo(f"dashboard: {export_static(store, Path(out), viewer=viewer)} ({viewer.name})")
+
+
+def _has_rows(store: Any, tenant: str, project: str | None) -> bool:
+    sql = "SELECT count() FROM $db.allocation_step_day WHERE tenant_id = {t:String}"
+    if project:
+        sql += " AND project_id = {p:String}"
+    _, rows = store.query(sql, {"t": tenant, "p": project or ""})
+    return bool(rows[0][0])
 
 
 @dashboard.command("demo-history")

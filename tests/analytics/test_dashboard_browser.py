@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from analytics.dashboard_access import KeyAuth
 from analytics.demo_history import generate_history
 from analytics.interactive import export_static, make_server
 from analytics.rollups import refresh_rollups
 from analytics.store import FactsStore, close_all
+from registry_service.service import Registry
 
 CHROMIUM = "/usr/bin/chromium"
 REPO = Path(__file__).resolve().parents[2]
@@ -36,12 +38,15 @@ def served(tmp_path):
     store = FactsStore(f"chdb://{tmp_path / 'facts'}")
     generate_history(store, days=30, per_day=1500)
     refresh_rollups(store)
-    server = make_server(store, port=0)
+    reg = Registry(f"sqlite:///{tmp_path / 'registry.db'}")
+    _, key = reg.create_api_key("platform")  # the admin tenant: every synthetic tenant shows
+    server = make_server(store, port=0, auth=KeyAuth(reg, admin_tenants=["platform"]))
     t = threading.Thread(target=server.serve_forever, daemon=True)
     t.start()
-    yield store, f"http://127.0.0.1:{server.server_address[1]}/"
+    yield store, f"http://127.0.0.1:{server.server_address[1]}/?key={key}"
     server.shutdown()
     server.server_close()
+    reg.close()
     close_all()
 
 
@@ -69,12 +74,13 @@ def test_filters_and_date_range_change_the_charts(served, artifacts, tmp_path):
         browser, page = _open(p, url)
         try:
             assert page.is_visible("#banner")  # synthetic data is labelled as such
+            assert page.is_visible("#idle")  # the cluster view: an admin key
             before = page.evaluate(TOTALS)
             assert len(before["names"]) == 4 and before["days"] >= 28 and before["total"] > 0
             page.screenshot(path=str(artifacts / "1_all_tenants.png"), full_page=True)
             # 1. a tenant filter: one series left, a smaller total
             page.select_option("#f-tenant", "synthetic-umbrella")
-            page.wait_for_function("document.getElementById('ts').data.length === 1")
+            page.wait_for_function("() => document.getElementById('ts').data.length === 1")
             one = page.evaluate(TOTALS)
             assert one["names"] == ["synthetic-umbrella"] and 0 < one["total"] < before["total"]
             # drill-down chart is at the playbook level now
@@ -84,7 +90,7 @@ def test_filters_and_date_range_change_the_charts(served, artifacts, tmp_path):
             week_start = date.fromisoformat(page.input_value("#f-end")) - timedelta(days=6)
             page.fill("#f-start", week_start.isoformat())
             page.dispatch_event("#f-start", "change")
-            page.wait_for_function(f"document.getElementById('ts').data[0].x.length < {one['days']}")
+            page.wait_for_function(f"() => document.getElementById('ts').data[0].x.length < {one['days']}")
             week = page.evaluate(TOTALS)
             assert week["days"] < one["days"] and week["total"] < one["total"]
             page.screenshot(path=str(artifacts / "3_date_range.png"), full_page=True)
@@ -96,7 +102,7 @@ def test_filters_and_date_range_change_the_charts(served, artifacts, tmp_path):
         try:
             before = page.evaluate(TOTALS)
             page.select_option("#f-tenant", "synthetic-acme")
-            page.wait_for_function("document.getElementById('ts').data.length === 1")
+            page.wait_for_function("() => document.getElementById('ts').data.length === 1")
             after = page.evaluate(TOTALS)
             assert after["total"] < before["total"] and after["names"] == ["synthetic-acme"]
             page.screenshot(path=str(artifacts / "4_static_export.png"), full_page=True)
