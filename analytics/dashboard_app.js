@@ -50,7 +50,7 @@ function render() {
     const st = $("f-start").value, en = $("f-end").value;
     const sm = S.cluster.filter((r) => (!st || r.day >= st) && (!en || r.day <= en));
     Plotly.react("idle", ["allocated", "unallocated", "storage", "idle"].map((k) => ({type: "bar", name: k, x: sm.map((r) => r.day), y: sm.map((r) => r[k])})),
-      layout(`allocated, unallocated and idle per day (${cur}, all tenants)`));
+      layout(`allocated, unallocated and idle per day (${cur}, all tenants)`, sm.length < 8 ? {xaxis: category} : {}));
   }
   // 3. top N playbooks
   const n = Math.max(1, +$("f-topn").value || 10);
@@ -58,7 +58,7 @@ function render() {
     .sort((a, b) => b[1] - a[1]).slice(0, n).reverse();
   Plotly.react("topn", [{type: "bar", orientation: "h", x: top.map((t) => t[1]), y: top.map((t) => esc(t[0].join(" / "))),
     customdata: top.map((t) => t[0]), name: "cost"}],
-    layout(`top ${n} playbooks by cost (click to drill down)`, {margin: {l: 220, r: 10, t: 36, b: 40}, yaxis: category}));
+    layout(`top ${n} playbooks by cost (click to drill down)`, {margin: {l: 60, r: 10, t: 36, b: 40}, yaxis: {...category, automargin: true}}));
   // 4. drill-down: tenants -> playbooks -> steps
   const level = S.level = S.playbook ? "step" : S.tenant ? "playbook" : "tenant";
   const parts = [...groupBy(rows, (r) => r[level])].map(([k, rs]) => [k, sum(rs, "cost"), sum(rs, "cpu_core_hours")]).sort((a, b) => b[1] - a[1]);
@@ -68,10 +68,12 @@ function render() {
     layout(`cost per ${level} (click to drill down)`, {xaxis: category}));
   // 5. error and retry rates per playbook
   const rates = [...groupBy(rows, (r) => r.playbook)].map(([k, rs]) => [esc(k), sum(rs, "failed") / Math.max(sum(rs, "attempts"), 1), sum(rs, "retries") / Math.max(sum(rs, "attempts"), 1)]);
+  // horizontal: playbook paths are long
   Plotly.react("rates", [
-    {type: "bar", name: "error rate", x: rates.map((r) => r[0]), y: rates.map((r) => r[1])},
-    {type: "bar", name: "retry rate", x: rates.map((r) => r[0]), y: rates.map((r) => r[2])},
-  ], layout("error and retry rate per playbook (task attempts)", {barmode: "group", yaxis: {tickformat: ".1%"}, xaxis: category}));
+    {type: "bar", orientation: "h", name: "error rate", y: rates.map((r) => r[0]), x: rates.map((r) => r[1])},
+    {type: "bar", orientation: "h", name: "retry rate", y: rates.map((r) => r[0]), x: rates.map((r) => r[2])},
+  ], layout("error and retry rate per playbook (task attempts)", {barmode: "group", xaxis: {tickformat: ".1%"},
+    yaxis: {...category, automargin: true}, margin: {l: 60, r: 10, t: 36, b: 40}}));
   crumbs();
 }
 function crumbs() {

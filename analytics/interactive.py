@@ -217,8 +217,9 @@ class _Handler(BaseHTTPRequestHandler):
     lock: threading.Lock
     title = "NoETL cost"
     secure_cookie = False
-    server_version = "noetl-dashboard"
-    sys_version = ""
+    def version_string(self) -> str:  # no Python version in the Server header
+        return "noetl-dashboard"
+
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet server (and no ?key= in logs)
         pass

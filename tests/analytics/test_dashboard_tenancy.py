@@ -265,7 +265,7 @@ SHOWN = """() => ({
   projects: [...document.querySelectorAll('#f-project option')].map(o => o.value).filter(Boolean),
   playbooks: [...document.querySelectorAll('#f-playbook option')].map(o => o.textContent).filter(t => t !== '(all)'),
   traces: document.getElementById('ts').data.map(t => t.name),
-  ticks: [...document.querySelectorAll('#topn .ytick text, #rates .xtick text')].map(t => t.textContent),
+  ticks: [...document.querySelectorAll('#topn .ytick text, #rates .ytick text')].map(t => t.textContent),
   links: document.querySelectorAll('#topn svg a, #rates svg a, #steps svg a').length,
   bold: document.querySelectorAll('#topn tspan[style*="bold"], #rates tspan[style*="bold"]').length,
   imgs: document.querySelectorAll('img').length,
@@ -287,7 +287,8 @@ PROBE = """() => new Promise((done) => {
 def _assert_safe(shown, tenant):
     assert shown["xss"] is None and shown["csp"] == [] and shown["imgs"] == 0
     assert IMG in shown["playbooks"] and MARKUP in shown["playbooks"]  # the names, literally
-    assert f"{tenant} / {IMG}" in shown["ticks"] and f"{tenant} / {MARKUP}" in shown["ticks"]
+    assert f"{tenant} / {IMG}" in shown["ticks"] and f"{tenant} / {MARKUP}" in shown["ticks"]  # top N
+    assert IMG in shown["ticks"] and MARKUP in shown["ticks"]  # error and retry rates
     assert shown["links"] == 0 and shown["bold"] == 0  # Plotly drew no <a> and no bold: text
 
 
