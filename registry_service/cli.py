@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from noetl_dagster.util.cli import OneLineUsageGroup
 from registry_service.errors import RegistryError
 
 # the same exit codes as noetl-dagster: 0 ok, 1 failed, 2 bad input (options, database URL, unreachable database)
@@ -32,8 +33,8 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-class _Guarded(click.Group):
-    """No traceback from any sub-command: one ``error:`` line, exit 2 (bad input) or 1."""
+class _Guarded(OneLineUsageGroup):
+    """No traceback from any sub-command: one ``error:`` line, exit 2 (bad input, usage) or 1."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

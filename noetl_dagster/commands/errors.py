@@ -15,6 +15,8 @@ from typing import Any
 
 import click
 
+from noetl_dagster.util.cli import OneLineUsageGroup
+
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 # what a user can get wrong: files, values, stores (exit 2)
@@ -78,8 +80,8 @@ def convert(exc: BaseException) -> click.ClickException:
     return Failed(f"internal error: {one_line(exc)}")
 
 
-class GuardedGroup(click.Group):
-    """A click group whose sub-commands never end in a traceback."""
+class GuardedGroup(OneLineUsageGroup):
+    """A click group whose sub-commands never end in a traceback (and whose usage errors are one line)."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

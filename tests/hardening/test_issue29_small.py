@@ -133,3 +133,40 @@ def test_aliases_that_expand_past_the_text_limit_are_refused_before_building(tmp
     # within the limit aliases still work (the same text counted once per use)
     data, _ = load_yaml_text("a: &a 'xyz'\nb: [*a, *a]\n")
     assert data["b"] == ["xyz", "xyz"]
+
+
+# -- usage errors: one line ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args,registry,needle",
+    [
+        (["bogus"], False, "No such command 'bogus'"),
+        (["--bogus"], False, "No such option '--bogus'"),
+        (["run"], False, "Missing argument 'FILE'"),
+        (["run", "x.yaml", "--bogus"], False, "No such option '--bogus'"),
+        (["run", "x.yaml", "--runner", "nope"], False, "Invalid value for '--runner'"),
+        (["executions", "--limit", "0"], False, "Invalid value for '--limit'"),
+        (["validate", "/"], False, "is a directory"),
+        (["flow", "compile"], False, "Missing argument 'FILE'"),
+        (["lineage", "validate"], False, "Missing argument 'FILES...'"),
+        (["facts", "bogus"], False, "No such command 'bogus'"),
+        (["conformance", "/", "--http-override", "nohost"], False, "expected HOST=URL"),
+        (["bogus"], True, "No such command 'bogus'"),
+        (["serve", "--port", "0"], True, "Invalid value for '--port'"),
+        (["keys", "create"], True, "Missing option '--tenant'"),
+        (["keys", "create", "--tenant", "a", "--bogus"], True, "No such option '--bogus'"),
+    ],
+)
+def test_every_usage_error_is_one_line_exit_2(args, registry, needle):
+    """Click printed `Usage: …`, `Try '… --help' for help.`, a blank line and `Error: …`."""
+    r = invoke(args, registry=registry)
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert lines[0].startswith("error: ") and needle in lines[0] and "--help" in lines[0], r.output
+
+
+def test_usage_errors_of_the_console_scripts_are_one_line():
+    for args, registry in ((["run", "--nope"], False), (["keys", "revoke"], True)):
+        code, out, _ = run_subprocess(args, registry=registry)
+        assert code == 2 and len(out.strip().splitlines()) == 1 and out.startswith("error: "), out
