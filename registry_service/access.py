@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from noetl_dagster.dsl.locator import InvalidLocator, ResourceLocator
+from noetl_dagster.dsl.locator import InvalidLocator, ResourceLocator, check_scope
 from noetl_dagster.engine.events import uuid7
 from registry_service.common import (
     EV_GRANT_CREATED,
@@ -73,7 +73,9 @@ class AccessControl(RegistryBase):
     def create_api_key(self, tenant: str, project: str | None = None, *, label: str | None = None) -> tuple[str, str]:
         """Create a key; returns (key_id, the key text). Only its hash is stored."""
         try:
-            ResourceLocator(tenant, project or "x", "x", "x", "x")
+            check_scope(tenant, "tenant")
+            if project is not None:
+                check_scope(project, "project")
         except InvalidLocator as e:
             raise InvalidRequest(str(e)) from e
         check_text(label, "label", self.limits.max_text)
@@ -203,7 +205,8 @@ class AccessControl(RegistryBase):
         check_text(req.purpose, "purpose", self.limits.max_text)
         check_json_size(req.conditions, "conditions", self.limits.max_metadata_bytes)
         if not self._owns(p, loc.tenant, loc.project):
-            self._audit(p, "grant:create", False, loc.uri, loc.tenant, loc.project, f"not the owner ({subject})")
+            self._audit(p, "grant:create", False, loc.uri, loc.tenant, loc.project, f"not the owner ({subject})",
+                        requested=loc.uri)
             raise Forbidden(f"{p.label} may not grant access to {loc.uri}: only its owner can")
         now_dt = utc_now()
         now = iso(now_dt)
@@ -268,7 +271,7 @@ class AccessControl(RegistryBase):
         # the attempt is audited for the actor and, when the grant exists, for its owner
         reason = f"not the owner of {grant_id}" if row is not None else f"no grant {grant_id}"
         self._audit(p, "grant:revoke", False, row[1] if row else None, row[12] if row else None,
-                    row[13] if row else None, reason)
+                    row[13] if row else None, reason, requested=grant_id)
         raise NotFound(f"no grant {grant_id!r}")
 
     def list_grants(self, p: Principal, resource_uri: str | None = None, *, include_inactive: bool = False) -> list[Grant]:
@@ -288,20 +291,32 @@ class AccessControl(RegistryBase):
 
     # ----------------------------------------------------------------- audit
     def audit(self, p: Principal, after: int = 0, limit: int = 100) -> AuditPage:
-        """Audit entries where the caller's tenant is the actor or the owner."""
+        """Audit entries where the caller's tenant is the actor or the owner, as far as it may know them:
+        entries about its own tenant's resources in full; its own attempts on other tenants' resources
+        in full when they were allowed (it saw the resource then), and when denied only what it asked
+        for — never the resource found (its version, its URI behind an id), its owner or the reason,
+        which would tell whether it exists."""
         after = check_int(after, "after", 0, MAX_CURSOR)
         limit = max(1, min(check_int(limit, "limit", -MAX_CURSOR, MAX_CURSOR), MAX_PAGE))
         sql = (
             "SELECT seq, ts, action, allowed, reason, uri, actor_key_id, actor_tenant, actor_project, owner_tenant,"
-            " owner_project FROM registry_audit WHERE seq > ? AND (actor_tenant = ? OR owner_tenant = ?)"
+            " owner_project, requested FROM registry_audit WHERE seq > ? AND (actor_tenant = ? OR owner_tenant = ?)"
             " ORDER BY seq LIMIT ?"
         )
         with self.store.read() as tx:
             rows = tx.all(sql, (after, p.tenant, p.tenant, limit))
-        entries = [
-            AuditEntry(seq=int(r[0]), ts=r[1], action=r[2], allowed=bool(r[3]), reason=r[4], uri=r[5],
-                       actor_key_id=r[6], actor_tenant=r[7], actor_project=r[8], owner_tenant=r[9],
-                       owner_project=r[10])
-            for r in rows
-        ]
+        entries = [_audit_entry(r, full=r[9] == p.tenant or bool(r[3])) for r in rows]
         return AuditPage(entries=entries, next_after=entries[-1].seq if entries else after)
+
+
+def _audit_entry(r: Sequence[Any], *, full: bool) -> AuditEntry:
+    """One audit row as a caller sees it (see ``AccessControl.audit``)."""
+    if full:
+        return AuditEntry(seq=int(r[0]), ts=r[1], action=r[2], allowed=bool(r[3]), reason=r[4], uri=r[5],
+                          actor_key_id=r[6], actor_tenant=r[7], actor_project=r[8], owner_tenant=r[9],
+                          owner_project=r[10])
+    asked = r[11]
+    named = asked if asked and asked.startswith(("noetl://", "urn:noetl:")) else None
+    reason = "denied" if named or not asked else f"denied: {asked}"  # a call by id names its id
+    return AuditEntry(seq=int(r[0]), ts=r[1], action=r[2], allowed=False, reason=reason, uri=named,
+                      actor_key_id=r[6], actor_tenant=r[7], actor_project=r[8])

@@ -57,10 +57,11 @@ _N_RESOURCE_COLS = len(RESOURCE_COLS.split(","))
 _EVENT_COLS = "seq, event_id, name, tenant_id, project_id, resource_id, uri, actor, ts, data"
 
 
-def _denied(message: str, loc: ResourceLocator) -> Forbidden:
-    """A Forbidden that remembers whose resource it was about, for the audit entry."""
+def _denied(message: str, loc: ResourceLocator, requested: str) -> Forbidden:
+    """A Forbidden that remembers whose resource it was about and what the caller named, for the audit entry."""
     err = Forbidden(message)
     err.audit_uri, err.audit_owner = loc.uri, (loc.tenant, loc.project)  # type: ignore[attr-defined]
+    err.audit_requested = requested  # type: ignore[attr-defined]
     return err
 
 
@@ -157,9 +158,10 @@ class Catalog(AccessControl):
 
     def _audit_denial(self, p: Principal, action: str, e: Forbidden, uri: str | None,
                       owner: ResourceLocator | None) -> None:
+        requested = getattr(e, "audit_requested", uri)
         uri = getattr(e, "audit_uri", uri)
         tenant, project = getattr(e, "audit_owner", (owner.tenant, owner.project) if owner else (None, None))
-        self._audit(p, action, False, uri, tenant, project, e.message)
+        self._audit(p, action, False, uri, tenant, project, e.message, requested=requested)
 
     # -------------------------------------------------------------- register
     def register(self, p: Principal, req: RegisterRequest) -> Resource:
@@ -198,11 +200,12 @@ class Catalog(AccessControl):
                 if row is None:
                     if self._owns(p, in_loc.tenant, in_loc.project):
                         raise NotFound(f"input {text} is not registered")
-                    raise _denied(f"{p.label} may not read input {in_loc.uri}", in_loc)
+                    # the same answer as for an input that exists: no probing of other tenants' names
+                    raise _denied(f"{p.label} may not read {in_loc.uri}: no live grant", in_loc, in_loc.uri)
                 try:
                     in_grant = self._authorize(tx, p, in_loc, row[0], "read")
                 except Forbidden as e:
-                    raise _denied(e.message, in_loc) from None
+                    raise _denied(e.message, in_loc, in_loc.uri) from None
                 if in_grant is not None:
                     audits.append((p, "register:input", True, row[1], in_loc.tenant, in_loc.project,
                                    f"grant {in_grant}"))
@@ -279,8 +282,8 @@ class Catalog(AccessControl):
         if grant_id is not None:
             self._audit(p, _action, True, row[1], loc.tenant, loc.project, f"grant {grant_id}")
             return resource
-        self._audit(p, _action, False, row[1], loc.tenant, loc.project, "no live grant")
-        raise Forbidden(f"{p.label} may not read {row[1]}")
+        self._audit(p, _action, False, row[1], loc.tenant, loc.project, "no live grant", requested=resource_id)
+        raise Forbidden(f"{p.label} may not read resource {resource_id}: no live grant")
 
     def resolve(
         self, p: Principal, uri: str, *, purpose: str = "read", region: str | None = None
@@ -297,7 +300,8 @@ class Catalog(AccessControl):
         if not owned:
             allowed = row is not None and grant_id is not None
             reason = f"grant {grant_id}" if allowed else "no live grant"
-            self._audit(p, f"resolve:{purpose}", allowed, row[1] if row else loc.uri, loc.tenant, loc.project, reason)
+            self._audit(p, f"resolve:{purpose}", allowed, row[1] if row else loc.uri, loc.tenant, loc.project, reason,
+                        requested=loc.uri)
             if not allowed:
                 raise Forbidden(f"{p.label} may not read {loc.uri}: no live grant")
         if row is None:
@@ -331,8 +335,9 @@ class Catalog(AccessControl):
             loc = ResourceLocator(row[3], row[4], row[5], row[6], row[7], row[8])
             try:
                 grant_id = self._authorize(tx, p, loc, resource_id, "write")
-            except Forbidden as e:
-                raise _denied(e.message, loc) from None
+            except Forbidden:  # by id: the answer names the id, not the resource behind it
+                raise _denied(f"{p.label} may not write resource {resource_id}: no live grant", loc,
+                              resource_id) from None
             has_primary = tx.one(
                 "SELECT 1 FROM registry_location WHERE resource_id = ? AND role = 'primary'", (resource_id,)
             )

@@ -385,7 +385,9 @@ def open_registry(
         reg = shared_registry(url_or_db)
     principal = reg.authenticate(api_key) if api_key else Principal(tenant=tenant, project=project)
     if not api_key:
-        from noetl_dagster.dsl.locator import ResourceLocator  # noqa: PLC0415 - validates the scope
+        from noetl_dagster.dsl.locator import check_scope  # noqa: PLC0415 - the locator's rule for the scope
 
-        ResourceLocator(tenant, project or "x", "x", "x", "x")
+        check_scope(tenant, "tenant")
+        if project is not None:
+            check_scope(project, "project")
     return InProcessRegistryClient(reg, principal, api_key=api_key or None)

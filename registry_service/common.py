@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from noetl_dagster.dsl.locator import InvalidLocator, ResourceLocator, parse_locator
+from noetl_dagster.dsl.locator import InvalidLocator, ResourceLocator, check_scope, parse_locator
 from noetl_dagster.engine.events import uuid7
 from registry_service.errors import InvalidRequest
 from registry_service.models import Location, Principal, Resource, iso, utc_now
@@ -124,14 +124,15 @@ def parse_subject(subject: str) -> tuple[str, str | None, str]:
     rest = rest[2:] if rest.startswith("//") else rest
     try:
         if kind == "tenant":
-            probe = ResourceLocator(rest, "x", "x", "x", "x")
-            return probe.tenant, None, f"tenant:{probe.tenant}"
+            tenant = check_scope(rest, "tenant")
+            return tenant, None, f"tenant:{tenant}"
         if kind == "project":
             tenant, slash, project = rest.partition("/")
             if not slash:
                 raise InvalidRequest(f"grant subject {subject!r}: project subjects are project:<tenant>/<project>")
-            probe = ResourceLocator(tenant, project, "x", "x", "x")
-            return probe.tenant, probe.project, f"project:{probe.tenant}/{probe.project}"
+            check_scope(tenant, "tenant")
+            check_scope(project, "project")
+            return tenant, project, f"project:{tenant}/{project}"
     except InvalidLocator as e:
         raise InvalidRequest(f"grant subject {subject!r}: {e}") from e
     raise InvalidRequest(f"grant subject {subject!r}: the kind must be 'tenant' or 'project'")
@@ -227,25 +228,28 @@ class RegistryBase:
         owner_project: str | None,
         reason: str,
         tx: Tx | None = None,
+        *,
+        requested: str | None = None,
     ) -> None:
-        """One audit entry; inside ``tx`` (atomic with the change it records) or in its own transaction."""
-        self._audit_many([(p, action, allowed, uri, owner_tenant, owner_project, reason)], tx)
+        """One audit entry; inside ``tx`` (atomic with the change it records) or in its own transaction.
+        ``requested``: what the actor named (a URI as asked, or an id) — all a denied actor may see of it."""
+        self._audit_many([(p, action, allowed, uri, owner_tenant, owner_project, reason)], tx, requested=requested)
 
-    def _audit_many(self, entries: Sequence[AuditRow], tx: Tx | None = None) -> None:
+    def _audit_many(self, entries: Sequence[AuditRow], tx: Tx | None = None, *, requested: str | None = None) -> None:
         if not entries:
             return
         if tx is None:
             with self.store.write() as own:
-                self._audit_many(entries, own)
+                self._audit_many(entries, own, requested=requested)
             return
         now = iso(utc_now())
         for p, action, allowed, uri, owner_tenant, owner_project, reason in entries:
             seq = tx.next_value("audit")
             tx.exec(
                 "INSERT INTO registry_audit (seq, ts, action, allowed, reason, uri, actor_key_id, actor_tenant,"
-                " actor_project, owner_tenant, owner_project) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                " actor_project, owner_tenant, owner_project, requested) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     seq, now, action, bool(allowed) if tx.dialect == "postgres" else int(allowed),
-                    reason, uri, p.key_id, p.tenant, p.project, owner_tenant, owner_project,
+                    reason, uri, p.key_id, p.tenant, p.project, owner_tenant, owner_project, requested,
                 ),
             )

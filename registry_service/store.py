@@ -207,8 +207,12 @@ def _v2_grant_instants(tx: Tx) -> None:
     tx.exec("INSERT INTO registry_counter (name, value) VALUES ('auth', 0) ON CONFLICT (name) DO NOTHING")
 
 
+# What the actor asked for (the URI as it named it, or the id of a call by id), beside `uri` (the
+# resource the decision was about): a caller reading its own denied attempts sees only this (issue 29).
+_V3_AUDIT_REQUESTED = "ALTER TABLE registry_audit ADD COLUMN requested TEXT"
+
 # version -> script (SQL text, or a function of a Tx); append new versions, never edit shipped ones
-MIGRATIONS: list[str | Callable[[Tx], None]] = [_COMMON_V1, _v2_grant_instants]
+MIGRATIONS: list[str | Callable[[Tx], None]] = [_COMMON_V1, _v2_grant_instants, _V3_AUDIT_REQUESTED]
 
 
 class Tx:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import sys
 import time
 from collections.abc import Iterator
@@ -15,16 +14,16 @@ import click
 from noetl_dagster.commands.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from noetl_dagster.util.jsonutil import dumps
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-
 
 def _scope_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    """--tenant / --project: a name, never a path or control characters."""
-    if value is None or not _NAME.match(value) or ".." in value:
-        raise click.BadParameter(
-            f"{value!r}: use 1-128 letters, digits, '_', '.' or '-' (no path separators or control characters)"
-        )
-    return value
+    """--tenant / --project: the resource locator's rule for them (the registry's too), so a run's
+    scope is one every resource URI it registers can name; never a path or control characters."""
+    from noetl_dagster.dsl.locator import InvalidLocator, check_scope
+
+    try:
+        return check_scope(value, param.name or "scope")
+    except InvalidLocator as e:
+        raise click.BadParameter(str(e)) from None
 
 
 # issues about the file itself, not its content (the bounded reader's refusals): exit 2

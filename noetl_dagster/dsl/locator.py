@@ -25,8 +25,9 @@ DEFAULT_SHARD_COUNT = 256
 
 # tenant / project: used in paths and subjects; no dots so they cannot form "." or "..".
 _SCOPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-# namespace / type / name segment / version: dots allowed inside, never leading.
-_SEGMENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+# namespace / type / name segment / version: dots allowed inside, never leading or trailing
+# (a trailing dot is dropped by some filesystems and object stores: `x.` and `x` would collide).
+_SEGMENT_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,126}[A-Za-z0-9_-])?$")
 _MAX_NAME_SEGMENTS = 16
 
 
@@ -39,9 +40,20 @@ def _check(value: str, what: str, pattern: re.Pattern[str]) -> str:
         raise InvalidLocator(
             f"invalid {what} {value!r}: use letters, digits, '_' and '-'"
             + (" and inner '.'" if pattern is _SEGMENT_RE else "")
-            + f" (at most {64 if pattern is _SCOPE_RE else 128} characters, starting with a letter or digit)"
+            + f" (at most {64 if pattern is _SCOPE_RE else 128} characters, starting with a letter or digit"
+            + (", not ending with '.')" if pattern is _SEGMENT_RE else ")")
         )
     return value
+
+
+def check_scope(value: str, what: str = "tenant") -> str:
+    """A tenant or project name by the locator's rule (the one rule: service, clients, CLI options)."""
+    return _check(value, what, _SCOPE_RE)
+
+
+def check_segment(value: str, what: str = "segment") -> str:
+    """A namespace, type, name segment or version by the locator's rule."""
+    return _check(value, what, _SEGMENT_RE)
 
 
 def _check_name(name: str) -> str:

@@ -170,3 +170,20 @@ def test_usage_errors_of_the_console_scripts_are_one_line():
     for args, registry in ((["run", "--nope"], False), (["keys", "revoke"], True)):
         code, out, _ = run_subprocess(args, registry=registry)
         assert code == 2 and len(out.strip().splitlines()) == 1 and out.startswith("error: "), out
+
+
+# -- one rule for scopes and segments ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("tenant", ["acme.", "a.b", "x" * 65])
+def test_run_scope_options_follow_the_locator_rule(tmp_path, tenant):
+    """`run --tenant acme.` was accepted, then no resource URI of that run could name its tenant."""
+    from noetl_dagster.dsl.locator import InvalidLocator, check_scope
+    from registry_service.client import open_registry
+
+    with pytest.raises(InvalidLocator):
+        check_scope(tenant)
+    r = invoke(["run", write(tmp_path, "ok.yaml", OK), "--tenant", tenant, "--data-dir", str(tmp_path / "d")])
+    assert r.exit_code == 2 and "Invalid value for '--tenant'" in r.output and len(r.output.strip().splitlines()) == 1
+    with pytest.raises(InvalidLocator):
+        open_registry(f"sqlite:///{tmp_path}/r.db", tenant=tenant)
