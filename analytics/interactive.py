@@ -231,7 +231,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(raw)))
         self.send_header("Content-Security-Policy", CSP)
         self.send_header("X-Content-Type-Options", "nosniff")
-        self.send_header("Referrer-Policy", "no-referrer")
+        self.send_header("Referrer-Policy", "same-origin")  # and so our own forms carry an Origin
         self.send_header("X-Frame-Options", "DENY")
         if not ctype.startswith("application/javascript"):
             self.send_header("Cache-Control", "no-store")
@@ -319,6 +319,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         path = urlsplit(self.path).path
+        origin = self.headers.get("Origin")
+        if origin is not None and (origin == "null" or urlsplit(origin).netloc != self.headers.get("Host")):
+            # another site posting a form here (e.g. signing the victim in with the attacker's key)
+            return self._send("cross-site form refused", "text/plain", 403)
         try:
             if path == "/logout":
                 self.sessions.close(self._cookie())

@@ -148,6 +148,11 @@ def test_key_exchange_sets_an_httponly_cookie_and_drops_the_key_from_the_url(wor
     assert form.status_code == 303 and "HttpOnly" in form.headers["Set-Cookie"]
     refused = httpx.post(world["url"] + "/login", data={"key": "nope"}, follow_redirects=False)
     assert refused.status_code == 401 and "malformed API key" in refused.text
+    # a form posted from another site is refused (no login CSRF into someone else's tenant)
+    for origin in ("http://evil.example", "null"):
+        csrf = httpx.post(world["url"] + "/login", data={"key": world["keys"]["globex"]}, follow_redirects=False,
+                          headers={"Origin": origin})  # fmt: skip
+        assert csrf.status_code == 403 and "Set-Cookie" not in csrf.headers
     # sign out ends the session on the server, not only in the browser
     out = httpx.post(world["url"] + "/logout", headers={"Cookie": sid}, follow_redirects=False)
     assert out.status_code == 303 and "Max-Age=0" in out.headers["Set-Cookie"]
