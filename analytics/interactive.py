@@ -270,10 +270,15 @@ class _Handler(BaseHTTPRequestHandler):
             if scheme.lower() != "bearer" or not key.strip():
                 raise Unauthorized("Authorization must be 'Bearer <API key>'")
             return self.auth.viewer(key.strip())
-        key = self.sessions.key(self._cookie())
+        sid = self._cookie()
+        key = self.sessions.key(sid)
         if key is None:
             raise Unauthorized("sign in with an API key (Authorization: Bearer <key>, /login or /?key=<key>)")
-        return self.auth.viewer(key)
+        try:
+            return self.auth.viewer(key)
+        except Unauthorized:
+            self.sessions.close(sid)  # revoked: the session is dead for good
+            raise
 
     def _refuse(self, path: str, e: RegistryError) -> None:
         headers = {"WWW-Authenticate": 'Bearer realm="noetl-dashboard"'} if e.status == 401 else {}
