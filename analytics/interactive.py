@@ -217,9 +217,9 @@ class _Handler(BaseHTTPRequestHandler):
     lock: threading.Lock
     title = "NoETL cost"
     secure_cookie = False
+
     def version_string(self) -> str:  # no Python version in the Server header
         return "noetl-dashboard"
-
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet server (and no ?key= in logs)
         pass
@@ -321,6 +321,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._refuse(path, e)
         except ValueError as e:
             self._json({"error": str(e)}, 400)
+        except Exception as e:  # noqa: BLE001 - one line for the caller, no traceback, no internals
+            self._json({"error": f"internal error ({type(e).__name__})"}, 500)
 
     def do_POST(self) -> None:  # noqa: N802
         path = urlsplit(self.path).path
