@@ -192,6 +192,10 @@ def run(
     from noetl_dagster.engine.events import uuid7
 
     execution_id = uuid7()
+    if not detach:  # this process exists for the execution: its start-up is the execution's platform usage
+        from noetl_dagster.engine.usage import charge_process_start
+
+        charge_process_start()
     if runner == "dagster":
         from noetl_dagster.translator.runner import DetachTargetMissing, run_with_dagster
 

@@ -21,6 +21,7 @@ from noetl_dagster.dsl.model import Playbook, Step
 from noetl_dagster.dsl.parse import PlaybookInvalid, check_playbook
 from noetl_dagster.dsl.templates import TemplateError, template_env
 from noetl_dagster.engine import events as E
+from noetl_dagster.engine import usage
 from noetl_dagster.engine.events import uuid7
 from noetl_dagster.engine.frame import StepRun, outcome_envelope
 from noetl_dagster.engine.graph import StepGraph, analyze
@@ -102,6 +103,8 @@ class Engine:
         self._keychain: Any = None
         self._keychain_lock = threading.Lock()
         self.grant: Grant = UNRESTRICTED  # narrowed for generated playbooks and their children (engine.trust)
+        # this process's CPU for the execution, less its task attempts': the platform line (engine.usage)
+        self.usage_window = None if self.state.finished else usage.window(self.state.execution_id)
 
     @property
     def execution_id(self) -> str:
@@ -374,8 +377,12 @@ class Engine:
             return self.state.status
         run_final_step(self)
         status = "failed" if self.state.failed else "completed"
+        data: dict[str, Any] = {"status": status}
+        platform = usage.platform(self.execution_id)
+        if platform is not None:
+            data["platform"] = platform
         self.recorder.emit(E.WORKFLOW_FINISHED, entity_id=self.execution_id, status="success" if status == "completed" else "error",
-                           data={"status": status})  # fmt: skip
+                           data=data)  # fmt: skip
         last = self.state.last_step
         self.recorder.emit(
             E.PLAYBOOK_PROCESSED,

@@ -2,26 +2,35 @@
 
 The worker wraps every task call in a :class:`Meter`; what it measures lands in
 ``outcome.meta.usage`` of the terminal event, so replay and the facts read the
-recorded numbers and never measure again.
+recorded numbers and never measure again. What no attempt used — the engine's own
+work for an execution — is its ``platform`` usage (:class:`Window`), recorded once in
+the execution's ``workflow.finished`` event.
 
 How (and why this way — see docs/analytics.md "Measured usage"):
 
-- ``cpu_s``: CPU of the calling thread only (:func:`time.thread_time`: ``getrusage(RUSAGE_THREAD)``
-  is updated only at scheduler ticks and reads 0 for short tasks in worker threads),
-  which is right for tasks that run in-process on the worker thread (parallel
-  loop iterations each have their own thread and their own meter).
-- ``child_cpu_s`` / ``child_maxrss_bytes``: ``getrusage(RUSAGE_CHILDREN)``
-  delta — user+system CPU of the subprocesses (shell, container CLIs) that
-  finished and were waited for during the task. Process-wide: two tasks that
-  reap children at the same time share the figure.
-- ``mem_peak_bytes`` / ``mem_delta_bytes``: resident set size from
-  ``/proc/self/statm`` at start and end, and the process high-water mark
-  ``ru_maxrss``. If the high-water mark rose during the task the task set it,
-  so the peak is exact; otherwise the peak is the larger of the start and end
-  RSS (a lower bound). An attempt under ``SHORT_TASK_S`` (0.5 ms) is not read
-  again at its end: its peak is the starting RSS (read at most 1 ms before).
-  tracemalloc would be exact for Python objects but slows allocation-heavy
-  tasks several times, and misses C buffers.
+- ``cpu_s``: CPU of the whole process (``time.process_time``, every thread) while the
+  attempt runs **alone** — no other attempt active when it starts nor started before it
+  ends — so threads the task starts and native pools (DuckDB, Arrow, polars) count. When
+  attempts overlap (parallel loop lanes), each falls back to the CPU of its own thread
+  (:func:`time.thread_time`); what their other threads burned is then left to the
+  execution's ``platform`` line, never lost. An attempt nested in another on the same
+  thread (a sub-playbook's tasks inside a ``kind: playbook`` task) is taken out of the
+  outer attempt's figure, so nothing counts twice.
+- ``child_cpu_s``: ``getrusage(RUSAGE_CHILDREN)`` delta — user+system CPU of the
+  subprocesses that finished and were waited for during the task (process-wide).
+- ``child_maxrss_bytes``: the peak RSS of the subprocesses the attempt ran: exact per child
+  when reaped by :class:`Popen` (``wait4``: python ``isolation: process``, shell), else the
+  ``RUSAGE_CHILDREN`` high-water mark when it rose during the attempt.
+- ``mem_peak_bytes``: the process's resident high-water mark (``ru_maxrss``) at the end
+  when the attempt raised it, else the larger of the start and end RSS (``/proc/self/statm``).
+  The mark is per process: after a big attempt freed its memory it would hide every
+  smaller peak after it, so an attempt that starts alone with the mark more than
+  ``HWM_SLACK`` above the resident set resets it first (``/proc/self/clear_refs`` ``5``,
+  Linux: 0.3 us). ``mem_delta_bytes`` = peak - starting RSS + ``child_maxrss_bytes``: the
+  memory the attempt added, in this process and in its children (what RAM is priced on).
+  An attempt under ``SHORT_TASK_S`` (0.5 ms) is not read again at its end: its peak is the
+  starting RSS (read at most 1 ms before). tracemalloc would be exact for Python objects but
+  slows allocation-heavy tasks several times, and misses C buffers.
 - ``wall_s``: :func:`time.perf_counter` delta.
 - counters a tool, store or IO manager adds with :func:`count` while the task
   runs (``bytes_read``, ``bytes_written``, ``net_in_bytes``, ``net_out_bytes``,
@@ -34,6 +43,8 @@ How (and why this way — see docs/analytics.md "Measured usage"):
 from __future__ import annotations
 
 import os
+import subprocess
+import threading
 import time
 from collections.abc import Mapping
 from contextvars import ContextVar
@@ -45,6 +56,7 @@ except ImportError:  # pragma: no cover - Windows
     _resource = None  # type: ignore[assignment]
 
 _COUNTERS: ContextVar[dict[str, float] | None] = ContextVar("noetl_usage_counters", default=None)
+_METER: ContextVar[Meter | None] = ContextVar("noetl_usage_meter", default=None)
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 # ru_maxrss is KiB on Linux, bytes on macOS
 _MAXRSS_UNIT = 1 if os.uname().sysname == "Darwin" else 1024
@@ -62,12 +74,25 @@ def count(**amounts: float) -> None:
             c[k] = c.get(k, 0) + v
 
 
+def peak(**amounts: float) -> None:
+    """Raise the running task's ``amounts`` to at least these values (peaks: no-op outside a task)."""
+    c = _COUNTERS.get()
+    if c is None:
+        return
+    for k, v in amounts.items():
+        if v and v > c.get(k, 0):
+            c[k] = v
+
+
 _statm_fd: int | None = None  # /proc/self resolves at open, so a forked child reopens (below)
+_clear_fd: int | None = None  # /proc/self/clear_refs, opened on the first reset (-1: not available)
 
 
 def _reopen_after_fork() -> None:
-    global _statm_fd
+    global _statm_fd, _clear_fd
     _statm_fd = None  # the child's /proc/self is another process: open it again on first use
+    _clear_fd = None
+    _ACTIVE.clear()  # the parent's attempts are not running here
 
 
 if hasattr(os, "register_at_fork"):
@@ -84,6 +109,24 @@ def _rss() -> int:
     return int(os.pread(_statm_fd, 64, 0).split()[1]) * _PAGE
 
 
+def _reset_hwm() -> bool:
+    """Reset the process's resident high-water mark (VmHWM, ``ru_maxrss``) to the current RSS:
+    ``echo 5 > /proc/self/clear_refs`` (Linux >= 4.0; 0.3 us on a kept-open descriptor)."""
+    global _clear_fd
+    if _clear_fd is None:
+        try:
+            _clear_fd = os.open("/proc/self/clear_refs", os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            _clear_fd = -1
+    if _clear_fd < 0:
+        return False
+    try:
+        os.write(_clear_fd, b"5")
+    except OSError:
+        return False
+    return True
+
+
 # A task attempt shorter than this can neither have run and reaped a child process (fork, exec
 # and wait take over a millisecond) nor have grown the resident set measurably, so its stop
 # reads no memory or child figures: its peak is its starting RSS (issue 19: 3 system calls and a
@@ -92,6 +135,9 @@ SHORT_TASK_S = 0.0005
 # The starting RSS is read again when the last reading is older than this (between two short
 # tasks of one engine the process grows by less than a page).
 RSS_FRESH_S = 0.001
+# An attempt starting alone resets the high-water mark when it is more than this above the
+# resident set (an earlier peak was freed): the peak it then records is off by at most this.
+HWM_SLACK = 1 << 20
 _rss_seen: tuple[float, int] = (-1.0, 0)  # (perf_counter, rss): replaced whole, so threads never mix
 
 
@@ -106,55 +152,184 @@ def _recent_rss() -> int:
     return rss
 
 
-# CPU comes from time.thread_time (CLOCK_THREAD_CPUTIME_ID), not getrusage(RUSAGE_THREAD):
-# the kernel updates a running thread's rusage times only at scheduler ticks, so a task of
-# under a tick measured 0.0 CPU in loop worker threads (tests/analytics/test_allocation.py).
-def _cpu_and_maxrss() -> tuple[float, int]:
-    maxrss = _resource.getrusage(_resource.RUSAGE_SELF).ru_maxrss if _resource is not None else 0
-    return time.thread_time(), maxrss
+# Attempts running now (all threads), and how many top-level attempts ever started: an attempt
+# is "alone" when every active attempt is itself or one it is nested in, and none started since.
+_ACTIVE: set[Meter] = set()
+_started = [0]  # a top-level attempt's start bumps it (a lost concurrent bump still changes it)
 
 
 class Meter:
-    """One task attempt's measurement; ``stop`` returns the ``usage`` mapping."""
+    """One task attempt's measurement; ``stop`` returns the ``usage`` mapping.
 
-    __slots__ = ("_token", "_counters", "_wall", "_cpu", "_rss", "_maxrss", "_child")
+    ``window``: the execution's :class:`Window`, which the attempt's CPU is taken out of."""
 
-    def __init__(self) -> None:
+    __slots__ = ("_token", "_mtoken", "_counters", "_wall", "_cpu", "_proc", "_rss", "_maxrss", "_child",
+                 "_outer", "_depth", "_gen", "_alone", "_nested", "_folded", "_window", "gross_cpu_s")  # fmt: skip
+
+    def __init__(self, window: Window | None = None) -> None:
         self._counters: dict[str, float] = {}
         self._token = _COUNTERS.set(self._counters)
+        outer = self._outer = _METER.get()
+        self._mtoken = _METER.set(self)
+        self._window = window
+        self._nested = 0.0  # gross CPU of the attempts (and sub-executions) nested in this one
+        self._folded = 0  # the high-water mark a nested attempt saw before it reset it
         self._rss = _recent_rss()
+        _ACTIVE.add(self)
+        if outer is None:
+            self._depth = 0
+            _started[0] += 1
+        else:
+            self._depth = outer._depth + 1
+        self._gen = _started[0]
+        self._alone = len(_ACTIVE) == self._depth + 1
         if _resource is not None:
             ch = _resource.getrusage(_resource.RUSAGE_CHILDREN)
             self._child = (ch.ru_utime + ch.ru_stime, ch.ru_maxrss)
+            maxrss = _resource.getrusage(_resource.RUSAGE_SELF).ru_maxrss
+            if self._alone and maxrss * _MAXRSS_UNIT > self._rss + HWM_SLACK:
+                # an earlier peak, since freed, would hide this attempt's: reset the mark, after
+                # handing it to the attempts this one runs inside (they are still measuring)
+                m = outer
+                while m is not None:
+                    m._folded = max(m._folded, maxrss)
+                    m = m._outer
+                if _reset_hwm():
+                    maxrss = _resource.getrusage(_resource.RUSAGE_SELF).ru_maxrss
+            self._maxrss = maxrss
         else:
             self._child = (0.0, 0)
-        self._cpu, self._maxrss = _cpu_and_maxrss()
+            self._maxrss = 0
+        self._cpu = time.thread_time()
+        self._proc = time.process_time()
         self._wall = time.perf_counter()
 
     def stop(self, result: Any = None) -> dict[str, Any]:
         wall = time.perf_counter() - self._wall
+        if self._alone and _started[0] == self._gen:  # nothing ran beside it: every thread is its
+            gross = time.process_time() - self._proc
+        else:
+            gross = time.thread_time() - self._cpu
+        _ACTIVE.discard(self)
         try:
             _COUNTERS.reset(self._token)
-        except ValueError:  # stopped in another context (should not happen): leave the var alone
+            _METER.reset(self._mtoken)
+        except ValueError:  # stopped in another context (should not happen): leave the vars alone
             pass
-        short = wall < SHORT_TASK_S  # see SHORT_TASK_S: memory and children as at the start
-        u: dict[str, Any] = {"wall_s": round(wall, 6), "cpu_s": round(time.thread_time() - self._cpu, 6)}
-        if _resource is not None and short:
+        self.gross_cpu_s = gross
+        if self._outer is not None:
+            self._outer._nested += gross
+        if self._window is not None:
+            self._window.add(gross)
+        cpu = gross - self._nested
+        u: dict[str, Any] = {"wall_s": round(wall, 6), "cpu_s": round(cpu, 6) if cpu > 0 else 0.0}
+        counters = self._counters
+        if _resource is not None and wall < SHORT_TASK_S:  # see SHORT_TASK_S: memory as at the start
             u["mem_peak_bytes"], u["mem_delta_bytes"] = self._rss, 0
         elif _resource is not None:
-            maxrss, rss = _resource.getrusage(_resource.RUSAGE_SELF).ru_maxrss, _rss()
-            peak = maxrss * _MAXRSS_UNIT if maxrss > self._maxrss else max(rss, self._rss)
-            u["mem_peak_bytes"] = peak
-            u["mem_delta_bytes"] = max(0, peak - self._rss)
+            global _rss_seen
+            maxrss, rss = max(_resource.getrusage(_resource.RUSAGE_SELF).ru_maxrss, self._folded), _rss()
+            _rss_seen = (time.perf_counter(), rss)
+            peak_ = maxrss * _MAXRSS_UNIT if maxrss > self._maxrss else max(rss, self._rss)
             ch = _resource.getrusage(_resource.RUSAGE_CHILDREN)
             child_cpu = ch.ru_utime + ch.ru_stime - self._child[0]
             if child_cpu > 0:
                 u["child_cpu_s"] = round(child_cpu, 6)
-                u["child_maxrss_bytes"] = ch.ru_maxrss * _MAXRSS_UNIT
-        for k, v in self._counters.items():
+            child_peak = counters.pop("child_maxrss_bytes", 0)
+            if not child_peak and ch.ru_maxrss > self._child[1]:  # reaped elsewhere; it raised the mark
+                child_peak = ch.ru_maxrss * _MAXRSS_UNIT
+            if child_peak:
+                u["child_maxrss_bytes"] = int(child_peak)
+            u["mem_peak_bytes"] = peak_
+            u["mem_delta_bytes"] = max(0, peak_ - self._rss) + int(child_peak)
+        for k, v in counters.items():
             u[k] = round(v, 6) if isinstance(v, float) else v
         _from_result(u, result)
         return u
+
+
+class Popen(subprocess.Popen):
+    """``subprocess.Popen`` that reaps its child with ``wait4`` and reports the child's own peak
+    RSS to the running attempt (``child_maxrss_bytes``): exact per child, where the process-wide
+    ``RUSAGE_CHILDREN`` mark only ever shows the largest child so far."""
+
+    def _try_wait(self, wait_flags: int) -> tuple[int, int]:  # CPython's hook under _waitpid_lock
+        if not hasattr(os, "wait4"):  # pragma: no cover - not POSIX
+            return super()._try_wait(wait_flags)  # type: ignore[misc]
+        try:
+            pid, sts, ru = os.wait4(self.pid, wait_flags)
+        except ChildProcessError:
+            return self.pid, 0
+        if pid == self.pid:
+            peak(child_maxrss_bytes=ru.ru_maxrss * _MAXRSS_UNIT)
+        return pid, sts
+
+
+# -- the engine's own usage per execution: the `platform` line ----------------------------------
+class Window:
+    """One execution's time in this process: its CPU (all threads) minus the gross CPU of its
+    task attempts is the engine's own work for it, recorded as ``platform`` usage when it finishes."""
+
+    __slots__ = ("_proc", "_wall", "_tasks", "_lock", "window")
+
+    def __init__(self, from_process_start: bool = False) -> None:
+        self._proc = 0.0 if from_process_start else time.process_time()
+        self._wall = _PROCESS_T0 if from_process_start else time.perf_counter()
+        self.window = "process" if from_process_start else "execution"
+        self._tasks = 0.0
+        self._lock = threading.Lock()
+
+    def add(self, cpu_s: float) -> None:
+        with self._lock:  # parallel loop lanes stop their attempts at once
+            self._tasks += cpu_s
+
+    def usage(self) -> dict[str, Any]:
+        proc = time.process_time() - self._proc
+        return {
+            "cpu_s": round(max(0.0, proc - self._tasks), 6),
+            "process_cpu_s": round(proc, 6),
+            "task_cpu_s": round(self._tasks, 6),
+            "wall_s": round(time.perf_counter() - self._wall, 6),
+            "window": self.window,
+        }
+
+
+_PROCESS_T0 = time.perf_counter()  # ~ process start for a CLI (this module loads with the engine)
+_WINDOWS: dict[str, Window] = {}
+_WINDOWS_MAX = 10_000  # executions seen here that another process finished: the oldest go
+_from_process_start = [False]
+
+
+def charge_process_start() -> None:
+    """This process runs one execution (``noetl-dagster run``): the next execution window opens
+    at process start, so interpreter start-up and imports are that execution's platform usage."""
+    _from_process_start[0] = True
+
+
+def window(execution_id: str) -> Window:
+    """The execution's window in this process, opened now on first use."""
+    w = _WINDOWS.get(execution_id)
+    if w is None:
+        w = Window(_from_process_start[0])
+        _from_process_start[0] = False
+        if len(_WINDOWS) >= _WINDOWS_MAX:
+            _WINDOWS.pop(next(iter(_WINDOWS)), None)
+        w = _WINDOWS.setdefault(execution_id, w)
+    return w
+
+
+def platform(execution_id: str) -> dict[str, Any] | None:
+    """Close the execution's window: its ``platform`` usage (for ``workflow.finished``; None when
+    this process never opened one). A sub-execution run inside a task attempt hands its platform
+    CPU to that attempt's meter, which takes it out of its own figure (priced here, not twice)."""
+    w = _WINDOWS.pop(execution_id, None)
+    if w is None:
+        return None
+    u = w.usage()
+    outer = _METER.get()
+    if outer is not None:
+        outer._nested += u["cpu_s"]
+    return u
 
 
 def _from_result(u: dict[str, Any], result: Any) -> None:

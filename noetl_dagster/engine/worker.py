@@ -375,7 +375,7 @@ class Worker(LoopPhases):
         ).timestamp
         t0 = time.perf_counter()
         notes: dict[str, Any] = {}  # what the tool noted (ctx.note), for outcome.meta
-        meter = Meter()  # measured usage, recorded in the event (replay reads it, never re-measures)
+        meter = Meter(self.engine.usage_window)  # measured usage, recorded in the event (replay reads it, never re-measures)
         if task.loop is not None:
             inner = _Frame(frame.step, frame.step_run_id, frame.args, frame.iter, frame.loop_id, frame.iteration, frame.ctx_guard)
             ok, result, error = self._run_loop(

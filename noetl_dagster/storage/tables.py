@@ -33,6 +33,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 import pyarrow as pa
 
 from noetl_dagster.dsl.locator import DEFAULT_LAYOUT, ObjectLayout, ResourceLocator, parse_locator
+from noetl_dagster.engine.usage import count
 from noetl_dagster.storage.payload import (
     PAYLOAD_STORE_ENV,
     ChecksumMismatch,
@@ -196,6 +197,7 @@ def write_parquet(
         sink = pa.BufferedOutputStream(pa.PythonFile(w, mode="w"), buffer_size=PARQUET_WRITE_BUFFER)
         pq.write_table(table, sink, compression=compression, **options)
         sink.close()
+    count(bytes_written=w.size)  # the running task's usage (outside a task: nothing)
     return TableWrite(FORMAT_PARQUET, w.uri, store.name, w.size, w.checksum, table.num_rows,
                       schema_fingerprint(table.schema), column_schema(table.schema),
                       {"compression": compression})
@@ -212,6 +214,7 @@ def write_arrow_ipc(
         with pa.ipc.new_file(w, table.schema, options=options) as writer:
             # record batches of Feather's default size: codec work spreads over threads, readers stream
             writer.write_table(table, max_chunksize=IPC_BATCH_ROWS)
+    count(bytes_written=w.size)
     return TableWrite(FORMAT_ARROW, w.uri, store.name, w.size, w.checksum, table.num_rows,
                       schema_fingerprint(table.schema), column_schema(table.schema),
                       {"compression": codec or "uncompressed", "encoding": "feather_v2"})
@@ -319,6 +322,10 @@ class IcebergTables:
         else:
             tbl.append(table)
         snapshot = tbl.current_snapshot()
+        try:  # the data files this snapshot added (the table's total size is the location's size_bytes)
+            count(bytes_written=int((snapshot.summary or {}).get("added-files-size") or 0))
+        except (TypeError, ValueError):
+            pass
         files = self._appended_files(tbl, ident, parent, snapshot)
         if files is None:
             files, checksum = self.manifest(tbl, snapshot.snapshot_id)

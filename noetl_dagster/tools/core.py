@@ -337,20 +337,19 @@ sys.stdout.write("\n__NOETL_RESULT__" + json.dumps(out, default=str))
 def _run_python_process(
     source: str, data: dict[str, Any], context: dict[str, Any], timeout: float, log: Any, env: dict[str, str] | None = None
 ) -> Any:
+    from noetl_dagster.engine.usage import Popen  # reaped with wait4: the child's peak RSS is the attempt's
     from noetl_dagster.util.jsonutil import dumps
 
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", _SUBPROCESS_RUNNER],
-            input=dumps({"source": source, "data": data, "context": context}),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=env,
-        )
-    except subprocess.TimeoutExpired:
-        raise ToolError(f"python process timed out after {timeout:g}s", kind="timeout", retryable=True,
-                        details={"py": {"exception_type": "TimeoutExpired"}}) from None  # fmt: skip
+    with Popen([sys.executable, "-c", _SUBPROCESS_RUNNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+               stderr=subprocess.PIPE, text=True, env=env) as popen:  # fmt: skip
+        try:
+            out, err = popen.communicate(dumps({"source": source, "data": data, "context": context}), timeout=timeout)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.communicate()
+            raise ToolError(f"python process timed out after {timeout:g}s", kind="timeout", retryable=True,
+                            details={"py": {"exception_type": "TimeoutExpired"}}) from None  # fmt: skip
+    proc = subprocess.CompletedProcess(popen.args, popen.returncode, out, err)
     stdout, _, payload = proc.stdout.rpartition("\n__NOETL_RESULT__")
     if log and stdout.strip():
         log(stdout.strip())

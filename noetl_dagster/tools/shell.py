@@ -33,6 +33,7 @@ from typing import Any
 
 from pydantic import Field
 
+from noetl_dagster.engine.usage import Popen
 from noetl_dagster.storage.payload import FilePayloadStore, PayloadStore, ResultRef, sha256
 from noetl_dagster.tools.configs import ToolConfig
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
@@ -137,7 +138,7 @@ def _capture(data: bytes, cap: int, ctx: ToolContext, name: str, out: dict[str, 
 # -- running ---------------------------------------------------------------------------------------
 def _run_one(argv: list[str], *, cwd: Path, env: dict[str, str], timeout: float, stdin: str | None) -> tuple[int | None, bytes, bytes]:
     """(returncode or None on timeout, stdout, stderr); a timed-out command's process group is killed."""
-    proc = subprocess.Popen(  # noqa: S603 - argv, no shell string splicing
+    proc = Popen(  # noqa: S603 - argv, no shell string splicing; reaped with wait4 (the child's peak RSS)
         argv, cwd=str(cwd), env=env, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
     )

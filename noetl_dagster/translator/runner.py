@@ -26,6 +26,7 @@ import dagster as dg
 
 from noetl_dagster.dsl import load_playbook
 from noetl_dagster.dsl.model import Playbook
+from noetl_dagster.engine import usage
 from noetl_dagster.engine.control import Engine, Services
 from noetl_dagster.engine.events import uuid7
 from noetl_dagster.engine.state import fold
@@ -92,6 +93,9 @@ def run_playbook_dagster(
             "name it with --data-dir (the location's NOETL_DAGSTER_HOME, e.g. example_project/.noetl) or "
             "--event-store, or set NOETL_DAGSTER_HOME / NOETL_EVENT_STORE_URL"
         )
+    eid = execution_id or uuid7()
+    if not detach:  # the execution's platform usage counts from here: compiling the job is its work too
+        usage.window(eid)
     resource = NoetlResource(
         event_store_url=event_store,
         data_dir=str(Path(data_dir).resolve()) if data_dir else None,
@@ -104,7 +108,6 @@ def run_playbook_dagster(
     compiled = location.index.find(pb.metadata.path) or location.index.playbooks[0]
     res = location.index.resource
     svc = res.services()
-    eid = execution_id or uuid7()
     if detach:
         return _detach(compiled, svc, eid, dict(workload or {}))
     own_instance = instance is None
