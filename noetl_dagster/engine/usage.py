@@ -18,9 +18,10 @@ How (and why this way — see docs/analytics.md "Measured usage"):
   outer attempt's figure, so nothing counts twice.
 - ``child_cpu_s``: ``getrusage(RUSAGE_CHILDREN)`` delta — user+system CPU of the
   subprocesses that finished and were waited for during the task (process-wide).
-- ``child_maxrss_bytes``: the peak RSS of the subprocesses the attempt ran: exact per child
-  when reaped by :class:`Popen` (``wait4``: python ``isolation: process``, shell), else the
-  ``RUSAGE_CHILDREN`` high-water mark when it rose during the attempt.
+- ``child_maxrss_bytes``: the peak RSS of the subprocesses the attempt ran: the child's own
+  ``VmHWM`` when it reports it (python ``isolation: process``), else per child from ``wait4``
+  when reaped by :class:`Popen` (shell), else the ``RUSAGE_CHILDREN`` mark when it rose during
+  the attempt — the last two only above the worker's own mark, which a child inherits.
 - ``mem_peak_bytes``: the process's resident high-water mark (``ru_maxrss``) at the end
   when the attempt raised it, else the larger of the start and end RSS (``/proc/self/statm``).
   The mark is per process: after a big attempt freed its memory it would hide every
@@ -236,7 +237,9 @@ class Meter:
             if child_cpu > 0:
                 u["child_cpu_s"] = round(child_cpu, 6)
             child_peak = counters.pop("child_maxrss_bytes", 0)
-            if not child_peak and ch.ru_maxrss > self._child[1]:  # reaped elsewhere; it raised the mark
+            if not child_peak and ch.ru_maxrss > max(self._child[1], maxrss):
+                # reaped elsewhere, and above anything this process held (a child's mark starts at
+                # its parent's, see Popen): that child's own peak
                 child_peak = ch.ru_maxrss * _MAXRSS_UNIT
             if child_peak:
                 u["child_maxrss_bytes"] = int(child_peak)
@@ -250,8 +253,15 @@ class Meter:
 
 class Popen(subprocess.Popen):
     """``subprocess.Popen`` that reaps its child with ``wait4`` and reports the child's own peak
-    RSS to the running attempt (``child_maxrss_bytes``): exact per child, where the process-wide
-    ``RUSAGE_CHILDREN`` mark only ever shows the largest child so far."""
+    RSS to the running attempt (``child_maxrss_bytes``), where the process-wide ``RUSAGE_CHILDREN``
+    mark only ever shows the largest child so far. A child's kernel mark starts at its parent's
+    (fork and vfork hand it over until exec), so only a figure above the worker's own mark at
+    spawn is the child's; a smaller child's peak stays unknown here (a child can report its own
+    ``VmHWM``, as the python tool's ``isolation: process`` runner does)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._parent_mark = _resource.getrusage(_resource.RUSAGE_SELF).ru_maxrss if _resource is not None else 0
+        super().__init__(*args, **kwargs)
 
     def _try_wait(self, wait_flags: int) -> tuple[int, int]:  # CPython's hook under _waitpid_lock
         if not hasattr(os, "wait4"):  # pragma: no cover - not POSIX
@@ -260,9 +270,22 @@ class Popen(subprocess.Popen):
             pid, sts, ru = os.wait4(self.pid, wait_flags)
         except ChildProcessError:
             return self.pid, 0
-        if pid == self.pid:
+        if pid == self.pid and ru.ru_maxrss > self._parent_mark:
             peak(child_maxrss_bytes=ru.ru_maxrss * _MAXRSS_UNIT)
         return pid, sts
+
+
+def own_hwm() -> int:
+    """This process's own resident high-water mark (``VmHWM``: its memory since exec, not the
+    mark ``ru_maxrss`` inherits from the parent that spawned it), 0 where unknown."""
+    try:
+        with open("/proc/self/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 # -- the engine's own usage per execution: the `platform` line ----------------------------------

@@ -330,14 +330,16 @@ try:
     out = {"ok": True, "result": res}
 except ToolError as e:
     out = {"ok": False, "message": e.message, "kind": e.kind, "details": e.details, "result": e.result}
-sys.stdout.write("\n__NOETL_RESULT__" + json.dumps(out, default=str))
+text = json.dumps(out, default=str)
+from noetl_dagster.engine.usage import own_hwm
+sys.stdout.write("\n__NOETL_HWM__%d\n__NOETL_RESULT__" % own_hwm() + text)
 """
 
 
 def _run_python_process(
     source: str, data: dict[str, Any], context: dict[str, Any], timeout: float, log: Any, env: dict[str, str] | None = None
 ) -> Any:
-    from noetl_dagster.engine.usage import Popen  # reaped with wait4: the child's peak RSS is the attempt's
+    from noetl_dagster.engine.usage import Popen, peak  # the child's peak RSS is the attempt's
     from noetl_dagster.util.jsonutil import dumps
 
     with Popen([sys.executable, "-c", _SUBPROCESS_RUNNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -351,6 +353,10 @@ def _run_python_process(
                             details={"py": {"exception_type": "TimeoutExpired"}}) from None  # fmt: skip
     proc = subprocess.CompletedProcess(popen.args, popen.returncode, out, err)
     stdout, _, payload = proc.stdout.rpartition("\n__NOETL_RESULT__")
+    if payload:
+        stdout, _, hwm = stdout.rpartition("\n__NOETL_HWM__")
+        if hwm.isdigit():  # the child's own peak RSS (its kernel mark would start at ours)
+            peak(child_maxrss_bytes=int(hwm))
     if log and stdout.strip():
         log(stdout.strip())
     if not payload:

@@ -80,7 +80,9 @@ def test_subprocess_cpu_is_the_childs_rusage(tmp_path):
     assert res.status == "completed", res
     sh = usage["sh"]
     assert sh["child_cpu_s"] > 0.05, sh
-    assert sh["child_maxrss_bytes"] > 0
+    # a `sh` loop stays below the worker's own resident set, which a child's kernel mark inherits:
+    # its peak is unknown, and the worker's mark is not passed off as the child's (it was before)
+    assert sh.get("child_maxrss_bytes", 0) < 50 * 1024 * 1024
     assert sh["cpu_s"] < sh["child_cpu_s"]  # the worker thread waited; the child burned
 
 

@@ -284,3 +284,23 @@ def test_a_cli_run_charges_its_process_start_up_to_the_execution(tmp_path):
     assert p["process_cpu_s"] <= child_cpu + 0.01
     assert p["process_cpu_s"] >= 0.5 * child_cpu
     assert p["cpu_s"] >= p["process_cpu_s"] - p["task_cpu_s"] - 1e-5 and p["cpu_s"] > 0.1
+
+
+def test_shell_children_are_measured_each_by_wait4(tmp_path):
+    """Not only the python runner's own report: a shell task's child reaped with wait4 gives its own
+    peak, not the largest child the process reaped before (RUSAGE_CHILDREN's mark)."""
+    res, events, _ = _run(
+        tmp_path,
+        """
+      - step: start
+        tool:
+          - big: {kind: shell, cmd: "{{ workload.py }} -c \\"b = b'x' * (300 * 1024 * 1024)\\""}
+          - small: {kind: shell, cmd: "{{ workload.py }} -c \\"b = b'x' * (200 * 1024 * 1024)\\""}
+    """,
+        {"py": sys.executable},
+    )
+    assert res.status == "completed", res.results
+    u = _usage(events)
+    assert u["big"]["child_maxrss_bytes"] >= 300 * MB, u["big"]
+    assert 200 * MB <= u["small"]["child_maxrss_bytes"] < 290 * MB, u["small"]
+    assert u["small"]["mem_delta_bytes"] >= u["small"]["child_maxrss_bytes"]
