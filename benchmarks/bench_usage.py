@@ -20,6 +20,9 @@ from benchmarks.bench_engine import _run_engine
 
 
 class _NullMeter:
+    def __init__(self, window: Any = None) -> None:
+        pass
+
     def stop(self, result: Any = None) -> dict[str, Any]:
         return {}
 

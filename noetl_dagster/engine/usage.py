@@ -293,25 +293,37 @@ class Window:
     """One execution's time in this process: its CPU (all threads) minus the gross CPU of its
     task attempts is the engine's own work for it, recorded as ``platform`` usage when it finishes."""
 
-    __slots__ = ("_proc", "_wall", "_tasks", "_lock", "window")
+    __slots__ = ("_proc", "_wall", "_tasks", "_summed", "_lock", "window")
 
     def __init__(self, from_process_start: bool = False) -> None:
         self._proc = 0.0 if from_process_start else time.process_time()
         self._wall = _PROCESS_T0 if from_process_start else time.perf_counter()
         self.window = "process" if from_process_start else "execution"
-        self._tasks = 0.0
+        self._tasks: list[float] = []  # appended without a lock (parallel lanes), summed in batches
+        self._summed = 0.0
         self._lock = threading.Lock()
 
     def add(self, cpu_s: float) -> None:
-        with self._lock:  # parallel loop lanes stop their attempts at once
-            self._tasks += cpu_s
+        t = self._tasks
+        t.append(cpu_s)
+        if len(t) > 4096:
+            self._sum()
+
+    def _sum(self) -> float:
+        with self._lock:  # only the items summed are removed; appends meanwhile stay
+            t = self._tasks
+            n = len(t)
+            self._summed += sum(t[:n])
+            del t[:n]
+            return self._summed
 
     def usage(self) -> dict[str, Any]:
         proc = time.process_time() - self._proc
+        tasks = self._sum()
         return {
-            "cpu_s": round(max(0.0, proc - self._tasks), 6),
+            "cpu_s": round(max(0.0, proc - tasks), 6),
             "process_cpu_s": round(proc, 6),
-            "task_cpu_s": round(self._tasks, 6),
+            "task_cpu_s": round(tasks, 6),
             "wall_s": round(time.perf_counter() - self._wall, 6),
             "window": self.window,
         }

@@ -376,14 +376,18 @@ class Worker(LoopPhases):
         t0 = time.perf_counter()
         notes: dict[str, Any] = {}  # what the tool noted (ctx.note), for outcome.meta
         meter = Meter(self.engine.usage_window)  # measured usage, recorded in the event (replay reads it, never re-measures)
-        if task.loop is not None:
-            inner = _Frame(frame.step, frame.step_run_id, frame.args, frame.iter, frame.loop_id, frame.iteration, frame.ctx_guard)
-            ok, result, error = self._run_loop(
-                task.loop, inner, lambda f: self._task_body_as_pipeline(task, f, attempt)
-            )
-            outcome = outcome_envelope(ok, result, error)
-        else:
-            outcome = self._invoke(task, frame, scope, attempt, notes)
+        try:
+            if task.loop is not None:
+                inner = _Frame(frame.step, frame.step_run_id, frame.args, frame.iter, frame.loop_id, frame.iteration, frame.ctx_guard)
+                ok, result, error = self._run_loop(
+                    task.loop, inner, lambda f: self._task_body_as_pipeline(task, f, attempt)
+                )
+                outcome = outcome_envelope(ok, result, error)
+            else:
+                outcome = self._invoke(task, frame, scope, attempt, notes)
+        except BaseException:
+            meter.stop()  # an interrupt: the attempt ends unrecorded, but no longer counts as running
+            raise
         outcome["meta"] = {
             "attempt": attempt,
             "duration_ms": round((time.perf_counter() - t0) * 1000, 3),
