@@ -440,3 +440,37 @@ def test_serve_refuses_an_unreachable_registry_in_one_line(world):
                                  "--clickhouse", f"chdb://{world['dir'] / 'facts'}"])  # fmt: skip
     assert r.exit_code == 2 and "unreachable" in r.output and "Traceback" not in r.output
     assert len(r.output.strip().splitlines()) == 1
+
+
+def test_plotly_labels_show_any_string_as_typed(world, tmp_path):
+    """The page's esc() + Plotly's label markup, on generated strings over the characters that
+    matter (<, >, &, ;, #, quotes, /, =) and known payloads: every label reads exactly as typed."""
+    import random
+
+    from playwright.sync_api import sync_playwright
+
+    from analytics.interactive import export_static
+
+    rng = random.Random(30)
+    alphabet = "<>&;#/=\"'abAB01 x"
+    strings = [IMG, MARKUP, "<script>window.__xss=3</script>", "<svg onload=window.__xss=4>", "&lt;b&gt;x&lt;/b&gt;",
+               "&#60;i&#62;", "<br>line", "<sub>s</sub><sup>p</sup>", '<span style="font-size:80px">big</span>',
+               "&amp;", "&nbsp;", "&mu;", "</text><foreignObject>"]  # fmt: skip
+    strings += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 24))).strip() or "x" for _ in range(300)]
+    strings = list(dict.fromkeys(strings))
+    html = export_static(world["store"], tmp_path, viewer=Viewer.of_tenant("acme"))
+    with sync_playwright() as p:
+        browser = _launch(p)
+        try:
+            page = _page(browser)
+            page.goto(html.as_uri())
+            _wait_ready(page)
+            shown = page.evaluate("""async (strings) => {
+              const div = document.createElement('div'); document.body.append(div);
+              await Plotly.newPlot(div, strings.map((s, i) => ({type: 'bar', name: esc(s), x: [1], y: [i]})), {showlegend: true});
+              return [...div.querySelectorAll('.legendtext')].map(t => t.textContent);
+            }""", strings)  # fmt: skip
+            assert [(s, g) for s, g in zip(strings, shown, strict=True) if s != g] == []
+            assert page.evaluate("window.__xss") is None and page.evaluate("window.__csp") == []
+        finally:
+            browser.close()
