@@ -168,6 +168,8 @@ class Partitions(_Model):
     workload_key: str
     timezone: str | None = None
     end_offset: int = 0
+    backfill: str | int | None = None  # single_run | multi_run | most partitions per run
+    range_key: str | None = None  # workload value holding a run's partition keys (a list)
 
     @field_validator("daily", "hourly", "weekly", "monthly", mode="before")
     @classmethod

@@ -20,7 +20,7 @@ CHECK_KINDS = ("row_count", "schema", "freshness", "assert")
 CHECK_KEYS = {*CHECK_KINDS, "name", "severity", "blocking", "description"}
 DAGSTER_KEYS = {"mode", "partitions", "automation", "freshness", "owners", "group"}
 TIME_PARTITIONS = ("daily", "hourly", "weekly", "monthly")
-PARTITION_KEYS = {*TIME_PARTITIONS, "static", "workload_key", "timezone", "end_offset"}
+PARTITION_KEYS = {*TIME_PARTITIONS, "static", "workload_key", "timezone", "end_offset", "backfill", "range_key"}
 AUTOMATIONS = ("eager", "on_missing")
 OWNER_RE = re.compile(r"^(team:[A-Za-z0-9_.-]+|[^@\s]+@[^@\s]+\.[^@\s]+)$")
 NAME_RE = re.compile(r"^[A-Za-z0-9_]+$")
@@ -244,3 +244,13 @@ def _partitions_ok(ctx: _Ctx, raw: Any, path: PathT, workload: dict[str, Any]) -
             ctx.err((*path, kind), "partitions", f"`{kind}` is the first partition's start date (YYYY-MM-DD), not {value!r}")
     if not isinstance(raw.get("end_offset", 0), int):
         ctx.err((*path, "end_offset"), "partitions", "`end_offset` must be an integer")
+    backfill = raw.get("backfill")
+    if backfill is not None and backfill not in ("single_run", "multi_run") and not (
+        isinstance(backfill, int) and not isinstance(backfill, bool) and backfill >= 1
+    ):
+        ctx.err((*path, "backfill"), "partitions", "`backfill` is single_run, multi_run or the most partitions per run "
+                f"(an integer >= 1), not {backfill!r}")  # fmt: skip
+    rk = raw.get("range_key")
+    if rk is not None and not (isinstance(rk, str) and rk and rk != key):
+        ctx.err((*path, "range_key"), "partitions", "`range_key` names the workload value a run's partition keys "
+                "(a list) land in; it differs from `workload_key`")  # fmt: skip

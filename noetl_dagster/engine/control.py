@@ -277,7 +277,10 @@ class Engine:
     def _admit(self, step_name: str, token_ids: list[str], args: Any) -> Activation | None:
         step = self._steps[step_name]
         allowed, reason = True, None
-        if step.admit:
+        selected = self.state.selected
+        if selected is not None and step_name not in selected and step_name != final_step(self.playbook):
+            allowed, reason = False, "not selected"  # a subset run (request select): outside what it needs
+        elif step.admit:
             scope = self._scope(args)
             allowed, reason = True, "no admit rule matched (default allow)"
             try:

@@ -99,6 +99,22 @@ class StepGraph:
         """The join barrier (SEMANTICS §5): no step with a queued token and no running step feeds it."""
         return not self.join_waits_on(join, pending) and not self.join_waits_on(join, running)
 
+    def needed_for(self, targets: Iterable[str]) -> set[str]:
+        """The steps a run producing ``targets`` needs: they and every step with a path to one of them
+        (joins, loops and cycles on the way included, back-edges too); the rest may be skipped."""
+        rev: dict[str, list[str]] = {}
+        for a, ts in self.succ.items():
+            for b in ts:
+                rev.setdefault(b, []).append(a)
+        seen: set[str] = set()
+        todo = [t for t in targets if t in self.succ]
+        while todo:
+            s = todo.pop()
+            if s not in seen:
+                seen.add(s)
+                todo.extend(rev.get(s, ()))
+        return seen
+
     def scc_of(self) -> dict[str, int]:
         return {s: i for i, comp in enumerate(self.sccs) for s in comp}
 

@@ -49,6 +49,7 @@ class ExecutionState:
         self.parent_execution_id: str | None = None
         self.playbook: str | None = None
         self.status = "new"  # new | requested | running | completed | failed
+        self.selected: frozenset[str] | None = None  # a subset run: the only steps admitted (request "select")
         self.workload: dict[str, Any] = {}
         self.entry: str | None = None
         self.ctx: dict[str, Any] = {}
@@ -129,6 +130,7 @@ class ExecutionState:
             self.status = "running"
         elif name == E.EXECUTION_REQUESTED:
             self.playbook = d.get("playbook")
+            self.selected = frozenset(d["select"]) if isinstance(d.get("select"), list) else None
             self.parent_execution_id = ev.parent_execution_id
             self.status = "requested"
         elif name == E.WORKFLOW_FINISHED:

@@ -174,8 +174,12 @@ def run_playbook(
     logger: Callable[[str], None] | None = None,
     execution_id: str | None = None,
     services: Services | None = None,
+    select: Iterable[str] | None = None,
 ) -> ExecutionResult:
-    """Run a playbook to completion in this process and return its summary."""
+    """Run a playbook to completion in this process and return its summary.
+
+    ``select``: run only these steps (each other step is skipped, reason "not selected"; see
+    ``StepGraph.needed_for`` for the steps a set of targets needs)."""
     if isinstance(playbook, Playbook):
         # built in Python (no source file): validate it like a file would be (raises PlaybookInvalid)
         pb = playbook if playbook.source_file else check_playbook(playbook)
@@ -193,6 +197,6 @@ def run_playbook(
     if pb.base_dir:
         svc.catalog.add_dir(pb.base_dir)
     eng = Engine(pb, svc, execution_id=execution_id)
-    eng.start(workload)
+    eng.start(workload, request={"select": sorted(select)} if select is not None else None)
     eng.drive(on_step)
     return _finished(eng)

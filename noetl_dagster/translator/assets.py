@@ -3,12 +3,18 @@
 A playbook's declared tables (``outputs:`` on its steps, and storage tasks with a
 literal ``noetl://`` URI) become one multi-asset per playbook, ``<job>__tables``.
 *Materialize* runs the playbook (its workload defaults; a partition key sets
-``workload.<partitions.workload_key>``) in the asset's op, then reads what it stored
+``workload.<partitions.workload_key>``, a backfill range its label and ``workload.<range_key>``)
+in the asset's op, then reads what it stored
 from the execution's event log and the registry: each table is reported with its
 column schema (the Arrow schema as a Dagster ``TableSchema``), row count, byte size,
 versioned ``noetl://`` URI, registry version and checksum. Partitions, automation
 conditions and freshness policies come from ``executor.spec.dagster`` and the
 step's ``outputs``; asset checks from the outputs' ``checks`` (``checks.py``).
+
+Materializing some of a playbook's tables runs only the steps that store them and the steps
+before them (``StepGraph.needed_for``); the others are skipped ("not selected") and named in
+``noetl/skipped_steps``. The op logs the execution's NoETL events like a job's ops, and a failure
+names the step, task, tool kind and playbook line with the user's traceback (``failures.py``).
 """
 
 from __future__ import annotations
@@ -19,8 +25,14 @@ from typing import TYPE_CHECKING
 import dagster as dg
 
 from analytics.pricing import Cost
+from noetl_dagster.engine import events as E
+from noetl_dagster.engine.events import uuid7
+from noetl_dagster.engine.graph import analyze
+from noetl_dagster.resources.runtime import op_log
 from noetl_dagster.runners.local import run_playbook
-from noetl_dagster.translator.declare import partitions_def
+from noetl_dagster.translator.checks import run_partition_keys
+from noetl_dagster.translator.declare import backfill_policy, partition_workload, partitions_def
+from noetl_dagster.translator.failures import first_failure
 from noetl_dagster.translator.ops import (
     RESOURCE_KEY,
     cost_tags,
@@ -28,7 +40,7 @@ from noetl_dagster.translator.ops import (
     run_cost_tags,
     table_cost_metadata,
 )
-from noetl_dagster.translator.versions import first_error, stored_in_execution, version_metadata
+from noetl_dagster.translator.versions import stored_in_execution, version_metadata
 
 if TYPE_CHECKING:  # pragma: no cover
     from noetl_dagster.resources.noetl import NoetlResource
@@ -57,23 +69,41 @@ def playbook_multi_asset(c: CompiledPlaybook, specs: list[dg.AssetSpec]) -> dg.A
     parts = partitions_def(pb)
     pkey = pb.dagster.partitions.workload_key if pb.dagster.partitions else None
     specs = [s.replace_attributes(skippable=True, partitions_def=parts) for s in specs]
+    all_keys = {s.key for s in specs}
+    graph = analyze(pb)
+    op = c.asset_op
+    tags = {"noetl/playbook": c.path, **dict(op.tags)} if op else {"noetl/playbook": c.path}
 
     @dg.multi_asset(
-        specs=specs, name=f"{c.job_name}__tables", required_resource_keys={RESOURCE_KEY}, can_subset=False,
-        partitions_def=parts, description=f"Runs {c.path} (its workload defaults"
-        + (f"; the partition key sets workload.{pkey}" if pkey else "") + ") and reports the tables it stores.",
-        op_tags={"noetl/playbook": c.path},
+        specs=specs, name=op.name if op else f"{c.job_name}__tables", required_resource_keys={RESOURCE_KEY},
+        can_subset=True, partitions_def=parts, backfill_policy=backfill_policy(pb),
+        description=f"Runs {c.path} (its workload defaults" + (f"; the partition key sets workload.{pkey}" if pkey else "")
+        + "; a subset runs only the steps the selected tables need) and reports the tables it stores.",
+        op_tags=tags, pool=op.pool if op else None,
     )  # fmt: skip
     def _tables(context):  # noqa: ANN001, ANN202 - Dagster reads the annotation at runtime; none here
         res: NoetlResource = getattr(context.resources, RESOURCE_KEY)
-        workload = {pkey: context.partition_key} if pkey and context.has_partition_key else None
-        result = run_playbook(pb, workload, services=res.services(), logger=context.log.info)
-        context.instance.add_run_tags(context.run.run_id, {TAG_EXECUTION: result.execution_id})
+        keys = run_partition_keys(context) if parts is not None else None
+        workload = partition_workload(pb, keys) if keys else None
+        selected = set(context.selected_asset_keys) & all_keys
+        select = None
+        if selected != all_keys:  # a subset: the steps storing the selected tables and every step before them
+            select = graph.needed_for(s for k in selected for s in c.asset_steps.get(k, ()))
+            context.log.info(f"subset of {c.path}: {len(selected)} of {len(all_keys)} tables; running steps "
+                             f"{', '.join(s for s in graph.order if s in select)}")  # fmt: skip
+        svc = res.services()
+        eid = uuid7()
+        context.instance.add_run_tags(context.run.run_id, {TAG_EXECUTION: eid})
+        with op_log(eid, context.log) as sink:  # the NoETL step/task events, as a job run's ops log them
+            result = run_playbook(pb, workload, services=svc, execution_id=eid, select=select,
+                                  on_step=lambda _run: sink.flush())  # fmt: skip
+        events = svc.event_store.read(result.execution_id)
+        skipped = [e.step for e in events if e.name == E.STEP_SKIPPED and (e.data or {}).get("reason") == "not selected"]
         if result.status != "completed":
-            raise dg.Failure(description=f"{c.path}: execution {result.execution_id} {result.status}"
-                             + first_error(res, result.execution_id),
-                             metadata={"execution_id": result.execution_id}, allow_retries=False)  # fmt: skip
-        events = res.services().event_store.read(result.execution_id)
+            failure = first_failure(events, pb)
+            text = failure.text() if failure else f"{c.path}: execution {result.execution_id} {result.status}"
+            md = {"execution_id": result.execution_id, **(failure.metadata() if failure else {})}
+            raise dg.Failure(description=text, metadata=md, allow_retries=False) from None
         steps: dict[dg.AssetKey, str] = {}
         stored = stored_in_execution(res, result.execution_id, steps, events)
         # priced like the ops: this execution's own attempts (a sub-playbook is priced on its own)
@@ -81,6 +111,8 @@ def playbook_multi_asset(c: CompiledPlaybook, specs: list[dg.AssetSpec]) -> dg.A
         costs = priced_events(context, res, lambda: own)
         per_step = Counter(steps.get(spec.key) for spec in specs if spec.key in stored)  # tables per step
         for spec in specs:
+            if spec.key not in selected:
+                continue
             v = stored.get(spec.key)
             if v is None:
                 context.log.warning(f"{c.path} declares {spec.key.to_user_string()} but execution "
@@ -90,6 +122,8 @@ def playbook_multi_asset(c: CompiledPlaybook, specs: list[dg.AssetSpec]) -> dg.A
             step = steps.get(spec.key)
             if step:
                 md["noetl/step"] = step
+            if skipped:
+                md["noetl/skipped_steps"] = dg.MetadataValue.text(", ".join(skipped))
             if costs is not None and step in costs[1]:
                 md.update(table_cost_metadata(costs[1][step], per_step[step]))
             yield dg.MaterializeResult(asset_key=spec.key, metadata=md)
@@ -98,4 +132,3 @@ def playbook_multi_asset(c: CompiledPlaybook, specs: list[dg.AssetSpec]) -> dg.A
             context.instance.add_run_tags(context.run.run_id, {**cost_tags(total), **run_cost_tags(total)})
 
     return _tables
-

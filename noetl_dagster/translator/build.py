@@ -40,6 +40,7 @@ from noetl_dagster.translator.translator import (
     START_ID,
     NoetlJobSpec,
     NoetlNodeData,
+    NoetlOpSpec,
     NoetlPlaybookData,
     NoetlStepData,
     NoetlTranslator,
@@ -70,6 +71,8 @@ class CompiledPlaybook:
     schedules: list[dg.ScheduleDefinition] = field(default_factory=list)
     assets: list[dg.AssetSpec] = field(default_factory=list)
     outputs: dict[dg.AssetKey, Output] = field(default_factory=dict)  # declared outputs (checks, owners...)
+    asset_steps: dict[dg.AssetKey, set[str]] = field(default_factory=dict)  # table -> steps storing it (subsets)
+    asset_op: NoetlOpSpec | None = None  # the op of its tables' multi-asset (Materialize)
 
     @property
     def path(self) -> str:
@@ -489,8 +492,12 @@ def _compile_one(pb: Playbook, data: NoetlPlaybookData, translator: NoetlTransla
             spec = translator.get_asset_spec(asset)
             if spec is not None:
                 c.assets.append(spec)
+                c.asset_steps.setdefault(spec.key, set()).add(sd.name)
                 if asset.output is not None:
                     c.outputs.setdefault(spec.key, asset.output)
+    if c.assets:
+        c.asset_op = translator.get_asset_op_spec(data)
+        _check_names([c.asset_op.name], pb)
     return c
 
 

@@ -15,6 +15,9 @@ returned, when it was stored, the workload), then:
 
 Materializing the asset runs its checks after it in the same run; a check can also be
 run alone (the asset's *Checks* tab) to re-evaluate the newest version, e.g. freshness.
+In a partitioned run a check evaluates the run's partitions: the newest version recorded for
+each key (``partition_key``), never one another partition wrote; ``stable`` compares with the
+partition's previous version.
 """
 
 from __future__ import annotations
@@ -27,7 +30,14 @@ import dagster as dg
 from noetl_dagster.dsl.locator import InvalidLocator, asset_key_for_uri
 from noetl_dagster.dsl.model import OutputCheck, Playbook
 from noetl_dagster.dsl.templates import TemplateError, template_env
-from noetl_dagster.translator.versions import RESOURCE_KEY, StoredVersion, latest_version, previous_version
+from noetl_dagster.translator.declare import partitions_def
+from noetl_dagster.translator.versions import (
+    RESOURCE_KEY,
+    StoredVersion,
+    latest_version,
+    partition_version,
+    previous_version,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from noetl_dagster.resources.noetl import NoetlResource
@@ -67,14 +77,46 @@ def _checks_def(
     )  # fmt: skip
     def _checks(context):  # noqa: ANN001, ANN202 - Dagster reads the annotation at runtime; none here
         res: NoetlResource = getattr(context.resources, RESOURCE_KEY)
-        versions: dict[str, StoredVersion | None] = {}
+        parts = partitions_def(c.playbook)
+        pkeys: list[str | None] = (run_partition_keys(context, parts) if parts is not None else None) or [None]
+        versions: dict[tuple[str, str | None], StoredVersion | None] = {}
         for key in sorted(context.selected_asset_check_keys, key=lambda k: (k.asset_key.to_user_string(), k.name)):
             uri, chk = declared[key]
-            if uri not in versions:
-                versions[uri] = latest_version(res, uri)
-            yield evaluate(res, key, chk, versions[uri])
+            evals = []
+            for pk in pkeys:
+                if (uri, pk) not in versions:
+                    versions[(uri, pk)] = partition_version(res, uri, pk, parts) if pk else latest_version(res, uri)
+                evals.append(_evaluation(res, key, chk, versions[(uri, pk)], parts, pk))
+            yield dg.AssetCheckResult(**(evals[0] if len(evals) == 1 else _combined(evals, pkeys)))
 
     return _checks
+
+
+def run_partition_keys(context: Any, parts: dg.PartitionsDefinition | None = None) -> list[str] | None:
+    """The partition keys of the run an op belongs to (one, or a backfill range), else None. An op
+    Dagster does not partition (the checks) reads them from the run's partition tags."""
+    try:
+        if context.has_partition_key_range or context.has_partition_key:
+            return list(context.partition_keys)
+    except Exception:  # noqa: BLE001 - an unpartitioned op
+        pass
+    tags = context.run.tags
+    if tags.get("dagster/partition"):
+        return [str(tags["dagster/partition"])]
+    first, last = tags.get("dagster/asset_partition_range_start"), tags.get("dagster/asset_partition_range_end")
+    if first and last and parts is not None:
+        return list(parts.get_partition_keys_in_range(dg.PartitionKeyRange(first, last)))
+    return None
+
+
+def _combined(evals: list[dict[str, Any]], keys: list[str | None]) -> dict[str, Any]:
+    """One result for a check over a range run's partitions: passes when every partition passes."""
+    failed = [(k, e) for k, e in zip(keys, evals, strict=True) if not e["passed"]]
+    desc = (f"{len(failed)} of {len(keys)} partitions fail: " + "; ".join(f"{k}: {e['description']}" for k, e in failed[:5])
+            if failed else f"{len(keys)} partitions pass")  # fmt: skip
+    md = {"noetl/partitions": dg.MetadataValue.json({str(k): e["description"] for k, e in zip(keys, evals, strict=True)})}
+    return {**{k: evals[0][k] for k in ("asset_key", "check_name", "severity")}, "passed": not failed,
+            "description": desc[:2000], "metadata": md}  # fmt: skip
 
 
 def describe(chk: OutputCheck) -> str:
@@ -109,23 +151,32 @@ def declared_check_evaluations(pb: Playbook, res: NoetlResource, step: str, v: S
         except InvalidLocator:
             continue
         for chk in o.checks:
-            out.append(dg.AssetCheckEvaluation(**_evaluation(res, dg.AssetCheckKey(key, chk.name or chk.kind), chk, v)))
+            out.append(dg.AssetCheckEvaluation(**_evaluation(res, dg.AssetCheckKey(key, chk.name or chk.kind), chk, v,
+                                                              partitions_def(pb))))  # fmt: skip
     return out
 
 
-def _evaluation(res: NoetlResource, key: dg.AssetCheckKey, chk: OutputCheck, v: StoredVersion | None) -> dict[str, Any]:
+def _evaluation(
+    res: NoetlResource, key: dg.AssetCheckKey, chk: OutputCheck, v: StoredVersion | None,
+    parts: dg.PartitionsDefinition | None = None, pkey: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
     severity = dg.AssetCheckSeverity.WARN if chk.severity == "warn" else dg.AssetCheckSeverity.ERROR
     base = {"asset_key": key.asset_key, "check_name": key.name, "severity": severity}
     if v is None:
-        return {**base, "passed": False, "description": "no version of the table is registered yet"}
+        where = f" for partition {pkey}" if pkey else ""
+        return {**base, "passed": False, "description": f"no version of the table is registered yet{where}"}
     md: dict[str, Any] = {"noetl/uri": v.uri}
     if v.execution_id:
         md["noetl/execution_id"] = v.execution_id
-    passed, why = _verdict(res, chk, v, md)
+    if v.partition_key:
+        md["noetl/partition_key"] = v.partition_key
+    passed, why = _verdict(res, chk, v, md, parts)
     return {**base, "passed": passed, "description": why, "metadata": md}
 
 
-def _verdict(res: NoetlResource, chk: OutputCheck, v: StoredVersion, md: dict[str, Any]) -> tuple[bool, str]:
+def _verdict(
+    res: NoetlResource, chk: OutputCheck, v: StoredVersion, md: dict[str, Any], parts: dg.PartitionsDefinition | None
+) -> tuple[bool, str]:
     if chk.row_count is not None:
         rows = v.rows
         md["rows"] = rows if rows is not None else -1
@@ -133,7 +184,7 @@ def _verdict(res: NoetlResource, chk: OutputCheck, v: StoredVersion, md: dict[st
         ok = rows is not None and (lo is None or rows >= lo) and (hi is None or rows <= hi)
         return ok, f"{rows} rows (expected {describe(chk).removeprefix('row count within ')})"
     if chk.schema_ is not None:
-        return _schema(res, chk.schema_, v, md)
+        return _schema(res, chk.schema_, v, md, parts)
     if chk.freshness is not None:
         if v.stored_at is None:
             return False, "the version has no recorded time"
@@ -152,7 +203,9 @@ def _verdict(res: NoetlResource, chk: OutputCheck, v: StoredVersion, md: dict[st
     return ok, f"{chk.assert_} -> {value!r}"
 
 
-def _schema(res: NoetlResource, decl: dict[str, Any], v: StoredVersion, md: dict[str, Any]) -> tuple[bool, str]:
+def _schema(
+    res: NoetlResource, decl: dict[str, Any], v: StoredVersion, md: dict[str, Any], parts: dg.PartitionsDefinition | None
+) -> tuple[bool, str]:
     have = {str(c.get("name")): str(c.get("type")) for c in v.columns}
     md["columns"] = dg.MetadataValue.json(have)
     problems: list[str] = []
@@ -162,7 +215,7 @@ def _schema(res: NoetlResource, decl: dict[str, Any], v: StoredVersion, md: dict
         elif have[name] != typ:
             problems.append(f"column {name} is {have[name]}, declared {typ}")
     if decl.get("stable"):
-        prev = previous_version(res, v)
+        prev = previous_version(res, v, parts)
         if prev is not None:
             before = {str(c.get("name")): str(c.get("type")) for c in prev.columns}
             added = sorted(set(have) - set(before))

@@ -55,7 +55,10 @@ class NoetlTranslation(dg.Model, dg.Resolvable):
     """Attributes merged into what the default translator produces (jobs, ops, declared assets)."""
 
     job_tags: dict[str, str] = Field(default_factory=dict, description="tags added to every playbook job")
-    op_tags: dict[str, str] = Field(default_factory=dict, description="tags added to every op")
+    op_tags: dict[str, str] = Field(
+        default_factory=dict, description="tags added to every op (the Materialize op <job>__tables too)"
+    )
+    pool: str | None = Field(default=None, description="concurrency pool of every op that names none")
     group_name: str | None = Field(default=None, description="asset group of the tables playbooks declare")
     asset_tags: dict[str, str] = Field(default_factory=dict, description="tags added to every declared asset")
     kinds: list[str] = Field(default_factory=list, description="kinds added to every declared asset")
@@ -79,7 +82,16 @@ class _ConfiguredTranslator(NoetlTranslator):
         return super().get_job_spec(data).merge_attributes(tags=self.translation.job_tags)
 
     def get_op_spec(self, data: NoetlNodeData) -> NoetlOpSpec:
-        return super().get_op_spec(data).merge_attributes(tags=self.translation.op_tags)
+        return self._op(super().get_op_spec(data))
+
+    def get_asset_op_spec(self, data: NoetlPlaybookData) -> NoetlOpSpec:
+        return self._op(super().get_asset_op_spec(data))
+
+    def _op(self, spec: NoetlOpSpec) -> NoetlOpSpec:
+        spec = spec.merge_attributes(tags=self.translation.op_tags)
+        if self.translation.pool and spec.pool is None:
+            spec = spec.replace_attributes(pool=self.translation.pool)
+        return spec
 
     def get_asset_spec(self, data: NoetlAssetData) -> dg.AssetSpec | None:
         spec = super().get_asset_spec(data)

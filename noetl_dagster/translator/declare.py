@@ -15,6 +15,7 @@ import dagster as dg
 from noetl_dagster.dsl.model import Partitions, Playbook
 
 STORAGE_KINDS = ("parquet", "arrow", "iceberg")
+RANGE_SEP = "..."  # a range run records partition_key "<first>...<last>"
 
 
 # -- declarations -> Dagster -----------------------------------------------------------------
@@ -32,6 +33,42 @@ def partitions_def(pb: Playbook) -> dg.PartitionsDefinition | None:
     if p.kind == "hourly" and len(start) == 10:
         start += "-00:00"
     return cls(start_date=start, timezone=p.timezone, end_offset=p.end_offset)
+
+
+def backfill_policy(pb: Playbook) -> dg.BackfillPolicy | None:
+    """``partitions.backfill``: single_run (one run for a range; the playbook reads the keys from
+    ``workload.<range_key>``), multi_run (one run per key) or N (at most N keys per run)."""
+    p = pb.dagster.partitions
+    if p is None or p.backfill is None:
+        return None
+    if p.backfill == "single_run":
+        return dg.BackfillPolicy.single_run()
+    return dg.BackfillPolicy.multi_run(1 if p.backfill == "multi_run" else int(p.backfill))
+
+
+def partition_workload(pb: Playbook, keys: list[str]) -> dict[str, Any]:
+    """What a run for ``keys`` sets in the workload: ``workload_key`` is the key (a range's label
+    ``first...last``), ``range_key`` (when declared) the list of keys."""
+    p = pb.dagster.partitions
+    if p is None or not keys:
+        return {}
+    out: dict[str, Any] = {p.workload_key: keys[0] if len(keys) == 1 else f"{keys[0]}{RANGE_SEP}{keys[-1]}"}
+    if p.range_key:
+        out[p.range_key] = list(keys)
+    return out
+
+
+def covered_keys(label: str | None, parts: dg.PartitionsDefinition | None) -> set[str]:
+    """The partition keys a recorded ``partition_key`` covers: itself, or every key of a range label."""
+    if not label:
+        return set()
+    first, sep, last = label.partition(RANGE_SEP)
+    if not sep or parts is None:
+        return {label}
+    try:
+        return set(parts.get_partition_keys_in_range(dg.PartitionKeyRange(first, last)))
+    except Exception:  # noqa: BLE001 - a label the current definition no longer knows covers nothing
+        return {label}
 
 
 def automation_condition(raw: Any) -> dg.AutomationCondition | None:

@@ -38,7 +38,8 @@ from noetl_dagster.resources.runtime import (
     start_execution,
     work_steps,
 )
-from noetl_dagster.translator.checks import declared_check_evaluations
+from noetl_dagster.translator.checks import declared_check_evaluations, run_partition_keys
+from noetl_dagster.translator.declare import partition_workload
 from noetl_dagster.translator.plan import JobPlan, Node
 from noetl_dagster.translator.translator import NoetlOpSpec
 from noetl_dagster.translator.versions import (
@@ -211,9 +212,9 @@ def make_start_op(pb: Playbook, spec: NoetlOpSpec, plan: JobPlan, node_outputs: 
         else:
             eid = _execution_id(context)
         overrides = workload_overrides(pb, cfg)
-        parts = pb.dagster.partitions
-        if parts is not None and context.has_partition_key:  # a partitioned run: the key is a workload value
-            overrides[parts.workload_key] = context.partition_key
+        keys = run_partition_keys(context) if pb.dagster.partitions is not None else None
+        if keys:  # a partitioned run: the key (a range: its label and keys) is a workload value
+            overrides.update(partition_workload(pb, keys))
         eng, started = start_execution(
             pb, svc, eid, overrides, requested_by=f"{REQUESTED_BY_DAGSTER}{context.run_id}",
             logger=context.log, nominal_time=_nominal_time(context),

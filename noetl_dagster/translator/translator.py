@@ -282,6 +282,16 @@ class NoetlTranslator:
             kinds=frozenset({"noetl", *data.kinds}),
         )
 
+    def get_asset_op_spec(self, data: NoetlPlaybookData) -> NoetlOpSpec:
+        """The op of the playbook's tables multi-asset (``<job>__tables``, what *Materialize* runs):
+        its tags (concurrency keys) and pool apply as to the job's ops."""
+        return NoetlOpSpec(
+            name=f"{data.job_name}__tables",
+            description=f"Runs {data.path} and reports the tables it stores.",
+            tags={TAG_PLAYBOOK: data.path},
+            kinds=frozenset({"noetl"}),
+        )
+
     def get_loop_frame_size(self, data: NoetlStepData) -> int | None:
         """Split a loop step into Dagster frames (plan -> frame -> collect)? None runs the loop inside the step's op.
 

@@ -91,11 +91,54 @@ def latest_version(resource: NoetlResource, uri: str, version: str | None = None
     return v
 
 
-def previous_version(resource: NoetlResource, v: StoredVersion) -> StoredVersion | None:
-    version = str(v.ref.get("version") or "")
-    if not (version.startswith("v") and version[1:].isdigit() and int(version[1:]) > 1):
+MAX_PARTITION_WALK = 5000  # versions a partition lookup walks back through at most
+
+
+def partition_version(
+    resource: NoetlResource, uri: str, key: str, parts: dg.PartitionsDefinition | None = None, *, before: int | None = None
+) -> StoredVersion | None:
+    """The newest version (below ``before``) whose recorded ``partition_key`` covers ``key``: partition P's
+    data, never a version another partition wrote after it."""
+    from noetl_dagster.translator.declare import covered_keys  # noqa: PLC0415 - declare imports nothing of ours
+
+    loc = parse_locator(uri, require_version=False)
+    reg = resource.registry(loc.tenant, loc.project)
+    series = loc.unversioned().uri
+    try:
+        newest = reg.resolve(series).version
+    except Exception:  # noqa: BLE001 - not stored yet, or not readable from this scope
         return None
-    return latest_version(resource, v.uri, f"v{int(version[1:]) - 1}")
+    n = _number(newest)
+    if n is None:
+        return None
+    if before is not None:
+        n = min(n, before - 1)
+    for i in range(n, max(n - MAX_PARTITION_WALK, 0), -1):
+        try:
+            res = reg.get(reg.resolve(f"{series}@v{i}").resource_id)
+        except Exception:  # noqa: BLE001 - a version this scope cannot read is not this partition's
+            continue
+        label = _text(res.metadata.get("partition_key"))
+        if label == key or key in covered_keys(label, parts):
+            return latest_version(resource, series, f"v{i}")
+    return None
+
+
+def previous_version(
+    resource: NoetlResource, v: StoredVersion, parts: dg.PartitionsDefinition | None = None
+) -> StoredVersion | None:
+    """The version before ``v``; for a partitioned table, the one before it in the same partition."""
+    n = _number(v.ref.get("version"))
+    if n is None or n <= 1:
+        return None
+    if v.partition_key:
+        return partition_version(resource, v.uri, v.partition_key, parts, before=n)
+    return latest_version(resource, v.uri, f"v{n - 1}")
+
+
+def _number(version: Any) -> int | None:
+    text = str(version or "")
+    return int(text[1:]) if text.startswith("v") and text[1:].isdigit() else None
 
 
 def with_registry(resource: NoetlResource, v: StoredVersion) -> StoredVersion:
@@ -137,14 +180,6 @@ def version_metadata(v: StoredVersion) -> dict[str, Any]:
     if isinstance(ref.get("inputs"), list) and ref["inputs"]:
         md["noetl/inputs"] = dg.MetadataValue.json(ref["inputs"])
     return md
-
-
-def first_error(res: NoetlResource, execution_id: str) -> str:
-    for ev in res.services().event_store.read(execution_id):
-        err = (ev.data.get("outcome") or {}).get("error") if ev.status == "error" else None
-        if err:
-            return f" at step {ev.step}: {err.get('message', err) if isinstance(err, Mapping) else err}"
-    return ""
 
 
 def _time(text: Any) -> datetime | None:
