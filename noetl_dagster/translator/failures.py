@@ -36,14 +36,15 @@ class UserFailure:
     frames: list[str] = field(default_factory=list)  # the user's traceback, playbook lines
 
     @property
-    def where(self) -> str:
-        name = self.step + (f".{self.task}" if self.task else "") + (f" ({self.kind})" if self.kind else "")
-        line = self.code_line or self.line
-        return name + (f" at {_short(self.file)}:{line}" if self.file and line else "")
-
-    @property
     def headline(self) -> str:
-        return f"{self.where}: {self.message}"
+        """``step 'transform' failed in task divide (python) at flows/x.yaml:17: ZeroDivisionError: ...``"""
+        out = f"step {self.step!r} failed"
+        if self.task:
+            out += f" in task {self.task}" + (f" ({self.kind})" if self.kind else "")
+        line = self.code_line or self.line
+        if self.file and line:
+            out += f" at {_short(self.file)}:{line}"
+        return f"{out}: {self.message}"
 
     def text(self) -> str:
         out = self.headline
@@ -83,6 +84,11 @@ def first_failure(events: Iterable[Any], pb: Playbook | None) -> UserFailure | N
     if step_failed is not None:
         return _locate(pb, step_failed.step or "", None, (step_failed.data or {}).get("error"), None)
     return None
+
+
+def step_failure(events: Iterable[Any], pb: Playbook | None, step: str) -> UserFailure | None:
+    """The failure of one step (a job's op reports the step it ran)."""
+    return first_failure([e for e in events if e.step == step or e.name == E.EXECUTION_REQUESTED], pb)
 
 
 def _locate(pb: Playbook | None, step: str, task: str | None, err: Any, py: Any) -> UserFailure:

@@ -40,6 +40,7 @@ from noetl_dagster.resources.runtime import (
 )
 from noetl_dagster.translator.checks import declared_check_evaluations, run_partition_keys
 from noetl_dagster.translator.declare import partition_workload
+from noetl_dagster.translator.failures import step_failure
 from noetl_dagster.translator.plan import JobPlan, Node
 from noetl_dagster.translator.translator import NoetlOpSpec
 from noetl_dagster.translator.versions import (
@@ -297,15 +298,17 @@ def make_node_op(
         bad = report.unhandled
         if bad:
             first = bad[0]
+            told = step_failure(svc.event_store.read(eid), pb, first.step)  # task, playbook line, user traceback
             raise dg.Failure(
-                description=f"step {first.step!r} failed: {error_text(first.error)}",
+                description=told.text() if told else f"step {first.step!r} failed: {error_text(first.error)}",
                 metadata={
                     "execution_id": eid,
                     "error": dg.MetadataValue.json(json_safe(first.error or {})),
                     "failed_steps": dg.MetadataValue.text(", ".join(sorted({o.step for o in bad}))),
+                    **(told.metadata() if told else {}),
                 },
                 allow_retries=False,  # the step's outcome is recorded; retrying the op would not run it again
-            )
+            ) from None
 
     return dg.OpDefinition(
         compute_fn=_node,

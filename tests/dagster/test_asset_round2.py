@@ -304,10 +304,23 @@ def test_a_failed_materialize_names_the_task_the_playbook_line_and_the_users_tra
     lines = FAILING.splitlines()
     at = lines.index("                return a / b") + 1  # the playbook line of the failing code line
     head = text.splitlines()[0]
-    assert head == f"transform.divide (python) at {f}:{at}: ZeroDivisionError: division by zero"  # f: outside the cwd
+    assert head == f"step 'transform' failed in task divide (python) at {f}:{at}: ZeroDivisionError: division by zero"
     assert f'line {at}, in ratio' in text and "return a / b" in text and "in main" in text
     assert "noetl_dagster" not in text and "dagster/_core" not in text  # the user's frames only
     md = failure.user_failure_data.metadata
     assert md["noetl/failed_task"].value == "divide" and md["noetl/failed_kind"].value == "python"
     # the Materialize run logs the NoETL events a job run logs
     assert "task.done transform.divide error" in logs and "step.done start" in logs
+
+
+def test_a_failed_job_op_tells_the_same_story(dagster_data, tmp_path):
+    f = tmp_path / "broken_math.yaml"
+    f.write_text(FAILING)
+    job = _defs([f], dagster_data).resolve_job_def("broken_math")
+    with dg.instance_for_test() as instance:
+        r = job.execute_in_process(instance=instance, raise_on_error=False)
+    assert not r.success
+    text = r.get_step_failure_events()[0].step_failure_data.user_failure_data.description
+    at = FAILING.splitlines().index("                return a / b") + 1
+    assert text.startswith(f"step 'transform' failed in task divide (python) at {f}:{at}: ZeroDivisionError")
+    assert "Traceback (your code):" in text and "return a / b" in text and "noetl_dagster" not in text
