@@ -110,6 +110,12 @@ def playbook_multi_asset(c: CompiledPlaybook, specs: list[dg.AssetSpec]) -> dg.A
         own = [e for e in events if e.execution_id == result.execution_id]
         costs = priced_events(context, res, lambda: own)
         per_step = Counter(steps.get(spec.key) for spec in specs if spec.key in stored)  # tables per step
+        missing = [k.to_user_string() for k in sorted(selected - set(stored), key=lambda k: k.to_user_string())]
+        failure = first_failure(events, pb) if missing else None
+        if failure is not None:  # a handled failure (an arc routed on) still lost a selected table
+            raise dg.Failure(description=f"{', '.join(missing)} not stored: {failure.text()}",
+                             metadata={"execution_id": result.execution_id, **failure.metadata()},
+                             allow_retries=False)  # fmt: skip
         for spec in specs:
             if spec.key not in selected:
                 continue

@@ -25,6 +25,7 @@ from dagster._core.definitions.dependency import DynamicCollectDependencyDefinit
 
 import noetl_dagster.translator.naming as naming
 from noetl_dagster.dsl import PlaybookInvalid
+from noetl_dagster.dsl.locator import InvalidLocator, parse_locator
 from noetl_dagster.dsl.model import Output, Playbook
 from noetl_dagster.engine.graph import analyze
 from noetl_dagster.resources.noetl import NoetlResource, resource_from_env
@@ -91,6 +92,7 @@ class PlaybookIndex:
     resource: NoetlResource
     errors: list[str] = field(default_factory=list)  # one "FILE:LINE: RULE: message" block per broken file
     invalid: list[InvalidPlaybook] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # "FILE:LINE: registry-scope: ..." (the playbook loads)
 
     def find_invalid(self, ref: str | None) -> InvalidPlaybook | None:
         """The broken playbook file ``ref`` names (file path or its stem), if any."""
@@ -229,6 +231,7 @@ def compile_playbooks(
     schedules: list[dg.ScheduleDefinition] = []
     assets: list[dg.AssetSpec] = []
     seen_ops: dict[str, str] = {}
+    scope_warnings: list[str] = []
     for i, (pb, file) in enumerate(loaded):
         job_name = job_names[_identity(pb, i)]
         try:
@@ -252,6 +255,7 @@ def compile_playbooks(
             for node in job.graph.node_defs:
                 seen_ops.setdefault(node.name, c.path)
         compiled.append(c)
+        scope_warnings += registry_scope_issues(c, resource, file)
         jobs += c.jobs
         schedules += c.schedules
         assets += c.assets
@@ -264,7 +268,9 @@ def compile_playbooks(
         log.warning("noetl: invalid playbook %s not loaded (%s): %s", bad.file,
                     "reported as asset " + bad.asset_key.to_user_string() if on_error == "report" else "skipped",
                     bad.issues[0] + (f" (+{len(bad.issues) - 1} more)" if len(bad.issues) > 1 else ""))  # fmt: skip
-    index = PlaybookIndex(compiled, resource, errors, invalid)
+    for w in scope_warnings:  # before anyone clicks Materialize: it would fail with "no live grant"
+        log.warning("noetl: %s", w)
+    index = PlaybookIndex(compiled, resource, errors, invalid, scope_warnings)
     sensors = []
     if include_sensor:
         from noetl_dagster.sensors.router import build_router_sensor  # noqa: PLC0415
@@ -286,6 +292,34 @@ def compile_playbooks(
         resources={RESOURCE_KEY: resource},
     )
     return NoetlCodeLocation(defs, index)
+
+
+def registry_scope_issues(c: CompiledPlaybook, resource: NoetlResource, file: str | None) -> list[str]:
+    """Declared ``noetl://`` tables the code location's tenant/project does not own: the in-process
+    registry refuses those writes at run time unless the owner granted ``write`` to this scope."""
+    out: list[str] = []
+    scope = f"{resource.tenant}/{resource.project}"
+    for i, spec in enumerate(c.assets):
+        uri = str(spec.metadata.get("noetl/uri") or "")
+        try:
+            loc = parse_locator(uri, require_version=False)
+        except InvalidLocator:
+            continue
+        if (loc.tenant, loc.project) == (resource.tenant, resource.project):
+            continue
+        out_decl = c.outputs.get(spec.key)
+        step = c.playbook.steps.get(str(spec.metadata.get("noetl/step")))
+        line = (out_decl.line if out_decl else None) or (step.line if step else None) or 1
+        msg = (f"{file or c.path}:{line}: registry-scope: {scope} may not write {loc.unversioned().uri} "
+               f"(it belongs to {loc.tenant}/{loc.project}); set tenant: {loc.tenant} and project: {loc.project} "
+               "in defs.yaml (NoetlResource tenant/project), or have its owner grant write to " + scope)  # fmt: skip
+        if msg not in out:
+            out.append(msg)
+        c.assets[i] = spec.replace_attributes(
+            description=f"WARNING: {msg}\n\n{spec.description or ''}".rstrip(),
+            metadata={**spec.metadata, "noetl/registry_scope": dg.MetadataValue.text(msg)},
+        )
+    return out
 
 
 def invalid_playbook_asset(bad: InvalidPlaybook) -> dg.AssetSpec:

@@ -49,6 +49,7 @@ from noetl_dagster.translator.translator import (
 )
 
 SAMPLE_PLAYBOOK = "hello_noetl.yaml"
+SAMPLE_TENANT, SAMPLE_PROJECT = "demo", "examples"  # the scope of the sample's table and of the examples
 
 
 class NoetlTranslation(dg.Model, dg.Resolvable):
@@ -126,9 +127,10 @@ class NoetlPlaybooksScaffolder(dg.Scaffolder[NoetlScaffoldParams]):
 
     def scaffold(self, request: dg.ScaffoldRequest[NoetlScaffoldParams]) -> None:
         params = request.params or NoetlScaffoldParams()
-        dg.scaffold_component(
-            request, {"playbooks_dir": params.playbooks_dir, "mode": params.mode, "on_error": "report"}
-        )
+        dg.scaffold_component(  # tenant/project: the scope the sample's table (noetl://demo/examples/...) is in
+            request, {"playbooks_dir": params.playbooks_dir, "mode": params.mode, "on_error": "report",
+                      "tenant": SAMPLE_TENANT, "project": SAMPLE_PROJECT},
+        )  # fmt: skip
         target = Path(request.target_path) / params.playbooks_dir
         target.mkdir(parents=True, exist_ok=True)
         sample = target / SAMPLE_PLAYBOOK

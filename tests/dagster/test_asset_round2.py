@@ -324,3 +324,40 @@ def test_a_failed_job_op_tells_the_same_story(dagster_data, tmp_path):
     at = FAILING.splitlines().index("                return a / b") + 1
     assert text.startswith(f"step 'transform' failed in task divide (python) at {f}:{at}: ZeroDivisionError")
     assert "Traceback (your code):" in text and "return a / b" in text and "noetl_dagster" not in text
+
+
+def test_the_scaffolded_sample_is_an_asset_whose_first_materialize_works(dagster_data, tmp_path):
+    from importlib import resources  # noqa: PLC0415
+
+    from noetl_dagster.translator.component import SAMPLE_PLAYBOOK, SAMPLE_PROJECT, SAMPLE_TENANT  # noqa: PLC0415
+
+    f = tmp_path / SAMPLE_PLAYBOOK
+    f.write_text(resources.files("noetl_dagster.translator").joinpath(SAMPLE_PLAYBOOK).read_text("utf-8"))
+    res = NoetlResource(data_dir=str(dagster_data), tenant=SAMPLE_TENANT, project=SAMPLE_PROJECT)  # as scaffolded
+    loc = compile_playbooks([f], include_sensor=False, resource=res)
+    assert loc.index.warnings == []
+    key = dg.AssetKey(["demo", "examples", "scaffold", "greetings"])
+    with dg.instance_for_test() as instance:
+        r = dg.materialize([loc.definitions.resolve_assets_def(key)], instance=instance)
+    assert r.success
+    assert r.get_asset_materialization_events()[0].materialization.metadata["dagster/row_count"].value == 1
+
+
+def test_a_table_outside_the_locations_scope_is_reported_at_load(dagster_data, tmp_path, caplog):
+    f = tmp_path / "branches.yaml"
+    f.write_text(BRANCHES)
+    res = NoetlResource(data_dir=str(dagster_data))  # default/default, as a bare defs.yaml has it
+    with caplog.at_level(logging.WARNING, logger="noetl_dagster.translator"):
+        loc = compile_playbooks([f], include_sensor=False, resource=res)
+    line = BRANCHES.splitlines().index("    outputs: [noetl://demo/examples/t/dataset/left]") + 1
+    want = (f"{f}:{line}: registry-scope: default/default may not write noetl://demo/examples/t/dataset/left "
+            "(it belongs to demo/examples); set tenant: demo and project: examples in defs.yaml")  # fmt: skip
+    assert len(loc.index.warnings) == 2 and loc.index.warnings[0].startswith(want)
+    assert [r.getMessage() for r in caplog.records].count("noetl: " + loc.index.warnings[0]) == 1
+    spec = loc.definitions.resolve_assets_def(LEFT).specs_by_key[LEFT]
+    assert spec.description.startswith("WARNING: " + want)
+    with dg.instance_for_test() as instance:  # what the warning predicts
+        r = dg.materialize([loc.definitions.resolve_assets_def(LEFT)], instance=instance, raise_on_error=False)
+    assert not r.success
+    text = r.get_step_failure_events()[0].step_failure_data.user_failure_data.description
+    assert "no live grant" in text and "in task save (parquet)" in text

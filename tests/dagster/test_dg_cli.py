@@ -25,6 +25,11 @@ def _dg(args: list[str], cwd: Path, env_extra: dict[str, str] | None = None) -> 
     return out.stdout
 
 
+def _pythonpath(root: Path) -> str:
+    """The project, then whatever the test runs with (a worktree's checkout before the installed one)."""
+    return os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+
+
 def _project_files(root: Path) -> None:
     """A dg project ``myproj`` as `create-dagster project` lays it out (the defs folder must exist)."""
     (root / "myproj" / "__init__.py").write_text("")
@@ -58,16 +63,18 @@ def test_dg_scaffold_defs_gives_a_working_component(tmp_path):
     root = tmp_path / "proj"
     (root / "myproj" / "defs").mkdir(parents=True)
     _project_files(root)
-    env = {"PYTHONPATH": str(root), "NOETL_DAGSTER_HOME": str(tmp_path / "noetl")}
+    env = {"PYTHONPATH": _pythonpath(root), "NOETL_DAGSTER_HOME": str(tmp_path / "noetl")}
     _dg(["scaffold", "defs", "noetl_dagster.NoetlPlaybooksComponent", "my_playbooks"], root, env)
     folder = root / "myproj" / "defs" / "my_playbooks"
     defs_yaml = (folder / "defs.yaml").read_text()
     assert "type: noetl_dagster.NoetlPlaybooksComponent" in defs_yaml and "playbooks_dir: playbooks" in defs_yaml
+    assert "tenant: demo" in defs_yaml and "project: examples" in defs_yaml  # the scope of the sample's table
     assert (folder / "playbooks" / "hello_noetl.yaml").is_file()
     _dg(["check", "yaml"], root, env)
-    _dg(["check", "defs"], root, env)
-    jobs = {j["name"] for j in json.loads(_dg(["list", "defs", "--json"], root, env))["jobs"]}
-    assert "hello_noetl" in jobs
+    assert "registry-scope" not in _dg(["check", "defs"], root, env)
+    listed = json.loads(_dg(["list", "defs", "--json"], root, env))
+    assert "hello_noetl" in {j["name"] for j in listed["jobs"]}
+    assert "demo/examples/scaffold/greetings" in {a["asset_key"] for a in listed["assets"]}  # an asset at once
 
 
 @pytest.mark.slow
@@ -83,7 +90,7 @@ def test_on_error_raise_fails_the_load_with_file_line_rule_lines_not_a_traceback
             "apiVersion: noetl.io/v2\nkind: Playbook\nmetadata: {name: b, path: t/b}\nworkflow:\n"
             "  - step: start\n    tool: [{a: {kind: teleport}}]\n"
         )
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": str(root),
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": _pythonpath(root),
            "NOETL_DAGSTER_HOME": str(tmp_path / "noetl"), "DAGSTER_HOME": str(tmp_path / "dh")}  # fmt: skip
     (tmp_path / "dh").mkdir()
     (tmp_path / "dh" / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
