@@ -18,6 +18,7 @@ from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.ports import EventStore, ResultOffloader
 from noetl_dagster.engine.state import ExecutionState
 from noetl_dagster.util.jsonstream import json_contains
+from noetl_dagster.util.jsonutil import replace_lone_surrogates
 
 Listener = Callable[[Event], None]
 REDACTED = "***"
@@ -124,6 +125,10 @@ class Recorder:
         d = data if data is not None else {}
         if d and self.redactor:  # (an empty body holds no secret)
             d = self.redactor.value(d)
+        # the one gate every value crosses into the state and the log: a lone surrogate (a JSON
+        # escape in a workload, a tool's result) becomes U+FFFD here, as the store keeps it, so the
+        # live state and a replay of the log hold the same text
+        d = replace_lone_surrogates(d)
         ev = Event(
             name,
             self.state.execution_id,

@@ -27,7 +27,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import socket
 import sqlite3
 import threading
@@ -40,7 +39,7 @@ import zstandard
 
 from noetl_dagster.engine.events import ENTITY_OF, ENVELOPE_COLUMNS, SCHEMA_VERSION, SERVER_EVENTS, Event
 from noetl_dagster.engine.ports import EventStore, ExecutionInfo, ExecutionLeased, StoredEvent
-from noetl_dagster.util.jsonutil import dumps, loads
+from noetl_dagster.util.jsonutil import dumps, loads, replace_lone_surrogates
 from noetl_dagster.util.procs import pid_alive
 
 # One list of statements per schema version; applied in order, recorded in noetl_schema_version.
@@ -119,19 +118,11 @@ def refuse_newer_schema(current: int, known: int, where: str) -> None:
         )
 
 
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
 def _clean(value: Any) -> Any:
-    """Lone surrogates (from a workload or tool result holding e.g. "\\udcff") replaced by U+FFFD, so
-    nothing read back from the store can fail to encode as UTF-8 later (output, archives, exporters)."""
-    if isinstance(value, str):
-        return _LONE_SURROGATE.sub("\ufffd", value) if _LONE_SURROGATE.search(value) else value
-    if isinstance(value, dict):
-        return {_clean(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_clean(v) for v in value]
-    return value
+    """Lone surrogates replaced by U+FFFD (the rule the recorder applies before an event exists, see
+    util.jsonutil), so nothing read back from the store can fail to encode as UTF-8 later (output,
+    archives, exporters), rows written before that rule included."""
+    return replace_lone_surrogates(value)
 
 
 def decode_body(

@@ -16,7 +16,7 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from noetl_dagster.util.jsonutil import to_jsonable
+from noetl_dagster.util.jsonutil import has_lone_surrogate, replace_lone_surrogates, to_jsonable
 
 CHUNK = 1 << 20  # bytes per chunk: big enough that orjson's per-call cost vanishes
 _MAX_DEPTH = 64  # below this, a big item is encoded whole (deep values are small in practice)
@@ -31,8 +31,8 @@ try:
         """``jsonutil.dumps(value).encode()`` without the intermediate ``str``."""
         try:
             return _orjson.dumps(value, default=to_jsonable, option=_OPTS)
-        except TypeError:  # e.g. integers beyond 64 bits: the stdlib encoder, as jsonutil.dumps does
-            return json.dumps(value, default=to_jsonable, separators=(",", ":")).encode()
+        except TypeError:  # e.g. integers beyond 64 bits, lone surrogates: as jsonutil.dumps does
+            return json.dumps(replace_lone_surrogates(value), default=to_jsonable, separators=(",", ":")).encode()
 
 except ImportError:  # pragma: no cover
 
@@ -202,9 +202,17 @@ def json_contains(value: Any, needles: Iterable[str], chunk: int = CHUNK) -> boo
     return False
 
 
+def _texts_clean(items: Any, types: set[type]) -> bool:
+    """Whether the str among ``items`` (whose types are ``types``) hold no lone surrogate."""
+    if str not in types or (types == _STR and all(map(str.isascii, items))):
+        return True
+    return not any(type(x) is str and has_lone_surrogate(x) for x in items)
+
+
 def is_plain_json(value: Any) -> bool:
     """Whether ``loads(dumps(value)) == value`` with the same types: only dicts with str keys,
-    lists, str, bool, None, int and finite float (no tuples, sets, bytes, dates, NaN)."""
+    lists, str, bool, None, int and finite float (no tuples, sets, bytes, dates, NaN), and no
+    str holding a lone surrogate (the encoders write U+FFFD for it)."""
     stack: list[Iterator[Any]] = [iter((value,))]
     while stack:
         if len(stack) > _PLAIN_DEPTH:  # deeper than JSON text is ever read back (or a cycle): not plain
@@ -214,19 +222,30 @@ def is_plain_json(value: Any) -> bool:
             stack.pop()
             continue
         t = type(v)
-        if t is str or t is int or t is bool or v is None:
+        if t is str:
+            if not v.isascii() and has_lone_surrogate(v):
+                return False
+            continue
+        if t is int or t is bool or v is None:
             continue
         if t is float:
             if v - v != 0.0:  # inf and nan
                 return False
         elif t is list:
-            if not _SCALARS.issuperset(map(type, v)):  # C-speed pass; walk only lists holding more than scalars
+            types = set(map(type, v))  # C-speed pass; walk only lists holding more than scalars
+            if not types <= _SCALARS:
                 stack.append(iter(v))
-        elif t is dict:
-            if not _STR.issuperset(map(type, v)):
+            elif not _texts_clean(v, types):
                 return False
-            if not _SCALARS.issuperset(map(type, v.values())):
-                stack.append(iter(v.values()))
+        elif t is dict:
+            if not _STR.issuperset(map(type, v)) or not _texts_clean(v, _STR_SET):
+                return False
+            values = v.values()
+            types = set(map(type, values))
+            if not types <= _SCALARS:
+                stack.append(iter(values))
+            elif not _texts_clean(values, types):
+                return False
         else:
             return False
     return True
@@ -235,3 +254,4 @@ def is_plain_json(value: Any) -> bool:
 _SCALARS = frozenset({str, int, bool, type(None)})
 _PLAIN_DEPTH = 1000
 _STR = frozenset({str})
+_STR_SET = {str}

@@ -7,6 +7,7 @@ import datetime as _dt
 import decimal
 import json
 import re
+import sys
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -44,8 +45,8 @@ try:  # orjson is ~5x faster on the event hot path; the stdlib encoder is the fa
             return json.dumps(value, default=to_jsonable, separators=(",", ":"), **kw)
         try:
             return _orjson.dumps(value, default=to_jsonable, option=_OPTS).decode()
-        except TypeError:  # e.g. integers beyond 64 bits
-            return json.dumps(value, default=to_jsonable, separators=(",", ":"))
+        except TypeError:  # e.g. integers beyond 64 bits, lone surrogates (written as U+FFFD)
+            return json.dumps(replace_lone_surrogates(value), default=to_jsonable, separators=(",", ":"))
 
     _LONG_INT = re.compile(r"\d{19}")  # orjson reads integers beyond 64 bits as floats
     _LONG_INT_B = re.compile(rb"\d{19}")
@@ -57,6 +58,8 @@ try:  # orjson is ~5x faster on the event hot path; the stdlib encoder is the fa
         return _orjson.loads(text)
 
 except ImportError:  # pragma: no cover
+    _orjson = None  # type: ignore[assignment]
+    _OPTS = 0
 
     def dumps(value: Any, **kw: Any) -> str:
         return json.dumps(value, default=to_jsonable, separators=(",", ":"), **kw)
@@ -68,3 +71,85 @@ except ImportError:  # pragma: no cover
 def plain(value: Any) -> Any:
     """A deep copy made of plain JSON types (dict/list/str/int/float/bool/None)."""
     return json.loads(dumps(value))
+
+
+# -- lone surrogates --------------------------------------------------------------------------
+# A str may hold a lone UTF-16 surrogate ("\udcff": a JSON escape in a --workload or an HTTP body, a
+# python tool's result); UTF-8 cannot encode it and Postgres JSONB refuses it, so the event log keeps
+# U+FFFD in its place. The recorder applies the same replacement before the live state sees a value
+# (issue 29), so a live run and its replay hold the same text.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_NO_TEXT = frozenset({int, float, bool, type(None)})
+_END = object()
+
+
+def _text_free(items: Any) -> bool:
+    """Whether a sequence of values surely holds no lone surrogate, decided at C speed when it is
+    all numbers (and such), or all ASCII str; False means "look closer"."""
+    types = set(map(type, items))
+    if types <= _NO_TEXT:
+        return True
+    return types == {str} and all(map(str.isascii, items))
+
+
+def has_lone_surrogate(value: Any) -> bool:
+    """Whether a str anywhere in ``value`` (dict keys included) holds a lone surrogate.
+    ASCII text (``str.isascii`` is O(1)) and lists of numbers are passed over at C speed; a
+    value nested deeper than the interpreter's recursion limit (a cycle) raises RecursionError."""
+    stack: list[Any] = [iter((value,))]
+    limit = sys.getrecursionlimit()
+    while stack:
+        v = next(stack[-1], _END)
+        if v is _END:
+            stack.pop()
+            continue
+        t = type(v)
+        if t is str:
+            if not v.isascii() and _LONE_SURROGATE.search(v) is not None:
+                return True
+        elif t is dict:
+            if not _text_free(v):  # the keys
+                keys = [k for k in v if type(k) is str]
+                if any(not k.isascii() and _LONE_SURROGATE.search(k) for k in keys):
+                    return True
+            values = v.values()
+            if not _text_free(values):
+                stack.append(iter(values))
+        elif (t is list or t is tuple) and not _text_free(v):
+            stack.append(iter(v))
+        if len(stack) > limit:
+            raise RecursionError("value nested too deeply (a cycle?)")
+    return False
+
+
+def replace_lone_surrogates(value: Any) -> Any:
+    """``value`` itself when it holds no lone surrogate, else a copy with each replaced by U+FFFD
+    (what a store gives back). Meant for event bodies (results in them are at most the inline
+    limit: bigger ones are payloads, whose encoder applies the same rule): orjson, which refuses
+    lone surrogates, decides the common case at C speed. A value too deep to walk (a cycle) is
+    returned as it is: the encoder refuses it on its own terms."""
+    if _orjson is not None:
+        try:
+            _orjson.dumps(value, option=_OPTS)
+            return value
+        except TypeError:  # a lone surrogate, or a type orjson leaves to `default`: look closer
+            pass
+    try:
+        if not has_lone_surrogate(value):
+            return value
+    except RecursionError:
+        return value
+    return _replaced(value)
+
+
+def _replaced(value: Any) -> Any:
+    t = type(value)
+    if t is str:
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if t is dict:
+        return {_replaced(k): _replaced(v) for k, v in value.items()}
+    if t is list:
+        return [_replaced(v) for v in value]
+    if t is tuple:
+        return tuple(_replaced(v) for v in value)
+    return value

@@ -187,3 +187,51 @@ def test_run_scope_options_follow_the_locator_rule(tmp_path, tenant):
     assert r.exit_code == 2 and "Invalid value for '--tenant'" in r.output and len(r.output.strip().splitlines()) == 1
     with pytest.raises(InvalidLocator):
         open_registry(f"sqlite:///{tmp_path}/r.db", tenant=tenant)
+
+
+# -- lone surrogates: the same text live and in replay -----------------------------------------
+
+
+SURROGATES = HEAD + r"""workflow:
+  - step: start
+    tool: {kind: noop, result: {got: "{{ workload.x }}", n: "{{ workload.x | length }}", keys: "{{ workload | list }}"}}
+    next: {arcs: [{step: py}]}
+  - step: py
+    tool:
+      kind: python
+      code: "result = {'k\\udcff': 'v\\ud800', 'big': '\\udcff' + 'x' * 100000}"
+    next: {arcs: [{step: use}]}
+  - step: use
+    tool: {kind: noop, result: {head: "{{ py.big[:2] }}", n: "{{ py.big | length }}", v: "{{ py['k\ufffd'] }}"}}
+"""
+
+
+def test_a_lone_surrogate_is_the_same_text_live_and_in_replay(tmp_path):
+    """A `--workload` JSON escape "\\ud800" (or a tool's result holding one) stayed raw in the live
+    run while the log kept U+FFFD, so `replay` differed. The recorder now applies the log's rule
+    before the live state sees the value: every path (workload, inline and offloaded results,
+    dict keys) holds U+FFFD in both."""
+    import json
+
+    from noetl_dagster.engine.replay import diff_snapshots, replay
+    from noetl_dagster.runners import local as runner
+
+    live: list = []
+    hook = lambda engine: live.append((engine.execution_id, engine.state.snapshot()))  # noqa: E731
+    runner.FINISHED_HOOKS.append(hook)
+    try:
+        f = write(tmp_path, "s.yaml", SURROGATES)
+        d = str(tmp_path / "d")
+        r = invoke(["run", "-q", "--json", f, "--workload", '{"x": "\\ud800z", "k\\udfff": 1}', "--data-dir", d])
+    finally:
+        runner.FINISHED_HOOKS.remove(hook)
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["results"]["start"] == {"got": "\ufffdz", "n": 2, "keys": ["x", "k\ufffd"]}
+    assert out["results"]["py"]["k\ufffd"] == "v\ufffd"
+    assert out["results"]["use"] == {"head": "\ufffdx", "n": 100_001, "v": "v\ufffd"}
+    (execution_id, snapshot), = live
+    services = runner.build_services(data_dir=d)  # a fresh reader: nothing cached from the live run
+    assert diff_snapshots(snapshot, replay(services.event_store, execution_id, services.offloader).snapshot()) == []
+    again = json.loads(invoke(["replay", execution_id, "--json", "--data-dir", d]).output)
+    assert again["results"] == out["results"] and again["ctx"] == out["ctx"]
