@@ -170,14 +170,14 @@ class FileProvider(KeychainProvider):
 
     @staticmethod
     def _read_file(path: Path, creds: dict[str, dict[str, Any]], secrets: dict[str, str]) -> None:
-        import yaml  # noqa: PLC0415 - only when a file is read
+        from noetl_dagster.dsl.loader import YamlFileError, YamlSyntaxError, load_yaml_file  # noqa: PLC0415
 
-        try:
-            doc = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f":{mark.line + 1}" if mark is not None else ""
-            raise KeychainError(f"credentials file {path}{where} is not valid YAML/JSON") from None
+        try:  # the bounded reader and the YAML limits of every other file (a FIFO would hang the run)
+            doc, _ = load_yaml_file(path, what="credentials file")
+        except YamlFileError as e:
+            raise KeychainError(str(e)) from None
+        except YamlSyntaxError as e:  # never the text itself: it holds secrets
+            raise KeychainError(f"credentials file {path}:{e.line} is not valid YAML/JSON ({e.rule})") from None
         if doc is None:
             return
 

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from noetl_dagster.dsl.files import check_playbook_size
-from noetl_dagster.dsl.loader import YamlSyntaxError, load_yaml_text
+from noetl_dagster.dsl.files import InputFileError, check_playbook_size, read_bounded_text
+from noetl_dagster.dsl.loader import YamlLimits, YamlSyntaxError, load_yaml_text
 from noetl_dagster.dsl.parse import parse_playbook
 from noetl_dagster.dsl.templates import TemplateError, template_env
 from noetl_dagster.tools.configs import NoopConfig, PlaybookConfig, PythonConfig, WorkbookConfig
@@ -195,10 +195,10 @@ def _source(inputs: dict[str, Any], ctx: ToolContext) -> str:
         p = Path(str(path).removeprefix("file://"))
         if not p.is_absolute() and ctx.base_dir:
             p = Path(ctx.base_dir) / p
-        try:
-            return p.read_text(encoding="utf-8")
-        except OSError as e:
-            raise ToolError(f"cannot read script {p}: {e.strerror}", kind="config_error") from None
+        try:  # the bounded reader: a regular file within the playbook size limit (a FIFO would hang the run)
+            return read_bounded_text(p, YamlLimits.from_env().max_bytes, what="script")
+        except InputFileError as e:
+            raise ToolError(f"cannot read script {e}", kind="config_error") from None
     raise ToolError("`kind: python` needs `code`, `code_b64` or `script`", kind="config_error")
 
 

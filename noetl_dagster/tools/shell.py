@@ -253,10 +253,13 @@ def _script_source(inputs: Mapping[str, Any], ctx: ToolContext) -> tuple[str, st
     path = Path(ref).expanduser()
     if not path.is_absolute():
         path = Path(ctx.base_dir or ".") / path
-    try:
-        return path.read_text(), path.name
-    except OSError as e:
-        raise ToolError(f"script: cannot read {path}: {e.strerror}", kind="config_error") from None
+    from noetl_dagster.dsl.files import InputFileError, read_bounded_text  # noqa: PLC0415
+    from noetl_dagster.dsl.loader import YamlLimits  # noqa: PLC0415
+
+    try:  # the bounded reader: a regular file within the playbook size limit (a FIFO would hang the run)
+        return read_bounded_text(path, YamlLimits.from_env().max_bytes, what="script"), path.name
+    except InputFileError as e:
+        raise ToolError(f"script: cannot read {e}", kind="config_error") from None
 
 
 @register_tool("script", config=ScriptConfig, description="A script file or inline code run by an interpreter (sandboxed)")

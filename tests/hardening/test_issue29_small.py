@@ -47,6 +47,23 @@ def test_every_command_refuses_a_fifo_or_a_device_in_one_line(tmp_path, kind):
         assert len(out.strip().splitlines()) == 1, (args, out)
 
 
+def test_files_a_run_reads_on_its_own_go_through_the_reader_too(tmp_path):
+    """A step's `script:` and the credentials file: a FIFO would hang the run, /dev/zero exhaust it."""
+    import json
+
+    from noetl_dagster.engine.keychain import FileProvider, KeychainError
+
+    pipe = str(tmp_path / "pipe")
+    os.mkfifo(pipe)
+    f = write(tmp_path, "p.yaml", HEAD + f"workflow:\n  - step: start\n    tool: {{kind: python, script: {pipe}}}\n")
+    code, out, _ = run_subprocess(["run", "-q", "--json", f, "--data-dir", str(tmp_path / "d")], timeout=60)
+    error = json.loads(out)["results"]["start"]["error"]
+    assert code == 1 and error["kind"] == "config_error" and "FIFO (named pipe), not a regular file" in error["message"]
+    for bad in (pipe, "/dev/zero"):
+        with pytest.raises(KeychainError, match="not a regular file"):
+            FileProvider(bad).credential("x")
+
+
 def test_the_reader_bounds_what_it_reads_not_what_stat_says(tmp_path):
     """/proc files report size 0; a file may grow after stat: at most limit + 1 bytes are read."""
     from noetl_dagster.dsl.files import InputFileError, read_bounded
