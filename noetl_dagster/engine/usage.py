@@ -297,7 +297,7 @@ class Window:
 
     def __init__(self, from_process_start: bool = False) -> None:
         self._proc = 0.0 if from_process_start else time.process_time()
-        self._wall = _PROCESS_T0 if from_process_start else time.perf_counter()
+        self._wall = time.perf_counter() - (_process_age() if from_process_start else 0.0)
         self.window = "process" if from_process_start else "execution"
         self._tasks: list[float] = []  # appended without a lock (parallel lanes), summed in batches
         self._summed = 0.0
@@ -329,7 +329,17 @@ class Window:
         }
 
 
-_PROCESS_T0 = time.perf_counter()  # ~ process start for a CLI (this module loads with the engine)
+def _process_age() -> float:
+    """Seconds since this process started (``/proc/self/stat`` start time vs ``/proc/uptime``), 0 if unknown."""
+    try:
+        with open("/proc/self/stat", "rb") as fh:
+            start = int(fh.read().rsplit(b")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        with open("/proc/uptime", "rb") as fh:
+            return max(0.0, float(fh.read().split()[0]) - start)
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 _WINDOWS: dict[str, Window] = {}
 _WINDOWS_MAX = 10_000  # executions seen here that another process finished: the oldest go
 _from_process_start = [False]
