@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -56,9 +55,9 @@ def _rss_mb() -> float:
 
 
 def _peak_rss_mb() -> float:
-    # Linux reports ru_maxrss in KiB (macOS in bytes)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 1e6 if sys.platform == "darwin" else peak * 1024 / 1e6
+    from noetl_dagster.engine.usage import process_peak_bytes  # ru_maxrss across the meter's resets
+
+    return process_peak_bytes() / 1e6
 
 
 def _playbook_file(tmp: Path, doc: dict[str, Any]) -> Path:

@@ -110,10 +110,23 @@ def _rss() -> int:
     return int(os.pread(_statm_fd, 64, 0).split()[1]) * _PAGE
 
 
-def _reset_hwm() -> bool:
-    """Reset the process's resident high-water mark (VmHWM, ``ru_maxrss``) to the current RSS:
-    ``echo 5 > /proc/self/clear_refs`` (Linux >= 4.0; 0.3 us on a kept-open descriptor)."""
+_mark_before_reset = [0]  # the highest ru_maxrss a reset cleared: process_peak_bytes() keeps it
+
+
+def process_peak_bytes() -> int:
+    """The process's peak resident set since it started, as ``ru_maxrss`` would say had the meter
+    never reset the mark (read this, not ``ru_maxrss``, for a whole run's peak)."""
+    if _resource is None:
+        return 0
+    return max(_mark_before_reset[0], _resource.getrusage(_resource.RUSAGE_SELF).ru_maxrss) * _MAXRSS_UNIT
+
+
+def _reset_hwm(mark: int) -> bool:
+    """Reset the process's resident high-water mark (VmHWM, ``ru_maxrss``; ``mark`` is its value
+    now) to the current RSS: ``echo 5 > /proc/self/clear_refs`` (Linux >= 4.0; 0.3 us kept open)."""
     global _clear_fd
+    if mark > _mark_before_reset[0]:
+        _mark_before_reset[0] = mark
     if _clear_fd is None:
         try:
             _clear_fd = os.open("/proc/self/clear_refs", os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
@@ -195,7 +208,7 @@ class Meter:
                 while m is not None:
                     m._folded = max(m._folded, maxrss)
                     m = m._outer
-                if _reset_hwm():
+                if _reset_hwm(maxrss):
                     maxrss = _resource.getrusage(_resource.RUSAGE_SELF).ru_maxrss
             self._maxrss = maxrss
         else:

@@ -121,6 +121,7 @@ PROBE = textwrap.dedent(
     """
     import json, resource, sys, time
     from pathlib import Path
+    from noetl_dagster.engine.usage import process_peak_bytes
     from noetl_dagster.runners.local import run_playbook
 
     tmp, code = Path(sys.argv[1]), sys.argv[2]
@@ -135,11 +136,11 @@ PROBE = textwrap.dedent(
       - step: use
         tool: {{kind: noop, result: "{{{{ start | length }}}}"}}
     ''')
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    base = process_peak_bytes()  # ru_maxrss, also across the meter's resets of the mark
     t0 = time.perf_counter()
     r = run_playbook(str(pb), data_dir=tmp / "d")
     seconds = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = process_peak_bytes()
     value = r.results["start"]
     footprint = sys.getsizeof(value)
     if isinstance(value, list):
