@@ -194,35 +194,46 @@ def check_yaml_limits(text: str, file: str = "<memory>", limits: YamlLimits | No
 def _construct(loader: Any, node: yaml.Node, path: PathT, lines: dict[PathT, int]) -> Any:
     lines[path] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
-        # keys written in this mapping, not merged in by `<<` (which they may override)
-        own = {id(k) for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"}
+        own = node.value  # the pairs written here: a `<<` merge makes a new list with its pairs first
         loader.flatten_mapping(node)
         out: dict[Any, Any] = {}
-        first: dict[Any, int] = {}  # own key -> its line
         for key_node, value_node in node.value:
-            key = loader.construct_object(key_node, deep=True)
-            if isinstance(key, list):
-                key = tuple(key)
-            try:
-                hash(key)
-            except TypeError:
-                raise YamlSyntaxError(
-                    "", key_node.start_mark.line + 1, "a mapping key must be a scalar"
-                ) from None
+            key = _key(loader, key_node)
             child = (*path, key if isinstance(key, (str, int)) else str(key))
-            if id(key_node) in own:
-                if key in first:  # PyYAML keeps the last silently: a playbook that says two things is refused
-                    raise YamlDuplicateKey(
-                        "", key_node.start_mark.line + 1,
-                        f"{format_path(child)}: given twice in this mapping (first at line {first[key]})",
-                    )  # fmt: skip
-                first[key] = key_node.start_mark.line + 1
             out[key] = _construct(loader, value_node, child, lines)
             lines[child] = key_node.start_mark.line + 1
+        if len(out) < len(node.value):  # fewer keys than pairs: one given twice, or one overriding a merged one
+            _refuse_duplicate(loader, own, path)
         return out
     if isinstance(node, yaml.SequenceNode):
         return [_construct(loader, item, (*path, i), lines) for i, item in enumerate(node.value)]
     return loader.construct_object(node, deep=True)
+
+
+def _key(loader: Any, key_node: yaml.Node) -> Any:
+    key = loader.construct_object(key_node, deep=True)  # (cached by node: a second call is a lookup)
+    if isinstance(key, list):
+        key = tuple(key)
+    try:
+        hash(key)
+    except TypeError:
+        raise YamlSyntaxError("", key_node.start_mark.line + 1, "a mapping key must be a scalar") from None
+    return key
+
+
+def _refuse_duplicate(loader: Any, own: list[tuple[yaml.Node, yaml.Node]], path: PathT) -> None:
+    """A key written twice in one mapping is a YamlDuplicateKey (PyYAML keeps the last silently: a
+    playbook that says two things is refused); a key overriding one merged in by `<<` is not."""
+    first: dict[Any, int] = {}
+    for key_node, _ in own:
+        key = _key(loader, key_node)
+        line = key_node.start_mark.line + 1
+        if key in first:
+            child = (*path, key if isinstance(key, (str, int)) else str(key))
+            raise YamlDuplicateKey(
+                "", line, f"{format_path(child)}: given twice in this mapping (first at line {first[key]})"
+            )
+        first[key] = line
 
 
 def load_yaml_text(
