@@ -29,7 +29,14 @@ from noetl_dagster.engine.ports import EventStore, ResultOffloader, ToolError
 from noetl_dagster.engine.recorder import Recorder
 from noetl_dagster.engine.scope import Scope, StepResults
 from noetl_dagster.engine.state import ExecutionState
-from noetl_dagster.engine.trust import UNRESTRICTED, DelegatedKeychain, Grant, grant_for_generated, violations
+from noetl_dagster.engine.trust import (
+    UNRESTRICTED,
+    DelegatedKeychain,
+    Gate,
+    Grant,
+    grant_for_generated,
+    violations,
+)
 from noetl_dagster.engine.worker import Worker
 
 log = logging.getLogger("noetl_dagster.engine")
@@ -105,10 +112,23 @@ class Engine:
         self.grant: Grant = UNRESTRICTED  # narrowed for generated playbooks and their children (engine.trust)
         # this process's CPU for the execution, less its task attempts': the platform line (engine.usage)
         self.usage_window = None if self.state.finished else usage.window(self.state.execution_id)
+        self._gate: Gate | None = None
 
     @property
     def execution_id(self) -> str:
         return self.state.execution_id
+
+    @property
+    def gate(self) -> Gate | None:
+        """The run-time trust gate of a restricted execution (None: unrestricted). Every tool call and
+        cursor driver passes it (engine.trust.Gate); built from ``grant`` whenever that is replaced."""
+        if not self.grant.restricted:
+            return None
+        gate = self._gate
+        if gate is None or gate.grant is not self.grant:
+            scope = Path(self.services.data_dir) / "generated" / self.execution_id
+            gate = self._gate = Gate(self.grant, self.services.tenant, str(scope))
+        return gate
 
     # -- services used by the worker ---------------------------------------------------
     def log(self, message: str) -> None:

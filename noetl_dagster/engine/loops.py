@@ -25,8 +25,9 @@ from noetl_dagster.engine.frame import (
     _Frame,
     run_bounded,
 )
-from noetl_dagster.engine.ports import CursorRequest, CursorRow, CursorSource
+from noetl_dagster.engine.ports import CursorRequest, CursorRow, CursorSource, ToolError
 from noetl_dagster.engine.scope import Scope
+from noetl_dagster.engine.trust import cursor_config
 
 if TYPE_CHECKING:
     from noetl_dagster.engine.control import Engine
@@ -380,6 +381,13 @@ class CursorLoops:
             )
         except (TemplateError, ValueError, TypeError) as e:
             return False, None, _error("template_error", str(e))
+        gate = eng.gate
+        if gate is not None:  # the trust boundary holds for cursor drivers as for tools
+            try:
+                for req in reqs:
+                    gate.check(cur.kind, cursor_config(cur.kind, req.auth, req.options), f"loop.cursor of step {frame.step.name!r}")
+            except ToolError as e:
+                return False, None, _error(e.kind, e.message)
         opener = eng.services.cursor_sources.get(cur.kind)
         if opener is None:
             return (
@@ -432,6 +440,7 @@ class CursorLoops:
             lease_seconds=fp.lease_seconds,
             credential=eng.credential,
             base_dir=eng.playbook.base_dir,
+            sandbox_dir=eng.gate.scope_dir if eng.gate is not None else None,
         )
 
     def _cursor_done_rows(self, step_run_id: str) -> dict[str, Any]:

@@ -176,6 +176,9 @@ class CursorRequest:
     lease_seconds: float
     credential: Callable[[str], dict[str, Any]]  # the keychain
     base_dir: str | None = None
+    # a generated playbook's own directory (engine.trust.Gate): relative files resolve there and a
+    # driver that can reach files (duckdb) reaches none outside it
+    sandbox_dir: str | None = None
 
 
 class CursorSource(ABC):

@@ -18,6 +18,7 @@ child's events as well as the parent's.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -89,6 +90,14 @@ def _tasks(pb: Playbook) -> Iterator[tuple[str, Task]]:
         yield f"workbook entry {w.name!r}", w.tool
 
 
+def _cursors(pb: Playbook) -> Iterator[tuple[str, Any]]:
+    loops = [(f"workflow step {s.name!r}", lp) for s in pb.workflow for lp in (s.loop, *(t.loop for t in s.tool))]
+    loops += [(f"workbook entry {w.name!r}", w.tool.loop) for w in pb.workbook]
+    for where, loop in loops:
+        if loop is not None and loop.cursor is not None:
+            yield f"{where} loop.cursor", loop.cursor
+
+
 def _strings(value: Any) -> Iterator[str]:
     if isinstance(value, str):
         yield value
@@ -140,6 +149,10 @@ def violations(pb: Playbook, grant: Grant, tenant: str | None = None) -> list[st
                 out.append(
                     f"{where}: tool kind {t.kind!r} is not allowed (allow_kinds: {sorted(grant.kinds)})"
                 )
+        for where, cur in _cursors(pb):
+            kind = CURSOR_TOOL_KIND.get(cur.kind, cur.kind)
+            if kind not in grant.kinds:
+                out.append(f"{where}: cursor kind {cur.kind!r} is not allowed (allow_kinds: {sorted(grant.kinds)})")
     if grant.credentials is not None:
         asked: dict[str, str] = {}
         for decl in pb.keychain:
@@ -147,6 +160,9 @@ def violations(pb: Playbook, grant: Grant, tenant: str | None = None) -> list[st
         for where, t in _tasks(pb):
             for name in _credential_refs(t.config, set()):
                 asked.setdefault(name, f"{where} (auth)")
+        for where, cur in _cursors(pb):
+            if cur.kind != "duckdb" and isinstance(cur.auth, str) and "{{" not in cur.auth:
+                asked.setdefault(cur.auth, f"{where} (auth)")
         for text in _strings(pb.model_dump(mode="json", exclude={"source_file"})):
             for m in _KEYCHAIN_REF.finditer(text):
                 asked.setdefault(m.group(1) or m.group(2), "template reference")
@@ -211,3 +227,150 @@ class _DelegatedNamespace(Mapping[str, Any]):
 
     def __repr__(self) -> str:  # never show resolved values
         return f"<delegated keychain {sorted(self._kc.names)}>"
+
+
+# -- the run-time gate ---------------------------------------------------------------------------
+# Every tool call, loop.cursor driver and sub-playbook launch of a restricted execution passes
+# Gate.check with its rendered config, whatever part of the DSL asked for it (a workflow task, a
+# workbook entry, a task loop, a cursor): the static walk above is only the early, friendly refusal.
+
+TRUST_REFUSED = "trust_refused"
+# the values tools read as data (SQL, code, bodies, rows): never a credential or a resource of the worker
+_DATA_KEYS = frozenset({
+    "input", "args", "data", "payload", "body", "json", "json_", "params", "rows", "value", "literal",
+    "literal_b64", "result", "vectors", "vector", "text", "stdin", "env", "headers", "filter", "metadata",
+    "code", "code_b64", "code_base64", "command", "commands", "query", "sql", "claim", "ack", "fail",
+    "heartbeat", "definition", "arguments", "tokens", "order", "merge", "interpreter", "working_dir",
+})  # fmt: skip
+# inline connection material: a credential the grant never delegated
+_INLINE_SECRET_KEYS = frozenset({
+    "dsn", "connection_string", "conninfo", "database_url", "password", "passwd", "api_key", "apikey",
+    "token", "access_token", "client_secret", "private_key", "service_account", "service_account_info",
+    "nats_url", "servers",
+})  # fmt: skip
+# another registry, object store or catalog than the execution's own (its tenant's)
+_SCOPE_KEYS = frozenset({"registry", "store", "catalog"})
+# kinds that open a connection: only through a delegated credential, never an inline target
+_CONNECTING_KINDS = frozenset({"postgres", "snowflake", "nats", "gcs", "transfer"})
+_TARGET_KEYS = frozenset({"url", "endpoint", "server_url", "host", "db_host"})
+# credential *names* a kind reads under other keys (the secrets tool)
+_NAME_KEYS = {"secrets": ("name", "secret", "secret_name")}
+# a cursor driver counts as its tool kind
+CURSOR_TOOL_KIND = {"nats_stream": "nats"}
+_USERINFO = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@\s]*@")
+
+
+class Gate:
+    """The grant of one restricted execution, checked at run time on every call it makes.
+
+    ``scope_dir`` is the execution's own directory: local paths must stay inside it."""
+
+    def __init__(self, grant: Grant, tenant: str, scope_dir: str):
+        self.grant = grant
+        self.tenant = tenant
+        self.scope_dir = os.path.realpath(scope_dir)
+
+    def _refuse(self, where: str, why: str, kind: str = TRUST_REFUSED) -> ToolError:
+        return ToolError(f"generated playbook: {where}: {why}", kind=kind, result={"refused": why, "where": where})
+
+    def check(self, kind: str, config: Mapping[str, Any], where: str) -> None:
+        """Raise ToolError unless ``kind`` with this rendered ``config`` is within the grant."""
+        g = self.grant
+        tool_kind = CURSOR_TOOL_KIND.get(kind, kind)
+        if g.kinds is not None and tool_kind not in g.kinds:
+            raise self._refuse(where, f"tool kind {tool_kind!r} is not allowed (allow_kinds: {sorted(g.kinds)})")
+        names: list[str] = []
+        self._walk(tool_kind, config, where, names, top=True)
+        for key in _NAME_KEYS.get(tool_kind, ()):
+            if isinstance(config.get(key), str) and config[key]:
+                names.append(config[key])
+        for name in names:
+            if g.credentials is not None and name not in g.credentials:
+                raise self._refuse(where, f"credential {name!r} is not delegated to this generated playbook "
+                                   f"(delegated: {sorted(g.credentials)})", kind="credential_not_delegated")  # fmt: skip
+        if tool_kind in _CONNECTING_KINDS and not names:
+            raise self._refuse(where, f"{tool_kind!r} connects only through a delegated credential (`auth: <name>`)")
+        if tool_kind in _CONNECTING_KINDS:
+            for key in _TARGET_KEYS & set(config):
+                if config[key] not in (None, ""):
+                    raise self._refuse(where, f"{key!r} names a connection target inline; a generated playbook "
+                                       "connects only where its delegated credential points")  # fmt: skip
+
+    def _walk(self, kind: str, value: Any, where: str, names: list[str], top: bool = False) -> None:
+        if isinstance(value, str):
+            self._string(value, where)
+            return
+        if isinstance(value, (list, tuple)):
+            for v in value:
+                self._walk(kind, v, where, names)
+            return
+        if not isinstance(value, Mapping):
+            return
+        for key, v in value.items():
+            k = str(key).lower()
+            if k in _DATA_KEYS:
+                for text in _strings(v):  # data may name resources: only the tenant rule applies
+                    self._tenant(text, where)
+                continue
+            if v in (None, "", [], {}):
+                continue
+            if k in _CREDENTIAL_KEYS:
+                self._credential(v, f"{where} {key}", names)
+            elif k in _INLINE_SECRET_KEYS:
+                raise self._refuse(where, f"{key!r} is an inline credential (connection string, password or "
+                                   "key); a generated playbook uses delegated credentials only")  # fmt: skip
+            elif k in _SCOPE_KEYS:
+                raise self._refuse(where, f"{key!r} points at another registry or store than this execution's own")
+            else:
+                self._walk(kind, v, where, names)
+
+    def _credential(self, value: Any, where: str, names: list[str]) -> None:
+        if isinstance(value, str):
+            if "://" in value or "=" in value or not value.strip() or any(c.isspace() for c in value.strip()):
+                raise self._refuse(where, "an inline connection string counts as a credential and none is "
+                                   "delegated under it; name a delegated credential")  # fmt: skip
+            names.append(value)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                self._credential(v, where, names)
+        elif isinstance(value, Mapping):
+            ref = value.get("credential") or value.get("name")
+            extra = {str(k) for k in value} - {"credential", "name"}
+            if not isinstance(ref, str) or extra:
+                raise self._refuse(where, "inline auth (a record of connection fields) counts as a credential; "
+                                   "name a delegated credential instead")  # fmt: skip
+            self._credential(ref, where, names)
+        else:
+            raise self._refuse(where, f"auth must name a delegated credential, got {type(value).__name__}")
+
+    def _string(self, text: str, where: str) -> None:
+        self._tenant(text, where)
+        if _USERINFO.match(text.strip()):
+            raise self._refuse(where, "a URL with user info is an inline credential")
+        self.path(text, where)
+
+    def _tenant(self, text: str, where: str) -> None:
+        for m in _RESOURCE_URI.finditer(text):
+            if m.group(1) != self.tenant:
+                raise self._refuse(where, f"resource noetl://{m.group(1)}/… belongs to tenant {m.group(1)!r}, not "
+                                   f"this execution's tenant {self.tenant!r}")  # fmt: skip
+
+    def path(self, text: str, where: str) -> None:
+        """A local path (absolute, ``~``, ``file://`` or relative with ``..``) must stay in ``scope_dir``."""
+        raw = text.strip()
+        if raw.startswith("file://"):
+            raw = raw[len("file://"):]
+        elif "://" in raw or "\n" in raw:
+            return
+        if not (raw.startswith(("/", "~")) or ".." in raw.replace("\\", "/").split("/")):
+            return
+        full = os.path.realpath(os.path.join(self.scope_dir, os.path.expanduser(raw)))
+        if full != self.scope_dir and not full.startswith(self.scope_dir + os.sep):
+            raise self._refuse(where, f"path {text.strip()!r} is outside this execution's directory")
+
+
+def cursor_config(kind: str, auth: Any, options: Mapping[str, Any]) -> dict[str, Any]:
+    """A cursor request as the gate reads it: duckdb's ``auth`` is its database file, not a credential."""
+    if kind == "duckdb":
+        return {"database": auth, **options}
+    return {"auth": auth, **options}

@@ -59,8 +59,11 @@ class _ToolCtx:
         self.render_context = scope
         self.tenant = worker.engine.services.tenant
         self.project = worker.engine.services.project
-        # a generated playbook (engine.trust): tools keep it away from the worker's environment
-        self.restricted = bool(getattr(worker.engine, "grant", None) and worker.engine.grant.restricted)
+        # a generated playbook (engine.trust): tools keep it away from the worker's environment and
+        # files; its local files live in its own directory (the gate's scope)
+        gate = worker.engine.gate
+        self.restricted = gate is not None
+        self.scope_dir = gate.scope_dir if gate is not None else None
 
     @property
     def base_dir(self) -> Any:  # computed when a tool asks (a path operation per task otherwise)
@@ -76,7 +79,7 @@ class _ToolCtx:
 
     @property
     def data_dir(self) -> str:
-        return str(self._worker.engine.services.data_dir)
+        return self.scope_dir or str(self._worker.engine.services.data_dir)
 
     def credential(self, name: str) -> dict[str, Any]:
         return self._worker.engine.credential(name)
@@ -419,6 +422,9 @@ class Worker(LoopPhases):
         except TemplateError as e:
             return _err_outcome(_error("template_error", str(e)))
         try:
+            gate = self.engine.gate
+            if gate is not None:  # the trust boundary, at run time, on the rendered config
+                gate.check(task.kind, config, f"task {task.label!r}")
             result = kind.invoke(config, _ToolCtx(self, frame, task, attempt, scope, notes))
         except KindError as e:  # config not matching the kind's model, a plugin that did not load
             return _err_outcome(_error(e.kind, str(e)))

@@ -337,13 +337,16 @@ sys.stdout.write("\n__NOETL_HWM__%d\n__NOETL_RESULT__" % own_hwm() + text)
 
 
 def _run_python_process(
-    source: str, data: dict[str, Any], context: dict[str, Any], timeout: float, log: Any, env: dict[str, str] | None = None
+    source: str, data: dict[str, Any], context: dict[str, Any], timeout: float, log: Any, env: dict[str, str] | None = None,
+    isolate: bool = False, cwd: str | None = None,
 ) -> Any:
     from noetl_dagster.engine.usage import Popen, peak  # the child's peak RSS is the attempt's
+    from noetl_dagster.tools.isolation import isolated
     from noetl_dagster.util.jsonutil import dumps
 
-    with Popen([sys.executable, "-c", _SUBPROCESS_RUNNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-               stderr=subprocess.PIPE, text=True, env=env) as popen:  # fmt: skip
+    argv = [sys.executable, "-c", _SUBPROCESS_RUNNER]
+    with Popen(isolated(argv, "python") if isolate else argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+               stderr=subprocess.PIPE, text=True, env=env, cwd=cwd) as popen:  # fmt: skip
         try:
             out, err = popen.communicate(dumps({"source": source, "data": data, "context": context}), timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -415,19 +418,16 @@ def python_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     spec = ctx.spec or {}
     restricted = bool(getattr(ctx, "restricted", False))
     if spec.get("isolation") == "process" or restricted:
-        # a generated playbook's code always runs in a subprocess whose environment holds no credentials
+        # a generated playbook's code always runs in an isolated process (tools/isolation.py): an
+        # allowlisted environment, its own directory, and no view of the worker's /proc/<pid>/environ
         timeout = float(spec.get("timeout") or spec.get("timeout_seconds") or 300)
         scope = ctx.render_context
         plain_ctx = scope.plain() if hasattr(scope, "plain") else {}
-        return _run_python_process(source, data, plain_ctx, timeout, ctx.log, env=_scrubbed_env() if restricted else None)
+        if not restricted:
+            return _run_python_process(source, data, plain_ctx, timeout, ctx.log)
+        from noetl_dagster.tools.isolation import clean_env
+
+        home = str(ctx.data_dir)
+        os.makedirs(home, exist_ok=True)
+        return _run_python_process(source, data, plain_ctx, timeout, ctx.log, env=clean_env(home), isolate=True, cwd=home)
     return run_python_inline(source, data, ctx.render_context, ctx.log)
-
-
-_CREDENTIAL_ENV = ("NOETL_CREDENTIAL", "NOETL_SECRET_", "NOETL_CREDENTIALS_FILE", "NOETL_REGISTRY_API_KEY")
-
-
-def _scrubbed_env() -> dict[str, str]:
-    """The worker's environment without credential providers' variables or secret-looking names."""
-    from noetl_dagster.engine.keychain import SECRET_FIELD
-
-    return {k: v for k, v in os.environ.items() if not k.startswith(_CREDENTIAL_ENV) and not SECRET_FIELD.search(k)}

@@ -110,12 +110,17 @@ class DuckdbCursor(_SqlCursor):
         super().__init__(req)
         import duckdb
 
+        from noetl_dagster.tools.duckdb_tool import connect
+
         db = self.opts.get("database") or self.opts.get("path") or req.auth or ":memory:"
-        if db != ":memory:" and not Path(str(db)).is_absolute() and req.base_dir:
-            db = str(Path(req.base_dir) / str(db))
+        base = req.sandbox_dir or req.base_dir  # a generated playbook's files are in its own directory
+        if db != ":memory:" and not Path(str(db)).is_absolute() and base:
+            db = str(Path(base) / str(db))
+        if req.sandbox_dir:
+            Path(req.sandbox_dir).mkdir(parents=True, exist_ok=True)
         self._duckdb = duckdb
         try:
-            self._conn = duckdb.connect(str(db))
+            self._conn = connect(str(db), req.sandbox_dir)
         except duckdb.Error as e:
             raise ToolError(f"cursor duckdb: cannot open {db}: {e}", kind="connection_error") from None
 

@@ -71,13 +71,35 @@ def _path(database: Any, ctx: ToolContext) -> Path | None:
     return path.resolve()
 
 
+def connect(database: str, sandbox_dir: str | None = None) -> duckdb.DuckDBPyConnection:
+    """Every DuckDB connection a playbook opens (the tool and the cursor driver). With ``sandbox_dir``
+    (a generated playbook, engine.trust.Gate) the SQL reaches no file, extension or URL outside that
+    directory: ``read_text``, ``COPY ... TO``, ``ATTACH``, ``INSTALL``/``LOAD`` elsewhere are refused by
+    DuckDB itself, and the configuration is locked so a statement cannot lift it."""
+    if sandbox_dir is None:
+        return duckdb.connect(database)
+    conn = duckdb.connect(database, config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+    try:
+        scope = str(Path(sandbox_dir).resolve()).rstrip("/") + "/"
+        conn.execute("SET allowed_directories = [?]", [scope])  # before the switch: settable only while allowed
+        conn.execute("SET enable_external_access = false")
+        conn.execute("SET lock_configuration = true")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
 def _connection(database: Any, ctx: ToolContext) -> duckdb.DuckDBPyConnection:
     path = _path(database, ctx)
+    sandbox = getattr(ctx, "scope_dir", None)
+    if sandbox is not None:
+        Path(sandbox).mkdir(parents=True, exist_ok=True)
     if path is None:
-        return ctx.resource("duckdb::memory:", lambda: duckdb.connect(":memory:"))
+        return ctx.resource("duckdb::memory:", lambda: connect(":memory:", sandbox))
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        return ctx.resource(f"duckdb:{path}", lambda: duckdb.connect(str(path)))
+        return ctx.resource(f"duckdb:{path}", lambda: connect(str(path), sandbox))
     except duckdb.Error as e:
         raise _error(e, f"opening {path}") from None
 

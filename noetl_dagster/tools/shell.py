@@ -160,6 +160,10 @@ def run_commands(programs: list[list[str]], previews: list[str], inputs: Mapping
         raise ToolError(f"{kind}: a generated playbook cannot turn the sandbox off", kind="config_error")
     cwd = _cwd(inputs, ctx, sandbox, kind)
     env = _env(inputs, cwd, sandbox)
+    if getattr(ctx, "restricted", False):  # a generated playbook: no view of the worker's processes
+        from noetl_dagster.tools.isolation import isolated
+
+        programs = [isolated(argv, kind) for argv in programs]
     timeout = float(inputs.get("timeout_seconds") or inputs.get("timeout") or DEFAULT_TIMEOUT)
     cap = inputs.get("max_output_bytes")
     cap = DEFAULT_MAX_OUTPUT if cap is None else int(cap)
