@@ -76,8 +76,13 @@ async def _session(inputs: Mapping[str, Any], ctx: ToolContext):
     from mcp import StdioServerParameters  # noqa: PLC0415
     from mcp.client.stdio import stdio_client  # noqa: PLC0415
 
+    argv = [str(inputs["command"]), *(str(a) for a in inputs.get("args") or [])]
+    if getattr(ctx, "restricted", False):  # a generated playbook's server: no view of the worker's processes
+        from noetl_dagster.tools.isolation import isolated  # noqa: PLC0415
+
+        argv = isolated(argv, "mcp")
     params = StdioServerParameters(
-        command=str(inputs["command"]), args=[str(a) for a in inputs.get("args") or []],
+        command=argv[0], args=argv[1:],
         env={"PATH": os.environ.get("PATH", ""), **{str(k): str(v) for k, v in (inputs.get("env") or {}).items()}},
         cwd=inputs.get("cwd") or None,
     )
