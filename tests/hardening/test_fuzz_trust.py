@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from noetl_dagster.dsl import load_playbook_dict
@@ -116,9 +116,9 @@ use_st = st.one_of(
 def policy_st(draw):
     """(allow_kinds, allow_credentials, credentials passed by the call); mostly a pass within the policy."""
     kinds = draw(st.sets(st.sampled_from(KINDS), min_size=4))
-    allow = draw(st.sets(st.sampled_from(CREDS)))
-    passed = draw(st.sets(st.sampled_from(CREDS)))
-    return kinds, allow, passed if draw(st.integers(0, 4)) == 0 else passed & allow
+    allow = draw(st.sets(st.sampled_from(CREDS), min_size=1))
+    passed = draw(st.sets(st.sampled_from(CREDS), min_size=1))
+    return kinds, allow, passed if draw(st.integers(0, 4)) == 0 else (passed & allow) or allow
 
 
 
@@ -278,7 +278,18 @@ def _err_kind(data: dict) -> str | None:
     return err.get("kind") if isinstance(err, dict) else None
 
 
+# every construct inside the grant at least once, whatever the random draw
+EVERY = [("pg", 0), ("pg", 2), ("pg", 4), ("store", True, True), ("store", False, True), ("wb", ("probe", "probe_a")),
+         ("wb", ("pg", 3)), ("loop", ("duck", False)), ("loop", ("probe", "probe_b")), ("cursor", "postgres", 0),
+         ("cursor", "postgres", 5), ("cursor", "duckdb", 0), ("duck", True)]  # fmt: skip
+NESTED = ((frozenset({"probe_a", "postgres", "playbook"}), frozenset({"pg_main"}), frozenset({"pg_main"})),
+          {"uses": [("pg", 0), ("pg", 1), ("probe", "probe_b"), ("cursor", "postgres", 2)], "nested": None})  # fmt: skip
+
+
 @given(root_policy=policy_st(), spec=child_st(), static=st.booleans())
+@example(root_policy=(set(KINDS), set(CREDS), {"pg_main"}), spec={"uses": EVERY, "nested": NESTED}, static=False)
+@example(root_policy=(set(KINDS) - {"postgres"}, {"pg_main"}, {"pg_main"}), spec={"uses": EVERY, "nested": NESTED},
+         static=False)  # fmt: skip
 @FUZZ
 def test_fuzz_generated_children_never_execute_outside_their_grant(tmp_path_factory, monkeypatch, root_policy, spec, static):
     tmp = tmp_path_factory.mktemp("trust")
@@ -336,8 +347,11 @@ def test_fuzz_generated_children_never_execute_outside_their_grant(tmp_path_fact
                 use = g.cursors[(name, ev.step)]
                 assert allowed(use, grant), (name, use, grant)
                 STATS["cursor:allowed"] += 1
+        evs = store.read(eid)
         for (pb, step), use in g.cursors.items():
-            if pb == name and not allowed(use, grant):
+            if pb == name and not allowed(use, grant) and any(e.name == "step.started" and e.step == step for e in evs):
+                failed = [e for e in evs if e.name == "step.failed" and e.step == step]
+                assert failed and _err_kind(failed[-1].data or {}) in REFUSALS, (name, use, grant)
                 STATS["cursor:refused"] += 1
         for _, kind in [c for c in _calls if c[0] == eid]:
             assert kind in kinds, (name, kind, grant)
