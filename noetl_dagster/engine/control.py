@@ -119,16 +119,12 @@ class Engine:
         return self.state.execution_id
 
     @property
-    def gate(self) -> Gate | None:
-        """The run-time trust gate of a restricted execution (None: unrestricted). Every tool call and
-        cursor driver passes it (engine.trust.Gate); built from ``grant`` whenever that is replaced."""
+    def gate(self) -> Gate | None:  # the run-time trust gate every call passes (engine.trust); None: unrestricted
         if not self.grant.restricted:
             return None
-        gate = self._gate
-        if gate is None or gate.grant is not self.grant:
-            scope = Path(self.services.data_dir) / "generated" / self.execution_id
-            gate = self._gate = Gate(self.grant, self.services.tenant, str(scope))
-        return gate
+        if self._gate is None or self._gate.grant is not self.grant:
+            self._gate = Gate(self.grant, self.services.tenant, str(Path(self.services.data_dir) / "generated" / self.execution_id))
+        return self._gate
 
     # -- services used by the worker ---------------------------------------------------
     def log(self, message: str) -> None:
