@@ -112,19 +112,11 @@ class Engine:
         self.grant: Grant = UNRESTRICTED  # narrowed for generated playbooks and their children (engine.trust)
         # this process's CPU for the execution, less its task attempts': the platform line (engine.usage)
         self.usage_window = None if self.state.finished else usage.window(self.state.execution_id)
-        self._gate: Gate | None = None
+        self.gate: Gate | None = None  # the run-time trust gate every call passes; set by restrict()
 
     @property
     def execution_id(self) -> str:
         return self.state.execution_id
-
-    @property
-    def gate(self) -> Gate | None:  # the run-time trust gate every call passes (engine.trust); None: unrestricted
-        if not self.grant.restricted:
-            return None
-        if self._gate is None or self._gate.grant is not self.grant:
-            self._gate = Gate(self.grant, self.services.tenant, str(Path(self.services.data_dir) / "generated" / self.execution_id))
-        return self._gate
 
     # -- services used by the worker ---------------------------------------------------
     def log(self, message: str) -> None:
@@ -544,7 +536,7 @@ def run_child(
     child = Engine(child_pb, parent.services, parent_execution_id=parent.execution_id, depth=parent.depth + 1)
     child.recorder.redactor.add(parent.recorder.redactor.secrets)  # what is secret to the parent is secret to the child
     if grant.restricted:
-        child.grant = grant
+        restrict(child, grant)
         kc = DelegatedKeychain(parent.credential, lambda: _secret_values(parent), grant.credentials or frozenset())
         child._keychain = kc.bind(on_secret=child.recorder.redactor.add)  # noqa: SLF001 - the engine's own field
         kc.bind(on_secret=parent.recorder.redactor.add)
@@ -566,6 +558,14 @@ def run_child(
     return {"result": result, "execution_id": child.execution_id, **extra}
 
 
+def restrict(engine: Engine, grant: Grant) -> None:
+    """Narrow ``engine`` to ``grant`` and arm its run-time gate (engine.trust.Gate): local files of a
+    restricted execution live in ``<data dir>/generated/<execution id>``."""
+    engine.grant = grant
+    scope = Path(engine.services.data_dir) / "generated" / engine.execution_id
+    engine.gate = Gate(grant, engine.services.tenant, str(scope)) if grant.restricted else None
+
+
 def restore_generated(engine: Engine, request: Mapping[str, Any]) -> None:
     """A generated child picked up again from its log alone (resume): the grant its request event
     recorded, and a delegated keychain over the stored credentials (the parent is not there)."""
@@ -575,7 +575,7 @@ def restore_generated(engine: Engine, request: Mapping[str, Any]) -> None:
 
     grant = Grant(frozenset(request.get("allowed_kinds") or ()), frozenset(request.get("delegated_credentials") or ()))
     base = Keychain([]).bind(on_secret=engine.recorder.redactor.add)
-    engine.grant = grant
+    restrict(engine, grant)
     kc = DelegatedKeychain(base.credential, base.secret_values, grant.credentials or frozenset())
     engine._keychain = kc.bind(on_secret=engine.recorder.redactor.add)  # noqa: SLF001 - the engine's own field
 
