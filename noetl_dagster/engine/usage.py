@@ -16,8 +16,9 @@ How (and why this way — see docs/analytics.md "Measured usage"):
   execution's ``platform`` line, never lost. An attempt nested in another on the same
   thread (a sub-playbook's tasks inside a ``kind: playbook`` task) is taken out of the
   outer attempt's figure, so nothing counts twice.
-- ``child_cpu_s``: ``getrusage(RUSAGE_CHILDREN)`` delta — user+system CPU of the
-  subprocesses that finished and were waited for during the task (process-wide).
+- ``child_cpu_s``: user+system CPU of the subprocesses that finished and were waited for during
+  the task: the ``getrusage(RUSAGE_CHILDREN)`` delta when the attempt ran alone; beside other
+  attempts (whose children that delta would hold too) the children it reaped itself (``wait4``).
 - ``child_maxrss_bytes``: the peak RSS of the subprocesses the attempt ran: the child's own
   ``VmHWM`` when it reports it (python ``isolation: process``), else per child from ``wait4``
   when reaped by :class:`Popen` (shell), else the ``RUSAGE_CHILDREN`` mark when it rose during
@@ -220,7 +221,8 @@ class Meter:
 
     def stop(self, result: Any = None) -> dict[str, Any]:
         wall = time.perf_counter() - self._wall
-        if self._alone and _started[0] == self._gen:  # nothing ran beside it: every thread is its
+        alone = self._alone and _started[0] == self._gen
+        if alone:  # nothing ran beside it: every thread is its
             gross = time.process_time() - self._proc
         else:
             gross = time.thread_time() - self._cpu
@@ -246,7 +248,10 @@ class Meter:
             _rss_seen = (time.perf_counter(), rss)
             peak_ = maxrss * _MAXRSS_UNIT if maxrss > self._maxrss else max(rss, self._rss)
             ch = _resource.getrusage(_resource.RUSAGE_CHILDREN)
-            child_cpu = ch.ru_utime + ch.ru_stime - self._child[0]
+            reaped = counters.pop("child_cpu_s", 0.0)  # children this attempt reaped itself (Popen)
+            # alone, the process-wide delta is all of its children; beside others it would count
+            # theirs too, so then only the children it reaped itself
+            child_cpu = ch.ru_utime + ch.ru_stime - self._child[0] if alone else reaped
             if child_cpu > 0:
                 u["child_cpu_s"] = round(child_cpu, 6)
             child_peak = counters.pop("child_maxrss_bytes", 0)
@@ -283,8 +288,10 @@ class Popen(subprocess.Popen):
             pid, sts, ru = os.wait4(self.pid, wait_flags)
         except ChildProcessError:
             return self.pid, 0
-        if pid == self.pid and ru.ru_maxrss > self._parent_mark:
-            peak(child_maxrss_bytes=ru.ru_maxrss * _MAXRSS_UNIT)
+        if pid == self.pid:
+            count(child_cpu_s=ru.ru_utime + ru.ru_stime)
+            if ru.ru_maxrss > self._parent_mark:
+                peak(child_maxrss_bytes=ru.ru_maxrss * _MAXRSS_UNIT)
         return pid, sts
 
 

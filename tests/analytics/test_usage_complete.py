@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 from analytics.pricing import AttemptUsage
-from noetl_dagster.engine.usage import process_peak_bytes
 from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.storage.event_stores import open_event_store
 
@@ -119,6 +118,8 @@ def test_a_smaller_peak_after_a_bigger_one_in_the_same_process_is_measured(tmp_p
     assert 190 * MB <= u["small"]["mem_delta_bytes"] < 290 * MB, u["small"]
     assert u["small"]["mem_peak_bytes"] - u["small"]["mem_delta_bytes"] >= 0
     # the meter reset the process's mark before `small`; a whole run's peak is still there to read
+    from noetl_dagster.engine.usage import process_peak_bytes
+
     assert process_peak_bytes() >= u["big"]["mem_peak_bytes"] > resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
@@ -310,3 +311,28 @@ def test_shell_children_are_measured_each_by_wait4(tmp_path):
     assert u["big"]["child_maxrss_bytes"] >= big, u["big"]
     assert small <= u["small"]["child_maxrss_bytes"] < big, u["small"]
     assert u["small"]["mem_delta_bytes"] >= u["small"]["child_maxrss_bytes"]
+
+
+def test_parallel_attempts_do_not_share_each_others_children(tmp_path):
+    """RUSAGE_CHILDREN is process-wide: two lanes reaping children at once would each count both.
+    Beside other attempts an attempt counts only the children it reaped itself (wait4)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    res, events, _ = _run(
+        tmp_path,
+        """
+      - step: start
+        loop:
+          in: "{{ [1, 2, 3, 4] }}"
+          iterator: n
+          spec: {mode: parallel, max_in_flight: 2}
+        tool:
+          - sh: {kind: shell, cmd: "i=0; while [ $i -lt 60000 ]; do i=$((i+1)); done"}
+    """,
+    )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert res.status == "completed", res.results
+    reaped = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    counted = [e.data["outcome"]["meta"]["usage"].get("child_cpu_s", 0) for e in events if e.name == "task.done"]
+    assert len(counted) == 4 and all(c > 0 for c in counted), counted
+    assert sum(counted) <= reaped + 0.005, (counted, reaped)
+    assert sum(counted) >= 0.9 * reaped, (counted, reaped)
