@@ -25,6 +25,7 @@ from dagster._core.definitions.dependency import DynamicCollectDependencyDefinit
 
 import noetl_dagster.translator.naming as naming
 from noetl_dagster.dsl import PlaybookInvalid
+from noetl_dagster.dsl.loader import YamlSyntaxError, read_text_file
 from noetl_dagster.dsl.locator import InvalidLocator, parse_locator
 from noetl_dagster.dsl.model import Output, Playbook
 from noetl_dagster.engine.graph import analyze
@@ -183,10 +184,10 @@ def _is_playbook_file(f: Path) -> bool:
         return False
     if "Playbook" not in head:
         return False
-    try:
-        doc = yaml.load(f.read_text(encoding="utf-8"), Loader=_YamlLoader)
-    except yaml.YAMLError:
-        return True  # let the loader report the syntax error with its line
+    try:  # the bounded reader and the YAML limits (a huge or hostile file is refused, not read whole)
+        doc = yaml.load(read_text_file(f), Loader=_YamlLoader)
+    except (yaml.YAMLError, YamlSyntaxError):
+        return True  # let the loader report the syntax error (or the refusal) with its line
     return isinstance(doc, dict) and doc.get("kind") == "Playbook"
 
 

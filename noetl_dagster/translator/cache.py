@@ -27,6 +27,8 @@ import tempfile
 from pathlib import Path
 
 from noetl_dagster.dsl import load_playbook
+from noetl_dagster.dsl.files import InputFileError, read_bounded
+from noetl_dagster.dsl.loader import YamlLimits
 from noetl_dagster.dsl.model import Playbook
 
 log = logging.getLogger("noetl_dagster.translator")
@@ -93,7 +95,11 @@ def load_playbook_cached(path: str | os.PathLike[str]) -> Playbook:
     p = Path(path)
     if folder is None or p.suffix == ".flow" or not p.is_file():
         return load_playbook(p)
-    key = cache_key(p, p.read_bytes())
+    try:  # the bounded reader: a file over the playbook size limit is refused by the loader, unread here
+        data = read_bounded(p, YamlLimits.from_env().max_bytes, what="playbook")
+    except InputFileError:
+        return load_playbook(p)  # which reports it
+    key = cache_key(p, data)
     entry = folder / key[:2] / f"{key}.pickle"
     try:
         pb = pickle.loads(entry.read_bytes())  # noqa: S301 - our own entries, in a 0700 directory
