@@ -289,3 +289,32 @@ def test_gate_rules(tmp_path, kind, config, expect):
     gate.check("postgres", {"auth": "pg_main", "command": "SELECT '/etc/passwd', 'noetl://acme/y'"}, "t")
     gate.check("duckdb", {"database": str(tmp_path / "scope" / "a.duckdb"), "command": "SELECT 1"}, "t")
     gate.check("secrets", {"name": "pg_main"}, "t")
+
+
+def test_the_gate_holds_under_the_dagster_runner_too(env, tmp_path):
+    """The gate sits in the engine's dispatch, which both runners share: the DuckDB cursor read and an
+    inline Postgres URL computed at run time are refused inside a Dagster op as in the local runner."""
+    import dagster as dg
+
+    from noetl_dagster.resources.noetl import close_all_services
+    from noetl_dagster.translator.runner import run_playbook_dagster
+
+    read = cursor_step("duckdb", ONCE + "SELECT 1 AS id, content FROM read_text('/etc/hostname') WHERE (SELECT n FROM seen) = 1",
+                       options={"key": "content"})  # fmt: skip
+    pg = {"step": "q", "tool": [{"q": {"kind": "postgres", "auth": "{{ '" + PG + "' }}", "command": "SELECT 1"}}]}
+    doc = child(read, pg)
+    doc["workflow"][0]["next"] = {"spec": {"mode": "inclusive"}, "arcs": [{"step": "s"}, {"step": "q"}]}
+    instance = dg.DagsterInstance.ephemeral()
+    try:
+        res = run_playbook_dagster(load_playbook_dict(parent(doc, ["duckdb", "postgres", "noop"])),
+                                   event_store=env.store_url, data_dir=env.data_dir, instance=instance)  # fmt: skip
+    finally:
+        instance.dispose()
+        close_all_services()
+    assert res.status == "failed"
+    store = open_event_store(env.store_url)
+    kid = next(se.event.execution_id for se in store.iter_all() if se.event.name == "playbook.execution.requested"
+               and se.event.parent_execution_id == res.execution_id)  # fmt: skip
+    assert "file system operations are disabled" in _error_of(store, kid, "s")["message"]
+    assert _error_of(store, kid, "q")["kind"] == "trust_refused"
+    assert HOSTNAME not in _text([se.event for se in store.iter_all()])
