@@ -20,98 +20,132 @@ from __future__ import annotations
 import base64
 import json
 import re
-import threading
-import time
 import types
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jinja2
 from jinja2 import ChainableUndefined, nodes
+from jinja2.compiler import CodeGenerator, Frame
 from jinja2.exceptions import SecurityError
-from jinja2.filters import do_center, do_format, do_indent, do_replace, do_wordwrap
+from jinja2.filters import make_attrgetter
 from jinja2.sandbox import MAX_RANGE, ImmutableSandboxedEnvironment, safe_range
-from jinja2.utils import Namespace, generate_lorem_ipsum
+from jinja2.utils import Namespace, generate_lorem_ipsum, pass_environment, pass_eval_context
+
+from noetl_dagster.dsl import template_limits as lim
+from noetl_dagster.dsl.template_limits import (
+    MAX_INT_BITS,
+    MAX_ITEMS,
+    MAX_STR,
+    MAX_VALUE_CHARS,
+    MAX_VALUE_DEPTH,
+    RENDER_SECONDS,
+    check_result,
+    produce,
+    text_len,
+    tick,
+    width_of,
+)
+from noetl_dagster.dsl.template_limits import LimitExceeded as _LimitExceeded
 
 # exactly one expression yields the native value (SEMANTICS §2); padding makes it a string
 # (only the one trailing newline a YAML block scalar adds is tolerated)
 _SINGLE_EXPR = re.compile(r"^\{\{(?P<expr>.*)\}\}\n?$", re.S)
 
-MAX_STR = 16 * 1024 * 1024  # characters in one produced string
-MAX_ITEMS = 1_000_000  # items in one produced list/dict (and in the whole rendered value)
-MAX_VALUE_DEPTH = 100  # nesting of a rendered value
-MAX_INT_BITS = 100_000  # size of an integer an operator may produce
-RENDER_SECONDS = 5.0  # wall time of one render
-__all__ = ["MAX_RANGE", "TemplateError", "TemplateEnv", "template_env", "iter_template_strings"]
-
-
-class _LimitExceeded(Exception):
-    """A template produced (or was about to produce) something beyond a limit."""
-
-
-_deadline = threading.local()
-
-
-def _tick() -> None:
-    end = getattr(_deadline, "at", None)
-    if end is not None and time.monotonic() > end:
-        raise _LimitExceeded(f"render took longer than {RENDER_SECONDS:g} s")
-
-
-def _sized(value: Any) -> int:
-    return len(value) if isinstance(value, (str, bytes, list, tuple, dict)) else 0
-
-
-def _check_len(n: int, what: str = "value") -> None:
-    if n > MAX_STR:
-        raise _LimitExceeded(f"{what} would have {n} items/characters; the limit is {MAX_STR}")
-
-
-def _big_int_arg(args: Any, kwargs: Mapping[str, Any] | None = None) -> None:
-    for v in (*args, *(kwargs or {}).values()):
-        if isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_STR:
-            raise _LimitExceeded(f"argument {v} is beyond the size limit {MAX_STR}")
-
-
-def _bounded(f: Any) -> Any:
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        _big_int_arg(args[1:], kwargs)
-        out = f(*args, **kwargs)
-        _check_len(_sized(out))
-        return out
-
-    wrapper.__name__ = getattr(f, "__name__", "filter")
-    wrapper.jinja_pass_arg = getattr(f, "jinja_pass_arg", None)  # type: ignore[attr-defined]
-    return wrapper
-
-
-def _replace_filter(*args: Any, **kwargs: Any) -> Any:
-    # do_replace(eval_ctx, s, old, new, count=None)
-    s, new = (args[1] if len(args) > 1 else ""), (args[3] if len(args) > 3 else kwargs.get("new", ""))
-    _check_len(
-        len(str(s)) * max(1, len(str(new)))
-        if str(args[2] if len(args) > 2 else "") == "" or len(str(new)) > 1
-        else len(str(s))
-    )
-    return do_replace(*args, **kwargs)
-
-
-_replace_filter.jinja_pass_arg = do_replace.jinja_pass_arg  # type: ignore[attr-defined]
+__all__ = ["MAX_RANGE", "MAX_STR", "MAX_ITEMS", "RENDER_SECONDS", "TemplateError", "TemplateEnv", "template_env",
+           "iter_template_strings"]  # fmt: skip
 
 
 def _lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:  # noqa: A002 - Jinja's signature
     """Jinja's ``lipsum`` with bounded counts (``lipsum(10**6)`` used to render for minutes)."""
     if not (0 <= n <= 1_000 and 0 <= min <= max <= 1_000):
         raise _LimitExceeded("lipsum() takes at most 1000 paragraphs of at most 1000 words")
-    return generate_lorem_ipsum(n=n, html=html, min=min, max=max)
+    tick(n * max // 8)  # Python code, a few operations per word
+    out = generate_lorem_ipsum(n=n, html=html, min=min, max=max)
+    produce(len(out), "lipsum")
+    return out
+
+
+def _sum(iterable: Any, start: Any = 0) -> Any:
+    """``sum`` in linear time: lists/tuples are concatenated once, after checking the total size
+    (``sum([[0]*1000]*10000, [])`` copied quadratically, out of reach of the deadline)."""
+    items = lim.materialize(iterable, "sum")
+    if isinstance(start, (list, tuple)):
+        total = len(start)
+        for x in items:
+            if type(x) is not type(start):
+                raise TypeError(f'can only concatenate {type(start).__name__} (not "{type(x).__name__}") to {type(start).__name__}')
+            total += len(x)
+        produce(total, "sum", items=True)
+        out = list(start)
+        for x in items:
+            out.extend(x)
+        return out if isinstance(start, list) else tuple(out)
+    tick(1 + len(items) // 16)
+    return check_result(sum(items, start), "sum")
+
+
+@pass_environment
+def _sum_filter(environment: Any, iterable: Any, attribute: Any = None, start: Any = 0) -> Any:
+    if attribute is not None:
+        iterable = map(make_attrgetter(environment, attribute), iterable)
+    return _sum(iterable, start)
+
+
+@pass_eval_context
+def _join_filter(eval_ctx: Any, value: Any, d: Any = "", attribute: Any = None) -> str:
+    """Jinja's ``join`` (no autoescape here), sized before joining: the items are str()'d first."""
+    if attribute is not None:
+        value = map(make_attrgetter(eval_ctx.environment, attribute), value)
+    items = lim.materialize(value, "join")
+    sep = lim.as_str(d, "join")
+    produce(lim.join_len(sep, items, True), "join", width=width_of(sep, *items[:64]))
+    return sep.join([x if type(x) is str else str(x) for x in items])
+
+
+def _guard_filter(name: str, f: Any) -> Any:
+    """A filter that checks, before it runs, the size it would produce (``template_limits.FILTER_SIZES``;
+    a filter missing there is treated as one that str()s its input)."""
+    est = lim.FILTER_SIZES.get(name, lim._f_text)
+    pass_arg = getattr(f, "jinja_pass_arg", None)
+    lead = 0 if pass_arg is None else 1
+
+    if est is None:  # output no larger than the input, or lazy
+
+        def cheap(*args: Any, **kwargs: Any) -> Any:
+            tick()
+            out = f(*args, **kwargs)
+            return lim.counted(out) if type(out) is types.GeneratorType else out
+
+        cheap.__name__ = getattr(f, "__name__", name)
+        cheap.jinja_pass_arg = pass_arg  # type: ignore[attr-defined]
+        return cheap
+
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        tick()
+        if len(args) > lead:
+            try:
+                new = est(*args[lead:], **kwargs)
+            except TypeError:
+                new = None  # a wrong signature: the filter itself raises the right error
+            if new is not None:
+                args = (*args[:lead], *new)
+        out = f(*args, **kwargs)
+        if type(out) is types.GeneratorType:  # map, select, batch...: lazy, counted per item
+            return lim.counted(out)
+        return check_result(out, name)
+
+    guarded.__name__ = getattr(f, "__name__", name)
+    guarded.jinja_pass_arg = pass_arg  # type: ignore[attr-defined]
+    return guarded
 
 
 class _BoundedNamespace(Namespace):
     """``namespace()`` whose attributes cannot grow past the size limits (``ns.s = ns.s ~ ns.s``)."""
 
     def __setitem__(self, name: str, value: Any) -> None:  # type: ignore[override]
-        _tick()
-        _check_len(_sized(value), f"namespace attribute {name!r}")
+        tick()
+        check_result(value, f"namespace attribute {name!r}")
         super().__setitem__(name, value)
 
 
@@ -171,7 +205,7 @@ class _WithGlobals(Mapping):
         self.globals = globals_
 
     def __getitem__(self, key: str) -> Any:
-        _tick()  # every name lookup (incl. once per outer loop iteration) checks the render deadline
+        tick()
         if key in self.scope:
             return self.scope[key]
         return self.globals[key]
@@ -186,20 +220,99 @@ class _WithGlobals(Mapping):
         return sum(1 for _ in self)
 
 
-_PADDING = frozenset(
-    {"center", "ljust", "rjust", "zfill", "expandtabs", "format", "format_map", "join", "replace"}
-)
+class _CodeGenerator(CodeGenerator):
+    """Jinja's code generator with two more hooks into the sandbox (which has none for them):
+    every ``for`` iteration ticks the render budget (nested loops over a ``{% set %}`` list
+    do no lookup, call or output), and ``~`` is sized before it joins."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._loop_iters: set[int] = set()
+
+    def visit_For(self, node: nodes.For, frame: Frame) -> None:
+        self._loop_iters.add(id(node.iter))  # Jinja allows no custom node types: mark it instead
+        super().visit_For(node, frame)
+
+    def visit(self, node: nodes.Node, *args: Any, **kwargs: Any) -> Any:
+        if id(node) in self._loop_iters:
+            self.write("environment.guard_iter(")
+            super().visit(node, *args, **kwargs)
+            self.write(")")
+            return None
+        return super().visit(node, *args, **kwargs)
+
+    def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:
+        if frame.eval_ctx.volatile or frame.eval_ctx.autoescape:
+            super().visit_Concat(node, frame)
+            return
+        self.write("environment.tilde((")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("))")
+
+
+def _finalize(value: Any) -> Any:
+    """``{{ x }}`` in a string template: the size of ``str(x)`` is checked before it is made."""
+    tick()  # one more reference in an output buffer
+    t = type(value)
+    if t is str:
+        return value
+    if t is int or t is float or t is bool or value is None:
+        return str(value)  # short (an int beyond the digit limit raises ValueError: a clean error)
+    produce(text_len(value, "output"), "output")
+    return str(value)
+
+
+def _g_str(obj: Any = "", *rest: Any, **kw: Any) -> None:
+    if rest or kw:
+        produce(lim.size(obj) * 2, "str")
+    elif not isinstance(obj, str):
+        produce(text_len(obj, "str()"), "str()", width=width_of(obj))
+
+
+def _g_list(iterable: Any = ()) -> None:
+    lim._f_list(iterable)
+
+
+def _g_dict(*args: Any, **kw: Any) -> None:
+    produce((lim.size(args[0]) if args else 0) + len(kw), "dict", items=True, width=100)
+
+
+def _g_sorted(iterable: Any, *rest: Any, **kw: Any) -> tuple:
+    items = lim.materialize(iterable, "sorted")
+    n = len(items)
+    tick(n * n.bit_length() // 4)
+    produce(n, "sorted", items=True)
+    return (items, *rest)
+
+
+def _g_minmax(*args: Any, **kw: Any) -> None:
+    if len(args) == 1:
+        tick(lim.size(args[0]) >> 2)
+
+
+_GLOBAL_SIZES: dict[Any, Any] = {str: _g_str, list: _g_list, dict: _g_dict, sorted: _g_sorted, min: _g_minmax, max: _g_minmax}
+
+
+_FRESH_ITEMS = (zip, enumerate)
+
+
+def _wrappable(a: Any) -> bool:
+    return callable(a) and not isinstance(a, jinja2.Undefined)
 
 
 class _Env(ImmutableSandboxedEnvironment):
     """``x.key`` on a mapping reads the key first, so ``workload.items`` is the value, not ``dict.items``.
 
-    Immutable (no ``append``/``update``/...), with size-checked operators and calls."""
+    Immutable (no ``append``/``update``/...). Every operation that can grow a value checks the
+    size it would produce before producing it (``template_limits``), and every hook counts work."""
 
-    intercepted_binops = frozenset({"*", "**", "+", "%", "//", "<<"})
+    code_generator_class = _CodeGenerator
+    intercepted_binops = frozenset({"*", "**", "+", "-", "%", "//"})
 
     def getattr(self, obj: Any, attribute: str) -> Any:
-        _tick()
+        tick()
         if isinstance(obj, Mapping):
             try:
                 return obj[attribute]
@@ -208,15 +321,49 @@ class _Env(ImmutableSandboxedEnvironment):
         return super().getattr(obj, attribute)
 
     def getitem(self, obj: Any, argument: Any) -> Any:
-        _tick()
+        tick()
+        if type(argument) is slice and isinstance(obj, (str, bytes, list, tuple)):
+            try:
+                n = len(range(*argument.indices(len(obj))))
+            except (TypeError, ValueError):
+                n = 0
+            produce(n, "slice", items=not isinstance(obj, (str, bytes)), width=width_of(obj))
         return super().getitem(obj, argument)
 
+    def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
+        # refused at once: an undefined would render '' or be `not defined` (``|attr('__class__')``)
+        raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
+
+    @staticmethod
+    def guard_iter(iterable: Any) -> Iterator[Any]:
+        n = 0
+        for x in iterable:
+            n += 1
+            if n == 64:  # counted in batches: this runs once per iteration
+                tick(64)
+                n = 0
+            yield x
+        tick(n)
+
+    @staticmethod
+    def tilde(values: tuple) -> str:
+        n = 0
+        for v in values:
+            n += len(v) if type(v) is str else text_len(v, "~")
+        produce(n, "concatenation (~)", width=width_of(*values))
+        return "".join([v if type(v) is str else str(v) for v in values])
+
+    def concat(self, parts: Any) -> str:  # type: ignore[override] # the buffers of macros and {% set %} blocks
+        parts = parts if isinstance(parts, list) else list(parts)
+        produce(sum(map(len, parts)), "output", width=width_of(*parts[:64]))
+        return "".join(parts)
+
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        _tick()
+        tick()
         if operator == "*":
             for seq, n in ((left, right), (right, left)):
-                if isinstance(n, int) and _sized(seq):
-                    _check_len(len(seq) * max(n, 0), "repetition")
+                if isinstance(n, int) and isinstance(seq, (str, bytes, list, tuple)):
+                    produce(len(seq) * max(n, 0), "repetition", items=isinstance(seq, (list, tuple)), width=width_of(seq))
             if isinstance(left, int) and isinstance(right, int):
                 if left.bit_length() + right.bit_length() > MAX_INT_BITS:
                     raise _LimitExceeded(f"integer product beyond {MAX_INT_BITS} bits")
@@ -224,47 +371,56 @@ class _Env(ImmutableSandboxedEnvironment):
             if isinstance(left, int) and isinstance(right, int) and right > 0:
                 if max(left.bit_length(), 1) * right > MAX_INT_BITS and abs(left) > 1:
                     raise _LimitExceeded(f"integer power beyond {MAX_INT_BITS} bits")
-        elif operator == "<<":
-            if isinstance(right, int) and right > MAX_INT_BITS:
-                raise _LimitExceeded(f"shift beyond {MAX_INT_BITS} bits")
-        elif operator == "+":
-            if _sized(left) and _sized(right):
-                _check_len(len(left) + len(right), "concatenation")
+        elif operator in ("+", "-"):
+            if isinstance(left, int) and isinstance(right, int):
+                if max(left.bit_length(), right.bit_length()) >= MAX_INT_BITS:
+                    raise _LimitExceeded(f"integer sum beyond {MAX_INT_BITS} bits")
+            elif operator == "+" and isinstance(left, (str, bytes, list, tuple)) and isinstance(right, (str, bytes, list, tuple)):
+                produce(len(left) + len(right), "concatenation", items=isinstance(left, (list, tuple)), width=width_of(left, right))
         elif operator == "%" and isinstance(left, str):
-            _big_int_arg(right if isinstance(right, tuple) else (right,))
-            if re.search(r"\d{8,}", left):
-                raise _LimitExceeded("format width beyond the size limit")
+            produce(lim.percent_len(left, right), "% formatting", width=width_of(left, right))
         return super().call_binop(context, operator, left, right)
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
-        _tick()
-        owner = getattr(__obj, "__self__", None)
-        if owner is None:  # the sandbox wraps str.format in a plain function
-            owner = getattr(getattr(__obj, "__wrapped__", None), "__self__", None)
-        if isinstance(owner, str) and getattr(__obj, "__name__", "") in _PADDING:
-            _big_int_arg(args, kwargs)
-            if __obj.__name__ in ("format", "format_map") and re.search(r"\d{8,}", owner):
-                raise _LimitExceeded("format width beyond the size limit")
-            if __obj.__name__ == "replace" and len(args) >= 2:
-                _check_len(
-                    len(owner) * max(1, len(str(args[1])))
-                    if len(str(args[1])) > len(str(args[0]))
-                    else len(owner)
-                )
+        tick()
+        # a callable handed to a builtin (max(..., key=lipsum)) is called back through the sandbox, counted
+        if any(_wrappable(a) for a in args):
+            args = tuple(__self._through(__context, a) if _wrappable(a) else a for a in args)
+        if kwargs and any(_wrappable(v) for v in kwargs.values()):
+            kwargs = {k: (__self._through(__context, v) if _wrappable(v) else v) for k, v in kwargs.items()}
+        try:
+            est = _GLOBAL_SIZES.get(__obj)
+        except TypeError:  # unhashable: not one of ours
+            est = None
+        if est is not None:
+            new = est(*args, **kwargs)
+        else:
+            owner = getattr(__obj, "__self__", None)
+            if owner is None:  # the sandbox wraps str.format in a plain function
+                owner = getattr(getattr(__obj, "__wrapped__", None), "__self__", None)
+            new = None
+            if owner is not None and not isinstance(owner, types.ModuleType):
+                new = lim.method_estimate(owner, getattr(__obj, "__name__", ""), args, kwargs)
+        if new is not None:
+            args = new
         out = super().call(__context, __obj, *args, **kwargs)
-        _check_len(_sized(out))
-        return out
+        if type(out) in _FRESH_ITEMS:  # a fresh tuple per item
+            return lim.counted(out, 64)
+        return check_result(out)
+
+    def _through(self, context: Any, fn: Any) -> Any:
+        def through_sandbox(*args: Any, **kwargs: Any) -> Any:
+            return self.call(context, fn, *args, **kwargs)
+
+        return through_sandbox
 
 
 class TemplateEnv:
     def __init__(self) -> None:
-        env = _Env(undefined=_Undefined, autoescape=False, keep_trailing_newline=True)
+        env = _Env(undefined=_Undefined, autoescape=False, keep_trailing_newline=True, finalize=_finalize)
         env.filters.update(
-            center=_bounded(do_center),
-            indent=_bounded(do_indent),
-            wordwrap=_bounded(do_wordwrap),
-            format=_bounded(do_format),
-            replace=_replace_filter,
+            join=_join_filter,
+            sum=_sum_filter,
             tojson=_tojson,
             to_json=_tojson,
             fromjson=_fromjson,
@@ -272,9 +428,10 @@ class TemplateEnv:
             b64encode=_b64encode,
             b64decode=_b64decode,
         )
+        env.filters = {name: _guard_filter(name, f) for name, f in env.filters.items()}
         env.globals.update(
             range=safe_range, namespace=_BoundedNamespace, lipsum=_lipsum, len=len, str=str, int=int, float=float, bool=bool, dict=dict, list=list,
-            min=min, max=max, sum=sum, sorted=sorted, abs=abs, round=round, enumerate=enumerate, zip=zip,
+            min=min, max=max, sum=_sum, sorted=sorted, abs=abs, round=round, enumerate=enumerate, zip=zip,
             is_defined=_is_defined,
         )  # fmt: skip
         self.env = env
@@ -325,51 +482,44 @@ class TemplateEnv:
         if "{{" not in source and "{%" not in source:
             return source
         m = _SINGLE_EXPR.match(source)
-        if m and "{{" not in m.group("expr") and "}}" not in m.group("expr") and "{%" not in source:
-            te = self._expression(source, m.group("expr"))
-            tmpl = te._template
-            outer = getattr(_deadline, "at", None)
-            if outer is None:
-                _deadline.at = time.monotonic() + RENDER_SECONDS
-            try:
-                ctx = self._context(tmpl, scope)
+        single = m and "{{" not in m.group("expr") and "}}" not in m.group("expr") and "{%" not in source
+        if single:
+            tmpl = self._expression(source, m.group("expr"))._template
+        else:
+            tmpl = self._template(source)
+        fresh = lim.begin()  # one budget per render; a nested render shares its caller's
+        try:
+            ctx = self._context(tmpl, scope)
+            if single:
                 for _ in tmpl.root_render_func(ctx):
                     pass
                 return _plain(ctx.vars["result"])
-            except TemplateError:
-                raise
-            except _LimitExceeded as e:
-                raise TemplateError(source, f"limit: {e}") from None
-            except RecursionError:
-                raise TemplateError(source, "limit: recursion too deep (a self-referencing value?)") from None
-            except Exception as e:  # noqa: BLE001 - any render failure is an error outcome
-                raise TemplateError(source, f"{type(e).__name__}: {e}") from None
-            finally:
-                if outer is None:
-                    _deadline.at = None
-        tmpl = self._template(source)
-        outer = getattr(_deadline, "at", None)
-        if outer is None:
-            _deadline.at = time.monotonic() + RENDER_SECONDS
-        try:
-            ctx = self._context(tmpl, scope)
+            blocks: list[str] = []
             parts: list[str] = []
             size = 0
             for chunk in tmpl.root_render_func(ctx):
                 size += len(chunk)
-                _check_len(size, "output")
-                _tick()
+                if size > MAX_STR:
+                    raise _LimitExceeded(f"output would have more than {MAX_STR:,} characters")
                 parts.append(chunk)
-            return "".join(parts)
+                if len(parts) == 1024:  # hold characters, not a str object per chunk (8M chunks were 400 MB)
+                    blocks.append("".join(parts))
+                    parts.clear()
+            produce(size, "output")
+            return "".join(blocks + parts)
+        except TemplateError:
+            raise
         except _LimitExceeded as e:
             raise TemplateError(source, f"limit: {e}") from None
         except RecursionError:
             raise TemplateError(source, "limit: recursion too deep (a self-referencing value?)") from None
-        except Exception as e:  # noqa: BLE001
+        except MemoryError:  # a limit estimate fell short: still one clean error
+            raise TemplateError(source, "limit: out of memory") from None
+        except Exception as e:  # noqa: BLE001 - any render failure is an error outcome
             raise TemplateError(source, f"{type(e).__name__}: {e}") from None
         finally:
-            if outer is None:
-                _deadline.at = None
+            if fresh:
+                lim.end()
 
     def render(self, value: Any, scope: Mapping[str, Any]) -> Any:
         """Render every string inside ``value`` (dicts and lists recursively)."""
@@ -404,14 +554,20 @@ def _plain(value: Any) -> Any:
 
     Undefined -> None; generators/iterators -> lists; other mappings -> dicts;
     an unsafe attribute (``map(attribute='__class__')``) -> security error;
-    self-references and oversize values -> limit errors."""
-    budget = [MAX_ITEMS]
+    self-references, oversize values and integers too long to print -> limit errors."""
+    budget = [MAX_ITEMS, MAX_VALUE_CHARS]  # a list of one shared string 10**5 times is 10**5 strings to encode
 
     def walk(v: Any, depth: int) -> Any:
-        if v is None or isinstance(v, (bool, int, float)):
+        if v is None or isinstance(v, (bool, float)):
+            return v
+        if isinstance(v, int):
+            if v.bit_length() > MAX_INT_BITS:
+                raise _LimitExceeded(f"integer beyond {MAX_INT_BITS:,} bits (too long to print)")
             return v
         if isinstance(v, str):
-            _check_len(len(v), "string")
+            budget[1] -= len(v)
+            if len(v) > MAX_STR or budget[1] < 0:
+                raise _LimitExceeded(f"value has more than {MAX_STR if len(v) > MAX_STR else MAX_VALUE_CHARS:,} characters")
             return v
         if isinstance(v, jinja2.Undefined):
             if getattr(v, "_undefined_exception", None) is SecurityError:
@@ -427,17 +583,21 @@ def _plain(value: Any) -> Any:
                 budget[0] -= 1
                 if budget[0] < 0:
                     raise _LimitExceeded(f"value has more than {MAX_ITEMS} items")
-                _tick()
+                tick()
                 out.append(walk(item, depth + 1))
             return tuple(out) if isinstance(v, tuple) else out
         if isinstance(v, Mapping):
             budget[0] -= len(v)
             if budget[0] < 0:
                 raise _LimitExceeded(f"value has more than {MAX_ITEMS} items")
-            _tick()
+            tick()
             return {k: walk(x, depth + 1) for k, x in v.items()}
         if isinstance(v, (range, set, frozenset)):
             return walk(list(v), depth)
+        if isinstance(v, (bytes, bytearray)):
+            budget[1] -= 2 * len(v)
+            if budget[1] < 0:
+                raise _LimitExceeded(f"value has more than {MAX_VALUE_CHARS:,} characters")
         return v  # dates, decimals, bytes...: the JSON encoder handles or refuses them
 
     return walk(value, 0)

@@ -204,7 +204,7 @@ def test_template_sandbox_is_immutable_and_bounded(template, needle):
 @pytest.mark.slow
 def test_render_time_is_bounded():
     t0 = time.perf_counter()
-    with pytest.raises(TemplateError, match="longer than"):
+    with pytest.raises(TemplateError, match="longer than|more than 8,000,000 operations"):
         template_env().render_str(
             "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}x", {}
         )
