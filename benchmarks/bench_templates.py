@@ -38,11 +38,17 @@ HOSTILE: list[tuple[str, str]] = [
     ("expandtabs 2.5e9", "{{ ('\\t'*1000000).expandtabs(2500)|length }}"),
     ("sum of lists (quadratic)", "{{ sum([[0]*1000]*10000, []) }}"),
     ("max key=lipsum", "{{ max(range(100000)|list, key=lipsum) }}"),
-    ("nested for over a set list", "{% set l = range(100000)|list %}{% for a in l %}{% for b in l %}{% endfor %}{% endfor %}x"),
+    (
+        "nested for over a set list",
+        "{% set l = range(100000)|list %}{% for a in l %}{% for b in l %}{% endfor %}{% endfor %}x",
+    ),
     ("2 ** 30000 (int->str)", "{{ 2 ** 30000 }}"),
     ("output of a shared list", "{% set s = 'x'*1000000 %}{{ [s]*1000 }}"),
     ("native shared list", "{% set s = 'x'*1000000 %}{{ [s]*100000 }}"),
-    ("kept alive in a list", "{% set ns = namespace(l=[]) %}{% for i in range(1000) %}{% set ns.l = ns.l + ['x'*10000000 ~ i] %}{% endfor %}{{ ns.l|length }}"),
+    (
+        "kept alive in a list",
+        "{% set ns = namespace(l=[]) %}{% for i in range(1000) %}{% set ns.l = ns.l + ['x'*10000000 ~ i] %}{% endfor %}{{ ns.l|length }}",
+    ),
     ("split into 8e6 strings", "{{ ('a '*8000000).split()|length }}"),
     ("int.to_bytes 1e9", "{{ (1).to_bytes(1000000000, 'big')|length }}"),
     ("indent 1e6 lines", "{{ ('\\n'*1000000)|indent(1000, first=True)|length }}"),
@@ -54,7 +60,10 @@ HOSTILE: list[tuple[str, str]] = [
     ("urlencode x9", "{{ ('\\u00e9'*8000000)|urlencode|length }}"),
     ("fromjson 5e6 lists", "{{ ('[' ~ '[],'*5000000 ~ '[]]')|fromjson|length }}"),
     ("pprint shared", "{% set s = 'x'*1000000 %}{{ ([s]*1000)|pprint|length }}"),
-    ("macro doubling", "{% macro f(n) %}{% if n %}{{ f(n-1) }}{{ f(n-1) }}{% endif %}x{% endmacro %}{{ f(30)|length }}"),
+    (
+        "macro doubling",
+        "{% macro f(n) %}{% if n %}{{ f(n-1) }}{{ f(n-1) }}{% endif %}x{% endmacro %}{{ f(30)|length }}",
+    ),
     ("sorted key=lipsum", "{{ sorted(range(100000)|list, key=lipsum)|length }}"),
     ("format widths", "{{ ('%9999999d' * 100) % ((1,)*100) }}"),
     ("str() of a shared list", "{% set s = 'x'*1000000 %}{{ str([s]*1000)|length }}"),
@@ -92,14 +101,27 @@ def _child(index: int, rlimit_mb: int) -> None:
     except BaseException as e:  # noqa: BLE001 - the figure is which one
         outcome = f"{type(e).__name__}: {str(e)[:80]}"
     wall = time.perf_counter() - t0
-    print("__BENCH__" + json.dumps({"outcome": outcome, "wall_s": wall, "rss_before_mb": before, "peak_rss_mb": _peak_rss_mb()}))
+    print(
+        "__BENCH__"
+        + json.dumps(
+            {"outcome": outcome, "wall_s": wall, "rss_before_mb": before, "peak_rss_mb": _peak_rss_mb()}
+        )
+    )
 
 
 def hostile(args: argparse.Namespace) -> list[dict[str, Any]]:
     root = Path(__file__).resolve().parents[1]
     rows = []
     for i, (name, _src) in enumerate(HOSTILE):
-        cmd = [sys.executable, "-m", "benchmarks.bench_templates", "--case", str(i), "--rlimit-mb", str(args.rlimit_mb)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "benchmarks.bench_templates",
+            "--case",
+            str(i),
+            "--rlimit-mb",
+            str(args.rlimit_mb),
+        ]
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=args.timeout)
@@ -148,7 +170,10 @@ def ordinary(renders: int) -> float:
     from noetl_dagster.dsl.templates import template_env
 
     env = template_env()
-    scope = {"ctx": {"i": 7}, "workload": {"n": 100, "name": "abc", "items": [{"id": i, "v": i * 1.5} for i in range(10)]}}
+    scope = {
+        "ctx": {"i": 7},
+        "workload": {"n": 100, "name": "abc", "items": [{"id": i, "v": i * 1.5} for i in range(10)]},
+    }
     for src in ORDINARY:
         env.render_str(src, scope)  # compile once (cached by source, as in the engine)
     best = float("inf")
@@ -176,10 +201,14 @@ def main(argv: list[str] | None = None) -> None:
         _child(args.case, args.rlimit_mb)
         return
     if args.only != "ordinary":
-        print(f"== hostile templates: each in a child with RLIMIT_AS {args.rlimit_mb} MB, timeout {args.timeout:g} s ==")
+        print(
+            f"== hostile templates: each in a child with RLIMIT_AS {args.rlimit_mb} MB, timeout {args.timeout:g} s =="
+        )
         rows = hostile(args)
         ok = sum(_clean(r) for r in rows)
-        worst = max((r["peak_rss_mb"] for r in rows if r["peak_rss_mb"] == r["peak_rss_mb"]), default=float("nan"))
+        worst = max(
+            (r["peak_rss_mb"] for r in rows if r["peak_rss_mb"] == r["peak_rss_mb"]), default=float("nan")
+        )
         print(f"  rejected as TemplateError under {RSS_TARGET_MB:g} MB: {ok}/{len(rows)} "
               f"{'PASS' if ok == len(rows) else 'MISS'}   worst peak {worst:.1f} MB")  # fmt: skip
     if args.only != "hostile":

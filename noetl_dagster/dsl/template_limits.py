@@ -27,10 +27,12 @@ MAX_STR = 16 * 1024 * 1024  # characters in one produced string
 MAX_ITEMS = 1_000_000  # items in one produced list/dict (and in the whole rendered value)
 MAX_VALUE_DEPTH = 100  # nesting of a rendered value
 MAX_VALUE_CHARS = 4 * MAX_STR  # characters of all the strings of a rendered value (shared ones each time)
-MAX_INT_BITS = 14_000  # < 4,300 digits: Python's int->str limit, so every int the sandbox makes can be printed
+# < 4,300 digits (Python's int->str limit), so every int the sandbox makes can be printed
+MAX_INT_BITS = 14_000
 RENDER_SECONDS = 5.0  # wall time of one render
-MAX_RENDER_BYTES = 128 * 1024 * 1024  # estimated bytes one render may produce in all (a rejected render stays < 256 MB)
-# sandbox operations (calls, lookups, outputs, loop iterations) + bulk work / 16, per render: ~2-4 s of work,
+# estimated bytes one render may produce in all, so a rejected render stays under 256 MB
+MAX_RENDER_BYTES = 128 * 1024 * 1024
+# sandbox operations (calls, lookups, outputs, loop iterations; bulk C work at ~256 bytes each), per render: ~2-4 s of work,
 # and since each reference a render adds to an output buffer is one operation, <= 64 MB of them
 MAX_RENDER_WORK = 8_000_000
 MAX_NEST = 200  # nesting the size estimator follows (str() itself fails near 1,000)
@@ -47,10 +49,10 @@ class Budget:
     __slots__ = ("at", "work", "alloc", "next_check")
 
     def __init__(self) -> None:
-        self.at: float | None = None  # the deadline of the running render; None outside a render
+        self.at: float | None = None  # the running render's deadline; None outside a render
         self.work = 0
         self.alloc = 0
-        self.next_check = float("inf")  # the work count at which tick() next looks at the limits and the clock
+        self.next_check = float("inf")  # the work count at which tick() next checks the limits
 
 
 _local = threading.local()  # .b: this thread's Budget (one thread-local read per tick, then plain slots)
@@ -112,16 +114,18 @@ def produce(n: int, what: str = "value", *, items: bool = False, width: int = 0)
     the render's byte budget."""
     limit = MAX_ITEMS if items else MAX_STR
     if n > limit:
-        raise LimitExceeded(f"{what} would have {n:,} {'items' if items else 'characters'}; the limit is {limit:,}")
+        raise LimitExceeded(
+            f"{what} would have {n:,} {'items' if items else 'characters'}; the limit is {limit:,}"
+        )
     try:
         b = _local.b
     except AttributeError:
         return
     cost = n * (width or (8 if items else 1))
     b.alloc += cost
-    b.work = w = b.work + 1 + (cost >> 4)  # 8 KB or more reaches the next checkpoint: checked before it is made
-    if w >= b.next_check:
-        checkpoint(b)
+    b.work = w = b.work + 1 + (cost >> 8)  # C-speed bulk work: ~256 bytes per operation
+    if w >= b.next_check or b.alloc > MAX_RENDER_BYTES:
+        checkpoint(b)  # before the value is made
 
 
 def check_result(value: Any, what: str = "value") -> Any:
@@ -145,7 +149,11 @@ def width_of(*values: Any) -> int:
 
 def size(value: Any) -> int:
     try:
-        return len(value) if isinstance(value, (str, bytes, bytearray, list, tuple, dict, set, frozenset, range)) else 0
+        return (
+            len(value)
+            if isinstance(value, (str, bytes, bytearray, list, tuple, dict, set, frozenset, range))
+            else 0
+        )
     except TypeError:
         return 0
 
@@ -423,7 +431,7 @@ def join_len(sep: str, items: list[Any], stringify: bool) -> int:
     total = len(sep) * max(len(items) - 1, 0)
     if total > MAX_STR:
         return total
-    tick(1 + len(items) // 16)
+    tick(1 + len(items) // 2)  # a Python step per item
     for x in items:
         total += len(x) if type(x) is str else (text_len(x, "joined item") if stringify else size(x))
         if total > MAX_STR:
@@ -499,7 +507,9 @@ def _f_indent(s: Any, width: Any = 4, first: bool = False, blank: bool = False) 
     produce(n + lines * (pad + 1), "indent", width=width_of(s, width))
 
 
-def _f_wordwrap(s: Any, width: Any = 79, break_long_words: bool = True, wrapstring: Any = None, *_a: Any, **_k: Any) -> None:
+def _f_wordwrap(
+    s: Any, width: Any = 79, break_long_words: bool = True, wrapstring: Any = None, *_a: Any, **_k: Any
+) -> None:
     n = text_len(s, "wordwrap")
     wrap = len(wrapstring) if isinstance(wrapstring, str) else 1
     lines = min(n, n // max(_num(width), 1) + _count_any(s, _SPACES)) + 1
@@ -507,14 +517,20 @@ def _f_wordwrap(s: Any, width: Any = 79, break_long_words: bool = True, wrapstri
     produce(n + lines * wrap, "wordwrap", width=width_of(s, wrapstring))
 
 
-def _f_truncate(s: Any, length: Any = 255, killwords: bool = False, end: Any = "...", leeway: Any = None) -> None:
+def _f_truncate(
+    s: Any, length: Any = 255, killwords: bool = False, end: Any = "...", leeway: Any = None
+) -> None:
     n = text_len(s, "truncate")
-    produce(min(n, abs(_num(length)) + abs(_num(leeway)) + 5) + text_len(end), "truncate", width=width_of(s, end))
+    produce(
+        min(n, abs(_num(length)) + abs(_num(leeway)) + 5) + text_len(end), "truncate", width=width_of(s, end)
+    )
 
 
 def _f_format(value: Any, *args: Any, **kwargs: Any) -> None:
     fmt = value if isinstance(value, str) else ""
-    produce(percent_len(fmt, kwargs or args) + text_len(value, "format"), "format", width=width_of(value, *args))
+    produce(
+        percent_len(fmt, kwargs or args) + text_len(value, "format"), "format", width=width_of(value, *args)
+    )
 
 
 def replace_len(s: Any, old: Any, new: Any, count: Any = -1) -> int:
@@ -587,7 +603,8 @@ def _f_reverse(value: Any) -> None:
         _f_list(value)
 
 
-def _f_sorting(value: Any, *_a: Any, **_k: Any) -> None:  # sort, dictsort, unique, groupby: a list of the items
+def _f_sorting(value: Any, *_a: Any, **_k: Any) -> None:
+    """sort, dictsort, unique, groupby: a list of the items."""
     n = size(value)
     tick(n)
     produce(n, "sort", items=True, width=64)
@@ -609,13 +626,17 @@ def _f_slice(value: Any, slices: Any, fill_with: Any = None) -> None:
 
 def _f_fromjson(value: Any) -> None:
     if isinstance(value, (str, bytes)):
-        tick(len(value) >> 4)
+        tick(len(value) >> 6)  # json.loads: ~64 characters per operation
         sep = (",", ":", "[", "{") if isinstance(value, str) else (b",", b":", b"[", b"{")
         produce(sum(value.count(c) for c in sep) + 1, "fromjson", items=True, width=64)
 
 
 def _f_b64encode(value: Any) -> None:
-    n = len(value) if isinstance(value, (bytes, bytearray)) else text_len(value, "b64encode") * (1 if width_of(value) == 1 else 4)
+    n = (
+        len(value)
+        if isinstance(value, (bytes, bytearray))
+        else text_len(value, "b64encode") * (1 if width_of(value) == 1 else 4)
+    )
     produce(n * 4 // 3 + 4, "b64encode")
 
 
@@ -655,7 +676,11 @@ def _m_format(owner: Any, *args: Any, **kwargs: Any) -> None:
 
 
 def _m_format_map(owner: Any, mapping: Any = None, *_a: Any) -> None:
-    produce(format_len(owner, (), mapping if isinstance(mapping, Mapping) else {}), "format", width=width_of(owner))
+    produce(
+        format_len(owner, (), mapping if isinstance(mapping, Mapping) else {}),
+        "format",
+        width=width_of(owner),
+    )
 
 
 def _m_join(owner: Any, iterable: Any = (), *rest: Any) -> tuple:
@@ -678,12 +703,20 @@ def _m_translate(owner: Any, table: Any = None, *_a: Any) -> None:
 
 
 def _m_case(owner: Any, *_a: Any) -> None:
-    produce(len(owner) * (1 if isinstance(owner, bytes) or owner.isascii() else 3), "case mapping", width=width_of(owner))
+    produce(
+        len(owner) * (1 if isinstance(owner, bytes) or owner.isascii() else 3),
+        "case mapping",
+        width=width_of(owner),
+    )
 
 
 def _m_split(owner: Any, sep: Any = None, maxsplit: Any = -1) -> None:
     if sep is None:
-        pieces = _count_any(owner, _SPACES) + 1 if isinstance(owner, bytes) or owner.isascii() else len(owner) // 2 + 1
+        pieces = (
+            _count_any(owner, _SPACES) + 1
+            if isinstance(owner, bytes) or owner.isascii()
+            else len(owner) // 2 + 1
+        )
     elif isinstance(sep, (str, bytes)) and sep:
         pieces = owner.count(sep) + 1
     else:
@@ -695,7 +728,9 @@ def _m_split(owner: Any, sep: Any = None, maxsplit: Any = -1) -> None:
 
 
 def _m_splitlines(owner: Any, *_a: Any, **_k: Any) -> None:
-    pieces = (_count_any(owner, _LINE_BREAKS) if isinstance(owner, str) else owner.count(b"\n") + owner.count(b"\r")) + 1
+    pieces = (
+        _count_any(owner, _LINE_BREAKS) if isinstance(owner, str) else owner.count(b"\n") + owner.count(b"\r")
+    ) + 1
     produce(pieces, "splitlines", items=True, width=64)
     produce(len(owner), "splitlines", width=width_of(owner))
 
@@ -744,12 +779,12 @@ def method_estimate(owner: Any, name: str, args: tuple, kwargs: dict) -> tuple |
     if isinstance(owner, (str, bytes, bytearray)):
         est = STR_METHODS.get(name)
         if est is None:
-            tick(1 + (len(owner) >> 4))  # find/count/strip...: a pass over the string, output no larger
+            tick(1 + (len(owner) >> 8))  # find/count/strip...: a pass over the string, output no larger
             return None
     else:
         est = OTHER_METHODS.get(name)
         if est is None:
-            tick(1 + (size(owner) >> 4))
+            tick(1 + (size(owner) >> 4))  # list.count/index: ~16 items per operation
             return None
     try:
         return est(owner, *args, **kwargs)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import re
 import types
 from collections.abc import Iterator, Mapping
@@ -29,6 +30,7 @@ from jinja2 import ChainableUndefined, nodes
 from jinja2.compiler import CodeGenerator, Frame
 from jinja2.exceptions import SecurityError
 from jinja2.filters import make_attrgetter
+from jinja2.runtime import Macro
 from jinja2.sandbox import MAX_RANGE, ImmutableSandboxedEnvironment, safe_range
 from jinja2.utils import Namespace, generate_lorem_ipsum, pass_environment, pass_eval_context
 
@@ -60,7 +62,7 @@ def _lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str
     """Jinja's ``lipsum`` with bounded counts (``lipsum(10**6)`` used to render for minutes)."""
     if not (0 <= n <= 1_000 and 0 <= min <= max <= 1_000):
         raise _LimitExceeded("lipsum() takes at most 1000 paragraphs of at most 1000 words")
-    tick(n * max // 8)  # Python code, a few operations per word
+    tick(n * (min + max) * 3)  # Python code: ~0.7 us, five operations, per word
     out = generate_lorem_ipsum(n=n, html=html, min=min, max=max)
     produce(len(out), "lipsum")
     return out
@@ -74,14 +76,16 @@ def _sum(iterable: Any, start: Any = 0) -> Any:
         total = len(start)
         for x in items:
             if type(x) is not type(start):
-                raise TypeError(f'can only concatenate {type(start).__name__} (not "{type(x).__name__}") to {type(start).__name__}')
+                raise TypeError(
+                    f'can only concatenate {type(start).__name__} (not "{type(x).__name__}") to {type(start).__name__}'
+                )
             total += len(x)
         produce(total, "sum", items=True)
         out = list(start)
         for x in items:
             out.extend(x)
         return out if isinstance(start, list) else tuple(out)
-    tick(1 + len(items) // 16)
+    tick(1 + len(items) // 4)
     return check_result(sum(items, start), "sum")
 
 
@@ -221,9 +225,9 @@ class _WithGlobals(Mapping):
 
 
 class _CodeGenerator(CodeGenerator):
-    """Jinja's code generator with two more hooks into the sandbox (which has none for them):
+    """Jinja's code generator with three more hooks into the sandbox (which has none for them):
     every ``for`` iteration ticks the render budget (nested loops over a ``{% set %}`` list
-    do no lookup, call or output), and ``~`` is sized before it joins."""
+    do no lookup, call or output), ``~`` is sized before it joins, and so is a slice."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -240,6 +244,22 @@ class _CodeGenerator(CodeGenerator):
             self.write(")")
             return None
         return super().visit(node, *args, **kwargs)
+
+    def visit_Getitem(self, node: nodes.Getitem, frame: Frame) -> None:
+        if not isinstance(node.arg, nodes.Slice):
+            super().visit_Getitem(node, frame)
+            return
+        # Jinja writes obj[a:b] directly, past the sandbox: a slice copies, so it is sized too
+        self.write("environment.getitem(")
+        self.visit(node.node, frame)
+        self.write(", slice(")
+        for i, part in enumerate((node.arg.start, node.arg.stop, node.arg.step)):
+            self.write(", " if i else "")
+            if part is None:
+                self.write("None")
+            else:
+                self.visit(part, frame)
+        self.write("))")
 
     def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:
         if frame.eval_ctx.volatile or frame.eval_ctx.autoescape:
@@ -292,7 +312,14 @@ def _g_minmax(*args: Any, **kw: Any) -> None:
         tick(lim.size(args[0]) >> 2)
 
 
-_GLOBAL_SIZES: dict[Any, Any] = {str: _g_str, list: _g_list, dict: _g_dict, sorted: _g_sorted, min: _g_minmax, max: _g_minmax}
+_GLOBAL_SIZES: dict[Any, Any] = {
+    str: _g_str,
+    list: _g_list,
+    dict: _g_dict,
+    sorted: _g_sorted,
+    min: _g_minmax,
+    max: _g_minmax,
+}
 
 
 _FRESH_ITEMS = (zip, enumerate)
@@ -363,20 +390,34 @@ class _Env(ImmutableSandboxedEnvironment):
         if operator == "*":
             for seq, n in ((left, right), (right, left)):
                 if isinstance(n, int) and isinstance(seq, (str, bytes, list, tuple)):
-                    produce(len(seq) * max(n, 0), "repetition", items=isinstance(seq, (list, tuple)), width=width_of(seq))
+                    produce(
+                        len(seq) * max(n, 0),
+                        "repetition",
+                        items=isinstance(seq, (list, tuple)),
+                        width=width_of(seq),
+                    )
             if isinstance(left, int) and isinstance(right, int):
                 if left.bit_length() + right.bit_length() > MAX_INT_BITS:
                     raise _LimitExceeded(f"integer product beyond {MAX_INT_BITS} bits")
         elif operator == "**":
-            if isinstance(left, int) and isinstance(right, int) and right > 0:
-                if max(left.bit_length(), 1) * right > MAX_INT_BITS and abs(left) > 1:
+            if isinstance(left, int) and isinstance(right, int) and right > 0 and abs(left) > 1:
+                if right * math.log2(abs(left)) > MAX_INT_BITS:
                     raise _LimitExceeded(f"integer power beyond {MAX_INT_BITS} bits")
         elif operator in ("+", "-"):
             if isinstance(left, int) and isinstance(right, int):
                 if max(left.bit_length(), right.bit_length()) >= MAX_INT_BITS:
                     raise _LimitExceeded(f"integer sum beyond {MAX_INT_BITS} bits")
-            elif operator == "+" and isinstance(left, (str, bytes, list, tuple)) and isinstance(right, (str, bytes, list, tuple)):
-                produce(len(left) + len(right), "concatenation", items=isinstance(left, (list, tuple)), width=width_of(left, right))
+            elif (
+                operator == "+"
+                and isinstance(left, (str, bytes, list, tuple))
+                and isinstance(right, (str, bytes, list, tuple))
+            ):
+                produce(
+                    len(left) + len(right),
+                    "concatenation",
+                    items=isinstance(left, (list, tuple)),
+                    width=width_of(left, right),
+                )
         elif operator == "%" and isinstance(left, str):
             produce(lim.percent_len(left, right), "% formatting", width=width_of(left, right))
         return super().call_binop(context, operator, left, right)
@@ -403,6 +444,8 @@ class _Env(ImmutableSandboxedEnvironment):
                 new = lim.method_estimate(owner, getattr(__obj, "__name__", ""), args, kwargs)
         if new is not None:
             args = new
+        if type(__obj) is Macro:
+            tick(6)  # a macro call sets up a frame and a buffer: a few operations' worth
         out = super().call(__context, __obj, *args, **kwargs)
         if type(out) in _FRESH_ITEMS:  # a fresh tuple per item
             return lim.counted(out, 64)
@@ -555,7 +598,8 @@ def _plain(value: Any) -> Any:
     Undefined -> None; generators/iterators -> lists; other mappings -> dicts;
     an unsafe attribute (``map(attribute='__class__')``) -> security error;
     self-references, oversize values and integers too long to print -> limit errors."""
-    budget = [MAX_ITEMS, MAX_VALUE_CHARS]  # a list of one shared string 10**5 times is 10**5 strings to encode
+    # items, and characters: a list of one shared string 10**5 times is 10**5 strings to encode
+    budget = [MAX_ITEMS, MAX_VALUE_CHARS]
 
     def walk(v: Any, depth: int) -> Any:
         if v is None or isinstance(v, (bool, float)):
@@ -567,7 +611,9 @@ def _plain(value: Any) -> Any:
         if isinstance(v, str):
             budget[1] -= len(v)
             if len(v) > MAX_STR or budget[1] < 0:
-                raise _LimitExceeded(f"value has more than {MAX_STR if len(v) > MAX_STR else MAX_VALUE_CHARS:,} characters")
+                raise _LimitExceeded(
+                    f"value has more than {MAX_STR if len(v) > MAX_STR else MAX_VALUE_CHARS:,} characters"
+                )
             return v
         if isinstance(v, jinja2.Undefined):
             if getattr(v, "_undefined_exception", None) is SecurityError:
