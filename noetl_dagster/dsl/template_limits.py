@@ -247,16 +247,17 @@ class _Sizer:
             self.add(12)
         if t is dict or isinstance(v, Mapping):
             self.active.add(key)
-            self.add(2 if type(v) is dict else 40)
+            self.add(2 if t is dict else 40)
             strlen = _json_str_len if self.json else _repr_str_len
+            short = 6 if self.json else 10  # the worst escape of a short string, cheaper than looking
             n = 0
-            for k, x in v.items():
-                n += (strlen(k) if type(k) is str else 24) + 4
+            for k, x in v.items():  # scalars inline: this loop runs once per key of big values
+                n += (len(k) * short + 6 if len(k) <= 8 else strlen(k) + 4) if type(k) is str else 28
                 tx = type(x)
                 if tx is str:
-                    n += strlen(x)
+                    n += len(x) * short + 2 if len(x) <= 8 else strlen(x)
                 elif tx is int:
-                    n += int_digits(x)
+                    n += x.bit_length() * 30103 // 100000 + 2
                 elif tx is float or tx is bool or x is None:
                     n += 24
                 else:
@@ -269,15 +270,16 @@ class _Sizer:
             self.active.discard(key)
         elif t is list or isinstance(v, (tuple, set, frozenset)) or (self.json and isinstance(v, Iterator)):
             self.active.add(key)
-            self.add(2 if type(v) in (list, tuple) else 12)
+            self.add(2 if t is list or t is tuple else 12)
             strlen = _json_str_len if self.json else _repr_str_len
+            short = 6 if self.json else 10
             n = 0
             for x in v:  # scalars inline: this loop runs once per item of big lists
                 tx = type(x)
                 if tx is str:
-                    n += strlen(x) + 2
+                    n += len(x) * short + 4 if len(x) <= 8 else strlen(x) + 2
                 elif tx is int:
-                    n += int_digits(x) + 2
+                    n += x.bit_length() * 30103 // 100000 + 4
                 elif tx is float or tx is bool or x is None:
                     n += 26
                 else:

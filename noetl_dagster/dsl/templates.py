@@ -358,6 +358,8 @@ class _Env(ImmutableSandboxedEnvironment):
         return super().getitem(obj, argument)
 
     def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
+        if isinstance(obj, jinja2.Undefined):  # missing._x stays a chainable undefined
+            return obj
         # refused at once: an undefined would render '' or be `not defined` (``|attr('__class__')``)
         raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
 

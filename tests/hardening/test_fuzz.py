@@ -65,6 +65,9 @@ EVIL_TEMPLATES = [
     "{{ ", "{% for %}", "{{ start }}", "{{ ctx }}", "{{ workload }}", "{{ 10 ** 100 }}", "{{ (1, 2) }}",
     "{{ {'a': [1, {'b': none}]} }}", "{{ 'x' | center(10**9) }}", "{{ lipsum(10**6) }}", "{{ cycler }}",
     "{{ namespace }}", "{{ self }}", "{{ loop }}", "{{ iter.index }}", "{{ execution_id }}", "{{ 1e308 * 10 }}",
+    # issue 29.2: refused before allocation, never a crash of `run`
+    "{{ 2 ** 30000 }}", "{{ (['x'*1000000]*2500)|join|length }}", "{{ sum([[0]*1000]*10000, []) }}",
+    "a{{ workload|attr('__class__') }}", "{{ ('\t'*1000000).expandtabs(2500) }}", "{{ [workload] * 1000000 }}",
 ]  # fmt: skip
 
 scalars = st.one_of(
