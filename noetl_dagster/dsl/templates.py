@@ -35,6 +35,7 @@ from jinja2.sandbox import MAX_RANGE, ImmutableSandboxedEnvironment, safe_range
 from jinja2.utils import Namespace, generate_lorem_ipsum, pass_environment, pass_eval_context
 
 from noetl_dagster.dsl import template_limits as lim
+from noetl_dagster.dsl import template_sizes as sizes
 from noetl_dagster.dsl.template_limits import (
     MAX_INT_BITS,
     MAX_ITEMS,
@@ -102,7 +103,7 @@ def _join_filter(eval_ctx: Any, value: Any, d: Any = "", attribute: Any = None) 
     if attribute is not None:
         value = map(make_attrgetter(eval_ctx.environment, attribute), value)
     items = lim.materialize(value, "join")
-    sep = lim.as_str(d, "join")
+    sep = sizes.as_str(d, "join")
     produce(lim.join_len(sep, items, True), "join", width=width_of(sep, *items[:64]))
     return sep.join([x if type(x) is str else str(x) for x in items])
 
@@ -110,7 +111,7 @@ def _join_filter(eval_ctx: Any, value: Any, d: Any = "", attribute: Any = None) 
 def _guard_filter(name: str, f: Any) -> Any:
     """A filter that checks, before it runs, the size it would produce (``template_limits.FILTER_SIZES``;
     a filter missing there is treated as one that str()s its input)."""
-    est = lim.FILTER_SIZES.get(name, lim._f_text)
+    est = sizes.FILTER_SIZES.get(name, sizes.f_text)
     pass_arg = getattr(f, "jinja_pass_arg", None)
     lead = 0 if pass_arg is None else 1
 
@@ -292,7 +293,7 @@ def _g_str(obj: Any = "", *rest: Any, **kw: Any) -> None:
 
 
 def _g_list(iterable: Any = ()) -> None:
-    lim._f_list(iterable)
+    sizes.f_list(iterable)
 
 
 def _g_dict(*args: Any, **kw: Any) -> None:
@@ -443,7 +444,7 @@ class _Env(ImmutableSandboxedEnvironment):
                 owner = getattr(getattr(__obj, "__wrapped__", None), "__self__", None)
             new = None
             if owner is not None and not isinstance(owner, types.ModuleType):
-                new = lim.method_estimate(owner, getattr(__obj, "__name__", ""), args, kwargs)
+                new = sizes.method_estimate(owner, getattr(__obj, "__name__", ""), args, kwargs)
         if new is not None:
             args = new
         if type(__obj) is Macro:

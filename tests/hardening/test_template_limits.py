@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from hardening_helpers import HEAD, invoke, write
 
-from noetl_dagster.dsl import template_limits as lim
+from noetl_dagster.dsl import template_sizes as sizes
 from noetl_dagster.dsl.templates import TemplateError, template_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -161,7 +161,7 @@ def test_unsafe_attribute_in_a_string_fails_the_step(tmp_path, data_dir):
 
 def test_every_filter_is_classified_by_the_size_gate():
     """A filter the gate does not know would fall back to the generic check: name it in FILTER_SIZES."""
-    assert set(template_env().env.filters) <= set(lim.FILTER_SIZES)
+    assert set(template_env().env.filters) <= set(sizes.FILTER_SIZES)
 
 
 @pytest.mark.parametrize(
