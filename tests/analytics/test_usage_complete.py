@@ -245,7 +245,7 @@ def test_a_sub_playbook_is_not_counted_twice(tmp_path):
     sub.mkdir()
     (sub / "child.yaml").write_text(
         "apiVersion: noetl.io/v2\nkind: Playbook\nmetadata: {name: child, path: tests/usage_child}\n"
-        "workflow:\n  - step: start\n    tool:\n      - burn: {kind: python, code: \"result = sum(i * i for i in range(1_500_000))\"}\n",
+        "workflow:\n  - step: start\n    tool:\n      - burn: {kind: python, code: \"result = sum(i * i for i in range(4_000_000))\"}\n",
         encoding="utf-8",
     )
     res, events, spent = _run(
