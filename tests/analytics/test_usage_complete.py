@@ -198,7 +198,7 @@ def test_platform_usage_is_recorded_on_workflow_finished(tmp_path):
         """
       - step: start
         tool:
-          - burn: {kind: python, code: "result = sum(i * i for i in range(2_000_000))"}
+          - burn: {kind: python, code: "result = sum(i * i for i in range(4_000_000))"}
         next: {arcs: [{step: more}]}
       - step: more
         tool:
@@ -229,7 +229,7 @@ def test_parallel_attempts_lose_nothing(tmp_path):
           iterator: n
           spec: {mode: parallel, max_in_flight: 2}
         tool:
-          - burn: {kind: python, code: "result = sum(i * i for i in range(400_000))"}
+          - burn: {kind: python, code: "result = sum(i * i for i in range(1_500_000))"}
     """,
     )
     assert res.status == "completed", res.results
