@@ -145,6 +145,31 @@ class InvalidPlaybook:
 
 
 ON_ERROR = ("report", "skip", "raise")
+VALIDATION_ENV = "DAGSTER_IS_DEFS_VALIDATION_CLI"  # set by `dg check defs` / `dagster definitions validate`
+
+
+def validating() -> bool:
+    """Under ``dg check defs`` (Dagster marks that process) broken playbooks fail the check, while
+    ``dagster dev`` keeps loading the rest (``on_error: report``)."""
+    return os.environ.get(VALIDATION_ENV) == "1"
+
+
+_warned: set[tuple[str, int, str]] = set()
+
+
+def _warn_once(file: str | None, message: str) -> None:
+    """A load-time warning once per process and file version (Dagster may build a location twice)."""
+    try:
+        mtime = os.stat(file).st_mtime_ns if file else 0
+    except OSError:
+        mtime = 0
+    key = (file or "", mtime, message)
+    if key in _warned:
+        return
+    if len(_warned) > 10_000:
+        _warned.clear()
+    _warned.add(key)
+    log.warning("%s", message)
 INVALID_CHECK = "playbook_is_valid"
 
 
@@ -232,7 +257,7 @@ def compile_playbooks(
     schedules: list[dg.ScheduleDefinition] = []
     assets: list[dg.AssetSpec] = []
     seen_ops: dict[str, str] = {}
-    scope_warnings: list[str] = []
+    scope_warnings: list[tuple[str | None, str]] = []  # (file, "FILE:LINE: registry-scope: ...")
     for i, (pb, file) in enumerate(loaded):
         job_name = job_names[_identity(pb, i)]
         try:
@@ -256,22 +281,22 @@ def compile_playbooks(
             for node in job.graph.node_defs:
                 seen_ops.setdefault(node.name, c.path)
         compiled.append(c)
-        scope_warnings += registry_scope_issues(c, resource, file)
+        scope_warnings += [(file, w) for w in registry_scope_issues(c, resource, file)]
         jobs += c.jobs
         schedules += c.schedules
         assets += c.assets
-    if on_error == "raise" and invalid:
+    if invalid and (on_error == "raise" or validating()):  # a CI gate fails on broken playbooks whatever on_error
         raise PlaybookInvalid([i for bad in invalid for i in bad.issues])  # type: ignore[misc] - FILE:LINE: RULE lines
     keys = naming.unique_names((bad.file, Path(bad.file).stem) for bad in invalid)
     invalid = [dataclasses.replace(bad, key_name=keys[bad.file]) for bad in invalid]
     errors = [bad.message for bad in invalid]
     for bad in invalid:  # one line per broken file, no traceback
-        log.warning("noetl: invalid playbook %s not loaded (%s): %s", bad.file,
-                    "reported as asset " + bad.asset_key.to_user_string() if on_error == "report" else "skipped",
-                    bad.issues[0] + (f" (+{len(bad.issues) - 1} more)" if len(bad.issues) > 1 else ""))  # fmt: skip
-    for w in scope_warnings:  # before anyone clicks Materialize: it would fail with "no live grant"
-        log.warning("noetl: %s", w)
-    index = PlaybookIndex(compiled, resource, errors, invalid, scope_warnings)
+        _warn_once(bad.file, "noetl: invalid playbook {} not loaded ({}): {}".format(
+            bad.file, "reported as asset " + bad.asset_key.to_user_string() if on_error == "report" else "skipped",
+            bad.issues[0] + (f" (+{len(bad.issues) - 1} more)" if len(bad.issues) > 1 else "")))  # fmt: skip
+    for file, w in scope_warnings:  # before anyone clicks Materialize: it would fail with "no live grant"
+        _warn_once(file, "noetl: " + w)
+    index = PlaybookIndex(compiled, resource, errors, invalid, [w for _, w in scope_warnings])
     sensors = []
     if include_sensor:
         from noetl_dagster.sensors.router import build_router_sensor  # noqa: PLC0415

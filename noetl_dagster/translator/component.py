@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 from importlib import resources as importlib_resources
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import dagster as dg
 from pydantic import BaseModel, Field
@@ -50,6 +50,12 @@ from noetl_dagster.translator.translator import (
 
 SAMPLE_PLAYBOOK = "hello_noetl.yaml"
 SAMPLE_TENANT, SAMPLE_PROJECT = "demo", "examples"  # the scope of the sample's table and of the examples
+
+
+def _enum(*values: str) -> dg.Resolver:
+    """A plain string field limited to ``values`` in the component's JSON schema: ``dg check yaml``
+    rejects ``mode: defualt`` at its line (a resolvable field otherwise also accepts any template string)."""
+    return dg.Resolver.default(model_field_type=str, json_schema_extra={"enum": list(values)})
 
 
 class NoetlTranslation(dg.Model, dg.Resolvable):
@@ -113,6 +119,12 @@ class _ConfiguredTranslator(NoetlTranslator):
         return spec
 
 
+def _known_keys(model: type[BaseModel]) -> dg.Resolver:
+    """``dg check yaml`` names an unknown key inside a block (``'op_tgas' is not one of [...]``); the
+    block's schema is a union with a template string, whose own error names no key."""
+    return dg.Resolver.default(json_schema_extra={"propertyNames": {"enum": sorted(model.model_fields)}})
+
+
 class NoetlScaffoldParams(BaseModel):
     playbooks_dir: str = Field(default="playbooks", description="folder (relative to defs.yaml) for the playbooks")
     mode: Literal["default", "per_step"] = "default"
@@ -146,7 +158,7 @@ class NoetlPlaybooksComponent(dg.Component, dg.Resolvable, dg.Model):
     """NoETL playbooks (YAML, apiVersion noetl.io/v2) as Dagster jobs, schedules and a token-routing sensor."""
 
     playbooks_dir: str = Field(description="directory of playbook files, relative to the defs.yaml")
-    mode: Literal["default", "per_step"] = Field(
+    mode: Annotated[Literal["default", "per_step"], _enum("default", "per_step")] = Field(
         default="default", description="default (one run per execution) or per_step (one run per step)"
     )
     event_store_url: str | None = Field(default=None, description="EventStore URL; default <data_dir>/events.db")
@@ -159,12 +171,14 @@ class NoetlPlaybooksComponent(dg.Component, dg.Resolvable, dg.Model):
     sensor_interval_seconds: int = Field(
         default=5, ge=1, description="router tick interval: the latency of each per-step hop and detached launch"
     )
-    on_error: Literal["report", "skip", "raise"] = Field(
+    on_error: Annotated[Literal["report", "skip", "raise"], _enum("report", "skip", "raise")] = Field(
         default="report",
         description="an invalid playbook: report (an asset with a failing check; the rest loads), "
         "skip (a warning line only) or raise (the code location fails to load)",
     )
-    translation: NoetlTranslation | None = Field(default=None, description="attributes merged into jobs, ops and assets")
+    translation: Annotated[NoetlTranslation | None, _known_keys(NoetlTranslation)] = Field(
+        default=None, description="attributes merged into jobs, ops and assets"
+    )
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         base = Path(context.path)  # the folder holding defs.yaml
@@ -186,17 +200,16 @@ class NoetlPlaybooksComponent(dg.Component, dg.Resolvable, dg.Model):
                 playbooks, translator, mode=self.mode, resource=resource, include_sensor=self.include_sensor,
                 on_error=self.on_error, sensor_interval_seconds=self.sensor_interval_seconds,
             )  # fmt: skip
-        except PlaybookInvalid as e:  # on_error: raise: the FILE:LINE: RULE lines, not our stack
-            raise InvalidPlaybooks(e, playbooks) from None
+        except PlaybookInvalid as e:  # on_error: raise, or dg check defs: the FILE:LINE: RULE lines, not our stack
+            raise InvalidPlaybooks(e, playbooks, self.on_error) from None
         return location.definitions
 
 
 class InvalidPlaybooks(Exception):
-    """``on_error: raise`` and a playbook does not load: every broken file, one line per issue."""
+    """A playbook does not load under ``on_error: raise`` or ``dg check defs``: every broken file, one line per issue."""
 
-    def __init__(self, error: PlaybookInvalid, folder: Path):
+    def __init__(self, error: PlaybookInvalid, folder: Path, on_error: str = "raise"):
         lines = [str(i) for i in error.issues]
-        super().__init__(
-            f"{len(lines)} playbook issue(s) in {folder} (on_error: raise; on_error: report loads the rest):\n"
-            + "\n".join(lines)
-        )
+        why = ("on_error: raise; on_error: report loads the rest" if on_error == "raise" else
+               f"definitions validation fails on broken playbooks; with on_error: {on_error} dagster dev loads the rest")  # fmt: skip
+        super().__init__(f"{len(lines)} playbook issue(s) in {folder} ({why}):\n" + "\n".join(lines))

@@ -361,3 +361,20 @@ def test_a_table_outside_the_locations_scope_is_reported_at_load(dagster_data, t
     assert not r.success
     text = r.get_step_failure_events()[0].step_failure_data.user_failure_data.description
     assert "no live grant" in text and "in task save (parquet)" in text
+
+
+def test_validation_fails_on_broken_playbooks_and_each_load_warning_is_logged_once(dagster_data, tmp_path, caplog,
+                                                                                     monkeypatch):  # fmt: skip
+    from noetl_dagster.dsl import PlaybookInvalid  # noqa: PLC0415
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: noetl.io/v2\nkind: Playbook\nmetadata: {name: b, path: t/b}\nworkflow:\n"
+                   "  - step: start\n    tool: [{a: {kind: teleport}}]\n")  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="noetl_dagster.translator"):
+        for _ in range(2):  # Dagster may build a code location twice in one process
+            loc = compile_playbooks([tmp_path], include_sensor=False, resource=_res(dagster_data), on_error="report")
+            assert [b.file for b in loc.index.invalid] == [str(bad)]
+    assert sum("invalid playbook" in r.getMessage() for r in caplog.records) == 1
+    monkeypatch.setenv("DAGSTER_IS_DEFS_VALIDATION_CLI", "1")  # what dg check defs sets
+    with pytest.raises(PlaybookInvalid, match="bad.yaml:6: unknown-tool-kind"):
+        compile_playbooks([tmp_path], include_sensor=False, resource=_res(dagster_data), on_error="report")

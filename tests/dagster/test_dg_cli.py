@@ -101,3 +101,40 @@ def test_on_error_raise_fails_the_load_with_file_line_rule_lines_not_a_traceback
     for name in ("bad", "worse"):  # every broken file, FILE:LINE: RULE
         assert f"{pbs / 'playbooks' / name}.yaml:6: unknown-tool-kind:" in text
     assert "compile_playbooks" not in text and len(text.splitlines()) < 40, text  # Dagster's own frame: ~30 lines
+
+
+def _run_dg(args: list[str], root: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN / "dg"), *args], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_ci_gates_broken_playbooks_and_yaml_typos_fail_the_checks(tmp_path):
+    """Issue 31: ``dg check defs`` exits non-zero on a broken playbook even with ``on_error: report``;
+    ``dg check yaml`` rejects bad enum values at their key's line and names a typo inside ``translation``."""
+    root = tmp_path / "proj"
+    pbs = root / "myproj" / "defs" / "pbs"
+    (pbs / "playbooks").mkdir(parents=True)
+    _project_files(root)
+    (pbs / "playbooks" / "bad.yaml").write_text(
+        "apiVersion: noetl.io/v2\nkind: Playbook\nmetadata: {name: b, path: t/b}\nworkflow:\n"
+        "  - step: start\n    tool: [{a: {kind: teleport}}]\n"
+    )
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": _pythonpath(root),
+           "NOETL_DAGSTER_HOME": str(tmp_path / "noetl"), "DAGSTER_HOME": str(tmp_path / "dh")}  # fmt: skip
+    (tmp_path / "dh").mkdir()
+    (tmp_path / "dh" / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    head = "type: noetl_dagster.NoetlPlaybooksComponent\nattributes:\n  playbooks_dir: playbooks\n"
+    (pbs / "defs.yaml").write_text(head + "  on_error: report\n")
+    out = _run_dg(["check", "defs"], root, env)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "All definitions loaded successfully" not in text
+    assert f"{pbs / 'playbooks' / 'bad.yaml'}:6: unknown-tool-kind:" in text
+    assert text.count("noetl: invalid playbook") <= 1  # each warning once (Dagster builds the location twice)
+
+    (pbs / "defs.yaml").write_text(head + "  mode: defualt\n  on_error: reprot\n  translation:\n    op_tgas: {a: b}\n")
+    out = _run_dg(["check", "yaml"], root, env)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "defs.yaml:4 - " in text and "'defualt' is not one of ['default', 'per_step']" in text
+    assert "defs.yaml:5 - " in text and "'reprot' is not one of ['report', 'skip', 'raise']" in text
+    assert "'op_tgas' is not one of [" in text
