@@ -171,6 +171,7 @@ def _warn_once(file: str | None, message: str) -> None:
     _warned.add(key)
     log.warning("%s", message)
 INVALID_CHECK = "playbook_is_valid"
+INVALID_SENSOR = "noetl_invalid_playbooks"
 
 
 @dataclass
@@ -309,6 +310,12 @@ def compile_playbooks(
         for bad in invalid:
             assets.append(invalid_playbook_asset(bad))
             checks.append(invalid_playbook_check(bad))
+        if invalid:  # the daemon evaluates each unevaluated check: broken files show failed without a click
+            sensors.append(dg.AutomationConditionSensorDefinition(
+                INVALID_SENSOR, target=dg.AssetSelection.checks(*(dg.AssetCheckKey(b.asset_key, INVALID_CHECK) for b in invalid)),
+                default_status=dg.DefaultSensorStatus.RUNNING, minimum_interval_seconds=30,
+                description="Runs the playbook_is_valid check of each broken playbook file once, so the catalog shows it failed.",
+            ))  # fmt: skip
     defs = dg.Definitions(
         jobs=jobs,
         schedules=schedules,
@@ -370,11 +377,13 @@ def invalid_playbook_asset(bad: InvalidPlaybook) -> dg.AssetSpec:
 
 
 def invalid_playbook_check(bad: InvalidPlaybook) -> dg.AssetChecksDefinition:
-    """A check that fails with the validation errors (run it from the asset's Checks tab)."""
+    """A check that fails with the validation errors: the ``noetl_invalid_playbooks`` automation sensor
+    runs it once (it is missing), or run it from the asset's Checks tab."""
 
     @dg.asset_check(
         asset=bad.asset_key, name=INVALID_CHECK, description=bad.message, blocking=False,
         metadata={"noetl/file": bad.file},
+        automation_condition=dg.AutomationCondition.missing() & ~dg.AutomationCondition.in_progress(),
     )  # fmt: skip
     def _check() -> dg.AssetCheckResult:
         return dg.AssetCheckResult(

@@ -378,3 +378,24 @@ def test_validation_fails_on_broken_playbooks_and_each_load_warning_is_logged_on
     monkeypatch.setenv("DAGSTER_IS_DEFS_VALIDATION_CLI", "1")  # what dg check defs sets
     with pytest.raises(PlaybookInvalid, match="bad.yaml:6: unknown-tool-kind"):
         compile_playbooks([tmp_path], include_sensor=False, resource=_res(dagster_data), on_error="report")
+
+
+@pytest.mark.filterwarnings("ignore:Parameter `include_sources` of function `AssetSelection.all`")
+def test_invalid_playbook_checks_are_requested_by_a_running_automation_sensor(dagster_data, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: noetl.io/v2\nkind: Playbook\nmetadata: {name: b, path: t/b}\nworkflow:\n"
+                   "  - step: start\n    tool: [{a: {kind: teleport}}]\n")  # fmt: skip
+    (tmp_path / "ok.yaml").write_text(BRANCHES)
+    defs = _defs([tmp_path], dagster_data, on_error="report")
+    sensor = defs.resolve_sensor_def("noetl_invalid_playbooks")
+    assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
+    key = dg.AssetCheckKey(dg.AssetKey(["noetl_invalid_playbook", "bad"]), "playbook_is_valid")
+    with dg.instance_for_test() as instance:
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance)
+        assert {r.key for r in tick.results if r.true_subset.size} == {key}  # requested without a click
+        job = dg.Definitions.merge(defs, dg.Definitions(jobs=[dg.define_asset_job("c", dg.AssetSelection.checks(key))]))
+        run = job.resolve_job_def("c").execute_in_process(instance=instance)
+        ev = run.get_asset_check_evaluations()[0]
+        assert not ev.passed and "bad.yaml:6: unknown-tool-kind" in ev.description
+        again = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
+        assert not any(r.true_subset.size for r in again.results)  # evaluated once, not on every tick
