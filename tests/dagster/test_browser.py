@@ -21,6 +21,31 @@ CHROMIUM = "/usr/bin/chromium"
 LOCATION = "example_project.definitions"
 BROKEN = "apiVersion: noetl.io/v2\nkind: Playbook\nmetadata: {name: broken, path: examples/broken}\nworkflow:\n  - step: start\n    tool: {kind: teleport}\n"
 RUN_QUERY = "query R($id: ID!) { runOrError(runId: $id) { ... on Run { status jobName } } }"
+FAILED_RUNS = "{ runsOrError(limit: 10) { ... on Runs { results { runId stepKeysToExecute } } } }"
+FAILING = """\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: ratio_math, path: examples/ratio_math}
+workflow:
+  - step: start
+    tool:
+      - numbers: {kind: python, code: "result = {'a': 1, 'b': 0}"}
+    next:
+      arcs: [{step: transform}]
+  - step: transform
+    tool:
+      - divide:
+          kind: python
+          input: {a: "{{ start.a }}", b: "{{ start.b }}"}
+          code: |
+            def ratio(a, b):
+                return a / b
+
+            def main(a, b):
+                return [{"r": ratio(a, b)}]
+      - save: {kind: parquet, uri: noetl://demo/examples/t/dataset/ratios, data: "{{ divide }}"}
+    outputs: [noetl://demo/examples/t/dataset/ratios]
+"""
 CHECK_MUTATION = """
 mutation Launch($params: ExecutionParams!) {
   launchRun(executionParams: $params) { __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message } }
@@ -41,11 +66,12 @@ def dev_with_broken_playbook(tmp_path):
     shutil.copytree(REPO / "example_project", site / "example_project", symlinks=True,
                     ignore=shutil.ignore_patterns(".noetl", ".dagster_home", "src", "__pycache__"))  # fmt: skip
     (site / "example_project" / "playbooks" / "broken.yaml").write_text(BROKEN)
+    (site / "example_project" / "playbooks" / "ratio_math.yaml").write_text(FAILING)
     home = tmp_path / "dagster_home"
     home.mkdir()
     shutil.copy(REPO / "example_project" / "dagster.yaml", home / "dagster.yaml")
     env = {**os.environ, "DAGSTER_HOME": str(home), "NOETL_DAGSTER_HOME": str(tmp_path / "noetl"),
-           "PYTHONPATH": str(site)}  # fmt: skip
+           "PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)}  # fmt: skip
     with dagster_dev_server(LOCATION, cwd=site, env=env, log_path=tmp_path / "dagster_dev.log") as (url, _):
         yield url, tmp_path / "dagster_dev.log"
 
@@ -121,27 +147,43 @@ def test_launchpad_defaults_run_and_the_broken_playbook_shows_in_the_browser(dev
             expect(page.get_by_text("INVALID NoETL playbook").first).to_be_visible(timeout=60_000)
             expect(page.get_by_text("broken.yaml:6: unknown-tool-kind").first).to_be_visible()
             page.screenshot(path=artifacts / "4_invalid_playbook_asset.png")
-            # its check, run from the Checks tab, fails with the same message
+            # its check fails with the same message
             page.goto(f"{url}/assets/noetl_invalid_playbook/broken?view=checks")
             expect(page.get_by_text("playbook_is_valid").first).to_be_visible(timeout=60_000)
+            # failed without a click: the noetl_invalid_playbooks automation sensor ran the check (issue 31)
+            deadline = time.time() + 180
+            while not page.get_by_text("Failed", exact=True).count() and time.time() < deadline:
+                page.wait_for_timeout(5000)
+                page.reload()
+            expect(page.get_by_text("Failed", exact=True).first).to_be_visible(timeout=10_000)
             page.screenshot(path=artifacts / "5_invalid_playbook_check.png")
             # 4. a table a playbook declares: an asset page with its declared checks
             page.goto(f"{url}/assets/demo/examples/sales/daily_sales?view=checks")
             expect(page.get_by_text("schema_drift").first).to_be_visible(timeout=60_000)
             expect(page.get_by_text("three_regions_a_day").first).to_be_visible()
             page.screenshot(path=artifacts / "6_declared_asset_checks.png")
-            # 5. Materialize from its page: the playbook runs, then its checks pass
+            # 5. Materialize from its page: a subset (can_subset=True) runs only the steps it needs, then its checks pass
             page.get_by_text("Materialize", exact=True).first.click()
-            # the playbook is one unit (can_subset=False): Dagster asks to materialize region_totals too
-            expect(page.get_by_text("Additional assets will be materialized")).to_be_visible(timeout=30_000)
-            page.get_by_role("button", name="Confirm").click()
             mat = _wait_materialization(url, ["demo", "examples", "sales", "daily_sales"])
             assert mat is not None, dev_log.read_text()[-3000:]
-            assert {"dagster/column_schema", "dagster/row_count", "noetl/version"} <= {m["label"] for m in mat["metadataEntries"]}
+            labels = {m["label"] for m in mat["metadataEntries"]}
+            assert {"dagster/column_schema", "dagster/row_count", "noetl/version", "noetl/skipped_steps"} <= labels
             assert _wait_run(url, mat["runId"]) == "SUCCESS", dev_log.read_text()[-3000:]
             page.reload()
             expect(page.get_by_text("Passed").first).to_be_visible(timeout=60_000)
             page.screenshot(path=artifacts / "7_materialized_checks_passed.png")
+            # 6. a failing Materialize: the run names the step, task, tool kind, playbook line and the user's traceback
+            page.goto(f"{url}/assets/demo/examples/t/ratios")
+            expect(page.get_by_text("Materialize", exact=True).first).to_be_visible(timeout=60_000)
+            page.get_by_text("Materialize", exact=True).first.click()
+            page.wait_for_timeout(3000)
+            runs = _graphql(url, FAILED_RUNS, {})["runsOrError"]["results"]
+            run_id = next(r["runId"] for r in runs if "ratio_math__tables" in str(r["stepKeysToExecute"]))
+            assert _wait_run(url, run_id) == "FAILURE", dev_log.read_text()[-3000:]
+            page.goto(f"{url}/runs/{run_id}?logs=type%3ASTEP_FAILURE")
+            expect(page.get_by_text("failed in task divide (python) at").first).to_be_visible(timeout=60_000)
+            page.wait_for_timeout(1500)
+            page.screenshot(path=artifacts / "8_failed_materialize.png", full_page=True)
         finally:
             browser.close()
     jobs = _graphql(url, "{ repositoriesOrError { ... on RepositoryConnection { nodes { jobs { name } } } } }", {})
