@@ -222,6 +222,8 @@ def run(
         click.echo(result.extra["follow"])
     else:
         _print_summary(result)
+    if result.extra.get("error"):  # the engine ended it (a crash, a limit): one line on stderr
+        click.echo(f"error: execution {result.execution_id} failed: {result.extra['error'].get('message')}", err=True)
     sys.exit(EXIT_OK if result.status in ("completed", "requested") else EXIT_FAILED)
 
 

@@ -104,6 +104,7 @@ class LoopRun:
     results: list[Any] = field(default_factory=list)
     oks: list[bool] = field(default_factory=list)
     guard: _CtxGuard | None = None
+    started_before: set[int] = field(default_factory=set)  # resumed: iterations whose start is in the log
 
     def __post_init__(self) -> None:
         n = len(self.items)

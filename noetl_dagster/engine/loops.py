@@ -623,6 +623,27 @@ class LoopPhases(CursorLoops):
         )
         return lr, None
 
+    def resume_loop(self, loop: Loop, frame: _Frame, rp: Any) -> tuple[bool, Any, dict[str, Any] | None]:
+        """A step loop its dead process started (``rp``: control.ResumePoint): the iterations the
+        log finished keep their results; the rest run, under the same loop_id, without a second
+        loop.started. When ``loop.in`` no longer renders to as many items, it is a new loop."""
+        scope = self.base_scope(frame.args, frame.iter)
+        try:
+            items = self._loop_items(loop, scope)
+        except (TemplateError, ValueError, TypeError) as e:
+            return False, None, _error("template_error", str(e))
+        if len(items) != rp.total:
+            return self._run_loop(loop, frame, lambda f: self._run_pipeline(frame.step.tool, f))
+        lr = LoopRun(loop, frame, rp.loop_id, items, max(1, rp.max_in_flight), time.perf_counter())
+        lr.started_before = set(rp.iterations_started)
+        if lr.guard is not None and rp.ctx_writers:
+            lr.guard.writers.update(rp.ctx_writers)
+        for i, (ok, value) in rp.finished.items():
+            if 0 <= i < lr.total:
+                lr.oks[i], lr.results[i] = ok, value
+        self.loop_iterations(lr, [i for i in range(lr.total) if i not in rp.finished])
+        return self.loop_end(lr)
+
     def step_loop_begin(
         self, step: Step, step_run_id: str, args: Any
     ) -> tuple[LoopRun | None, dict[str, Any] | None]:
@@ -669,7 +690,8 @@ class LoopPhases(CursorLoops):
             rec.emit(name, step=step.name, step_run_id=frame.step_run_id, loop_id=lr.loop_id, iteration=i,
                      entity_id=lr.loop_id, **kw)  # fmt: skip
 
-        iteration_event(E.LOOP_ITERATION_STARTED, status="in_progress")
+        if i not in lr.started_before:
+            iteration_event(E.LOOP_ITERATION_STARTED, status="in_progress")
         ok, result, error = body(f)
         lr.results[i] = result if ok else {"status": "error", "error": error}
         lr.oks[i] = ok

@@ -4,11 +4,19 @@ Events are folded into the state immediately and appended to the EventStore in
 batches (at step boundaries and every ``batch_size`` events), after secret
 values are redacted and big bodies are offloaded to the PayloadStore.
 Listeners (Dagster logs, OpenLineage) see each event once it is durable.
+
+Limits (docs/limits.md): an execution records at most ``max_events`` events
+(``executor.spec.max_events``, ``$NOETL_MAX_EVENTS``, default 5,000,000; the engine's
+failure record may pass it by a few) and a store refuses one event whose encoded form is
+over ``MAX_EVENT_BYTES`` (:func:`check_event_size`). A batch the store refuses is dropped
+with the payloads written for it (:meth:`Recorder.discard`); the engine's gate then
+records the failure from what the log holds (Engine._crashed).
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -22,6 +30,51 @@ from noetl_dagster.util.jsonutil import replace_lone_surrogates
 
 Listener = Callable[[Event], None]
 REDACTED = "***"
+
+# one event's encoded size (JSON bytes): big results go to the payload store as $refs, so this
+# bounds what cannot (a ctx patch, token args, a workload, an error message)
+MAX_EVENT_BYTES = int(os.environ.get("NOETL_MAX_EVENT_BYTES") or 64 * 1024 * 1024)
+# events per execution (executor.spec.max_events overrides)
+DEFAULT_MAX_EVENTS = int(os.environ.get("NOETL_MAX_EVENTS") or 5_000_000)
+FAILURE_RESERVE = 64  # events the failure record may add past max_events
+
+
+class EventTooLarge(ValueError):
+    """One event whose encoded form is over MAX_EVENT_BYTES (raised by the stores, before writing)."""
+
+
+class TooManyEvents(RuntimeError):
+    """The execution reached its max_events."""
+
+
+class RecordingFailed(RuntimeError):
+    """The event log refused even the failure record (disk full): the execution is left to the
+    next start, which finds it unrecorded and marks it failed (runners.local.reap_unrecorded)."""
+
+
+def ref_uris(value: Any, out: set[str]) -> set[str]:
+    """Add the uri of every ``$ref`` envelope nested in ``value`` to ``out``."""
+    stack: list[Any] = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            ref = v.get("$ref")
+            if isinstance(ref, dict) and isinstance(ref.get("uri"), str):
+                out.add(ref["uri"])
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return out
+
+
+def check_event_size(ev: Event, nbytes: int) -> None:
+    """Every store calls this with each event's encoded size before it writes the batch."""
+    if nbytes > MAX_EVENT_BYTES:
+        where = f" of step {ev.step!r}" if ev.step else ""
+        raise EventTooLarge(
+            f"event {ev.name}{where} is {nbytes:,} bytes encoded, over the {MAX_EVENT_BYTES:,}-byte limit "
+            "(NOETL_MAX_EVENT_BYTES); keep big values in results (stored by reference), not in ctx, args or workload"
+        )
 
 
 class Redactor:
@@ -94,6 +147,7 @@ class Recorder:
         listeners: Iterable[Listener] = (),
         redactor: Redactor | None = None,
         batch_size: int = 2000,
+        max_events: int | None = None,
     ):
         self.state = state
         self.store = store
@@ -109,6 +163,9 @@ class Recorder:
         # an engine continuing an execution from its log (another op, run or process) must not reuse
         # the payload keys of earlier engines: each offload goes with at least one event, so start past them
         self._offload_seq = itertools.count(state.sequence * 1000 + 1)  # next() is atomic: no lock per call
+        self.max_events = max_events or DEFAULT_MAX_EVENTS
+        self.closing = False  # the engine records a failure: max_events gets FAILURE_RESERVE more
+        self._pending_refs: list[str] = []  # payloads offloaded since the last durable append
 
     @property
     def execution_id(self) -> str:
@@ -119,7 +176,10 @@ class Recorder:
         if self.redactor:
             value = self.redactor.value(value)
         n = next(self._offload_seq)
-        return self.offloader.maybe_offload(value, f"{self.tenant}/{self.project}/{self.execution_id}/{hint}-{n}")
+        out = self.offloader.maybe_offload(value, f"{self.tenant}/{self.project}/{self.execution_id}/{hint}-{n}")
+        if type(out) is dict and "$ref" in out:  # written now: removed again if its event is never durable
+            self._pending_refs.append(out["$ref"].get("uri"))
+        return out
 
     def emit(self, name: str, *, data: dict[str, Any] | None = None, **fields: Any) -> Event:
         d = data if data is not None else {}
@@ -139,6 +199,11 @@ class Recorder:
             **fields,
         )
         with self._lock:
+            if self.state.sequence + len(self._buffer) >= self.max_events and not (
+                self.closing and self.state.sequence + len(self._buffer) < self.max_events + FAILURE_RESERVE
+            ):
+                raise TooManyEvents(f"execution exceeded {self.max_events:,} events (executor.spec.max_events, "
+                                    "NOETL_MAX_EVENTS)")  # fmt: skip
             self.state.apply(ev)
             self._buffer.append(ev)
             if len(self._buffer) >= self.batch_size:
@@ -149,11 +214,59 @@ class Recorder:
         with self._lock:
             self._flush_locked()
 
+    def discard(self) -> int:
+        """After the store refused the buffer: append the events before the first one that cannot be
+        encoded (a prefix of the log is consistent, as after a kill at that point), drop the rest and
+        delete the payloads written for them (no event will reference them; on a full disk this is
+        what frees it). Returns how many events were dropped; the engine then rebuilds its state
+        from the log (Engine._resync)."""
+        from noetl_dagster.util.jsonstream import json_size_bound
+        from noetl_dagster.util.jsonutil import dumps
+
+        with self._lock:
+            batch, self._buffer = self._buffer, []
+            refs, self._pending_refs = self._pending_refs, []
+            bad = 0
+            for bad, ev in enumerate(batch):  # noqa: B007 - the index of the first bad event is the answer
+                try:  # the lower bound first: a gigabyte value is not encoded once more to be measured
+                    if json_size_bound(ev.data, MAX_EVENT_BYTES) > MAX_EVENT_BYTES:
+                        raise EventTooLarge(ev.name)
+                    check_event_size(ev, len(dumps(ev.to_stored())))
+                except Exception:  # noqa: BLE001 - this one cannot be stored
+                    break
+            else:
+                bad = 0  # each encodes (the store itself failed, a full disk): keep none
+            kept: set[str] = set()
+            if bad:
+                try:
+                    self.store.append(batch[:bad])
+                    for ev in batch[:bad]:
+                        ref_uris(ev.data, kept)
+                except Exception:  # noqa: BLE001 - nothing more is durable
+                    bad = 0
+        store = getattr(self.offloader, "store", None)
+        for uri in refs:
+            if uri in kept:
+                continue
+            try:
+                if uri and store is not None:
+                    store.delete(uri)
+            except Exception:  # noqa: BLE001, S110 - best effort; the sweep at the next start retries
+                pass
+        if hasattr(self.offloader, "_last"):
+            self.offloader._last = None  # noqa: SLF001 - its cached envelope may name a deleted payload
+        return len(batch) - bad
+
     def _flush_locked(self) -> None:
         if not self._buffer:
             return
         batch, self._buffer = self._buffer, []
-        self.store.append(batch)
+        try:
+            self.store.append(batch)
+        except BaseException:
+            self._buffer = batch + self._buffer  # not durable: discard() drops it, with its payloads
+            raise
+        self._pending_refs.clear()
         if batch:
             self.state.sequence = max(self.state.sequence, batch[-1].sequence or 0)
         for listener in self.listeners:

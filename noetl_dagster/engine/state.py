@@ -63,6 +63,7 @@ class ExecutionState:
         self.routed_runs: set[str] = set()  # step runs whose `next` was evaluated
         self.loops: dict[str, LoopPosition] = {}
         self.failed = False
+        self.error: dict[str, Any] | None = None
         self.last_step: str | None = None
         self.sequence = 0
         self._resolver = resolver
@@ -110,6 +111,8 @@ class ExecutionState:
             self.routed_runs.add(ev.step_run_id)
             if d.get("unhandled_failure"):
                 self.failed = True
+            for tid in d.get("dropped_tokens", ()):  # the step-run cap ended the execution
+                self.tokens.pop(tid, None)
         elif name == E.LOOP_STARTED:
             self.loops[ev.loop_id] = LoopPosition(ev.loop_id, ev.step, int(d.get("total", 0)))
         elif name == E.LOOP_ITERATION_DONE:
@@ -135,6 +138,8 @@ class ExecutionState:
             self.status = "requested"
         elif name == E.WORKFLOW_FINISHED:
             self.status = d.get("status", "completed")
+            if d.get("error"):  # an execution ended by the engine's gate (Engine._crashed)
+                self.error = d["error"]
 
     # -- reads -----------------------------------------------------------------
     def result(self, step: str) -> Any:

@@ -147,11 +147,15 @@ class Worker(LoopPhases):
         return Scope(ns, tuple(chain))
 
     # -- steps -------------------------------------------------------------------
-    def run_step(self, step: Step, step_run_id: str, args: Any) -> StepRun:
-        t0 = self.step_begin(step, step_run_id)
+    def run_step(self, step: Step, step_run_id: str, args: Any, resume: Any = None) -> StepRun:
+        """``resume`` (control.ResumePoint): what the log holds of this step run, not recorded again."""
+        t0 = time.perf_counter() if resume is not None and resume.started else self.step_begin(step, step_run_id)
         if step.loop is not None:
             frame = _Frame(step, step_run_id, args, {})
-            ok, result, error = self._run_loop(step.loop, frame, lambda f: self._run_pipeline(step.tool, f))
+            if resume is not None and resume.loop_id is not None:
+                ok, result, error = self.resume_loop(step.loop, frame, resume)
+            else:
+                ok, result, error = self._run_loop(step.loop, frame, lambda f: self._run_pipeline(step.tool, f))
             event_name = "loop.done"
         else:
             frame = _Frame(step, step_run_id, args, {})

@@ -14,9 +14,18 @@ from noetl_dagster.dsl.loader import load_yaml_text
 from noetl_dagster.dsl.model import Playbook
 from noetl_dagster.dsl.parse import load_playbook_dict
 from noetl_dagster.engine.catalog import Catalog
-from noetl_dagster.engine.control import Engine, Services, restore_generated
+from noetl_dagster.engine.control import (
+    UNRECORDED_DIR,
+    Engine,
+    Services,
+    record_failure,
+    restore_generated,
+    sweep_payloads,
+)
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.frame import StepRun
+from noetl_dagster.engine.ports import ExecutionLeased
+from noetl_dagster.engine.recorder import Recorder
 from noetl_dagster.storage.event_stores import open_event_store
 from noetl_dagster.storage.events import EventStore
 from noetl_dagster.storage.payload import DEFAULT_INLINE_LIMIT, FilePayloadStore, Offloader
@@ -63,6 +72,7 @@ class ExecutionResult:
             runs=dict(st.runs),
             event_store_url=eng.services.event_store.url,
             playbook=eng.playbook.metadata.path,
+            extra={"error": st.error} if st.error else {},  # the engine's gate ended it (Engine._crashed)
         )
 
 
@@ -89,6 +99,10 @@ def build_services(
     ddir = Path(data_dir) if data_dir else default_data_dir()
     store = event_store if isinstance(event_store, EventStore) else open_event_store(event_store, data_dir=ddir)
     payloads = payload_store or FilePayloadStore(ddir / "payloads")
+    try:  # made now, while the disk has room: Engine._crashed marks in it when it cannot record
+        (ddir / UNRECORDED_DIR).mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass
     return Services(
         event_store=store,
         offloader=Offloader(payloads, inline_limit),
@@ -100,6 +114,46 @@ def build_services(
         logger=logger,
         cursor_sources=default_cursor_sources(),
     )
+
+
+def reap_unrecorded(svc: Services) -> list[str]:
+    """At a start: end the executions a process could not record the failure of (a full disk;
+    Engine._crashed left a mark) once no live process holds their lease: their step runs left
+    running fail, the execution ends ``failed`` and its payloads no event references are deleted.
+    Returns the execution ids ended."""
+    from noetl_dagster.engine.state import fold
+
+    try:
+        marks = sorted(p for p in (Path(svc.data_dir) / UNRECORDED_DIR).iterdir() if p.is_file())
+    except OSError:
+        return []
+    ended: list[str] = []
+    for mark in marks:
+        eid = mark.name
+        try:
+            svc.event_store.acquire_lease(eid)
+        except ExecutionLeased:  # its process still lives (or another start is reaping it)
+            continue
+        try:
+            events = svc.event_store.read(eid)
+            if not events:  # not in this event store: left for a start that opens that one
+                continue
+            first = events[0]
+            state = fold(events, svc.offloader.resolve)
+            if not state.finished:
+                rec = Recorder(state, svc.event_store, svc.offloader, tenant=first.tenant_id,
+                               project=first.project_id, parent_execution_id=first.parent_execution_id)  # fmt: skip
+                rec.closing = True
+                err = {"kind": "unrecorded", "message": "the process running this execution could not record its "
+                       "events (a full disk?) and stopped; marked failed at the next start", "retryable": False,
+                       "code": None}  # fmt: skip
+                record_failure(rec, err, list(state.running))
+            sweep_payloads(svc, eid, first.tenant_id, first.project_id)
+            mark.unlink(missing_ok=True)
+            ended.append(eid)
+        finally:
+            svc.event_store.release_lease(eid)
+    return ended
 
 
 def resume_execution(
@@ -116,6 +170,7 @@ def resume_execution(
     from noetl_dagster.engine.state import fold
 
     svc = services or build_services(event_store=event_store, data_dir=data_dir, catalog_dirs=catalog_dirs)
+    reap_unrecorded(svc)
     events = svc.event_store.read(execution_id)
     if not events:
         raise KeyError(f"no events for execution {execution_id}")
@@ -196,6 +251,7 @@ def run_playbook(
     )
     if pb.base_dir:
         svc.catalog.add_dir(pb.base_dir)
+    reap_unrecorded(svc)
     eng = Engine(pb, svc, execution_id=execution_id)
     eng.start(workload, request={"select": sorted(select)} if select is not None else None)
     eng.drive(on_step)

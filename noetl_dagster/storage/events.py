@@ -39,6 +39,7 @@ import zstandard
 
 from noetl_dagster.engine.events import ENTITY_OF, ENVELOPE_COLUMNS, SCHEMA_VERSION, SERVER_EVENTS, Event
 from noetl_dagster.engine.ports import EventStore, ExecutionInfo, ExecutionLeased, StoredEvent
+from noetl_dagster.engine.recorder import MAX_EVENT_BYTES, check_event_size
 from noetl_dagster.util.jsonutil import dumps, loads, replace_lone_surrogates
 from noetl_dagster.util.procs import pid_alive
 
@@ -253,7 +254,11 @@ def encode_segment(events: Sequence[Event], compressor: Any) -> bytes:
         elif all(v is None for v in vals):
             continue
         cols[f] = vals
-    return compressor.compress(dumps({"n": len(events), "c": cols}).encode("utf-8", "surrogatepass"))
+    text = dumps({"n": len(events), "c": cols})
+    if len(text) > MAX_EVENT_BYTES:  # rare: find the event over the limit (each is checked before any write)
+        for e in events:
+            check_event_size(e, len(dumps(e.to_stored())))
+    return compressor.compress(text.encode("utf-8", "surrogatepass"))
 
 
 def _implied(field_name: str, name: str) -> str:
@@ -469,9 +474,15 @@ class SqliteEventStore(EventStore):
             if not resent and with_segments and self._stored_in_segments(c, [r[0] for r in rows if r[1] in with_segments]):
                 raise sqlite3.IntegrityError("a re-sent event (stored in a segment)")
             top = self._top_gid(c)
+            params = []
+            for i, r in enumerate(rows, start=1):
+                body = dumps(r[5].to_stored(envelope=False))
+                if len(body) > MAX_EVENT_BYTES:
+                    check_event_size(r[5], len(body))
+                params.append((top + i, *r[:5], body))
             c.executemany(
                 "INSERT INTO noetl_event (gid, event_id, execution_id, sequence, name, ts, body) VALUES (?,?,?,?,?,?,?)",
-                [(top + i, *r[:5], dumps(r[5].to_stored(envelope=False))) for i, r in enumerate(rows, start=1)],
+                params,
             )
             top += len(rows)
         else:

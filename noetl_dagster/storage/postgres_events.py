@@ -36,6 +36,7 @@ from psycopg_pool import ConnectionPool
 
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.ports import ExecutionLeased
+from noetl_dagster.engine.recorder import MAX_EVENT_BYTES, check_event_size
 from noetl_dagster.storage.events import (
     EventStore,
     ExecutionInfo,
@@ -141,6 +142,8 @@ class _Batch:
             d = ev.to_stored()
             d["sequence"] = None
             text = dumps({"sequence": None, **d})
+            if len(text) > MAX_EVENT_BYTES:
+                check_event_size(ev, len(text))
             self.tails.append(text[len(_SEQ_HEAD) :])  # '{"sequence":null,' is always the head (first key)
             self.ids.append(ev.event_id)
             self.execs.append(ev.execution_id)
