@@ -3,7 +3,7 @@ and the rest (errors). Nothing under ``executor`` is silently ignored (issue 16.
 
 NoETL's schema (noetl/core/dsl/playbook.schema.json, Executor / ExecutorSpecFull) has
 ``profile``, ``version``, ``requires`` and ``spec: {entry_step, final_step, no_next_is_error,
-policy}``; this project adds ``spec.dagster``, ``spec.schedule``, ``spec.max_step_runs``,
+policy}``; this project adds ``spec.dagster``, ``spec.schedule``, ``spec.max_step_runs``, ``spec.max_events``,
 ``spec.generated`` and the Kubernetes placement keys ``spec.profiles`` / ``spec.default_profile``. The step and task keys of NoETL's schema this engine keeps without an effect
 are warned the same way (``no_effect_keys``; tests/engine/test_noetl_schema_keys walks the schema).
 """
@@ -17,6 +17,7 @@ from noetl_dagster.dsl.loader import PathT
 EXECUTOR_KEYS = {"profile", "version", "requires", "spec"}
 SPEC_IMPLEMENTED = {
     "entry_step", "final_step", "no_next_is_error", "dagster", "schedule", "max_step_runs", "generated",
+    "max_events",  # events one execution may record (engine/recorder.py, docs/limits.md)
     "profiles", "default_profile",  # Kubernetes placement (translator/k8s.py, docs/deploy.md)
 }
 # accepted for NoETL compatibility and warned: they select NoETL server behaviour with no counterpart here

@@ -75,13 +75,10 @@ def check_playbook_size(raw: Any, file: str, line: int = 1) -> list[ValidationIs
         if isinstance(raw, dict) and isinstance(raw.get("executor"), dict)
         else None
     )
-    cap = spec.get("max_step_runs") if isinstance(spec, dict) else None
-    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
-        return [
-            ValidationIssue(
-                file, line, "executor.spec.max_step_runs", "max-step-runs", "must be a positive integer"
-            )
-        ]
+    for key, rule in (("max_step_runs", "max-step-runs"), ("max_events", "max-events")):
+        cap = spec.get(key) if isinstance(spec, dict) else None
+        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+            return [ValidationIssue(file, line, f"executor.spec.{key}", rule, "must be a positive integer")]
     return []
 
 

@@ -394,7 +394,9 @@ class Engine:
     def _run(self, act: Activation) -> StepRun:
         step = self._steps[act.step]
         cap = max_step_runs(self.playbook)
-        if len(self.state.step_runs) > cap and act.step != final_step(self.playbook):  # a cycle with no guard: fail the run, route nothing
+        runs = self.state.step_runs
+        # the capped run is the one scheduled past the cap, and the last scheduled (see ready)
+        if len(runs) > cap and act.step_run_id == next(reversed(runs)) and act.step != final_step(self.playbook):
             t0 = self.worker.step_begin(step, act.step_run_id)
             err = {"kind": "max_step_runs", "message": f"execution exceeded {cap} step runs (max_step_runs); "
                    "a cycle without a `when` guard?", "retryable": False, "code": None}  # fmt: skip

@@ -122,7 +122,12 @@ class LoopRun:
         return self.loop.mode == "parallel" and len(self.items) > 1
 
 
+MAX_ERROR_CHARS = 64 * 1024  # an error message in an event is cut here (a tool may raise with any text)
+
+
 def _error(kind: str, message: str, *, retryable: bool = False, code: Any = None) -> dict[str, Any]:
+    if type(message) is str and len(message) > MAX_ERROR_CHARS:
+        message = message[:MAX_ERROR_CHARS] + "... (truncated)"
     return {"kind": kind, "message": message, "retryable": retryable, "code": code}
 
 

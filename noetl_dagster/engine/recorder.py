@@ -6,7 +6,7 @@ values are redacted and big bodies are offloaded to the PayloadStore.
 Listeners (Dagster logs, OpenLineage) see each event once it is durable.
 
 Limits (docs/limits.md): an execution records at most ``max_events`` events
-(``executor.spec.max_events``, ``$NOETL_MAX_EVENTS``, default 5,000,000; the engine's
+(``executor.spec.max_events``, ``$NOETL_MAX_EVENTS``, default 1,000,000; the engine's
 failure record may pass it by a few) and a store refuses one event whose encoded form is
 over ``MAX_EVENT_BYTES`` (:func:`check_event_size`). A batch the store refuses is dropped
 with the payloads written for it (:meth:`Recorder.discard`); the engine's gate then
@@ -21,11 +21,12 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from noetl_dagster.engine import events as E
 from noetl_dagster.engine import logredact
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.ports import EventStore, ResultOffloader
 from noetl_dagster.engine.state import ExecutionState
-from noetl_dagster.util.jsonstream import json_contains
+from noetl_dagster.util.jsonstream import json_contains, json_size_bound
 from noetl_dagster.util.jsonutil import replace_lone_surrogates
 
 Listener = Callable[[Event], None]
@@ -35,8 +36,48 @@ REDACTED = "***"
 # bounds what cannot (a ctx patch, token args, a workload, an error message)
 MAX_EVENT_BYTES = int(os.environ.get("NOETL_MAX_EVENT_BYTES") or 64 * 1024 * 1024)
 # events per execution (executor.spec.max_events overrides)
-DEFAULT_MAX_EVENTS = int(os.environ.get("NOETL_MAX_EVENTS") or 5_000_000)
+DEFAULT_MAX_EVENTS = int(os.environ.get("NOETL_MAX_EVENTS") or 1_000_000)
 FAILURE_RESERVE = 64  # events the failure record may add past max_events
+
+
+# events whose data is bounded by construction (ids, counters, offloaded results: a $ref or at most the
+# inline limit, error messages cut by frame._error): not measured on the hot path. Any other event
+# (a ctx patch, token args, a workload, and every event added later) is measured before it is folded
+UNMEASURED = frozenset({E.STEP_STARTED, E.TASK_STARTED, E.TASK_DONE, E.STEP_DONE, E.LOOP_ITERATION_STARTED,
+                        E.LOOP_ITERATION_DONE, E.LOOP_DONE, E.NEXT_EVALUATED, E.WORKFLOW_FINISHED,
+                        E.PLAYBOOK_PROCESSED})  # fmt: skip
+
+
+def size_bound(v: Any, cap: int, depth: int = 0) -> int:
+    """A lower bound of the JSON size of ``v`` that stops past ``cap``: a recursion over small
+    plain dicts and lists (the usual event body, about a microsecond), else jsonstream's walk."""
+    t = type(v)
+    if t is dict:
+        n = 2 * len(v) + 1
+        for k, x in v.items():
+            tx = type(x)
+            if tx is str:
+                n += len(x) + 2
+            elif tx is dict or tx is list:
+                if depth > 8 or len(x) > 64:
+                    return n + json_size_bound(v, cap)
+                n += size_bound(x, cap, depth + 1)
+            n += len(k) + 2 if type(k) is str else 1
+            if n > cap:
+                return n
+        return n
+    if t is list and len(v) <= 64 and depth <= 8:
+        n = len(v) + 1
+        for x in v:
+            tx = type(x)
+            if tx is str:
+                n += len(x) + 2
+            elif tx is dict or tx is list:
+                n += size_bound(x, cap, depth + 1)
+            if n > cap:
+                return n
+        return n
+    return json_size_bound(v, cap)
 
 
 class EventTooLarge(ValueError):
@@ -67,14 +108,17 @@ def ref_uris(value: Any, out: set[str]) -> set[str]:
     return out
 
 
+def too_large(name: str, step: str | None, nbytes: int | None) -> EventTooLarge:
+    where = f" of step {step!r}" if step else ""
+    size = f"{nbytes:,} bytes encoded, over" if nbytes is not None else "over"
+    return EventTooLarge(f"event {name}{where} is {size} the {MAX_EVENT_BYTES:,}-byte limit (NOETL_MAX_EVENT_BYTES); "
+                         "keep big values in results (stored by reference), not in ctx, args or workload")  # fmt: skip
+
+
 def check_event_size(ev: Event, nbytes: int) -> None:
     """Every store calls this with each event's encoded size before it writes the batch."""
     if nbytes > MAX_EVENT_BYTES:
-        where = f" of step {ev.step!r}" if ev.step else ""
-        raise EventTooLarge(
-            f"event {ev.name}{where} is {nbytes:,} bytes encoded, over the {MAX_EVENT_BYTES:,}-byte limit "
-            "(NOETL_MAX_EVENT_BYTES); keep big values in results (stored by reference), not in ctx, args or workload"
-        )
+        raise too_large(ev.name, ev.step, nbytes)
 
 
 class Redactor:
@@ -183,6 +227,10 @@ class Recorder:
 
     def emit(self, name: str, *, data: dict[str, Any] | None = None, **fields: Any) -> Event:
         d = data if data is not None else {}
+        if d and name not in UNMEASURED and size_bound(d, MAX_EVENT_BYTES) > MAX_EVENT_BYTES:
+            # before it is folded or encoded: a value held by reference (ctx set to a big result)
+            # is refused without its text ever being built (orjson crashes when memory runs out)
+            raise too_large(name, fields.get("step"), None)
         if d and self.redactor:  # (an empty body holds no secret)
             d = self.redactor.value(d)
         # the one gate every value crosses into the state and the log: a lone surrogate (a JSON
@@ -220,7 +268,6 @@ class Recorder:
         delete the payloads written for them (no event will reference them; on a full disk this is
         what frees it). Returns how many events were dropped; the engine then rebuilds its state
         from the log (Engine._resync)."""
-        from noetl_dagster.util.jsonstream import json_size_bound
         from noetl_dagster.util.jsonutil import dumps
 
         with self._lock:
@@ -229,8 +276,8 @@ class Recorder:
             bad = 0
             for bad, ev in enumerate(batch):  # noqa: B007 - the index of the first bad event is the answer
                 try:  # the lower bound first: a gigabyte value is not encoded once more to be measured
-                    if json_size_bound(ev.data, MAX_EVENT_BYTES) > MAX_EVENT_BYTES:
-                        raise EventTooLarge(ev.name)
+                    if size_bound(ev.data, MAX_EVENT_BYTES) > MAX_EVENT_BYTES:
+                        raise too_large(ev.name, ev.step, None)
                     check_event_size(ev, len(dumps(ev.to_stored())))
                 except Exception:  # noqa: BLE001 - this one cannot be stored
                     break

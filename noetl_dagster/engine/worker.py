@@ -442,7 +442,8 @@ class Worker(LoopPhases):
             return _err_outcome(_error("template_error", str(e)))
         except Exception as e:  # noqa: BLE001 - a tool bug is an error outcome, never a crash
             out = _err_outcome(_error("exception", f"{type(e).__name__}: {e}"))
-            out["py"] = {"exception_type": type(e).__name__, "traceback": traceback.format_exc(limit=-8)}  # innermost: the user's frames
+            out["py"] = {"exception_type": type(e).__name__,  # innermost: the user's frames
+                         "traceback": traceback.format_exc(limit=-8)[-MAX_NOTE_CHARS:]}
             return out
         return outcome_envelope(True, result, None)
 
