@@ -341,3 +341,72 @@ def test_fuzz_registry_cli_arguments(fuzz_files, monkeypatch, command, options, 
     if command == ("serve",):
         args += ["--port", "99999"]
     _timed(args, registry=True)
+
+
+# -- 4. fan-out arcs against the step-run cap (issue 29 item 4) --------------------------------
+
+FAN_WHENS = [None, None, "{{ true }}", "{{ outcome.status == 'ok' }}", "{{ ctx.n | default(0) < 3 }}",
+             "{{ args.i | default(0) < 2 }}", "{{ false }}"]  # fmt: skip
+
+
+@st.composite
+def fan_out_playbooks(draw):
+    """Steps with many inclusive arcs (self-arcs, back-arcs, args, guards), a small cap: the cap must hold."""
+    names = STEP_NAMES[: draw(st.integers(1, 3))]
+    cap = draw(st.integers(1, 60))
+    steps = []
+    for name in names:
+        step: dict = {"step": name, "tool": {"kind": "noop"}}
+        if draw(st.integers(0, 4)) == 0:
+            step["loop"] = {"in": "{{ [1, 2] }}", "iterator": "it"}
+        if draw(st.booleans()):
+            step["set"] = {"ctx": {"n": "{{ ctx.n | default(0) + 1 }}"}}
+        arcs = []
+        for i in range(draw(st.integers(0, 12))):
+            arc: dict = {"step": draw(st.sampled_from(names))}
+            w = draw(st.sampled_from(FAN_WHENS))
+            if w is not None:
+                arc["when"] = w
+            if draw(st.booleans()):
+                arc["args"] = {"i": i}
+            arcs.append(arc)
+        if arcs:
+            step["next"] = {"spec": {"mode": draw(st.sampled_from(["inclusive", "inclusive", "exclusive"]))}, "arcs": arcs}
+        steps.append(step)
+    doc = {"executor": {"spec": {"max_step_runs": cap}}, "workflow": steps}
+    return cap, HEAD + yaml.safe_dump(doc, sort_keys=False)
+
+
+@FUZZ
+@given(case=fan_out_playbooks())
+def test_fuzz_fan_out_arcs_hold_the_step_run_cap(tmp_path_factory, monkeypatch, case):
+    cap, text = case
+    d = tmp_path_factory.mktemp("fan")
+    home = d / "home"
+    monkeypatch.setenv("NOETL_DAGSTER_HOME", str(home))
+    f = d / "p.yaml"
+    f.write_text(text, encoding="utf-8")
+    if _timed(["validate", str(f)]).exit_code != 0:
+        event("validate refused")
+        return
+    r = _timed(["run", str(f), "--json"])
+    assert r.exit_code in (0, 1), r.output[-1500:]
+    out = json.loads(r.output.strip().splitlines()[0])
+    total = sum(out["runs"].values())
+    capped = [s for s, v in out["results"].items()
+              if isinstance(v, dict) and (v.get("error") or {}).get("kind") == "max_step_runs"]  # fmt: skip
+    if capped:  # the cap, and exactly one refused run that carries the error
+        assert out["status"] == "failed" and total == cap + 1 and len(capped) == 1, (cap, out["runs"])
+    else:
+        assert total <= cap, (cap, out["runs"])
+    from noetl_dagster.storage.event_stores import open_event_store
+
+    store = open_event_store(None, data_dir=home)
+    try:
+        evs = store.read(out["execution_id"])
+    finally:
+        store.close()
+    assert sum(e.name == "step.scheduled" for e in evs) == total
+    assert [e.name for e in evs][-2:] == ["workflow.finished", "playbook.processed"]
+    event(f"run {out['status']}{' at the cap' if capped else ''}")
+    # tests/conftest.py replays the execution and compares it with the live state
