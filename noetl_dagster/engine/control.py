@@ -140,6 +140,7 @@ class Engine:
         self._resources_lock = threading.Lock()
         self._keychain: Any = None
         self._keychain_lock = threading.Lock()
+        self._cap = max_step_runs(playbook)  # read per step: the pydantic spec once
         self.grant: Grant = UNRESTRICTED  # narrowed for generated playbooks and their children (engine.trust)
         # this process's CPU for the execution, less its task attempts': the platform line (engine.usage)
         self.usage_window = None if self.state.finished else usage.window(self.state.execution_id)
@@ -303,7 +304,7 @@ class Engine:
             return []
 
     def _ready(self, allowed: Iterable[str] | None) -> list[Activation]:
-        cap = max_step_runs(self.playbook)
+        cap = self._cap
         if len(self.state.step_runs) > cap:  # the capped run exists: nothing more is scheduled
             return []
         allowed_set = set(allowed) if allowed is not None else None
@@ -393,7 +394,7 @@ class Engine:
 
     def _run(self, act: Activation) -> StepRun:
         step = self._steps[act.step]
-        cap = max_step_runs(self.playbook)
+        cap = self._cap
         runs = self.state.step_runs
         # the capped run is the one scheduled past the cap, and the last scheduled (see ready)
         if len(runs) > cap and act.step_run_id == next(reversed(runs)) and act.step != final_step(self.playbook):

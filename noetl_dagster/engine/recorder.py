@@ -53,29 +53,26 @@ def size_bound(v: Any, cap: int, depth: int = 0) -> int:
     plain dicts and lists (the usual event body, about a microsecond), else jsonstream's walk."""
     t = type(v)
     if t is dict:
-        n = 2 * len(v) + 1
-        for k, x in v.items():
+        n = 4 * len(v) + 1  # quotes, colon and comma per item (keys: at least their quotes)
+        for x in v.values():
             tx = type(x)
             if tx is str:
-                n += len(x) + 2
-            elif tx is dict or tx is list:
-                if depth > 8 or len(x) > 64:
-                    return n + json_size_bound(v, cap)
-                n += size_bound(x, cap, depth + 1)
-            n += len(k) + 2 if type(k) is str else 1
-            if n > cap:
-                return n
+                n += len(x)
+            elif (tx is dict or tx is list) and x:
+                n += size_bound(x, cap, depth + 1) if depth < 8 and len(x) <= 64 else json_size_bound(x, cap)
+                if n > cap:
+                    return n
         return n
     if t is list and len(v) <= 64 and depth <= 8:
-        n = len(v) + 1
+        n = 3 * len(v) + 1
         for x in v:
             tx = type(x)
             if tx is str:
-                n += len(x) + 2
-            elif tx is dict or tx is list:
+                n += len(x)
+            elif (tx is dict or tx is list) and x:
                 n += size_bound(x, cap, depth + 1)
-            if n > cap:
-                return n
+                if n > cap:
+                    return n
         return n
     return json_size_bound(v, cap)
 

@@ -474,15 +474,13 @@ class SqliteEventStore(EventStore):
             if not resent and with_segments and self._stored_in_segments(c, [r[0] for r in rows if r[1] in with_segments]):
                 raise sqlite3.IntegrityError("a re-sent event (stored in a segment)")
             top = self._top_gid(c)
-            params = []
-            for i, r in enumerate(rows, start=1):
-                body = dumps(r[5].to_stored(envelope=False))
-                if len(body) > MAX_EVENT_BYTES:
+            bodies = [dumps(r[5].to_stored(envelope=False)) for r in rows]
+            if max(map(len, bodies)) > MAX_EVENT_BYTES:  # before anything is written
+                for r, body in zip(rows, bodies, strict=True):
                     check_event_size(r[5], len(body))
-                params.append((top + i, *r[:5], body))
             c.executemany(
                 "INSERT INTO noetl_event (gid, event_id, execution_id, sequence, name, ts, body) VALUES (?,?,?,?,?,?,?)",
-                params,
+                [(top + i, *r[:5], body) for i, (r, body) in enumerate(zip(rows, bodies, strict=True), start=1)],
             )
             top += len(rows)
         else:
