@@ -324,3 +324,15 @@ def test_resume_after_kill_nine_writes_no_lifecycle_event_twice(tmp_path):
     started = Counter((e.loop_id, e.iteration) for e in evs if e.name == "loop.iteration.started")
     assert max(started.values()) == 1
     assert [e.sequence for e in evs] == list(range(1, len(evs) + 1))
+
+
+def test_a_workload_that_expands_to_gigabytes_never_crashes_the_encoder(tmp_path):
+    # 340 KB of YAML: a 300 KB scalar aliased 9,999 times (3 GB as JSON) passed every YAML limit, then
+    # SIGSEGV in the event encoder; now refused at load (exit 2) or as an event over the limit (exit 1)
+    lines = [HEAD.rstrip("\n"), "workload:", f"  big: &a \"{'x' * 300000}\"", "  many: [" + ", ".join(["*a"] * 9999) + "]",
+             "workflow:", "  - step: start", "    tool: {kind: noop}"]  # fmt: skip
+    f = write(tmp_path, "alias.yaml", "\n".join(lines) + "\n")
+    d = tmp_path / "home"
+    code, out = cli(["run", f, "--quiet", "--data-dir", str(d)])
+    assert code in (1, 2) and len(error_lines(out)) == 1, out[-2000:]
+    assert all(x["status"] == "failed" for x in executions(d)) if (d / "events.db").exists() else True
