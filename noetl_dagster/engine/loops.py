@@ -624,7 +624,7 @@ class LoopPhases(CursorLoops):
         return lr, None
 
     def resume_loop(self, loop: Loop, frame: _Frame, rp: Any) -> tuple[bool, Any, dict[str, Any] | None]:
-        """A step loop its dead process started (``rp``: control.ResumePoint): the iterations the
+        """A step loop its dead process started (``rp``: durability.ResumePoint): the iterations the
         log finished keep their results; the rest run, under the same loop_id, without a second
         loop.started. When ``loop.in`` no longer renders to as many items, it is a new loop."""
         scope = self.base_scope(frame.args, frame.iter)

@@ -10,7 +10,7 @@ Limits (docs/limits.md): an execution records at most ``max_events`` events
 failure record may pass it by a few) and a store refuses one event whose encoded form is
 over ``MAX_EVENT_BYTES`` (:func:`check_event_size`). A batch the store refuses is dropped
 with the payloads written for it (:meth:`Recorder.discard`); the engine's gate then
-records the failure from what the log holds (Engine._crashed).
+records the failure from what the log holds (durability.Driver._crashed).
 """
 
 from __future__ import annotations

@@ -138,7 +138,7 @@ class ExecutionState:
             self.status = "requested"
         elif name == E.WORKFLOW_FINISHED:
             self.status = d.get("status", "completed")
-            if d.get("error"):  # an execution ended by the engine's gate (Engine._crashed)
+            if d.get("error"):  # an execution ended by the engine's gate (durability.Driver._crashed)
                 self.error = d["error"]
 
     # -- reads -----------------------------------------------------------------

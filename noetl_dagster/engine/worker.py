@@ -148,7 +148,7 @@ class Worker(LoopPhases):
 
     # -- steps -------------------------------------------------------------------
     def run_step(self, step: Step, step_run_id: str, args: Any, resume: Any = None) -> StepRun:
-        """``resume`` (control.ResumePoint): what the log holds of this step run, not recorded again."""
+        """``resume`` (durability.ResumePoint): what the log holds of this step run, not recorded again."""
         t0 = time.perf_counter() if resume is not None and resume.started else self.step_begin(step, step_run_id)
         if step.loop is not None:
             frame = _Frame(step, step_run_id, args, {})

@@ -14,14 +14,8 @@ from noetl_dagster.dsl.loader import load_yaml_text
 from noetl_dagster.dsl.model import Playbook
 from noetl_dagster.dsl.parse import load_playbook_dict
 from noetl_dagster.engine.catalog import Catalog
-from noetl_dagster.engine.control import (
-    UNRECORDED_DIR,
-    Engine,
-    Services,
-    record_failure,
-    restore_generated,
-    sweep_payloads,
-)
+from noetl_dagster.engine.control import Engine, Services, restore_generated
+from noetl_dagster.engine.durability import UNRECORDED_DIR, record_failure, sweep_payloads
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.frame import StepRun
 from noetl_dagster.engine.ports import ExecutionLeased
@@ -72,7 +66,7 @@ class ExecutionResult:
             runs=dict(st.runs),
             event_store_url=eng.services.event_store.url,
             playbook=eng.playbook.metadata.path,
-            extra={"error": st.error} if st.error else {},  # the engine's gate ended it (Engine._crashed)
+            extra={"error": st.error} if st.error else {},  # the engine's gate ended it (durability.Driver._crashed)
         )
 
 
@@ -99,7 +93,7 @@ def build_services(
     ddir = Path(data_dir) if data_dir else default_data_dir()
     store = event_store if isinstance(event_store, EventStore) else open_event_store(event_store, data_dir=ddir)
     payloads = payload_store or FilePayloadStore(ddir / "payloads")
-    try:  # made now, while the disk has room: Engine._crashed marks in it when it cannot record
+    try:  # made now, while the disk has room: durability.Driver._crashed marks in it when it cannot record
         (ddir / UNRECORDED_DIR).mkdir(parents=True, exist_ok=True)
     except OSError:
         pass
@@ -118,7 +112,7 @@ def build_services(
 
 def reap_unrecorded(svc: Services) -> list[str]:
     """At a start: end the executions a process could not record the failure of (a full disk;
-    Engine._crashed left a mark) once no live process holds their lease: their step runs left
+    durability.Driver._crashed left a mark) once no live process holds their lease: their step runs left
     running fail, the execution ends ``failed`` and its payloads no event references are deleted.
     Returns the execution ids ended."""
     from noetl_dagster.engine.state import fold
