@@ -114,7 +114,8 @@ def test_the_gate_in_process_replays_exactly(tmp_path, data_dir):
 
 
 def test_a_value_that_would_crash_the_encoder_is_refused_before_it_is_encoded(tmp_path):
-    # a 320 MB ctx patch held by reference: orjson died with SIGSEGV when memory ran out encoding it
+    # a 320 MB ctx patch held by reference: orjson died with SIGSEGV when memory ran out encoding it.
+    # The template sandbox now refuses the render; the recorder's own measure is the second line
     f = write(tmp_path, "p.yaml", two_steps("result = {'v': ['x' * 8000000] * 40}", set_ctx="{{ result.v }}"))
     d = tmp_path / "home"
     limit = textwrap.dedent("""
@@ -123,10 +124,28 @@ def test_a_value_that_would_crash_the_encoder_is_refused_before_it_is_encoded(tm
         vm = next(int(ln.split()[1]) for ln in open('/proc/self/status') if ln.startswith('VmPeak:')) * 1024
         resource.setrlimit(resource.RLIMIT_AS, (vm + 450 * 2**20, vm + 450 * 2**20))
     """)
-    code, out = cli(["run", f, "--quiet", "--data-dir", str(d)], pre=limit)
-    assert code == 1, out  # before: -11 (SIGSEGV) and the execution left running
-    assert "event ctx.patched of step 'start' is over the 67,108,864-byte limit" in out
-    assert [r["status"] for r in executions(d)] == ["failed"]
+    code, out = cli(["run", f, "--json", "--data-dir", str(d)], pre=limit)
+    assert code in (0, 1), out[-2000:]  # before: -11 (SIGSEGV) and the execution left running
+    err = json.loads(out.splitlines()[0])["results"]["start"]["error"]
+    assert err["kind"] in ("template_error", "event_too_large") and "limit" in err["message"]
+    assert [r["status"] for r in executions(d)] in (["completed"], ["failed"])
+
+
+def test_the_recorder_measures_an_event_before_it_is_folded_or_encoded(tmp_path):
+    from noetl_dagster.dsl import load_playbook
+    from noetl_dagster.engine.control import Engine
+    from noetl_dagster.engine.recorder import EventTooLarge
+    from noetl_dagster.runners.local import build_services
+
+    pb = load_playbook(write(tmp_path, "p.yaml", HEAD + "workflow:\n  - step: start\n    tool: {kind: noop}\n"))
+    eng = Engine(pb, build_services(data_dir=tmp_path / "home"))
+    eng.start({})
+    big = ["x" * 8_000_000] * 40  # 320 MB as JSON, 8 MB in memory
+    # "is over" without "N bytes encoded": the recorder's bound refused it, the store never encoded it
+    with pytest.raises(EventTooLarge, match="event ctx.patched is over the 67,108,864-byte limit"):
+        eng.patch_ctx({"v": big}, source="test")
+    assert "v" not in eng.state.ctx and not eng.recorder._buffer  # noqa: SLF001 - nothing was folded
+    assert eng.drive() == "completed"
 
 
 def test_workload_file_is_read_bounded(tmp_path):
