@@ -165,13 +165,16 @@ def int_digits(v: int) -> int:
 def counted(it: Iterable[Any], item_bytes: int = 0) -> Iterator[Any]:
     """An iterator that counts its items as work, in batches (and charges ``item_bytes`` per
     fresh item it yields: zip() and enumerate() make a tuple per item)."""
-    n = 0
+    n = total = 0
     for x in it:
         n += 1
         if n == 64:
             if item_bytes:
                 produce(64, "iteration", items=True, width=item_bytes)
             tick(64)
+            total += 64
+            if total > MAX_ITEMS:
+                raise LimitExceeded(f"a lazy sequence would have more than {MAX_ITEMS:,} items")
             n = 0
         yield x
     tick(n)
@@ -333,6 +336,7 @@ def pprint_len(value: Any) -> int:
 _PCT = re.compile(
     r"%(?:\((?P<key>[^)]*)\))?[-#0 +]*(?P<width>\*|\d+)?(?:\.(?P<prec>\*|\d+))?[hlL]?(?P<conv>[diouxXeEfFgGcrsa%])"
 )
+_WIDE = re.compile(r"\d{4}")
 _SPEC = re.compile(r"(?:.?[<>=^])?[-+ ]?z?#?0?(?P<width>\d*)[,_]?(?:\.(?P<prec>\d+))?[a-zA-Z%]?$", re.S)
 
 
@@ -358,6 +362,18 @@ def _repr_len(value: Any) -> int:
 def percent_len(fmt: str, values: Any) -> int:
     """Characters of ``fmt % values``."""
     args = list(values) if isinstance(values, tuple) else [values]
+    if len(fmt) <= 256 and "*" not in fmt and not _WIDE.search(fmt):  # the usual '%s-%05d': widths < 1000
+        quick = len(fmt)
+        for a in args:
+            ta = type(a)
+            if ta is str and len(a) <= 4096:
+                quick += len(a)
+            elif ta is int or ta is float or ta is bool or a is None:
+                quick += 24
+            else:
+                break
+        else:
+            return quick
     mapping = values if isinstance(values, Mapping) else None
     total, pos, fields = len(fmt), 0, 0
 

@@ -118,7 +118,7 @@ def _guard_filter(name: str, f: Any) -> Any:
     if est is None:  # output no larger than the input, or lazy
 
         def cheap(*args: Any, **kwargs: Any) -> Any:
-            tick()
+            tick(4)  # a filter call costs a few operations' worth (~0.7 us)
             out = f(*args, **kwargs)
             return lim.counted(out) if type(out) is types.GeneratorType else out
 
@@ -127,7 +127,7 @@ def _guard_filter(name: str, f: Any) -> Any:
         return cheap
 
     def guarded(*args: Any, **kwargs: Any) -> Any:
-        tick()
+        tick(4)
         if len(args) > lead:
             try:
                 new = est(*args[lead:], **kwargs)
@@ -380,7 +380,7 @@ class _Env(ImmutableSandboxedEnvironment):
         n = 0
         for v in values:
             n += len(v) if type(v) is str else text_len(v, "~")
-        produce(n, "concatenation (~)", width=width_of(*values))
+        produce(n, "concatenation (~)", width=width_of(*values) if n > 4096 else 1)
         return "".join([v if type(v) is str else str(v) for v in values])
 
     def concat(self, parts: Any) -> str:  # type: ignore[override] # the buffers of macros and {% set %} blocks
@@ -426,7 +426,7 @@ class _Env(ImmutableSandboxedEnvironment):
         return super().call_binop(context, operator, left, right)
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
-        tick()
+        tick(3)
         # a callable handed to a builtin (max(..., key=lipsum)) is called back through the sandbox, counted
         if any(_wrappable(a) for a in args):
             args = tuple(__self._through(__context, a) if _wrappable(a) else a for a in args)
