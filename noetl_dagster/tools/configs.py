@@ -127,6 +127,7 @@ class StorageConfig(ToolConfig):
     checksum: str | None = _f("checksum of a parquet/arrow file: sha256 (default) | blake3")
     metadata: dict[str, Any] | None = _f("resource metadata")
     columns: list[str] | None = _f("columns to read")
+    partition_key: str | None = _f("read: the newest version recorded for this partition key")
     as_: str | None = Field(None, alias="as", description="records | arrow | ref (read shape)")
     registry: str | None = _f("resource registry URL")
     store: str | None = _f("object store URL")

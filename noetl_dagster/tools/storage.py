@@ -16,7 +16,8 @@ schema_fingerprint, location[, snapshot_id]}`` — never the rows.
 
 Reading (``op: read``) resolves ``uri`` through the registry (tenancy and grants
 apply), verifies the checksum and returns ``{rows, row_count, columns, ref}``
-(``as: pydict`` gives columns instead of rows; ``columns`` selects some).
+(``as: pydict`` gives columns instead of rows; ``columns`` selects some;
+``partition_key: K`` reads partition K's newest version, see :func:`partition_uri`).
 
 Options shared by both: ``registry`` (an http(s) URL or a database URL; default
 ``$NOETL_REGISTRY_URL`` or ``<data dir>/registry.db``), ``api_key`` (default
@@ -37,7 +38,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from noetl_dagster.dsl.locator import InvalidLocator, ResourceLocator
+from noetl_dagster.dsl.locator import InvalidLocator, ResourceLocator, parse_locator
 from noetl_dagster.storage.payload import (
     ChecksumMismatch,
     PayloadStore,
@@ -62,7 +63,7 @@ REGISTRY_URL_ENV = "NOETL_REGISTRY_URL"
 REGISTRY_KEY_ENV = "NOETL_REGISTRY_API_KEY"
 _KNOWN_KEYS = {"op", "uri", "resource", "namespace", "type", "version", "data", "rows", "mode", "partition_by",
                "compression", "checksum", "inputs", "metadata", "resource_kind", "registry", "api_key", "store", "catalog",
-               "catalog_name", "as", "columns", "input"}
+               "catalog_name", "as", "columns", "input", "partition_key"}
 
 
 def _data_dir(ctx: ToolContext) -> Path:
@@ -179,9 +180,36 @@ def _write(fmt: str, inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, A
     return pub.ref()
 
 
+def partition_uri(storage: TableStorage, uri: str, key: str) -> str:
+    """``partition_key: K`` on a read: the newest version recorded for partition K (its registry
+    ``partition_key`` is K, or a range ``first...last`` holding K in key order), not a version another
+    partition wrote after it. A table whose newest version records no partition is read as it is."""
+    loc = parse_locator(uri, require_version=False)
+    if loc.version is not None:
+        return uri  # a pinned version is what it names
+    reg = storage.registry
+    newest = reg.resolve(loc.uri)
+    n = int(newest.version[1:]) if newest.version[1:].isdigit() and newest.version.startswith("v") else None
+    if n is None or not newest.metadata.get("partition_key"):
+        return uri
+    for i in range(n, max(n - PARTITION_WALK, 0), -1):
+        plan = newest if i == n else reg.resolve(f"{loc.uri}@v{i}")
+        label = str(plan.metadata.get("partition_key") or "")
+        first, sep, last = label.partition(RANGE_SEP)
+        if label == key or (sep and first <= key <= last):
+            return plan.uri
+    raise ToolError(f"{loc.uri} has no version for partition {key!r}", kind="not_found")
+
+
+PARTITION_WALK = 5000  # versions a partition read walks back through at most
+RANGE_SEP = "..."  # a range run records partition_key "<first>...<last>"
+
+
 def _read(inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
     storage = _storage(inputs, ctx)
     uri = _target_uri(inputs, ctx, storage)
+    if inputs.get("partition_key") not in (None, ""):
+        uri = partition_uri(storage, uri, str(inputs["partition_key"]))
     as_type = str(inputs.get("as") or "records")
     if as_type not in ("records", "pydict"):
         raise ToolError("as: must be records or pydict (JSON-friendly results)", kind="config_error")

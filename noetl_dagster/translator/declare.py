@@ -100,18 +100,24 @@ def freshness_policy(raw: Mapping[str, Any] | None) -> dg.FreshnessPolicy | None
 
 
 def with_partition_metadata(pb: Playbook) -> Playbook:
-    """A partitioned playbook's storage writes record their partition key in the registry:
-    ``metadata: {partition_key: '{{ workload.<workload_key> }}'}`` unless the task sets one."""
+    """A partitioned playbook's storage writes record their partition key in the registry
+    (``metadata: {partition_key: '{{ workload.<workload_key> }}'}`` unless the task sets one), and its
+    reads of an unversioned ``uri`` read that partition's version (``partition_key:`` the same key)."""
     p = pb.dagster.partitions
     if p is None:
         return pb
     out = pb.model_copy(deep=True)
     out._steps = None  # the copy's step cache must point at the copied steps
+    key = "{{ workload." + p.workload_key + " }}"
     for step in out.workflow:
         for task in step.tool:
-            if task.kind in STORAGE_KINDS and str(task.config.get("op") or "write") == "write":
+            if task.kind not in STORAGE_KINDS:
+                continue
+            if str(task.config.get("op") or "write") == "write":
                 meta = task.config.get("metadata")
                 meta = dict(meta) if isinstance(meta, Mapping) else {}
-                meta.setdefault("partition_key", "{{ workload." + p.workload_key + " }}")
+                meta.setdefault("partition_key", key)
                 task.config["metadata"] = meta
+            elif "@" not in str(task.config.get("uri") or "@") and not task.config.get("version"):
+                task.config.setdefault("partition_key", key)  # a read of partition P sees P's data
     return out

@@ -399,3 +399,43 @@ def test_invalid_playbook_checks_are_requested_by_a_running_automation_sensor(da
         assert not ev.passed and "bad.yaml:6: unknown-tool-kind" in ev.description
         again = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
         assert not any(r.true_subset.size for r in again.results)  # evaluated once, not on every tick
+
+
+READER = """\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: daily_counts, path: tests/daily_counts}
+executor:
+  spec:
+    dagster:
+      partitions: {daily: 2026-11-20, workload_key: day}
+workload: {day: "2026-01-01"}
+workflow:
+  - step: start
+    tool:
+      - events: {kind: parquet, op: read, uri: noetl://demo/examples/t/dataset/daily_events}
+      - save:
+          kind: parquet
+          uri: noetl://demo/examples/t/dataset/daily_counts
+          data: [{day: "{{ workload.day }}", rows: "{{ events.row_count }}", seen: "{{ events.rows[0].day }}"}]
+    outputs: [noetl://demo/examples/t/dataset/daily_counts]
+"""
+
+
+def test_a_partitioned_read_sees_its_partitions_version(dagster_data, tmp_path):
+    reader = tmp_path / "daily_counts.yaml"
+    reader.write_text(READER)
+    defs = _defs([_daily(tmp_path), reader], dagster_data)
+    job = defs.resolve_implicit_global_asset_job_def()
+    counts = dg.AssetKey(["demo", "examples", "t", "daily_counts"])
+    with dg.instance_for_test() as instance:
+        for day in ("2026-11-21", "2026-11-22"):  # the writer's two partitions: v1 (3 rows), v2 (4 rows)
+            assert job.get_subset(asset_selection={EVENTS}).execute_in_process(instance=instance, partition_key=day).success
+        r = job.get_subset(asset_selection={counts}).execute_in_process(instance=instance, partition_key="2026-11-21")
+        assert r.success
+    from noetl_dagster.storage.tables import TableStorage  # noqa: PLC0415
+
+    reg = _res(dagster_data).registry("demo", "examples")
+    plan = reg.resolve("noetl://demo/examples/t/dataset/daily_counts")
+    table, _ = TableStorage(reg, data_dir=dagster_data).fetch(plan.uri, as_type="arrow")
+    assert table.to_pylist() == [{"day": "2026-11-21", "rows": 3, "seen": "2026-11-21"}]  # not 11-22's v2
