@@ -1,11 +1,13 @@
 """Tail an EventStore from a stored cursor and export its events as facts.
 
 The cursor (the EventStore's global ``gid``) is stored in the facts database
-itself (``export_cursor``), after each batch's facts are inserted. A crash
-between the insert and the cursor update makes the next run re-send that
-batch; the fact tables collapse re-sent rows on ``event_id``, so totals do
-not change. Run one exporter per facts store (chdb allows one process per
-path anyway).
+itself (``export_cursor``), after each batch's facts are inserted and the
+priced table rebuilt for the days the batch touched. A crash anywhere before
+the cursor update, or a lost cursor, makes the next run re-send events; the
+fact tables collapse re-sent rows on ``event_id`` (every reader uses
+``FINAL``) and the rollups are recomputed from the deduplicated facts, never
+summed from inserts, so no total changes. Run one exporter per facts store
+(chdb allows one process per path anyway).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from analytics.facts import FACT_TABLES, FactWriter
+from analytics.pricing import PriceTable, utc_day
+from analytics.rollups import build_days, ensure_prices, loaded_prices
 from analytics.store import FactsStore
 from noetl_dagster.storage.events import EventStore
 
@@ -66,6 +70,7 @@ class FactExporter:
         *,
         batch_events: int = 20_000,
         source: str | None = None,
+        prices: PriceTable | None = None,
     ):
         if batch_events <= 0:
             raise ValueError("batch_events must be positive")
@@ -74,6 +79,7 @@ class FactExporter:
         self.batch_events = batch_events
         self.source = source or events.url
         self.writer = FactWriter(facts, batch_events=batch_events)
+        self.prices = prices  # loaded when the store has no price table yet
 
     def cursor(self) -> int:
         value = self.facts.scalar(
@@ -103,6 +109,8 @@ class FactExporter:
         started = time.perf_counter()
         cursor = self.cursor()
         report = ExportReport(self.source, cursor, cursor)
+        ensure_prices(self.facts, self.prices)
+        prices = loaded_prices(self.facts, self.prices)
         while max_events is None or report.events < max_events:
             limit = self.batch_events if max_events is None else min(self.batch_events, max_events - report.events)
             batch = self.events.tail(cursor, limit)
@@ -111,6 +119,8 @@ class FactExporter:
             counts = self.writer.write_batch([stored.event for stored in batch])
             for table, n in counts.items():
                 report.rows[table] += n
+            # the rollups of the batch's days, from the deduplicated facts, before the cursor moves
+            build_days(self.facts, prices, {utc_day(stored.event.timestamp) for stored in batch})
             cursor = batch[-1].gid
             self.save_cursor(cursor)
             report.events += len(batch)

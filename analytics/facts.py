@@ -24,6 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from analytics.pricing import usage_lines
 from analytics.store import FactsStore
 from noetl_dagster.engine import events as ev
 
@@ -123,6 +124,20 @@ SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
         ("rows", _I64),
         ("checksum", _STR),
         ("schema_fingerprint", _STR),
+    ],
+    # the priced usage lines of each event (analytics/pricing.py usage_lines, sql/V006__one_price_path.sql)
+    "usage_fact": [("event_id", _STR), ("ordinal", _U16)]
+    + COMMON[1:]
+    + [
+        ("step", _STR),
+        ("kind", _STR),
+        ("category", _STR),
+        ("item", _STR),
+        ("unit", _STR),
+        ("quantity", _F64),
+        ("used", _F64),
+        ("requested", _F64),
+        ("key", _STR),
     ],
 }
 FACT_TABLES = tuple(SCHEMAS)
@@ -231,6 +246,10 @@ def gc_paused() -> Iterator[None]:
 
 
 _NO_USAGE: dict[str, Any] = {}
+# events that may carry priced usage (analytics/pricing.py usage_lines)
+_USAGE_EVENTS = frozenset(
+    {ev.TASK_DONE, ev.STEP_DONE, ev.LOOP_ITERATION_DONE, ev.LOOP_DONE, ev.WORKFLOW_FINISHED, ev.PLAYBOOK_PROCESSED}
+)
 
 
 class FactBuilder:
@@ -266,6 +285,7 @@ class FactBuilder:
         self._task_rows = self.rows["task_fact"]
         self._frame_rows = self.rows["frame_fact"]
         self._resource_rows = self.rows["resource_fact"]
+        self._usage_rows = self.rows["usage_fact"]
 
     def add(self, events: Iterable[ev.Event]) -> int:
         """Add events; returns how many were seen."""
@@ -276,6 +296,8 @@ class FactBuilder:
             handler = handlers.get(e.name)
             if handler is not None:
                 handler(e)
+                if e.name in _USAGE_EVENTS:
+                    self._usage(e)
         self.events += n
         return n
 
@@ -464,6 +486,17 @@ class FactBuilder:
                 ref.get("size"), ref.get("rows"), ref.get("checksum"), ref.get("schema_fingerprint"),
             )
         )  # fmt: skip
+
+    def _usage(self, e: ev.Event) -> None:
+        kind = e.data.get("kind") if e.name == ev.TASK_DONE and type(e.data) is dict else None
+        for i, line in enumerate(usage_lines(e.name, e.data)):
+            self._usage_rows.append(
+                (
+                    e.event_id, i, e.timestamp, e.tenant_id, e.project_id, e.execution_id, e.step,
+                    line.kind or kind, line.category, line.item, line.unit, line.quantity, line.used,
+                    line.requested, line.key,
+                )
+            )  # fmt: skip
 
     # -- Arrow -------------------------------------------------------------------
 

@@ -55,12 +55,12 @@ FROM $db.allocation_summary_day WHERE day BETWEEN {start:Date} AND {end:Date} OR
 
 _EXECUTIONS = """SELECT execution_id, min(ts) AS started, count() AS attempts, countIf(status = 'error') AS failed,
     round(sum(coalesce(cpu_ms, duration_ms)) / 3.6e6, 9) AS cpu_core_hours, round(sum(duration_ms) / 1000, 3) AS seconds
-FROM $db.task_fact
+FROM $db.task_fact FINAL
 WHERE tenant_id = {tenant:String} AND playbook = {playbook:String} AND step = {step:String}
     AND toDate(ts) BETWEEN {start:Date} AND {end:Date} AND $scope(tenant_id, project_id)
 GROUP BY execution_id ORDER BY cpu_core_hours DESC LIMIT 50"""
 
-_DAYS = "SELECT min(day), max(day) FROM $db.allocation_step_day WHERE $scope(tenant_id, project_id)"
+_DAYS = "SELECT min(day), max(day) FROM $db.cost_line_day WHERE $scope(tenant_id, project_id)"
 
 APP_JS = Path(__file__).parent / "dashboard_app.js"
 COOKIE = "noetl_dashboard"

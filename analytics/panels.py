@@ -47,12 +47,12 @@ PANELS: tuple[Panel, ...] = (
         title="Totals",
         description="Executions, step runs, task attempts, failures, bytes stored by reference and cost.",
         sql="""SELECT
-    (SELECT count() FROM $db.execution_fact WHERE transition = 'requested' AND $__timeFilter(ts)) AS executions,
-    (SELECT count() FROM $db.execution_fact WHERE transition = 'finished' AND status = 'failed' AND $__timeFilter(ts)) AS failed_executions,
-    (SELECT count() FROM $db.step_fact WHERE outcome != 'skipped' AND $__timeFilter(ts)) AS step_runs,
-    (SELECT count() FROM $db.task_fact WHERE $__timeFilter(ts)) AS task_attempts,
-    (SELECT countIf(status = 'error') FROM $db.task_fact WHERE $__timeFilter(ts)) AS failed_attempts,
-    (SELECT sum(size_bytes) FROM (SELECT uri, any(size_bytes) AS size_bytes FROM $db.resource_fact
+    (SELECT count() FROM $db.execution_fact FINAL WHERE transition = 'requested' AND $__timeFilter(ts)) AS executions,
+    (SELECT count() FROM $db.execution_fact FINAL WHERE transition = 'finished' AND status = 'failed' AND $__timeFilter(ts)) AS failed_executions,
+    (SELECT count() FROM $db.step_fact FINAL WHERE outcome != 'skipped' AND $__timeFilter(ts)) AS step_runs,
+    (SELECT count() FROM $db.task_fact FINAL WHERE $__timeFilter(ts)) AS task_attempts,
+    (SELECT countIf(status = 'error') FROM $db.task_fact FINAL WHERE $__timeFilter(ts)) AS failed_attempts,
+    (SELECT sum(size_bytes) FROM (SELECT uri, any(size_bytes) AS size_bytes FROM $db.resource_fact FINAL
         WHERE action = 'created' AND $__timeFilter(ts) GROUP BY uri)) AS bytes_stored,
     (SELECT round(sum(amount), 6) FROM $db.tenant_cost_fact WHERE $__timeFilter(day)) AS cost""",
         chart="stat",
@@ -61,7 +61,7 @@ PANELS: tuple[Panel, ...] = (
     Panel(
         key="cost_per_tenant",
         title="Cost per tenant over time",
-        description="Daily showback per tenant from the tenant_cost_fact rollup (compute, storage, egress, calls).",
+        description="Daily showback per tenant from the priced table (cost_line_day via cost_by_tenant_day: every cost line).",
         sql="""SELECT toDateTime(day) AS time, tenant_id AS tenant, sum(amount) AS amount
 FROM $db.cost_by_tenant_day
 WHERE $__timeFilter(day)
@@ -94,7 +94,7 @@ LIMIT 10""",
         description="p50 / p90 / p99 of step run durations (ms), slowest p90 first.",
         sql="""SELECT concat(_dim.playbook, ' / ', _step.step) AS step, count() AS runs,
     quantile(0.5)(_step.duration_ms) AS p50, quantile(0.9)(_step.duration_ms) AS p90, quantile(0.99)(_step.duration_ms) AS p99
-FROM $db.step_fact AS _step
+FROM $db.step_fact AS _step FINAL
 LEFT JOIN $db.execution_dim AS _dim ON _dim.execution_id = _step.execution_id
 WHERE _step.outcome != 'skipped' AND $__timeFilter(_step.ts)
 GROUP BY step
@@ -117,7 +117,7 @@ FROM $db.execution_dim AS _dim
 LEFT JOIN
 (
     SELECT execution_id, count() AS attempts, countIf(status = 'error') AS failed_attempts
-    FROM $db.task_fact
+    FROM $db.task_fact FINAL
     GROUP BY execution_id
 ) AS _tasks ON _tasks.execution_id = _dim.execution_id
 WHERE $__timeFilter(_dim.started_at)
@@ -141,7 +141,7 @@ FROM
         countIf(_frame.transition IN ('iteration_done', 'iteration_failed')) AS n,
         if(maxIf(_frame.duration_ms, _frame.transition = 'done') > 0, maxIf(_frame.duration_ms, _frame.transition = 'done') / 1000,
            dateDiff('microsecond', min(_frame.ts), max(_frame.ts)) / 1e6) AS seconds
-    FROM $db.frame_fact AS _frame
+    FROM $db.frame_fact AS _frame FINAL
     LEFT JOIN $db.execution_dim AS _dim ON _dim.execution_id = _frame.execution_id
     WHERE $__timeFilter(_frame.ts)
     GROUP BY loop_id

@@ -1,19 +1,45 @@
-"""The configurable price table for tenant-cost showback.
+"""The one versioned price table, and the usage lines it prices.
 
-A YAML (or JSON) mapping with sections ``compute`` (per CPU-second by worker
-class), ``storage`` (per GB-month by storage class) with ``storage_months``,
-``egress`` (per GB by region), ``call`` (per call by tool kind), ``quantum``
-(per ``shot`` and per ``qpu_second``),
-``worker_class_by_kind`` and ``currency``. See ``analytics/prices.yaml``.
+Every cost the suite shows comes from here: the facts writer stores the usage
+lines of each event (:func:`usage_lines`) in ``usage_fact``; the priced table
+``cost_line_day`` multiplies them by the price of the version valid on their
+day (``sql/V006__one_price_path.sql``, :mod:`analytics.rollups`); every view
+(static render, interactive dashboard, Grafana, ``facts query`` examples,
+FOCUS export, budgets) reads ``cost_line_day``; Dagster's run/asset cost
+metadata prices the same lines with the same table in Python
+(:func:`cost_of_events`), before the facts exist.
 
-The cost of one execution (:class:`AttemptUsage`, :class:`Cost`,
-:meth:`PriceTable.attempt_cost`) is the allocation SQL's formula
-(``sql/V003__allocation.sql``, ``V004__quantum_prices.sql``) in Python, priced by
-the same ``allocation:`` version, so Dagster metadata and the ClickHouse rollups agree.
+The price file (``analytics/prices.yaml``) is a list of versions, each valid
+from a day (a day is priced by the latest version whose ``valid_from`` is on
+or before it, the SQL's ASOF JOIN)::
+
+    currency: USD
+    worker_class_by_kind: {duckdb: cpu.large}
+    distribution: {idle: proportional, shared: proportional, shared_tenants: []}
+    versions:
+      - version: "2026-01"
+        valid_from: 2026-01-01
+        compute: {default: 0.031611, cpu.large: 0.063222}   # per core-hour, by worker class
+        ram: 0.004237                                        # per GB-hour (a number = {default: n})
+        gpu: {default: 2.48}                                 # per GPU-hour, by GPU class
+        egress: 0.09                                         # per GB, by region
+        storage: {default: 0.023, file: 0.02}                # per GB-month, by store; billed once
+        storage_months: 1                                    #   at creation for this many months
+        call: {http: 0.0000004}                              # per task attempt, by tool kind
+        quantum: {shot: 0.0009, qpu_second: 1.6}
+        platform: 0.031611                                   # per core-hour of engine CPU (default: compute)
+        capacity: {cores: 2, ram_gb: 8, gpus: 0}             # what is provisioned: idle = capacity - used
+
+Shorthands in a version: ``cpu_core_hour``, ``ram_gb_hour``, ``gpu_hour``,
+``egress_gb``, ``storage_gb_month``, ``shot``, ``qpu_second``,
+``capacity_cores``, ``capacity_ram_gb``, ``capacity_gpus``. ``allocation:``
+is accepted for ``versions:``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
@@ -22,76 +48,162 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_PRICES = Path(__file__).parent / "prices.yaml"
-UNITS = {"compute": "cpu_second", "storage": "GB-month", "egress": "GB", "call": "call", "quantum": "item"}
-QUANTUM_ITEMS = ("shot", "qpu_second")  # the quantum section's items are its units
-_KEYS = set(UNITS) | {"currency", "storage_months", "worker_class_by_kind", "allocation"}
-# one version of the allocation prices (OpenCost's units); `version` and `valid_from` name it
-ALLOCATION_PRICES = (
-    "cpu_core_hour",
-    "ram_gb_hour",
-    "egress_gb",
-    "storage_gb_hour",
-    "capacity_cores",
-    "capacity_ram_gb",
-    "shot",  # quantum line (sql/V004__quantum_prices.sql): per shot and per QPU-second
-    "qpu_second",
-)
+
+# category -> unit of its quantity; the price is per unit
+UNITS = {
+    "compute": "core_hour",
+    "ram": "gb_hour",
+    "gpu": "gpu_hour",
+    "egress": "gb",
+    "storage": "gb_month",
+    "call": "call",
+    "quantum": "item",  # the item is the unit: shot | qpu_second
+    "platform": "core_hour",
+}
+QUANTUM_ITEMS = ("shot", "qpu_second")
+# categories whose item is a worker class (resolved from worker_class_by_kind when the event names none)
+CLASS_CATEGORIES = ("compute", "ram", "gpu")
+# the Dagster metadata / Cost component of a (category, item): quantum splits by unit
+COMPONENTS = ("cpu", "ram", "gpu", "egress", "storage", "call", "shot", "qpu", "platform")
+DISTRIBUTION_RULES = ("proportional", "even", "unallocated")
+_SHORTHANDS = {
+    "cpu_core_hour": ("compute", "default"),
+    "ram_gb_hour": ("ram", "default"),
+    "gpu_hour": ("gpu", "default"),
+    "egress_gb": ("egress", "default"),
+    "storage_gb_month": ("storage", "default"),
+    "shot": ("quantum", "shot"),
+    "qpu_second": ("quantum", "qpu_second"),
+}
+_CAPACITY = {"capacity_cores": "cores", "capacity_ram_gb": "ram_gb", "capacity_gpus": "gpus"}
+_VERSION_KEYS = set(UNITS) | set(_SHORTHANDS) | set(_CAPACITY) | {"version", "valid_from", "storage_months", "capacity"}
+_TOP_KEYS = {"currency", "worker_class_by_kind", "distribution", "versions", "allocation"}
+
+
+def component(category: str, item: str) -> str:
+    if category == "compute":
+        return "cpu"
+    if category == "quantum":
+        return "qpu" if item == "qpu_second" else "shot"
+    return category
 
 
 class PriceConfigError(ValueError):
     pass
 
 
+def _price(x: Any, where: str) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0 or x != x:
+        raise PriceConfigError(f"{where} must be a non-negative number, got {x!r}")
+    return float(x)
+
+
+@dataclass(frozen=True)
+class PriceVersion:
+    version: str
+    valid_from: date
+    prices: dict[str, dict[str, float]]
+    storage_months: float = 1.0
+    capacity: dict[str, float] = field(default_factory=dict)
+
+    def price(self, category: str, item: str) -> float:
+        """Price per unit (storage: x storage_months) of ``item``, else of ``default``, else 0."""
+        section = self.prices.get(category) or {}
+        p = section.get(item, section.get("default", 0.0))
+        return p * self.storage_months if category == "storage" else p
+
+    def capacity_cost_day(self) -> float:
+        """One day of the provisioned capacity at this version's default prices."""
+        cap = self.capacity
+        return 24 * (
+            cap.get("cores", 0) * self.price("compute", "default")
+            + cap.get("ram_gb", 0) * self.price("ram", "default")
+            + cap.get("gpus", 0) * self.price("gpu", "default")
+        )
+
+
+def _version(raw: Any, i: int, source: str) -> PriceVersion:
+    where = f"{source}: versions[{i}]"
+    if not isinstance(raw, dict):
+        raise PriceConfigError(f"{where} must be a mapping")
+    unknown = set(map(str, raw)) - _VERSION_KEYS
+    if unknown:
+        raise PriceConfigError(f"{where}: unknown keys {sorted(unknown)} (known: {', '.join(sorted(_VERSION_KEYS))})")
+    name = str(raw.get("version") or f"v{i + 1}")
+    try:
+        valid_from = date.fromisoformat(str(raw.get("valid_from") or "1970-01-01"))
+    except ValueError:
+        raise PriceConfigError(f"{where}: valid_from must be a date (YYYY-MM-DD), got {raw.get('valid_from')!r}") from None
+    prices: dict[str, dict[str, float]] = {c: {} for c in UNITS}
+    for category in UNITS:
+        section = raw.get(category)
+        if section is None:
+            continue
+        if not isinstance(section, dict):
+            section = {"default": section}
+        for item, p in section.items():
+            prices[category][str(item)] = _price(p, f"{where}: {category}.{item}")
+        if category == "quantum" and set(prices["quantum"]) - set(QUANTUM_ITEMS):
+            raise PriceConfigError(
+                f"{where}: quantum prices are per {' and per '.join(QUANTUM_ITEMS)},"
+                f" got {sorted(set(prices['quantum']) - set(QUANTUM_ITEMS))}"
+            )
+    for key, (category, item) in _SHORTHANDS.items():
+        if key in raw:
+            prices[category][item] = _price(raw[key], f"{where}: {key}")
+    if "default" not in prices["platform"] and "default" in prices["compute"]:
+        prices["platform"]["default"] = prices["compute"]["default"]  # engine CPU costs what task CPU costs
+    months = _price(raw.get("storage_months", 1), f"{where}: storage_months")
+    cap_raw = raw.get("capacity") or {}
+    if not isinstance(cap_raw, dict) or set(cap_raw) - set(_CAPACITY.values()):
+        raise PriceConfigError(f"{where}: capacity must map cores / ram_gb / gpus to numbers")
+    capacity = {str(k): _price(v, f"{where}: capacity.{k}") for k, v in cap_raw.items()}
+    for key, name_ in _CAPACITY.items():
+        if key in raw:
+            capacity[name_] = _price(raw[key], f"{where}: {key}")
+    return PriceVersion(name, valid_from, prices, months, capacity)
+
+
 @dataclass(frozen=True)
 class PriceTable:
     currency: str = "USD"
-    prices: dict[str, dict[str, float]] = field(default_factory=dict)
-    storage_months: float = 1.0
+    versions: tuple[PriceVersion, ...] = ()
     worker_class_by_kind: dict[str, str] = field(default_factory=dict)
+    distribution: dict[str, Any] = field(default_factory=dict)
     source: str = "<inline>"
-    allocation: tuple[dict[str, Any], ...] = ()
 
     @classmethod
     def from_dict(cls, raw: Any, source: str = "<inline>") -> PriceTable:
         if not isinstance(raw, dict):
             raise PriceConfigError(f"{source}: the price table must be a mapping")
-        unknown = set(raw) - _KEYS
-        if unknown:
+        legacy = {"compute", "storage", "egress", "call", "quantum", "storage_months"} & set(raw)
+        if legacy:
             raise PriceConfigError(
-                f"{source}: unknown price sections {sorted(unknown)} (known: {sorted(_KEYS)})"
+                f"{source}: top-level price sections {sorted(legacy)} are no longer read: prices live in"
+                " versions (`versions: [{version, valid_from, compute: <per core-hour>, ...}]`), one table for every view"
             )
-        prices: dict[str, dict[str, float]] = {}
-        for category in UNITS:
-            section = raw.get(category) or {}
-            if not isinstance(section, dict):
-                raise PriceConfigError(f"{source}: `{category}` must map items to prices")
-            prices[category] = {}
-            if category == "quantum" and set(map(str, section)) - set(QUANTUM_ITEMS):
-                raise PriceConfigError(
-                    f"{source}: quantum prices are per {' and per '.join(QUANTUM_ITEMS)},"
-                    f" got {sorted(set(map(str, section)) - set(QUANTUM_ITEMS))}"
-                )
-            for item, price in section.items():
-                if isinstance(price, bool) or not isinstance(price, (int, float)) or price < 0:
-                    raise PriceConfigError(
-                        f"{source}: {category}.{item} must be a non-negative number, got {price!r}"
-                    )
-                prices[category][str(item)] = float(price)
-        months = raw.get("storage_months", 1)
-        if isinstance(months, bool) or not isinstance(months, (int, float)) or months < 0:
-            raise PriceConfigError(f"{source}: storage_months must be a non-negative number, got {months!r}")
+        unknown = set(raw) - _TOP_KEYS
+        if unknown:
+            raise PriceConfigError(f"{source}: unknown price sections {sorted(unknown)} (known: {sorted(_TOP_KEYS)})")
         mapping = raw.get("worker_class_by_kind") or {}
         if not isinstance(mapping, dict) or not all(isinstance(v, str) for v in mapping.values()):
-            raise PriceConfigError(
-                f"{source}: worker_class_by_kind must map tool kinds to worker class names"
-            )
+            raise PriceConfigError(f"{source}: worker_class_by_kind must map tool kinds to worker class names")
         currency = raw.get("currency", "USD")
         if not isinstance(currency, str) or not currency:
             raise PriceConfigError(f"{source}: currency must be a non-empty string")
-        allocation = _allocation_versions(raw.get("allocation"), source)
-        return cls(
-            currency, prices, float(months), {str(k): v for k, v in mapping.items()}, source, allocation
-        )
+        versions_raw = raw.get("versions", raw.get("allocation"))
+        if versions_raw is None:
+            versions_raw = []
+        if isinstance(versions_raw, dict):
+            versions_raw = [versions_raw]
+        if not isinstance(versions_raw, list):
+            raise PriceConfigError(f"{source}: versions must be a list of price versions")
+        versions = tuple(_version(v, i, source) for i, v in enumerate(versions_raw))
+        names = [v.version for v in versions]
+        if len(set(names)) != len(names):
+            raise PriceConfigError(f"{source}: version names must be unique, got {names}")
+        return cls(currency, versions, {str(k): v for k, v in mapping.items()},
+                   _distribution(raw.get("distribution"), source), source)  # fmt: skip
 
     @classmethod
     def load(
@@ -123,158 +235,219 @@ class PriceTable:
             raise PriceConfigError(f"the price table is not valid YAML/JSON: {e}") from None
         return cls.from_dict(raw, str(path))
 
-    def version_on(self, day: date) -> dict[str, Any] | None:
-        """The allocation version that prices ``day``: the latest ``valid_from`` on or before it
-        (the SQL's ``ASOF JOIN ... day >= valid_from``); None before the first one (costs nothing)."""
+    # -- lookups (the SQL's, in Python) ------------------------------------------------
+    def version_on(self, day: date) -> PriceVersion | None:
+        """The version that prices ``day``: the latest ``valid_from`` on or before it; None before the first."""
         best = None
-        for v in self.allocation:
-            if v["valid_from"] <= day and (
-                best is None or (v["valid_from"], v["version"]) > (best["valid_from"], best["version"])
-            ):
+        for v in self.versions:
+            if v.valid_from <= day and (best is None or (v.valid_from, v.version) > (best.valid_from, best.version)):
                 best = v
         return best
 
-    def attempt_cost(self, usage: AttemptUsage) -> Cost:
-        """One attempt priced like ``allocation_cost_day``: CPU core-hours x core-hour price, RAM
-        byte-hours / 1e9 x GB-hour price, egress bytes / 1e9 x GB price, shots x shot price and
-        QPU seconds x QPU-second price, by the version valid on the attempt's (UTC) day."""
-        v = self.version_on(usage.day)
+    def resolve_item(self, category: str, item: str, kind: str) -> str:
+        if item:
+            return item
+        if category in CLASS_CATEGORIES:
+            return self.worker_class_by_kind.get(kind or "", "default")
+        return "default"
+
+    def line_cost(self, line: UsageLine, day: date) -> tuple[float, str]:
+        """(amount, version) of one usage line on ``day``."""
+        v = self.version_on(day)
         if v is None:
-            return Cost.of(usage, currency=self.currency)
-        return Cost.of(
-            usage,
-            cpu=usage.cpu_core_hours * v["cpu_core_hour"],
-            ram=usage.ram_byte_hours / 1e9 * v["ram_gb_hour"],
-            egress=usage.egress_bytes / 1e9 * v["egress_gb"],
-            shot=usage.shots * v["shot"],
-            qpu=usage.qpu_seconds * v["qpu_second"],
-            currency=self.currency,
-            version=v["version"],
-        )
+            return 0.0, ""
+        return line.quantity * v.price(line.category, self.resolve_item(line.category, line.item, line.kind)), v.version
 
-    def cost(self, attempts: Iterable[AttemptUsage]) -> Cost:
-        """The summed cost of several attempts (a step, an op, an execution)."""
-        total = Cost(currency=self.currency)
-        for a in attempts:
-            total = total + self.attempt_cost(a)
-        return total
-
-    def rows(self) -> list[list[Any]]:
-        """Rows for the ``price`` table: category, item, unit, price, multiplier, currency."""
+    # -- what ClickHouse loads -----------------------------------------------------------
+    def price_rows(self) -> list[list[Any]]:
+        """``price_line`` rows: version, valid_from, category, item, unit, price, multiplier, currency."""
         out = []
-        for category, items in self.prices.items():
-            multiplier = self.storage_months if category == "storage" else 1.0
-            for item, price in sorted(items.items()):
-                unit = item if category == "quantum" else UNITS[category]
-                out.append([category, item, unit, price, multiplier, self.currency])
+        for v in self.versions:
+            for category, items in v.prices.items():
+                mult = v.storage_months if category == "storage" else 1.0
+                for item, p in sorted(items.items()):
+                    unit = item if category == "quantum" else UNITS[category]
+                    out.append([v.version, v.valid_from, category, item, unit, p, mult, self.currency])
         return out
 
+    def version_rows(self) -> list[list[Any]]:
+        """``price_version`` rows (one per version: its day, default prices and capacity)."""
+        return [
+            [v.version, v.valid_from, self.currency, v.price("compute", "default"), v.price("ram", "default"),
+             v.price("egress", "default"), 0.0, v.capacity.get("cores", 0.0), v.capacity.get("ram_gb", 0.0),
+             v.price("quantum", "shot"), v.price("quantum", "qpu_second"), v.capacity.get("gpus", 0.0),
+             v.price("gpu", "default"), v.capacity_cost_day()]
+            for v in self.versions
+        ]  # fmt: skip
 
-def _allocation_versions(raw: Any, source: str) -> tuple[dict[str, Any], ...]:
-    """``allocation:`` is one version (a mapping) or a list of versions, each priced from its ``valid_from``."""
-    if raw is None:
-        return ()
-    versions = raw if isinstance(raw, list) else [raw]
-    out = []
-    for i, v in enumerate(versions):
-        where = f"{source}: allocation[{i}]"
-        if not isinstance(v, dict):
-            raise PriceConfigError(f"{where} must be a mapping")
-        unknown = set(v) - set(ALLOCATION_PRICES) - {"version", "valid_from"}
-        if unknown:
-            raise PriceConfigError(
-                f"{where}: unknown keys {sorted(unknown)} (known: version, valid_from, {', '.join(ALLOCATION_PRICES)})"
-            )
-        row: dict[str, Any] = {"version": str(v.get("version") or f"v{i + 1}")}
-        try:
-            row["valid_from"] = date.fromisoformat(str(v.get("valid_from") or "1970-01-01"))
-        except ValueError:
-            raise PriceConfigError(
-                f"{where}: valid_from must be a date (YYYY-MM-DD), got {v.get('valid_from')!r}"
-            ) from None
-        for k in ALLOCATION_PRICES:
-            x = v.get(k, 0)
-            if isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0:
-                raise PriceConfigError(f"{where}: {k} must be a non-negative number, got {x!r}")
-            row[k] = float(x)
-        out.append(row)
-    return tuple(out)
+    def fingerprint(self) -> str:
+        """A digest of everything that changes a price: a store re-prices its history when it changes."""
+        body = {"currency": self.currency, "map": self.worker_class_by_kind, "distribution": self.distribution,
+                "prices": self.price_rows(), "versions": self.version_rows()}  # fmt: skip
+        return hashlib.sha256(json.dumps(body, default=str, sort_keys=True).encode()).hexdigest()[:16]
 
 
-# -- the cost of an execution: sql/V003__allocation.sql's formula, per attempt -------------------
+def _distribution(raw: Any, source: str) -> dict[str, Any]:
+    raw = raw or {}
+    if not isinstance(raw, dict) or set(raw) - {"idle", "shared", "shared_tenants"}:
+        raise PriceConfigError(f"{source}: distribution takes idle, shared (rules) and shared_tenants (a list)")
+    out = {"idle": raw.get("idle", "proportional"), "shared": raw.get("shared", "proportional")}
+    for k in ("idle", "shared"):
+        if out[k] not in DISTRIBUTION_RULES:
+            raise PriceConfigError(f"{source}: distribution.{k} must be one of {', '.join(DISTRIBUTION_RULES)}, got {out[k]!r}")
+    tenants = raw.get("shared_tenants") or []
+    if not isinstance(tenants, list) or not all(isinstance(t, str) and t for t in tenants):
+        raise PriceConfigError(f"{source}: distribution.shared_tenants must be a list of tenant ids")
+    out["shared_tenants"] = sorted(tenants)
+    return out
+
+
+# -- usage lines: what one event used, in the price table's units ----------------------------------
 def _number(value: Any) -> float | None:
     """A value as the facts writer stores a Float64 (analytics/facts.py ``_as_number``)."""
-    if value is None:
-        return None
+    if value is None or isinstance(value, bool):
+        return None if value is None else float(value)
     try:
-        return float(value)
+        n = float(value)
     except (TypeError, ValueError):
         return None
-
-
-def _count(value: Any) -> int:
-    """A value as the facts writer stores a UInt64 (``_as_count``; NULL becomes the default 0)."""
-    n = _number(value)
-    return int(n) if n is not None and n >= 0 and n == n else 0
+    return n if n == n else None
 
 
 def _dict(value: Any) -> dict[str, Any]:
     return value if type(value) is dict else {}
 
 
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
 @dataclass(frozen=True)
-class AttemptUsage:
-    """One task attempt's allocation quantities, derived from its ``task.done`` outcome the way the
-    facts writer fills ``task_fact`` (analytics/facts.py ``_task``) and ``allocation_step_day_mv`` sums it:
+class UsageLine:
+    """One priced quantity of one event. ``quantity`` = max(``used``, ``requested``) (a step that
+    declares Kubernetes requests pays for what it reserved when it used less); ``key`` names a
+    stored object (billed once, to its first creator); ``kind`` resolves an empty worker class."""
 
-    - ``cpu_core_hours`` = ``coalesce(cpu_ms, duration_ms * units) / 3.6e6``, ``cpu_ms`` =
-      ``meta.cpu_ms``, else (``usage.cpu_s`` + ``usage.child_cpu_s``) x 1000;
-    - ``ram_byte_hours`` = ``usage.mem_delta_bytes`` x ``meta.duration_ms`` / 3.6e6;
-    - ``egress_bytes`` = ``meta.egress_bytes``, else ``usage.egress_bytes``, else ``http.request_bytes``;
-    - ``shots`` = ``usage.shots``, ``qpu_seconds`` = ``usage.qpu_s``;
-    - ``day`` = the UTC date of the event (``toDate(ts)``), which picks the price version.
-    """
+    category: str
+    item: str
+    quantity: float
+    used: float = 0.0
+    requested: float = 0.0
+    key: str = ""
+    kind: str = ""
 
-    day: date
-    cpu_core_hours: float = 0.0
-    ram_byte_hours: float = 0.0
-    egress_bytes: int = 0
-    shots: int = 0
-    qpu_seconds: float = 0.0
+    @property
+    def unit(self) -> str:
+        return self.item if self.category == "quantum" else UNITS[self.category]
 
-    @classmethod
-    def from_outcome(cls, outcome: Any, timestamp: Any) -> AttemptUsage:
-        outcome = _dict(outcome)
+
+_REF_EVENTS = ("step.done", "loop.iteration.done", "loop.done")
+_TERMINAL = ("workflow.finished", "playbook.processed")
+
+
+def _ref(value: Any) -> dict[str, Any] | None:
+    if type(value) is dict and len(value) == 1 and type(value.get("$ref")) is dict:
+        return value["$ref"]
+    return None
+
+
+def _storage(ref: dict[str, Any]) -> UsageLine | None:
+    gb = (_number(ref.get("size")) or 0.0) / 1e9
+    uri = ref.get("uri")
+    if gb <= 0 or not isinstance(uri, str):
+        return None
+    return UsageLine("storage", _text(ref.get("store")) or "default", gb, gb, 0.0, uri)
+
+
+def created_refs(name: str, data: Any) -> list[dict[str, Any]]:
+    """References an event created (the facts writer's ``resource_fact`` ``created`` rows)."""
+    d = _dict(data)
+    out: list[dict[str, Any]] = []
+    if name == "task.done":
+        result = _dict(_dict(d.get("outcome")).get("result"))
+        ref = _ref(result)
+        if ref is not None:
+            out.append(ref)
+        elif str(result.get("uri") or "").startswith("noetl://") and "checksum" in result:
+            out.append(result)
+    elif name in _REF_EVENTS:
+        ref = _ref(d.get("result"))
+        if ref is not None:
+            out.append(ref)
+        elif name == "loop.done" and type(d.get("result")) is dict and type(d["result"].get("results")) is list:
+            out.extend(r for r in map(_ref, d["result"]["results"]) if r is not None)
+    return out
+
+
+def requests_of(meta: dict[str, Any]) -> tuple[float, float, float]:
+    """(cores, memory bytes, GPUs) a step declared as Kubernetes requests (``meta.requests``)."""
+    req = _dict(meta.get("requests"))
+    return (_number(req.get("cpu")) or 0.0, _number(req.get("memory_bytes")) or 0.0, _number(req.get("gpu")) or 0.0)
+
+
+def usage_lines(name: str, data: Any) -> list[UsageLine]:
+    """The priced usage of one event (``name``, ``data``): a task attempt's CPU, RAM, GPU, egress, call
+    and quantum lines, the references an event created (storage), and the engine's own CPU recorded on
+    the execution's terminal event (``platform``). The facts writer stores these lines
+    (``usage_fact``); Dagster's cost metadata prices the same lines."""
+    d = _dict(data)
+    lines: list[UsageLine] = []
+    if name == "task.done":
+        outcome = _dict(d.get("outcome"))
         meta = _dict(outcome.get("meta"))
         usage = _dict(meta.get("usage"))
-        duration = _number(meta.get("duration_ms")) or 0.0
+        kind = _text(d.get("kind"))
+        wclass = _text(meta.get("worker_class")) or _text(d.get("worker_class"))
+        hours = (_number(meta.get("duration_ms")) or 0.0) / 3.6e6
+        req_cpu, req_mem, req_gpu = requests_of(meta)
         cpu_ms = _number(meta.get("cpu_ms"))
         if cpu_ms is None and "cpu_s" in usage:
-            cpu_ms = ((usage.get("cpu_s") or 0) + (usage.get("child_cpu_s") or 0)) * 1000
+            cpu_ms = ((_number(usage.get("cpu_s")) or 0.0) + (_number(usage.get("child_cpu_s")) or 0.0)) * 1000
         if cpu_ms is None:  # recorded before usage was measured: runtime x units
             units = _number(meta.get("units"))
-            cpu_ms = duration * (1.0 if units is None else units)
+            cpu_ms = hours * 3.6e6 * (1.0 if units is None else units)
+        _maxed(lines, "compute", wclass, cpu_ms / 3.6e6, req_cpu * hours, kind)
+        mem = _number(usage.get("mem_delta_bytes")) or 0.0
+        _maxed(lines, "ram", wclass, max(mem, 0.0) * hours / 1e9, req_mem * hours / 1e9, kind)
+        gpu_s = _number(usage.get("gpu_s"))
+        gpus = _number(usage.get("gpus")) or _number(meta.get("gpus")) or 0.0
+        gpu_h = gpu_s / 3600 if gpu_s is not None else gpus * hours
+        gclass = _text(usage.get("gpu_class")) or _text(meta.get("gpu_class")) or wclass
+        _maxed(lines, "gpu", gclass, gpu_h, req_gpu * hours, kind)
         egress = meta.get("egress_bytes")
         if egress is None:
             egress = usage.get("egress_bytes")
         if egress is None:
             egress = _dict(outcome.get("http")).get("request_bytes")
-        return cls(
-            day=_utc_day(timestamp),
-            cpu_core_hours=cpu_ms / 3.6e6,
-            ram_byte_hours=_count(usage.get("mem_delta_bytes")) * duration / 3.6e6,
-            egress_bytes=_count(egress),
-            shots=_count(usage.get("shots")),
-            qpu_seconds=_number(usage.get("qpu_s")) or 0.0,
-        )
+        gb = (_number(egress) or 0.0) / 1e9
+        if gb > 0:
+            lines.append(UsageLine("egress", _text(meta.get("region")) or "default", gb, gb))
+        lines.append(UsageLine("call", kind or "default", 1.0, 1.0))
+        for item, key in (("shot", "shots"), ("qpu_second", "qpu_s")):
+            q = _number(usage.get(key)) or 0.0
+            if q > 0:
+                lines.append(UsageLine("quantum", item, q, q))
+    elif name in _TERMINAL:
+        usage = _dict(d.get("usage"))
+        cpu_s = _number(usage.get("platform_cpu_s"))
+        if cpu_s is None and ("cpu_s" in usage or "child_cpu_s" in usage):
+            cpu_s = (_number(usage.get("cpu_s")) or 0.0) + (_number(usage.get("child_cpu_s")) or 0.0)
+        if cpu_s and cpu_s > 0:
+            lines.append(UsageLine("platform", "default", cpu_s / 3600, cpu_s / 3600))
+    for ref in created_refs(name, d):
+        line = _storage(ref)
+        if line is not None:
+            lines.append(line)
+    return lines
 
-    @classmethod
-    def from_task_done(cls, data: Any, timestamp: Any) -> AttemptUsage:
-        """From a ``task.done`` event's ``data`` and ``timestamp``."""
-        return cls.from_outcome(_dict(data).get("outcome"), timestamp)
+
+def _maxed(lines: list[UsageLine], category: str, item: str, used: float, requested: float, kind: str) -> None:
+    q = max(used, requested)
+    if q > 0:
+        lines.append(UsageLine(category, item, q, used, requested, "", kind))
 
 
-def _utc_day(timestamp: Any) -> date:
+def utc_day(timestamp: Any) -> date:
     if isinstance(timestamp, datetime):
         ts = timestamp
     else:
@@ -287,82 +460,81 @@ def _utc_day(timestamp: Any) -> date:
     return ts.astimezone(UTC).date()
 
 
-COST_COMPONENTS = ("cpu", "ram", "egress", "shot", "qpu")
-
-
 @dataclass(frozen=True)
 class Cost:
-    """Priced usage of one or more attempts, by component (the SQL's ``cpu_cost``, ``ram_cost``,
-    ``egress_cost``, ``shot_cost``, ``qpu_cost``), with the quantities and the price versions used."""
+    """Priced usage lines by component (:data:`COMPONENTS`), with the price versions that priced them."""
 
-    cpu: float = 0.0
-    ram: float = 0.0
-    egress: float = 0.0
-    shot: float = 0.0
-    qpu: float = 0.0
+    amounts: dict[str, float] = field(default_factory=dict)
     currency: str = "USD"
     versions: tuple[str, ...] = ()
     attempts: int = 0
-    cpu_core_hours: float = 0.0
-    ram_byte_hours: float = 0.0
-    egress_bytes: int = 0
-    shots: int = 0
-    qpu_seconds: float = 0.0
 
-    @classmethod
-    def of(cls, usage: AttemptUsage, *, currency: str, version: str | None = None, **amounts: float) -> Cost:
-        return cls(
-            **amounts, currency=currency, versions=(version,) if version else (), attempts=1,
-            cpu_core_hours=usage.cpu_core_hours, ram_byte_hours=usage.ram_byte_hours,
-            egress_bytes=usage.egress_bytes, shots=usage.shots, qpu_seconds=usage.qpu_seconds,
-        )  # fmt: skip
+    def __getattr__(self, name: str) -> float:
+        if name in COMPONENTS:
+            return self.amounts.get(name, 0.0)
+        raise AttributeError(name)
 
     @property
     def quantum(self) -> float:
-        return self.shot + self.qpu
+        return self.amounts.get("shot", 0.0) + self.amounts.get("qpu", 0.0)
 
     @property
     def total(self) -> float:
-        """``cost`` of ``allocation_cost_day``: compute + RAM + egress + quantum."""
-        return self.cpu + self.ram + self.egress + self.quantum
+        return sum(self.amounts.values())
 
     @property
     def price_version(self) -> str:
-        """The version(s) that priced it, comma-separated ("" when none applied)."""
         return ",".join(self.versions)
 
     def __add__(self, other: Cost) -> Cost:
         if not isinstance(other, Cost):
             return NotImplemented
-        return Cost(
-            *(getattr(self, c) + getattr(other, c) for c in COST_COMPONENTS),
-            currency=self.currency,
-            versions=tuple(sorted(set(self.versions) | set(other.versions))),
-            attempts=self.attempts + other.attempts,
-            cpu_core_hours=self.cpu_core_hours + other.cpu_core_hours,
-            ram_byte_hours=self.ram_byte_hours + other.ram_byte_hours,
-            egress_bytes=self.egress_bytes + other.egress_bytes,
-            shots=self.shots + other.shots,
-            qpu_seconds=self.qpu_seconds + other.qpu_seconds,
-        )
+        amounts = dict(self.amounts)
+        for k, v in other.amounts.items():
+            amounts[k] = amounts.get(k, 0.0) + v
+        return Cost(amounts, self.currency, tuple(sorted(set(self.versions) | set(other.versions))),
+                    self.attempts + other.attempts)  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"total": self.total, **{c: getattr(self, c) for c in COST_COMPONENTS}}
+        out: dict[str, Any] = {"total": self.total, **{c: self.amounts.get(c, 0.0) for c in COMPONENTS}}
         out.update(currency=self.currency, price_version=self.price_version, attempts=self.attempts)
         return out
+
+
+def event_cost(prices: PriceTable, name: str, data: Any, timestamp: Any, seen: set[str] | None = None) -> Cost:
+    """The priced usage lines of one event; ``seen`` holds stored objects already billed (first creator pays)."""
+    day = utc_day(timestamp)
+    amounts: dict[str, float] = {}
+    versions: set[str] = set()
+    for line in usage_lines(name, data):
+        if line.key:
+            if seen is not None and line.key in seen:
+                continue
+            if seen is not None:
+                seen.add(line.key)
+        amount, version = prices.line_cost(line, day)
+        c = component(line.category, line.item)
+        amounts[c] = amounts.get(c, 0.0) + amount
+        if version:
+            versions.add(version)
+    return Cost(amounts, prices.currency, tuple(sorted(versions)), 1 if name == "task.done" else 0)
 
 
 def cost_of_events(
     prices: PriceTable, events: Iterable[Any], step_runs: Container[str] | None = None
 ) -> dict[str, Cost]:
-    """Cost per step of the ``task.done`` events (objects with ``name``, ``step``, ``step_run_id``,
-    ``data``, ``timestamp``), every attempt counted (failed ones too, as ``task_fact`` does);
-    ``step_runs``, when given, keeps only the events of those step runs."""
+    """Cost per step of ``events`` (objects with ``name``, ``step``, ``step_run_id``, ``data``,
+    ``timestamp``): every line :func:`usage_lines` finds — task attempts (failed ones too), stored
+    references, and the execution's platform line (step ``""``); ``step_runs``, when given, keeps
+    only the events of those step runs."""
     out: dict[str, Cost] = {}
+    seen: set[str] = set()
     for ev in events:
-        if ev.name != "task.done" or (step_runs is not None and ev.step_run_id not in step_runs):
+        if step_runs is not None and ev.step_run_id not in step_runs:
             continue
-        c = prices.attempt_cost(AttemptUsage.from_task_done(ev.data, ev.timestamp))
+        c = event_cost(prices, ev.name, ev.data, ev.timestamp, seen)
+        if not c.amounts and not c.attempts:
+            continue
         step = ev.step or ""
         out[step] = out[step] + c if step in out else c
     return out

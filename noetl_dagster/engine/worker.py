@@ -35,6 +35,7 @@ from noetl_dagster.engine.frame import (
 from noetl_dagster.engine.loops import LoopPhases
 from noetl_dagster.engine.ports import ToolError
 from noetl_dagster.engine.scope import Scope, StepResults, view
+from noetl_dagster.engine.requests import step_requests
 from noetl_dagster.engine.usage import Meter, add_offload, network_into
 
 if TYPE_CHECKING:
@@ -404,7 +405,16 @@ class Worker(LoopPhases):
         }
         if notes:
             outcome["meta"].update(notes)
+        requests = self._requests(frame.step)
+        if requests:  # priced as max(request, usage) (analytics/pricing.py usage_lines)
+            outcome["meta"]["requests"] = requests
         return outcome
+
+    def _requests(self, step: Step) -> dict[str, float] | None:
+        cache = self.__dict__.setdefault("_requests_cache", {})
+        if step.name not in cache:
+            cache[step.name] = step_requests(self.engine.playbook, step)
+        return cache[step.name]
 
     def _task_body_as_pipeline(self, task: Task, frame: _Frame, attempt: int) -> tuple[bool, Any, dict[str, Any] | None]:
         scope = self.base_scope(frame.args, frame.iter, {})

@@ -21,7 +21,7 @@ from typing import Any
 import dagster as dg
 
 import noetl_dagster.translator.naming as naming
-from analytics.pricing import Cost, PriceTable, cost_of_events
+from analytics.pricing import COMPONENTS, Cost, PriceTable, cost_of_events
 from noetl_dagster.dsl.locator import InvalidLocator, asset_key_for_uri
 from noetl_dagster.dsl.model import Playbook
 from noetl_dagster.resources.runtime import (
@@ -368,7 +368,7 @@ def cost_metadata(cost: Cost, share: float = 1.0) -> dict[str, Any]:
     (the total, e.g. ``noetl/cost/usd``) and one key per component, plus the price version (text)."""
     cur = cost.currency.lower()
     md: dict[str, Any] = {f"{COST_PREFIX}{cur}": dg.FloatMetadataValue(cost.total * share)}
-    for c in ("cpu", "ram", "egress", "shot", "qpu"):
+    for c in COMPONENTS:  # the priced table's categories (analytics/pricing.py), one key each
         md[f"{COST_PREFIX}{c}_{cur}"] = dg.FloatMetadataValue(getattr(cost, c) * share)
     md[f"{COST_PREFIX}attempts"] = cost.attempts
     md[f"{COST_PREFIX}price_version"] = dg.MetadataValue.text(cost.price_version)
