@@ -78,18 +78,20 @@ def facts() -> None:
 @common
 @click.option("--events", "--event-store", "events_url", help="Event log URL (default: the local SQLite log).")
 @click.option("--batch", default=20_000, show_default=True, help="Events per Arrow batch.")
+@click.option("--prices", type=click.Path(dir_okay=False), help="Price table for a store that has none loaded yet.")
 @click.option("--json", "as_json", is_flag=True, help="Print the export report as JSON.")
 def export(clickhouse: str | None, data_dir: str | None, database: str | None, events_url: str | None, batch: int,
-           as_json: bool) -> None:
-    """Export events newer than the stored cursor as facts (idempotent)."""
+           prices: str | None, as_json: bool) -> None:
+    """Export events newer than the stored cursor as facts (idempotent by event id)."""
     from analytics.exporter import FactExporter  # noqa: PLC0415
 
     if batch <= 0:
         _fail_input("--batch must be positive")
+    table = _prices(prices, data_dir)
     store = _store(clickhouse, data_dir, database)
     log = _events(events_url, data_dir)
     try:
-        report = FactExporter(store, log, batch_events=batch).export()
+        report = FactExporter(store, log, batch_events=batch, prices=table).export()
     finally:
         log.close()
     if as_json:
@@ -134,24 +136,62 @@ def query(sql: str, clickhouse: str | None, data_dir: str | None, database: str 
 @click.option("--prices", type=click.Path(dir_okay=False), help="Price table (YAML/JSON); default analytics/prices.yaml.")
 @click.option("--json", "as_json", is_flag=True)
 def refresh(clickhouse: str | None, data_dir: str | None, database: str | None, prices: str | None, as_json: bool) -> None:
-    """Rebuild tenant_cost_fact (and the cost_by_* rollup views) with the price table."""
+    """Re-price every day of the priced table cost_line_day (every cost view reads it) with the price table."""
     report = _refresh(_store(clickhouse, data_dir, database), prices, data_dir)
     if as_json:
         click.echo(json.dumps(report.to_dict()))
     else:
-        click.echo(f"tenant_cost_fact: {report.rows} rows, total {report.total:.6f} {report.currency}"
+        click.echo(f"cost lines: {report.rows} rows, total {report.total:.9f} {report.currency}"
                    f" over {report.tenants} tenant(s); prices {report.prices}")
 
 
-def _refresh(store: Any, prices: str | None, data_dir: str | None) -> Any:
+def _prices(prices: str | None, data_dir: str | None) -> Any:
     from analytics.pricing import PriceConfigError, PriceTable  # noqa: PLC0415
-    from analytics.rollups import refresh_rollups  # noqa: PLC0415
 
     try:
-        table = PriceTable.load(prices, data_dir=data_dir)
+        return PriceTable.load(prices, data_dir=data_dir)
     except PriceConfigError as e:
         _fail_input(str(e))
-    return refresh_rollups(store, table)
+
+
+def _refresh(store: Any, prices: str | None, data_dir: str | None) -> Any:
+    from analytics.rollups import refresh_rollups  # noqa: PLC0415
+
+    return refresh_rollups(store, _prices(prices, data_dir))
+
+
+def _day_arg(value: str | None, flag: str) -> date | None:
+    if value is None:
+        return None
+    try:
+        return date.fromisoformat(value)
+    except ValueError:
+        _fail_input(f"{flag} must be a date (YYYY-MM-DD), got {value!r}")
+    return None
+
+
+@facts.command("focus-export")
+@common
+@click.option("--out", required=True, type=click.Path(), help="Output file (.csv or .parquet).")
+@click.option("--format", "fmt", type=click.Choice(["csv", "parquet"]), help="Default: from the file suffix.")
+@click.option("--start", help="First day (YYYY-MM-DD, UTC); default: the first priced day.")
+@click.option("--end", help="Last day (YYYY-MM-DD, UTC), inclusive; default: the last priced day.")
+@click.option("--tenant", help="Only this tenant's charges.")
+def focus_export(clickhouse: str | None, data_dir: str | None, database: str | None, out: str, fmt: str | None,
+                 start: str | None, end: str | None, tenant: str | None) -> None:
+    """Chargeback export of the priced table in the FinOps FOCUS column format (CSV or Parquet)."""
+    from analytics.focus import FocusExportError, focus_table, write_focus  # noqa: PLC0415
+
+    first, last = _day_arg(start, "--start"), _day_arg(end, "--end")
+    store = _store(clickhouse, data_dir, database)
+    try:
+        table = focus_table(store, first, last, tenant)
+        path = write_focus(table, out, fmt)
+    except FocusExportError as e:
+        _fail_input(str(e))
+    total = sum(v for v in table.column("BilledCost").to_pylist())
+    currency = (table.column("BillingCurrency").to_pylist() or [""])[0]
+    click.echo(f"FOCUS export: {table.num_rows} rows, BilledCost {total:.9f} {currency} -> {path}")
 
 
 @click.command()

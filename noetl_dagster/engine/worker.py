@@ -34,8 +34,8 @@ from noetl_dagster.engine.frame import (
 )
 from noetl_dagster.engine.loops import LoopPhases
 from noetl_dagster.engine.ports import ToolError
-from noetl_dagster.engine.scope import Scope, StepResults, view
 from noetl_dagster.engine.requests import step_requests
+from noetl_dagster.engine.scope import Scope, StepResults, view
 from noetl_dagster.engine.usage import Meter, add_offload, network_into
 
 if TYPE_CHECKING:

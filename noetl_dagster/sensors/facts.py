@@ -14,7 +14,12 @@
   collapse rows on ``event_id``). The embedded chdb store is released after
   each run so the CLI can open it in between.
 - ``noetl/cost_rollups`` (asset, on ``noetl_cost_rollups_job`` and an optional
-  schedule): rebuilds ``tenant_cost_fact`` with the price table.
+  schedule): re-prices the priced table ``cost_line_day`` with the price table.
+- ``noetl_cost_budgets`` (sensor, when budgets are given): month-to-date and
+  forecast cost per tenant/project against monthly budgets; a crossing logs a
+  warning and launches ``noetl_budget_alert_job`` tagged with the figures
+  (once per budget, month and kind), which fails when the budget says
+  ``action: fail``.
 """
 
 # no `from __future__ import annotations`: Dagster reads the context/resource annotations at runtime
@@ -42,6 +47,7 @@ ROLLUPS_KEY = dg.AssetKey(["noetl", "cost_rollups"])
 GROUP = "noetl_analytics"
 RESOURCE_KEY = "noetl_facts"
 EXPORT_JOB = "noetl_facts_export_job"
+BUDGET_JOB = "noetl_budget_alert_job"
 UNFINISHED = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING,
               dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]  # fmt: skip
 
@@ -59,6 +65,7 @@ class FactsStoreResource(dg.ConfigurableResource):
     )
     data_dir: str | None = Field(default=None, description="default $NOETL_DAGSTER_HOME or ./.noetl")
     prices: str | None = Field(default=None, description="price table file; default analytics/prices.yaml")
+    budgets: str | None = Field(default=None, description="monthly budgets file (analytics/budgets.py); none: no budget sensor")
 
     @contextmanager
     def open(self) -> "Iterator[FactsStore]":
@@ -84,18 +91,21 @@ def facts_resource_from_env() -> FactsStoreResource:
         or None,
         data_dir=os.environ.get("NOETL_DAGSTER_HOME") or None,
         prices=os.environ.get("NOETL_DAGSTER_PRICES") or None,
+        budgets=os.environ.get("NOETL_DAGSTER_BUDGETS") or None,
     )
 
 
 def export_tick(resource: FactsStoreResource, *, max_events: int, batch_events: int) -> dict[str, object]:
     """One exporter tick (the sensor body without Dagster): returns the report as a dict."""
     from analytics.exporter import FactExporter  # noqa: PLC0415
+    from analytics.pricing import PriceTable  # noqa: PLC0415
     from noetl_dagster.storage.event_stores import open_event_store
 
+    prices = PriceTable.load(resource.prices, data_dir=resource.data_dir)
     with resource.open() as store:
         log = open_event_store(resource.event_store_url, data_dir=resource.data_dir)
         try:
-            report = FactExporter(store, log, batch_events=batch_events).export(max_events=max_events)
+            report = FactExporter(store, log, batch_events=batch_events, prices=prices).export(max_events=max_events)
         finally:
             log.close()
     return report.to_dict()
@@ -104,8 +114,9 @@ def export_tick(resource: FactsStoreResource, *, max_events: int, batch_events: 
 # one catalog asset per rollup table/view the dashboards read (materialized after noetl/cost_rollups)
 ROLLUP_PREFIX = ["noetl", "rollups"]
 ROLLUP_TABLES = {
-    "tenant_cost_fact": "Priced cost lines per tenant / project / playbook / day / category (rebuilt each refresh).",
-    "allocation_step_day": "AggregatingMergeTree: measured usage per tenant / project / playbook / step / day.",
+    "cost_line_day": "The priced table every cost view reads: tenant / project / playbook / step / day / category / item.",
+    "tenant_cost_fact": "View: cost_line_day per tenant / project / playbook / day / category / item.",
+    "allocation_step_day": "Usage counters per tenant / project / playbook / step / day (rebuilt per day from FINAL facts).",
     "allocation_cost_day": "View: allocation_step_day priced by the price version valid on each day.",
     "storage_cost_day": "View: storage byte-hours of stored results per day, priced.",
     "allocation_summary_day": "View: allocated, unallocated, storage, capacity and idle cost per day.",
@@ -115,7 +126,8 @@ ROLLUP_TABLES = {
 def insights_metadata(alloc: dict[str, object]) -> dict[str, object]:
     """Numeric metadata in the shape Dagster+ Insights custom metrics read (one numeric key each)."""
     out: dict[str, object] = {}
-    for key in ("cpu_core_hours", "ram_byte_hours", "cost", "idle", "unallocated", "capacity_cost"):
+    for key in ("cpu_core_hours", "ram_byte_hours", "gpu_hours", "cost", "gpu_cost", "platform_cost", "idle",
+                "unallocated", "capacity_cost"):
         out[f"noetl/{key}"] = dg.FloatMetadataValue(float(alloc.get(key) or 0))  # type: ignore[arg-type]
     for key in ("egress_bytes", "attempts", "failed_attempts", "retries"):
         out[f"noetl/{key}"] = dg.IntMetadataValue(int(alloc.get(key) or 0))  # type: ignore[call-overload]
@@ -131,6 +143,7 @@ def build_facts_definitions(
     batch_events: int = 20_000,
     rollup_cron: str | None = "0 * * * *",
     default_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.RUNNING,
+    budget_interval_seconds: int = 300,
 ) -> dg.Definitions:
     """The facts exporter sensor, the cost-rollup asset/job/schedule and their resource."""
     if max_events_per_tick <= 0 or batch_events <= 0:
@@ -142,7 +155,7 @@ def build_facts_definitions(
         deps=[FACTS_KEY],
         group_name=GROUP,
         kinds={"clickhouse"},
-        description="tenant_cost_fact and the cost_by_tenant/project/playbook_day views, priced with the price table.",
+        description="cost_line_day (the priced table every cost view reads), re-priced with the price table.",
     )
     def noetl_cost_rollups(
         context: dg.AssetExecutionContext, noetl_facts: FactsStoreResource
@@ -155,7 +168,7 @@ def build_facts_definitions(
         with noetl_facts.open() as store:
             report = refresh_rollups(store, prices)
             alloc = allocation_totals(store)
-        context.log.info(f"tenant_cost_fact: {report.rows} rows, {report.total:.6f} {report.currency}")
+        context.log.info(f"cost_line_day: {report.rows} cost lines, {report.total:.6f} {report.currency}")
         return dg.MaterializeResult(
             metadata={
                 "rows": report.rows,
@@ -253,6 +266,12 @@ def build_facts_definitions(
             cursor=str(last),
         )
 
+    sensors = [noetl_facts_exporter]
+    jobs = [rollups_job, export_job]
+    if resource.budgets:
+        budget_job, budget_sensor = _budget_definitions(budget_interval_seconds, default_status)
+        jobs.append(budget_job)
+        sensors.append(budget_sensor)
     schedules = []
     if rollup_cron:
         schedules.append(
@@ -265,8 +284,50 @@ def build_facts_definitions(
         )
     return dg.Definitions(
         assets=[noetl_facts, noetl_cost_rollups, noetl_rollup_tables],
-        jobs=[rollups_job, export_job],
-        sensors=[noetl_facts_exporter],
+        jobs=jobs,
+        sensors=sensors,
         schedules=schedules,
         resources={RESOURCE_KEY: resource},
     )
+
+
+def _budget_definitions(interval: int, default_status: dg.DefaultSensorStatus) -> tuple[dg.JobDefinition, dg.SensorDefinition]:
+    @dg.op(name="noetl_budget_alert")
+    def noetl_budget_alert(context: dg.OpExecutionContext) -> None:
+        tags = context.run.tags
+        message = tags.get("noetl/budget_message") or f"budget {tags.get('noetl/budget')} crossed"
+        if tags.get("noetl/budget_action") == "fail":
+            raise dg.Failure(description=message, metadata={k: v for k, v in tags.items() if k.startswith("noetl/budget")})
+        context.log.warning(message)
+
+    @dg.job(name=BUDGET_JOB, tags={"noetl/facts": "budget"})
+    def budget_job() -> None:
+        noetl_budget_alert()
+
+    @dg.sensor(
+        name="noetl_cost_budgets",
+        minimum_interval_seconds=interval,
+        default_status=default_status,
+        job=budget_job,
+        description="Month-to-date and forecast cost per tenant/project against the monthly budgets: a crossing"
+        " logs a warning and launches noetl_budget_alert_job (tagged; it fails for `action: fail`), once per"
+        " budget, month and kind.",
+    )
+    def noetl_cost_budgets(context: dg.SensorEvaluationContext, noetl_facts: FactsStoreResource):
+        from analytics.budgets import evaluate, load_budgets  # noqa: PLC0415
+
+        budgets = load_budgets(noetl_facts.budgets or "")
+        with noetl_facts.open() as store:
+            statuses = evaluate(store, budgets)
+        requests = []
+        for st in statuses:
+            if st.crossed is None:
+                continue
+            context.log.warning(st.message())
+            tags = {**st.tags(), "noetl/budget_message": st.message()}
+            requests.append(dg.RunRequest(run_key=f"budget-{st.budget.name}-{st.month}-{st.crossed}", tags=tags))
+        if not requests:
+            return dg.SkipReason(f"{len(statuses)} budget(s) within limits")
+        return dg.SensorResult(run_requests=requests)
+
+    return budget_job, noetl_cost_budgets

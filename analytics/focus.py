@@ -1,0 +1,168 @@
+"""Chargeback export in the FinOps FOCUS column format (FinOps Open Cost and Usage Specification 1.0).
+
+One FOCUS row per row of the priced table ``cost_line_day`` (tenant / project /
+playbook / step / day / category / item), so the export totals what every
+other view totals. Mapping: the tenant is the billing account, the project the
+sub-account, the playbook (and step) the resource; the charge period is the
+UTC day, the billing period its month. Prices are list prices without
+discounts or commitments, so ``BilledCost`` = ``EffectiveCost`` = ``ListCost``
+= ``ContractedCost``. Idle capacity and shared-tenant redistribution keep their
+own rows (``ChargeDescription`` says which); a shared tenant's negative row is
+a ``Credit``.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, date, datetime, time, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from analytics.store import FactsStore
+
+PROVIDER = "NoETL"
+# FOCUS 1.0 columns (names as the specification spells them), in the order they are written
+COLUMNS: list[tuple[str, pa.DataType]] = [
+    ("BilledCost", pa.float64()),
+    ("BillingAccountId", pa.string()),
+    ("BillingAccountName", pa.string()),
+    ("BillingCurrency", pa.string()),
+    ("BillingPeriodEnd", pa.timestamp("s", tz="UTC")),
+    ("BillingPeriodStart", pa.timestamp("s", tz="UTC")),
+    ("ChargeCategory", pa.string()),
+    ("ChargeClass", pa.string()),
+    ("ChargeDescription", pa.string()),
+    ("ChargeFrequency", pa.string()),
+    ("ChargePeriodEnd", pa.timestamp("s", tz="UTC")),
+    ("ChargePeriodStart", pa.timestamp("s", tz="UTC")),
+    ("ConsumedQuantity", pa.float64()),
+    ("ConsumedUnit", pa.string()),
+    ("ContractedCost", pa.float64()),
+    ("ContractedUnitPrice", pa.float64()),
+    ("EffectiveCost", pa.float64()),
+    ("InvoiceIssuerName", pa.string()),
+    ("ListCost", pa.float64()),
+    ("ListUnitPrice", pa.float64()),
+    ("PricingCategory", pa.string()),
+    ("PricingQuantity", pa.float64()),
+    ("PricingUnit", pa.string()),
+    ("ProviderName", pa.string()),
+    ("PublisherName", pa.string()),
+    ("RegionId", pa.string()),
+    ("RegionName", pa.string()),
+    ("ResourceId", pa.string()),
+    ("ResourceName", pa.string()),
+    ("ResourceType", pa.string()),
+    ("ServiceCategory", pa.string()),
+    ("ServiceName", pa.string()),
+    ("SkuId", pa.string()),
+    ("SkuPriceId", pa.string()),
+    ("SubAccountId", pa.string()),
+    ("SubAccountName", pa.string()),
+    ("Tags", pa.string()),
+]
+# FOCUS ServiceCategory (an allowed value) of each cost category
+_SERVICE = {
+    "compute": "Compute", "ram": "Compute", "gpu": "Compute", "platform": "Compute", "idle": "Compute",
+    "storage": "Storage", "egress": "Networking", "call": "Integration", "quantum": "Compute", "shared": "Other",
+}  # fmt: skip
+FORMATS = ("csv", "parquet")
+
+
+class FocusExportError(ValueError):
+    """Bad export arguments (one line for the CLI)."""
+
+
+def _ts(d: date) -> datetime:
+    return datetime.combine(d, time(), tzinfo=UTC)
+
+
+def _month(d: date) -> tuple[datetime, datetime]:
+    start = d.replace(day=1)
+    end = (start + timedelta(days=32)).replace(day=1)
+    return _ts(start), _ts(end)
+
+
+def focus_table(store: FactsStore, start: date | None = None, end: date | None = None,
+                tenant: str | None = None) -> pa.Table:  # fmt: skip
+    """The FOCUS rows of the priced table from ``start`` to ``end`` (inclusive days), optionally one tenant's."""
+    if start and end and start > end:
+        raise FocusExportError(f"--start {start} is after --end {end}")
+    where = ["NOT (category IN ('idle', 'shared') AND amount = 0)"]
+    params: dict[str, Any] = {}
+    if start:
+        where.append("day >= {start:Date}")
+        params["start"] = start
+    if end:
+        where.append("day <= {end:Date}")
+        params["end"] = end
+    if tenant is not None:
+        where.append("tenant_id = {tenant:String}")
+        params["tenant"] = tenant
+    _, rows = store.query(
+        "SELECT day, tenant_id, project_id, playbook, step, category, item, unit, quantity, used, unit_price, amount,"
+        " currency, price_version FROM $db.cost_line_day FINAL WHERE " + " AND ".join(where)
+        + " ORDER BY day, tenant_id, project_id, playbook, step, category, item",
+        params,
+    )
+    cols: dict[str, list[Any]] = {name: [] for name, _ in COLUMNS}
+    for day, ten, project, playbook, step, category, item, unit, qty, used, price, amount, currency, version in rows:
+        tenant_id = ten or "__unallocated__"
+        bp_start, bp_end = _month(day)
+        resource = "/".join(p for p in (tenant_id, project, playbook, step) if p) or tenant_id
+        if category == "idle":
+            desc = "idle provisioned capacity" + ("" if ten == "__idle__" else f" distributed to {tenant_id}")
+        elif category == "shared":
+            desc = f"cost of shared tenant {item} distributed" if item != "distributed" else "shared cost given to other tenants"
+        else:
+            desc = f"{category} {item} ({unit})"
+        values = {
+            "BilledCost": float(amount), "BillingAccountId": tenant_id, "BillingAccountName": tenant_id,
+            "BillingCurrency": currency, "BillingPeriodEnd": bp_end, "BillingPeriodStart": bp_start,
+            "ChargeCategory": "Credit" if amount < 0 else "Usage", "ChargeClass": None, "ChargeDescription": desc,
+            "ChargeFrequency": "Usage-Based", "ChargePeriodEnd": _ts(day + timedelta(days=1)),
+            "ChargePeriodStart": _ts(day), "ConsumedQuantity": float(used or qty) if unit else None,
+            "ConsumedUnit": unit or None, "ContractedCost": float(amount), "ContractedUnitPrice": float(price) if unit else None,
+            "EffectiveCost": float(amount), "InvoiceIssuerName": PROVIDER, "ListCost": float(amount),
+            "ListUnitPrice": float(price) if unit else None, "PricingCategory": "Standard" if unit else None,
+            "PricingQuantity": float(qty) if unit else None, "PricingUnit": unit or None, "ProviderName": PROVIDER,
+            "PublisherName": PROVIDER, "RegionId": item if category == "egress" else None,
+            "RegionName": item if category == "egress" else None, "ResourceId": resource,
+            "ResourceName": playbook or tenant_id, "ResourceType": "step" if step else ("playbook" if playbook else "tenant"),
+            "ServiceCategory": _SERVICE.get(category, "Other"), "ServiceName": f"NoETL {category}",
+            "SkuId": f"{category}/{item}", "SkuPriceId": f"{version}:{category}/{item}" if version else None,
+            "SubAccountId": project or None, "SubAccountName": project or None,
+            "Tags": json.dumps({"noetl/step": step, "noetl/playbook": playbook, "noetl/price_version": version}, sort_keys=True),
+        }  # fmt: skip
+        for name, _ in COLUMNS:
+            cols[name].append(values[name])
+    return pa.Table.from_arrays([pa.array(cols[n], t) for n, t in COLUMNS], names=[n for n, _ in COLUMNS])
+
+
+def write_focus(table: pa.Table, out: str | Path, fmt: str | None = None) -> Path:
+    """Write ``table`` as CSV or Parquet (``fmt``, else from the file suffix)."""
+    path = Path(out)
+    fmt = (fmt or path.suffix.lstrip(".")).lower()
+    if fmt not in FORMATS:
+        raise FocusExportError(f"unknown export format {fmt!r}: use --format csv or parquet (or a .csv/.parquet file)")
+    if path.is_dir():
+        raise FocusExportError(f"{path} is a directory: give a file name")
+    if not path.parent.is_dir():
+        raise FocusExportError(f"directory {path.parent} does not exist")
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        if fmt == "csv":
+            import pyarrow.csv as pcsv  # noqa: PLC0415
+
+            pcsv.write_csv(table, tmp)
+        else:
+            import pyarrow.parquet as pq  # noqa: PLC0415
+
+            pq.write_table(table, tmp)
+        tmp.replace(path)  # nothing half-written under the final name
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise FocusExportError(f"cannot write {path}: {e.strerror or e}") from e
+    return path
