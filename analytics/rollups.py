@@ -61,7 +61,7 @@ FROM
         WHERE `key` != ''
         GROUP BY `key`
     )
-    WHERE __DAYS__
+    WHERE __STORAGE_DAYS__
 ) AS _u
 LEFT JOIN $db.execution_dim AS _dim ON _dim.execution_id = _u.execution_id
 ASOF LEFT JOIN $db.price_version AS _v ON _u.k = _v.k AND _u.day >= _v.valid_from
@@ -150,7 +150,8 @@ def build_days(store: FactsStore, prices: PriceTable, days: Iterable[date] | Non
     now = datetime.now(UTC)
     params = {"currency": prices.currency, "now": now}
     store.command(
-        f"INSERT INTO $db.cost_line_day{suffix} ({_COLS})" + _PRICED.replace("__DAYS__", _days_filter("ts", days)),
+        f"INSERT INTO $db.cost_line_day{suffix} ({_COLS})"
+        + _PRICED.replace("__DAYS__", _days_filter("ts", days)).replace("__STORAGE_DAYS__", _days_filter("day", days)),
         params,
     )
     store.command(

@@ -1,6 +1,6 @@
-"""Allocation from measured usage (issue 18.2) on real runs: the materialized view fills the
-AggregatingMergeTree rollup as facts arrive, the exact rebuild agrees with it, the versioned
-price table prices each day by its own version, idle and unallocated are reported."""
+"""Allocation from measured usage (issue 18.2) on real runs: the exporter rebuilds the usage counters of
+the days it exported from the deduplicated facts, a full rebuild agrees with it, the versioned price
+table prices each day by its own version, idle and unallocated are reported."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def exported(real_runs, facts_store):
     return facts_store
 
 
-def test_usage_lands_in_task_fact_and_the_mv_rollup(exported):
+def test_usage_lands_in_task_fact_and_the_rollup(exported):
     store = exported
     _, rows = store.query(
         "SELECT count(), countIf(cpu_ms > 0), countIf(playbook != ''), sum(bytes_written) FROM $db.task_fact"
@@ -38,7 +38,7 @@ def test_usage_lands_in_task_fact_and_the_mv_rollup(exported):
     assert mv[0][0] == attempts
     rebuild_allocation(store)
     _, exact = store.query(SUMS)
-    assert exact == mv  # the incremental view and the exact rebuild agree
+    assert exact == mv  # the per-batch rebuild and the full rebuild agree
 
 
 def test_versioned_prices_idle_and_unallocated(exported):
@@ -55,14 +55,14 @@ def test_versioned_prices_idle_and_unallocated(exported):
                     "valid_from": str(day),
                     "cpu_core_hour": 10.0,
                     "capacity_cores": 1,
-                    "storage_gb_hour": 1.0,
+                    "storage_gb_month": 1.0,
                 },
             ],
         }
     )
     refresh_rollups(store, prices)
     _, rows = store.query(
-        "SELECT price_version, round(sum(cost) / sum(cpu_core_hours), 6) FROM $db.allocation_cost_day"
+        "SELECT price_version, round(sum(cpu_cost) / sum(cpu_core_hours), 6) FROM $db.allocation_cost_day"
         " WHERE cpu_core_hours > 0 AND day = {d:Date} GROUP BY price_version",
         {"d": day},
     )
@@ -73,11 +73,11 @@ def test_versioned_prices_idle_and_unallocated(exported):
     assert 0 < totals["idle"] <= totals["capacity_cost"]
     assert totals["unallocated"] == 0  # every run had a tenant
     assert sync_price_versions(store, prices) == 2
-    # stored results accrue byte-hours from creation on, priced per GB-hour
+    # stored results are billed once, at creation, per GB-month
     _, st = store.query(
-        "SELECT sum(byte_hours), sum(cost) FROM $db.storage_cost_day WHERE day = {d:Date}", {"d": day}
+        "SELECT sum(gb_months), sum(cost) FROM $db.storage_cost_day WHERE day = {d:Date}", {"d": day}
     )
-    assert st[0][0] > 0 and st[0][1] > 0
+    assert st[0][0] > 0 and st[0][1] == pytest.approx(st[0][0] * 1.0)
     _, summary = store.query(
         "SELECT storage_cost FROM $db.allocation_summary_day WHERE day = {d:Date}", {"d": day}
     )
@@ -86,7 +86,7 @@ def test_versioned_prices_idle_and_unallocated(exported):
 
 def test_bad_allocation_prices_are_one_line_errors():
     with pytest.raises(
-        PriceConfigError, match=r"allocation\[0\]: cpu_core_hour must be a non-negative number"
+        PriceConfigError, match=r"versions\[0\]: cpu_core_hour must be a non-negative number"
     ):
         PriceTable.from_dict({"allocation": {"cpu_core_hour": -1}})
     with pytest.raises(PriceConfigError, match="valid_from must be a date"):

@@ -1,7 +1,6 @@
-"""The Python cost of an execution (analytics/pricing.py: AttemptUsage, PriceTable.attempt_cost) equals
-what the ClickHouse allocation SQL (sql/V003..V005, embedded chDB) charges for the same task attempts:
-the same derivation of core-hours, RAM byte-hours, egress, shots and QPU seconds from each attempt's
-task.done event, and the same price version for each attempt's day."""
+"""The Python cost of an execution (analytics/pricing.py: usage_lines priced by PriceTable, what Dagster's
+cost metadata uses) equals what the priced table (cost_line_day via allocation_cost_day, embedded chDB)
+charges for the same events: the same usage lines, the same price version for each day."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from analytics.exporter import FactExporter
-from analytics.pricing import AttemptUsage, Cost, PriceTable, cost_of_events
+from analytics.pricing import COMPONENTS, Cost, PriceTable, UsageLine, cost_of_events, event_cost, utc_day
 from analytics.rollups import refresh_rollups
 from noetl_dagster.engine.events import Event
 from noetl_dagster.runners.local import run_playbook
@@ -133,20 +132,25 @@ def _attempts(eid: str) -> list[Event]:
     ]
 
 
+_SQL_COMPONENTS = ", ".join(f"{'cpu' if c == 'cpu' else c}_cost" for c in COMPONENTS)
+
+
 def _sql_costs(store) -> dict[tuple[str, date], tuple]:  # noqa: ANN001
     _, rows = store.query(
-        "SELECT step, day, cost, cpu_cost, ram_cost, egress_cost, shot_cost, qpu_cost, price_version, attempts"
-        " FROM $db.allocation_cost_day ORDER BY step, day"
+        f"SELECT step, day, cost, {_SQL_COMPONENTS}, price_version, attempts FROM $db.allocation_cost_day"
+        " ORDER BY step, day"
     )
     return {(r[0], r[1]): r[2:] for r in rows}
 
 
-def _python_costs(events: list[Event]) -> dict[tuple[str, date], Cost]:
+def _python_costs(events: list[Event], prices: PriceTable = PRICES) -> dict[tuple[str, date], Cost]:
     out: dict[tuple[str, date], Cost] = defaultdict(Cost)
+    seen: set[str] = set()
     for ev in events:
-        if ev.name == "task.done":
-            u = AttemptUsage.from_task_done(ev.data, ev.timestamp)
-            out[(ev.step, u.day)] = out[(ev.step, u.day)] + PRICES.attempt_cost(u)
+        c = event_cost(prices, ev.name, ev.data, ev.timestamp, seen)
+        if c.amounts:
+            key = (ev.step or "", utc_day(ev.timestamp))
+            out[key] = out[key] + c
     return dict(out)
 
 
@@ -157,14 +161,12 @@ def _export(store, log) -> None:  # noqa: ANN001
 
 def _assert_same(sql: dict, py: dict) -> None:
     assert set(sql) == set(py)
-    for key, (cost, cpu, ram, egress, shot, qpu, version, attempts) in sql.items():
+    for key, (cost, *parts, version, attempts) in sql.items():
         c = py[key]
         assert (c.price_version, c.attempts) == (version, attempts), key
         assert c.total == pytest.approx(cost, rel=1e-9, abs=1e-15), key
-        for got, want in zip(
-            (c.cpu, c.ram, c.egress, c.shot, c.qpu), (cpu, ram, egress, shot, qpu), strict=True
-        ):
-            assert got == pytest.approx(want, rel=1e-9, abs=1e-15), key
+        for name, want in zip(COMPONENTS, parts, strict=True):
+            assert getattr(c, name) == pytest.approx(want, rel=1e-9, abs=1e-15), (key, name)
 
 
 def test_python_cost_equals_the_allocation_sql_for_every_usage_shape(facts_store, tmp_path):
@@ -180,26 +182,23 @@ def test_python_cost_equals_the_allocation_sql_for_every_usage_shape(facts_store
     sql, py = _sql_costs(facts_store), _python_costs(events)
     _assert_same(sql, py)
     # every component is exercised, on both price versions
-    assert {v[6] for v in sql.values()} == {"v-old", "v-new"}
-    assert all(sum(v[i] for v in sql.values()) > 0 for i in range(1, 6))
+    assert {v[-2] for v in sql.values()} == {"v-old", "v-new"}
+    for i, name in enumerate(COMPONENTS, start=1):  # cpu, ram, egress and quantum are exercised
+        if name in ("cpu", "ram", "egress", "shot", "qpu"):
+            assert sum(v[i] for v in sql.values()) > 0, name
     # the whole execution: one figure, from the step costs
-    total = PRICES.cost(
-        AttemptUsage.from_task_done(e.data, e.timestamp) for e in events if e.name == "task.done"
-    )
+    total = sum(cost_of_events(PRICES, events).values(), Cost())
     assert total.total == pytest.approx(
         facts_store.scalar("SELECT sum(cost) FROM $db.allocation_cost_day"), rel=1e-9
     )
     assert total.price_version == "v-new,v-old" and total.attempts == 7
-    by_step = cost_of_events(PRICES, events)
-    assert sum(c.total for c in by_step.values()) == pytest.approx(total.total, rel=1e-12)
     # hand-checked: the qpu attempt on DAY2 = 4000 shots x 0.00145 + 1.75 s x 1.2 (+ its tiny CPU)
     assert py[("qpu", date.fromisoformat(DAY2))].quantum == pytest.approx(4000 * 0.00145 + 1.75 * 1.2)
     # the tool's own cpu_ms and egress_bytes win over the measured usage, as in task_fact
     tm = py[("tool_meta", date.fromisoformat(DAY2))]
-    assert tm.cpu_core_hours == pytest.approx(2500 / 3.6e6) and tm.egress_bytes == 7_000_000_000
+    assert tm.cpu == pytest.approx(2500 / 3.6e6 * 0.05) and tm.egress == pytest.approx(7 * 0.12)
     # before any version: no price, no version (the SQL's ASOF LEFT JOIN gives 0 and '')
-    early = PRICES.attempt_cost(AttemptUsage(date(2025, 12, 31), cpu_core_hours=1.0))
-    assert (early.total, early.price_version) == (0.0, "")
+    assert PRICES.line_cost(UsageLine("compute", "default", 1.0), date(2025, 12, 31)) == (0.0, "")
 
 
 PLAYBOOK = """\
@@ -248,12 +247,13 @@ def test_python_cost_equals_the_allocation_sql_on_a_real_run(facts_store, tmp_pa
     assert all(c.cpu > 0 for c in py.values())
 
 
-def test_the_default_price_table_prices_quantum_in_both_models():
-    """analytics/prices.yaml: list prices per shot (Braket, Rigetti Ankaa-3) and per QPU-second (IBM
-    Pay-As-You-Go, USD 96/min), the same in the tenant-cost `quantum:` section and the allocation version."""
+def test_the_default_price_table_has_one_price_per_unit():
+    """analytics/prices.yaml: one versioned table; list prices per shot (Braket, Rigetti Ankaa-3) and per
+    QPU-second (IBM Pay-As-You-Go, USD 96/min); one CPU price (per core-hour) for tasks and the platform."""
     prices = PriceTable.load(Path(__file__).resolve().parents[2] / "analytics" / "prices.yaml")
-    assert prices.prices["quantum"] == {"shot": 0.0009, "qpu_second": 1.6}
     v = prices.version_on(date(2026, 11, 25))
-    assert (v["version"], v["shot"], v["qpu_second"]) == ("2026-01", 0.0009, 1.6)
-    job = prices.attempt_cost(AttemptUsage(date(2026, 11, 25), shots=1000, qpu_seconds=2.5))
-    assert job.quantum == pytest.approx(1000 * 0.0009 + 2.5 * 96 / 60)
+    assert (v.version, v.price("quantum", "shot"), v.price("quantum", "qpu_second")) == ("2026-01", 0.0009, 1.6)
+    assert v.price("compute", "default") == v.price("platform", "default") == 0.031611
+    day = date(2026, 11, 25)
+    job = sum(prices.line_cost(UsageLine("quantum", i, q), day)[0] for i, q in (("shot", 1000), ("qpu_second", 2.5)))
+    assert job == pytest.approx(1000 * 0.0009 + 2.5 * 96 / 60)

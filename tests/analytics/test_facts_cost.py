@@ -12,15 +12,17 @@ from analytics.rollups import refresh_rollups
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine.events import Event
 
-PRICES = {
-    "currency": "EUR",
-    "compute": {"default": 0.001, "cpu.large": 0.002, "gpu.small": 0.01},
-    "worker_class_by_kind": {"duckdb": "cpu.large"},
+# per core-hour: 3.6 = 0.001 per CPU-second
+VERSION = {
+    "version": "v1",
+    "valid_from": "2026-01-01",
+    "compute": {"default": 3.6, "cpu.large": 7.2, "gpu.small": 36},
     "storage": {"default": 0.5, "s3": 0.25},
     "storage_months": 2,
     "egress": {"default": 0.1, "eu-west": 0.2},
     "call": {"http": 0.01},
 }
+PRICES = {"currency": "EUR", "worker_class_by_kind": {"duckdb": "cpu.large"}, "versions": [VERSION]}
 
 
 def _ev(name, exe, ts, tenant, project, **kw):
@@ -101,7 +103,7 @@ def test_refresh_reprices_and_reexport_changes_nothing(facts_store):
     FactWriter(facts_store).write(events)  # re-export: the same event ids
     refresh_rollups(facts_store, PriceTable.from_dict(PRICES))
     assert facts_store.scalar("SELECT sum(amount) FROM $db.tenant_cost_fact") == pytest.approx(first)
-    doubled = {**PRICES, "call": {"http": 0.02}}
+    doubled = {**PRICES, "versions": [{**VERSION, "call": {"http": 0.02}}]}
     refresh_rollups(facts_store, PriceTable.from_dict(doubled))
     assert facts_store.scalar("SELECT sum(amount) FROM $db.tenant_cost_fact") == pytest.approx(first + 0.02)
 
@@ -109,10 +111,14 @@ def test_refresh_reprices_and_reexport_changes_nothing(facts_store):
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
-        ({"compute": {"default": -1}}, "non-negative number"),
-        ({"compute": {"default": "cheap"}}, "non-negative number"),
+        ({"versions": [{"compute": {"default": -1}}]}, "compute.default must be a non-negative number"),
+        ({"versions": [{"gpu": {"default": "cheap"}}]}, "gpu.default must be a non-negative number"),
+        ({"versions": [{"gpu_hours": 1}]}, "unknown keys"),
+        ({"versions": [{"storage_months": True}]}, "storage_months"),
+        ({"compute": {"default": 0.5}}, "top-level price sections .* are no longer read"),
         ({"gpu_hours": {}}, "unknown price sections"),
-        ({"storage_months": True}, "storage_months"),
+        ({"versions": [{"version": "a"}, {"version": "a"}]}, "unique"),
+        ({"distribution": {"idle": "sometimes"}}, "distribution.idle must be one of"),
         ({"worker_class_by_kind": {"http": 3}}, "worker_class_by_kind"),
         ([1, 2], "must be a mapping"),
     ],
@@ -126,7 +132,7 @@ def test_price_table_files(tmp_path, monkeypatch):
     monkeypatch.delenv("NOETL_DAGSTER_PRICES", raising=False)
     assert PriceTable.load(data_dir=tmp_path).source.endswith("analytics/prices.yaml")  # packaged default
     own = tmp_path / "prices.yaml"
-    own.write_text("currency: EUR\ncompute: {default: 0.5}\n")
+    own.write_text("currency: EUR\nversions: [{compute: 0.5}]\n")
     assert PriceTable.load(data_dir=tmp_path).currency == "EUR"  # <data dir>/prices.yaml wins
     with pytest.raises(PriceConfigError, match="not found"):
         PriceTable.load(tmp_path / "missing.yaml")

@@ -108,7 +108,7 @@ def test_quantum_prices_are_versioned(qpu_run):
         " AND unit = 'shot' GROUP BY price_version"
     )
     assert rows == [("new", pytest.approx(meta["shots"] * 0.001))]
-    with pytest.raises(PriceConfigError, match=r"allocation\[0\]: shot must be a non-negative number"):
+    with pytest.raises(PriceConfigError, match=r"versions\[0\]: shot must be a non-negative number"):
         PriceTable.from_dict({"allocation": [{"shot": -1}]})
 
 
@@ -132,11 +132,11 @@ def test_a_store_at_v003_upgrades_and_prices_quantum(qpu_home, tmp_path, monkeyp
         # what a V003 rebuild leaves behind: the staging table in the old shape
         store.command("CREATE TABLE $db.allocation_step_day_next AS $db.allocation_step_day")
         monkeypatch.setattr(schema, "SQL_DIR", schema.Path(schema.__file__).parent / "sql")
-        assert store.migrate() == [4, 5]
+        assert store.migrate() == [4, 5, 6]
         home, _ = qpu_home
         log = open_event_store(None, data_dir=home)
         try:
-            FactExporter(store, log).export()  # through the recreated materialized view
+            FactExporter(store, log).export()  # the rollups of the exported days, rebuilt from the facts
         finally:
             log.close()
         _, mv = store.query("SELECT sum(shots), sum(qpu_seconds) FROM $db.allocation_step_day")
@@ -156,7 +156,7 @@ def test_tenant_cost_lines_carry_quantum(qpu_run):
     store, meta = qpu_run
     shots, qpu_s = meta["shots"], meta["execution_seconds"]
     refresh_rollups(
-        store, PriceTable.from_dict({"currency": "EUR", "quantum": {"shot": SHOT, "qpu_second": QPU_SECOND}})
+        store, PriceTable.from_dict({"currency": "EUR", "versions": [{"quantum": {"shot": SHOT, "qpu_second": QPU_SECOND}}]})
     )
     _, rows = store.query(
         "SELECT item, unit, sum(quantity), any(unit_price), sum(amount), any(currency) FROM $db.tenant_cost_fact"
@@ -174,4 +174,4 @@ def test_tenant_cost_lines_carry_quantum(qpu_run):
     with pytest.raises(
         PriceConfigError, match=r"quantum prices are per shot and per qpu_second, got \['gate'\]"
     ):
-        PriceTable.from_dict({"quantum": {"gate": 1.0}})
+        PriceTable.from_dict({"versions": [{"quantum": {"gate": 1.0}}]})

@@ -9,7 +9,7 @@ import dagster as dg
 import pytest
 import yaml
 
-from analytics.pricing import AttemptUsage, PriceTable
+from analytics.pricing import Cost, PriceTable, cost_of_events
 from noetl_dagster.resources.noetl import NoetlResource
 from noetl_dagster.storage.event_stores import open_event_store
 from noetl_dagster.translator import compile_playbooks
@@ -93,7 +93,8 @@ def _result_metadata(result, step: str) -> dict:  # noqa: ANN001
     raise AssertionError(f"no result output for {step}")
 
 
-def _attempts(data, execution_id: str) -> dict[str, list]:  # noqa: ANN001
+def _attempts(data, execution_id: str, name: str | None = "task.done") -> dict[str, list]:  # noqa: ANN001
+    """The execution's events by step: its task attempts, or every event (``name`` None)."""
     log = open_event_store(None, data_dir=data)
     try:
         events = log.read(execution_id)
@@ -101,9 +102,14 @@ def _attempts(data, execution_id: str) -> dict[str, list]:  # noqa: ANN001
         log.close()
     out: dict[str, list] = {}
     for e in events:
-        if e.name == "task.done":
-            out.setdefault(e.step, []).append(e)
+        if name is None or e.name == name:
+            out.setdefault(e.step or "", []).append(e)
     return out
+
+
+def _cost(prices: PriceTable, events: list) -> Cost:
+    """Every usage line of ``events`` (attempts, stored tables, platform), as the ops price them."""
+    return sum(cost_of_events(prices, events).values(), Cost(currency=prices.currency))
 
 
 def test_cost_metadata_and_run_tags_equal_the_formula(tmp_path):
@@ -113,17 +119,17 @@ def test_cost_metadata_and_run_tags_equal_the_formula(tmp_path):
         run = inst.get_run_by_id(result.run_id)
         eid = run.tags["noetl/execution_id"]
         prices = PriceTable.from_dict(yaml.safe_load(PRICES))
-        attempts = _attempts(data, eid)
+        attempts, events = _attempts(data, eid), _attempts(data, eid, None)
         assert {s: len(a) for s, a in attempts.items()} == {"start": 1, "repair": 3}
         assert attempts["start"][0].data["outcome"]["status"] == "error"  # failed attempts cost too
 
-        def formula(step: str):  # noqa: ANN202
-            return prices.cost(AttemptUsage.from_task_done(e.data, e.timestamp) for e in attempts[step])
+        def formula(step: str) -> Cost:
+            return _cost(prices, events[step])
 
         for step in ("start", "repair"):
             md, want = _result_metadata(result, step), formula(step)
             assert md["noetl/cost/usd"] == pytest.approx(want.total, rel=1e-12) and want.total > 0
-            for c in ("cpu", "ram", "egress", "shot", "qpu"):
+            for c in ("cpu", "ram", "gpu", "egress", "storage", "call", "shot", "qpu", "platform"):
                 assert md[f"noetl/cost/{c}_usd"] == pytest.approx(getattr(want, c), rel=1e-12, abs=1e-15)
             assert md["noetl/cost/price_version"] == "t-1" and md["noetl/cost/attempts"] == len(
                 attempts[step]
@@ -144,7 +150,7 @@ def test_cost_metadata_and_run_tags_equal_the_formula(tmp_path):
         latest = inst.get_latest_materialization_event(dg.AssetKey(mats[0].asset_key.path))
         assert latest.asset_materialization.metadata["noetl/cost/usd"].value > 0
         # the run that finished the execution carries the execution's total cost and price version
-        total = formula("start") + formula("repair")
+        total = _cost(prices, [e for evs in events.values() for e in evs])
         assert run.tags["noetl/status"] == "completed"
         assert float(run.tags["noetl/cost_usd"]) == pytest.approx(total.total, rel=1e-9, abs=1e-12)
         assert run.tags["noetl/price_version"] == "t-1"
@@ -209,15 +215,14 @@ def test_a_loop_run_as_frames_is_priced_on_its_collect_op(tmp_path):
         assert {n.name for n in result.job_def.nodes} >= {"start", "start__frame", "start__collect", "total"}
         run = inst.get_run_by_id(result.run_id)
         attempts = _attempts(data, run.tags["noetl/execution_id"])
+        events = _attempts(data, run.tags["noetl/execution_id"], None)
         assert len(attempts["start"]) == 40
         prices = PriceTable.from_dict(yaml.safe_load(PRICES))
         md = _result_metadata(result, "start__collect")
-        loop = prices.cost(AttemptUsage.from_task_done(e.data, e.timestamp) for e in attempts["start"])
+        loop = _cost(prices, events["start"])
         assert md["noetl/cost/attempts"] == 40
         assert md["noetl/cost/usd"] == pytest.approx(loop.total, rel=1e-12) and loop.total > 0
-        total = loop + prices.cost(
-            AttemptUsage.from_task_done(e.data, e.timestamp) for e in attempts["total"]
-        )
+        total = _cost(prices, [e for evs in events.values() for e in evs])
         assert float(run.tags["noetl/cost_usd"]) == pytest.approx(total.total, rel=1e-9, abs=1e-12)
 
 
@@ -248,11 +253,11 @@ def test_each_per_step_run_carries_its_own_cost_and_the_finishing_run_the_total(
             runs[la.tags.get("noetl/step") or "noetl_start"] = res.run_id
     assert set(runs) >= {"start", "total", "maximum", "combine"}
     prices = PriceTable.from_dict(yaml.safe_load(PRICES))
-    attempts = _attempts(dagster_data, eid)
+    events = _attempts(dagster_data, eid, None)
     own = {}
     for step in ("start", "total", "maximum", "combine"):
         tags = ephemeral_instance.get_run_by_id(runs[step]).tags
-        expected = prices.cost(AttemptUsage.from_task_done(e.data, e.timestamp) for e in attempts[step])
+        expected = _cost(prices, events[step])
         own[step] = float(tags["noetl/run_cost_usd"])
         assert own[step] == pytest.approx(expected.total, rel=1e-9, abs=1e-12) and own[step] > 0
         assert tags["noetl/price_version"] == "t-1"
