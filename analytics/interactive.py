@@ -40,7 +40,7 @@ from analytics.dashboard_access import KeyAuth, Sessions, TenantScope, Viewer
 from analytics.store import FactsStore
 from registry_service.errors import RegistryError, Unauthorized
 
-_ROWS = """SELECT tenant, project, playbook, step, day, round(sum(cost), 9) AS cost,
+_ROWS = """SELECT tenant, project, playbook, step, day, round(sum(cost), 12) AS cost,
     round(sum(cpu_core_hours), 9) AS cpu_core_hours, round(sum(ram_byte_hours) / 1e9, 9) AS ram_gb_hours,
     sum(egress_bytes) AS egress_bytes, sum(attempts) AS attempts, sum(failed_attempts) AS failed, sum(retries) AS retries,
     sum(executions) AS executions

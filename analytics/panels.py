@@ -54,7 +54,7 @@ PANELS: tuple[Panel, ...] = (
     (SELECT countIf(status = 'error') FROM $db.task_fact FINAL WHERE $__timeFilter(ts)) AS failed_attempts,
     (SELECT sum(size_bytes) FROM (SELECT uri, any(size_bytes) AS size_bytes FROM $db.resource_fact FINAL
         WHERE action = 'created' AND $__timeFilter(ts) GROUP BY uri)) AS bytes_stored,
-    (SELECT round(sum(amount), 6) FROM $db.tenant_cost_fact WHERE $__timeFilter(day)) AS cost""",
+    (SELECT round(sum(amount), 12) FROM $db.tenant_cost_fact WHERE $__timeFilter(day)) AS cost""",
         chart="stat",
         y=("executions", "failed_executions", "step_runs", "task_attempts", "failed_attempts", "bytes_stored", "cost"),
     ),
