@@ -144,11 +144,11 @@ def focus_table(store: FactsStore, start: date | None = None, end: date | None =
 def write_focus(table: pa.Table, out: str | Path, fmt: str | None = None) -> Path:
     """Write ``table`` as CSV or Parquet (``fmt``, else from the file suffix)."""
     path = Path(out)
+    if path.is_dir():
+        raise FocusExportError(f"{path} is a directory: give a file name")
     fmt = (fmt or path.suffix.lstrip(".")).lower()
     if fmt not in FORMATS:
         raise FocusExportError(f"unknown export format {fmt!r}: use --format csv or parquet (or a .csv/.parquet file)")
-    if path.is_dir():
-        raise FocusExportError(f"{path} is a directory: give a file name")
     if not path.parent.is_dir():
         raise FocusExportError(f"directory {path.parent} does not exist")
     tmp = path.with_name(path.name + ".tmp")

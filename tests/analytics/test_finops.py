@@ -1,0 +1,210 @@
+"""FinOps features (issue 30.4): idle and shared cost distributed by a configurable rule, monthly
+budgets with a Dagster sensor (real instance, build_sensor_context) and an alert run that warns or
+fails, and the FOCUS chargeback export (CSV and Parquet) with its errors."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, date, datetime
+
+import dagster as dg
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from analytics.budgets import Budget, BudgetConfigError, evaluate, load_budgets
+from analytics.facts import FactWriter
+from analytics.focus import COLUMNS
+from analytics.pricing import PriceTable
+from analytics.rollups import refresh_rollups
+from analytics.store import FactsStore, close_all
+from noetl_dagster.commands.main import cli
+from noetl_dagster.engine.events import Event
+from noetl_dagster.sensors.facts import BUDGET_JOB, RESOURCE_KEY, FactsStoreResource, build_facts_definitions
+
+DAY = "2026-03-10"
+CAPACITY_CORES = 1  # one core-day at 3.6 per core-hour = 86.4
+
+
+def _events(ts: str) -> list[Event]:
+    """CPU-seconds: acme 10, globex 30, platform-team (a shared tenant) 20, on one day; 1 CPU-second = 0.001."""
+    out = []
+    for tenant, cpu_s in (("acme", 10.0), ("globex", 30.0), ("platform-team", 20.0)):
+        eid = f"exe-{tenant}"
+        outcome = {"status": "ok", "meta": {"attempt": 1, "duration_ms": 1000, "usage": {"cpu_s": cpu_s}}}
+        out += [
+            Event("playbook.execution.requested", eid, {"playbook": f"pb/{tenant}"}, tenant_id=tenant, project_id="p",
+                  timestamp=ts),
+            Event("task.done", eid, {"task": "t", "kind": "python", "outcome": outcome}, step="s", step_run_id=eid,
+                  attempt=1, tenant_id=tenant, project_id="p", timestamp=ts),
+        ]  # fmt: skip
+    return out
+
+
+def _prices(idle: str, shared: str) -> PriceTable:
+    return PriceTable.from_dict({
+        "distribution": {"idle": idle, "shared": shared, "shared_tenants": ["platform-team"]},
+        "versions": [{"version": "d", "valid_from": "2026-01-01", "compute": 3.6, "capacity": {"cores": CAPACITY_CORES}}],
+    })  # fmt: skip
+
+
+def _by_tenant(store: FactsStore) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for tenant, category, amount in store.query(
+        "SELECT tenant_id, category, sum(amount) FROM $db.tenant_cost_fact GROUP BY tenant_id, category"
+    )[1]:
+        out.setdefault(tenant, {})[category] = amount
+    return out
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = FactsStore(f"chdb://{tmp_path / 'facts'}")
+    FactWriter(s).write(_events(f"{DAY}T10:00:00+00:00"))
+    yield s
+    close_all()
+
+
+def test_idle_and_shared_cost_distribution_rules(store):
+    direct = {"acme": 0.010, "globex": 0.030, "platform-team": 0.020}
+    idle = 86.4 - sum(direct.values())
+    totals = []
+
+    refresh_rollups(store, _prices("proportional", "proportional"))
+    t = _by_tenant(store)
+    # idle over the non-shared tenants by their own cost (1 : 3); the shared tenant's cost likewise
+    assert t["acme"]["idle"] == pytest.approx(idle * 0.25) and t["globex"]["idle"] == pytest.approx(idle * 0.75)
+    assert t["acme"]["shared"] == pytest.approx(0.020 * 0.25) and t["globex"]["shared"] == pytest.approx(0.020 * 0.75)
+    assert t["platform-team"]["shared"] == pytest.approx(-0.020)  # its cost went to the others
+    assert sum(t["platform-team"].values()) == pytest.approx(0) and "__idle__" not in t
+    totals.append(sum(sum(c.values()) for c in t.values()))
+
+    refresh_rollups(store, _prices("even", "even"))
+    t = _by_tenant(store)
+    assert t["acme"]["idle"] == pytest.approx(idle / 2) == t["globex"]["idle"]
+    assert t["acme"]["shared"] == pytest.approx(0.010) == t["globex"]["shared"]
+    totals.append(sum(sum(c.values()) for c in t.values()))
+
+    refresh_rollups(store, _prices("unallocated", "unallocated"))
+    t = _by_tenant(store)
+    assert t["__idle__"] == {"idle": pytest.approx(idle)}
+    assert "idle" not in t["acme"] and "shared" not in t["acme"]
+    assert t["platform-team"] == {"compute": pytest.approx(0.020), "call": 0.0}
+    totals.append(sum(sum(c.values()) for c in t.values()))
+    # a rule moves cost between tenants, never creates or loses any
+    assert totals == pytest.approx([sum(direct.values()) + idle] * 3)
+    # the summary view: idle per day whatever the rule
+    _, rows = store.query("SELECT round(idle, 9), round(capacity_cost, 9) FROM $db.allocation_summary_day")
+    assert rows == [(round(idle, 9), 86.4)]
+
+
+def _budget_setup(tmp_path, budgets: list[dict]):
+    now = datetime.now(UTC)
+    s = FactsStore(f"chdb://{tmp_path / 'facts'}")
+    FactWriter(s).write(_events(now.isoformat()))
+    refresh_rollups(s, _prices("unallocated", "unallocated"))
+    close_all()
+    path = tmp_path / "budgets.yaml"
+    path.write_text(yaml.safe_dump({"budgets": budgets}))
+    resource = FactsStoreResource(clickhouse_url=f"chdb://{tmp_path / 'facts'}", data_dir=str(tmp_path),
+                                  budgets=str(path))  # fmt: skip
+    return resource, build_facts_definitions(resource=resource, rollup_cron=None)
+
+
+@pytest.mark.parametrize("action", ["warn", "fail"])
+def test_budget_sensor_alerts_once_per_month_and_the_alert_run_warns_or_fails(tmp_path, action):
+    resource, defs = _budget_setup(tmp_path, [
+        {"tenant": "acme", "monthly": 0.005, "action": action},  # month-to-date 0.010: exceeded
+        {"tenant": "globex", "project": "p", "monthly": 1000.0},  # far within
+    ])  # fmt: skip
+    sensor = defs.resolve_sensor_def("noetl_cost_budgets")
+    with dg.instance_for_test() as instance:
+        result = sensor(dg.build_sensor_context(instance=instance, resources={RESOURCE_KEY: resource}))
+        assert isinstance(result, dg.SensorResult) and len(result.run_requests) == 1
+        req = result.run_requests[0]
+        month = datetime.now(UTC).strftime("%Y-%m")
+        assert req.run_key == f"budget-acme-{month}-exceeded"
+        assert req.tags["noetl/budget"] == "acme" and req.tags["noetl/budget_status"] == "exceeded"
+        assert float(req.tags["noetl/budget_month_to_date"]) == pytest.approx(0.010)
+        run = defs.resolve_job_def(BUDGET_JOB).execute_in_process(instance=instance, tags=req.tags, raise_on_error=False)
+        if action == "fail":
+            assert not run.success
+            failure = run.get_step_failure_events()[0].step_failure_data.user_failure_data
+            assert "budget acme" in failure.description and "crosses the monthly budget 0.005" in failure.description
+        else:
+            assert run.success
+            warnings = [e for e in instance.all_logs(run.run_id) if e.level == 30]  # logging.WARNING
+            assert any("budget acme" in e.user_message and "crosses" in e.user_message for e in warnings)
+        assert instance.get_run_by_id(run.run_id).tags["noetl/budget_status"] == "exceeded"
+
+
+def test_budget_forecast_and_config_errors(tmp_path):
+    s = FactsStore(f"chdb://{tmp_path / 'facts'}")
+    try:
+        FactWriter(s).write(_events(f"{DAY}T10:00:00+00:00"))
+        refresh_rollups(s, _prices("unallocated", "unallocated"))
+        now = datetime(2026, 3, 10, 12, tzinfo=UTC)  # 9.5 days into a 31-day month
+        st = evaluate(s, [Budget("globex", 0.05), Budget("globex", 0.5), Budget("globex", 0.05, forecast=False)], now)
+        forecast = 0.030 / 9.5 * 31
+        assert [x.crossed for x in st] == ["forecast", None, None]
+        assert st[0].forecast == pytest.approx(forecast) and st[0].month_to_date == pytest.approx(0.030)
+        assert "forecast cost" in st[0].message()
+        # next month: nothing spent yet
+        assert evaluate(s, [Budget("globex", 0.01)], datetime(2026, 4, 2, tzinfo=UTC))[0].month_to_date == 0
+    finally:
+        close_all()
+    for raw, message in (
+        ([{"tenant": "acme", "monthly": -1}], "monthly must be a positive number"),
+        ([{"tenant": "acme", "monthly": 5, "action": "page"}], "action must be warn or fail"),
+        ([{"monthly": 5}], "tenant must be a non-empty string"),
+        ({"budget": []}, "budgets must be a list"),
+    ):
+        (tmp_path / "b.yaml").write_text(yaml.safe_dump(raw))
+        with pytest.raises(BudgetConfigError, match=message):
+            load_budgets(tmp_path / "b.yaml")
+
+
+def test_focus_export_csv_and_parquet_and_its_errors(store, tmp_path):
+    refresh_rollups(store, _prices("proportional", "proportional"))
+    close_all()
+    url = store.url
+    runner = CliRunner()
+    total = None
+    for fmt in ("csv", "parquet"):
+        out = tmp_path / f"bill.{fmt}"
+        r = runner.invoke(cli, ["facts", "focus-export", "--clickhouse", url, "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        table = pcsv.read_csv(out) if fmt == "csv" else pq.read_table(out)
+        assert table.column_names == [n for n, _ in COLUMNS]
+        for col in ("BilledCost", "EffectiveCost", "ListCost", "ChargePeriodStart", "ChargePeriodEnd",
+                    "BillingAccountId", "SubAccountId", "ServiceCategory", "ChargeCategory", "PricingUnit"):  # fmt: skip
+            assert col in table.column_names
+        rows = table.to_pylist()
+        assert {r["BillingAccountId"] for r in rows} == {"acme", "globex", "platform-team"}
+        assert all(r["BilledCost"] == r["EffectiveCost"] == r["ListCost"] for r in rows)
+        credit = [r for r in rows if r["ChargeCategory"] == "Credit"]
+        assert len(credit) == 1 and credit[0]["BillingAccountId"] == "platform-team"
+        start = rows[0]["ChargePeriodStart"]
+        assert str(start).startswith(DAY) and str(rows[0]["BillingPeriodStart"]).startswith("2026-03-01")
+        assert json.loads(rows[0]["Tags"])["noetl/price_version"] == "d"
+        total = sum(r["BilledCost"] for r in rows)
+        assert total == pytest.approx(86.4)  # capacity: everything, idle included, is billed to someone
+    r = runner.invoke(cli, ["facts", "focus-export", "--clickhouse", url, "--out", str(tmp_path / "acme.csv"),
+                            "--tenant", "acme", "--start", DAY, "--end", DAY])  # fmt: skip
+    assert r.exit_code == 0 and "BilledCost" in r.output
+    assert {row["BillingAccountId"] for row in pcsv.read_csv(tmp_path / "acme.csv").to_pylist()} == {"acme"}
+    for args, message in (
+        (["--out", str(tmp_path / "bill.txt")], "unknown export format 'txt'"),
+        (["--out", str(tmp_path / "missing" / "bill.csv")], "does not exist"),
+        (["--out", str(tmp_path)], "is a directory"),
+        (["--out", str(tmp_path / "x.csv"), "--start", "March"], "--start must be a date"),
+        (["--out", str(tmp_path / "x.csv"), "--start", "2026-03-11", "--end", "2026-03-10"], "is after --end"),
+    ):
+        r = runner.invoke(cli, ["facts", "focus-export", "--clickhouse", url, *args])
+        assert r.exit_code == 2, (args, r.output)
+        assert message in r.output and "Traceback" not in r.output, r.output
+        assert len(r.output.strip().splitlines()) == 1
+    assert not (tmp_path / "x.csv").exists() and not (tmp_path / "bill.txt").exists()
+    assert date.fromisoformat(DAY)  # the fixture's day
