@@ -428,10 +428,12 @@ def usage_lines(name: str, data: Any) -> list[UsageLine]:
             if q > 0:
                 lines.append(UsageLine("quantum", item, q, q))
     elif name in _TERMINAL:
-        usage = _dict(d.get("usage"))
-        cpu_s = _number(usage.get("platform_cpu_s"))
-        if cpu_s is None and ("cpu_s" in usage or "child_cpu_s" in usage):
-            cpu_s = (_number(usage.get("cpu_s")) or 0.0) + (_number(usage.get("child_cpu_s")) or 0.0)
+        # the engine's CPU no attempt used: workflow.finished `platform: {cpu_s, ...}` (engine/usage.py
+        # Window); a terminal event's `usage.platform_cpu_s` is read too
+        plat = _dict(d.get("platform"))
+        cpu_s = _number(plat.get("cpu_s"))
+        if cpu_s is None:
+            cpu_s = _number(_dict(d.get("usage")).get("platform_cpu_s"))
         if cpu_s and cpu_s > 0:
             lines.append(UsageLine("platform", "default", cpu_s / 3600, cpu_s / 3600))
     for ref in created_refs(name, d):

@@ -102,7 +102,7 @@ def _recorded(ts: str) -> list[Event]:
         done("push", "http", {"duration_ms": 800, "region": "eu-west", "usage": {"cpu_s": 0.02, "egress_bytes": 3_500_000_000}}),
         Event("step.done", SYNTH, {"result": ref, "duration_ms": 91_000}, step="train", step_run_id=f"{SYNTH}-train",
               tenant_id="initech", project_id="ml", timestamp=ts),
-        Event("workflow.finished", SYNTH, {"status": "completed", "usage": {"platform_cpu_s": 0.75}},
+        Event("workflow.finished", SYNTH, {"status": "completed", "platform": {"cpu_s": 0.75, "window": "execution"}},
               tenant_id="initech", project_id="ml", timestamp=ts),
     ]  # fmt: skip
 
