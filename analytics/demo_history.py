@@ -40,6 +40,27 @@ FROM
 )
 WHERE keep"""
 
+# what the facts writer derives from each attempt: the request row naming the playbook, and the
+# priced usage lines (analytics/pricing.py usage_lines: CPU, RAM, egress, call)
+_DERIVED = (
+    """INSERT INTO $db.execution_fact (event_id, ts, tenant_id, project_id, execution_id, playbook, playbook_name,
+    transition, status)
+SELECT concat('synthetic-request-', execution_id), min(ts), any(tenant_id), any(project_id), execution_id,
+    any(playbook), any(playbook), 'requested', 'requested'
+FROM $db.task_fact WHERE startsWith(tenant_id, 'synthetic-') GROUP BY execution_id""",
+    """INSERT INTO $db.usage_fact (event_id, ordinal, ts, tenant_id, project_id, execution_id, step, kind, category,
+    item, unit, quantity, used, requested)
+SELECT event_id, _l.1, ts, tenant_id, project_id, execution_id, step, kind, _l.2, _l.3, _l.4, _l.5, _l.5, 0
+FROM $db.task_fact
+ARRAY JOIN [
+    (0, 'compute', '', 'core_hour', coalesce(cpu_ms, duration_ms * units) / 3.6e6),
+    (1, 'ram', '', 'gb_hour', mem_bytes * duration_ms / 3.6e6 / 1e9),
+    (2, 'egress', 'default', 'gb', egress_bytes / 1e9),
+    (3, 'call', kind, 'call', 1)
+] AS _l
+WHERE startsWith(tenant_id, 'synthetic-') AND (_l.5 > 0 OR _l.2 = 'call')""",
+)
+
 
 def generate_history(store: FactsStore, *, days: int = 30, per_day: int = 4000, tenants: int = len(TENANTS)) -> int:
     """Insert ``days`` x ``per_day`` candidate SYNTHETIC task attempts (about 60 % kept); returns rows added."""
@@ -49,5 +70,7 @@ def generate_history(store: FactsStore, *, days: int = 30, per_day: int = 4000, 
     tenant_list = ", ".join(f"'{t}'" for t in TENANTS[:tenants])
     sql = _INSERT.replace("{tenant_list:String}", tenant_list)
     store.command(sql, {"tenants": tenants, "per_day": per_day, "days": days, "rows": days * per_day})
+    for derived in _DERIVED:  # re-deriving earlier synthetic rows is harmless: keyed on event_id
+        store.command(derived)
     _, after = store.query("SELECT count() FROM $db.task_fact WHERE startsWith(tenant_id, 'synthetic-')")
     return int(after[0][0]) - int(before[0][0])

@@ -72,7 +72,7 @@ GROUP BY _u.day, _u.tenant_id, _u.project_id, playbook, _u.step, _u.category, _u
 """
 
 _COUNTERS = """
-SELECT _t.tenant_id, _t.project_id, if(_dim.playbook != '', _dim.playbook, _t.playbook) AS playbook, _t.step,
+SELECT _t.tenant_id, _t.project_id, if(_dim.playbook = '', '(unknown)', _dim.playbook) AS playbook, _t.step,
        toDate(_t.ts) AS day,
        toUInt64(count()), toUInt64(countIf(_t.status = 'error')), toUInt64(countIf(_t.attempt > 1)),
        sum(coalesce(_t.cpu_ms, _t.duration_ms * _t.units)) / 3.6e6, sum(_t.mem_bytes * _t.duration_ms) / 3.6e6,
