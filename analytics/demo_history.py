@@ -21,7 +21,7 @@ SELECT concat('synthetic-', toString(number)), ts, tenant, 'demo', concat(tenant
     concat('step_', toString(number % 5)), toString(intDiv(number, 2)), toString(number), 'task',
     ['python', 'http', 'duckdb', 'postgres', 'shell'][1 + number % 5],
     1 + (cityHash64(number, 9) % 100 < 4), if(failed, 'error', 'ok'), duration,
-    concat('playbooks/', ['orders', 'billing', 'etl_daily', 'ml_features', 'reports', 'sync'][1 + (cityHash64(number, 8) % (3 + t))]),
+    concat('playbooks/', ['orders', 'billing', 'etl_daily', 'ml_features', 'reports', 'sync'][1 + (cityHash64(intDiv(number, 6), 8) % (3 + t))]),
     duration * (0.2 + (cityHash64(number, 1) % 70) / 100), cityHash64(number, 2) % (50000000 * (1 + t)), 400000000,
     cityHash64(number, 3) % 5000000, cityHash64(number, 4) % 8000000, cityHash64(number, 5) % 200000,
     cityHash64(number, 6) % 50000, if(number % 5 = 1, cityHash64(number, 6) % 2000000, 0),
@@ -47,7 +47,7 @@ _DERIVED = (
     transition, status)
 SELECT concat('synthetic-request-', execution_id), min(ts), any(tenant_id), any(project_id), execution_id,
     any(playbook), any(playbook), 'requested', 'requested'
-FROM $db.task_fact WHERE startsWith(tenant_id, 'synthetic-') GROUP BY execution_id""",
+FROM $db.task_fact WHERE startsWith(tenant_id, {prefix:String}) GROUP BY execution_id""",
     """INSERT INTO $db.usage_fact (event_id, ordinal, ts, tenant_id, project_id, execution_id, step, kind, category,
     item, unit, quantity, used, requested)
 SELECT event_id, _l.1, ts, tenant_id, project_id, execution_id, step, kind, _l.2, _l.3, _l.4, _l.5, _l.5, 0
@@ -58,8 +58,15 @@ ARRAY JOIN [
     (2, 'egress', 'default', 'gb', egress_bytes / 1e9),
     (3, 'call', kind, 'call', 1)
 ] AS _l
-WHERE startsWith(tenant_id, 'synthetic-') AND (_l.5 > 0 OR _l.2 = 'call')""",
+WHERE startsWith(tenant_id, {prefix:String}) AND (_l.5 > 0 OR _l.2 = 'call')""",
 )
+
+
+def derive_usage(store: FactsStore, tenant_prefix: str) -> None:
+    """Request rows and usage lines of task facts inserted directly (tenants starting with the prefix);
+    re-deriving earlier rows is harmless: they are keyed on event_id."""
+    for derived in _DERIVED:
+        store.command(derived, {"prefix": tenant_prefix})
 
 
 def generate_history(store: FactsStore, *, days: int = 30, per_day: int = 4000, tenants: int = len(TENANTS)) -> int:
@@ -70,7 +77,6 @@ def generate_history(store: FactsStore, *, days: int = 30, per_day: int = 4000, 
     tenant_list = ", ".join(f"'{t}'" for t in TENANTS[:tenants])
     sql = _INSERT.replace("{tenant_list:String}", tenant_list)
     store.command(sql, {"tenants": tenants, "per_day": per_day, "days": days, "rows": days * per_day})
-    for derived in _DERIVED:  # re-deriving earlier synthetic rows is harmless: keyed on event_id
-        store.command(derived)
+    derive_usage(store, "synthetic-")
     _, after = store.query("SELECT count() FROM $db.task_fact WHERE startsWith(tenant_id, 'synthetic-')")
     return int(after[0][0]) - int(before[0][0])

@@ -53,9 +53,24 @@ _SUMMARY = """SELECT day, round(allocated, 9) AS allocated, round(unallocated, 9
     round(ifNull(storage_cost, 0), 9) AS storage, round(idle, 9) AS idle, round(capacity_cost, 9) AS capacity
 FROM $db.allocation_summary_day WHERE day BETWEEN {start:Date} AND {end:Date} ORDER BY day"""
 
-_EXECUTIONS = """SELECT execution_id, min(ts) AS started, count() AS attempts, countIf(status = 'error') AS failed,
-    round(sum(coalesce(cpu_ms, duration_ms)) / 3.6e6, 9) AS cpu_core_hours, round(sum(duration_ms) / 1000, 3) AS seconds
-FROM $db.task_fact FINAL
+# task attempts, and the engine's own CPU (the `platform` line, step ''), under the playbook name the
+# priced rows use (execution_dim)
+_EXECUTIONS = """SELECT execution_id, min(ts) AS started, countIf(what = 'task') AS attempts, countIf(status = 'error') AS failed,
+    round(sum(cpu_ms) / 3.6e6, 9) AS cpu_core_hours, round(sum(duration_ms) / 1000, 3) AS seconds
+FROM
+(
+    SELECT _x.*, if(_dim.playbook = '', '(unknown)', _dim.playbook) AS playbook
+    FROM
+    (
+        SELECT execution_id, ts, tenant_id, project_id, step, 'task' AS what, status,
+               coalesce(cpu_ms, duration_ms) AS cpu_ms, duration_ms
+        FROM $db.task_fact FINAL
+        UNION ALL
+        SELECT execution_id, ts, tenant_id, project_id, step, 'platform', '', used * 3.6e6, 0
+        FROM $db.usage_fact FINAL WHERE category = 'platform'
+    ) AS _x
+    LEFT JOIN $db.execution_dim AS _dim ON _dim.execution_id = _x.execution_id
+)
 WHERE tenant_id = {tenant:String} AND playbook = {playbook:String} AND step = {step:String}
     AND toDate(ts) BETWEEN {start:Date} AND {end:Date} AND $scope(tenant_id, project_id)
 GROUP BY execution_id ORDER BY cpu_core_hours DESC LIMIT 50"""

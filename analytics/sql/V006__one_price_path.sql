@@ -136,7 +136,8 @@ GROUP BY tenant_id, project_id, playbook, day, category, item
 HAVING NOT (category IN ('idle', 'shared') AND amount = 0);
 
 -- per tenant / project / playbook / step / day: the priced lines pivoted by component, with the
--- usage counters; `cost` is every line of the group (idle and shared rows have step '')
+-- usage counters; `cost` is every line of the group (idle and shared rows have step ''); idle left
+-- unallocated (tenant __idle__) is not a tenant's: allocation_summary_day reports it
 CREATE OR REPLACE VIEW $db.allocation_cost_day AS
 SELECT if(_c.tenant_id = '', '__unallocated__', _c.tenant_id) AS tenant, _c.project_id AS project,
        if(_c.playbook = '', '(unknown)', _c.playbook) AS playbook, _c.step AS step, _c.day AS day,
@@ -166,7 +167,7 @@ FROM
            anyIf(price_version, price_version != '') AS price_version, any(currency) AS currency
     FROM $db.cost_line_day FINAL
     GROUP BY tenant_id, project_id, playbook, step, day
-    HAVING NOT (tenant_id = '__idle__' AND cost = 0)
+    HAVING tenant_id != '__idle__'  -- idle no tenant carries: the cluster view (allocation_summary_day)
 ) AS _c
 LEFT JOIN (SELECT * FROM $db.allocation_step_day FINAL) AS _n
     ON _n.tenant_id = _c.tenant_id AND _n.project_id = _c.project_id AND _n.playbook = _c.playbook

@@ -14,7 +14,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from analytics.pricing import AttemptUsage
+from analytics.pricing import usage_lines
 from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.storage.event_stores import open_event_store
 
@@ -152,9 +152,9 @@ def test_memory_of_an_isolated_child_is_measured_and_priced(tmp_path):
     # the memory the attempt added includes its child's: what RAM is priced on
     assert u["child"]["mem_delta_bytes"] >= u["child"]["child_maxrss_bytes"]
     e = task_done["child"]
-    priced = AttemptUsage.from_task_done(e.data, e.timestamp)
+    ram = next(line for line in usage_lines(e.name, e.data) if line.category == "ram")
     duration_h = e.data["outcome"]["meta"]["duration_ms"] / 3.6e6
-    assert priced.ram_byte_hours >= 200 * MB * duration_h > 0
+    assert ram.quantity * 1e9 >= 200 * MB * duration_h > 0  # GB-hours
 
 
 def test_storage_tasks_count_the_bytes_they_write(tmp_path, data_dir):
