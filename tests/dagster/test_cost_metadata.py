@@ -229,7 +229,7 @@ def test_a_loop_run_as_frames_is_priced_on_its_collect_op(tmp_path):
 def test_each_per_step_run_carries_its_own_cost_and_the_finishing_run_the_total(dagster_data, ephemeral_instance):
     """Per-step jobs (the router launches one run per token): every run of one op is tagged
     ``noetl/run_cost_usd`` with its step's attempts; the run that finishes the execution also gets
-    ``noetl/cost_usd``, the whole execution, which the runs' own costs add up to."""
+    ``noetl/cost_usd``, the whole execution: the runs' own costs plus its platform line."""
     from dagster_helpers import EXAMPLES
 
     from noetl_dagster.sensors.router import RouterCursor, instance_run_lookup, router_tick
@@ -264,4 +264,7 @@ def test_each_per_step_run_carries_its_own_cost_and_the_finishing_run_the_total(
     finishing = [s for s, r in runs.items() if "noetl/cost_usd" in ephemeral_instance.get_run_by_id(r).tags]
     assert finishing == ["combine"]
     total = float(ephemeral_instance.get_run_by_id(runs["combine"]).tags["noetl/cost_usd"])
-    assert total == pytest.approx(sum(own.values()), rel=1e-9, abs=1e-9)
+    # the execution's total is its steps' own costs plus the engine's CPU for it (the platform line)
+    platform = _cost(prices, events.get("", []))
+    assert platform.platform > 0 and platform.total == platform.platform
+    assert total == pytest.approx(sum(own.values()) + platform.total, rel=1e-9, abs=1e-9)
