@@ -315,10 +315,14 @@ def _budget_definitions(interval: int, default_status: dg.DefaultSensorStatus) -
     )
     def noetl_cost_budgets(context: dg.SensorEvaluationContext, noetl_facts: FactsStoreResource):
         from analytics.budgets import evaluate, load_budgets  # noqa: PLC0415
+        from analytics.store import FactsStoreError  # noqa: PLC0415
 
         budgets = load_budgets(noetl_facts.budgets or "")
-        with noetl_facts.open() as store:
-            statuses = evaluate(store, budgets)
+        try:
+            with noetl_facts.open() as store:
+                statuses = evaluate(store, budgets)
+        except FactsStoreError as e:  # an embedded store held by an export run: the next tick asks again
+            return dg.SkipReason(f"facts store busy: {e}")
         requests = []
         for st in statuses:
             if st.crossed is None:
