@@ -235,10 +235,16 @@ class Meter:
         self.gross_cpu_s = gross
         if self._outer is not None:
             self._outer._nested += gross
-        if self._window is not None:
-            self._window.add(gross)
         cpu = gross - self._nested
-        u: dict[str, Any] = {"wall_s": round(wall, 6), "cpu_s": round(cpu, 6) if cpu > 0 else 0.0}
+        cpu = cpu if cpu > 0 else 0.0
+        _attribute(cpu)
+        w = self._window
+        if w is not None:
+            if w.thread is None:
+                w.add(cpu)
+            else:  # a sub-execution's window counts its own thread: what its attempts used of it
+                w.add(cpu, time.thread_time() - self._cpu if threading.get_ident() == w.thread else 0.0)
+        u: dict[str, Any] = {"wall_s": round(wall, 6), "cpu_s": round(cpu, 6)}
         counters = self._counters
         if _resource is not None and wall < SHORT_TASK_S:  # see SHORT_TASK_S: memory as at the start
             u["mem_peak_bytes"], u["mem_delta_bytes"] = self._rss, 0
@@ -309,23 +315,59 @@ def own_hwm() -> int:
 
 
 # -- the engine's own usage per execution: the `platform` line ----------------------------------
+# Every CPU second of the process goes to one attempt or one platform line, never two: what was
+# attributed (attempts' cpu_s, closed windows' platform) is appended here, lock-free (parallel lanes),
+# and summed in batches; a window's platform is its process CPU less what was attributed meanwhile.
+_LEDGER: list[float] = []
+_ledger_sum = [0.0]
+_LEDGER_LOCK = threading.Lock()
+
+
+def _attribute(cpu_s: float) -> None:
+    _LEDGER.append(cpu_s)
+    if len(_LEDGER) > 4096:
+        with _LEDGER_LOCK:
+            _attributed()
+
+
+def _attributed() -> float:
+    """CPU attributed so far (call under _LEDGER_LOCK; only the items summed are removed)."""
+    n = len(_LEDGER)
+    _ledger_sum[0] += sum(_LEDGER[:n])
+    del _LEDGER[:n]
+    return _ledger_sum[0]
+
+
 class Window:
-    """One execution's time in this process: its CPU (all threads) minus the gross CPU of its
-    task attempts is the engine's own work for it, recorded as ``platform`` usage when it finishes."""
+    """One execution's time in this process: the process's CPU (all threads) over it, less what
+    task attempts and other executions' platform lines took meanwhile, is the engine's own work
+    for it — its ``platform`` usage, recorded when it finishes.
 
-    __slots__ = ("_proc", "_wall", "_tasks", "_summed", "_lock", "window")
+    A sub-execution started by a task attempt (``kind: playbook``; ``inside``) counts its own
+    thread only: that thread's CPU over the window less what its attempts used of it. Its
+    siblings on other lanes run at the same time, and their attempts are still running when it
+    closes, so the process's figure would hold their CPU too (and count it twice)."""
 
-    def __init__(self, from_process_start: bool = False) -> None:
-        self._proc = 0.0 if from_process_start else time.process_time()
+    __slots__ = ("_proc", "_wall", "_attr0", "_tasks", "_summed", "_lock", "_own", "thread", "window")
+
+    def __init__(self, from_process_start: bool = False, inside: bool = False) -> None:
+        self.thread = threading.get_ident() if inside else None
+        with _LEDGER_LOCK:
+            self._attr0 = 0.0 if from_process_start else _attributed()
+            self._proc = 0.0 if from_process_start else (time.thread_time() if inside else time.process_time())
         self._wall = time.perf_counter() - (_process_age() if from_process_start else 0.0)
-        self.window = "process" if from_process_start else "execution"
-        self._tasks: list[float] = []  # appended without a lock (parallel lanes), summed in batches
+        self.window = "process" if from_process_start else ("thread" if inside else "execution")
+        self._tasks: list[float] = []  # this execution's attempts (lock-free appends, summed in batches)
+        self._own = [0.0]  # thread windows: CPU its attempts used of its thread
         self._summed = 0.0
         self._lock = threading.Lock()
 
-    def add(self, cpu_s: float) -> None:
+    def add(self, cpu_s: float, own_thread_s: float = 0.0) -> None:
         t = self._tasks
         t.append(cpu_s)
+        if own_thread_s:
+            with self._lock:
+                self._own[0] += own_thread_s
         if len(t) > 4096:
             self._sum()
 
@@ -338,12 +380,22 @@ class Window:
             return self._summed
 
     def usage(self) -> dict[str, Any]:
-        proc = time.process_time() - self._proc
+        with _LEDGER_LOCK:
+            if self.thread is None:
+                proc = time.process_time() - self._proc
+                taken = _attributed() - self._attr0
+            else:  # closed on the thread that opened it (Engine.finish after drive, run_child)
+                proc = time.thread_time() - self._proc
+                with self._lock:
+                    taken = self._own[0]
+            platform = proc - taken if proc > taken else 0.0
+            _LEDGER.append(platform)  # windows still open do not take it again
         tasks = self._sum()
         return {
-            "cpu_s": round(max(0.0, proc - tasks), 6),
+            "cpu_s": round(platform, 6),
             "process_cpu_s": round(proc, 6),
             "task_cpu_s": round(tasks, 6),
+            "other_cpu_s": round(max(0.0, taken - tasks), 6),
             "wall_s": round(time.perf_counter() - self._wall, 6),
             "window": self.window,
         }
@@ -375,7 +427,7 @@ def window(execution_id: str) -> Window:
     """The execution's window in this process, opened now on first use."""
     w = _WINDOWS.get(execution_id)
     if w is None:
-        w = Window(_from_process_start[0])
+        w = Window(_from_process_start[0], inside=_METER.get() is not None)
         _from_process_start[0] = False
         if len(_WINDOWS) >= _WINDOWS_MAX:
             _WINDOWS.pop(next(iter(_WINDOWS)), None)
