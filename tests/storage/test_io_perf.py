@@ -148,13 +148,17 @@ def _extra(tmp_path: Path, fmt: str, mode: str, rows: int) -> dict:
 def test_storing_a_table_adds_little_memory_to_the_library_write(tmp_path, fmt):
     """What the hashing path holds (a few megabyte batches) on top of the plain library write;
     the benchmark measures the 1 GB case (peak <= 2x the result)."""
-    rows = 2_000_000  # 48 MB
+    rows = 4_000_000  # 96 MB: a copy of the table cannot hide inside the margin below
     ours = _extra(tmp_path, fmt, "ours", rows)
     if fmt == "arrow":
         assert (ours["table"] + ours["extra"]) / ours["table"] <= 2.0, ours
     else:  # Parquet buffers a whole row group (1 Mi rows) even when written plainly: compare with that
         raw = _extra(tmp_path, fmt, "raw", rows)
-        assert ours["extra"] <= raw["extra"] + 32 * 2**20, (ours, raw)  # a few chunks, whatever the size
+        # Under load the hasher lags: the backlog (and the allocator's pages around it) may be
+        # full when the peak is read, in the two runs at different moments. The margin is that
+        # worst case twice plus slack (48 MiB), still half the table, so a copy of it fails.
+        margin = 2 * payload._HASH_BACKLOG + 32 * 2**20
+        assert ours["extra"] <= raw["extra"] + margin, (ours, raw)
 
 
 def test_iceberg_appends_digest_only_what_they_added(tmp_path, monkeypatch):
