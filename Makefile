@@ -17,6 +17,12 @@ $(VENV)/.installed: pyproject.toml
 	# the browser test drives Debian chromium through playwright (never `playwright install`)
 	command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; } || \
 		echo "setup: chromium not installed (apt-get failed); tests/dagster/test_browser.py needs /usr/bin/chromium"
+	# Azurite (Azure Blob emulator) from the npm registry into .tools/azurite, for the payload compliance suite
+	command -v npm >/dev/null || { apt-get update -q && apt-get install -y -q npm; } || \
+		echo "setup: npm not installed (apt-get failed); tests/storage/test_payload_compliance.py needs it for Azurite"
+	test -x .tools/azurite/node_modules/.bin/azurite-blob || \
+		npm install --no-audit --no-fund --silent --prefix .tools/azurite azurite@3.37.0 || \
+		echo "setup: azurite not installed (npm failed); tests/storage/test_payload_compliance.py installs it on first use"
 	touch $@
 
 demo: setup

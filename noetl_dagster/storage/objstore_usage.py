@@ -1,5 +1,5 @@
-"""Network bytes of object-store traffic (S3 through s3fs/aiobotocore, GCS through gcsfs) in the
-running task's measured usage (issue 18.1; ``engine/usage.py``).
+"""Network bytes of object-store traffic (S3 through s3fs/aiobotocore, GCS through gcsfs, Azure Blob
+through adlfs) in the running task's measured usage (issue 18.1; ``engine/usage.py``).
 
 Both clients speak HTTP/1.1 through aiohttp, so every exchange is counted from the aiohttp
 response once the request is sent and the response head has arrived:
@@ -129,3 +129,9 @@ def aiohttp_trace_config() -> Any:
     tc.on_request_end.append(_on_request_end)
     tc.freeze()
     return tc
+
+
+def azure_response_hook(response: Any) -> None:
+    """Count one Azure Blob exchange (adlfs's client: ``raw_response_hook``, which the storage SDK
+    calls for every attempt, retries too) from the aiohttp response under azure-core's transport."""
+    count_exchange(getattr(getattr(response, "http_response", None), "internal_response", None))

@@ -1,4 +1,4 @@
-"""PayloadStore port, its adapters (filesystem, S3-compatible), and ResultRef.
+"""PayloadStore port, its adapters (filesystem, S3-compatible, GCS, Azure) by URL scheme, and ResultRef.
 
 Events carry references, never big bodies: a result whose JSON encoding is
 over the inline limit is written here and the event holds a ``ResultRef``
@@ -38,6 +38,9 @@ from noetl_dagster.util.jsonutil import loads
 
 DEFAULT_INLINE_LIMIT = 64 * 1024
 PAYLOAD_STORE_ENV = "NOETL_PAYLOAD_STORE_URL"
+# ``<object>`` + this: the object's typed reference as JSON, written by PayloadStore.put (metadata
+# that survives a copy of the objects to another cloud, unlike provider-specific object metadata)
+SIDECAR_SUFFIX = ".noetl-meta.json"
 
 
 class ChecksumMismatch(RuntimeError):
@@ -57,6 +60,13 @@ class ResultRef:
     checksum: str
     rows: int | None = None
     schema_fingerprint: str | None = None
+    # the typed reference of seed 004 F.1; absent in references written before (they keep reading)
+    content_type: str | None = None
+    schema_ref: str | None = None
+    region: str | None = None
+    locality: str | None = None
+    storage_class: str | None = None
+    execution_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -303,6 +313,25 @@ class PayloadStore(ABC):
     """Where bodies over the inline limit live."""
 
     name: str = "payload"
+    region: str | None = None
+    storage_class: str | None = None
+
+    def locality(self) -> str | None:
+        """``in-cluster`` / ``egress`` / ``local`` where the adapter can tell, else None."""
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        """The store's region/locality metadata (what a typed reference records of it)."""
+        out = {"store": self.name, "region": self.region, "locality": self.locality(), "storage_class": self.storage_class}
+        return {k: v for k, v in out.items() if v is not None}
+
+    def scheme_names(self) -> tuple[str, ...]:
+        """URI schemes this adapter reads (object stores: its scheme and aliases)."""
+        return ()
+
+    def sibling(self, bucket: str) -> PayloadStore:
+        """The same connection (endpoint, credentials) on another bucket / container."""
+        raise NotImplementedError(f"{type(self).__name__} has no buckets")
 
     @abstractmethod
     def put_bytes(self, key: str, data: bytes) -> str:
@@ -349,12 +378,13 @@ class PayloadStore(ABC):
         except NotImplementedError:  # an adapter without streaming writes: one buffer
             data = b"".join(iter_json(value))
             count(bytes_written=len(data))
-            return ResultRef(self.put_bytes(key, data), self.name, "json", len(data), checksum_of(data), rows)
+            return self.typed_ref(self.put_bytes(key, data), len(data), checksum_of(data), "json", rows=rows,
+                                  content_type="application/json")  # fmt: skip
         with w:
             for piece in iter_json(value):
                 w.write(piece)
         count(bytes_written=w.size)  # the running task's usage (outside a task: nothing)
-        return ResultRef(uri=w.uri, store=self.name, format="json", size=w.size, checksum=w.checksum, rows=rows)
+        return self.typed_ref(w.uri, w.size, w.checksum, "json", rows=rows, content_type="application/json")
 
     def get_verified(self, ref: ResultRef) -> bytes:
         data = self.get_bytes(ref.uri)
@@ -367,6 +397,60 @@ class PayloadStore(ABC):
 
     def get_json(self, ref: ResultRef) -> Any:
         return loads(self.get_verified(ref))
+
+    def typed_ref(self, uri: str, data_size: int, checksum: str, fmt: str, **fields: Any) -> ResultRef:
+        """A reference with this store's region/locality/storage class filled in (F.1)."""
+        meta = self.describe()
+        return ResultRef(uri=uri, store=self.name, format=fmt, size=data_size, checksum=checksum,
+                         region=meta.get("region"), locality=meta.get("locality"),
+                         storage_class=meta.get("storage_class"), **fields)  # fmt: skip
+
+    # Sidecar metadata: put() stores the object, then its typed reference beside it
+    # (<key>.noetl-meta.json); head() and get() read it back, so that a bare URI verifies too.
+    def put(
+        self, key: str, data: bytes, *, content_type: str = "application/octet-stream", fmt: str = "bytes",
+        algorithm: str | None = None, **fields: Any,
+    ) -> ResultRef:
+        """Store ``data`` atomically with its metadata sidecar and return the typed reference."""
+        uri = self.put_bytes(key, data)
+        ref = self.typed_ref(uri, len(data), checksum_of(data, algorithm), fmt, content_type=content_type, **fields)
+        count(bytes_written=len(data))
+        self.put_bytes(key + SIDECAR_SUFFIX, dumps_bytes(ref.to_dict()))
+        return ref
+
+    def _sidecar(self, uri: str) -> dict[str, Any] | None:
+        side = uri + SIDECAR_SUFFIX
+        try:
+            data = self.get_bytes(side)
+        except (PayloadNotFound, FileNotFoundError):
+            return None
+        meta = loads(data)
+        if not isinstance(meta, dict) or meta.get("uri") not in (uri, None):
+            raise ChecksumMismatch(f"metadata sidecar of {uri} names another object")
+        return meta
+
+    def head(self, uri: str) -> dict[str, Any]:
+        """The object's size as stored and, from its sidecar, the typed reference's fields
+        (PayloadNotFound when there is no object)."""
+        stored = self.size(uri)
+        meta = self._sidecar(uri) or {"uri": uri, "store": self.name, **self.describe()}
+        return {**meta, "stored_size": stored, "sidecar": "checksum" in meta}
+
+    def get(self, ref_or_uri: ResultRef | str) -> bytes:
+        """The bytes of a reference, or of a URI by its sidecar's checksum; never unverified bytes."""
+        if isinstance(ref_or_uri, ResultRef):
+            return self.get_verified(ref_or_uri)
+        meta = self._sidecar(ref_or_uri)
+        if meta is None or not meta.get("checksum"):
+            if not self.exists(ref_or_uri):
+                raise PayloadNotFound(f"no payload at {ref_or_uri}")
+            raise ChecksumMismatch(f"{ref_or_uri}: no metadata sidecar with a checksum; refusing an unverified read")
+        return self.read_verified(ref_or_uri, meta["checksum"])
+
+    def remove(self, uri: str) -> None:
+        """Delete the object and its sidecar."""
+        self.delete(uri)
+        self.delete(uri + SIDECAR_SUFFIX)
 
 
 def _check_key(key: str, *, prefix: bool = False) -> str:
@@ -382,9 +466,14 @@ def _check_key(key: str, *, prefix: bool = False) -> str:
 class FilePayloadStore(PayloadStore):
     name = "file"
 
-    def __init__(self, root: str | os.PathLike[str]):
+    def __init__(self, root: str | os.PathLike[str], *, region: str | None = None, storage_class: str | None = None):
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
+        self.region = region
+        self.storage_class = storage_class
+
+    def locality(self) -> str | None:
+        return "local"
 
     def _path(self, key: str, *, prefix: bool = False) -> Path:
         p = (self.root / _check_key(key, prefix=prefix)).resolve()
@@ -462,7 +551,7 @@ class FilePayloadStore(PayloadStore):
         return sorted(
             p.as_uri()
             for p in start.rglob("*")
-            if p.is_file() and not p.name.endswith(".tmp") and str(p).startswith(want)
+            if p.is_file() and not p.name.endswith((".tmp", SIDECAR_SUFFIX)) and str(p).startswith(want)
         )
 
     def owns(self, uri: str) -> bool:
@@ -473,56 +562,41 @@ class FilePayloadStore(PayloadStore):
         return uri.startswith("file://") or uri.startswith("/")
 
 
-class S3PayloadStore(PayloadStore):
-    """An S3-compatible bucket (AWS S3, Ceph RGW, SeaweedFS, moto) through fsspec/s3fs.
+class ObjectPayloadStore(PayloadStore):
+    """A bucket (S3, GCS) or container (Azure) with an optional key prefix, through an fsspec
+    filesystem ``self.fs``. Subclasses build ``fs``; everything else is shared, so that every
+    object-store adapter behaves alike (the compliance suite, tests/storage/test_payload_compliance.py).
 
-    Credentials and endpoint come from the arguments or the usual AWS
-    environment variables / config files (botocore's chain)."""
+    URIs are ``<scheme>://<bucket>/<prefix>/<key>``; ``aliases`` are other schemes naming the same
+    objects (``gcs://`` for ``gs://``, ``abfs://`` / ``az://`` for ``azure://``), accepted on read."""
 
-    name = "s3"
+    scheme = ""
+    aliases: tuple[str, ...] = ()
+    fs: Any
+    _options: dict[str, Any]  # the connection options, for sibling()
 
-    def __init__(
-        self,
-        bucket: str,
-        prefix: str = "",
-        *,
-        endpoint_url: str | None = None,
-        region: str | None = None,
-        key: str | None = None,
-        secret: str | None = None,
-        create_bucket: bool = False,
-        **storage_options: Any,
-    ):
-        import s3fs  # noqa: PLC0415 - optional heavy import
+    def scheme_names(self) -> tuple[str, ...]:
+        return (self.scheme, *self.aliases)
 
+    def sibling(self, bucket: str) -> PayloadStore:
+        return type(self)(bucket, "", **self._options)
+
+    def _locate(self, bucket: str, prefix: str) -> None:
         if not bucket or "/" in bucket:
             raise ValueError(f"invalid bucket name: {bucket!r}")
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         if self.prefix:
             _check_key(self.prefix)
-        client_kwargs = dict(storage_options.pop("client_kwargs", {}) or {})
-        if region:
-            client_kwargs.setdefault("region_name", region)
-        endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        self.endpoint_url = endpoint_url
-        # network bytes of every request go into the running task's usage (storage/objstore_usage.py)
-        config_kwargs = s3_config_kwargs(storage_options.pop("config_kwargs", None))
-        self.fs = s3fs.S3FileSystem(
-            endpoint_url=endpoint_url, key=key, secret=secret, client_kwargs=client_kwargs,
-            config_kwargs=config_kwargs, **storage_options,
-        )
-        if create_bucket and not self.fs.exists(self.bucket):
-            self.fs.mkdir(self.bucket)
 
     def _full(self, key: str, *, prefix: bool = False) -> str:
         _check_key(key, prefix=prefix)
         return f"{self.bucket}/{self.prefix}/{key}" if self.prefix else f"{self.bucket}/{key}"
 
     def _path_of(self, uri: str) -> str:
-        if not uri.startswith("s3://"):
-            raise ValueError(f"not an s3:// uri: {uri}")
-        path = uri[len("s3://") :]
+        scheme, sep, path = uri.partition("://")
+        if not sep or (scheme != self.scheme and scheme not in self.aliases):
+            raise ValueError(f"not a {self.scheme}:// uri: {uri}")
         bucket, _, key = path.partition("/")
         if bucket != self.bucket:
             raise ValueError(f"payload uri outside bucket {self.bucket!r}: {uri}")
@@ -531,13 +605,17 @@ class S3PayloadStore(PayloadStore):
             raise ValueError(f"payload uri outside prefix {self.prefix!r}: {uri}")
         return path
 
+    def _uri(self, path: str) -> str:
+        return f"{self.scheme}://{path}"
+
     def uri_for(self, key: str) -> str:
-        return "s3://" + self._full(key, prefix=True)
+        return self._uri(self._full(key, prefix=True))
 
     def put_bytes(self, key: str, data: bytes) -> str:
         path = self._full(key)
-        self.fs.pipe_file(path, data)
-        return "s3://" + path
+        self.fs.pipe_file(path, data)  # one request: the object appears whole or not at all
+        self._forget(path)
+        return self._uri(path)
 
     def get_bytes(self, uri: str) -> bytes:
         try:
@@ -549,12 +627,21 @@ class S3PayloadStore(PayloadStore):
         path = self._full(key)
         fh = self.fs.open(path, "wb")
 
-        def abort() -> None:
-            fh.discard()  # aborts the multipart upload
-            fh.closed = True  # so that garbage collection does not try to finish it
+        def commit() -> None:
+            fh.close()
+            self._forget(path)
 
-        # the object becomes visible only when the (multipart) upload completes on close
-        return PayloadWriter(fh, "s3://" + path, fh.close, abort, algorithm)
+        def abort() -> None:
+            try:
+                self._discard(fh)
+            finally:
+                fh.closed = True  # so that garbage collection does not try to finish it
+
+        # the object becomes visible only when the upload completes on close
+        return PayloadWriter(fh, self._uri(path), commit, abort, algorithm)
+
+    def _discard(self, fh: Any) -> None:
+        fh.discard()  # aborts the multipart upload (its parts would be billed until a lifecycle rule)
 
     def open_read(self, uri: str) -> IO[bytes]:
         try:
@@ -562,19 +649,29 @@ class S3PayloadStore(PayloadStore):
         except FileNotFoundError as e:
             raise PayloadNotFound(f"no payload at {uri}") from e
 
+    def _forget(self, path: str) -> None:
+        """Drop fsspec's cached listing of the object's parents (another writer may change them)."""
+        self.fs.invalidate_cache(path)
+
     def exists(self, uri: str) -> bool:
-        return bool(self.fs.exists(self._path_of(uri)))
+        path = self._path_of(uri)
+        self._forget(path)
+        return bool(self.fs.exists(path))
 
     def size(self, uri: str) -> int:
+        path = self._path_of(uri)
+        self._forget(path)
         try:
-            return int(self.fs.size(self._path_of(uri)))
+            return int(self.fs.size(path))
         except FileNotFoundError as e:
             raise PayloadNotFound(f"no payload at {uri}") from e
 
     def delete(self, uri: str) -> None:
         path = self._path_of(uri)
+        self._forget(path)
         if self.fs.exists(path):
             self.fs.rm_file(path)
+        self._forget(path)
 
     def list(self, prefix: str = "") -> list[str]:
         base = f"{self.bucket}/{self.prefix}" if self.prefix else self.bucket
@@ -584,7 +681,7 @@ class S3PayloadStore(PayloadStore):
             found = self.fs.find(base)
         except FileNotFoundError:
             return []
-        return sorted("s3://" + p for p in found if p.startswith(want))
+        return sorted(self._uri(p) for p in found if p.startswith(want) and not p.endswith(SIDECAR_SUFFIX))
 
     def owns(self, uri: str) -> bool:
         try:
@@ -593,17 +690,202 @@ class S3PayloadStore(PayloadStore):
             return False
         return True
 
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "bucket": self.bucket, "prefix": self.prefix}
+
+
+class S3PayloadStore(ObjectPayloadStore):
+    """An S3-compatible bucket (AWS S3, Ceph RGW, SeaweedFS, MinIO, moto) through fsspec/s3fs.
+
+    Credentials and endpoint come from the arguments or the usual AWS environment variables /
+    config files (botocore's chain); ``path_style=True`` addresses in-house stores that do not
+    serve virtual-host buckets."""
+
+    name = "s3"
+    scheme = "s3"
+    aliases = ("s3a",)
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        key: str | None = None,
+        secret: str | None = None,
+        create_bucket: bool = False,
+        path_style: bool | None = None,
+        storage_class: str | None = None,
+        **storage_options: Any,
+    ):
+        import s3fs  # noqa: PLC0415 - optional heavy import
+
+        self._locate(bucket, prefix)
+        self._options = dict(endpoint_url=endpoint_url, region=region, key=key, secret=secret, path_style=path_style,
+                             storage_class=storage_class, **storage_options)  # fmt: skip
+        client_kwargs = dict(storage_options.pop("client_kwargs", {}) or {})
+        region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        if region:
+            client_kwargs.setdefault("region_name", region)
+        endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        self.endpoint_url = endpoint_url
+        self.region = region
+        self.storage_class = storage_class
+        # network bytes of every request go into the running task's usage (storage/objstore_usage.py)
+        config_kwargs = s3_config_kwargs(storage_options.pop("config_kwargs", None))
+        if path_style is not None:
+            config_kwargs.setdefault("s3", {"addressing_style": "path" if path_style else "virtual"})
+        if storage_class:
+            storage_options.setdefault("s3_additional_kwargs", {"StorageClass": storage_class})
+        self.fs = s3fs.S3FileSystem(
+            endpoint_url=endpoint_url, key=key, secret=secret, client_kwargs=client_kwargs,
+            config_kwargs=config_kwargs, **storage_options,
+        )
+        if create_bucket and not self.fs.exists(self.bucket):
+            self.fs.mkdir(self.bucket)
+
+    def locality(self) -> str | None:
+        return _locality(self.endpoint_url)
+
+
+def _locality(endpoint: str | None) -> str | None:
+    """``in-cluster`` or ``egress`` for an explicit endpoint (as the usage meter classes its host)."""
+    if not endpoint:
+        return None
+    from noetl_dagster.engine.usage import in_cluster  # noqa: PLC0415
+
+    return "in-cluster" if in_cluster(urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}").hostname) else "egress"
+
+
+def _flag(value: Any) -> bool:
+    return str(value).lower() in ("1", "true", "yes", "on")
+
+
+def _credential_record(name: str) -> dict[str, Any]:
+    """A stored credential from the keychain's providers (env, credentials file, plug-ins)."""
+    from noetl_dagster.engine.keychain import Keychain  # noqa: PLC0415
+
+    record = Keychain(None).credential(name)
+    if not record:
+        raise ValueError(f"payload store credential {name!r} not found in the keychain")
+    return dict(record)
+
+
+def _open_s3(parts: Any, query: dict[str, str], options: dict[str, Any]) -> PayloadStore:
+    opts: dict[str, Any] = {}
+    for k in ("endpoint_url", "region", "key", "secret", "storage_class"):
+        if k in query:
+            opts[k] = query.pop(k)
+    for k in ("create_bucket", "path_style"):
+        if k in query:
+            opts[k] = _flag(query.pop(k))
+    if "credential" in query:
+        rec = _credential_record(query.pop("credential"))
+        opts.setdefault("key", rec.get("aws_access_key_id") or rec.get("access_key_id") or rec.get("key"))
+        opts.setdefault("secret", rec.get("aws_secret_access_key") or rec.get("secret_access_key") or rec.get("secret"))
+        for k in ("endpoint_url", "region"):
+            if rec.get(k):
+                opts.setdefault(k, rec[k])
+    if query:
+        raise ValueError(f"unknown s3 store parameters: {sorted(query)}")
+    opts.update(options)
+    return S3PayloadStore(parts.netloc, parts.path.strip("/"), **opts)
+
+
+def _open_file(parts: Any, query: dict[str, str], options: dict[str, Any]) -> PayloadStore:
+    if query:
+        raise ValueError(f"unknown file store parameters: {sorted(query)}")
+    return FilePayloadStore(unquote(parts.path), **options)
+
+
+# The adapter registry (seed 004 F.1/F.2): one factory per URL scheme, used by writes, reads,
+# archives, tables and replay alike. Values are callables or "module:function" names, imported on
+# first use (the cloud SDKs are optional). Third parties add theirs with register_payload_adapter.
+PayloadAdapterFactory = Callable[[Any, dict[str, str], dict[str, Any]], PayloadStore]
+PAYLOAD_ADAPTERS: dict[str, PayloadAdapterFactory | str] = {
+    "file": _open_file,
+    "s3": _open_s3,
+    "s3a": _open_s3,
+    "gs": "noetl_dagster.storage.cloud_stores:open_gcs",
+    "gcs": "noetl_dagster.storage.cloud_stores:open_gcs",
+    "azure": "noetl_dagster.storage.cloud_stores:open_azure",
+    "az": "noetl_dagster.storage.cloud_stores:open_azure",
+    "abfs": "noetl_dagster.storage.cloud_stores:open_azure",
+    "abfss": "noetl_dagster.storage.cloud_stores:open_azure",
+}
+
+
+def register_payload_adapter(scheme: str, factory: PayloadAdapterFactory | str) -> None:
+    """Register (or replace) the adapter for ``scheme://`` URLs: ``factory(parts, query, options)``
+    with ``parts`` the ``urlsplit`` of the URL and ``query`` its parameters (pop what you use)."""
+    PAYLOAD_ADAPTERS[scheme.lower()] = factory
+
+
+def _adapter(scheme: str) -> PayloadAdapterFactory:
+    factory = PAYLOAD_ADAPTERS.get(scheme.lower())
+    if factory is None:
+        known = ", ".join(sorted(f"{s}://" for s in PAYLOAD_ADAPTERS))
+        raise ValueError(f"unsupported payload store URL scheme {scheme + '://'!r} (one of: {known})")
+    if isinstance(factory, str):
+        import importlib  # noqa: PLC0415
+
+        module, _, attr = factory.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module), attr)
+        except ImportError as e:
+            raise ValueError(f"the {scheme}:// payload store needs a package that is not installed ({e.name}):"
+                             " pip install 'noetl-dagster[cloud]'") from None  # fmt: skip
+        PAYLOAD_ADAPTERS[scheme.lower()] = factory  # type: ignore[assignment]
+    return factory  # type: ignore[return-value]
+
+
+def store_for_uri(
+    uri: str, *, like: PayloadStore | None = None, cache: dict[str, PayloadStore] | None = None
+) -> PayloadStore:
+    """A store that can read ``uri`` (a payload reference's locator), through the registry.
+
+    ``like``: a configured store whose connection options (endpoint, credentials) carry over to
+    other buckets of its kind — a reference names only the bucket. ``cache``: stores opened so far."""
+    if like is not None and like.owns(uri):
+        return like
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        scheme, rest = "file", uri
+    scheme = scheme.lower()
+    if scheme == "file":
+        root = str(Path(unquote(urlsplit(uri).path) if sep else rest).parent)
+        key = "file:" + root
+    else:
+        key = f"{scheme}:{rest.partition('/')[0]}"
+    if cache is not None and key in cache:
+        return cache[key]
+    if scheme == "file":
+        store: PayloadStore = FilePayloadStore(root)
+    elif like is not None and like.scheme_names() and scheme in like.scheme_names():
+        store = like.sibling(rest.partition("/")[0])
+    else:
+        store = open_payload_store(f"{scheme}://{rest.partition('/')[0]}")
+    if cache is not None:
+        cache[key] = store
+    return store
+
 
 def open_payload_store(
     url: str | os.PathLike[str] | None = None, *, data_dir: str | os.PathLike[str] | None = None, **options: Any
 ) -> PayloadStore:
-    """Open a PayloadStore by URL.
+    """Open a PayloadStore by URL, through the adapter registry (:data:`PAYLOAD_ADAPTERS`).
 
     - ``None``: ``$NOETL_PAYLOAD_STORE_URL`` if set, else ``$NOETL_DAGSTER_HOME/payloads``
       (or ``./.noetl/payloads``)
     - ``file:///abs/dir`` or a plain path: filesystem
-    - ``s3://bucket[/prefix]``: S3-compatible; query parameters ``endpoint_url``,
-      ``region``, ``create_bucket=true`` and extra keyword ``options`` go to the adapter.
+    - ``s3://bucket[/prefix]``: S3-compatible; query parameters ``endpoint_url``, ``region``,
+      ``path_style``, ``storage_class``, ``credential`` (a keychain name), ``create_bucket=true``
+    - ``gs://bucket[/prefix]``: Google Cloud Storage (``$STORAGE_EMULATOR_HOST`` honoured)
+    - ``azure://container[/prefix]`` (or ``abfs://``, ``az://``): Azure Blob / ADLS Gen2
+      (``$AZURE_STORAGE_CONNECTION_STRING`` honoured)
+
+    Extra keyword ``options`` go to the adapter (see docs/storage.md for each cloud).
     """
     if url is None or str(url) == "":
         if os.environ.get(PAYLOAD_STORE_ENV):
@@ -611,24 +893,11 @@ def open_payload_store(
         base = Path(data_dir or os.environ.get("NOETL_DAGSTER_HOME", ".noetl"))
         return FilePayloadStore(base / "payloads")
     text = str(url)
-    if text.startswith("file://"):
-        return FilePayloadStore(urlsplit(text).path)
-    if text.startswith("s3://"):
-        parts = urlsplit(text)
-        query = dict(parse_qsl(parts.query))
-        opts: dict[str, Any] = {}
-        for k in ("endpoint_url", "region", "key", "secret"):
-            if k in query:
-                opts[k] = query.pop(k)
-        if "create_bucket" in query:
-            opts["create_bucket"] = query.pop("create_bucket").lower() in ("1", "true", "yes")
-        if query:
-            raise ValueError(f"unknown s3 store parameters: {sorted(query)}")
-        opts.update(options)
-        return S3PayloadStore(parts.netloc, parts.path.strip("/"), **opts)
-    if "://" in text:
-        raise ValueError(f"unsupported payload store URL scheme: {text!r} (use file:// or s3://)")
-    return FilePayloadStore(text)
+    if "://" not in text:
+        return FilePayloadStore(text)
+    parts = urlsplit(text)
+    query = dict(parse_qsl(parts.query))
+    return _adapter(parts.scheme)(parts, query, dict(options))
 
 
 def payload_key(
@@ -684,7 +953,8 @@ class Offloader:
             data = dumps_bytes(value)  # near the limit: small enough to measure exactly
             if len(data) <= self.inline_limit:
                 return value
-            ref = ResultRef(self.store.put_bytes(key, data), self.store.name, "json", len(data), checksum_of(data), rows)
+            ref = self.store.typed_ref(self.store.put_bytes(key, data), len(data), checksum_of(data), "json",
+                                       rows=rows, content_type="application/json")  # fmt: skip
         else:
             ref = self.store.put_json(key, value, rows=rows)
         self._last = (value, ref)

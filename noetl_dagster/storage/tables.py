@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import pyarrow as pa
 
@@ -39,8 +39,8 @@ from noetl_dagster.storage.payload import (
     ChecksumMismatch,
     FilePayloadStore,
     PayloadStore,
-    S3PayloadStore,
     open_payload_store,
+    store_for_uri,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -556,23 +556,12 @@ class TableStorage:
         return Publication(resource, written, inputs)
 
     def _store_for(self, uri: str) -> PayloadStore:
-        if self.store.owns(uri):
-            return self.store
-        scheme = uri.split("://", 1)[0]
-        if scheme == "file":
-            root = str(Path(unquote(urlsplit(uri).path)).parent)
-            return self._stores.setdefault(root, FilePayloadStore(root))
-        if scheme == "s3":
-            bucket = urlsplit(uri).netloc
-            if bucket not in self._stores:
-                opts: dict[str, Any] = {}
-                if isinstance(self.store, S3PayloadStore):
-                    opts["endpoint_url"] = self.store.endpoint_url
-                    opts["key"] = self.store.fs.key
-                    opts["secret"] = self.store.fs.secret
-                self._stores[bucket] = S3PayloadStore(bucket, **opts)
-            return self._stores[bucket]
-        raise TableDataError(f"no payload adapter for {uri}")
+        # the adapter registry, as payload writes and replay use it; another bucket of the configured
+        # store's kind reuses its connection (endpoint, credentials)
+        try:
+            return store_for_uri(uri, like=self.store, cache=self._stores)
+        except ValueError as e:
+            raise TableDataError(f"no payload adapter for {uri}: {e}") from None
 
     def read_plan(self, plan: AccessPlan, *, columns: list[str] | None = None) -> pa.Table:
         location = plan.location
