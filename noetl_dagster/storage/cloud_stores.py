@@ -1,6 +1,6 @@
 """Payload stores on Google Cloud Storage (gcsfs) and Azure Blob / ADLS Gen2 (adlfs).
 
-Both are :class:`~noetl_dagster.storage.payload.ObjectPayloadStore` adapters, registered by URL
+Both are :class:`~noetl_dagster.storage.object_stores.ObjectPayloadStore` adapters, registered by URL
 scheme in :data:`~noetl_dagster.storage.payload.PAYLOAD_ADAPTERS` and opened with
 :func:`~noetl_dagster.storage.payload.open_payload_store`:
 
@@ -22,14 +22,9 @@ import json
 import os
 from typing import Any
 
+from noetl_dagster.storage.object_stores import ObjectPayloadStore, _credential_record, _flag, _locality
 from noetl_dagster.storage.objstore_usage import aiohttp_trace_config, azure_response_hook
-from noetl_dagster.storage.payload import (
-    ObjectPayloadStore,
-    PayloadStore,
-    _credential_record,
-    _flag,
-    _locality,
-)
+from noetl_dagster.storage.payload import PayloadStore
 
 
 class GCSPayloadStore(ObjectPayloadStore):

@@ -13,7 +13,7 @@ import pytest
 from aiohttp.abc import AbstractResolver
 
 from noetl_dagster.engine.usage import Meter
-from noetl_dagster.storage.payload import S3PayloadStore
+from noetl_dagster.storage.object_stores import S3PayloadStore
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 

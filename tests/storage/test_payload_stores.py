@@ -10,13 +10,13 @@ import boto3
 import pytest
 
 from noetl_dagster.dsl.locator import object_prefix
+from noetl_dagster.storage.object_stores import S3PayloadStore
 from noetl_dagster.storage.payload import (
     ChecksumMismatch,
     FilePayloadStore,
     Offloader,
     PayloadNotFound,
     ResultRef,
-    S3PayloadStore,
     is_ref,
     iter_refs,
     open_payload_store,

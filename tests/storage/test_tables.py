@@ -10,7 +10,8 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from noetl_dagster.storage.payload import ChecksumMismatch, S3PayloadStore
+from noetl_dagster.storage.object_stores import S3PayloadStore
+from noetl_dagster.storage.payload import ChecksumMismatch
 from noetl_dagster.storage.tables import (
     IcebergTables,
     TableDataError,
