@@ -224,6 +224,7 @@ def run_playbook(
     execution_id: str | None = None,
     services: Services | None = None,
     select: Iterable[str] | None = None,
+    requested_by: str = "cli",
 ) -> ExecutionResult:
     """Run a playbook to completion in this process and return its summary.
 
@@ -247,6 +248,6 @@ def run_playbook(
         svc.catalog.add_dir(pb.base_dir)
     reap_unrecorded(svc)
     eng = Engine(pb, svc, execution_id=execution_id)
-    eng.start(workload, request={"select": sorted(select)} if select is not None else None)
+    eng.start(workload, requested_by=requested_by, request={"select": sorted(select)} if select is not None else None)
     eng.drive(on_step)
     return _finished(eng)

@@ -246,6 +246,8 @@ def test_materializing_one_table_runs_only_the_steps_it_needs(dagster_data, tmp_
     ran = {e.step for e in events if e.name == "step.done"}
     skipped = {e.step: e.data["reason"] for e in events if e.name == "step.skipped"}
     assert ran == {"start", "left"} and skipped == {"right": "not selected", "both": "not selected"}
+    req = next(e for e in events if e.name == "playbook.execution.requested")
+    assert req.data["requested_by"] == f"dagster-asset:{r.run_id}" and req.data["select"] == ["left", "start"]
     reg = _res(dagster_data).registry("demo", "examples")
     with pytest.raises(Exception, match="right"):  # never stored
         reg.resolve("noetl://demo/examples/t/dataset/right")
