@@ -160,7 +160,7 @@ def _backfill(tmp_path, data_dir, playbook, keys):
                         ev = rec.dagster_event.event_specific_data
                         evals[(run.tags.get("dagster/partition") or run.tags.get("dagster/asset_partition_range_start"),
                                ev.check_name)] = ev  # fmt: skip
-                return runs, evals
+                return runs, evals, instance.get_materialized_partitions(EVENTS)
     finally:
         os.environ.pop("T31_PLAYBOOK", None)
         os.environ.pop("T31_DATA", None)
@@ -168,7 +168,8 @@ def _backfill(tmp_path, data_dir, playbook, keys):
 
 @pytest.mark.slow
 def test_a_two_partition_backfill_through_the_daemon_leaves_one_record_per_key(dagster_data, tmp_path):
-    runs, evals = _backfill(tmp_path, dagster_data, _daily(tmp_path), ["2026-11-21", "2026-11-22"])
+    runs, evals, done = _backfill(tmp_path, dagster_data, _daily(tmp_path), ["2026-11-21", "2026-11-22"])
+    assert done == {"2026-11-21", "2026-11-22"}
     assert sorted(r.tags["dagster/partition"] for r in runs) == ["2026-11-21", "2026-11-22"]
     assert all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs)
     records = sorted(_records(dagster_data), key=lambda r: r[1])
@@ -185,7 +186,8 @@ def test_single_run_backfill_policy_hands_the_playbook_its_range(dagster_data, t
     f = _daily(tmp_path, extra=", backfill: single_run, range_key: days")
     ad = _defs([f], dagster_data).resolve_assets_def(EVENTS)
     assert ad.backfill_policy == dg.BackfillPolicy.single_run()
-    runs, evals = _backfill(tmp_path, dagster_data, f, ["2026-11-21", "2026-11-22", "2026-11-23"])
+    runs, evals, done = _backfill(tmp_path, dagster_data, f, ["2026-11-21", "2026-11-22", "2026-11-23"])
+    assert done == {"2026-11-21", "2026-11-22", "2026-11-23"}  # the one run materialized every key of its range
     assert len(runs) == 1 and runs[0].status == dg.DagsterRunStatus.SUCCESS
     # one version covers the range, recorded under its label; each key's rows are in it
     assert _records(dagster_data) == [("v1", "2026-11-21...2026-11-23", 3 + 4 + 5)]
