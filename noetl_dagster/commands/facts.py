@@ -211,15 +211,18 @@ def dashboard(clickhouse: str | None, data_dir: str | None, database: str | None
 
     if days is not None and days <= 0:
         _fail_input("--days must be positive")
+    table = _prices(prices, data_dir)  # a bad price file is one line before anything is written
     store = _store(clickhouse, data_dir, database)
     if not no_export:
         log = _events(events_url, data_dir)
         try:
-            report = FactExporter(store, log).export()
+            report = FactExporter(store, log, prices=table).export()
         finally:
             log.close()
         click.echo(f"exported {report.events} new events")
-    rollup = _refresh(store, prices, data_dir)
+    from analytics.rollups import refresh_rollups  # noqa: PLC0415
+
+    rollup = refresh_rollups(store, table)
     out_dir = Path(out) if out else Path(data_dir or default_data_dir()) / "dashboard"
     result = render_dashboard(store, out_dir, days=days, title=title, currency=rollup.currency)
     click.echo(f"dashboard: {result.html}")
