@@ -11,23 +11,43 @@ top level too (``{{ load.count }}`` as in NoETL's fixtures; the metadata keys wi
 ``select`` keeps only some values: a list of paths (dotted ``items.0.id`` or JSONPath ``$.items[0].id``)
 or ``{name: path}``; the result then holds those names instead of ``data``.
 
-``action: put`` stores ``data`` (JSON) in the payload store: ``{ref: {"$ref": …}, uri, size_bytes, sha256}``.
-Errors: a missing reference is ``artifact_not_found``, a checksum mismatch ``checksum_mismatch``.
+``action: put`` stores ``data`` (mappings and lists as JSON, strings as text) at ``uri`` as
+upstream's tool does — a ``file://`` URI, a plain path (relative: to the first root), NoETL's
+``artifact://localfs/<abs path>`` or a URI of the execution's payload store — or, with no ``uri``, under a
+key of the payload store. ``compress: true`` gzips (and appends ``.gz`` as upstream). Result:
+``{ref: {"$ref": …}, uri, path, size_bytes, sha256}``.
+
+Local paths, read or written, must resolve (symlinks and ``..`` followed) inside one of the
+artifact roots: ``$NOETL_ARTIFACT_ROOTS`` (``os.pathsep``-separated; default the data dir), or for a
+generated playbook its own directory only. Anything else is a one-line ``config_error``, never a
+silent redirect. Errors: a missing reference is ``artifact_not_found``, a checksum mismatch
+``checksum_mismatch``.
 """
 
 from __future__ import annotations
 
 import gzip
+import os
+import uuid
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import unquote
 
 from pydantic import Field
 
-from noetl_dagster.storage.payload import ChecksumMismatch, ResultRef, is_ref
+from noetl_dagster.storage.payload import (
+    ChecksumMismatch,
+    PayloadStore,
+    ResultRef,
+    checksum_of,
+    is_ref,
+    verify_checksum,
+)
 from noetl_dagster.tools.configs import ToolConfig
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
-from noetl_dagster.tools.shell import payload_store
-from noetl_dagster.util.jsonutil import loads, plain
+from noetl_dagster.tools.shell import data_dir, payload_store
+from noetl_dagster.util.jsonutil import dumps, loads, plain
 
 _MISSING = object()
 
@@ -35,10 +55,65 @@ _MISSING = object()
 class ArtifactConfig(ToolConfig):
     action: Literal["get", "put"] = Field("get", description="get (read a reference back) | put (store data)")
     result_ref: Any = Field(None, description="a step's _ref, a {$ref} envelope or {kind: result_ref, ref: uri}")
-    uri: str | None = Field(None, description="a payload-store URI (instead of result_ref)")
+    uri: str | None = Field(None, description="get: where to read; put: where to write (file://, a path inside "
+                            "NOETL_ARTIFACT_ROOTS, artifact://localfs/…, or a payload-store URI)")
     select: list[str] | dict[str, str] | str | None = Field(None, description="paths to keep: [a.b, $.c[0]] or {name: path}")
     data: Any = Field(None, description="put: the value to store")
-    name: str | None = Field(None, description="put: a name for the stored object")
+    name: str | None = Field(None, description="put without uri: a name for the stored object")
+    compress: bool = Field(False, description="put: gzip the bytes (and append .gz to a local path)")
+    credential: str | None = Field(None, description="accepted for upstream compatibility (cloud URIs use kind: storage)")
+
+ROOTS_ENV = "NOETL_ARTIFACT_ROOTS"
+
+
+def artifact_roots(ctx: ToolContext) -> list[str]:
+    """The real directories local artifact paths must stay in: a generated playbook's own
+    directory, else ``$NOETL_ARTIFACT_ROOTS``, else the data dir."""
+    scope = getattr(ctx, "scope_dir", None)
+    if scope:
+        return [os.path.realpath(scope)]
+    raw = os.environ.get(ROOTS_ENV, "")
+    roots = [r.strip() for r in raw.split(os.pathsep) if r.strip()] or [str(data_dir(ctx))]
+    return [os.path.realpath(os.path.expanduser(r)) for r in roots]
+
+
+def _local_path(uri: str) -> str | None:
+    """The filesystem path a URI names, or None for another scheme."""
+    if uri.startswith("artifact://localfs/"):
+        return "/" + unquote(uri[len("artifact://localfs/"):])
+    if uri.startswith("artifact://"):
+        return unquote(uri[len("artifact://"):])
+    if uri.startswith("file://"):
+        return unquote(uri[len("file://"):])
+    return None if "://" in uri else uri
+
+
+def _confine(path: str, ctx: ToolContext, action: str) -> str:
+    """``path`` resolved (symlinks, ``..``) inside an artifact root, else a config_error."""
+    roots = artifact_roots(ctx)
+    if "\x00" in path:
+        raise ToolError(f"artifact: {action} path contains a NUL byte", kind="config_error")
+    full = os.path.expanduser(path)
+    full = os.path.realpath(full if os.path.isabs(full) else os.path.join(roots[0], full))
+    for root in roots:
+        if full.startswith(root.rstrip(os.sep) + os.sep):
+            return full
+    where = "this generated playbook's own directory" if getattr(ctx, "scope_dir", None) else \
+        f"{ROOTS_ENV} ({os.pathsep.join(roots)})"
+    raise ToolError(f"artifact: {action} {path!r} resolves outside the artifact roots: {where}; "
+                    f"add its directory to {ROOTS_ENV}", kind="config_error")  # fmt: skip
+
+
+def _store_key(store: PayloadStore, uri: str) -> str | None:
+    """The key of ``uri`` in ``store`` (None when the store does not own it)."""
+    try:
+        if not store.owns(uri):
+            return None
+        probe = store.uri_for("k")
+    except (NotImplementedError, ValueError):
+        return None
+    base = probe[: -len("k")]
+    return unquote(uri[len(base):]) if uri.startswith(base) else None
 
 
 def _arg(inputs: Mapping[str, Any], key: str) -> Any:
@@ -105,24 +180,42 @@ def _select(data: Any, select: Any) -> dict[str, Any]:
     return {str(name): _path(data, str(path)) for name, path in pairs}
 
 
+def _read(uri: str, ref: ResultRef | None, ctx: ToolContext) -> tuple[bytes, str]:
+    """(bytes, store name) of ``uri``: the payload store's own URIs through the store, local paths
+    from inside the artifact roots; a reference with a checksum is verified either way."""
+    store = payload_store(ctx)
+    if _store_key(store, uri) is not None:
+        data = store.get_verified(ref) if ref is not None else store.get_bytes(uri)
+        return data, store.name
+    path = _local_path(uri)
+    if path is None:
+        raise ToolError(f"artifact: get {uri!r}: its scheme is neither a local path nor this execution's "
+                        f"payload store ({store.name}); read other object stores with kind: storage",
+                        kind="config_error")  # fmt: skip
+    with open(_confine(path, ctx, "get"), "rb") as fh:
+        data = fh.read()
+    if ref is not None:
+        verify_checksum(data, ref.checksum, uri)
+    return data, "local"
+
+
 def _get(inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
     raw = _arg(inputs, "result_ref")
     ref, uri = _ref_of(raw if raw not in (None, "") else _arg(inputs, "uri"))
     if ref is None and uri is None:
         raise ToolError("artifact: get needs result_ref (e.g. '{{ step._ref }}') or uri; the value given is empty "
                         "(was the step's result stored inline?)", kind="config_error")
-    store = payload_store(ctx)
+    where = ref.uri if ref else str(uri)
     try:
-        data = store.get_verified(ref) if ref is not None else store.get_bytes(str(uri))
+        data, store_name = _read(where, ref, ctx)
     except ChecksumMismatch as e:
         raise ToolError(f"artifact: {e}", kind="checksum_mismatch") from None
     except (FileNotFoundError, KeyError) as e:
-        raise ToolError(f"artifact: no stored result at {ref.uri if ref else uri}: {e}", kind="artifact_not_found") from None
+        raise ToolError(f"artifact: no stored result at {where}: {e}", kind="artifact_not_found") from None
     except (OSError, ValueError) as e:
-        raise ToolError(f"artifact: cannot read {ref.uri if ref else uri}: {e}", kind="artifact_error") from None
-    where = ref.uri if ref else str(uri)
+        raise ToolError(f"artifact: cannot read {where}: {e}", kind="artifact_error") from None
     value = _decode(data, ref.format if ref else None, where)
-    meta = {"uri": where, "store": store.name, "format": ref.format if ref else None, "size_bytes": len(data)}
+    meta = {"uri": where, "store": store_name, "format": ref.format if ref else None, "size_bytes": len(data)}
     select = _arg(inputs, "select")
     if select:
         return {**_select(value, select), **meta}
@@ -132,15 +225,66 @@ def _get(inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
     return out
 
 
+def _encode(data: Any) -> tuple[bytes, str]:
+    if isinstance(data, str):
+        return data.encode("utf-8"), "text"
+    return dumps(data).encode("utf-8"), "json"
+
+
+def _write_file(path: str, body: bytes) -> None:
+    """Atomically (temp file + rename in the same directory) at the already resolved ``path``."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "xb") as fh:
+            fh.write(body)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 def _put(inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
     data = _arg(inputs, "data")
     if data is None:
         raise ToolError("artifact: put needs data", kind="config_error")
     store = payload_store(ctx)
-    prefix = getattr(getattr(ctx, "offloader", None), "key_prefix", "") or ""
-    name = _arg(inputs, "name") or f"{ctx.task}-attempt{ctx.attempt}"
-    ref = store.put_json(f"{prefix}{ctx.execution_id}/{ctx.step}/artifact-{name}.json", data)
-    return {"ref": ref.envelope(), "uri": ref.uri, "size_bytes": ref.size, "sha256": ref.checksum}
+    uri = _arg(inputs, "uri")
+    if not uri:  # this runtime's extension: no uri → a key of the payload store
+        prefix = getattr(getattr(ctx, "offloader", None), "key_prefix", "") or ""
+        name = _arg(inputs, "name") or f"{ctx.task}-attempt{ctx.attempt}"
+        ref = store.put_json(f"{prefix}{ctx.execution_id}/{ctx.step}/artifact-{name}.json", data)
+        return {"ref": ref.envelope(), "uri": ref.uri, "size_bytes": ref.size, "sha256": ref.checksum}
+    uri = str(uri).strip()
+    body, fmt = _encode(data)
+    checksum = checksum_of(body)
+    compress = bool(_arg(inputs, "compress"))
+    if compress:
+        body = gzip.compress(body, mtime=0)
+    key = _store_key(store, uri)
+    path = None
+    try:
+        if key is not None:
+            where, store_name = store.put_bytes(key, body), store.name
+        else:
+            local = _local_path(uri)
+            if local is None:
+                raise ToolError(f"artifact: put {uri!r}: its scheme is neither a local path nor this execution's "
+                                f"payload store ({store.name}); write other object stores with kind: storage",
+                                kind="config_error")  # fmt: skip
+            if compress and not local.endswith((".gz", ".gzip")):
+                local += ".gz"
+            path = _confine(local, ctx, "put")
+            _write_file(path, body)
+            where, store_name = Path(path).as_uri(), "local"
+    except (OSError, ValueError) as e:
+        raise ToolError(f"artifact: cannot write {uri}: {e}", kind="artifact_error") from None
+    # the checksum is of the bytes as stored (what get verifies); sha256 of the content as upstream
+    ref = ResultRef(uri=where, store=store_name, format=fmt, size=len(body), checksum=checksum_of(body))
+    out = {"ref": ref.envelope(), "uri": where, "size_bytes": len(body), "sha256": checksum, "compressed": compress}
+    if path is not None:
+        out["path"] = path
+    return out
 
 
 @register_tool("artifact", config=ArtifactConfig, description="Read a stored result reference back (select paths), or store data")

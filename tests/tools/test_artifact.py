@@ -3,6 +3,9 @@ test_output_select and test_storage_tiers through the engine."""
 
 from __future__ import annotations
 
+import gzip
+import os
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -112,3 +115,170 @@ def test_output_select_fixture_gives_the_same_trace_under_dagster(tmp_path, monk
 
     dag_names = names(url, dag.execution_id)
     assert dag_names and dag_names == names(f"sqlite:///{tmp_path / 'local' / 'events.db'}", local.execution_id)
+
+
+# -- put/get honour `uri`, confined to NOETL_ARTIFACT_ROOTS (issue 32.1) ----------------------------
+
+
+def _read_back(path: Path) -> object:
+    import json
+
+    return json.loads(path.read_text())
+
+
+def test_put_writes_at_its_uri_and_get_reads_it(make_ctx, tmp_path, monkeypatch):
+    r1, r2 = tmp_path / "r1", tmp_path / "r2"
+    r1.mkdir(), r2.mkdir()
+    monkeypatch.setenv("NOETL_ARTIFACT_ROOTS", f"{r1}{os.pathsep}{r2}")
+    ctx = make_ctx()
+    value = {"rows": [1, 2, 3]}
+    # file:// in the second root, a plain absolute path, a relative path (to the first root), artifact://localfs
+    for uri, where in [((r2 / "a" / "x.json").as_uri(), r2 / "a" / "x.json"),
+                       (str(r1 / "y.json"), r1 / "y.json"),
+                       ("sub/z.json", r1 / "sub" / "z.json"),
+                       (f"artifact://localfs{r2}/w.json", r2 / "w.json")]:  # fmt: skip
+        put = artifact_tool({"action": "put", "uri": uri, "data": value}, ctx)
+        assert put["path"] == str(where) and _read_back(where) == value
+        assert artifact_tool({"uri": uri}, ctx)["data"] == value
+        assert artifact_tool({"result_ref": put["ref"]}, ctx)["rows"] == [1, 2, 3]  # checksum-verified
+    assert not (ctx.data_dir / "payloads").exists() or not any((ctx.data_dir / "payloads").rglob("*.json"))
+    # text stays text, compress gzips and appends .gz as upstream does
+    artifact_tool({"action": "put", "uri": str(r1 / "note.txt"), "data": "hello"}, ctx)
+    assert (r1 / "note.txt").read_text() == "hello"
+    put = artifact_tool({"action": "put", "uri": str(r1 / "c.json"), "data": value, "compress": True}, ctx)
+    assert put["path"] == str(r1 / "c.json.gz") and gzip.decompress((r1 / "c.json.gz").read_bytes()) == b'{"rows":[1,2,3]}'
+    assert artifact_tool({"uri": str(r1 / "c.json.gz")}, ctx)["data"] == value
+
+
+def test_default_root_is_the_data_dir(make_ctx, tmp_path, monkeypatch):
+    monkeypatch.delenv("NOETL_ARTIFACT_ROOTS", raising=False)
+    ctx = make_ctx()
+    artifact_tool({"action": "put", "uri": "out/v.json", "data": [1]}, ctx)
+    assert _read_back(ctx.data_dir / "out" / "v.json") == [1]
+    with pytest.raises(ToolError, match="NOETL_ARTIFACT_ROOTS") as ei:
+        artifact_tool({"action": "put", "uri": str(tmp_path / "elsewhere.json"), "data": [1]}, ctx)
+    assert ei.value.kind == "config_error" and not (tmp_path / "elsewhere.json").exists()
+
+
+@pytest.mark.parametrize("action", ["put", "get"])
+def test_outside_dotdot_and_symlink_escapes_are_config_errors(make_ctx, tmp_path, monkeypatch, action):
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir(), outside.mkdir()
+    (outside / "secret.json").write_text('{"s": 1}')
+    (root / "link").symlink_to(outside, target_is_directory=True)  # a directory link leading out
+    (root / "file_link.json").symlink_to(outside / "secret.json")  # a file link leading out
+    (root / "inner").mkdir()
+    (root / "ok_link").symlink_to(root / "inner", target_is_directory=True)  # a link that stays inside
+    monkeypatch.setenv("NOETL_ARTIFACT_ROOTS", str(root))
+    ctx = make_ctx()
+    before = sorted(p.name for p in outside.iterdir())
+    for uri in [str(outside / "secret.json"), (outside / "secret.json").as_uri(), "../outside/secret.json",
+                f"{root}/inner/../../outside/secret.json", "link/secret.json", str(root / "link" / "new.json"),
+                "file_link.json", f"artifact://localfs{outside}/secret.json", "~/x.json"]:  # fmt: skip
+        cfg = {"action": action, "uri": uri, "data": {"x": 1}} if action == "put" else {"uri": uri}
+        with pytest.raises(ToolError) as ei:
+            artifact_tool(cfg, ctx)
+        assert ei.value.kind == "config_error", (uri, ei.value)
+        msg = str(ei.value.message)
+        assert "\n" not in msg and "NOETL_ARTIFACT_ROOTS" in msg and "outside the artifact roots" in msg, msg
+    assert sorted(p.name for p in outside.iterdir()) == before and (outside / "secret.json").read_text() == '{"s": 1}'
+    # a link that stays inside a root is fine
+    if action == "put":
+        artifact_tool({"action": "put", "uri": "ok_link/v.json", "data": {"v": 2}}, ctx)
+        assert _read_back(root / "inner" / "v.json") == {"v": 2}
+    else:
+        (root / "inner" / "g.json").write_text('{"g": 3}')
+        assert artifact_tool({"uri": "ok_link/g.json"}, ctx)["g"] == 3
+
+
+def test_other_schemes_and_the_payload_store_own_uris(make_ctx, tmp_path, monkeypatch):
+    monkeypatch.setenv("NOETL_ARTIFACT_ROOTS", str(tmp_path / "nowhere"))  # the store is not under a root
+    ctx = make_ctx()
+    for cfg in ({"action": "put", "uri": "gs://b/k.json", "data": 1}, {"uri": "gs://b/k.json"}):
+        with pytest.raises(ToolError, match="neither a local path nor this execution's payload store") as ei:
+            artifact_tool(cfg, ctx)
+        assert ei.value.kind == "config_error"
+    # the payload store's own URIs go through the store (its own root check), under any roots
+    put = artifact_tool({"action": "put", "data": {"a": 1}}, ctx)
+    assert artifact_tool({"uri": put["uri"]}, ctx)["a"] == 1
+    target = ctx.payload_store.uri_for("manual/data.json")
+    put2 = artifact_tool({"action": "put", "uri": target, "data": {"b": 2}}, ctx)
+    assert put2["uri"] == target and ctx.payload_store.get_bytes(target) == b'{"b":2}'
+    assert artifact_tool({"result_ref": put2["ref"]}, ctx)["b"] == 2
+
+
+def test_playbook_put_and_get_through_the_cli(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    root = tmp_path / "root"
+    pb = tmp_path / "art.yaml"
+    pb.write_text(textwrap.dedent("""\
+        apiVersion: noetl.io/v2
+        kind: Playbook
+        metadata: {name: art, path: tests/art}
+        workload: {target: "file:///nowhere/x.json"}
+        workflow:
+          - step: start
+            tool: {kind: artifact, action: put, uri: "{{ workload.target }}", data: {rows: [1, 2, 3]}}
+            next: {arcs: [{step: get}]}
+          - step: get
+            tool: {kind: artifact, action: get, uri: "{{ workload.target }}"}
+    """))
+    env = {**os.environ, "NOETL_DAGSTER_HOME": str(tmp_path / "home"), "NOETL_ARTIFACT_ROOTS": str(root)}
+
+    def run(target: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "noetl_dagster.commands.main", "validate", str(pb)],
+                              capture_output=True, text=True, env=env, check=True) and subprocess.run(
+            [sys.executable, "-m", "noetl_dagster.commands.main", "run", str(pb), "--json", "--workload",
+             json.dumps({"target": target})], capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+
+    ok = run((root / "d" / "x.json").as_uri())
+    out = json.loads(ok.stdout)
+    assert ok.returncode == 0 and out["status"] == "completed", ok.stderr
+    assert json.loads((root / "d" / "x.json").read_text()) == {"rows": [1, 2, 3]}
+    assert out["results"]["get"]["rows"] == [1, 2, 3]
+    bad = run(str(tmp_path / "outside.json"))
+    out = json.loads(bad.stdout)
+    assert bad.returncode == 1 and out["status"] == "failed"
+    err = out["results"]["start"]["error"]
+    assert err["kind"] == "config_error" and "NOETL_ARTIFACT_ROOTS" in err["message"]
+    assert not (tmp_path / "outside.json").exists()
+
+
+def test_a_generated_playbook_reaches_only_its_own_directory(tmp_path, monkeypatch):
+    from noetl_dagster.dsl import load_playbook_dict
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    monkeypatch.setenv("NOETL_DAGSTER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("NOETL_ARTIFACT_ROOTS", str(tmp_path))  # the parent's roots are not the child's
+
+    def child(uri: str) -> dict:
+        return {"apiVersion": "noetl.io/v2", "kind": "Playbook", "metadata": {"name": "gen", "path": "gen/art"},
+                "workflow": [{"step": "start", "tool": [{"w": {"kind": "artifact", "action": "put", "uri": uri,
+                                                               "data": {"a": 1}}}]}]}  # fmt: skip
+
+    def run(uri: str):
+        doc = {"apiVersion": "noetl.io/v2", "kind": "Playbook", "metadata": {"name": "p", "path": "tests/p"},
+               "executor": {"spec": {"generated": {"allow_kinds": ["artifact"]}}},
+               "workflow": [{"step": "run_child", "tool": [{"c": {"kind": "playbook", "definition": child(uri)}}]}]}
+        return run_playbook(load_playbook_dict(doc), event_store=f"sqlite:///{tmp_path / 'ev.db'}",
+                            data_dir=tmp_path / "home")  # fmt: skip
+
+    ok = run("mine/a.json")  # relative: the child's own directory
+    assert ok.status == "completed", ok.results
+    assert list((tmp_path / "home").rglob("mine/a.json"))
+    for uri in [str(outside / "a.json"), (outside / "a.json").as_uri(), f"artifact://localfs{outside}/a.json",
+                "../../../outside/a.json"]:  # fmt: skip
+        res = run(uri)
+        assert res.status == "failed", (uri, res.results)
+        assert "outside" in json_text(res.results["run_child"]), res.results
+    assert list(outside.iterdir()) == []
+
+
+def json_text(value: object) -> str:
+    import json
+
+    return json.dumps(value, default=str)
