@@ -331,8 +331,12 @@ try:
 except ToolError as e:
     out = {"ok": False, "message": e.message, "kind": e.kind, "details": e.details, "result": e.result}
 text = json.dumps(out, default=str)
-from noetl_dagster.engine.usage import own_hwm
-sys.stdout.write("\n__NOETL_HWM__%d\n__NOETL_RESULT__" % own_hwm() + text)
+try:  # this child's own peak RSS for the parent's meter (its ru_maxrss starts at the parent's)
+    from noetl_dagster.engine.usage import own_hwm
+    hwm = own_hwm()
+except Exception:
+    hwm = 0
+sys.stdout.write("\n__NOETL_HWM__%d\n__NOETL_RESULT__" % hwm + text)
 """
 
 
