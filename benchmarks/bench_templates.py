@@ -54,7 +54,7 @@ HOSTILE: list[tuple[str, str]] = [
     ("indent 1e6 lines", "{{ ('\\n'*1000000)|indent(1000, first=True)|length }}"),
     ("translate x1000", "{{ ('x'*1000000).translate({120: 'y'*1000})|length }}"),
     ("join with a long separator", "{{ (range(100000)|list)|join(','*1000)|length }}"),
-    ("sum filter of lists", "{{ ([[0]]*1000000)|sum(start=[])|length }}"),
+    ("sum filter of lists", "{{ ([[0]*2]*1000000)|sum(start=[])|length }}"),
     ("batch(1) of 1e6", "{{ ([0]*1000000)|batch(1)|list|length }}"),
     ("escape x5", "{{ ('<'*16000000)|e|length }}"),
     ("urlencode x9", "{{ ('\\u00e9'*8000000)|urlencode|length }}"),

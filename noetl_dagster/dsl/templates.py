@@ -448,7 +448,7 @@ class _Env(ImmutableSandboxedEnvironment):
         if new is not None:
             args = new
         if type(__obj) is Macro:
-            tick(6)  # a macro call sets up a frame and a buffer: a few operations' worth
+            tick(24)  # a macro call sets up a frame, a buffer and its output: ~4 us
         out = super().call(__context, __obj, *args, **kwargs)
         if type(out) in _FRESH_ITEMS:  # a fresh tuple per item
             return lim.counted(out, 64)
