@@ -97,7 +97,7 @@ def playbook_multi_asset(c: CompiledPlaybook, specs: list[dg.AssetSpec]) -> dg.A
         context.instance.add_run_tags(context.run.run_id, {TAG_EXECUTION: eid})
         with op_log(eid, context.log) as sink:  # the NoETL step/task events, as a job run's ops log them
             result = run_playbook(pb, workload, services=svc, execution_id=eid, select=select,
-                                  requested_by=f"{REQUESTED_BY_ASSET}{context.run_id}",
+                                  requested_by=f"{REQUESTED_BY_ASSET}{context.run.run_id}",
                                   on_step=lambda _run: sink.flush())  # fmt: skip
         events = svc.event_store.read(result.execution_id)
         skipped = [e.step for e in events if e.name == E.STEP_SKIPPED and (e.data or {}).get("reason") == "not selected"]
