@@ -8,7 +8,9 @@
 - :class:`TenantScope`: the only way the dashboard reads the facts store. Every query must name
   its tenant columns with ``$scope(tenant_col, project_col)``, which becomes the caller's filter
   (``true`` for an admin); a query without it is refused, so a new endpoint cannot forget the
-  filter. Cluster-wide views (idle, unallocated) need an admin viewer.
+  filter. Cluster-wide views (idle, unallocated) need an admin viewer. Executions read from the
+  event store (the execution page, issue 36) pass :meth:`TenantScope.execution`: another
+  tenant's (or project's) execution reads as unknown (404), never as forbidden.
 - :class:`Sessions`: the browser's HttpOnly cookie names a server-side session holding the key,
   which is authenticated again on every request.
 """
@@ -23,9 +25,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from registry_service.errors import Forbidden, RegistryError, Unauthorized
+from registry_service.errors import Forbidden, NotFound, RegistryError, Unauthorized
 
-__all__ = ["Forbidden", "KeyAuth", "RegistryUnavailable", "Sessions", "TenantScope", "Unauthorized", "Viewer"]
+__all__ = ["Forbidden", "KeyAuth", "NotFound", "RegistryUnavailable", "Sessions", "TenantScope", "Unauthorized", "Viewer"]
 
 _SCOPE = re.compile(r"\$scope\(\s*(\w+)\s*,\s*(\w+)\s*\)")
 _PRICES = "SELECT any(currency), any(version) FROM $db.price_version"
@@ -90,6 +92,13 @@ class TenantScope:
         if not self.viewer.admin:
             raise Forbidden("the cluster view (idle, unallocated) is for admin keys only")
         return self._store.query(sql, params)
+
+    def execution(self, execution_id: str, tenant: str | None, project: str | None) -> None:
+        """Let the viewer see this execution (its events' tenant and project) or raise NotFound,
+        the same answer as for an id that does not exist, so ids of other tenants are not confirmed."""
+        v = self.viewer
+        if tenant is None or (not v.admin and (tenant != v.tenant or (v.project is not None and project != v.project))):
+            raise NotFound(f"no execution {execution_id}")
 
     def prices(self) -> tuple[str, str]:
         """(currency, price version): configuration, the same for every tenant."""

@@ -22,6 +22,8 @@ COMMANDS: dict[str, str] = {
     "replay": "noetl_dagster.commands.core:replay",
     "events": "noetl_dagster.commands.core:events",
     "executions": "noetl_dagster.commands.core:executions",
+    "explain": "noetl_dagster.commands.explain:explain",
+    "diff": "noetl_dagster.commands.explain:diff",
     "conformance": "noetl_dagster.commands.conformance:conformance",
     "migrate": "noetl_dagster.commands.migrate:migrate",
     "flow": "noetl_dagster.commands.flow:flow",

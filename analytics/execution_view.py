@@ -1,0 +1,130 @@
+"""Explain and diff of executions for the CLI and the dashboard's execution pages (issue 36).
+
+The engine folds the events (``engine/explain.py``, ``engine/execution_diff.py``); this adds
+what lives above it: the price table (a step run's measured cost), the playbook's graph laid
+out by networkx (layers of the condensation: a cycle's steps share a column), and, for the
+server, a cache of explanations keyed by the execution's last sequence, so a big loop's
+iterations page from memory and a finished execution is folded once. Every read on behalf of
+a dashboard viewer passes :meth:`TenantScope.execution` first.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from analytics.dashboard_access import TenantScope
+from noetl_dagster.engine.events import Event
+from noetl_dagster.engine.execution_diff import diff as diff_events
+from noetl_dagster.engine.explain import Explanation, UnknownExecution, explain
+from noetl_dagster.engine.explain_playbook import changed_steps, playbook_graph, playbook_of, step_lines
+
+MAX_ID = 100
+CACHE = 16  # explanations kept by a server (a 200,000-iteration loop: ~6 MB)
+
+
+def pricer(prices: str | None = None, data_dir: str | None = None) -> tuple[Any, str]:
+    """(price of one ``task.done`` event, currency) from the configured price table."""
+    from analytics.pricing import AttemptUsage, PriceTable  # noqa: PLC0415
+
+    table = PriceTable.load(prices, data_dir=data_dir)
+
+    def price(ev: Event) -> float:
+        return table.attempt_cost(AttemptUsage.from_task_done(ev.data, ev.timestamp)).total
+
+    return price, table.currency
+
+
+def layout(graph: dict[str, Any]) -> dict[str, list[float]]:
+    """Node positions: networkx's multipartite layout over the layers of the condensation (a
+    cycle's steps share a layer, joins sit after all their inputs)."""
+    import networkx as nx  # noqa: PLC0415
+
+    g = nx.DiGraph()
+    g.add_nodes_from(graph["steps"])
+    g.add_edges_from((e["from"], e["to"]) for e in graph["edges"])
+    if not g:
+        return {}
+    cond = nx.condensation(g)
+    for layer, comps in enumerate(nx.topological_generations(cond)):
+        for c in comps:
+            for i, n in enumerate(sorted(cond.nodes[c]["members"], key=graph["steps"].index)):
+                g.nodes[n]["layer"] = 2 * layer + (i % 2)  # a cycle's steps side by side, not on top
+    pos = nx.multipartite_layout(g, subset_key="layer", align="vertical", scale=1.0)
+    return {n: [round(float(x), 4), round(float(y), 4)] for n, (x, y) in pos.items()}
+
+
+def _check_id(execution_id: str) -> str:
+    if not execution_id or len(execution_id) > MAX_ID or any(ord(c) < 32 for c in execution_id):
+        raise ValueError(f"not an execution id: {execution_id[:MAX_ID]!r}")
+    return execution_id
+
+
+class ExecutionViews:
+    """Explanations and diffs over one event store; ``scope`` None: the local operator (CLI)."""
+
+    def __init__(self, event_store: Any, *, prices: str | None = None, data_dir: str | None = None):
+        self.store = event_store
+        self._prices, self._data_dir = prices, data_dir
+        self._price: Any = None
+        self.currency = ""
+        self._cache: OrderedDict[str, tuple[int, dict[str, Any], Explanation]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _pricing(self) -> Any:
+        if self._price is None:
+            self._price, self.currency = pricer(self._prices, self._data_dir)
+        return self._price
+
+    def _read(self, execution_id: str, scope: TenantScope | None, after: int = 0) -> list[Event]:
+        evs = self.store.read(_check_id(execution_id), after)
+        if not evs and not after:
+            if scope is not None:  # the same answer as for another tenant's execution
+                scope.execution(execution_id, None, None)
+            raise UnknownExecution(f"no events for execution {execution_id}")
+        if scope is not None and evs:
+            scope.execution(execution_id, evs[0].tenant_id, evs[0].project_id)
+        return evs
+
+    def explained(self, execution_id: str, scope: TenantScope | None = None) -> tuple[dict[str, Any], Explanation]:
+        with self._lock:
+            hit = self._cache.get(execution_id)
+        if hit is not None:
+            last, page, exp = hit
+            if scope is not None:
+                ex = page["execution"]
+                scope.execution(execution_id, ex.get("tenant"), ex.get("project"))
+            if not self.store.read(execution_id, last):  # nothing new since: the cached fold holds
+                return page, exp
+        evs = self._read(execution_id, scope)
+        pb, why = playbook_of(evs)
+        exp = explain(evs, price=self._pricing(), lines=step_lines(pb))
+        page = dict(exp.data)
+        page["graph"] = playbook_graph(pb, page["arcs"])
+        page["graph"]["positions"] = layout(page["graph"])
+        page["playbook_missing"] = why
+        page["currency"] = self.currency
+        with self._lock:
+            self._cache[execution_id] = (page["execution"]["last_sequence"], page, exp)
+            self._cache.move_to_end(execution_id)
+            while len(self._cache) > CACHE:
+                self._cache.popitem(last=False)
+        return page, exp
+
+    def explain(self, execution_id: str, scope: TenantScope | None = None) -> dict[str, Any]:
+        return self.explained(execution_id, scope)[0]
+
+    def iterations(self, execution_id: str, step_run_id: str, offset: int, limit: int,
+                   scope: TenantScope | None = None) -> dict[str, Any]:  # fmt: skip
+        return self.explained(execution_id, scope)[1].iterations(step_run_id, offset, limit)
+
+    def diff(self, a: str, b: str, scope: TenantScope | None = None) -> dict[str, Any]:
+        ea, eb = self._read(a, scope), self._read(b, scope)
+        pa, _ = playbook_of(ea)
+        pb, _ = playbook_of(eb)
+        when = {s.name: [None if arc.when is None else str(arc.when) for arc in (s.next.arcs if s.next else ())]
+                for s in (pa or pb).workflow} if (pa or pb) else None  # fmt: skip
+        out = diff_events(ea, eb, when=when, changed=changed_steps(pa, pb))
+        out["lines"] = {"a": step_lines(pa), "b": step_lines(pb)}
+        return out

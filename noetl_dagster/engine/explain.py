@@ -1,0 +1,356 @@
+"""What happened inside one execution, from its events alone (issue 36).
+
+:func:`explain` folds an execution's log in one pass into what ``noetl-dagster explain``
+prints and the dashboard's execution page draws: every step run (its tokens, input, task
+attempts and retries, result reference or error, fired arcs, measured usage and cost), loops
+aggregated (counts, and iterations in at most ``BUCKETS`` buckets plus the first
+``DETAIL`` in detail: a 200,000-item loop stays a few hundred rows; :func:`iterations`
+pages through the rest), sub-playbook executions, and the tokens that passed each arc.
+
+Nothing here imports Dagster or the analytics package: a cost comes from an optional
+``price(task_done_event) -> float`` the caller passes in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from typing import Any
+
+from noetl_dagster.engine.events import Event
+from noetl_dagster.util.jsonutil import dumps
+
+DETAIL = 50  # loop iterations kept one by one (the first ones, and failed ones up to this many)
+BUCKETS = 60  # the rest of a loop's iterations, by index range
+PREVIEW = 400  # characters of a value's JSON shown inline
+USAGE_SUM = ("cpu_s", "child_cpu_s", "wall_s", "bytes_read", "bytes_written", "net_in_bytes", "net_out_bytes",
+             "egress_bytes", "rows")  # fmt: skip
+
+Price = Callable[[Event], float]
+
+
+class UnknownExecution(KeyError):
+    """No events for this execution id (one line for the CLI, 404 for the page)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def _ms(ts: str) -> float:
+    return datetime.fromisoformat(ts).timestamp() * 1000.0
+
+
+def checksum(value: Any) -> str:
+    """A short, stable digest of a JSON value (a payload reference: its own checksum)."""
+    if isinstance(value, dict) and isinstance(value.get("$ref"), dict) and value["$ref"].get("checksum"):
+        return str(value["$ref"]["checksum"])[:24]
+    return hashlib.sha256(dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def brief(value: Any) -> dict[str, Any]:
+    """A value as the page shows it: a payload reference as is, else a short JSON preview."""
+    if isinstance(value, dict) and isinstance(value.get("$ref"), dict):
+        return {"ref": value["$ref"], "checksum": checksum(value)}
+    text = dumps(value)
+    return {"preview": text[:PREVIEW], "truncated": len(text) > PREVIEW, "checksum": checksum(value)}
+
+
+def _error_of(data: dict[str, Any]) -> dict[str, Any] | None:
+    err = data.get("error")
+    if err is None and isinstance(data.get("outcome"), dict):
+        err = data["outcome"].get("error")
+    if err is None:
+        return None
+    return err if isinstance(err, dict) else {"message": str(err)}
+
+
+def _add_usage(total: dict[str, float], usage: Any) -> None:
+    if not isinstance(usage, dict):
+        return
+    for k in USAGE_SUM:
+        v = usage.get(k)
+        if isinstance(v, int | float):
+            total[k] = total.get(k, 0.0) + v
+    peak = usage.get("mem_peak_bytes")
+    if isinstance(peak, int | float) and peak > total.get("mem_peak_bytes", 0):
+        total["mem_peak_bytes"] = peak
+
+
+class _Loop:
+    """One loop's iterations: counters, buckets, the first ``DETAIL`` in detail, and every
+    iteration's times and outcome in flat arrays (~20 bytes each) for paging."""
+
+    __slots__ = ("loop_id", "total", "mode", "ok", "failed", "retries", "attempts", "detail", "buckets", "open",
+                 "size", "start", "end", "failed_detail", "t_start", "t_end", "state", "retry", "errors")  # fmt: skip
+
+    def __init__(self, loop_id: str, total: int, mode: str | None, start: float):
+        self.loop_id, self.total, self.mode, self.start, self.end = loop_id, total, mode, start, start
+        self.ok = self.failed = self.retries = self.attempts = self.failed_detail = 0
+        self.detail: list[dict[str, Any]] = []
+        self.buckets: dict[int, list[float]] = {}  # index -> [start, end, ok, failed, retries, busy_ms]
+        self.open: dict[int, list[Any]] = {}  # iteration -> [start, attempts] while it runs
+        self.size = max(1, -(-total // BUCKETS)) if total else 1000  # a cursor loop's total is unknown
+        self.t_start, self.t_end, self.retry = array("d"), array("d"), array("I")
+        self.state = bytearray()  # 0 not finished, 1 ok, 2 failed
+        self.errors: dict[int, dict[str, Any] | None] = {}  # the first failed iterations' errors
+
+    def done(self, i: int, t: float, ok: bool, err: dict[str, Any] | None) -> None:
+        start, attempts = self.open.pop(i, (t, 1))
+        retries = max(0, attempts - 1)
+        self.end = max(self.end, t)
+        if ok:
+            self.ok += 1
+        else:
+            self.failed += 1
+            if len(self.errors) < 1000:
+                self.errors[i] = err
+        self.retries += retries
+        if i >= 0:
+            if i >= len(self.state):
+                grow = i + 1 - len(self.state)
+                self.t_start.extend([0.0] * grow)
+                self.t_end.extend([0.0] * grow)
+                self.retry.extend([0] * grow)
+                self.state.extend(bytes(grow))
+            self.t_start[i], self.t_end[i], self.state[i], self.retry[i] = start, t, 1 if ok else 2, retries
+        b = self.buckets.get(i // self.size)
+        if b is None:
+            b = self.buckets[i // self.size] = [start, t, 0, 0, 0, 0.0]
+        b[0], b[1] = min(b[0], start), max(b[1], t)
+        b[2 if ok else 3] += 1
+        b[4] += retries
+        b[5] += t - start
+        if i < DETAIL or (not ok and self.failed_detail < DETAIL):
+            self.failed_detail += not ok
+            self.detail.append(_iteration(i, start, t, ok, retries, err))
+
+    def page(self, offset: int, limit: int, t0: float) -> list[dict[str, Any]]:
+        rows = []
+        for i in range(offset, min(offset + limit, len(self.state))):
+            if self.state[i]:
+                ok = self.state[i] == 1
+                rows.append(_relative(_iteration(i, self.t_start[i], self.t_end[i], ok, self.retry[i],
+                                                 None if ok else self.errors.get(i)), t0))  # fmt: skip
+        return rows
+
+    def out(self, t0: float) -> dict[str, Any]:
+        buckets = []
+        for k in sorted(self.buckets):
+            s, e, ok, failed, retries, busy = self.buckets[k]
+            hi = (k + 1) * self.size - 1
+            buckets.append({"first": k * self.size, "last": min(hi, self.total - 1) if self.total else hi,
+                            "start_ms": round(s - t0, 3), "end_ms": round(e - t0, 3), "ok": ok, "failed": failed,
+                            "retries": retries, "busy_ms": round(busy, 3)})  # fmt: skip
+        return {
+            "loop_id": self.loop_id, "total": self.total, "mode": self.mode, "ok": self.ok, "failed": self.failed,
+            "retries": self.retries, "attempts": self.attempts, "running": len(self.open),
+            "iterations": [_relative(d, t0) for d in sorted(self.detail, key=lambda d: d["index"])],
+            "buckets": buckets, "bucket_size": self.size,
+        }  # fmt: skip
+
+
+def _iteration(i: int, start: float, end: float, ok: bool, retries: int, err: dict[str, Any] | None) -> dict[str, Any]:
+    return {"index": i, "start": start, "end": end, "status": "success" if ok else "error", "retries": retries,
+            "error": err}  # fmt: skip
+
+
+def _relative(row: dict[str, Any], t0: float) -> dict[str, Any]:
+    """Absolute ``start``/``end`` (epoch ms, kept while folding) -> ``start_ms``/``end_ms`` from the first event."""
+    out = {k: v for k, v in row.items() if k not in ("start", "end")}
+    out["start_ms"], out["end_ms"] = round(row["start"] - t0, 3), round(row["end"] - t0, 3)
+    return out
+
+
+class _Run:
+    """One activation of a step."""
+
+    def __init__(self, ev: Event, t: float, line: int | None):
+        d = ev.data if isinstance(ev.data, dict) else {}
+        self.step, self.step_run_id, self.seq, self.line = ev.step or "", ev.step_run_id, ev.sequence, line
+        self.scheduled = self.start = self.end = t
+        self.status = "running"
+        self.args = d.get("args")
+        self.tokens = len(d.get("token_ids") or ()) or 1
+        self.attempts: list[dict[str, Any]] = []
+        self.open: dict[str, float] = {}  # task_run_id -> start
+        self.loop: _Loop | None = None
+        self.result: dict[str, Any] | None = None
+        self.error: dict[str, Any] | None = None
+        self.fired: list[dict[str, Any]] = []
+        self.usage: dict[str, float] = {}
+        self.cost = 0.0
+        self.subs: list[str] = []
+        self.reason: str | None = None
+
+    def out(self, t0: float) -> dict[str, Any]:
+        retries = sum(1 for a in self.attempts if a["attempt"] > 1) + (self.loop.retries if self.loop else 0)
+        return {
+            "step": self.step, "step_run_id": self.step_run_id, "sequence": self.seq, "line": self.line,
+            "status": self.status, "start_ms": round(self.start - t0, 3), "end_ms": round(self.end - t0, 3),
+            "duration_ms": round(self.end - self.start, 3), "tokens": self.tokens, "args": brief(self.args),
+            "attempts": [_relative(a, t0) for a in self.attempts],
+            "retries": retries, "loop": self.loop.out(t0) if self.loop else None, "result": self.result,
+            "error": self.error, "fired": self.fired, "usage": self.usage, "cost": round(self.cost, 9),
+            "sub_executions": self.subs, "reason": self.reason,
+        }  # fmt: skip
+
+
+class Explanation:
+    """``data``: the summary (JSON-ready); :meth:`iterations` pages through a loop's iterations."""
+
+    def __init__(self, data: dict[str, Any], loops: dict[str, _Loop], t0: float):
+        self.data, self._loops, self._t0 = data, loops, t0
+
+    def iterations(self, step_run_id: str, offset: int = 0, limit: int = 100) -> dict[str, Any]:
+        """Iterations ``[offset, offset + limit)`` of the loop of one step run (limit at most 1000)."""
+        loop = self._loops.get(step_run_id)
+        if loop is None:
+            raise UnknownExecution(f"no loop in step run {step_run_id!r}")
+        offset, limit = max(0, int(offset)), max(1, min(int(limit), 1000))
+        return {"step_run_id": step_run_id, "offset": offset, "limit": limit, "total": loop.total,
+                "finished": loop.ok + loop.failed, "iterations": loop.page(offset, limit, self._t0)}  # fmt: skip
+
+
+def explain(events: Iterable[Event], *, price: Price | None = None,
+            lines: dict[str, int] | None = None) -> Explanation:  # fmt: skip
+    """The execution's runs, loops, arcs and totals (see the module doc); ``lines``: step -> line
+    in the playbook file, when the caller could load it. UnknownExecution for an empty log."""
+    lines = lines or {}
+    runs: dict[str, _Run] = {}
+    order: list[_Run] = []
+    arcs: dict[tuple[str, int, str], int] = {}
+    ex: dict[str, Any] = {"events": 0, "status": "running"}
+    t0 = t_last = None
+    for ev in events:
+        t = _ms(ev.timestamp)
+        if t0 is None:
+            t0 = t
+            ex.update(execution_id=ev.execution_id, tenant=ev.tenant_id, project=ev.project_id,
+                      parent_execution_id=ev.parent_execution_id, started_at=ev.timestamp)  # fmt: skip
+        t_last = t if t_last is None or t > t_last else t_last
+        ex["events"] += 1
+        ex["last_sequence"] = max(ex.get("last_sequence") or 0, ev.sequence or 0)
+        name, d = ev.name, ev.data if isinstance(ev.data, dict) else {}
+        run = runs.get(ev.step_run_id or "") if ev.step_run_id else None
+        if name == "step.scheduled":
+            run = runs[ev.step_run_id or ""] = _Run(ev, t, lines.get(ev.step or ""))
+            order.append(run)
+        elif name == "step.skipped":
+            run = _Run(ev, t, lines.get(ev.step or ""))
+            run.status, run.reason = "skipped", str(d.get("reason") or "")
+            order.append(run)
+        elif run is None:
+            _execution_event(ex, name, d, ev)
+        elif name == "step.started":
+            run.start = t
+        elif name == "task.started":
+            if ev.loop_id and run.loop is not None:
+                it = run.loop.open.get(ev.iteration if ev.iteration is not None else -1)
+                if it is not None:
+                    it[1] = ev.attempt or 1
+            else:
+                run.open[ev.task_run_id or ""] = t
+        elif name == "task.done":
+            _task_done(run, ev, d, t, price)
+        elif name == "loop.started":
+            run.loop = _Loop(ev.loop_id or "", int(d.get("total") or 0), d.get("mode"), t)
+        elif name == "loop.iteration.started" and run.loop is not None:
+            run.loop.open[ev.iteration if ev.iteration is not None else -1] = [t, 1]
+        elif name in ("loop.iteration.done", "loop.iteration.failed") and run.loop is not None:
+            i = ev.iteration if ev.iteration is not None else -1
+            run.loop.done(i, t, name == "loop.iteration.done", _error_of(d))
+        elif name == "loop.done" and run.loop is not None:
+            run.loop.end = t
+        elif name in ("step.done", "step.failed"):
+            run.end = t
+            run.status = "success" if name == "step.done" else "error"
+            if name == "step.done":
+                run.result = brief(d.get("result"))
+            run.error = _error_of(d)
+        elif name == "next.evaluated":
+            run.fired = [{"arc": f.get("arc"), "step": f.get("step")} for f in d.get("fired") or () if isinstance(f, dict)]
+            for f in run.fired:
+                key = (run.step, int(f["arc"]) if isinstance(f["arc"], int) else -1, str(f["step"]))
+                arcs[key] = arcs.get(key, 0) + 1
+            if d.get("unhandled_failure"):
+                run.status = "error"
+    if t0 is None:
+        raise UnknownExecution("no events")
+    ex["duration_ms"] = round((t_last or t0) - t0, 3)
+    out_runs = [r.out(t0) for r in order]
+    loops = {r.step_run_id or "": r.loop for r in order if r.loop is not None}
+    return Explanation({
+        "execution": ex, "runs": out_runs, "steps": _per_step(out_runs),
+        "arcs": [{"from": a, "arc": i, "to": b, "tokens": n} for (a, i, b), n in sorted(arcs.items())],
+        "totals": _totals(out_runs),
+    }, loops, t0)  # fmt: skip
+
+
+def _execution_event(ex: dict[str, Any], name: str, d: dict[str, Any], ev: Event) -> None:
+    if name == "playbook.execution.requested":
+        ex.update(playbook=d.get("playbook"), name=d.get("name"), file=d.get("file"),
+                  request_workload=brief(d.get("workload")))  # fmt: skip
+        if d.get("definition"):
+            ex["generated"] = True
+    elif name == "workflow.started":
+        ex["entry"] = d.get("entry")
+    elif name == "workflow.finished":
+        ex["status"] = d.get("status") or ev.status
+        ex["finished_at"] = ev.timestamp
+        if isinstance(d.get("platform"), dict):
+            ex["platform_usage"] = d["platform"]
+    elif name == "playbook.processed":
+        ex["final_step"] = d.get("final_step")
+
+
+def _task_done(run: _Run, ev: Event, d: dict[str, Any], t: float, price: Price | None) -> None:
+    outcome = d.get("outcome") if isinstance(d.get("outcome"), dict) else {}
+    meta = outcome.get("meta") if isinstance(outcome.get("meta"), dict) else {}
+    _add_usage(run.usage, meta.get("usage"))
+    if price is not None:
+        run.cost += price(ev)
+    result = outcome.get("result")
+    if d.get("kind") == "playbook" and isinstance(result, dict) and result.get("execution_id"):
+        run.subs.append(str(result["execution_id"]))
+    if ev.loop_id and run.loop is not None:
+        run.loop.attempts += 1
+        return
+    start = run.open.pop(ev.task_run_id or "", t)
+    run.attempts.append({
+        "task": d.get("task"), "kind": d.get("kind"), "attempt": ev.attempt or meta.get("attempt") or 1,
+        "status": ev.status, "start": start, "end": t, "duration_ms": meta.get("duration_ms"),
+        "directive": d.get("directive"), "error": _error_of(outcome),
+    })  # fmt: skip
+
+
+def _per_step(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    steps: dict[str, dict[str, Any]] = {}
+    for r in runs:
+        s = steps.setdefault(r["step"], {"step": r["step"], "line": r["line"], "runs": 0, "failed": 0, "skipped": 0,
+                                         "retries": 0, "iterations": 0, "duration_ms": 0.0, "cost": 0.0,
+                                         "cpu_s": 0.0})  # fmt: skip
+        s["runs"] += r["status"] != "skipped"
+        s["failed"] += r["status"] == "error"
+        s["skipped"] += r["status"] == "skipped"
+        s["retries"] += r["retries"]
+        s["iterations"] += (r["loop"]["ok"] + r["loop"]["failed"]) if r["loop"] else 0
+        s["duration_ms"] = round(s["duration_ms"] + r["duration_ms"], 3)
+        s["cost"] = round(s["cost"] + r["cost"], 9)
+        s["cpu_s"] = round(s["cpu_s"] + r["usage"].get("cpu_s", 0.0), 6)
+    return list(steps.values())
+
+
+def _totals(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "step_runs": sum(r["status"] != "skipped" for r in runs),
+        "failed_runs": sum(r["status"] == "error" for r in runs),
+        "retries": sum(r["retries"] for r in runs),
+        "iterations": sum((r["loop"]["ok"] + r["loop"]["failed"]) if r["loop"] else 0 for r in runs),
+        "cost": round(sum(r["cost"] for r in runs), 9),
+        "cpu_s": round(sum(r["usage"].get("cpu_s", 0.0) for r in runs), 6),
+        "sub_executions": sum(len(r["sub_executions"]) for r in runs),
+    }
+
+
