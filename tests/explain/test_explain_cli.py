@@ -1,0 +1,92 @@
+"""``noetl-dagster explain`` / ``diff`` on real executions (issue 36)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from conftest import PLAYBOOKS
+
+from analytics.execution_view import ExecutionViews
+from noetl_dagster.storage.event_stores import open_event_store
+
+
+def _line(step: str, file=PLAYBOOKS / "explain_demo.yaml") -> int:
+    return next(i for i, t in enumerate(file.read_text().splitlines(), 1) if t.strip() == f"- step: {step}")
+
+
+def test_explain_shows_runs_retries_loop_arcs_and_the_error_line(run, noetl):
+    eid = run("explain_demo.yaml", {"route": "right"})
+    r = noetl("explain", eid)
+    assert r.exit_code == 0, r.output
+    out = r.output
+    assert "failed" in out.splitlines()[0] and "tests/explain_demo" in out
+    assert "6 step runs, 1 failed, 1 retries, 4 loop iterations" in out
+    assert sum("  success  spin" in line for line in out.splitlines()) == 3
+    assert "loop 4/4 ok, 0 failed" in out and "retries 1" in out
+    assert f"error: RuntimeError: right side is broken ({PLAYBOOKS / 'explain_demo.yaml'}:{_line('right')})" in out
+    assert "spin -> spin: 2 (back-edge)" in out and "fan -> left: 0" in out and "fan -> right: 1" in out
+    data = json.loads(noetl("explain", eid, "--json").output)
+    right = data["runs"][-1]
+    assert right["step"] == "right" and right["status"] == "error" and [a["attempt"] for a in right["attempts"]] == [1, 2]
+    assert data["graph"]["cyclic"] == ["spin"] and set(data["graph"]["positions"]) == {"start", "spin", "fan", "left", "right"}
+    assert data["totals"]["cost"] > 0 and data["currency"]  # priced by the price table, from measured usage
+
+
+def test_diff_names_the_arc_and_the_workload_that_decided_it(run, noetl):
+    a, b = run("explain_demo.yaml", {"route": "left"}), run("explain_demo.yaml", {"route": "right"})
+    r = noetl("diff", a, b)
+    assert r.exit_code == 0, r.output
+    assert "first divergence (arc): fan (activation 1) fired ['left'] in A, ['right'] in B" in r.output
+    assert "workload.route: A left  B right" in r.output
+    assert "arc 0 when: {{ workload.route == 'left' }}" in r.output
+    d = json.loads(noetl("diff", a, b, "--json").output)
+    assert d["first"]["kind"] == "arc" and d["first"]["a_sequence"] and d["steps_only_in"] == {"a": ["left"], "b": ["right"]}
+    # the same input: the same path, results and retries
+    same = noetl("diff", a, run("explain_demo.yaml", {"route": "left"}))
+    assert "no divergence: 6 step activations agree" in same.output
+
+
+def test_diff_finds_a_different_retry_count(run, noetl):
+    a, b = run("retries.yaml", {"fail_times": 1}), run("retries.yaml", {"fail_times": 2})
+    d = json.loads(noetl("diff", a, b, "--json").output)
+    assert d["first"]["kind"] == "retries" and d["first"]["step"] == "start"
+    assert (d["first"]["a_value"], d["first"]["b_value"]) == (1, 2)
+    assert d["first"]["workload_diff"] == {"fail_times": {"a": 1, "b": 2}}
+
+
+def test_diff_across_playbook_versions_matches_steps_by_name(run, noetl, tmp_path):
+    v1 = tmp_path / "v1.yaml"
+    shutil.copy(PLAYBOOKS / "explain_demo.yaml", v1)
+    v2 = tmp_path / "v2.yaml"
+    v2.write_text(v1.read_text().replace("result: {side: left}", "result: {side: LEFT}"))
+    a, b = run(v1), run(v2)
+    d = json.loads(noetl("diff", a, b, "--json").output)
+    assert d["steps_changed"] == {"added": [], "removed": [], "changed": ["left"]}
+    assert d["first"]["kind"] == "result" and d["first"]["step"] == "left"
+    assert "steps changed between the versions: changed left" in noetl("diff", a, b).output
+
+
+def test_unknown_ids_are_one_line_errors(run, noetl):
+    eid = run("explain_demo.yaml")
+    for args in (("explain", "no-such-id"), ("diff", eid, "no-such-id"), ("diff", "no-such-id", eid),
+                 ("explain", "x" * 500)):  # fmt: skip
+        r = noetl(*args)
+        assert r.exit_code == 2, (args, r.output)
+        assert r.output.startswith("error: ") and r.output.count("\n") == 1 and "Traceback" not in r.output
+
+
+def test_a_big_loop_is_aggregated_and_pages(run, home):
+    items = list(range(300))
+    eid = run("loop300.yaml", {"items": items, "fail_at": 260})
+    views = ExecutionViews(open_event_store(None, data_dir=home))
+    page, exp = views.explained(eid)
+    loop = page["runs"][0]["loop"]
+    assert (loop["total"], loop["ok"], loop["failed"]) == (300, 299, 1)
+    # the first 50 in detail, plus the failed one; the rest only in buckets
+    assert [i["index"] for i in loop["iterations"]] == [*range(50), 260]
+    assert sum(b["ok"] + b["failed"] for b in loop["buckets"]) == 300 and len(loop["buckets"]) <= 60
+    rows = exp.iterations(page["runs"][0]["step_run_id"], 255, 10)["iterations"]
+    assert [r["index"] for r in rows] == list(range(255, 265))
+    bad = next(r for r in rows if r["index"] == 260)
+    assert bad["status"] == "error" and "item 260 is bad" in json.dumps(bad["error"])
