@@ -36,8 +36,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from analytics import execution_page
 from analytics.dashboard_access import KeyAuth, Sessions, TenantScope, Viewer
+from analytics.execution_view import ExecutionViews
 from analytics.store import FactsStore
+from noetl_dagster.engine.explain import UnknownExecution
 from registry_service.errors import RegistryError, Unauthorized
 
 _ROWS = """SELECT tenant, project, playbook, step, day, round(sum(cost), 12) AS cost,
@@ -232,6 +235,7 @@ class _Handler(BaseHTTPRequestHandler):
     lock: threading.Lock
     title = "NoETL cost"
     secure_cookie = False
+    executions: ExecutionViews | None = None
 
     def version_string(self) -> str:  # no Python version in the Server header
         return "noetl-dashboard"
@@ -324,6 +328,13 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(b"", "image/x-icon", 204)
             if path == "/" and "key" in q:
                 return self._signed_in(q["key"])
+            if path == "/execution_app.js":
+                return self._send(execution_page.APP_JS.read_text(), "application/javascript; charset=utf-8")
+            if execution_page.is_page(path) or path in execution_page.API:  # issue 36: same sign-in, same scope
+                scope = TenantScope(self.store, self._viewer())
+                if path in execution_page.API:
+                    return self._json(execution_page.api(self.executions, scope, path, q))
+                return self._send(execution_page.page(self.executions, scope, path, q, _LOGOUT), "text/html; charset=utf-8")
             if path != "/" and path not in _API:
                 return self._send("not found", "text/plain", 404)
             scope = TenantScope(self.store, self._viewer())
@@ -336,6 +347,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._refuse(path, e)
         except ValueError as e:
             self._json({"error": str(e)}, 400)
+        except UnknownExecution as e:  # a loop id the execution does not have
+            self._json({"error": str(e)}, 404)
         except Exception as e:  # noqa: BLE001 - one line for the caller, no traceback, no internals
             self._json({"error": f"internal error ({type(e).__name__})"}, 500)
 
@@ -366,11 +379,13 @@ _PLOTLY_CACHE: dict[str, str] = {}
 
 
 def make_server(store: FactsStore, host: str = "127.0.0.1", port: int = 8765, title: str = "NoETL cost", *,
-                auth: KeyAuth, secure_cookie: bool = False, sessions: Sessions | None = None) -> ThreadingHTTPServer:  # fmt: skip
-    """The dashboard server; ``auth`` says whose keys it accepts (see :class:`KeyAuth`)."""
+                auth: KeyAuth, secure_cookie: bool = False, sessions: Sessions | None = None,
+                executions: ExecutionViews | None = None) -> ThreadingHTTPServer:  # fmt: skip
+    """The dashboard server; ``auth`` says whose keys it accepts (see :class:`KeyAuth`); with
+    ``executions`` (over an event store) it serves the execution pages too (/executions/<id>, /diff)."""
     handler = type("Handler", (_Handler,), {
         "store": store, "auth": auth, "sessions": sessions or Sessions(), "lock": threading.Lock(), "title": title,
-        "secure_cookie": secure_cookie,
+        "secure_cookie": secure_cookie, "executions": executions,
     })  # fmt: skip
     return ThreadingHTTPServer((host, port), handler)
 

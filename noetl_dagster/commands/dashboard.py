@@ -47,9 +47,11 @@ dashboard.add_command(render_command, "render")
 @click.option("--admin-tenant", "admin_tenants", multiple=True, envvar="NOETL_DASHBOARD_ADMIN_TENANT",
               help="Keys of this tenant (not project-scoped) see every tenant and the cluster view; repeatable.")
 @click.option("--secure-cookie", is_flag=True, help="Mark the session cookie Secure (serving behind HTTPS).")
+@click.option("--event-store", help="Event store of the execution pages /executions/<id> and /diff "
+                                    "(default: $NOETL_EVENT_STORE_URL, else <data dir>/events.db).")
 def serve(clickhouse: str | None, data_dir: str | None, database: str | None, host: str, port: int,
           prices: str | None, no_refresh: bool, registry_url: str | None, admin_tenants: tuple[str, ...],
-          secure_cookie: bool) -> None:  # fmt: skip
+          secure_cookie: bool, event_store: str | None) -> None:  # fmt: skip
     """Serve the interactive cost dashboard (filters, drill-down) until interrupted.
 
     Every page and API request needs a registry API key (Authorization: Bearer <key>, or sign in
@@ -69,7 +71,8 @@ def serve(clickhouse: str | None, data_dir: str | None, database: str | None, ho
     if not no_refresh:
         _refresh(store, prices, data_dir)
     try:
-        server = make_server(store, host, port, auth=auth, secure_cookie=secure_cookie)
+        views = _execution_views(event_store, data_dir, prices)
+        server = make_server(store, host, port, auth=auth, secure_cookie=secure_cookie, executions=views)
     except OSError as e:
         _fail_input(f"cannot listen on {host}:{port}: {e.strerror or e}")
     admins = f"; admin tenants: {', '.join(sorted(auth.admin_tenants))}" if auth.admin_tenants else ""
@@ -80,6 +83,16 @@ def serve(clickhouse: str | None, data_dir: str | None, database: str | None, ho
         pass
     finally:
         server.server_close()
+
+
+def _execution_views(event_store: str | None, data_dir: str | None, prices: str | None) -> Any:
+    from analytics.execution_view import ExecutionViews  # noqa: PLC0415
+    from noetl_dagster.storage.event_stores import open_event_store  # noqa: PLC0415
+
+    try:
+        return ExecutionViews(open_event_store(event_store, data_dir=data_dir), prices=prices, data_dir=data_dir)
+    except ValueError as e:
+        _fail_input(str(e))
 
 
 @dashboard.command("export")
