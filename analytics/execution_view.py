@@ -25,13 +25,15 @@ CACHE = 16  # explanations kept by a server (a 200,000-iteration loop: ~6 MB)
 
 
 def pricer(prices: str | None = None, data_dir: str | None = None) -> tuple[Any, str]:
-    """(price of one ``task.done`` event, currency) from the configured price table."""
-    from analytics.pricing import AttemptUsage, PriceTable  # noqa: PLC0415
+    """(the priced usage lines of one event, currency) from the configured price table: the same
+    lines and prices as the facts and Dagster's cost metadata (analytics.pricing.event_cost)."""
+    from analytics.pricing import PriceTable, event_cost  # noqa: PLC0415
 
     table = PriceTable.load(prices, data_dir=data_dir)
+    seen: set[str] = set()  # a stored object is billed once (its first creator)
 
     def price(ev: Event) -> float:
-        return table.attempt_cost(AttemptUsage.from_task_done(ev.data, ev.timestamp)).total
+        return event_cost(table, ev.name, ev.data, ev.timestamp, seen).total
 
     return price, table.currency
 
@@ -67,15 +69,13 @@ class ExecutionViews:
     def __init__(self, event_store: Any, *, prices: str | None = None, data_dir: str | None = None):
         self.store = event_store
         self._prices, self._data_dir = prices, data_dir
-        self._price: Any = None
         self.currency = ""
         self._cache: OrderedDict[str, tuple[int, dict[str, Any], Explanation]] = OrderedDict()
         self._lock = threading.Lock()
 
     def _pricing(self) -> Any:
-        if self._price is None:
-            self._price, self.currency = pricer(self._prices, self._data_dir)
-        return self._price
+        price, self.currency = pricer(self._prices, self._data_dir)  # per fold: its own `seen` set
+        return price
 
     def _read(self, execution_id: str, scope: TenantScope | None, after: int = 0) -> list[Event]:
         evs = self.store.read(_check_id(execution_id), after)

@@ -75,7 +75,7 @@ def explain(execution_id: str, event_store: str | None, data_dir: str | None, pr
                f"{ex['duration_ms'] / 1000:.3f} s  tenant {ex['tenant']}/{ex['project']}")  # fmt: skip
     click.echo(f"  {tot['step_runs']} step runs, {tot['failed_runs']} failed, {tot['retries']} retries, "
                f"{tot['iterations']} loop iterations, {tot['sub_executions']} sub-playbooks, "
-               f"cpu {tot['cpu_s']:.3f} s, cost {_money(tot['cost'])} {cur}")  # fmt: skip
+               f"cpu {tot['cpu_s']:.3f} s, cost {_money(tot['cost'])} {cur} (platform {_money(tot['platform_cost'])})")  # fmt: skip
     if page["playbook_missing"]:
         click.echo(f"  (no playbook lines or undeclared arcs: {page['playbook_missing']})")
     file = ex.get("file") or ""

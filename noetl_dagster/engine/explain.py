@@ -8,7 +8,8 @@ aggregated (counts, and iterations in at most ``BUCKETS`` buckets plus the first
 pages through the rest), sub-playbook executions, and the tokens that passed each arc.
 
 Nothing here imports Dagster or the analytics package: a cost comes from an optional
-``price(task_done_event) -> float`` the caller passes in.
+``price(event) -> float`` the caller passes in (the events with a step run count to it, the
+others - the execution's platform line - to ``platform_cost``).
 """
 
 from __future__ import annotations
@@ -234,6 +235,11 @@ def explain(events: Iterable[Event], *, price: Price | None = None,
         ex["last_sequence"] = max(ex.get("last_sequence") or 0, ev.sequence or 0)
         name, d = ev.name, ev.data if isinstance(ev.data, dict) else {}
         run = runs.get(ev.step_run_id or "") if ev.step_run_id else None
+        if price is not None and (c := price(ev)):  # attempts, stored results, the platform line
+            if run is not None:
+                run.cost += c
+            else:
+                ex["platform_cost"] = ex.get("platform_cost", 0.0) + c
         if name == "step.scheduled":
             run = runs[ev.step_run_id or ""] = _Run(ev, t, lines.get(ev.step or ""))
             order.append(run)
@@ -253,7 +259,7 @@ def explain(events: Iterable[Event], *, price: Price | None = None,
             else:
                 run.open[ev.task_run_id or ""] = t
         elif name == "task.done":
-            _task_done(run, ev, d, t, price)
+            _task_done(run, ev, d, t)
         elif name == "loop.started":
             run.loop = _Loop(ev.loop_id or "", int(d.get("total") or 0), d.get("mode"), t)
         elif name == "loop.iteration.started" and run.loop is not None:
@@ -284,7 +290,7 @@ def explain(events: Iterable[Event], *, price: Price | None = None,
     return Explanation({
         "execution": ex, "runs": out_runs, "steps": _per_step(out_runs),
         "arcs": [{"from": a, "arc": i, "to": b, "tokens": n} for (a, i, b), n in sorted(arcs.items())],
-        "totals": _totals(out_runs),
+        "totals": _totals(out_runs, ex.get("platform_cost", 0.0)),
     }, loops, t0)  # fmt: skip
 
 
@@ -305,12 +311,10 @@ def _execution_event(ex: dict[str, Any], name: str, d: dict[str, Any], ev: Event
         ex["final_step"] = d.get("final_step")
 
 
-def _task_done(run: _Run, ev: Event, d: dict[str, Any], t: float, price: Price | None) -> None:
+def _task_done(run: _Run, ev: Event, d: dict[str, Any], t: float) -> None:
     outcome = d.get("outcome") if isinstance(d.get("outcome"), dict) else {}
     meta = outcome.get("meta") if isinstance(outcome.get("meta"), dict) else {}
     _add_usage(run.usage, meta.get("usage"))
-    if price is not None:
-        run.cost += price(ev)
     result = outcome.get("result")
     if d.get("kind") == "playbook" and isinstance(result, dict) and result.get("execution_id"):
         run.subs.append(str(result["execution_id"]))
@@ -342,13 +346,14 @@ def _per_step(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(steps.values())
 
 
-def _totals(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def _totals(runs: list[dict[str, Any]], platform_cost: float) -> dict[str, Any]:
     return {
         "step_runs": sum(r["status"] != "skipped" for r in runs),
         "failed_runs": sum(r["status"] == "error" for r in runs),
         "retries": sum(r["retries"] for r in runs),
         "iterations": sum((r["loop"]["ok"] + r["loop"]["failed"]) if r["loop"] else 0 for r in runs),
-        "cost": round(sum(r["cost"] for r in runs), 9),
+        "cost": round(sum(r["cost"] for r in runs) + platform_cost, 9),
+        "platform_cost": round(platform_cost, 9),
         "cpu_s": round(sum(r["usage"].get("cpu_s", 0.0) for r in runs), 6),
         "sub_executions": sum(len(r["sub_executions"]) for r in runs),
     }
