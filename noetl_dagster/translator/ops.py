@@ -40,6 +40,7 @@ from noetl_dagster.resources.runtime import (
 )
 from noetl_dagster.translator.checks import declared_check_evaluations, run_partition_keys
 from noetl_dagster.translator.declare import partition_workload
+from noetl_dagster.translator.explain_links import execution_url, link_tags, op_summary
 from noetl_dagster.translator.failures import step_failure
 from noetl_dagster.translator.plan import JobPlan, Node
 from noetl_dagster.translator.translator import NoetlOpSpec
@@ -221,6 +222,7 @@ def make_start_op(pb: Playbook, spec: NoetlOpSpec, plan: JobPlan, node_outputs: 
             logger=context.log, nominal_time=_nominal_time(context),
         )  # fmt: skip
         st = eng.state
+        _tag_run(context, link_tags(eid))  # the run links to the execution's page (issue 36)
         if started:
             context.log.info(f"execution {eid} started ({pb.metadata.path})")
         else:
@@ -415,13 +417,16 @@ def _op_cost_metadata(prices: PriceTable, by_step: Mapping[str, Cost], ran: list
     return md
 
 
-def _costs(context: Any, report: OpReport) -> tuple[PriceTable, dict[str, Cost]] | None:
+def _costs(context: Any, report: OpReport, keep: list[Any] | None = None) -> tuple[PriceTable, dict[str, Cost]] | None:
     """(price table, step -> Cost of the attempts of the step runs this op reported) from the execution's
-    ``task.done`` events; None (with a warning) when it cannot be priced."""
+    ``task.done`` events; None (with a warning) when it cannot be priced. ``keep`` gets the events read."""
     runs = {o.step_run_id for o in report.outcomes}
     resource = getattr(context.resources, RESOURCE_KEY)
     def events() -> list[Any]:
-        return _events_of_runs(report.engine, runs) if runs else []
+        evs = _events_of_runs(report.engine, runs) if runs else []
+        if keep is not None:
+            keep.extend(evs)
+        return evs
 
     return priced_events(context, resource, events, runs)
 
@@ -464,6 +469,27 @@ def _execution_cost(context: Any, report: OpReport, prices: PriceTable) -> Cost 
     return sum(cost_of_events(prices, events).values(), Cost(currency=prices.currency))
 
 
+def _inside(context: Any, report: OpReport, node: Node, read: list[Any]) -> dict[str, Any]:
+    """The link to the execution page, and for a region or a loop the summary of its inside (issue 36)."""
+    md: dict[str, Any] = {}
+    url = execution_url(report.execution_id)
+    if url:
+        md["noetl/execution_page"] = dg.MetadataValue.url(url)
+    runs = {o.step_run_id for o in report.outcomes}
+    try:
+        evs = read or _events_of_runs(report.engine, runs)
+        summary = op_summary(evs, runs)
+    except Exception as e:  # noqa: BLE001 - informational, never fails a step
+        context.log.warning(f"no summary of the op's step runs: {e}")
+        return md
+    if node.kind == "region" or summary["iterations"] or summary["step_runs"] > 1:
+        context.log.info(f"{node.first}: {summary['text']}")
+        md["noetl/summary"] = summary["text"]
+        md.update({"noetl/step_runs": summary["step_runs"], "noetl/iterations": summary["iterations"],
+                   "noetl/retries": summary["retries"]})  # fmt: skip
+    return md
+
+
 def _report_outputs(
     context: dg.OpExecutionContext, report: OpReport, node: Node, plan: JobPlan | None, node_outputs: dict[str, str]
 ) -> Iterator[Any]:
@@ -474,7 +500,8 @@ def _report_outputs(
     for o in report.outcomes:
         if o.step not in ran:
             ran.append(o.step)
-    priced = _costs(context, report) if ran or report.finished else None
+    read: list[Any] = []
+    priced = _costs(context, report, read) if ran or report.finished else None
     if ran:
         if len(node.steps) == 1:
             md = result_metadata(eng, ran[0])
@@ -485,6 +512,7 @@ def _report_outputs(
                     if k != "noetl/step":
                         md[f"{s}.{k.removeprefix('noetl/')}"] = v
         md["execution_id"] = eng.execution_id
+        md.update(_inside(context, report, node, read))
         md.update(usage_metadata(report.usage, ran))
         if priced is not None:
             md.update(_op_cost_metadata(priced[0], priced[1], ran, multi=len(node.steps) > 1))
