@@ -303,37 +303,55 @@ def _open_store(event_store: str | None, data_dir: str | None) -> Any:
 @click.command()
 @click.argument("execution_id", required=False)
 @click.option("--from-archive", "archive_uri", help="Rebuild from an execution archive bundle instead of the event store.")
+@click.option("--bodies", is_flag=True, help="Fetch stored payloads (verified) into the output instead of summaries.")
+@click.option("--max-body-bytes", type=click.IntRange(min=0), default=None,
+              help="With --bodies: the largest payload fetched (default 16 MiB); bigger ones stay references.")
 @click.option("--event-store")
 @click.option("--data-dir", type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True)
-def replay(execution_id: str | None, archive_uri: str | None, event_store: str | None, data_dir: str | None, as_json: bool) -> None:
-    """Rebuild an execution's final state from its events alone."""
+def replay(execution_id: str | None, archive_uri: str | None, bodies: bool, max_body_bytes: int | None,
+           event_store: str | None, data_dir: str | None, as_json: bool) -> None:  # fmt: skip
+    """Rebuild an execution's final state from its events alone.
+
+    Every stored reference is resolved through the payload adapter registry (file, s3, gs, azure)
+    and summed up (checksum, size, rows, JSON shape, status); --bodies puts the payloads in."""
+    from noetl_dagster.storage.resolve import DEFAULT_BODY_LIMIT, RefResolver  # noqa: PLC0415
+
+    limit = DEFAULT_BODY_LIMIT if max_body_bytes is None else max_body_bytes
     if archive_uri:
         try:
             from noetl_dagster.storage.archive import replay_from_archive
         except ImportError:
             _fail_input("execution archives are not available in this installation")
-        report = replay_from_archive(archive_uri)
+        report = replay_from_archive(archive_uri, bodies=bodies, body_limit=limit)
         click.echo(dumps(report) if as_json else json.dumps(report, indent=2, default=str))
         sys.exit(EXIT_OK if report.get("match", True) else EXIT_FAILED)
     if not execution_id:
         _fail_input("give an EXECUTION_ID or --from-archive URI")
     from noetl_dagster.engine.replay import replay as do_replay
     from noetl_dagster.runners.local import build_services
+    from noetl_dagster.storage.payload import iter_refs  # noqa: PLC0415
 
     svc = build_services(event_store=event_store, data_dir=data_dir)
     try:
-        state = do_replay(svc.event_store, execution_id, svc.offloader)
+        state = do_replay(svc.event_store, execution_id, None)  # references stay references
     except KeyError as e:
         _fail_input(str(e.args[0]))
+    resolver = RefResolver(svc.offloader.store, bodies=bodies, body_limit=limit)
+    results = {s: state.result(s) for s in state.results}
+    ctx = state.ctx
+    refs = list(iter_refs([results, ctx]))
+    if bodies:
+        results, ctx = resolver.resolve_value(results), resolver.resolve_value(ctx)
     out = {
         "execution_id": execution_id,
         "status": state.status,
-        "ctx": state.ctx,
-        "results": {s: state.result(s) for s in state.results},
+        "ctx": ctx,
+        "results": results,
         "runs": state.runs,
         "pending_tokens": [{"token_id": t.token_id, "step": t.step} for t in state.tokens.values()],
         "loops": {k: v.snapshot() for k, v in state.loops.items()},
+        "references": RefResolver(svc.offloader.store).summarize_all(refs),
     }
     click.echo(dumps(out) if as_json else json.dumps(out, indent=2, default=str))
 

@@ -96,7 +96,8 @@ class NoetlTableIOManager(dg.ConfigurableIOManager):
     )
     store_url: str | None = Field(
         default=None,
-        description="payload store for table files: a directory, file:///dir or s3://bucket/prefix?endpoint_url=... "
+        description="payload store for table files: a directory, file:///dir, s3://bucket/prefix?endpoint_url=..., "
+        "gs://bucket/prefix or azure://container/prefix (docs/storage.md) "
         "(default: $NOETL_DAGSTER_HOME/tables)",
     )
     namespace: str = Field(default="assets", description="namespace for assets whose key does not name one")

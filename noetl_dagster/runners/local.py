@@ -22,7 +22,7 @@ from noetl_dagster.engine.ports import ExecutionLeased
 from noetl_dagster.engine.recorder import Recorder
 from noetl_dagster.storage.event_stores import open_event_store
 from noetl_dagster.storage.events import EventStore
-from noetl_dagster.storage.payload import DEFAULT_INLINE_LIMIT, FilePayloadStore, Offloader
+from noetl_dagster.storage.payload import DEFAULT_INLINE_LIMIT, Offloader, open_payload_store
 from noetl_dagster.tools.cursor_sources import default_cursor_sources
 from noetl_dagster.util.jsonutil import plain
 
@@ -92,7 +92,8 @@ def build_services(
 ) -> Services:
     ddir = Path(data_dir) if data_dir else default_data_dir()
     store = event_store if isinstance(event_store, EventStore) else open_event_store(event_store, data_dir=ddir)
-    payloads = payload_store or FilePayloadStore(ddir / "payloads")
+    # $NOETL_PAYLOAD_STORE_URL (any scheme of the payload registry: s3://, gs://, azure://, …), else <data dir>/payloads
+    payloads = payload_store or open_payload_store(None, data_dir=ddir)
     try:  # made now, while the disk has room: durability.Driver._crashed marks in it when it cannot record
         (ddir / UNRECORDED_DIR).mkdir(parents=True, exist_ok=True)
     except OSError:

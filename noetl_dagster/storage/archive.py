@@ -258,12 +258,22 @@ def read_archive_events(uri: str) -> tuple[dict[str, Any], list[Event]]:
     return manifest, events
 
 
-def replay_from_archive(uri: str) -> dict[str, Any]:
-    """Rebuild the execution's final state from the bundle alone and compare with the recorded digest."""
+def replay_from_archive(uri: str, *, bodies: bool = False, body_limit: int | None = None) -> dict[str, Any]:
+    """Rebuild the execution's final state from the bundle alone and compare with the recorded digest;
+    every stored reference of its events is resolved through the payload registry and summed up
+    (``bodies``: the references in ``ctx`` replaced by their verified payloads, up to ``body_limit``)."""
+    from noetl_dagster.storage.resolve import DEFAULT_BODY_LIMIT, RefResolver  # noqa: PLC0415
+
     manifest, events = read_archive_events(uri)
     eid = manifest["execution_id"]
     own = [e for e in events if e.execution_id == eid]
     digest, snap = state_digest(own)
+    refs: list[dict[str, Any]] = []
+    for e in events:
+        _refs(e.data, refs, "")
+    limit = DEFAULT_BODY_LIMIT if body_limit is None else body_limit
+    like = _split_bundle_uri(uri)[0]
+    ctx = RefResolver(like, bodies=True, body_limit=limit).resolve_value(snap["ctx"]) if bodies else snap["ctx"]
     return {
         "execution_id": eid,
         "match": digest == manifest["final_state_digest"],
@@ -274,5 +284,6 @@ def replay_from_archive(uri: str) -> dict[str, Any]:
         "events": len(events),
         "children": manifest.get("children", []),
         "runs": snap["runs"],
-        "ctx": snap["ctx"],
+        "ctx": ctx,
+        "references": RefResolver(like).summarize_all({k: v for k, v in r.items() if k != "event"} for r in refs),
     }
