@@ -179,7 +179,7 @@ class Meter:
     ``window``: the execution's :class:`Window`, which the attempt's CPU is taken out of."""
 
     __slots__ = ("_token", "_mtoken", "_counters", "_wall", "_cpu", "_proc", "_rss", "_maxrss", "_child",
-                 "_outer", "_depth", "_gen", "_alone", "_nested", "_folded", "_window", "gross_cpu_s")  # fmt: skip
+                 "_outer", "_depth", "_gen", "_alone", "_nested", "_folded", "_window")  # fmt: skip
 
     def __init__(self, window: Window | None = None) -> None:
         self._counters: dict[str, float] = {}
@@ -232,7 +232,6 @@ class Meter:
             _METER.reset(self._mtoken)
         except ValueError:  # stopped in another context (should not happen): leave the vars alone
             pass
-        self.gross_cpu_s = gross
         if self._outer is not None:
             self._outer._nested += gross
         cpu = gross - self._nested
