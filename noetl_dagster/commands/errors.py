@@ -73,6 +73,10 @@ def _is_store_error(exc: BaseException) -> bool:
 
 
 def convert(exc: BaseException) -> click.ClickException:
+    from noetl_dagster.engine.recorder import RecordingFailed  # noqa: PLC0415 - only when a command failed
+
+    if isinstance(exc, RecordingFailed):  # the execution failed and not even that could be recorded (exit 1)
+        return Failed(one_line(exc, limit=1000).removeprefix("RecordingFailed: "))
     if isinstance(exc, RecursionError):
         return BadInput("input is nested too deeply")
     if isinstance(exc, _BAD_INPUT) or _is_store_error(exc):

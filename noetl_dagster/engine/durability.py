@@ -154,7 +154,7 @@ class Driver:
         err = crash_error(exc)
         rec = self.recorder
         rec.closing = True  # the failure record may pass max_events
-        log.warning("execution %s: %s", self.execution_id, err["message"])
+        log.info("execution %s: %s", self.execution_id, err["message"])  # the CLI prints the one line
         try:
             try:
                 rec.flush()  # what the step recorded so far, when the store takes it

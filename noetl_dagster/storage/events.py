@@ -674,7 +674,7 @@ class SqliteEventStore(EventStore):
             try:
                 self._conn.execute("DELETE FROM noetl_lease WHERE execution_id = ? AND owner = ?", (execution_id, owner))
             except sqlite3.OperationalError:  # a full disk: the row stays, and is taken over once this process is gone
-                log.warning("could not release the lease of execution %s", execution_id)
+                log.info("could not release the lease of execution %s", execution_id)
 
     def close(self) -> None:
         for eid in list(self._leases):

@@ -26,15 +26,16 @@ from noetl_dagster.storage.event_stores import open_event_store
 PY = sys.executable
 
 
-def cli(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 120, pre: str = "") -> tuple[int, str]:
-    """The real CLI in a child process (``pre``: Python run before it, e.g. a resource limit)."""
+def cli(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 120, pre: str = "") -> tuple[int, str, str]:
+    """The real CLI in a child process (``pre``: Python run before it, e.g. a resource limit):
+    (exit code, stdout + stderr, stderr)."""
     code = f"{pre}\nimport runpy, sys\nsys.argv = ['noetl-dagster', *{args!r}]\n" \
            "runpy.run_module('noetl_dagster.commands.main', run_name='__main__')"  # fmt: skip
     proc = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})  # fmt: skip
     out = proc.stdout + proc.stderr
     assert_clean(proc.returncode, out, None, args)
-    return proc.returncode, out
+    return proc.returncode, out, proc.stderr
 
 
 def error_lines(out: str) -> list[str]:
@@ -86,9 +87,9 @@ def test_an_error_escaping_a_step_ends_the_execution_failed(tmp_path, case):
     text, env, kind = CRASHES[case]
     f = write(tmp_path, "p.yaml", text)
     d = tmp_path / "home"
-    code, out = cli(["run", f, "--json", "--data-dir", str(d)], env=env)
+    code, out, err = cli(["run", f, "--json", "--data-dir", str(d)], env=env)
     assert code == 1, out[-2000:]  # before: exit 2, a traceback-free line, and the execution left `running`
-    assert len(error_lines(out)) == 1 and "failed:" in error_lines(out)[0], out
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: execution ") and "failed:" in err, err
     status = json.loads(out.splitlines()[0])
     assert status["status"] == "failed"
     if kind:
@@ -98,10 +99,10 @@ def test_an_error_escaping_a_step_ends_the_execution_failed(tmp_path, case):
     names = [e.name for e in events_of(d, rows[0]["id"])]
     assert names[-2:] == ["workflow.finished", "playbook.processed"] and names[0] == "playbook.execution.requested"
     # resume does not crash again: the execution is finished
-    code, out = cli(["resume", rows[0]["id"], "--data-dir", str(d), "--json"])
+    code, out, err = cli(["resume", rows[0]["id"], "--data-dir", str(d), "--json"])
     assert code == 1 and json.loads(out.splitlines()[0])["status"] == "failed"
     # replay equals the live state (also checked for in-process runs by tests/conftest.py)
-    code, out = cli(["replay", rows[0]["id"], "--data-dir", str(d), "--json"])
+    code, out, err = cli(["replay", rows[0]["id"], "--data-dir", str(d), "--json"])
     assert json.loads(out)["status"] == "failed"
 
 
@@ -120,14 +121,14 @@ def test_a_value_that_would_crash_the_encoder_is_refused_before_it_is_encoded(tm
     d = tmp_path / "home"
     limit = textwrap.dedent("""
         import resource
-        import noetl_dagster.commands.main, noetl_dagster.runners.local, noetl_dagster.tools.core
+        import noetl_dagster.runners.local, noetl_dagster.tools.core
         vm = next(int(ln.split()[1]) for ln in open('/proc/self/status') if ln.startswith('VmPeak:')) * 1024
         resource.setrlimit(resource.RLIMIT_AS, (vm + 450 * 2**20, vm + 450 * 2**20))
     """)
-    code, out = cli(["run", f, "--json", "--data-dir", str(d)], pre=limit)
+    code, out, err = cli(["run", f, "--json", "--data-dir", str(d)], pre=limit)
     assert code in (0, 1), out[-2000:]  # before: -11 (SIGSEGV) and the execution left running
-    err = json.loads(out.splitlines()[0])["results"]["start"]["error"]
-    assert err["kind"] in ("template_error", "event_too_large") and "limit" in err["message"]
+    error = json.loads(out.splitlines()[0])["results"]["start"]["error"]
+    assert error["kind"] in ("template_error", "event_too_large") and "limit" in error["message"]
     assert [r["status"] for r in executions(d)] in (["completed"], ["failed"])
 
 
@@ -153,7 +154,7 @@ def test_workload_file_is_read_bounded(tmp_path):
     with big.open("wb") as fh:  # a sparse 600 MB file: reading it whole died with SIGSEGV
         fh.truncate(600 * 1024 * 1024)
     f = write(tmp_path, "p.yaml", HEAD + "workflow:\n  - step: start\n    tool: {kind: noop}\n")
-    code, out = cli(["run", f, "--workload", f"@{big}", "--data-dir", str(tmp_path / "home")])
+    code, out, err = cli(["run", f, "--workload", f"@{big}", "--data-dir", str(tmp_path / "home")])
     assert code == 2 and len(out.strip().splitlines()) == 1 and "the limit is 16777216" in out, out[-500:]
     assert not (tmp_path / "home" / "events.db").exists() or executions(tmp_path / "home") == []
 
@@ -199,14 +200,14 @@ LOOP_OF_PAYLOADS = HEAD + """workflow:
 def test_disk_full_ends_the_execution_failed_and_frees_its_payloads(tmp_path, small_disk):
     d = small_disk / "home"
     f = write(tmp_path, "p.yaml", LOOP_OF_PAYLOADS)
-    code, out = cli(["run", f, "--quiet", "--data-dir", str(d)])
+    code, out, err = cli(["run", f, "--quiet", "--data-dir", str(d)])
     assert code == 1, out  # before: exit 2 and `running`, the dead loop's payloads left on the disk
-    assert len(error_lines(out)) == 1 and ("storage_full" in out or "No space left" in out or "full" in out), out
+    assert len(err.strip().splitlines()) == 1 and ("No space left" in err or "disk is full" in err), err
     assert [x["status"] for x in executions(d)] == ["failed"]
     assert payload_files(d) <= referenced(d)  # no payload that no event references
     # the disk is usable again: a small run completes
     ok = write(tmp_path, "ok.yaml", HEAD + "workflow:\n  - step: start\n    tool: {kind: noop}\n")
-    code, out = cli(["run", ok, "--quiet", "--data-dir", str(d)])
+    code, out, err = cli(["run", ok, "--quiet", "--data-dir", str(d)])
     assert code == 0, out
 
 
@@ -235,15 +236,16 @@ def test_a_process_that_cannot_record_is_ended_at_the_next_start(tmp_path, small
     d = small_disk / "home"
     filler = small_disk / "filler"
     f = write(tmp_path, "p.yaml", FILL_THEN_RETURN)
-    code, out = cli(["run", f, "--quiet", "--data-dir", str(d), "--workload", json.dumps({"filler": str(filler)})])
+    code, out, err = cli(["run", f, "--quiet", "--data-dir", str(d), "--workload", json.dumps({"filler": str(filler)})])
     assert code == 1, out
-    assert len(error_lines(out)) == 1 and "cannot be recorded" in out, out
+    assert len(err.strip().splitlines()) == 1 and "and the failure cannot be recorded" in err, err
+    assert "internal error" not in err
     [row] = executions(d)
     assert row["status"] == "running"  # nothing could be written: the log stops where the disk did
     assert (d / "unrecorded" / row["id"]).exists()
     filler.unlink()  # the operator frees the disk; the next start ends the execution
     ok = write(tmp_path, "ok.yaml", HEAD + "workflow:\n  - step: start\n    tool: {kind: noop}\n")
-    code, out = cli(["run", ok, "--quiet", "--data-dir", str(d)])
+    code, out, err = cli(["run", ok, "--quiet", "--data-dir", str(d)])
     assert code == 0, out
     status = {x["id"]: x["status"] for x in executions(d)}
     assert status[row["id"]] == "failed" and not (d / "unrecorded" / row["id"]).exists()
@@ -326,7 +328,7 @@ def test_resume_after_kill_nine_writes_no_lifecycle_event_twice(tmp_path):
     before = Counter(e.name for e in events_of(d, eid))
     assert before["loop.started"] == 1 and before["step.started"] == 2  # start, and fan (killed in its loop)
 
-    code, out = cli(["resume", eid, "--data-dir", str(d), "--json"], timeout=300)
+    code, out, err = cli(["resume", eid, "--data-dir", str(d), "--json"], timeout=300)
     assert code == 0, out
     res = json.loads(out.splitlines()[0])
     assert res["status"] == "completed" and res["results"]["end"] == sum(i * 2 for i in range(1000))
@@ -349,7 +351,7 @@ def test_a_workload_that_expands_to_gigabytes_never_crashes_the_encoder(tmp_path
              "workflow:", "  - step: start", "    tool: {kind: noop}"]  # fmt: skip
     f = write(tmp_path, "alias.yaml", "\n".join(lines) + "\n")
     d = tmp_path / "home"
-    code, out = cli(["run", f, "--quiet", "--data-dir", str(d)])
+    code, out, err = cli(["run", f, "--quiet", "--data-dir", str(d)])
     refused_at_load = code == 2 and len(out.strip().splitlines()) == 1 and "yaml-limit" in out
     assert refused_at_load or (code == 1 and len(error_lines(out)) == 1), out[-2000:]
     assert all(x["status"] == "failed" for x in executions(d)) if (d / "events.db").exists() else True
