@@ -10,9 +10,13 @@ a dashboard viewer passes :meth:`TenantScope.execution` first.
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections import OrderedDict
+from pathlib import Path
 from typing import Any
+
+import zstandard
 
 from analytics.dashboard_access import TenantScope
 from noetl_dagster.engine.events import Event
@@ -63,11 +67,50 @@ def _check_id(execution_id: str) -> str:
     return execution_id
 
 
+class DiskCache:
+    """Explanations kept across processes (``<data dir>/explain_cache.db``): a big execution is
+    folded once, by whoever opens it first (the page or ``noetl-dagster explain``); an entry is
+    used only while the log has nothing after its last sequence. Derived data: deleting the
+    file loses nothing."""
+
+    def __init__(self, path: str | Path):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS explain_cache (execution_id TEXT PRIMARY KEY, "
+                         "last_sequence INTEGER NOT NULL, body BLOB NOT NULL)")  # fmt: skip
+        self._lock = threading.Lock()
+
+    def get(self, execution_id: str) -> tuple[int, Explanation] | None:
+        with self._lock:
+            row = self._db.execute("SELECT last_sequence, body FROM explain_cache WHERE execution_id = ?",
+                                   (execution_id,)).fetchone()  # fmt: skip
+        if row is None:
+            return None
+        try:
+            return int(row[0]), Explanation.load(zstandard.ZstdDecompressor().decompress(row[1]))
+        except Exception:  # noqa: BLE001 - a damaged entry: fold again
+            return None
+
+    def put(self, execution_id: str, last: int, exp: Explanation) -> None:
+        body = zstandard.ZstdCompressor(level=3).compress(exp.dump())
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO explain_cache VALUES (?, ?, ?)", (execution_id, last, body))
+
+
+def default_cache(data_dir: str | None = None) -> DiskCache:
+    import os  # noqa: PLC0415
+
+    return DiskCache(Path(data_dir or os.environ.get("NOETL_DAGSTER_HOME") or ".noetl") / "explain_cache.db")
+
+
 class ExecutionViews:
     """Explanations and diffs over one event store; ``scope`` None: the local operator (CLI)."""
 
-    def __init__(self, event_store: Any, *, prices: str | None = None, data_dir: str | None = None):
+    def __init__(self, event_store: Any, *, prices: str | None = None, data_dir: str | None = None,
+                 cache: DiskCache | None = None):  # fmt: skip
         self.store = event_store
+        self.disk = cache
         self._prices, self._data_dir = prices, data_dir
         self.currency = ""
         self._cache: OrderedDict[str, tuple[int, dict[str, Any], Explanation]] = OrderedDict()
@@ -88,29 +131,38 @@ class ExecutionViews:
         return evs
 
     def explained(self, execution_id: str, scope: TenantScope | None = None) -> tuple[dict[str, Any], Explanation]:
+        _check_id(execution_id)
         with self._lock:
             hit = self._cache.get(execution_id)
+        if hit is None and self.disk is not None and (got := self.disk.get(execution_id)) is not None:
+            hit = (got[0], got[1].data, got[1])
         if hit is not None:
             last, page, exp = hit
             if scope is not None:
                 ex = page["execution"]
                 scope.execution(execution_id, ex.get("tenant"), ex.get("project"))
             if not self.store.read(execution_id, last):  # nothing new since: the cached fold holds
+                self._remember(execution_id, last, page, exp)
                 return page, exp
         evs = self._read(execution_id, scope)
         pb, why = playbook_of(evs)
         exp = explain(evs, price=self._pricing(), lines=step_lines(pb))
-        page = dict(exp.data)
+        page = exp.data  # the page's additions go into the explanation, so a cache keeps them
         page["graph"] = playbook_graph(pb, page["arcs"])
         page["graph"]["positions"] = layout(page["graph"])
         page["playbook_missing"] = why
         page["currency"] = self.currency
+        if self.disk is not None:
+            self.disk.put(execution_id, page["execution"]["last_sequence"], exp)
+        self._remember(execution_id, page["execution"]["last_sequence"], page, exp)
+        return page, exp
+
+    def _remember(self, execution_id: str, last: int, page: dict[str, Any], exp: Explanation) -> None:
         with self._lock:
-            self._cache[execution_id] = (page["execution"]["last_sequence"], page, exp)
+            self._cache[execution_id] = (last, page, exp)
             self._cache.move_to_end(execution_id)
             while len(self._cache) > CACHE:
                 self._cache.popitem(last=False)
-        return page, exp
 
     def explain(self, execution_id: str, scope: TenantScope | None = None) -> dict[str, Any]:
         return self.explained(execution_id, scope)[0]

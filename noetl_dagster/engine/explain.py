@@ -213,6 +213,41 @@ class Explanation:
         return {"step_run_id": step_run_id, "offset": offset, "limit": limit, "total": loop.total,
                 "finished": loop.ok + loop.failed, "iterations": loop.page(offset, limit, self._t0)}  # fmt: skip
 
+    def dump(self) -> bytes:
+        """The explanation as bytes (a JSON head, then each loop's arrays), for a cache to keep."""
+        head: dict[str, Any] = {"data": self.data, "t0": self._t0, "loops": {}}
+        parts: list[bytes] = []
+        for rid, lp in self._loops.items():
+            arrays = [lp.t_start.tobytes(), lp.t_end.tobytes(), lp.retry.tobytes(), bytes(lp.state)]
+            head["loops"][rid] = {"total": lp.total, "ok": lp.ok, "failed": lp.failed, "n": len(lp.state),
+                                  "errors": [[k, v] for k, v in lp.errors.items()]}  # fmt: skip
+            parts += arrays
+        raw = dumps(head).encode()
+        return len(raw).to_bytes(8, "little") + raw + b"".join(parts)
+
+    @classmethod
+    def load(cls, blob: bytes) -> Explanation:
+        """The inverse of :meth:`dump`; ValueError for bytes it did not write."""
+        from noetl_dagster.util.jsonutil import loads  # noqa: PLC0415
+
+        size = int.from_bytes(blob[:8], "little")
+        head = loads(blob[8 : 8 + size])
+        pos, loops = 8 + size, {}
+        for rid, m in head["loops"].items():
+            lp = _Loop(rid, int(m["total"]), None, 0.0)
+            lp.ok, lp.failed, n = int(m["ok"]), int(m["failed"]), int(m["n"])
+            for arr in (lp.t_start, lp.t_end, lp.retry):
+                end = pos + n * arr.itemsize
+                arr.frombytes(blob[pos:end])
+                pos = end
+            lp.state = bytearray(blob[pos : pos + n])
+            pos += n
+            if len(lp.state) != n:
+                raise ValueError("truncated explanation")
+            lp.errors = {int(k): v for k, v in m["errors"]}
+            loops[rid] = lp
+        return cls(head["data"], loops, float(head["t0"]))
+
 
 def explain(events: Iterable[Event], *, price: Price | None = None,
             lines: dict[str, int] | None = None) -> Explanation:  # fmt: skip

@@ -90,3 +90,26 @@ def test_a_big_loop_is_aggregated_and_pages(run, home):
     assert [r["index"] for r in rows] == list(range(255, 265))
     bad = next(r for r in rows if r["index"] == 260)
     assert bad["status"] == "error" and "item 260 is bad" in json.dumps(bad["error"])
+
+
+def test_the_disk_cache_serves_a_fold_until_the_log_grows(run, home, tmp_path):
+    from analytics.execution_view import DiskCache
+    from noetl_dagster.engine.events import Event
+    from noetl_dagster.storage.events import SqliteEventStore
+
+    eid = run("loop300.yaml", {"items": list(range(300)), "fail_at": 7})
+    store = SqliteEventStore(tmp_path / "copy.db")  # a copy: its log may grow without the run's replay check
+    store.append(open_event_store(None, data_dir=home).read(eid))
+    cache = DiskCache(home / "explain_cache.db")
+    fresh, exp = ExecutionViews(store, cache=cache).explained(eid)
+    # another process: the page and the iteration pages come from the cache, equal to the fold
+    again, exp2 = ExecutionViews(store, cache=cache).explained(eid)
+    rid = fresh["runs"][0]["step_run_id"]
+    assert again == fresh and exp2.iterations(rid, 0, 300) == exp.iterations(rid, 0, 300)
+    assert exp2.iterations(rid, 7, 1)["iterations"][0]["error"]["message"].endswith("item 7 is bad")
+    # the log grows (a resumed execution): the entry is stale and the execution is folded again
+    first = store.read(eid)[0]
+    store.append([Event("ctx.patched", eid, {"patch": {"late": 1}, "source": "request"},
+                        tenant_id=first.tenant_id, project_id=first.project_id)])  # fmt: skip
+    grown = ExecutionViews(store, cache=cache).explain(eid)
+    assert grown["execution"]["events"] == fresh["execution"]["events"] + 1
