@@ -31,13 +31,17 @@ CACHE = 16  # explanations kept by a server (a 200,000-iteration loop: ~6 MB)
 def pricer(prices: str | None = None, data_dir: str | None = None) -> tuple[Any, str]:
     """(the priced usage lines of one event, currency) from the configured price table: the same
     lines and prices as the facts and Dagster's cost metadata (analytics.pricing.event_cost)."""
-    from analytics.pricing import PriceTable, event_cost  # noqa: PLC0415
+    from analytics import pricing  # noqa: PLC0415
 
-    table = PriceTable.load(prices, data_dir=data_dir)
+    table = pricing.PriceTable.load(prices, data_dir=data_dir)
     seen: set[str] = set()  # a stored object is billed once (its first creator)
+    # the events usage_lines reads (the rest, half a loop's events, have none: skipped without a call)
+    names = {"task.done", *pricing._TERMINAL, *pricing._REF_EVENTS}
 
     def price(ev: Event) -> float:
-        return event_cost(table, ev.name, ev.data, ev.timestamp, seen).total
+        if ev.name not in names:
+            return 0.0
+        return pricing.event_cost(table, ev.name, ev.data, ev.timestamp, seen).total
 
     return price, table.currency
 
@@ -163,6 +167,19 @@ class ExecutionViews:
             self._cache.move_to_end(execution_id)
             while len(self._cache) > CACHE:
                 self._cache.popitem(last=False)
+
+    def warm(self, limit: int = 20) -> int:
+        """Fold the ``limit`` most recent finished executions not cached yet (a server does this in
+        the background at start, so a big execution's first open reads the cache); the count folded."""
+        n = 0
+        for info in self.store.executions(limit):
+            if info.status in ("completed", "failed") and (self.disk is None or self.disk.get(info.execution_id) is None):
+                try:
+                    self.explained(info.execution_id)
+                    n += 1
+                except Exception:  # noqa: BLE001 - a bad log is explained (or refused) when opened
+                    continue
+        return n
 
     def explain(self, execution_id: str, scope: TenantScope | None = None) -> dict[str, Any]:
         return self.explained(execution_id, scope)[0]

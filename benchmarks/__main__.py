@@ -35,6 +35,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "bench_loops": ["--cpu", "2000", "--io", "100", "--repeat", "2"],
     "bench_dagster_latency": ["--requests", "2"],
     "bench_noetl_local": ["--steps", "200"],
+    "bench_explain": ["--items", "20000"],
 }
 QUICK_ENV = {"NOETL_BENCH_EXECUTIONS": "30"}  # bench_throughput: executions per worker
 

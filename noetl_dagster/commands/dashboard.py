@@ -49,9 +49,11 @@ dashboard.add_command(render_command, "render")
 @click.option("--secure-cookie", is_flag=True, help="Mark the session cookie Secure (serving behind HTTPS).")
 @click.option("--event-store", help="Event store of the execution pages /executions/<id> and /diff "
                                     "(default: $NOETL_EVENT_STORE_URL, else <data dir>/events.db).")
+@click.option("--warm", type=click.IntRange(0, 10_000), default=20, show_default=True,
+              help="Fold this many recent finished executions into the explain cache in the background.")
 def serve(clickhouse: str | None, data_dir: str | None, database: str | None, host: str, port: int,
           prices: str | None, no_refresh: bool, registry_url: str | None, admin_tenants: tuple[str, ...],
-          secure_cookie: bool, event_store: str | None) -> None:  # fmt: skip
+          secure_cookie: bool, event_store: str | None, warm: int) -> None:  # fmt: skip
     """Serve the interactive cost dashboard (filters, drill-down) until interrupted.
 
     Every page and API request needs a registry API key (Authorization: Bearer <key>, or sign in
@@ -75,6 +77,10 @@ def serve(clickhouse: str | None, data_dir: str | None, database: str | None, ho
         server = make_server(store, host, port, auth=auth, secure_cookie=secure_cookie, executions=views)
     except OSError as e:
         _fail_input(f"cannot listen on {host}:{port}: {e.strerror or e}")
+    if warm:  # fold recent executions into the explain cache, so their pages open from it
+        import threading  # noqa: PLC0415
+
+        threading.Thread(target=views.warm, args=(warm,), daemon=True, name="explain-warm").start()
     admins = f"; admin tenants: {', '.join(sorted(auth.admin_tenants))}" if auth.admin_tenants else ""
     click.echo(f"dashboard: http://{host}:{server.server_address[1]}/ (sign in with a registry API key{admins})")
     try:
