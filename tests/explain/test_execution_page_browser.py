@@ -52,6 +52,7 @@ def world(tmp_path_factory):
     }
     reg = Registry(f"sqlite:///{d / 'registry.db'}")
     keys = {t: reg.create_api_key(t)[1] for t in ("acme", "globex")}
+    keys["acme_lab"] = reg.create_api_key("acme", "lab")[1]  # a project-scoped key: project lab only
     views = ExecutionViews(open_event_store(url), data_dir=str(d))
     server = make_server(FactsStore(f"chdb://{d / 'facts'}"), port=0, auth=KeyAuth(reg), executions=views)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -91,6 +92,8 @@ def test_another_tenants_execution_is_not_found(world):
     # globex sees its own, not acme's
     assert _get(world, "/api/execution", "globex", id=ids["globex"]).status_code == 200
     assert _get(world, "/api/execution", "globex", id=ids["left"]).status_code == 404
+    # a key of acme's project lab does not see acme's project default either
+    assert _get(world, "/api/execution", "acme_lab", id=ids["left"]).status_code == 404
     # no key: sign in first
     assert _get(world, f"/executions/{ids['left']}", who="nobody").status_code == 401
     assert _get(world, "/api/execution", who="nobody", id=ids["left"]).status_code == 401
