@@ -36,6 +36,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "bench_dagster_latency": ["--requests", "2"],
     "bench_noetl_local": ["--steps", "200"],
     "bench_explain": ["--items", "20000"],
+    "bench_payload_stores": ["--mb", "16", "--object-mb", "8", "--repeat", "1"],
 }
 QUICK_ENV = {"NOETL_BENCH_EXECUTIONS": "30"}  # bench_throughput: executions per worker
 

@@ -220,9 +220,12 @@ def _flag(value: Any) -> bool:
 
 def _credential_record(name: str) -> dict[str, Any]:
     """A stored credential from the keychain's providers (env, credentials file, plug-ins)."""
-    from noetl_dagster.engine.keychain import Keychain  # noqa: PLC0415
+    from noetl_dagster.engine.keychain import Keychain, KeychainError  # noqa: PLC0415
 
-    record = Keychain(None).credential(name)
+    try:
+        record = Keychain(None).credential(name)
+    except KeychainError as e:
+        raise ValueError(f"payload store credential {name!r} not found: {e}") from None
     if not record:
         raise ValueError(f"payload store credential {name!r} not found in the keychain")
     return dict(record)

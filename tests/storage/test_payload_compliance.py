@@ -290,3 +290,40 @@ def test_a_corrupted_object_is_a_checksum_error_through_every_read_path(kind, em
         for k, v in emu.env().items():
             monkeypatch.setenv(k, v)
     assert RefResolver(bodies=True).summarize(env)["status"] == "checksum_mismatch"
+
+
+@pytest.mark.parametrize("kind", CLOUDS)
+def test_credentials_come_from_the_keychain(kind, emulators, monkeypatch):
+    """``credential=NAME`` in the URL reads a stored record (here ``NOETL_CREDENTIAL_<NAME>``)."""
+    import json
+
+    emu = emulators(kind)
+    record = {"s3": {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "endpoint_url": emu.endpoint},
+              "gcs": {"token": "anon"},
+              "azure": {"connection_string": emu.connection_string}}[kind]  # fmt: skip
+    monkeypatch.setenv("NOETL_CREDENTIAL_PAYLOADS", json.dumps(record))
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AZURE_STORAGE_CONNECTION_STRING"):
+        monkeypatch.delenv(k, raising=False)
+    extra = {"s3": "", "gcs": "&endpoint_url=" + emu.endpoint, "azure": "&create_container=true"}[kind]
+    store = open_payload_store(f"{emu.store_url('cred')}?credential=payloads{extra}")
+    ref = store.put("k.bin", b"secret-less")
+    assert store.get(ref.uri) == b"secret-less"
+    with pytest.raises(ValueError, match="credential 'nobody' not found"):
+        open_payload_store(f"{emu.store_url('cred')}?credential=nobody")
+
+
+def test_s3_compatible_endpoint_options(emulators):
+    """An in-house S3-compatible store: endpoint URL, path-style addressing, storage class."""
+    import boto3
+
+    emu = emulators("s3")
+    store = open_payload_store(f"s3://{emu.bucket}/compat?endpoint_url={emu.endpoint}&path_style=true"
+                               "&storage_class=STANDARD_IA&region=us-east-1", key="testing", secret="testing")  # fmt: skip
+    ref = store.put("k.bin", b"ia")
+    assert ref.storage_class == "STANDARD_IA" and ref.region == "us-east-1"
+    client = boto3.client("s3", endpoint_url=emu.endpoint, aws_access_key_id="testing",
+                          aws_secret_access_key="testing", region_name="us-east-1")  # fmt: skip
+    head = client.head_object(Bucket=emu.bucket, Key="compat/k.bin")
+    assert head["StorageClass"] == "STANDARD_IA"
+    assert store.fs.client_kwargs.get("region_name") == "us-east-1"
+    assert store.fs.config_kwargs["s3"] == {"addressing_style": "path"}
