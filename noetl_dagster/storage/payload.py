@@ -370,7 +370,7 @@ class PayloadStore(ABC):
     def uri_for(self, key: str) -> str:
         raise NotImplementedError
 
-    def put_json(self, key: str, value: Any, *, rows: int | None = None) -> ResultRef:
+    def put_json(self, key: str, value: Any, *, rows: int | None = None, execution_id: str | None = None) -> ResultRef:
         """Store a value's JSON text, streamed: encoded, hashed and written chunk by chunk, so a big
         value is never held a second time as text (issue 14.8)."""
         if rows is None and isinstance(value, list):
@@ -381,12 +381,13 @@ class PayloadStore(ABC):
             data = b"".join(iter_json(value))
             count(bytes_written=len(data))
             return self.typed_ref(self.put_bytes(key, data), len(data), checksum_of(data), "json", rows=rows,
-                                  content_type="application/json")  # fmt: skip
+                                  content_type="application/json", execution_id=execution_id)  # fmt: skip
         with w:
             for piece in iter_json(value):
                 w.write(piece)
         count(bytes_written=w.size)  # the running task's usage (outside a task: nothing)
-        return self.typed_ref(w.uri, w.size, w.checksum, "json", rows=rows, content_type="application/json")
+        return self.typed_ref(w.uri, w.size, w.checksum, "json", rows=rows, content_type="application/json",
+                              execution_id=execution_id)
 
     def get_verified(self, ref: ResultRef) -> bytes:
         data = self.get_bytes(ref.uri)
@@ -706,7 +707,7 @@ class Offloader:
         self._last: tuple[Any, ResultRef] | None = None
         self._last_plain: tuple[Any, bool] | None = None
 
-    def maybe_offload(self, value: Any, key: str) -> Any:
+    def maybe_offload(self, value: Any, key: str, *, execution_id: str | None = None) -> Any:
         """``value`` itself when its JSON text is at most ``inline_limit`` bytes, else a ``$ref``.
 
         The size is decided from a lower bound that stops at the limit, and a big value is
@@ -725,9 +726,9 @@ class Offloader:
             if len(data) <= self.inline_limit:
                 return value
             ref = self.store.typed_ref(self.store.put_bytes(key, data), len(data), checksum_of(data), "json",
-                                       rows=rows, content_type="application/json")  # fmt: skip
+                                       rows=rows, content_type="application/json", execution_id=execution_id)  # fmt: skip
         else:
-            ref = self.store.put_json(key, value, rows=rows)
+            ref = self.store.put_json(key, value, rows=rows, execution_id=execution_id)
         self._last = (value, ref)
         return ref.envelope()
 

@@ -65,6 +65,8 @@ def test_a_run_on_a_cloud_store_replays_with_summaries_and_bodies(kind, clouds, 
     assert r.status == "completed", r.to_json()
     out = _replay(r.execution_id, "--data-dir", str(data))
     ref = out["results"]["start"]["$ref"]  # a reference, not the body
+    assert ref["execution_id"] == r.execution_id and ref["content_type"] == "application/json"  # typed (F.1)
+    assert ref["locality"] == "in-cluster"
     assert ref["store"] == open_payload_store(url).name and ref["uri"].startswith(url.split("?")[0])
     (summary,) = out["references"]
     assert summary["status"] == "ok" and summary["checksum"] == ref["checksum"] and summary["size"] == ref["size"]
