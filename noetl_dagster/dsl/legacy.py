@@ -223,9 +223,12 @@ def uses_outcome(source: Any) -> bool:
     )
 
 
+ARC_ARGS = "arc `args`"
+
+
 def find_deprecated_spellings(data: Any) -> list[Finding]:
     """Old spellings of keys NoETL renamed, which this engine still runs: step/task ``args`` ->
-    ``input``, ``set_ctx`` / ``set_iter`` -> ``set: {ctx.*, iter.*}``, ``outcome`` -> ``output`` in
+    ``input``, arc ``args`` -> ``set: {step.*}`` (the entered step's token), ``set_ctx`` / ``set_iter`` -> ``set: {ctx.*, iter.*}``, ``outcome`` -> ``output`` in
     policy rules, arcs and step ``set``. ``(path, old, new)``; ``migrate`` rewrites each."""
     out: list[Finding] = []
     if not isinstance(data, dict):
@@ -244,6 +247,8 @@ def find_deprecated_spellings(data: Any) -> list[Finding]:
         nxt = step.get("next")
         for j, arc in enumerate(nxt.get("arcs") or [] if isinstance(nxt, dict) else []):
             if isinstance(arc, dict):
+                if isinstance(arc.get("args"), dict):  # NoETL's schema rejects it: "arcs must use set"
+                    out.append(((*path, "next", "arcs", j, "args"), ARC_ARGS, "`set: {step.<key>: ...}`"))
                 _dep_outcome(arc.get("when"), (*path, "next", "arcs", j, "when"), out)
                 _dep_outcome(arc.get("set"), (*path, "next", "arcs", j, "set"), out)
         tool = step.get("tool")

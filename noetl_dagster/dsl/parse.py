@@ -445,8 +445,18 @@ def _parse_router(ctx: _Ctx, raw: Any, path: PathT) -> Router | None:
         when = a.get("when")
         if when is not None and not isinstance(when, (str, bool)):
             when = str(when)
+        raw_set = a.get("set")
+        if isinstance(raw_set, dict) and any(str(k).startswith("step.") for k in raw_set):
+            # upstream's arc `set: {step.<k>}` (which replaced arc `args`): the entered step's token
+            step_keys = {str(k)[5:]: v for k, v in raw_set.items() if str(k).startswith("step.")}
+            clash = sorted(set(step_keys) & set(args or {}))
+            if clash:
+                ctx.err((*ap, "set", f"step.{clash[0]}"), "arc-args-and-set",
+                        f"arc writes {clash[0]!r} both in `args` and as `set: {{step.{clash[0]}}}`; keep the `set`")  # fmt: skip
+            args = {**(args or {}), **step_keys}
+            raw_set = {k: v for k, v in raw_set.items() if not str(k).startswith("step.")}
         arcs.append(
-            Arc(step=a["step"], when=when, args=args, set=_split_set(ctx, a.get("set"), (*ap, "set")), spec=a.get("spec") or {})
+            Arc(step=a["step"], when=when, args=args, set=_split_set(ctx, raw_set, (*ap, "set")), spec=a.get("spec") or {})
         )
     return Router(mode=mode, arcs=arcs, spec={k: v for k, v in spec.items() if k != "mode"})
 

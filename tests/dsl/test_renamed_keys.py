@@ -108,3 +108,68 @@ def test_input_and_args_together_is_an_error(tmp_path):
         "input-and-args: workflow[0].args: step 'start' has both `input` and its old spelling `args`"
         in r.stdout
     )
+
+
+# -- arc `args` -> `set: {step.*}` (issue 32.5) -------------------------------------------------------
+
+ARC_ARGS_OLD = """\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: arcargs, path: tests/arcargs}
+workflow:
+  - step: start
+    tool: {kind: noop}
+    next:
+      spec: {mode: inclusive}
+      arcs:
+        - step: handle
+          args: {job: backup, n: 1}
+        - step: handle
+          args: {job: report, n: "{{ 1 + 1 }}"}
+          set: {ctx.routed: true}
+  - step: handle
+    tool: {kind: python, input: {job: "{{ args.job }}", bare: "{{ n }}"}, code: "result = {'job': job, 'n': bare}"}
+    set: {ctx.seen: "{{ (ctx.seen or []) + [handle.job ~ handle.n] }}"}
+"""
+
+
+def test_arc_args_warns_and_migrates_to_set_step_with_the_same_run(tmp_path):
+    import yaml
+
+    f = tmp_path / "old.yaml"
+    f.write_text(ARC_ARGS_OLD)
+    r = subprocess.run([sys.executable, "-m", "noetl_dagster.commands.main", "validate", str(f)],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    warnings = [line for line in r.stderr.splitlines() if ": warning: deprecated-key: " in line]
+    assert warnings == [
+        f"{f}:11: warning: deprecated-key: workflow[0].next.arcs[0].args: arc `args` is deprecated; use "
+        "`set: {step.<key>: ...}` (`noetl-dagster migrate` rewrites it)",
+        f"{f}:13: warning: deprecated-key: workflow[0].next.arcs[1].args: arc `args` is deprecated; use "
+        "`set: {step.<key>: ...}` (`noetl-dagster migrate` rewrites it)",
+    ], r.stderr
+    new = migrate_text(ARC_ARGS_OLD, "old.yaml").text
+    assert "args: {" not in new and "set: {step.job: backup, step.n: 1}" in new, new
+    assert "set: {ctx.routed: true, step.job: report" in new, new
+    assert find_deprecated_spellings(yaml.safe_load(new)) == []
+    assert migrate_text(new, "new.yaml").text == new
+    old_run, new_run = _run(ARC_ARGS_OLD, tmp_path / "o"), _run(new, tmp_path / "n")
+    assert old_run.status == new_run.status == "completed", (old_run.results, new_run.results)
+    # two tokens with their own payloads (a ctx write would have let the last one win)
+    assert sorted(old_run.ctx["seen"]) == sorted(new_run.ctx["seen"]) == ["backup1", "report2"]
+    assert new_run.ctx["routed"] is True
+    (tmp_path / "new.yaml").write_text(new)
+    r = subprocess.run([sys.executable, "-m", "noetl_dagster.commands.main", "validate", str(tmp_path / "new.yaml")],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+
+
+def test_arc_args_and_set_step_writing_one_key_is_an_error():
+    import yaml
+
+    from noetl_dagster.dsl.parse import parse_playbook
+
+    doc = yaml.safe_load(ARC_ARGS_OLD)
+    doc["workflow"][0]["next"]["arcs"][0]["set"] = {"step.job": "x"}
+    _, issues = parse_playbook(doc)
+    assert [(i.rule, i.path) for i in issues] == [("arc-args-and-set", "workflow[0].next.arcs[0].set.step.job")]

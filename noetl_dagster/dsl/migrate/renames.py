@@ -1,4 +1,5 @@
-"""NoETL's renamed keys, old spelling -> new (issue 17.1): step/task ``args`` -> ``input``,
+"""NoETL's renamed keys, old spelling -> new (issue 17.1): step/task ``args`` -> ``input``, arc
+``args`` -> ``set: {step.*}`` (issue 32.5),
 ``set_ctx`` / ``set_iter`` -> ``set: {ctx.*, iter.*}``, ``outcome`` -> ``output`` in policy rules,
 arcs and step ``set``, tool ``output.store.kind: object`` -> ``disk``. Runs last, so the spellings the other rules produce are rewritten too; the
 places are exactly those ``dsl.legacy.find_deprecated_spellings`` reports (validate's warnings)."""
@@ -9,7 +10,7 @@ from typing import Any
 
 from ruamel.yaml.comments import CommentedMap
 
-from noetl_dagster.dsl.legacy import _OUTCOME_REF, _TEMPLATE, OBJECT_TIER, find_deprecated_spellings
+from noetl_dagster.dsl.legacy import _OUTCOME_REF, _TEMPLATE, ARC_ARGS, OBJECT_TIER, find_deprecated_spellings
 
 from .base import MigratorBase
 from .yamltree import _index, _rename_key, _restyle
@@ -38,6 +39,8 @@ class RenameMixin(MigratorBase):
             if old == OBJECT_TIER:
                 holder[key] = _restyle(holder[key], "disk")
                 self.note("info", "renamed-key", "output store kind `object` -> `disk`", holder, key, path)
+            elif old == ARC_ARGS:
+                self._merge_set(holder, key, path)
             elif key == "args":
                 if "input" in holder:
                     self.note(
@@ -55,7 +58,7 @@ class RenameMixin(MigratorBase):
                 self._merge_set(holder, key, path)
 
     def _merge_set(self, holder: CommentedMap, key: str, path: tuple) -> None:
-        ns = "ctx" if key == "set_ctx" else "iter"
+        ns = {"set_ctx": "ctx", "set_iter": "iter", "args": "step"}[key]
         writes = holder[key]
         if not isinstance(writes, dict):
             self.note(
@@ -84,6 +87,8 @@ class RenameMixin(MigratorBase):
                 new.fa.set_flow_style()
             for k, v in writes.items():
                 new[f"{ns}.{k}"] = v
+                if k in writes.ca.items:  # a trailing comment or blank line stays with its key
+                    new.ca.items[f"{ns}.{k}"] = writes.ca.items[k]
             pos = _index(holder, key)
             holder.pop(key)
             holder.insert(pos, "set", new)

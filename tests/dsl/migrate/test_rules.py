@@ -130,7 +130,7 @@ def test_v1_when_then_else_becomes_an_exclusive_router_that_does_not_route_failu
         {
             "step": "big",
             "when": "{{ event.name != 'call.error' and start.n > 2 }}",
-            "args": {"n": "{{ start.n }}"},
+            "set": {"step.n": "{{ start.n }}"},
         },
         {"step": "small", "when": "{{ event.name != 'call.error' }}"},
     ]
@@ -195,7 +195,7 @@ def test_next_as_a_name_and_as_a_fan_out_list():
     assert step(doc, "start")["next"] == {"spec": {"mode": "exclusive"}, "arcs": [{"step": "a", "when": "{{ event.name != 'call.error' }}"}]}
     assert step(doc, "a")["next"] == {
         "spec": {"mode": "inclusive"},
-        "arcs": [{"step": "b", "when": "{{ event.name != 'call.error' }}"}, {"step": "c", "when": "{{ event.name != 'call.error' }}", "args": {"x": 1}}],
+        "arcs": [{"step": "b", "when": "{{ event.name != 'call.error' }}"}, {"step": "c", "when": "{{ event.name != 'call.error' }}", "set": {"step.x": 1}}],
     }
     assert_valid(r.text)
 
@@ -596,7 +596,7 @@ def test_v1_loop_with_end_loop_folds_its_chain_into_the_loop_pipeline():
         "squares": "{{ each.results | map(attribute='square') | map(attribute='sq') | list }}",
         "last": "{{ (each.results | last).square }}",
     }
-    assert end["next"]["arcs"] == [{"step": "report", "when": "{{ event.name != 'call.error' }}", "args": {"squares": "{{ done_each.squares }}"}}]
+    assert end["next"]["arcs"] == [{"step": "report", "when": "{{ event.name != 'call.error' }}", "set": {"step.squares": "{{ done_each.squares }}"}}]
     assert_valid(r.text)
 
 
@@ -661,7 +661,7 @@ def test_v1_task_name_results_become_step_results():
     )
     arc = step(doc, "start")["next"]["arcs"][0]
     assert arc["when"] == "{{ event.name != 'call.error' and start.ok }}"
-    assert arc["args"] == {"r": "{{ start }}"}
+    assert arc["set"] == {"step.r": "{{ start }}"}  # arc args, renamed (issue 32.5)
 
 
 def test_legacy_postgres_statement_results_keep_their_shape_where_the_file_reads_it():
