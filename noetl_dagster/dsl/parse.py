@@ -348,7 +348,9 @@ def _parse_task(ctx: _Ctx, label: str, body: dict[str, Any], path: PathT, labels
     if not ctx.known_kind(kind):
         ctx.err((*path, "kind"), "unknown-tool-kind", f"tool kind {kind!r} is not recognized")
     if "retry" in body and isinstance(body["retry"], dict):
-        ctx.err((*path, "retry"), "legacy-construct", f"task `retry:` blocks are legacy; {MIGRATE_HINT}")
+        ctx.err((*path, "retry"), "legacy-construct",
+                "task `retry:` blocks are legacy: NoETL's current runtime accepts the key but never retries on it, "
+                f"so it is refused rather than silently ignored; retries are `spec.policy.rules` `do: retry`; {MIGRATE_HINT}")  # fmt: skip
     spec_raw = body.get("spec") or {}
     if not isinstance(spec_raw, dict):
         ctx.err((*path, "spec"), "tool-shape", "`spec` must be a mapping")
@@ -498,7 +500,8 @@ def _parse_step(ctx: _Ctx, raw: Any, path: PathT) -> Step | None:
         if key in raw:
             ctx.err((*path, key), "legacy-construct", f"{what} is a legacy construct; {MIGRATE_HINT}")
     if "tool" not in raw and "next" not in raw:
-        ctx.err(path, "step-tool-or-next", f"step {name!r} has neither `tool` nor `next`")
+        ctx.err(path, "step-tool-or-next", f"step {name!r} has neither `tool` nor `next` (NoETL's validator refuses it "
+                "too: every step needs a tool); give it `tool: {kind: noop}`")  # fmt: skip
     spec = raw.get("spec") or {}
     if not isinstance(spec, dict):
         ctx.err((*path, "spec"), "step-shape", "step `spec` must be a mapping")
