@@ -21,11 +21,11 @@ import zstandard
 from analytics.dashboard_access import TenantScope
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.execution_diff import diff as diff_events
-from noetl_dagster.engine.explain import Explanation, UnknownExecution, explain
+from noetl_dagster.engine.explain import Explainer, Explanation, UnknownExecution
 from noetl_dagster.engine.explain_playbook import changed_steps, playbook_graph, playbook_of, step_lines
 
 MAX_ID = 100
-CACHE = 16  # explanations kept by a server (a 200,000-iteration loop: ~6 MB)
+CACHE = 64  # executions kept by a server (a 200,000-iteration loop: ~6 MB)
 
 
 def pricer(prices: str | None = None, data_dir: str | None = None) -> tuple[Any, str]:
@@ -108,8 +108,26 @@ def default_cache(data_dir: str | None = None) -> DiskCache:
     return DiskCache(Path(data_dir or os.environ.get("NOETL_DAGSTER_HOME") or ".noetl") / "explain_cache.db")
 
 
+class _Entry:
+    """One execution as the server knows it: the fold (resumable when it was built here from the
+    first event), the page built from it (None: fed since, build again), the last sequence folded."""
+
+    __slots__ = ("last", "page", "exp", "folder")
+
+    def __init__(self, last: int, page: dict[str, Any] | None, exp: Explanation | None, folder: Explainer | None):
+        self.last, self.page, self.exp, self.folder = last, page, exp, folder
+
+    def owner(self) -> tuple[str | None, str | None]:
+        ex = self.page["execution"] if self.page is not None else (self.folder.ex if self.folder else {})
+        return ex.get("tenant"), ex.get("project")
+
+
 class ExecutionViews:
-    """Explanations and diffs over one event store; ``scope`` None: the local operator (CLI)."""
+    """Explanations and diffs over one event store; ``scope`` None: the local operator (CLI).
+
+    An execution is folded once: later requests feed only the events appended since (or read
+    the disk cache), and :meth:`follow` (a server's background thread) folds executions as their
+    events are appended, so even a 200,000-iteration loop's page opens from memory."""
 
     def __init__(self, event_store: Any, *, prices: str | None = None, data_dir: str | None = None,
                  cache: DiskCache | None = None):  # fmt: skip
@@ -117,8 +135,9 @@ class ExecutionViews:
         self.disk = cache
         self._prices, self._data_dir = prices, data_dir
         self.currency = ""
-        self._cache: OrderedDict[str, tuple[int, dict[str, Any], Explanation]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, _Entry] = OrderedDict()
+        self._lock = threading.RLock()  # folding and building pages: one at a time (the follower too)
+        self.cursor: int | None = None  # the follower's position in the store (gid); None: not started
 
     def _pricing(self) -> Any:
         price, self.currency = pricer(self._prices, self._data_dir)  # per fold: its own `seen` set
@@ -137,36 +156,82 @@ class ExecutionViews:
     def explained(self, execution_id: str, scope: TenantScope | None = None) -> tuple[dict[str, Any], Explanation]:
         _check_id(execution_id)
         with self._lock:
-            hit = self._cache.get(execution_id)
-        if hit is None and self.disk is not None and (got := self.disk.get(execution_id)) is not None:
-            hit = (got[0], got[1].data, got[1])
-        if hit is not None:
-            last, page, exp = hit
-            if scope is not None:
-                ex = page["execution"]
-                scope.execution(execution_id, ex.get("tenant"), ex.get("project"))
-            if not self.store.read(execution_id, last):  # nothing new since: the cached fold holds
-                self._remember(execution_id, last, page, exp)
-                return page, exp
-        evs = self._read(execution_id, scope)
-        pb, why = playbook_of(evs)
-        exp = explain(evs, price=self._pricing(), lines=step_lines(pb))
+            e = self._cache.get(execution_id)
+            if e is None and self.disk is not None and (got := self.disk.get(execution_id)) is not None:
+                e = _Entry(got[0], got[1].data, got[1], None)
+            if e is not None:
+                if scope is not None:
+                    scope.execution(execution_id, *e.owner())
+                new = self.store.read(execution_id, e.last)
+                if new and e.folder is not None and new[0].sequence == e.last + 1:
+                    e.folder.feed(new)  # only what was appended since
+                    e.last, e.page = e.folder.ex["last_sequence"], None
+                elif new:
+                    e = None  # cached without its fold (the disk cache): fold again
+            if e is None:
+                evs = self._read(execution_id, scope)
+                folder = Explainer(price=self._pricing()).feed(evs)
+                e = _Entry(folder.ex["last_sequence"], None, None, folder)
+            if e.page is None or e.exp is None:
+                self._build(execution_id, e)
+            self._remember(execution_id, e)
+            assert e.page is not None and e.exp is not None
+            return e.page, e.exp
+
+    def _build(self, execution_id: str, e: _Entry) -> None:
+        assert e.folder is not None
+        pb, why = playbook_of([e.folder.request] if e.folder.request is not None else [])
+        e.folder.lines = step_lines(pb)
+        exp = e.folder.result()
         page = exp.data  # the page's additions go into the explanation, so a cache keeps them
         page["graph"] = playbook_graph(pb, page["arcs"])
         page["graph"]["positions"] = layout(page["graph"])
         page["playbook_missing"] = why
         page["currency"] = self.currency
-        if self.disk is not None:
-            self.disk.put(execution_id, page["execution"]["last_sequence"], exp)
-        self._remember(execution_id, page["execution"]["last_sequence"], page, exp)
-        return page, exp
+        e.page, e.exp = page, exp
+        if self.disk is not None and page["execution"]["status"] in ("completed", "failed"):
+            self.disk.put(execution_id, e.last, exp)
 
-    def _remember(self, execution_id: str, last: int, page: dict[str, Any], exp: Explanation) -> None:
+    def _remember(self, execution_id: str, e: _Entry) -> None:
+        self._cache[execution_id] = e
+        self._cache.move_to_end(execution_id)
+        while len(self._cache) > CACHE:
+            self._cache.popitem(last=False)
+
+    def follow_once(self, limit: int = 5000) -> int:
+        """Fold the events appended since the last call (executions seen from their first event);
+        the number of events read. The first call starts at the end of the log."""
+        if self.cursor is None:
+            self.cursor = self.store.tail_last()
+            return 0
+        batch = self.store.tail(self.cursor, limit)
+        if not batch:
+            return 0
+        self.cursor = batch[-1].gid
+        by: dict[str, list[Event]] = {}
+        for se in batch:
+            by.setdefault(se.event.execution_id, []).append(se.event)
         with self._lock:
-            self._cache[execution_id] = (last, page, exp)
-            self._cache.move_to_end(execution_id)
-            while len(self._cache) > CACHE:
-                self._cache.popitem(last=False)
+            for eid, evs in by.items():
+                e = self._cache.get(eid)
+                if e is None and evs[0].sequence == 1:  # a new execution: followed from its start
+                    e = _Entry(0, None, None, Explainer(price=self._pricing()))
+                    self._remember(eid, e)
+                if e is None or e.folder is None or evs[0].sequence != e.last + 1:
+                    continue  # not followed from its start: folded when opened
+                e.folder.feed(evs)
+                e.last, e.page, e.exp = e.folder.ex["last_sequence"], None, None
+        return len(batch)
+
+    def follow(self, stop: threading.Event, interval: float = 0.5) -> None:
+        """:meth:`follow_once` until ``stop`` is set (a server's background thread)."""
+        while not stop.is_set():
+            try:
+                n = self.follow_once()
+            except Exception:  # noqa: BLE001 - a bad batch: pages fold from the log when opened
+                n = 0
+            if not n:
+                stop.wait(interval)
 
     def warm(self, limit: int = 20) -> int:
         """Fold the ``limit`` most recent finished executions not cached yet (a server does this in

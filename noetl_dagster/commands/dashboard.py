@@ -77,9 +77,13 @@ def serve(clickhouse: str | None, data_dir: str | None, database: str | None, ho
         server = make_server(store, host, port, auth=auth, secure_cookie=secure_cookie, executions=views)
     except OSError as e:
         _fail_input(f"cannot listen on {host}:{port}: {e.strerror or e}")
-    if warm:  # fold recent executions into the explain cache, so their pages open from it
-        import threading  # noqa: PLC0415
+    import threading  # noqa: PLC0415
 
+    # executions appended from now on are folded as their events arrive; recent ones are folded
+    # into the explain cache: either way their pages open without reading the log
+    views.cursor = views.store.tail_last()
+    threading.Thread(target=views.follow, args=(threading.Event(),), daemon=True, name="explain-follow").start()
+    if warm:
         threading.Thread(target=views.warm, args=(warm,), daemon=True, name="explain-warm").start()
     admins = f"; admin tenants: {', '.join(sorted(auth.admin_tenants))}" if auth.admin_tenants else ""
     click.echo(f"dashboard: http://{host}:{server.server_address[1]}/ (sign in with a registry API key{admins})")

@@ -249,84 +249,110 @@ class Explanation:
         return cls(head["data"], loops, float(head["t0"]))
 
 
+class Explainer:
+    """The fold behind :func:`explain`, resumable: :meth:`feed` events as they come (in sequence
+    order, from the first), :meth:`result` at any time. A server following the log folds each
+    event once, so a big execution's page opens without reading its log again."""
+
+    def __init__(self, price: Price | None = None, lines: dict[str, int] | None = None):
+        self.price, self.lines = price, lines or {}
+        self.runs: dict[str, _Run] = {}
+        self.order: list[_Run] = []
+        self.arcs: dict[tuple[str, int, str], int] = {}
+        self.ex: dict[str, Any] = {"events": 0, "status": "running", "last_sequence": 0}
+        self.t0: float | None = None
+        self.t_last: float | None = None
+        self.request: Event | None = None  # playbook.execution.requested: where the playbook is
+
+    def feed(self, events: Iterable[Event]) -> Explainer:
+        ex, runs, order, arcs, price = self.ex, self.runs, self.order, self.arcs, self.price
+        for ev in events:
+            t = _ms(ev.timestamp)
+            if self.t0 is None:
+                self.t0 = t
+                ex.update(execution_id=ev.execution_id, tenant=ev.tenant_id, project=ev.project_id,
+                          parent_execution_id=ev.parent_execution_id, started_at=ev.timestamp)  # fmt: skip
+            if self.t_last is None or t > self.t_last:
+                self.t_last = t
+            ex["events"] += 1
+            ex["last_sequence"] = max(ex["last_sequence"], ev.sequence or 0)
+            name, d = ev.name, ev.data if isinstance(ev.data, dict) else {}
+            run = runs.get(ev.step_run_id or "") if ev.step_run_id else None
+            if price is not None and (c := price(ev)):  # attempts, stored results, the platform line
+                if run is not None:
+                    run.cost += c
+                else:
+                    ex["platform_cost"] = ex.get("platform_cost", 0.0) + c
+            if name == "step.scheduled":
+                run = runs[ev.step_run_id or ""] = _Run(ev, t, None)
+                order.append(run)
+            elif name == "step.skipped":
+                run = _Run(ev, t, None)
+                run.status, run.reason = "skipped", str(d.get("reason") or "")
+                order.append(run)
+            elif run is None:
+                if name == "playbook.execution.requested":
+                    self.request = ev
+                _execution_event(ex, name, d, ev)
+            elif name == "step.started":
+                run.start = t
+            elif name == "task.started":
+                if ev.loop_id and run.loop is not None:
+                    it = run.loop.open.get(ev.iteration if ev.iteration is not None else -1)
+                    if it is not None:
+                        it[1] = ev.attempt or 1
+                else:
+                    run.open[ev.task_run_id or ""] = t
+            elif name == "task.done":
+                _task_done(run, ev, d, t)
+            elif name == "loop.started":
+                run.loop = _Loop(ev.loop_id or "", int(d.get("total") or 0), d.get("mode"), t)
+            elif name == "loop.iteration.started" and run.loop is not None:
+                run.loop.open[ev.iteration if ev.iteration is not None else -1] = [t, 1]
+            elif name in ("loop.iteration.done", "loop.iteration.failed") and run.loop is not None:
+                i = ev.iteration if ev.iteration is not None else -1
+                run.loop.done(i, t, name == "loop.iteration.done", _error_of(d))
+            elif name == "loop.done" and run.loop is not None:
+                run.loop.end = t
+            elif name in ("step.done", "step.failed"):
+                run.end = t
+                run.status = "success" if name == "step.done" else "error"
+                if name == "step.done":
+                    run.result = brief(d.get("result"))
+                run.error = _error_of(d)
+            elif name == "next.evaluated":
+                run.fired = [{"arc": f.get("arc"), "step": f.get("step")} for f in d.get("fired") or ()
+                             if isinstance(f, dict)]  # fmt: skip
+                for f in run.fired:
+                    key = (run.step, int(f["arc"]) if isinstance(f["arc"], int) else -1, str(f["step"]))
+                    arcs[key] = arcs.get(key, 0) + 1
+                if d.get("unhandled_failure"):
+                    run.status = "error"
+        return self
+
+    def result(self) -> Explanation:
+        """The summary of what was fed so far; UnknownExecution when nothing was."""
+        t0 = self.t0
+        if t0 is None:
+            raise UnknownExecution("no events")
+        ex = dict(self.ex)
+        ex["duration_ms"] = round((self.t_last or t0) - t0, 3)
+        out_runs = [r.out(t0) for r in self.order]
+        for r in out_runs:
+            r["line"] = self.lines.get(r["step"])
+        loops = {r.step_run_id or "": r.loop for r in self.order if r.loop is not None}
+        return Explanation({
+            "execution": ex, "runs": out_runs, "steps": _per_step(out_runs),
+            "arcs": [{"from": a, "arc": i, "to": b, "tokens": n} for (a, i, b), n in sorted(self.arcs.items())],
+            "totals": _totals(out_runs, ex.get("platform_cost", 0.0)),
+        }, loops, t0)  # fmt: skip
+
+
 def explain(events: Iterable[Event], *, price: Price | None = None,
             lines: dict[str, int] | None = None) -> Explanation:  # fmt: skip
     """The execution's runs, loops, arcs and totals (see the module doc); ``lines``: step -> line
     in the playbook file, when the caller could load it. UnknownExecution for an empty log."""
-    lines = lines or {}
-    runs: dict[str, _Run] = {}
-    order: list[_Run] = []
-    arcs: dict[tuple[str, int, str], int] = {}
-    ex: dict[str, Any] = {"events": 0, "status": "running"}
-    t0 = t_last = None
-    for ev in events:
-        t = _ms(ev.timestamp)
-        if t0 is None:
-            t0 = t
-            ex.update(execution_id=ev.execution_id, tenant=ev.tenant_id, project=ev.project_id,
-                      parent_execution_id=ev.parent_execution_id, started_at=ev.timestamp)  # fmt: skip
-        t_last = t if t_last is None or t > t_last else t_last
-        ex["events"] += 1
-        ex["last_sequence"] = max(ex.get("last_sequence") or 0, ev.sequence or 0)
-        name, d = ev.name, ev.data if isinstance(ev.data, dict) else {}
-        run = runs.get(ev.step_run_id or "") if ev.step_run_id else None
-        if price is not None and (c := price(ev)):  # attempts, stored results, the platform line
-            if run is not None:
-                run.cost += c
-            else:
-                ex["platform_cost"] = ex.get("platform_cost", 0.0) + c
-        if name == "step.scheduled":
-            run = runs[ev.step_run_id or ""] = _Run(ev, t, lines.get(ev.step or ""))
-            order.append(run)
-        elif name == "step.skipped":
-            run = _Run(ev, t, lines.get(ev.step or ""))
-            run.status, run.reason = "skipped", str(d.get("reason") or "")
-            order.append(run)
-        elif run is None:
-            _execution_event(ex, name, d, ev)
-        elif name == "step.started":
-            run.start = t
-        elif name == "task.started":
-            if ev.loop_id and run.loop is not None:
-                it = run.loop.open.get(ev.iteration if ev.iteration is not None else -1)
-                if it is not None:
-                    it[1] = ev.attempt or 1
-            else:
-                run.open[ev.task_run_id or ""] = t
-        elif name == "task.done":
-            _task_done(run, ev, d, t)
-        elif name == "loop.started":
-            run.loop = _Loop(ev.loop_id or "", int(d.get("total") or 0), d.get("mode"), t)
-        elif name == "loop.iteration.started" and run.loop is not None:
-            run.loop.open[ev.iteration if ev.iteration is not None else -1] = [t, 1]
-        elif name in ("loop.iteration.done", "loop.iteration.failed") and run.loop is not None:
-            i = ev.iteration if ev.iteration is not None else -1
-            run.loop.done(i, t, name == "loop.iteration.done", _error_of(d))
-        elif name == "loop.done" and run.loop is not None:
-            run.loop.end = t
-        elif name in ("step.done", "step.failed"):
-            run.end = t
-            run.status = "success" if name == "step.done" else "error"
-            if name == "step.done":
-                run.result = brief(d.get("result"))
-            run.error = _error_of(d)
-        elif name == "next.evaluated":
-            run.fired = [{"arc": f.get("arc"), "step": f.get("step")} for f in d.get("fired") or () if isinstance(f, dict)]
-            for f in run.fired:
-                key = (run.step, int(f["arc"]) if isinstance(f["arc"], int) else -1, str(f["step"]))
-                arcs[key] = arcs.get(key, 0) + 1
-            if d.get("unhandled_failure"):
-                run.status = "error"
-    if t0 is None:
-        raise UnknownExecution("no events")
-    ex["duration_ms"] = round((t_last or t0) - t0, 3)
-    out_runs = [r.out(t0) for r in order]
-    loops = {r.step_run_id or "": r.loop for r in order if r.loop is not None}
-    return Explanation({
-        "execution": ex, "runs": out_runs, "steps": _per_step(out_runs),
-        "arcs": [{"from": a, "arc": i, "to": b, "tokens": n} for (a, i, b), n in sorted(arcs.items())],
-        "totals": _totals(out_runs, ex.get("platform_cost", 0.0)),
-    }, loops, t0)  # fmt: skip
+    return Explainer(price, lines).feed(events).result()
 
 
 def _execution_event(ex: dict[str, Any], name: str, d: dict[str, Any], ev: Event) -> None:

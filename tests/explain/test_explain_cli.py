@@ -113,3 +113,30 @@ def test_the_disk_cache_serves_a_fold_until_the_log_grows(run, home, tmp_path):
                         tenant_id=first.tenant_id, project_id=first.project_id)])  # fmt: skip
     grown = ExecutionViews(store, cache=cache).explain(eid)
     assert grown["execution"]["events"] == fresh["execution"]["events"] + 1
+
+
+def test_a_followed_execution_opens_without_reading_its_log(home, tmp_path):
+    """The server's follower folds an execution as its events are appended; opening it then reads
+    only the events after the fold (none), never the whole log again."""
+    from noetl_dagster.runners.local import run_playbook
+    from noetl_dagster.storage.events import SqliteEventStore
+
+    class Counting(SqliteEventStore):
+        reads: list[tuple[str, int]] = []
+
+        def read(self, execution_id, after_sequence=0):  # noqa: ANN001, ANN202
+            self.reads.append((execution_id, after_sequence))
+            return super().read(execution_id, after_sequence)
+
+    path = home / "events.db"
+    store = Counting(path)
+    views = ExecutionViews(store)
+    views.follow_once()  # starts at the end of the log
+    eid = run_playbook(PLAYBOOKS / "loop300.yaml", {"items": list(range(300)), "fail_at": 9},
+                       event_store=f"sqlite:///{path}", data_dir=home).execution_id  # fmt: skip
+    while views.follow_once(limit=200):  # several batches: the fold resumes across them
+        pass
+    page = views.explain(eid)
+    assert Counting.reads == [(eid, page["execution"]["last_sequence"])]  # only "anything newer?"
+    assert page == ExecutionViews(SqliteEventStore(path)).explain(eid)  # the same as a fold of the log
+    assert page["runs"][0]["loop"]["failed"] == 1 and page["execution"]["status"] == "failed"
