@@ -1,7 +1,8 @@
 """Replay-time resolution of stored references (seed 004 F.2) through the adapter registry.
 
 Every ``$ref`` an execution's events or an archive manifest hold is resolved through
-:func:`~noetl_dagster.storage.payload.store_for_uri` — the same registry writes use — and summed up
+:func:`~noetl_dagster.storage.payload.store_for_uri` — the same registry writes use; a ``noetl://``
+one first through the resource catalog's read plan (location + expected checksum) — and summed up
 deterministically: the same bytes give the same summary on any machine and any cloud (no
 timestamps, no provider URIs of the reader). Full bodies only on request, bounded by size.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from noetl_dagster.storage.payload import (
@@ -78,8 +80,12 @@ class RefResolver:
     ``like``: the configured payload store, whose connection (endpoint, credentials) other buckets
     of its kind reuse."""
 
-    def __init__(self, like: PayloadStore | None = None, *, bodies: bool = False, body_limit: int = DEFAULT_BODY_LIMIT):
+    def __init__(
+        self, like: PayloadStore | None = None, *, bodies: bool = False, body_limit: int = DEFAULT_BODY_LIMIT,
+        registry: Any = None,
+    ):
         self.like = like
+        self.registry = registry  # a registry client: noetl:// references resolve through the resource catalog
         self.bodies = bodies
         self.body_limit = body_limit
         self._stores: dict[str, PayloadStore] = {}
@@ -90,6 +96,11 @@ class RefResolver:
         out: dict[str, Any] = {k: v for k, v in ref.to_dict().items() if k in
                                ("uri", "store", "format", "size", "checksum", "rows", "schema_fingerprint",
                                 "content_type", "region", "storage_class")}  # fmt: skip
+        if ref.uri.startswith("noetl://"):
+            located = self._locate(ref, out)
+            if isinstance(located, dict):
+                return located
+            ref = located
         try:
             store = store_for_uri(ref.uri, like=self.like, cache=self._stores)
         except (ValueError, NotImplementedError) as e:
@@ -126,6 +137,21 @@ class RefResolver:
         elif self.bodies:
             out["body"] = data.decode("utf-8", errors="replace")
         return out
+
+    def _locate(self, ref: ResultRef, out: dict[str, Any]) -> ResultRef | dict[str, Any]:
+        """A ``noetl://`` reference as the registry's read plan places it (location and checksum)."""
+        if self.registry is None:
+            return {**out, "status": "no_adapter", "error": "noetl:// references need the resource registry"}
+        try:
+            plan = self.registry.resolve(ref.uri, purpose="read")
+        except Exception as e:  # noqa: BLE001 - unknown resource, refused access: reported
+            return {**out, "status": "missing", "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+        loc = plan.location
+        if loc is None:
+            return {**out, "status": "missing", "error": "the registry records no location"}
+        out["location"] = loc.uri
+        out["checksum"] = plan.expected_checksum or ref.checksum
+        return replace(ref, uri=loc.uri, checksum=out["checksum"], format=loc.format or ref.format)
 
     def summarize_all(self, refs: Iterable[ResultRef | dict[str, Any]]) -> list[dict[str, Any]]:
         seen: set[tuple[str, str]] = set()

@@ -327,3 +327,25 @@ def test_s3_compatible_endpoint_options(emulators):
     assert head["StorageClass"] == "STANDARD_IA"
     assert store.fs.client_kwargs.get("region_name") == "us-east-1"
     assert store.fs.config_kwargs["s3"] == {"addressing_style": "path"}
+
+
+def test_noetl_references_resolve_through_the_resource_catalog(tmp_path):
+    """A ``noetl://`` reference (a registered table version) resolves through the registry's read
+    plan to its location and expected checksum, then through the payload registry."""
+    from noetl_dagster.storage.tables import TableStorage
+    from registry_service.client import open_registry
+    from registry_service.service import Registry
+
+    client = open_registry(Registry(f"sqlite:///{tmp_path / 'registry.db'}"), tenant="acme", project="lab")
+    storage = TableStorage(client, data_dir=tmp_path / "home")
+    pub = storage.publish({"id": [1, 2, 3], "v": ["a", "b", "c"]}, "noetl://acme/lab/sales/dataset/orders",
+                          format="parquet")  # fmt: skip
+    ref = {"uri": pub.resource.uri, "store": "noetl", "format": "parquet", "size": pub.write.size,
+           "checksum": pub.write.checksum}  # fmt: skip
+    s = RefResolver(registry=client).summarize(ref)
+    assert s["status"] == "ok" and s["location"] == pub.write.uri and s["arrow_schema"]["rows"] == 3
+    assert RefResolver().summarize(ref)["status"] == "no_adapter"  # without a catalog: said, not guessed
+    missing = RefResolver(registry=client).summarize({**ref, "uri": "noetl://acme/lab/sales/dataset/none@v1"})
+    assert missing["status"] == "missing"
+    _raw_overwrite(storage.store, pub.write.uri, b"PAR1 not parquet")
+    assert RefResolver(registry=client).summarize(ref)["status"] == "checksum_mismatch"
