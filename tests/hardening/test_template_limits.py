@@ -221,3 +221,23 @@ def test_the_budget_is_per_render():
         _render(one)
     part = "{% set ns = namespace(n=0) %}{% for i in range(3) %}{% set ns.n = ns.n + ('x' * 16000000 ~ i)|length %}{% endfor %}{{ ns.n }}"
     assert _render(part) == "48000003" and _render(part) == "48000003"
+
+
+def test_budgets_are_per_thread():
+    """Parallel loop iterations render in threads: one render's bytes never count against another's."""
+    import threading
+
+    src = "{% set ns = namespace(n=0) %}{% for i in range(6) %}{% set ns.n = ns.n + ('x' * 8000000 ~ i)|length %}{% endfor %}{{ ns.n }}"
+    out: list = []
+    barrier = threading.Barrier(3)
+
+    def one():
+        barrier.wait()
+        out.append(_render(src))
+
+    threads = [threading.Thread(target=one) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert out == ["48000006"] * 3  # 3 x 96 MB charged, each under its own 128 MiB
