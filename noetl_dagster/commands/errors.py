@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from noetl_dagster.util.cli import OneLineUsageGroup
+from noetl_dagster.util.extras import extra_for_module, install_hint
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -72,11 +73,15 @@ def _is_store_error(exc: BaseException) -> bool:
     )
 
 
-def convert(exc: BaseException) -> click.ClickException:
+def convert(exc: BaseException, command: str | None = None) -> click.ClickException:
     from noetl_dagster.engine.recorder import RecordingFailed  # noqa: PLC0415 - only when a command failed
 
     if isinstance(exc, RecordingFailed):  # the execution failed and not even that could be recorded (exit 1)
         return Failed(one_line(exc, limit=1000).removeprefix("RecordingFailed: "))
+    extra = extra_for_module(exc.name) if isinstance(exc, ModuleNotFoundError) else None
+    if extra:  # an optional capability that is not installed: say which extra, not the ImportError
+        what = f"`noetl-dagster {command}`" if command else "this command"
+        return BadInput(f"{what} needs the {extra!r} extra: {install_hint(extra)} (module {exc.name} is missing)")
     if isinstance(exc, RecursionError):
         return BadInput("input is nested too deeply")
     if isinstance(exc, _BAD_INPUT) or _is_store_error(exc):
@@ -93,4 +98,4 @@ class GuardedGroup(OneLineUsageGroup):
         except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit, KeyboardInterrupt):
             raise
         except Exception as e:  # noqa: BLE001 - the last line of defence; see module docstring
-            raise convert(e) from None
+            raise convert(e, ctx.invoked_subcommand) from None

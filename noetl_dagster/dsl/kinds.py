@@ -10,7 +10,9 @@ the engine asks it for the kind and calls :meth:`ToolKind.invoke`.
 
 A plugin that fails to load (import error, missing attribute) becomes a *broken* kind: its
 name stays known, every call fails with a ``plugin_error`` naming the entry point and the
-cause, and every other kind still loads.
+cause, and every other kind still loads. A built-in kind whose optional extra is not installed
+(``quantum``, ``qdrant``, ...) is reported the same way at validation and at its first call:
+``tool kind 'quantum' needs: pip install 'noetl-dagster[quantum]'`` (:func:`missing_extra`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+
+from noetl_dagster.util.extras import extra_for_module, install_hint, missing_kind_extra
 
 ToolFn = Callable[[dict[str, Any], Any], Any]  # (inputs, engine.ports.ToolContext) -> result
 ENTRY_POINT_GROUP = "noetl_dagster.tools"
@@ -86,6 +90,7 @@ _ENTRY_POINTS: dict[str, EntryPoint] | None = None
 # names among _ENTRY_POINTS that this package declares; asking a distribution its name parses its
 # METADATA file (~1 ms each), which the parser did for every entry point of every task (22 ms a task)
 _BUILTIN: frozenset[str] | None = None
+_MISSING: dict[str, str | None] = {}  # kind -> install hint of its missing extra (None: installed)
 
 # Raw keys of this package's kinds, so validating a playbook imports no tool module. Only a hint:
 # the registered kind's own raw_keys win once it is loaded (tests/tools/test_plugins.py checks both agree).
@@ -176,10 +181,11 @@ def refresh_entry_points() -> None:
         _ENTRY_POINTS = None
         _BUILTIN = None
         _BROKEN.clear()
+        _MISSING.clear()
 
 
-def _broken(name: str, ep: EntryPoint, reason: str) -> ToolKind:
-    message = (
+def _broken(name: str, ep: EntryPoint, reason: str, *, message: str | None = None) -> ToolKind:
+    message = message or (
         f"tool kind {name!r} failed to load from entry point {ep.value!r} ({_dist_name(ep) or '?'}): {reason}"
     )
 
@@ -202,8 +208,17 @@ def get_tool(name: str) -> ToolKind | None:
     with _lock:
         if name in _REGISTRY:
             return _REGISTRY[name]
+        missing = missing_extra(name)
+        if missing:
+            return _broken(name, ep, missing, message=missing)
         try:
             obj = ep.load()  # importing the module registers the kind (with its config and raw keys)
+        except ModuleNotFoundError as e:
+            extra = extra_for_module(e.name) if name in _builtin_names() else None
+            if extra:  # a module of an optional extra the kind imports at load time
+                hint = f"tool kind {name!r} needs: {install_hint(extra)}"
+                return _broken(name, ep, hint, message=hint)
+            return _broken(name, ep, f"{type(e).__name__}: {e}")
         except Exception as e:  # noqa: BLE001 - any import failure of a plugin must not break the others
             return _broken(name, ep, f"{type(e).__name__}: {e}")
         if name not in _REGISTRY:
@@ -214,6 +229,15 @@ def get_tool(name: str) -> ToolKind | None:
             else:
                 return _broken(name, ep, f"{type(obj).__name__} is neither a tool function nor a ToolKind")
         return _REGISTRY[name]
+
+
+def missing_extra(name: str) -> str | None:
+    """The install hint when ``name`` is a kind of this package whose optional extra is not installed
+    (checked on sys.path, nothing imported), else None. Validation reports it like an unknown kind."""
+    if name not in _MISSING:
+        hint = missing_kind_extra(name)
+        _MISSING[name] = hint if hint and name not in _REGISTRY and name in _builtin_names() else None
+    return _MISSING[name]
 
 
 def known_kinds() -> set[str]:

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from noetl_dagster.dsl.executor_spec import check_executor, no_effect_keys
-from noetl_dagster.dsl.kinds import known_kinds, raw_keys, required_keys
+from noetl_dagster.dsl.kinds import known_kinds, missing_extra, raw_keys, required_keys
 from noetl_dagster.dsl.legacy import ARGS_NATIVE_KINDS, find_legacy_constructs
 from noetl_dagster.dsl.loader import PathT, SourceMap, format_path
 from noetl_dagster.dsl.model import (
@@ -347,6 +347,8 @@ def _parse_task(ctx: _Ctx, label: str, body: dict[str, Any], path: PathT, labels
         return None
     if not ctx.known_kind(kind):
         ctx.err((*path, "kind"), "unknown-tool-kind", f"tool kind {kind!r} is not recognized")
+    elif ctx.check_kinds and (hint := missing_extra(kind)):
+        ctx.err((*path, "kind"), "missing-extra", hint)
     if "retry" in body and isinstance(body["retry"], dict):
         ctx.err((*path, "retry"), "legacy-construct",
                 "task `retry:` blocks are legacy: NoETL's current runtime accepts the key but never retries on it, "

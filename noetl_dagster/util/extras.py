@@ -1,0 +1,74 @@
+"""The optional extras of ``noetl-dagster`` and the modules each provides (pyproject.toml's
+``[project.optional-dependencies]``; docs/install.md).
+
+The core install runs playbooks on Dagster; every other capability is an extra. One table,
+read by the two gates that turn a missing extra into a one-line hint instead of an
+ImportError: the tool-kind catalogue (``dsl/kinds``: validation and the first call of a kind)
+and the CLI's error guard (``commands/errors``: any command whose import needs an extra).
+``find_spec`` of a top-level name only looks on ``sys.path``; nothing here imports a package.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+DISTRIBUTION = "noetl-dagster"
+
+# extra -> the top-level modules it installs (the ones our code imports)
+EXTRA_MODULES: dict[str, tuple[str, ...]] = {
+    "analytics": ("clickhouse_connect", "chdb", "matplotlib", "plotly", "networkx"),
+    "quantum": ("qiskit", "qiskit_aer", "qiskit_qasm3_import", "cirq"),
+    "quantum-cloud": ("qiskit_ibm_runtime", "boto3"),
+    "qdrant": ("qdrant_client",),
+    "k8s": ("dagster_k8s", "kubernetes"),
+    "celery": ("dagster_celery", "celery", "redis"),
+    "nats": ("nats",),
+    "mcp": ("mcp",),
+    "snowflake": ("snowflake",),
+    "gcs": ("gcsfs",),
+    "azure": ("adlfs",),
+    "registry-server": ("fastapi", "uvicorn"),
+}
+
+# built-in tool kinds that need an extra (the rest are core)
+KIND_EXTRAS: dict[str, str] = {
+    "quantum": "quantum",
+    "qdrant": "qdrant",
+    "nats": "nats",
+    "mcp": "mcp",
+    "agent": "mcp",
+    "snowflake": "snowflake",
+    "gcs": "gcs",
+}
+
+# modules a kind needs at its first call (a subset of its extra: quantum-cloud's stay optional)
+_KIND_MODULES: dict[str, tuple[str, ...]] = {"quantum": ("qiskit", "qiskit_aer", "cirq")}
+
+_MODULE_EXTRA: dict[str, str] = {m: extra for extra, mods in EXTRA_MODULES.items() for m in mods}
+
+
+def install_hint(extra: str) -> str:
+    return f"pip install '{DISTRIBUTION}[{extra}]'"
+
+
+def extra_for_module(name: str | None) -> str | None:
+    """The extra that provides module ``name`` (``qdrant_client.http`` -> ``qdrant``), if any."""
+    return _MODULE_EXTRA.get((name or "").split(".")[0])
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a broken or half-installed package counts as missing
+        return False
+
+
+def missing_kind_extra(kind: str) -> str | None:
+    """``tool kind 'quantum' needs: pip install 'noetl-dagster[quantum]'`` when a built-in kind's
+    extra is not installed, else None."""
+    extra = KIND_EXTRAS.get(kind)
+    if extra is None:
+        return None
+    if all(_installed(m) for m in _KIND_MODULES.get(kind, EXTRA_MODULES[extra])):
+        return None
+    return f"tool kind {kind!r} needs: {install_hint(extra)}"
