@@ -13,7 +13,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[all,dev]'
 	# the browser test drives Debian chromium through playwright (never `playwright install`)
 	command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; } || \
 		echo "setup: chromium not installed (apt-get failed); tests/dagster/test_browser.py needs /usr/bin/chromium"
@@ -39,7 +39,7 @@ lint: setup
 
 dev: setup
 	mkdir -p example_project/.dagster_home && cp -n example_project/dagster.yaml example_project/.dagster_home/
-	cd example_project && DAGSTER_HOME=$$(pwd)/.dagster_home ../$(VENV)/bin/dagster dev -m example_project.definitions
+	cd example_project && PYTHONPATH=$(CURDIR) DAGSTER_HOME=$$(pwd)/.dagster_home ../$(VENV)/bin/dagster dev -m example_project.definitions
 
 clean:
 	rm -rf .noetl .dagster_home example_project/.dagster_home

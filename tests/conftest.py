@@ -4,6 +4,7 @@ and compared with the live state (DESIGN.md: replay reproduces state exactly).""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,14 @@ from noetl_dagster.runners import local as _runner
 # shared/ sits beside the checkout (locally and in CI); NOETL_SHARED points elsewhere
 SHARED = Path(os.environ.get("NOETL_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
 CONFORMANCE = SHARED / "conformance" / "noetl-e2e" / "fixtures" / "playbooks"
+
+# the example project is not in the wheel (nor in the editable install's finder): this process and
+# every subprocess a test starts (dagster dev, code servers) find it on the checkout's root
+_ROOT = str(Path(__file__).resolve().parents[1])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+if _ROOT not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
 
 _FINISHED: list = []
 

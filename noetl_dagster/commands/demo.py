@@ -21,9 +21,21 @@ import click
 
 
 def _example_dir() -> Path:
-    import example_project  # noqa: PLC0415
+    """The example project of a source checkout (it is not part of the wheel)."""
+    try:
+        import example_project  # noqa: PLC0415
 
-    return Path(example_project.__file__).resolve().parent
+        return Path(example_project.__file__).resolve().parent
+    except ImportError:
+        pass
+    for root in (Path(__file__).resolve().parents[2], Path.cwd()):
+        if (root / "example_project" / "definitions.py").is_file():
+            if str(root) not in sys.path:
+                sys.path.insert(0, str(root))  # so the runs can import example_project.stub and friends
+            return root / "example_project"
+    raise click.ClickException(
+        "the demo runs the example project of a source checkout: git clone the repository and run `make demo`"
+    )
 
 
 def _default_home(example_dir: Path) -> Path:

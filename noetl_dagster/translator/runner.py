@@ -16,8 +16,11 @@ code location holding the playbook launches it.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,13 +58,58 @@ class DagsterRunInfo:
     statuses: list[str]
 
 
+_log = logging.getLogger(__name__)
+
+
+class _ToLog(logging.Filter):
+    """Re-logs Dagster's instance chatter on our logger (the log, not the terminal) and drops it there."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        _log.info("dagster: %s", record.getMessage())
+        return False
+
+
+@contextlib.contextmanager
+def dagster_chatter_to_log() -> Iterator[None]:
+    """While opening an instance: Dagster's first-use telemetry notice and "Welcome to Dagster!"
+    (click on stderr) and its warnings about the instance (a missing dagster.yaml) go to the log.
+    Our commands print only what they say they print (docs/cli.md)."""
+    quiet = _ToLog()
+    dagster_logger = logging.getLogger("dagster")
+    dagster_logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        dagster_logger.removeFilter(quiet)
+
+
+def _telemetry_id_quietly(instance: dg.DagsterInstance) -> None:
+    """Dagster writes its telemetry instance id (and prints the notice on stderr) at the first run of
+    a DAGSTER_HOME; write it here with the notice captured, so the run itself stays quiet."""
+    if not getattr(instance, "telemetry_enabled", False):
+        return
+    try:
+        from dagster_shared.telemetry import get_or_set_instance_id  # noqa: PLC0415
+    except ImportError:  # an older Dagster: the notice stays Dagster's
+        return
+    buf = io.StringIO()
+    with contextlib.redirect_stderr(buf), contextlib.redirect_stdout(buf):
+        get_or_set_instance_id()
+    if buf.getvalue().strip():
+        _log.info("dagster: %s", " ".join(buf.getvalue().split()))
+
+
 def open_instance(dagster_home: str | os.PathLike[str] | None = None) -> dg.DagsterInstance:
     """``dagster_home`` (or ``$DAGSTER_HOME``) when given, else an ephemeral in-memory instance."""
     home = dagster_home or os.environ.get("DAGSTER_HOME")
-    if home:
-        Path(home).mkdir(parents=True, exist_ok=True)
-        return dg.DagsterInstance.from_config(str(home))
-    return dg.DagsterInstance.ephemeral()
+    with dagster_chatter_to_log():
+        if home:
+            Path(home).mkdir(parents=True, exist_ok=True)
+            instance = dg.DagsterInstance.from_config(str(home))
+        else:
+            instance = dg.DagsterInstance.ephemeral()
+        _telemetry_id_quietly(instance)
+    return instance
 
 
 def run_playbook_dagster(
