@@ -1,0 +1,147 @@
+"""A core install (no extras) runs core playbooks, and a missing extra is one clear line.
+
+Each test runs a subprocess through tests/packaging/no_extras.py, which makes every module of
+every optional extra unimportable, as after ``pip install noetl-dagster`` without extras.
+(tests/packaging/test_wheel.py does the same with a real install of the built wheel.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from noetl_dagster.dsl.kinds import builtin_kinds
+from noetl_dagster.util.extras import EXTRA_MODULES, KIND_EXTRAS
+
+REPO = Path(__file__).resolve().parents[2]
+NO_EXTRAS = Path(__file__).with_name("no_extras.py")
+EXAMPLES = REPO / "example_project" / "playbooks"
+HINT = "tool kind 'quantum' needs: pip install 'noetl-dagster[quantum]'"
+
+
+def _core(tmp_path: Path, *args: str, timeout: int = 180) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NOETL_DAGSTER_HOME": str(tmp_path / "noetl"), "DAGSTER_HOME": str(tmp_path / "dh"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}  # fmt: skip
+    (tmp_path / "dh").mkdir(exist_ok=True)
+    return subprocess.run([sys.executable, str(NO_EXTRAS), *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def _line_of(path: Path, needle: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if needle in line)
+
+
+def test_extras_table_matches_pyproject():
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert set(EXTRA_MODULES) <= set(extras)
+    for name in ("analytics", "quantum", "quantum-cloud", "qdrant", "k8s", "celery", "nats", "mcp",
+                 "snowflake", "gcs", "azure", "registry-server", "all", "dev"):  # fmt: skip
+        assert name in extras, name
+    all_extras = extras["all"][0]
+    for name in EXTRA_MODULES:
+        assert name in all_extras, f"[all] misses {name}"
+    assert set(KIND_EXTRAS) <= builtin_kinds()
+    assert set(KIND_EXTRAS.values()) <= set(EXTRA_MODULES)
+
+
+def test_validate_names_the_missing_extra_with_file_and_line(tmp_path):
+    pb = EXAMPLES / "quantum_sweep.yaml"
+    out = _core(tmp_path, "cli", "validate", str(pb))
+    assert out.returncode == 1, out.stderr
+    assert "Traceback" not in out.stderr + out.stdout
+    line = _line_of(pb, "kind: quantum")
+    assert f"{pb}:{line}: missing-extra: " in out.stdout + out.stderr
+    assert HINT in out.stdout + out.stderr
+
+
+def test_run_refuses_an_optional_kind_before_running(tmp_path):
+    pb = tmp_path / "q.yaml"
+    pb.write_text(
+        "apiVersion: noetl.io/v2\nkind: Playbook\nmetadata: {name: q, path: t/q}\nworkflow:\n"
+        "  - step: start\n    tool: {kind: quantum, circuit: bell, shots: 10}\n"
+    )
+    out = _core(tmp_path, "cli", "run", str(pb))
+    assert out.returncode != 0
+    assert f"{pb}:6: missing-extra: " in out.stderr and HINT in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "noetl" / "events.db").exists() or "execution" not in out.stdout
+
+
+def test_a_call_of_an_optional_kind_is_the_same_hint():
+    """The other gate: a kind reached without validation (get_tool at the first call)."""
+    code = (
+        "from noetl_dagster.dsl.kinds import get_tool, PluginLoadError\n"
+        "tk = get_tool('qdrant')\n"
+        "try:\n    tk.invoke({}, None)\nexcept PluginLoadError as e:\n    print(e)\n"
+    )
+    out = _core(Path(os.environ.get("TMPDIR", "/tmp")), "code", code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "tool kind 'qdrant' needs: pip install 'noetl-dagster[qdrant]'"
+
+
+def test_dashboard_says_which_extra(tmp_path):
+    out = _core(tmp_path, "cli", "dashboard", "--out", str(tmp_path / "d"))
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert "needs the 'analytics' extra: pip install 'noetl-dagster[analytics]'" in out.stderr, out.stderr
+    assert out.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("runner", ["local", "dagster"])
+def test_core_playbooks_run_without_any_extra(tmp_path, runner):
+    for name in ("hello_dagster", "orders_duckdb", "fanout_join"):
+        out = _core(tmp_path, "cli", "run", "--runner", runner, "--json", str(EXAMPLES / f"{name}.yaml"))
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert json.loads(out.stdout)["status"] == "completed"
+
+
+def test_code_location_loads_and_reports_playbooks_of_missing_extras(tmp_path):
+    code = (
+        "import json\n"
+        "import example_project.definitions as d\n"
+        "defs = d.defs()\n"
+        "jobs = sorted(j.name for j in defs.resolve_all_job_defs())\n"
+        "keys = sorted(k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys())\n"
+        "print(json.dumps({'jobs': jobs, 'keys': keys}))\n"
+    )
+    out = _core(tmp_path, "code", code)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "hello_dagster" in got["jobs"] and "orders_duckdb" in got["jobs"]
+    assert "quantum_sweep" not in got["jobs"]
+    assert "noetl_invalid_playbook/quantum_sweep" in got["keys"]
+    assert "noetl_invalid_playbook/vector_search" in got["keys"]
+    assert "tool kind 'quantum' needs: pip install 'noetl-dagster[quantum]'" in out.stderr
+
+
+# modules that are an extra's own code (they may import it at module level)
+OPTIONAL_MODULES = ("analytics.", "registry_service.app", "noetl_dagster.sensors.facts",
+                    "noetl_dagster.io_managers.qdrant", "noetl_dagster.resources.qdrant",
+                    "noetl_dagster.tools.qdrant")  # fmt: skip
+
+
+def test_core_modules_import_no_optional_package():
+    code = (
+        "import importlib, pkgutil, json\n"
+        f"OPTIONAL = {OPTIONAL_MODULES!r}\n"
+        "bad = {}\n"
+        "for root in ('noetl_dagster', 'lineage', 'registry_service'):\n"
+        "    pkg = importlib.import_module(root)\n"
+        "    for m in pkgutil.walk_packages(pkg.__path__, root + '.', onerror=lambda n: None):\n"
+        "        if m.name.startswith(OPTIONAL):\n"
+        "            continue\n"
+        "        try:\n"
+        "            importlib.import_module(m.name)\n"
+        "        except ImportError as e:\n"
+        "            bad[m.name] = str(e)\n"
+        "print(json.dumps(bad))\n"
+    )
+    out = _core(Path(os.environ.get("TMPDIR", "/tmp")), "code", code, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {}
