@@ -51,6 +51,8 @@ def _money(x: float) -> str:
 def _text(value: Any, n: int = 80) -> str:
     s = value if isinstance(value, str) else json.dumps(value, default=str)
     s = " ".join(s.split())  # one line: a step name or message with newlines stays on its row
+    # control characters (a step named "\x1b]0;…" would drive the terminal) show escaped
+    s = "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
     return s if len(s) <= n else s[: n - 1] + "…"
 
 
@@ -72,7 +74,7 @@ def explain(execution_id: str, event_store: str | None, data_dir: str | None, pr
         click.echo(dumps(page))
         return
     ex, tot, cur = page["execution"], page["totals"], page["currency"]
-    click.echo(f"execution {ex['execution_id']}  {ex.get('playbook') or ''}  {ex['status']}  "
+    click.echo(f"execution {ex['execution_id']}  {_text(ex.get('playbook') or '', 200)}  {ex['status']}  "
                f"{ex['duration_ms'] / 1000:.3f} s  tenant {ex['tenant']}/{ex['project']}")  # fmt: skip
     click.echo(f"  {tot['step_runs']} step runs, {tot['failed_runs']} failed, {tot['retries']} retries, "
                f"{tot['iterations']} loop iterations, {tot['sub_executions']} sub-playbooks, "
@@ -109,7 +111,7 @@ def _run_line(r: dict[str, Any], file: str, cur: str) -> str:
         parts.append(f"skipped: {_text(r['reason'])}")
     line = "  ".join(parts)
     if r["error"]:
-        where = f" ({file}:{r['line']})" if r["line"] else ""
+        where = f" ({_text(file, 300)}:{r['line']})" if r["line"] else ""
         line += f"\n{'':>21}error: {_text(r['error'].get('message') or r['error'], 120)}{where}"
     return line
 
@@ -130,28 +132,29 @@ def diff(a: str, b: str, event_store: str | None, data_dir: str | None, prices: 
     if as_json:
         click.echo(dumps(d))
         return
-    click.echo(f"A {d['a']['execution_id']}  {d['a']['playbook']}  {d['a']['status']}")
-    click.echo(f"B {d['b']['execution_id']}  {d['b']['playbook']}  {d['b']['status']}")
+    for side in ("a", "b"):
+        x = d[side]
+        click.echo(f"{side.upper()} {x['execution_id']}  {_text(x['playbook'] or '', 200)}  {x['status']}")
     if not d["same_playbook"]:
         click.echo("  different playbooks: steps matched by name")
     ch = d["steps_changed"]
     if ch and any(ch.values()):
         click.echo("  steps changed between the versions: " + "; ".join(
-            f"{k} {', '.join(v)}" for k, v in ch.items() if v))  # fmt: skip
+            f"{k} {_text(', '.join(v), 400)}" for k, v in ch.items() if v))  # fmt: skip
     f = d["first"]
     if f is None:
         click.echo(f"no divergence: {d['compared_activations']} step activations agree (arcs, status, retries, results)")
         return
-    click.echo(f"first divergence ({f['kind']}): {f.get('why', '')}")
+    click.echo(f"first divergence ({f['kind']}): {_text(f.get('why', ''), 400)}")
     click.echo(f"  event: A #{f['a_sequence']}  B #{f['b_sequence']}")
     line = d["lines"]["a"].get(f["step"]) or d["lines"]["b"].get(f["step"])
     if line:
-        click.echo(f"  step {f['step']} at {d['a']['file'] or d['b']['file']}:{line}")
+        click.echo(f"  step {_text(f['step'])} at {_text(d['a']['file'] or d['b']['file'], 300)}:{line}")
     for i, w in enumerate(f.get("when") or ()):
-        click.echo(f"  arc {i} when: {w if w is not None else '(always)'}")
+        click.echo(f"  arc {i} when: {_text(w, 300) if w is not None else '(always)'}")
     for label, diffs in (("ctx", f["ctx_diff"]), ("workload", f["workload_diff"]), ("input", f["args_diff"])):
         for k, v in diffs.items():
-            click.echo(f"  {label}.{k}: A {_text(v['a'])}  B {_text(v['b'])}")
+            click.echo(f"  {label}.{_text(k)}: A {_text(v['a'])}  B {_text(v['b'])}")
     for side in ("a", "b"):
         if f[f"{side}_error"]:
             click.echo(f"  {side.upper()} error: {_text(f[f'{side}_error'].get('message') or f[f'{side}_error'], 120)}")

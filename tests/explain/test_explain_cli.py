@@ -140,3 +140,13 @@ def test_a_followed_execution_opens_without_reading_its_log(home, tmp_path):
     assert Counting.reads == [(eid, page["execution"]["last_sequence"])]  # only "anything newer?"
     assert page == ExecutionViews(SqliteEventStore(path)).explain(eid)  # the same as a fold of the log
     assert page["runs"][0]["loop"]["failed"] == 1 and page["execution"]["status"] == "failed"
+
+
+def test_control_characters_in_step_names_show_escaped(run, noetl):
+    # a step named with terminal escapes (clear screen, set the title) must not drive the terminal
+    eid = run("escape_steps.yaml")
+    out = noetl("explain", eid).output
+    assert "\x1b" not in out and "\x07" not in out
+    assert "evil\\x1b[2J\\x1b]0;title\\x07" in out
+    d = noetl("diff", eid, run("escape_steps.yaml")).output
+    assert "\x1b" not in d and "no divergence" in d
