@@ -150,3 +150,12 @@ def test_control_characters_in_step_names_show_escaped(run, noetl):
     assert "evil\\x1b[2J\\x1b]0;title\\x07" in out
     d = noetl("diff", eid, run("escape_steps.yaml")).output
     assert "\x1b" not in d and "no divergence" in d
+
+
+def test_a_sub_playbook_links_to_its_own_execution(run, noetl):
+    eid = run("parent.yaml")
+    data = json.loads(noetl("explain", eid, "--json").output)
+    (child,) = data["runs"][0]["sub_executions"]
+    assert data["totals"]["sub_executions"] == 1 and f"sub {child}" in noetl("explain", eid).output
+    sub = json.loads(noetl("explain", child, "--json").output)
+    assert sub["execution"]["parent_execution_id"] == eid and sub["execution"]["playbook"] == "tests/explain_child"
