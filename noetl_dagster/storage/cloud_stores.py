@@ -22,6 +22,8 @@ import json
 import os
 from typing import Any
 
+from fsspec.asyn import sync
+
 from noetl_dagster.storage.object_stores import ObjectPayloadStore, _credential_record, _flag, _locality
 from noetl_dagster.storage.objstore_usage import aiohttp_trace_config, azure_response_hook
 from noetl_dagster.storage.payload import PayloadStore
@@ -135,12 +137,21 @@ class AzurePayloadStore(ObjectPayloadStore):
         client_kw: dict[str, Any] = {"raw_response_hook": azure_response_hook}
         if retry_total is not None:
             client_kw["retry_total"] = retry_total
-        if conn:
-            client = BlobServiceClient.from_connection_string(conn, **client_kw)
-        else:
-            credential = account_key or (sas_token if sas_token else None)
-            client = BlobServiceClient(self.fs.account_url, credential=credential, **client_kw)
-        self.fs.service_client = client
+        # fsspec hands out one cached filesystem per set of arguments: build (and swap in) the client
+        # once per connection, closing the one it replaces so that no aiohttp session is left open
+        mine = (conn, account_key, sas_token, retry_total)
+        if getattr(self.fs, "_noetl_client", None) != mine:
+            if conn:
+                client = BlobServiceClient.from_connection_string(conn, **client_kw)
+            else:
+                client = BlobServiceClient(self.fs.account_url, credential=account_key or sas_token or None, **client_kw)
+            old, self.fs.service_client = self.fs.service_client, client
+            self.fs._noetl_client = mine
+            try:
+                sync(self.fs.loop, old.close)
+            except Exception:  # noqa: BLE001 - closing a client that never connected: nothing to release
+                pass
+        client = self.fs.service_client
         self.endpoint_url = client.url
         if create_container and not self.fs.exists(self.bucket):
             self.fs.mkdir(self.bucket)
