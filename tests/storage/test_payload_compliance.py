@@ -349,3 +349,26 @@ def test_noetl_references_resolve_through_the_resource_catalog(tmp_path):
     assert missing["status"] == "missing"
     _raw_overwrite(storage.store, pub.write.uri, b"PAR1 not parquet")
     assert RefResolver(registry=client).summarize(ref)["status"] == "checksum_mismatch"
+
+
+@pytest.mark.parametrize("kind", CLOUDS)
+def test_tables_publish_and_fetch_on_every_cloud(kind, emulators, tmp_path):
+    """The tables layer (IO managers, kind: parquet/arrow) on a cloud store; a reader configured
+    with another prefix reaches the file through the registry (same connection, see sibling())."""
+    import pyarrow as pa
+
+    from noetl_dagster.storage.tables import TableStorage
+    from registry_service.client import open_registry
+    from registry_service.service import Registry
+
+    emu = emulators(kind)
+    client = open_registry(Registry(f"sqlite:///{tmp_path / 'registry.db'}"), tenant="acme", project="lab")
+    writer = TableStorage(client, _open(kind, emu, tmp_path, f"tables-{uuid.uuid4().hex[:8]}"), data_dir=tmp_path)
+    table = pa.table({"id": list(range(1000)), "v": [f"r{i}" for i in range(1000)]})
+    for fmt in ("parquet", "arrow"):
+        pub = writer.publish(table, f"noetl://acme/lab/sales/dataset/orders_{fmt}", format=fmt)
+        assert pub.write.uri.startswith(writer.store.scheme_names()[0] + "://")
+        reader = TableStorage(client, _open(kind, emu, tmp_path, "elsewhere"), data_dir=tmp_path)
+        assert not reader.store.owns(pub.write.uri)
+        got, plan = reader.fetch(f"noetl://acme/lab/sales/dataset/orders_{fmt}")
+        assert got.equals(table) and plan.expected_checksum == pub.write.checksum
