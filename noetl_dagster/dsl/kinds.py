@@ -125,9 +125,27 @@ _RAW_KEY_HINTS: dict[str, frozenset[str]] = {
             "agent",
             "container",
             "gcs",
+            "snowflake_transfer",
         ),
         _NONE,
     ),
+}
+
+
+# NoETL's kinds (its schema's tool.kind list, its Rust worker's registry) that this runtime does not
+# offer, each with the reason `validate` gives: none of upstream's kinds is merely "not recognized".
+UNOFFERED_KINDS: dict[str, str] = {
+    "gateway": "it answers callers of NoETL's gateway service (`action: callback` to API clients waiting on an "
+    "execution) and this runtime has no gateway; post results to your endpoint with `kind: http`",
+    "subscription": "it drains a Kafka or Pub/Sub subscription in NoETL's Rust worker and this runtime ships no "
+    "Kafka or Pub/Sub consumer; for NATS JetStream use `loop.cursor` with `kind: nats_stream` (claimed rows, "
+    "resumable) or `kind: nats` `js_consume`",
+    "wasm": "it runs a WebAssembly module inside NoETL's Rust worker and this runtime embeds no WebAssembly "
+    "engine; run the code with `kind: python`, `shell` or `container`",
+    "task_sequence": "it is internal to NoETL's worker (a step's pipeline dispatched as one command); write the "
+    "tasks as the step's `tool:` list",
+    "ducklake": "DuckLake tables are not implemented in this runtime yet; query DuckDB with `kind: duckdb`",
+    "rhai": "this runtime has no Rhai interpreter yet; write the script with `kind: python`",
 }
 
 

@@ -38,6 +38,7 @@ KIND_EXTRAS: dict[str, str] = {
     "mcp": "mcp",
     "agent": "mcp",
     "snowflake": "snowflake",
+    "snowflake_transfer": "snowflake",
     "gcs": "gcs",
 }
 
