@@ -102,7 +102,7 @@ function drawGraph() {
     if (!a || !b) continue;
     const n = tokens.get(JSON.stringify([e.from, e.to])) || 0;
     if (e.from === e.to) {
-      ann.push({x: a[0], y: a[1], text: esc(`↻ ${n}`), showarrow: false, yshift: 22, font: {color: n ? "#000" : "#999"}});
+      ann.push({x: a[0], y: a[1], text: esc(`↻ ${n}`), showarrow: false, xshift: 22, yshift: 16, font: {color: n ? "#000" : "#999"}});
       continue;
     }
     ann.push({x: b[0], y: b[1], ax: a[0], ay: a[1], xref: "x", yref: "y", axref: "x", ayref: "y", text: "", showarrow: true,
@@ -113,7 +113,9 @@ function drawGraph() {
   const steps = g.steps.filter((s) => pos[s]);
   const fill = {none: "#dddddd", running: COLOR.running, success: COLOR.success, error: COLOR.error};
   Plotly.react("graph", [{type: "scatter", mode: "markers+text", x: steps.map((s) => pos[s][0]), y: steps.map((s) => pos[s][1]),
-    text: steps.map((s) => esc(s)), textposition: "bottom center", customdata: steps, hoverinfo: "text",
+    // long names: cut (the hover has them whole), above and below in turn so neighbours do not overlap
+    text: steps.map((s) => esc(s.length > 60 ? s.slice(0, 59) + "…" : s)),
+    textposition: steps.map((s, i) => i % 2 ? "top center" : "bottom center"), customdata: steps, hoverinfo: "text",
     hovertext: steps.map((s) => esc(`${s}${g.joins.includes(s) ? " (join)" : ""}${g.cyclic.includes(s) ? " (in a cycle)" : ""}`)),
     marker: {size: 22, color: steps.map((s) => fill[stepStatus(d, s, t)]),
       symbol: steps.map((s) => g.joins.includes(s) ? "diamond" : g.cyclic.includes(s) ? "square" : "circle"),
