@@ -52,7 +52,7 @@ class GCSPayloadStore(ObjectPayloadStore):
         try:
             import gcsfs.core  # noqa: PLC0415 - optional
         except ImportError:
-            raise ValueError("gs:// payload stores need gcsfs: pip install 'noetl-dagster[cloud]'") from None
+            raise ValueError("gs:// payload stores need gcsfs: pip install 'noetl-dagster[gcs]'") from None
         self._locate(bucket, prefix)
         self._options = dict(endpoint_url=endpoint_url, project=project, token=token, region=region,
                              storage_class=storage_class, **storage_options)  # fmt: skip
@@ -118,7 +118,7 @@ class AzurePayloadStore(ObjectPayloadStore):
             import adlfs  # noqa: PLC0415 - optional
             from azure.storage.blob.aio import BlobServiceClient  # noqa: PLC0415
         except ImportError:
-            raise ValueError("azure:// payload stores need adlfs: pip install 'noetl-dagster[cloud]'") from None
+            raise ValueError("azure:// payload stores need adlfs: pip install 'noetl-dagster[azure]'") from None
         self._locate(container, prefix)
         self._options = dict(connection_string=connection_string, account_name=account_name, account_key=account_key,
                              sas_token=sas_token, account_host=account_host, region=region,

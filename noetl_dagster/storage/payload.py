@@ -606,8 +606,11 @@ def _adapter(scheme: str) -> PayloadAdapterFactory:
         try:
             factory = getattr(importlib.import_module(module), attr)
         except ImportError as e:
-            raise ValueError(f"the {scheme}:// payload store needs a package that is not installed ({e.name}):"
-                             " pip install 'noetl-dagster[cloud]'") from None  # fmt: skip
+            from noetl_dagster.util.extras import extra_for_module, install_hint  # noqa: PLC0415
+
+            extra = extra_for_module(e.name)
+            hint = f": {install_hint(extra)}" if extra else ""
+            raise ValueError(f"the {scheme}:// payload store needs {e.name}, which is not installed{hint}") from None
         PAYLOAD_ADAPTERS[scheme.lower()] = factory  # type: ignore[assignment]
     return factory  # type: ignore[return-value]
 

@@ -372,3 +372,21 @@ def test_tables_publish_and_fetch_on_every_cloud(kind, emulators, tmp_path):
         assert not reader.store.owns(pub.write.uri)
         got, plan = reader.fetch(f"noetl://acme/lab/sales/dataset/orders_{fmt}")
         assert got.equals(table) and plan.expected_checksum == pub.write.checksum
+
+
+def test_without_the_cloud_extras_the_error_names_the_extra(tmp_path):
+    """On a core install (tests/packaging/no_extras.py blocks every optional package) a gs:// or
+    azure:// URL is a one-line hint, not an ImportError."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "packaging" / "no_extras.py"
+    snippet = ("from noetl_dagster.storage.payload import open_payload_store\n"
+               "for u in ('gs://b/p', 'azure://cont/p'):\n"
+               "    try:\n        open_payload_store(u)\n    except ValueError as e:\n        print(e)\n")  # fmt: skip
+    out = subprocess.run([sys.executable, str(script), "code", snippet], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(script.parents[2])})  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["gs:// payload stores need gcsfs: pip install 'noetl-dagster[gcs]'",
+                                       "azure:// payload stores need adlfs: pip install 'noetl-dagster[azure]'"]
