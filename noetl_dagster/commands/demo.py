@@ -90,14 +90,12 @@ def demo(home: Path | None, only: tuple[str, ...], fresh: bool, verbose: bool) -
     console.print(f"[bold]noetl-dagster demo[/]: {len(files)} example playbooks through Dagster "
                   f"(in-process executor)\n  Dagster instance: {dagster_home}\n  NoETL data:       {noetl_home}\n")  # fmt: skip
 
-    import dagster as dg  # noqa: PLC0415
-
     from noetl_dagster.dsl import PlaybookInvalid, load_playbook  # noqa: PLC0415
     from noetl_dagster.resources.noetl import close_all_services  # noqa: PLC0415
-    from noetl_dagster.translator.runner import DagsterRunError, run_playbook_dagster  # noqa: PLC0415
+    from noetl_dagster.translator.runner import DagsterRunError, open_instance, run_playbook_dagster  # noqa: PLC0415
 
     rows: list[dict[str, Any]] = []
-    instance = dg.DagsterInstance.from_config(str(dagster_home))
+    instance = open_instance(dagster_home)  # Dagster's first-use telemetry notice goes to the log
     t_all = time.perf_counter()
     try:
         for f in files:

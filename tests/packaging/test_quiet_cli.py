@@ -34,3 +34,18 @@ def test_fresh_dagster_home_prints_no_dagster_chatter(tmp_path):
     assert "completed" in again.stdout and "hello_dagster" in again.stdout
     for text in CHATTER:
         assert text.lower() not in (again.stdout + again.stderr).lower()
+
+
+def test_demo_on_a_fresh_home_prints_no_dagster_chatter(tmp_path):
+    """The demo opens its instance through the same gate (its dagster.yaml also turns telemetry off)."""
+    # a new user: no DAGSTER_HOME, so Dagster keeps its telemetry id under a fresh ~/.dagster
+    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "NOETL_DAGSTER_HOME")}
+    env["HOME"] = str(tmp_path / "user")
+    out = subprocess.run([sys.executable, "-m", "noetl_dagster.commands.main", "demo", "--only", "hello_dagster",
+                          "--home", str(tmp_path / "home")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "completed" in out.stdout
+    for text in CHATTER:
+        if text != "dagster.yaml":  # the demo prints where its instance lives
+            assert text.lower() not in (out.stdout + out.stderr).lower(), text
