@@ -34,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "resume": "noetl_dagster.commands.archive:resume",
     "demo": "noetl_dagster.commands.demo:demo",
     "tools": "noetl_dagster.commands.tools:tools",
+    "schema": "noetl_dagster.commands.schema:schema",
 }
 
 

@@ -25,7 +25,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from noetl_dagster.tools.configs import ToolConfig
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
@@ -33,11 +33,24 @@ from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
 DEFAULT_TIMEOUT = 900
 
 
+class EnvVar(BaseModel):
+    name: str
+    value: str | int | float | bool | None = None
+
+
+def env_of(raw: Any) -> dict[str, str]:
+    """``env`` as a mapping: NoETL's corpus writes Kubernetes' ``[{name, value}]`` list too."""
+    if isinstance(raw, list):
+        return {str(e["name"]): "" if e.get("value") is None else str(e["value"]) for e in raw if isinstance(e, Mapping)}
+    return {str(k): str(v) for k, v in (raw or {}).items()}
+
+
 class ContainerConfig(ToolConfig):
     image: str = Field(..., min_length=1, description="container image, e.g. alpine:3.19")
     command: list[str] | str | None = Field(None, description="entrypoint override")
     args: list[str] | str | None = Field(None, description="arguments")
-    env: dict[str, str | int | float | bool] | None = Field(None, description="environment variables")
+    env: dict[str, str | int | float | bool] | list[EnvVar] | None = Field(
+        None, description="environment variables: a mapping, or Kubernetes' list of {name, value}")
     working_dir: str | None = Field(None, description="working directory in the container")
     resources: dict[str, Any] | None = Field(None, description="{requests, limits}: cpu, memory")
     timeout_seconds: float | None = Field(None, gt=0, description="seconds (default 900)")
@@ -76,8 +89,8 @@ def k8s_placement(config: Mapping[str, Any]) -> dict[str, Any]:
     """A container task's config as a step placement (translator/k8s.py merges it into dagster-k8s/config)."""
     out: dict[str, Any] = {}
     for key in ("image", "resources", "backoff_limit", "env"):
-        if config.get(key) not in (None, "", {}):
-            out[key] = config[key]
+        if config.get(key) not in (None, "", {}, []):
+            out[key] = env_of(config[key]) if key == "env" else config[key]
     pull = {"always": "Always", "never": "Never", "missing": "IfNotPresent"}.get(str(config.get("pull") or ""))
     if pull:
         out["image_pull_policy"] = pull
@@ -120,7 +133,7 @@ def container_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
             client.images.pull(image)
         container = client.containers.create(
             image, command=_argv(inputs.get("args")), entrypoint=_argv(inputs.get("command")),
-            environment={str(k): str(v) for k, v in (inputs.get("env") or {}).items()},
+            environment=env_of(inputs.get("env")),
             working_dir=inputs.get("working_dir"), network_mode=inputs.get("network") or "none",
             mem_limit=_memory(limits.get("memory")), nano_cpus=_cpus(limits.get("cpu")),
             labels={"noetl.execution_id": str(ctx.execution_id), "noetl.step": str(ctx.step)},

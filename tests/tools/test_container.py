@@ -71,3 +71,15 @@ def test_per_step_kubernetes_mapping_of_the_core_fixture():
                                                     "limits": {"cpu": "200m", "memory": "128Mi"}}
     assert cfg["job_spec_config"]["backoff_limit"] == 0
     assert k8s_placement({"image": "x", "pull": "always"})["image_pull_policy"] == "Always"
+
+
+def test_kubernetes_style_env_list_is_accepted_as_the_corpus_writes_it():
+    """NoETL's container_postgres_init fixture writes env as [{name, value}] (issue 32.6 found it:
+    validate accepted it, the kind's model refused it at run time)."""
+    from noetl_dagster.dsl.kinds import get_tool
+    from noetl_dagster.tools.container import env_of, k8s_placement
+
+    env = [{"name": "PGHOST", "value": "db"}, {"name": "N", "value": 5}, {"name": "EMPTY"}]
+    get_tool("container").check_config({"image": "alpine:3.19", "env": env})
+    assert env_of(env) == {"PGHOST": "db", "N": "5", "EMPTY": ""}
+    assert k8s_placement({"image": "alpine:3.19", "env": env})["env"] == {"PGHOST": "db", "N": "5", "EMPTY": ""}
