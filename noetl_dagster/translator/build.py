@@ -449,11 +449,24 @@ CELERY_BROKER_ENV = "NOETL_CELERY_BROKER"
 CELERY_BACKEND_ENV = "NOETL_CELERY_BACKEND"
 
 
+class MissingExtra(ValueError):
+    """The deployment asks for a capability whose extra is not installed (one line, with the pip hint)."""
+
+
+def _require_extra(extra: str, module: str) -> None:
+    from noetl_dagster.util.extras import install_hint, installed  # noqa: PLC0415
+
+    if not installed(module):
+        raise MissingExtra(f"NOETL_DAGSTER_EXECUTOR={extra} needs: {install_hint(extra)}")
+
+
 def _executor(name: str) -> dg.ExecutorDefinition:
     if name == "multiprocess":
         return dg.multiprocess_executor
     if name == "in_process":
         return dg.in_process_executor
+    if name in ("k8s", "celery"):
+        _require_extra(name, "dagster_k8s" if name == "k8s" else "dagster_celery")
     if name == "k8s":
         from dagster_k8s import k8s_job_executor  # noqa: PLC0415 - only on Kubernetes deployments
 

@@ -57,7 +57,7 @@ def extra_for_module(name: str | None) -> str | None:
     return _MODULE_EXTRA.get((name or "").split(".")[0])
 
 
-def _installed(module: str) -> bool:
+def installed(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):  # a broken or half-installed package counts as missing
@@ -70,6 +70,6 @@ def missing_kind_extra(kind: str) -> str | None:
     extra = KIND_EXTRAS.get(kind)
     if extra is None:
         return None
-    if all(_installed(m) for m in _KIND_MODULES.get(kind, EXTRA_MODULES[extra])):
+    if all(installed(m) for m in _KIND_MODULES.get(kind, EXTRA_MODULES[extra])):
         return None
     return f"tool kind {kind!r} needs: {install_hint(extra)}"

@@ -145,3 +145,12 @@ def test_core_modules_import_no_optional_package():
     out = _core(Path(os.environ.get("TMPDIR", "/tmp")), "code", code, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {}
+
+
+def test_an_executor_of_a_missing_extra_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("NOETL_DAGSTER_EXECUTOR", "celery")
+    out = _core(tmp_path, "cli", "run", "--runner", "dagster", str(EXAMPLES / "hello_dagster.yaml"))
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    assert "NOETL_DAGSTER_EXECUTOR=celery needs: pip install 'noetl-dagster[celery]'" in out.stderr, out.stderr
+    assert out.stderr.strip().count("\n") == 0
