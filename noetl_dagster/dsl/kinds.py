@@ -126,6 +126,7 @@ _RAW_KEY_HINTS: dict[str, frozenset[str]] = {
             "container",
             "gcs",
             "snowflake_transfer",
+            "rhai",
         ),
         _NONE,
     ),
@@ -147,7 +148,6 @@ UNOFFERED_KINDS: dict[str, str] = {
     "ducklake": "DuckLake needs DuckDB's ducklake extension, which must match the installed DuckDB exactly and is "
     "never downloaded at run time; PyPI's duckdb-extension-ducklake (newest 1.5.5) refuses to load into this "
     "project's DuckDB 2.x, so the kind is not offered yet; query DuckDB with `kind: duckdb`",
-    "rhai": "this runtime has no Rhai interpreter yet; write the script with `kind: python`",
 }
 
 

@@ -1,0 +1,503 @@
+"""A subset of Rhai (NoETL's scripting kind) on lark: parse with line numbers, interpret with a
+bounded operation count. No Python binding of Rhai exists on PyPI; this covers what playbooks use:
+``let``/``const``, arithmetic and comparison, strings, arrays, object maps ``#{...}``, ``if``/``else``
+(also as an expression), ``while``, ``loop``, ``for x in`` arrays, ranges (``a..b``, ``a..=b``) and
+strings, ``break``/``continue``/``return``, compound assignment, and the common string/array/map
+methods. Anything else (``fn``, closures, ``switch``, ``import``, ``try``…) is a :class:`RhaiError`
+naming the construct and its line. The script's value is its last expression.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from lark import Lark, Token, Tree
+from lark.exceptions import UnexpectedInput
+
+GRAMMAR = r"""
+start: stmts
+stmts: stmt* expr?
+?stmt: "let" NAME ("=" expr)? ";"                 -> let
+     | "const" NAME "=" expr ";"                   -> let
+     | lvalue ASSIGN expr ";"                      -> assign
+     | "while" expr block                          -> while_
+     | "loop" block                                -> loop
+     | "for" NAME "in" expr block                  -> for_
+     | "break" ";"                                 -> break_
+     | "continue" ";"                              -> continue_
+     | "return" expr? ";"                          -> return_
+     | if_expr                                     -> expr_stmt
+     | block                                       -> expr_stmt
+     | expr ";"                                    -> expr_stmt
+     | ";"                                         -> empty
+block: "{" stmts "}"
+if_expr: "if" expr block ("else" (if_expr | block))?
+lvalue: NAME (lv_prop | lv_index)*
+lv_prop: "." NAME
+lv_index: "[" expr "]"
+ASSIGN: "=" | "+=" | "-=" | "*=" | "/=" | "%="
+?expr: range_
+?range_: or_ | or_ RANGEOP or_                     -> range
+?or_: and_ | or_ "||" and_                         -> or_op
+?and_: cmp | and_ "&&" cmp                         -> and_op
+?cmp: sum | sum CMPOP sum                          -> binop
+?sum: product | sum ADDOP product                  -> binop
+?product: power | product MULOP power              -> binop
+?power: unary | unary "**" power                   -> pow
+?unary: postfix | "-" unary -> neg | "!" unary -> not_
+?postfix: atom
+        | postfix "." NAME "(" [args] ")"          -> method
+        | postfix "." NAME                         -> prop
+        | postfix "[" expr "]"                     -> index
+        | NAME "(" [args] ")"                      -> call
+args: expr ("," expr)*
+?atom: INT                                          -> int_
+     | FLOAT                                        -> float_
+     | STRING                                       -> string
+     | "true"                                       -> true
+     | "false"                                      -> false
+     | "(" ")"                                      -> unit
+     | "(" expr ")"
+     | "[" [expr ("," expr)* ","?] "]"              -> array
+     | "#{" [pair ("," pair)* ","?] "}"             -> map
+     | if_expr
+     | NAME                                         -> var
+pair: (NAME | STRING) ":" expr
+RANGEOP: "..=" | ".."
+CMPOP: "==" | "!=" | "<=" | ">=" | "<" | ">"
+ADDOP: "+" | "-"
+MULOP: "*" | "/" | "%"
+NAME: /[A-Za-z_][A-Za-z0-9_]*/
+INT: /\d[\d_]*/
+FLOAT: /\d[\d_]*\.\d+([eE][+-]?\d+)?/
+STRING: /"(\\.|[^"\\])*"/
+COMMENT: /\/\/[^\n]*/ | /\/\*(.|\n)*?\*\//
+%ignore COMMENT
+%import common.WS
+%ignore WS
+"""
+
+# constructs outside the subset, by the keyword or symbol that starts them
+OUTSIDE = {
+    "fn": "function definitions (`fn`)", "switch": "`switch` expressions", "import": "modules (`import`)",
+    "export": "modules (`export`)", "try": "`try`/`catch`", "throw": "`throw`", "do": "`do` loops",
+    "|": "closures (`|x| ...`)", "`": "backtick string interpolation", "'": "character literals",
+    "private": "`private` functions", "global": "`global` variables", "this": "`this`", "Fn": "function pointers",
+}  # fmt: skip
+DEFAULT_MAX_OPERATIONS = 100_000
+
+
+class RhaiError(Exception):
+    """A script outside the subset, a syntax error or a run-time error (one line, with the line number)."""
+
+    def __init__(self, message: str, line: int | None = None, kind: str = "rhai_error"):
+        super().__init__(f"line {line}: {message}" if line else message)
+        self.line, self.kind = line, kind
+
+
+_parser: Lark | None = None
+
+
+def _lark() -> Lark:
+    global _parser
+    if _parser is None:
+        _parser = Lark(GRAMMAR, parser="earley", lexer="dynamic", propagate_positions=True, ambiguity="resolve")
+    return _parser
+
+
+def parse(code: str) -> Tree:
+    """The syntax tree, or RhaiError naming the first construct outside the subset and its line."""
+    for n, text in enumerate(code.splitlines(), 1):
+        bare = text.split("//", 1)[0]
+        words = set(bare.replace("(", " ").replace("{", " ").replace(";", " ").split())
+        for key, what in OUTSIDE.items():
+            if key in words or (not key.isalpha() and key in bare and _outside_symbol(key, bare)):
+                raise RhaiError(f"{what} are outside the supported Rhai subset", n, "rhai_unsupported")
+    try:
+        return _lark().parse(code)
+    except UnexpectedInput as e:
+        line = getattr(e, "line", None)
+        got = getattr(e, "token", None) or getattr(e, "char", None)
+        raise RhaiError(f"syntax error or construct outside the supported Rhai subset near {str(got)!r}",
+                        line if isinstance(line, int) and line > 0 else None, "rhai_syntax") from None  # fmt: skip
+
+
+def _outside_symbol(sym: str, text: str) -> bool:
+    if sym == "|":  # a closure, not `||`
+        return any(text[i] == "|" and text[i - 1:i] != "|" and text[i + 1:i + 2] != "|" for i in range(len(text)))
+    in_string = False
+    for i, c in enumerate(text):
+        if c == '"' and text[i - 1:i] != "\\":
+            in_string = not in_string
+        elif c == sym and not in_string:
+            return True
+    return False
+
+
+class _Break(Exception):
+    pass
+
+
+class _Continue(Exception):
+    pass
+
+
+class _Return(Exception):
+    def __init__(self, value: Any):
+        self.value = value
+
+
+def _type(v: Any) -> str:
+    return {bool: "bool", int: "i64", float: "f64", str: "string", list: "array", dict: "map"}.get(type(v), "()")
+
+
+class Interpreter:
+    def __init__(self, variables: dict[str, Any] | None = None, max_operations: int = DEFAULT_MAX_OPERATIONS,
+                 log: Any = None):  # fmt: skip
+        self.scopes: list[dict[str, Any]] = [dict(variables or {})]
+        self.ops = 0
+        self.max_operations = max_operations
+        self.log = log or (lambda _m: None)
+
+    # -- running ---------------------------------------------------------------------------------
+    def run(self, tree: Tree) -> Any:
+        try:
+            return self._stmts(tree.children[0])
+        except _Return as r:
+            return r.value
+        except (_Break, _Continue):
+            raise RhaiError("`break`/`continue` outside a loop", None) from None
+
+    def _tick(self, node: Any) -> None:
+        self.ops += 1
+        if self.ops > self.max_operations:
+            raise RhaiError(f"too many operations (max_operations {self.max_operations})", _line(node), "rhai_limit")
+
+    def _stmts(self, node: Tree) -> Any:
+        value = None
+        for child in node.children:
+            if child is None:
+                continue
+            value = self._stmt(child)
+        return value
+
+    def _block(self, node: Tree) -> Any:
+        self.scopes.append({})
+        try:
+            return self._stmts(node.children[0])
+        finally:
+            self.scopes.pop()
+
+    def _stmt(self, n: Any) -> Any:
+        self._tick(n)
+        if not isinstance(n, Tree):
+            return self._expr(n)
+        d = n.data
+        if d == "let":
+            self.scopes[-1][str(n.children[0])] = self._expr(n.children[1]) if n.children[1] is not None else None
+            return None
+        if d == "assign":
+            self._assign(n)
+            return None
+        if d == "expr_stmt":
+            return self._expr(n.children[0])
+        if d == "empty":
+            return None
+        if d in ("while_", "loop", "for_"):
+            return self._loop(n)
+        if d == "break_":
+            raise _Break
+        if d == "continue_":
+            raise _Continue
+        if d == "return_":
+            raise _Return(self._expr(n.children[0]) if n.children and n.children[0] is not None else None)
+        return self._expr(n)
+
+    def _loop(self, n: Tree) -> None:
+        if n.data == "for_":
+            name, seq = str(n.children[0]), self._expr(n.children[1])
+            if isinstance(seq, dict):
+                raise RhaiError("`for` over a map: iterate `m.keys()` or `m.values()`", _line(n))
+            if not isinstance(seq, (list, str, range)):
+                raise RhaiError(f"`for` needs an array, a range or a string, not {_type(seq)}", _line(n))
+            items, body = seq, n.children[2]
+        else:
+            items, body = None, n.children[-1]
+        scope: dict[str, Any] = {}
+        self.scopes.append(scope)
+        try:
+            it = iter(items) if items is not None else None
+            while True:
+                self._tick(n)
+                if it is not None:
+                    try:
+                        scope[name] = next(it)
+                    except StopIteration:
+                        break
+                elif n.data == "while_" and not self._truth(self._expr(n.children[0]), n):
+                    break
+                try:
+                    self._block(body)
+                except _Break:
+                    break
+                except _Continue:
+                    continue
+        finally:
+            self.scopes.pop()
+
+    def _lookup(self, name: str, node: Any) -> dict[str, Any]:
+        for scope in reversed(self.scopes):
+            if name in scope:
+                return scope
+        raise RhaiError(f"variable not found: {name}", _line(node))
+
+    def _assign(self, n: Tree) -> None:
+        lv, op, rhs = n.children
+        name = str(lv.children[0])
+        scope = self._lookup(name, n)
+        value = self._expr(rhs)
+        path = lv.children[1:]
+        holder: Any = scope
+        key: Any = name
+        for part in path:
+            holder = holder[key] if holder is not scope else scope[name]
+            key = str(part.children[0]) if part.data == "lv_prop" else self._expr(part.children[0])
+            if isinstance(holder, list):
+                key = self._index_of(holder, key, n)
+            elif not isinstance(holder, dict):
+                raise RhaiError(f"cannot assign into a {_type(holder)}", _line(n))
+        if str(op) != "=":
+            value = self._binop(str(op)[0], holder[key], value, n)
+        holder[key] = value
+
+    def _index_of(self, seq: list | str, i: Any, node: Any) -> int:
+        if not isinstance(i, int) or isinstance(i, bool):
+            raise RhaiError(f"an array index must be an integer, not {_type(i)}", _line(node))
+        j = i + len(seq) if i < 0 else i
+        if not 0 <= j < len(seq):
+            raise RhaiError(f"index {i} out of bounds (length {len(seq)})", _line(node))
+        return j
+
+    def _truth(self, v: Any, node: Any) -> bool:
+        if not isinstance(v, bool):
+            raise RhaiError(f"a condition must be a bool, not {_type(v)}", _line(node))
+        return v
+
+    # -- expressions -----------------------------------------------------------------------------
+    def _expr(self, n: Any) -> Any:
+        self._tick(n)
+        if isinstance(n, Token):
+            raise RhaiError(f"unexpected {n!s}", n.line)
+        d = n.data
+        c = n.children
+        if d == "int_":
+            return int(str(c[0]).replace("_", ""))
+        if d == "float_":
+            return float(str(c[0]).replace("_", ""))
+        if d == "string":
+            return json.loads(str(c[0]))
+        if d == "true":
+            return True
+        if d == "false":
+            return False
+        if d == "unit":
+            return None
+        if d == "array":
+            return [self._expr(x) for x in c if x is not None]
+        if d == "map":
+            out = {}
+            for p in c:
+                if p is not None:
+                    k = p.children[0]
+                    out[json.loads(str(k)) if k.type == "STRING" else str(k)] = self._expr(p.children[1])
+            return out
+        if d == "var":
+            name = str(c[0])
+            return self._lookup(name, n)[name]
+        if d == "if_expr":
+            if self._truth(self._expr(c[0]), n):
+                return self._block(c[1])
+            if len(c) > 2 and c[2] is not None:
+                return self._block(c[2]) if c[2].data == "block" else self._expr(c[2])
+            return None
+        if d == "block":
+            return self._block(n)
+        if d == "neg":
+            v = self._expr(c[0])
+            if not isinstance(v, (int, float)) or isinstance(v, bool):
+                raise RhaiError(f"cannot negate a {_type(v)}", _line(n))
+            return -v
+        if d == "not_":
+            return not self._truth(self._expr(c[0]), n)
+        if d == "and_op":
+            return self._truth(self._expr(c[0]), n) and self._truth(self._expr(c[1]), n)
+        if d == "or_op":
+            return self._truth(self._expr(c[0]), n) or self._truth(self._expr(c[1]), n)
+        if d == "binop":
+            return self._binop(str(c[1]), self._expr(c[0]), self._expr(c[2]), n)
+        if d == "pow":
+            return self._binop("**", self._expr(c[0]), self._expr(c[1]), n)
+        if d == "range":
+            a, b = self._expr(c[0]), self._expr(c[2])
+            if not all(isinstance(x, int) and not isinstance(x, bool) for x in (a, b)):
+                raise RhaiError("a range needs integers", _line(n))
+            return range(a, b + 1 if str(c[1]) == "..=" else b)
+        if d == "prop":
+            obj, name = self._expr(c[0]), str(c[1])
+            if isinstance(obj, dict):
+                return obj.get(name)
+            if name == "len" or name == "length":
+                return len(obj) if isinstance(obj, (list, str)) else None
+            raise RhaiError(f"property {name!r} of a {_type(obj)}", _line(n))
+        if d == "index":
+            obj, i = self._expr(c[0]), self._expr(c[1])
+            if isinstance(obj, dict):
+                if not isinstance(i, str):
+                    raise RhaiError("a map index must be a string", _line(n))
+                return obj.get(i)
+            if isinstance(obj, (list, str)):
+                return obj[self._index_of(obj, i, n)]
+            raise RhaiError(f"cannot index a {_type(obj)}", _line(n))
+        if d == "method":
+            obj = self._expr(c[0])
+            args = [self._expr(a) for a in c[2].children] if c[2] is not None else []
+            return self._method(obj, str(c[1]), args, n, c[0])
+        if d == "call":
+            args = [self._expr(a) for a in c[1].children] if c[1] is not None else []
+            return self._call(str(c[0]), args, n)
+        raise RhaiError(f"`{d}` is outside the supported Rhai subset", _line(n), "rhai_unsupported")
+
+    def _binop(self, op: str, a: Any, b: Any, n: Any) -> Any:
+        num = (int, float)
+        if op == "+" and (isinstance(a, str) or isinstance(b, str)):
+            return _show(a) + _show(b)
+        if op == "+" and isinstance(a, list) and isinstance(b, list):
+            return a + b
+        if op == "+" and isinstance(a, dict) and isinstance(b, dict):
+            return {**a, **b}
+        if op in ("==", "!="):
+            same = a == b and type(a) is type(b) or (isinstance(a, num) and isinstance(b, num) and a == b)
+            return same if op == "==" else not same
+        if op in ("<", ">", "<=", ">="):
+            if not (isinstance(a, num) and isinstance(b, num) or isinstance(a, str) and isinstance(b, str)):
+                raise RhaiError(f"cannot compare {_type(a)} {op} {_type(b)}", _line(n))
+            return {"<": a < b, ">": a > b, "<=": a <= b, ">=": a >= b}[op]
+        if not (isinstance(a, num) and isinstance(b, num)) or isinstance(a, bool) or isinstance(b, bool):
+            raise RhaiError(f"cannot apply {op} to {_type(a)} and {_type(b)}", _line(n))
+        ints = isinstance(a, int) and isinstance(b, int)
+        if op in ("/", "%") and b == 0:
+            raise RhaiError("division by zero", _line(n))
+        if op == "+":
+            return a + b
+        if op == "-":
+            return a - b
+        if op == "*":
+            return a * b
+        if op == "/":
+            return int(a / b) if ints else a / b  # i64 division truncates toward zero
+        if op == "%":
+            return int(a - b * int(a / b)) if ints else a % b
+        if op == "**":
+            return a**b if not ints or b >= 0 else float(a) ** b
+        raise RhaiError(f"operator {op}", _line(n))
+
+    def _method(self, obj: Any, name: str, args: list[Any], n: Any, target: Any) -> Any:
+        if name in ("to_string", "to_debug"):
+            return _show(obj)
+        if name in ("len", "length"):
+            if isinstance(obj, (list, str, dict)):
+                return len(obj)
+        if name == "is_empty" and isinstance(obj, (list, str, dict)):
+            return len(obj) == 0
+        if isinstance(obj, str):
+            s = obj
+            table = {
+                "to_upper": lambda: s.upper(), "to_lower": lambda: s.lower(), "trim": lambda: s.strip(),
+                "contains": lambda x: x in s, "starts_with": lambda x: s.startswith(x), "ends_with": lambda x: s.endswith(x),
+                "split": lambda x=" ": s.split(x), "replace": lambda a, b: s.replace(a, b), "index_of": lambda x: s.find(x),
+                "sub_string": lambda i, k=None: s[i:] if k is None else s[i:i + k], "chars": lambda: list(s),
+                "parse_int": lambda: int(s), "parse_float": lambda: float(s),
+            }  # fmt: skip
+        elif isinstance(obj, list):
+            a = obj
+            table = {
+                "push": lambda x: a.append(x), "pop": lambda: a.pop() if a else None, "shift": lambda: a.pop(0) if a else None,
+                "insert": lambda i, x: a.insert(i, x), "contains": lambda x: x in a, "index_of": lambda x: a.index(x) if x in a else -1,
+                "reverse": lambda: a.reverse(), "sort": lambda: a.sort(), "clear": lambda: a.clear(),
+                "remove": lambda i: a.pop(self._index_of(a, i, n)), "extract": lambda i, k=None: a[i:] if k is None else a[i:i + k],
+                "append": lambda b: a.extend(b), "sum": lambda: sum(a), "max": lambda: max(a), "min": lambda: min(a),
+            }  # fmt: skip
+        elif isinstance(obj, dict):
+            m = obj
+            table = {
+                "keys": lambda: list(m), "values": lambda: list(m.values()), "contains": lambda k: k in m,
+                "remove": lambda k: m.pop(k, None), "get": lambda k: m.get(k), "clear": lambda: m.clear(),
+                "mixin": lambda b: m.update(b),
+            }  # fmt: skip
+        else:
+            table = {}
+        fn = table.get(name)
+        if fn is None:
+            raise RhaiError(f"method {name}() of a {_type(obj)} is outside the supported Rhai subset", _line(n), "rhai_unsupported")
+        try:
+            return fn(*args)
+        except (TypeError, ValueError) as e:
+            raise RhaiError(f"{name}(): {e}", _line(n)) from None
+
+    def _call(self, name: str, args: list[Any], n: Any) -> Any:
+        if name in ("print", "log", "debug", "info", "warn", "error"):
+            self.log(" ".join(_show(a) for a in args))
+            return None
+        simple = {
+            "to_json": lambda v: json.dumps(v, separators=(",", ":")), "parse_json": _parse_json,
+            "parse_int": lambda s: int(s), "parse_float": lambda s: float(s), "type_of": _type,
+            "to_string": _show, "range": lambda a, b: range(a, b),
+        }  # fmt: skip
+        fn = simple.get(name)
+        if fn is None:
+            raise RhaiError(f"function {name}() is outside the supported Rhai subset", _line(n), "rhai_unsupported")
+        try:
+            return fn(*args)
+        except (TypeError, ValueError) as e:
+            raise RhaiError(f"{name}(): {e}", _line(n)) from None
+
+
+def _parse_json(s: str) -> Any:
+    try:
+        return json.loads(s)
+    except ValueError:
+        return None
+
+
+def _show(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (list, dict)):
+        return json.dumps(v)
+    return str(v)
+
+
+def _line(node: Any) -> int | None:
+    meta = getattr(node, "meta", None)
+    line = getattr(meta, "line", None) if meta is not None and not getattr(meta, "empty", True) else None
+    return line if line is not None else getattr(node, "line", None)
+
+
+def plain(value: Any) -> Any:
+    """A script value as JSON-able data (ranges become lists)."""
+    if isinstance(value, range):
+        return list(value)
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value
+
+
+def run(code: str, variables: dict[str, Any] | None = None, *, max_operations: int = DEFAULT_MAX_OPERATIONS,
+        log: Any = None) -> Any:  # fmt: skip
+    """Parse and run ``code``; its last expression's value."""
+    return plain(Interpreter(variables, max_operations, log).run(parse(code)))

@@ -1,0 +1,162 @@
+"""`kind: rhai` (issue 32.3): the Rhai subset, construct by construct, on examples adapted from the
+Rhai Book (rhai.rs/book: variables, arithmetic, strings, arrays, object maps, if, while, loop, for,
+ranges, return), the operation budget, and `validate` naming a construct outside the subset and its
+line. Playbooks run through the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from noetl_dagster.dsl.parse import parse_playbook
+from noetl_dagster.dsl.rhai import RhaiError, run
+
+BOOK = [
+    # variables and arithmetic (book: "Variables", "Integer arithmetic": i64 division truncates)
+    ("let x = 3; let y = x * 2 + 1; y", 7),
+    ("const LIMIT = 42; LIMIT - 2", 40),
+    ("let x = 42 / 5; x", 8),
+    ("-42 / 5", -8),
+    ("42 % 5", 2),
+    ("2 ** 3", 8),
+    ("let x = 1.5 * 2.0; x", 3.0),
+    ("let x = 1; x += 41; x", 42),
+    ("let x = 100; x -= 1; x *= 2; x /= 3; x", 66),
+    # comparison and logic
+    ("42 == 42 && 1 < 2 && !(3 >= 4) || false", True),
+    ('"abc" < "abd"', True),
+    ("1 == 1.0", True),
+    # strings (book: "Strings": concatenation with other types, methods)
+    ('let name = "Bob"; "Hello, " + name + "!"', "Hello, Bob!"),
+    ('"answer: " + 42', "answer: 42"),
+    ('let s = "  Hello World  "; s.trim().to_lower()', "hello world"),
+    ('"hello".len()', 5),
+    ('"hello"[1]', "e"),
+    ('let s = "a-b-c"; s.split("-")', ["a", "b", "c"]),
+    ('"hello world".contains("wor")', True),
+    ('"hello".sub_string(1, 3)', "ell"),
+    ('"hello".replace("l", "L")', "heLLo"),
+    ('"\\"quoted\\"\\n".len()', 9),
+    # arrays (book: "Arrays": insert, push, pop, negative index, len, contains)
+    ("let y = [2, 3]; y.insert(0, 1); y.push(4); y", [1, 2, 3, 4]),
+    ("let y = [1, 2, 3]; y[-1]", 3),
+    ("let y = [1, 2, 3]; let last = y.pop(); [last, y.len()]", [3, 2]),
+    ("let y = [1, [2, 3]]; y[1][0]", 2),
+    ("let y = [1, 2]; y[0] = 9; y", [9, 2]),
+    ("[1, 2] + [3]", [1, 2, 3]),
+    ("let a = [3, 1, 2]; a.sort(); a.reverse(); a", [3, 2, 1]),
+    ("[1, 2, 3].contains(2)", True),
+    # object maps (book: "Object maps": #{...}, property and index access, keys)
+    ("let y = #{ a: 1, b: 2, c: 3 }; y.a = 42; y.a + y[\"b\"]", 44),
+    ('let y = #{ "key with space": 1 }; y["key with space"]', 1),
+    ("let y = #{ a: #{ b: 1 } }; y.a.b = 5; y", {"a": {"b": 5}}),
+    ("let y = #{ a: 1 }; y.missing", None),
+    ("let y = #{ a: 1, b: 2 }; y.keys()", ["a", "b"]),
+    ("let y = #{ a: 1, b: 2 }; y.remove(\"a\"); y.len()", 1),
+    # if / else (book: "If statement": also an expression)
+    ("let x = 42; if x > 10 { \"big\" } else if x > 5 { \"mid\" } else { \"small\" }", "big"),
+    ("let decision = false; let x = if decision { 42 } else { 123 }; x", 123),
+    ("let x = if false { 1 }; x", None),
+    # while / loop with break and continue (book: "While loop", "Infinite loop")
+    ("let x = 10; let seen = []; while x > 0 { x -= 1; if x < 6 { continue; } seen.push(x); if x == 5 { break; } } seen",
+     [9, 8, 7, 6]),
+    ("let x = 10; let seen = []; loop { x -= 1; if x > 5 { continue; } seen.push(x); if x == 0 { break; } } seen",
+     [5, 4, 3, 2, 1, 0]),
+    # for over arrays, ranges and strings (book: "For loop")
+    ("let array = [1, 3, 5, 7, 9, 42]; let out = []; for x in array { if x > 10 { continue; } out.push(x); } out",
+     [1, 3, 5, 7, 9]),
+    ("let sum = 0; for x in 0..50 { sum += x; } sum", 1225),
+    ("let sum = 0; for x in 1..=10 { sum += x; } sum", 55),
+    ('let n = 0; for c in "abc" { n += 1; } n', 3),
+    # return, comments, block scoping, unit
+    ("let x = 1; return x + 1; x", 2),
+    ("/* block */ let x = 1; // line\n{ let x = 2; } x", 1),
+    ("()", None),
+    # helpers NoETL registers: to_json / parse_json, type_of
+    ('to_json(#{a: [1, 2]})', '{"a":[1,2]}'),
+    ('parse_json("{\\"a\\": 1}").a', 1),
+    ("type_of(1) + type_of(\"s\") + type_of([]) + type_of(#{})", "i64stringarraymap"),
+]
+
+
+@pytest.mark.parametrize(("code", "want"), BOOK, ids=[c[:40] for c, _ in BOOK])
+def test_the_subset_on_the_books_examples(code, want):
+    assert run(code) == want
+
+
+@pytest.mark.parametrize(
+    ("code", "what", "line"),
+    [
+        ("let x = 1;\nfn add(a, b) { a + b }", "function definitions (`fn`)", 2),
+        ("let f = |x| x + 1;", "closures", 1),
+        ("let x = 2;\n\nswitch x { 1 => 2, _ => 3 }", "`switch`", 3),
+        ('import "m" as m;', "modules (`import`)", 1),
+        ("try { 1 } catch (e) { 2 }", "`try`/`catch`", 1),
+        ("let s = `x ${1}`;", "backtick string interpolation", 1),
+    ],
+)
+def test_outside_the_subset_names_the_construct_and_line(code, what, line):
+    with pytest.raises(RhaiError) as ei:
+        run(code)
+    assert ei.value.kind == "rhai_unsupported" and ei.value.line == line and what in str(ei.value)
+
+
+def test_runtime_errors_and_the_operation_budget():
+    for code, needle in [("let x = 1; y", "variable not found: y"), ("1 / 0", "division by zero"),
+                         ("[1][5]", "out of bounds"), ('if 1 { 2 }', "condition must be a bool"),
+                         ("[1].frobnicate()", "frobnicate.. of a array is outside")]:  # fmt: skip
+        with pytest.raises(RhaiError, match=needle):
+            run(code)
+    with pytest.raises(RhaiError) as ei:
+        run("let n = 0; loop { n += 1; }", max_operations=10_000)
+    assert ei.value.kind == "rhai_limit" and "max_operations 10000" in str(ei.value)
+    assert run("let n = 0; while n < 1000 { n += 1; } n", max_operations=10_000) == 1000
+
+
+def test_validate_reports_an_unsupported_construct_with_its_line():
+    doc = {"apiVersion": "noetl.io/v2", "kind": "Playbook", "metadata": {"name": "r", "path": "tests/r"},
+           "workflow": [{"step": "start", "tool": {"kind": "rhai", "code": "let a = 1;\nlet f = |x| x;\na"}}]}  # fmt: skip
+    _, issues = parse_playbook(doc)
+    assert [(i.rule, i.path) for i in issues] == [("rhai-unsupported", "workflow[0].tool.code")]
+    assert "script line 2: closures" in issues[0].message
+    doc["workflow"][0]["tool"]["code"] = "let a = {{ workload.n }}; a"  # templated: checked after rendering
+    assert parse_playbook(doc)[1] == []
+
+
+def test_a_rhai_playbook_through_the_cli(tmp_path):
+    f = tmp_path / "rhai.yaml"
+    f.write_text(textwrap.dedent("""\
+        apiVersion: noetl.io/v2
+        kind: Playbook
+        metadata: {name: rhai, path: tests/rhai}
+        workload: {limit: 5}
+        workflow:
+          - step: start
+            tool:
+              kind: rhai
+              args: {names: ["ada", "bob"]}
+              code: |
+                let out = #{count: 0, upper: []};
+                for n in names { out.upper.push(n.to_upper()); out.count += 1; }
+                let total = 0;
+                for i in 1..={{ workload.limit }} { total += i; }
+                out.total = total;
+                out
+            next: {arcs: [{step: loop_forever}]}
+          - step: loop_forever
+            tool: {kind: rhai, max_operations: 5000, code: "let n = 0; loop { n += 1; }"}
+    """))
+    env = {**os.environ, "NOETL_DAGSTER_HOME": str(tmp_path / "h")}
+    v = subprocess.run([sys.executable, "-m", "noetl_dagster.commands.main", "validate", str(f)],
+                       capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    assert v.returncode == 0 and "warning" not in v.stderr, v.stdout + v.stderr
+    r = subprocess.run([sys.executable, "-m", "noetl_dagster.commands.main", "run", str(f), "--json", "-q"],
+                       capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    out = json.loads(r.stdout)
+    assert out["results"]["start"] == {"count": 2, "upper": ["ADA", "BOB"], "total": 15}
+    assert out["status"] == "failed" and out["results"]["loop_forever"]["error"]["kind"] == "rhai_limit"
