@@ -101,10 +101,10 @@ def playbook_to_raw(pb: Playbook) -> dict[str, Any]:
                 ad: dict[str, Any] = {"step": a.step}
                 if a.when is not None:
                     ad["when"] = a.when
-                if a.args is not None:
-                    ad["args"] = a.args
-                if a.set:
-                    ad["set"] = _set_raw(a.set)
+                if a.args == {}:
+                    ad["args"] = {}  # an explicit empty payload (rare); other payloads are set: {step.*}
+                if a.set or a.args:
+                    ad["set"] = {**(_set_raw(a.set) if a.set else {}), **{f"step.{k}": v for k, v in (a.args or {}).items()}}
                 if a.spec:
                     ad["spec"] = a.spec
                 arcs.append(ad)
