@@ -4,7 +4,7 @@
    1024 by default) and a wall-clock timeout (``--timeout``, 60 s). The child renders the
    template as the engine does (``render_str``, then ``json.dumps`` of a native value) and
    reports the outcome (``TemplateError`` = rejected cleanly; anything else is a MISS), the
-   wall time and its peak RSS (``ru_maxrss``) next to its RSS before rendering.
+   wall time and its peak RSS (``VmHWM``) next to its RSS before rendering.
    Target: every case rejected as a TemplateError, peak RSS <= 256 MB.
 2. Ordinary templates: a mix of the engine's everyday templates (``{{ ctx.i + 1 }}``,
    conditions, a small loop, filters) rendered ``--renders`` times in-process, best of 5;
@@ -80,7 +80,9 @@ def _rss_mb() -> float:
 
 
 def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6
+    # VmHWM, not ru_maxrss: the child's ru_maxrss starts at its parent's RSS at fork
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) * 1024 / 1e6
 
 
 def _child(index: int, rlimit_mb: int) -> None:
