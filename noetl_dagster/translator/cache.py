@@ -7,8 +7,9 @@ the validated model of a file, pickled, under a key of everything the result dep
 
 * the file's bytes and its resolved path (the model records ``source_file``);
 * the code of the ``dsl`` package (size and mtime of its modules) and this package's version;
-* the tool kinds that can be named (entry points, names and targets) and the limits read from the
-  environment (``NOETL_MAX_*``, ``NOETL_YAML_*``).
+* the tool kinds that can be named (entry points, names and targets, and whether each kind's
+  optional extra is installed) and the limits read from the environment (``NOETL_MAX_*``,
+  ``NOETL_YAML_*``).
 
 Only valid playbooks are cached, so an invalid file is reported with its ``FILE:LINE: RULE`` lines
 on every load. The directory is ``$NOETL_DAGSTER_PLAYBOOK_CACHE`` (``0``/``off`` turns the cache
@@ -71,10 +72,15 @@ def _code_fingerprint() -> bytes:
 
 
 def _kinds_fingerprint() -> bytes:
-    from noetl_dagster.dsl.kinds import _entry_points, known_kinds  # noqa: PLC0415
+    """Each kind's entry point, and whether its optional extra is installed: a playbook validated
+    with `[quantum]` present must not load from the cache once it is gone (missing-extra)."""
+    from noetl_dagster.dsl.kinds import _entry_points, known_kinds, missing_extra  # noqa: PLC0415
 
     eps = _entry_points()
-    return ";".join(f"{n}={eps[n].value if n in eps else 'registered'}" for n in sorted(known_kinds())).encode()
+    return ";".join(
+        f"{n}={eps[n].value if n in eps else 'registered'}{'!missing' if missing_extra(n) else ''}"
+        for n in sorted(known_kinds())
+    ).encode()
 
 
 def _env_fingerprint() -> bytes:

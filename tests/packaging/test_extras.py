@@ -25,11 +25,15 @@ EXAMPLES = REPO / "example_project" / "playbooks"
 HINT = "tool kind 'quantum' needs: pip install 'noetl-dagster[quantum]'"
 
 
-def _core(tmp_path: Path, *args: str, timeout: int = 180) -> subprocess.CompletedProcess:
+def _core(tmp_path: Path, *args: str, timeout: int = 180, blocked: bool = True) -> subprocess.CompletedProcess:
+    """A subprocess as on a core install (every extra's modules blocked), or as is (``blocked=False``);
+    both share the playbook cache under tmp_path."""
     env = {**os.environ, "NOETL_DAGSTER_HOME": str(tmp_path / "noetl"), "DAGSTER_HOME": str(tmp_path / "dh"),
+           "NOETL_DAGSTER_PLAYBOOK_CACHE": str(tmp_path / "playbook-cache"),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}  # fmt: skip
     (tmp_path / "dh").mkdir(exist_ok=True)
-    return subprocess.run([sys.executable, str(NO_EXTRAS), *args], cwd=tmp_path, env=env,
+    argv = [str(NO_EXTRAS), *args] if blocked else ["-c", args[1]]
+    return subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=timeout)  # fmt: skip
 
 
@@ -123,6 +127,11 @@ def test_code_location_loads_and_reports_playbooks_of_missing_extras(tmp_path):
         "keys = sorted(k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys())\n"
         "print(json.dumps({'jobs': jobs, 'keys': keys}))\n"
     )
+    # first as a full install, which caches every valid playbook (quantum_sweep included) ...
+    full = _core(tmp_path, "code", code, blocked=False)
+    assert full.returncode == 0, full.stderr[-3000:]
+    assert "quantum_sweep" in json.loads(full.stdout.strip().splitlines()[-1])["jobs"]
+    # ... then with the extras gone: the cache must not answer for a kind that can no longer run
     out = _core(tmp_path, "code", code)
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
