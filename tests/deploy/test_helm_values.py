@@ -54,7 +54,10 @@ def test_schema_catches_mistakes(mutate, where):
 def test_dockerfile_serves_the_example_code_location():
     text = (DEPLOY / "Dockerfile").read_text()
     assert "example_project.definitions" in text and "EXPOSE 3030" in text
-    assert "pip install ." in text
+    # every extra (the chart's code location runs any playbook kind), and the example project,
+    # which is not in the wheel, importable from the copied checkout
+    assert "pip install '.[all]'" in text
+    assert "COPY example_project ./example_project" in text and "ENV PYTHONPATH=/opt/noetl-dagster" in text
 
 
 def test_postgres_instance_profile_uses_one_url_setting():

@@ -38,7 +38,8 @@ def test_cli_writes_the_schema_the_example_project_maps(tmp_path):
                        capture_output=True, text=True, timeout=120)  # fmt: skip
     assert r.returncode == 0, r.stderr
     written = json.loads(out.read_text())
-    assert written == json.loads(json.dumps(playbook_schema()))
+    # (not compared with this process's playbook_schema(): kinds other tests register in this
+    # worker join it; the CLI's fresh process and the committed file are the contract)
     committed = EXAMPLE / ".vscode" / "playbook.schema.json"
     assert json.loads(committed.read_text()) == written, "regenerate: noetl-dagster schema -o " + str(committed)
     settings = json.loads((EXAMPLE / ".vscode" / "settings.json").read_text())

@@ -83,14 +83,16 @@ def test_core_install_runs_core_playbooks_and_names_missing_extras(dist, tmp_pat
     t0 = time.perf_counter()
     venv.create(env_dir, with_pip=True)
     bin_dir = env_dir / "bin"
+    # no PYTHONPATH for pip either: with the checkout on it, pip saw the editable install's
+    # noetl_dagster.egg-info as "already installed" and put only the dependencies in the venv
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     r = subprocess.run([str(bin_dir / "pip"), "install", "-q", str(_wheel(dist))], capture_output=True, text=True,
-                       timeout=900)  # fmt: skip
+                       timeout=900, env=env, cwd=tmp_path)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     seconds = time.perf_counter() - t0
     size = sum(f.stat().st_size for f in env_dir.rglob("*") if f.is_file())
     print(f"core install: {seconds:.0f}s, {size / 1e6:.0f} MB")  # reported with -s; no timing assert
 
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(NOETL_DAGSTER_HOME=str(tmp_path / "noetl"), DAGSTER_HOME=str(tmp_path / "dh"))
 
     def cli(*args: str) -> subprocess.CompletedProcess:
