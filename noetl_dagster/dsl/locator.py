@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date as _date
 
@@ -115,6 +116,17 @@ class ResourceLocator:
 
     def __str__(self) -> str:
         return self.uri
+
+
+# the tenant of a resource named anywhere in a text, in either spelling (noetl://T/… or urn:noetl:T:…)
+_TENANT_IN_TEXT = re.compile(r"(?:noetl://|urn:noetl:)([^/:@\s'\"]+)", re.IGNORECASE)
+
+
+def tenants_named(text: str) -> Iterator[str]:
+    """The tenant of every resource locator ``text`` names, in both spellings: the trust gate's
+    one reading of "which tenant does this reach" (a scheme in any case counts)."""
+    for m in _TENANT_IN_TEXT.finditer(text):
+        yield m.group(1)
 
 
 def parse_locator(text: str, *, require_version: bool = True) -> ResourceLocator:

@@ -24,12 +24,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from noetl_dagster.dsl.locator import tenants_named
 from noetl_dagster.dsl.model import Playbook, Task
 from noetl_dagster.engine.ports import ToolError
 
 _KEYCHAIN_REF = re.compile(r"keychain\s*(?:\.\s*([A-Za-z_]\w*)|\[\s*['\"]([^'\"]+)['\"]\s*\])")
 _CREDENTIAL_KEYS = ("auth", "credential", "credentials")
-_RESOURCE_URI = re.compile(r"noetl://([A-Za-z0-9_.-]+)/")
 
 
 @dataclass(frozen=True)
@@ -138,10 +138,10 @@ def violations(pb: Playbook, grant: Grant, tenant: str | None = None) -> list[st
     if tenant is not None:
         seen: set[str] = set()
         for text in _strings(pb.model_dump(mode="json", exclude={"source_file"})):
-            for m in _RESOURCE_URI.finditer(text):
-                if m.group(1) != tenant and m.group(1) not in seen:
-                    seen.add(m.group(1))
-                    out.append(f"resource noetl://{m.group(1)}/… belongs to tenant {m.group(1)!r}, not this "
+            for other in tenants_named(text):
+                if other != tenant and other not in seen:
+                    seen.add(other)
+                    out.append(f"resource noetl://{other}/… belongs to tenant {other!r}, not this "
                                f"execution's tenant {tenant!r} (cross-tenant resources are refused)")  # fmt: skip
     if grant.kinds is not None:
         for where, t in _tasks(pb):
@@ -350,9 +350,9 @@ class Gate:
         self.path(text, where)
 
     def _tenant(self, text: str, where: str) -> None:
-        for m in _RESOURCE_URI.finditer(text):
-            if m.group(1) != self.tenant:
-                raise self._refuse(where, f"resource noetl://{m.group(1)}/… belongs to tenant {m.group(1)!r}, not "
+        for other in tenants_named(text):
+            if other != self.tenant:
+                raise self._refuse(where, f"resource noetl://{other}/… belongs to tenant {other!r}, not "
                                    f"this execution's tenant {self.tenant!r}")  # fmt: skip
 
     def path(self, text: str, where: str) -> None:

@@ -264,6 +264,9 @@ def test_a_resumed_generated_child_is_checked_at_dispatch(env, tmp_path):
         ("http", {"url": "http://example.invalid", "auth": {"type": "bearer", "token": "t"}}, "inline auth"),
         ("http", {"url": "http://example.invalid", "auth": "other"}, "not delegated"),
         ("parquet", {"uri": "noetl://globex/p/tables/table/t", "data": []}, "tenant 'globex'"),
+        # the locator's other spelling, and a scheme in capitals, reach the same tenant
+        ("parquet", {"uri": "urn:noetl:globex:p:tables:table:t:1", "data": []}, "tenant 'globex'"),
+        ("duckdb", {"command": "SELECT * FROM 'NOETL://globex/p/ns/table/t'"}, "tenant 'globex'"),
         ("parquet", {"uri": "noetl://acme/p/tables/table/t", "registry": "/tmp/r.db"}, "another registry"),
         ("parquet", {"uri": "noetl://acme/p/tables/table/t", "api_key": "k"}, "inline credential"),
         ("playbook", {"path": "/etc/passwd"}, "outside this execution's directory"),
