@@ -32,20 +32,6 @@ ADAPTERS = ["file", "s3", "gcs", "azure"]
 CLOUDS = ["s3", "gcs", "azure"]
 
 
-@pytest.fixture(scope="module")
-def emulators(tmp_path_factory):
-    """One emulator process per cloud for the module (started lazily, stopped at the end)."""
-    running: dict[str, Emulator] = {}
-
-    def get(kind: str) -> Emulator:
-        if kind not in running:
-            running[kind] = Emulator(kind, tmp_path_factory.mktemp(f"emu-{kind}")).start()
-        return running[kind]
-
-    yield get
-    for emu in running.values():
-        emu.stop()
-
 
 def _open(kind: str, emu: Emulator | None, tmp_path, prefix: str, **extra):
     if kind == "file":

@@ -17,7 +17,6 @@ from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.storage.archive import archive_execution
 from noetl_dagster.storage.events import SqliteEventStore
 from noetl_dagster.storage.payload import open_payload_store
-from tests.storage.emulators import Emulator
 
 BIG = {
     "apiVersion": "noetl.io/v2",
@@ -33,19 +32,6 @@ BIG = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def clouds(tmp_path_factory):
-    running: dict[str, Emulator] = {}
-
-    def get(kind: str) -> Emulator:
-        if kind not in running:
-            running[kind] = Emulator(kind, tmp_path_factory.mktemp(f"emu-{kind}")).start()
-        return running[kind]
-
-    yield get
-    for emu in running.values():
-        emu.stop()
-
 
 def _replay(*args: str) -> dict:
     res = CliRunner().invoke(cli, ["replay", *args, "--json"])
@@ -54,8 +40,8 @@ def _replay(*args: str) -> dict:
 
 
 @pytest.mark.parametrize("kind", ["s3", "gcs", "azure"])
-def test_a_run_on_a_cloud_store_replays_with_summaries_and_bodies(kind, clouds, tmp_path, monkeypatch):
-    emu = clouds(kind)
+def test_a_run_on_a_cloud_store_replays_with_summaries_and_bodies(kind, emulators, tmp_path, monkeypatch):
+    emu = emulators(kind)
     for k, v in emu.env().items():  # the cloud's standard emulator variables
         monkeypatch.setenv(k, v)
     url = emu.store_url(f"run-{uuid.uuid4().hex[:8]}") + ("?create_container=true" if kind == "azure" else "")
@@ -85,8 +71,8 @@ def test_a_run_on_a_cloud_store_replays_with_summaries_and_bodies(kind, clouds, 
     assert bad["references"][0]["status"] == "checksum_mismatch"
 
 
-def test_an_archive_written_to_gcs_replays_from_azure_after_a_copy(clouds, tmp_path, monkeypatch):
-    gcs, azure = clouds("gcs"), clouds("azure")
+def test_an_archive_written_to_gcs_replays_from_azure_after_a_copy(emulators, tmp_path, monkeypatch):
+    gcs, azure = emulators("gcs"), emulators("azure")
     for k, v in {**gcs.env(), **azure.env()}.items():
         monkeypatch.setenv(k, v)
     data = tmp_path / "noetl"
