@@ -37,17 +37,19 @@ PRICES = {
 
 
 def rollups(store: FactsStore) -> dict[str, object]:
-    """Everything the cost views and dashboards read, rounded to 1e-12 (far below a millionth of a cent)."""
+    """Everything the cost views and dashboards read, rounded to 1e-9 USD (a hundredth of a millionth of a
+    cent): the cluster summary is ~864 USD, where 1e-12 is past a double's 15-16 digits and the
+    order ClickHouse sums in moved the last one (…427247 vs …427246 in one CI run)."""
     def q(sql: str) -> list[tuple]:
         return store.query(sql)[1]
 
     return {
-        "cost_line_day": q("SELECT day, tenant_id, project_id, playbook, step, category, item, round(quantity, 12),"
-                           " round(amount, 12) FROM $db.cost_line_day FINAL ORDER BY ALL"),
-        "tenant_cost": q("SELECT tenant_id, round(sum(amount), 12) FROM $db.tenant_cost_fact GROUP BY tenant_id ORDER BY 1"),
+        "cost_line_day": q("SELECT day, tenant_id, project_id, playbook, step, category, item, round(quantity, 9),"
+                           " round(amount, 9) FROM $db.cost_line_day FINAL ORDER BY ALL"),
+        "tenant_cost": q("SELECT tenant_id, round(sum(amount), 9) FROM $db.tenant_cost_fact GROUP BY tenant_id ORDER BY 1"),
         "allocation": q("SELECT tenant, playbook, step, day, attempts, failed_attempts, retries, executions,"
-                        " round(cost, 12) FROM $db.allocation_cost_day ORDER BY ALL"),
-        "summary": q("SELECT day, round(allocated, 12), round(idle, 12) FROM $db.allocation_summary_day ORDER BY day"),
+                        " round(cost, 9) FROM $db.allocation_cost_day ORDER BY ALL"),
+        "summary": q("SELECT day, round(allocated, 9), round(idle, 9) FROM $db.allocation_summary_day ORDER BY day"),
         "facts": fact_totals(store),
     }  # fmt: skip
 
