@@ -12,9 +12,9 @@ _COMPONENTS = {"NoetlPlaybooksComponent"}
 
 def __getattr__(name: str) -> Any:
     if name == "__version__":  # one place: pyproject.toml's [project] version, read from the installed metadata
-        from importlib.metadata import version  # noqa: PLC0415
+        from noetl_dagster.util.version import package_version  # noqa: PLC0415
 
-        return version("noetl-dagster")
+        return package_version()
     if name in _COMPONENTS:
         from noetl_dagster.translator import component  # noqa: PLC0415 - the Dagster layer, only when asked
 

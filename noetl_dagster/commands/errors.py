@@ -10,7 +10,7 @@ every sub-command so an exception that escapes a command becomes one
 from __future__ import annotations
 
 import re
-import sqlite3
+import sys
 from typing import Any
 
 import click
@@ -30,7 +30,6 @@ _BAD_INPUT: tuple[type[BaseException], ...] = (
     OverflowError,
     RecursionError,
     MemoryError,
-    sqlite3.Error,
 )
 
 
@@ -64,6 +63,12 @@ def one_line(exc: BaseException, limit: int = 400) -> str:
     return f"{name}: {text}" if text else name
 
 
+def _is_sqlite_error(exc: BaseException) -> bool:
+    """sqlite3.Error, without importing sqlite3 for a command that never opened a database."""
+    sqlite3 = sys.modules.get("sqlite3")
+    return sqlite3 is not None and isinstance(exc, sqlite3.Error)
+
+
 def _is_store_error(exc: BaseException) -> bool:
     """A database or object store the user pointed at that cannot be used (unreachable, wrong kind)."""
     mod = type(exc).__module__ or ""
@@ -84,7 +89,7 @@ def convert(exc: BaseException, command: str | None = None) -> click.ClickExcept
         return BadInput(f"{what} needs the {extra!r} extra: {install_hint(extra)} (module {exc.name} is missing)")
     if isinstance(exc, RecursionError):
         return BadInput("input is nested too deeply")
-    if isinstance(exc, _BAD_INPUT) or _is_store_error(exc):
+    if isinstance(exc, _BAD_INPUT) or _is_sqlite_error(exc) or _is_store_error(exc):
         return BadInput(one_line(exc))
     return Failed(f"internal error: {one_line(exc)}")
 

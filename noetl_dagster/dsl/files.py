@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from noetl_dagster.dsl.flow import FlowError, load_flow_playbook
 from noetl_dagster.dsl.legacy import find_deprecated_spellings
 from noetl_dagster.dsl.loader import SourceMap, YamlFileError, YamlSyntaxError, format_path, load_yaml_file
 from noetl_dagster.dsl.model import Playbook
@@ -129,6 +128,8 @@ def deprecation_warnings(raw: Any, sm: SourceMap) -> list[ValidationIssue]:
 
 def _load_flow(p: Path) -> Playbook:
     """A ``.flow`` file (seed 002 syntax) compiled to a playbook; flow errors keep line and column."""
+    from noetl_dagster.dsl.flow import FlowError, load_flow_playbook  # noqa: PLC0415 - lark, for .flow files only
+
     try:
         return load_flow_playbook(p)
     except YamlFileError as e:

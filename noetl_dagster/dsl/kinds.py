@@ -2,11 +2,14 @@
 
 A tool kind is a callable ``(inputs: dict, ctx: ToolContext) -> result`` (see
 ``noetl_dagster.engine.ports``) with a typed pydantic config model. Every kind, built in
-or third party, is found through the ``noetl_dagster.tools`` entry-point group
+or third party, is declared in the ``noetl_dagster.tools`` entry-point group
 (``name = "package.module:attr"``, docs/tools.md "Adding a tool kind"): loading the entry
 point imports the module, whose :func:`register_tool` call names the kind, its config model
-and its raw keys. Validation asks this catalogue for names without importing any tool module;
-the engine asks it for the kind and calls :meth:`ToolKind.invoke`.
+and its raw keys. This package's own kinds are also listed in :data:`BUILTIN_KINDS`, so a
+built-in name is answered without scanning the installed distributions (the scan runs at the
+first name that is not built in; a plugin cannot take a built-in kind's name). Validation asks
+this catalogue for names without importing any tool module; the engine asks it for the kind
+and calls :meth:`ToolKind.invoke`.
 
 A plugin that fails to load (import error, missing attribute) becomes a *broken* kind: its
 name stays known, every call fails with a ``plugin_error`` naming the entry point and the
@@ -17,15 +20,18 @@ cause, and every other kind still loads. A built-in kind whose optional extra is
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib.metadata import EntryPoint, entry_points
-from typing import Any
-
-from pydantic import BaseModel, ValidationError
+from typing import TYPE_CHECKING, Any
 
 from noetl_dagster.util.extras import extra_for_module, install_hint, missing_kind_extra
+
+if TYPE_CHECKING:  # importlib.metadata (~20 ms, a scan of every distribution) only when a name is not built in
+    from importlib.metadata import EntryPoint
+
+    from pydantic import BaseModel
 
 ToolFn = Callable[[dict[str, Any], Any], Any]  # (inputs, engine.ports.ToolContext) -> result
 ENTRY_POINT_GROUP = "noetl_dagster.tools"
@@ -69,6 +75,8 @@ class ToolKind:
         """Validate rendered inputs against the config model; one line per problem."""
         if self.config is None:
             return
+        from pydantic import ValidationError  # noqa: PLC0415 - loaded with the config model anyway
+
         try:
             self.config.model_validate(inputs)
         except ValidationError as e:
@@ -87,9 +95,6 @@ _lock = threading.RLock()
 _REGISTRY: dict[str, ToolKind] = {}
 _BROKEN: dict[str, ToolKind] = {}
 _ENTRY_POINTS: dict[str, EntryPoint] | None = None
-# names among _ENTRY_POINTS that this package declares; asking a distribution its name parses its
-# METADATA file (~1 ms each), which the parser did for every entry point of every task (22 ms a task)
-_BUILTIN: frozenset[str] | None = None
 _MISSING: dict[str, str | None] = {}  # kind -> install hint of its missing extra (None: installed)
 
 # Raw keys of this package's kinds, so validating a playbook imports no tool module. Only a hint:
@@ -133,6 +138,44 @@ _RAW_KEY_HINTS: dict[str, frozenset[str]] = {
 }
 
 
+# This package's kinds: pyproject.toml's [project.entry-points."noetl_dagster.tools"], name by name
+# (tests/tools/test_plugins.py keeps them equal). A built-in name is answered from here, so validating
+# and running a playbook of built-in kinds never scans the installed distributions' entry points
+# (~15-40 ms: every distribution's entry_points.txt, and a METADATA parse per entry point for its
+# distribution's name); the scan runs once a name is not built in (a plugin, or a typo to report).
+BUILTIN_KINDS: dict[str, str] = {
+    "noop": "noetl_dagster.tools.core:noop_tool",
+    "workbook": "noetl_dagster.tools.core:workbook_tool",
+    "playbook": "noetl_dagster.tools.core:playbook_tool",
+    "python": "noetl_dagster.tools.core:python_tool",
+    "http": "noetl_dagster.tools.http:http_tool",
+    "postgres": "noetl_dagster.tools.postgres:postgres_tool",
+    "duckdb": "noetl_dagster.tools.duckdb_tool:duckdb_tool",
+    "secrets": "noetl_dagster.tools.secrets:secrets_tool",
+    "parquet": "noetl_dagster.tools.storage:parquet_tool",
+    "arrow": "noetl_dagster.tools.storage:arrow_tool",
+    "iceberg": "noetl_dagster.tools.storage:iceberg_tool",
+    "qdrant": "noetl_dagster.tools.qdrant.tool:qdrant_tool",
+    "quantum": "noetl_dagster.tools.quantum.tool:quantum_tool",
+    "flow_input": "noetl_dagster.tools.flow:flow_input_tool",
+    "flow_guard": "noetl_dagster.tools.flow:flow_guard_tool",
+    "resource": "noetl_dagster.tools.flow:resource_tool",
+    "shell": "noetl_dagster.tools.shell:shell_tool",
+    "script": "noetl_dagster.tools.shell:script_tool",
+    "transfer": "noetl_dagster.tools.transfer:transfer_tool",
+    "snowflake": "noetl_dagster.tools.snowflake:snowflake_tool",
+    "artifact": "noetl_dagster.tools.artifact:artifact_tool",
+    "result_fetch": "noetl_dagster.tools.artifact:artifact_tool",
+    "nats": "noetl_dagster.tools.nats:nats_tool",
+    "mcp": "noetl_dagster.tools.mcp:mcp_tool",
+    "agent": "noetl_dagster.tools.mcp:mcp_tool",
+    "container": "noetl_dagster.tools.container:container_tool",
+    "gcs": "noetl_dagster.tools.gcs:gcs_tool",
+    "snowflake_transfer": "noetl_dagster.tools.snowflake_transfer:snowflake_transfer_tool",
+    "rhai": "noetl_dagster.tools.rhai_tool:rhai_tool",
+}
+
+
 # NoETL's kinds (its schema's tool.kind list, its Rust worker's registry) that this runtime does not
 # offer, each with the reason `validate` gives: none of upstream's kinds is merely "not recognized".
 UNOFFERED_KINDS: dict[str, str] = {
@@ -162,7 +205,11 @@ def register_tool(
     """Register a tool kind; usable as a decorator: ``@register_tool("echo", config=EchoConfig)``."""
 
     def deco(f: ToolFn) -> ToolFn:
-        ep = _entry_points().get(name)
+        if _builtin_module(name) == getattr(f, "__module__", None):  # this package's kind, from its module
+            source, dist = BUILTIN_KINDS[name], DISTRIBUTION
+        else:
+            ep = _entry_points().get(name)
+            source, dist = (ep.value, _dist_name(ep)) if ep is not None else ("register_tool", "")
         with _lock:
             _REGISTRY[name] = ToolKind(
                 name,
@@ -170,13 +217,18 @@ def register_tool(
                 frozenset(raw_keys),
                 description or (f.__doc__ or "").strip().split("\n")[0],
                 config,
-                ep.value if ep is not None else "register_tool",
-                _dist_name(ep),
+                source,
+                dist,
             )
             _BROKEN.pop(name, None)
         return f
 
     return deco(fn) if fn is not None else deco
+
+
+def _builtin_module(name: str) -> str | None:
+    target = BUILTIN_KINDS.get(name)
+    return target.partition(":")[0] if target else None
 
 
 def _dist_name(ep: EntryPoint | None) -> str:
@@ -187,6 +239,8 @@ def _dist_name(ep: EntryPoint | None) -> str:
 def _entry_points() -> dict[str, EntryPoint]:
     global _ENTRY_POINTS
     if _ENTRY_POINTS is None:
+        from importlib.metadata import entry_points  # noqa: PLC0415 - see BUILTIN_KINDS
+
         eps: dict[str, EntryPoint] = {}
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             eps.setdefault(ep.name, ep)  # the first distribution on sys.path wins a name clash
@@ -196,25 +250,31 @@ def _entry_points() -> dict[str, EntryPoint]:
 
 def refresh_entry_points() -> None:
     """Forget the cached entry points and broken kinds (after installing a plugin in-process)."""
-    global _ENTRY_POINTS, _BUILTIN
+    global _ENTRY_POINTS
     with _lock:
         _ENTRY_POINTS = None
-        _BUILTIN = None
         _BROKEN.clear()
         _MISSING.clear()
 
 
-def _broken(name: str, ep: EntryPoint, reason: str, *, message: str | None = None) -> ToolKind:
-    message = message or (
-        f"tool kind {name!r} failed to load from entry point {ep.value!r} ({_dist_name(ep) or '?'}): {reason}"
-    )
+def _broken(name: str, source: str, dist: str, reason: str, *, message: str | None = None) -> ToolKind:
+    message = message or f"tool kind {name!r} failed to load from entry point {source!r} ({dist or '?'}): {reason}"
 
     def fail(inputs: dict[str, Any], ctx: Any) -> Any:
         raise PluginLoadError(message)
 
-    tk = ToolKind(name, fail, frozenset(), "", None, ep.value, _dist_name(ep), message)
+    tk = ToolKind(name, fail, frozenset(), "", None, source, dist, message)
     _BROKEN[name] = tk
     return tk
+
+
+def _load_target(target: str) -> Any:
+    """``module:attr`` loaded as an entry point loads it (the module imported, the attribute path followed)."""
+    module, _, attrs = target.partition(":")
+    obj: Any = importlib.import_module(module.strip())
+    for attr in filter(None, attrs.strip().split(".")):
+        obj = getattr(obj, attr)
+    return obj
 
 
 def get_tool(name: str) -> ToolKind | None:
@@ -222,32 +282,37 @@ def get_tool(name: str) -> ToolKind | None:
     tk = _REGISTRY.get(name) or _BROKEN.get(name)
     if tk is not None:
         return tk
-    ep = _entry_points().get(name)
-    if ep is None:
-        return None
+    builtin = name in BUILTIN_KINDS
+    if builtin:
+        source, dist, load = BUILTIN_KINDS[name], DISTRIBUTION, (lambda: _load_target(BUILTIN_KINDS[name]))
+    else:
+        ep = _entry_points().get(name)
+        if ep is None:
+            return None
+        source, dist, load = ep.value, _dist_name(ep), ep.load
     with _lock:
         if name in _REGISTRY:
             return _REGISTRY[name]
         missing = missing_extra(name)
         if missing:
-            return _broken(name, ep, missing, message=missing)
+            return _broken(name, source, dist, missing, message=missing)
         try:
-            obj = ep.load()  # importing the module registers the kind (with its config and raw keys)
+            obj = load()  # importing the module registers the kind (with its config and raw keys)
         except ModuleNotFoundError as e:
-            extra = extra_for_module(e.name) if name in _builtin_names() else None
+            extra = extra_for_module(e.name) if builtin else None
             if extra:  # a module of an optional extra the kind imports at load time
                 hint = f"tool kind {name!r} needs: {install_hint(extra)}"
-                return _broken(name, ep, hint, message=hint)
-            return _broken(name, ep, f"{type(e).__name__}: {e}")
+                return _broken(name, source, dist, hint, message=hint)
+            return _broken(name, source, dist, f"{type(e).__name__}: {e}")
         except Exception as e:  # noqa: BLE001 - any import failure of a plugin must not break the others
-            return _broken(name, ep, f"{type(e).__name__}: {e}")
+            return _broken(name, source, dist, f"{type(e).__name__}: {e}")
         if name not in _REGISTRY:
             if isinstance(obj, ToolKind):
                 _REGISTRY[name] = obj
             elif callable(obj):
                 register_tool(name, obj)
             else:
-                return _broken(name, ep, f"{type(obj).__name__} is neither a tool function nor a ToolKind")
+                return _broken(name, source, dist, f"{type(obj).__name__} is neither a tool function nor a ToolKind")
         return _REGISTRY[name]
 
 
@@ -256,25 +321,23 @@ def missing_extra(name: str) -> str | None:
     (checked on sys.path, nothing imported), else None. Validation reports it like an unknown kind."""
     if name not in _MISSING:
         hint = missing_kind_extra(name)
-        _MISSING[name] = hint if hint and name not in _REGISTRY and name in _builtin_names() else None
+        _MISSING[name] = hint if hint and name not in _REGISTRY and name in BUILTIN_KINDS else None
     return _MISSING[name]
+
+
+def is_known(name: str) -> bool:
+    """Whether ``name`` can be used; the entry points are scanned only for a name not built in."""
+    return name in _REGISTRY or name in BUILTIN_KINDS or name in _entry_points()
 
 
 def known_kinds() -> set[str]:
     """Every kind name that can be used, without importing any tool module."""
-    return set(_REGISTRY) | set(_entry_points())
-
-
-def _builtin_names() -> frozenset[str]:
-    global _BUILTIN
-    if _BUILTIN is None:
-        _BUILTIN = frozenset(n for n, ep in _entry_points().items() if _dist_name(ep) == DISTRIBUTION)
-    return _BUILTIN
+    return set(_REGISTRY) | set(BUILTIN_KINDS) | set(_entry_points())
 
 
 def builtin_kinds() -> set[str]:
     """The kinds this package declares (its own entry points)."""
-    return set(_builtin_names())
+    return set(BUILTIN_KINDS)
 
 
 def all_kinds() -> list[ToolKind]:
@@ -290,7 +353,7 @@ def all_kinds() -> list[ToolKind]:
 def required_keys(name: str) -> list[str]:
     """Config keys the kind's model requires (by the name a playbook writes); built-ins of this
     package declare none, so validating them imports nothing."""
-    if name not in _REGISTRY and name in _RAW_KEY_HINTS and name in _builtin_names():
+    if name not in _REGISTRY and name in _RAW_KEY_HINTS and name in BUILTIN_KINDS:
         return []
     tk = get_tool(name)
     if tk is None or tk.config is None:
@@ -302,7 +365,7 @@ def raw_keys(name: str) -> frozenset[str]:
     """Config keys a kind takes verbatim (never rendered); built-ins answer without an import."""
     if name in _REGISTRY:
         return _REGISTRY[name].raw_keys
-    if name in _RAW_KEY_HINTS and name in _builtin_names():
+    if name in _RAW_KEY_HINTS and name in BUILTIN_KINDS:
         return _RAW_KEY_HINTS[name]
     tk = get_tool(name)
     return tk.raw_keys if tk else frozenset()

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from noetl_dagster.dsl.executor_spec import check_executor, no_effect_keys
-from noetl_dagster.dsl.kinds import UNOFFERED_KINDS, known_kinds, missing_extra, raw_keys, required_keys
+from noetl_dagster.dsl.kinds import UNOFFERED_KINDS, is_known, missing_extra, raw_keys, required_keys
 from noetl_dagster.dsl.legacy import ARGS_NATIVE_KINDS, find_legacy_constructs
 from noetl_dagster.dsl.loader import PathT, SourceMap, format_path
 from noetl_dagster.dsl.model import (
@@ -91,7 +91,6 @@ class _Ctx:
         self.sm = source_map
         self.issues: list[ValidationIssue] = []
         self.check_kinds = check_kinds
-        self._kinds: set[str] | None = None
 
     def err(self, path: PathT, rule: str, message: str) -> None:
         self.issues.append(ValidationIssue(self.sm.file, self.sm.line(path), format_path(path), rule, message))
@@ -102,9 +101,7 @@ class _Ctx:
         return self.registered(kind)
 
     def registered(self, kind: str) -> bool:
-        if self._kinds is None:
-            self._kinds = known_kinds()
-        return kind in self._kinds
+        return is_known(kind)  # built-in names without the entry-point scan (dsl/kinds.BUILTIN_KINDS)
 
 
 MIGRATE_HINT = "run `noetl-dagster migrate FILE` to rewrite it to the standard form"
@@ -574,10 +571,11 @@ def _kinds_in(value: Any, out: set[str]) -> set[str]:
 
 def _kind_raw_keys(raw: Any) -> set[str]:
     """Config keys the document's tool kinds take verbatim (never rendered), e.g. python `code`."""
-    known = known_kinds()
     out: set[str] = set()
-    for k in _kinds_in(raw, set()):
-        if k in known:
+    # the document's own `kind: Playbook` is no tool kind (asking for it would scan the entry points)
+    body = {k: v for k, v in raw.items() if k != "kind"} if isinstance(raw, dict) else raw
+    for k in _kinds_in(body, set()):
+        if is_known(k):
             out |= raw_keys(k)
     return out
 

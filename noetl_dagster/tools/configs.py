@@ -15,7 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field
 class ToolConfig(BaseModel):
     """Base of every kind's config: extra keys allowed, ``input`` is the step/task input."""
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    # defer_build: a kind's validator is built at its first call (or schema), not when this module
+    # is imported; a run of one kind builds one model, not all fifteen (issue 35)
+    model_config = ConfigDict(extra="allow", populate_by_name=True, defer_build=True)
 
     input: Any = Field(None, description="the step/task input (NoETL `input`, legacy `args`)")
 

@@ -74,11 +74,12 @@ def _code_fingerprint() -> bytes:
 def _kinds_fingerprint() -> bytes:
     """Each kind's entry point, and whether its optional extra is installed: a playbook validated
     with `[quantum]` present must not load from the cache once it is gone (missing-extra)."""
-    from noetl_dagster.dsl.kinds import _entry_points, known_kinds, missing_extra  # noqa: PLC0415
+    from noetl_dagster.dsl.kinds import BUILTIN_KINDS, _entry_points, known_kinds, missing_extra  # noqa: PLC0415
 
     eps = _entry_points()
     return ";".join(
-        f"{n}={eps[n].value if n in eps else 'registered'}{'!missing' if missing_extra(n) else ''}"
+        f"{n}={BUILTIN_KINDS.get(n) or (eps[n].value if n in eps else 'registered')}"
+        f"{'!missing' if missing_extra(n) else ''}"
         for n in sorted(known_kinds())
     ).encode()
 

@@ -91,6 +91,34 @@ def test_every_builtin_kind_registers_through_the_entry_point_with_a_typed_confi
             assert catalogue._RAW_KEY_HINTS[name] == tk.raw_keys, name
 
 
+def test_builtin_table_is_pyproject_and_the_installed_entry_points():
+    """dsl/kinds.BUILTIN_KINDS answers built-in names without the entry-point scan (issue 35): it must
+    be exactly what pyproject declares and what the installed distribution's entry points say."""
+    from importlib.metadata import distribution
+
+    declared = {}
+    in_section = False
+    for line in PYPROJECT.read_text().splitlines():
+        if line.startswith("["):
+            in_section = line.strip() == '[project.entry-points."noetl_dagster.tools"]'
+            continue
+        if in_section and "=" in line and not line.startswith("#"):
+            name, _, value = line.partition("=")
+            declared[name.strip()] = value.strip().strip('"')
+    assert catalogue.BUILTIN_KINDS == declared
+    installed = {ep.name: ep.value for ep in distribution("noetl-dagster").entry_points if ep.group == "noetl_dagster.tools"}
+    assert installed == declared, "pyproject entry points and the installed metadata differ: pip install -e ."
+
+
+def test_a_plugin_kind_is_still_found_by_a_fresh_process(tmp_path):
+    """Built-in names skip the scan; any other name still finds a third-party entry point."""
+    env = _install_plugin(tmp_path, {"echo3p": "thirdparty_kinds:echo"})
+    pb = _playbook(tmp_path, {"kind": "echo3p", "message": "hi"})
+    out = _cli("run", "--json", str(pb), env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["results"]["start"] == {"echo": "hi"}
+
+
 def test_config_model_rejects_a_mistyped_config_with_a_config_error(tmp_path):
     from noetl_dagster.dsl import load_playbook_dict
     from noetl_dagster.runners.local import run_playbook

@@ -1,0 +1,121 @@
+"""What a command imports (issue 35): a command line that starts like a native tool imports only
+what the command and the playbook need. Each case runs the real ``noetl-dagster`` entry point in a
+fresh interpreter (``sys.modules`` read at exit by a tiny wrapper) and fails when a module outside
+the command's needs was imported. Structural, not timed: docs/capacity.md "Start-up" has the
+figures, benchmarks/bench_startup.py measures them.
+
+The heavy modules, and why none belongs in these commands:
+
+* ``dagster`` (~1 s, the Dagster runner and code location only), ``pyarrow``, ``polars``,
+  ``pandas``, ``numpy``, ``duckdb``, ``sqlalchemy``, ``pyiceberg`` (storage and data tools),
+  ``psycopg`` (the postgres tool and store), ``httpx`` (the http tool and registry client),
+  ``openlineage`` (a configured lineage listener), ``ruamel`` (migrate), ``jsonpath_ng``
+  (flow guards): tools, stores and runners a core one-step playbook does not use;
+* ``lark`` (the ``.flow`` parser): only ``.flow`` files need it;
+* ``rich`` (tables and colour): neither ``--help`` nor a run whose output is not a terminal;
+* ``importlib.metadata`` and ``email`` (entry-point scans, distribution metadata): ``--help`` and
+  ``--version`` (which reads the version file directly);
+* for ``--help`` and ``--version`` additionally the DSL (``pydantic``, ``jinja2``, ``yaml``,
+  ``noetl_dagster.dsl``), ``sqlite3`` and every command module but ``main``;
+* tool config models of kinds the playbook does not name (``noetl_dagster.tools.configs`` holds
+  every built-in kind's model: a noop run must build only the noop model's validator).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# runs the console script's main() and prints sys.modules (and the built tool configs) on stdout's last line
+WRAPPER = textwrap.dedent(
+    """
+    import atexit, json, sys
+
+    def _report():
+        built = []
+        configs = sys.modules.get("noetl_dagster.tools.configs")
+        if configs is not None:
+            from pydantic import BaseModel
+            for name, obj in vars(configs).items():
+                if isinstance(obj, type) and issubclass(obj, BaseModel) and obj.__pydantic_complete__:
+                    built.append(name)
+        sys.__stdout__.write("\\nMODULES " + json.dumps({"modules": sorted(sys.modules), "configs": built}) + "\\n")
+        sys.__stdout__.flush()
+
+    atexit.register(_report)
+    from noetl_dagster.commands.main import main
+    sys.argv = ["noetl-dagster", *sys.argv[1:]]
+    main()
+    """
+)
+
+# heavy for every command here
+HEAVY = {
+    "dagster", "pyarrow", "polars", "pandas", "numpy", "duckdb", "sqlalchemy", "pyiceberg", "psycopg",
+    "httpx", "openlineage", "ruamel", "jsonpath_ng", "lark", "rich",
+}  # fmt: skip
+# heavy for --help and --version: no playbook, no store, no metadata scan
+NOT_FOR_HELP = HEAVY | {"pydantic", "jinja2", "yaml", "sqlite3", "importlib.metadata", "email"}
+
+ONE_STEP = """\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: one_step, path: tests/one_step}
+workload: {n: 2}
+workflow:
+  - step: start
+    tool: {kind: noop, result: "{{ workload.n * 2 }}"}
+"""
+
+
+def _modules(tmp_path: Path, *args: str) -> tuple[set[str], list[str], str]:
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")
+    }
+    env.update(NOETL_DAGSTER_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT))
+    env.pop("NOETL_LINEAGE_URL", None)
+    r = subprocess.run([sys.executable, "-c", WRAPPER, *args], capture_output=True, text=True, env=env,
+                       stdin=subprocess.DEVNULL, timeout=120)  # fmt: skip
+    marker = r.stdout.rfind("\nMODULES ")
+    assert marker != -1, r.stdout[-2000:] + r.stderr[-2000:]
+    report = json.loads(r.stdout[marker + len("\nMODULES ") :])
+    return set(report["modules"]), report["configs"], r.stdout[:marker] + r.stderr
+
+
+def _loaded(modules: set[str], names: set[str]) -> list[str]:
+    return sorted(m for m in modules if m in names or m.split(".")[0] in names)
+
+
+def _noetl_modules(modules: set[str]) -> list[str]:
+    return sorted(m for m in modules if m.startswith("noetl_dagster"))
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"]], ids=["help", "version"])
+def test_help_and_version_import_no_command_and_no_dsl(tmp_path, args):
+    modules, _, out = _modules(tmp_path, *args)
+    assert "Usage: noetl-dagster" in out or "version" in out, out
+    assert _loaded(modules, NOT_FOR_HELP) == []
+    assert [m for m in _noetl_modules(modules) if m.startswith("noetl_dagster.commands.")] == [
+        "noetl_dagster.commands.errors",
+        "noetl_dagster.commands.main",
+    ]
+    assert not [m for m in _noetl_modules(modules) if m.startswith("noetl_dagster.dsl")]
+
+
+def test_validate_imports_no_tool_and_no_engine(tmp_path):
+    pb = tmp_path / "one_step.yaml"
+    pb.write_text(ONE_STEP)
+    modules, _, out = _modules(tmp_path, "validate", str(pb))
+    assert "1 playbook(s) valid" in out, out
+    assert _loaded(modules, HEAVY | {"sqlite3"}) == []
+    assert not [
+        m for m in _noetl_modules(modules) if m.startswith(("noetl_dagster.tools", "noetl_dagster.engine"))
+    ]
