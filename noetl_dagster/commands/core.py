@@ -12,6 +12,8 @@ from typing import Any
 import click
 
 from noetl_dagster.commands.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from noetl_dagster.commands.plain_output import console_width, is_plain, text_lines
+from noetl_dagster.commands.plain_output import table as plain_table
 from noetl_dagster.util.jsonutil import dumps
 
 
@@ -118,21 +120,25 @@ class _Progress:
         self.enabled = enabled
         self.count = 0
         self.t0 = time.perf_counter()
-        self._console = None
-        if enabled:
+        self._file: Any = None
+        if enabled and is_plain(sys.stderr):  # what rich would write there: no codes, and no rich import
+            self._file = sys.stderr
+            self._ok, self._failed, self._dim_on, self._dim_off = "ok", "failed", "", ""
+        elif enabled:
             from rich.console import Console
 
-            self._console = Console(stderr=True)
-            self._ok = _styled(self._console, "green", "ok")
-            self._failed = _styled(self._console, "red", "failed")
-            self._dim_on, self._dim_off = _styled(self._console, "dim", "\0").split("\0")
+            console = Console(stderr=True)
+            self._file = console.file
+            self._ok = _styled(console, "green", "ok")
+            self._failed = _styled(console, "red", "failed")
+            self._dim_on, self._dim_off = _styled(console, "dim", "\0").split("\0")
 
     def on_step(self, run: Any) -> None:
         self.count += 1
-        if self._console is not None:
+        if self._file is not None:
             mark = self._ok if run.ok else self._failed
             elapsed = time.perf_counter() - self.t0
-            self._console.file.write(
+            self._file.write(
                 f"  {self.count:>4}  {run.step:<32} {mark}  {self._dim_on}{elapsed:6.2f}s{self._dim_off}\n"
             )
 
@@ -278,6 +284,12 @@ def _summary_rows(result: Any) -> list[tuple[str, str, str]]:
 
 
 def _print_summary(result: Any) -> None:
+    rows = _summary_rows(result)
+    if not (is_plain(sys.stdout) and _print_plain_summary(result, rows)):
+        _print_rich_summary(result, rows)
+
+
+def _print_rich_summary(result: Any, rows: list[tuple[str, str, str]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -288,10 +300,22 @@ def _print_summary(result: Any) -> None:
     table.add_column("step")
     table.add_column("runs", justify="right")
     table.add_column("result", overflow="fold")
-    for step, n, text in _summary_rows(result):
+    for step, n, text in rows:
         table.add_row(step, n, text, style=None if text else "dim")  # a step's result is never "" (null)
     console.print(table)
     console.print(f"event log: {result.event_store_url}  (noetl-dagster events {result.execution_id})")
+
+
+def _print_plain_summary(result: Any, rows: list[tuple[str, str, str]]) -> bool:
+    """The summary as rich prints it to a non-terminal, without rich; False when only rich can say."""
+    width = console_width()
+    head = text_lines(f"{result.playbook}  execution {result.execution_id}  {result.status}", width)
+    body = plain_table(["step", "runs", "result"], rows, {1}, width)
+    tail = text_lines(f"event log: {result.event_store_url}  (noetl-dagster events {result.execution_id})", width)
+    if head is None or body is None or tail is None:
+        return False
+    sys.stdout.write("\n".join([*head, *body, *tail]) + "\n")
+    return True
 
 
 def _open_store(event_store: str | None, data_dir: str | None) -> Any:

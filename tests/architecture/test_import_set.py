@@ -110,6 +110,17 @@ def test_help_and_version_import_no_command_and_no_dsl(tmp_path, args):
     assert not [m for m in _noetl_modules(modules) if m.startswith("noetl_dagster.dsl")]
 
 
+def test_one_step_run_imports_only_what_it_needs(tmp_path):
+    pb = tmp_path / "one_step.yaml"
+    pb.write_text(ONE_STEP)
+    modules, configs, out = _modules(tmp_path, "run", str(pb))
+    assert "completed" in out, out
+    assert _loaded(modules, HEAVY) == []
+    assert not [m for m in modules if m.startswith("noetl_dagster.dsl.flow")]
+    assert not [m for m in modules if m.startswith(("noetl_dagster.translator", "noetl_dagster.sensors"))]
+    assert configs == ["NoopConfig"], configs  # the one kind it calls; the other models stay unbuilt
+
+
 def test_validate_imports_no_tool_and_no_engine(tmp_path):
     pb = tmp_path / "one_step.yaml"
     pb.write_text(ONE_STEP)

@@ -109,3 +109,100 @@ def test_run_of_a_long_chain_end_to_end(tmp_path):
         f"... {n - 2 * core.SUMMARY_EDGE} more steps",
         str(n - 2 * core.SUMMARY_EDGE),
     )
+
+
+# --- without rich (issue 35): plain_output writes what rich writes to a non-terminal -------------------------
+
+from contextlib import redirect_stdout  # noqa: E402
+from io import StringIO  # noqa: E402
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from noetl_dagster.commands import plain_output  # noqa: E402
+
+_TEXT = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=120) | st.sampled_from(
+    ["sqlite:////tmp/x/events.db", "[bold]x[/]", "a :smile: b", "{\"a\":[1,2]}", "x" * 130, "a  b   c ", " lead"]
+)
+
+
+def _rich(width: int, *texts: str) -> str:
+    from rich.console import Console
+
+    out = StringIO()
+    console = Console(file=out, width=width)
+    for t in texts:
+        console.print(t)
+    return out.getvalue()
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=_TEXT, width=st.integers(min_value=5, max_value=140))
+def test_wrapped_line_is_what_rich_prints(text, width):
+    ours = plain_output.text_lines(text, width)
+    if ours is not None:
+        assert "\n".join(ours) + "\n" == _rich(width, text)
+
+
+def test_wrap_takes_the_fast_path_for_the_usual_lines():
+    line = "event log: sqlite:////tmp/startup/home/events.db  (noetl-dagster events 01a21f9c-1946-7b86-9216-560e8ba7346c)"
+    assert plain_output.text_lines(line, 80) == [line[:72], line[72:]]
+    assert "\n".join(plain_output.text_lines(line, 80)) + "\n" == _rich(80, line)
+    assert plain_output.text_lines("[bold]x[/]", 80) is None and plain_output.text_lines(":thumbs_up:", 80) is None
+
+
+_CELL = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), min_size=1, max_size=40)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    rows=st.lists(st.tuples(_CELL, st.integers(0, 10**6).map(str), _CELL | st.just("")), min_size=1, max_size=6),
+    playbook=_CELL,
+    status=st.sampled_from(["completed", "failed"]),
+    width=st.integers(min_value=20, max_value=160),
+)
+def test_summary_is_what_rich_prints(monkeypatch, rows, playbook, status, width):
+    monkeypatch.setenv("COLUMNS", str(width))
+    for k in ("FORCE_COLOR", "TTY_COMPATIBLE"):
+        monkeypatch.delenv(k, raising=False)
+    result = SimpleNamespace(playbook=playbook, execution_id="01a21f9c-1946-7b86-9216-560e8ba7346c", status=status,
+                             event_store_url="sqlite:////tmp/x/events.db")  # fmt: skip
+    plain = StringIO()
+    with redirect_stdout(plain):
+        took = core._print_plain_summary(result, rows)
+    if took:
+        rich_out = StringIO()
+        with redirect_stdout(rich_out):
+            core._print_rich_summary(result, rows)
+        assert plain.getvalue() == rich_out.getvalue()
+    else:
+        assert plain.getvalue() == ""
+
+
+def test_plain_summary_is_taken_for_a_usual_run_and_equals_rich(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    res = _result(3)
+    plain = StringIO()
+    with redirect_stdout(plain):
+        assert core._print_plain_summary(res, core._summary_rows(res))
+    monkeypatch.setattr(core, "is_plain", lambda stream: False)
+    rich_out = StringIO()
+    with redirect_stdout(rich_out):
+        core._print_summary(res)
+    assert plain.getvalue() == rich_out.getvalue()
+
+
+def test_rich_is_used_for_a_terminal_or_forced_colour(monkeypatch):
+    class Tty(StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    monkeypatch.delenv("TTY_COMPATIBLE", raising=False)
+    assert plain_output.is_plain(StringIO()) and not plain_output.is_plain(Tty())
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    assert not plain_output.is_plain(StringIO())
+    monkeypatch.delenv("FORCE_COLOR")
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")
+    assert not plain_output.is_plain(StringIO())
