@@ -38,7 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 HELLO = REPO / "example_project" / "playbooks" / "hello_dagster.yaml"
 TARGET_S = 3.0
-STAGES = ("RUN_ENQUEUED", "RUN_STARTING", "RUN_START")  # Dagster 1.13 logs no RUN_DEQUEUED
+STAGES = ("RUN_STARTING", "RUN_START", "STEP_START")  # a run launched at once has no RUN_ENQUEUED
 
 
 def _free_port() -> int:
@@ -63,7 +63,7 @@ def _stages(instance, run) -> dict[str, float]:
     out: dict[str, float] = {}
     for rec in instance.all_logs(run.run_id):
         t = rec.dagster_event.event_type.name if rec.dagster_event else None  # the value is PIPELINE_*
-        if t in STAGES and t not in out:
+        if t in (*STAGES, "RUN_ENQUEUED") and t not in out:
             out[t] = rec.timestamp
     return out
 
@@ -71,11 +71,11 @@ def _stages(instance, run) -> dict[str, float]:
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
-def _instance_yaml(config: str, pg_url: str | None) -> str:
+def _instance_yaml(config: str, pg_url: str | None, tree: Path = REPO) -> str:
     import yaml
 
-    settings = yaml.safe_load((REPO / "example_project" / "dagster.yaml").read_text())
-    if config == "before":
+    settings = yaml.safe_load((tree / "example_project" / "dagster.yaml").read_text())
+    if config == "before" and tree == REPO:
         settings.pop("run_launcher", None)  # Dagster's DefaultRunLauncher: the code server spawns each run
     if pg_url:
         settings["storage"] = {"postgres": {"postgres_url": pg_url}}
@@ -93,21 +93,27 @@ def _pg_database(name: str, drop: bool = False) -> str:
 
 
 def measure(
-    requests: int, timeout: float, config: str = "after", postgres: bool = False, burst: int = 0
+    requests: int, timeout: float, config: str = "after", postgres: bool = False, burst: int = 0,
+    tree: Path | None = None,
 ) -> tuple[list[dict[str, float]], dict[str, float] | None]:
-    """(one row per sequential request, the burst's figures or None)"""
+    """(one row per sequential request, the burst's figures or None). ``tree``: another checkout
+    (e.g. main's commit in a temporary worktree) whose code and dagster.yaml ``dagster dev`` runs."""
     tmp = Path(tempfile.mkdtemp(prefix="bench_dagster_latency_"))
     home, noetl_home = tmp / "dagster_home", tmp / "noetl"
     home.mkdir()
     pg_name = f"bench_dagster_{os.getpid()}_{config}" if postgres else None
-    (home / "dagster.yaml").write_text(_instance_yaml(config, _pg_database(pg_name) if pg_name else None))
+    (home / "dagster.yaml").write_text(_instance_yaml(config, _pg_database(pg_name) if pg_name else None, tree or REPO))
     os.environ["DAGSTER_HOME"], os.environ["NOETL_DAGSTER_HOME"] = str(home), str(noetl_home)
-    os.environ["NOETL_DAGSTER_PLAYBOOK_CACHE"] = str(tmp / "playbook_cache") if config == "after" else "off"
+    cache = config == "after" or tree is not None
+    os.environ["NOETL_DAGSTER_PLAYBOOK_CACHE"] = str(tmp / "playbook_cache") if cache else "off"
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(tree), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
     port = _free_port()
     log = open(tmp / "dagster_dev.log", "wb")  # noqa: SIM115 - closed in finally
     proc = subprocess.Popen(
         [str(Path(sys.executable).parent / "dagster"), "dev", "-m", "example_project.definitions", "-h", "127.0.0.1", "-p", str(port)],
-        cwd=tmp, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     try:
         import dagster as dg
@@ -137,8 +143,11 @@ def measure(
             st = _stages(instance, run)
             if i == 0 or not all(s in st for s in STAGES):
                 continue  # warm-up: the daemon's first tick loads the code location
-            rows.append({"created": st["RUN_ENQUEUED"] - t0, "queued": st["RUN_STARTING"] - st["RUN_ENQUEUED"],
+            created = instance.get_run_record_by_id(run.run_id).create_timestamp.timestamp()
+            rows.append({"created": created - t0, "queued": st["RUN_STARTING"] - created,
                          "boot": st["RUN_START"] - st["RUN_STARTING"], "total": st["RUN_START"] - t0,
+                         "first_op": st["STEP_START"] - st["RUN_START"],
+                         "at_once": float("RUN_ENQUEUED" not in st),
                          "warm": float(run.tags.get("noetl/warm_launch") == "true")})  # fmt: skip
         burst_figures = _burst(instance, burst, noetl_home, timeout) if burst else None
         instance.dispose()
@@ -250,13 +259,14 @@ def _report(config: str, rows: list[dict[str, float]], b: dict[str, float] | Non
     if not rows:
         print(f"{config}: no request completed")
         return
-    warm = sum(r["warm"] for r in rows)
+    warm, at_once = sum(r["warm"] for r in rows), sum(r["at_once"] for r in rows)
     print(f"{config}: request -> run start through dagster dev ({'Postgres' if postgres else 'SQLite'} instance), "
-          f"{len(rows)} requests, {warm:.0f} warm launches (load average {os.getloadavg()[0]:.2f})")  # fmt: skip
+          f"{len(rows)} requests, {warm:.0f} warm launches, {at_once:.0f} not queued "
+          f"(load average {os.getloadavg()[0]:.2f})")  # fmt: skip
     print(f"  {'stage':<38} {'p50 s':>7} {'max s':>7}")
-    labels = {"created": "request -> run enqueued (sensor)", "queued": "enqueued -> starting (queue, launch)",
-              "boot": "starting -> started (run worker)",
-              "total": "request -> run started"}  # fmt: skip
+    labels = {"created": "request -> run created (sensor)", "queued": "created -> starting (queue or at once)",
+              "boot": "starting -> started (run worker)", "total": "request -> run started",
+              "first_op": "started -> first op starts"}  # fmt: skip
     for key, label in labels.items():
         vals = [r[key] for r in rows]
         print(f"  {label:<38} {statistics.median(vals):7.2f} {max(vals):7.2f}")
@@ -272,6 +282,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--postgres", action="store_true", help="the Dagster instance on the local Postgres")
     ap.add_argument("--no-boot-cpu", action="store_true", help="skip the CPU measurement of the boot")
     ap.add_argument("--burst", type=int, default=0, help="then N requests at once: runs per minute through Dagster")
+    ap.add_argument("--before-tree", type=Path, help="'before' is this checkout's code and dagster.yaml (e.g. a"
+                    " worktree of main's previous commit), not Dagster's default launcher")  # fmt: skip
+    ap.add_argument("--rounds", type=int, default=1, help="alternate before/after this many times, rows pooled")
     args = ap.parse_args(argv)
     print(f"load average at start {os.getloadavg()[0]:.2f}")
     if not args.no_boot_cpu:
@@ -280,7 +293,12 @@ def main(argv: list[str] | None = None) -> None:
               f"with the playbook cache {b['cold_cached']:.2f}, forked from a warm process {b['warm']:.2f} "
               f"(load average {os.getloadavg()[0]:.2f})")  # fmt: skip
     configs = ("before", "after") if args.config == "both" else (args.config,)
-    results = {c: measure(args.requests, args.timeout, c, args.postgres, args.burst) for c in configs}
+    results: dict[str, tuple[list[dict[str, float]], dict[str, float] | None]] = {c: ([], None) for c in configs}
+    for _ in range(args.rounds):  # interleaved: load changes on a shared machine hit both alike
+        for c in configs:
+            rows, b = measure(args.requests, args.timeout, c, args.postgres, args.burst,
+                              args.before_tree if c == "before" else None)  # fmt: skip
+            results[c] = (results[c][0] + rows, b or results[c][1])
     for c in configs:
         _report(c, *results[c], args.postgres)
     if len(configs) == 2 and all(results[c][0] for c in configs):

@@ -62,6 +62,7 @@ RUN_KEY_TAG = "dagster/run_key"
 MAX_WATCHED = 1000
 TAIL_BATCH = 5000
 DEFAULT_GRACE_SECONDS = 10.0
+WAIT_POLL_SECONDS = 0.05  # how often a waiting tick looks at the event store (one indexed query)
 
 
 @dataclass
@@ -318,16 +319,38 @@ def build_router_sensor(
     name: str = "noetl_router",
     minimum_interval_seconds: int = 5,
     grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    wait_seconds: float = 0.0,
 ) -> dg.SensorDefinition:
+    """``wait_seconds``: a tick with nothing to route keeps watching the event store that long
+    (``WAIT_POLL_SECONDS`` apart) and routes as soon as something is recorded, so a detached
+    request is seen in ~50 ms instead of at the next tick (up to ``minimum_interval_seconds``
+    later: Dagster ticks a sensor at most once a second). Keep it under the interval."""
     jobs = [job for c in index.playbooks for job in c.jobs]
     with warnings.catch_warnings():  # Dagster's own beta `owners` parameter, which we do not use
         warnings.simplefilter("ignore", dg.BetaWarning)
-        return _router_sensor(index, jobs, name, minimum_interval_seconds, grace_seconds)
+        return _router_sensor(index, jobs, name, minimum_interval_seconds, grace_seconds, wait_seconds)
+
+
+def wait_for_events(store: Any, after_gid: int, seconds: float, poll: float = WAIT_POLL_SECONDS) -> bool:
+    """True as soon as the store holds an event past ``after_gid``; False after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if store.tail(after_gid, 1):
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(poll, left))
+
+
+def _merge(first: Tick, then: Tick) -> Tick:
+    return Tick(first.launches + then.launches, then.cursor, first.notes + then.notes)
 
 
 def _router_sensor(
-    index: Any, jobs: list[dg.JobDefinition], name: str, minimum_interval_seconds: int, grace_seconds: float
-) -> dg.SensorDefinition:
+    index: Any, jobs: list[dg.JobDefinition], name: str, minimum_interval_seconds: int, grace_seconds: float,
+    wait_seconds: float = 0.0,
+) -> dg.SensorDefinition:  # fmt: skip
     @dg.sensor(
         name=name,
         jobs=jobs or None,
@@ -339,7 +362,19 @@ def _router_sensor(
     def _router(context: dg.SensorEvaluationContext, noetl: NoetlResource) -> dg.SensorResult | dg.SkipReason:
         svc = noetl.services()
         cursor = RouterCursor.parse(context.cursor)
-        tick = router_tick(index, svc, instance_run_lookup(context.instance), cursor, grace_seconds=grace_seconds)
+        lookup = instance_run_lookup(context.instance)
+        tick = router_tick(index, svc, lookup, cursor, grace_seconds=grace_seconds)
+        deadline = time.monotonic() + wait_seconds
+        while not tick.launches and (left := deadline - time.monotonic()) > 0:  # see a new request at once
+            if not wait_for_events(svc.event_store, tick.cursor.gid, left):
+                break
+            watched = set(tick.cursor.watch)  # the others are planned at the next tick, as before
+            tick = _merge(tick, router_tick(index, svc, lookup, tick.cursor, grace_seconds=grace_seconds, only=()))
+            new = [eid for eid in tick.cursor.watch if eid not in watched]
+            if new:
+                tick = _merge(tick, router_tick(index, svc, lookup, tick.cursor, grace_seconds=grace_seconds, only=new))
+            elif not tick.launches:
+                time.sleep(WAIT_POLL_SECONDS)  # events of running executions flow: look again in a while
         for note in tick.notes:
             context.log.warning(note)
         for launch in tick.launches:

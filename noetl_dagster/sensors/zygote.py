@@ -34,6 +34,44 @@ WARM_MODULES = (
 PROFILE_ENV = "NOETL_ZYGOTE_PROFILE"  # a directory: each forked run worker writes its CPU profile there
 
 
+def cache_dagster_migrations() -> None:
+    """Read Dagster's alembic migration scripts once per process, not once per check.
+
+    A SQLite Dagster instance keeps each run's event log in a file of its own; opening one (the
+    daemon writing a run's first event, the run worker writing RUN_START) checks and stamps its
+    schema revision, and alembic builds each check's ``ScriptDirectory`` by executing every
+    migration script again (~180 files: 0.1-0.3 s of CPU each time, twice per run on the way to
+    the run's start; issue 35). The scripts are part of the installed Dagster, which a process
+    never changes under itself, so one ``ScriptDirectory`` per script location is kept (with its
+    revision map built) for Dagster's own locations only; any other alembic user is untouched.
+    """
+    import dagster  # noqa: PLC0415
+    from alembic.script.base import ScriptDirectory  # noqa: PLC0415
+
+    if getattr(ScriptDirectory.from_config, "noetl_cached", False):
+        return
+    original = ScriptDirectory.from_config
+    root = os.path.dirname(os.path.abspath(dagster.__file__)) + os.sep
+    cache: dict[str, Any] = {}
+    lock = threading.Lock()
+
+    def from_config(config: Any) -> Any:
+        location = config.get_main_option("script_location") or ""  # "dagster:_core/storage/alembic"
+        if not (location.startswith("dagster:") or os.path.abspath(location).startswith(root)):
+            return original(config)
+        with lock:
+            script = cache.get(location)
+            if script is None:
+                script = original(config)
+                script.get_heads()  # the revision map, built once here (read-only afterwards)
+                cache[location] = script
+        return script
+
+    from_config.noetl_cached = True  # type: ignore[attr-defined]
+    from_config.noetl_original = original  # type: ignore[attr-defined]
+    ScriptDirectory.from_config = staticmethod(from_config)  # type: ignore[method-assign,assignment]
+
+
 def _reply(line: str) -> None:
     sys.stdout.write(line.replace("\n", " ") + "\n")
     sys.stdout.flush()
@@ -54,6 +92,7 @@ def load(request: str) -> Any:
     from dagster._utils.hosted_user_process import recon_repository_from_origin  # noqa: PLC0415
 
     req = json.loads(request)
+    cache_dagster_migrations()  # before the instance is opened below and in every forked run worker
     origin = deserialize_value(req["origin"], RepositoryPythonOrigin)
     load_data = deserialize_value(req["load_data"]) if req.get("load_data") else None
     recon_repo = recon_repository_from_origin(origin)

@@ -228,6 +228,7 @@ def compile_playbooks(
     on_error: str = "raise",
     sensor_name: str = "noetl_router",
     sensor_interval_seconds: int = 5,
+    sensor_wait_seconds: float = 0.0,
 ) -> NoetlCodeLocation:
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; use one of {', '.join(MODES)}")
@@ -302,7 +303,8 @@ def compile_playbooks(
     if include_sensor:
         from noetl_dagster.sensors.router import build_router_sensor  # noqa: PLC0415
 
-        sensors.append(build_router_sensor(index, name=sensor_name, minimum_interval_seconds=sensor_interval_seconds))
+        sensors.append(build_router_sensor(index, name=sensor_name, minimum_interval_seconds=sensor_interval_seconds,
+                                           wait_seconds=sensor_wait_seconds))
     checks: list[dg.AssetChecksDefinition] = []
     assets_defs = playbook_assets(compiled, _dedupe_assets(assets))
     checks += playbook_checks(compiled, {k for ad in assets_defs for k in ad.keys})

@@ -171,6 +171,11 @@ class NoetlPlaybooksComponent(dg.Component, dg.Resolvable, dg.Model):
     sensor_interval_seconds: int = Field(
         default=5, ge=1, description="router tick interval: the latency of each per-step hop and detached launch"
     )
+    sensor_wait_seconds: float = Field(
+        default=0.0, ge=0, description="a router tick with nothing to route keeps watching the event store this long"
+        " and routes a new request at once (a detached launch in ~50 ms, not at the next tick); keep it under"
+        " sensor_interval_seconds",
+    )
     on_error: Annotated[Literal["report", "skip", "raise"], _enum("report", "skip", "raise")] = Field(
         default="report",
         description="an invalid playbook: report (an asset with a failing check; the rest loads), "
@@ -199,6 +204,7 @@ class NoetlPlaybooksComponent(dg.Component, dg.Resolvable, dg.Model):
             location = compile_playbooks(
                 playbooks, translator, mode=self.mode, resource=resource, include_sensor=self.include_sensor,
                 on_error=self.on_error, sensor_interval_seconds=self.sensor_interval_seconds,
+                sensor_wait_seconds=self.sensor_wait_seconds,
             )  # fmt: skip
         except PlaybookInvalid as e:  # on_error: raise, or dg check defs: the FILE:LINE: RULE lines, not our stack
             raise InvalidPlaybooks(e, playbooks, self.on_error) from None

@@ -129,3 +129,42 @@ def test_run_monitoring_sees_a_dead_forked_worker():
         worker.kill()
     other = DagsterRun(job_name="j", run_id="r2")  # launched through the code server: its business
     assert launcher.check_run_worker_health(other).status == WorkerStatus.RUNNING
+
+
+def test_dagster_migration_scripts_are_read_once_per_process(tmp_path):
+    """Issue 35: each run's event log of a SQLite instance checks its schema revision; alembic read
+    Dagster's ~180 migration scripts for every check (twice per run on the way to RUN_START). With
+    ``cache_dagster_migrations`` (the zygote, whose forks inherit it, and the daemon's coordinator)
+    they are read once per process."""
+    from alembic.script.base import ScriptDirectory
+    from dagster._core.test_utils import create_run_for_test
+
+    from noetl_dagster.sensors.zygote import cache_dagster_migrations
+
+    reads: list[str] = []
+    saved_load, saved_from_config = ScriptDirectory._load_revisions, ScriptDirectory.__dict__["from_config"]
+
+    def counting(self):  # type: ignore[no-untyped-def]
+        reads.append(self.dir)
+        return saved_load(self)
+
+    def three_runs(home: Path) -> int:
+        reads.clear()
+        home.mkdir()
+        with dg.instance_for_test(temp_dir=str(home)) as instance:
+            for _ in range(3):  # a run's first event opens (creates, stamps, checks) its own event log file
+                instance.report_engine_event("started", create_run_for_test(instance, job_name="j"))
+        return len(reads)
+
+    if getattr(ScriptDirectory.from_config, "noetl_cached", False):  # another test of this process cached it
+        ScriptDirectory.from_config = classmethod(ScriptDirectory.from_config.noetl_original.__func__)  # type: ignore[attr-defined,method-assign,assignment]
+    ScriptDirectory._load_revisions = counting  # type: ignore[method-assign]
+    try:
+        assert three_runs(tmp_path / "a") >= 3  # Dagster as it is: per run at least once
+        cache_dagster_migrations()
+        cache_dagster_migrations()  # idempotent
+        assert three_runs(tmp_path / "b") <= 1  # once for the process (0 when it was read already)
+        assert three_runs(tmp_path / "c") == 0
+    finally:
+        ScriptDirectory._load_revisions = saved_load  # type: ignore[method-assign]
+        ScriptDirectory.from_config = saved_from_config  # type: ignore[method-assign]

@@ -151,3 +151,31 @@ def test_cursor_round_trip():
     c = RouterCursor(42, {"a": "detached"})
     assert RouterCursor.parse(c.dumps()) == c
     assert RouterCursor.parse(None) == RouterCursor()
+
+
+def test_a_waiting_tick_launches_a_request_recorded_during_it(dagster_data):
+    """Issue 35: with ``wait_seconds`` a tick that found nothing keeps watching the event store and
+    launches a request recorded meanwhile in the same evaluation (without it: a skip, and the
+    request waits for the next tick)."""
+    import threading
+
+    paths = [EXAMPLES / "hello_dagster.yaml"]
+    resource = NoetlResource(data_dir=str(dagster_data))
+    resources = {"noetl": resource}
+    recorded: list[str] = []
+    for wait, expect_launch in ((0.0, False), (30.0, True)):
+        location = compile_playbooks(paths, resource=resource, sensor_wait_seconds=wait)
+        sensor = location.definitions.resolve_sensor_def("noetl_router")
+        with dg.instance_for_test() as instance:
+            cursor = json.dumps({"gid": resource.services().event_store.tail_last(), "watch": {}})
+            ctx = dg.build_sensor_context(instance=instance, resources=resources, cursor=cursor)
+            timer = threading.Timer(0.3, lambda: recorded.append(_detach(paths[0], dagster_data)))
+            timer.start()  # 0.3 s into the evaluation (a 30 s wait ends at the first event, not at 30 s)
+            result = sensor(ctx)
+            timer.join()
+            if expect_launch:
+                (req,) = result.run_requests
+                assert req.tags["noetl/execution_id"] == recorded[-1]
+            else:
+                assert isinstance(result, dg.SkipReason) or not result.run_requests
+
