@@ -139,9 +139,12 @@ def main(argv: list[str] | None = None) -> None:
                     " P x T connections: keep it under the server's max_connections)")  # fmt: skip
     ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds per row")
     ap.add_argument("--commit-delay", type=int, default=0, help="also the old path with this commit_delay (us)")
+    ap.add_argument("--before-tree", help="the 'old path' row runs this checkout's code (e.g. a worktree of main)")
+    ap.add_argument("--rounds", type=int, default=1, help="repeat the grid, rows interleaved")
     args = ap.parse_args(argv)
     if args.throughput:
-        grid(PLAYBOOK, _ints(args.procs), _ints(args.threads), args.seconds, args.commit_delay)
+        grid(PLAYBOOK, _ints(args.procs), _ints(args.threads), args.seconds, args.commit_delay, args.before_tree,
+             args.rounds)  # fmt: skip
         return
     db = f"nd_tp_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(PG, autocommit=True) as c:
@@ -263,7 +266,11 @@ def _threads(body, threads: int, seconds: float, start, out, stats=lambda: (0, 0
     out.put((wall, lats, cpu, stats(), server() - s0))
 
 
-def _tp_engine(path: str, url: str, data_dir: str, threads: int, seconds: float, group: bool, start, out) -> None:  # type: ignore[no-untyped-def]
+def _tp_engine(path: str, url: str, data_dir: str, threads: int, seconds: float, group: bool, tree, start, out) -> None:  # type: ignore[no-untyped-def]
+    if tree:  # another checkout's code (the "before" of an A/B in one run): first on the path, before any import
+        import sys
+
+        sys.path.insert(0, tree)
     from noetl_dagster.runners.local import run_playbook
     from noetl_dagster.storage.postgres_events import PostgresEventStore
 
@@ -325,7 +332,8 @@ def _tp_run(target, args_for, procs: int) -> dict:  # type: ignore[no-untyped-de
             "srv_ms": sum(r[4] for r in results) / len(lat) * 1000}  # fmt: skip
 
 
-def grid(playbook: dict, procs: list[int], threads: list[int], seconds: float, commit_delay: int = 0) -> None:
+def grid(playbook: dict, procs: list[int], threads: list[int], seconds: float, commit_delay: int = 0,
+         before_tree: str | None = None, rounds: int = 1) -> None:  # fmt: skip
     db = f"nd_tpg_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(PG, autocommit=True) as c:
         c.execute(f"CREATE DATABASE {db}")
@@ -344,21 +352,21 @@ def grid(playbook: dict, procs: list[int], threads: list[int], seconds: float, c
             print(f"{'P x T':8} {'path':10} {'exec/min':>9} {'p50 ms':>8} {'p99 ms':>8} {'cpu ms/ex':>9} {'srv ms':>6} {'fl/st':>6} "
                   f"{'vs base':>7} {'vs old':>7}  load 1/5/15 min (before -> after)")  # fmt: skip
             opt = f"&options=-c%20commit_delay%3D{commit_delay}"
-            for p in procs:
-                for t in threads:
-                    base = _tp_run(_tp_baseline, lambda i, t=t: (_url(db), flushes, t, seconds), p)
-                    old = _tp_run(_tp_engine, lambda i, t=t: (str(path), _url(db) + "?schema=oldpath", f"{tmp}/o{i}",
-                                                              t, seconds, False), p)  # fmt: skip
-                    new = _tp_run(_tp_engine, lambda i, t=t: (str(path), _url(db) + "?schema=newpath", f"{tmp}/n{i}",
-                                                              t, seconds, True), p)  # fmt: skip
-                    rows = [("baseline", base), ("old path", old), ("new path", new)]
-                    if commit_delay and t == threads[-1]:  # the server's own group commit, this session only
-                        rows.append(("old+delay", _tp_run(_tp_engine, lambda i, t=t: (
-                            str(path), _url(db) + "?schema=olddelay" + opt, f"{tmp}/od{i}", t, seconds, False), p)))
-                    for label, r in rows:
-                        print(f"{p} x {t:<4} {label:10} {r['per_min']:9.0f} {r['p50'] * 1000:8.1f} {r['p99'] * 1000:8.1f} "
-                              f"{r['cpu_ms']:9.2f} {r['srv_ms']:6.2f} {r['per_stmt']:6.1f} {r['per_min'] / base['per_min']:7.2f} "
-                              f"{r['per_min'] / old['per_min']:7.2f}  {r['load']}", flush=True)  # fmt: skip
+            for p, t in [(p, t) for _ in range(rounds) for p in procs for t in threads]:  # rounds: interleaved repeats
+                base = _tp_run(_tp_baseline, lambda i, t=t: (_url(db), flushes, t, seconds), p)
+                # old: group commit off; with --before-tree: that checkout's code as it is (group commit on)
+                old = _tp_run(_tp_engine, lambda i, t=t: (str(path), _url(db) + "?schema=oldpath", f"{tmp}/o{i}",
+                                                          t, seconds, before_tree is not None, before_tree), p)  # fmt: skip
+                new = _tp_run(_tp_engine, lambda i, t=t: (str(path), _url(db) + "?schema=newpath", f"{tmp}/n{i}",
+                                                          t, seconds, True, None), p)  # fmt: skip
+                rows = [("baseline", base), ("before" if before_tree else "old path", old), ("new path", new)]
+                if commit_delay and t == threads[-1]:  # the server's own group commit, this session only
+                    rows.append(("old+delay", _tp_run(_tp_engine, lambda i, t=t: (
+                        str(path), _url(db) + "?schema=olddelay" + opt, f"{tmp}/od{i}", t, seconds, False, None), p)))
+                for label, r in rows:
+                    print(f"{p} x {t:<4} {label:10} {r['per_min']:9.0f} {r['p50'] * 1000:8.1f} {r['p99'] * 1000:8.1f} "
+                          f"{r['cpu_ms']:9.2f} {r['srv_ms']:6.2f} {r['per_stmt']:6.1f} {r['per_min'] / base['per_min']:7.2f} "
+                          f"{r['per_min'] / old['per_min']:7.2f}  {r['load']}", flush=True)  # fmt: skip
     finally:
         with psycopg.connect(PG, autocommit=True) as c:
             c.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")

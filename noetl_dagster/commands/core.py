@@ -193,7 +193,9 @@ def run(
             click.echo(str(i), err=True)
         sys.exit(EXIT_BAD_INPUT)
     if max_step_runs is not None:
-        pb.executor.spec["max_step_runs"] = max_step_runs
+        # a copy: load_playbook's parsed playbooks are shared within the process
+        executor = pb.executor.model_copy(update={"spec": {**pb.executor.spec, "max_step_runs": max_step_runs}})
+        pb = pb.model_copy(update={"executor": executor})
     progress = _Progress(enabled=not as_json and not quiet)
     from noetl_dagster.engine.events import uuid7
 

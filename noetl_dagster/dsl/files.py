@@ -8,6 +8,8 @@ Every file a command is given is read by :func:`read_bounded` (re-exported here 
 from __future__ import annotations
 
 import os
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +29,51 @@ from noetl_dagster.util.graphs import strongly_connected
 __all__ = ["InputFileError", "read_bounded", "read_bounded_text"]  # the one bounded reader, for every caller
 
 
+# Parsed playbooks of this process, by file identity (issue 35): a worker running the same file for
+# every request parsed and validated it each time (~1/3 of a 5-step execution's client CPU). The key
+# changes when the file does (path, inode, size, mtime and ctime in ns), when a kind is registered
+# or $NOETL_MAX_STEPS changes; only valid playbooks are kept. Callers treat a Playbook as read-only
+# (the Dagster code location shares one per file across its runs the same way).
+_PARSED: OrderedDict[tuple[Any, ...], Playbook] = OrderedDict()
+_PARSED_MAX = 256
+_parsed_lock = threading.Lock()
+parse_count = [0]  # YAML playbooks parsed by load_playbook (tests count it)
+
+
+def _file_key(p: Path) -> tuple[Any, ...] | None:
+    from noetl_dagster.dsl.kinds import registry_generation  # noqa: PLC0415 - dsl imports stay lazy (start-up)
+
+    try:
+        st = p.stat()
+        return (str(p.resolve()), st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns,
+                registry_generation(), max_steps())  # fmt: skip
+    except OSError:
+        return None
+
+
 def load_playbook(path: str | Path) -> Playbook:
     """Load and validate a playbook file; raises PlaybookInvalid (incl. YAML syntax errors)."""
     p = Path(path)
     if p.suffix == ".flow":
         return _load_flow(p)
+    key = _file_key(p)
+    if key is not None:
+        with _parsed_lock:
+            pb = _PARSED.get(key)
+            if pb is not None:
+                _PARSED.move_to_end(key)
+                return pb
+    pb = _load_yaml_playbook(p)
+    if key is not None and key == _file_key(p):  # unchanged while it was read
+        with _parsed_lock:
+            _PARSED[key] = pb
+            while len(_PARSED) > _PARSED_MAX:
+                _PARSED.popitem(last=False)
+    return pb
+
+
+def _load_yaml_playbook(p: Path) -> Playbook:
+    parse_count[0] += 1
     try:
         raw, sm = load_yaml_file(p, what="playbook")
     except YamlFileError as e:

@@ -94,6 +94,7 @@ class ToolKind:
 _lock = threading.RLock()
 _REGISTRY: dict[str, ToolKind] = {}
 _BROKEN: dict[str, ToolKind] = {}
+_GENERATION = [0]  # bumped when register_tool replaces a kind: playbooks cached by files.load_playbook are stale
 _ENTRY_POINTS: dict[str, EntryPoint] | None = None
 _MISSING: dict[str, str | None] = {}  # kind -> install hint of its missing extra (None: installed)
 
@@ -211,6 +212,8 @@ def register_tool(
             ep = _entry_points().get(name)
             source, dist = (ep.value, _dist_name(ep)) if ep is not None else ("register_tool", "")
         with _lock:
+            if name in _REGISTRY:  # a kind replaced: playbooks parsed against the old one are stale
+                _GENERATION[0] += 1
             _REGISTRY[name] = ToolKind(
                 name,
                 f,
@@ -328,6 +331,12 @@ def missing_extra(name: str) -> str | None:
 def is_known(name: str) -> bool:
     """Whether ``name`` can be used; the entry points are scanned only for a name not built in."""
     return name in _REGISTRY or name in BUILTIN_KINDS or name in _entry_points()
+
+
+def registry_generation() -> int:
+    """How many times a kind was replaced in this process (part of the parsed-playbook cache key; a new
+    kind needs no bump: a playbook naming it was invalid before, and invalid ones are not kept)."""
+    return _GENERATION[0]
 
 
 def known_kinds() -> set[str]:
