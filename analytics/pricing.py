@@ -47,19 +47,24 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
+from noetl_dagster.engine.usage_lines import (  # noqa: F401 - moved to the engine (the execution summary), names kept here
+    _REF_EVENTS,
+    _TERMINAL,
+    UNITS,
+    UsageLine,
+    _dict,
+    _maxed,
+    _number,
+    _ref,
+    _storage,
+    _text,
+    created_refs,
+    requests_of,
+    usage_lines,
+)
+
 DEFAULT_PRICES = Path(__file__).parent / "prices.yaml"
 
-# category -> unit of its quantity; the price is per unit
-UNITS = {
-    "compute": "core_hour",
-    "ram": "gb_hour",
-    "gpu": "gpu_hour",
-    "egress": "gb",
-    "storage": "gb_month",
-    "call": "call",
-    "quantum": "item",  # the item is the unit: shot | qpu_second
-    "platform": "core_hour",
-}
 QUANTUM_ITEMS = ("shot", "qpu_second")
 # categories whose item is a worker class (resolved from worker_class_by_kind when the event names none)
 CLASS_CATEGORIES = ("compute", "ram", "gpu")
@@ -300,153 +305,6 @@ def _distribution(raw: Any, source: str) -> dict[str, Any]:
         raise PriceConfigError(f"{source}: distribution.shared_tenants must be a list of tenant ids")
     out["shared_tenants"] = sorted(tenants)
     return out
-
-
-# -- usage lines: what one event used, in the price table's units ----------------------------------
-def _number(value: Any) -> float | None:
-    """A value as the facts writer stores a Float64 (analytics/facts.py ``_as_number``)."""
-    if value is None or isinstance(value, bool):
-        return None if value is None else float(value)
-    try:
-        n = float(value)
-    except (TypeError, ValueError):
-        return None
-    return n if n == n else None
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if type(value) is dict else {}
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else ""
-
-
-@dataclass(frozen=True)
-class UsageLine:
-    """One priced quantity of one event. ``quantity`` = max(``used``, ``requested``) (a step that
-    declares Kubernetes requests pays for what it reserved when it used less); ``key`` names a
-    stored object (billed once, to its first creator); ``kind`` resolves an empty worker class."""
-
-    category: str
-    item: str
-    quantity: float
-    used: float = 0.0
-    requested: float = 0.0
-    key: str = ""
-    kind: str = ""
-
-    @property
-    def unit(self) -> str:
-        return self.item if self.category == "quantum" else UNITS[self.category]
-
-
-_REF_EVENTS = ("step.done", "loop.iteration.done", "loop.done")
-_TERMINAL = ("workflow.finished", "playbook.processed")
-
-
-def _ref(value: Any) -> dict[str, Any] | None:
-    if type(value) is dict and len(value) == 1 and type(value.get("$ref")) is dict:
-        return value["$ref"]
-    return None
-
-
-def _storage(ref: dict[str, Any]) -> UsageLine | None:
-    gb = (_number(ref.get("size")) or 0.0) / 1e9
-    uri = ref.get("uri")
-    if gb <= 0 or not isinstance(uri, str):
-        return None
-    return UsageLine("storage", _text(ref.get("store")) or "default", gb, gb, 0.0, uri)
-
-
-def created_refs(name: str, data: Any) -> list[dict[str, Any]]:
-    """References an event created (the facts writer's ``resource_fact`` ``created`` rows)."""
-    d = _dict(data)
-    out: list[dict[str, Any]] = []
-    if name == "task.done":
-        result = _dict(_dict(d.get("outcome")).get("result"))
-        ref = _ref(result)
-        if ref is not None:
-            out.append(ref)
-        elif str(result.get("uri") or "").startswith("noetl://") and "checksum" in result:
-            out.append(result)
-    elif name in _REF_EVENTS:
-        ref = _ref(d.get("result"))
-        if ref is not None:
-            out.append(ref)
-        elif name == "loop.done" and type(d.get("result")) is dict and type(d["result"].get("results")) is list:
-            out.extend(r for r in map(_ref, d["result"]["results"]) if r is not None)
-    return out
-
-
-def requests_of(meta: dict[str, Any]) -> tuple[float, float, float]:
-    """(cores, memory bytes, GPUs) a step declared as Kubernetes requests (``meta.requests``)."""
-    req = _dict(meta.get("requests"))
-    return (_number(req.get("cpu")) or 0.0, _number(req.get("memory_bytes")) or 0.0, _number(req.get("gpu")) or 0.0)
-
-
-def usage_lines(name: str, data: Any) -> list[UsageLine]:
-    """The priced usage of one event (``name``, ``data``): a task attempt's CPU, RAM, GPU, egress, call
-    and quantum lines, the references an event created (storage), and the engine's own CPU recorded on
-    the execution's terminal event (``platform``). The facts writer stores these lines
-    (``usage_fact``); Dagster's cost metadata prices the same lines."""
-    d = _dict(data)
-    lines: list[UsageLine] = []
-    if name == "task.done":
-        outcome = _dict(d.get("outcome"))
-        meta = _dict(outcome.get("meta"))
-        usage = _dict(meta.get("usage"))
-        kind = _text(d.get("kind"))
-        wclass = _text(meta.get("worker_class")) or _text(d.get("worker_class"))
-        hours = (_number(meta.get("duration_ms")) or 0.0) / 3.6e6
-        req_cpu, req_mem, req_gpu = requests_of(meta)
-        cpu_ms = _number(meta.get("cpu_ms"))
-        if cpu_ms is None and "cpu_s" in usage:
-            cpu_ms = ((_number(usage.get("cpu_s")) or 0.0) + (_number(usage.get("child_cpu_s")) or 0.0)) * 1000
-        if cpu_ms is None:  # recorded before usage was measured: runtime x units
-            units = _number(meta.get("units"))
-            cpu_ms = hours * 3.6e6 * (1.0 if units is None else units)
-        _maxed(lines, "compute", wclass, cpu_ms / 3.6e6, req_cpu * hours, kind)
-        mem = _number(usage.get("mem_delta_bytes")) or 0.0
-        _maxed(lines, "ram", wclass, max(mem, 0.0) * hours / 1e9, req_mem * hours / 1e9, kind)
-        gpu_s = _number(usage.get("gpu_s"))
-        gpus = _number(usage.get("gpus")) or _number(meta.get("gpus")) or 0.0
-        gpu_h = gpu_s / 3600 if gpu_s is not None else gpus * hours
-        gclass = _text(usage.get("gpu_class")) or _text(meta.get("gpu_class")) or wclass
-        _maxed(lines, "gpu", gclass, gpu_h, req_gpu * hours, kind)
-        egress = meta.get("egress_bytes")
-        if egress is None:
-            egress = usage.get("egress_bytes")
-        if egress is None:
-            egress = _dict(outcome.get("http")).get("request_bytes")
-        gb = (_number(egress) or 0.0) / 1e9
-        if gb > 0:
-            lines.append(UsageLine("egress", _text(meta.get("region")) or "default", gb, gb))
-        lines.append(UsageLine("call", kind or "default", 1.0, 1.0))
-        for item, key in (("shot", "shots"), ("qpu_second", "qpu_s")):
-            q = _number(usage.get(key)) or 0.0
-            if q > 0:
-                lines.append(UsageLine("quantum", item, q, q))
-    elif name in _TERMINAL:
-        # the engine's CPU no attempt used: workflow.finished `platform: {cpu_s, ...}` (engine/usage.py
-        # Window); a terminal event's `usage.platform_cpu_s` is read too
-        plat = _dict(d.get("platform"))
-        cpu_s = _number(plat.get("cpu_s"))
-        if cpu_s is None:
-            cpu_s = _number(_dict(d.get("usage")).get("platform_cpu_s"))
-        if cpu_s and cpu_s > 0:
-            lines.append(UsageLine("platform", "default", cpu_s / 3600, cpu_s / 3600))
-    for ref in created_refs(name, d):
-        line = _storage(ref)
-        if line is not None:
-            lines.append(line)
-    return lines
-
-
-def _maxed(lines: list[UsageLine], category: str, item: str, used: float, requested: float, kind: str) -> None:
-    q = max(used, requested)
-    if q > 0:
-        lines.append(UsageLine(category, item, q, used, requested, "", kind))
 
 
 def utc_day(timestamp: Any) -> date:

@@ -50,7 +50,8 @@ dashboard.add_command(render_command, "render")
 @click.option("--event-store", help="Event store of the execution pages /executions/<id> and /diff "
                                     "(default: $NOETL_EVENT_STORE_URL, else <data dir>/events.db).")
 @click.option("--warm", type=click.IntRange(0, 10_000), default=20, show_default=True,
-              help="Fold this many recent finished executions into the explain cache in the background.")
+              help="Write the execution summaries of this many recent executions recorded without one "
+                   "(before summaries), in the background.")
 def serve(clickhouse: str | None, data_dir: str | None, database: str | None, host: str, port: int,
           prices: str | None, no_refresh: bool, registry_url: str | None, admin_tenants: tuple[str, ...],
           secure_cookie: bool, event_store: str | None, warm: int) -> None:  # fmt: skip
@@ -79,10 +80,8 @@ def serve(clickhouse: str | None, data_dir: str | None, database: str | None, ho
         _fail_input(f"cannot listen on {host}:{port}: {e.strerror or e}")
     import threading  # noqa: PLC0415
 
-    # executions appended from now on are folded as their events arrive; recent ones are folded
-    # into the explain cache: either way their pages open without reading the log
-    views.cursor = views.store.tail_last()
-    threading.Thread(target=views.follow, args=(threading.Event(),), daemon=True, name="explain-follow").start()
+    # the store keeps each execution's summary as it appends; recent executions recorded before
+    # summaries get theirs now, in the background, so their pages open without reading the log
     if warm:
         threading.Thread(target=views.warm, args=(warm,), daemon=True, name="explain-warm").start()
     admins = f"; admin tenants: {', '.join(sorted(auth.admin_tenants))}" if auth.admin_tenants else ""
@@ -96,12 +95,11 @@ def serve(clickhouse: str | None, data_dir: str | None, database: str | None, ho
 
 
 def _execution_views(event_store: str | None, data_dir: str | None, prices: str | None) -> Any:
-    from analytics.execution_view import ExecutionViews, default_cache  # noqa: PLC0415
+    from analytics.execution_view import ExecutionViews  # noqa: PLC0415
     from noetl_dagster.storage.event_stores import open_event_store  # noqa: PLC0415
 
     try:
-        return ExecutionViews(open_event_store(event_store, data_dir=data_dir), prices=prices, data_dir=data_dir,
-                              cache=default_cache(data_dir))  # fmt: skip
+        return ExecutionViews(open_event_store(event_store, data_dir=data_dir), prices=prices, data_dir=data_dir)
     except ValueError as e:
         _fail_input(str(e))
 

@@ -27,12 +27,11 @@ def _fail(message: str) -> None:
 
 
 def _views(event_store: str | None, data_dir: str | None, prices: str | None) -> Any:
-    from analytics.execution_view import ExecutionViews, default_cache  # noqa: PLC0415
+    from analytics.execution_view import ExecutionViews  # noqa: PLC0415
     from noetl_dagster.storage.event_stores import open_event_store  # noqa: PLC0415
 
     try:
-        return ExecutionViews(open_event_store(event_store, data_dir=data_dir), prices=prices, data_dir=data_dir,
-                              cache=default_cache(data_dir))  # fmt: skip
+        return ExecutionViews(open_event_store(event_store, data_dir=data_dir), prices=prices, data_dir=data_dir)
     except ValueError as e:
         _fail(str(e))
 

@@ -3,33 +3,44 @@
 :func:`explain` folds an execution's log in one pass into what ``noetl-dagster explain``
 prints and the dashboard's execution page draws: every step run (its tokens, input, task
 attempts and retries, result reference or error, fired arcs, measured usage and cost), loops
-aggregated (counts, and iterations in at most ``BUCKETS`` buckets plus the first
-``DETAIL`` in detail: a 200,000-item loop stays a few hundred rows; :func:`iterations`
-pages through the rest), sub-playbook executions, and the tokens that passed each arc.
+aggregated (counts, duration percentiles, iterations in at most ``BUCKETS`` buckets plus the
+first ``DETAIL`` in detail: a 200,000-item loop stays a few hundred rows;
+:meth:`Explanation.iterations` pages through the rest), sub-playbook executions, and the tokens that passed each arc.
 
-Nothing here imports Dagster or the analytics package: a cost comes from an optional
-``price(event) -> float`` the caller passes in (the events with a step run count to it, the
-others - the execution's platform line - to ``platform_cost``).
+The fold's state is small whatever the log's size (loops compact, see :class:`_Loop`): the
+event stores keep it beside the log as the execution's summary, updated in the transaction of
+each append (``engine/explain_summary.py``), so the page and ``explain`` read the summary and
+the events after it rather than the whole log, and a page of iterations reads its stretch.
+
+Nothing here imports Dagster or the analytics package: each step run keeps a ledger of its
+usage lines (``engine/usage_lines.py``, by category, item, kind and day) and a cost comes from
+an optional ``price(ledger) -> float`` the caller passes to :meth:`Explainer.result` (the
+execution's own lines - its platform line - count to ``platform_cost``).
 """
 
 from __future__ import annotations
 
 import hashlib
-from array import array
+import math
+from bisect import bisect_right
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
 from noetl_dagster.engine.events import Event
+from noetl_dagster.engine.usage_lines import _REF_EVENTS, _TERMINAL, usage_lines
 from noetl_dagster.util.jsonutil import dumps
 
 DETAIL = 50  # loop iterations kept one by one (the first ones, and failed ones up to this many)
 BUCKETS = 60  # the rest of a loop's iterations, by index range
+SEQIX_CHUNKS = 512  # where in the log a loop's iterations lie: at most this many ranges (paging reads one)
+SEQIX_MIN = 256  # iterations per range at least
 PREVIEW = 400  # characters of a value's JSON shown inline
 USAGE_SUM = ("cpu_s", "child_cpu_s", "wall_s", "bytes_read", "bytes_written", "net_in_bytes", "net_out_bytes",
              "egress_bytes", "rows")  # fmt: skip
 
-Price = Callable[[Event], float]
+LedgerPrice = Callable[[dict[str, float]], float]  # a run's ledger -> its cost (analytics prices it)
+_PRICED = frozenset({"task.done", *_TERMINAL, *_REF_EVENTS})  # the events with usage lines
 
 
 class UnknownExecution(KeyError):
@@ -80,61 +91,71 @@ def _add_usage(total: dict[str, float], usage: Any) -> None:
 
 
 class _Loop:
-    """One loop's iterations: counters, buckets, the first ``DETAIL`` in detail, and every
-    iteration's times and outcome in flat arrays (~20 bytes each) for paging."""
+    """One loop's iterations, compact (a few KB whatever the loop's size): counters, buckets by
+    index, a duration histogram (min, max, percentiles), the first ``DETAIL`` iterations and up to
+    ``DETAIL`` failed ones in detail (with the sequence of the event that ended them), and where in
+    the log each range of ``gran`` iterations lies (``seqix``: chunk -> [first, last] sequence), so a
+    page of iterations reads only its stretch of the log (:func:`explain_summary.page_iterations`)."""
 
     __slots__ = ("loop_id", "total", "mode", "ok", "failed", "retries", "attempts", "detail", "buckets", "open",
-                 "size", "start", "end", "failed_detail", "t_start", "t_end", "state", "retry", "errors")  # fmt: skip
+                 "size", "start", "end", "failed_detail", "hist", "dmin", "dmax", "seqix", "gran")  # fmt: skip
 
     def __init__(self, loop_id: str, total: int, mode: str | None, start: float):
         self.loop_id, self.total, self.mode, self.start, self.end = loop_id, total, mode, start, start
         self.ok = self.failed = self.retries = self.attempts = self.failed_detail = 0
         self.detail: list[dict[str, Any]] = []
         self.buckets: dict[int, list[float]] = {}  # index -> [start, end, ok, failed, retries, busy_ms]
-        self.open: dict[int, list[Any]] = {}  # iteration -> [start, attempts] while it runs
+        self.open: dict[int, list[Any]] = {}  # iteration -> [start, attempts, storage uris billed] while it runs
         self.size = max(1, -(-total // BUCKETS)) if total else 1000  # a cursor loop's total is unknown
-        self.t_start, self.t_end, self.retry = array("d"), array("d"), array("I")
-        self.state = bytearray()  # 0 not finished, 1 ok, 2 failed
-        self.errors: dict[int, dict[str, Any] | None] = {}  # the first failed iterations' errors
+        self.hist: dict[int, int] = {}  # duration bin (see _bin) -> iterations
+        self.dmin = self.dmax = -1.0
+        self.gran = max(SEQIX_MIN, -(-total // SEQIX_CHUNKS)) if total else 4 * SEQIX_MIN
+        self.seqix: dict[int, list[int]] = {}
 
-    def done(self, i: int, t: float, ok: bool, err: dict[str, Any] | None) -> None:
-        start, attempts = self.open.pop(i, (t, 1))
+    def seen(self, i: int, seq: int | None) -> None:
+        if seq is None or i < 0:
+            return
+        r = self.seqix.get(i // self.gran)
+        if r is None:
+            self.seqix[i // self.gran] = [seq, seq]
+        elif seq < r[0]:
+            r[0] = seq
+        elif seq > r[1]:
+            r[1] = seq
+
+    def done(self, i: int, t: float, ok: bool, err: dict[str, Any] | None, seq: int | None = None) -> None:
+        start, attempts = self.open.pop(i, (t, 1))[:2]
         retries = max(0, attempts - 1)
         self.end = max(self.end, t)
         if ok:
             self.ok += 1
         else:
             self.failed += 1
-            if len(self.errors) < 1000:
-                self.errors[i] = err
         self.retries += retries
-        if i >= 0:
-            if i >= len(self.state):
-                grow = i + 1 - len(self.state)
-                self.t_start.extend([0.0] * grow)
-                self.t_end.extend([0.0] * grow)
-                self.retry.extend([0] * grow)
-                self.state.extend(bytes(grow))
-            self.t_start[i], self.t_end[i], self.state[i], self.retry[i] = start, t, 1 if ok else 2, retries
+        d = t - start
+        self.dmin = d if self.dmin < 0 or d < self.dmin else self.dmin
+        self.dmax = max(self.dmax, d)
+        k = _bin(d)
+        self.hist[k] = self.hist.get(k, 0) + 1
         b = self.buckets.get(i // self.size)
         if b is None:
             b = self.buckets[i // self.size] = [start, t, 0, 0, 0, 0.0]
         b[0], b[1] = min(b[0], start), max(b[1], t)
         b[2 if ok else 3] += 1
         b[4] += retries
-        b[5] += t - start
+        b[5] += d
         if i < DETAIL or (not ok and self.failed_detail < DETAIL):
             self.failed_detail += not ok
-            self.detail.append(_iteration(i, start, t, ok, retries, err))
+            row = _iteration(i, start, t, ok, retries, err)
+            row["sequence"] = seq
+            self.detail.append(row)
 
-    def page(self, offset: int, limit: int, t0: float) -> list[dict[str, Any]]:
-        rows = []
-        for i in range(offset, min(offset + limit, len(self.state))):
-            if self.state[i]:
-                ok = self.state[i] == 1
-                rows.append(_relative(_iteration(i, self.t_start[i], self.t_end[i], ok, self.retry[i],
-                                                 None if ok else self.errors.get(i)), t0))  # fmt: skip
-        return rows
+    def durations(self) -> dict[str, Any]:
+        n = self.ok + self.failed
+        out: dict[str, Any] = {"min_ms": round(self.dmin, 3) if n else None, "max_ms": round(self.dmax, 3) if n else None}
+        for q in (50, 90, 99):
+            out[f"p{q}_ms"] = _percentile(self.hist, n, q / 100, self.dmin, self.dmax) if n else None
+        return out
 
     def out(self, t0: float) -> dict[str, Any]:
         buckets = []
@@ -148,8 +169,25 @@ class _Loop:
             "loop_id": self.loop_id, "total": self.total, "mode": self.mode, "ok": self.ok, "failed": self.failed,
             "retries": self.retries, "attempts": self.attempts, "running": len(self.open),
             "iterations": [_relative(d, t0) for d in sorted(self.detail, key=lambda d: d["index"])],
-            "buckets": buckets, "bucket_size": self.size,
+            "buckets": buckets, "bucket_size": self.size, "durations": self.durations(),
         }  # fmt: skip
+
+
+def _bin(d: float) -> int:
+    """A duration's histogram bin: 0 below 0.01 ms, then four bins per doubling (each ~19% wide)."""
+    return 0 if d < 0.01 else int(4 * math.log2(d / 0.01)) + 1
+
+
+def _percentile(hist: dict[int, int], n: int, q: float, lo: float, hi: float) -> float:
+    """The q-quantile of the durations, to a bin's width: the upper edge of the bin holding it,
+    within the measured minimum and maximum."""
+    want, acc = q * n, 0
+    for k in sorted(hist):
+        acc += hist[k]
+        if acc >= want:
+            edge = 0.01 if k == 0 else 0.01 * 2 ** (k / 4)
+            return round(min(max(edge, lo), hi), 3)
+    return round(hi, 3)
 
 
 def _iteration(i: int, start: float, end: float, ok: bool, retries: int, err: dict[str, Any] | None) -> dict[str, Any]:
@@ -165,14 +203,16 @@ def _relative(row: dict[str, Any], t0: float) -> dict[str, Any]:
 
 
 class _Run:
-    """One activation of a step."""
+    """One activation of a step; ``ord``: its place in the execution (1, 2, ...), the key of its
+    summary row. ``ledger``: its priced quantities (usage lines summed by category, item, kind and
+    day: a price table prices them when the page is built); ``seen``: storage references billed."""
 
-    def __init__(self, ev: Event, t: float, line: int | None):
+    def __init__(self, ev: Event, t: float, ord_: int):
         d = ev.data if isinstance(ev.data, dict) else {}
-        self.step, self.step_run_id, self.seq, self.line = ev.step or "", ev.step_run_id, ev.sequence, line
+        self.ord, self.step, self.step_run_id, self.seq = ord_, ev.step or "", ev.step_run_id, ev.sequence
         self.scheduled = self.start = self.end = t
         self.status = "running"
-        self.args = d.get("args")
+        self.args = brief(d.get("args"))
         self.tokens = len(d.get("token_ids") or ()) or 1
         self.attempts: list[dict[str, Any]] = []
         self.open: dict[str, float] = {}  # task_run_id -> start
@@ -181,81 +221,54 @@ class _Run:
         self.error: dict[str, Any] | None = None
         self.fired: list[dict[str, Any]] = []
         self.usage: dict[str, float] = {}
-        self.cost = 0.0
+        self.ledger: dict[str, float] = {}
+        self.seen: list[str] = []
         self.subs: list[str] = []
         self.reason: str | None = None
 
-    def out(self, t0: float) -> dict[str, Any]:
+    def out(self, t0: float, price: LedgerPrice | None) -> dict[str, Any]:
         retries = sum(1 for a in self.attempts if a["attempt"] > 1) + (self.loop.retries if self.loop else 0)
         return {
-            "step": self.step, "step_run_id": self.step_run_id, "sequence": self.seq, "line": self.line,
+            "step": self.step, "step_run_id": self.step_run_id, "sequence": self.seq, "line": None,
             "status": self.status, "start_ms": round(self.start - t0, 3), "end_ms": round(self.end - t0, 3),
-            "duration_ms": round(self.end - self.start, 3), "tokens": self.tokens, "args": brief(self.args),
+            "duration_ms": round(self.end - self.start, 3), "tokens": self.tokens, "args": self.args,
             "attempts": [_relative(a, t0) for a in self.attempts],
             "retries": retries, "loop": self.loop.out(t0) if self.loop else None, "result": self.result,
-            "error": self.error, "fired": self.fired, "usage": self.usage, "cost": round(self.cost, 9),
+            "error": self.error, "fired": self.fired, "usage": self.usage,
+            "cost": round(price(self.ledger), 9) if price is not None and self.ledger else 0.0,
             "sub_executions": self.subs, "reason": self.reason,
         }  # fmt: skip
 
 
 class Explanation:
-    """``data``: the summary (JSON-ready); :meth:`iterations` pages through a loop's iterations."""
+    """``data``: the summary (JSON-ready); :meth:`iterations` pages through a loop's iterations,
+    reading only the stretch of the log that holds them (``read_range(after, until)``)."""
 
-    def __init__(self, data: dict[str, Any], loops: dict[str, _Loop], t0: float):
-        self.data, self._loops, self._t0 = data, loops, t0
+    def __init__(self, data: dict[str, Any], loops: dict[str, _Loop], t0: float,
+                 read_range: Callable[[int, int], list[Event]]):  # fmt: skip
+        self.data, self._loops, self._t0, self._read_range = data, loops, t0, read_range
 
     def iterations(self, step_run_id: str, offset: int = 0, limit: int = 100) -> dict[str, Any]:
         """Iterations ``[offset, offset + limit)`` of the loop of one step run (limit at most 1000)."""
+        from noetl_dagster.engine.explain_summary import page_iterations  # noqa: PLC0415
+
         loop = self._loops.get(step_run_id)
         if loop is None:
             raise UnknownExecution(f"no loop in step run {step_run_id!r}")
         offset, limit = max(0, int(offset)), max(1, min(int(limit), 1000))
+        rows = page_iterations(self._read_range, loop, step_run_id, offset, limit, self._t0)
         return {"step_run_id": step_run_id, "offset": offset, "limit": limit, "total": loop.total,
-                "finished": loop.ok + loop.failed, "iterations": loop.page(offset, limit, self._t0)}  # fmt: skip
-
-    def dump(self) -> bytes:
-        """The explanation as bytes (a JSON head, then each loop's arrays), for a cache to keep."""
-        head: dict[str, Any] = {"data": self.data, "t0": self._t0, "loops": {}}
-        parts: list[bytes] = []
-        for rid, lp in self._loops.items():
-            arrays = [lp.t_start.tobytes(), lp.t_end.tobytes(), lp.retry.tobytes(), bytes(lp.state)]
-            head["loops"][rid] = {"total": lp.total, "ok": lp.ok, "failed": lp.failed, "n": len(lp.state),
-                                  "errors": [[k, v] for k, v in lp.errors.items()]}  # fmt: skip
-            parts += arrays
-        raw = dumps(head).encode()
-        return len(raw).to_bytes(8, "little") + raw + b"".join(parts)
-
-    @classmethod
-    def load(cls, blob: bytes) -> Explanation:
-        """The inverse of :meth:`dump`; ValueError for bytes it did not write."""
-        from noetl_dagster.util.jsonutil import loads  # noqa: PLC0415
-
-        size = int.from_bytes(blob[:8], "little")
-        head = loads(blob[8 : 8 + size])
-        pos, loops = 8 + size, {}
-        for rid, m in head["loops"].items():
-            lp = _Loop(rid, int(m["total"]), None, 0.0)
-            lp.ok, lp.failed, n = int(m["ok"]), int(m["failed"]), int(m["n"])
-            for arr in (lp.t_start, lp.t_end, lp.retry):
-                end = pos + n * arr.itemsize
-                arr.frombytes(blob[pos:end])
-                pos = end
-            lp.state = bytearray(blob[pos : pos + n])
-            pos += n
-            if len(lp.state) != n:
-                raise ValueError("truncated explanation")
-            lp.errors = {int(k): v for k, v in m["errors"]}
-            loops[rid] = lp
-        return cls(head["data"], loops, float(head["t0"]))
+                "finished": loop.ok + loop.failed, "iterations": rows}  # fmt: skip
 
 
 class Explainer:
     """The fold behind :func:`explain`, resumable: :meth:`feed` events as they come (in sequence
-    order, from the first), :meth:`result` at any time. A server following the log folds each
-    event once, so a big execution's page opens without reading its log again."""
+    order, from the first), :meth:`result` at any time. Its state is small (loops compact) and
+    saved as rows (``explain_summary``): the event stores keep it beside the log, updated with
+    each append, so a page reads the summary and the events after it, not the whole log."""
 
-    def __init__(self, price: Price | None = None, lines: dict[str, int] | None = None):
-        self.price, self.lines = price, lines or {}
+    def __init__(self, lines: dict[str, int] | None = None):
+        self.lines = lines or {}
         self.runs: dict[str, _Run] = {}
         self.order: list[_Run] = []
         self.arcs: dict[tuple[str, int, str], int] = {}
@@ -263,9 +276,11 @@ class Explainer:
         self.t0: float | None = None
         self.t_last: float | None = None
         self.request: Event | None = None  # playbook.execution.requested: where the playbook is
+        self.ledger: dict[str, float] = {}  # the execution's own (platform) lines
+        self.dirty: set[int] = set()  # runs changed since the rows were last taken (0: the header)
 
     def feed(self, events: Iterable[Event]) -> Explainer:
-        ex, runs, order, arcs, price = self.ex, self.runs, self.order, self.arcs, self.price
+        ex, runs, order, arcs, dirty = self.ex, self.runs, self.order, self.arcs, self.dirty
         for ev in events:
             t = _ms(ev.timestamp)
             if self.t0 is None:
@@ -278,27 +293,30 @@ class Explainer:
             ex["last_sequence"] = max(ex["last_sequence"], ev.sequence or 0)
             name, d = ev.name, ev.data if isinstance(ev.data, dict) else {}
             run = runs.get(ev.step_run_id or "") if ev.step_run_id else None
-            if price is not None and (c := price(ev)):  # attempts, stored results, the platform line
-                if run is not None:
-                    run.cost += c
-                else:
-                    ex["platform_cost"] = ex.get("platform_cost", 0.0) + c
             if name == "step.scheduled":
-                run = runs[ev.step_run_id or ""] = _Run(ev, t, None)
+                run = runs[ev.step_run_id or ""] = _Run(ev, t, len(order) + 1)
                 order.append(run)
             elif name == "step.skipped":
-                run = _Run(ev, t, None)
+                run = _Run(ev, t, len(order) + 1)
                 run.status, run.reason = "skipped", str(d.get("reason") or "")
                 order.append(run)
-            elif run is None:
+            if name in _PRICED:
+                self._charge(run, ev, name, d, t)
+            if run is None:
                 if name == "playbook.execution.requested":
                     self.request = ev
+                    ex["request_sequence"] = ev.sequence
                 _execution_event(ex, name, d, ev)
-            elif name == "step.started":
+                continue
+            dirty.add(run.ord)
+            loop = run.loop
+            if loop is not None and ev.iteration is not None and ev.step_run_id:
+                loop.seen(ev.iteration, ev.sequence)
+            if name == "step.started":
                 run.start = t
             elif name == "task.started":
-                if ev.loop_id and run.loop is not None:
-                    it = run.loop.open.get(ev.iteration if ev.iteration is not None else -1)
+                if ev.loop_id and loop is not None:
+                    it = loop.open.get(ev.iteration if ev.iteration is not None else -1)
                     if it is not None:
                         it[1] = ev.attempt or 1
                 else:
@@ -307,13 +325,13 @@ class Explainer:
                 _task_done(run, ev, d, t)
             elif name == "loop.started":
                 run.loop = _Loop(ev.loop_id or "", int(d.get("total") or 0), d.get("mode"), t)
-            elif name == "loop.iteration.started" and run.loop is not None:
-                run.loop.open[ev.iteration if ev.iteration is not None else -1] = [t, 1]
-            elif name in ("loop.iteration.done", "loop.iteration.failed") and run.loop is not None:
+            elif name == "loop.iteration.started" and loop is not None:
+                loop.open[ev.iteration if ev.iteration is not None else -1] = [t, 1, []]
+            elif name in ("loop.iteration.done", "loop.iteration.failed") and loop is not None:
                 i = ev.iteration if ev.iteration is not None else -1
-                run.loop.done(i, t, name == "loop.iteration.done", _error_of(d))
-            elif name == "loop.done" and run.loop is not None:
-                run.loop.end = t
+                loop.done(i, t, name == "loop.iteration.done", _error_of(d), ev.sequence)
+            elif name == "loop.done" and loop is not None:
+                loop.end = t
             elif name in ("step.done", "step.failed"):
                 run.end = t
                 run.status = "success" if name == "step.done" else "error"
@@ -330,29 +348,65 @@ class Explainer:
                     run.status = "error"
         return self
 
-    def result(self) -> Explanation:
-        """The summary of what was fed so far; UnknownExecution when nothing was."""
+    def _charge(self, run: _Run | None, ev: Event, name: str, d: dict[str, Any], t: float) -> None:
+        """Add the event's usage lines to its run's ledger (the execution's without a run). A
+        stored reference is billed once: to the first event of its run (of its iteration, in a
+        loop) that names it; the list of a loop's iteration results on loop.done is not billed
+        again (each was billed with its iteration)."""
+        if name == "loop.done" and type(d.get("result")) is dict and type(d["result"].get("results")) is list:
+            d = {**d, "result": None}
+        lines = usage_lines(name, d)
+        if not lines:
+            return
+        ledger, seen = (run.ledger, run.seen) if run is not None else (self.ledger, [])
+        if run is not None and run.loop is not None and ev.iteration is not None:
+            it = run.loop.open.get(ev.iteration)
+            if it is not None:
+                seen = it[2]
+        day = int(t // 86_400_000)
+        for ln in lines:
+            if ln.key:
+                if ln.key in seen:
+                    continue
+                seen.append(ln.key)
+            k = f"{ln.category}\t{ln.item}\t{ln.kind}\t{day}"
+            ledger[k] = ledger.get(k, 0.0) + ln.quantity
+
+    def result(self, price: LedgerPrice | None = None,
+               read_range: Callable[[int, int], list[Event]] | None = None) -> Explanation:  # fmt: skip
+        """The summary of what was fed so far; UnknownExecution when nothing was. ``price``: a
+        ledger's cost (analytics.execution_view.ledger_pricer); ``read_range(after, until)``: the
+        log's events in a sequence range, for paging a loop's iterations."""
         t0 = self.t0
         if t0 is None:
             raise UnknownExecution("no events")
         ex = dict(self.ex)
+        ex.pop("request_sequence", None)
         ex["duration_ms"] = round((self.t_last or t0) - t0, 3)
-        out_runs = [r.out(t0) for r in self.order]
+        out_runs = [r.out(t0, price) for r in self.order]
         for r in out_runs:
             r["line"] = self.lines.get(r["step"])
+        platform_cost = price(self.ledger) if price is not None and self.ledger else 0.0
+        ex["platform_cost"] = round(platform_cost, 9)
         loops = {r.step_run_id or "": r.loop for r in self.order if r.loop is not None}
         return Explanation({
             "execution": ex, "runs": out_runs, "steps": _per_step(out_runs),
             "arcs": [{"from": a, "arc": i, "to": b, "tokens": n} for (a, i, b), n in sorted(self.arcs.items())],
-            "totals": _totals(out_runs, ex.get("platform_cost", 0.0)),
-        }, loops, t0)  # fmt: skip
+            "totals": _totals(out_runs, platform_cost),
+        }, loops, t0, read_range or (lambda _a, _b: []))  # fmt: skip
 
 
-def explain(events: Iterable[Event], *, price: Price | None = None,
+def explain(events: Iterable[Event], *, price: LedgerPrice | None = None,
             lines: dict[str, int] | None = None) -> Explanation:  # fmt: skip
     """The execution's runs, loops, arcs and totals (see the module doc); ``lines``: step -> line
     in the playbook file, when the caller could load it. UnknownExecution for an empty log."""
-    return Explainer(price, lines).feed(events).result()
+    evs = list(events)
+    seqs = [e.sequence or 0 for e in evs]
+
+    def read_range(after: int, until: int) -> list[Event]:
+        return evs[bisect_right(seqs, after) : bisect_right(seqs, until)]
+
+    return Explainer(lines).feed(evs).result(price, read_range)
 
 
 def _execution_event(ex: dict[str, Any], name: str, d: dict[str, Any], ev: Event) -> None:

@@ -74,6 +74,21 @@ class EventStore(ABC):
             yield from rows
             gid = rows[-1].gid
 
+    def read_range(self, execution_id: str, after_sequence: int, until_sequence: int) -> list[Event]:
+        """Events of one execution with ``after_sequence < sequence <= until_sequence``, in order
+        (adapters read only that stretch; this default reads the rest of the log)."""
+        return [e for e in self.read(execution_id, after_sequence) if (e.sequence or 0) <= until_sequence]
+
+    def summary(self, execution_id: str) -> tuple[int, list[tuple[int, Any]]] | None:
+        """The execution's summary as stored with its events (engine/explain_summary.py): (the last
+        sequence it folded, its rows), or None (an adapter without summaries, or none yet)."""
+        return None
+
+    def put_summary(self, execution_id: str, after: int | None, last: int, rows: list[tuple[int, str]]) -> bool:
+        """Replace the summary with ``rows`` (folded up to ``last``) if the stored one is still at
+        ``after`` (None: there is none); False when it moved meanwhile or the adapter keeps none."""
+        return False
+
     def acquire_lease(self, execution_id: str) -> None:  # noqa: B027 - adapters without leases allow all
         """Take the exclusive lease on one execution (``resume``); raise ExecutionLeased if another live
         process holds it. A lease whose holder died (kill -9) is stale and is taken over."""

@@ -38,6 +38,7 @@ from typing import Any
 import zstandard
 
 from noetl_dagster.engine.events import ENTITY_OF, ENVELOPE_COLUMNS, SCHEMA_VERSION, SERVER_EVENTS, Event
+from noetl_dagster.engine.explain_summary import SummaryCache
 from noetl_dagster.engine.ports import EventStore, ExecutionInfo, ExecutionLeased, StoredEvent
 from noetl_dagster.engine.recorder import MAX_EVENT_BYTES, check_event_size
 from noetl_dagster.util.jsonutil import dumps, loads, replace_lone_surrogates
@@ -96,6 +97,14 @@ SQLITE_MIGRATIONS: list[list[str]] = [
             BEGIN SELECT RAISE(ABORT, 'noetl_event_segment is append-only'); END""",
         """CREATE TRIGGER IF NOT EXISTS noetl_event_segment_no_delete BEFORE DELETE ON noetl_event_segment
             BEGIN SELECT RAISE(ABORT, 'noetl_event_segment is append-only'); END""",
+    ],
+    [  # 4: the execution summary (issue 36, engine/explain_summary.py): derived from the log, written with it
+        """CREATE TABLE IF NOT EXISTS noetl_explain (
+            execution_id TEXT NOT NULL,
+            ord INTEGER NOT NULL,
+            last_sequence INTEGER NOT NULL,
+            body TEXT NOT NULL,
+            PRIMARY KEY (execution_id, ord)) WITHOUT ROWID""",
     ],
 ]
 
@@ -312,6 +321,15 @@ def decode_segment(
     return out
 
 
+def summary_rows(c: sqlite3.Connection, execution_id: str) -> tuple[int, list[tuple[int, Any]]] | None:
+    """(the summary's last sequence, its rows) as stored, or None."""
+    rows = c.execute("SELECT ord, last_sequence, body FROM noetl_explain WHERE execution_id = ? ORDER BY ord",
+                     (execution_id,)).fetchall()  # fmt: skip
+    if not rows or rows[0][0] != 0:
+        return None
+    return int(rows[0][1]), [(r[0], r[2]) for r in rows]
+
+
 class SqliteEventStore(EventStore):
     """Small batches are one row per event (``noetl_event``); a batch of at least ``segment_min``
     new events of one execution (a loop's iterations between flushes) is one zstd-compressed row
@@ -333,6 +351,7 @@ class SqliteEventStore(EventStore):
         # a row holding invalid UTF-8 (written by anything but this store) must not fail the whole fetch
         self._conn.text_factory = lambda b: b.decode("utf-8", "replace")
         self._zstd = zstandard.ZstdCompressor(level=1)
+        self._summaries = SummaryCache()  # the executions' summaries, kept with each append
         self.skipped: list[tuple[str, str]] = []  # bad rows the readers skipped: (where, why)
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
@@ -385,6 +404,7 @@ class SqliteEventStore(EventStore):
                     seen, top = self._insert(c, events, {})
                 except sqlite3.IntegrityError:  # a re-sent event: keep its stored sequence, store the rest
                     c.execute("ROLLBACK")
+                    self._summaries.forget()
                     c.execute("BEGIN IMMEDIATE")
                     self._forget()
                     version = c.execute("PRAGMA data_version").fetchone()[0]
@@ -392,6 +412,7 @@ class SqliteEventStore(EventStore):
                 c.execute("COMMIT")
             except BaseException:
                 self._forget()
+                self._summaries.forget()
                 if c.in_transaction:
                     c.execute("ROLLBACK")
                 raise
@@ -499,7 +520,65 @@ class SqliteEventStore(EventStore):
                 (eid, pb, status or "", parent, ts, fin, next_seq[eid]),
             )
         # every execution of the batch now has a noetl_execution row (inserted above unless known)
+        self._summarize(c, rows)
         return {eid: (seq, eid in with_segments) for eid, seq in next_seq.items()}, top
+
+    def _summarize(self, c: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+        """The summary rows the new events changed, in the append's transaction (explain_summary)."""
+        by: dict[str, list[Event]] = {}
+        for r in rows:
+            by.setdefault(r[1], []).append(r[5])
+        for eid, evs in by.items():
+            base = (evs[0].sequence or 1) - 1
+            out = self._summaries.fold(eid, base, evs, lambda x: summary_rows(c, x))
+            if out:
+                last = base + len(evs)
+                c.executemany("INSERT OR REPLACE INTO noetl_explain (execution_id, ord, last_sequence, body)"
+                              " VALUES (?,?,?,?)", [(eid, n, last, body) for n, body in out])  # fmt: skip
+
+    def summary(self, execution_id: str) -> tuple[int, list[tuple[int, Any]]] | None:
+        with self._lock:
+            return summary_rows(self._conn, execution_id)
+
+    def put_summary(self, execution_id: str, after: int | None, last: int, rows: list[tuple[int, str]]) -> bool:
+        with self._lock:
+            c = self._conn
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                got = c.execute("SELECT last_sequence FROM noetl_explain WHERE execution_id = ? AND ord = 0",
+                                (execution_id,)).fetchone()  # fmt: skip
+                if (got[0] if got else None) != after:  # written meanwhile: leave it
+                    c.execute("ROLLBACK")
+                    return False
+                c.execute("DELETE FROM noetl_explain WHERE execution_id = ?", (execution_id,))
+                c.executemany("INSERT INTO noetl_explain (execution_id, ord, last_sequence, body) VALUES (?,?,?,?)",
+                              [(execution_id, n, last, body) for n, body in rows])  # fmt: skip
+                c.execute("COMMIT")
+            except BaseException:
+                if c.in_transaction:
+                    c.execute("ROLLBACK")
+                raise
+        self._summaries.forget([execution_id])
+        return True
+
+    def read_range(self, execution_id: str, after_sequence: int, until_sequence: int) -> list[Event]:
+        with self._lock, self._snapshot():
+            rows = self._conn.execute(
+                f"SELECT body, {_ROW_ENVELOPE} FROM noetl_event WHERE execution_id = ? AND sequence > ?"
+                " AND sequence <= ? ORDER BY sequence",
+                (execution_id, after_sequence, until_sequence),
+            ).fetchall()
+            segs = self._conn.execute(
+                "SELECT gid_last, gid_first, seq_first, body FROM noetl_event_segment"
+                " WHERE execution_id = ? AND seq_last > ? AND seq_first <= ? ORDER BY seq_last",
+                (execution_id, after_sequence, until_sequence),
+            ).fetchall()
+        out = [e for r in rows if (e := decode_body(r[0], f"{execution_id}#{r[3]}", self.skipped, r[1:])) is not None]
+        for gl, gf, sf, body in segs:
+            out += [e for _g, e in self._segment(gl, gf, execution_id, sf, body)
+                    if after_sequence < (e.sequence or 0) <= until_sequence]  # fmt: skip
+        out.sort(key=lambda e: e.sequence or 0)
+        return out
 
     @staticmethod
     def _stored_as_rows(c: sqlite3.Connection, ids: list[str]) -> bool:

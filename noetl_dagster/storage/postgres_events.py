@@ -35,6 +35,7 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool
 
 from noetl_dagster.engine.events import Event
+from noetl_dagster.engine.explain_summary import SummaryCache
 from noetl_dagster.engine.ports import ExecutionLeased
 from noetl_dagster.engine.recorder import MAX_EVENT_BYTES, check_event_size
 from noetl_dagster.storage.events import (
@@ -80,6 +81,14 @@ MIGRATIONS: list[list[str]] = [
         """CREATE TRIGGER noetl_event_no_truncate BEFORE TRUNCATE ON {schema}.noetl_event
             FOR EACH STATEMENT EXECUTE FUNCTION {schema}.noetl_event_append_only()""",
     ],
+    [  # 2: the execution summary (issue 36, engine/explain_summary.py): derived from the log, written with it
+        """CREATE TABLE IF NOT EXISTS {schema}.noetl_explain (
+            execution_id TEXT NOT NULL,
+            ord INTEGER NOT NULL,
+            last_sequence BIGINT NOT NULL,
+            body TEXT NOT NULL,
+            PRIMARY KEY (execution_id, ord))""",
+    ],
 ]
 
 
@@ -91,6 +100,9 @@ _SEQ_HEAD = '{"sequence":null,'
 # stays commit order; the counter rows are upserted with the batch's count per execution
 # (``excluded.last_sequence``) and return the new last sequence, from which each event's number
 # follows by its rank in the batch. A batch may hold the flushes of many executions (group commit).
+# The summary rows (``sm``) were folded here with the sequences the events will get if nobody else
+# appended meanwhile; they are written only where the counter confirms it (else the summary stays
+# behind, and readers fold the events after it).
 APPEND_SQL = """WITH lk AS MATERIALIZED (SELECT pg_advisory_xact_lock(%s::bigint) AS locked),
 ctr AS (
   INSERT INTO {schema}.noetl_execution AS x
@@ -105,6 +117,12 @@ ctr AS (
     finished_at = COALESCE(excluded.finished_at, x.finished_at),
     last_sequence = x.last_sequence + excluded.last_sequence
   RETURNING x.execution_id, x.last_sequence),
+sm AS (
+  INSERT INTO {schema}.noetl_explain AS s (execution_id, ord, last_sequence, body)
+  SELECT u.execution_id, u.ord, u.last_sequence, u.body
+  FROM unnest(%s::text[], %s::int[], %s::bigint[], %s::text[]) AS u(execution_id, ord, last_sequence, body)
+  JOIN ctr ON ctr.execution_id = u.execution_id AND ctr.last_sequence = u.last_sequence
+  ON CONFLICT (execution_id, ord) DO UPDATE SET last_sequence = excluded.last_sequence, body = excluded.body),
 ev AS (
   SELECT e.*, row_number() OVER (PARTITION BY e.execution_id ORDER BY e.ord) AS k,
     count(*) OVER (PARTITION BY e.execution_id) AS n
@@ -248,6 +266,7 @@ class PostgresEventStore(EventStore):
         )
         self._pool.open(wait=True, timeout=15)
         self._append_lock = _lock_key(self.schema, "append")
+        self._summaries = SummaryCache()  # the executions' summaries, written with each append
         if group_commit is None:
             group_commit = os.environ.get("NOETL_PG_GROUP_COMMIT", "1").lower() not in ("0", "false", "no", "off")
         # concurrent appends from this process's threads: one statement per round (postgres_group_commit)
@@ -319,14 +338,81 @@ class PostgresEventStore(EventStore):
         remainder was serialized by ``_Batch``."""
         params = _Batch.combine(batches).params(self._append_lock)
         with self._pool.connection() as conn:
-            rows = conn.execute(self._append_sql, params, prepare=True).fetchall()
+            try:
+                summary = self._summarize(conn, [ev for b in batches for ev in b.events])
+                rows = conn.execute(self._append_sql, (*params[:8], *summary, *params[8:]), prepare=True).fetchall()
+            except BaseException:
+                self._summaries.forget({ev.execution_id for b in batches for ev in b.events})
+                raise
         seqs = dict(rows)
         for b in batches:
             for ev in b.events:
+                if ev.sequence != seqs[ev.event_id]:  # numbered otherwise than guessed: the summary was not written
+                    self._summaries.forget([ev.execution_id])
                 ev.sequence = seqs[ev.event_id]
         return [list(b.events) for b in batches]
 
+    def _summarize(self, conn: psycopg.Connection, events: Sequence[Event]) -> list[str]:
+        """The ``sm`` arrays: the summary rows of a statement's events, folded with the sequences
+        they will get if the counter is where this process left it (each event's ``sequence`` is
+        set to that guess; the statement writes the rows only if the guess holds)."""
+        by: dict[str, list[Event]] = {}
+        for ev in events:
+            by.setdefault(ev.execution_id, []).append(ev)
+        out: list[tuple[str, int, int, str]] = []
+        for eid, evs in by.items():
+            base = self._summaries.at(eid)
+            if base is None:  # first append of this execution by this process: where is it?
+                row = conn.execute(self._q("SELECT last_sequence FROM {schema}.noetl_execution WHERE execution_id = %s"),
+                                   (eid,)).fetchone()  # fmt: skip
+                base = int(row[0]) if row else 0
+            for k, ev in enumerate(evs, start=1):
+                ev.sequence = base + k
+            last = base + len(evs)
+            rows = self._summaries.fold(eid, base, evs, lambda x: self._summary(conn, x))
+            out += [(eid, n, last, body) for n, body in rows or ()]
+        cols = list(zip(*out, strict=True)) or [(), (), (), ()]
+        return [_array(cols[0]), "{" + ",".join(map(str, cols[1])) + "}",
+                           "{" + ",".join(map(str, cols[2])) + "}", _array(cols[3])]  # fmt: skip
+
+    def _summary(self, conn: psycopg.Connection, execution_id: str) -> tuple[int, list[tuple[int, Any]]] | None:
+        rows = conn.execute(self._q("SELECT ord, last_sequence, body FROM {schema}.noetl_explain"
+                                    " WHERE execution_id = %s ORDER BY ord"), (execution_id,)).fetchall()  # fmt: skip
+        if not rows or rows[0][0] != 0:
+            return None
+        return int(rows[0][1]), [(int(r[0]), r[2]) for r in rows]
+
+    def summary(self, execution_id: str) -> tuple[int, list[tuple[int, Any]]] | None:
+        with self._pool.connection() as conn:
+            return self._summary(conn, execution_id)
+
+    def put_summary(self, execution_id: str, after: int | None, last: int, rows: list[tuple[int, str]]) -> bool:
+        with self._pool.connection() as conn, conn.transaction():
+            got = conn.execute(self._q("SELECT last_sequence FROM {schema}.noetl_explain"
+                                       " WHERE execution_id = %s AND ord = 0 FOR UPDATE"), (execution_id,)).fetchone()  # fmt: skip
+            if (int(got[0]) if got else None) != after:  # written meanwhile: leave it
+                return False
+            conn.execute(self._q("DELETE FROM {schema}.noetl_explain WHERE execution_id = %s"), (execution_id,))
+            with conn.cursor() as cur:
+                cur.executemany(self._q("INSERT INTO {schema}.noetl_explain (execution_id, ord, last_sequence, body)"
+                                        " VALUES (%s, %s, %s, %s)"), [(execution_id, n, last, b) for n, b in rows])  # fmt: skip
+        self._summaries.forget([execution_id])
+        return True
+
+    def read_range(self, execution_id: str, after_sequence: int, until_sequence: int) -> list[Event]:
+        with self._pool.connection() as conn:
+            rows = conn.execute(
+                self._q(
+                    "SELECT sequence, body::text FROM {schema}.noetl_event"
+                    " WHERE execution_id = %s AND sequence > %s AND sequence <= %s ORDER BY sequence"
+                ),
+                (execution_id, after_sequence, until_sequence),
+            ).fetchall()
+        out = [decode_body(b, f"{execution_id}#{seq}", self.skipped) for seq, b in rows]
+        return [e for e in out if e is not None]
+
     def _append(self, events: Sequence[Event], *, check_existing: bool) -> list[Event]:
+        self._summaries.forget({e.execution_id for e in events})  # not kept on this path: readers catch up
         with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (self._append_lock,))
             existing: dict[str, int] = {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
 
 from conftest import PLAYBOOKS
 
@@ -92,54 +93,29 @@ def test_a_big_loop_is_aggregated_and_pages(run, home):
     assert bad["status"] == "error" and "item 260 is bad" in json.dumps(bad["error"])
 
 
-def test_the_disk_cache_serves_a_fold_until_the_log_grows(run, home, tmp_path):
-    from analytics.execution_view import DiskCache
+def test_a_page_of_a_running_execution_folds_only_the_events_after_its_summary(run, home, tmp_path):
+    """The log grows past the summary (appended where it could not be kept, e.g. by an older
+    writer): the page folds just those events and writes the summary back."""
     from noetl_dagster.engine.events import Event
     from noetl_dagster.storage.events import SqliteEventStore
 
     eid = run("loop300.yaml", {"items": list(range(300)), "fail_at": 7})
-    store = SqliteEventStore(tmp_path / "copy.db")  # a copy: its log may grow without the run's replay check
-    store.append(open_event_store(None, data_dir=home).read(eid))
-    cache = DiskCache(home / "explain_cache.db")
-    fresh, exp = ExecutionViews(store, cache=cache).explained(eid)
-    # another process: the page and the iteration pages come from the cache, equal to the fold
-    again, exp2 = ExecutionViews(store, cache=cache).explained(eid)
-    rid = fresh["runs"][0]["step_run_id"]
-    assert again == fresh and exp2.iterations(rid, 0, 300) == exp.iterations(rid, 0, 300)
-    assert exp2.iterations(rid, 7, 1)["iterations"][0]["error"]["message"].endswith("item 7 is bad")
-    # the log grows (a resumed execution): the entry is stale and the execution is folded again
-    first = store.read(eid)[0]
-    store.append([Event("ctx.patched", eid, {"patch": {"late": 1}, "source": "request"},
-                        tenant_id=first.tenant_id, project_id=first.project_id)])  # fmt: skip
-    grown = ExecutionViews(store, cache=cache).explain(eid)
+    path = tmp_path / "copy.db"  # a copy: its log may grow without the run's replay check
+    SqliteEventStore(path).append(SqliteEventStore(home / "events.db").read(eid))
+    fresh = ExecutionViews(SqliteEventStore(path)).explain(eid)
+    first = SqliteEventStore(path).read(eid)[0]
+    late = Event("ctx.patched", eid, {"patch": {"late": 1}, "source": "request"},
+                 tenant_id=first.tenant_id, project_id=first.project_id)  # fmt: skip
+    with sqlite3.connect(path) as c:  # an append that did not keep the summary (a store from before it)
+        c.execute("INSERT INTO noetl_event (gid, event_id, execution_id, sequence, name, ts, body) VALUES"
+                  " ((SELECT MAX(gid_last) FROM noetl_event_segment) + 1000, ?, ?, ?, ?, ?, ?)",
+                  (late.event_id, eid, fresh["execution"]["last_sequence"] + 1, late.name, late.timestamp,
+                   json.dumps(late.to_stored(envelope=False))))  # fmt: skip
+    views = ExecutionViews(SqliteEventStore(path))
+    grown = views.explain(eid)
     assert grown["execution"]["events"] == fresh["execution"]["events"] + 1
-
-
-def test_a_followed_execution_opens_without_reading_its_log(home, tmp_path):
-    """The server's follower folds an execution as its events are appended; opening it then reads
-    only the events after the fold (none), never the whole log again."""
-    from noetl_dagster.runners.local import run_playbook
-    from noetl_dagster.storage.events import SqliteEventStore
-
-    class Counting(SqliteEventStore):
-        reads: list[tuple[str, int]] = []
-
-        def read(self, execution_id, after_sequence=0):  # noqa: ANN001, ANN202
-            self.reads.append((execution_id, after_sequence))
-            return super().read(execution_id, after_sequence)
-
-    path = home / "events.db"
-    store = Counting(path)
-    views = ExecutionViews(store)
-    views.follow_once()  # starts at the end of the log
-    eid = run_playbook(PLAYBOOKS / "loop300.yaml", {"items": list(range(300)), "fail_at": 9},
-                       event_store=f"sqlite:///{path}", data_dir=home).execution_id  # fmt: skip
-    while views.follow_once(limit=200):  # several batches: the fold resumes across them
-        pass
-    page = views.explain(eid)
-    assert Counting.reads == [(eid, page["execution"]["last_sequence"])]  # only "anything newer?"
-    assert page == ExecutionViews(SqliteEventStore(path)).explain(eid)  # the same as a fold of the log
-    assert page["runs"][0]["loop"]["failed"] == 1 and page["execution"]["status"] == "failed"
+    assert views.reads == 2 and views.rebuilt == 0  # the request and the one new event
+    assert SqliteEventStore(path).summary(eid)[0] == fresh["execution"]["last_sequence"] + 1  # written back
 
 
 def test_control_characters_in_step_names_show_escaped(run, noetl):

@@ -1,0 +1,177 @@
+"""An execution's summary as rows, and paging a loop's iterations from the log (issue 36).
+
+The summary is :class:`~noetl_dagster.engine.explain.Explainer`'s state: row 0 the execution
+(its counters, arcs, platform ledger; ``last_sequence``: the last event folded), row ``n`` the
+``n``-th step run (its loop compact). The event stores write the rows that changed in the
+transaction (or statement) that appends the events (:class:`SummaryCache`), so the summary
+never runs ahead of the log; a summary behind the log (an execution recorded before summaries,
+or appended to where the summary could not be kept) is brought up to date by folding the events
+after its ``last_sequence``, and a missing one by folding the whole log (:func:`rebuild`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from noetl_dagster.engine.events import Event
+from noetl_dagster.engine.explain import (
+    Explainer,
+    _error_of,
+    _iteration,
+    _Loop,
+    _ms,
+    _relative,
+    _Run,
+)
+from noetl_dagster.util.jsonutil import dumps, loads
+
+Row = tuple[int, str]  # (ord, JSON body): 0 the execution, n the n-th step run
+_LOOP = ("loop_id", "total", "mode", "ok", "failed", "retries", "attempts", "detail", "size", "start", "end",
+         "failed_detail", "dmin", "dmax", "gran")  # fmt: skip
+_RUN = ("ord", "step", "step_run_id", "seq", "scheduled", "start", "end", "status", "args", "tokens", "attempts",
+        "open", "result", "error", "fired", "usage", "ledger", "seen", "subs", "reason")  # fmt: skip
+
+
+def _loop_state(lp: _Loop) -> dict[str, Any]:
+    st = {k: getattr(lp, k) for k in _LOOP}
+    st["buckets"] = [[k, *v] for k, v in lp.buckets.items()]
+    st["open"] = [[k, *v] for k, v in lp.open.items()]
+    st["hist"] = [[k, v] for k, v in lp.hist.items()]
+    st["seqix"] = [[k, *v] for k, v in lp.seqix.items()]
+    return st
+
+
+def _loop_from(st: dict[str, Any]) -> _Loop:
+    lp = _Loop.__new__(_Loop)
+    for k in _LOOP:
+        setattr(lp, k, st[k])
+    lp.buckets = {int(r[0]): list(r[1:]) for r in st["buckets"]}
+    lp.open = {int(r[0]): list(r[1:]) for r in st["open"]}
+    lp.hist = {int(k): int(v) for k, v in st["hist"]}
+    lp.seqix = {int(r[0]): list(r[1:]) for r in st["seqix"]}
+    return lp
+
+
+def state_rows(f: Explainer, everything: bool = False) -> list[Row]:
+    """The rows changed since the last call (``everything``: all of them), and forget the changes."""
+    dirty = range(1, len(f.order) + 1) if everything else sorted(f.dirty)
+    rows: list[Row] = []
+    for n in dirty:
+        r = f.order[n - 1]
+        st = {k: getattr(r, k) for k in _RUN}
+        st["loop"] = _loop_state(r.loop) if r.loop is not None else None
+        st["indexed"] = f.runs.get(r.step_run_id or "") is r
+        rows.append((n, dumps(st)))
+    head = {"ex": f.ex, "t0": f.t0, "t_last": f.t_last, "ledger": f.ledger, "runs": len(f.order),
+            "arcs": [[a, i, b, k] for (a, i, b), k in f.arcs.items()]}  # fmt: skip
+    f.dirty.clear()
+    return [(0, dumps(head)), *rows]
+
+
+def restore(rows: Iterable[tuple[int, str | bytes]]) -> Explainer | None:
+    """The fold the rows hold (None: no header, or runs missing or unreadable)."""
+    by = dict(rows)
+    if 0 not in by:
+        return None
+    try:
+        head = loads(by[0])
+        f = Explainer()
+        f.ex, f.t0, f.t_last, f.ledger = head["ex"], head["t0"], head["t_last"], head["ledger"]
+        f.arcs = {(a, int(i), b): int(k) for a, i, b, k in head["arcs"]}
+        for n in range(1, int(head["runs"]) + 1):
+            st = loads(by[n])
+            r = _Run.__new__(_Run)
+            for k in _RUN:
+                setattr(r, k, st[k])
+            r.loop = _loop_from(st["loop"]) if st["loop"] is not None else None
+            f.order.append(r)
+            if st["indexed"]:
+                f.runs[r.step_run_id or ""] = r
+    except (KeyError, TypeError, ValueError):
+        return None
+    return f
+
+
+def rebuild(events: Iterable[Event]) -> Explainer:
+    """The summary from the log alone (what the stores would have written append by append)."""
+    return Explainer().feed(events)
+
+
+def page_iterations(read_range: Callable[[int, int], list[Event]], loop: _Loop, step_run_id: str, offset: int,
+                    limit: int, t0: float) -> list[dict[str, Any]]:  # fmt: skip
+    """Iterations ``[offset, offset + limit)`` of one loop, finished ones, from the stretch of the
+    log that holds them (the loop's ``seqix``), not the whole log."""
+    chunks = [loop.seqix[c] for c in range(offset // loop.gran, (offset + limit - 1) // loop.gran + 1) if c in loop.seqix]
+    if not chunks:
+        return []
+    lo, hi = min(c[0] for c in chunks), max(c[1] for c in chunks)
+    open_: dict[int, list[Any]] = {}
+    rows: dict[int, dict[str, Any]] = {}
+    for ev in read_range(lo - 1, hi):
+        i = ev.iteration
+        if ev.step_run_id != step_run_id or i is None or not offset <= i < offset + limit:
+            continue
+        name = ev.name
+        if name == "loop.iteration.started":
+            open_[i] = [_ms(ev.timestamp), 1]
+        elif name == "task.started" and ev.loop_id and i in open_:
+            open_[i][1] = ev.attempt or 1
+        elif name in ("loop.iteration.done", "loop.iteration.failed"):
+            t = _ms(ev.timestamp)
+            start, attempts = open_.pop(i, (t, 1))
+            ok = name == "loop.iteration.done"
+            err = None if ok else _error_of(ev.data if isinstance(ev.data, dict) else {})
+            rows[i] = _relative(_iteration(i, start, t, ok, max(0, attempts - 1), err), t0)
+    return [rows[i] for i in sorted(rows)]
+
+
+class SummaryCache:
+    """The folds a store keeps up to date as it appends (a few executions, least recently used
+    dropped). :meth:`fold` folds a batch of one execution's new events, numbered, onto the fold at
+    ``base`` (the sequence before them) and returns the rows to write with them; a fold not at
+    ``base`` is loaded with ``load`` (the stored rows) and, when the stored summary is not at
+    ``base`` either, the execution is left alone (its summary stays behind; readers fold the rest)."""
+
+    def __init__(self, size: int = 32):
+        self._folds: OrderedDict[str, Explainer | None] = OrderedDict()
+        self._at: dict[str, int] = {}
+        self.size = size
+
+    def fold(self, execution_id: str, base: int, events: Sequence[Event],
+             load: Callable[[str], tuple[int, list[tuple[int, Any]]] | None]) -> list[Row] | None:  # fmt: skip
+        f = self._folds.get(execution_id)
+        if self._at.get(execution_id) == base and f is None:  # left alone: no query per append
+            self._remember(execution_id, None, base + len(events))
+            return None
+        if f is None or self._at.get(execution_id) != base:
+            f = None
+            if base == 0:
+                f = Explainer()
+            elif (got := load(execution_id)) is not None and got[0] == base:
+                f = restore(got[1])
+            if f is None:
+                self._remember(execution_id, None, base + len(events))
+                return None
+        f.feed(events)
+        self._remember(execution_id, f, base + len(events))
+        return state_rows(f)
+
+    def at(self, execution_id: str) -> int | None:
+        """The last sequence this cache folded (or left alone) for the execution; None: unknown."""
+        return self._at.get(execution_id)
+
+    def _remember(self, execution_id: str, f: Explainer | None, at: int) -> None:
+        self._folds[execution_id] = f
+        self._at[execution_id] = at
+        self._folds.move_to_end(execution_id)
+        while len(self._folds) > self.size:
+            old, _ = self._folds.popitem(last=False)
+            self._at.pop(old, None)
+
+    def forget(self, execution_ids: Iterable[str] | None = None) -> None:
+        """After a failed write: these folds (None: all) may be ahead of what is stored."""
+        for eid in list(self._folds) if execution_ids is None else execution_ids:
+            self._folds.pop(eid, None)
+            self._at.pop(eid, None)
