@@ -5,6 +5,8 @@
    Python calls (the noop tool function, the counter update, the comparison).
    Overhead per step = engine time per step - baseline time per step.
    Target: <= 0.2 ms (issue 19; issue 2 asked <= 1 ms).
+   ``steps_summary``: the same cycle with the store's execution summary on and off (issue 36.4),
+   alternated in one process; the ratio on/off is printed.
 2. Loop throughput: one step looping 10,000 times over a `python` task
    (``result = x * 2``), sequential and parallel (max_in_flight 16), next to the
    same code exec'd 10,000 times by plain Python (a thread pool of 16 for the
@@ -86,10 +88,8 @@ def _run_engine(doc: dict[str, Any], tmp: Path) -> tuple[float, float, Any]:
 # -- cases (run in a child process) ----------------------------------------------------
 
 
-def case_steps(n: int) -> dict[str, Any]:
-    from noetl_dagster.tools.core import noop_tool
-
-    doc = {
+def _steps_doc(n: int) -> dict[str, Any]:
+    return {
         "apiVersion": "noetl.io/v2",
         "kind": "Playbook",
         "metadata": {"name": "bench_steps", "path": "benchmarks/steps"},
@@ -103,6 +103,12 @@ def case_steps(n: int) -> dict[str, Any]:
             }
         ],
     }
+
+
+def case_steps(n: int) -> dict[str, Any]:
+    from noetl_dagster.tools.core import noop_tool
+
+    doc = _steps_doc(n)
     with tempfile.TemporaryDirectory() as d:
         _run_engine({**doc, "workload": {"n": 3}}, Path(d) / "warm")  # imports, template cache
         rss_before = _rss_mb()
@@ -122,6 +128,26 @@ def case_steps(n: int) -> dict[str, Any]:
     base = time.perf_counter() - b0
     return {"case": "steps", "n": n, "wall_s": wall, "cpu_s": cpu, "baseline_s": base,
             "rss_before_mb": rss_before, "peak_rss_mb": _peak_rss_mb()}  # fmt: skip
+
+
+def case_steps_summary(n: int, rounds: int = 5) -> dict[str, Any]:
+    """The execution summary's cost per step (issue 36.4): the same self-routing cycle run with the
+    store keeping the summary and with it off (``_summarize`` a no-op), alternately, in one process."""
+    from noetl_dagster.storage.events import SqliteEventStore
+
+    doc = _steps_doc(n)
+    keep = SqliteEventStore._summarize
+    times: dict[str, list[float]] = {"on": [], "off": []}
+    with tempfile.TemporaryDirectory() as d:
+        _run_engine({**doc, "workload": {"n": 3}}, Path(d) / "warm")
+        for k in range(rounds):
+            for mode in ("off", "on") if k % 2 else ("on", "off"):
+                SqliteEventStore._summarize = keep if mode == "on" else (lambda self, c, rows: None)  # type: ignore[method-assign]
+                wall, _cpu, res = _run_engine(doc, Path(d) / f"{mode}{k}")
+                assert res.status == "completed" and res.runs["spin"] == n
+                times[mode].append(wall / n * 1000)
+    SqliteEventStore._summarize = keep  # type: ignore[method-assign]
+    return {"case": "steps_summary", "n": n, "on_ms": times["on"], "off_ms": times["off"]}
 
 
 LOOP_CODE = "result = x * 2"
@@ -222,6 +248,8 @@ def _child(args: argparse.Namespace) -> None:
         out = case_big_loop(args.big_loop)
     elif args.case == "steps":
         out = case_steps(args.steps)
+    elif args.case == "steps_summary":
+        out = case_steps_summary(args.steps)
     else:
         out = case_loop(args.iterations, args.case.removeprefix("loop_"))
     print("__BENCH__" + json.dumps(out))
@@ -261,6 +289,13 @@ def report(results: list[dict[str, Any]]) -> None:
             if r["case"] == "big_loop" and b is not None and b["n"] == n:
                 print(f"  after / before      : wall {r['wall_s'] / b['wall_s']:.2f}x   cpu {r['cpu_s'] / b['cpu_s']:.2f}x   "
                       f"store {mb / (b['events_mb'] + b['payload_mb']):.3f}x (before: one row per event)")  # fmt: skip
+        elif r["case"] == "steps_summary":
+            on, off = sorted(r["on_ms"]), sorted(r["off_ms"])
+            med = lambda v: v[len(v) // 2]  # noqa: E731
+            print(f"== execution summary kept by the store (issue 36.4): {r['n']:,}-step noop cycle, {len(on)} runs each, alternated ==")
+            print(f"  summary on          : min {on[0]:.4f}  median {med(on):.4f} ms/step")
+            print(f"  summary off         : min {off[0]:.4f}  median {med(off):.4f} ms/step")
+            print(f"  on / off            : min {on[0] / off[0]:.3f}x  median {med(on) / med(off):.3f}x")
         elif r["case"] == "steps":
             n = r["n"]
             per = r["wall_s"] / n * 1000
@@ -291,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--iterations", type=int, default=10_000)
     ap.add_argument("--big-loop", type=int, default=200_000, help="items of the big loop (0: skip it)")
-    ap.add_argument("--case", choices=["steps", "loop_sequential", "loop_parallel", "big_loop", "big_loop_rows", "big_loop_full_bodies"], help=argparse.SUPPRESS)
+    ap.add_argument("--case", choices=["steps", "steps_summary", "loop_sequential", "loop_parallel", "big_loop", "big_loop_rows", "big_loop_full_bodies"], help=argparse.SUPPRESS)
     ap.add_argument("--only", help="comma-separated cases to run (default: all)")
     args = ap.parse_args(argv)
     if args.case:
@@ -301,7 +336,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"machine: {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
           f"(wall times grow with load; cpu times less so)")  # fmt: skip
     results = []
-    cases = ("steps", "loop_sequential", "loop_parallel", *(["big_loop_rows", "big_loop"] if args.big_loop else []))
+    cases = ("steps", "steps_summary", "loop_sequential", "loop_parallel", *(["big_loop_rows", "big_loop"] if args.big_loop else []))
     if args.only:
         cases = tuple(c for c in args.only.split(",") if c)
     for case in cases:

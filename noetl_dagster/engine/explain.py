@@ -250,8 +250,6 @@ class Explanation:
 
     def iterations(self, step_run_id: str, offset: int = 0, limit: int = 100) -> dict[str, Any]:
         """Iterations ``[offset, offset + limit)`` of the loop of one step run (limit at most 1000)."""
-        from noetl_dagster.engine.explain_summary import page_iterations  # noqa: PLC0415
-
         loop = self._loops.get(step_run_id)
         if loop is None:
             raise UnknownExecution(f"no loop in step run {step_run_id!r}")
@@ -259,6 +257,34 @@ class Explanation:
         rows = page_iterations(self._read_range, loop, step_run_id, offset, limit, self._t0)
         return {"step_run_id": step_run_id, "offset": offset, "limit": limit, "total": loop.total,
                 "finished": loop.ok + loop.failed, "iterations": rows}  # fmt: skip
+
+
+def page_iterations(read_range: Callable[[int, int], list[Event]], loop: _Loop, step_run_id: str, offset: int,
+                    limit: int, t0: float) -> list[dict[str, Any]]:  # fmt: skip
+    """Iterations ``[offset, offset + limit)`` of one loop, finished ones, from the stretch of the
+    log that holds them (the loop's ``seqix``), not the whole log."""
+    chunks = [loop.seqix[c] for c in range(offset // loop.gran, (offset + limit - 1) // loop.gran + 1) if c in loop.seqix]
+    if not chunks:
+        return []
+    lo, hi = min(c[0] for c in chunks), max(c[1] for c in chunks)
+    open_: dict[int, list[Any]] = {}
+    rows: dict[int, dict[str, Any]] = {}
+    for ev in read_range(lo - 1, hi):
+        i = ev.iteration
+        if ev.step_run_id != step_run_id or i is None or not offset <= i < offset + limit:
+            continue
+        name = ev.name
+        if name == "loop.iteration.started":
+            open_[i] = [_ms(ev.timestamp), 1]
+        elif name == "task.started" and ev.loop_id and i in open_:
+            open_[i][1] = ev.attempt or 1
+        elif name in ("loop.iteration.done", "loop.iteration.failed"):
+            t = _ms(ev.timestamp)
+            start, attempts = open_.pop(i, (t, 1))
+            ok = name == "loop.iteration.done"
+            err = None if ok else _error_of(ev.data if isinstance(ev.data, dict) else {})
+            rows[i] = _relative(_iteration(i, start, t, ok, max(0, attempts - 1), err), t0)
+    return [rows[i] for i in sorted(rows)]
 
 
 class Explainer:

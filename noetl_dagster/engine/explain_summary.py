@@ -16,15 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from noetl_dagster.engine.events import Event
-from noetl_dagster.engine.explain import (
-    Explainer,
-    _error_of,
-    _iteration,
-    _Loop,
-    _ms,
-    _relative,
-    _Run,
-)
+from noetl_dagster.engine.explain import Explainer, _Loop, _Run
 from noetl_dagster.util.jsonutil import dumps, loads
 
 Row = tuple[int, str]  # (ord, JSON body): 0 the execution, n the n-th step run
@@ -97,34 +89,6 @@ def restore(rows: Iterable[tuple[int, str | bytes]]) -> Explainer | None:
 def rebuild(events: Iterable[Event]) -> Explainer:
     """The summary from the log alone (what the stores would have written append by append)."""
     return Explainer().feed(events)
-
-
-def page_iterations(read_range: Callable[[int, int], list[Event]], loop: _Loop, step_run_id: str, offset: int,
-                    limit: int, t0: float) -> list[dict[str, Any]]:  # fmt: skip
-    """Iterations ``[offset, offset + limit)`` of one loop, finished ones, from the stretch of the
-    log that holds them (the loop's ``seqix``), not the whole log."""
-    chunks = [loop.seqix[c] for c in range(offset // loop.gran, (offset + limit - 1) // loop.gran + 1) if c in loop.seqix]
-    if not chunks:
-        return []
-    lo, hi = min(c[0] for c in chunks), max(c[1] for c in chunks)
-    open_: dict[int, list[Any]] = {}
-    rows: dict[int, dict[str, Any]] = {}
-    for ev in read_range(lo - 1, hi):
-        i = ev.iteration
-        if ev.step_run_id != step_run_id or i is None or not offset <= i < offset + limit:
-            continue
-        name = ev.name
-        if name == "loop.iteration.started":
-            open_[i] = [_ms(ev.timestamp), 1]
-        elif name == "task.started" and ev.loop_id and i in open_:
-            open_[i][1] = ev.attempt or 1
-        elif name in ("loop.iteration.done", "loop.iteration.failed"):
-            t = _ms(ev.timestamp)
-            start, attempts = open_.pop(i, (t, 1))
-            ok = name == "loop.iteration.done"
-            err = None if ok else _error_of(ev.data if isinstance(ev.data, dict) else {})
-            rows[i] = _relative(_iteration(i, start, t, ok, max(0, attempts - 1), err), t0)
-    return [rows[i] for i in sorted(rows)]
 
 
 class SummaryCache:

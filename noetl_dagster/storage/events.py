@@ -330,7 +330,74 @@ def summary_rows(c: sqlite3.Connection, execution_id: str) -> tuple[int, list[tu
     return int(rows[0][1]), [(r[0], r[2]) for r in rows]
 
 
-class SqliteEventStore(EventStore):
+class _SqliteSummaries:
+    """SqliteEventStore's execution summaries (engine/explain_summary.py) and ranged reads."""
+
+    _conn: sqlite3.Connection
+    _lock: threading.RLock
+    _summaries: SummaryCache
+    skipped: list[tuple[str, str]]
+
+    def _summarize(self, c: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+        """The summary rows the new events changed, in the append's transaction (explain_summary)."""
+        by: dict[str, list[Event]] = {}
+        for r in rows:
+            by.setdefault(r[1], []).append(r[5])
+        for eid, evs in by.items():
+            base = (evs[0].sequence or 1) - 1
+            out = self._summaries.fold(eid, base, evs, lambda x: summary_rows(c, x))
+            if out:
+                last = base + len(evs)
+                c.executemany("INSERT OR REPLACE INTO noetl_explain (execution_id, ord, last_sequence, body)"
+                              " VALUES (?,?,?,?)", [(eid, n, last, body) for n, body in out])  # fmt: skip
+
+    def summary(self, execution_id: str) -> tuple[int, list[tuple[int, Any]]] | None:
+        with self._lock:
+            return summary_rows(self._conn, execution_id)
+
+    def put_summary(self, execution_id: str, after: int | None, last: int, rows: list[tuple[int, str]]) -> bool:
+        with self._lock:
+            c = self._conn
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                got = c.execute("SELECT last_sequence FROM noetl_explain WHERE execution_id = ? AND ord = 0",
+                                (execution_id,)).fetchone()  # fmt: skip
+                if (got[0] if got else None) != after:  # written meanwhile: leave it
+                    c.execute("ROLLBACK")
+                    return False
+                c.execute("DELETE FROM noetl_explain WHERE execution_id = ?", (execution_id,))
+                c.executemany("INSERT INTO noetl_explain (execution_id, ord, last_sequence, body) VALUES (?,?,?,?)",
+                              [(execution_id, n, last, body) for n, body in rows])  # fmt: skip
+                c.execute("COMMIT")
+            except BaseException:
+                if c.in_transaction:
+                    c.execute("ROLLBACK")
+                raise
+        self._summaries.forget([execution_id])
+        return True
+
+    def read_range(self, execution_id: str, after_sequence: int, until_sequence: int) -> list[Event]:
+        with self._lock, self._snapshot():
+            rows = self._conn.execute(
+                f"SELECT body, {_ROW_ENVELOPE} FROM noetl_event WHERE execution_id = ? AND sequence > ?"
+                " AND sequence <= ? ORDER BY sequence",
+                (execution_id, after_sequence, until_sequence),
+            ).fetchall()
+            segs = self._conn.execute(
+                "SELECT gid_last, gid_first, seq_first, body FROM noetl_event_segment"
+                " WHERE execution_id = ? AND seq_last > ? AND seq_first <= ? ORDER BY seq_last",
+                (execution_id, after_sequence, until_sequence),
+            ).fetchall()
+        out = [e for r in rows if (e := decode_body(r[0], f"{execution_id}#{r[3]}", self.skipped, r[1:])) is not None]
+        for gl, gf, sf, body in segs:
+            out += [e for _g, e in self._segment(gl, gf, execution_id, sf, body)
+                    if after_sequence < (e.sequence or 0) <= until_sequence]  # fmt: skip
+        out.sort(key=lambda e: e.sequence or 0)
+        return out
+
+
+
+class SqliteEventStore(_SqliteSummaries, EventStore):
     """Small batches are one row per event (``noetl_event``); a batch of at least ``segment_min``
     new events of one execution (a loop's iterations between flushes) is one zstd-compressed row
     of ``noetl_event_segment`` holding consecutive sequences and gids. ``gid`` stays one global
@@ -522,63 +589,6 @@ class SqliteEventStore(EventStore):
         # every execution of the batch now has a noetl_execution row (inserted above unless known)
         self._summarize(c, rows)
         return {eid: (seq, eid in with_segments) for eid, seq in next_seq.items()}, top
-
-    def _summarize(self, c: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
-        """The summary rows the new events changed, in the append's transaction (explain_summary)."""
-        by: dict[str, list[Event]] = {}
-        for r in rows:
-            by.setdefault(r[1], []).append(r[5])
-        for eid, evs in by.items():
-            base = (evs[0].sequence or 1) - 1
-            out = self._summaries.fold(eid, base, evs, lambda x: summary_rows(c, x))
-            if out:
-                last = base + len(evs)
-                c.executemany("INSERT OR REPLACE INTO noetl_explain (execution_id, ord, last_sequence, body)"
-                              " VALUES (?,?,?,?)", [(eid, n, last, body) for n, body in out])  # fmt: skip
-
-    def summary(self, execution_id: str) -> tuple[int, list[tuple[int, Any]]] | None:
-        with self._lock:
-            return summary_rows(self._conn, execution_id)
-
-    def put_summary(self, execution_id: str, after: int | None, last: int, rows: list[tuple[int, str]]) -> bool:
-        with self._lock:
-            c = self._conn
-            c.execute("BEGIN IMMEDIATE")
-            try:
-                got = c.execute("SELECT last_sequence FROM noetl_explain WHERE execution_id = ? AND ord = 0",
-                                (execution_id,)).fetchone()  # fmt: skip
-                if (got[0] if got else None) != after:  # written meanwhile: leave it
-                    c.execute("ROLLBACK")
-                    return False
-                c.execute("DELETE FROM noetl_explain WHERE execution_id = ?", (execution_id,))
-                c.executemany("INSERT INTO noetl_explain (execution_id, ord, last_sequence, body) VALUES (?,?,?,?)",
-                              [(execution_id, n, last, body) for n, body in rows])  # fmt: skip
-                c.execute("COMMIT")
-            except BaseException:
-                if c.in_transaction:
-                    c.execute("ROLLBACK")
-                raise
-        self._summaries.forget([execution_id])
-        return True
-
-    def read_range(self, execution_id: str, after_sequence: int, until_sequence: int) -> list[Event]:
-        with self._lock, self._snapshot():
-            rows = self._conn.execute(
-                f"SELECT body, {_ROW_ENVELOPE} FROM noetl_event WHERE execution_id = ? AND sequence > ?"
-                " AND sequence <= ? ORDER BY sequence",
-                (execution_id, after_sequence, until_sequence),
-            ).fetchall()
-            segs = self._conn.execute(
-                "SELECT gid_last, gid_first, seq_first, body FROM noetl_event_segment"
-                " WHERE execution_id = ? AND seq_last > ? AND seq_first <= ? ORDER BY seq_last",
-                (execution_id, after_sequence, until_sequence),
-            ).fetchall()
-        out = [e for r in rows if (e := decode_body(r[0], f"{execution_id}#{r[3]}", self.skipped, r[1:])) is not None]
-        for gl, gf, sf, body in segs:
-            out += [e for _g, e in self._segment(gl, gf, execution_id, sf, body)
-                    if after_sequence < (e.sequence or 0) <= until_sequence]  # fmt: skip
-        out.sort(key=lambda e: e.sequence or 0)
-        return out
 
     @staticmethod
     def _stored_as_rows(c: sqlite3.Connection, ids: list[str]) -> bool:
