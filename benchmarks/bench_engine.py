@@ -71,13 +71,14 @@ def _playbook_file(tmp: Path, doc: dict[str, Any]) -> Path:
     return p
 
 
-def _run_engine(doc: dict[str, Any], tmp: Path) -> tuple[float, float, Any]:
-    """Load (untimed), then time one run against a fresh embedded store: (wall s, cpu s, result)."""
+def _run_engine(doc: dict[str, Any], tmp: Path, event_store: str | None = None) -> tuple[float, float, Any]:
+    """Load (untimed), then time one run against a fresh embedded store (or ``event_store``):
+    (wall s, cpu s, result)."""
     from noetl_dagster.dsl import load_playbook
     from noetl_dagster.runners.local import build_services, run_playbook
 
     pb = load_playbook(_playbook_file(tmp, doc))
-    services = build_services(data_dir=tmp / "data", logger=lambda _m: None)
+    services = build_services(event_store=event_store, data_dir=tmp / "data", logger=lambda _m: None)
     w0, c0 = time.perf_counter(), time.process_time()
     result = run_playbook(pb, services=services)
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
@@ -130,24 +131,42 @@ def case_steps(n: int) -> dict[str, Any]:
             "rss_before_mb": rss_before, "peak_rss_mb": _peak_rss_mb()}  # fmt: skip
 
 
-def case_steps_summary(n: int, rounds: int = 5) -> dict[str, Any]:
+def case_steps_summary(n: int, pg: str | None = None, rounds: int = 5, loop: int = 0) -> dict[str, Any]:
     """The execution summary's cost per step (issue 36.4): the same self-routing cycle run with the
-    store keeping the summary and with it off (``_summarize`` a no-op), alternately, in one process."""
-    from noetl_dagster.storage.events import SqliteEventStore
+    store keeping the summary and with it off (its fold a no-op), alternately, in one process;
+    ``pg``: against a Postgres store (a fresh schema) instead of SQLite; ``loop``: the big loop's
+    playbook over that many items instead of the cycle (per iteration instead of per step)."""
+    import uuid
 
-    doc = _steps_doc(n)
-    keep = SqliteEventStore._summarize
-    times: dict[str, list[float]] = {"on": [], "off": []}
-    with tempfile.TemporaryDirectory() as d:
-        _run_engine({**doc, "workload": {"n": 3}}, Path(d) / "warm")
-        for k in range(rounds):
-            for mode in ("off", "on") if k % 2 else ("on", "off"):
-                SqliteEventStore._summarize = keep if mode == "on" else (lambda self, c, rows: None)  # type: ignore[method-assign]
-                wall, _cpu, res = _run_engine(doc, Path(d) / f"{mode}{k}")
-                assert res.status == "completed" and res.runs["spin"] == n
-                times[mode].append(wall / n * 1000)
-    SqliteEventStore._summarize = keep  # type: ignore[method-assign]
-    return {"case": "steps_summary", "n": n, "on_ms": times["on"], "off_ms": times["off"]}
+    from noetl_dagster.storage.events import SqliteEventStore
+    from noetl_dagster.storage.postgres_events import PostgresEventStore
+
+    cls, off = ((PostgresEventStore, lambda self, conn, events: ["{}"] * 4) if pg
+                else (SqliteEventStore, lambda self, c, rows: None))  # fmt: skip
+    keep = cls._summarize
+    url = f"{pg}?schema=bench_{uuid.uuid4().hex[:10]}" if pg else None
+    doc = _big_loop_doc(loop) if loop else _steps_doc(n)
+    times: dict[str, list[float]] = {"on": [], "off": [], "on_cpu": [], "off_cpu": []}
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            _run_engine(_big_loop_doc(20) if loop else {**doc, "workload": {"n": 3}}, Path(d) / "warm", url)
+            for k in range(rounds):
+                for mode in ("off", "on") if k % 2 else ("on", "off"):
+                    cls._summarize = keep if mode == "on" else off  # type: ignore[method-assign]
+                    wall, cpu, res = _run_engine(doc, Path(d) / f"{mode}{k}", url)
+                    assert res.status == "completed" and (loop or res.runs["spin"] == n)
+                    times[mode].append(wall / (loop or n) * 1000)
+                    times[mode + "_cpu"].append(cpu / (loop or n) * 1000)
+    finally:
+        cls._summarize = keep  # type: ignore[method-assign]
+        if pg:
+            import psycopg
+
+            with psycopg.connect(pg, autocommit=True) as conn:
+                conn.execute(f"DROP SCHEMA IF EXISTS {url.rsplit('=', 1)[1]} CASCADE")  # type: ignore[union-attr]
+    return {"case": "loop_summary" if loop else "steps_summary", "n": loop or n, "store": "postgres" if pg else "sqlite",
+            "on_ms": times["on"], "off_ms": times["off"], "on_cpu_ms": times["on_cpu"],
+            "off_cpu_ms": times["off_cpu"]}  # fmt: skip
 
 
 LOOP_CODE = "result = x * 2"
@@ -249,7 +268,9 @@ def _child(args: argparse.Namespace) -> None:
     elif args.case == "steps":
         out = case_steps(args.steps)
     elif args.case == "steps_summary":
-        out = case_steps_summary(args.steps)
+        out = case_steps_summary(args.steps, args.pg)
+    elif args.case == "loop_summary":
+        out = case_steps_summary(args.steps, args.pg, rounds=3, loop=args.iterations)
     else:
         out = case_loop(args.iterations, args.case.removeprefix("loop_"))
     print("__BENCH__" + json.dumps(out))
@@ -257,7 +278,8 @@ def _child(args: argparse.Namespace) -> None:
 
 def _spawn(case: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "benchmarks.bench_engine", "--case", case,
-           "--steps", str(args.steps), "--iterations", str(args.iterations), "--big-loop", str(args.big_loop)]  # fmt: skip
+           "--steps", str(args.steps), "--iterations", str(args.iterations), "--big-loop", str(args.big_loop),
+           *(["--pg", args.pg] if args.pg else [])]  # fmt: skip
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=1800)
     for line in proc.stdout.splitlines():
@@ -289,13 +311,18 @@ def report(results: list[dict[str, Any]]) -> None:
             if r["case"] == "big_loop" and b is not None and b["n"] == n:
                 print(f"  after / before      : wall {r['wall_s'] / b['wall_s']:.2f}x   cpu {r['cpu_s'] / b['cpu_s']:.2f}x   "
                       f"store {mb / (b['events_mb'] + b['payload_mb']):.3f}x (before: one row per event)")  # fmt: skip
-        elif r["case"] == "steps_summary":
+        elif r["case"] in ("steps_summary", "loop_summary"):
             on, off = sorted(r["on_ms"]), sorted(r["off_ms"])
             med = lambda v: v[len(v) // 2]  # noqa: E731
-            print(f"== execution summary kept by the store (issue 36.4): {r['n']:,}-step noop cycle, {len(on)} runs each, alternated ==")
-            print(f"  summary on          : min {on[0]:.4f}  median {med(on):.4f} ms/step")
-            print(f"  summary off         : min {off[0]:.4f}  median {med(off):.4f} ms/step")
-            print(f"  on / off            : min {on[0] / off[0]:.3f}x  median {med(on) / med(off):.3f}x")
+            what, unit = (("noop cycle", "step") if r["case"] == "steps_summary" else ("python loop", "iteration"))
+            print(f"== execution summary kept by the {r['store']} store (issue 36.4): {r['n']:,}-{unit} {what}, "
+                  f"{len(on)} runs each, alternated ==")  # fmt: skip
+            print(f"  summary on          : min {on[0]:.4f}  median {med(on):.4f} ms/{unit}")
+            print(f"  summary off         : min {off[0]:.4f}  median {med(off):.4f} ms/{unit}")
+            print(f"  on / off            : min {on[0] / off[0]:.3f}x  median {med(on) / med(off):.3f}x (wall)")
+            con, coff = sorted(r["on_cpu_ms"]), sorted(r["off_cpu_ms"])
+            print(f"  cpu on / off        : min {con[0]:.4f} / {coff[0]:.4f} ms = {con[0] / coff[0]:.3f}x  "
+                  f"median {med(con):.4f} / {med(coff):.4f} ms = {med(con) / med(coff):.3f}x")  # fmt: skip
         elif r["case"] == "steps":
             n = r["n"]
             per = r["wall_s"] / n * 1000
@@ -326,8 +353,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--iterations", type=int, default=10_000)
     ap.add_argument("--big-loop", type=int, default=200_000, help="items of the big loop (0: skip it)")
-    ap.add_argument("--case", choices=["steps", "steps_summary", "loop_sequential", "loop_parallel", "big_loop", "big_loop_rows", "big_loop_full_bodies"], help=argparse.SUPPRESS)
+    ap.add_argument("--case", choices=["steps", "steps_summary", "loop_summary", "loop_sequential", "loop_parallel", "big_loop", "big_loop_rows", "big_loop_full_bodies"], help=argparse.SUPPRESS)
     ap.add_argument("--only", help="comma-separated cases to run (default: all)")
+    ap.add_argument("--pg", help="steps_summary against this Postgres (libpq URL; a fresh schema) as well")
     args = ap.parse_args(argv)
     if args.case:
         _child(args)

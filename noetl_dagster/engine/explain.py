@@ -29,7 +29,7 @@ from typing import Any
 
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.usage_lines import _REF_EVENTS, _TERMINAL, usage_lines
-from noetl_dagster.util.jsonutil import dumps
+from noetl_dagster.util.jsonutil import dumps, sorted_json
 
 DETAIL = 50  # loop iterations kept one by one (the first ones, and failed ones up to this many)
 BUCKETS = 60  # the rest of a loop's iterations, by index range
@@ -41,6 +41,8 @@ USAGE_SUM = ("cpu_s", "child_cpu_s", "wall_s", "bytes_read", "bytes_written", "n
 
 LedgerPrice = Callable[[dict[str, float]], float]  # a run's ledger -> its cost (analytics prices it)
 _PRICED = frozenset({"task.done", *_TERMINAL, *_REF_EVENTS})  # the events with usage lines
+# events that only count (the routing's bookkeeping, nothing of them is shown): not folded further
+_UNTIMED = frozenset({"token.enqueued", "ctx.patched", "loop.frame.claimed", "loop.frame.committed"})
 
 
 class UnknownExecution(KeyError):
@@ -55,10 +57,11 @@ def _ms(ts: str) -> float:
 
 
 def checksum(value: Any) -> str:
-    """A short, stable digest of a JSON value (a payload reference: its own checksum)."""
+    """A short, stable digest of a JSON value (a payload reference: its own checksum); keys
+    sorted, so equal values digest alike whatever their key order."""
     if isinstance(value, dict) and isinstance(value.get("$ref"), dict) and value["$ref"].get("checksum"):
         return str(value["$ref"]["checksum"])[:24]
-    return hashlib.sha256(dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(sorted_json(value)).hexdigest()[:16]
 
 
 def brief(value: Any) -> dict[str, Any]:
@@ -308,6 +311,11 @@ class Explainer:
     def feed(self, events: Iterable[Event]) -> Explainer:
         ex, runs, order, arcs, dirty = self.ex, self.runs, self.order, self.arcs, self.dirty
         for ev in events:
+            name = ev.name
+            ex["events"] += 1
+            ex["last_sequence"] = max(ex["last_sequence"], ev.sequence or 0)
+            if name in _UNTIMED and self.t0 is not None:
+                continue  # nothing of it is shown (time parsing is most of a small event's cost)
             t = _ms(ev.timestamp)
             if self.t0 is None:
                 self.t0 = t
@@ -315,9 +323,7 @@ class Explainer:
                           parent_execution_id=ev.parent_execution_id, started_at=ev.timestamp)  # fmt: skip
             if self.t_last is None or t > self.t_last:
                 self.t_last = t
-            ex["events"] += 1
-            ex["last_sequence"] = max(ex["last_sequence"], ev.sequence or 0)
-            name, d = ev.name, ev.data if isinstance(ev.data, dict) else {}
+            d = ev.data if isinstance(ev.data, dict) else {}
             run = runs.get(ev.step_run_id or "") if ev.step_run_id else None
             if name == "step.scheduled":
                 run = runs[ev.step_run_id or ""] = _Run(ev, t, len(order) + 1)

@@ -91,36 +91,64 @@ def rebuild(events: Iterable[Event]) -> Explainer:
     return Explainer().feed(events)
 
 
+WRITE_EVERY = 256  # events folded between two writes of the summary at most (and at the end)
+CATCH_UP = 4096  # a stored summary this far behind is brought up to date from the log by the writer
+_FINAL = frozenset({"workflow.finished", "playbook.processed"})
+
+
 class SummaryCache:
     """The folds a store keeps up to date as it appends (a few executions, least recently used
     dropped). :meth:`fold` folds a batch of one execution's new events, numbered, onto the fold at
-    ``base`` (the sequence before them) and returns the rows to write with them; a fold not at
-    ``base`` is loaded with ``load`` (the stored rows) and, when the stored summary is not at
-    ``base`` either, the execution is left alone (its summary stays behind; readers fold the rest)."""
+    ``base`` (the sequence before them) and returns the rows to write in the same transaction:
+    every ``WRITE_EVERY`` events and with the execution's last events (the summary's own
+    ``last_sequence`` says how far it goes; readers fold the few after it), else ``[]``. A fold
+    not at ``base`` (another process appended, or this one was dropped) is loaded with ``load``
+    (the stored rows) and brought to ``base`` with ``read(execution_id, after, until)`` when it is
+    at most ``CATCH_UP`` behind; otherwise the execution is left alone (None: its summary stays
+    behind, and readers fold the rest)."""
 
     def __init__(self, size: int = 32):
         self._folds: OrderedDict[str, Explainer | None] = OrderedDict()
         self._at: dict[str, int] = {}
+        self._pending: dict[str, int] = {}
         self.size = size
 
     def fold(self, execution_id: str, base: int, events: Sequence[Event],
-             load: Callable[[str], tuple[int, list[tuple[int, Any]]] | None]) -> list[Row] | None:  # fmt: skip
+             load: Callable[[str], tuple[int, list[tuple[int, Any]]] | None],
+             read: Callable[[str, int, int], list[Event]]) -> list[Row] | None:  # fmt: skip
         f = self._folds.get(execution_id)
         if self._at.get(execution_id) == base and f is None:  # left alone: no query per append
             self._remember(execution_id, None, base + len(events))
             return None
         if f is None or self._at.get(execution_id) != base:
-            f = None
-            if base == 0:
-                f = Explainer()
-            elif (got := load(execution_id)) is not None and got[0] == base:
-                f = restore(got[1])
+            f = self._load(execution_id, base, load, read)
             if f is None:
                 self._remember(execution_id, None, base + len(events))
                 return None
         f.feed(events)
         self._remember(execution_id, f, base + len(events))
+        pending = self._pending.get(execution_id, 0) + len(events)
+        if pending < WRITE_EVERY and not any(e.name in _FINAL for e in events[-4:]):
+            self._pending[execution_id] = pending
+            return []
+        self._pending[execution_id] = 0
         return state_rows(f)
+
+    def _load(self, execution_id: str, base: int, load: Callable[[str], tuple[int, list[tuple[int, Any]]] | None],
+              read: Callable[[str, int, int], list[Event]]) -> Explainer | None:  # fmt: skip
+        got = load(execution_id) if base else None
+        at = got[0] if got is not None else 0
+        if at > base or base - at > CATCH_UP:
+            return None
+        f = restore(got[1]) if got is not None else Explainer()
+        if f is None:
+            return None
+        if at < base:
+            f.feed(read(execution_id, at, base))
+            if f.ex["last_sequence"] != base:
+                return None
+        self._pending[execution_id] = base - at
+        return f
 
     def at(self, execution_id: str) -> int | None:
         """The last sequence this cache folded (or left alone) for the execution; None: unknown."""
@@ -133,9 +161,11 @@ class SummaryCache:
         while len(self._folds) > self.size:
             old, _ = self._folds.popitem(last=False)
             self._at.pop(old, None)
+            self._pending.pop(old, None)
 
     def forget(self, execution_ids: Iterable[str] | None = None) -> None:
         """After a failed write: these folds (None: all) may be ahead of what is stored."""
         for eid in list(self._folds) if execution_ids is None else execution_ids:
             self._folds.pop(eid, None)
             self._at.pop(eid, None)
+            self._pending.pop(eid, None)

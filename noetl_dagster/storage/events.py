@@ -345,7 +345,8 @@ class _SqliteSummaries:
             by.setdefault(r[1], []).append(r[5])
         for eid, evs in by.items():
             base = (evs[0].sequence or 1) - 1
-            out = self._summaries.fold(eid, base, evs, lambda x: summary_rows(c, x))
+            out = self._summaries.fold(eid, base, evs, lambda x: summary_rows(c, x),
+                                       lambda x, a, b: self._read_range(c, x, a, b))  # fmt: skip
             if out:
                 last = base + len(evs)
                 c.executemany("INSERT OR REPLACE INTO noetl_explain (execution_id, ord, last_sequence, body)"
@@ -377,17 +378,22 @@ class _SqliteSummaries:
         return True
 
     def read_range(self, execution_id: str, after_sequence: int, until_sequence: int) -> list[Event]:
-        with self._lock, self._snapshot():
-            rows = self._conn.execute(
-                f"SELECT body, {_ROW_ENVELOPE} FROM noetl_event WHERE execution_id = ? AND sequence > ?"
-                " AND sequence <= ? ORDER BY sequence",
-                (execution_id, after_sequence, until_sequence),
-            ).fetchall()
-            segs = self._conn.execute(
-                "SELECT gid_last, gid_first, seq_first, body FROM noetl_event_segment"
-                " WHERE execution_id = ? AND seq_last > ? AND seq_first <= ? ORDER BY seq_last",
-                (execution_id, after_sequence, until_sequence),
-            ).fetchall()
+        with self._lock, self._snapshot() as c:
+            return self._read_range(c, execution_id, after_sequence, until_sequence)
+
+    def _read_range(self, c: sqlite3.Connection, execution_id: str, after_sequence: int,
+                    until_sequence: int) -> list[Event]:  # fmt: skip
+        """read_range inside the caller's transaction."""
+        rows = c.execute(
+            f"SELECT body, {_ROW_ENVELOPE} FROM noetl_event WHERE execution_id = ? AND sequence > ?"
+            " AND sequence <= ? ORDER BY sequence",
+            (execution_id, after_sequence, until_sequence),
+        ).fetchall()
+        segs = c.execute(
+            "SELECT gid_last, gid_first, seq_first, body FROM noetl_event_segment"
+            " WHERE execution_id = ? AND seq_last > ? AND seq_first <= ? ORDER BY seq_last",
+            (execution_id, after_sequence, until_sequence),
+        ).fetchall()
         out = [e for r in rows if (e := decode_body(r[0], f"{execution_id}#{r[3]}", self.skipped, r[1:])) is not None]
         for gl, gf, sf, body in segs:
             out += [e for _g, e in self._segment(gl, gf, execution_id, sf, body)

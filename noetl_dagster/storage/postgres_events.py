@@ -362,6 +362,8 @@ class PostgresEventStore(EventStore):
         out: list[tuple[str, int, int, str]] = []
         for eid, evs in by.items():
             base = self._summaries.at(eid)
+            if base is None and evs[0].name == "playbook.execution.requested":
+                base = 0  # a new execution starts with its request (if not, the counter refuses the rows)
             if base is None:  # first append of this execution by this process: where is it?
                 row = conn.execute(self._q("SELECT last_sequence FROM {schema}.noetl_execution WHERE execution_id = %s"),
                                    (eid,)).fetchone()  # fmt: skip
@@ -369,7 +371,8 @@ class PostgresEventStore(EventStore):
             for k, ev in enumerate(evs, start=1):
                 ev.sequence = base + k
             last = base + len(evs)
-            rows = self._summaries.fold(eid, base, evs, lambda x: self._summary(conn, x))
+            rows = self._summaries.fold(eid, base, evs, lambda x: self._summary(conn, x),
+                                        lambda x, a, b: self._read_range(conn, x, a, b))  # fmt: skip
             out += [(eid, n, last, body) for n, body in rows or ()]
         cols = list(zip(*out, strict=True)) or [(), (), (), ()]
         return [_array(cols[0]), "{" + ",".join(map(str, cols[1])) + "}",
@@ -401,13 +404,17 @@ class PostgresEventStore(EventStore):
 
     def read_range(self, execution_id: str, after_sequence: int, until_sequence: int) -> list[Event]:
         with self._pool.connection() as conn:
-            rows = conn.execute(
-                self._q(
-                    "SELECT sequence, body::text FROM {schema}.noetl_event"
-                    " WHERE execution_id = %s AND sequence > %s AND sequence <= %s ORDER BY sequence"
-                ),
-                (execution_id, after_sequence, until_sequence),
-            ).fetchall()
+            return self._read_range(conn, execution_id, after_sequence, until_sequence)
+
+    def _read_range(self, conn: psycopg.Connection, execution_id: str, after_sequence: int,
+                    until_sequence: int) -> list[Event]:  # fmt: skip
+        rows = conn.execute(
+            self._q(
+                "SELECT sequence, body::text FROM {schema}.noetl_event"
+                " WHERE execution_id = %s AND sequence > %s AND sequence <= %s ORDER BY sequence"
+            ),
+            (execution_id, after_sequence, until_sequence),
+        ).fetchall()
         out = [decode_body(b, f"{execution_id}#{seq}", self.skipped) for seq, b in rows]
         return [e for e in out if e is not None]
 

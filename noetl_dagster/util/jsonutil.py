@@ -48,6 +48,14 @@ try:  # orjson is ~5x faster on the event hot path; the stdlib encoder is the fa
         except TypeError:  # e.g. integers beyond 64 bits, lone surrogates (written as U+FFFD)
             return json.dumps(replace_lone_surrogates(value), default=to_jsonable, separators=(",", ":"))
 
+    def sorted_json(value: Any) -> bytes:
+        """UTF-8 JSON with keys sorted (a digest's input: equal values, equal bytes)."""
+        try:
+            return _orjson.dumps(value, default=to_jsonable, option=_OPTS | _orjson.OPT_SORT_KEYS)
+        except TypeError:  # non-string keys of mixed types, integers beyond 64 bits, lone surrogates
+            return json.dumps(replace_lone_surrogates(value), default=to_jsonable, separators=(",", ":"),
+                              sort_keys=True, ensure_ascii=False).encode("utf-8", "replace")  # fmt: skip
+
     _LONG_INT = re.compile(r"\d{19}")  # orjson reads integers beyond 64 bits as floats
     _LONG_INT_B = re.compile(rb"\d{19}")
 
@@ -63,6 +71,10 @@ except ImportError:  # pragma: no cover
 
     def dumps(value: Any, **kw: Any) -> str:
         return json.dumps(value, default=to_jsonable, separators=(",", ":"), **kw)
+
+    def sorted_json(value: Any) -> bytes:
+        return json.dumps(value, default=to_jsonable, separators=(",", ":"), sort_keys=True,
+                          ensure_ascii=False).encode("utf-8", "replace")  # fmt: skip
 
     def loads(text: str | bytes) -> Any:
         return json.loads(text)
