@@ -210,6 +210,9 @@ class _Run:
     summary row. ``ledger``: its priced quantities (usage lines summed by category, item, kind and
     day: a price table prices them when the page is built); ``seen``: storage references billed."""
 
+    __slots__ = ("ord", "step", "step_run_id", "seq", "scheduled", "start", "end", "status", "args", "tokens",
+                 "attempts", "open", "loop", "result", "error", "fired", "usage", "ledger", "seen", "subs", "reason")  # fmt: skip
+
     def __init__(self, ev: Event, t: float, ord_: int):
         d = ev.data if isinstance(ev.data, dict) else {}
         self.ord, self.step, self.step_run_id, self.seq = ord_, ev.step or "", ev.step_run_id, ev.sequence
@@ -332,8 +335,8 @@ class Explainer:
                 run = _Run(ev, t, len(order) + 1)
                 run.status, run.reason = "skipped", str(d.get("reason") or "")
                 order.append(run)
-            if name in _PRICED:
-                self._charge(run, ev, name, d, t)
+            if name in _PRICED and (name == "task.done" or name in _TERMINAL or type(d.get("result")) is dict):
+                self._charge(run, ev, name, d, t)  # (a step's inline result has no usage line)
             if run is None:
                 if name == "playbook.execution.requested":
                     self.request = ev
