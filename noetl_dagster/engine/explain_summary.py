@@ -120,12 +120,16 @@ class SummaryCache:
         if self._at.get(execution_id) == base and f is None:  # left alone: no query per append
             self._remember(execution_id, None, base + len(events))
             return None
-        if f is None or self._at.get(execution_id) != base:
-            f = self._load(execution_id, base, load, read)
-            if f is None:
-                self._remember(execution_id, None, base + len(events))
-                return None
-        f.feed(events)
+        try:
+            if f is None or self._at.get(execution_id) != base:
+                f = self._load(execution_id, base, load, read)
+            if f is not None:
+                f.feed(events)
+        except Exception:  # noqa: BLE001 - an event the fold cannot read never fails the append: left alone
+            f = None
+        if f is None:
+            self._remember(execution_id, None, base + len(events))
+            return None
         self._remember(execution_id, f, base + len(events))
         pending = self._pending.get(execution_id, 0) + len(events)
         if pending < WRITE_EVERY and not any(e.name in _FINAL for e in events[-4:]):
