@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -77,10 +78,18 @@ def environ(root: Path, home: Path) -> dict[str, str]:
     return env
 
 
-def _once(argv: list[str], env: dict[str, str]) -> float:
+# user+sys CPU of each timed child: steadier than wall on a machine other work is loading
+CPU: dict[str, list[float]] = defaultdict(list)
+
+
+def _once(argv: list[str], env: dict[str, str], name: str | None = None) -> float:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     r = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     took = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if name is not None:
+        CPU[name].append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(argv[1:])} exited {r.returncode}: {r.stderr.decode()[-500:]}")
     return took
@@ -104,7 +113,7 @@ def time_all(cases: dict[str, tuple[list[str], dict[str, str]]], repeat: int) ->
     times: dict[str, list[float]] = defaultdict(list)
     for _ in range(repeat):
         for name, (argv, env) in cases.items():
-            times[name].append(_once(argv, env))
+            times[name].append(_once(argv, env, name))
     return times
 
 
@@ -163,19 +172,28 @@ def main(argv: list[str] | None = None) -> int:
         times = time_all(cases, args.repeat)
         med = {k: statistics.median(v) for k, v in times.items()}
         py, click_ = med["python -c pass"], med["python -c 'import click'"]
-        print(f"\n{'command':<28} {'median':>8} {'min':>8} {'/ python':>9} {'/ click':>8}  target")
+        print(
+            f"\n{'command':<28} {'median':>8} {'min':>8} {'/ python':>9} {'/ click':>8} {'cpu med':>8}  target"
+        )
         for name, ts in times.items():
+            cpu = f"{statistics.median(CPU[name]):7.3f}s" if CPU.get(name) else "       -"
             cmd = name.split(" ", 1)[1] if name.startswith(("after ", "before ")) else name
             target = TARGETS.get(cmd)
             verdict = "" if target is None or name.startswith("before ") else (
                 f"{target:.2f} s {'PASS' if med[name] <= target else 'MISS'}")  # fmt: skip
             print(
-                f"{name:<28} {med[name]:7.3f}s {min(ts):7.3f}s {med[name] / py:8.1f}x {med[name] / click_:7.1f}x  {verdict}"
+                f"{name:<28} {med[name]:7.3f}s {min(ts):7.3f}s {med[name] / py:8.1f}x {med[name] / click_:7.1f}x {cpu}  {verdict}"
             )
         if args.compare is not None:
             print("\nafter / before (median):")
             for cmd in commands(pb):
-                print(f"  {cmd:<10} {med['after ' + cmd] / med['before ' + cmd]:.2f}")
+                cpu = (
+                    (statistics.median(CPU["after " + cmd]) / statistics.median(CPU["before " + cmd]))
+                    if CPU
+                    else None
+                )
+                cpu_text = f"   cpu {cpu:.2f}" if cpu is not None else ""
+                print(f"  {cmd:<10} wall {med['after ' + cmd] / med['before ' + cmd]:.2f}{cpu_text}")
         for tag, root in roots.items():
             env = environ(root, Path(d) / f"home{tag.strip()}")
             for name, cmd in commands(pb).items():

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from noetl_dagster.dsl.builder import canonical_yaml, playbook_id
 from noetl_dagster.dsl.executor_spec import final_step, no_next_is_error
 from noetl_dagster.dsl.model import Playbook, Step
 from noetl_dagster.dsl.parse import PlaybookInvalid, check_playbook
@@ -502,6 +501,8 @@ def run_child(
         except PlaybookInvalid as e:
             raise ToolError(f"generated playbook is invalid: {e}", kind="generated_playbook_invalid",
                             result={"issues": [str(i) for i in e.issues]}) from None  # fmt: skip
+        from noetl_dagster.dsl.builder import canonical_yaml, playbook_id  # noqa: PLC0415 - the builder API (~5 ms), generated playbooks only
+
         pid = playbook_id(child_pb)
         grant = grant_for_generated(parent.grant, parent.playbook, credentials)
         label = f"generated playbook {child_pb.metadata.name!r} ({pid})"

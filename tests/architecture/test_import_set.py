@@ -118,6 +118,8 @@ def test_one_step_run_imports_only_what_it_needs(tmp_path):
     assert _loaded(modules, HEAVY) == []
     assert not [m for m in modules if m.startswith("noetl_dagster.dsl.flow")]
     assert not [m for m in modules if m.startswith(("noetl_dagster.translator", "noetl_dagster.sensors"))]
+    assert "noetl_dagster.tools.kind_configs" not in modules  # the other kinds' models are not even defined
+    assert "noetl_dagster.dsl.builder" not in modules  # the builder API: generated playbooks only
     assert configs == ["NoopConfig"], configs  # the one kind it calls; the other models stay unbuilt
 
 
