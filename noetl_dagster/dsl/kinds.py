@@ -75,10 +75,17 @@ class ToolKind:
         """Validate rendered inputs against the config model; one line per problem."""
         if self.config is None:
             return
+        key = self._valid_key(inputs)
+        if key is not None and key in _VALID:
+            return  # this exact config (up to its free `input`) validated before
         from pydantic import ValidationError  # noqa: PLC0415 - loaded with the config model anyway
 
         try:
             self.config.model_validate(inputs)
+            if key is not None:
+                if len(_VALID) > 4096:
+                    _VALID.clear()
+                _VALID[key] = None
         except ValidationError as e:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in err['loc']) or '<config>'}: {err['msg']}"
@@ -86,9 +93,43 @@ class ToolKind:
             )
             raise ToolConfigError(f"kind {self.name!r}: invalid config: {problems}") from None
 
+    def _valid_key(self, inputs: dict[str, Any]) -> tuple | None:
+        """A cache key for a config that passed validation: every key but ``input`` with its value's
+        type (1, 1.0 and True hash alike), when the model leaves ``input`` free (typed Any, no
+        validator) and every other value is hashable; else None (validate every call). A python
+        task's config is its code plus the rendered input: validated once per code, not per call."""
+        model = self.config
+        if model is None:
+            return None
+        free = _INPUT_FREE.get(model)
+        if free is None:
+            free = _INPUT_FREE[model] = _input_free(model)
+        if not free:
+            return None
+        key = (model, *((k, type(v), v) for k, v in inputs.items() if k != "input"))
+        try:
+            hash(key)
+        except TypeError:
+            return None
+        return key
+
     def invoke(self, inputs: dict[str, Any], ctx: Any) -> Any:
         self.check_config(inputs)
         return self.fn(inputs, ctx)
+
+
+_VALID: dict[tuple, None] = {}  # configs that passed their model (ToolKind._valid_key)
+_INPUT_FREE: dict[Any, bool] = {}
+
+
+def _input_free(model: type[BaseModel]) -> bool:
+    """Whether a model accepts any ``input`` whatever the other fields hold: ``input`` typed Any
+    and no validator on the model or on any field (a validator may read ``input``)."""
+    f = model.model_fields.get("input")
+    decorators = model.__pydantic_decorators__
+    validators = (decorators.model_validators, decorators.field_validators, decorators.root_validators,
+                  decorators.validators)  # fmt: skip
+    return f is not None and f.annotation is Any and not f.metadata and not any(validators)
 
 
 _lock = threading.RLock()

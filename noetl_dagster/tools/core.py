@@ -169,8 +169,9 @@ def _coerce(value: Any) -> Any:
 
 
 def _source(inputs: dict[str, Any], ctx: ToolContext) -> str:
-    if isinstance(inputs.get("code"), str):
-        return inputs["code"]
+    code = inputs.get("code")
+    if type(code) is str:
+        return code
     for key in ("code_b64", "code_base64"):
         if isinstance(inputs.get(key), str):
             try:
@@ -226,15 +227,20 @@ def _compile(source: str) -> tuple[Any, bool]:
 
 
 def _inputs(inputs: dict[str, Any]) -> dict[str, Any]:
+    """The code's variables. Values are the rendered config's own objects, not copies: rendering
+    made them (templates.render copies what it reads from ctx or results), and nothing else holds them."""
     data: dict[str, Any] = {}
     for key in ("args", "input"):
         v = inputs.get(key)
-        if isinstance(v, Mapping):
+        if type(v) is dict or isinstance(v, Mapping):
             data.update(v)
     for k, v in inputs.items():  # keys written beside `code` are inputs too
         if k not in _RESERVED and k not in data:
             data[k] = v
-    return {k: _coerce(v) for k, v in data.items()}
+    for k, v in data.items():
+        if type(v) is str:
+            data[k] = _coerce(v)
+    return data
 
 
 def _call_main(fn: Any, data: dict[str, Any], context: Any) -> Any:
@@ -262,11 +268,28 @@ def _call_main(fn: Any, data: dict[str, Any], context: Any) -> Any:
 
 
 def _check_result(result: Any) -> Any:
+    if result is None or (type(result) is dict and "status" not in result):
+        return result
     if isinstance(result, Mapping) and str(result.get("status", "")).lower() == "error":
         msg = result.get("error") or result.get("message") or "python code returned status: error"
         raise ToolError(str(msg if not isinstance(msg, Mapping) else msg.get("message", msg)), kind="python_error",
                         result=dict(result))  # fmt: skip
     return result
+
+
+_BASE_GLOBALS: dict[str, Any] = {}
+
+
+def _base_globals() -> dict[str, Any]:
+    """The names every python task sees besides its inputs (modules, not state: copying the dict
+    per call shares the module objects, as a fresh import would)."""
+    if not _BASE_GLOBALS:
+        import datetime
+        import uuid
+
+        _BASE_GLOBALS.update({"__name__": "__noetl__", "__builtins__": builtins, "json": json, "os": os,
+                              "result": None, "datetime": datetime, "uuid": uuid})  # fmt: skip
+    return _BASE_GLOBALS
 
 
 def run_python_inline(source: str, data: dict[str, Any], context: Any, log: Any = None) -> Any:
@@ -282,21 +305,10 @@ def run_python_inline(source: str, data: dict[str, Any], context: Any, log: Any 
         if log is not None:
             log(text.rstrip("\n"))
 
-    g: dict[str, Any] = {
-        "__name__": "__noetl__",
-        "__builtins__": builtins,
-        "print": _print,
-        "json": json,
-        "os": os,
-        "input_data": data,
-        "context": context,
-        "result": None,
-    }
-    import datetime as _dt
-    import uuid as _uuid
-
-    g["datetime"] = _dt
-    g["uuid"] = _uuid
+    g = _base_globals().copy()  # a fresh namespace per call: nothing a task defines reaches the next
+    g["print"] = _print
+    g["input_data"] = data
+    g["context"] = context
     g.update(data)
     try:
         exec(code, g)  # noqa: S102 - running playbook code is this tool's purpose

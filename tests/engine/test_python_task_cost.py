@@ -1,0 +1,183 @@
+"""Issue 35: what a python task and a big context cost per step, as counts (benchmarks/bench_python_task.py
+has the times). Each test counts work that used to grow with a value's size or with the number of calls."""
+
+from __future__ import annotations
+
+import builtins
+import sys
+
+import pytest
+
+from noetl_dagster.dsl import kinds, templates
+from noetl_dagster.dsl.templates import TemplateError, template_env
+from noetl_dagster.tools import core
+from noetl_dagster.tools.configs import PythonConfig
+from noetl_dagster.util.jsonstream import json_size_bound
+
+CYCLE = """
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: cost, path: tests/cost}
+workload: {n: 5}
+workflow:
+  - step: start
+    tool: {kind: noop}
+    set: {ctx.i: 0, ctx.big: "{{ range(10000) | list }}"}
+    next: {arcs: [{step: tick}]}
+  - step: tick
+    tool:
+      kind: python
+      input: {i: "{{ ctx.i }}"}
+      code: |
+        result = {"i": i + 1}
+    set: {ctx.i: "{{ tick.i }}"}
+    next: {arcs: [{step: tick, when: "{{ ctx.i < workload.n }}"}]}
+"""
+
+
+def test_a_flat_list_is_copied_without_a_python_call_per_item(monkeypatch):
+    """`{{ ctx.trail + [x] }}` and `{{ ctx.big }}`: the limits' checks ran a Python walk per item
+    (the counting cycle's superlinear part); now C loops, the render budget still ticked per item."""
+    calls, units = [0], [0]
+    real_tick = templates.tick
+
+    def counting(n: int = 1) -> None:
+        calls[0] += 1
+        units[0] += n
+        real_tick(n)
+
+    monkeypatch.setattr(templates, "tick", counting)
+    big = list(range(10_000))
+    out = template_env().render_str("{{ ctx.big }}", {"ctx": {"big": big}})
+    assert out == big and out is not big  # a copy: a task mutating its input cannot reach ctx
+    assert calls[0] < 10 and units[0] >= 10_000
+    calls[0] = units[0] = 0
+    words = template_env().render_str("{{ w + ['z'] }}", {"w": ["ab"] * 5000})
+    assert len(words) == 5001 and calls[0] < 10 and units[0] >= 5001
+
+
+def test_the_flat_copy_keeps_the_limits():
+    env = template_env()
+    with pytest.raises(TemplateError, match="integer beyond"):
+        env.render_str("{{ xs }}", {"xs": [1] * 20 + [2**20_000]})
+    with pytest.raises(TemplateError, match="more than 1000000 items"):
+        env.render_str("{{ xs }}", {"xs": list(range(1_200_000))})
+    with pytest.raises(TemplateError, match="characters"):
+        env.render_str("{{ xs }}", {"xs": ["x" * (8 * 2**20)] * 9})
+    mixed = [1, "a", None, 2.5, True, [1], {"k": 1}, (1, 2), 3, 4]
+    assert env.render_str("{{ xs }}", {"xs": mixed}) == [1, "a", None, 2.5, True, [1], {"k": 1}, (1, 2), 3, 4]
+
+
+def _next_calls(value: object) -> int:
+    """builtins.next calls json_size_bound makes on ``value`` (one per item it walks)."""
+    n = [0]
+
+    def prof(frame, event, arg):
+        if event == "c_call" and arg is builtins.next:
+            n[0] += 1
+
+    sys.setprofile(prof)
+    try:
+        json_size_bound(value, 10**9)
+    finally:
+        sys.setprofile(None)
+    return n[0]
+
+
+def test_the_event_size_bound_does_not_walk_a_flat_list():
+    assert json_size_bound(list(range(1000)), 10**9) >= 1000 + 1 + 1000
+    assert json_size_bound(["ab"] * 100, 10**9) == 100 + 1 + 100 * 4
+    assert _next_calls({"patch": {"trail": list(range(10_000))}}) < 20
+    assert _next_calls({"patch": {"rows": [{"a": 1}] * 50}}) > 50  # nested items are still walked
+
+
+def test_repeated_python_code_is_compiled_and_validated_once(monkeypatch):
+    compiled, validated = [0], [0]
+    real_compile, real_validate = builtins.compile, PythonConfig.model_validate.__func__
+
+    def counting_compile(*a, **k):
+        compiled[0] += 1
+        return real_compile(*a, **k)
+
+    def counting_validate(cls, *a, **k):
+        validated[0] += 1
+        return real_validate(cls, *a, **k)
+
+    monkeypatch.setattr(core, "compile", counting_compile, raising=False)
+    monkeypatch.setattr(PythonConfig, "model_validate", classmethod(counting_validate))
+    getattr(kinds, "_VALID", {}).clear()
+    kind = kinds.get_tool("python")
+    code = "result = {'i': i + 1}  # issue 35 compile-once\n"
+    for i in range(5):
+        cfg = {"code": code, "input": {"i": i}}
+        kind.check_config(cfg)
+        assert core.run_python_inline(code, {"i": i}, {}) == {"i": i + 1}
+    assert compiled[0] == 1 and validated[0] == 1
+    with pytest.raises(kinds.ToolConfigError):  # a different config is still validated
+        kind.check_config({"code": 5, "input": {}})
+
+
+def test_a_validator_on_input_turns_the_config_cache_off():
+    from pydantic import field_validator
+
+    from noetl_dagster.tools.configs import ToolConfig
+
+    class Checked(ToolConfig):
+        @field_validator("input")
+        @classmethod
+        def _positive(cls, v):
+            assert v["n"] > 0
+            return v
+
+    assert kinds._input_free(PythonConfig) and not kinds._input_free(Checked)
+
+
+def test_a_task_sees_a_fresh_namespace_and_cannot_change_the_next_ones():
+    assert core.run_python_inline("json = None\nos = 1\nresult = 1", {}, {}) == 1
+    assert core.run_python_inline("result = json.dumps([os.sep != ''])", {}, {}) == "[true]"
+    assert core.run_python_inline("result = 'leak' in globals()", {}, {}) is False
+    core.run_python_inline("leak = 1\nresult = 0", {}, {})
+    assert core.run_python_inline("result = 'leak' in globals()", {}, {}) is False
+
+
+def test_an_untouched_ctx_value_is_shared_not_copied_or_measured(run_pb, monkeypatch):
+    """The 10,000-item list is put in ctx once; later steps neither copy nor size nor encode it."""
+    from noetl_dagster.engine import recorder
+
+    seen: list[int] = []
+    real_bound = recorder.json_size_bound
+
+    def bound(v, cap):
+        seen.append(len(v) if isinstance(v, list) else 0)
+        return real_bound(v, cap)
+
+    monkeypatch.setattr(recorder, "json_size_bound", bound)
+    run = run_pb(CYCLE)
+    assert run.status == "completed" and run.runs["tick"] == 5
+    assert seen.count(10_000) == 1  # the start step's patch only
+    patches = run.named("ctx.patched")
+    assert "big" in patches[0].data["patch"] and all("big" not in p.data["patch"] for p in patches[1:])
+    assert run.ctx["big"] == list(range(10_000))
+
+
+def test_a_task_result_mutated_by_the_next_task_does_not_change_the_recorded_one(run_pb):
+    run = run_pb("""
+        apiVersion: noetl.io/v2
+        kind: Playbook
+        metadata: {name: alias, path: tests/alias}
+        workflow:
+          - step: start
+            tool: {kind: python, code: "result = {'xs': list(range(20))}"}
+            set: {ctx.xs: "{{ start.xs }}"}
+            next: {arcs: [{step: mutate}]}
+          - step: mutate
+            tool:
+              kind: python
+              input: {xs: "{{ ctx.xs }}", ys: "{{ start.xs }}"}
+              code: |
+                xs.append(99)
+                ys.clear()
+                result = {"n": len(xs)}
+    """)
+    assert run.status == "completed" and run.results["mutate"] == {"n": 21}
+    assert run.ctx["xs"] == list(range(20)) and run.results["start"] == {"xs": list(range(20))}
