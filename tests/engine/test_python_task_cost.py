@@ -181,3 +181,26 @@ def test_a_task_result_mutated_by_the_next_task_does_not_change_the_recorded_one
     """)
     assert run.status == "completed" and run.results["mutate"] == {"n": 21}
     assert run.ctx["xs"] == list(range(20)) and run.results["start"] == {"xs": list(range(20))}
+
+
+def test_repeated_rhai_code_is_parsed_once(monkeypatch):
+    """A rhai step in a cycle runs the same script each time: one Earley parse (~0.1-0.3 s), not one a step."""
+    from noetl_dagster.dsl import rhai
+
+    parsed = [0]
+    lark = rhai._lark()
+
+    class Counting:
+        def parse(self, code):
+            parsed[0] += 1
+            return lark.parse(code)
+
+    monkeypatch.setattr(rhai, "_parser", Counting())
+    monkeypatch.setattr(rhai, "_TREES", {}, raising=False)
+    code = "let n = start;\nn - 1 // issue 35 parse-once"
+    assert [rhai.run(code, {"start": i}) for i in range(4)] == [-1, 0, 1, 2]
+    assert parsed[0] == 1
+    with pytest.raises(rhai.RhaiError):  # errors are not cached away
+        rhai.run("let = ;")
+    with pytest.raises(rhai.RhaiError):
+        rhai.run("let = ;")
