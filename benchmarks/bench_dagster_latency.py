@@ -63,9 +63,24 @@ def _stages(instance, run) -> dict[str, float]:
     out: dict[str, float] = {}
     for rec in instance.all_logs(run.run_id):
         t = rec.dagster_event.event_type.name if rec.dagster_event else None  # the value is PIPELINE_*
+        if t == "ENGINE_EVENT" and rec.message.startswith("Started process for run") and "PROCESS" not in out:
+            out["PROCESS"] = rec.timestamp  # the run worker's first event (dagster api execute_run's own)
         if t in (*STAGES, "RUN_ENQUEUED") and t not in out:
             out[t] = rec.timestamp
     return out
+
+
+def _tick_of(instance, run_id: str) -> tuple[float, float] | None:
+    """(start, end) of the router sensor tick that requested ``run_id``."""
+    from dagster._core.scheduler.instigation import InstigatorType
+
+    for state in instance.all_instigator_state(instigator_type=InstigatorType.SENSOR):
+        if state.name != "noetl_router":
+            continue
+        for tick in instance.get_ticks(state.instigator_origin_id, state.selector_id, limit=50):
+            if run_id in tick.run_ids:
+                return tick.timestamp, tick.end_timestamp or tick.timestamp
+    return None
 
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -92,81 +107,131 @@ def _pg_database(name: str, drop: bool = False) -> str:
     return f"postgresql+psycopg2://postgres@127.0.0.1:5432/{name}"
 
 
+class _Session:
+    """One ``dagster dev`` (webserver + daemon) on its own DAGSTER_HOME and NoETL data directory."""
+
+    def __init__(self, config: str, postgres: bool, tree: Path | None):
+        self.tmp = Path(tempfile.mkdtemp(prefix="bench_dagster_latency_"))
+        home, self.noetl_home = self.tmp / "dagster_home", self.tmp / "noetl"
+        home.mkdir()
+        self.pg_name = f"bench_dagster_{os.getpid()}_{config}" if postgres else None
+        pg_url = _pg_database(self.pg_name) if self.pg_name else None
+        (home / "dagster.yaml").write_text(_instance_yaml(config, pg_url, tree or REPO))
+        cache = config == "after" or tree is not None
+        env = {**os.environ, "DAGSTER_HOME": str(home), "NOETL_DAGSTER_HOME": str(self.noetl_home),
+               "NOETL_DAGSTER_PLAYBOOK_CACHE": str(self.tmp / "playbook_cache") if cache else "off"}  # fmt: skip
+        if tree is not None:
+            env["PYTHONPATH"] = os.pathsep.join([str(tree), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
+        port = _free_port()
+        self.log = open(self.tmp / "dagster_dev.log", "wb")  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "dagster"), "dev", "-m", "example_project.definitions", "-h", "127.0.0.1", "-p", str(port)],
+            cwd=self.tmp, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        self.port, self.home, self.instance = port, home, None
+
+    def ready(self) -> None:
+        import dagster as dg
+        import httpx
+
+        deadline = time.time() + 240
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError((self.tmp / "dagster_dev.log").read_text()[-2000:])
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/server_info", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError("dagster dev did not answer in 240 s")
+            time.sleep(0.5)
+        self.instance = dg.DagsterInstance.from_config(str(self.home))
+
+    def request(self, i: int, timeout: float) -> dict[str, float] | None:
+        from noetl_dagster.translator.runner import run_playbook_dagster
+
+        instance = self.instance
+        t0 = time.time()
+        req = run_playbook_dagster(HELLO, {"name": f"r{i}"}, data_dir=self.noetl_home, tenant="demo", project="examples",
+                                   detach=True)  # fmt: skip
+        run = _wait_run(instance, req.execution_id, timeout)
+        st = _stages(instance, run)
+        if not all(s in st for s in STAGES):
+            return None
+        created = instance.get_run_record_by_id(run.run_id).create_timestamp.timestamp()
+        tick = _tick_of(instance, run.run_id) or (t0, t0)
+        return {"tick_wait": max(0.0, tick[0] - t0), "tick_to_created": created - max(t0, tick[0]),
+                "process": st.get("PROCESS", st["RUN_START"]) - st["RUN_STARTING"],
+                "process_to_start": st["RUN_START"] - st.get("PROCESS", st["RUN_START"]),
+                "created": created - t0, "queued": st["RUN_STARTING"] - created,
+                "boot": st["RUN_START"] - st["RUN_STARTING"], "total": st["RUN_START"] - t0,
+                "first_op": st["STEP_START"] - st["RUN_START"],
+                "at_once": float("RUN_ENQUEUED" not in st),
+                "warm": float(run.tags.get("noetl/warm_launch") == "true")}  # fmt: skip
+
+    def close(self) -> None:
+        if self.instance is not None:
+            self.instance.dispose()
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self.log.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        if self.pg_name:
+            _pg_database(self.pg_name, drop=True)
+
+
+def measure_side_by_side(
+    requests: int, timeout: float, configs: tuple[str, ...], postgres: bool = False, trees: dict | None = None
+) -> dict[str, list[dict[str, float]]]:
+    """Both configurations' ``dagster dev`` up at once, requests alternating between them: the
+    shared machine's load falls on both alike (issue 35: one session after the other saw load 3 and
+    then 10). Run the same number of each, one at a time."""
+    trees = trees or {}
+    sessions = {}
+    try:
+        for c in configs:
+            sessions[c] = _Session(c, postgres, trees.get(c))
+        for c in configs:
+            sessions[c].ready()
+            sessions[c].request(0, timeout)  # warm-up: the daemon's first tick loads the code location
+        rows: dict[str, list[dict[str, float]]] = {c: [] for c in configs}
+        for i in range(1, requests + 1):
+            for c in configs if i % 2 else reversed(configs):
+                row = sessions[c].request(i, timeout)
+                if row is not None:
+                    rows[c].append(row)
+        return rows
+    finally:
+        for sess in sessions.values():
+            sess.close()
+        from noetl_dagster.resources.noetl import close_all_services
+
+        close_all_services()
+
+
 def measure(
     requests: int, timeout: float, config: str = "after", postgres: bool = False, burst: int = 0,
     tree: Path | None = None,
 ) -> tuple[list[dict[str, float]], dict[str, float] | None]:
     """(one row per sequential request, the burst's figures or None). ``tree``: another checkout
     (e.g. main's commit in a temporary worktree) whose code and dagster.yaml ``dagster dev`` runs."""
-    tmp = Path(tempfile.mkdtemp(prefix="bench_dagster_latency_"))
-    home, noetl_home = tmp / "dagster_home", tmp / "noetl"
-    home.mkdir()
-    pg_name = f"bench_dagster_{os.getpid()}_{config}" if postgres else None
-    (home / "dagster.yaml").write_text(_instance_yaml(config, _pg_database(pg_name) if pg_name else None, tree or REPO))
-    os.environ["DAGSTER_HOME"], os.environ["NOETL_DAGSTER_HOME"] = str(home), str(noetl_home)
-    cache = config == "after" or tree is not None
-    os.environ["NOETL_DAGSTER_PLAYBOOK_CACHE"] = str(tmp / "playbook_cache") if cache else "off"
-    env = dict(os.environ)
-    if tree is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(tree), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
-    port = _free_port()
-    log = open(tmp / "dagster_dev.log", "wb")  # noqa: SIM115 - closed in finally
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "dagster"), "dev", "-m", "example_project.definitions", "-h", "127.0.0.1", "-p", str(port)],
-        cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+    sess = _Session(config, postgres, tree)
     try:
-        import dagster as dg
-        import httpx
-
-        from noetl_dagster.translator.runner import run_playbook_dagster
-
-        deadline = time.time() + 180
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError((tmp / "dagster_dev.log").read_text()[-2000:])
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/server_info", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.time() > deadline:
-                raise RuntimeError("dagster dev did not answer in 180 s")
-            time.sleep(0.5)
-        instance = dg.DagsterInstance.get()
-        rows: list[dict[str, float]] = []
-        for i in range(requests + 1):
-            t0 = time.time()
-            req = run_playbook_dagster(HELLO, {"name": f"r{i}"}, data_dir=noetl_home, tenant="demo", project="examples",
-                                       detach=True)  # fmt: skip
-            run = _wait_run(instance, req.execution_id, timeout)
-            st = _stages(instance, run)
-            if i == 0 or not all(s in st for s in STAGES):
-                continue  # warm-up: the daemon's first tick loads the code location
-            created = instance.get_run_record_by_id(run.run_id).create_timestamp.timestamp()
-            rows.append({"created": created - t0, "queued": st["RUN_STARTING"] - created,
-                         "boot": st["RUN_START"] - st["RUN_STARTING"], "total": st["RUN_START"] - t0,
-                         "first_op": st["STEP_START"] - st["RUN_START"],
-                         "at_once": float("RUN_ENQUEUED" not in st),
-                         "warm": float(run.tags.get("noetl/warm_launch") == "true")})  # fmt: skip
-        burst_figures = _burst(instance, burst, noetl_home, timeout) if burst else None
-        instance.dispose()
+        sess.ready()
+        rows = [r for i in range(requests + 1) if (r := sess.request(i, timeout)) is not None and i > 0]
+        burst_figures = _burst(sess.instance, burst, sess.noetl_home, timeout) if burst else None
         return rows, burst_figures
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-        log.close()
+        sess.close()
         from noetl_dagster.resources.noetl import close_all_services
 
         close_all_services()
-        shutil.rmtree(tmp, ignore_errors=True)
-        if pg_name:
-            _pg_database(pg_name, drop=True)
 
 
 def _burst(instance, n: int, noetl_home: Path, timeout: float) -> dict[str, float]:
@@ -263,13 +328,15 @@ def _report(config: str, rows: list[dict[str, float]], b: dict[str, float] | Non
     print(f"{config}: request -> run start through dagster dev ({'Postgres' if postgres else 'SQLite'} instance), "
           f"{len(rows)} requests, {warm:.0f} warm launches, {at_once:.0f} not queued "
           f"(load average {os.getloadavg()[0]:.2f})")  # fmt: skip
-    print(f"  {'stage':<38} {'p50 s':>7} {'max s':>7}")
-    labels = {"created": "request -> run created (sensor)", "queued": "created -> starting (queue or at once)",
-              "boot": "starting -> started (run worker)", "total": "request -> run started",
+    print(f"  {'stage':<56} {'p50 s':>7} {'max s':>7}")
+    labels = {"created": "request -> run created (sensor)", "tick_wait": "  request -> its tick starts (0: seen by a waiting tick)",
+              "tick_to_created": "  tick or request -> run created", "queued": "created -> starting (queue or at once)",
+              "boot": "starting -> started (run worker)", "process": "  starting -> worker's first event (launch, fork)",
+              "process_to_start": "  worker's first event -> RUN_START", "total": "request -> run started",
               "first_op": "started -> first op starts"}  # fmt: skip
     for key, label in labels.items():
         vals = [r[key] for r in rows]
-        print(f"  {label:<38} {statistics.median(vals):7.2f} {max(vals):7.2f}")
+        print(f"  {label:<56} {statistics.median(vals):7.2f} {max(vals):7.2f}")
     p50 = statistics.median(r["total"] for r in rows)
     print(f"  p50 request-to-start {p50:.2f} s   target <= {TARGET_S:g} s: {'PASS' if p50 <= TARGET_S else 'MISS'}")
 
@@ -285,6 +352,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--before-tree", type=Path, help="'before' is this checkout's code and dagster.yaml (e.g. a"
                     " worktree of main's previous commit), not Dagster's default launcher")  # fmt: skip
     ap.add_argument("--rounds", type=int, default=1, help="alternate before/after this many times, rows pooled")
+    ap.add_argument("--side-by-side", action="store_true", help="both dagster dev up at once, requests alternating")
     args = ap.parse_args(argv)
     print(f"load average at start {os.getloadavg()[0]:.2f}")
     if not args.no_boot_cpu:
@@ -294,7 +362,10 @@ def main(argv: list[str] | None = None) -> None:
               f"(load average {os.getloadavg()[0]:.2f})")  # fmt: skip
     configs = ("before", "after") if args.config == "both" else (args.config,)
     results: dict[str, tuple[list[dict[str, float]], dict[str, float] | None]] = {c: ([], None) for c in configs}
-    for _ in range(args.rounds):  # interleaved: load changes on a shared machine hit both alike
+    if args.side_by_side and len(configs) == 2:
+        pooled = measure_side_by_side(args.requests, args.timeout, configs, args.postgres, {"before": args.before_tree})
+        results = {c: (pooled[c], None) for c in configs}
+    for _ in range(0 if args.side_by_side else args.rounds):  # interleaved: load changes hit both alike
         for c in configs:
             rows, b = measure(args.requests, args.timeout, c, args.postgres, args.burst,
                               args.before_tree if c == "before" else None)  # fmt: skip
