@@ -220,3 +220,13 @@ def test_an_event_the_fold_cannot_read_never_fails_the_append(store_url):
         assert got is None or got[0] == 1  # left behind (readers fold the rest), never wrong
     finally:
         store.close()
+
+
+def test_warm_writes_the_summaries_of_executions_recorded_before_them(home):
+    eid = run_playbook(PLAYBOOKS / "retries.yaml", {"fail_times": 1}, data_dir=home).execution_id
+    with sqlite3.connect(home / "events.db") as c:
+        c.execute("DELETE FROM noetl_explain")  # as a store from before summaries left it
+    store = SqliteEventStore(home / "events.db")
+    assert store.summary(eid) is None
+    assert ExecutionViews(store).warm(5) == 1 and _rows(store, eid) == _rebuilt(store, eid)
+    assert ExecutionViews(store).warm(5) == 0  # nothing left to do
