@@ -174,6 +174,7 @@ _RAW_KEY_HINTS: dict[str, frozenset[str]] = {
             "gcs",
             "snowflake_transfer",
             "rhai",
+            "ducklake",
         ),
         _NONE,
     ),
@@ -230,9 +231,6 @@ UNOFFERED_KINDS: dict[str, str] = {
     "engine; run the code with `kind: python`, `shell` or `container`",
     "task_sequence": "it is internal to NoETL's worker (a step's pipeline dispatched as one command); write the "
     "tasks as the step's `tool:` list",
-    "ducklake": "DuckLake needs DuckDB's ducklake extension, which must match the installed DuckDB exactly and is "
-    "never downloaded at run time; PyPI's duckdb-extension-ducklake (newest 1.5.5) refuses to load into this "
-    "project's DuckDB 2.x, so the kind is not offered yet; query DuckDB with `kind: duckdb`",
 }
 
 

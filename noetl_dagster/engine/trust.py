@@ -290,11 +290,37 @@ class Gate:
                                    f"(delegated: {sorted(g.credentials)})", kind="credential_not_delegated")  # fmt: skip
         if tool_kind in _CONNECTING_KINDS and not names:
             raise self._refuse(where, f"{tool_kind!r} connects only through a delegated credential (`auth: <name>`)")
+        if tool_kind == "ducklake":
+            self._ducklake(config, where)
         if tool_kind in _CONNECTING_KINDS:
             for key in _TARGET_KEYS & set(config):
                 if config[key] not in (None, ""):
                     raise self._refuse(where, f"{key!r} names a connection target inline; a generated playbook "
                                        "connects only where its delegated credential points")  # fmt: skip
+
+    def _ducklake(self, config: Mapping[str, Any], where: str) -> None:
+        """A generated playbook's lake stays its own: a catalog file and data files in its directory (the
+        walk checks local paths), a Postgres catalog or S3 data only through a delegated credential: no
+        inline connection string, no inline S3 keys, never the worker's AWS environment."""
+        cat = config.get("catalog_connection")
+        if isinstance(cat, str) and cat.strip():
+            text = cat.strip().removeprefix("ducklake:")
+            if text.lower().startswith(("postgres:", "postgresql:")) or "=" in text:
+                raise self._refuse(where, "'catalog_connection' names a Postgres catalog inline; a generated "
+                                   "playbook reaches one only through a delegated credential (`auth: <name>`)")  # fmt: skip
+            self.path(text, where)
+        s3 = config.get("s3")
+        if isinstance(s3, Mapping) and set(s3) - {"credential"}:
+            raise self._refuse(where, "inline S3 settings count as a credential; give `s3: {credential: <name>}`")
+        data = config.get("data_path")
+        remote = data.strip().lower() if isinstance(data, str) and "://" in data else ""
+        if remote and not remote.startswith("file://"):
+            if not remote.startswith("s3://"):
+                raise self._refuse(where, f"'data_path' {data.strip()!r}: a generated playbook keeps its data files "
+                                   "in its own directory, or on S3 through a delegated credential")  # fmt: skip
+            if not (isinstance(s3, Mapping) and s3.get("credential")):
+                raise self._refuse(where, "S3 data files need `s3: {credential: <delegated name>}`; a generated "
+                                   "playbook never uses the worker's AWS environment")  # fmt: skip
 
     def _walk(self, kind: str, value: Any, where: str, names: list[str], top: bool = False) -> None:
         if isinstance(value, str):

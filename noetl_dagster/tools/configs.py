@@ -70,6 +70,7 @@ _MORE = frozenset(
         "HttpConfig",
         "PostgresConfig",
         "DuckdbConfig",
+        "DucklakeConfig",
         "SecretsConfig",
         "StorageConfig",
         "QdrantConfig",
@@ -83,6 +84,7 @@ _MORE = frozenset(
 if TYPE_CHECKING:
     from noetl_dagster.tools.kind_configs import (  # noqa: F401 - the lazily resolved names, for type checkers
         DuckdbConfig,
+        DucklakeConfig,
         FlowGuardConfig,
         FlowInputConfig,
         HttpConfig,

@@ -188,7 +188,9 @@ def _collect(reader: pa.RecordBatchReader, ctx: ToolContext) -> dict[str, Any]:
     return {"rows": rows, "row_count": len(rows), "columns": list(schema.names)}
 
 
-def run_duckdb(conn: duckdb.DuckDBPyConnection, sql: str, params: Any, ctx: ToolContext) -> dict[str, Any]:
+def run_duckdb(conn: duckdb.DuckDBPyConnection, sql: str, params: Any, ctx: ToolContext,
+               prelude: Sequence[str] = ()) -> dict[str, Any]:
+    """Run ``sql`` on a fresh cursor of ``conn`` (after the ``prelude`` statements, e.g. ``USE lake``)."""
     if params is not None and not isinstance(params, (Mapping, list, tuple)):
         raise ToolError(f"duckdb: params must be a list or a mapping, got {type(params).__name__}", kind="config_error")
     cur = conn.cursor()  # a per-call cursor is DuckDB's thread-safe handle on the shared database
@@ -201,6 +203,8 @@ def run_duckdb(conn: duckdb.DuckDBPyConnection, sql: str, params: Any, ctx: Tool
             raise ToolError("duckdb: the SQL holds no statement", kind="config_error")
         *leading, last = statements
         try:
+            for stmt in prelude:
+                cur.execute(stmt)
             for stmt in leading:
                 cur.execute(stmt)
             if last.type.name == "SELECT":

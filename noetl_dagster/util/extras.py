@@ -28,6 +28,7 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "gcs": ("gcsfs",),
     "azure": ("adlfs",),
     "registry-server": ("fastapi", "uvicorn"),
+    "ducklake": ("duckdb_extension_ducklake", "duckdb_extension_httpfs", "duckdb_extension_postgres_scanner"),
 }
 
 # built-in tool kinds that need an extra (the rest are core)
@@ -40,10 +41,14 @@ KIND_EXTRAS: dict[str, str] = {
     "snowflake": "snowflake",
     "snowflake_transfer": "snowflake",
     "gcs": "gcs",
+    "ducklake": "ducklake",
 }
 
 # modules a kind needs at its first call (a subset of its extra: quantum-cloud's stay optional)
-_KIND_MODULES: dict[str, tuple[str, ...]] = {"quantum": ("qiskit", "qiskit_aer", "cirq")}
+_KIND_MODULES: dict[str, tuple[str, ...]] = {
+    "quantum": ("qiskit", "qiskit_aer", "cirq"),
+    "ducklake": ("duckdb_extension_ducklake",),  # postgres_scanner / httpfs only for those catalogs and paths
+}
 
 _MODULE_EXTRA: dict[str, str] = {m: extra for extra, mods in EXTRA_MODULES.items() for m in mods}
 
