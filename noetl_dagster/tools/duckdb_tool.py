@@ -104,10 +104,10 @@ def _connection(database: Any, ctx: ToolContext) -> duckdb.DuckDBPyConnection:
         raise _error(e, f"opening {path}") from None
 
 
-def _error(e: BaseException, what: str) -> ToolError:
+def _error(e: BaseException, what: str, label: str = "duckdb") -> ToolError:
     name = type(e).__name__
     return ToolError(
-        f"duckdb: {what}: {e}",
+        f"{label}: {what}: {e}",
         kind="duckdb_error",
         retryable=name in RETRYABLE_ERRORS,
         code=name,
@@ -189,8 +189,9 @@ def _collect(reader: pa.RecordBatchReader, ctx: ToolContext) -> dict[str, Any]:
 
 
 def run_duckdb(conn: duckdb.DuckDBPyConnection, sql: str, params: Any, ctx: ToolContext,
-               prelude: Sequence[str] = ()) -> dict[str, Any]:
-    """Run ``sql`` on a fresh cursor of ``conn`` (after the ``prelude`` statements, e.g. ``USE lake``)."""
+               prelude: Sequence[str] = (), label: str = "duckdb") -> dict[str, Any]:
+    """Run ``sql`` on a fresh cursor of ``conn`` (after the ``prelude`` statements, e.g. ``USE lake``);
+    errors name the kind ``label``."""
     if params is not None and not isinstance(params, (Mapping, list, tuple)):
         raise ToolError(f"duckdb: params must be a list or a mapping, got {type(params).__name__}", kind="config_error")
     cur = conn.cursor()  # a per-call cursor is DuckDB's thread-safe handle on the shared database
@@ -198,7 +199,7 @@ def run_duckdb(conn: duckdb.DuckDBPyConnection, sql: str, params: Any, ctx: Tool
         try:
             statements = cur.extract_statements(sql)
         except duckdb.Error as e:
-            raise _error(e, "parsing SQL") from None
+            raise _error(e, "parsing SQL", label) from None
         if not statements:
             raise ToolError("duckdb: the SQL holds no statement", kind="config_error")
         *leading, last = statements
@@ -220,7 +221,7 @@ def run_duckdb(conn: duckdb.DuckDBPyConnection, sql: str, params: Any, ctx: Tool
             table = pa.Table.from_pylist([dict(zip(columns, r, strict=True)) for r in fetched])
             return _collect(table.to_reader(), ctx) if fetched else {"rows": [], "row_count": 0, "columns": columns}
         except duckdb.Error as e:
-            raise _error(e, "query failed") from None
+            raise _error(e, "query failed", label) from None
     finally:
         cur.close()
 

@@ -217,8 +217,8 @@ def _connect(inputs: Mapping[str, Any], ctx: ToolContext, name: str) -> tuple[du
         except (duckdb.Error, ValueError) as e:
             conn.close()
             busy = "Unique file handle conflict" in str(e) or "Could not set lock" in str(e)
-            why = (f"the catalog file is attached by another execution or process; a DuckDB-file catalog has one "
-                   f"client at a time (use a Postgres catalog to share a lake)" if busy else str(e))  # fmt: skip
+            why = ("the catalog file is attached by another execution or process; a DuckDB-file catalog has one "
+                   "client at a time (use a Postgres catalog to share a lake)" if busy else str(e))  # fmt: skip
             raise ToolError(f"ducklake: attaching the catalog ({identity}): {why}", kind="ducklake_error",
                             code=type(e).__name__, retryable=busy) from None  # fmt: skip
         return _Lake(conn, settings)
@@ -243,9 +243,8 @@ def _snapshot(conn: duckdb.DuckDBPyConnection, name: str) -> int:
 def _register(spec: Any, conn: duckdb.DuckDBPyConnection, name: str, identity: str, data_path: Any,
               snapshot: int, ctx: ToolContext) -> dict[str, Any]:  # fmt: skip
     """Record ``spec.table`` at ``snapshot`` as a new version of a noetl:// resource."""
-    from registry_service.errors import RegistryError  # noqa: PLC0415
-
     from noetl_dagster.tools.storage import _storage, _target_uri  # noqa: PLC0415
+    from registry_service.errors import RegistryError  # noqa: PLC0415
 
     if not isinstance(spec, Mapping) or not spec.get("table"):
         raise ToolError("ducklake: 'register' needs {table, uri | resource}", kind="config_error")
@@ -298,7 +297,10 @@ def _register(spec: Any, conn: duckdb.DuckDBPyConnection, name: str, identity: s
 
 def ducklake_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     """SQL on a DuckLake catalog (Postgres or DuckDB file; data local or S3); time travel, registry record."""
-    sql = _sql(inputs)
+    try:
+        sql = _sql(inputs)
+    except ToolError as e:
+        raise ToolError(e.message.replace("duckdb:", "ducklake:", 1), kind=e.kind) from None
     name = str(inputs.get("catalog_name") or "lake")
     if not _NAME.match(name):
         raise ToolError(f"ducklake: catalog_name {name!r} must be a plain identifier", kind="config_error")
@@ -308,7 +310,7 @@ def ducklake_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
         note(sql=sql, sql_namespace=f"ducklake://{identity.split('://')[-1]}", sql_default_schema="main",
              sql_dialect="duckdb")
     use = inputs.get("use_catalog", True) not in (False, "false", "False")
-    out = run_duckdb(conn, sql, inputs.get("params"), ctx, prelude=[f"USE {name}"] if use else [])
+    out = run_duckdb(conn, sql, inputs.get("params"), ctx, prelude=[f"USE {name}"] if use else [], label="ducklake")
     out["snapshot_id"] = _snapshot(conn, name)
     if inputs.get("register"):
         out["registered"] = _register(inputs["register"], conn, name, identity, inputs.get("data_path"),

@@ -153,6 +153,29 @@ def test_a_generated_duckdb_keeps_its_own_files_in_its_own_directory(env):
     assert not outside.exists()
 
 
+def test_a_generated_ducklake_keeps_its_lake_in_its_own_directory(env):
+    """A generated playbook's DuckLake: catalog file and data files in its own directory; a catalog
+    outside it is refused before DuckDB opens anything, and SQL that attaches another lake is refused
+    by DuckDB's own sandbox (the SQL is data to the gate)."""
+    lake = {"kind": "ducklake", "catalog_connection": "lake.ducklake", "data_path": "files",
+            "data_inlining_row_limit": 0}  # fmt: skip
+    step = {"step": "s", "tool": [{"d": {**lake, "command": "CREATE TABLE t AS SELECT 7 AS a; SELECT a FROM t"}}]}
+    res, store, events, kids = env(parent(child(step), ["ducklake"]))
+    assert res.status == "completed", res.results
+    assert res.results["start"]["rows"] == [{"a": 7}]
+    own = env.data_dir / "generated" / kids[0]
+    assert (own / "lake.ducklake").is_file() and list((own / "files").rglob("*.parquet"))
+    outside = env.data_dir.parent / "outside.ducklake"
+    for cfg in ({**lake, "catalog_connection": "{{ '" + str(outside) + "' }}", "command": "SELECT 1"},
+                {**lake, "command": f"ATTACH 'ducklake:{outside}' AS evil (DATA_PATH '{outside}.files'); "
+                                    "CREATE TABLE evil.t AS SELECT 1 AS a"}):  # fmt: skip
+        res2, store2, _, kids2 = env(parent(child({"step": "s", "tool": [{"d": cfg}]}), ["ducklake"]))
+        err = _error_of(store2, kids2[0])
+        assert err["kind"] in ("trust_refused", "duckdb_error"), err
+        assert "outside this execution's directory" in err["message"] or "disabled by configuration" in err["message"]
+        assert not outside.exists()
+
+
 # -- loop.cursor / task: Postgres with an inline auth URL -----------------------------------------
 
 
@@ -278,12 +301,25 @@ def test_a_resumed_generated_child_is_checked_at_dispatch(env, tmp_path):
         ("postgres", {"auth": {"db_host": "127.0.0.1", "db_user": "postgres"}}, "inline auth"),
         ("secrets", {"name": "other"}, "not delegated"),
         ("shell", {"command": "true"}, "not allowed"),
+        # ducklake: a catalog and data files of its own, Postgres and S3 only through delegated credentials
+        ("ducklake", {"catalog_connection": "postgresql://127.0.0.1:5432/lake"}, "Postgres catalog inline"),
+        ("ducklake", {"catalog_connection": "postgres:dbname=lake host=127.0.0.1"}, "Postgres catalog inline"),
+        ("ducklake", {"catalog_connection": "ducklake:/srv/lake.ducklake"}, "outside this execution's directory"),
+        ("ducklake", {"catalog_connection": "l.ducklake", "data_path": "/srv/files"}, "outside this execution's directory"),
+        ("ducklake", {"catalog_connection": "l.ducklake", "data_path": "s3://b/p"}, "never uses the worker's AWS"),
+        ("ducklake", {"catalog_connection": "l.ducklake", "data_path": "s3://b/p", "s3": {"key": "k", "secret": "s"}},
+         "inline S3 settings"),
+        ("ducklake", {"catalog_connection": "l.ducklake", "data_path": "s3://b/p", "s3": {"credential": "other"}},
+         "'other' is not delegated"),
+        ("ducklake", {"catalog_connection": "l.ducklake", "data_path": "gs://b/p"}, "in its own directory, or on S3"),
+        ("ducklake", {"auth": "other", "catalog_name": "lake"}, "'other' is not delegated"),
     ],
 )
 def test_gate_rules(tmp_path, kind, config, expect):
     from noetl_dagster.engine.trust import Gate, Grant
 
-    gate = Gate(Grant(frozenset({"http", "parquet", "playbook", "resource", "python", "nats", "postgres", "secrets", "duckdb"}),
+    gate = Gate(Grant(frozenset({"http", "parquet", "playbook", "resource", "python", "nats", "postgres", "secrets", "duckdb",
+                                 "ducklake"}),
                       frozenset({"pg_main"})), "acme", str(tmp_path / "scope"))  # fmt: skip
     with pytest.raises(ToolError) as e:
         gate.check(kind, config, "task 't'")
@@ -292,6 +328,8 @@ def test_gate_rules(tmp_path, kind, config, expect):
     gate.check("postgres", {"auth": "pg_main", "command": "SELECT '/etc/passwd', 'noetl://acme/y'"}, "t")
     gate.check("duckdb", {"database": str(tmp_path / "scope" / "a.duckdb"), "command": "SELECT 1"}, "t")
     gate.check("secrets", {"name": "pg_main"}, "t")
+    gate.check("ducklake", {"catalog_connection": "lake.ducklake", "data_path": "files", "command": "SELECT 1"}, "t")
+    gate.check("ducklake", {"auth": "pg_main", "data_path": "s3://b/p", "s3": {"credential": "pg_main"}}, "t")
 
 
 def test_the_gate_holds_under_the_dagster_runner_too(env, tmp_path):

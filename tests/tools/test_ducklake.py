@@ -167,9 +167,11 @@ def test_one_line_errors(make_ctx, tmp_path, monkeypatch):
     ctx = make_ctx()
     with pytest.raises(ToolError, match="'catalog_connection' .* or 'auth' .* is required"):
         ducklake_tool({"command": "SELECT 1"}, ctx)
+    with pytest.raises(ToolError, match=r"^ducklake: 'command' \(or 'commands' / 'query'\) is required"):
+        ducklake_tool({"catalog_connection": "x.ducklake"}, ctx)
     with pytest.raises(ToolError, match="catalog_name 'a-b' must be a plain identifier"):
         _lake(ctx, str(tmp_path / "c.ducklake"), None, "SELECT 1", catalog_name="a-b")
-    with pytest.raises(ToolError, match="Table with name nope does not exist"):
+    with pytest.raises(ToolError, match="^ducklake: query failed: .*Table with name nope does not exist"):
         _lake(ctx, str(tmp_path / "c.ducklake"), None, "SELECT * FROM nope")
     with pytest.raises(ToolError, match=r"register needs \{table, uri \| resource\}|'register' needs"):
         _lake(ctx, str(tmp_path / "c.ducklake"), None, "SELECT 1", register={"resource": "x"})
