@@ -240,6 +240,10 @@ def _snapshot(conn: duckdb.DuckDBPyConnection, name: str) -> int:
     return int(row[0]) if row else 0
 
 
+def _name(path: Any) -> str | None:
+    return None if path is None else str(path).replace("\\", "/").rsplit("/", 1)[-1]
+
+
 def _register(spec: Any, conn: duckdb.DuckDBPyConnection, name: str, identity: str, data_path: Any,
               snapshot: int, ctx: ToolContext) -> dict[str, Any]:  # fmt: skip
     """Record ``spec.table`` at ``snapshot`` as a new version of a noetl:// resource."""
@@ -265,9 +269,10 @@ def _register(spec: Any, conn: duckdb.DuckDBPyConnection, name: str, identity: s
         raise ToolError(f"ducklake: register {schema}.{table}: {e}", kind="ducklake_error") from None
     finally:
         cur.close()
-    listed = [[str(f[0]), int(f[1] or 0), f[2], int(f[3] or 0)] for f in files]
-    # a snapshot is immutable: its id and its files (rows inlined in the catalog live in that snapshot too)
-    digest = "sha256:" + hashlib.sha256(json.dumps([identity, snapshot, listed]).encode()).hexdigest()
+    listed = [[_name(f[0]), int(f[1] or 0), _name(f[2]), int(f[3] or 0)] for f in files]
+    # a snapshot is immutable: its id, its data and delete files (names and sizes, wherever the lake lives),
+    # columns and row count identify it (rows inlined in the catalog belong to the snapshot too)
+    digest = "sha256:" + hashlib.sha256(json.dumps([snapshot, listed, columns, rows]).encode()).hexdigest()
     fingerprint = "sha256:" + hashlib.sha256(json.dumps(columns).encode()).hexdigest()
     location = {
         "uri": f"ducklake://{name}/{schema}.{table}?snapshot_id={snapshot}", "storage_type": "ducklake",

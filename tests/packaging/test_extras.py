@@ -45,7 +45,7 @@ def test_extras_table_matches_pyproject():
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert set(EXTRA_MODULES) <= set(extras)
     for name in ("analytics", "quantum", "quantum-cloud", "qdrant", "k8s", "celery", "nats", "mcp",
-                 "snowflake", "gcs", "azure", "registry-server", "all", "dev"):  # fmt: skip
+                 "snowflake", "gcs", "azure", "registry-server", "ducklake", "all", "dev"):  # fmt: skip
         assert name in extras, name
     # [all] is spelled out (a self-referencing extra sent pip's resolver backtracking): it must be
     # exactly the union of every capability extra
@@ -75,6 +75,17 @@ def test_validate_names_the_missing_extra_with_file_and_line(tmp_path):
     line = _line_of(pb, "kind: quantum")
     assert f"{pb}:{line}: missing-extra: " in out.stdout + out.stderr
     assert HINT in out.stdout + out.stderr
+
+
+def test_ducklake_without_its_extension_packages_names_the_extra(tmp_path):
+    """kind ducklake's extension files come from the [ducklake] extra: without it, validate says so."""
+    pb = EXAMPLES / "lakehouse_ducklake.yaml"
+    out = _core(tmp_path, "cli", "validate", str(pb))
+    assert out.returncode == 1, out.stderr
+    line = _line_of(pb, "kind: ducklake")
+    assert f"{pb}:{line}: missing-extra: " in out.stdout + out.stderr
+    assert "tool kind 'ducklake' needs: pip install 'noetl-dagster[ducklake]'" in out.stdout + out.stderr
+    assert "Traceback" not in out.stderr + out.stdout
 
 
 def test_run_refuses_an_optional_kind_before_running(tmp_path):
