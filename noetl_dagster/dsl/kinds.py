@@ -216,6 +216,7 @@ BUILTIN_KINDS: dict[str, str] = {
     "gcs": "noetl_dagster.tools.gcs:gcs_tool",
     "snowflake_transfer": "noetl_dagster.tools.snowflake_transfer:snowflake_transfer_tool",
     "rhai": "noetl_dagster.tools.rhai_tool:rhai_tool",
+    "ducklake": "noetl_dagster.tools.ducklake:ducklake_tool",
 }
 
 
