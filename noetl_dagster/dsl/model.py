@@ -56,6 +56,8 @@ class AdmitRule(_Model):
 class FramePolicy(_Model):
     """NoETL's FramePolicy (``loop.spec.frame``): how a cursor loop claims and holds rows."""
 
+    model_config = ConfigDict(defer_build=True)  # built at its first use, not at import (issue 35)
+
     max_rows: int = Field(1, ge=1)  # rows claimed per frame
     max_seconds: float = Field(30.0, gt=0)
     max_bytes: int = Field(64 * 1024 * 1024, ge=1)
@@ -160,6 +162,8 @@ class Partitions(_Model):
     """``executor.spec.dagster.partitions``: one of daily/hourly/weekly/monthly (a start date) or
     static (values, or the name of a workload key holding them); the key lands in ``workload_key``."""
 
+    model_config = ConfigDict(defer_build=True)  # built at its first use, not at import (issue 35)
+
     daily: str | None = None
     hourly: str | None = None
     weekly: str | None = None
@@ -183,6 +187,8 @@ class Partitions(_Model):
 
 class DagsterSpec(_Model):
     """``executor.spec.dagster``: how the playbook appears in Dagster beyond its jobs."""
+
+    model_config = ConfigDict(defer_build=True)  # built at its first use, not at import (issue 35)
 
     mode: Literal["default", "per_step"] | None = None
     partitions: Partitions | None = None
