@@ -141,7 +141,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--commit-delay", type=int, default=0, help="also the old path with this commit_delay (us)")
     ap.add_argument("--before-tree", help="the 'old path' row runs this checkout's code (e.g. a worktree of main)")
     ap.add_argument("--rounds", type=int, default=1, help="repeat the grid, rows interleaved")
+    ap.add_argument("--cpu-ab", action="store_true", help="client CPU per execution: --before-tree vs this checkout")
     args = ap.parse_args(argv)
+    if args.cpu_ab:
+        cpu_ab(args.before_tree, args.rounds, PER_WORKER)
+        return
     if args.throughput:
         grid(PLAYBOOK, _ints(args.procs), _ints(args.threads), args.seconds, args.commit_delay, args.before_tree,
              args.rounds)  # fmt: skip
@@ -173,6 +177,54 @@ def main(argv: list[str] | None = None) -> None:
             for label, (per_min, p50, p99) in rows:
                 print(f"{label:44} {per_min:10.0f} {p50 * 1000:8.1f} {p99 * 1000:8.1f} {per_min / base[0]:7.2f}")
             print(f"(CPU cores: {os.cpu_count()}; {PER_WORKER} executions per worker; Kestra's anchor: 1,000/min, 470 ms)")
+    finally:
+        with psycopg.connect(PG, autocommit=True) as c:
+            c.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+
+
+# ---- client CPU per execution, another checkout against this one ---------------------------------
+
+CPU_CHILD = """
+import sys, time, tempfile
+sys.path.insert(0, sys.argv[1]) if sys.argv[1] else None
+from noetl_dagster.runners.local import run_playbook
+from noetl_dagster.storage.postgres_events import PostgresEventStore
+store = PostgresEventStore(sys.argv[2])
+d = tempfile.mkdtemp()
+for _ in range(20):
+    run_playbook(sys.argv[3], event_store=store, data_dir=d)
+n = int(sys.argv[4])
+c0 = time.process_time()
+for _ in range(n):
+    run_playbook(sys.argv[3], event_store=store, data_dir=d)
+print((time.process_time() - c0) / n * 1000)
+store.close()
+"""
+
+
+def cpu_ab(before_tree: str, rounds: int, n: int) -> None:
+    """Client CPU per execution (one thread, no contention inside the process), a new process per
+    sample, the two checkouts alternating: the steady figure on a shared machine."""
+    import subprocess
+    import sys
+
+    db = f"nd_cpu_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(PG, autocommit=True) as c:
+        c.execute(f"CREATE DATABASE {db}")
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "five_steps.yaml"
+            path.write_text(yaml.safe_dump(PLAYBOOK, sort_keys=False))
+            out: dict[str, list[float]] = {"before": [], "after": []}
+            for _ in range(rounds):
+                for label, tree in (("before", before_tree), ("after", "")):
+                    res = subprocess.run([sys.executable, "-c", CPU_CHILD, tree, _url(db) + f"?schema={label}", str(path),
+                                          str(n)], capture_output=True, text=True, check=True)  # fmt: skip
+                    out[label].append(float(res.stdout.strip().splitlines()[-1]))
+            b, a = statistics.median(out["before"]), statistics.median(out["after"])
+            print(f"client CPU ms per execution, median of {rounds} (load {_load()}): before {b:.2f} "
+                  f"{[round(x, 2) for x in out['before']]}, after {a:.2f} {[round(x, 2) for x in out['after']]}, "
+                  f"after / before {a / b:.2f}")  # fmt: skip
     finally:
         with psycopg.connect(PG, autocommit=True) as c:
             c.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
