@@ -130,6 +130,14 @@ def test_s3_data_files_on_moto(make_ctx, tmp_path, s3_bucket):
     assert any(k.endswith(".parquet") for k in keys), keys
     assert "testing-secret" in ctx.redacted
     assert not [p for p in tmp_path.rglob("*.parquet")]  # nothing landed locally
+    ctx.close()
+    # the same lake through an S3 credential record (AWS's field names), as a generated playbook must
+    (tmp_path / "s3.json").write_text(json.dumps({"credentials": {"lake_s3": {"type": "s3", "data": {
+        "aws_access_key_id": "testing", "aws_secret_access_key": "testing-secret", "endpoint_url": endpoint,
+        "region": "us-east-1"}}}}))  # fmt: skip
+    other = make_ctx(keychain=Keychain([], providers=[FileProvider(tmp_path / "s3.json")]))
+    out = _lake(other, cat, data, "SELECT count(*) AS n FROM users", s3={"credential": "lake_s3"})
+    assert out["rows"] == [{"n": 50}] and "testing-secret" in other.redacted
 
 
 def test_register_records_the_table_at_its_snapshot(make_ctx, tmp_path):
