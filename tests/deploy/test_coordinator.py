@@ -54,7 +54,7 @@ def test_the_postgres_profile_and_the_helm_values_use_the_noetl_coordinator(rest
         sensor_daemon.MIN_INTERVAL_LOOP_TIME = 5
         with dg.instance_for_test(overrides={"run_coordinator": settings}) as instance:
             coordinator = instance.run_coordinator
-            assert isinstance(coordinator, NoetlRunCoordinator) and sensor_daemon.MIN_INTERVAL_LOOP_TIME == 1
+            assert isinstance(coordinator, NoetlRunCoordinator) and sensor_daemon.MIN_INTERVAL_LOOP_TIME == 0.2
             assert coordinator.dequeue_interval_seconds == 1
             limits = coordinator.get_run_queue_config().tag_concurrency_limits
             assert [(t["key"], t["limit"]) for t in limits] == [("noetl/execution_id", 1)]
