@@ -7,7 +7,7 @@
    next to the same cycle whose step is a python task (``input: {i: "{{ ctx.i }}"}``,
    ``result = {'i': i + 1}``, ``set: {ctx.i: "{{ tick.i }}"}``). Both run in-process on a fresh
    embedded store (load untimed), interleaved; the medians give ms/step, the overhead
-   (python - bare) and the ratio python/bare. Target: overhead <= 0.1 ms.
+   (python - bare) and the ratio python/bare (best of the repeats). Target: overhead <= 0.1 ms.
 2. Context size: the same two cycles with a ``--big``-element list put in ``ctx`` by the first step
    and never touched again; ratio per step (big / empty). Target: within 10 % (<= 1.10).
 3. The counting cycle (example_project/playbooks/countdown_cycle.yaml: check -> tick -> check,
@@ -203,11 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-python-task-") as d:
         tmp = Path(d)
         ms = in_process(args.steps, args.repeat, args.big, tmp)
-        med = {k: statistics.median(v) for k, v in ms.items()}
+        # best of the repeats: on a shared machine load only ever adds time, so the minimum is the
+        # steadiest estimate of each case (medians printed beside it)
+        med = {k: min(v) for k, v in ms.items()}
         bare, py = med["noop/0"], med["python/0"]
-        print(f"\n== python task vs bare step: self-routing cycle, {args.steps:,} steps, median of {args.repeat} ==")
+        print(f"\n== python task vs bare step: self-routing cycle, {args.steps:,} steps, best of {args.repeat} ==")
         for k, v in ms.items():
-            print(f"  {k:<16} median {med[k]:.4f} ms/step   min {min(v):.4f}")
+            print(f"  {k:<16} best {med[k]:.4f} ms/step   median {statistics.median(v):.4f}")
         over = py - bare
         # paired per repeat (same moment of load): the overhead's spread
         pairs = [p - b for p, b in zip(ms["python/0"], ms["noop/0"], strict=True)]
