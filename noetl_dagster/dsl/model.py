@@ -92,10 +92,10 @@ class Loop(_Model):
     @property
     def frame_policy(self) -> FramePolicy:
         """The frame policy without its templated fields (the engine renders those per run)."""
-        return FramePolicy(**{k: v for k, v in (self.frame or {}).items() if not _is_template(v)})
+        return FramePolicy(**{k: v for k, v in (self.frame or {}).items() if not is_template(v)})
 
 
-def _is_template(value: Any) -> bool:
+def is_template(value: Any) -> bool:
     return isinstance(value, str) and ("{{" in value or "{%" in value)
 
 

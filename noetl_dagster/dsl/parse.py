@@ -7,7 +7,6 @@ YAML path, the line and the rule broken.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -19,301 +18,53 @@ from noetl_dagster.dsl.loader import PathT, SourceMap, format_path
 from noetl_dagster.dsl.model import (
     AdmitRule,
     Arc,
-    Cursor,
     Executor,
-    FramePolicy,
-    Loop,
     Metadata,
     Playbook,
-    PolicyRule,
     Router,
-    RuleThen,
-    SetBlock,
     Step,
     Task,
     WorkbookEntry,
+    is_template,
 )
 from noetl_dagster.dsl.outputs import check_dagster_spec, parse_outputs
+from noetl_dagster.dsl.parse_context import (  # re-exported: callers import these from dsl.parse
+    API_VERSION,
+    LEGACY_STEP_KEYS,
+    MAX_RETRY_ATTEMPTS,
+    MAX_RETRY_DELAY,
+    MIGRATE_HINT,
+    TASK_META_KEYS,
+    TASK_SPEC_KNOBS,
+    ParseContext,
+    PlaybookInvalid,
+    ValidationIssue,
+)
+from noetl_dagster.dsl.parse_rules import (
+    input_with_legacy,
+    parse_loop,
+    parse_policy_rules,
+    set_with_legacy,
+    split_set,
+)
 from noetl_dagster.dsl.serialize import playbook_to_raw
 from noetl_dagster.dsl.templates import iter_template_strings, template_env
 from noetl_dagster.dsl.upstream_kinds import iterator_body, playbooks_body
 
-API_VERSION = "noetl.io/v2"
-DIRECTIVES = {"continue", "retry", "jump", "break", "fail"}
-BACKOFFS = {"none", "fixed", "linear", "exponential"}
-MAX_RETRY_ATTEMPTS = 1_000  # docs/limits.md
-MAX_RETRY_DELAY = 3_600.0  # seconds; a templated delay is clamped to it at run time
-# keys of a task's ``spec`` that are runtime knobs; any other key found under
-# ``spec`` is a tool input written in the runtime dialect's "keys under spec" style
-TASK_SPEC_KNOBS = {
-    "policy", "isolation", "timeout", "timeout_seconds", "resources", "exec", "placement",
-    "sink", "cache", "max_in_flight", "pool", "env", "assert",
-}  # fmt: skip
-TASK_META_KEYS = {"kind", "name", "spec", "set", "loop", "desc"}
-# step keys that belong to earlier eras (SEMANTICS §1: migrate, never run)
-LEGACY_STEP_KEYS = {
-    "case": "`case:` routing",
-    "type": "step `type:`",
-    "sink": "step `sink:`",
-    "save": "`save:` blocks",
-    "retry": "step `retry:` blocks",
-    "vars": "step `vars:`",
-    "end_loop": "`end_loop`",
-    "task": "`task:`/`with:` workbook calls",
-    "with": "`task:`/`with:` workbook calls",
-}
-# NoETL's renamed keys (old -> new): accepted side by side with a deprecation warning
-# (dsl.legacy.find_deprecated_spellings); `noetl-dagster migrate` rewrites them.
-IGNORED_STEP_KEYS = {"output", "command", "metadata", "labels"}
+__all__ = [
+    "API_VERSION",
+    "LEGACY_STEP_KEYS",
+    "MAX_RETRY_ATTEMPTS",
+    "MAX_RETRY_DELAY",
+    "PlaybookInvalid",
+    "ValidationIssue",
+    "check_playbook",
+    "executor_warnings",
+    "load_playbook_dict",
+    "parse_playbook",
+]
 
-
-@dataclass(frozen=True)
-class ValidationIssue:
-    file: str
-    line: int
-    path: str
-    rule: str
-    message: str
-
-    def __str__(self) -> str:
-        where = f"{self.path}: " if self.path and self.path != "<root>" else ""
-        return f"{self.file}:{self.line}: {self.rule}: {where}{self.message}"
-
-
-class PlaybookInvalid(ValueError):
-    def __init__(self, issues: list[ValidationIssue]):
-        self.issues = issues
-        super().__init__("\n".join(str(i) for i in issues))
-
-
-class _Ctx:
-    def __init__(self, source_map: SourceMap, check_kinds: bool):
-        self.sm = source_map
-        self.issues: list[ValidationIssue] = []
-        self.check_kinds = check_kinds
-
-    def err(self, path: PathT, rule: str, message: str) -> None:
-        self.issues.append(ValidationIssue(self.sm.file, self.sm.line(path), format_path(path), rule, message))
-
-    def known_kind(self, kind: str) -> bool:
-        if not self.check_kinds:
-            return True
-        return self.registered(kind)
-
-    def registered(self, kind: str) -> bool:
-        return is_known(kind)  # built-in names without the entry-point scan (dsl/kinds.BUILTIN_KINDS)
-
-
-MIGRATE_HINT = "run `noetl-dagster migrate FILE` to rewrite it to the standard form"
-
-
-def _split_set(ctx: _Ctx, raw: Any, path: PathT) -> SetBlock:
-    """``set: {ctx.x, iter.y, step.z, bare}`` (runtime dialect) -> SetBlock."""
-    if raw is None:
-        return SetBlock()
-    if not isinstance(raw, dict):
-        ctx.err(path, "set-shape", "`set` must be a mapping of `ctx.<key>` / `iter.<key>` to values")
-        return SetBlock()
-    out = SetBlock()
-    for k, v in raw.items():
-        key = str(k)
-        if key == "workload" or key.startswith("workload."):
-            ctx.err((*path, key), "set-workload", f"`set: {{{key}: …}}`: the workload is immutable; write ctx.<key> instead")
-            continue
-        if key.startswith("iter."):
-            out.iter[key[5:]] = v
-        elif key.startswith(("ctx.", "step.")):
-            out.ctx[key.split(".", 1)[1]] = v
-        else:
-            out.ctx[key] = v
-    return out
-
-
-def _set_with_legacy(ctx: _Ctx, raw: dict[str, Any], path: PathT) -> SetBlock:
-    """``set`` plus the deprecated ``set_ctx`` / ``set_iter`` spellings of the same writes."""
-    sb = _split_set(ctx, raw.get("set"), (*path, "set"))
-    for key in ("set_ctx", "set_iter"):
-        if key in raw:
-            if not isinstance(raw[key], dict):
-                ctx.err((*path, key), "set-shape", f"`{key}` must be a mapping")
-            else:
-                (sb.ctx if key == "set_ctx" else sb.iter).update(raw[key])
-    return sb
-
-
-def _input_with_legacy(ctx: _Ctx, raw: dict[str, Any], path: PathT, what: str) -> Any:
-    """``input``, or its deprecated spelling ``args`` (never both)."""
-    if "args" in raw and "input" in raw:
-        ctx.err((*path, "args"), "input-and-args", f"{what} has both `input` and its old spelling `args`; keep `input`")
-    return raw["input"] if "input" in raw else raw.get("args")
-
-
-def _parse_rules(ctx: _Ctx, raw: Any, path: PathT, task_labels: set[str] | None) -> list[PolicyRule] | None:
-    if not isinstance(raw, dict) or "rules" not in raw:
-        ctx.err(path, "policy-shape", "a task policy must be an object with `rules` (a list)")
-        return None
-    rules_raw = raw["rules"]
-    if not isinstance(rules_raw, list):
-        ctx.err((*path, "rules"), "policy-shape", "`rules` must be a list")
-        return None
-    rules: list[PolicyRule] = []
-    for i, r in enumerate(rules_raw):
-        rp = (*path, "rules", i)
-        if not isinstance(r, dict):
-            ctx.err(rp, "policy-shape", "a rule must be `{when, then}` or `{else: {then}}`")
-            continue
-        if "else" in r:
-            body = r["else"]
-            when = None
-            if body is None and "then" in r:  # `- else:` with `then:` mis-indented beside it
-                then_raw, tp = r["then"], (*rp, "then")
-            else:
-                then_raw = body.get("then", body) if isinstance(body, dict) else body
-                tp = (*rp, "else", "then") if isinstance(body, dict) and "then" in body else (*rp, "else")
-        elif "then" in r:
-            when = r.get("when", True)
-            if not isinstance(when, (str, bool)):
-                when = str(when)
-            then_raw = r["then"]
-            tp = (*rp, "then")
-        else:
-            ctx.err(rp, "policy-shape", "a rule needs `then` (or is `else: {then: ...}`)")
-            continue
-        then = _parse_then(ctx, then_raw, tp, task_labels)
-        if then is not None:
-            rules.append(PolicyRule(when=when, then=then))
-    return rules
-
-
-def _parse_then(ctx: _Ctx, raw: Any, path: PathT, task_labels: set[str] | None) -> RuleThen | None:
-    if not isinstance(raw, dict):
-        ctx.err(path, "policy-shape", "`then` must be a mapping with `do`")
-        return None
-    do = raw.get("do", "continue")
-    if not isinstance(do, str) or do not in DIRECTIVES:
-        ctx.err((*path, "do"), "policy-directive", f"unknown directive {do!r}; use one of {sorted(DIRECTIVES)}")
-        return None
-    backoff = raw.get("backoff")
-    if backoff is not None and (not isinstance(backoff, str) or backoff not in BACKOFFS):
-        ctx.err((*path, "backoff"), "policy-backoff", f"unknown backoff {backoff!r}; use one of {sorted(BACKOFFS)}")
-        backoff = None
-    to = raw.get("to")
-    if do == "jump":
-        if not to:
-            ctx.err(path, "policy-jump", "`do: jump` needs `to` (a task label or `previous`)")
-        elif not isinstance(to, str) or (task_labels is not None and to != "previous" and to not in task_labels):
-            ctx.err((*path, "to"), "policy-jump", f"jump target {to!r} is not a task of this pipeline")
-    sb = _set_with_legacy(ctx, raw, path)
-    attempts = raw.get("attempts", raw.get("max_attempts"))
-    delay = raw.get("delay")
-    if attempts is not None and not isinstance(attempts, str) and (
-        not isinstance(attempts, int) or isinstance(attempts, bool) or not 1 <= attempts <= MAX_RETRY_ATTEMPTS
-    ):
-        ctx.err((*path, "attempts"), "policy-attempts", f"`attempts` must be an integer 1..{MAX_RETRY_ATTEMPTS} or a template")
-        attempts = None
-    if isinstance(delay, str) and not _is_template(delay):
-        try:
-            delay = float(delay)  # `1e308` is a string to YAML 1.1
-        except ValueError:
-            pass
-    if delay is not None and not isinstance(delay, str) and (
-        not isinstance(delay, (int, float)) or isinstance(delay, bool) or not 0 <= delay <= MAX_RETRY_DELAY
-    ):
-        ctx.err((*path, "delay"), "policy-delay", f"`delay` must be 0..{MAX_RETRY_DELAY} seconds or a template")
-        delay = None
-    if to is not None and not isinstance(to, str):
-        to = None
-    return RuleThen(do=do, attempts=attempts, backoff=backoff, delay=delay, to=to, set=sb)
-
-
-def _parse_loop(ctx: _Ctx, raw: Any, path: PathT) -> Loop | None:
-    if not isinstance(raw, dict):
-        ctx.err(path, "loop-shape", "`loop` must be a mapping with `in` and `iterator`")
-        return None
-    spec = raw.get("spec") or {}
-    if not isinstance(spec, dict):
-        ctx.err((*path, "spec"), "loop-shape", "`loop.spec` must be a mapping")
-        spec = {}
-    if "cursor" in raw:
-        return _parse_cursor_loop(ctx, raw, spec, path)
-    if "in" not in raw or "iterator" not in raw:
-        missing = [k for k in ("in", "iterator") if k not in raw]
-        ctx.err(path, "loop-in-iterator", f"a loop needs both `in` and `iterator`; missing {missing}")
-        return None
-    mode = spec.get("mode", raw.get("mode", "sequential"))
-    if "mode" in raw and "mode" not in spec:
-        ctx.err((*path, "mode"), "legacy-construct", f"`loop.mode` belongs under `loop.spec.mode`; {MIGRATE_HINT}")
-    if mode == "cursor":
-        ctx.err((*path, "spec", "mode"), "loop-mode", "`spec.mode: cursor` needs a `loop.cursor` source, not `loop.in`")
-        return None
-    if mode not in ("sequential", "parallel"):
-        ctx.err((*path, "spec", "mode"), "loop-mode", f"loop mode {mode!r} is not sequential or parallel")
-        return None
-    if not isinstance(raw["iterator"], str) or not raw["iterator"].isidentifier():
-        ctx.err((*path, "iterator"), "loop-in-iterator", "`iterator` must be a plain name")
-        return None
-    policy = spec.get("policy") or {}
-    exec_ = policy.get("exec") if isinstance(policy, dict) else None
-    if exec_ not in (None, "distributed", "local"):
-        ctx.err((*path, "spec", "policy", "exec"), "loop-exec", f"`exec` must be distributed or local, not {exec_!r}")
-        exec_ = None
-    return Loop(
-        **{"in": raw["in"]},
-        iterator=raw["iterator"],
-        mode=mode,
-        max_in_flight=spec.get("max_in_flight"),
-        exec=exec_,
-        spec={k: v for k, v in spec.items() if k not in ("mode", "max_in_flight")},
-    )
-
-
-CURSOR_KINDS = ("postgres", "duckdb", "nats_stream")
-
-
-def _parse_cursor_loop(ctx: _Ctx, raw: dict[str, Any], spec: dict[str, Any], path: PathT) -> Loop | None:
-    """``loop: {cursor: {kind, auth, claim, options}, iterator, spec: {mode: cursor, max_in_flight, frame}}``."""
-    cur, cp = raw["cursor"], (*path, "cursor")
-    n = len(ctx.issues)
-    if "in" in raw:
-        ctx.err((*path, "in"), "loop-source", "a loop takes either `in` (a collection) or `cursor` (a pull source), not both")
-    if not isinstance(raw.get("iterator"), str) or not raw["iterator"].isidentifier():
-        ctx.err((*path, "iterator"), "loop-in-iterator", "a cursor loop needs `iterator: <name>`")
-    if spec.get("mode") != "cursor":
-        ctx.err((*path, "spec", "mode"), "loop-mode", f"`loop.cursor` needs `spec.mode: cursor` (got {spec.get('mode')!r})")
-    if not isinstance(cur, dict):
-        ctx.err(cp, "cursor-shape", "`loop.cursor` must be a mapping with `kind` and `claim`")
-        return None
-    if cur.get("kind") not in CURSOR_KINDS:
-        ctx.err((*cp, "kind"), "cursor-kind", f"cursor kind {cur.get('kind')!r} is not one of {', '.join(CURSOR_KINDS)}")
-    if not isinstance(cur.get("claim"), str) or not cur["claim"].strip():
-        ctx.err((*cp, "claim"), "cursor-claim", "`cursor.claim` must be the claim statement (SQL) or subject (nats_stream)")
-    if not isinstance(cur.get("options", {}), dict):
-        ctx.err((*cp, "options"), "cursor-shape", "`cursor.options` must be a mapping")
-    unknown = sorted(set(cur) - {"kind", "auth", "claim", "options"})
-    if unknown:
-        ctx.err((*cp, unknown[0]), "cursor-shape", f"unknown cursor key {unknown[0]!r} (kind, auth, claim, options)")
-    frame = spec.get("frame", spec.get("frame_policy")) or {}
-    if not isinstance(frame, dict):
-        ctx.err((*path, "spec", "frame"), "loop-frame", "`spec.frame` must be a mapping")
-    else:
-        try:  # templated values (`lease_seconds: "{{ workload.lease }}"`) are checked when rendered
-            FramePolicy(**{k: v for k, v in frame.items() if not _is_template(v)})
-        except ValidationError as e:
-            for err in e.errors()[:3]:
-                ctx.err((*path, "spec", "frame", *err["loc"]), "loop-frame", err["msg"])
-    if len(ctx.issues) > n:
-        return None
-    return Loop(
-        iterator=raw["iterator"],
-        mode="cursor",
-        max_in_flight=spec.get("max_in_flight"),
-        spec={k: v for k, v in spec.items() if k not in ("mode", "max_in_flight", "frame", "frame_policy")},
-        cursor=Cursor(kind=cur["kind"], auth=cur.get("auth"), claim=cur["claim"], options=dict(cur.get("options") or {})),
-        frame=frame,
-    )
-
-
-def _task_items(ctx: _Ctx, raw: Any, path: PathT) -> list[tuple[str | None, dict[str, Any], PathT]]:
+def _task_items(ctx: ParseContext, raw: Any, path: PathT) -> list[tuple[str | None, dict[str, Any], PathT]]:
     """Every accepted pipeline form -> [(label or None, body, path)]."""
     if isinstance(raw, dict):
         if "kind" in raw:
@@ -341,7 +92,7 @@ def _task_items(ctx: _Ctx, raw: Any, path: PathT) -> list[tuple[str | None, dict
     return []
 
 
-def _parse_task(ctx: _Ctx, label: str, body: dict[str, Any], path: PathT, labels: set[str]) -> Task | None:
+def _parse_task(ctx: ParseContext, label: str, body: dict[str, Any], path: PathT, labels: set[str]) -> Task | None:
     kind = body.get("kind")
     if not isinstance(kind, str) or not kind:
         ctx.err(path, "tool-kind", "a task needs a `kind`")
@@ -373,7 +124,7 @@ def _parse_task(ctx: _Ctx, label: str, body: dict[str, Any], path: PathT, labels
         spec_raw = {}
     config = {k: v for k, v in body.items() if k not in TASK_META_KEYS}
     if isinstance(body.get("args"), dict) and kind not in ARGS_NATIVE_KINDS:  # deprecated spelling of `input`
-        config["input"] = _input_with_legacy(ctx, body, path, "a task")
+        config["input"] = input_with_legacy(ctx, body, path, "a task")
         config.pop("args")
     if kind == "workbook" and "name" in body:  # `name` names the workbook entry it calls
         config["name"] = body["name"]
@@ -392,20 +143,20 @@ def _parse_task(ctx: _Ctx, label: str, body: dict[str, Any], path: PathT, labels
             config.setdefault(k, v)
     policy = None
     if "policy" in spec:
-        policy = _parse_rules(ctx, spec.pop("policy"), (*path, "spec", "policy"), labels)
-    loop = _parse_loop(ctx, body["loop"], (*path, "loop")) if "loop" in body else None
+        policy = parse_policy_rules(ctx, spec.pop("policy"), (*path, "spec", "policy"), labels)
+    loop = parse_loop(ctx, body["loop"], (*path, "loop")) if "loop" in body else None
     return Task(
         label=label,
         kind=kind,
         config=config,
         spec=spec,
         policy=policy,
-        set=_split_set(ctx, body.get("set"), (*path, "set")),
+        set=split_set(ctx, body.get("set"), (*path, "set")),
         loop=loop,
     )
 
 
-def _parse_pipeline(ctx: _Ctx, raw: Any, path: PathT) -> list[Task]:
+def _parse_pipeline(ctx: ParseContext, raw: Any, path: PathT) -> list[Task]:
     items = _task_items(ctx, raw, path)
     labels: list[str] = []
     for i, (label, _, ip) in enumerate(items):
@@ -422,7 +173,7 @@ def _parse_pipeline(ctx: _Ctx, raw: Any, path: PathT) -> list[Task]:
     return tasks
 
 
-def _parse_router(ctx: _Ctx, raw: Any, path: PathT) -> Router | None:
+def _parse_router(ctx: ParseContext, raw: Any, path: PathT) -> Router | None:
     if isinstance(raw, (list, str)):
         ctx.err(path, "legacy-construct", f"`next` as a list or a name is legacy; use `next: {{spec, arcs}}`; {MIGRATE_HINT}")
         return None
@@ -474,12 +225,12 @@ def _parse_router(ctx: _Ctx, raw: Any, path: PathT) -> Router | None:
             args = {**(args or {}), **step_keys}
             raw_set = {k: v for k, v in raw_set.items() if not str(k).startswith("step.")}
         arcs.append(
-            Arc(step=a["step"], when=when, args=args, set=_split_set(ctx, raw_set, (*ap, "set")), spec=a.get("spec") or {})
+            Arc(step=a["step"], when=when, args=args, set=split_set(ctx, raw_set, (*ap, "set")), spec=a.get("spec") or {})
         )
     return Router(mode=mode, arcs=arcs, spec={k: v for k, v in spec.items() if k != "mode"})
 
 
-def _parse_admit(ctx: _Ctx, raw: Any, path: PathT) -> list[AdmitRule] | None:
+def _parse_admit(ctx: ParseContext, raw: Any, path: PathT) -> list[AdmitRule] | None:
     if not isinstance(raw, dict) or not isinstance(raw.get("rules"), list):
         ctx.err(path, "admit-shape", "`spec.policy.admit` must be an object with `rules` (a list)")
         return None
@@ -502,7 +253,7 @@ def _parse_admit(ctx: _Ctx, raw: Any, path: PathT) -> list[AdmitRule] | None:
     return out
 
 
-def _parse_step(ctx: _Ctx, raw: Any, path: PathT) -> Step | None:
+def _parse_step(ctx: ParseContext, raw: Any, path: PathT) -> Step | None:
     if not isinstance(raw, dict):
         ctx.err(path, "step-shape", "a step must be a mapping")
         return None
@@ -531,10 +282,10 @@ def _parse_step(ctx: _Ctx, raw: Any, path: PathT) -> Step | None:
             admit = _parse_admit(ctx, pol["admit"], (*path, "spec", "policy", "admit"))
         elif "rules" in pol:
             ctx.err((*path, "spec", "policy"), "admit-shape", "step policy rules belong under `spec.policy.admit.rules`")
-    loop = _parse_loop(ctx, raw["loop"], (*path, "loop")) if "loop" in raw else None
+    loop = parse_loop(ctx, raw["loop"], (*path, "loop")) if "loop" in raw else None
     tool = _parse_pipeline(ctx, raw["tool"], (*path, "tool")) if raw.get("tool") is not None else []
     nxt = _parse_router(ctx, raw["next"], (*path, "next")) if raw.get("next") is not None else None
-    step_input = _input_with_legacy(ctx, raw, path, f"step {name!r}") or {}
+    step_input = input_with_legacy(ctx, raw, path, f"step {name!r}") or {}
     if not isinstance(step_input, dict):
         ctx.err((*path, "input"), "step-shape", "step `input` must be a mapping")
         step_input = {}
@@ -547,7 +298,7 @@ def _parse_step(ctx: _Ctx, raw: Any, path: PathT) -> Step | None:
         tool=tool,
         input=step_input,
         next=nxt,
-        set=_set_with_legacy(ctx, raw, path),
+        set=set_with_legacy(ctx, raw, path),
         outputs=parse_outputs(ctx, raw["outputs"], (*path, "outputs"), ctx.sm.line) if raw.get("outputs") is not None else [],
         line=ctx.sm.line(path),
     )
@@ -580,7 +331,7 @@ def _kind_raw_keys(raw: Any) -> set[str]:
     return out
 
 
-def _check_templates(ctx: _Ctx, raw: dict[str, Any]) -> None:
+def _check_templates(ctx: ParseContext, raw: dict[str, Any]) -> None:
     env = template_env()
     raw_keys = _RAW_TEXT_KEYS | _kind_raw_keys(raw) if ctx.check_kinds else _RAW_TEXT_KEYS
     for path, source in iter_template_strings(raw):
@@ -595,7 +346,7 @@ def parse_playbook(
     raw: Any, *, source_map: SourceMap | None = None, source_file: str | None = None, check_kinds: bool = True
 ) -> tuple[Playbook | None, list[ValidationIssue]]:
     sm = source_map or SourceMap(source_file or "<memory>", {(): 1})
-    ctx = _Ctx(sm, check_kinds)
+    ctx = ParseContext(sm, check_kinds)
     if not isinstance(raw, dict):
         ctx.err((), "not-a-playbook", "the document is not a mapping")
         return None, ctx.issues
@@ -676,10 +427,10 @@ def parse_playbook(
                 ctx.err(("workflow", i, "next", "arcs", j, "step"), "unknown-arc-target", f"arc targets missing step {a['step']!r}")
     for i, s in enumerate(wf):  # workbook references
         if isinstance(s, dict):
-            for _label, body, ip in _task_items(_Ctx(sm, False), s.get("tool"), ("workflow", i, "tool")) if s.get("tool") else []:
+            for _label, body, ip in _task_items(ParseContext(sm, False), s.get("tool"), ("workflow", i, "tool")) if s.get("tool") else []:
                 if isinstance(body, dict) and body.get("kind") == "workbook":
                     ref = body.get("name") or (body.get("spec") or {}).get("name")
-                    if ref and not any(w.name == ref for w in workbook) and not _is_template(ref):
+                    if ref and not any(w.name == ref for w in workbook) and not is_template(ref):
                         ctx.err((*ip, "name"), "unknown-workbook-entry", f"workbook entry {ref!r} is not defined")
     entry = executor_raw.get("spec", {}).get("entry_step") if isinstance(executor_raw.get("spec"), dict) else None
     if entry and (not isinstance(entry, str) or entry not in names):
@@ -713,7 +464,7 @@ def executor_warnings(raw: Any, sm: SourceMap) -> list[ValidationIssue]:
                             f"accepted, has no effect: {why}") for path, why in no_effect_keys(raw)]  # fmt: skip
 
 
-def _legacy_issues(ctx: _Ctx, raw: dict[str, Any]) -> None:
+def _legacy_issues(ctx: ParseContext, raw: dict[str, Any]) -> None:
     """Retired-era constructs the inline checks above did not already name (dsl.legacy lists them all)."""
     reported = {i.path for i in ctx.issues}
     for path, construct, hint in find_legacy_constructs(raw):
@@ -723,9 +474,6 @@ def _legacy_issues(ctx: _Ctx, raw: dict[str, Any]) -> None:
         reported.add(fp)
         ctx.err(path, "legacy-construct", f"{construct} is a legacy construct; {hint}")
 
-
-def _is_template(value: Any) -> bool:
-    return isinstance(value, str) and "{{" in value
 
 
 def load_playbook_dict(raw: Any, source_file: str | None = None, source_map: SourceMap | None = None) -> Playbook:
