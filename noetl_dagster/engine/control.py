@@ -22,6 +22,7 @@ from noetl_dagster.dsl.templates import TemplateError, template_env
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine import usage
 from noetl_dagster.engine.durability import Driver
+from noetl_dagster.engine.engine_services import EngineServices
 from noetl_dagster.engine.events import uuid7
 from noetl_dagster.engine.frame import StepRun, outcome_envelope
 from noetl_dagster.engine.graph import StepGraph, analyze
@@ -85,7 +86,7 @@ class Activation:
     args: Any
 
 
-class Engine(Driver):
+class Engine(Driver, EngineServices):
     def __init__(
         self,
         playbook: Playbook,
@@ -134,58 +135,6 @@ class Engine(Driver):
             self.services.logger(message)
         else:
             log.info(message)
-
-    def keychain(self) -> Any:
-        if self._keychain is not None:
-            return self._keychain
-        with self._keychain_lock:  # parallel loop iterations ask at once: build it once
-            if self._keychain is not None:
-                return self._keychain
-            factory = self.services.keychain_factory or _default_keychain
-            kc = factory(self.playbook)
-            if callable(getattr(kc, "bind", None)):
-                # declarations render against this execution; every secret resolved later is redacted
-                kc.bind(
-                    context=lambda: {**self.state.workload, "workload": self.state.workload, "ctx": self.state.ctx,
-                                     "execution_id": self.execution_id},  # fmt: skip
-                    render=self.env.render,
-                    on_secret=self.recorder.redactor.add,
-                )
-            else:
-                try:
-                    self.recorder.redactor.add(kc.secret_values())
-                except Exception:  # noqa: BLE001 - a provider failing to list secrets must not stop the run
-                    pass
-            self._keychain = kc
-        return self._keychain
-
-    def keychain_namespace(self) -> Mapping[str, Any]:
-        if not self.playbook.keychain:
-            return {}
-        return self.keychain().namespace()
-
-    def credential(self, name: str) -> dict[str, Any]:
-        # the keychain reports the secret fields (passwords, tokens) to the redactor, not hosts or names
-        return self.keychain().credential(name)
-
-    def resource(self, key: str, factory: Callable[[], Any]) -> Any:
-        res = self._resources.get(key)
-        if res is None:
-            with self._resources_lock:  # one pool per key even when parallel iterations ask at once
-                res = self._resources.get(key)
-                if res is None:
-                    res = self._resources[key] = factory()
-        return res
-
-    def close_resources(self) -> None:
-        for r in self._resources.values():
-            close = getattr(r, "close", None)
-            if callable(close):
-                try:
-                    close()
-                except Exception:  # noqa: BLE001
-                    pass
-        self._resources.clear()
 
     def patch_ctx(self, patch: dict[str, Any], *, source: str, **fields: Any) -> None:
         if patch:
@@ -566,9 +515,3 @@ def restore_generated(engine: Engine, request: Mapping[str, Any]) -> None:
 def _secret_values(engine: Engine) -> set[str]:
     kc = engine._keychain  # noqa: SLF001 - read only: the secrets this execution's keychain resolved
     return set(kc.secret_values()) if kc is not None and callable(getattr(kc, "secret_values", None)) else set()
-
-
-def _default_keychain(pb: Playbook) -> Any:
-    from noetl_dagster.engine.keychain import Keychain  # noqa: PLC0415 - providers load lazily
-
-    return Keychain(pb.keychain, base_dir=pb.base_dir)

@@ -16,14 +16,13 @@ from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from noetl_dagster.dsl.kinds import KindError, get_tool
-from noetl_dagster.dsl.model import RuleThen, Step, Task
-from noetl_dagster.dsl.parse import MAX_RETRY_ATTEMPTS, MAX_RETRY_DELAY
+from noetl_dagster.dsl.model import Step, Task
+from noetl_dagster.dsl.parse import MAX_RETRY_ATTEMPTS
 from noetl_dagster.dsl.templates import TemplateError, template_env
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine.events import uuid7
 from noetl_dagster.engine.frame import (
     DEFAULT_RETRY_ATTEMPTS,
-    DEFAULT_RETRY_DELAY,
     MAX_PIPELINE_TRANSITIONS,
     CtxConflict,
     StepRun,
@@ -33,6 +32,7 @@ from noetl_dagster.engine.frame import (
     outcome_envelope,
 )
 from noetl_dagster.engine.loops import LoopPhases
+from noetl_dagster.engine.policy import TaskPolicy
 from noetl_dagster.engine.ports import ToolError
 from noetl_dagster.engine.requests import step_requests
 from noetl_dagster.engine.scope import Scope, StepResults, view
@@ -114,7 +114,7 @@ class _ToolCtx:
             self._notes[key] = value
 
 
-class Worker(LoopPhases):
+class Worker(LoopPhases, TaskPolicy):
     def __init__(self, engine: Engine):
         self.engine = engine
         self.env = template_env()
@@ -299,51 +299,6 @@ class Worker(LoopPhases):
                 err = outcome.get("error") or _error("policy_fail", f"task {task.label!r} failed by policy rule")
                 return False, last_result, err
         return True, last_result, None
-
-    def _int(self, value: Any, scope: Scope, default: int) -> int:
-        if value is None:
-            return default
-        v = self.env.render(value, scope) if isinstance(value, str) else value
-        try:
-            return int(v)
-        except (TypeError, ValueError, OverflowError):  # int(inf) overflows
-            return default
-
-    def _retry_delay(self, then: RuleThen | None, attempt: int, scope: Scope) -> float:
-        backoff = (then.backoff if then else None) or "fixed"
-        if backoff == "none":
-            return 0.0
-        raw = then.delay if then else None
-        v = self.env.render(raw, scope) if isinstance(raw, str) else raw
-        try:
-            delay = float(v) if v is not None else DEFAULT_RETRY_DELAY
-        except (TypeError, ValueError, OverflowError):
-            delay = DEFAULT_RETRY_DELAY
-        if delay != delay:  # NaN
-            delay = DEFAULT_RETRY_DELAY
-        delay = min(max(delay, 0.0), MAX_RETRY_DELAY)  # 1e308 / inf would overflow the clock
-        if backoff == "linear":
-            delay *= attempt
-        elif backoff == "exponential":
-            delay *= 2.0 ** min(attempt - 1, 64)
-        return min(delay, MAX_RETRY_DELAY)
-
-    def _decide(self, task: Task, outcome: dict[str, Any], scope: Scope) -> tuple[RuleThen | None, dict[str, Any] | None]:
-        """The matching rule's ``then`` (None: the defaults apply), or an error when a condition fails."""
-        if task.policy is None:
-            return None, None
-        pscope = scope.child(outcome=outcome, output=outcome, error=outcome.get("error"), result=outcome.get("result"))
-        else_then = None
-        for rule in task.policy:
-            if rule.is_else:
-                else_then = else_then or rule.then
-                continue
-            try:
-                if self.env.truthy(rule.when, pscope):
-                    return rule.then, None
-            except TemplateError as e:
-                return None, _error("template_error", f"policy rule of task {task.label!r}: {e}")
-        return else_then, None
 
     def _apply_set(self, ctx_w: dict[str, Any], iter_w: dict[str, Any], scope: Scope, frame: _Frame, source: str) -> None:
         if ctx_w:
