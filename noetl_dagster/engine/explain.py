@@ -28,7 +28,7 @@ from datetime import datetime
 from typing import Any
 
 from noetl_dagster.engine.events import Event
-from noetl_dagster.engine.usage_lines import _REF_EVENTS, _TERMINAL, usage_lines
+from noetl_dagster.engine.usage_lines import _REF_EVENTS, _TERMINAL, line_tuples
 from noetl_dagster.util.jsonutil import dumps, sorted_json
 
 DETAIL = 50  # loop iterations kept one by one (the first ones, and failed ones up to this many)
@@ -52,7 +52,21 @@ class UnknownExecution(KeyError):
         return str(self.args[0])
 
 
+_SECONDS: dict[str, int] = {}  # "YYYY-MM-DDTHH:MM:SS+HH:MM" -> epoch seconds (one parse per second of events)
+
+
 def _ms(ts: str) -> float:
+    """An event's ISO time as epoch ms; the engine's form (microseconds and an offset) from the
+    parse of its second, bit for bit what ``fromisoformat(ts).timestamp() * 1000`` gives (both
+    divide the same whole number of microseconds by 10**6)."""
+    if len(ts) == 32 and ts[19] == "." and ts[20:26].isdigit():
+        key = ts[:19] + ts[26:]
+        sec = _SECONDS.get(key)
+        if sec is None:
+            if len(_SECONDS) >= 4096:
+                _SECONDS.clear()
+            sec = _SECONDS[key] = int(datetime.fromisoformat(key).timestamp())
+        return (sec * 1_000_000 + int(ts[20:26])) / 1_000_000 * 1000.0
     return datetime.fromisoformat(ts).timestamp() * 1000.0
 
 
@@ -64,12 +78,28 @@ def checksum(value: Any) -> str:
     return hashlib.sha256(sorted_json(value)).hexdigest()[:16]
 
 
+_DIGESTS: dict[str, str] = {}  # a short value's JSON -> its checksum (a step's args/result repeat: {}, ...)
+
+
 def brief(value: Any) -> dict[str, Any]:
     """A value as the page shows it: a payload reference as is, else a short JSON preview."""
     if isinstance(value, dict) and isinstance(value.get("$ref"), dict):
         return {"ref": value["$ref"], "checksum": checksum(value)}
     text = dumps(value)
-    return {"preview": text[:PREVIEW], "truncated": len(text) > PREVIEW, "checksum": checksum(value)}
+    if len(text) > 128:
+        return {"preview": text[:PREVIEW], "truncated": len(text) > PREVIEW, "checksum": checksum(value)}
+    digest = _DIGESTS.get(text)  # equal JSON, equal value: equal digest (sorted keys)
+    if digest is None:
+        if len(_DIGESTS) >= 4096:
+            _DIGESTS.clear()
+        digest = _DIGESTS[text] = checksum(value)
+    return {"preview": text, "truncated": False, "checksum": digest}
+
+
+def _has_ref(result: Any) -> bool:
+    """Whether a step/iteration/loop result may name a stored reference (usage_lines.created_refs:
+    ``{"$ref": ...}``, or loop.done's list of them): an inline result has no usage line to fold."""
+    return type(result) is dict and ("$ref" in result or "results" in result)
 
 
 def _error_of(data: dict[str, Any]) -> dict[str, Any] | None:
@@ -313,74 +343,84 @@ class Explainer:
 
     def feed(self, events: Iterable[Event]) -> Explainer:
         ex, runs, order, arcs, dirty = self.ex, self.runs, self.order, self.arcs, self.dirty
-        for ev in events:
-            name = ev.name
-            ex["events"] += 1
-            ex["last_sequence"] = max(ex["last_sequence"], ev.sequence or 0)
-            if name in _UNTIMED and self.t0 is not None:
-                continue  # nothing of it is shown (time parsing is most of a small event's cost)
-            t = _ms(ev.timestamp)
-            if self.t0 is None:
-                self.t0 = t
-                ex.update(execution_id=ev.execution_id, tenant=ev.tenant_id, project=ev.project_id,
-                          parent_execution_id=ev.parent_execution_id, started_at=ev.timestamp)  # fmt: skip
-            if self.t_last is None or t > self.t_last:
-                self.t_last = t
-            d = ev.data if isinstance(ev.data, dict) else {}
-            run = runs.get(ev.step_run_id or "") if ev.step_run_id else None
-            if name == "step.scheduled":
-                run = runs[ev.step_run_id or ""] = _Run(ev, t, len(order) + 1)
-                order.append(run)
-            elif name == "step.skipped":
-                run = _Run(ev, t, len(order) + 1)
-                run.status, run.reason = "skipped", str(d.get("reason") or "")
-                order.append(run)
-            if name in _PRICED and (name == "task.done" or name in _TERMINAL or type(d.get("result")) is dict):
-                self._charge(run, ev, name, d, t)  # (a step's inline result has no usage line)
-            if run is None:
-                if name == "playbook.execution.requested":
-                    self.request = ev
-                    ex["request_sequence"] = ev.sequence
-                _execution_event(ex, name, d, ev)
-                continue
-            dirty.add(run.ord)
-            loop = run.loop
-            if loop is not None and ev.iteration is not None and ev.step_run_id:
-                loop.seen(ev.iteration, ev.sequence)
-            if name == "step.started":
-                run.start = t
-            elif name == "task.started":
-                if ev.loop_id and loop is not None:
-                    it = loop.open.get(ev.iteration if ev.iteration is not None else -1)
-                    if it is not None:
-                        it[1] = ev.attempt or 1
-                else:
-                    run.open[ev.task_run_id or ""] = t
-            elif name == "task.done":
-                _task_done(run, ev, d, t)
-            elif name == "loop.started":
-                run.loop = _Loop(ev.loop_id or "", int(d.get("total") or 0), d.get("mode"), t)
-            elif name == "loop.iteration.started" and loop is not None:
-                loop.open[ev.iteration if ev.iteration is not None else -1] = [t, 1, []]
-            elif name in ("loop.iteration.done", "loop.iteration.failed") and loop is not None:
-                i = ev.iteration if ev.iteration is not None else -1
-                loop.done(i, t, name == "loop.iteration.done", _error_of(d), ev.sequence)
-            elif name == "loop.done" and loop is not None:
-                loop.end = t
-            elif name in ("step.done", "step.failed"):
-                run.end = t
-                run.status = "success" if name == "step.done" else "error"
-                if name == "step.done":
-                    run.result = brief(d.get("result"))
-                run.error = _error_of(d)
-            elif name == "next.evaluated":
-                run.fired = [{"arc": f.get("arc"), "step": f.get("step")} for f in d.get("fired") or ()
-                             if isinstance(f, dict)]  # fmt: skip
-                for f in run.fired:
-                    key = (run.step, int(f["arc"]) if isinstance(f["arc"], int) else -1, str(f["step"]))
-                    arcs[key] = arcs.get(key, 0) + 1
-                if d.get("unhandled_failure"):
-                    run.status = "error"
+        # counters kept in locals and stored once (the store folds every appended event: per-event
+        # overhead is the summary's cost on cheap steps)
+        count, last, t_last = 0, ex["last_sequence"], self.t_last
+        try:
+            for ev in events:
+                count += 1
+                seq = ev.sequence
+                if seq is not None and seq > last:
+                    last = seq
+                name = ev.name
+                if name in _UNTIMED and self.t0 is not None:
+                    continue  # nothing of it is shown (time parsing is most of a small event's cost)
+                t = _ms(ev.timestamp)
+                if self.t0 is None:
+                    self.t0 = t
+                    ex.update(execution_id=ev.execution_id, tenant=ev.tenant_id, project=ev.project_id,
+                              parent_execution_id=ev.parent_execution_id, started_at=ev.timestamp)  # fmt: skip
+                if t_last is None or t > t_last:
+                    t_last = t
+                d = ev.data if isinstance(ev.data, dict) else {}
+                run = runs.get(ev.step_run_id or "") if ev.step_run_id else None
+                if name == "step.scheduled":
+                    run = runs[ev.step_run_id or ""] = _Run(ev, t, len(order) + 1)
+                    order.append(run)
+                elif name == "step.skipped":
+                    run = _Run(ev, t, len(order) + 1)
+                    run.status, run.reason = "skipped", str(d.get("reason") or "")
+                    order.append(run)
+                if name in _PRICED and (name == "task.done" or name in _TERMINAL or _has_ref(d.get("result"))):
+                    self._charge(run, ev, name, d, t)  # (a step's inline result has no usage line)
+                if run is None:
+                    if name == "playbook.execution.requested":
+                        self.request = ev
+                        ex["request_sequence"] = ev.sequence
+                    _execution_event(ex, name, d, ev)
+                    continue
+                dirty.add(run.ord)
+                loop = run.loop
+                if loop is not None and ev.iteration is not None and ev.step_run_id:
+                    loop.seen(ev.iteration, ev.sequence)
+                if name == "step.started":
+                    run.start = t
+                elif name == "task.started":
+                    if ev.loop_id and loop is not None:
+                        it = loop.open.get(ev.iteration if ev.iteration is not None else -1)
+                        if it is not None:
+                            it[1] = ev.attempt or 1
+                    else:
+                        run.open[ev.task_run_id or ""] = t
+                elif name == "task.done":
+                    _task_done(run, ev, d, t)
+                elif name == "loop.started":
+                    run.loop = _Loop(ev.loop_id or "", int(d.get("total") or 0), d.get("mode"), t)
+                elif name == "loop.iteration.started" and loop is not None:
+                    loop.open[ev.iteration if ev.iteration is not None else -1] = [t, 1, []]
+                elif name in ("loop.iteration.done", "loop.iteration.failed") and loop is not None:
+                    i = ev.iteration if ev.iteration is not None else -1
+                    loop.done(i, t, name == "loop.iteration.done", _error_of(d), ev.sequence)
+                elif name == "loop.done" and loop is not None:
+                    loop.end = t
+                elif name in ("step.done", "step.failed"):
+                    run.end = t
+                    run.status = "success" if name == "step.done" else "error"
+                    if name == "step.done":
+                        run.result = brief(d.get("result"))
+                    run.error = _error_of(d)
+                elif name == "next.evaluated":
+                    run.fired = [{"arc": f.get("arc"), "step": f.get("step")} for f in d.get("fired") or ()
+                                 if isinstance(f, dict)]  # fmt: skip
+                    for f in run.fired:
+                        key = (run.step, int(f["arc"]) if isinstance(f["arc"], int) else -1, str(f["step"]))
+                        arcs[key] = arcs.get(key, 0) + 1
+                    if d.get("unhandled_failure"):
+                        run.status = "error"
+        finally:
+            ex["events"] += count
+            ex["last_sequence"] = last
+            self.t_last = t_last
         return self
 
     def _charge(self, run: _Run | None, ev: Event, name: str, d: dict[str, Any], t: float) -> None:
@@ -390,7 +430,7 @@ class Explainer:
         again (each was billed with its iteration)."""
         if name == "loop.done" and type(d.get("result")) is dict and type(d["result"].get("results")) is list:
             d = {**d, "result": None}
-        lines = usage_lines(name, d)
+        lines = line_tuples(name, d)
         if not lines:
             return
         ledger, seen = (run.ledger, run.seen) if run is not None else (self.ledger, [])
@@ -399,13 +439,13 @@ class Explainer:
             if it is not None:
                 seen = it[2]
         day = int(t // 86_400_000)
-        for ln in lines:
-            if ln.key:
-                if ln.key in seen:
+        for category, item, quantity, _used, _requested, key, kind in lines:
+            if key:
+                if key in seen:
                     continue
-                seen.append(ln.key)
-            k = f"{ln.category}\t{ln.item}\t{ln.kind}\t{day}"
-            ledger[k] = ledger.get(k, 0.0) + ln.quantity
+                seen.append(key)
+            k = f"{category}\t{item}\t{kind}\t{day}"
+            ledger[k] = ledger.get(k, 0.0) + quantity
 
     def result(self, price: LedgerPrice | None = None,
                read_range: Callable[[int, int], list[Event]] | None = None) -> Explanation:  # fmt: skip

@@ -24,6 +24,8 @@ UNITS = {
 # -- usage lines: what one event used, in the price table's units ----------------------------------
 def _number(value: Any) -> float | None:
     """A value as the facts writer stores a Float64 (analytics/facts.py ``_as_number``)."""
+    if type(value) is float or type(value) is int:  # the common case, first (the summary folds every task.done)
+        return float(value) if value == value else None
     if value is None or isinstance(value, bool):
         return None if value is None else float(value)
     try:
@@ -70,12 +72,15 @@ def _ref(value: Any) -> dict[str, Any] | None:
     return None
 
 
-def _storage(ref: dict[str, Any]) -> UsageLine | None:
+Line = tuple[str, str, float, float, float, str, str]  # UsageLine's fields, in order (cheap to make)
+
+
+def _storage(ref: dict[str, Any]) -> Line | None:
     gb = (_number(ref.get("size")) or 0.0) / 1e9
     uri = ref.get("uri")
     if gb <= 0 or not isinstance(uri, str):
         return None
-    return UsageLine("storage", _text(ref.get("store")) or "default", gb, gb, 0.0, uri)
+    return ("storage", _text(ref.get("store")) or "default", gb, gb, 0.0, uri, "")
 
 
 def created_refs(name: str, data: Any) -> list[dict[str, Any]]:
@@ -100,7 +105,9 @@ def created_refs(name: str, data: Any) -> list[dict[str, Any]]:
 
 def requests_of(meta: dict[str, Any]) -> tuple[float, float, float]:
     """(cores, memory bytes, GPUs) a step declared as Kubernetes requests (``meta.requests``)."""
-    req = _dict(meta.get("requests"))
+    req = meta.get("requests")
+    if not req or type(req) is not dict:
+        return (0.0, 0.0, 0.0)
     return (_number(req.get("cpu")) or 0.0, _number(req.get("memory_bytes")) or 0.0, _number(req.get("gpu")) or 0.0)
 
 
@@ -109,8 +116,14 @@ def usage_lines(name: str, data: Any) -> list[UsageLine]:
     and quantum lines, the references an event created (storage), and the engine's own CPU recorded on
     the execution's terminal event (``platform``). The facts writer stores these lines
     (``usage_fact``); Dagster's cost metadata prices the same lines."""
+    return [UsageLine(*t) for t in line_tuples(name, data)]
+
+
+def line_tuples(name: str, data: Any) -> list[Line]:
+    """:func:`usage_lines` as plain tuples of UsageLine's fields (the execution summary folds
+    every task.done: a frozen dataclass per line was most of its cost)."""
     d = _dict(data)
-    lines: list[UsageLine] = []
+    lines: list[Line] = []
     if name == "task.done":
         outcome = _dict(d.get("outcome"))
         meta = _dict(outcome.get("meta"))
@@ -140,12 +153,12 @@ def usage_lines(name: str, data: Any) -> list[UsageLine]:
             egress = _dict(outcome.get("http")).get("request_bytes")
         gb = (_number(egress) or 0.0) / 1e9
         if gb > 0:
-            lines.append(UsageLine("egress", _text(meta.get("region")) or "default", gb, gb))
-        lines.append(UsageLine("call", kind or "default", 1.0, 1.0))
+            lines.append(("egress", _text(meta.get("region")) or "default", gb, gb, 0.0, "", ""))
+        lines.append(("call", kind or "default", 1.0, 1.0, 0.0, "", ""))
         for item, key in (("shot", "shots"), ("qpu_second", "qpu_s")):
             q = _number(usage.get(key)) or 0.0
             if q > 0:
-                lines.append(UsageLine("quantum", item, q, q))
+                lines.append(("quantum", item, q, q, 0.0, "", ""))
     elif name in _TERMINAL:
         # the engine's CPU no attempt used: workflow.finished `platform: {cpu_s, ...}` (engine/usage.py
         # Window); a terminal event's `usage.platform_cpu_s` is read too
@@ -154,7 +167,7 @@ def usage_lines(name: str, data: Any) -> list[UsageLine]:
         if cpu_s is None:
             cpu_s = _number(_dict(d.get("usage")).get("platform_cpu_s"))
         if cpu_s and cpu_s > 0:
-            lines.append(UsageLine("platform", "default", cpu_s / 3600, cpu_s / 3600))
+            lines.append(("platform", "default", cpu_s / 3600, cpu_s / 3600, 0.0, "", ""))
     for ref in created_refs(name, d):
         line = _storage(ref)
         if line is not None:
@@ -162,7 +175,7 @@ def usage_lines(name: str, data: Any) -> list[UsageLine]:
     return lines
 
 
-def _maxed(lines: list[UsageLine], category: str, item: str, used: float, requested: float, kind: str) -> None:
+def _maxed(lines: list[Line], category: str, item: str, used: float, requested: float, kind: str) -> None:
     q = max(used, requested)
     if q > 0:
-        lines.append(UsageLine(category, item, q, used, requested, "", kind))
+        lines.append((category, item, q, used, requested, "", kind))
