@@ -131,42 +131,66 @@ def case_steps(n: int) -> dict[str, Any]:
             "rss_before_mb": rss_before, "peak_rss_mb": _peak_rss_mb()}  # fmt: skip
 
 
-def case_steps_summary(n: int, pg: str | None = None, rounds: int = 5, loop: int = 0) -> dict[str, Any]:
+def _fold_at(rev: str, where: Path) -> Any:
+    """The SummaryCache class of the summary's fold as it was at git revision ``rev`` (its three
+    engine modules copied into a package of their own), to time it beside the current one."""
+    pkg = where / "fold_before"
+    pkg.mkdir(parents=True, exist_ok=True)
+    (pkg / "__init__.py").write_text("")
+    root = Path(__file__).resolve().parents[1]
+    for mod in ("explain", "explain_summary", "usage_lines"):
+        src = subprocess.run(["git", "show", f"{rev}:noetl_dagster/engine/{mod}.py"], cwd=root, check=True,
+                             capture_output=True, text=True).stdout  # fmt: skip
+        for m in ("explain_summary", "explain", "usage_lines"):
+            src = src.replace(f"from noetl_dagster.engine.{m} import", f"from fold_before.{m} import")
+        (pkg / f"{mod}.py").write_text(src)
+    sys.path.insert(0, str(where))
+    from fold_before.explain_summary import SummaryCache  # type: ignore[import-not-found]
+
+    return SummaryCache
+
+
+def case_steps_summary(n: int, pg: str | None = None, rounds: int = 5, loop: int = 0,
+                       before: str | None = None) -> dict[str, Any]:  # fmt: skip
     """The execution summary's cost per step (issue 36.4): the same self-routing cycle run with the
     store keeping the summary and with it off (its fold a no-op), alternately, in one process;
     ``pg``: against a Postgres store (a fresh schema) instead of SQLite; ``loop``: the big loop's
-    playbook over that many items instead of the cycle (per iteration instead of per step)."""
+    playbook over that many items instead of the cycle (per iteration instead of per step);
+    ``before``: a git revision whose fold runs as a third mode (``before``), in turn with the others."""
     import uuid
 
-    from noetl_dagster.storage.events import SqliteEventStore
-    from noetl_dagster.storage.postgres_events import PostgresEventStore
+    from noetl_dagster.storage import events as sqlite_mod
+    from noetl_dagster.storage import postgres_events as pg_mod
 
-    cls, off = ((PostgresEventStore, lambda self, conn, events: ["{}"] * 4) if pg
-                else (SqliteEventStore, lambda self, c, rows: None))  # fmt: skip
-    keep = cls._summarize
+    mod = pg_mod if pg else sqlite_mod
+    cls, off = ((pg_mod.PostgresEventStore, lambda self, conn, events: ["{}"] * 4) if pg
+                else (sqlite_mod.SqliteEventStore, lambda self, c, rows: None))  # fmt: skip
+    keep, cache = cls._summarize, mod.SummaryCache
     url = f"{pg}?schema=bench_{uuid.uuid4().hex[:10]}" if pg else None
     doc = _big_loop_doc(loop) if loop else _steps_doc(n)
-    times: dict[str, list[float]] = {"on": [], "off": [], "on_cpu": [], "off_cpu": []}
+    modes = ["on", "off", *(["before"] if before else [])]
+    times: dict[str, list[float]] = {m + s: [] for m in modes for s in ("", "_cpu")}
     try:
         with tempfile.TemporaryDirectory() as d:
+            old_cache = _fold_at(before, Path(d) / "pkg") if before else None
             _run_engine(_big_loop_doc(20) if loop else {**doc, "workload": {"n": 3}}, Path(d) / "warm", url)
             for k in range(rounds):
-                for mode in ("off", "on") if k % 2 else ("on", "off"):
-                    cls._summarize = keep if mode == "on" else off  # type: ignore[method-assign]
+                for mode in modes[k % len(modes):] + modes[: k % len(modes)]:
+                    cls._summarize = off if mode == "off" else keep  # type: ignore[method-assign]
+                    mod.SummaryCache = old_cache if mode == "before" else cache
                     wall, cpu, res = _run_engine(doc, Path(d) / f"{mode}{k}", url)
                     assert res.status == "completed" and (loop or res.runs["spin"] == n)
                     times[mode].append(wall / (loop or n) * 1000)
                     times[mode + "_cpu"].append(cpu / (loop or n) * 1000)
     finally:
-        cls._summarize = keep  # type: ignore[method-assign]
+        cls._summarize, mod.SummaryCache = keep, cache  # type: ignore[method-assign]
         if pg:
             import psycopg
 
             with psycopg.connect(pg, autocommit=True) as conn:
                 conn.execute(f"DROP SCHEMA IF EXISTS {url.rsplit('=', 1)[1]} CASCADE")  # type: ignore[union-attr]
     return {"case": "loop_summary" if loop else "steps_summary", "n": loop or n, "store": "postgres" if pg else "sqlite",
-            "on_ms": times["on"], "off_ms": times["off"], "on_cpu_ms": times["on_cpu"],
-            "off_cpu_ms": times["off_cpu"]}  # fmt: skip
+            "before": before, **{f"{k}_ms": v for k, v in times.items()}}  # fmt: skip
 
 
 LOOP_CODE = "result = x * 2"
@@ -268,9 +292,9 @@ def _child(args: argparse.Namespace) -> None:
     elif args.case == "steps":
         out = case_steps(args.steps)
     elif args.case == "steps_summary":
-        out = case_steps_summary(args.steps, args.pg)
+        out = case_steps_summary(args.steps, args.pg, rounds=args.rounds, before=args.fold_before)
     elif args.case == "loop_summary":
-        out = case_steps_summary(args.steps, args.pg, rounds=3, loop=args.iterations)
+        out = case_steps_summary(args.steps, args.pg, rounds=3, loop=args.iterations, before=args.fold_before)
     else:
         out = case_loop(args.iterations, args.case.removeprefix("loop_"))
     print("__BENCH__" + json.dumps(out))
@@ -279,7 +303,8 @@ def _child(args: argparse.Namespace) -> None:
 def _spawn(case: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "benchmarks.bench_engine", "--case", case,
            "--steps", str(args.steps), "--iterations", str(args.iterations), "--big-loop", str(args.big_loop),
-           *(["--pg", args.pg] if args.pg else [])]  # fmt: skip
+           "--rounds", str(args.rounds), *(["--pg", args.pg] if args.pg else []),
+           *(["--fold-before", args.fold_before] if args.fold_before else [])]  # fmt: skip
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=1800)
     for line in proc.stdout.splitlines():
@@ -323,6 +348,11 @@ def report(results: list[dict[str, Any]]) -> None:
             con, coff = sorted(r["on_cpu_ms"]), sorted(r["off_cpu_ms"])
             print(f"  cpu on / off        : min {con[0]:.4f} / {coff[0]:.4f} ms = {con[0] / coff[0]:.3f}x  "
                   f"median {med(con):.4f} / {med(coff):.4f} ms = {med(con) / med(coff):.3f}x")  # fmt: skip
+            if r.get("before"):
+                bw, bc = sorted(r["before_ms"]), sorted(r["before_cpu_ms"])
+                print(f"  fold of {r['before'][:12]:<11} : min {bw[0]:.4f}  median {med(bw):.4f} ms/{unit} (wall)")
+                print(f"  cpu before / off    : min {bc[0]:.4f} / {coff[0]:.4f} ms = {bc[0] / coff[0]:.3f}x  "
+                      f"median {med(bc):.4f} / {med(coff):.4f} ms = {med(bc) / med(coff):.3f}x")  # fmt: skip
         elif r["case"] == "steps":
             n = r["n"]
             per = r["wall_s"] / n * 1000
@@ -356,6 +386,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--case", choices=["steps", "steps_summary", "loop_summary", "loop_sequential", "loop_parallel", "big_loop", "big_loop_rows", "big_loop_full_bodies"], help=argparse.SUPPRESS)
     ap.add_argument("--only", help="comma-separated cases to run (default: all)")
     ap.add_argument("--pg", help="steps_summary against this Postgres (libpq URL; a fresh schema) as well")
+    ap.add_argument("--rounds", type=int, default=5, help="steps_summary: runs of each mode, in turn")
+    ap.add_argument("--fold-before", metavar="REV",
+                    help="steps_summary/loop_summary: also time the summary's fold as it was at this git revision")
     args = ap.parse_args(argv)
     if args.case:
         _child(args)

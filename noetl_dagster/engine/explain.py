@@ -115,7 +115,9 @@ def _add_usage(total: dict[str, float], usage: Any) -> None:
     if not isinstance(usage, dict):
         return
     for k in USAGE_SUM:
-        v = usage.get(k)
+        if k not in usage:
+            continue
+        v = usage[k]
         if isinstance(v, int | float):
             total[k] = total.get(k, 0.0) + v
     peak = usage.get("mem_peak_bytes")

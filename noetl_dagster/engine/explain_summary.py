@@ -12,6 +12,7 @@ after its ``last_sequence``, and a missing one by folding the whole log (:func:`
 from __future__ import annotations
 
 from collections import OrderedDict
+from operator import attrgetter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -24,6 +25,9 @@ _LOOP = ("loop_id", "total", "mode", "ok", "failed", "retries", "attempts", "det
          "failed_detail", "dmin", "dmax", "gran")  # fmt: skip
 _RUN = ("ord", "step", "step_run_id", "seq", "scheduled", "start", "end", "status", "args", "tokens", "attempts",
         "open", "result", "error", "fired", "usage", "ledger", "seen", "subs", "reason")  # fmt: skip
+
+
+_run_fields = attrgetter(*_RUN)
 
 
 def _loop_state(lp: _Loop) -> dict[str, Any]:
@@ -52,7 +56,7 @@ def state_rows(f: Explainer, everything: bool = False) -> list[Row]:
     rows: list[Row] = []
     for n in dirty:
         r = f.order[n - 1]
-        st = {k: getattr(r, k) for k in _RUN}
+        st = dict(zip(_RUN, _run_fields(r)))
         st["loop"] = _loop_state(r.loop) if r.loop is not None else None
         st["indexed"] = f.runs.get(r.step_run_id or "") is r
         rows.append((n, dumps(st)))
@@ -96,6 +100,13 @@ CATCH_UP = 4096  # a stored summary this far behind is brought up to date from t
 _FINAL = frozenset({"workflow.finished", "playbook.processed"})
 
 
+def _final(events: Sequence[Event]) -> bool:
+    for e in events[-4:]:
+        if e.name in _FINAL:
+            return True
+    return False
+
+
 class SummaryCache:
     """The folds a store keeps up to date as it appends (a few executions, least recently used
     dropped). :meth:`fold` folds a batch of one execution's new events, numbered, onto the fold at
@@ -132,7 +143,7 @@ class SummaryCache:
             return None
         self._remember(execution_id, f, base + len(events))
         pending = self._pending.get(execution_id, 0) + len(events)
-        if pending < WRITE_EVERY and not any(e.name in _FINAL for e in events[-4:]):
+        if pending < WRITE_EVERY and not _final(events):
             self._pending[execution_id] = pending
             return []
         self._pending[execution_id] = 0

@@ -129,36 +129,39 @@ def line_tuples(name: str, data: Any) -> list[Line]:
         meta = _dict(outcome.get("meta"))
         usage = _dict(meta.get("usage"))
         kind = _text(d.get("kind"))
-        wclass = _text(meta.get("worker_class")) or _text(d.get("worker_class"))
+        wclass = _text(meta.get("worker_class")) or (_text(d["worker_class"]) if "worker_class" in d else "")
         hours = (_number(meta.get("duration_ms")) or 0.0) / 3.6e6
         req_cpu, req_mem, req_gpu = requests_of(meta)
-        cpu_ms = _number(meta.get("cpu_ms"))
+        cpu_ms = _number(meta["cpu_ms"]) if "cpu_ms" in meta else None
         if cpu_ms is None and "cpu_s" in usage:
-            cpu_ms = ((_number(usage.get("cpu_s")) or 0.0) + (_number(usage.get("child_cpu_s")) or 0.0)) * 1000
+            child = _number(usage["child_cpu_s"]) if "child_cpu_s" in usage else None
+            cpu_ms = ((_number(usage.get("cpu_s")) or 0.0) + (child or 0.0)) * 1000
         if cpu_ms is None:  # recorded before usage was measured: runtime x units
             units = _number(meta.get("units"))
             cpu_ms = hours * 3.6e6 * (1.0 if units is None else units)
         _maxed(lines, "compute", wclass, cpu_ms / 3.6e6, req_cpu * hours, kind)
         mem = _number(usage.get("mem_delta_bytes")) or 0.0
         _maxed(lines, "ram", wclass, max(mem, 0.0) * hours / 1e9, req_mem * hours / 1e9, kind)
-        gpu_s = _number(usage.get("gpu_s"))
-        gpus = _number(usage.get("gpus")) or _number(meta.get("gpus")) or 0.0
-        gpu_h = gpu_s / 3600 if gpu_s is not None else gpus * hours
-        gclass = _text(usage.get("gpu_class")) or _text(meta.get("gpu_class")) or wclass
-        _maxed(lines, "gpu", gclass, gpu_h, req_gpu * hours, kind)
+        if req_gpu or "gpu_s" in usage or "gpus" in usage or "gpus" in meta:  # else no GPU line (0 hours)
+            gpu_s = _number(usage.get("gpu_s"))
+            gpus = _number(usage.get("gpus")) or _number(meta.get("gpus")) or 0.0
+            gpu_h = gpu_s / 3600 if gpu_s is not None else gpus * hours
+            gclass = _text(usage.get("gpu_class")) or _text(meta.get("gpu_class")) or wclass
+            _maxed(lines, "gpu", gclass, gpu_h, req_gpu * hours, kind)
         egress = meta.get("egress_bytes")
         if egress is None:
             egress = usage.get("egress_bytes")
-        if egress is None:
-            egress = _dict(outcome.get("http")).get("request_bytes")
-        gb = (_number(egress) or 0.0) / 1e9
+        if egress is None and "http" in outcome:
+            egress = _dict(outcome["http"]).get("request_bytes")
+        gb = (_number(egress) or 0.0) / 1e9 if egress is not None else 0.0
         if gb > 0:
             lines.append(("egress", _text(meta.get("region")) or "default", gb, gb, 0.0, "", ""))
         lines.append(("call", kind or "default", 1.0, 1.0, 0.0, "", ""))
-        for item, key in (("shot", "shots"), ("qpu_second", "qpu_s")):
-            q = _number(usage.get(key)) or 0.0
-            if q > 0:
-                lines.append(("quantum", item, q, q, 0.0, "", ""))
+        if "shots" in usage or "qpu_s" in usage:
+            for item, key in (("shot", "shots"), ("qpu_second", "qpu_s")):
+                q = _number(usage.get(key)) or 0.0
+                if q > 0:
+                    lines.append(("quantum", item, q, q, 0.0, "", ""))
     elif name in _TERMINAL:
         # the engine's CPU no attempt used: workflow.finished `platform: {cpu_s, ...}` (engine/usage.py
         # Window); a terminal event's `usage.platform_cpu_s` is read too
