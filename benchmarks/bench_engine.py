@@ -6,7 +6,8 @@
    Overhead per step = engine time per step - baseline time per step.
    Target: <= 0.2 ms (issue 19; issue 2 asked <= 1 ms).
    ``steps_summary``: the same cycle with the store's execution summary on and off (issue 36.4),
-   alternated in one process; the ratio on/off is printed.
+   alternated in one process; the ratio on/off is printed (``--fold-before REV``: the fold as of
+   that git revision runs as a third mode, in turn with the others).
 2. Loop throughput: one step looping 10,000 times over a `python` task
    (``result = x * 2``), sequential and parallel (max_in_flight 16), next to the
    same code exec'd 10,000 times by plain Python (a thread pool of 16 for the
