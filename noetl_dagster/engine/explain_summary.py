@@ -12,8 +12,8 @@ after its ``last_sequence``, and a missing one by folding the whole log (:func:`
 from __future__ import annotations
 
 from collections import OrderedDict
-from operator import attrgetter
 from collections.abc import Callable, Iterable, Sequence
+from operator import attrgetter
 from typing import Any
 
 from noetl_dagster.engine.events import Event
@@ -56,7 +56,7 @@ def state_rows(f: Explainer, everything: bool = False) -> list[Row]:
     rows: list[Row] = []
     for n in dirty:
         r = f.order[n - 1]
-        st = dict(zip(_RUN, _run_fields(r)))
+        st = dict(zip(_RUN, _run_fields(r), strict=True))
         st["loop"] = _loop_state(r.loop) if r.loop is not None else None
         st["indexed"] = f.runs.get(r.step_run_id or "") is r
         rows.append((n, dumps(st)))
