@@ -35,6 +35,10 @@ def pytest_configure(config):
         import tempfile
 
         os.environ["NOETL_DAGSTER_HOME"] = tempfile.mkdtemp(prefix=f"noetl-{worker}-")
+    if "NOETL_DAGSTER_PLAYBOOK_CACHE" not in os.environ:  # `run` and code locations cache parsed playbooks:
+        import tempfile  # a session's own directory, not the user's ~/.cache (subprocesses inherit it)
+
+        os.environ["NOETL_DAGSTER_PLAYBOOK_CACHE"] = tempfile.mkdtemp(prefix="noetl-playbook-cache-")
 
 
 def _record(engine) -> None:

@@ -181,14 +181,19 @@ def run(
     max_step_runs: int | None,
 ) -> None:
     """Run a playbook to completion. Exit 0 completed, 1 failed, 2 invalid input."""
-    from noetl_dagster.dsl import PlaybookInvalid, load_playbook
+    # an unchanged playbook comes validated from the parse cache: no YAML, no validator built (issue 35)
+    from noetl_dagster.dsl.cache import load_playbook_cached
 
     overrides = _parse_workload(workload)
     try:
-        pb = load_playbook(file)
+        pb = load_playbook_cached(file)
     except FileNotFoundError as e:
         _fail_input(str(e))
-    except PlaybookInvalid as e:
+    except Exception as e:
+        from noetl_dagster.dsl import PlaybookInvalid  # the parser: imported by the miss that raised this
+
+        if not isinstance(e, PlaybookInvalid):
+            raise
         for i in e.issues:
             click.echo(str(i), err=True)
         sys.exit(EXIT_BAD_INPUT)

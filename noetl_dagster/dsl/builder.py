@@ -40,10 +40,10 @@ from typing import Any, Literal
 
 import yaml
 
-from noetl_dagster.dsl.loader import PathT, format_path
 from noetl_dagster.dsl.model import Backoff, Directive, Playbook
 from noetl_dagster.dsl.parse import PlaybookInvalid, ValidationIssue, parse_playbook
 from noetl_dagster.dsl.serialize import playbook_to_raw
+from noetl_dagster.dsl.source import PathT, format_path
 
 Where = tuple[str, int]  # (file, line) of a builder call
 LoopMode = Literal["sequential", "parallel"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from noetl_dagster.dsl.loader import PathT
+from noetl_dagster.dsl.source import PathT
 
 EXECUTOR_KEYS = {"profile", "version", "requires", "spec"}
 SPEC_IMPLEMENTED = {

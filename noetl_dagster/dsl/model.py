@@ -17,7 +17,9 @@ Backoff = Literal["none", "fixed", "linear", "exponential"]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, arbitrary_types_allowed=True)
+    # defer_build: validators are built at the first validation, not at import; a playbook answered by
+    # the parse cache (dsl/cache.py, unpickled without validating) never builds them (issue 35)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, arbitrary_types_allowed=True, defer_build=True)
 
 
 class SetBlock(_Model):
@@ -223,7 +225,7 @@ class WorkbookEntry(_Model):
 
 
 class Metadata(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)  # see _Model
     name: str
     path: str
     description: str | None = None
@@ -231,7 +233,7 @@ class Metadata(BaseModel):
 
 
 class Executor(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)  # see _Model
     profile: str | None = None
     spec: dict[str, Any] = Field(default_factory=dict)
 

@@ -11,9 +11,9 @@ import re
 from datetime import datetime
 from typing import Any, Protocol
 
-from noetl_dagster.dsl.loader import PathT
 from noetl_dagster.dsl.locator import InvalidLocator, parse_locator
 from noetl_dagster.dsl.model import Output, OutputCheck
+from noetl_dagster.dsl.source import PathT
 
 OUTPUT_KEYS = {"uri", "description", "owners", "kinds", "tags", "group", "automation", "freshness", "checks"}
 CHECK_KINDS = ("row_count", "schema", "freshness", "assert")

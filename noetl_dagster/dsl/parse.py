@@ -14,7 +14,6 @@ from pydantic import ValidationError
 from noetl_dagster.dsl.executor_spec import check_executor, no_effect_keys
 from noetl_dagster.dsl.kinds import UNOFFERED_KINDS, is_known, missing_extra, raw_keys, required_keys
 from noetl_dagster.dsl.legacy import ARGS_NATIVE_KINDS, find_legacy_constructs
-from noetl_dagster.dsl.loader import PathT, SourceMap, format_path
 from noetl_dagster.dsl.model import (
     AdmitRule,
     Arc,
@@ -48,6 +47,7 @@ from noetl_dagster.dsl.parse_rules import (
     split_set,
 )
 from noetl_dagster.dsl.serialize import playbook_to_raw
+from noetl_dagster.dsl.source import PathT, SourceMap, format_path
 from noetl_dagster.dsl.templates import iter_template_strings, template_env
 from noetl_dagster.dsl.upstream_kinds import iterator_body, playbooks_body
 

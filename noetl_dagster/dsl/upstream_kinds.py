@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from noetl_dagster.dsl.loader import PathT
+from noetl_dagster.dsl.source import PathT
 
 _LOOP_MODES = {"sequential": "sequential", "async": "parallel", "parallel": "parallel"}
 

@@ -8,17 +8,9 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
-import yaml
-
-from noetl_dagster.dsl import load_playbook
-from noetl_dagster.dsl.loader import read_text_file
 from noetl_dagster.dsl.model import Playbook
+from noetl_dagster.dsl.source import read_text_file
 from noetl_dagster.engine.ports import ToolError
-
-try:
-    from yaml import CSafeLoader as _Loader
-except ImportError:  # pragma: no cover
-    from yaml import SafeLoader as _Loader  # type: ignore[assignment]
 
 MAX_SCAN_FILES = 5000
 SUFFIXES = (".yaml", ".yml")
@@ -38,6 +30,9 @@ class Catalog:
             self._index = None
 
     def _build_index(self) -> dict[str, Path]:
+        import yaml  # noqa: PLC0415 - only when a catalog is scanned (issue 35: a run of a cached playbook imports no YAML)
+
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
         index: dict[str, Path] = {}
         n = 0
         for root in self.dirs:
@@ -48,7 +43,7 @@ class Catalog:
                 if n > MAX_SCAN_FILES:
                     return index
                 try:
-                    doc = yaml.load(read_text_file(f), Loader=_Loader)  # bounded: a huge file is skipped
+                    doc = yaml.load(read_text_file(f), Loader=loader)  # bounded: a huge file is skipped
                 except Exception:  # noqa: BLE001 - unreadable files are simply not in the catalog
                     continue
                 if isinstance(doc, dict) and doc.get("kind") == "Playbook":
@@ -60,6 +55,8 @@ class Catalog:
     def _load(self, f: Path) -> Playbook:
         with self._lock:
             if f not in self._loaded:
+                from noetl_dagster.dsl.files import load_playbook  # noqa: PLC0415 - PyYAML: a catalog lookup only
+
                 self._loaded[f] = load_playbook(f)
             return self._loaded[f]
 

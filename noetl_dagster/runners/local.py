@@ -9,10 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from lineage import listener_from_env
-from noetl_dagster.dsl import check_playbook, load_playbook
-from noetl_dagster.dsl.loader import load_yaml_text
 from noetl_dagster.dsl.model import Playbook
-from noetl_dagster.dsl.parse import load_playbook_dict
+from noetl_dagster.dsl.parse import check_playbook, load_playbook_dict
 from noetl_dagster.engine.catalog import Catalog
 from noetl_dagster.engine.control import Engine, Services, restore_generated
 from noetl_dagster.engine.durability import UNRECORDED_DIR, record_failure, sweep_payloads
@@ -28,6 +26,13 @@ from noetl_dagster.util.jsonutil import plain
 
 # Called with (engine) after every execution finishes; tests use it to replay each execution.
 FINISHED_HOOKS: list[Callable[[Engine], None]] = []
+
+
+def load_playbook(path: str | os.PathLike[str]) -> Playbook:
+    """The file parser (PyYAML), imported when a run is given a path (``run`` passes a parsed playbook)."""
+    from noetl_dagster.dsl.files import load_playbook as parse  # noqa: PLC0415
+
+    return parse(path)
 
 
 def default_data_dir() -> Path:
@@ -173,6 +178,8 @@ def resume_execution(
     req = next((e for e in events if e.name == "playbook.execution.requested"), None)
     definition = (req.data.get("definition") if req else None) or ""
     if playbook is None and definition:  # a generated playbook: its canonical YAML is on its request
+        from noetl_dagster.dsl.loader import load_yaml_text  # noqa: PLC0415 - PyYAML for generated playbooks only
+
         raw, sm = load_yaml_text(str(definition), f"<generated {req.data.get('playbook_id')}>")
         playbook = load_playbook_dict(raw, source_map=sm)
     if playbook is None:

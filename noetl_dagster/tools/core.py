@@ -15,12 +15,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from noetl_dagster.dsl.files import InputFileError, check_playbook_size, read_bounded_text
-from noetl_dagster.dsl.loader import YamlLimits, YamlSyntaxError, load_yaml_text
 from noetl_dagster.dsl.parse import parse_playbook
+from noetl_dagster.dsl.source import YamlLimits, YamlSyntaxError
 from noetl_dagster.dsl.templates import TemplateError, template_env
 from noetl_dagster.tools.configs import NoopConfig, PlaybookConfig, PythonConfig, WorkbookConfig
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
+from noetl_dagster.util.files import InputFileError, read_bounded_text
 
 _CODE_CACHE: dict[str, Any] = {}
 _CODE_LOCK = threading.Lock()
@@ -120,6 +120,9 @@ def generated_playbook(definition: Any, ctx: ToolContext) -> Any:
             value = template_env().render(value, ctx.render_context)
         except TemplateError as e:
             raise ToolError(f"`definition` template failed: {e}", kind="template_error") from None
+    from noetl_dagster.dsl.files import check_playbook_size  # noqa: PLC0415 - the parser: generated playbooks only
+    from noetl_dagster.dsl.loader import load_yaml_text  # noqa: PLC0415 - PyYAML likewise (issue 35)
+
     source = None
     if isinstance(value, str):
         try:

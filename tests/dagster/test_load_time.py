@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-import noetl_dagster.translator.cache as cache
+import noetl_dagster.dsl.cache as cache
 from noetl_dagster.dsl import PlaybookInvalid
 from noetl_dagster.translator.build import compile_playbooks
 

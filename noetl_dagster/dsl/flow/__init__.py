@@ -16,7 +16,7 @@ from typing import Any
 from noetl_dagster.dsl.flow.errors import FlowCompileError, FlowError, FlowSyntaxError
 from noetl_dagster.dsl.flow.graph import FlowGraph, Node, NodeKind, build_graph
 from noetl_dagster.dsl.flow.parser import parse_flow
-from noetl_dagster.dsl.loader import read_text_file
+from noetl_dagster.dsl.source import read_text_file
 
 FLOW_SUFFIX = ".flow"
 
