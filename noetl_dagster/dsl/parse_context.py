@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from noetl_dagster.dsl.kinds import is_known
-from noetl_dagster.dsl.loader import PathT, SourceMap, format_path
+from noetl_dagster.dsl.source import PathT, SourceMap, format_path
 
 API_VERSION = "noetl.io/v2"
 DIRECTIVES = {"continue", "retry", "jump", "break", "fail"}

@@ -6,7 +6,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from noetl_dagster.dsl.loader import PathT
 from noetl_dagster.dsl.model import (
     Cursor,
     FramePolicy,
@@ -24,6 +23,7 @@ from noetl_dagster.dsl.parse_context import (
     MIGRATE_HINT,
     ParseContext,
 )
+from noetl_dagster.dsl.source import PathT
 
 
 def split_set(ctx: ParseContext, raw: Any, path: PathT) -> SetBlock:

@@ -258,7 +258,7 @@ def _script_source(inputs: Mapping[str, Any], ctx: ToolContext) -> tuple[str, st
     if not path.is_absolute():
         path = Path(ctx.base_dir or ".") / path
     from noetl_dagster.dsl.files import InputFileError, read_bounded_text  # noqa: PLC0415
-    from noetl_dagster.dsl.loader import YamlLimits  # noqa: PLC0415
+    from noetl_dagster.dsl.source import YamlLimits  # noqa: PLC0415
 
     try:  # the bounded reader: a regular file within the playbook size limit (a FIFO would hang the run)
         return read_bounded_text(path, YamlLimits.from_env().max_bytes, what="script"), path.name
