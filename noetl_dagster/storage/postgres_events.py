@@ -36,12 +36,9 @@ from psycopg_pool import ConnectionPool
 
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.explain_summary import SummaryCache
-from noetl_dagster.engine.ports import ExecutionLeased
+from noetl_dagster.engine.ports import EventStore, ExecutionInfo, ExecutionLeased, StoredEvent
 from noetl_dagster.engine.recorder import MAX_EVENT_BYTES, check_event_size
-from noetl_dagster.storage.events import (
-    EventStore,
-    ExecutionInfo,
-    StoredEvent,
+from noetl_dagster.storage.event_codec import (
     _execution_update,
     decode_body,
     refuse_newer_schema,
