@@ -19,6 +19,7 @@ from noetl_dagster.dsl.parse import parse_playbook
 from noetl_dagster.dsl.source import YamlLimits, YamlSyntaxError
 from noetl_dagster.dsl.templates import TemplateError, template_env
 from noetl_dagster.tools.configs import NoopConfig, PlaybookConfig, PythonConfig, WorkbookConfig
+from noetl_dagster.tools.pycontext import CodeContext
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
 from noetl_dagster.util.files import InputFileError, read_bounded_text
 
@@ -450,4 +451,5 @@ def python_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
         home = str(ctx.data_dir)
         os.makedirs(home, exist_ok=True)
         return _run_python_process(source, data, plain_ctx, timeout, ctx.log, env=clean_env(home), isolate=True, cwd=home)
-    return run_python_inline(source, data, ctx.render_context, ctx.log)
+    # copy on read, not the live scope: code cannot change engine state without an event (tools/pycontext.py)
+    return run_python_inline(source, data, CodeContext(ctx.render_context), ctx.log)

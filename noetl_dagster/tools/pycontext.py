@@ -1,0 +1,150 @@
+"""The ``context`` a python task's code sees: copy on read, never the engine's live state.
+
+State changes only through recorded events (results, ``set:``), so replay equals the live run.
+Handing code the live scope let ``context["ctx"]["xs"].append(1)`` change ctx unrecorded. A full
+copy per call would cost the size of ctx each step, so values are copied when code reads them:
+a section (``ctx``, ``workload``, a step result...) is a dict whose values are deep-copied on first
+read, once per call. Untouched values cost nothing; writes to what code read stay in the task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from copy import deepcopy
+from typing import Any
+
+from noetl_dagster.engine.scope import ResultView
+
+_MISSING = object()
+
+
+def _private(value: Any) -> Any:
+    """What code gets for a value of the engine's: a lazy view of a mapping, a copy of the rest."""
+    if isinstance(value, dict):
+        return CopyOnReadDict(value)
+    if isinstance(value, Mapping):
+        return CodeContext(value)
+    if type(value) in (str, int, float, bool) or value is None:
+        return value
+    return deepcopy(value)
+
+
+class CopyOnReadDict(dict):
+    """A dict over a live one: starts as a shallow copy (the keys, O(keys)); a value is replaced by
+    its deep copy on first read. Every reader goes through ``_own`` - ``__iter__`` is overridden so
+    ``dict(d)``/``{**d}`` use keys()+[] rather than C's direct copy of the live values."""
+
+    __slots__ = ("_fresh", "_result")
+
+    def __init__(self, live: dict[str, Any]) -> None:
+        super().__init__(live)
+        self._fresh = set(live)  # keys still holding the live value
+        self._result = isinstance(live, ResultView)  # a step result: `.data` is the result itself
+
+    def _own(self, key: Any) -> Any:
+        if key in self._fresh:
+            self._fresh.discard(key)
+            value = _private(dict.__getitem__(self, key))
+            dict.__setitem__(self, key, value)
+            return value
+        return dict.__getitem__(self, key)
+
+    def _own_all(self) -> None:
+        for key in list(self._fresh):
+            self._own(key)
+
+    def __getitem__(self, key: Any) -> Any:
+        if dict.__contains__(self, key):
+            return self._own(key)
+        if self._result and key == "data":
+            return self
+        raise KeyError(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._fresh.discard(key)
+        dict.__setitem__(self, key, value)
+
+    def __delitem__(self, key: Any) -> None:
+        self._fresh.discard(key)
+        dict.__delitem__(self, key)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(list(dict.keys(self)))
+
+    def items(self) -> Any:
+        self._own_all()
+        return dict.items(self)
+
+    def values(self) -> Any:
+        self._own_all()
+        return dict.values(self)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        if dict.__contains__(self, key):
+            value = self._own(key)
+            dict.__delitem__(self, key)
+            return value
+        return dict.pop(self, key, *default)
+
+    def popitem(self) -> tuple[Any, Any]:
+        self._own_all()
+        key, value = dict.popitem(self)
+        return key, value
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        if dict.__contains__(self, key):
+            return self._own(key)
+        self[key] = default
+        return default
+
+    def update(self, *args: Any, **kw: Any) -> None:
+        for key, value in dict(*args, **kw).items():
+            self[key] = value
+
+    def copy(self) -> dict[str, Any]:
+        self._own_all()
+        return dict(dict.items(self))
+
+    def __or__(self, other: Any) -> Any:
+        return self.copy() | other if isinstance(other, Mapping) else NotImplemented
+
+    def __ror__(self, other: Any) -> Any:
+        return dict(other) | self.copy() if isinstance(other, Mapping) else NotImplemented
+
+    def __reduce_ex__(self, protocol: Any) -> Any:  # copy/deepcopy/pickle: a plain dict of owned values
+        return dict, (self.copy(),)
+
+
+class CodeContext(Mapping):
+    """The top of ``context`` (a Mapping, like the scope it stands for): each name read once per
+    call and handed out as :func:`_private` makes it, so a second read sees the task's own edits."""
+
+    __slots__ = ("_live", "_seen")
+
+    def __init__(self, live: Mapping[str, Any]) -> None:
+        self._live = live
+        self._seen: dict[Any, Any] = {}
+
+    def __getitem__(self, key: Any) -> Any:
+        value = self._seen.get(key, _MISSING)
+        if value is _MISSING:
+            value = self._seen[key] = _private(self._live[key])
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._seen or key in self._live
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._live)
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def __repr__(self) -> str:
+        return f"CodeContext({sorted(map(str, self._live))})"
