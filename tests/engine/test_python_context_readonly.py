@@ -114,6 +114,19 @@ result = [context.get("execution_id"), context.get("nope", 0), "step" in context
           isinstance(c, dict), list(c.items()), c.pop("a"), "a" in c]
 """
     out = core.run_python_inline(code, {}, pycontext.CodeContext(scope))
-    assert out == ["e1", 0, True, ["ctx", "execution_id", "step"], 1, 1, '{"a": {"b": [1]}}', {"a": {"b": [1]}},
-                   {"a": {"b": [1]}, "z": 1}, True, [("a", {"b": [1]})], {"b": [1]}, False]
+    assert out == [
+        "e1",
+        0,
+        True,
+        ["ctx", "execution_id", "step"],
+        1,
+        1,
+        '{"a": {"b": [1]}}',
+        {"a": {"b": [1]}},
+        {"a": {"b": [1]}, "z": 1},
+        True,
+        [("a", {"b": [1]})],
+        {"b": [1]},
+        False,
+    ]
     assert live == {"ctx": {"a": {"b": [1]}}, "execution_id": "e1"}
