@@ -2,7 +2,8 @@
 
 The engine folds the events (``engine/explain.py``, ``engine/execution_diff.py``); this adds
 what lives above it: the price table (a step run's measured cost), the playbook's graph laid
-out by networkx (layers of the condensation: a cycle's steps share a column). A page reads the
+out by networkx (layers of the condensation: a cycle's steps share a column; imported when a
+server starts, not at a page's first open). A page reads the
 execution's summary the event store keeps beside the log (``engine/explain_summary.py``) and
 the events after it, never the whole log of an execution that has one; a big loop's iterations
 page from the stretch of the log that holds them. Every read on behalf of a dashboard viewer
@@ -52,90 +53,32 @@ def pricer(prices: str | None = None, data_dir: str | None = None) -> tuple[Any,
 
 
 def layout(graph: dict[str, Any]) -> dict[str, list[float]]:
-    """Node positions: networkx's multipartite layout (vertical layers, centred, scaled to [-1, 1])
-    over the layers of the condensation (a cycle's steps share a layer, joins sit after all their
-    inputs), computed here in plain Python: importing networkx and numpy cost a fresh server
-    ~1.7 s at its first page."""
-    steps = list(graph["steps"])
-    if not steps:
+    """Node positions: networkx's multipartite layout over the layers of the condensation (a
+    cycle's steps share a layer, joins sit after all their inputs). A server imports networkx
+    when it starts (:func:`preload_layout`), so a page's first open does not pay the import."""
+    import networkx as nx  # noqa: PLC0415
+
+    g = nx.DiGraph()
+    g.add_nodes_from(graph["steps"])
+    g.add_edges_from((e["from"], e["to"]) for e in graph["edges"])
+    if not g:
         return {}
-    succ: dict[str, list[str]] = {n: [] for n in steps}
-    for e in graph["edges"]:
-        succ.setdefault(e["from"], []).append(e["to"])
-        succ.setdefault(e["to"], [])
-    nodes = list(succ)
-    comp = _components(nodes, succ)
-    # topological generations of the condensation
-    preds: dict[int, set[int]] = {c: set() for c in set(comp.values())}
-    for a in nodes:
-        for b in succ[a]:
-            if comp[a] != comp[b]:
-                preds[comp[b]].add(comp[a])
-    gen: dict[int, int] = {}
-    level, left = 0, set(preds)
-    while left:
-        now = {c for c in left if not (preds[c] & left)}
-        for c in now:
-            gen[c] = level
-        left -= now
-        level += 1
-    order = {n: i for i, n in enumerate(steps)}
-    layer: dict[str, int] = {}
-    for c in set(comp.values()):
-        members = sorted((n for n in nodes if comp[n] == c), key=lambda n: order.get(n, len(order)))
-        for i, n in enumerate(members):
-            layer[n] = 2 * gen[c] + (i % 2)  # a cycle's steps side by side, not on top
-    layers: dict[int, list[str]] = {}
-    for n in nodes:
-        layers.setdefault(layer[n], []).append(n)
-    width = len(layers)
-    pos: dict[str, list[float]] = {}
-    for i, k in enumerate(sorted(layers)):
-        height = len(layers[k])
-        for j, n in enumerate(layers[k]):
-            pos[n] = [i - (width - 1) / 2, j - (height - 1) / 2]
-    mean = [sum(p[d] for p in pos.values()) / len(pos) for d in (0, 1)]
-    lim = max(abs(p[d] - mean[d]) for p in pos.values() for d in (0, 1)) or 1.0
-    return {n: [round((p[0] - mean[0]) / lim, 4), round((p[1] - mean[1]) / lim, 4)] for n, p in pos.items()}
+    cond = nx.condensation(g)
+    order = {n: i for i, n in enumerate(graph["steps"])}
+    for layer, comps in enumerate(nx.topological_generations(cond)):
+        for c in comps:
+            for i, n in enumerate(sorted(cond.nodes[c]["members"], key=lambda n: order.get(n, len(order)))):
+                g.nodes[n]["layer"] = 2 * layer + (i % 2)  # a cycle's steps side by side, not on top
+    pos = nx.multipartite_layout(g, subset_key="layer", align="vertical", scale=1.0)
+    return {n: [round(float(x), 4), round(float(y), 4)] for n, (x, y) in pos.items()}
 
 
-def _components(nodes: list[str], succ: dict[str, list[str]]) -> dict[str, int]:
-    """Strongly connected components (Tarjan, iterative): node -> component number."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    comp: dict[str, int] = {}
-    stack: list[str] = []
-    counter = 0
-    for root in nodes:
-        if root in index:
-            continue
-        work = [(root, iter(succ[root]))]
-        index[root] = low[root] = counter
-        counter += 1
-        stack.append(root)
-        while work:
-            v, it = work[-1]
-            for w in it:
-                if w not in index:
-                    index[w] = low[w] = counter
-                    counter += 1
-                    stack.append(w)
-                    work.append((w, iter(succ[w])))
-                    break
-                if w not in comp:
-                    low[v] = min(low[v], index[w])
-            else:
-                work.pop()
-                if work:
-                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
-                if low[v] == index[v]:
-                    c = len(set(comp.values()))
-                    while True:
-                        w = stack.pop()
-                        comp[w] = c
-                        if w == v:
-                            break
-    return comp
+def preload_layout() -> None:
+    """Import networkx and numpy (its layouts use it) by laying out a small graph with a cycle:
+    ~0.5-1.7 s on a loaded machine, paid by a server as it starts (``make_server``), not by the
+    first page; the CLI pays it at its one layout."""
+    layout({"steps": ["a", "b", "c"], "edges": [{"from": "a", "to": "b"}, {"from": "b", "to": "c"},
+                                                {"from": "c", "to": "b"}]})  # fmt: skip
 
 
 def _check_id(execution_id: str) -> str:

@@ -38,7 +38,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from analytics import execution_page
 from analytics.dashboard_access import KeyAuth, Sessions, TenantScope, Viewer
-from analytics.execution_view import ExecutionViews
+from analytics.execution_view import ExecutionViews, preload_layout
 from analytics.store import FactsStore
 from noetl_dagster.engine.explain import UnknownExecution
 from registry_service.errors import RegistryError, Unauthorized
@@ -382,7 +382,10 @@ def make_server(store: FactsStore, host: str = "127.0.0.1", port: int = 8765, ti
                 auth: KeyAuth, secure_cookie: bool = False, sessions: Sessions | None = None,
                 executions: ExecutionViews | None = None) -> ThreadingHTTPServer:  # fmt: skip
     """The dashboard server; ``auth`` says whose keys it accepts (see :class:`KeyAuth`); with
-    ``executions`` (over an event store) it serves the execution pages too (/executions/<id>, /diff)."""
+    ``executions`` (over an event store) it serves the execution pages too (/executions/<id>, /diff),
+    the graph layout library imported now, before it listens, not at a page's first open."""
+    if executions is not None:
+        preload_layout()
     handler = type("Handler", (_Handler,), {
         "store": store, "auth": auth, "sessions": sessions or Sessions(), "lock": threading.Lock(), "title": title,
         "secure_cookie": secure_cookie, "executions": executions,
