@@ -126,4 +126,3 @@ def test_serve_without_networkx_names_the_extra_at_start(tmp_path):
     assert "Traceback" not in out.stderr
     assert "needs the 'analytics' extra: pip install 'noetl-dagster[analytics]'" in out.stderr, out.stderr
     assert out.stderr.count("\n") == 1
-
