@@ -112,7 +112,9 @@ def evaluate(store: FactsStore, budgets: list[Budget], now: datetime | None = No
     now = (now or datetime.now(UTC)).astimezone(UTC)
     start = now.date().replace(day=1)
     days_in_month = calendar.monthrange(now.year, now.month)[1]
-    elapsed = max((now - datetime.combine(start, datetime.min.time(), tzinfo=UTC)).total_seconds() / 86400, 1.0)
+    elapsed = max(
+        (now - datetime.combine(start, datetime.min.time(), tzinfo=UTC)).total_seconds() / 86400, 1.0
+    )
     out = []
     for b in budgets:
         mtd = float(store.scalar(
@@ -121,6 +123,8 @@ def evaluate(store: FactsStore, budgets: list[Budget], now: datetime | None = No
             {"t": b.tenant, "p": b.project or "", "start": start, "today": now.date()},
         ) or 0.0)  # fmt: skip
         forecast = mtd / elapsed * days_in_month
-        crossed = "exceeded" if mtd >= b.monthly else ("forecast" if b.forecast and forecast >= b.monthly else None)
+        crossed = (
+            "exceeded" if mtd >= b.monthly else ("forecast" if b.forecast and forecast >= b.monthly else None)
+        )
         out.append(BudgetStatus(b, start.strftime("%Y-%m"), mtd, forecast, crossed))
     return out

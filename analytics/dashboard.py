@@ -161,7 +161,9 @@ def _html(results: list[PanelResult], title: str, store: FactsStore, days: int |
     ]
     for r in results:
         p = r.panel
-        parts.append(f"<section id='{p.key}'><h2>{html.escape(p.title)}</h2><p>{html.escape(p.description)}</p>")
+        parts.append(
+            f"<section id='{p.key}'><h2>{html.escape(p.title)}</h2><p>{html.escape(p.description)}</p>"
+        )
         if p.chart == "stat":
             parts.append("<div class='tiles'>")
             row = r.rows[0] if r.rows else ()
@@ -169,7 +171,9 @@ def _html(results: list[PanelResult], title: str, store: FactsStore, days: int |
                 shown = _human_bytes(value or 0) if name == "bytes_stored" else _fmt(value)
                 if name == "cost":
                     shown = f"{_fmt(float(value or 0.0), 'currency')} {currency}"
-                parts.append(f"<div class='tile'><b>{html.escape(shown)}</b><span>{html.escape(name)}</span></div>")
+                parts.append(
+                    f"<div class='tile'><b>{html.escape(shown)}</b><span>{html.escape(name)}</span></div>"
+                )
             parts.append("</div>")
         elif r.png is not None:
             data = base64.b64encode(r.png.read_bytes()).decode()

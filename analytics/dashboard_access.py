@@ -27,7 +27,16 @@ from typing import Any
 
 from registry_service.errors import Forbidden, NotFound, RegistryError, Unauthorized
 
-__all__ = ["Forbidden", "KeyAuth", "NotFound", "RegistryUnavailable", "Sessions", "TenantScope", "Unauthorized", "Viewer"]
+__all__ = [
+    "Forbidden",
+    "KeyAuth",
+    "NotFound",
+    "RegistryUnavailable",
+    "Sessions",
+    "TenantScope",
+    "Unauthorized",
+    "Viewer",
+]
 
 _SCOPE = re.compile(r"\$scope\(\s*(\w+)\s*,\s*(\w+)\s*\)")
 _PRICES = "SELECT any(currency), any(version) FROM $db.price_version"
@@ -97,7 +106,9 @@ class TenantScope:
         """Let the viewer see this execution (its events' tenant and project) or raise NotFound,
         the same answer as for an id that does not exist, so ids of other tenants are not confirmed."""
         v = self.viewer
-        if tenant is None or (not v.admin and (tenant != v.tenant or (v.project is not None and project != v.project))):
+        if tenant is None or (
+            not v.admin and (tenant != v.tenant or (v.project is not None and project != v.project))
+        ):
             raise NotFound(f"no execution {execution_id}")
 
     def prices(self) -> tuple[str, str]:

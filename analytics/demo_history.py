@@ -69,7 +69,9 @@ def derive_usage(store: FactsStore, tenant_prefix: str) -> None:
         store.command(derived, {"prefix": tenant_prefix})
 
 
-def generate_history(store: FactsStore, *, days: int = 30, per_day: int = 4000, tenants: int = len(TENANTS)) -> int:
+def generate_history(
+    store: FactsStore, *, days: int = 30, per_day: int = 4000, tenants: int = len(TENANTS)
+) -> int:
     """Insert ``days`` x ``per_day`` candidate SYNTHETIC task attempts (about 60 % kept); returns rows added."""
     if not 1 <= tenants <= len(TENANTS) or days <= 0 or per_day <= 0:
         raise ValueError(f"days and per_day must be positive and tenants 1..{len(TENANTS)}")

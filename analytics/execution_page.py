@@ -42,7 +42,9 @@ def api(views: ExecutionViews | None, scope: TenantScope, path: str, q: dict[str
     if path == "/api/execution":
         return views.explain(q.get("id", ""), scope)
     if path == "/api/execution/iterations":
-        return views.iterations(q.get("id", ""), q.get("run", ""), _int(q, "offset", 0), _int(q, "limit", 100), scope)
+        return views.iterations(
+            q.get("id", ""), q.get("run", ""), _int(q, "offset", 0), _int(q, "limit", 100), scope
+        )
     return views.diff(q.get("a", ""), q.get("b", ""), scope)
 
 
@@ -54,7 +56,7 @@ def page(views: ExecutionViews | None, scope: TenantScope, path: str, q: dict[st
         views.diff(q.get("a", ""), q.get("b", ""), scope)  # 404 before any page for someone else's ids
         title = "execution diff"
     else:
-        eid = unquote(path[len(PREFIX):])
+        eid = unquote(path[len(PREFIX) :])
         views.explain(eid, scope)
         title = f"execution {eid}"
     return _TEMPLATE.replace("__TITLE__", html.escape(title)).replace("__ACCOUNT__", account)

@@ -121,7 +121,9 @@ class ExecutionViews:
             scope.execution(execution_id, evs[0].tenant_id, evs[0].project_id)
         return evs
 
-    def explained(self, execution_id: str, scope: TenantScope | None = None) -> tuple[dict[str, Any], Explanation]:
+    def explained(
+        self, execution_id: str, scope: TenantScope | None = None
+    ) -> tuple[dict[str, Any], Explanation]:
         _check_id(execution_id)
         with self._lock:
             got = self.store.summary(execution_id)

@@ -90,7 +90,9 @@ class FactExporter:
 
     def save_cursor(self, value: int) -> None:
         self.facts.insert_rows(
-            "export_cursor", [[self.source, int(value), datetime.now(UTC)]], ["source", "cursor", "updated_at"]
+            "export_cursor",
+            [[self.source, int(value), datetime.now(UTC)]],
+            ["source", "cursor", "updated_at"],
         )
 
     def lag(self, cursor: int | None = None) -> tuple[int, float]:
@@ -112,7 +114,11 @@ class FactExporter:
         ensure_prices(self.facts, self.prices)
         prices = loaded_prices(self.facts, self.prices)
         while max_events is None or report.events < max_events:
-            limit = self.batch_events if max_events is None else min(self.batch_events, max_events - report.events)
+            limit = (
+                self.batch_events
+                if max_events is None
+                else min(self.batch_events, max_events - report.events)
+            )
             batch = self.events.tail(cursor, limit)
             if not batch:
                 break

@@ -248,7 +248,14 @@ def gc_paused() -> Iterator[None]:
 _NO_USAGE: dict[str, Any] = {}
 # events that may carry priced usage (analytics/pricing.py usage_lines)
 _USAGE_EVENTS = frozenset(
-    {ev.TASK_DONE, ev.STEP_DONE, ev.LOOP_ITERATION_DONE, ev.LOOP_DONE, ev.WORKFLOW_FINISHED, ev.PLAYBOOK_PROCESSED}
+    {
+        ev.TASK_DONE,
+        ev.STEP_DONE,
+        ev.LOOP_ITERATION_DONE,
+        ev.LOOP_DONE,
+        ev.WORKFLOW_FINISHED,
+        ev.PLAYBOOK_PROCESSED,
+    }
 )
 
 

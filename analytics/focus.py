@@ -103,19 +103,39 @@ def focus_table(store: FactsStore, start: date | None = None, end: date | None =
         params["tenant"] = tenant
     _, rows = store.query(
         "SELECT day, tenant_id, project_id, playbook, step, category, item, unit, quantity, used, unit_price, amount,"
-        " currency, price_version FROM $db.cost_line_day FINAL WHERE " + " AND ".join(where)
+        " currency, price_version FROM $db.cost_line_day FINAL WHERE "
+        + " AND ".join(where)
         + " ORDER BY day, tenant_id, project_id, playbook, step, category, item",
         params,
     )
     cols: dict[str, list[Any]] = {name: [] for name, _ in COLUMNS}
-    for day, ten, project, playbook, step, category, item, unit, qty, used, price, amount, currency, version in rows:
+    for (
+        day,
+        ten,
+        project,
+        playbook,
+        step,
+        category,
+        item,
+        unit,
+        qty,
+        used,
+        price,
+        amount,
+        currency,
+        version,
+    ) in rows:
         tenant_id = ten or "__unallocated__"
         bp_start, bp_end = _month(day)
         resource = "/".join(p for p in (tenant_id, project, playbook, step) if p) or tenant_id
         if category == "idle":
             desc = "idle provisioned capacity" + ("" if ten == "__idle__" else f" distributed to {tenant_id}")
         elif category == "shared":
-            desc = f"cost of shared tenant {item} distributed" if item != "distributed" else "shared cost given to other tenants"
+            desc = (
+                f"cost of shared tenant {item} distributed"
+                if item != "distributed"
+                else "shared cost given to other tenants"
+            )
         else:
             desc = f"{category} {item} ({unit})"
         values = {
@@ -148,7 +168,9 @@ def write_focus(table: pa.Table, out: str | Path, fmt: str | None = None) -> Pat
         raise FocusExportError(f"{path} is a directory: give a file name")
     fmt = (fmt or path.suffix.lstrip(".")).lower()
     if fmt not in FORMATS:
-        raise FocusExportError(f"unknown export format {fmt!r}: use --format csv or parquet (or a .csv/.parquet file)")
+        raise FocusExportError(
+            f"unknown export format {fmt!r}: use --format csv or parquet (or a .csv/.parquet file)"
+        )
     if not path.parent.is_dir():
         raise FocusExportError(f"directory {path.parent} does not exist")
     tmp = path.with_name(path.name + ".tmp")

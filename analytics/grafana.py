@@ -49,11 +49,20 @@ def _panel(p: Panel, pid: int, grid: dict[str, int], database: str) -> dict[str,
     }
     if p.chart == "stat":
         out["type"] = "stat"
-        out["options"] = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                          "textMode": "value_and_name", "colorMode": "none"}
+        out["options"] = {
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "textMode": "value_and_name",
+            "colorMode": "none",
+        }
         out["fieldConfig"]["overrides"] = [
-            {"matcher": {"id": "byName", "options": "bytes_stored"}, "properties": [{"id": "unit", "value": "decbytes"}]},
-            {"matcher": {"id": "byName", "options": "cost"}, "properties": [{"id": "unit", "value": "currencyUSD"}]},
+            {
+                "matcher": {"id": "byName", "options": "bytes_stored"},
+                "properties": [{"id": "unit", "value": "decbytes"}],
+            },
+            {
+                "matcher": {"id": "byName", "options": "cost"},
+                "properties": [{"id": "unit", "value": "currencyUSD"}],
+            },
         ]
     elif p.chart == "timeseries":
         out["type"] = "timeseries"
@@ -63,8 +72,12 @@ def _panel(p: Panel, pid: int, grid: dict[str, int], database: str) -> dict[str,
         out["options"] = {"orientation": "horizontal", "xField": p.x, "legend": {"displayMode": "list"}}
         # only the charted value columns become bars
         hidden = [
-            {"matcher": {"id": "byName", "options": name}, "properties": [{"id": "custom.hideFrom",
-             "value": {"viz": True, "legend": True, "tooltip": False}}]}
+            {
+                "matcher": {"id": "byName", "options": name},
+                "properties": [
+                    {"id": "custom.hideFrom", "value": {"viz": True, "legend": True, "tooltip": False}}
+                ],
+            }
             for name in _extra_columns(p)
         ]
         out["fieldConfig"]["overrides"] = hidden
@@ -105,7 +118,12 @@ def build_dashboard(database: str = DEFAULT_DATABASE) -> dict[str, Any]:
             }
         ],
         "__requires": [
-            {"type": "datasource", "id": "grafana-clickhouse-datasource", "name": "ClickHouse", "version": "4.0.0"},
+            {
+                "type": "datasource",
+                "id": "grafana-clickhouse-datasource",
+                "name": "ClickHouse",
+                "version": "4.0.0",
+            },
             {"type": "grafana", "id": "grafana", "name": "Grafana", "version": "10.0.0"},
         ],
         "title": "NoETL facts",

@@ -91,7 +91,10 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline';
 
 
 def _records(cols: list[str], rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
-    return [{c: (v.isoformat() if hasattr(v, "isoformat") else v) for c, v in zip(cols, r, strict=True)} for r in rows]
+    return [
+        {c: (v.isoformat() if hasattr(v, "isoformat") else v) for c, v in zip(cols, r, strict=True)}
+        for r in rows
+    ]
 
 
 def _scope(store: FactsStore | TenantScope, viewer: Viewer | None = None) -> TenantScope:
@@ -110,7 +113,9 @@ def date_range(scope: TenantScope) -> tuple[date, date]:
     return (lo or today), (hi or today)
 
 
-def dashboard_data(store: FactsStore | TenantScope, start: date | None = None, end: date | None = None) -> dict[str, Any]:
+def dashboard_data(
+    store: FactsStore | TenantScope, start: date | None = None, end: date | None = None
+) -> dict[str, Any]:
     """The viewer's rollup rows for [start, end] (a bare store: every tenant)."""
     scope = _scope(store)
     lo, hi = date_range(scope)
@@ -126,7 +131,9 @@ def dashboard_data(store: FactsStore | TenantScope, start: date | None = None, e
     }  # fmt: skip
 
 
-def cluster_summary(store: FactsStore | TenantScope, start: date | None = None, end: date | None = None) -> list[dict[str, Any]]:
+def cluster_summary(
+    store: FactsStore | TenantScope, start: date | None = None, end: date | None = None
+) -> list[dict[str, Any]]:
     """Allocated / unallocated / storage / idle per day for the whole cluster (admin only)."""
     scope = _scope(store)
     if start is None or end is None:
@@ -176,15 +183,18 @@ def page(data: dict[str, Any] | None, *, plotly_src: str | None = "/plotly.min.j
                   "img-src data: blob:; font-src data:; form-action 'none'; base-uri 'none'")  # fmt: skip
         head = f'<meta http-equiv="Content-Security-Policy" content="{policy}">'
         inline = {**data, "cluster": cluster}
-        blocks = f'<script type="application/json" id="noetl-data">{_script_json(inline)}</script>\n' + "\n".join(
-            f"<script>{s}</script>" for s in scripts
+        blocks = (
+            f'<script type="application/json" id="noetl-data">{_script_json(inline)}</script>\n'
+            + "\n".join(f"<script>{s}</script>" for s in scripts)
         )
         account = ""
     return (_TEMPLATE.replace("__CSP__", head).replace("__TITLE__", html.escape(title))
             .replace("__ACCOUNT__", account).replace("__SCRIPTS__", blocks))  # fmt: skip
 
 
-def export_static(store: FactsStore, out: Path, *, title: str = "NoETL cost", viewer: Viewer | None = None) -> Path:
+def export_static(
+    store: FactsStore, out: Path, *, title: str = "NoETL cost", viewer: Viewer | None = None
+) -> Path:
     """cost.html with ``viewer``'s rows only (default: every tenant, with the cluster view)."""
     scope = TenantScope(store, viewer or Viewer.everyone())
     data = dashboard_data(scope)
@@ -243,7 +253,9 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet server (and no ?key= in logs)
         pass
 
-    def _send(self, body: str | bytes, ctype: str, status: int = 200, headers: dict[str, str] | None = None) -> None:
+    def _send(
+        self, body: str | bytes, ctype: str, status: int = 200, headers: dict[str, str] | None = None
+    ) -> None:
         raw = body.encode() if isinstance(body, str) else body
         self.send_response(status)
         self.send_header("Content-Type", ctype)
@@ -279,7 +291,12 @@ class _Handler(BaseHTTPRequestHandler):
         """A valid key from the form or ?key=: open a session, go to the page (no key in the URL)."""
         self.auth.viewer(api_key)
         sid = self.sessions.open(api_key)
-        self._send("", "text/plain", 303, {"Location": "/", "Set-Cookie": self._set_cookie(sid, int(self.sessions.ttl))})
+        self._send(
+            "",
+            "text/plain",
+            303,
+            {"Location": "/", "Set-Cookie": self._set_cookie(sid, int(self.sessions.ttl))},
+        )
 
     def _viewer(self) -> Viewer:
         """The one authentication step of every page and data request."""
@@ -319,7 +336,9 @@ class _Handler(BaseHTTPRequestHandler):
         path, q = urlsplit(self.path).path, self._query()
         try:
             if path == "/plotly.min.js":
-                return self._send(_PLOTLY_CACHE.setdefault("js", plotly_js()), "application/javascript; charset=utf-8")
+                return self._send(
+                    _PLOTLY_CACHE.setdefault("js", plotly_js()), "application/javascript; charset=utf-8"
+                )
             if path == "/dashboard_app.js":
                 return self._send(APP_JS.read_text(), "application/javascript; charset=utf-8")
             if path == "/login":
@@ -330,11 +349,15 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._signed_in(q["key"])
             if path == "/execution_app.js":
                 return self._send(execution_page.APP_JS.read_text(), "application/javascript; charset=utf-8")
-            if execution_page.is_page(path) or path in execution_page.API:  # issue 36: same sign-in, same scope
+            if (
+                execution_page.is_page(path) or path in execution_page.API
+            ):  # issue 36: same sign-in, same scope
                 scope = TenantScope(self.store, self._viewer())
                 if path in execution_page.API:
                     return self._json(execution_page.api(self.executions, scope, path, q))
-                return self._send(execution_page.page(self.executions, scope, path, q, _LOGOUT), "text/html; charset=utf-8")
+                return self._send(
+                    execution_page.page(self.executions, scope, path, q, _LOGOUT), "text/html; charset=utf-8"
+                )
             if path != "/" and path not in _API:
                 return self._send("not found", "text/plain", 404)
             scope = TenantScope(self.store, self._viewer())
@@ -361,7 +384,9 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if path == "/logout":
                 self.sessions.close(self._cookie())
-                return self._send("", "text/plain", 303, {"Location": "/login", "Set-Cookie": self._set_cookie("", 0)})
+                return self._send(
+                    "", "text/plain", 303, {"Location": "/login", "Set-Cookie": self._set_cookie("", 0)}
+                )
             if path != "/login":
                 return self._send("not found", "text/plain", 404)
             length = int(self.headers.get("Content-Length") or 0)

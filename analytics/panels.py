@@ -56,7 +56,15 @@ PANELS: tuple[Panel, ...] = (
         WHERE action = 'created' AND $__timeFilter(ts) GROUP BY uri)) AS bytes_stored,
     (SELECT round(sum(amount), 12) FROM $db.tenant_cost_fact WHERE $__timeFilter(day)) AS cost""",
         chart="stat",
-        y=("executions", "failed_executions", "step_runs", "task_attempts", "failed_attempts", "bytes_stored", "cost"),
+        y=(
+            "executions",
+            "failed_executions",
+            "step_runs",
+            "task_attempts",
+            "failed_attempts",
+            "bytes_stored",
+            "cost",
+        ),
     ),
     Panel(
         key="cost_per_tenant",

@@ -81,7 +81,9 @@ _SHORTHANDS = {
     "qpu_second": ("quantum", "qpu_second"),
 }
 _CAPACITY = {"capacity_cores": "cores", "capacity_ram_gb": "ram_gb", "capacity_gpus": "gpus"}
-_VERSION_KEYS = set(UNITS) | set(_SHORTHANDS) | set(_CAPACITY) | {"version", "valid_from", "storage_months", "capacity"}
+_VERSION_KEYS = (
+    set(UNITS) | set(_SHORTHANDS) | set(_CAPACITY) | {"version", "valid_from", "storage_months", "capacity"}
+)
 _TOP_KEYS = {"currency", "worker_class_by_kind", "distribution", "versions", "allocation"}
 
 
@@ -133,12 +135,16 @@ def _version(raw: Any, i: int, source: str) -> PriceVersion:
         raise PriceConfigError(f"{where} must be a mapping")
     unknown = set(map(str, raw)) - _VERSION_KEYS
     if unknown:
-        raise PriceConfigError(f"{where}: unknown keys {sorted(unknown)} (known: {', '.join(sorted(_VERSION_KEYS))})")
+        raise PriceConfigError(
+            f"{where}: unknown keys {sorted(unknown)} (known: {', '.join(sorted(_VERSION_KEYS))})"
+        )
     name = str(raw.get("version") or f"v{i + 1}")
     try:
         valid_from = date.fromisoformat(str(raw.get("valid_from") or "1970-01-01"))
     except ValueError:
-        raise PriceConfigError(f"{where}: valid_from must be a date (YYYY-MM-DD), got {raw.get('valid_from')!r}") from None
+        raise PriceConfigError(
+            f"{where}: valid_from must be a date (YYYY-MM-DD), got {raw.get('valid_from')!r}"
+        ) from None
     prices: dict[str, dict[str, float]] = {c: {} for c in UNITS}
     for category in UNITS:
         section = raw.get(category)
@@ -189,10 +195,14 @@ class PriceTable:
             )
         unknown = set(raw) - _TOP_KEYS
         if unknown:
-            raise PriceConfigError(f"{source}: unknown price sections {sorted(unknown)} (known: {sorted(_TOP_KEYS)})")
+            raise PriceConfigError(
+                f"{source}: unknown price sections {sorted(unknown)} (known: {sorted(_TOP_KEYS)})"
+            )
         mapping = raw.get("worker_class_by_kind") or {}
         if not isinstance(mapping, dict) or not all(isinstance(v, str) for v in mapping.values()):
-            raise PriceConfigError(f"{source}: worker_class_by_kind must map tool kinds to worker class names")
+            raise PriceConfigError(
+                f"{source}: worker_class_by_kind must map tool kinds to worker class names"
+            )
         currency = raw.get("currency", "USD")
         if not isinstance(currency, str) or not currency:
             raise PriceConfigError(f"{source}: currency must be a non-empty string")
@@ -245,7 +255,9 @@ class PriceTable:
         """The version that prices ``day``: the latest ``valid_from`` on or before it; None before the first."""
         best = None
         for v in self.versions:
-            if v.valid_from <= day and (best is None or (v.valid_from, v.version) > (best.valid_from, best.version)):
+            if v.valid_from <= day and (
+                best is None or (v.valid_from, v.version) > (best.valid_from, best.version)
+            ):
                 best = v
         return best
 
@@ -261,7 +273,9 @@ class PriceTable:
         v = self.version_on(day)
         if v is None:
             return 0.0, ""
-        return line.quantity * v.price(line.category, self.resolve_item(line.category, line.item, line.kind)), v.version
+        return line.quantity * v.price(
+            line.category, self.resolve_item(line.category, line.item, line.kind)
+        ), v.version
 
     # -- what ClickHouse loads -----------------------------------------------------------
     def price_rows(self) -> list[list[Any]]:
@@ -295,11 +309,15 @@ class PriceTable:
 def _distribution(raw: Any, source: str) -> dict[str, Any]:
     raw = raw or {}
     if not isinstance(raw, dict) or set(raw) - {"idle", "shared", "shared_tenants"}:
-        raise PriceConfigError(f"{source}: distribution takes idle, shared (rules) and shared_tenants (a list)")
+        raise PriceConfigError(
+            f"{source}: distribution takes idle, shared (rules) and shared_tenants (a list)"
+        )
     out = {"idle": raw.get("idle", "proportional"), "shared": raw.get("shared", "proportional")}
     for k in ("idle", "shared"):
         if out[k] not in DISTRIBUTION_RULES:
-            raise PriceConfigError(f"{source}: distribution.{k} must be one of {', '.join(DISTRIBUTION_RULES)}, got {out[k]!r}")
+            raise PriceConfigError(
+                f"{source}: distribution.{k} must be one of {', '.join(DISTRIBUTION_RULES)}, got {out[k]!r}"
+            )
     tenants = raw.get("shared_tenants") or []
     if not isinstance(tenants, list) or not all(isinstance(t, str) and t for t in tenants):
         raise PriceConfigError(f"{source}: distribution.shared_tenants must be a list of tenant ids")
@@ -361,7 +379,9 @@ class Cost:
         return out
 
 
-def event_cost(prices: PriceTable, name: str, data: Any, timestamp: Any, seen: set[str] | None = None) -> Cost:
+def event_cost(
+    prices: PriceTable, name: str, data: Any, timestamp: Any, seen: set[str] | None = None
+) -> Cost:
     """The priced usage lines of one event; ``seen`` holds stored objects already billed (first creator pays)."""
     day = utc_day(timestamp)
     amounts: dict[str, float] = {}

@@ -120,11 +120,21 @@ def sync_prices(store: FactsStore, prices: PriceTable) -> None:
          "capacity_cores", "capacity_ram_gb", "shot", "qpu_second", "capacity_gpus", "gpu_hour", "capacity_cost_day"],
     )  # fmt: skip
     store.insert_rows(
-        "worker_class_map", sorted([k, v] for k, v in prices.worker_class_by_kind.items()), ["kind", "worker_class"]
+        "worker_class_map",
+        sorted([k, v] for k, v in prices.worker_class_by_kind.items()),
+        ["kind", "worker_class"],
     )
     store.insert_rows(
         "price_meta",
-        [[prices.fingerprint(), prices.source, prices.currency, json.dumps(prices.distribution), datetime.now(UTC)]],
+        [
+            [
+                prices.fingerprint(),
+                prices.source,
+                prices.currency,
+                json.dumps(prices.distribution),
+                datetime.now(UTC),
+            ]
+        ],
         ["fingerprint", "source", "currency", "distribution", "loaded_at"],
     )
 
@@ -151,11 +161,14 @@ def build_days(store: FactsStore, prices: PriceTable, days: Iterable[date] | Non
     params = {"currency": prices.currency, "now": now}
     store.command(
         f"INSERT INTO $db.cost_line_day{suffix} ({_COLS})"
-        + _PRICED.replace("__DAYS__", _days_filter("ts", days)).replace("__STORAGE_DAYS__", _days_filter("day", days)),
+        + _PRICED.replace("__DAYS__", _days_filter("ts", days)).replace(
+            "__STORAGE_DAYS__", _days_filter("day", days)
+        ),
         params,
     )
     store.command(
-        f"INSERT INTO $db.allocation_step_day{suffix} " + _COUNTERS.replace("__DAYS__", _days_filter("_t.ts", days)),
+        f"INSERT INTO $db.allocation_step_day{suffix} "
+        + _COUNTERS.replace("__DAYS__", _days_filter("_t.ts", days)),
         {"now": now},
     )
     _distribute(store, prices, days, suffix, now)
@@ -170,7 +183,9 @@ def _weights(costs: dict[str, float], rule: str) -> dict[str, float]:
     return {t: max(v, 0.0) / total for t, v in costs.items()}
 
 
-def _distribute(store: FactsStore, prices: PriceTable, days: list[date] | None, suffix: str, now: datetime) -> None:
+def _distribute(
+    store: FactsStore, prices: PriceTable, days: list[date] | None, suffix: str, now: datetime
+) -> None:
     """Idle capacity and shared tenants' cost of each day, as rows on the day's tenants (or kept apart)."""
     rule_idle = prices.distribution.get("idle", "proportional")
     rule_shared = prices.distribution.get("shared", "proportional")
@@ -199,7 +214,9 @@ def _distribute(store: FactsStore, prices: PriceTable, days: list[date] | None, 
             for t, w in _weights(own, rule_idle).items():
                 row(day, t, "idle", "cluster", idle * w, version)
             kept = 0.0
-        row(day, IDLE_TENANT, "idle", "cluster", kept, version)  # always written: replaces an earlier day's row
+        row(
+            day, IDLE_TENANT, "idle", "cluster", kept, version
+        )  # always written: replaces an earlier day's row
         for s in sorted(shared & set(tenants)):
             amount = tenants[s][0]
             if rule_shared == "unallocated" or not own or amount == 0:
@@ -227,9 +244,13 @@ def refresh_rollups(store: FactsStore, prices: PriceTable | None = None) -> Roll
 
 
 def report(store: FactsStore, prices: PriceTable) -> RollupReport:
-    _, rows = store.query("SELECT count(), sum(amount), uniqExactIf(tenant_id, tenant_id != '__idle__') FROM $db.tenant_cost_fact")
+    _, rows = store.query(
+        "SELECT count(), sum(amount), uniqExactIf(tenant_id, tenant_id != '__idle__') FROM $db.tenant_cost_fact"
+    )
     count, total, tenants = rows[0]
-    return RollupReport(int(count), float(total or 0.0), prices.currency, int(tenants), datetime.now(UTC), prices.source)
+    return RollupReport(
+        int(count), float(total or 0.0), prices.currency, int(tenants), datetime.now(UTC), prices.source
+    )
 
 
 def ensure_prices(store: FactsStore, prices: PriceTable | None = None) -> None:
@@ -248,8 +269,12 @@ def loaded_prices(store: FactsStore, fallback: PriceTable | None = None) -> Pric
     )
     currency, distribution, source = meta[0]
     base = fallback or PriceTable()
-    _, lines = store.query("SELECT version, valid_from, category, item, price, multiplier FROM $db.price_line")
-    _, caps = store.query("SELECT version, valid_from, capacity_cores, capacity_ram_gb, capacity_gpus FROM $db.price_version")
+    _, lines = store.query(
+        "SELECT version, valid_from, category, item, price, multiplier FROM $db.price_line"
+    )
+    _, caps = store.query(
+        "SELECT version, valid_from, capacity_cores, capacity_ram_gb, capacity_gpus FROM $db.price_version"
+    )
     _, wmap = store.query("SELECT kind, worker_class FROM $db.worker_class_map")
     versions = []
     for name, valid_from, cores, ram, gpus in caps:

@@ -93,7 +93,9 @@ def _open(url: str) -> Client:
         # the database named in the URL path is the facts database (created by the migrations),
         # so the client connects without one
         parts = urlsplit(url)
-        return clickhouse_connect.get_client(dsn=urlunsplit(parts._replace(path="")), settings=_CLIENT_SETTINGS)
+        return clickhouse_connect.get_client(
+            dsn=urlunsplit(parts._replace(path="")), settings=_CLIENT_SETTINGS
+        )
     except Exception as e:  # noqa: BLE001 - surface any connect failure with the URL
         raise FactsStoreError(f"cannot connect to ClickHouse at {_redact(url)}: {e}") from e
 

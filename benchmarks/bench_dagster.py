@@ -41,7 +41,9 @@ def _linear_playbook(n: int):
         prev = f"{{{{ s{i - 1}.n }}}}" if i else "0"
         step = {
             "step": f"s{i}",
-            "tool": [{f"add{i}": {"kind": "python", "input": {"n": prev}, "code": "result = {'n': int(n) + 1}"}}],
+            "tool": [
+                {f"add{i}": {"kind": "python", "input": {"n": prev}, "code": "result = {'n': int(n) + 1}"}}
+            ],
         }
         if i + 1 < n:
             step["next"] = {"arcs": [{"step": f"s{i + 1}"}]}
@@ -121,7 +123,9 @@ def bench_linear(n: int, repeat: int) -> tuple[float, float, float]:
         instance = dg.DagsterInstance.from_config(str(home))
         loc = compile_playbooks([_linear_playbook(n)], resource=NoetlResource(data_dir=str(Path(tmp) / "noetl")),
                                 include_sensor=False)  # fmt: skip
-        noetl_job = loc.definitions.resolve_job_def("linear50" if n == 50 else loc.index.playbooks[0].job_name)
+        noetl_job = loc.definitions.resolve_job_def(
+            "linear50" if n == 50 else loc.index.playbooks[0].job_name
+        )
         hand_job = _hand_written_job(n)
         plain_job = _hand_written_job(n, values=False)
         quiet = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
@@ -160,7 +164,9 @@ def bench_cycle(iterations: int) -> tuple[float, float]:
         home = Path(tmp) / "dagster_home"
         home.mkdir()
         instance = dg.DagsterInstance.from_config(str(home))
-        loc = compile_playbooks([pb], resource=NoetlResource(data_dir=str(Path(tmp) / "noetl")), include_sensor=False)
+        loc = compile_playbooks(
+            [pb], resource=NoetlResource(data_dir=str(Path(tmp) / "noetl")), include_sensor=False
+        )
         job = loc.definitions.resolve_job_def("countdown_cycle")
         cfg = {"loggers": {"console": {"config": {"log_level": "ERROR"}}},
                "ops": {"noetl_start": {"config": {"workload": {"count": iterations}}}}}  # fmt: skip
@@ -176,9 +182,13 @@ def bench_cycle(iterations: int) -> tuple[float, float]:
         def tick(context) -> int:  # noqa: ANN001
             return context.op_config["n"] - 1
 
-        tick_job = dg.GraphDefinition(name="tick_job", node_defs=[tick]).to_job(executor_def=dg.in_process_executor)
+        tick_job = dg.GraphDefinition(name="tick_job", node_defs=[tick]).to_job(
+            executor_def=dg.in_process_executor
+        )
 
-        @dg.run_status_sensor(run_status=dg.DagsterRunStatus.SUCCESS, monitored_jobs=[tick_job], request_job=tick_job)
+        @dg.run_status_sensor(
+            run_status=dg.DagsterRunStatus.SUCCESS, monitored_jobs=[tick_job], request_job=tick_job
+        )
         def chain(context):  # noqa: ANN001
             n = context.dagster_run.run_config["ops"]["tick"]["config"]["n"] - 1
             if n > 0:
@@ -255,7 +265,10 @@ def main() -> None:
 
     t = bench_translate(args.playbooks)
     verdict = "PASS" if t <= TRANSLATE_TARGET_S else "MISS"
-    print(f"[3] translate {args.playbooks} playbooks: {t:.3f}s (target <= {TRANSLATE_TARGET_S}s) {verdict}", flush=True)
+    print(
+        f"[3] translate {args.playbooks} playbooks: {t:.3f}s (target <= {TRANSLATE_TARGET_S}s) {verdict}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -121,7 +121,9 @@ class _Session:
         env = {**os.environ, "DAGSTER_HOME": str(home), "NOETL_DAGSTER_HOME": str(self.noetl_home),
                "NOETL_DAGSTER_PLAYBOOK_CACHE": str(self.tmp / "playbook_cache") if cache else "off"}  # fmt: skip
         if tree is not None:
-            env["PYTHONPATH"] = os.pathsep.join([str(tree), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(tree), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
+            )
         port = _free_port()
         self.log = open(self.tmp / "dagster_dev.log", "wb")  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(
@@ -216,7 +218,11 @@ def measure_side_by_side(
 
 
 def measure(
-    requests: int, timeout: float, config: str = "after", postgres: bool = False, burst: int = 0,
+    requests: int,
+    timeout: float,
+    config: str = "after",
+    postgres: bool = False,
+    burst: int = 0,
     tree: Path | None = None,
 ) -> tuple[list[dict[str, float]], dict[str, float] | None]:
     """(one row per sequential request, the burst's figures or None). ``tree``: another checkout
@@ -284,7 +290,9 @@ def boot_cpu(samples: int = 3) -> dict[str, float]:
         for i in range(samples):
             for out, e in ((cold, env), (cached, {**env, "NOETL_DAGSTER_PLAYBOOK_CACHE": cache})):
                 before = cpu(resource.getrusage(resource.RUSAGE_CHILDREN))
-                subprocess.run([sys.executable, "-c", COLD_BOOT], cwd=REPO, env=e, check=True, capture_output=True)
+                subprocess.run(
+                    [sys.executable, "-c", COLD_BOOT], cwd=REPO, env=e, check=True, capture_output=True
+                )
                 if not (out is cached and i == 0):  # the first cached boot fills the cache
                     out.append(cpu(resource.getrusage(resource.RUSAGE_CHILDREN)) - before)
     import json
@@ -294,7 +302,9 @@ def boot_cpu(samples: int = 3) -> dict[str, float]:
     from dagster._serdes import serialize_value
     from dagster._utils.hosted_user_process import recon_repository_from_origin
 
-    origin = RepositoryPythonOrigin(sys.executable, CodePointer.from_module("example_project.definitions", "defs", None))
+    origin = RepositoryPythonOrigin(
+        sys.executable, CodePointer.from_module("example_project.definitions", "defs", None)
+    )
     zygote.load(json.dumps({"origin": serialize_value(origin), "load_data": None}))
     import dagster as dg
 
@@ -312,7 +322,11 @@ def boot_cpu(samples: int = 3) -> dict[str, float]:
         _, status, ru = os.wait4(pid, 0)
         if status == 0:
             warm.append(cpu(ru))
-    return {"cold": statistics.median(cold), "cold_cached": statistics.median(cached), "warm": statistics.median(warm)}
+    return {
+        "cold": statistics.median(cold),
+        "cold_cached": statistics.median(cached),
+        "warm": statistics.median(warm),
+    }
 
 
 def _report(config: str, rows: list[dict[str, float]], b: dict[str, float] | None, postgres: bool) -> None:
@@ -338,7 +352,9 @@ def _report(config: str, rows: list[dict[str, float]], b: dict[str, float] | Non
         vals = [r[key] for r in rows]
         print(f"  {label:<56} {statistics.median(vals):7.2f} {max(vals):7.2f}")
     p50 = statistics.median(r["total"] for r in rows)
-    print(f"  p50 request-to-start {p50:.2f} s   target <= {TARGET_S:g} s: {'PASS' if p50 <= TARGET_S else 'MISS'}")
+    print(
+        f"  p50 request-to-start {p50:.2f} s   target <= {TARGET_S:g} s: {'PASS' if p50 <= TARGET_S else 'MISS'}"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -348,11 +364,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--config", choices=("before", "after", "both"), default="both")
     ap.add_argument("--postgres", action="store_true", help="the Dagster instance on the local Postgres")
     ap.add_argument("--no-boot-cpu", action="store_true", help="skip the CPU measurement of the boot")
-    ap.add_argument("--burst", type=int, default=0, help="then N requests at once: runs per minute through Dagster")
+    ap.add_argument(
+        "--burst", type=int, default=0, help="then N requests at once: runs per minute through Dagster"
+    )
     ap.add_argument("--before-tree", type=Path, help="'before' is this checkout's code and dagster.yaml (e.g. a"
                     " worktree of main's previous commit), not Dagster's default launcher")  # fmt: skip
-    ap.add_argument("--rounds", type=int, default=1, help="alternate before/after this many times, rows pooled")
-    ap.add_argument("--side-by-side", action="store_true", help="both dagster dev up at once, requests alternating")
+    ap.add_argument(
+        "--rounds", type=int, default=1, help="alternate before/after this many times, rows pooled"
+    )
+    ap.add_argument(
+        "--side-by-side", action="store_true", help="both dagster dev up at once, requests alternating"
+    )
     args = ap.parse_args(argv)
     print(f"load average at start {os.getloadavg()[0]:.2f}")
     if not args.no_boot_cpu:
@@ -361,9 +383,13 @@ def main(argv: list[str] | None = None) -> None:
               f"with the playbook cache {b['cold_cached']:.2f}, forked from a warm process {b['warm']:.2f} "
               f"(load average {os.getloadavg()[0]:.2f})")  # fmt: skip
     configs = ("before", "after") if args.config == "both" else (args.config,)
-    results: dict[str, tuple[list[dict[str, float]], dict[str, float] | None]] = {c: ([], None) for c in configs}
+    results: dict[str, tuple[list[dict[str, float]], dict[str, float] | None]] = {
+        c: ([], None) for c in configs
+    }
     if args.side_by_side and len(configs) == 2:
-        pooled = measure_side_by_side(args.requests, args.timeout, configs, args.postgres, {"before": args.before_tree})
+        pooled = measure_side_by_side(
+            args.requests, args.timeout, configs, args.postgres, {"before": args.before_tree}
+        )
         results = {c: (pooled[c], None) for c in configs}
     for _ in range(0 if args.side_by_side else args.rounds):  # interleaved: load changes hit both alike
         for c in configs:

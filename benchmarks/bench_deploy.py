@@ -50,7 +50,12 @@ def _events(execution_id: str, n: int):
     from noetl_dagster.engine.events import Event
 
     return [
-        Event("task.done", execution_id, {"task": "t", "outcome": {"status": "ok", "result": {"i": i}}}, step="s")
+        Event(
+            "task.done",
+            execution_id,
+            {"task": "t", "outcome": {"status": "ok", "result": {"i": i}}},
+            step="s",
+        )
         for i in range(n)
     ]
 
@@ -72,7 +77,10 @@ def _raw_writer(url: str, start: mp.Barrier, out: mp.Queue) -> None:
     from noetl_dagster.util.jsonutil import dumps
 
     evs = _events(str(uuid.uuid4()), EVENTS_PER_WRITER)
-    rows = [(e.event_id, e.execution_id, n + 1, e.name, e.timestamp, dumps(e.to_dict())) for n, e in enumerate(evs)]
+    rows = [
+        (e.event_id, e.execution_id, n + 1, e.name, e.timestamp, dumps(e.to_dict()))
+        for n, e in enumerate(evs)
+    ]
     with psycopg.connect(url, autocommit=False) as c:
         start.wait()
         t0 = time.perf_counter()
@@ -123,7 +131,11 @@ def bench_event_store() -> dict[str, float]:
 def _child(data_dir: str, eid: str) -> None:
     from noetl_dagster.runners.local import run_playbook
 
-    run_playbook(Path(__file__).resolve().parents[1] / "tests" / "runners" / "recovery" / "probe.yaml", data_dir=data_dir, execution_id=eid)
+    run_playbook(
+        Path(__file__).resolve().parents[1] / "tests" / "runners" / "recovery" / "probe.yaml",
+        data_dir=data_dir,
+        execution_id=eid,
+    )
     os._exit(0)
 
 

@@ -176,7 +176,7 @@ def case_steps_summary(n: int, pg: str | None = None, rounds: int = 5, loop: int
             old_cache = _fold_at(before, Path(d) / "pkg") if before else None
             _run_engine(_big_loop_doc(20) if loop else {**doc, "workload": {"n": 3}}, Path(d) / "warm", url)
             for k in range(rounds):
-                for mode in modes[k % len(modes):] + modes[: k % len(modes)]:
+                for mode in modes[k % len(modes) :] + modes[: k % len(modes)]:
                     cls._summarize = off if mode == "off" else keep  # type: ignore[method-assign]
                     mod.SummaryCache = old_cache if mode == "before" else cache
                     wall, cpu, res = _run_engine(doc, Path(d) / f"{mode}{k}", url)
@@ -206,7 +206,11 @@ def case_loop(n: int, mode: str) -> dict[str, Any]:
         "workflow": [
             {
                 "step": "start",
-                "loop": {"in": "{{ range(workload.n) | list }}", "iterator": "x", "spec": {"mode": mode, "max_in_flight": 16}},
+                "loop": {
+                    "in": "{{ range(workload.n) | list }}",
+                    "iterator": "x",
+                    "spec": {"mode": mode, "max_in_flight": 16},
+                },
                 "tool": {"kind": "python", "input": {"x": "{{ iter.x }}"}, "code": LOOP_CODE},
             }
         ],
@@ -276,7 +280,9 @@ def case_big_loop(n: int) -> dict[str, Any]:
 
 
 def _child(args: argparse.Namespace) -> None:
-    if args.case == "big_loop_full_bodies":  # the first before of issue 19: every envelope field in every body
+    if (
+        args.case == "big_loop_full_bodies"
+    ):  # the first before of issue 19: every envelope field in every body
         from noetl_dagster.engine.events import Event
         from noetl_dagster.storage.events import SqliteEventStore
 
@@ -327,8 +333,12 @@ def report(results: list[dict[str, Any]]) -> None:
             before = {"big_loop_full_bodies": " (before: one row per event, full bodies)",
                       "big_loop_rows": " (before: one row per event, compact bodies)"}.get(r["case"], "")  # fmt: skip
             print(f"== big loop: {n:,} sequential python iterations{before} ==")
-            print(f"  engine              : {r['wall_s']:8.3f} s wall   {r['cpu_s']:8.3f} s cpu   {n / r['wall_s']:10,.0f} iterations/s")
-            print(f"  event store         : {r['events_mb']:8.1f} MB   payload store {r['payload_mb']:.1f} MB   peak RSS {r['peak_rss_mb']:.0f} MB")
+            print(
+                f"  engine              : {r['wall_s']:8.3f} s wall   {r['cpu_s']:8.3f} s cpu   {n / r['wall_s']:10,.0f} iterations/s"
+            )
+            print(
+                f"  event store         : {r['events_mb']:8.1f} MB   payload store {r['payload_mb']:.1f} MB   peak RSS {r['peak_rss_mb']:.0f} MB"
+            )
             est_s, est_mb = r["wall_s"] * scale, mb * scale
             print(f"  at 200,000 items    : {est_s:8.1f} s (target <= {BIG_LOOP_TARGET_S:g}: {_verdict(est_s <= BIG_LOOP_TARGET_S)})"
                   f"   {est_mb:8.1f} MB (target <= {BIG_LOOP_TARGET_MB:g}: {_verdict(est_mb <= BIG_LOOP_TARGET_MB)})"
@@ -340,18 +350,24 @@ def report(results: list[dict[str, Any]]) -> None:
         elif r["case"] in ("steps_summary", "loop_summary"):
             on, off = sorted(r["on_ms"]), sorted(r["off_ms"])
             med = lambda v: v[len(v) // 2]  # noqa: E731
-            what, unit = (("noop cycle", "step") if r["case"] == "steps_summary" else ("python loop", "iteration"))
+            what, unit = (
+                ("noop cycle", "step") if r["case"] == "steps_summary" else ("python loop", "iteration")
+            )
             print(f"== execution summary kept by the {r['store']} store (issue 36.4): {r['n']:,}-{unit} {what}, "
                   f"{len(on)} runs each, alternated ==")  # fmt: skip
             print(f"  summary on          : min {on[0]:.4f}  median {med(on):.4f} ms/{unit}")
             print(f"  summary off         : min {off[0]:.4f}  median {med(off):.4f} ms/{unit}")
-            print(f"  on / off            : min {on[0] / off[0]:.3f}x  median {med(on) / med(off):.3f}x (wall)")
+            print(
+                f"  on / off            : min {on[0] / off[0]:.3f}x  median {med(on) / med(off):.3f}x (wall)"
+            )
             con, coff = sorted(r["on_cpu_ms"]), sorted(r["off_cpu_ms"])
             print(f"  cpu on / off        : min {con[0]:.4f} / {coff[0]:.4f} ms = {con[0] / coff[0]:.3f}x  "
                   f"median {med(con):.4f} / {med(coff):.4f} ms = {med(con) / med(coff):.3f}x")  # fmt: skip
             if r.get("before"):
                 bw, bc = sorted(r["before_ms"]), sorted(r["before_cpu_ms"])
-                print(f"  fold of {r['before'][:12]:<11} : min {bw[0]:.4f}  median {med(bw):.4f} ms/{unit} (wall)")
+                print(
+                    f"  fold of {r['before'][:12]:<11} : min {bw[0]:.4f}  median {med(bw):.4f} ms/{unit} (wall)"
+                )
                 print(f"  cpu before / off    : min {bc[0]:.4f} / {coff[0]:.4f} ms = {bc[0] / coff[0]:.3f}x  "
                       f"median {med(bc):.4f} / {med(coff):.4f} ms = {med(bc) / med(coff):.3f}x")  # fmt: skip
         elif r["case"] == "steps":
@@ -361,19 +377,31 @@ def report(results: list[dict[str, Any]]) -> None:
             base = r["baseline_s"] / n * 1000
             overhead = per - base
             print(f"== per-step engine overhead: self-routing noop cycle, {n:,} steps ==")
-            print(f"  engine              : {r['wall_s']:8.3f} s   {per:8.4f} ms/step wall   {per_cpu:8.4f} ms/step cpu")
+            print(
+                f"  engine              : {r['wall_s']:8.3f} s   {per:8.4f} ms/step wall   {per_cpu:8.4f} ms/step cpu"
+            )
             print(f"  baseline (plain Py) : {r['baseline_s']:8.5f} s   {base:8.5f} ms/step")
             print(f"  ratio engine/base   : {per / base if base else float('inf'):10,.0f}x")
-            print(f"  overhead per step   : {overhead:.4f} ms   target <= {STEP_TARGET_MS:g} ms: {_verdict(overhead <= STEP_TARGET_MS)}")
-            print(f"  peak RSS            : {r['peak_rss_mb']:.1f} MB (after warm-up {r['rss_before_mb']:.1f} MB)")
+            print(
+                f"  overhead per step   : {overhead:.4f} ms   target <= {STEP_TARGET_MS:g} ms: {_verdict(overhead <= STEP_TARGET_MS)}"
+            )
+            print(
+                f"  peak RSS            : {r['peak_rss_mb']:.1f} MB (after warm-up {r['rss_before_mb']:.1f} MB)"
+            )
         else:
             mode = r["case"].removeprefix("loop_")
             n = r["n"]
             print(f"== loop throughput: {n:,} python iterations, {mode} ==")
-            print(f"  engine              : {r['wall_s']:8.3f} s wall   {r['cpu_s']:8.3f} s cpu   {n / r['wall_s']:10,.0f} iterations/s")
-            print(f"  baseline (plain Py) : {r['baseline_s']:8.4f} s        {n / r['baseline_s']:10,.0f} iterations/s")
+            print(
+                f"  engine              : {r['wall_s']:8.3f} s wall   {r['cpu_s']:8.3f} s cpu   {n / r['wall_s']:10,.0f} iterations/s"
+            )
+            print(
+                f"  baseline (plain Py) : {r['baseline_s']:8.4f} s        {n / r['baseline_s']:10,.0f} iterations/s"
+            )
             print(f"  ratio engine/base   : {r['wall_s'] / r['baseline_s']:10,.0f}x")
-            print(f"  time                : target <= {LOOP_TARGET_S:g} s: {_verdict(r['wall_s'] <= LOOP_TARGET_S)}")
+            print(
+                f"  time                : target <= {LOOP_TARGET_S:g} s: {_verdict(r['wall_s'] <= LOOP_TARGET_S)}"
+            )
             ratio = r["peak_rss_mb"] / r["rss_before_mb"]
             print(f"  peak RSS            : {r['peak_rss_mb']:.1f} MB vs {r['rss_before_mb']:.1f} MB warmed-up engine "
                   f"({ratio:.2f}x)   target <= {RSS_TARGET_MB:g} MB: {_verdict(r['peak_rss_mb'] <= RSS_TARGET_MB)}")  # fmt: skip
@@ -384,12 +412,28 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--iterations", type=int, default=10_000)
     ap.add_argument("--big-loop", type=int, default=200_000, help="items of the big loop (0: skip it)")
-    ap.add_argument("--case", choices=["steps", "steps_summary", "loop_summary", "loop_sequential", "loop_parallel", "big_loop", "big_loop_rows", "big_loop_full_bodies"], help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--case",
+        choices=[
+            "steps",
+            "steps_summary",
+            "loop_summary",
+            "loop_sequential",
+            "loop_parallel",
+            "big_loop",
+            "big_loop_rows",
+            "big_loop_full_bodies",
+        ],
+        help=argparse.SUPPRESS,
+    )
     ap.add_argument("--only", help="comma-separated cases to run (default: all)")
     ap.add_argument("--pg", help="steps_summary against this Postgres (libpq URL; a fresh schema) as well")
     ap.add_argument("--rounds", type=int, default=5, help="steps_summary: runs of each mode, in turn")
-    ap.add_argument("--fold-before", metavar="REV",
-                    help="steps_summary/loop_summary: also time the summary's fold as it was at this git revision")
+    ap.add_argument(
+        "--fold-before",
+        metavar="REV",
+        help="steps_summary/loop_summary: also time the summary's fold as it was at this git revision",
+    )
     args = ap.parse_args(argv)
     if args.case:
         _child(args)
@@ -398,7 +442,13 @@ def main(argv: list[str] | None = None) -> None:
     print(f"machine: {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
           f"(wall times grow with load; cpu times less so)")  # fmt: skip
     results = []
-    cases = ("steps", "steps_summary", "loop_sequential", "loop_parallel", *(["big_loop_rows", "big_loop"] if args.big_loop else []))
+    cases = (
+        "steps",
+        "steps_summary",
+        "loop_sequential",
+        "loop_parallel",
+        *(["big_loop_rows", "big_loop"] if args.big_loop else []),
+    )
     if args.only:
         cases = tuple(c for c in args.only.split(",") if c)
     for case in cases:

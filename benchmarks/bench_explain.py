@@ -74,11 +74,21 @@ class Fresh:
     """A fresh server in a new process (``with``: started, then killed)."""
 
     def __init__(self, data: Path, registry: str):
-        self.cmd = [sys.executable, "-m", "benchmarks.bench_explain", "--serve", str(data), "--registry", registry]
+        self.cmd = [
+            sys.executable,
+            "-m",
+            "benchmarks.bench_explain",
+            "--serve",
+            str(data),
+            "--registry",
+            registry,
+        ]
 
     def __enter__(self) -> Fresh:
         t = time.perf_counter()
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+        self.proc = subprocess.Popen(
+            self.cmd, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1]
+        )
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if not line.startswith("PORT "):
             raise RuntimeError(f"the server did not start: {line!r}")
@@ -150,13 +160,19 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(("cold: first open (page + /api/execution), just-started server", t, TARGET_S))
             t, _ = _timed(lambda: page_open(srv.url))
             rows.append(("warm: the same again", t, TARGET_S))
-            t, p = _timed(lambda: get(srv.url, "/api/execution/iterations", id=eid, run=rid, offset=mid, limit=1000))
+            t, p = _timed(
+                lambda: get(srv.url, "/api/execution/iterations", id=eid, run=rid, offset=mid, limit=1000)
+            )
             assert [i["index"] for i in p.json()["iterations"]][:1] == [mid]
             rows.append(("page: 1,000 iterations from the middle", t, TARGET_S))
-            print(f"server process: ready {srv.startup:.2f} s after spawn ({srv.ready:.2f} s of imports and set-up, "
-                  f"{srv.layout:.2f} s of it the layout library)")
+            print(
+                f"server process: ready {srv.startup:.2f} s after spawn ({srv.ready:.2f} s of imports and set-up, "
+                f"{srv.layout:.2f} s of it the layout library)"
+            )
         with Fresh(data, registry) as srv:
-            t, _ = _timed(lambda: get(srv.url, "/api/execution/iterations", id=eid, run=rid, offset=mid, limit=1000))
+            t, _ = _timed(
+                lambda: get(srv.url, "/api/execution/iterations", id=eid, run=rid, offset=mid, limit=1000)
+            )
             rows.append(("cold page: 1,000 iterations, new process (its first request)", t, TARGET_S))
         with sqlite3.connect(data / "events.db") as c:
             c.execute("DELETE FROM noetl_explain WHERE execution_id = ?", (eid,))
@@ -167,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
             t, _ = _timed(lambda: page_open(srv.url))
             rows.append(("cold again: the summary written back by that fold", t, TARGET_S))
         store.close()
-    print(f"events in the log: {events:,}; iterations page JSON {len(p.content):,} bytes for 1,000 iterations")
+    print(
+        f"events in the log: {events:,}; iterations page JSON {len(p.content):,} bytes for 1,000 iterations"
+    )
     for name, t, target in rows:
         verdict = "" if target is None else ("PASS" if t < target else "MISS")
         print(f"  {name:<62} {t:8.3f} s  {verdict}")

@@ -132,7 +132,9 @@ def bench_allocation(rows: int, rounds: int) -> None:
     derive_usage(store, "tenant-")
     ins = time.perf_counter() - t
     _, c = store.query("SELECT count() FROM $db.task_fact")
-    print(f"inserted {c[0][0]:,} task facts with their usage lines in {ins:.1f}s ({c[0][0] / ins:,.0f} rows/s)")
+    print(
+        f"inserted {c[0][0]:,} task facts with their usage lines in {ins:.1f}s ({c[0][0] / ins:,.0f} rows/s)"
+    )
     t = time.perf_counter()
     refresh_rollups(store, PriceTable.load())
     _, r = store.query("SELECT count() FROM $db.cost_line_day")

@@ -117,23 +117,34 @@ def _probe(label: str, args: list[str]) -> bool:
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-c", *args], capture_output=True, text=True, timeout=1800,
-                          cwd=Path(__file__).resolve().parent.parent)
+    proc = subprocess.run(
+        [sys.executable, "-c", *args],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     if proc.returncode != 0:
         print(f"  {label:<22} failed: {proc.stderr.strip().splitlines()[-1:]}")
         return False
     m = json.loads(proc.stdout.strip().splitlines()[-1])
     ratio = m["over_base"] / m["footprint"]
     verdict = "PASS" if ratio <= LARGE_TARGET and m["status"] == "completed" else "MISS"
-    print(f"  {label:<22} footprint {m['footprint'] / 1e6:6.0f} MB  peak over base {m['over_base'] / 1e6:6.0f} MB  "
-          f"ratio {ratio:4.2f}  {m['seconds']:5.2f} s  written {m['written'] / 1e6:6.0f} MB  {verdict}", flush=True)
+    print(
+        f"  {label:<22} footprint {m['footprint'] / 1e6:6.0f} MB  peak over base {m['over_base'] / 1e6:6.0f} MB  "
+        f"ratio {ratio:4.2f}  {m['seconds']:5.2f} s  written {m['written'] / 1e6:6.0f} MB  {verdict}",
+        flush=True,
+    )
     return verdict == "PASS"
 
 
 def large_result(mb: int) -> bool:
     """Peak memory while storing a big result (each case in a fresh process)."""
-    print(f"large result ({mb} MB), peak RSS over the process baseline / the result's footprint "
-          f"(target <= {LARGE_TARGET}x), load average {os.getloadavg()[0]:.2f}", flush=True)
+    print(
+        f"large result ({mb} MB), peak RSS over the process baseline / the result's footprint "
+        f"(target <= {LARGE_TARGET}x), load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
     ok = True
     for label, code in (("json string", f"result = 'x' * {mb * 1_000_000}"),
                         ("json list of strings", f"result = [f'{{i:095d}}' for i in range({mb * 10_000})]")):  # fmt: skip
@@ -149,16 +160,23 @@ def make_table(rows: int):
 
     rng = np.random.default_rng(7)
     categories = pa.array([f"category-{i:03d}" for i in range(200)])
-    return pa.table({
-        "id": pa.array(np.arange(rows, dtype=np.int64)),
-        "amount": pa.array(rng.random(rows) * 1000),
-        "qty": pa.array(rng.integers(0, 500, rows, dtype=np.int32)),
-        "category": categories.take(pa.array(rng.integers(0, 200, rows))),
-        "ts": pa.array(np.datetime64("2026-01-01T00:00:00", "us") + rng.integers(0, 10**12, rows).astype("timedelta64[us]")),
-    })
+    return pa.table(
+        {
+            "id": pa.array(np.arange(rows, dtype=np.int64)),
+            "amount": pa.array(rng.random(rows) * 1000),
+            "qty": pa.array(rng.integers(0, 500, rows, dtype=np.int32)),
+            "category": categories.take(pa.array(rng.integers(0, 200, rows))),
+            "ts": pa.array(
+                np.datetime64("2026-01-01T00:00:00", "us")
+                + rng.integers(0, 10**12, rows).astype("timedelta64[us]")
+            ),
+        }
+    )
 
 
-def _best_pair(base: Callable[[int], None], ours: Callable[[int], None], repeat: int) -> tuple[float, float, str]:
+def _best_pair(
+    base: Callable[[int], None], ours: Callable[[int], None], repeat: int
+) -> tuple[float, float, str]:
     """Best wall time of plain and ours over ``repeat`` interleaved runs, plus the ratio of median
     CPU time (the whole process, hashing thread included) and of median wall time."""
     tb, to, cb, co = [], [], [], []
@@ -170,24 +188,33 @@ def _best_pair(base: Callable[[int], None], ours: Callable[[int], None], repeat:
             fn(i)
             wall.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
-    extra = (f"cpu {statistics.median(co) / statistics.median(cb):4.2f}, "
-             f"median {statistics.median(to) / statistics.median(tb):4.2f}")
+    extra = (
+        f"cpu {statistics.median(co) / statistics.median(cb):4.2f}, "
+        f"median {statistics.median(to) / statistics.median(tb):4.2f}"
+    )
     return min(tb), min(to), extra
 
 
 def _report(name: str, base: float, ours: float, extra: str, *, target: bool = True) -> bool:
     ratio = ours / base
     verdict = ("PASS" if ratio <= TARGET_RATIO else "MISS") if target else "info"
-    print(f"  {name:<40} plain {base * 1000:7.1f} ms  io manager {ours * 1000:7.1f} ms  "
-          f"ratio {ratio:5.2f} ({extra})  {verdict}", flush=True)
+    print(
+        f"  {name:<40} plain {base * 1000:7.1f} ms  io manager {ours * 1000:7.1f} ms  "
+        f"ratio {ratio:5.2f} ({extra})  {verdict}",
+        flush=True,
+    )
     return ratio <= TARGET_RATIO
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="IO managers vs plain pyarrow / pyiceberg")
     ap.add_argument("--rows", type=int, default=1_000_000)
-    ap.add_argument("--repeat", type=int, default=3, help="runs of each write; the ratio is best-of over best-of")
-    ap.add_argument("--large-mb", type=int, default=1000, help="size of the large-result cases (0: skip them)")
+    ap.add_argument(
+        "--repeat", type=int, default=3, help="runs of each write; the ratio is best-of over best-of"
+    )
+    ap.add_argument(
+        "--large-mb", type=int, default=1000, help="size of the large-result cases (0: skip them)"
+    )
     ap.add_argument("--only-large", action="store_true", help="run only the large-result cases")
     args = ap.parse_args(argv)
     if args.only_large:
@@ -206,8 +233,11 @@ def main(argv: list[str] | None = None) -> int:
     old_home = os.environ.get("NOETL_DAGSTER_HOME")
     os.environ["NOETL_DAGSTER_HOME"] = str(tmp / "home")
     try:
-        print(f"bench_io: {args.rows:,} rows x {table.num_columns} columns ({table.nbytes / 1e6:.0f} MB in memory), "
-              f"best of {args.repeat}, load average {os.getloadavg()[0]:.2f}", flush=True)
+        print(
+            f"bench_io: {args.rows:,} rows x {table.num_columns} columns ({table.nbytes / 1e6:.0f} MB in memory), "
+            f"best of {args.repeat}, load average {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
         registry = NoetlRegistryResource(url=f"sqlite:///{tmp / 'registry.db'}", tenant="bench", project="io")
         plain_dir = tmp / "plain"
         plain_dir.mkdir()
@@ -216,9 +246,16 @@ def main(argv: list[str] | None = None) -> int:
 
         def run_io(manager, key: list[str]) -> Callable[[int], None]:
             # contexts are built up front: in a run Dagster builds them, whatever the IO manager
-            contexts = {i: dg.build_output_context(asset_key=dg.AssetKey(key), run_id=f"run{i}", step_key="s",
-                                                   name="result", instance=instance)
-                        for i in range(-1, args.repeat)}
+            contexts = {
+                i: dg.build_output_context(
+                    asset_key=dg.AssetKey(key),
+                    run_id=f"run{i}",
+                    step_key="s",
+                    name="result",
+                    instance=instance,
+                )
+                for i in range(-1, args.repeat)
+            }
 
             def write(i: int) -> None:
                 manager.handle_output(contexts[i], table)
@@ -229,18 +266,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"write: io manager / plain, target <= {TARGET_RATIO}")
         # Parquet
         pq_io = ParquetIOManager(registry=registry, store_url=str(tmp / "tables"))
-        b, o, r = _best_pair(lambda i: pq.write_table(table, plain_dir / f"p{i}.parquet", compression="snappy"),
-                             run_io(pq_io, ["bench", "io", "b", "parquet"]), args.repeat)
+        b, o, r = _best_pair(
+            lambda i: pq.write_table(table, plain_dir / f"p{i}.parquet", compression="snappy"),
+            run_io(pq_io, ["bench", "io", "b", "parquet"]),
+            args.repeat,
+        )
         results.append(_report("parquet (snappy)", b, o, r))
         # Arrow IPC / Feather v2, pyarrow's default codec and uncompressed
         arrow_io = ArrowIPCIOManager(registry=registry, store_url=str(tmp / "tables"))
-        b, o, r = _best_pair(lambda i: feather.write_feather(table, plain_dir / f"a{i}.arrow"),
-                             run_io(arrow_io, ["bench", "io", "b", "arrow"]), args.repeat)
+        b, o, r = _best_pair(
+            lambda i: feather.write_feather(table, plain_dir / f"a{i}.arrow"),
+            run_io(arrow_io, ["bench", "io", "b", "arrow"]),
+            args.repeat,
+        )
         results.append(_report("arrow ipc (lz4, feather default)", b, o, r))
-        arrow_raw = ArrowIPCIOManager(registry=registry, store_url=str(tmp / "tables"), compression="uncompressed")
+        arrow_raw = ArrowIPCIOManager(
+            registry=registry, store_url=str(tmp / "tables"), compression="uncompressed"
+        )
         b, o, r = _best_pair(
             lambda i: feather.write_feather(table, plain_dir / f"u{i}.arrow", compression="uncompressed"),
-            run_io(arrow_raw, ["bench", "io", "b", "arrow_raw"]), args.repeat)
+            run_io(arrow_raw, ["bench", "io", "b", "arrow_raw"]),
+            args.repeat,
+        )
         _report("arrow ipc (uncompressed; sha256 floor)", b, o, r, target=False)
         # the same writes with blake3 checksums (checksum_algorithm="blake3": ~4x less hashing than sha256)
         for label, manager, plain, key in (
@@ -264,24 +311,39 @@ def main(argv: list[str] | None = None) -> int:
         cat = ice_io.storage().iceberg.catalog
         cat.create_namespace_if_not_exists(("bench",))
         plain_tbl = cat.create_table(("bench", "plain"), schema=table.schema)
-        b, o, r = _best_pair(lambda i: plain_tbl.append(table), run_io(ice_io, ["bench", "io", "b", "iceberg"]),
-                             args.repeat)
+        b, o, r = _best_pair(
+            lambda i: plain_tbl.append(table), run_io(ice_io, ["bench", "io", "b", "iceberg"]), args.repeat
+        )
         results.append(_report("iceberg append (same sql catalog)", b, o, r))
 
         print("read (resolve + verify checksum + decode), for information")
         storage = pq_io.storage()
         for label, uri, plain_read in (
-            ("parquet", "noetl://bench/io/b/dataset/parquet", lambda: pq.read_table(plain_dir / "p0.parquet")),
-            ("arrow ipc (lz4)", "noetl://bench/io/b/dataset/arrow", lambda: feather.read_table(plain_dir / "a0.arrow")),
-            ("arrow ipc (lz4), blake3", "noetl://bench/io/b/dataset/arrow_b3",
-             lambda: feather.read_table(plain_dir / "a0.arrow")),
+            (
+                "parquet",
+                "noetl://bench/io/b/dataset/parquet",
+                lambda: pq.read_table(plain_dir / "p0.parquet"),
+            ),
+            (
+                "arrow ipc (lz4)",
+                "noetl://bench/io/b/dataset/arrow",
+                lambda: feather.read_table(plain_dir / "a0.arrow"),
+            ),
+            (
+                "arrow ipc (lz4), blake3",
+                "noetl://bench/io/b/dataset/arrow_b3",
+                lambda: feather.read_table(plain_dir / "a0.arrow"),
+            ),
             ("iceberg", "noetl://bench/io/b/dataset/iceberg", lambda: plain_tbl.scan().to_arrow()),
         ):
             st = ice_io.storage() if label == "iceberg" else storage
             b, o, r = _best_pair(lambda i, f=plain_read: f(), lambda i, u=uri, s=st: s.fetch(u), args.repeat)
             _report(label, b, o, r, target=False)
-        print(f"bench_io: {sum(results)}/{len(results)} writes within {TARGET_RATIO}x of plain, "
-              f"load average {os.getloadavg()[0]:.2f}", flush=True)
+        print(
+            f"bench_io: {sum(results)}/{len(results)} writes within {TARGET_RATIO}x of plain, "
+            f"load average {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
     finally:
         if old_home is None:
             os.environ.pop("NOETL_DAGSTER_HOME", None)

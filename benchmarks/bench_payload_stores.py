@@ -69,7 +69,9 @@ def main(argv: list[str] | None = None) -> None:
                 if emu is not None:
                     emu.stop()
     base = {k: (w, r) for k, w, r in rows}.get("file")
-    print(f"payload stores: {n} x {args.object_mb} MiB per round, best of {args.repeat}; streamed write, verified read")
+    print(
+        f"payload stores: {n} x {args.object_mb} MiB per round, best of {args.repeat}; streamed write, verified read"
+    )
     print(f"{'adapter':<8} {'write MB/s':>11} {'read MB/s':>10} {'write/file':>11} {'read/file':>10}")
     for kind, w, r in rows:
         rel = f"{w / base[0]:>11.3f} {r / base[1]:>10.3f}" if base else ""

@@ -64,7 +64,12 @@ def cycle_doc(kind: str, n: int, big: int) -> dict[str, Any]:
         "metadata": {"name": f"cycle_{kind}", "path": f"benchmarks/cycle_{kind}"},
         "workload": {"n": n},
         "workflow": [
-            {"step": "start", "tool": {"kind": "noop"}, "set": start_set, "next": {"arcs": [{"step": "tick"}]}},
+            {
+                "step": "start",
+                "tool": {"kind": "noop"},
+                "set": start_set,
+                "next": {"arcs": [{"step": "tick"}]},
+            },
             tick,
         ],
     }
@@ -108,7 +113,9 @@ def counting_cycle(counts: list[int], repeat: int, tmp: Path) -> dict[int, list[
     out: dict[int, list[float]] = {n: [] for n in counts}
     for r in range(repeat):
         for n in counts:
-            wall, err = _timed([*_our_cli(), "run", str(paths[n]), "-q", "--data-dir", str(tmp / f"cc-{n}-{r}")], tmp)
+            wall, err = _timed(
+                [*_our_cli(), "run", str(paths[n]), "-q", "--data-dir", str(tmp / f"cc-{n}-{r}")], tmp
+            )
             if err:
                 raise RuntimeError(f"countdown_cycle count {n}: {err}")
             out[n].append(wall)
@@ -195,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=2000, help="steps of the in-process cycles")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--big", type=int, default=10_000, help="items of the untouched ctx list")
-    ap.add_argument("--cycle", default="1,1000,2000", help="counts of the whole-process counting cycle ('' skips)")
+    ap.add_argument(
+        "--cycle", default="1,1000,2000", help="counts of the whole-process counting cycle ('' skips)"
+    )
     ap.add_argument("--rhai", type=int, default=1000, help="iterations of the rhai comparison (0 skips)")
     args = ap.parse_args(argv)
     load = os.getloadavg()
@@ -207,7 +216,9 @@ def main(argv: list[str] | None = None) -> int:
         # steadiest estimate of each case (medians printed beside it)
         med = {k: min(v) for k, v in ms.items()}
         bare, py = med["noop/0"], med["python/0"]
-        print(f"\n== python task vs bare step: self-routing cycle, {args.steps:,} steps, best of {args.repeat} ==")
+        print(
+            f"\n== python task vs bare step: self-routing cycle, {args.steps:,} steps, best of {args.repeat} =="
+        )
         for k, v in ms.items():
             print(f"  {k:<16} best {med[k]:.4f} ms/step   median {statistics.median(v):.4f}")
         over = py - bare
@@ -240,11 +251,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.rhai:
             rc = rhai_cycle(args.rhai, max(1, args.repeat // 2), tmp)
             r = min(rc) / THEIR_CYCLE_S
-            print(f"\n== counting cycle with a rhai step per iteration ({args.rhai:,}), ours, whole process ==")
+            print(
+                f"\n== counting cycle with a rhai step per iteration ({args.rhai:,}), ours, whole process =="
+            )
             print(f"  best {min(rc):.3f} s   median {statistics.median(rc):.3f} s   vs their recorded ~{THEIR_CYCLE_S:g} s: "
                   f"{r:.3f}   target <= {CYCLE_RATIO_TARGET}: {_v(r <= CYCLE_RATIO_TARGET)}")  # fmt: skip
             got = rhai_compare(args.rhai, max(1, args.repeat // 2), tmp)
-            print(f"\n== identical rhai playbook (one step, a {args.rhai:,}-iteration while loop), whole process ==")
+            print(
+                f"\n== identical rhai playbook (one step, a {args.rhai:,}-iteration while loop), whole process =="
+            )
             if isinstance(got, str):
                 print(f"  skipped: {got}")
             else:

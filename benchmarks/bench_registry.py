@@ -47,7 +47,9 @@ def _lat(fn: Callable[[], object], n: int) -> tuple[float, float]:
 
 def _line(name: str, p50: float, p99: float, base: tuple[float, float] | None, target: float | None) -> None:
     ratio = f"x{p50 / base[0]:5.1f} of baseline p50 {base[0]:.3f} ms" if base else ""
-    verdict = "" if target is None else ("PASS" if p50 <= target else "MISS") + f" (target p50 <= {target} ms)"
+    verdict = (
+        "" if target is None else ("PASS" if p50 <= target else "MISS") + f" (target p50 <= {target} ms)"
+    )
     print(f"  {name:<40} p50 {p50:7.3f} ms  p99 {p99:7.3f} ms  {ratio}  {verdict}")
 
 
@@ -57,9 +59,22 @@ def _seed(registry, tenant: str = "bench", project: str = "lab") -> str:
     owner = Principal(tenant=tenant, project=project)
     uri = f"noetl://{tenant}/{project}/bench/dataset/resolve_me"
     for i in range(3):  # a few versions and a replica, like a real series
-        r = registry.register(owner, RegisterRequest(uri=uri, locations=[
-            LocationIn(uri=f"file:///data/v{i}.parquet", checksum="sha256:" + "a" * 64, size_bytes=1000, format="parquet", rows=10),
-            LocationIn(uri=f"s3://replica/v{i}.parquet", region="use1")]))
+        r = registry.register(
+            owner,
+            RegisterRequest(
+                uri=uri,
+                locations=[
+                    LocationIn(
+                        uri=f"file:///data/v{i}.parquet",
+                        checksum="sha256:" + "a" * 64,
+                        size_bytes=1000,
+                        format="parquet",
+                        rows=10,
+                    ),
+                    LocationIn(uri=f"s3://replica/v{i}.parquet", region="use1"),
+                ],
+            ),
+        )
     return r.uri
 
 
@@ -87,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         uri = _seed(registry)
         client = open_registry(registry, tenant="bench", project="lab")
         raw = sqlite3.connect(db, check_same_thread=False)
-        base = _lat(lambda: raw.execute("SELECT * FROM registry_resource WHERE uri = ?", (uri,)).fetchone(), args.n)
+        base = _lat(
+            lambda: raw.execute("SELECT * FROM registry_resource WHERE uri = ?", (uri,)).fetchone(), args.n
+        )
         print("in-process")
         _line("raw sqlite point lookup (floor)", *base, None, None)
         _line("resolve, sqlite", *_lat(lambda: client.resolve(uri), args.n), base, INPROC_TARGET_MS)
@@ -95,7 +112,12 @@ def main(argv: list[str] | None = None) -> int:
         key_owner = open_registry(registry, tenant="bench", project="lab")
         key_owner.grant(uri, "tenant:partner")
         partner = open_registry(registry, tenant="partner", project="x")
-        _line("resolve via grant (+audit), sqlite", *_lat(lambda: partner.resolve(uri), max(200, args.n // 5)), base, None)
+        _line(
+            "resolve via grant (+audit), sqlite",
+            *_lat(lambda: partner.resolve(uri), max(200, args.n // 5)),
+            base,
+            None,
+        )
 
         try:
             import psycopg
@@ -109,8 +131,12 @@ def main(argv: list[str] | None = None) -> int:
                 pg_uri = _seed(pg)
                 pg_client = open_registry(pg, tenant="bench", project="lab")
                 with psycopg.connect(pg_url, autocommit=True) as conn:
-                    pg_base = _lat(lambda: conn.execute("SELECT * FROM registry_resource WHERE uri = %s",
-                                                        (pg_uri,)).fetchone(), args.n)
+                    pg_base = _lat(
+                        lambda: conn.execute(
+                            "SELECT * FROM registry_resource WHERE uri = %s", (pg_uri,)
+                        ).fetchone(),
+                        args.n,
+                    )
                 _line("raw postgres point lookup (floor)", *pg_base, None, None)
                 _line("resolve, postgres", *_lat(lambda: pg_client.resolve(pg_uri), args.n), pg_base, None)
                 pg.close()
@@ -126,8 +152,19 @@ def main(argv: list[str] | None = None) -> int:
         port = _free_port()
         root = Path(__file__).resolve().parents[1]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "registry_service.cli", "serve", "--db", f"sqlite:///{db}", "--port", str(port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "registry_service.cli",
+                "serve",
+                "--db",
+                f"sqlite:///{db}",
+                "--port",
+                str(port),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
             env={**os.environ, "PYTHONPATH": str(root)},
         )
         try:

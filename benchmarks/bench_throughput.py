@@ -61,9 +61,21 @@ PLAYBOOK = {
     "workload": {"n": 3},
     "workflow": [
         {"step": "start", "tool": {"kind": "noop"}, "next": {"arcs": [{"step": "a"}]}},
-        {"step": "a", "tool": {"kind": "python", "code": "result = {'x': 1}"}, "next": {"arcs": [{"step": "b"}]}},
-        {"step": "b", "tool": {"kind": "python", "code": "result = {'y': 2}"}, "next": {"arcs": [{"step": "c"}]}},
-        {"step": "c", "tool": {"kind": "python", "code": "result = {'z': 3}"}, "next": {"arcs": [{"step": "end"}]}},
+        {
+            "step": "a",
+            "tool": {"kind": "python", "code": "result = {'x': 1}"},
+            "next": {"arcs": [{"step": "b"}]},
+        },
+        {
+            "step": "b",
+            "tool": {"kind": "python", "code": "result = {'y': 2}"},
+            "next": {"arcs": [{"step": "c"}]},
+        },
+        {
+            "step": "c",
+            "tool": {"kind": "python", "code": "result = {'z': 3}"},
+            "next": {"arcs": [{"step": "end"}]},
+        },
         {"step": "end", "tool": {"kind": "noop"}},
     ],
 }
@@ -77,7 +89,9 @@ def _url(db: str) -> str:
     return PG.rsplit("/", 1)[0] + "/" + db
 
 
-def _engine_worker(path: str, store_url: str, data_dir: str, n: int, start, out, legacy: bool = False) -> None:
+def _engine_worker(
+    path: str, store_url: str, data_dir: str, n: int, start, out, legacy: bool = False
+) -> None:
     from noetl_dagster.runners.local import run_playbook
     from noetl_dagster.storage.event_stores import open_event_store
 
@@ -108,7 +122,13 @@ def _baseline_worker(url: str, n: int, start, out) -> None:
         for _ in range(n):
             r0 = time.perf_counter()
             eid = str(uuid.uuid4())
-            for step, result in (("start", "{}"), ("a", '{"x": 1}'), ("b", '{"y": 2}'), ("c", '{"z": 3}'), ("end", "{}")):
+            for step, result in (
+                ("start", "{}"),
+                ("a", '{"x": 1}'),
+                ("b", '{"y": 2}'),
+                ("c", '{"z": 3}'),
+                ("end", "{}"),
+            ):
                 c.execute("INSERT INTO bench_step VALUES (%s, %s, %s)", (eid, step, result))
             latencies.append(time.perf_counter() - r0)
         out.put((time.perf_counter() - t0, latencies))
@@ -138,10 +158,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", default="1,12", help="threads per process, comma-separated (the baseline opens"
                     " P x T connections: keep it under the server's max_connections)")  # fmt: skip
     ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds per row")
-    ap.add_argument("--commit-delay", type=int, default=0, help="also the old path with this commit_delay (us)")
-    ap.add_argument("--before-tree", help="the 'old path' row runs this checkout's code (e.g. a worktree of main)")
+    ap.add_argument(
+        "--commit-delay", type=int, default=0, help="also the old path with this commit_delay (us)"
+    )
+    ap.add_argument(
+        "--before-tree", help="the 'old path' row runs this checkout's code (e.g. a worktree of main)"
+    )
     ap.add_argument("--rounds", type=int, default=1, help="repeat the grid, rows interleaved")
-    ap.add_argument("--cpu-ab", action="store_true", help="client CPU per execution: --before-tree vs this checkout")
+    ap.add_argument(
+        "--cpu-ab", action="store_true", help="client CPU per execution: --before-tree vs this checkout"
+    )
     args = ap.parse_args(argv)
     if args.cpu_ab:
         cpu_ab(args.before_tree, args.rounds, PER_WORKER)
@@ -165,18 +191,28 @@ def main(argv: list[str] | None = None) -> None:
                        legacy=True)  # fmt: skip
             rows.append(("before: Postgres store, 1 worker, old append", fig))
             for workers in (1, 2, 4):
-                fig = _run(_engine_worker, lambda i: (str(path), _url(db), f"{tmp}/d{i}", PER_WORKER), workers)
+                fig = _run(
+                    _engine_worker, lambda i: (str(path), _url(db), f"{tmp}/d{i}", PER_WORKER), workers
+                )
                 rows.append((f"engine, Postgres store, {workers} worker(s)", fig))
             async_url = _url(db) + "?options=-c%20synchronous_commit%3Doff"  # the opt-in fsync policy
             fig = _run(_engine_worker, lambda i: (str(path), async_url, f"{tmp}/a{i}", PER_WORKER), 1)
             rows.append(("engine, Postgres, synchronous_commit=off, 1 wkr", fig))
-            fig = _run(_engine_worker, lambda i: (str(path), f"sqlite:///{tmp}/events.db", f"{tmp}/s{i}", PER_WORKER), 1)
+            fig = _run(
+                _engine_worker,
+                lambda i: (str(path), f"sqlite:///{tmp}/events.db", f"{tmp}/s{i}", PER_WORKER),
+                1,
+            )
             rows.append(("engine, SQLite store, 1 worker", fig))
             rows.append(("baseline: 5 plain inserts, 4 workers", base))
             print(f"{'':44} {'exec/min':>10} {'p50 ms':>8} {'p99 ms':>8} {'ratio':>7}")
             for label, (per_min, p50, p99) in rows:
-                print(f"{label:44} {per_min:10.0f} {p50 * 1000:8.1f} {p99 * 1000:8.1f} {per_min / base[0]:7.2f}")
-            print(f"(CPU cores: {os.cpu_count()}; {PER_WORKER} executions per worker; Kestra's anchor: 1,000/min, 470 ms)")
+                print(
+                    f"{label:44} {per_min:10.0f} {p50 * 1000:8.1f} {p99 * 1000:8.1f} {per_min / base[0]:7.2f}"
+                )
+            print(
+                f"(CPU cores: {os.cpu_count()}; {PER_WORKER} executions per worker; Kestra's anchor: 1,000/min, 470 ms)"
+            )
     finally:
         with psycopg.connect(PG, autocommit=True) as c:
             c.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
@@ -276,7 +312,9 @@ class _ServerCpu:
         self.tick = os.sysconf("SC_CLK_TCK")
 
     def __call__(self) -> float:
-        pids = self.conn.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s", (self.tag,)).fetchall()
+        pids = self.conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (self.tag,)
+        ).fetchall()
         total = 0.0
         for (pid,) in pids:
             try:
@@ -287,7 +325,9 @@ class _ServerCpu:
         return total
 
 
-def _threads(body, threads: int, seconds: float, start, out, stats=lambda: (0, 0), server=lambda: 0.0) -> None:  # type: ignore[no-untyped-def]
+def _threads(
+    body, threads: int, seconds: float, start, out, stats=lambda: (0, 0), server=lambda: 0.0
+) -> None:  # type: ignore[no-untyped-def]
     """Run ``body(thread_index)`` (one execution) back to back on each thread until the deadline."""
     import threading
 
@@ -318,8 +358,12 @@ def _threads(body, threads: int, seconds: float, start, out, stats=lambda: (0, 0
     out.put((wall, lats, cpu, stats(), server() - s0))
 
 
-def _tp_engine(path: str, url: str, data_dir: str, threads: int, seconds: float, group: bool, tree, start, out) -> None:  # type: ignore[no-untyped-def]
-    if tree:  # another checkout's code (the "before" of an A/B in one run): first on the path, before any import
+def _tp_engine(
+    path: str, url: str, data_dir: str, threads: int, seconds: float, group: bool, tree, start, out
+) -> None:  # type: ignore[no-untyped-def]
+    if (
+        tree
+    ):  # another checkout's code (the "before" of an A/B in one run): first on the path, before any import
         import sys
 
         sys.path.insert(0, tree)
@@ -327,7 +371,9 @@ def _tp_engine(path: str, url: str, data_dir: str, threads: int, seconds: float,
     from noetl_dagster.storage.postgres_events import PostgresEventStore
 
     tag = f"ndtp{os.getpid()}"
-    store = PostgresEventStore(url + "&application_name=" + tag, group_commit=group, pool_size=max(4, min(threads, 8)))
+    store = PostgresEventStore(
+        url + "&application_name=" + tag, group_commit=group, pool_size=max(4, min(threads, 8))
+    )
     run_playbook(path, event_store=store, data_dir=data_dir)  # warm: imports, pools, template cache
     server = _ServerCpu(url.split("?", 1)[0], tag)
 
@@ -389,7 +435,9 @@ def grid(playbook: dict, procs: list[int], threads: list[int], seconds: float, c
     db = f"nd_tpg_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(PG, autocommit=True) as c:
         c.execute(f"CREATE DATABASE {db}")
-        settings = c.execute("SELECT name, setting FROM pg_settings WHERE name = ANY(%s)", (list(SERVER_SETTINGS),)).fetchall()
+        settings = c.execute(
+            "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)", (list(SERVER_SETTINGS),)
+        ).fetchall()
     with psycopg.connect(_url(db), autocommit=True) as c:
         c.execute(COPY_TABLE)
     print("server:", ", ".join(f"{k}={v}" for k, v in sorted(settings)), f"(CPU cores: {os.cpu_count()})")
@@ -404,7 +452,9 @@ def grid(playbook: dict, procs: list[int], threads: list[int], seconds: float, c
             print(f"{'P x T':8} {'path':10} {'exec/min':>9} {'p50 ms':>8} {'p99 ms':>8} {'cpu ms/ex':>9} {'srv ms':>6} {'fl/st':>6} "
                   f"{'vs base':>7} {'vs old':>7}  load 1/5/15 min (before -> after)")  # fmt: skip
             opt = f"&options=-c%20commit_delay%3D{commit_delay}"
-            for p, t in [(p, t) for _ in range(rounds) for p in procs for t in threads]:  # rounds: interleaved repeats
+            for p, t in [
+                (p, t) for _ in range(rounds) for p in procs for t in threads
+            ]:  # rounds: interleaved repeats
                 base = _tp_run(_tp_baseline, lambda i, t=t: (_url(db), flushes, t, seconds), p)
                 # old: group commit off; with --before-tree: that checkout's code as it is (group commit on)
                 old = _tp_run(_tp_engine, lambda i, t=t: (str(path), _url(db) + "?schema=oldpath", f"{tmp}/o{i}",
@@ -413,8 +463,24 @@ def grid(playbook: dict, procs: list[int], threads: list[int], seconds: float, c
                                                           t, seconds, True, None), p)  # fmt: skip
                 rows = [("baseline", base), ("before" if before_tree else "old path", old), ("new path", new)]
                 if commit_delay and t == threads[-1]:  # the server's own group commit, this session only
-                    rows.append(("old+delay", _tp_run(_tp_engine, lambda i, t=t: (
-                        str(path), _url(db) + "?schema=olddelay" + opt, f"{tmp}/od{i}", t, seconds, False, None), p)))
+                    rows.append(
+                        (
+                            "old+delay",
+                            _tp_run(
+                                _tp_engine,
+                                lambda i, t=t: (
+                                    str(path),
+                                    _url(db) + "?schema=olddelay" + opt,
+                                    f"{tmp}/od{i}",
+                                    t,
+                                    seconds,
+                                    False,
+                                    None,
+                                ),
+                                p,
+                            ),
+                        )
+                    )
                 for label, r in rows:
                     print(f"{p} x {t:<4} {label:10} {r['per_min']:9.0f} {r['p50'] * 1000:8.1f} {r['p99'] * 1000:8.1f} "
                           f"{r['cpu_ms']:9.2f} {r['srv_ms']:6.2f} {r['per_stmt']:6.1f} {r['per_min'] / base['per_min']:7.2f} "

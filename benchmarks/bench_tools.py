@@ -50,7 +50,9 @@ async def _app(scope, receive, send):  # minimal ASGI: every GET answers a small
     if scope["type"] != "http":
         return
     body = b'{"ok":true,"items":[1,2,3]}'
-    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]}
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -70,7 +72,9 @@ class LoopbackServer:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        self.proc = mp.get_context("spawn").Process(target=target or _serve, args=(self.port, *args), daemon=True)
+        self.proc = mp.get_context("spawn").Process(
+            target=target or _serve, args=(self.port, *args), daemon=True
+        )
         self.proc.start()
         deadline = time.time() + 30
         while True:
@@ -152,7 +156,11 @@ def loop_playbook(tool: dict[str, Any], n: int):
             "workflow": [
                 {
                     "step": "start",
-                    "loop": {"in": f"{{{{ range({n}) | list }}}}", "iterator": "i", "spec": {"mode": "parallel", "max_in_flight": CONCURRENCY}},
+                    "loop": {
+                        "in": f"{{{{ range({n}) | list }}}}",
+                        "iterator": "i",
+                        "spec": {"mode": "parallel", "max_in_flight": CONCURRENCY},
+                    },
                     "tool": tool,
                 }
             ],
@@ -180,14 +188,20 @@ def bench_http(n: int, work_dir: Path) -> dict[str, float]:
     try:
         with httpx.Client(limits=httpx.Limits(max_connections=64, max_keepalive_connections=32)) as client:
             fan_out(50, lambda i: client.get(server.url).raise_for_status())  # warm up connections
-            direct = timed(lambda: fan_out(n, lambda i: client.get(server.url, params={"i": i}).raise_for_status()))
+            direct = timed(
+                lambda: fan_out(n, lambda i: client.get(server.url, params={"i": i}).raise_for_status())
+            )
         ctx = _Ctx()
         try:
             fan_out(50, lambda i: http_tool({"url": server.url}, ctx))
-            tool = timed(lambda: fan_out(n, lambda i: http_tool({"url": server.url, "params": {"i": i}}, ctx)))
+            tool = timed(
+                lambda: fan_out(n, lambda i: http_tool({"url": server.url, "params": {"i": i}}, ctx))
+            )
         finally:
             ctx.close()
-        engine = run_engine(loop_playbook({"kind": "http", "url": server.url, "params": {"i": "{{ iter.i }}"}}, n), work_dir)
+        engine = run_engine(
+            loop_playbook({"kind": "http", "url": server.url, "params": {"i": "{{ iter.i }}"}}, n), work_dir
+        )
     finally:
         server.close()
     return {"direct": direct, "tool": tool, "engine": engine}
@@ -230,7 +244,7 @@ def best_of(variants: dict[str, Callable[[], Any]], cpu: dict[str, float] | None
     best = dict.fromkeys(variants, float("inf"))
     names = list(variants)
     for r in range(REPEAT):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             gc.collect()
             c0, t0 = time.process_time(), time.perf_counter()
             variants[name]()
@@ -261,13 +275,19 @@ def bench_postgres(n: int, work_dir: Path, baseline_rev: str | None = None) -> d
     creds_file.write_text(json.dumps({"credentials": {"pg_bench": record}}))
     old_env = os.environ.get("NOETL_CREDENTIALS_FILE")
     os.environ["NOETL_CREDENTIALS_FILE"] = str(creds_file)
-    tables = ["direct_rows"] + [f"tool_rows{i}" for i in range(len(tools))] + [f"engine_rows{i}" for i in range(len(tools))]
+    tables = (
+        ["direct_rows"]
+        + [f"tool_rows{i}" for i in range(len(tools))]
+        + [f"engine_rows{i}" for i in range(len(tools))]
+    )
     ctxs: list[_Ctx] = []
     try:
         with psycopg.connect(url, autocommit=True) as c:
             for t in tables:
                 c.execute(f"CREATE TABLE {t} (i int, note text)")
-        with ConnectionPool(url, min_size=CONCURRENCY, max_size=CONCURRENCY, kwargs={"autocommit": True}) as pool:
+        with ConnectionPool(
+            url, min_size=CONCURRENCY, max_size=CONCURRENCY, kwargs={"autocommit": True}
+        ) as pool:
             pool.wait()
 
             def insert(i: int) -> None:
@@ -278,7 +298,10 @@ def bench_postgres(n: int, work_dir: Path, baseline_rev: str | None = None) -> d
             for k, (suffix, fn) in enumerate(tools.items()):
                 ctx = _Ctx({"pg_bench": record})
                 ctxs.append(ctx)
-                fan_out(2 * CONCURRENCY, lambda i, fn=fn, ctx=ctx: fn({"auth": "pg_bench", "query": "SELECT 1"}, ctx))  # open the pool
+                fan_out(
+                    2 * CONCURRENCY,
+                    lambda i, fn=fn, ctx=ctx: fn({"auth": "pg_bench", "query": "SELECT 1"}, ctx),
+                )  # open the pool
                 command = f"INSERT INTO tool_rows{k} VALUES (%s, %s)"
                 variants["tool" + suffix] = lambda fn=fn, ctx=ctx, command=command: fan_out(
                     n, lambda i: fn({"auth": "pg_bench", "command": command, "params": [i, f"row {i}"]}, ctx)
@@ -289,7 +312,10 @@ def bench_postgres(n: int, work_dir: Path, baseline_rev: str | None = None) -> d
                      "params": {"i": "{{ iter.i }}", "note": "row {{ iter.i }}"}},
                     n,
                 )  # fmt: skip
-                variants["engine" + suffix] = lambda pb=pb, fn=fn: (use_tool(fn), run_engine_once(pb, work_dir))
+                variants["engine" + suffix] = lambda pb=pb, fn=fn: (
+                    use_tool(fn),
+                    run_engine_once(pb, work_dir),
+                )
             variants["noop"] = lambda: run_engine_once(loop_playbook({"kind": "noop"}, n), work_dir)
             cpu: dict[str, float] = {}
             times = best_of(variants, cpu)
@@ -298,7 +324,9 @@ def bench_postgres(n: int, work_dir: Path, baseline_rev: str | None = None) -> d
         with psycopg.connect(url) as c:
             counts = [c.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in tables]
         if counts != [n * REPEAT] * len(tables):
-            raise RuntimeError(f"row counts {dict(zip(tables, counts, strict=True))}, expected {n * REPEAT} each")
+            raise RuntimeError(
+                f"row counts {dict(zip(tables, counts, strict=True))}, expected {n * REPEAT} each"
+            )
     finally:
         use_tool(postgres_tool)
         for ctx in ctxs:
@@ -337,7 +365,11 @@ def bench_postgres_bulk(n: int, work_dir: Path) -> dict[str, float]:
                     cur.executemany("INSERT INTO direct_many VALUES (%s, %s)", rows)
 
             def direct_copy() -> None:
-                with conn.transaction(), conn.cursor() as cur, cur.copy("COPY direct_copy (i, note) FROM STDIN") as cp:
+                with (
+                    conn.transaction(),
+                    conn.cursor() as cur,
+                    cur.copy("COPY direct_copy (i, note) FROM STDIN") as cp,
+                ):
                     for r in rows:
                         cp.write_row(r)
 
@@ -359,15 +391,26 @@ def bench_postgres_bulk(n: int, work_dir: Path) -> dict[str, float]:
             times = best_of(
                 {
                     "direct executemany": direct_many,
-                    "tool batch": lambda: postgres_tool({"auth": "pg", "command": "INSERT INTO tool_batch VALUES (%s, %s)", "batch": rows}, ctx),
+                    "tool batch": lambda: postgres_tool(
+                        {"auth": "pg", "command": "INSERT INTO tool_batch VALUES (%s, %s)", "batch": rows},
+                        ctx,
+                    ),
                     "direct copy": direct_copy,
-                    "tool copy": lambda: postgres_tool({"auth": "pg", "copy": {"table": "tool_copy", "columns": ["i", "note"], "rows": rows}}, ctx),
+                    "tool copy": lambda: postgres_tool(
+                        {
+                            "auth": "pg",
+                            "copy": {"table": "tool_copy", "columns": ["i", "note"], "rows": rows},
+                        },
+                        ctx,
+                    ),
                     "engine batch": engine_batch,
                 }
             )
             counts = [conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in tables]
         if counts != [n * REPEAT] * len(tables):
-            raise RuntimeError(f"row counts {dict(zip(tables, counts, strict=True))}, expected {n * REPEAT} each")
+            raise RuntimeError(
+                f"row counts {dict(zip(tables, counts, strict=True))}, expected {n * REPEAT} each"
+            )
     finally:
         ctx.close()
         sys.modules[postgres_tool.__module__].close_pools()
@@ -378,7 +421,11 @@ def bench_postgres_bulk(n: int, work_dir: Path) -> dict[str, float]:
 
 def report_bulk(n: int, t: dict[str, float]) -> None:
     print(f"postgres bulk: {n} rows in one call  (load average {load_average()})")
-    base = {"tool batch": "direct executemany", "engine batch": "direct executemany", "tool copy": "direct copy"}
+    base = {
+        "tool batch": "direct executemany",
+        "engine batch": "direct executemany",
+        "tool copy": "direct copy",
+    }
     for name, v in t.items():
         ratio = f"  ratio {v / t[base[name]]:.2f}x vs {base[name]}" if name in base else ""
         print(f"  {name:<20} {v:7.3f} s  {n / v:9.0f} rows/s{ratio}")
@@ -390,7 +437,9 @@ def report(name: str, n: int, t: dict[str, float]) -> None:
     print(f"{name}: {n} calls, max_in_flight {CONCURRENCY}")
     print(f"  direct   {t['direct']:7.3f} s  {n / t['direct']:8.0f}/s")
     print(f"  tool fn  {t['tool']:7.3f} s  {n / t['tool']:8.0f}/s  ratio {t['tool'] / t['direct']:.2f}x")
-    print(f"  engine   {t['engine']:7.3f} s  {n / t['engine']:8.0f}/s  ratio {ratio:.2f}x  (target <= {TARGET}x: {verdict})")
+    print(
+        f"  engine   {t['engine']:7.3f} s  {n / t['engine']:8.0f}/s  ratio {ratio:.2f}x  (target <= {TARGET}x: {verdict})"
+    )
 
 
 def report_postgres(n: int, t: dict[str, float]) -> None:
@@ -404,16 +453,26 @@ def report_postgres(n: int, t: dict[str, float]) -> None:
         if name.startswith("cpu:"):
             continue
         ratio = "" if name in ("direct", "noop") else f"  ratio {v / d:5.2f}x"
-        target = f" ({'OK' if v / d <= PG_TARGET else 'MISS'} <= {PG_TARGET}x)" if name.startswith(("tool", "engine")) else ""
+        target = (
+            f" ({'OK' if v / d <= PG_TARGET else 'MISS'} <= {PG_TARGET}x)"
+            if name.startswith(("tool", "engine"))
+            else ""
+        )
         c = t.get(f"cpu:{name}")
-        cpu = f"  | cpu {c / n * 1e3:6.3f} ms/call" + (f" {c / dc:5.2f}x" if dc and name != "direct" else "") if c else ""
+        cpu = (
+            f"  | cpu {c / n * 1e3:6.3f} ms/call" + (f" {c / dc:5.2f}x" if dc and name != "direct" else "")
+            if c
+            else ""
+        )
         print(f"  {name:<16} {v:7.3f} s  {v / n * 1e3:6.3f} ms/call{ratio}{target}{cpu}")
     if "noop" in t:
         print(f"  engine bookkeeping: {t['noop'] / n * 1e3:.3f} ms per iteration (noop loop) = "
               f"{t['noop'] / t['engine']:.0%} of the engine loop, {t['noop'] / d:.2f}x the whole direct run")  # fmt: skip
     if "cpu:noop" in t and "cpu:tool" in t:
         extra = t["cpu:engine"] - t["cpu:tool"] - t["cpu:noop"]
-        print(f"  engine CPU per postgres iteration beyond the tool and the noop bookkeeping: {extra / n * 1e3:.3f} ms")
+        print(
+            f"  engine CPU per postgres iteration beyond the tool and the noop bookkeeping: {extra / n * 1e3:.3f} ms"
+        )
 
 
 def load_average() -> str:
@@ -428,7 +487,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n", type=int, default=1000, help="calls per comparison (default 1000)")
     ap.add_argument("--bulk", type=int, help="rows for the bulk (batch, copy) comparison (default 10 x --n)")
     ap.add_argument("--only", choices=("http", "postgres"), help="run one comparison")
-    ap.add_argument("--baseline-rev", help="also time the postgres tool as of this git revision (before/after, same run)")
+    ap.add_argument(
+        "--baseline-rev", help="also time the postgres tool as of this git revision (before/after, same run)"
+    )
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-tools-") as tmp:
         work = Path(tmp)

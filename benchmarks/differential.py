@@ -38,7 +38,9 @@ def noetl_binary() -> Path:
     exe = NOETL_VENV / "bin" / "noetl"
     if not exe.exists():
         subprocess.run([sys.executable, "-m", "venv", str(NOETL_VENV)], check=True)
-        subprocess.run([str(NOETL_VENV / "bin" / "pip"), "install", "-q", f"noetl=={NOETL_VERSION}"], check=True)
+        subprocess.run(
+            [str(NOETL_VENV / "bin" / "pip"), "install", "-q", f"noetl=={NOETL_VERSION}"], check=True
+        )
     return exe
 
 
@@ -61,10 +63,12 @@ def run_theirs(path: Path, timeout: float = 30) -> Side:
     lines = out.splitlines()
     err = next((ln for ln in lines if ln.startswith("Error:")), "")
     if "Caused by:" in lines:  # anyhow's cause chain: the parser's own message
-        err += " - " + next((ln.strip() for ln in lines[lines.index("Caused by:") + 1:] if ln.strip()), "")
+        err += " - " + next((ln.strip() for ln in lines[lines.index("Caused by:") + 1 :] if ln.strip()), "")
     side = Side("completed" if p.returncode == 0 else "failed", runs, err[:200])
     if skipped:
-        side.note = f"{skipped} step(s) not run: {UNSUPPORTED.lower()}" + (f"; {side.note}" if side.note else "")
+        side.note = f"{skipped} step(s) not run: {UNSUPPORTED.lower()}" + (
+            f"; {side.note}" if side.note else ""
+        )
     return side
 
 
@@ -84,7 +88,14 @@ def ours_core(ours_json: Path | None, only: list[str]) -> dict[str, Side]:
     """Our side of the core fixtures: noetl-dagster conformance --json (stubs, rewrites, per-run limit)."""
     if ours_json is None:
         ours_json = Path(tempfile.mkdtemp()) / "conformance.json"
-        cmd = [sys.executable, "-m", "noetl_dagster.commands.main", "conformance", str(CORPUS / "fixtures" / "playbooks"), "--json"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "noetl_dagster.commands.main",
+            "conformance",
+            str(CORPUS / "fixtures" / "playbooks"),
+            "--json",
+        ]
         for o in only:
             cmd += ["--only", o]
         with ours_json.open("w") as fh:
@@ -248,29 +259,61 @@ workflow:
 
 # divergence -> (class, why); filled from the last run's table (docs/differential.md)
 DECISIONS: dict[str, tuple[str, str]] = {
-    "case:inclusive_fan_out_join": ("deliberate", "joins (SEMANTICS §5): `join` fires once when both branches are in; "
-                                    "their local runner runs it once per arriving token"),
-    "case:failure_routed": ("theirs wrong", "their local runner aborts on the first failed command; their DSL routes "
-                            "`call.error` through arcs (Arc.when on event.name), as we do"),
-    "case:no_next_is_error": ("theirs wrong", "their local runner ignores executor.spec.no_next_is_error (declared in "
-                              "their schema: 'treat no matching next arc as error')"),
-    "case:final_step_after_failure": ("theirs wrong", "their local runner does not run executor.spec.final_step after a "
-                                      "failure (their model: 'run after workflow quiescence'); in the success case it "
-                                      "only runs because it is the next step in list order"),
-    "case:counting_cycle": ("theirs wrong", "their local runner does not apply an arc's `set: {ctx.n}` (Arc.set in "
-                            "their schema), so the guard never turns false; killed at 60 s"),
-    "case:loop_with_failed_iteration": ("deliberate", "SEMANTICS §4: a loop keeps {results, stats} and arcs on "
-                                        "stats.failed route it; their local runner aborts on the failed iteration"),
-    "case:admit_skip": ("theirs wrong", "their local runner ignores spec.policy.admit (StepPolicy.admit in their schema)"),
+    "case:inclusive_fan_out_join": (
+        "deliberate",
+        "joins (SEMANTICS §5): `join` fires once when both branches are in; "
+        "their local runner runs it once per arriving token",
+    ),
+    "case:failure_routed": (
+        "theirs wrong",
+        "their local runner aborts on the first failed command; their DSL routes "
+        "`call.error` through arcs (Arc.when on event.name), as we do",
+    ),
+    "case:no_next_is_error": (
+        "theirs wrong",
+        "their local runner ignores executor.spec.no_next_is_error (declared in "
+        "their schema: 'treat no matching next arc as error')",
+    ),
+    "case:final_step_after_failure": (
+        "theirs wrong",
+        "their local runner does not run executor.spec.final_step after a "
+        "failure (their model: 'run after workflow quiescence'); in the success case it "
+        "only runs because it is the next step in list order",
+    ),
+    "case:counting_cycle": (
+        "theirs wrong",
+        "their local runner does not apply an arc's `set: {ctx.n}` (Arc.set in "
+        "their schema), so the guard never turns false; killed at 60 s",
+    ),
+    "case:loop_with_failed_iteration": (
+        "deliberate",
+        "SEMANTICS §4: a loop keeps {results, stats} and arcs on "
+        "stats.failed route it; their local runner aborts on the failed iteration",
+    ),
+    "case:admit_skip": (
+        "theirs wrong",
+        "their local runner ignores spec.policy.admit (StepPolicy.admit in their schema)",
+    ),
 }
 
 
 PATTERNS = [  # their side's error -> class (checked before the skipped-tool rule)
-    ("Failed to parse playbook YAML", "theirs wrong", "their local runner cannot parse this fixture of their own "
-     "core list (their server runs it)"),
-    ("Failed to read playbook file", "theirs wrong", "their local runner cannot load the sub-playbook by its catalog path"),
-    ("builder error", "not comparable", "their http step could not build a request from the fixture "
-     "(it targets the fixture's own hosts; ours runs against local stubs)"),
+    (
+        "Failed to parse playbook YAML",
+        "theirs wrong",
+        "their local runner cannot parse this fixture of their own core list (their server runs it)",
+    ),
+    (
+        "Failed to read playbook file",
+        "theirs wrong",
+        "their local runner cannot load the sub-playbook by its catalog path",
+    ),
+    (
+        "builder error",
+        "not comparable",
+        "their http step could not build a request from the fixture "
+        "(it targets the fixture's own hosts; ours runs against local stubs)",
+    ),
 ]
 
 
@@ -343,7 +386,10 @@ def main(argv: list[str] | None = None) -> int:
         for rel in core:
             if a.only and not any(o in rel for o in a.only):
                 continue
-            mine = next((s for k, s in ours.items() if k.endswith(rel.split("fixtures/playbooks/", 1)[-1])), Side("absent"))
+            mine = next(
+                (s for k, s in ours.items() if k.endswith(rel.split("fixtures/playbooks/", 1)[-1])),
+                Side("absent"),
+            )
             rows.append((rel, mine, run_theirs(CORPUS / rel)))
     table = ["| playbook | ours | NoETL local | class | why |", "|---|---|---|---|---|"]
     counts: Counter[str] = Counter()
@@ -352,7 +398,11 @@ def main(argv: list[str] | None = None) -> int:
         counts[cls] += 1
         o = ours_s.status + (f" {ours_s.runs}" if ours_s.runs and name.startswith("case:") else "")
         t = theirs_s.status + (f" {theirs_s.runs}" if theirs_s.runs and name.startswith("case:") else "")
-        table.append(f"| {name} | {o} | {t} | {cls} | {(why or theirs_s.note or ours_s.note).replace('|', '/')} |".replace("\n", " "))
+        table.append(
+            f"| {name} | {o} | {t} | {cls} | {(why or theirs_s.note or ours_s.note).replace('|', '/')} |".replace(
+                "\n", " "
+            )
+        )
     text = "\n".join(table) + "\n\n" + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) + "\n"
     print(text)
     if a.markdown:

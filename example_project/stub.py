@@ -22,7 +22,14 @@ from urllib.parse import parse_qs, urlsplit
 CUSTOMERS = [
     {"id": i, "name": name, "country": country}
     for i, (name, country) in enumerate(
-        [("Ada", "UK"), ("Grace", "US"), ("Linus", "FI"), ("Margaret", "US"), ("Guido", "NL"), ("Barbara", "US")],
+        [
+            ("Ada", "UK"),
+            ("Grace", "US"),
+            ("Linus", "FI"),
+            ("Margaret", "US"),
+            ("Guido", "NL"),
+            ("Barbara", "US"),
+        ],
         start=1,
     )
 ]
@@ -68,7 +75,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802
         n = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(n) or b"null")
-        return self._send(200, {"received": body, "count": len(body) if isinstance(body, (list, dict)) else 1})
+        return self._send(
+            200, {"received": body, "count": len(body) if isinstance(body, (list, dict)) else 1}
+        )
 
 
 def ensure_stub() -> str:

@@ -196,7 +196,9 @@ def result_inputs(result: Any) -> list[dict[str, Any]]:
 def argument_inputs(args: Any) -> list[dict[str, Any]]:
     """References handed to a step as arguments: ``$ref`` envelopes and ``noetl://`` strings."""
     found: list[dict[str, Any]] = []
-    values: Iterable[Any] = args.values() if isinstance(args, dict) else args if isinstance(args, list) else ()
+    values: Iterable[Any] = (
+        args.values() if isinstance(args, dict) else args if isinstance(args, list) else ()
+    )
     for value in values:
         body = _ref_body(value)
         if body is not None:
@@ -219,7 +221,9 @@ class _RunState:
     started: bool = False
     finished: bool = False
     error: dict[str, Any] | None = None
-    quantum: list[dict[str, Any]] = field(default_factory=list)  # provenance of quantum jobs (quantum_facet.py)
+    quantum: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # provenance of quantum jobs (quantum_facet.py)
     quantum_dropped: int = 0
 
 
@@ -246,7 +250,9 @@ class _Execution:
 class LineageConverter:
     """Stateful: feed every event of an execution in order; returns the RunEvents to emit."""
 
-    def __init__(self, *, describe: Describer | None = None, producer: str = PRODUCER, max_executions: int = 10_000):
+    def __init__(
+        self, *, describe: Describer | None = None, producer: str = PRODUCER, max_executions: int = 10_000
+    ):
         self.describe = describe
         self.producer = producer
         self.max_executions = max_executions
@@ -260,7 +266,10 @@ class LineageConverter:
             return exe
         data = e.data if isinstance(e.data, dict) else {}
         requested = e.name == ev.EXECUTION_REQUESTED
-        playbook = str((data.get("playbook") or data.get("name")) if requested else "") or f"execution-{e.execution_id}"
+        playbook = (
+            str((data.get("playbook") or data.get("name")) if requested else "")
+            or f"execution-{e.execution_id}"
+        )
         namespace = job_namespace(e.tenant_id, e.project_id)
         parent_id = e.parent_execution_id or (data.get("parent_execution_id") if requested else None)
         exe = _Execution(
@@ -285,7 +294,9 @@ class LineageConverter:
         key = e.step_run_id or e.step or "?"
         run = exe.steps.get(key)
         if run is None:
-            run = _RunState(step_run_id(exe.execution_id, key), exe.run.namespace, f"{exe.playbook}.{e.step}", "STEP")
+            run = _RunState(
+                step_run_id(exe.execution_id, key), exe.run.namespace, f"{exe.playbook}.{e.step}", "STEP"
+            )
             exe.steps[key] = run
         return run
 
@@ -339,7 +350,11 @@ class LineageConverter:
             out.extend(self._finish_step(exe, run, RunState.COMPLETE, e))
         elif name == ev.STEP_FAILED:
             run = self._step(exe, e)
-            run.error = data.get("error") if isinstance(data.get("error"), dict) else {"message": str(data.get("error"))}
+            run.error = (
+                data.get("error")
+                if isinstance(data.get("error"), dict)
+                else {"message": str(data.get("error"))}
+            )
             exe.last_error = run.error
             out.extend(self._finish_step(exe, run, RunState.FAIL, e))
         elif name == ev.WORKFLOW_FINISHED:
@@ -379,7 +394,9 @@ class LineageConverter:
             exe.run.inputs.setdefault(key, ds)
         return out
 
-    def _collect(self, target: dict[tuple[str, str], DatasetRef], refs: list[dict[str, Any]], exe: _Execution) -> bool:
+    def _collect(
+        self, target: dict[tuple[str, str], DatasetRef], refs: list[dict[str, Any]], exe: _Execution
+    ) -> bool:
         new = False
         for ref in refs:
             ds = dataset_from_ref(ref)
@@ -520,7 +537,8 @@ class LineageConverter:
                 datasetVersion=ds.version, producer=self.producer
             )
         facets["dataSource"] = datasource_dataset.DatasourceDatasetFacet(
-            name=ds.namespace, uri=ds.namespace if "://" in ds.namespace else f"{ds.namespace}://",
+            name=ds.namespace,
+            uri=ds.namespace if "://" in ds.namespace else f"{ds.namespace}://",
             producer=self.producer,
         )
         if ds.column_lineage is not None:
@@ -531,7 +549,9 @@ class LineageConverter:
             )
         return facets
 
-    def _inputs(self, run: _RunState, exclude: dict[tuple[str, str], DatasetRef] | None = None) -> list[InputDataset]:
+    def _inputs(
+        self, run: _RunState, exclude: dict[tuple[str, str], DatasetRef] | None = None
+    ) -> list[InputDataset]:
         return [
             InputDataset(namespace=ds.namespace, name=ds.name, facets=self._dataset_facets(ds))
             for key, ds in run.inputs.items()
@@ -543,11 +563,16 @@ class LineageConverter:
         for ds in run.outputs.values():
             stats = {}
             if ds.rows is not None or ds.size is not None:
-                stats["outputStatistics"] = output_statistics_output_dataset.OutputStatisticsOutputDatasetFacet(
-                    rowCount=ds.rows, size=ds.size, producer=self.producer
+                stats["outputStatistics"] = (
+                    output_statistics_output_dataset.OutputStatisticsOutputDatasetFacet(
+                        rowCount=ds.rows, size=ds.size, producer=self.producer
+                    )
                 )
-            out.append(OutputDataset(namespace=ds.namespace, name=ds.name, facets=self._dataset_facets(ds),
-                                     outputFacets=stats))
+            out.append(
+                OutputDataset(
+                    namespace=ds.namespace, name=ds.name, facets=self._dataset_facets(ds), outputFacets=stats
+                )
+            )
         return out
 
     def _playbook_event(self, exe: _Execution, state: RunState, e: Event) -> RunEvent:

@@ -74,7 +74,9 @@ class LineageEmitter:
             self.dropped += 1
             if not self._warned_full:
                 self._warned_full = True
-                log.warning("lineage: emitter queue full; dropping OpenLineage events (is the transport down?)")
+                log.warning(
+                    "lineage: emitter queue full; dropping OpenLineage events (is the transport down?)"
+                )
 
     def _run(self) -> None:
         while True:
@@ -122,7 +124,12 @@ class LineageEmitter:
         return done
 
     def stats(self) -> dict[str, int]:
-        return {"emitted": self.emitted, "failed": self.failed, "dropped": self.dropped, "pending": self._pending}
+        return {
+            "emitted": self.emitted,
+            "failed": self.failed,
+            "dropped": self.dropped,
+            "pending": self._pending,
+        }
 
 
 # -- configuration discovery ------------------------------------------------------------

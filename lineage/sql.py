@@ -23,7 +23,13 @@ from openlineage.client.generated import column_lineage_dataset as cl
 from lineage.sql_shape import ITEM, shape, split_statements
 
 PRODUCER = "https://github.com/noetl/noetl-dagster"
-DIALECTS = {"postgres": "postgres", "duckdb": "duckdb", "snowflake": "snowflake", "mysql": "mysql", "mariadb": "mysql"}
+DIALECTS = {
+    "postgres": "postgres",
+    "duckdb": "duckdb",
+    "snowflake": "snowflake",
+    "mysql": "mysql",
+    "mariadb": "mysql",
+}
 
 
 def _name(table: Any, default_schema: str | None, database: str | None = None) -> str:
@@ -43,7 +49,11 @@ class SqlLineage:
 
 
 def sql_lineage(
-    sql: str | list[str], namespace: str, *, kind: str = "postgres", default_schema: str | None = None,
+    sql: str | list[str],
+    namespace: str,
+    *,
+    kind: str = "postgres",
+    default_schema: str | None = None,
     database: str | None = None,
 ) -> SqlLineage:
     """The tables ``sql`` reads and writes, with the column lineage of each written table.
@@ -53,13 +63,15 @@ def sql_lineage(
 
 
 @lru_cache(maxsize=256)  # a loop runs the same statement many times
-def _parsed(statements: tuple[str, ...], namespace: str, kind: str, default_schema: str | None,
-            database: str | None) -> SqlLineage:
+def _parsed(
+    statements: tuple[str, ...], namespace: str, kind: str, default_schema: str | None, database: str | None
+) -> SqlLineage:
     import openlineage_sql  # noqa: PLC0415 - optional native parser, imported only when a SQL step is seen
 
     try:
-        meta = openlineage_sql.parse(list(statements), dialect=DIALECTS.get(kind, "generic"),
-                                     default_schema=default_schema)
+        meta = openlineage_sql.parse(
+            list(statements), dialect=DIALECTS.get(kind, "generic"), default_schema=default_schema
+        )
     except Exception:  # noqa: BLE001 - an unparsable statement has no lineage, it is not an error
         return SqlLineage()
     if meta is None:
@@ -72,15 +84,27 @@ def _parsed(statements: tuple[str, ...], namespace: str, kind: str, default_sche
 
 
 def column_lineage(
-    sql: str | list[str], namespace: str, *, kind: str = "postgres", default_schema: str | None = None,
+    sql: str | list[str],
+    namespace: str,
+    *,
+    kind: str = "postgres",
+    default_schema: str | None = None,
     database: str | None = None,
 ) -> dict[str, cl.ColumnLineageDatasetFacet]:
     """``{output table name: ColumnLineageDatasetFacet}`` for the tables ``sql`` writes."""
-    return sql_lineage(sql, namespace, kind=kind, default_schema=default_schema, database=database).column_lineage
+    return sql_lineage(
+        sql, namespace, kind=kind, default_schema=default_schema, database=database
+    ).column_lineage
 
 
-def _facets(statements: tuple[str, ...], whole: Any, namespace: str, kind: str, default_schema: str | None,
-            database: str | None) -> dict[str, cl.ColumnLineageDatasetFacet]:
+def _facets(
+    statements: tuple[str, ...],
+    whole: Any,
+    namespace: str,
+    kind: str,
+    default_schema: str | None,
+    database: str | None,
+) -> dict[str, cl.ColumnLineageDatasetFacet]:
     """Column lineage statement by statement: each written table gets the fields its own
     statement maps (openlineage-sql gives no target table per column when several statements
     write), in the INSERT column list's names when the select list's shape is known."""
@@ -94,7 +118,9 @@ def _facets(statements: tuple[str, ...], whole: Any, namespace: str, kind: str, 
             meta = whole  # one statement: the parse already made
         else:
             try:
-                meta = openlineage_sql.parse([stmt], dialect=DIALECTS.get(kind, "generic"), default_schema=default_schema)
+                meta = openlineage_sql.parse(
+                    [stmt], dialect=DIALECTS.get(kind, "generic"), default_schema=default_schema
+                )
             except Exception:  # noqa: BLE001 - as in _parsed
                 continue
         if meta is None or not meta.out_tables or not meta.column_lineage:
@@ -109,23 +135,42 @@ def _facets(statements: tuple[str, ...], whole: Any, namespace: str, kind: str, 
         if form is None:  # not a shape we know: openlineage-sql's names, subtype by name only
             for col in meta.column_lineage:
                 single = len(col.lineage) == 1 and col.lineage[0].name == col.descendant.name
-                _add(out, col.descendant.name, col, namespace, default_schema, database,
-                     cl.Transformation(type="DIRECT", subtype="IDENTITY" if single else "TRANSFORMATION"))
+                _add(
+                    out,
+                    col.descendant.name,
+                    col,
+                    namespace,
+                    default_schema,
+                    database,
+                    cl.Transformation(type="DIRECT", subtype="IDENTITY" if single else "TRANSFORMATION"),
+                )
             continue
         for branch in form.branches:
             for column, item in zip(form.targets(), branch, strict=True):
                 col = by_name.get(item.name)
                 if col is None:  # a constant: no input column
                     continue
-                subtype = item.subtype if item.subtype != "IDENTITY" or len(col.lineage) == 1 else "TRANSFORMATION"
-                _add(out, column, col, namespace, default_schema, database,
-                     cl.Transformation(type="DIRECT", subtype=subtype, masking=True if item.masking else None))
+                subtype = (
+                    item.subtype if item.subtype != "IDENTITY" or len(col.lineage) == 1 else "TRANSFORMATION"
+                )
+                _add(
+                    out,
+                    column,
+                    col,
+                    namespace,
+                    default_schema,
+                    database,
+                    cl.Transformation(type="DIRECT", subtype=subtype, masking=True if item.masking else None),
+                )
         reads = indirect.setdefault(target, {})
         for table, column, subtype in form.indirect:
             if table == ITEM:  # GROUP BY 1: the input columns of that select item
                 col = by_name.get(column)
-                found = [(_name(src.origin, default_schema, database), src.name)
-                         for src in (col.lineage if col is not None else ()) if src.origin is not None]
+                found = [
+                    (_name(src.origin, default_schema, database), src.name)
+                    for src in (col.lineage if col is not None else ())
+                    if src.origin is not None
+                ]
             else:
                 name = _resolve(table, meta.in_tables, default_schema, database)
                 found = [(name, column)] if name is not None else []
@@ -136,11 +181,15 @@ def _facets(statements: tuple[str, ...], whole: Any, namespace: str, kind: str, 
     return {
         name: cl.ColumnLineageDatasetFacet(
             fields={c: cl.Fields(inputFields=inputs) for c, inputs in f.items()},
-            dataset=[cl.InputField(namespace=namespace, name=t, field=c, transformations=ts)
-                     for (t, c), ts in indirect.get(name, {}).items()] or None,
+            dataset=[
+                cl.InputField(namespace=namespace, name=t, field=c, transformations=ts)
+                for (t, c), ts in indirect.get(name, {}).items()
+            ]
+            or None,
             producer=PRODUCER,
         )
-        for name, f in fields.items() if f
+        for name, f in fields.items()
+        if f
     }
 
 
@@ -148,19 +197,36 @@ def _resolve(table: str, in_tables: Any, default_schema: str | None, database: s
     """The name of the one input table ``table`` (as written in the statement) stands for."""
     want = [p.lower() for p in table.split(".")]
     found = {
-        _name(t, default_schema, database) for t in in_tables
-        if [p.lower() for p in (t.database or database or "", t.schema or default_schema or "", t.name)][-len(want):] == want
+        _name(t, default_schema, database)
+        for t in in_tables
+        if [p.lower() for p in (t.database or database or "", t.schema or default_schema or "", t.name)][
+            -len(want) :
+        ]
+        == want
     }
     return found.pop() if len(found) == 1 else None
 
 
-def _add(out: dict[str, list[cl.InputField]], column: str, col: Any, namespace: str, default_schema: str | None,
-         database: str | None, transformation: cl.Transformation) -> None:
+def _add(
+    out: dict[str, list[cl.InputField]],
+    column: str,
+    col: Any,
+    namespace: str,
+    default_schema: str | None,
+    database: str | None,
+    transformation: cl.Transformation,
+) -> None:
     """Add ``col``'s input columns to the output ``column`` (once each)."""
     have = out.setdefault(column, [])
     for src in col.lineage:
         if src.origin is None:
             continue
         name = _name(src.origin, default_schema, database)
-        if not any(f.name == name and f.field == src.name and f.transformations == [transformation] for f in have):
-            have.append(cl.InputField(namespace=namespace, name=name, field=src.name, transformations=[transformation]))
+        if not any(
+            f.name == name and f.field == src.name and f.transformations == [transformation] for f in have
+        ):
+            have.append(
+                cl.InputField(
+                    namespace=namespace, name=name, field=src.name, transformations=[transformation]
+                )
+            )

@@ -54,14 +54,33 @@ AGGREGATES = frozenset(
     "percentile_disc approx_count_distinct count_if countif any_value arg_max arg_min first last list "
     "json_agg jsonb_agg json_object_agg jsonb_object_agg corr covar_pop covar_samp".split()
 )
-MASKING = frozenset("md5 sha1 sha224 sha256 sha384 sha512 sha2 hash digest crc32 xxhash64 murmur_hash".split())
+MASKING = frozenset(
+    "md5 sha1 sha224 sha256 sha384 sha512 sha2 hash digest crc32 xxhash64 murmur_hash".split()
+)
 _NOT_ALIAS = frozenset(
     "end null true false from where group order limit union intersect except having window as and or not "
     "is in like between case when then else distinct all on returning".split()
 )
 _SET_OPS = frozenset({"union", "intersect", "except"})
-_CLAUSE_END = frozenset({"from", "where", "group", "having", "window", "order", "limit", "offset", "fetch",
-                         "union", "intersect", "except", "returning", "on", "into"})
+_CLAUSE_END = frozenset(
+    {
+        "from",
+        "where",
+        "group",
+        "having",
+        "window",
+        "order",
+        "limit",
+        "offset",
+        "fetch",
+        "union",
+        "intersect",
+        "except",
+        "returning",
+        "on",
+        "into",
+    }
+)
 
 
 class _Tok(NamedTuple):
@@ -139,7 +158,7 @@ def split_statements(sql: str) -> list[str]:
             depth += t == "("
             depth -= t == ")"
             if t == ";" and depth == 0:
-                parts.append(sql[start:m.start()])
+                parts.append(sql[start : m.start()])
                 start = m.end()
         pos = m.end()
     parts.append(sql[start:])
@@ -170,17 +189,26 @@ def shape(sql: str) -> Shape | None:
             i = words.index("into") + 1
         except ValueError:
             return None
-        while i < len(toks) and (toks[i].kind in ("ident", "qident") or toks[i].text == ".") and words[i] not in (
-            "select", "with", "values", "default", "overwrite", "by"
+        while (
+            i < len(toks)
+            and (toks[i].kind in ("ident", "qident") or toks[i].text == ".")
+            and words[i] not in ("select", "with", "values", "default", "overwrite", "by")
         ):
             i += 1
         if i < len(toks) and words[i] == "as" and i + 1 < len(toks):  # INSERT INTO t AS alias (…)
             i += 2
-        if i < len(toks) and toks[i].text == "(" and i + 1 < len(toks) and words[i + 1] not in ("select", "with"):
-            end = next((j for j in range(i + 1, len(toks)) if toks[j].text == ")" and toks[j].depth == 0), None)
+        if (
+            i < len(toks)
+            and toks[i].text == "("
+            and i + 1 < len(toks)
+            and words[i + 1] not in ("select", "with")
+        ):
+            end = next(
+                (j for j in range(i + 1, len(toks)) if toks[j].text == ")" and toks[j].depth == 0), None
+            )
             if end is None:
                 return None
-            names = [t for t in toks[i + 1:end] if t.text != ","]
+            names = [t for t in toks[i + 1 : end] if t.text != ","]
             if not names or any(t.kind not in ("ident", "qident") for t in names):
                 return None
             columns = tuple(_ident(t) for t in names)
@@ -190,7 +218,7 @@ def shape(sql: str) -> Shape | None:
         at = next((j for j, t in enumerate(toks) if t.word == "as" and t.depth == 0), None)
         if at is None:
             return None
-        query = toks[at + 1:]
+        query = toks[at + 1 :]
     else:
         return None
     query = _rebased(query, query[0].depth if query else 0)
@@ -226,12 +254,16 @@ def _branches(query: list[_Tok], indirect: list[tuple[str, str, str]]) -> tuple[
     unnamed = [0]  # openlineage-sql counts unnamed items across the whole statement
     out = []
     for n, s in enumerate(starts):
-        if n and not (words[s - 1] in _SET_OPS or (words[s - 1] in ("all", "distinct") and words[s - 2] in _SET_OPS)):
+        if n and not (
+            words[s - 1] in _SET_OPS or (words[s - 1] in ("all", "distinct") and words[s - 2] in _SET_OPS)
+        ):
             return None  # a SELECT somewhere we do not expect
         end = next((j for j in range(s + 1, len(query)) if words[j] in _CLAUSE_END), len(query))
         stop = next((j for j in range(end, len(query)) if words[j] in _SET_OPS), len(query))
-        derived = any(query[k].text == "(" and query[k + 1].word in ("select", "with") for k in range(end, stop - 1))
-        items = _items(query[s + 1:end], unnamed, through_cte or derived)
+        derived = any(
+            query[k].text == "(" and query[k + 1].word in ("select", "with") for k in range(end, stop - 1)
+        )
+        items = _items(query[s + 1 : end], unnamed, through_cte or derived)
         if items is None:
             return None
         out.append(items)
@@ -247,7 +279,7 @@ def _items(toks: list[_Tok], unnamed: list[int], indirect: bool) -> tuple[Item, 
             close = next((j for j in range(2, len(toks)) if toks[j].text == ")" and toks[j].depth == 0), None)
             if close is None:
                 return None
-            toks = toks[close + 1:]
+            toks = toks[close + 1 :]
     if not toks:
         return None
     parts: list[list[_Tok]] = [[]]
@@ -271,9 +303,15 @@ def _item(toks: list[_Tok], unnamed: list[int], indirect: bool) -> Item | None:
     alias = None
     if len(toks) >= 2 and toks[-2].word == "as" and toks[-1].kind in ("ident", "qident"):
         alias, toks = _ident(toks[-1]), toks[:-2]
-    elif (len(toks) >= 2 and toks[-1].kind in ("ident", "qident") and toks[-1].word not in _NOT_ALIAS
-          and toks[-1].depth == 0 and (toks[-2].kind in ("ident", "qident", "number", "string") or toks[-2].text == ")")
-          and toks[-2].text != "." and toks[-2].word not in ("as",)):
+    elif (
+        len(toks) >= 2
+        and toks[-1].kind in ("ident", "qident")
+        and toks[-1].word not in _NOT_ALIAS
+        and toks[-1].depth == 0
+        and (toks[-2].kind in ("ident", "qident", "number", "string") or toks[-2].text == ")")
+        and toks[-2].text != "."
+        and toks[-2].word not in ("as",)
+    ):
         alias, toks = _ident(toks[-1]), toks[:-1]
     column = (
         len(toks) in (1, 3, 5)
@@ -323,8 +361,10 @@ def _indirect(toks: list[_Tok], items: tuple[Item, ...] = ()) -> list[tuple[str,
             regions.append(region)
             i += 2 if w in ("group", "order") else 1
             continue
-        if t.depth == 0 and (w in ("limit", "offset", "fetch", "window", "returning")
-                             or (w == "on" and i + 1 < n and words[i + 1] == "conflict")):
+        if t.depth == 0 and (
+            w in ("limit", "offset", "fetch", "window", "returning")
+            or (w == "on" and i + 1 < n and words[i + 1] == "conflict")
+        ):
             break  # the end of what the branch reads
         if region is not None:
             region[1].append(t)
@@ -332,7 +372,9 @@ def _indirect(toks: list[_Tok], items: tuple[Item, ...] = ()) -> list[tuple[str,
             region = None
             cond: list[_Tok] = []
             i += 1
-            while i < n and not (toks[i].depth == 0 and (words[i] in _JOINS or words[i] in _REGION or toks[i].text == ",")):
+            while i < n and not (
+                toks[i].depth == 0 and (words[i] in _JOINS or words[i] in _REGION or toks[i].text == ",")
+            ):
                 cond.append(toks[i])
                 i += 1
             regions.append(("JOIN", cond))
@@ -349,25 +391,45 @@ def _indirect(toks: list[_Tok], items: tuple[Item, ...] = ()) -> list[tuple[str,
             j += 1
             if j < n and words[j] == "as":
                 j += 1
-            alias = _ident(toks[j]) if j < n and toks[j].kind in ("ident", "qident") and words[j] not in (
-                _JOINS | _NOT_COLUMN | set(_REGION) | {"on", "limit"}) else None
+            alias = (
+                _ident(toks[j])
+                if j < n
+                and toks[j].kind in ("ident", "qident")
+                and words[j] not in (_JOINS | _NOT_COLUMN | set(_REGION) | {"on", "limit"})
+                else None
+            )
             tables[(alias or parts[-1]).lower()] = name
             i = j + 1 if alias else j
             continue
         i += 1
     out = []
     for subtype, region_toks in regions:
-        if any(t.text == "(" and k + 1 < len(region_toks) and region_toks[k + 1].word in ("select", "with")
-               for k, t in enumerate(region_toks)):
+        if any(
+            t.text == "(" and k + 1 < len(region_toks) and region_toks[k + 1].word in ("select", "with")
+            for k, t in enumerate(region_toks)
+        ):
             continue  # a subquery: its columns are not this branch's
         if subtype in ("GROUP_BY", "SORT"):  # GROUP BY 1, 2 / ORDER BY 2: the select item at that position
-            out += [(ITEM, items[int(t.text) - 1].name, subtype) for k, t in enumerate(region_toks)
-                    if t.kind == "number" and t.depth == 0 and t.text.isdigit() and 0 < int(t.text) <= len(items)
-                    and (k == 0 or region_toks[k - 1].text == ",")
-                    and (k + 1 == len(region_toks) or region_toks[k + 1].text == ","
-                         or region_toks[k + 1].word in ("asc", "desc", "nulls"))]
+            out += [
+                (ITEM, items[int(t.text) - 1].name, subtype)
+                for k, t in enumerate(region_toks)
+                if t.kind == "number"
+                and t.depth == 0
+                and t.text.isdigit()
+                and 0 < int(t.text) <= len(items)
+                and (k == 0 or region_toks[k - 1].text == ",")
+                and (
+                    k + 1 == len(region_toks)
+                    or region_toks[k + 1].text == ","
+                    or region_toks[k + 1].word in ("asc", "desc", "nulls")
+                )
+            ]
         for qual, column in _column_refs(region_toks):
-            table = tables.get(qual.lower()) if qual else (next(iter(tables.values())) if len(tables) == 1 else None)
+            table = (
+                tables.get(qual.lower())
+                if qual
+                else (next(iter(tables.values())) if len(tables) == 1 else None)
+            )
             if table:
                 out.append((table, column, subtype))
     return out

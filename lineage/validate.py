@@ -57,17 +57,24 @@ class LineageValidator:
             )
         # plus the custom facets noetl-dagster emits (lineage/facets/, e.g. noetl_quantum)
         own = sorted((Path(__file__).parent / "facets").glob("*.json"))
-        schemas = [json.loads(p.read_text()) for p in [root, *sorted((self.spec_dir / "facets").glob("*.json")), *own]]
+        schemas = [
+            json.loads(p.read_text())
+            for p in [root, *sorted((self.spec_dir / "facets").glob("*.json")), *own]
+        ]
         self.schemas = {s["$id"]: s for s in schemas}
         self.registry: Registry = Registry().with_resources(
-            (sid, Resource.from_contents(s, default_specification=DRAFT202012)) for sid, s in self.schemas.items()
+            (sid, Resource.from_contents(s, default_specification=DRAFT202012))
+            for sid, s in self.schemas.items()
         )
         self.root_schema = schemas[0]
         self.format_checker = _format_checker()
-        self._event = Draft202012Validator(self.root_schema, registry=self.registry, format_checker=self.format_checker)
+        self._event = Draft202012Validator(
+            self.root_schema, registry=self.registry, format_checker=self.format_checker
+        )
         # the root is a oneOf of event kinds: for a readable reason, also check the RunEvent branch alone
         self._run_event = Draft202012Validator(
-            {"$ref": f"{self.root_schema['$id']}#/$defs/RunEvent"}, registry=self.registry,
+            {"$ref": f"{self.root_schema['$id']}#/$defs/RunEvent"},
+            registry=self.registry,
             format_checker=self.format_checker,
         )
 
@@ -89,7 +96,9 @@ class LineageValidator:
             file_schema = self.schemas[base]
             props = file_schema.get("properties") or {}
             if base != self.root_schema["$id"] and key not in props:
-                errors.append(f"{where}.{key}: the facet file {base} names its facet {sorted(props)}, not {key!r}")
+                errors.append(
+                    f"{where}.{key}: the facet file {base} names its facet {sorted(props)}, not {key!r}"
+                )
             try:
                 sub = self.registry.resolver(base_uri=base).lookup(url).contents
             except Exception as e:  # noqa: BLE001 - report the unresolvable pointer
@@ -107,7 +116,10 @@ class LineageValidator:
         errors = [f"event: {e.message} at {list(e.absolute_path)}" for e in self._event.iter_errors(event)]
         if errors:
             if isinstance(event, dict) and "run" in event:
-                detail = [f"event: {e.message} at {list(e.absolute_path)}" for e in self._run_event.iter_errors(event)]
+                detail = [
+                    f"event: {e.message} at {list(e.absolute_path)}"
+                    for e in self._run_event.iter_errors(event)
+                ]
                 return detail or errors
             return errors
         errors += self._facet_errors("run.facets", (event.get("run") or {}).get("facets"))
@@ -150,7 +162,14 @@ def semantic_errors(events: list[dict[str, Any]]) -> list[str]:
         when = ev.get("eventTime") or ""
         r = runs.get(run_id)
         if r is None:
-            r = runs[run_id] = {"job": ident, "first": kind, "start": when, "last_time": when, "ended": None, "index": i}
+            r = runs[run_id] = {
+                "job": ident,
+                "first": kind,
+                "start": when,
+                "last_time": when,
+                "ended": None,
+                "index": i,
+            }
             if kind != "START":
                 errors.append(f"event {i}: run {run_id} begins with {kind}, not START")
         else:
@@ -195,7 +214,9 @@ def semantic_errors(events: list[dict[str, Any]]) -> list[str]:
                 key = (ds.get("namespace"), ds.get("name"))
                 name = key[1] or ""
                 if name != name.strip() or (len(name) > 1 and name.endswith("/")):
-                    errors.append(f"event {i}: dataset name {name!r} is not stable (whitespace or a trailing '/')")
+                    errors.append(
+                        f"event {i}: dataset name {name!r} is not stable (whitespace or a trailing '/')"
+                    )
                 facets = ds.get("facets") or {}
                 seen = {
                     "dataSource": (facets.get("dataSource") or {}).get("uri"),
@@ -206,5 +227,7 @@ def semantic_errors(events: list[dict[str, Any]]) -> list[str]:
                     if value is None:
                         continue
                     if known.setdefault(attr, value) != value:
-                        errors.append(f"event {i}: dataset {key} changed {attr} from {known[attr]!r} to {value!r}")
+                        errors.append(
+                            f"event {i}: dataset {key} changed {attr} from {known[attr]!r} to {value!r}"
+                        )
     return errors

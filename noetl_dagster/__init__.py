@@ -11,7 +11,9 @@ _COMPONENTS = {"NoetlPlaybooksComponent"}
 
 
 def __getattr__(name: str) -> Any:
-    if name == "__version__":  # one place: pyproject.toml's [project] version, read from the installed metadata
+    if (
+        name == "__version__"
+    ):  # one place: pyproject.toml's [project] version, read from the installed metadata
         from noetl_dagster.util.version import package_version  # noqa: PLC0415
 
         return package_version()

@@ -18,4 +18,12 @@ from registry_service.errors import (
     Unauthorized,
 )
 
-__all__ = ["Conflict", "Forbidden", "InvalidRequest", "NotFound", "PayloadTooLarge", "RegistryError", "Unauthorized"]
+__all__ = [
+    "Conflict",
+    "Forbidden",
+    "InvalidRequest",
+    "NotFound",
+    "PayloadTooLarge",
+    "RegistryError",
+    "Unauthorized",
+]

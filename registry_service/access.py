@@ -70,7 +70,9 @@ class AccessControl(RegistryBase):
     _cache_lock: threading.Lock
 
     # ------------------------------------------------------------------ keys
-    def create_api_key(self, tenant: str, project: str | None = None, *, label: str | None = None) -> tuple[str, str]:
+    def create_api_key(
+        self, tenant: str, project: str | None = None, *, label: str | None = None
+    ) -> tuple[str, str]:
         """Create a key; returns (key_id, the key text). Only its hash is stored."""
         try:
             check_scope(tenant, "tenant")
@@ -88,8 +90,16 @@ class AccessControl(RegistryBase):
                 " VALUES (?,?,?,?,?,?)",
                 (key_id, hash_secret(secret), tenant, project, label, now),
             )
-            self._event(tx, EV_KEY_CREATED, tenant, project or "", None, None, key_id,
-                        {"key_id": key_id, "project": project, "label": label})
+            self._event(
+                tx,
+                EV_KEY_CREATED,
+                tenant,
+                project or "",
+                None,
+                None,
+                key_id,
+                {"key_id": key_id, "project": project, "label": label},
+            )
             admin = Principal(tenant=tenant, project=project, key_id=ADMIN)
             self._audit(admin, "key:create", True, None, tenant, project, f"key {key_id} created", tx)
         return key_id, f"{KEY_PREFIX}_{key_id}_{secret}"
@@ -100,15 +110,24 @@ class AccessControl(RegistryBase):
         with self.store.write() as tx:
             row = tx.one("SELECT tenant_id, project_id FROM registry_api_key WHERE key_id = ?", (key_id,))
             if row is not None:
-                tx.exec("UPDATE registry_api_key SET revoked_at = ? WHERE key_id = ? AND revoked_at IS NULL",
-                        (now, key_id))
+                tx.exec(
+                    "UPDATE registry_api_key SET revoked_at = ? WHERE key_id = ? AND revoked_at IS NULL",
+                    (now, key_id),
+                )
                 tx.next_value("auth")  # every process's key cache is stale from this commit on
                 self._event(tx, EV_KEY_REVOKED, row[0], row[1] or "", None, None, key_id, {"key_id": key_id})
                 admin = Principal(tenant=row[0], project=row[1], key_id=ADMIN)
                 self._audit(admin, "key:revoke", True, None, row[0], row[1], f"key {key_id} revoked", tx)
         if row is None:
-            self._audit(Principal(tenant="", key_id=ADMIN), "key:revoke", False, None, None, None,
-                        f"no api key {key_id!r}")
+            self._audit(
+                Principal(tenant="", key_id=ADMIN),
+                "key:revoke",
+                False,
+                None,
+                None,
+                None,
+                f"no api key {key_id!r}",
+            )
             raise NotFound(f"no api key {key_id!r}")
         with self._cache_lock:
             self._key_cache.clear()
@@ -121,8 +140,10 @@ class AccessControl(RegistryBase):
             params.append(check_text(tenant, "tenant", self.limits.max_text))
         with self.store.read() as tx:
             rows = tx.all(sql + " ORDER BY created_at", params)
-        return [ApiKeyInfo(key_id=r[0], tenant=r[1], project=r[2], label=r[3], created_at=r[4], revoked_at=r[5])
-                for r in rows]
+        return [
+            ApiKeyInfo(key_id=r[0], tenant=r[1], project=r[2], label=r[3], created_at=r[4], revoked_at=r[5])
+            for r in rows
+        ]
 
     def authenticate(self, api_key: str | None) -> Principal:
         if not api_key:
@@ -200,13 +221,23 @@ class AccessControl(RegistryBase):
     def grant(self, p: Principal, req: GrantRequest) -> Grant:
         loc = locator(req.resource_uri, require_version=False, max_len=self.limits.max_uri_length)
         if loc.version == LATEST:
-            raise InvalidRequest("grant a version (…@v3) or the unversioned URI (every version), not 'latest'")
+            raise InvalidRequest(
+                "grant a version (…@v3) or the unversioned URI (every version), not 'latest'"
+            )
         subject_tenant, subject_project, subject = parse_subject(req.subject)
         check_text(req.purpose, "purpose", self.limits.max_text)
         check_json_size(req.conditions, "conditions", self.limits.max_metadata_bytes)
         if not self._owns(p, loc.tenant, loc.project):
-            self._audit(p, "grant:create", False, loc.uri, loc.tenant, loc.project, f"not the owner ({subject})",
-                        requested=loc.uri)
+            self._audit(
+                p,
+                "grant:create",
+                False,
+                loc.uri,
+                loc.tenant,
+                loc.project,
+                f"not the owner ({subject})",
+                requested=loc.uri,
+            )
             raise Forbidden(f"{p.label} may not grant access to {loc.uri}: only its owner can")
         now_dt = utc_now()
         now = iso(now_dt)
@@ -223,28 +254,79 @@ class AccessControl(RegistryBase):
                 "INSERT INTO registry_grant (grant_id, owner_tenant, owner_project, target_uri, series_id, resource_id,"
                 " subject, subject_tenant, subject_project, permission, purpose, conditions, expires_at, expires_ts,"
                 " created_at, created_by) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (grant_id, loc.tenant, loc.project, loc.uri, loc.series, resource_id, subject, subject_tenant,
-                 subject_project, req.permission, req.purpose, to_json(req.conditions), expires,
-                 instant(tx.dialect, req.expires_at) if req.expires_at else None, now, p.key_id),
+                (
+                    grant_id,
+                    loc.tenant,
+                    loc.project,
+                    loc.uri,
+                    loc.series,
+                    resource_id,
+                    subject,
+                    subject_tenant,
+                    subject_project,
+                    req.permission,
+                    req.purpose,
+                    to_json(req.conditions),
+                    expires,
+                    instant(tx.dialect, req.expires_at) if req.expires_at else None,
+                    now,
+                    p.key_id,
+                ),
             )
             self._event(
-                tx, EV_GRANT_CREATED, loc.tenant, loc.project, resource_id, loc.uri, p.key_id,
-                {"grant_id": grant_id, "subject": subject, "permission": req.permission, "expires_at": expires},
+                tx,
+                EV_GRANT_CREATED,
+                loc.tenant,
+                loc.project,
+                resource_id,
+                loc.uri,
+                p.key_id,
+                {
+                    "grant_id": grant_id,
+                    "subject": subject,
+                    "permission": req.permission,
+                    "expires_at": expires,
+                },
             )
-            self._audit(p, "grant:create", True, loc.uri, loc.tenant, loc.project,
-                        f"owner; {grant_id} {req.permission} to {subject} until {expires or 'revoked'}", tx)
+            self._audit(
+                p,
+                "grant:create",
+                True,
+                loc.uri,
+                loc.tenant,
+                loc.project,
+                f"owner; {grant_id} {req.permission} to {subject} until {expires or 'revoked'}",
+                tx,
+            )
         return Grant(
-            grant_id=grant_id, resource_uri=loc.uri, resource_id=resource_id, subject=subject,
-            permission=req.permission, purpose=req.purpose, conditions=req.conditions, expires_at=expires,
-            created_at=now, created_by=p.key_id, revoked_at=None,
+            grant_id=grant_id,
+            resource_uri=loc.uri,
+            resource_id=resource_id,
+            subject=subject,
+            permission=req.permission,
+            purpose=req.purpose,
+            conditions=req.conditions,
+            expires_at=expires,
+            created_at=now,
+            created_by=p.key_id,
+            revoked_at=None,
             active=req.expires_at is None or req.expires_at > now_dt,
         )
 
     @staticmethod
     def _grant_from_row(r: Sequence[Any]) -> Grant:
         return Grant(
-            grant_id=r[0], resource_uri=r[1], resource_id=r[2], subject=r[3], permission=r[4], purpose=r[5],
-            conditions=from_json(r[6]), expires_at=r[7], created_at=r[8], created_by=r[9], revoked_at=r[10],
+            grant_id=r[0],
+            resource_uri=r[1],
+            resource_id=r[2],
+            subject=r[3],
+            permission=r[4],
+            purpose=r[5],
+            conditions=from_json(r[6]),
+            expires_at=r[7],
+            created_at=r[8],
+            created_by=r[9],
+            revoked_at=r[10],
             active=bool(r[11]),
         )
 
@@ -261,20 +343,38 @@ class AccessControl(RegistryBase):
                     tx.exec("UPDATE registry_grant SET revoked_at = ? WHERE grant_id = ?", (now, grant_id))
                     tx.next_value("auth")
                     self._event(
-                        tx, EV_GRANT_REVOKED, row[12], row[13], row[2], row[1], p.key_id,
+                        tx,
+                        EV_GRANT_REVOKED,
+                        row[12],
+                        row[13],
+                        row[2],
+                        row[1],
+                        p.key_id,
                         {"grant_id": grant_id, "subject": row[3]},
                     )
                     row = (*row[:10], now, 0, *row[12:])
-                self._audit(p, "grant:revoke", True, row[1], row[12], row[13], f"owner; {grant_id} of {row[3]}", tx)
+                self._audit(
+                    p, "grant:revoke", True, row[1], row[12], row[13], f"owner; {grant_id} of {row[3]}", tx
+                )
                 return self._grant_from_row(row)
         # the same answer for "missing" and "not yours": no probing of other tenants' grant ids;
         # the attempt is audited for the actor and, when the grant exists, for its owner
         reason = f"not the owner of {grant_id}" if row is not None else f"no grant {grant_id}"
-        self._audit(p, "grant:revoke", False, row[1] if row else None, row[12] if row else None,
-                    row[13] if row else None, reason, requested=grant_id)
+        self._audit(
+            p,
+            "grant:revoke",
+            False,
+            row[1] if row else None,
+            row[12] if row else None,
+            row[13] if row else None,
+            reason,
+            requested=grant_id,
+        )
         raise NotFound(f"no grant {grant_id!r}")
 
-    def list_grants(self, p: Principal, resource_uri: str | None = None, *, include_inactive: bool = False) -> list[Grant]:
+    def list_grants(
+        self, p: Principal, resource_uri: str | None = None, *, include_inactive: bool = False
+    ) -> list[Grant]:
         sql = f"{_GRANT_SELECT} FROM registry_grant WHERE owner_tenant = ?"
         params: list[Any] = [p.tenant]
         if p.project is not None:
@@ -312,11 +412,30 @@ class AccessControl(RegistryBase):
 def _audit_entry(r: Sequence[Any], *, full: bool) -> AuditEntry:
     """One audit row as a caller sees it (see ``AccessControl.audit``)."""
     if full:
-        return AuditEntry(seq=int(r[0]), ts=r[1], action=r[2], allowed=bool(r[3]), reason=r[4], uri=r[5],
-                          actor_key_id=r[6], actor_tenant=r[7], actor_project=r[8], owner_tenant=r[9],
-                          owner_project=r[10])
+        return AuditEntry(
+            seq=int(r[0]),
+            ts=r[1],
+            action=r[2],
+            allowed=bool(r[3]),
+            reason=r[4],
+            uri=r[5],
+            actor_key_id=r[6],
+            actor_tenant=r[7],
+            actor_project=r[8],
+            owner_tenant=r[9],
+            owner_project=r[10],
+        )
     asked = r[11]
     named = asked if asked and asked.startswith(("noetl://", "urn:noetl:")) else None
     reason = "denied" if named or not asked else f"denied: {asked}"  # a call by id names its id
-    return AuditEntry(seq=int(r[0]), ts=r[1], action=r[2], allowed=False, reason=reason, uri=named,
-                      actor_key_id=r[6], actor_tenant=r[7], actor_project=r[8])
+    return AuditEntry(
+        seq=int(r[0]),
+        ts=r[1],
+        action=r[2],
+        allowed=False,
+        reason=reason,
+        uri=named,
+        actor_key_id=r[6],
+        actor_tenant=r[7],
+        actor_project=r[8],
+    )

@@ -54,7 +54,9 @@ async def _principal(
 Caller = Annotated[Principal, Depends(_principal)]
 Id = Annotated[str, Path(max_length=256)]
 Filter = Annotated[str | None, Query(max_length=256)]
-UriParam = Annotated[str, Query(max_length=4096, description="noetl:// or urn:noetl; no version or @latest: the newest")]
+UriParam = Annotated[
+    str, Query(max_length=4096, description="noetl:// or urn:noetl; no version or @latest: the newest")
+]
 Cursor = Annotated[int, Query(ge=0, le=MAX_CURSOR)]
 PageSize = Annotated[int, Query(ge=1, le=1000)]
 _log = logging.getLogger(__name__)
@@ -76,10 +78,13 @@ class _Guard:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        raw = (scope.get("raw_path") or scope.get("path", "").encode()) + b"?" + scope.get("query_string", b"")
+        raw = (
+            (scope.get("raw_path") or scope.get("path", "").encode()) + b"?" + scope.get("query_string", b"")
+        )
         if b"%00" in raw or b"\x00" in raw:
-            return await _error(422, "NUL characters are not allowed in the path or query", "invalid_request")(
-                scope, receive, send)
+            return await _error(
+                422, "NUL characters are not allowed in the path or query", "invalid_request"
+            )(scope, receive, send)
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None:
             try:
@@ -115,7 +120,9 @@ class _Guard:
         await self.app(scope, counted_receive, guarded_send)
 
     async def _too_large(self, scope, receive, send):
-        await _error(413, f"request body over {self.max_body} bytes", "payload_too_large")(scope, receive, send)
+        await _error(413, f"request body over {self.max_body} bytes", "payload_too_large")(
+            scope, receive, send
+        )
 
 
 def create_app(registry: Registry | str | None = None, *, limits: Limits | None = None) -> FastAPI:
@@ -151,7 +158,8 @@ def create_app(registry: Registry | str | None = None, *, limits: Limits | None 
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         detail = "; ".join(
-            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', 'invalid')}" for e in errors[:20])
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', 'invalid')}" for e in errors[:20]
+        )
         return _error(422, detail or "invalid request", "invalid_request")
 
     @app.exception_handler(StarletteHTTPException)
@@ -206,8 +214,16 @@ def create_app(registry: Registry | str | None = None, *, limits: Limits | None 
     ) -> ResourcePage:
         """Resources visible to the caller (own scope and live grants), filtered."""
         resources = await run(
-            reg.list_resources, p, tenant=tenant, project=project, namespace=namespace, type=type, q=q,
-            latest_only=latest, limit=limit, offset=offset,
+            reg.list_resources,
+            p,
+            tenant=tenant,
+            project=project,
+            namespace=namespace,
+            type=type,
+            q=q,
+            latest_only=latest,
+            limit=limit,
+            offset=offset,
         )
         return ResourcePage(resources=resources)
 
@@ -240,7 +256,9 @@ def create_app(registry: Registry | str | None = None, *, limits: Limits | None 
 
     @app.get("/v1/grants", tags=["grants"])
     async def list_grants(
-        p: Caller, resource_uri: Annotated[str | None, Query(max_length=4096)] = None, include_inactive: bool = False
+        p: Caller,
+        resource_uri: Annotated[str | None, Query(max_length=4096)] = None,
+        include_inactive: bool = False,
     ) -> list[Grant]:
         return await run(reg.list_grants, p, resource_uri, include_inactive=include_inactive)
 
@@ -249,16 +267,12 @@ def create_app(registry: Registry | str | None = None, *, limits: Limits | None 
         return await run(reg.revoke, p, grant_id)
 
     @app.get("/v1/events", tags=["events"])
-    async def events(
-        p: Caller, after: Cursor = 0, limit: PageSize = 100
-    ) -> EventPage:
+    async def events(p: Caller, after: Cursor = 0, limit: PageSize = 100) -> EventPage:
         """Catalog-change events of the caller's scope after a cursor (``next_after``)."""
         return await run(reg.events, p, after, limit)
 
     @app.get("/v1/audit", tags=["events"])
-    async def audit(
-        p: Caller, after: Cursor = 0, limit: PageSize = 100
-    ) -> AuditPage:
+    async def audit(p: Caller, after: Cursor = 0, limit: PageSize = 100) -> AuditPage:
         """Cross-scope access decisions where the caller's tenant is the actor or the owner."""
         return await run(reg.audit, p, after, limit)
 

@@ -62,8 +62,18 @@ def _denied(message: str, loc: ResourceLocator, requested: str) -> Forbidden:
 
 def _events(rows: Sequence[Sequence[Any]], after: int) -> EventPage:
     events = [
-        CatalogEvent(seq=int(r[0]), event_id=r[1], name=r[2], tenant=r[3], project=r[4], resource_id=r[5],
-                     uri=r[6], actor=r[7], ts=r[8], data=from_json(r[9]))
+        CatalogEvent(
+            seq=int(r[0]),
+            event_id=r[1],
+            name=r[2],
+            tenant=r[3],
+            project=r[4],
+            resource_id=r[5],
+            uri=r[6],
+            actor=r[7],
+            ts=r[8],
+            data=from_json(r[9]),
+        )
         for r in rows
     ]
     return EventPage(events=events, next_after=events[-1].seq if events else after)
@@ -96,14 +106,21 @@ class Catalog(CatalogReads):
             )
         return tx.one(f"SELECT {RESOURCE_COLS} FROM registry_resource WHERE uri = ?", (loc.uri,))
 
-    def _find_with_locations(self, tx: Tx, loc: ResourceLocator) -> tuple[tuple[Any, ...] | None, list[Location]]:
+    def _find_with_locations(
+        self, tx: Tx, loc: ResourceLocator
+    ) -> tuple[tuple[Any, ...] | None, list[Location]]:
         """The resource and its locations in one round trip (resolve is the hot path)."""
-        cols = ", ".join("r." + c.strip() for c in RESOURCE_COLS.split(",")) + ", " + ", ".join(
-            "l." + c.strip() for c in LOCATION_COLS.split(","))
+        cols = (
+            ", ".join("r." + c.strip() for c in RESOURCE_COLS.split(","))
+            + ", "
+            + ", ".join("l." + c.strip() for c in LOCATION_COLS.split(","))
+        )
         sql = f"SELECT {cols} FROM registry_resource r LEFT JOIN registry_location l ON l.resource_id = r.resource_id"
         if loc.version is None or loc.version == LATEST:
-            sql += (" WHERE r.resource_id = (SELECT resource_id FROM registry_resource WHERE series_id = ?"
-                    " AND status = 'active' ORDER BY seq DESC LIMIT 1)")
+            sql += (
+                " WHERE r.resource_id = (SELECT resource_id FROM registry_resource WHERE series_id = ?"
+                " AND status = 'active' ORDER BY seq DESC LIMIT 1)"
+            )
             key = loc.series
         else:
             sql += " WHERE r.uri = ?"
@@ -130,16 +147,29 @@ class Catalog(CatalogReads):
         tx.exec(
             f"INSERT INTO registry_location ({LOCATION_COLS}) VALUES ({','.join('?' * 16)})",
             (
-                location.location_id, resource_id, location.uri, location.storage_type, location.region,
-                location.shard, location.storage_class, location.role, location.status, location.checksum,
-                location.size_bytes, location.format, location.rows, location.schema_fingerprint,
-                to_json(location.metadata), now,
+                location.location_id,
+                resource_id,
+                location.uri,
+                location.storage_type,
+                location.region,
+                location.shard,
+                location.storage_class,
+                location.role,
+                location.status,
+                location.checksum,
+                location.size_bytes,
+                location.format,
+                location.rows,
+                location.schema_fingerprint,
+                to_json(location.metadata),
+                now,
             ),
         )
         return location
 
-    def _audit_denial(self, p: Principal, action: str, e: Forbidden, uri: str | None,
-                      owner: ResourceLocator | None) -> None:
+    def _audit_denial(
+        self, p: Principal, action: str, e: Forbidden, uri: str | None, owner: ResourceLocator | None
+    ) -> None:
         requested = getattr(e, "audit_requested", uri)
         uri = getattr(e, "audit_uri", uri)
         tenant, project = getattr(e, "audit_owner", (owner.tenant, owner.project) if owner else (None, None))
@@ -149,7 +179,9 @@ class Catalog(CatalogReads):
     def register(self, p: Principal, req: RegisterRequest) -> Resource:
         loc = locator(req.uri, require_version=False, max_len=self.limits.max_uri_length)
         if loc.version == LATEST:
-            raise InvalidRequest("'latest' is an alias for resolving; register without a version or with a new one")
+            raise InvalidRequest(
+                "'latest' is an alias for resolving; register without a version or with a new one"
+            )
         self._check_register(req)
         kind = req.kind or loc.type
         primaries = [spec for spec in req.locations if spec.role == "primary"]
@@ -163,7 +195,13 @@ class Catalog(CatalogReads):
             raise
 
     def _register(
-        self, p: Principal, req: RegisterRequest, loc: ResourceLocator, kind: str, primaries: list[LocationIn], now: str
+        self,
+        p: Principal,
+        req: RegisterRequest,
+        loc: ResourceLocator,
+        kind: str,
+        primaries: list[LocationIn],
+        now: str,
     ) -> Resource:
         with self.store.write() as tx:
             audits: list[AuditRow] = []
@@ -189,8 +227,17 @@ class Catalog(CatalogReads):
                 except Forbidden as e:
                     raise _denied(e.message, in_loc, in_loc.uri) from None
                 if in_grant is not None:
-                    audits.append((p, "register:input", True, row[1], in_loc.tenant, in_loc.project,
-                                   f"grant {in_grant}"))
+                    audits.append(
+                        (
+                            p,
+                            "register:input",
+                            True,
+                            row[1],
+                            in_loc.tenant,
+                            in_loc.project,
+                            f"grant {in_grant}",
+                        )
+                    )
                 inputs.append((row[0], row[1]))
             seq_row = tx.one(
                 "INSERT INTO registry_series (series_id, tenant_id, project_id, namespace, resource_type, name,"
@@ -207,9 +254,25 @@ class Catalog(CatalogReads):
             tx.exec(
                 f"INSERT INTO registry_resource ({RESOURCE_COLS}) VALUES ({','.join('?' * 19)})",
                 (
-                    resource_id, full.uri, loc.series, loc.tenant, loc.project, loc.namespace, loc.type, loc.name,
-                    version, seq, kind, "active", shard, to_json(req.metadata), now, p.key_id, req.execution_id,
-                    req.step, req.task,
+                    resource_id,
+                    full.uri,
+                    loc.series,
+                    loc.tenant,
+                    loc.project,
+                    loc.namespace,
+                    loc.type,
+                    loc.name,
+                    version,
+                    seq,
+                    kind,
+                    "active",
+                    shard,
+                    to_json(req.metadata),
+                    now,
+                    p.key_id,
+                    req.execution_id,
+                    req.step,
+                    req.task,
                 ),
             )
             locations = []
@@ -221,23 +284,61 @@ class Catalog(CatalogReads):
                     "INSERT INTO registry_lineage (lineage_id, output_resource_id, input_resource_id, relationship,"
                     " execution_id, step, task, created_at) VALUES (?,?,?,?,?,?,?,?)"
                     " ON CONFLICT (output_resource_id, input_resource_id) DO NOTHING",
-                    ("lin_" + uuid7().replace("-", ""), resource_id, input_id, "derived_from", req.execution_id,
-                     req.step, req.task, now),
+                    (
+                        "lin_" + uuid7().replace("-", ""),
+                        resource_id,
+                        input_id,
+                        "derived_from",
+                        req.execution_id,
+                        req.step,
+                        req.task,
+                        now,
+                    ),
                 )
             self._event(
-                tx, EV_REGISTERED, loc.tenant, loc.project, resource_id, full.uri, p.key_id,
+                tx,
+                EV_REGISTERED,
+                loc.tenant,
+                loc.project,
+                resource_id,
+                full.uri,
+                p.key_id,
                 {
-                    "urn": full.urn, "version": version, "seq": seq, "kind": kind,
-                    "locations": [{"uri": lc.uri, "role": lc.role, "checksum": lc.checksum} for lc in locations],
-                    "inputs": [u for _, u in inputs], "execution_id": req.execution_id, "step": req.step,
+                    "urn": full.urn,
+                    "version": version,
+                    "seq": seq,
+                    "kind": kind,
+                    "locations": [
+                        {"uri": lc.uri, "role": lc.role, "checksum": lc.checksum} for lc in locations
+                    ],
+                    "inputs": [u for _, u in inputs],
+                    "execution_id": req.execution_id,
+                    "step": req.step,
                 },
             )
             self._audit_many(audits, tx)
         return Resource(
-            resource_id=resource_id, uri=full.uri, urn=full.urn, series=loc.series, tenant=loc.tenant,
-            project=loc.project, namespace=loc.namespace, type=loc.type, name=loc.name, version=version, seq=seq,
-            kind=kind, status="active", home_shard=shard, metadata=req.metadata, locations=locations,
-            created_at=now, created_by=p.key_id, execution_id=req.execution_id, step=req.step, task=req.task,
+            resource_id=resource_id,
+            uri=full.uri,
+            urn=full.urn,
+            series=loc.series,
+            tenant=loc.tenant,
+            project=loc.project,
+            namespace=loc.namespace,
+            type=loc.type,
+            name=loc.name,
+            version=version,
+            seq=seq,
+            kind=kind,
+            status="active",
+            home_shard=shard,
+            metadata=req.metadata,
+            locations=locations,
+            created_at=now,
+            created_by=p.key_id,
+            execution_id=req.execution_id,
+            step=req.step,
+            task=req.task,
         )
 
     def _idempotent_or_conflict(self, tx: Tx, row: Sequence[Any], req: RegisterRequest) -> Resource:
@@ -262,20 +363,37 @@ class Catalog(CatalogReads):
         if not owned:
             allowed = row is not None and grant_id is not None
             reason = f"grant {grant_id}" if allowed else "no live grant"
-            self._audit(p, f"resolve:{purpose}", allowed, row[1] if row else loc.uri, loc.tenant, loc.project, reason,
-                        requested=loc.uri)
+            self._audit(
+                p,
+                f"resolve:{purpose}",
+                allowed,
+                row[1] if row else loc.uri,
+                loc.tenant,
+                loc.project,
+                reason,
+                requested=loc.uri,
+            )
             if not allowed:
                 raise Forbidden(f"{p.label} may not read {loc.uri}: no live grant")
         if row is None:
             raise NotFound(f"{loc.uri} is not registered")
         chosen = choose_location(locations, region or self.region)
         return AccessPlan(
-            allowed=True, resource_id=row[0], uri=row[1],
-            urn=ResourceLocator(row[3], row[4], row[5], row[6], row[7], row[8]).urn, version=row[8], kind=row[10],
-            status=row[11], location=chosen, locations=locations,
-            expected_checksum=chosen.checksum if chosen else None, size_bytes=chosen.size_bytes if chosen else None,
-            format=chosen.format if chosen else None, rows=chosen.rows if chosen else None,
-            schema_fingerprint=chosen.schema_fingerprint if chosen else None, metadata=from_json(row[13]),
+            allowed=True,
+            resource_id=row[0],
+            uri=row[1],
+            urn=ResourceLocator(row[3], row[4], row[5], row[6], row[7], row[8]).urn,
+            version=row[8],
+            kind=row[10],
+            status=row[11],
+            location=chosen,
+            locations=locations,
+            expected_checksum=chosen.checksum if chosen else None,
+            size_bytes=chosen.size_bytes if chosen else None,
+            format=chosen.format if chosen else None,
+            rows=chosen.rows if chosen else None,
+            schema_fingerprint=chosen.schema_fingerprint if chosen else None,
+            metadata=from_json(row[13]),
             via_grant=grant_id,
         )
 
@@ -291,15 +409,18 @@ class Catalog(CatalogReads):
     def _add_location(self, p: Principal, resource_id: str, spec: LocationIn) -> Location:
         now = iso(utc_now())
         with self.store.write() as tx:
-            row = tx.one(f"SELECT {RESOURCE_COLS} FROM registry_resource WHERE resource_id = ?", (resource_id,))
+            row = tx.one(
+                f"SELECT {RESOURCE_COLS} FROM registry_resource WHERE resource_id = ?", (resource_id,)
+            )
             if row is None:
                 raise NotFound(f"no resource {resource_id!r}")
             loc = ResourceLocator(row[3], row[4], row[5], row[6], row[7], row[8])
             try:
                 grant_id = self._authorize(tx, p, loc, resource_id, "write")
             except Forbidden:  # by id: the answer names the id, not the resource behind it
-                raise _denied(f"{p.label} may not write resource {resource_id}: no live grant", loc,
-                              resource_id) from None
+                raise _denied(
+                    f"{p.label} may not write resource {resource_id}: no live grant", loc, resource_id
+                ) from None
             has_primary = tx.one(
                 "SELECT 1 FROM registry_location WHERE resource_id = ? AND role = 'primary'", (resource_id,)
             )
@@ -309,13 +430,25 @@ class Catalog(CatalogReads):
             location = self._insert_location(tx, resource_id, loc, spec, role, now)
             name = EV_REPLICA_AVAILABLE if role == "replica" else EV_LOCATION_ADDED
             self._event(
-                tx, name, loc.tenant, loc.project, resource_id, row[1], p.key_id,
-                {"location_id": location.location_id, "uri": location.uri, "role": role, "region": location.region,
-                 "checksum": location.checksum},
+                tx,
+                name,
+                loc.tenant,
+                loc.project,
+                resource_id,
+                row[1],
+                p.key_id,
+                {
+                    "location_id": location.location_id,
+                    "uri": location.uri,
+                    "role": role,
+                    "region": location.region,
+                    "checksum": location.checksum,
+                },
             )
             if grant_id is not None:
                 self._audit(p, "add_location", True, row[1], loc.tenant, loc.project, f"grant {grant_id}", tx)
         return location
+
 
 class CatalogEvents(RegistryBase):
     """The outbox of catalog-change events, read by a cursor."""
@@ -337,6 +470,7 @@ class CatalogEvents(RegistryBase):
         after = check_int(after, "after", 0, MAX_CURSOR)
         limit = max(1, min(check_int(limit, "limit", -MAX_CURSOR, MAX_CURSOR), 10_000))
         with self.store.read() as tx:
-            rows = tx.all(f"SELECT {_EVENT_COLS} FROM registry_event WHERE seq > ? ORDER BY seq LIMIT ?",
-                          (after, limit))
+            rows = tx.all(
+                f"SELECT {_EVENT_COLS} FROM registry_event WHERE seq > ? ORDER BY seq LIMIT ?", (after, limit)
+            )
         return _events(rows, after)

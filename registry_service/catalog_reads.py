@@ -56,7 +56,9 @@ class CatalogReads(AccessControl):
     def get(self, p: Principal, resource_id: str, *, _action: str = "get") -> Resource:
         check_text(resource_id, "resource_id", self.limits.max_text)
         with self.store.read() as tx:
-            row = tx.one(f"SELECT {RESOURCE_COLS} FROM registry_resource WHERE resource_id = ?", (resource_id,))
+            row = tx.one(
+                f"SELECT {RESOURCE_COLS} FROM registry_resource WHERE resource_id = ?", (resource_id,)
+            )
             if row is None:  # ids are random, so "not found" reveals no names
                 raise NotFound(f"no resource {resource_id!r}")
             loc = ResourceLocator(row[3], row[4], row[5], row[6], row[7], row[8])
@@ -69,7 +71,9 @@ class CatalogReads(AccessControl):
         if grant_id is not None:
             self._audit(p, _action, True, row[1], loc.tenant, loc.project, f"grant {grant_id}")
             return resource
-        self._audit(p, _action, False, row[1], loc.tenant, loc.project, "no live grant", requested=resource_id)
+        self._audit(
+            p, _action, False, row[1], loc.tenant, loc.project, "no live grant", requested=resource_id
+        )
         raise Forbidden(f"{p.label} may not read resource {resource_id}: no live grant")
 
     # --------------------------------------------------------------- lineage
@@ -78,8 +82,11 @@ class CatalogReads(AccessControl):
             raise InvalidRequest("direction must be 'up' or 'down'")
         depth = max(1, min(check_int(depth, "depth", -MAX_CURSOR, MAX_CURSOR), MAX_LINEAGE_DEPTH))
         me = self.get(p, resource_id, _action="lineage")  # checks access (and audits a cross-scope decision)
-        near, far = ("output_resource_id", "input_resource_id") if direction == "up" else (
-            "input_resource_id", "output_resource_id")
+        near, far = (
+            ("output_resource_id", "input_resource_id")
+            if direction == "up"
+            else ("input_resource_id", "output_resource_id")
+        )
         edges: list[LineageEdge] = []
         audits: list[AuditRow] = []
         hidden = 0
@@ -104,19 +111,39 @@ class CatalogReads(AccessControl):
                     loc = ResourceLocator(r[2], r[3], r[4], r[5], r[6], r[7])
                     if not self._owns(p, loc.tenant, loc.project):
                         grant_id = self._grant_for(tx, p, loc.series, r[0], ("read", "write"))
-                        audits.append((p, "lineage:neighbour", grant_id is not None, r[1], loc.tenant, loc.project,
-                                       f"grant {grant_id}" if grant_id else "no live grant (hidden)"))
+                        audits.append(
+                            (
+                                p,
+                                "lineage:neighbour",
+                                grant_id is not None,
+                                r[1],
+                                loc.tenant,
+                                loc.project,
+                                f"grant {grant_id}" if grant_id else "no live grant (hidden)",
+                            )
+                        )
                         if grant_id is None:
                             hidden += 1
                             continue
                     frontier.append(r[0])
-                    edges.append(LineageEdge(
-                        resource=ResourceSummary(resource_id=r[0], uri=r[1], version=r[7], kind=r[8]),
-                        depth=level, relationship=r[9], execution_id=r[10], step=r[11], task=r[12],
-                    ))
+                    edges.append(
+                        LineageEdge(
+                            resource=ResourceSummary(resource_id=r[0], uri=r[1], version=r[7], kind=r[8]),
+                            depth=level,
+                            relationship=r[9],
+                            execution_id=r[10],
+                            step=r[11],
+                            task=r[12],
+                        )
+                    )
         self._audit_many(audits)
-        return Lineage(resource_id=resource_id, uri=me.uri, direction=direction, edges=edges,  # type: ignore[arg-type]
-                       hidden=hidden)
+        return Lineage(
+            resource_id=resource_id,
+            uri=me.uri,
+            direction=direction,
+            edges=edges,  # type: ignore[arg-type]
+            hidden=hidden,
+        )
 
     # ------------------------------------------------------------ list/search
     def list_resources(
@@ -136,8 +163,13 @@ class CatalogReads(AccessControl):
         Each cross-scope resource returned is an audited 'list' decision."""
         limit = max(1, min(check_int(limit, "limit", -MAX_CURSOR, MAX_CURSOR), MAX_PAGE))
         offset = max(0, check_int(offset, "offset", -MAX_CURSOR, self.limits.max_offset))
-        for name, value in (("tenant", tenant), ("project", project), ("namespace", namespace), ("type", type),
-                            ("q", q)):
+        for name, value in (
+            ("tenant", tenant),
+            ("project", project),
+            ("namespace", namespace),
+            ("type", type),
+            ("q", q),
+        ):
             check_text(value, name, self.limits.max_text)
         own = "(r.tenant_id = ?" + (" AND r.project_id = ?)" if p.project else ")")
         own_params: list[Any] = [p.tenant] + ([p.project] if p.project else [])
@@ -148,11 +180,17 @@ class CatalogReads(AccessControl):
             + (" AND (g.subject_project IS NULL OR g.subject_project = ?)" if p.project else "")
             + ")"
         )
-        sql = f"SELECT {', '.join('r.' + c.strip() for c in RESOURCE_COLS.split(','))} FROM registry_resource r"
+        sql = (
+            f"SELECT {', '.join('r.' + c.strip() for c in RESOURCE_COLS.split(','))} FROM registry_resource r"
+        )
         sql += f" WHERE ({own} OR {shared})"
         filters: list[Any] = []
-        for col, value in (("tenant_id", tenant), ("project_id", project), ("namespace", namespace),
-                           ("resource_type", type)):
+        for col, value in (
+            ("tenant_id", tenant),
+            ("project_id", project),
+            ("namespace", namespace),
+            ("resource_type", type),
+        ):
             if value:
                 sql += f" AND r.{col} = ?"
                 filters.append(value)
@@ -164,10 +202,12 @@ class CatalogReads(AccessControl):
             sql += " AND r.seq = (SELECT s.last_seq FROM registry_series s WHERE s.series_id = r.series_id)"
         sql += " ORDER BY r.series_id, r.seq LIMIT ? OFFSET ?"
         with self.store.read() as tx:
-            shared_params: list[Any] = [p.tenant, instant(tx.dialect, utc_now())] + ([p.project] if p.project else [])
+            shared_params: list[Any] = [p.tenant, instant(tx.dialect, utc_now())] + (
+                [p.project] if p.project else []
+            )
             rows = tx.all(sql, own_params + shared_params + filters + [limit, offset])
             locations = self._locations(tx, [r[0] for r in rows])
-        self._audit_many([(p, "list", True, r[1], r[3], r[4], "live grant") for r in rows
-                          if not self._owns(p, r[3], r[4])])
+        self._audit_many(
+            [(p, "list", True, r[1], r[3], r[4], "live grant") for r in rows if not self._owns(p, r[3], r[4])]
+        )
         return [resource_from_row(r, locations[r[0]]) for r in rows]
-

@@ -1,7 +1,7 @@
 """``noetl-registry``: serve the registry, manage API keys, apply migrations.
 
-    noetl-registry serve --db postgresql://... --host 127.0.0.1 --port 8780
-    noetl-registry keys create --db sqlite:///reg.db --tenant acme [--project lab]   # prints the key
+noetl-registry serve --db postgresql://... --host 127.0.0.1 --port 8780
+noetl-registry keys create --db sqlite:///reg.db --tenant acme [--project lab]   # prints the key
 """
 
 from __future__ import annotations
@@ -43,7 +43,15 @@ class _Guarded(OneLineUsageGroup):
             raise
         except RegistryError as e:
             raise BadInput(e.message) from None
-        except (OSError, ValueError, TypeError, LookupError, OverflowError, RecursionError, sqlite3.Error) as e:
+        except (
+            OSError,
+            ValueError,
+            TypeError,
+            LookupError,
+            OverflowError,
+            RecursionError,
+            sqlite3.Error,
+        ) as e:
             raise BadInput(_one_line(e)) from None
         except Exception as e:  # noqa: BLE001 - the last line of defence
             mod = type(e).__module__ or ""
@@ -63,6 +71,7 @@ def _preflight(db: str) -> None:
         psycopg.connect(dsn, connect_timeout=CONNECT_TIMEOUT_S).close()
     except Exception as e:  # noqa: BLE001
         raise BadInput(f"cannot reach registry database: {_one_line(e)}") from None
+
 
 DB_HELP = "sqlite:///path, a path, or postgresql://... (default: $NOETL_DAGSTER_HOME/registry.db)"
 

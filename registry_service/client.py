@@ -145,8 +145,14 @@ class InProcessRegistryClient(RegistryClient):
     call re-authenticates it (a cache hit unless a key was revoked), so a revoked key stops
     working on its next call here too."""
 
-    def __init__(self, registry: Registry, principal: Principal, *, owns_registry: bool = False,
-                 api_key: str | None = None):
+    def __init__(
+        self,
+        registry: Registry,
+        principal: Principal,
+        *,
+        owns_registry: bool = False,
+        api_key: str | None = None,
+    ):
         self.registry = registry
         self._principal = principal
         self._api_key = api_key
@@ -160,12 +166,28 @@ class InProcessRegistryClient(RegistryClient):
             self._principal = self.registry.authenticate(self._api_key)
         return self._principal
 
-    def register(self, uri, *, kind=None, locations=(), metadata=None, inputs=(), execution_id=None, step=None,
-                 task=None) -> Resource:  # noqa: D102
+    def register(
+        self,
+        uri,
+        *,
+        kind=None,
+        locations=(),
+        metadata=None,
+        inputs=(),
+        execution_id=None,
+        step=None,
+        task=None,
+    ) -> Resource:  # noqa: D102
         req = _build(
             RegisterRequest,
-            uri=uri, kind=kind, locations=[_location(lc) for lc in locations], metadata=dict(metadata or {}),
-            inputs=list(inputs), execution_id=execution_id, step=step, task=task,
+            uri=uri,
+            kind=kind,
+            locations=[_location(lc) for lc in locations],
+            metadata=dict(metadata or {}),
+            inputs=list(inputs),
+            execution_id=execution_id,
+            step=step,
+            task=task,
         )
         return self.registry.register(self.principal, req)
 
@@ -185,8 +207,11 @@ class InProcessRegistryClient(RegistryClient):
     def grant(self, resource_uri, subject, *, permission="read", expires_at=None, purpose=None) -> Grant:
         req = _build(
             GrantRequest,
-            resource_uri=resource_uri, subject=subject, permission=permission,  # type: ignore[arg-type]
-            expires_at=expires_at, purpose=purpose,
+            resource_uri=resource_uri,
+            subject=subject,
+            permission=permission,  # type: ignore[arg-type]
+            expires_at=expires_at,
+            purpose=purpose,
         )
         return self.registry.grant(self.principal, req)
 
@@ -199,11 +224,28 @@ class InProcessRegistryClient(RegistryClient):
     def lineage(self, resource_id, direction="up", depth=1) -> Lineage:
         return self.registry.lineage(self.principal, resource_id, direction, depth)
 
-    def list(self, *, tenant=None, project=None, namespace=None, type=None, q=None, latest=False, limit=100,
-             offset=0) -> list[Resource]:
+    def list(
+        self,
+        *,
+        tenant=None,
+        project=None,
+        namespace=None,
+        type=None,
+        q=None,
+        latest=False,
+        limit=100,
+        offset=0,
+    ) -> list[Resource]:
         return self.registry.list_resources(
-            self.principal, tenant=tenant, project=project, namespace=namespace, type=type, q=q,
-            latest_only=latest, limit=limit, offset=offset,
+            self.principal,
+            tenant=tenant,
+            project=project,
+            namespace=namespace,
+            type=type,
+            q=q,
+            latest_only=latest,
+            limit=limit,
+            offset=offset,
         )
 
     def events(self, after=0, limit=100) -> EventPage:
@@ -265,15 +307,37 @@ class HttpRegistryClient(RegistryClient):
             raise err
         return r.content
 
-    def register(self, uri, *, kind=None, locations=(), metadata=None, inputs=(), execution_id=None, step=None,
-                 task=None) -> Resource:
+    def register(
+        self,
+        uri,
+        *,
+        kind=None,
+        locations=(),
+        metadata=None,
+        inputs=(),
+        execution_id=None,
+        step=None,
+        task=None,
+    ) -> Resource:
         req = _build(
             RegisterRequest,
-            uri=uri, kind=kind, locations=[_location(lc) for lc in locations], metadata=dict(metadata or {}),
-            inputs=list(inputs), execution_id=execution_id, step=step, task=task,
+            uri=uri,
+            kind=kind,
+            locations=[_location(lc) for lc in locations],
+            metadata=dict(metadata or {}),
+            inputs=list(inputs),
+            execution_id=execution_id,
+            step=step,
+            task=task,
         )
-        return Resource.model_validate_json(self._call("POST", "/v1/resources", content=req.model_dump_json(),
-                                                  headers={"content-type": "application/json"}))
+        return Resource.model_validate_json(
+            self._call(
+                "POST",
+                "/v1/resources",
+                content=req.model_dump_json(),
+                headers={"content-type": "application/json"},
+            )
+        )
 
     def resolve(self, uri, *, purpose="read", region=None) -> AccessPlan:
         params = {"uri": uri, "purpose": purpose}
@@ -286,21 +350,38 @@ class HttpRegistryClient(RegistryClient):
 
     def delete_ephemeral(self, resource_id) -> Resource:
         """DELETE /v1/ephemeral-playbooks/{id}: Conflict (409) before the parent is archived or for other kinds."""
-        return Resource.model_validate_json(self._call("DELETE", f"/v1/ephemeral-playbooks/{_seg(resource_id)}"))
+        return Resource.model_validate_json(
+            self._call("DELETE", f"/v1/ephemeral-playbooks/{_seg(resource_id)}")
+        )
 
     def add_location(self, resource_id, location) -> Location:
         body = _location(location).model_dump_json()
-        return Location.model_validate_json(self._call("POST", f"/v1/resources/{_seg(resource_id)}/locations",
-                                                  content=body, headers={"content-type": "application/json"}))
+        return Location.model_validate_json(
+            self._call(
+                "POST",
+                f"/v1/resources/{_seg(resource_id)}/locations",
+                content=body,
+                headers={"content-type": "application/json"},
+            )
+        )
 
     def grant(self, resource_uri, subject, *, permission="read", expires_at=None, purpose=None) -> Grant:
         req = _build(
             GrantRequest,
-            resource_uri=resource_uri, subject=subject, permission=permission,  # type: ignore[arg-type]
-            expires_at=expires_at, purpose=purpose,
+            resource_uri=resource_uri,
+            subject=subject,
+            permission=permission,  # type: ignore[arg-type]
+            expires_at=expires_at,
+            purpose=purpose,
         )
-        return Grant.model_validate_json(self._call("POST", "/v1/grants", content=req.model_dump_json(),
-                                               headers={"content-type": "application/json"}))
+        return Grant.model_validate_json(
+            self._call(
+                "POST",
+                "/v1/grants",
+                content=req.model_dump_json(),
+                headers={"content-type": "application/json"},
+            )
+        )
 
     def revoke(self, grant_id) -> Grant:
         return Grant.model_validate_json(self._call("DELETE", f"/v1/grants/{_seg(grant_id)}"))
@@ -312,21 +393,49 @@ class HttpRegistryClient(RegistryClient):
         return _GRANT_LIST.validate_json(self._call("GET", "/v1/grants", params=params))
 
     def lineage(self, resource_id, direction="up", depth=1) -> Lineage:
-        return Lineage.model_validate_json(self._call(
-            "GET", f"/v1/resources/{_seg(resource_id)}/lineage", params={"direction": direction, "depth": depth}))
+        return Lineage.model_validate_json(
+            self._call(
+                "GET",
+                f"/v1/resources/{_seg(resource_id)}/lineage",
+                params={"direction": direction, "depth": depth},
+            )
+        )
 
-    def list(self, *, tenant=None, project=None, namespace=None, type=None, q=None, latest=False, limit=100,
-             offset=0) -> list[Resource]:
-        params = {k: v for k, v in {"tenant": tenant, "project": project, "namespace": namespace, "type": type,
-                                     "q": q}.items() if v}
+    def list(
+        self,
+        *,
+        tenant=None,
+        project=None,
+        namespace=None,
+        type=None,
+        q=None,
+        latest=False,
+        limit=100,
+        offset=0,
+    ) -> list[Resource]:
+        params = {
+            k: v
+            for k, v in {
+                "tenant": tenant,
+                "project": project,
+                "namespace": namespace,
+                "type": type,
+                "q": q,
+            }.items()
+            if v
+        }
         params.update(latest=latest, limit=limit, offset=offset)
         return ResourcePage.model_validate_json(self._call("GET", "/v1/resources", params=params)).resources
 
     def events(self, after=0, limit=100) -> EventPage:
-        return EventPage.model_validate_json(self._call("GET", "/v1/events", params={"after": after, "limit": limit}))
+        return EventPage.model_validate_json(
+            self._call("GET", "/v1/events", params={"after": after, "limit": limit})
+        )
 
     def audit(self, after=0, limit=100) -> AuditPage:
-        return AuditPage.model_validate_json(self._call("GET", "/v1/audit", params={"after": after, "limit": limit}))
+        return AuditPage.model_validate_json(
+            self._call("GET", "/v1/audit", params={"after": after, "limit": limit})
+        )
 
     def whoami(self) -> WhoAmI:
         if self._who is None:

@@ -64,7 +64,9 @@ class Limits:
 
     @classmethod
     def from_env(cls) -> Limits:
-        return cls(**{f: _env_int(f"NOETL_REGISTRY_{f.upper()}", getattr(cls, f)) for f in cls.__dataclass_fields__})
+        return cls(
+            **{f: _env_int(f"NOETL_REGISTRY_{f.upper()}", getattr(cls, f)) for f in cls.__dataclass_fields__}
+        )
 
 
 def to_json(value: Any) -> str:
@@ -129,7 +131,9 @@ def parse_subject(subject: str) -> tuple[str, str | None, str]:
         if kind == "project":
             tenant, slash, project = rest.partition("/")
             if not slash:
-                raise InvalidRequest(f"grant subject {subject!r}: project subjects are project:<tenant>/<project>")
+                raise InvalidRequest(
+                    f"grant subject {subject!r}: project subjects are project:<tenant>/<project>"
+                )
             check_scope(tenant, "tenant")
             check_scope(project, "project")
             return tenant, project, f"project:{tenant}/{project}"
@@ -149,18 +153,48 @@ def locator(uri: str, *, require_version: bool, max_len: int = 1024) -> Resource
 def resource_from_row(row: Sequence[Any], locations: list[Location]) -> Resource:
     loc = ResourceLocator(row[3], row[4], row[5], row[6], row[7], row[8])
     return Resource(
-        resource_id=row[0], uri=row[1], urn=loc.urn, series=row[2], tenant=row[3], project=row[4],
-        namespace=row[5], type=row[6], name=row[7], version=row[8], seq=int(row[9]), kind=row[10],
-        status=row[11], home_shard=row[12], metadata=from_json(row[13]), locations=locations,
-        created_at=row[14], created_by=row[15], execution_id=row[16], step=row[17], task=row[18],
+        resource_id=row[0],
+        uri=row[1],
+        urn=loc.urn,
+        series=row[2],
+        tenant=row[3],
+        project=row[4],
+        namespace=row[5],
+        type=row[6],
+        name=row[7],
+        version=row[8],
+        seq=int(row[9]),
+        kind=row[10],
+        status=row[11],
+        home_shard=row[12],
+        metadata=from_json(row[13]),
+        locations=locations,
+        created_at=row[14],
+        created_by=row[15],
+        execution_id=row[16],
+        step=row[17],
+        task=row[18],
     )
 
 
 def location_from_row(r: Sequence[Any]) -> Location:
     return Location(
-        location_id=r[0], resource_id=r[1], uri=r[2], storage_type=r[3], region=r[4], shard=r[5],
-        storage_class=r[6], role=r[7], status=r[8], checksum=r[9], size_bytes=r[10], format=r[11],
-        rows=r[12], schema_fingerprint=r[13], metadata=from_json(r[14]), created_at=r[15],
+        location_id=r[0],
+        resource_id=r[1],
+        uri=r[2],
+        storage_type=r[3],
+        region=r[4],
+        shard=r[5],
+        storage_class=r[6],
+        role=r[7],
+        status=r[8],
+        checksum=r[9],
+        size_bytes=r[10],
+        format=r[11],
+        rows=r[12],
+        schema_fingerprint=r[13],
+        metadata=from_json(r[14]),
+        created_at=r[15],
     )
 
 
@@ -233,9 +267,13 @@ class RegistryBase:
     ) -> None:
         """One audit entry; inside ``tx`` (atomic with the change it records) or in its own transaction.
         ``requested``: what the actor named (a URI as asked, or an id) — all a denied actor may see of it."""
-        self._audit_many([(p, action, allowed, uri, owner_tenant, owner_project, reason)], tx, requested=requested)
+        self._audit_many(
+            [(p, action, allowed, uri, owner_tenant, owner_project, reason)], tx, requested=requested
+        )
 
-    def _audit_many(self, entries: Sequence[AuditRow], tx: Tx | None = None, *, requested: str | None = None) -> None:
+    def _audit_many(
+        self, entries: Sequence[AuditRow], tx: Tx | None = None, *, requested: str | None = None
+    ) -> None:
         if not entries:
             return
         if tx is None:
@@ -249,7 +287,17 @@ class RegistryBase:
                 "INSERT INTO registry_audit (seq, ts, action, allowed, reason, uri, actor_key_id, actor_tenant,"
                 " actor_project, owner_tenant, owner_project, requested) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
-                    seq, now, action, bool(allowed) if tx.dialect == "postgres" else int(allowed),
-                    reason, uri, p.key_id, p.tenant, p.project, owner_tenant, owner_project, requested,
+                    seq,
+                    now,
+                    action,
+                    bool(allowed) if tx.dialect == "postgres" else int(allowed),
+                    reason,
+                    uri,
+                    p.key_id,
+                    p.tenant,
+                    p.project,
+                    owner_tenant,
+                    owner_project,
+                    requested,
                 ),
             )

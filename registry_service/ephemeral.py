@@ -26,13 +26,17 @@ class EphemeralRows:
 
     def delete_ephemeral(self, p: Principal, resource_id: str) -> Resource:
         with self.store.write() as tx:  # type: ignore[attr-defined]
-            row = tx.one(f"SELECT {RESOURCE_COLS} FROM registry_resource WHERE resource_id = ?", (resource_id,))
+            row = tx.one(
+                f"SELECT {RESOURCE_COLS} FROM registry_resource WHERE resource_id = ?", (resource_id,)
+            )
             if row is None:
                 raise NotFound(f"no resource {resource_id!r}")
             loc = ResourceLocator(row[3], row[4], row[5], row[6], row[7], row[8])
             self._authorize(tx, p, loc, row[0], "write")  # type: ignore[attr-defined]
             if row[10] != EPHEMERAL_KIND:
-                raise Conflict(f"{row[1]} is a {row[10]!r} resource; only {EPHEMERAL_KIND} rows can be deleted")
+                raise Conflict(
+                    f"{row[1]} is a {row[10]!r} resource; only {EPHEMERAL_KIND} rows can be deleted"
+                )
             meta: dict[str, Any] = from_json(row[13]) or {}
             if row[11] == "deleted":
                 return resource_from_row(row, [])
@@ -42,12 +46,16 @@ class EphemeralRows:
                 raise Conflict(f"{row[1]}: the generating execution {parent} is not archived yet; "
                                "archive it first (noetl-dagster archive), then delete the row")  # fmt: skip
             tomb = {k: v for k, v in meta.items() if k != "definition"}
-            tomb.update({"deleted_at": iso(utc_now()), "archive": archive, "definition_in": "archive bundle events"})
+            tomb.update(
+                {"deleted_at": iso(utc_now()), "archive": archive, "definition_in": "archive bundle events"}
+            )
             tx.exec("UPDATE registry_resource SET status = ?, metadata = ? WHERE resource_id = ?",
                     ("deleted", to_json(tomb), row[0]))  # fmt: skip
             self._event(tx, EV_EPHEMERAL_DELETED, loc.tenant, loc.project, row[0], row[1], p.key_id,  # type: ignore[attr-defined]
                         {"playbook_id": meta.get("playbook_id"), "parent_execution_id": parent, "archive": archive})  # fmt: skip
-            new = tx.one(f"SELECT {RESOURCE_COLS} FROM registry_resource WHERE resource_id = ?", (resource_id,))
+            new = tx.one(
+                f"SELECT {RESOURCE_COLS} FROM registry_resource WHERE resource_id = ?", (resource_id,)
+            )
             return resource_from_row(new, [])
 
 

@@ -137,12 +137,15 @@ class Location(LocationIn):
 
 
 class RegisterRequest(_Model):
-    uri: Text = Field(description="noetl:// or urn:noetl; without a version the registry assigns the next v<N>")
+    uri: Text = Field(
+        description="noetl:// or urn:noetl; without a version the registry assigns the next v<N>"
+    )
     kind: ShortText | None = Field(None, description="defaults to the resource type of the URI")
     locations: list[LocationIn] = Field(default_factory=list, max_length=1000)
     metadata: JsonObject = Field(default_factory=dict)
-    inputs: list[Text] = Field(default_factory=list, max_length=10_000,
-                               description="noetl:// URIs this resource was derived from")
+    inputs: list[Text] = Field(
+        default_factory=list, max_length=10_000, description="noetl:// URIs this resource was derived from"
+    )
     execution_id: ShortText | None = None
     step: ShortText | None = None
     task: ShortText | None = None
@@ -202,7 +205,8 @@ class GrantRequest(_Model):
     subject: ShortText = Field(description="tenant:<t>, tenant://<t>, project:<t>/<p> or project://<t>/<p>")
     permission: Permission = "read"
     expires_at: datetime | None = Field(
-        None, description="RFC 3339 with an offset, years 0001-9999 in UTC; no leap second (':60')")
+        None, description="RFC 3339 with an offset, years 0001-9999 in UTC; no leap second (':60')"
+    )
     purpose: ShortText | None = None
     conditions: JsonObject = Field(default_factory=dict)
 

@@ -188,8 +188,16 @@ def _parse_stored_ts(text: str) -> datetime:
     try:
         if m:
             y, mo, d, h, mi, sec, frac = m.groups()
-            return datetime(int(y), int(mo), int(d), int(h), int(mi), int(sec), int((frac or "0").ljust(6, "0")),
-                            tzinfo=UTC)
+            return datetime(
+                int(y),
+                int(mo),
+                int(d),
+                int(h),
+                int(mi),
+                int(sec),
+                int((frac or "0").ljust(6, "0")),
+                tzinfo=UTC,
+            )
     except ValueError:
         pass
     return datetime.min.replace(tzinfo=UTC)
@@ -200,10 +208,14 @@ def _v2_grant_instants(tx: Tx) -> None:
     the ``auth`` counter that invalidates every process's key cache on revocation."""
     ts_type = "TIMESTAMPTZ" if tx.dialect == "postgres" else "INTEGER"
     tx.exec(f"ALTER TABLE registry_grant ADD COLUMN expires_ts {ts_type}")
-    for grant_id, text in tx.all("SELECT grant_id, expires_at FROM registry_grant WHERE expires_at IS NOT NULL"):
+    for grant_id, text in tx.all(
+        "SELECT grant_id, expires_at FROM registry_grant WHERE expires_at IS NOT NULL"
+    ):
         ts = _parse_stored_ts(text)
-        tx.exec("UPDATE registry_grant SET expires_ts = ?, expires_at = ? WHERE grant_id = ?",
-                (instant(tx.dialect, ts), iso(ts), grant_id))
+        tx.exec(
+            "UPDATE registry_grant SET expires_ts = ?, expires_at = ? WHERE grant_id = ?",
+            (instant(tx.dialect, ts), iso(ts), grant_id),
+        )
     tx.exec("INSERT INTO registry_counter (name, value) VALUES ('auth', 0) ON CONFLICT (name) DO NOTHING")
 
 
@@ -242,7 +254,9 @@ class Tx:
             self._cur.executemany(self._sql(sql), [tuple(r) for r in rows])
 
     def next_value(self, counter: str) -> int:
-        row = self.one("UPDATE registry_counter SET value = value + 1 WHERE name = ? RETURNING value", (counter,))
+        row = self.one(
+            "UPDATE registry_counter SET value = value + 1 WHERE name = ? RETURNING value", (counter,)
+        )
         assert row is not None, f"counter {counter} missing"
         return int(row[0])
 
@@ -356,7 +370,9 @@ class PostgresRegistryStore(RegistryStore):
         self._psycopg = psycopg
         self.url = url
         dsn = url.replace("postgresql+psycopg://", "postgresql://", 1)
-        self._pool = ConnectionPool(dsn, min_size=min_size, max_size=max_size, open=True, kwargs={"autocommit": True})
+        self._pool = ConnectionPool(
+            dsn, min_size=min_size, max_size=max_size, open=True, kwargs={"autocommit": True}
+        )
         self._migrate()
 
     def _migrate(self) -> None:

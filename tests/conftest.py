@@ -106,7 +106,10 @@ def s3_bucket(moto_endpoint):
 
     bucket = f"noetl-test-{uuid.uuid4().hex[:12]}"
     boto3.client(
-        "s3", endpoint_url=moto_endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
+        "s3",
+        endpoint_url=moto_endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
         region_name="us-east-1",
     ).create_bucket(Bucket=bucket)
     return moto_endpoint, bucket, {"endpoint_url": moto_endpoint, "key": "testing", "secret": "testing"}

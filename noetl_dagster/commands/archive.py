@@ -13,10 +13,16 @@ from noetl_dagster.util.jsonutil import dumps
 
 @click.command()
 @click.argument("execution_id")
-@click.option("--to", "to", required=True, help="Archive store URL: file:///dir, a path, or s3://bucket/prefix.")
+@click.option(
+    "--to", "to", required=True, help="Archive store URL: file:///dir, a path, or s3://bucket/prefix."
+)
 @click.option("--event-store", help="Event store URL (default $NOETL_DAGSTER_HOME/events.db).")
 @click.option("--data-dir", type=click.Path(file_okay=False))
-@click.option("--registry", "registry_url", help="Registry to record the archive in (a DB URL or http://…); default: the embedded one.")
+@click.option(
+    "--registry",
+    "registry_url",
+    help="Registry to record the archive in (a DB URL or http://…); default: the embedded one.",
+)
 @click.option("--no-registry", is_flag=True, help="Do not record the archive in the registry.")
 @click.option("--json", "as_json", is_flag=True)
 def archive(execution_id: str, to: str, event_store: str | None, data_dir: str | None, registry_url: str | None,
@@ -44,12 +50,18 @@ def archive(execution_id: str, to: str, event_store: str | None, data_dir: str |
     if as_json:
         click.echo(dumps(manifest))
     else:
-        click.echo(f"{manifest['status']}: {manifest['uri']}  ({manifest['event_count']} events, {len(manifest['segments'])} segment(s))")
+        click.echo(
+            f"{manifest['status']}: {manifest['uri']}  ({manifest['event_count']} events, {len(manifest['segments'])} segment(s))"
+        )
 
 
 @click.command()
 @click.argument("execution_id")
-@click.option("--playbook", type=click.Path(dir_okay=False), help="The playbook file (default: the one the execution recorded).")
+@click.option(
+    "--playbook",
+    type=click.Path(dir_okay=False),
+    help="The playbook file (default: the one the execution recorded).",
+)
 @click.option("--event-store")
 @click.option("--data-dir", type=click.Path(file_okay=False))
 @click.option("--catalog", "catalog_dirs", multiple=True, type=click.Path(file_okay=False))
@@ -73,5 +85,7 @@ def resume(execution_id: str, playbook: str | None, event_store: str | None, dat
     if as_json:
         click.echo(dumps(result.to_json()))
     else:
-        click.echo(json.dumps({"execution_id": result.execution_id, "status": result.status, "runs": result.runs}))
+        click.echo(
+            json.dumps({"execution_id": result.execution_id, "status": result.status, "runs": result.runs})
+        )
     sys.exit(EXIT_OK if result.status == "completed" else EXIT_FAILED)

@@ -14,7 +14,10 @@ def _overrides(pairs: tuple[str, ...]) -> dict[str, str]:
     for pair in pairs:
         host, sep, url = pair.partition("=")
         if not sep or not host or not url.startswith(("http://", "https://")):
-            raise click.BadParameter(f"{pair!r}: expected HOST=URL, e.g. httpbin.org=http://127.0.0.1:8080", param_hint="--http-override")
+            raise click.BadParameter(
+                f"{pair!r}: expected HOST=URL, e.g. httpbin.org=http://127.0.0.1:8080",
+                param_hint="--http-override",
+            )
         out[host.lower()] = url
     return out
 
@@ -22,17 +25,41 @@ def _overrides(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.command()
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the whole report as one JSON object.")
-@click.option("--http-override", "overrides", multiple=True, metavar="HOST=URL",
-              help="Send requests for HOST (or HOST:PORT) to URL; adds to / replaces the built-in stub servers.")
-@click.option("--core", "core_list", type=click.Path(exists=True, dir_okay=False),
-              help="List of fixtures to run (default: core_fixtures.txt above DIR).")
-@click.option("--pg-url", default="postgresql://postgres@127.0.0.1:5432/noetl_conformance", show_default=True,
-              help="Database the fixtures' pg_local / pg_k8s credentials point at (created if missing).")
-@click.option("--only", multiple=True, help="Run only core fixtures whose path contains this text (repeatable).")
+@click.option(
+    "--http-override",
+    "overrides",
+    multiple=True,
+    metavar="HOST=URL",
+    help="Send requests for HOST (or HOST:PORT) to URL; adds to / replaces the built-in stub servers.",
+)
+@click.option(
+    "--core",
+    "core_list",
+    type=click.Path(exists=True, dir_okay=False),
+    help="List of fixtures to run (default: core_fixtures.txt above DIR).",
+)
+@click.option(
+    "--pg-url",
+    default="postgresql://postgres@127.0.0.1:5432/noetl_conformance",
+    show_default=True,
+    help="Database the fixtures' pg_local / pg_k8s credentials point at (created if missing).",
+)
+@click.option(
+    "--only", multiple=True, help="Run only core fixtures whose path contains this text (repeatable)."
+)
 @click.option("--no-run", is_flag=True, help="Only parse and validate; run nothing.")
-@click.option("--markdown", "markdown_out", type=click.Path(dir_okay=False), help="Also write the report as Markdown here.")
-@click.option("--work-dir", type=click.Path(file_okay=False), help="Keep each fixture's event log and payloads here.")
-def conformance(directory, as_json, overrides, core_list, pg_url, only, no_run, markdown_out, work_dir) -> None:
+@click.option(
+    "--markdown",
+    "markdown_out",
+    type=click.Path(dir_okay=False),
+    help="Also write the report as Markdown here.",
+)
+@click.option(
+    "--work-dir", type=click.Path(file_okay=False), help="Keep each fixture's event log and payloads here."
+)
+def conformance(
+    directory, as_json, overrides, core_list, pg_url, only, no_run, markdown_out, work_dir
+) -> None:
     """Parse, validate and (for the core list) run every playbook under DIRECTORY.
 
     Network calls go to local stub servers; Postgres credentials to the local

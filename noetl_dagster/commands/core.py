@@ -154,17 +154,43 @@ def _styled(console: Any, style: str, text: str) -> str:
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--workload", help="JSON object merged over the playbook's workload (or @file.json).")
 @click.option("--runner", type=click.Choice(["local", "dagster"]), default="local", show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: execution_id, status, ctx, results, runs.")
-@click.option("--catalog", "catalog_dirs", multiple=True, type=click.Path(file_okay=False), help="Extra directory of sub-playbooks.")
-@click.option("--event-store", help="Event store URL (sqlite:///path or postgresql://...). Default: $NOETL_DAGSTER_HOME/events.db")
-@click.option("--data-dir", type=click.Path(file_okay=False), help="Data directory (default $NOETL_DAGSTER_HOME or ./.noetl).")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON object: execution_id, status, ctx, results, runs."
+)
+@click.option(
+    "--catalog",
+    "catalog_dirs",
+    multiple=True,
+    type=click.Path(file_okay=False),
+    help="Extra directory of sub-playbooks.",
+)
+@click.option(
+    "--event-store",
+    help="Event store URL (sqlite:///path or postgresql://...). Default: $NOETL_DAGSTER_HOME/events.db",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False),
+    help="Data directory (default $NOETL_DAGSTER_HOME or ./.noetl).",
+)
 @click.option("--tenant", default="default", show_default=True, callback=_scope_name)
 @click.option("--project", default="default", show_default=True, callback=_scope_name)
-@click.option("--mode", type=click.Choice(["default", "per_step"]), default="default", help="Dagster runner: job layout.")
-@click.option("--detach", is_flag=True, help="Dagster runner: only request the execution; the sensor launches it.")
+@click.option(
+    "--mode",
+    type=click.Choice(["default", "per_step"]),
+    default="default",
+    help="Dagster runner: job layout.",
+)
+@click.option(
+    "--detach", is_flag=True, help="Dagster runner: only request the execution; the sensor launches it."
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
-@click.option("--max-step-runs", type=click.IntRange(1, 10_000_000), default=None,
-              help="Fail the execution after this many step runs (default: executor.spec.max_step_runs, else 10000).")
+@click.option(
+    "--max-step-runs",
+    type=click.IntRange(1, 10_000_000),
+    default=None,
+    help="Fail the execution after this many step runs (default: executor.spec.max_step_runs, else 10000).",
+)
 def run(
     file: str,
     workload: str | None,
@@ -199,7 +225,9 @@ def run(
         sys.exit(EXIT_BAD_INPUT)
     if max_step_runs is not None:
         # a copy: load_playbook's parsed playbooks are shared within the process
-        executor = pb.executor.model_copy(update={"spec": {**pb.executor.spec, "max_step_runs": max_step_runs}})
+        executor = pb.executor.model_copy(
+            update={"spec": {**pb.executor.spec, "max_step_runs": max_step_runs}}
+        )
         pb = pb.model_copy(update={"executor": executor})
     progress = _Progress(enabled=not as_json and not quiet)
     from noetl_dagster.engine.events import uuid7
@@ -236,12 +264,16 @@ def run(
     else:
         _print_summary(result)
     if result.extra.get("error"):  # the engine ended it (a crash, a limit): one line on stderr
-        click.echo(f"error: execution {result.execution_id} failed: {result.extra['error'].get('message')}", err=True)
+        click.echo(
+            f"error: execution {result.execution_id} failed: {result.extra['error'].get('message')}", err=True
+        )
     sys.exit(EXIT_OK if result.status in ("completed", "requested") else EXIT_FAILED)
 
 
 @contextmanager
-def _execution_lease(event_store: str | None, data_dir: str | None, execution_id: str | None) -> Iterator[None]:
+def _execution_lease(
+    event_store: str | None, data_dir: str | None, execution_id: str | None
+) -> Iterator[None]:
     """`run` holds its execution's lease while it runs, as `resume` does (issue 14.7): a `resume`
     of a running execution is refused instead of running it a second time. The lease lives on a
     store connection of its own; a detached run (nothing runs here) takes none."""
@@ -302,7 +334,9 @@ def _print_rich_summary(result: Any, rows: list[tuple[str, str, str]]) -> None:
 
     console = Console()
     color = "green" if result.status == "completed" else "red"
-    console.print(f"[bold]{result.playbook}[/]  execution [cyan]{result.execution_id}[/]  [{color}]{result.status}[/]")
+    console.print(
+        f"[bold]{result.playbook}[/]  execution [cyan]{result.execution_id}[/]  [{color}]{result.status}[/]"
+    )
     table = Table(show_header=True, header_style="bold")
     table.add_column("step")
     table.add_column("runs", justify="right")
@@ -318,7 +352,9 @@ def _print_plain_summary(result: Any, rows: list[tuple[str, str, str]]) -> bool:
     width = console_width()
     head = text_lines(f"{result.playbook}  execution {result.execution_id}  {result.status}", width)
     body = plain_table(["step", "runs", "result"], rows, {1}, width)
-    tail = text_lines(f"event log: {result.event_store_url}  (noetl-dagster events {result.execution_id})", width)
+    tail = text_lines(
+        f"event log: {result.event_store_url}  (noetl-dagster events {result.execution_id})", width
+    )
     if head is None or body is None or tail is None:
         return False
     sys.stdout.write("\n".join([*head, *body, *tail]) + "\n")
@@ -333,10 +369,20 @@ def _open_store(event_store: str | None, data_dir: str | None) -> Any:
 
 @click.command()
 @click.argument("execution_id", required=False)
-@click.option("--from-archive", "archive_uri", help="Rebuild from an execution archive bundle instead of the event store.")
-@click.option("--bodies", is_flag=True, help="Fetch stored payloads (verified) into the output instead of summaries.")
-@click.option("--max-body-bytes", type=click.IntRange(min=0), default=None,
-              help="With --bodies: the largest payload fetched (default 16 MiB); bigger ones stay references.")
+@click.option(
+    "--from-archive",
+    "archive_uri",
+    help="Rebuild from an execution archive bundle instead of the event store.",
+)
+@click.option(
+    "--bodies", is_flag=True, help="Fetch stored payloads (verified) into the output instead of summaries."
+)
+@click.option(
+    "--max-body-bytes",
+    type=click.IntRange(min=0),
+    default=None,
+    help="With --bodies: the largest payload fetched (default 16 MiB); bigger ones stay references.",
+)
 @click.option("--event-store")
 @click.option("--data-dir", type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True)
@@ -408,7 +454,9 @@ def events(execution_id: str, event_store: str | None, data_dir: str | None, as_
         if as_json:
             click.echo(dumps(ev.to_dict()))
         else:
-            where = ".".join(str(x) for x in (ev.step, ev.data.get("task") if isinstance(ev.data, dict) else None) if x)
+            where = ".".join(
+                str(x) for x in (ev.step, ev.data.get("task") if isinstance(ev.data, dict) else None) if x
+            )
             it = f"[{ev.iteration}]" if ev.iteration is not None else ""
             click.echo(f"{ev.sequence:>5} {ev.timestamp[11:23]} {ev.name:<26} {ev.status:<11} {where}{it}")
 
@@ -426,4 +474,6 @@ def executions(event_store: str | None, data_dir: str | None, limit: int, as_jso
         click.echo(dumps([r.__dict__ for r in rows]))
         return
     for r in rows:
-        click.echo(f"{r.execution_id}  {r.status:<10} {r.events:>6} events  {r.started_at or '':<32} {r.playbook or ''}")
+        click.echo(
+            f"{r.execution_id}  {r.status:<10} {r.events:>6} events  {r.started_at or '':<32} {r.playbook or ''}"
+        )

@@ -41,17 +41,34 @@ dashboard.add_command(render_command, "render")
 @click.option("--port", type=int, default=8765, show_default=True)
 @click.option("--prices", type=click.Path(dir_okay=False), help="Price table to load before serving.")
 @click.option("--no-refresh", is_flag=True, help="Serve what the rollups hold; do not refresh them first.")
-@click.option("--registry", "registry_url", default=None,
-              help="Registry whose API keys sign in: a DB URL or path, or http(s)://… of `noetl-registry serve` "
-                   "(default: $NOETL_REGISTRY_URL, else $NOETL_DAGSTER_HOME/registry.db).")
-@click.option("--admin-tenant", "admin_tenants", multiple=True, envvar="NOETL_DASHBOARD_ADMIN_TENANT",
-              help="Keys of this tenant (not project-scoped) see every tenant and the cluster view; repeatable.")
+@click.option(
+    "--registry",
+    "registry_url",
+    default=None,
+    help="Registry whose API keys sign in: a DB URL or path, or http(s)://… of `noetl-registry serve` "
+    "(default: $NOETL_REGISTRY_URL, else $NOETL_DAGSTER_HOME/registry.db).",
+)
+@click.option(
+    "--admin-tenant",
+    "admin_tenants",
+    multiple=True,
+    envvar="NOETL_DASHBOARD_ADMIN_TENANT",
+    help="Keys of this tenant (not project-scoped) see every tenant and the cluster view; repeatable.",
+)
 @click.option("--secure-cookie", is_flag=True, help="Mark the session cookie Secure (serving behind HTTPS).")
-@click.option("--event-store", help="Event store of the execution pages /executions/<id> and /diff "
-                                    "(default: $NOETL_EVENT_STORE_URL, else <data dir>/events.db).")
-@click.option("--warm", type=click.IntRange(0, 10_000), default=20, show_default=True,
-              help="Write the execution summaries of this many recent executions recorded without one "
-                   "(before summaries), in the background.")
+@click.option(
+    "--event-store",
+    help="Event store of the execution pages /executions/<id> and /diff "
+    "(default: $NOETL_EVENT_STORE_URL, else <data dir>/events.db).",
+)
+@click.option(
+    "--warm",
+    type=click.IntRange(0, 10_000),
+    default=20,
+    show_default=True,
+    help="Write the execution summaries of this many recent executions recorded without one "
+    "(before summaries), in the background.",
+)
 def serve(clickhouse: str | None, data_dir: str | None, database: str | None, host: str, port: int,
           prices: str | None, no_refresh: bool, registry_url: str | None, admin_tenants: tuple[str, ...],
           secure_cookie: bool, event_store: str | None, warm: int) -> None:  # fmt: skip
@@ -85,7 +102,9 @@ def serve(clickhouse: str | None, data_dir: str | None, database: str | None, ho
     if warm:
         threading.Thread(target=views.warm, args=(warm,), daemon=True, name="explain-warm").start()
     admins = f"; admin tenants: {', '.join(sorted(auth.admin_tenants))}" if auth.admin_tenants else ""
-    click.echo(f"dashboard: http://{host}:{server.server_address[1]}/ (sign in with a registry API key{admins})")
+    click.echo(
+        f"dashboard: http://{host}:{server.server_address[1]}/ (sign in with a registry API key{admins})"
+    )
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -99,18 +118,26 @@ def _execution_views(event_store: str | None, data_dir: str | None, prices: str 
     from noetl_dagster.storage.event_stores import open_event_store  # noqa: PLC0415
 
     try:
-        return ExecutionViews(open_event_store(event_store, data_dir=data_dir), prices=prices, data_dir=data_dir)
+        return ExecutionViews(
+            open_event_store(event_store, data_dir=data_dir), prices=prices, data_dir=data_dir
+        )
     except ValueError as e:
         _fail_input(str(e))
 
 
 @dashboard.command("export")
 @common
-@click.option("--out", type=click.Path(file_okay=False), required=True, help="Output directory (writes cost.html).")
+@click.option(
+    "--out", type=click.Path(file_okay=False), required=True, help="Output directory (writes cost.html)."
+)
 @click.option("--prices", type=click.Path(dir_okay=False))
-@click.option("--tenant", default=None, help="Write only this tenant's rows (the file can go to that tenant).")
+@click.option(
+    "--tenant", default=None, help="Write only this tenant's rows (the file can go to that tenant)."
+)
 @click.option("--project", default=None, help="With --tenant: only this project's rows.")
-@click.option("--all-tenants", is_flag=True, help="Write every tenant's rows and the cluster view (operators only).")
+@click.option(
+    "--all-tenants", is_flag=True, help="Write every tenant's rows and the cluster view (operators only)."
+)
 def export_cmd(clickhouse: str | None, data_dir: str | None, database: str | None, out: str, prices: str | None,
                tenant: str | None, project: str | None, all_tenants: bool) -> None:  # fmt: skip
     """Write the interactive dashboard as one self-contained HTML file (one tenant's data inlined)."""
@@ -152,4 +179,6 @@ def demo_history(clickhouse: str | None, data_dir: str | None, database: str | N
         n = generate_history(store, days=days, per_day=per_day, tenants=tenants)
     except ValueError as e:
         _fail_input(str(e))
-    click.echo(f"SYNTHETIC demo history: {n} task attempts over {days} days for {tenants} tenants (synthetic-*)")
+    click.echo(
+        f"SYNTHETIC demo history: {n} task attempts over {days} days for {tenants} tenants (synthetic-*)"
+    )

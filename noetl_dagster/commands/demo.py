@@ -56,9 +56,14 @@ def _scope(example_dir: Path) -> tuple[str, str]:
 
 
 @click.command()
-@click.option("--home", type=click.Path(file_okay=False, path_type=Path),
-              help="Where .dagster_home and .noetl go (default: example_project/ in a checkout, else .).")
-@click.option("--only", "only", multiple=True, help="Run only these playbooks (file stem, e.g. countdown_cycle).")
+@click.option(
+    "--home",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where .dagster_home and .noetl go (default: example_project/ in a checkout, else .).",
+)
+@click.option(
+    "--only", "only", multiple=True, help="Run only these playbooks (file stem, e.g. countdown_cycle)."
+)
 @click.option("--fresh", is_flag=True, help="Start from empty Dagster and NoETL homes.")
 @click.option("--verbose", "-v", is_flag=True, help="Show Dagster's own log lines too.")
 def demo(home: Path | None, only: tuple[str, ...], fresh: bool, verbose: bool) -> None:  # fmt: skip
@@ -100,7 +105,14 @@ def demo(home: Path | None, only: tuple[str, ...], fresh: bool, verbose: bool) -
     try:
         for f in files:
             t0 = time.perf_counter()
-            row: dict[str, Any] = {"playbook": f.stem, "status": "error", "steps": 0, "runs": 0, "id": "", "mode": ""}
+            row: dict[str, Any] = {
+                "playbook": f.stem,
+                "status": "error",
+                "steps": 0,
+                "runs": 0,
+                "id": "",
+                "mode": "",
+            }
             with console.status(f"running {f.stem} ..."):
                 try:
                     pb = load_playbook(f)
@@ -132,14 +144,21 @@ def demo(home: Path | None, only: tuple[str, ...], fresh: bool, verbose: bool) -
                       f"{r['seconds']:.1f}", r["id"])  # fmt: skip
     console.print()
     console.print(table)
-    sample = next((r["id"] for r in rows if r["playbook"] == "countdown_cycle" and r["id"]), rows[0]["id"] if rows else "ID")
-    dev = "make dev" if base == example_dir else (
-        f"DAGSTER_HOME={dagster_home} NOETL_DAGSTER_HOME={noetl_home} dagster dev -m example_project.definitions"
+    sample = next(
+        (r["id"] for r in rows if r["playbook"] == "countdown_cycle" and r["id"]),
+        rows[0]["id"] if rows else "ID",
+    )
+    dev = (
+        "make dev"
+        if base == example_dir
+        else (
+            f"DAGSTER_HOME={dagster_home} NOETL_DAGSTER_HOME={noetl_home} dagster dev -m example_project.definitions"
+        )
     )
     console.print(f"""
 [bold]Where to look next[/]
   UI:          {dev}   then open http://127.0.0.1:3000 (Runs: filter by tag noetl/execution_id)
-  Event log:   sqlite:///{noetl_home / 'events.db'}
+  Event log:   sqlite:///{noetl_home / "events.db"}
   One execution:   noetl-dagster events {sample} --data-dir {noetl_home}
   All executions:  noetl-dagster executions --data-dir {noetl_home}
   Run one yourself: noetl-dagster run --runner dagster example_project/playbooks/hello_dagster.yaml
@@ -149,5 +168,7 @@ def demo(home: Path | None, only: tuple[str, ...], fresh: bool, verbose: bool) -
 """)
     failed = [r for r in rows if r["status"] != "completed"]
     if failed:
-        console.print(f"[red]{len(failed)} playbook(s) did not complete: {', '.join(r['playbook'] for r in failed)}[/]")
+        console.print(
+            f"[red]{len(failed)} playbook(s) did not complete: {', '.join(r['playbook'] for r in failed)}[/]"
+        )
         sys.exit(1)

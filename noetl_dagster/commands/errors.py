@@ -86,7 +86,9 @@ def convert(exc: BaseException, command: str | None = None) -> click.ClickExcept
     extra = extra_for_module(exc.name) if isinstance(exc, ModuleNotFoundError) else None
     if extra:  # an optional capability that is not installed: say which extra, not the ImportError
         what = f"`noetl-dagster {command}`" if command else "this command"
-        return BadInput(f"{what} needs the {extra!r} extra: {install_hint(extra)} (module {exc.name} is missing)")
+        return BadInput(
+            f"{what} needs the {extra!r} extra: {install_hint(extra)} (module {exc.name} is missing)"
+        )
     if isinstance(exc, RecursionError):
         return BadInput("input is nested too deeply")
     if isinstance(exc, _BAD_INPUT) or _is_sqlite_error(exc) or _is_store_error(exc):

@@ -31,14 +31,18 @@ def _views(event_store: str | None, data_dir: str | None, prices: str | None) ->
     from noetl_dagster.storage.event_stores import open_event_store  # noqa: PLC0415
 
     try:
-        return ExecutionViews(open_event_store(event_store, data_dir=data_dir), prices=prices, data_dir=data_dir)
+        return ExecutionViews(
+            open_event_store(event_store, data_dir=data_dir), prices=prices, data_dir=data_dir
+        )
     except ValueError as e:
         _fail(str(e))
 
 
 def _common(f: Any) -> Any:
     f = click.option("--json", "as_json", is_flag=True, help="Print the data as one JSON object.")(f)
-    f = click.option("--prices", type=click.Path(dir_okay=False), help="Price table for the measured cost.")(f)
+    f = click.option("--prices", type=click.Path(dir_okay=False), help="Price table for the measured cost.")(
+        f
+    )
     f = click.option("--data-dir", type=click.Path(file_okay=False))(f)
     return click.option("--event-store", help="Event store URL (default: $NOETL_DAGSTER_HOME/events.db).")(f)
 
@@ -94,12 +98,16 @@ def explain(execution_id: str, event_store: str | None, data_dir: str | None, pr
 
 
 def _run_line(r: dict[str, Any], file: str, cur: str) -> str:
-    parts = [f"{r['start_ms'] / 1000:>9.3f} {r['duration_ms'] / 1000:>9.3f}  {r['status']:<8} {_text(r['step'], 40)}"]
+    parts = [
+        f"{r['start_ms'] / 1000:>9.3f} {r['duration_ms'] / 1000:>9.3f}  {r['status']:<8} {_text(r['step'], 40)}"
+    ]
     if r["retries"]:
         parts.append(f"retries {r['retries']}")
     loop = r["loop"]
     if loop:
-        parts.append(f"loop {loop['ok']}/{loop['total'] or loop['ok'] + loop['failed']} ok, {loop['failed']} failed")
+        parts.append(
+            f"loop {loop['ok']}/{loop['total'] or loop['ok'] + loop['failed']} ok, {loop['failed']} failed"
+        )
     if r["cost"]:
         parts.append(f"cost {_money(r['cost'])} {cur}")
     if r["fired"]:
@@ -119,7 +127,9 @@ def _run_line(r: dict[str, Any], file: str, cur: str) -> str:
 @click.argument("a")
 @click.argument("b")
 @_common
-def diff(a: str, b: str, event_store: str | None, data_dir: str | None, prices: str | None, as_json: bool) -> None:
+def diff(
+    a: str, b: str, event_store: str | None, data_dir: str | None, prices: str | None, as_json: bool
+) -> None:
     """Where execution B first diverges from A (arc, status, retries, result) and why."""
     from noetl_dagster.engine.explain import UnknownExecution  # noqa: PLC0415
 
@@ -142,7 +152,9 @@ def diff(a: str, b: str, event_store: str | None, data_dir: str | None, prices: 
             f"{k} {_text(', '.join(v), 400)}" for k, v in ch.items() if v))  # fmt: skip
     f = d["first"]
     if f is None:
-        click.echo(f"no divergence: {d['compared_activations']} step activations agree (arcs, status, retries, results)")
+        click.echo(
+            f"no divergence: {d['compared_activations']} step activations agree (arcs, status, retries, results)"
+        )
         return
     click.echo(f"first divergence ({f['kind']}): {_text(f.get('why', ''), 400)}")
     click.echo(f"  event: A #{f['a_sequence']}  B #{f['b_sequence']}")
@@ -156,4 +168,6 @@ def diff(a: str, b: str, event_store: str | None, data_dir: str | None, prices: 
             click.echo(f"  {label}.{_text(k)}: A {_text(v['a'])}  B {_text(v['b'])}")
     for side in ("a", "b"):
         if f[f"{side}_error"]:
-            click.echo(f"  {side.upper()} error: {_text(f[f'{side}_error'].get('message') or f[f'{side}_error'], 120)}")
+            click.echo(
+                f"  {side.upper()} error: {_text(f[f'{side}_error'].get('message') or f[f'{side}_error'], 120)}"
+            )

@@ -57,8 +57,15 @@ def _jsonable(value: Any) -> Any:
 
 
 _common = [
-    click.option("--clickhouse", help="Facts store: chdb:///dir or http(s)://user:pass@host:8123 (default: embedded chdb)."),
-    click.option("--data-dir", type=click.Path(file_okay=False), help="Data directory (default $NOETL_DAGSTER_HOME or ./.noetl)."),
+    click.option(
+        "--clickhouse",
+        help="Facts store: chdb:///dir or http(s)://user:pass@host:8123 (default: embedded chdb).",
+    ),
+    click.option(
+        "--data-dir",
+        type=click.Path(file_okay=False),
+        help="Data directory (default $NOETL_DAGSTER_HOME or ./.noetl).",
+    ),
     click.option("--database", help="ClickHouse database for the facts (default noetl)."),
 ]
 
@@ -76,12 +83,23 @@ def facts() -> None:
 
 @facts.command()
 @common
-@click.option("--events", "--event-store", "events_url", help="Event log URL (default: the local SQLite log).")
+@click.option(
+    "--events", "--event-store", "events_url", help="Event log URL (default: the local SQLite log)."
+)
 @click.option("--batch", default=20_000, show_default=True, help="Events per Arrow batch.")
-@click.option("--prices", type=click.Path(dir_okay=False), help="Price table for a store that has none loaded yet.")
+@click.option(
+    "--prices", type=click.Path(dir_okay=False), help="Price table for a store that has none loaded yet."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the export report as JSON.")
-def export(clickhouse: str | None, data_dir: str | None, database: str | None, events_url: str | None, batch: int,
-           prices: str | None, as_json: bool) -> None:
+def export(
+    clickhouse: str | None,
+    data_dir: str | None,
+    database: str | None,
+    events_url: str | None,
+    batch: int,
+    prices: str | None,
+    as_json: bool,
+) -> None:
     """Export events newer than the stored cursor as facts (idempotent by event id)."""
     from analytics.exporter import FactExporter  # noqa: PLC0415
 
@@ -109,7 +127,9 @@ def export(clickhouse: str | None, data_dir: str | None, database: str | None, e
 @click.argument("sql")
 @common
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as a JSON list of objects.")
-def query(sql: str, clickhouse: str | None, data_dir: str | None, database: str | None, as_json: bool) -> None:
+def query(
+    sql: str, clickhouse: str | None, data_dir: str | None, database: str | None, as_json: bool
+) -> None:
     """Run SQL against the facts store (`$db` stands for the facts database)."""
     from clickhouse_connect.driver.exceptions import ClickHouseError  # noqa: PLC0415
 
@@ -133,16 +153,24 @@ def query(sql: str, clickhouse: str | None, data_dir: str | None, database: str 
 
 @facts.command()
 @common
-@click.option("--prices", type=click.Path(dir_okay=False), help="Price table (YAML/JSON); default analytics/prices.yaml.")
+@click.option(
+    "--prices",
+    type=click.Path(dir_okay=False),
+    help="Price table (YAML/JSON); default analytics/prices.yaml.",
+)
 @click.option("--json", "as_json", is_flag=True)
-def refresh(clickhouse: str | None, data_dir: str | None, database: str | None, prices: str | None, as_json: bool) -> None:
+def refresh(
+    clickhouse: str | None, data_dir: str | None, database: str | None, prices: str | None, as_json: bool
+) -> None:
     """Re-price every day of the priced table cost_line_day (every cost view reads it) with the price table."""
     report = _refresh(_store(clickhouse, data_dir, database), prices, data_dir)
     if as_json:
         click.echo(json.dumps(report.to_dict()))
     else:
-        click.echo(f"cost lines: {report.rows} rows, total {report.total:.9f} {report.currency}"
-                   f" over {report.tenants} tenant(s); prices {report.prices}")
+        click.echo(
+            f"cost lines: {report.rows} rows, total {report.total:.9f} {report.currency}"
+            f" over {report.tenants} tenant(s); prices {report.prices}"
+        )
 
 
 def _prices(prices: str | None, data_dir: str | None) -> Any:
@@ -177,8 +205,16 @@ def _day_arg(value: str | None, flag: str) -> date | None:
 @click.option("--start", help="First day (YYYY-MM-DD, UTC); default: the first priced day.")
 @click.option("--end", help="Last day (YYYY-MM-DD, UTC), inclusive; default: the last priced day.")
 @click.option("--tenant", help="Only this tenant's charges.")
-def focus_export(clickhouse: str | None, data_dir: str | None, database: str | None, out: str, fmt: str | None,
-                 start: str | None, end: str | None, tenant: str | None) -> None:
+def focus_export(
+    clickhouse: str | None,
+    data_dir: str | None,
+    database: str | None,
+    out: str,
+    fmt: str | None,
+    start: str | None,
+    end: str | None,
+    tenant: str | None,
+) -> None:
     """Chargeback export of the priced table in the FinOps FOCUS column format (CSV or Parquet)."""
     from analytics.focus import FocusExportError, focus_table, write_focus  # noqa: PLC0415
 
@@ -196,14 +232,29 @@ def focus_export(clickhouse: str | None, data_dir: str | None, database: str | N
 
 @click.command()
 @common
-@click.option("--out", type=click.Path(file_okay=False), help="Output directory (default <data dir>/dashboard).")
-@click.option("--events", "--event-store", "events_url", help="Event log to export first (default: the local log).")
-@click.option("--no-export", is_flag=True, help="Render what the store holds; do not export new events first.")
+@click.option(
+    "--out", type=click.Path(file_okay=False), help="Output directory (default <data dir>/dashboard)."
+)
+@click.option(
+    "--events", "--event-store", "events_url", help="Event log to export first (default: the local log)."
+)
+@click.option(
+    "--no-export", is_flag=True, help="Render what the store holds; do not export new events first."
+)
 @click.option("--prices", type=click.Path(dir_okay=False), help="Price table for the cost rollups.")
 @click.option("--days", type=int, help="Only the last N days (default: all time).")
 @click.option("--title", default="NoETL facts", show_default=True)
-def dashboard(clickhouse: str | None, data_dir: str | None, database: str | None, out: str | None,
-              events_url: str | None, no_export: bool, prices: str | None, days: int | None, title: str) -> None:
+def dashboard(
+    clickhouse: str | None,
+    data_dir: str | None,
+    database: str | None,
+    out: str | None,
+    events_url: str | None,
+    no_export: bool,
+    prices: str | None,
+    days: int | None,
+    title: str,
+) -> None:
     """Render the facts dashboard: index.html (self-contained) and one PNG per panel."""
     from analytics.dashboard import render_dashboard  # noqa: PLC0415
     from analytics.exporter import FactExporter  # noqa: PLC0415

@@ -40,8 +40,9 @@ def run_playbooks(
     for path in playbooks:
         for tenant, project in tenants:
             try:
-                result: Any = run_playbook(path, data_dir=data_dir, event_store=event_store, tenant=tenant,
-                                           project=project)
+                result: Any = run_playbook(
+                    path, data_dir=data_dir, event_store=event_store, tenant=tenant, project=project
+                )
             except Exception as e:  # noqa: BLE001 - reported to the caller, the others still run
                 result = e
             out.append((path, tenant, project, result))
@@ -73,7 +74,9 @@ def main() -> None:
     print(f"exported {report.events} events")
     rollup = refresh_rollups(store)
     render_dir = data_dir / "dashboard"
-    dash = render_dashboard(store, render_dir, title="NoETL facts — example playbooks", currency=rollup.currency)
+    dash = render_dashboard(
+        store, render_dir, title="NoETL facts — example playbooks", currency=rollup.currency
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for png in dash.pngs:

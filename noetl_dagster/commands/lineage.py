@@ -43,14 +43,39 @@ def lineage() -> None:
 
 
 @lineage.command()
-@click.option("--events", "--event-store", "events_url", help="Event log URL (default: the local SQLite log).")
-@click.option("--data-dir", type=click.Path(file_okay=False), help="Data directory (default $NOETL_DAGSTER_HOME or ./.noetl).")
-@click.option("--execution", "executions", multiple=True, help="Only these executions (and the sub-executions they started).")
-@click.option("--out", type=click.Path(dir_okay=False), help="Write JSON lines here instead of the configured transport.")
-@click.option("--validate", "check", is_flag=True, help="Validate every event against the OpenLineage spec first.")
-@click.option("--spec-dir", type=click.Path(file_okay=False), help="OpenLineage spec/ directory for --validate.")
-def export(events_url: str | None, data_dir: str | None, executions: tuple[str, ...], out: str | None, check: bool,
-           spec_dir: str | None) -> None:
+@click.option(
+    "--events", "--event-store", "events_url", help="Event log URL (default: the local SQLite log)."
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False),
+    help="Data directory (default $NOETL_DAGSTER_HOME or ./.noetl).",
+)
+@click.option(
+    "--execution",
+    "executions",
+    multiple=True,
+    help="Only these executions (and the sub-executions they started).",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    help="Write JSON lines here instead of the configured transport.",
+)
+@click.option(
+    "--validate", "check", is_flag=True, help="Validate every event against the OpenLineage spec first."
+)
+@click.option(
+    "--spec-dir", type=click.Path(file_okay=False), help="OpenLineage spec/ directory for --validate."
+)
+def export(
+    events_url: str | None,
+    data_dir: str | None,
+    executions: tuple[str, ...],
+    out: str | None,
+    check: bool,
+    spec_dir: str | None,
+) -> None:
     """Convert stored events to OpenLineage and emit them."""
     from openlineage.client import OpenLineageClient  # noqa: PLC0415
     from openlineage.client.serde import Serde  # noqa: PLC0415
@@ -79,7 +104,11 @@ def export(events_url: str | None, data_dir: str | None, executions: tuple[str, 
         run_events.extend(converter.convert(e))
     log.close()
     if validator is not None:
-        bad = [(i, errs) for i, ev in enumerate(run_events) if (errs := validator.errors(json.loads(Serde.to_json(ev))))]
+        bad = [
+            (i, errs)
+            for i, ev in enumerate(run_events)
+            if (errs := validator.errors(json.loads(Serde.to_json(ev))))
+        ]
         for i, errs in bad[:20]:
             click.echo(f"event {i}: {'; '.join(errs)}", err=True)
         if bad:

@@ -83,7 +83,14 @@ def fixture_setups(pg: dict[str, str]) -> dict[str, FixtureSetup]:
     """Per-fixture setup, keyed by the path under ``fixtures/playbooks``. ``pg`` holds
     the local database's host, port, user, password and dbname."""
     pg_python = _pg_conninfo_workload(
-        {"pg_host": "host", "pg_port": "port", "pg_user": "user", "pg_password": "password", "pg_database": "dbname"}, pg
+        {
+            "pg_host": "host",
+            "pg_port": "port",
+            "pg_user": "user",
+            "pg_password": "password",
+            "pg_database": "dbname",
+        },
+        pg,
     )
     return {
         "keychain/google_id_token/google_id_token_test.yaml": FixtureSetup(

@@ -36,7 +36,9 @@ def print_table(report: ConformanceReport, echo=print) -> None:
     for f in core_rows(report):
         color = colors.get(f.outcome or "", "red")
         secs = f"{f.seconds:.1f}" if f.seconds is not None else ""
-        table.add_row(f.path, "yes" if f.valid else "no", f"[{color}]{f.outcome}[/]", secs, f.reason or f.note)
+        table.add_row(
+            f.path, "yes" if f.valid else "no", f"[{color}]{f.outcome}[/]", secs, f.reason or f.note
+        )
     console.print(table)
     invalid = [f for f in report.fixtures if not f.valid and not f.core]
     if invalid:
@@ -70,7 +72,13 @@ def markdown(report: ConformanceReport) -> str:
     ]
     for k, v in t["core_outcomes"].items():
         out.append(f"| core: {k} | {v} |")
-    out += ["", "## Core fixtures", "", "| fixture | valid | outcome | seconds | reason / note |", "|---|---|---|---|---|"]
+    out += [
+        "",
+        "## Core fixtures",
+        "",
+        "| fixture | valid | outcome | seconds | reason / note |",
+        "|---|---|---|---|---|",
+    ]
     for f in core_rows(report):
         secs = f"{f.seconds:.1f}" if f.seconds is not None else ""
         detail = f.reason if f.reason else f.note
@@ -79,6 +87,8 @@ def markdown(report: ConformanceReport) -> str:
         out.append(f"| `{f.path}` | {'yes' if f.valid else 'no'} | {f.outcome} | {secs} | {_cell(detail)} |")
     out += ["", "## Every playbook", "", "| playbook | parses | validates | errors |", "|---|---|---|---|"]
     for f in report.fixtures:
-        errs = "<br>".join(_cell(e) for e in f.errors[:5]) + (f"<br>… {len(f.errors) - 5} more" if len(f.errors) > 5 else "")
+        errs = "<br>".join(_cell(e) for e in f.errors[:5]) + (
+            f"<br>… {len(f.errors) - 5} more" if len(f.errors) > 5 else ""
+        )
         out.append(f"| `{f.path}` | {'yes' if f.parsed else 'no'} | {'yes' if f.valid else 'no'} | {errs} |")
     return "\n".join(out) + "\n"

@@ -136,7 +136,9 @@ def check_file(directory: Path, rel: str) -> FixtureReport:
         parsed = False
     issues = validate_file(path)
     prefix = str(directory) + os.sep  # errors name files relative to the corpus directory
-    return FixtureReport(path=rel, parsed=parsed, valid=not issues, errors=[str(i).replace(prefix, "") for i in issues])
+    return FixtureReport(
+        path=rel, parsed=parsed, valid=not issues, errors=[str(i).replace(prefix, "") for i in issues]
+    )
 
 
 def rewrite_workload_hosts(value: Any, overrides: Mapping[str, str]) -> Any:
@@ -188,7 +190,9 @@ class PostgresTarget:
 
         admin = self.url.rsplit("/", 1)[0] + "/postgres"
         with psycopg.connect(admin, autocommit=True, connect_timeout=10) as conn:
-            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (self.params["dbname"],)).fetchone()
+            exists = conn.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", (self.params["dbname"],)
+            ).fetchone()
             if not exists:
                 conn.execute(f'CREATE DATABASE "{self.params["dbname"]}"')
 
@@ -203,7 +207,13 @@ class PostgresTarget:
         p = self.params
         record = {
             "type": "postgres",
-            "data": {"db_host": p["host"], "db_port": p["port"], "db_user": p["user"], "db_password": p["password"], "db_name": p["dbname"]},
+            "data": {
+                "db_host": p["host"],
+                "db_port": p["port"],
+                "db_user": p["user"],
+                "db_password": p["password"],
+                "db_name": p["dbname"],
+            },
         }
         return {"credentials": {name: record for name in PG_CREDENTIAL_NAMES}}
 
@@ -233,7 +243,11 @@ def run_fixture(
     started = time.perf_counter()
     try:
         proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout, env={**env, "NOETL_DAGSTER_HOME": str(data_dir)}
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**env, "NOETL_DAGSTER_HOME": str(data_dir)},
         )
     except subprocess.TimeoutExpired:
         return TIMEOUT, f"did not finish within {timeout:.0f} s", time.perf_counter() - started, None
@@ -290,12 +304,23 @@ def run_conformance(
         if rel in reports:
             reports[rel].core = True
         else:
-            reports[rel] = FixtureReport(rel, parsed=False, valid=False, errors=[f"{rel}: listed in core_fixtures.txt but not found"], core=True, outcome=ERROR, reason="file not found")
+            reports[rel] = FixtureReport(
+                rel,
+                parsed=False,
+                valid=False,
+                errors=[f"{rel}: listed in core_fixtures.txt but not found"],
+                core=True,
+                outcome=ERROR,
+                reason="file not found",
+            )
 
     target = PostgresTarget(pg_url)
     stubs = StubSet() if run_core else None
     try:
-        overrides = {**(stubs.overrides if stubs else {}), **{k.lower(): v for k, v in (http_overrides or {}).items()}}
+        overrides = {
+            **(stubs.overrides if stubs else {}),
+            **{k.lower(): v for k, v in (http_overrides or {}).items()},
+        }
         if run_core:
             target.ensure_database()
             setups = fixture_setups(target.params)

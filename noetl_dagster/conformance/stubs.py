@@ -56,7 +56,13 @@ class Request:
 
 
 class Reply:
-    def __init__(self, status: int = 200, body: Any = None, headers: dict[str, str] | None = None, raw: bytes | None = None):
+    def __init__(
+        self,
+        status: int = 200,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+        raw: bytes | None = None,
+    ):
         self.status = status
         self.body = body
         self.headers = dict(headers or {})
@@ -90,7 +96,9 @@ class StubServer:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
-                req = Request(self.command, parts.path, query, {k.lower(): v for k, v in self.headers.items()}, body)
+                req = Request(
+                    self.command, parts.path, query, {k.lower(): v for k, v in self.headers.items()}, body
+                )
                 with stub._lock:
                     stub.requests.append((self.command, self.path))
                 try:
@@ -114,7 +122,9 @@ class StubServer:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name=f"stub-{self.name}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name=f"stub-{self.name}", daemon=True
+        )
         self._thread.start()
 
     @property
@@ -201,13 +211,39 @@ class PaginatedApi(StubServer):
     def assessments(self, req: Request) -> Reply:
         page, size = self._page(req)
         start = (page - 1) * size
-        items = [{"id": i, "name": f"Assessment {i}", "score": 50 + (i % 50)} for i in range(start + 1, min(start + size, TOTAL_ITEMS) + 1)]
-        return Reply(200, {"data": items, "paging": {"hasMore": start + size < TOTAL_ITEMS, "page": page, "pageSize": size, "total": TOTAL_ITEMS}})
+        items = [
+            {"id": i, "name": f"Assessment {i}", "score": 50 + (i % 50)}
+            for i in range(start + 1, min(start + size, TOTAL_ITEMS) + 1)
+        ]
+        return Reply(
+            200,
+            {
+                "data": items,
+                "paging": {
+                    "hasMore": start + size < TOTAL_ITEMS,
+                    "page": page,
+                    "pageSize": size,
+                    "total": TOTAL_ITEMS,
+                },
+            },
+        )
 
     def users(self, req: Request) -> Reply:
         offset, limit = max(0, req.int_arg("offset", 0)), max(1, req.int_arg("limit", PAGE_SIZE))
-        users = [{"id": i, "username": f"user{i}", "email": f"user{i}@example.com"} for i in range(offset + 1, min(offset + limit, TOTAL_ITEMS) + 1)]
-        return Reply(200, {"users": users, "has_more": offset + limit < TOTAL_ITEMS, "offset": offset, "limit": limit, "total": TOTAL_ITEMS})
+        users = [
+            {"id": i, "username": f"user{i}", "email": f"user{i}@example.com"}
+            for i in range(offset + 1, min(offset + limit, TOTAL_ITEMS) + 1)
+        ]
+        return Reply(
+            200,
+            {
+                "users": users,
+                "has_more": offset + limit < TOTAL_ITEMS,
+                "offset": offset,
+                "limit": limit,
+                "total": TOTAL_ITEMS,
+            },
+        )
 
     def events(self, req: Request) -> Reply:
         limit = max(1, req.int_arg("limit", PAGE_SIZE))
@@ -218,7 +254,12 @@ class PaginatedApi(StubServer):
             return Reply(400, {"error": f"bad cursor {cursor!r}"})
         start = (page - 1) * limit
         events = [
-            {"id": i, "type": "user_action", "timestamp": f"2024-01-{(i % 28) + 1:02d}T12:00:00Z", "data": {"action": f"event_{i}"}}
+            {
+                "id": i,
+                "type": "user_action",
+                "timestamp": f"2024-01-{(i % 28) + 1:02d}T12:00:00Z",
+                "data": {"action": f"event_{i}"},
+            }
             for i in range(start + 1, min(start + limit, TOTAL_ITEMS) + 1)
         ]
         nxt = base64.b64encode(str(page + 1).encode()).decode() if start + limit < TOTAL_ITEMS else None
@@ -233,8 +274,16 @@ class PaginatedApi(StubServer):
         if page in fail_on and attempt == 1:
             return Reply(500, {"detail": f"Simulated failure on page {page} (attempt {attempt})"})
         start = (page - 1) * size
-        items = [{"id": i, "value": f"item_{i}"} for i in range(start + 1, min(start + size, TOTAL_ITEMS) + 1)]
-        return Reply(200, {"data": items, "paging": {"hasMore": start + size < TOTAL_ITEMS, "page": page, "pageSize": size}})
+        items = [
+            {"id": i, "value": f"item_{i}"} for i in range(start + 1, min(start + size, TOTAL_ITEMS) + 1)
+        ]
+        return Reply(
+            200,
+            {
+                "data": items,
+                "paging": {"hasMore": start + size < TOTAL_ITEMS, "page": page, "pageSize": size},
+            },
+        )
 
     def flaky_reset(self, req: Request) -> Reply:
         with self.state_lock:
@@ -255,7 +304,15 @@ class PaginatedApi(StubServer):
 
     def errors(self, req: Request) -> Reply:
         kind = req.query.get("error_type", "server")
-        status = {"auth": 401, "forbidden": 403, "not_found": 404, "bad_request": 400, "rate_limit": 429, "server": 500, "unavailable": 503}.get(kind, 500)
+        status = {
+            "auth": 401,
+            "forbidden": 403,
+            "not_found": 404,
+            "bad_request": 400,
+            "rate_limit": 429,
+            "server": 500,
+            "unavailable": 503,
+        }.get(kind, 500)
         return Reply(status, {"error": kind, "status": status})
 
     def heavy(self, req: Request) -> Reply:
@@ -266,8 +323,23 @@ class PaginatedApi(StubServer):
         items = []
         for i in range(start + 1, start + size + 1):
             seed = hashlib.sha256(str(i).encode()).hexdigest()
-            items.append({"id": i, "name": f"Item {i}", "score": 50 + (i % 50), "category": ["a", "b", "c"][i % 3], "payload": (seed * (kb * 1024 // 64 + 1))[: kb * 1024]})
-        return Reply(200, {"data": items, "paging": {"hasMore": page < max_pages, "page": page, "pageSize": size}, "meta": {"payload_kb_per_item": kb}})
+            items.append(
+                {
+                    "id": i,
+                    "name": f"Item {i}",
+                    "score": 50 + (i % 50),
+                    "category": ["a", "b", "c"][i % 3],
+                    "payload": (seed * (kb * 1024 // 64 + 1))[: kb * 1024],
+                }
+            )
+        return Reply(
+            200,
+            {
+                "data": items,
+                "paging": {"hasMore": page < max_pages, "page": page, "pageSize": size},
+                "meta": {"payload_kb_per_item": kb},
+            },
+        )
 
     def concurrency_probe(self, req: Request) -> Reply:
         delay = max(0.0, min(30.0, float(req.query.get("delay_seconds") or 0)))
@@ -308,7 +380,11 @@ class HttpBin(StubServer):
             ("*", "/status/", self.status),
             ("*", "/delay/", self.delay),
             ("GET", "/headers$", lambda r: Reply(200, {"headers": self._headers(r)})),
-            ("GET", "/json$", lambda r: Reply(200, {"slideshow": {"author": "stub", "title": "Sample", "slides": []}})),
+            (
+                "GET",
+                "/json$",
+                lambda r: Reply(200, {"slideshow": {"author": "stub", "title": "Sample", "slides": []}}),
+            ),
             ("GET", "/uuid$", lambda r: Reply(200, {"uuid": str(uuid.uuid4())})),
             ("GET", "/ip$", lambda r: Reply(200, {"origin": "127.0.0.1"})),
         ]
@@ -363,9 +439,23 @@ class JsonPlaceholder(StubServer):
     hosts = ("jsonplaceholder.typicode.com",)
 
     def __init__(self) -> None:
-        cities = ["Gwenborough", "Wisokyburgh", "McKenziehaven", "South Elvis", "Roscoeview", "South Christy", "Howemouth", "Aliyaview", "Bartholomebury", "Lebsackbury"]
+        cities = [
+            "Gwenborough",
+            "Wisokyburgh",
+            "McKenziehaven",
+            "South Elvis",
+            "Roscoeview",
+            "South Christy",
+            "Howemouth",
+            "Aliyaview",
+            "Bartholomebury",
+            "Lebsackbury",
+        ]
         self.data: dict[str, list[dict[str, Any]]] = {
-            "posts": [{"userId": (i - 1) // 10 + 1, "id": i, "title": _lorem(i, 6), "body": _lorem(i + 3, 24)} for i in range(1, 101)],
+            "posts": [
+                {"userId": (i - 1) // 10 + 1, "id": i, "title": _lorem(i, 6), "body": _lorem(i + 3, 24)}
+                for i in range(1, 101)
+            ],
             "users": [
                 {
                     "id": i,
@@ -374,13 +464,31 @@ class JsonPlaceholder(StubServer):
                     "email": f"user{i}@example.com",
                     "phone": f"1-770-736-80{i:02d}",
                     "website": f"user{i}.example.org",
-                    "address": {"street": f"{i} Main St", "suite": f"Apt. {100 + i}", "city": cities[i - 1], "zipcode": f"{90000 + i}", "geo": {"lat": f"{-37.3 + i}", "lng": f"{81.1 - i}"}},
+                    "address": {
+                        "street": f"{i} Main St",
+                        "suite": f"Apt. {100 + i}",
+                        "city": cities[i - 1],
+                        "zipcode": f"{90000 + i}",
+                        "geo": {"lat": f"{-37.3 + i}", "lng": f"{81.1 - i}"},
+                    },
                     "company": {"name": f"Company {i}", "catchPhrase": _lorem(i, 4), "bs": _lorem(i + 1, 3)},
                 }
                 for i in range(1, 11)
             ],
-            "comments": [{"postId": (i - 1) // 5 + 1, "id": i, "name": _lorem(i, 4), "email": f"c{i}@example.com", "body": _lorem(i + 5, 15)} for i in range(1, 501)],
-            "todos": [{"userId": (i - 1) // 20 + 1, "id": i, "title": _lorem(i, 5), "completed": i % 3 == 0} for i in range(1, 201)],
+            "comments": [
+                {
+                    "postId": (i - 1) // 5 + 1,
+                    "id": i,
+                    "name": _lorem(i, 4),
+                    "email": f"c{i}@example.com",
+                    "body": _lorem(i + 5, 15),
+                }
+                for i in range(1, 501)
+            ],
+            "todos": [
+                {"userId": (i - 1) // 20 + 1, "id": i, "title": _lorem(i, 5), "completed": i % 3 == 0}
+                for i in range(1, 201)
+            ],
         }
         super().__init__()
 
@@ -423,14 +531,25 @@ class OpenMeteo(StubServer):
             return Reply(400, {"error": True, "reason": "latitude and longitude are required"})
         fields = [f for f in (r.query.get("current") or "").split(",") if f]
         base = round(15 + (lat % 10) - (abs(lon) % 5), 1)  # deterministic per place
-        values = {"temperature_2m": base, "wind_speed_10m": round(abs(lon) % 20, 1), "relative_humidity_2m": int(40 + lat % 50)}
+        values = {
+            "temperature_2m": base,
+            "wind_speed_10m": round(abs(lon) % 20, 1),
+            "relative_humidity_2m": int(40 + lat % 50),
+        }
         body: dict[str, Any] = {"latitude": lat, "longitude": lon, "timezone": "GMT", "elevation": 10.0}
         if fields:
-            body["current"] = {"time": "2024-01-01T12:00", "interval": 900, **{f: values.get(f, 0.0) for f in fields}}
+            body["current"] = {
+                "time": "2024-01-01T12:00",
+                "interval": 900,
+                **{f: values.get(f, 0.0) for f in fields},
+            }
             body["current_units"] = {f: "°C" if f.startswith("temperature") else "" for f in fields}
         hourly = [f for f in (r.query.get("hourly") or "").split(",") if f]
         if hourly:
-            body["hourly"] = {"time": [f"2024-01-01T{h:02d}:00" for h in range(24)], **{f: [values.get(f, 0.0)] * 24 for f in hourly}}
+            body["hourly"] = {
+                "time": [f"2024-01-01T{h:02d}:00" for h in range(24)],
+                **{f: [values.get(f, 0.0)] * 24 for f in hourly},
+            }
         return Reply(200, body)
 
 

@@ -14,12 +14,26 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("load_playbook", "validate_file"), "files"),
     **dict.fromkeys(("SourceMap", "YamlSyntaxError", "load_yaml_file", "load_yaml_text"), "loader"),
     **dict.fromkeys(
-        ("AdmitRule", "Arc", "Executor", "Loop", "Metadata", "Playbook", "PolicyRule", "Router", "RuleThen",
-         "SetBlock", "Step", "Task", "WorkbookEntry"),
+        (
+            "AdmitRule",
+            "Arc",
+            "Executor",
+            "Loop",
+            "Metadata",
+            "Playbook",
+            "PolicyRule",
+            "Router",
+            "RuleThen",
+            "SetBlock",
+            "Step",
+            "Task",
+            "WorkbookEntry",
+        ),
         "model",
     ),  # fmt: skip
     **dict.fromkeys(
-        ("PlaybookInvalid", "ValidationIssue", "check_playbook", "load_playbook_dict", "parse_playbook"), "parse"
+        ("PlaybookInvalid", "ValidationIssue", "check_playbook", "load_playbook_dict", "parse_playbook"),
+        "parse",
     ),
     "playbook_to_raw": "serialize",
 }

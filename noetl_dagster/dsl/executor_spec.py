@@ -16,23 +16,35 @@ from noetl_dagster.dsl.source import PathT
 
 EXECUTOR_KEYS = {"profile", "version", "requires", "spec"}
 SPEC_IMPLEMENTED = {
-    "entry_step", "final_step", "no_next_is_error", "dagster", "schedule", "max_step_runs", "generated",
+    "entry_step",
+    "final_step",
+    "no_next_is_error",
+    "dagster",
+    "schedule",
+    "max_step_runs",
+    "generated",
     "max_events",  # events one execution may record (engine/recorder.py, docs/limits.md)
-    "profiles", "default_profile",  # Kubernetes placement (translator/k8s.py, docs/deploy.md)
+    "profiles",
+    "default_profile",  # Kubernetes placement (translator/k8s.py, docs/deploy.md)
 }
 # accepted for NoETL compatibility and warned: they select NoETL server behaviour with no counterpart here
 NO_EFFECT = {
     ("profile",): "the runtime profile (local/distributed) is chosen by the runner here",
     ("version",): "the runtime contract version is not checked",
     ("requires",): "capability requirements are not checked (validate checks tool kinds itself)",
-    ("spec", "policy"): "executor-wide policy defaults (timeouts, reference_first results, limits) are not applied",
+    (
+        "spec",
+        "policy",
+    ): "executor-wide policy defaults (timeouts, reference_first results, limits) are not applied",
 }
 
 
 def check_executor(ctx: Any, executor: dict[str, Any], step_names: list[str], workflow: list[Any]) -> None:
     """Errors for ``executor`` (ctx is dsl.parse's collector; step_names in workflow order)."""
     for k in sorted(str(k) for k in executor if k not in EXECUTOR_KEYS):
-        ctx.err(("executor", k), "executor-key", f"unknown `executor` key {k!r}; known: {sorted(EXECUTOR_KEYS)}")
+        ctx.err(
+            ("executor", k), "executor-key", f"unknown `executor` key {k!r}; known: {sorted(EXECUTOR_KEYS)}"
+        )
     spec = executor.get("spec")
     if spec is None:
         return
@@ -41,10 +53,18 @@ def check_executor(ctx: Any, executor: dict[str, Any], step_names: list[str], wo
         return
     known = SPEC_IMPLEMENTED | {"policy"}
     for k in sorted(str(k) for k in spec if k not in known):
-        ctx.err(("executor", "spec", k), "executor-spec-key", f"unknown `executor.spec` key {k!r}; known: {sorted(known)}")
+        ctx.err(
+            ("executor", "spec", k),
+            "executor-spec-key",
+            f"unknown `executor.spec` key {k!r}; known: {sorted(known)}",
+        )
     nne = spec.get("no_next_is_error")
     if nne is not None and not isinstance(nne, bool):
-        ctx.err(("executor", "spec", "no_next_is_error"), "no-next-is-error", "`no_next_is_error` must be true or false")
+        ctx.err(
+            ("executor", "spec", "no_next_is_error"),
+            "no-next-is-error",
+            "`no_next_is_error` must be true or false",
+        )
     final = spec.get("final_step")
     if final is None:
         return
@@ -77,8 +97,15 @@ STEP_NO_EFFECT = {
     ("spec", "policy", "failure"): "step failure policy is not applied; route failures with `next` arcs",
     ("spec", "policy", "emit"): "custom event emission is not supported",
     ("spec", "policy", "admit", "mode"): "admission rules are always first-match",
-    **{("loop", "spec", "frame", k): f"cursor frame `{k}` is not applied (frames are bounded by max_rows and the lease)"
-       for k in ("max_seconds", "max_bytes", "verify_ipc", "retry_mode")},
+    **{
+        (
+            "loop",
+            "spec",
+            "frame",
+            k,
+        ): f"cursor frame `{k}` is not applied (frames are bounded by max_rows and the lease)"
+        for k in ("max_seconds", "max_bytes", "verify_ipc", "retry_mode")
+    },
 }
 ARC_NO_EFFECT = {("spec",): "arc `spec` is not used"}
 TASK_NO_EFFECT = {
@@ -88,7 +115,9 @@ TASK_NO_EFFECT = {
     ("spec", "policy", "before"): "task policy before-hooks are not run",
     ("spec", "policy", "after"): "task policy after-hooks are not run",
     ("spec", "policy", "finally"): "task policy finally-hooks are not run",
-    ("output",): "the tool `output` storage policy is not applied; results are offloaded by the engine's own rules",
+    (
+        "output",
+    ): "the tool `output` storage policy is not applied; results are offloaded by the engine's own rules",
 }
 
 
@@ -106,7 +135,7 @@ def _tasks(tool: Any, path: PathT) -> list[tuple[Any, PathT]]:
     out: list[tuple[Any, PathT]] = []
     for i, item in enumerate(tool if isinstance(tool, list) else []):
         if isinstance(item, dict) and "kind" not in item and len(item) == 1:  # label map `- name: {kind}`
-            (label, body), = item.items()
+            ((label, body),) = item.items()
             out.append((body, (*path, i, label)))
         elif isinstance(item, dict):
             out.append((item, (*path, i)))
@@ -121,8 +150,16 @@ def no_effect_keys(raw: Any) -> list[tuple[PathT, str]]:
     ex = raw.get("executor")
     # executor.profile names a Kubernetes placement profile when spec.profiles defines it (docs/deploy.md)
     spec = ex.get("spec") if isinstance(ex, dict) else None
-    placement = isinstance(spec, dict) and isinstance(spec.get("profiles"), dict) and ex.get("profile") in spec["profiles"]
-    out += [(("executor", *p), why) for p, why in NO_EFFECT.items() if _found(ex, p) and not (p == ("profile",) and placement)]
+    placement = (
+        isinstance(spec, dict)
+        and isinstance(spec.get("profiles"), dict)
+        and ex.get("profile") in spec["profiles"]
+    )
+    out += [
+        (("executor", *p), why)
+        for p, why in NO_EFFECT.items()
+        if _found(ex, p) and not (p == ("profile",) and placement)
+    ]
     tasks: list[tuple[Any, PathT]] = []
     for i, w in enumerate(raw.get("workbook") if isinstance(raw.get("workbook"), list) else []):
         if isinstance(w, dict):
@@ -134,7 +171,11 @@ def no_effect_keys(raw: Any) -> list[tuple[PathT, str]]:
         nxt = s.get("next")
         arcs = nxt.get("arcs") if isinstance(nxt, dict) else None
         for j, a in enumerate(arcs if isinstance(arcs, list) else []):
-            out += [(("workflow", i, "next", "arcs", j, *p), why) for p, why in ARC_NO_EFFECT.items() if _found(a, p)]
+            out += [
+                (("workflow", i, "next", "arcs", j, *p), why)
+                for p, why in ARC_NO_EFFECT.items()
+                if _found(a, p)
+            ]
         tasks += _tasks(s.get("tool"), ("workflow", i, "tool"))
     for body, tp in tasks:
         out += [((*tp, *p), why) for p, why in TASK_NO_EFFECT.items() if _found(body, p)]

@@ -162,8 +162,13 @@ def check_file_with_warnings(
 def deprecation_warnings(raw: Any, sm: SourceMap) -> list[ValidationIssue]:
     """One warning per old spelling NoETL renamed (still valid here; `migrate` rewrites it)."""
     return [
-        ValidationIssue(sm.file, sm.line(path), format_path(path), "deprecated-key",
-                        f"{old} is deprecated; use {new} (`noetl-dagster migrate` rewrites it)")  # fmt: skip
+        ValidationIssue(
+            sm.file,
+            sm.line(path),
+            format_path(path),
+            "deprecated-key",
+            f"{old} is deprecated; use {new} (`noetl-dagster migrate` rewrites it)",
+        )  # fmt: skip
         for path, old, new in find_deprecated_spellings(raw)
     ]
 

@@ -26,7 +26,10 @@ def _templated(schema: dict[str, Any]) -> dict[str, Any]:
     """``schema`` or a template string (a plain string schema already takes templates)."""
     if schema.get("type") == "string" and "enum" not in schema and "const" not in schema:
         return schema
-    return {"anyOf": [schema, TEMPLATE], **({"description": schema["description"]} if "description" in schema else {})}
+    return {
+        "anyOf": [schema, TEMPLATE],
+        **({"description": schema["description"]} if "description" in schema else {}),
+    }
 
 
 def _relax(schema: dict[str, Any]) -> dict[str, Any]:
@@ -69,7 +72,10 @@ def _kind_config(kind: str, definitions: dict[str, Any]) -> dict[str, Any] | Non
 _ITERATOR = {
     "properties": {
         "collection": {"description": "the list to iterate (or a template)"},
-        "element": {"type": "string", "description": "the element's name in the task's templates (default item)"},
+        "element": {
+            "type": "string",
+            "description": "the element's name in the task's templates (default item)",
+        },
         "mode": _templated({"enum": ["sequential", "async", "parallel"]}),
         "max_in_flight": _templated({"type": "integer", "minimum": 1}),
         "task": {"$ref": "#/definitions/task", "description": "the task run once per element"},
@@ -81,12 +87,23 @@ _PLAYBOOKS = {
         "playbooks": {
             "type": "array",
             "minItems": 1,
-            "items": {"anyOf": [
-                {"type": "string"},
-                {"type": "object", "required": ["path"], "additionalProperties": False, "properties": {
-                    "path": {"type": "string"}, "input": _ANY_MAP, "args": _ANY_MAP,
-                    "return_step": {"type": "string"}, "name": {"type": "string"}}},
-            ]},  # fmt: skip
+            "items": {
+                "anyOf": [
+                    {"type": "string"},
+                    {
+                        "type": "object",
+                        "required": ["path"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "path": {"type": "string"},
+                            "input": _ANY_MAP,
+                            "args": _ANY_MAP,
+                            "return_step": {"type": "string"},
+                            "name": {"type": "string"},
+                        },
+                    },
+                ]
+            },  # fmt: skip
         },
         "mode": {"enum": ["sequential", "async", "parallel"]},
     },
@@ -117,7 +134,10 @@ def _task_schema(kinds: list[str], definitions: dict[str, Any]) -> dict[str, Any
             "spec": {"type": "object", "description": "runtime knobs and `policy.rules`"},
             "set": {"$ref": "#/definitions/set"},
             "loop": {"$ref": "#/definitions/loop"},
-            "retry": {"not": {"type": "object"}, "description": "legacy: use spec.policy.rules `do: retry` (migrate)"},
+            "retry": {
+                "not": {"type": "object"},
+                "description": "legacy: use spec.policy.rules `do: retry` (migrate)",
+            },
         },
         "allOf": per_kind,
     }
@@ -127,14 +147,20 @@ def playbook_schema() -> dict[str, Any]:
     """The schema (a fresh dict) of a ``noetl.io/v2`` playbook with every kind known here."""
     kinds = sorted((known_kinds() | {"iterator", "playbooks"}) - set(UNOFFERED_KINDS))
     definitions: dict[str, Any] = {
-        "set": {"type": "object", "description": "writes: ctx.<key>, iter.<key> (on arcs: step.<key>, the token)",
-                "propertyNames": {"not": {"pattern": "^workload(\\.|$)"}}},  # fmt: skip
+        "set": {
+            "type": "object",
+            "description": "writes: ctx.<key>, iter.<key> (on arcs: step.<key>, the token)",
+            "propertyNames": {"not": {"pattern": "^workload(\\.|$)"}},
+        },  # fmt: skip
         "loop": {
             "type": "object",
             "properties": {
                 "in": {"description": "the list (or a template)"},
                 "iterator": {"type": "string"},
-                "spec": {"type": "object", "properties": {"mode": _templated({"enum": ["sequential", "parallel", "cursor"]})}},
+                "spec": {
+                    "type": "object",
+                    "properties": {"mode": _templated({"enum": ["sequential", "parallel", "cursor"]})},
+                },
                 "cursor": {"type": "object"},
             },
             "anyOf": [{"required": ["in", "iterator"]}, {"required": ["cursor"]}],
@@ -144,13 +170,27 @@ def playbook_schema() -> dict[str, Any]:
     definitions["pipeline"] = {
         "anyOf": [
             {"$ref": "#/definitions/task"},
-            {"type": "array", "items": {"anyOf": [
-                {"$ref": "#/definitions/task"},
-                {"type": "object", "minProperties": 1, "maxProperties": 1,
-                 "additionalProperties": {"$ref": "#/definitions/task"}},
-            ]}},  # fmt: skip
-            {"type": "object", "minProperties": 1, "maxProperties": 1, "not": {"required": ["kind"]},
-             "additionalProperties": {"$ref": "#/definitions/task"}},  # fmt: skip
+            {
+                "type": "array",
+                "items": {
+                    "anyOf": [
+                        {"$ref": "#/definitions/task"},
+                        {
+                            "type": "object",
+                            "minProperties": 1,
+                            "maxProperties": 1,
+                            "additionalProperties": {"$ref": "#/definitions/task"},
+                        },
+                    ]
+                },
+            },  # fmt: skip
+            {
+                "type": "object",
+                "minProperties": 1,
+                "maxProperties": 1,
+                "not": {"required": ["kind"]},
+                "additionalProperties": {"$ref": "#/definitions/task"},
+            },  # fmt: skip
         ],
     }
     definitions["arc"] = {
@@ -167,8 +207,14 @@ def playbook_schema() -> dict[str, Any]:
     definitions["next"] = {
         "type": "object",
         "properties": {
-            "spec": {"type": "object", "additionalProperties": False,
-                     "properties": {"mode": {"enum": ["exclusive", "inclusive"]}, "on_no_match": {"enum": ["quiet", "complete"]}}},  # fmt: skip
+            "spec": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "mode": {"enum": ["exclusive", "inclusive"]},
+                    "on_no_match": {"enum": ["quiet", "complete"]},
+                },
+            },  # fmt: skip
             "arcs": {"type": "array", "items": {"$ref": "#/definitions/arc"}},
         },
     }
@@ -201,8 +247,11 @@ def playbook_schema() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"const": API_VERSION},
             "kind": {"const": "Playbook"},
-            "metadata": {"type": "object", "required": ["name", "path"],
-                         "properties": {"name": {"type": "string"}, "path": {"type": "string"}}},  # fmt: skip
+            "metadata": {
+                "type": "object",
+                "required": ["name", "path"],
+                "properties": {"name": {"type": "string"}, "path": {"type": "string"}},
+            },  # fmt: skip
             "workload": {"type": "object"},
             "keychain": {"type": "array", "items": {"type": "object", "required": ["name"]}},
             "executor": {"type": "object"},

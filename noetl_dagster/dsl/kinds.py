@@ -28,7 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 from noetl_dagster.util.extras import extra_for_module, install_hint, missing_kind_extra
 
-if TYPE_CHECKING:  # importlib.metadata (~20 ms, a scan of every distribution) only when a name is not built in
+if (
+    TYPE_CHECKING
+):  # importlib.metadata (~20 ms, a scan of every distribution) only when a name is not built in
     from importlib.metadata import EntryPoint
 
     from pydantic import BaseModel
@@ -135,7 +137,9 @@ def _input_free(model: type[BaseModel]) -> bool:
 _lock = threading.RLock()
 _REGISTRY: dict[str, ToolKind] = {}
 _BROKEN: dict[str, ToolKind] = {}
-_GENERATION = [0]  # bumped when register_tool replaces a kind: playbooks cached by files.load_playbook are stale
+_GENERATION = [
+    0
+]  # bumped when register_tool replaces a kind: playbooks cached by files.load_playbook are stale
 _ENTRY_POINTS: dict[str, EntryPoint] | None = None
 _MISSING: dict[str, str | None] = {}  # kind -> install hint of its missing extra (None: installed)
 
@@ -301,7 +305,9 @@ def refresh_entry_points() -> None:
 
 
 def _broken(name: str, source: str, dist: str, reason: str, *, message: str | None = None) -> ToolKind:
-    message = message or f"tool kind {name!r} failed to load from entry point {source!r} ({dist or '?'}): {reason}"
+    message = (
+        message or f"tool kind {name!r} failed to load from entry point {source!r} ({dist or '?'}): {reason}"
+    )
 
     def fail(inputs: dict[str, Any], ctx: Any) -> Any:
         raise PluginLoadError(message)
@@ -355,7 +361,9 @@ def get_tool(name: str) -> ToolKind | None:
             elif callable(obj):
                 register_tool(name, obj)
             else:
-                return _broken(name, source, dist, f"{type(obj).__name__} is neither a tool function nor a ToolKind")
+                return _broken(
+                    name, source, dist, f"{type(obj).__name__} is neither a tool function nor a ToolKind"
+                )
         return _REGISTRY[name]
 
 

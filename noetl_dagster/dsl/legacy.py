@@ -24,7 +24,9 @@ Finding = tuple[PathT, str, str]
 
 MIGRATE = "run `noetl-dagster migrate FILE`"
 # the tool kinds whose own `args` key is not an input mapping
-ARGS_NATIVE_KINDS = frozenset({"container", "shell", "script", "job", "k8s", "rhai"})  # rhai: its script variables
+ARGS_NATIVE_KINDS = frozenset(
+    {"container", "shell", "script", "job", "k8s", "rhai"}
+)  # rhai: its script variables
 _VARS_REF = re.compile(r"(?:\{\{|\{%)[^}]*?(?<![\w.])vars\s*(?:\.|\[)")
 
 _STEP_KEYS: dict[str, tuple[str, str]] = {

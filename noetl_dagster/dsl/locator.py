@@ -170,7 +170,9 @@ def parse_locator(text: str, *, require_version: bool = True) -> ResourceLocator
     return loc
 
 
-def format_uri(tenant: str, project: str, namespace: str, type: str, name: str, version: str | None = None) -> str:
+def format_uri(
+    tenant: str, project: str, namespace: str, type: str, name: str, version: str | None = None
+) -> str:
     return ResourceLocator(tenant, project, namespace, type, name, version).uri
 
 
@@ -201,7 +203,9 @@ def asset_key_for_uri(uri: str) -> list[str]:
 # --- shards and object prefixes (seed 004 §4) --------------------------------
 
 
-def shard_for(tenant: str, project: str, affinity: str = "", *, shard_count: int = DEFAULT_SHARD_COUNT) -> int:
+def shard_for(
+    tenant: str, project: str, affinity: str = "", *, shard_count: int = DEFAULT_SHARD_COUNT
+) -> int:
     """``hash(tenant + project [+ affinity]) % shard_count`` with a stable hash (sha256),
     so every process and language computes the same shard."""
     if shard_count < 1:
@@ -218,7 +222,9 @@ def shard_name(shard: int) -> str:
     return f"s{shard:04d}"
 
 
-def shard_key(tenant: str, project: str, affinity: str = "", *, shard_count: int = DEFAULT_SHARD_COUNT) -> str:
+def shard_key(
+    tenant: str, project: str, affinity: str = "", *, shard_count: int = DEFAULT_SHARD_COUNT
+) -> str:
     return shard_name(shard_for(tenant, project, affinity, shard_count=shard_count))
 
 

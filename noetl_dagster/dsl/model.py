@@ -19,7 +19,9 @@ Backoff = Literal["none", "fixed", "linear", "exponential"]
 class _Model(BaseModel):
     # defer_build: validators are built at the first validation, not at import; a playbook answered by
     # the parse cache (dsl/cache.py, unpickled without validating) never builds them (issue 35)
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, arbitrary_types_allowed=True, defer_build=True)
+    model_config = ConfigDict(
+        extra="forbid", populate_by_name=True, arbitrary_types_allowed=True, defer_build=True
+    )
 
 
 class SetBlock(_Model):
@@ -141,7 +143,12 @@ class OutputCheck(_Model):
 
     @property
     def kind(self) -> str:
-        given = {"row_count": self.row_count, "schema": self.schema_, "freshness": self.freshness, "assert": self.assert_}
+        given = {
+            "row_count": self.row_count,
+            "schema": self.schema_,
+            "freshness": self.freshness,
+            "assert": self.assert_,
+        }
         return next((k for k, v in given.items() if v is not None), "assert")
 
 
@@ -184,7 +191,9 @@ class Partitions(_Model):
 
     @property
     def kind(self) -> str:
-        return next(k for k in ("daily", "hourly", "weekly", "monthly", "static") if getattr(self, k) is not None)
+        return next(
+            k for k in ("daily", "hourly", "weekly", "monthly", "static") if getattr(self, k) is not None
+        )
 
 
 class DagsterSpec(_Model):

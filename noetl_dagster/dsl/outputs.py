@@ -20,7 +20,15 @@ CHECK_KINDS = ("row_count", "schema", "freshness", "assert")
 CHECK_KEYS = {*CHECK_KINDS, "name", "severity", "blocking", "description"}
 DAGSTER_KEYS = {"mode", "partitions", "automation", "freshness", "owners", "group"}
 TIME_PARTITIONS = ("daily", "hourly", "weekly", "monthly")
-PARTITION_KEYS = {*TIME_PARTITIONS, "static", "workload_key", "timezone", "end_offset", "backfill", "range_key"}
+PARTITION_KEYS = {
+    *TIME_PARTITIONS,
+    "static",
+    "workload_key",
+    "timezone",
+    "end_offset",
+    "backfill",
+    "range_key",
+}
 AUTOMATIONS = ("eager", "on_missing")
 OWNER_RE = re.compile(r"^(team:[A-Za-z0-9_.-]+|[^@\s]+@[^@\s]+\.[^@\s]+)$")
 NAME_RE = re.compile(r"^[A-Za-z0-9_]+$")
@@ -33,7 +41,9 @@ class _Ctx(Protocol):
 def parse_outputs(ctx: _Ctx, raw: Any, path: PathT, line_of: Any) -> list[Output]:
     """``outputs:`` of a step: a list of ``noetl://`` URIs or mappings ``{uri, checks, owners, ...}``."""
     if not isinstance(raw, list):
-        ctx.err(path, "outputs-shape", "`outputs` must be a list of noetl:// URIs or {uri: ..., ...} mappings")
+        ctx.err(
+            path, "outputs-shape", "`outputs` must be a list of noetl:// URIs or {uri: ..., ...} mappings"
+        )
         return []
     out: list[Output] = []
     for i, item in enumerate(raw):
@@ -45,14 +55,18 @@ def parse_outputs(ctx: _Ctx, raw: Any, path: PathT, line_of: Any) -> list[Output
             continue
         unknown = sorted(str(k) for k in item if k not in OUTPUT_KEYS)
         if unknown:
-            ctx.err((*ip, unknown[0]), "output-key", f"unknown output key(s) {unknown}; use {sorted(OUTPUT_KEYS)}")
+            ctx.err(
+                (*ip, unknown[0]), "output-key", f"unknown output key(s) {unknown}; use {sorted(OUTPUT_KEYS)}"
+            )
             continue
         if not _uri_ok(ctx, item.get("uri"), (*ip, "uri")):
             continue
         ok = _owners_ok(ctx, item.get("owners"), (*ip, "owners"))
         ok &= _str_list_ok(ctx, item.get("kinds"), (*ip, "kinds"), "output-kinds")
         tags = item.get("tags")
-        if tags is not None and not (isinstance(tags, dict) and all(isinstance(v, str) for v in tags.values())):
+        if tags is not None and not (
+            isinstance(tags, dict) and all(isinstance(v, str) for v in tags.values())
+        ):
             ctx.err((*ip, "tags"), "output-tags", "`tags` must be a mapping of strings")
             ok = False
         ok &= _automation_ok(ctx, item.get("automation"), (*ip, "automation"))
@@ -60,13 +74,17 @@ def parse_outputs(ctx: _Ctx, raw: Any, path: PathT, line_of: Any) -> list[Output
         checks = _parse_checks(ctx, item.get("checks"), (*ip, "checks"))
         if not ok or checks is None:
             continue
-        out.append(Output(**{k: v for k, v in item.items() if k != "checks"}, checks=checks, line=line_of(ip)))
+        out.append(
+            Output(**{k: v for k, v in item.items() if k != "checks"}, checks=checks, line=line_of(ip))
+        )
     return out
 
 
 def _uri_ok(ctx: _Ctx, uri: Any, path: PathT) -> bool:
     if not isinstance(uri, str) or "{{" in uri:
-        ctx.err(path, "output-uri", "an output needs a literal `uri: noetl://tenant/project/namespace/type/name`")
+        ctx.err(
+            path, "output-uri", "an output needs a literal `uri: noetl://tenant/project/namespace/type/name`"
+        )
         return False
     try:
         loc = parse_locator(uri, require_version=False)
@@ -120,9 +138,15 @@ def _parse_checks(ctx: _Ctx, raw: Any, path: PathT) -> list[OutputCheck] | None:
             return None
         name = c.get("name") or default_check_name(kind, j)
         if not isinstance(name, str) or not NAME_RE.match(name) or name in names:
-            ctx.err((*cp, "name"), "check-name", f"check name {name!r} must match [A-Za-z0-9_]+ and be unique per output")
+            ctx.err(
+                (*cp, "name"),
+                "check-name",
+                f"check name {name!r} must match [A-Za-z0-9_]+ and be unique per output",
+            )
             return None
-        if c.get("severity", "error") not in ("error", "warn") or not isinstance(c.get("blocking", False), bool):
+        if c.get("severity", "error") not in ("error", "warn") or not isinstance(
+            c.get("blocking", False), bool
+        ):
             ctx.err(cp, "check-shape", "`severity` is error or warn, `blocking` true or false")
             return None
         names.add(name)
@@ -131,7 +155,9 @@ def _parse_checks(ctx: _Ctx, raw: Any, path: PathT) -> list[OutputCheck] | None:
 
 
 def default_check_name(kind: str, index: int) -> str:
-    return {"row_count": "row_count", "schema": "schema_drift", "freshness": "freshness"}.get(kind, f"assert_{index}")
+    return {"row_count": "row_count", "schema": "schema_drift", "freshness": "freshness"}.get(
+        kind, f"assert_{index}"
+    )
 
 
 def _check_body_ok(ctx: _Ctx, kind: str, body: Any, path: PathT) -> bool:
@@ -154,7 +180,9 @@ def _check_body_ok(ctx: _Ctx, kind: str, body: Any, path: PathT) -> bool:
             ctx.err(path, "check-schema", "`schema` is {columns: {name: arrow type}, stable: true|false}")
             return False
         return True
-    if not (isinstance(body, dict) and set(body) == {"max_age_minutes"} and _positive(body["max_age_minutes"])):
+    if not (
+        isinstance(body, dict) and set(body) == {"max_age_minutes"} and _positive(body["max_age_minutes"])
+    ):
         ctx.err(path, "check-freshness", "`freshness` is {max_age_minutes: N}")
         return False
     return True
@@ -169,7 +197,9 @@ def _automation_ok(ctx: _Ctx, raw: Any, path: PathT) -> bool:
         return True
     if isinstance(raw, dict) and set(raw) <= {"on_cron", "timezone"} and _cron_ok(raw.get("on_cron")):
         return True
-    ctx.err(path, "automation", "`automation` is eager, on_missing or {on_cron: '<cron>', timezone: <IANA name>}")
+    ctx.err(
+        path, "automation", "`automation` is eager, on_missing or {on_cron: '<cron>', timezone: <IANA name>}"
+    )
     return False
 
 
@@ -180,8 +210,10 @@ def _cron_ok(v: Any) -> bool:
 def _freshness_ok(ctx: _Ctx, raw: Any, path: PathT) -> bool:
     if raw is None:
         return True
-    if isinstance(raw, dict) and set(raw) <= {"fail_after_minutes", "warn_after_minutes"} and _positive(
-        raw.get("fail_after_minutes")
+    if (
+        isinstance(raw, dict)
+        and set(raw) <= {"fail_after_minutes", "warn_after_minutes"}
+        and _positive(raw.get("fail_after_minutes"))
     ):
         warn = raw.get("warn_after_minutes")
         if warn is None or (_positive(warn) and warn < raw["fail_after_minutes"]):
@@ -228,7 +260,11 @@ def _partitions_ok(ctx: _Ctx, raw: Any, path: PathT, workload: dict[str, Any]) -
         return
     key = raw.get("workload_key")
     if not isinstance(key, str) or not key:
-        ctx.err((*path, "workload_key"), "partitions", "`workload_key` names the workload value a partition key sets")
+        ctx.err(
+            (*path, "workload_key"),
+            "partitions",
+            "`workload_key` names the workload value a partition key sets",
+        )
     kind = kinds[0]
     value = raw[kind]
     if kind == "static":
@@ -241,12 +277,18 @@ def _partitions_ok(ctx: _Ctx, raw: Any, path: PathT, workload: dict[str, Any]) -
         try:
             datetime.fromisoformat(str(value))
         except ValueError:
-            ctx.err((*path, kind), "partitions", f"`{kind}` is the first partition's start date (YYYY-MM-DD), not {value!r}")
+            ctx.err(
+                (*path, kind),
+                "partitions",
+                f"`{kind}` is the first partition's start date (YYYY-MM-DD), not {value!r}",
+            )
     if not isinstance(raw.get("end_offset", 0), int):
         ctx.err((*path, "end_offset"), "partitions", "`end_offset` must be an integer")
     backfill = raw.get("backfill")
-    if backfill is not None and backfill not in ("single_run", "multi_run") and not (
-        isinstance(backfill, int) and not isinstance(backfill, bool) and backfill >= 1
+    if (
+        backfill is not None
+        and backfill not in ("single_run", "multi_run")
+        and not (isinstance(backfill, int) and not isinstance(backfill, bool) and backfill >= 1)
     ):
         ctx.err((*path, "backfill"), "partitions", "`backfill` is single_run, multi_run or the most partitions per run "
                 f"(an integer >= 1), not {backfill!r}")  # fmt: skip

@@ -64,13 +64,14 @@ __all__ = [
     "parse_playbook",
 ]
 
+
 def _task_items(ctx: ParseContext, raw: Any, path: PathT) -> list[tuple[str | None, dict[str, Any], PathT]]:
     """Every accepted pipeline form -> [(label or None, body, path)]."""
     if isinstance(raw, dict):
         if "kind" in raw:
             return [(raw.get("name"), raw, path)]
         if len(raw) == 1:  # {label: {kind...}} written as a mapping
-            (label, body), = raw.items()
+            ((label, body),) = raw.items()
             return [(str(label), body, (*path, label))]
         ctx.err(path, "tool-shape", "`tool` must be `{kind: ...}` or a list of tasks")
         return []
@@ -83,7 +84,7 @@ def _task_items(ctx: ParseContext, raw: Any, path: PathT) -> list[tuple[str | No
             elif "kind" in item:
                 out.append((item.get("name"), item, ip))
             elif len(item) == 1 and isinstance(next(iter(item.values())), dict):
-                (label, body), = item.items()
+                ((label, body),) = item.items()
                 out.append((str(label), body, (*ip, label)))
             else:
                 ctx.err(ip, "tool-kind", "a task needs `kind` (or is `- <label>: {kind: ...}`)")
@@ -92,7 +93,9 @@ def _task_items(ctx: ParseContext, raw: Any, path: PathT) -> list[tuple[str | No
     return []
 
 
-def _parse_task(ctx: ParseContext, label: str, body: dict[str, Any], path: PathT, labels: set[str]) -> Task | None:
+def _parse_task(
+    ctx: ParseContext, label: str, body: dict[str, Any], path: PathT, labels: set[str]
+) -> Task | None:
     kind = body.get("kind")
     if not isinstance(kind, str) or not kind:
         ctx.err(path, "tool-kind", "a task needs a `kind`")
@@ -101,13 +104,21 @@ def _parse_task(ctx: ParseContext, label: str, body: dict[str, Any], path: PathT
         inner = iterator_body(ctx, body, path) if kind == "iterator" else playbooks_body(ctx, body, path)
         return None if inner is None else _parse_task(ctx, label, inner, path, labels)
     if kind in UNOFFERED_KINDS and not ctx.known_kind(kind):
-        ctx.err((*path, "kind"), "unoffered-tool-kind",
-                f"tool kind {kind!r} is NoETL's, but this runtime does not offer it: {UNOFFERED_KINDS[kind]}")
+        ctx.err(
+            (*path, "kind"),
+            "unoffered-tool-kind",
+            f"tool kind {kind!r} is NoETL's, but this runtime does not offer it: {UNOFFERED_KINDS[kind]}",
+        )
     elif not ctx.known_kind(kind):
         ctx.err((*path, "kind"), "unknown-tool-kind", f"tool kind {kind!r} is not recognized")
     elif ctx.check_kinds and (hint := missing_extra(kind)):
         ctx.err((*path, "kind"), "missing-extra", hint)
-    if kind == "rhai" and isinstance(body.get("code"), str) and "{{" not in body["code"] and "{%" not in body["code"]:
+    if (
+        kind == "rhai"
+        and isinstance(body.get("code"), str)
+        and "{{" not in body["code"]
+        and "{%" not in body["code"]
+    ):
         from noetl_dagster.dsl.rhai import RhaiError, parse  # noqa: PLC0415 - lark grammar, only for rhai tasks
 
         try:
@@ -132,7 +143,11 @@ def _parse_task(ctx: ParseContext, label: str, body: dict[str, Any], path: PathT
         spec_keys = set(body.get("spec") or {}) if isinstance(body.get("spec"), dict) else set()
         for key in required_keys(kind):  # the kind's typed config model (dsl/kinds, docs/tools.md)
             if key not in config and key not in spec_keys:
-                ctx.err((*path, "kind"), "tool-config", f"kind {kind!r} needs `{key}` (its config model requires it)")
+                ctx.err(
+                    (*path, "kind"),
+                    "tool-config",
+                    f"kind {kind!r} needs `{key}` (its config model requires it)",
+                )
     spec: dict[str, Any] = {}
     for k, v in spec_raw.items():
         if k in TASK_SPEC_KNOBS:
@@ -175,7 +190,11 @@ def _parse_pipeline(ctx: ParseContext, raw: Any, path: PathT) -> list[Task]:
 
 def _parse_router(ctx: ParseContext, raw: Any, path: PathT) -> Router | None:
     if isinstance(raw, (list, str)):
-        ctx.err(path, "legacy-construct", f"`next` as a list or a name is legacy; use `next: {{spec, arcs}}`; {MIGRATE_HINT}")
+        ctx.err(
+            path,
+            "legacy-construct",
+            f"`next` as a list or a name is legacy; use `next: {{spec, arcs}}`; {MIGRATE_HINT}",
+        )
         return None
     if not isinstance(raw, dict):
         ctx.err(path, "next-shape", "`next` must be a router `{spec: {mode}, arcs: [...]}`")
@@ -191,10 +210,18 @@ def _parse_router(ctx: ParseContext, raw: Any, path: PathT) -> Router | None:
     on_no_match = spec.get("on_no_match", "quiet")
     if on_no_match not in ("quiet", "complete"):
         # both end the branch without an error when no arc matches (docs/dsl.md)
-        ctx.err((*path, "spec", "on_no_match"), "next-on-no-match", f"`on_no_match` {on_no_match!r} is not quiet or complete")
+        ctx.err(
+            (*path, "spec", "on_no_match"),
+            "next-on-no-match",
+            f"`on_no_match` {on_no_match!r} is not quiet or complete",
+        )
     unknown = sorted(str(k) for k in spec if k not in ("mode", "on_no_match"))
     if unknown:
-        ctx.err((*path, "spec", unknown[0]), "next-spec-key", f"unknown `next.spec` key(s) {unknown}: only mode and on_no_match")
+        ctx.err(
+            (*path, "spec", unknown[0]),
+            "next-spec-key",
+            f"unknown `next.spec` key(s) {unknown}: only mode and on_no_match",
+        )
     arcs_raw = raw.get("arcs", [])
     if not isinstance(arcs_raw, list):
         ctx.err((*path, "arcs"), "next-shape", "`next.arcs` must be a list")
@@ -225,7 +252,13 @@ def _parse_router(ctx: ParseContext, raw: Any, path: PathT) -> Router | None:
             args = {**(args or {}), **step_keys}
             raw_set = {k: v for k, v in raw_set.items() if not str(k).startswith("step.")}
         arcs.append(
-            Arc(step=a["step"], when=when, args=args, set=split_set(ctx, raw_set, (*ap, "set")), spec=a.get("spec") or {})
+            Arc(
+                step=a["step"],
+                when=when,
+                args=args,
+                set=split_set(ctx, raw_set, (*ap, "set")),
+                spec=a.get("spec") or {},
+            )
         )
     return Router(mode=mode, arcs=arcs, spec={k: v for k, v in spec.items() if k != "mode"})
 
@@ -244,12 +277,19 @@ def _parse_admit(ctx: ParseContext, raw: Any, path: PathT) -> list[AdmitRule] | 
         elif isinstance(r, dict) and "then" in r:
             when, then = r.get("when", True), r["then"]
         else:
-            ctx.err(rp, "admit-shape", "an admit rule is `{when, then: {allow}}` or `{else: {then: {allow}}}`")
+            ctx.err(
+                rp, "admit-shape", "an admit rule is `{when, then: {allow}}` or `{else: {then: {allow}}}`"
+            )
             continue
         if not isinstance(then, dict) or not isinstance(then.get("allow", True), bool):
             ctx.err(rp, "admit-shape", "`then` must be `{allow: true|false}`")
             continue
-        out.append(AdmitRule(when=when if when is None or isinstance(when, (str, bool)) else str(when), allow=then.get("allow", True)))
+        out.append(
+            AdmitRule(
+                when=when if when is None or isinstance(when, (str, bool)) else str(when),
+                allow=then.get("allow", True),
+            )
+        )
     return out
 
 
@@ -262,7 +302,11 @@ def _parse_step(ctx: ParseContext, raw: Any, path: PathT) -> Step | None:
         ctx.err(path, "step-name", "a step needs `step: <name>`")
         return None
     if "when" in raw:
-        ctx.err((*path, "when"), "step-when", "a step must not have top-level `when`; use `spec.policy.admit.rules`")
+        ctx.err(
+            (*path, "when"),
+            "step-when",
+            "a step must not have top-level `when`; use `spec.policy.admit.rules`",
+        )
     for key, what in LEGACY_STEP_KEYS.items():
         if key in raw:
             ctx.err((*path, key), "legacy-construct", f"{what} is a legacy construct; {MIGRATE_HINT}")
@@ -281,7 +325,11 @@ def _parse_step(ctx: ParseContext, raw: Any, path: PathT) -> Step | None:
         elif "admit" in pol:
             admit = _parse_admit(ctx, pol["admit"], (*path, "spec", "policy", "admit"))
         elif "rules" in pol:
-            ctx.err((*path, "spec", "policy"), "admit-shape", "step policy rules belong under `spec.policy.admit.rules`")
+            ctx.err(
+                (*path, "spec", "policy"),
+                "admit-shape",
+                "step policy rules belong under `spec.policy.admit.rules`",
+            )
     loop = parse_loop(ctx, raw["loop"], (*path, "loop")) if "loop" in raw else None
     tool = _parse_pipeline(ctx, raw["tool"], (*path, "tool")) if raw.get("tool") is not None else []
     nxt = _parse_router(ctx, raw["next"], (*path, "next")) if raw.get("next") is not None else None
@@ -292,14 +340,21 @@ def _parse_step(ctx: ParseContext, raw: Any, path: PathT) -> Step | None:
     return Step(
         name=name,
         desc=raw.get("desc") if isinstance(raw.get("desc"), str) else None,
-        spec={k: v for k, v in spec.items() if k != "policy"} | ({"policy": {k: v for k, v in pol.items() if k != "admit"}} if isinstance(pol, dict) and len(pol) > 1 else {}),
+        spec={k: v for k, v in spec.items() if k != "policy"}
+        | (
+            {"policy": {k: v for k, v in pol.items() if k != "admit"}}
+            if isinstance(pol, dict) and len(pol) > 1
+            else {}
+        ),
         admit=admit,
         loop=loop,
         tool=tool,
         input=step_input,
         next=nxt,
         set=set_with_legacy(ctx, raw, path),
-        outputs=parse_outputs(ctx, raw["outputs"], (*path, "outputs"), ctx.sm.line) if raw.get("outputs") is not None else [],
+        outputs=parse_outputs(ctx, raw["outputs"], (*path, "outputs"), ctx.sm.line)
+        if raw.get("outputs") is not None
+        else [],
         line=ctx.sm.line(path),
     )
 
@@ -360,7 +415,11 @@ def parse_playbook(
         rule = "legacy-construct" if hint else "api-version"
         ctx.err(("apiVersion",), rule, f"`apiVersion` must be {API_VERSION}, not {api!r}{hint}")
     if "vars" in raw:
-        ctx.err(("vars",), "root-vars", f"a playbook must not have root-level `vars` (use `workload`); {MIGRATE_HINT}")
+        ctx.err(
+            ("vars",),
+            "root-vars",
+            f"a playbook must not have root-level `vars` (use `workload`); {MIGRATE_HINT}",
+        )
     meta = raw.get("metadata")
     if not isinstance(meta, dict) or not meta.get("name") or not meta.get("path"):
         ctx.err(("metadata",), "metadata", "`metadata` must include `name` and `path`")
@@ -414,7 +473,11 @@ def parse_playbook(
         if st is None:
             continue
         if st.name in seen:
-            ctx.err(("workflow", i, "step"), "duplicate-step", f"step {st.name!r} is already defined at workflow[{seen[st.name]}]")
+            ctx.err(
+                ("workflow", i, "step"),
+                "duplicate-step",
+                f"step {st.name!r} is already defined at workflow[{seen[st.name]}]",
+            )
             continue
         seen[st.name] = i
         steps.append(st)
@@ -424,17 +487,31 @@ def parse_playbook(
             continue
         for j, a in enumerate(s["next"].get("arcs") or []):
             if isinstance(a, dict) and isinstance(a.get("step"), str) and a["step"] not in names:
-                ctx.err(("workflow", i, "next", "arcs", j, "step"), "unknown-arc-target", f"arc targets missing step {a['step']!r}")
+                ctx.err(
+                    ("workflow", i, "next", "arcs", j, "step"),
+                    "unknown-arc-target",
+                    f"arc targets missing step {a['step']!r}",
+                )
     for i, s in enumerate(wf):  # workbook references
         if isinstance(s, dict):
-            for _label, body, ip in _task_items(ParseContext(sm, False), s.get("tool"), ("workflow", i, "tool")) if s.get("tool") else []:
+            for _label, body, ip in (
+                _task_items(ParseContext(sm, False), s.get("tool"), ("workflow", i, "tool"))
+                if s.get("tool")
+                else []
+            ):
                 if isinstance(body, dict) and body.get("kind") == "workbook":
                     ref = body.get("name") or (body.get("spec") or {}).get("name")
                     if ref and not any(w.name == ref for w in workbook) and not is_template(ref):
-                        ctx.err((*ip, "name"), "unknown-workbook-entry", f"workbook entry {ref!r} is not defined")
-    entry = executor_raw.get("spec", {}).get("entry_step") if isinstance(executor_raw.get("spec"), dict) else None
+                        ctx.err(
+                            (*ip, "name"), "unknown-workbook-entry", f"workbook entry {ref!r} is not defined"
+                        )
+    entry = (
+        executor_raw.get("spec", {}).get("entry_step") if isinstance(executor_raw.get("spec"), dict) else None
+    )
     if entry and (not isinstance(entry, str) or entry not in names):
-        ctx.err(("executor", "spec", "entry_step"), "unknown-entry-step", f"entry step {entry!r} is not defined")
+        ctx.err(
+            ("executor", "spec", "entry_step"), "unknown-entry-step", f"entry step {entry!r} is not defined"
+        )
     check_executor(ctx, executor_raw, [st.name for st in steps], wf)
     _check_templates(ctx, raw)
     _legacy_issues(ctx, raw)
@@ -475,8 +552,9 @@ def _legacy_issues(ctx: ParseContext, raw: dict[str, Any]) -> None:
         ctx.err(path, "legacy-construct", f"{construct} is a legacy construct; {hint}")
 
 
-
-def load_playbook_dict(raw: Any, source_file: str | None = None, source_map: SourceMap | None = None) -> Playbook:
+def load_playbook_dict(
+    raw: Any, source_file: str | None = None, source_map: SourceMap | None = None
+) -> Playbook:
     pb, issues = parse_playbook(raw, source_map=source_map, source_file=source_file)
     if issues:
         raise PlaybookInvalid(issues)
@@ -490,4 +568,3 @@ def check_playbook(pb: Playbook) -> Playbook:
     if issues:
         raise PlaybookInvalid(issues)
     return pb
-

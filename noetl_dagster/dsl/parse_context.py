@@ -62,7 +62,9 @@ class ParseContext:
         self.check_kinds = check_kinds
 
     def err(self, path: PathT, rule: str, message: str) -> None:
-        self.issues.append(ValidationIssue(self.sm.file, self.sm.line(path), format_path(path), rule, message))
+        self.issues.append(
+            ValidationIssue(self.sm.file, self.sm.line(path), format_path(path), rule, message)
+        )
 
     def known_kind(self, kind: str) -> bool:
         if not self.check_kinds:

@@ -102,11 +102,15 @@ _parser: Lark | None = None
 def _lark() -> Lark:
     global _parser
     if _parser is None:
-        _parser = Lark(GRAMMAR, parser="earley", lexer="dynamic", propagate_positions=True, ambiguity="resolve")
+        _parser = Lark(
+            GRAMMAR, parser="earley", lexer="dynamic", propagate_positions=True, ambiguity="resolve"
+        )
     return _parser
 
 
-_TREES: dict[str, Tree] = {}  # code -> its tree: an Earley parse is ~0.1-0.3 s, a step in a cycle runs the same code
+_TREES: dict[
+    str, Tree
+] = {}  # code -> its tree: an Earley parse is ~0.1-0.3 s, a step in a cycle runs the same code
 
 
 def parse(code: str) -> Tree:
@@ -139,10 +143,12 @@ def _parse(code: str) -> Tree:
 
 def _outside_symbol(sym: str, text: str) -> bool:
     if sym == "|":  # a closure, not `||`
-        return any(text[i] == "|" and text[i - 1:i] != "|" and text[i + 1:i + 2] != "|" for i in range(len(text)))
+        return any(
+            text[i] == "|" and text[i - 1 : i] != "|" and text[i + 1 : i + 2] != "|" for i in range(len(text))
+        )
     in_string = False
     for i, c in enumerate(text):
-        if c == '"' and text[i - 1:i] != "\\":
+        if c == '"' and text[i - 1 : i] != "\\":
             in_string = not in_string
         elif c == sym and not in_string:
             return True
@@ -163,7 +169,9 @@ class _Return(Exception):
 
 
 def _type(v: Any) -> str:
-    return {bool: "bool", int: "i64", float: "f64", str: "string", list: "array", dict: "map"}.get(type(v), "()")
+    return {bool: "bool", int: "i64", float: "f64", str: "string", list: "array", dict: "map"}.get(
+        type(v), "()"
+    )
 
 
 class Interpreter:
@@ -186,7 +194,9 @@ class Interpreter:
     def _tick(self, node: Any) -> None:
         self.ops += 1
         if self.ops > self.max_operations:
-            raise RhaiError(f"too many operations (max_operations {self.max_operations})", _line(node), "rhai_limit")
+            raise RhaiError(
+                f"too many operations (max_operations {self.max_operations})", _line(node), "rhai_limit"
+            )
 
     def _stmts(self, node: Tree) -> Any:
         value = None
@@ -209,7 +219,9 @@ class Interpreter:
             return self._expr(n)
         d = n.data
         if d == "let":
-            self.scopes[-1][str(n.children[0])] = self._expr(n.children[1]) if n.children[1] is not None else None
+            self.scopes[-1][str(n.children[0])] = (
+                self._expr(n.children[1]) if n.children[1] is not None else None
+            )
             return None
         if d == "assign":
             self._assign(n)
@@ -453,7 +465,11 @@ class Interpreter:
             table = {}
         fn = table.get(name)
         if fn is None:
-            raise RhaiError(f"method {name}() of a {_type(obj)} is outside the supported Rhai subset", _line(n), "rhai_unsupported")
+            raise RhaiError(
+                f"method {name}() of a {_type(obj)} is outside the supported Rhai subset",
+                _line(n),
+                "rhai_unsupported",
+            )
         try:
             return fn(*args)
         except (TypeError, ValueError) as e:
@@ -470,7 +486,9 @@ class Interpreter:
         }  # fmt: skip
         fn = simple.get(name)
         if fn is None:
-            raise RhaiError(f"function {name}() is outside the supported Rhai subset", _line(n), "rhai_unsupported")
+            raise RhaiError(
+                f"function {name}() is outside the supported Rhai subset", _line(n), "rhai_unsupported"
+            )
         try:
             return fn(*args)
         except (TypeError, ValueError) as e:

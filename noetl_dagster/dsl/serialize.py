@@ -69,7 +69,8 @@ def playbook_to_raw(pb: Playbook) -> dict[str, Any]:
         doc["workload"] = pb.workload
     if pb.workbook:
         doc["workbook"] = [
-            {"name": w.name, **({"desc": w.desc} if w.desc is not None else {}), "tool": _task_raw(w.tool)} for w in pb.workbook
+            {"name": w.name, **({"desc": w.desc} if w.desc is not None else {}), "tool": _task_raw(w.tool)}
+            for w in pb.workbook
         ]
     steps = []
     for s in pb.workflow:
@@ -79,10 +80,15 @@ def playbook_to_raw(pb: Playbook) -> dict[str, Any]:
         spec = dict(s.spec)
         if s.admit is not None:
             rules = [
-                {"else": {"then": {"allow": r.allow}}} if r.when is None else {"when": r.when, "then": {"allow": r.allow}}
+                {"else": {"then": {"allow": r.allow}}}
+                if r.when is None
+                else {"when": r.when, "then": {"allow": r.allow}}
                 for r in s.admit
             ]
-            spec["policy"] = {**(spec.get("policy") or {}), "admit": {"rules": rules}}  # a copy: never write into the model
+            spec["policy"] = {
+                **(spec.get("policy") or {}),
+                "admit": {"rules": rules},
+            }  # a copy: never write into the model
         if spec:
             d["spec"] = spec
         if s.loop:
@@ -94,7 +100,10 @@ def playbook_to_raw(pb: Playbook) -> dict[str, Any]:
         if s.set:
             d["set"] = _set_raw(s.set)
         if s.outputs:
-            d["outputs"] = [o.model_dump(by_alias=True, exclude_none=True, exclude_defaults=True, exclude={"line"}) for o in s.outputs]
+            d["outputs"] = [
+                o.model_dump(by_alias=True, exclude_none=True, exclude_defaults=True, exclude={"line"})
+                for o in s.outputs
+            ]
         if s.next is not None:
             arcs = []
             for a in s.next.arcs:
@@ -104,7 +113,10 @@ def playbook_to_raw(pb: Playbook) -> dict[str, Any]:
                 if a.args == {}:
                     ad["args"] = {}  # an explicit empty payload (rare); other payloads are set: {step.*}
                 if a.set or a.args:
-                    ad["set"] = {**(_set_raw(a.set) if a.set else {}), **{f"step.{k}": v for k, v in (a.args or {}).items()}}
+                    ad["set"] = {
+                        **(_set_raw(a.set) if a.set else {}),
+                        **{f"step.{k}": v for k, v in (a.args or {}).items()},
+                    }
                 if a.spec:
                     ad["spec"] = a.spec
                 arcs.append(ad)

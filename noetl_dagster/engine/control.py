@@ -101,7 +101,9 @@ class Engine(Driver, EngineServices):
         self.services = services
         self.depth = depth
         self.graph: StepGraph = analyze(playbook)
-        self._steps: dict[str, Step] = dict(playbook.steps)  # Playbook.step's dict (its cache costs a pydantic getattr)
+        self._steps: dict[str, Step] = dict(
+            playbook.steps
+        )  # Playbook.step's dict (its cache costs a pydantic getattr)
         self.state = state or ExecutionState(execution_id or uuid7(), services.offloader.resolve)
         self.recorder = Recorder(
             self.state,
@@ -167,7 +169,9 @@ class Engine(Driver, EngineServices):
         if isinstance(overrides.get("ctx"), dict):  # a request may seed ctx
             merged.pop("ctx", None)
         entry = self.graph.entry
-        self.recorder.emit(E.WORKFLOW_STARTED, entity_id=self.execution_id, data={"workload": merged, "entry": entry})
+        self.recorder.emit(
+            E.WORKFLOW_STARTED, entity_id=self.execution_id, data={"workload": merged, "entry": entry}
+        )
         if isinstance(overrides.get("ctx"), dict):
             self.patch_ctx(dict(overrides["ctx"]), source="request")
         self._enqueue(entry, {}, None)
@@ -226,7 +230,9 @@ class Engine(Driver, EngineServices):
                     acts.append(act)
                     if len(self.state.step_runs) > cap:  # this one is the capped run: schedule no more
                         return acts
-        pending_all_here = allowed_set is None or all(tok.step in allowed_set for tok in self.state.tokens.values())
+        pending_all_here = allowed_set is None or all(
+            tok.step in allowed_set for tok in self.state.tokens.values()
+        )
         if not acts and pending_all_here and not self.state.running and self.state.tokens:
             # only joins waiting on each other (an irreducible cycle): every pending join
             # fires at once with the tokens it has (SEMANTICS §5; order independent)
@@ -265,7 +271,10 @@ class Engine(Driver, EngineServices):
                 allowed, reason = False, f"admission rule failed to render: {e}"
         if not allowed:
             self.recorder.emit(
-                E.STEP_SKIPPED, step=step_name, entity_id=step_name, data={"token_ids": token_ids, "reason": reason, "args": args}
+                E.STEP_SKIPPED,
+                step=step_name,
+                entity_id=step_name,
+                data={"token_ids": token_ids, "reason": reason, "args": args},
             )
             return None
         srid = uuid7()
@@ -283,7 +292,11 @@ class Engine(Driver, EngineServices):
         cap = self._cap
         runs = self.state.step_runs
         # the capped run is the one scheduled past the cap, and the last scheduled (see ready)
-        if len(runs) > cap and act.step_run_id == next(reversed(runs)) and act.step != final_step(self.playbook):
+        if (
+            len(runs) > cap
+            and act.step_run_id == next(reversed(runs))
+            and act.step != final_step(self.playbook)
+        ):
             t0 = self.worker.step_begin(step, act.step_run_id)
             err = {"kind": "max_step_runs", "message": f"execution exceeded {cap} step runs (max_step_runs); "
                    "a cycle without a `when` guard?", "retryable": False, "code": None}  # fmt: skip
@@ -298,7 +311,12 @@ class Engine(Driver, EngineServices):
         capped = not run.ok and isinstance(run.error, dict) and run.error.get("kind") == "max_step_runs"
         if router and router.arcs and not capped:
             outcome = outcome_envelope(run.ok, run.result, run.error)
-            event = {"name": run.event_name, "step": run.step, "status": "ok" if run.ok else "error", "payload": outcome}
+            event = {
+                "name": run.event_name,
+                "step": run.step,
+                "status": "ok" if run.ok else "error",
+                "payload": outcome,
+            }
             scope = self._scope(run.args, event=event, outcome=outcome, output=outcome, error=run.error)
             for i, arc in enumerate(router.arcs):
                 try:
@@ -312,7 +330,9 @@ class Engine(Driver, EngineServices):
                 fired.append({"arc": i, "step": arc.step, "token_id": uuid7(), "args": args, "patch": patch})
                 if router.mode == "exclusive":
                     break
-        dead_end = run.ok and not fired and not errors and not capped and dead_end_is_error(self.playbook, router)
+        dead_end = (
+            run.ok and not fired and not errors and not capped and dead_end_is_error(self.playbook, router)
+        )
         unhandled = (not run.ok and not fired) or dead_end
         self.recorder.emit(
             E.NEXT_EVALUATED,
@@ -334,7 +354,9 @@ class Engine(Driver, EngineServices):
         out = []
         for f in fired:
             if f["patch"]:
-                self.patch_ctx(f["patch"], step=run.step, step_run_id=run.step_run_id, source=f"arc:{f['arc']}")
+                self.patch_ctx(
+                    f["patch"], step=run.step, step_run_id=run.step_run_id, source=f"arc:{f['arc']}"
+                )
             self._enqueue(f["step"], f["args"], run.step, f["token_id"])
             out.append((f["token_id"], f["step"]))
         self.recorder.flush()
@@ -369,10 +391,21 @@ class Engine(Driver, EngineServices):
         resumed: list[str] = []
         only = set(allowed) if allowed is not None else None
         if st.status == "requested" and only is None:  # died before the workflow started
-            req = next((e for e in self.services.event_store.read(self.execution_id) if e.name == E.EXECUTION_REQUESTED), None)
+            req = next(
+                (
+                    e
+                    for e in self.services.event_store.read(self.execution_id)
+                    if e.name == E.EXECUTION_REQUESTED
+                ),
+                None,
+            )
             overrides = dict((req.data if req else {}).get("workload") or {})
             merged = {**self.playbook.workload, **overrides}
-            self.recorder.emit(E.WORKFLOW_STARTED, entity_id=self.execution_id, data={"workload": merged, "entry": self.graph.entry})
+            self.recorder.emit(
+                E.WORKFLOW_STARTED,
+                entity_id=self.execution_id,
+                data={"workload": merged, "entry": self.graph.entry},
+            )
             self._enqueue(self.graph.entry, {}, None)
             self.recorder.flush()
             return resumed
@@ -466,10 +499,14 @@ def run_child(
         raise ToolError(f"{label} refused: " + "; ".join(problems), kind="generated_playbook_refused",
                         result={"violations": problems, **({"playbook_id": request["playbook_id"]} if request else {})})  # fmt: skip
     child = Engine(child_pb, parent.services, parent_execution_id=parent.execution_id, depth=parent.depth + 1)
-    child.recorder.redactor.add(parent.recorder.redactor.secrets)  # what is secret to the parent is secret to the child
+    child.recorder.redactor.add(
+        parent.recorder.redactor.secrets
+    )  # what is secret to the parent is secret to the child
     if grant.restricted:
         restrict(child, grant)
-        kc = DelegatedKeychain(parent.credential, lambda: _secret_values(parent), grant.credentials or frozenset())
+        kc = DelegatedKeychain(
+            parent.credential, lambda: _secret_values(parent), grant.credentials or frozenset()
+        )
         child._keychain = kc.bind(on_secret=child.recorder.redactor.add)  # noqa: SLF001 - the engine's own field
         kc.bind(on_secret=parent.recorder.redactor.add)
     child.start(workload, requested_by=f"playbook:{parent.execution_id}", request=request)
@@ -505,7 +542,9 @@ def restore_generated(engine: Engine, request: Mapping[str, Any]) -> None:
         return
     from noetl_dagster.engine.keychain import Keychain  # noqa: PLC0415 - providers load lazily
 
-    grant = Grant(frozenset(request.get("allowed_kinds") or ()), frozenset(request.get("delegated_credentials") or ()))
+    grant = Grant(
+        frozenset(request.get("allowed_kinds") or ()), frozenset(request.get("delegated_credentials") or ())
+    )
     base = Keychain([]).bind(on_secret=engine.recorder.redactor.add)
     restrict(engine, grant)
     kc = DelegatedKeychain(base.credential, base.secret_values, grant.credentials or frozenset())
@@ -514,4 +553,6 @@ def restore_generated(engine: Engine, request: Mapping[str, Any]) -> None:
 
 def _secret_values(engine: Engine) -> set[str]:
     kc = engine._keychain  # noqa: SLF001 - read only: the secrets this execution's keychain resolved
-    return set(kc.secret_values()) if kc is not None and callable(getattr(kc, "secret_values", None)) else set()
+    return (
+        set(kc.secret_values()) if kc is not None and callable(getattr(kc, "secret_values", None)) else set()
+    )

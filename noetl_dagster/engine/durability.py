@@ -67,7 +67,9 @@ class Driver:
 
     def run(self, act: Activation) -> StepRun:
         if self.state.finished:  # a crash ended the execution (see _crashed): nothing runs after it
-            return StepRun(act.step, act.step_run_id, False, None, _finished_error(self), "call.error", act.args)
+            return StepRun(
+                act.step, act.step_run_id, False, None, _finished_error(self), "call.error", act.args
+            )
         try:
             return self._run(act)
         except Exception as e:  # noqa: BLE001 - the gate (see _crashed)
@@ -94,7 +96,9 @@ class Driver:
             self._crashed(e)
             return self.state.status
 
-    def run_until_quiescent(self, allowed: Iterable[str] | None = None, on_step: Callable[[StepRun], None] | None = None) -> None:
+    def run_until_quiescent(
+        self, allowed: Iterable[str] | None = None, on_step: Callable[[StepRun], None] | None = None
+    ) -> None:
         """Run activations (restricted to ``allowed`` steps) until none is runnable."""
         allowed_list = list(allowed) if allowed is not None else None
         while True:

@@ -34,8 +34,12 @@ class EngineServices:
             if callable(getattr(kc, "bind", None)):
                 # declarations render against this execution; every secret resolved later is redacted
                 kc.bind(
-                    context=lambda: {**self.state.workload, "workload": self.state.workload, "ctx": self.state.ctx,
-                                     "execution_id": self.execution_id},  # fmt: skip
+                    context=lambda: {
+                        **self.state.workload,
+                        "workload": self.state.workload,
+                        "ctx": self.state.ctx,
+                        "execution_id": self.execution_id,
+                    },  # fmt: skip
                     render=self.env.render,
                     on_secret=self.recorder.redactor.add,
                 )

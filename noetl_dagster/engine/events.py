@@ -155,7 +155,16 @@ def _iso_at(t_ns: int) -> str:
 # the fields a store row holds in columns (``to_stored(envelope=False)`` leaves them out of the body)
 ENVELOPE_COLUMNS = ("event_id", "execution_id", "sequence", "name", "timestamp")
 
-_OPTIONAL = ("parent_execution_id", "entity_id", "step", "step_run_id", "task_run_id", "loop_id", "iteration", "attempt")
+_OPTIONAL = (
+    "parent_execution_id",
+    "entity_id",
+    "step",
+    "step_run_id",
+    "task_run_id",
+    "loop_id",
+    "iteration",
+    "attempt",
+)
 
 
 @dataclass(slots=True)

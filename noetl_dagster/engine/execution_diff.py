@@ -38,7 +38,9 @@ class _Act:
         self.ctx: dict[str, Any] = {}
 
     def value(self, kind: str) -> Any:
-        return {"arc": self.fired, "status": self.status, "retries": self.retries, "result": self.checksum}[kind]
+        return {"arc": self.fired, "status": self.status, "retries": self.retries, "result": self.checksum}[
+            kind
+        ]
 
     def seq_of(self, kind: str) -> int | None:
         return {"arc": self.decided, "status": self.result_seq, "retries": self.retry_seq,
@@ -96,7 +98,9 @@ def _differs(x: Any, y: Any) -> bool:
 
 
 def _changed_keys(x: dict[str, Any], y: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {k: {"a": x.get(k), "b": y.get(k)} for k in sorted(x.keys() | y.keys()) if _differs(x.get(k), y.get(k))}
+    return {
+        k: {"a": x.get(k), "b": y.get(k)} for k in sorted(x.keys() | y.keys()) if _differs(x.get(k), y.get(k))
+    }
 
 
 def diff(events_a: Iterable[Event], events_b: Iterable[Event], *, when: dict[str, list[str | None]] | None = None,

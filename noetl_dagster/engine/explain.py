@@ -140,7 +140,9 @@ class _Loop:
         self.ok = self.failed = self.retries = self.attempts = self.failed_detail = 0
         self.detail: list[dict[str, Any]] = []
         self.buckets: dict[int, list[float]] = {}  # index -> [start, end, ok, failed, retries, busy_ms]
-        self.open: dict[int, list[Any]] = {}  # iteration -> [start, attempts, storage uris billed] while it runs
+        self.open: dict[
+            int, list[Any]
+        ] = {}  # iteration -> [start, attempts, storage uris billed] while it runs
         self.size = max(1, -(-total // BUCKETS)) if total else 1000  # a cursor loop's total is unknown
         self.hist: dict[int, int] = {}  # duration bin (see _bin) -> iterations
         self.dmin = self.dmax = -1.0
@@ -187,7 +189,10 @@ class _Loop:
 
     def durations(self) -> dict[str, Any]:
         n = self.ok + self.failed
-        out: dict[str, Any] = {"min_ms": round(self.dmin, 3) if n else None, "max_ms": round(self.dmax, 3) if n else None}
+        out: dict[str, Any] = {
+            "min_ms": round(self.dmin, 3) if n else None,
+            "max_ms": round(self.dmax, 3) if n else None,
+        }
         for q in (50, 90, 99):
             out[f"p{q}_ms"] = _percentile(self.hist, n, q / 100, self.dmin, self.dmax) if n else None
         return out
@@ -225,7 +230,9 @@ def _percentile(hist: dict[int, int], n: int, q: float, lo: float, hi: float) ->
     return round(hi, 3)
 
 
-def _iteration(i: int, start: float, end: float, ok: bool, retries: int, err: dict[str, Any] | None) -> dict[str, Any]:
+def _iteration(
+    i: int, start: float, end: float, ok: bool, retries: int, err: dict[str, Any] | None
+) -> dict[str, Any]:
     return {"index": i, "start": start, "end": end, "status": "success" if ok else "error", "retries": retries,
             "error": err}  # fmt: skip
 
@@ -301,7 +308,11 @@ def page_iterations(read_range: Callable[[int, int], list[Event]], loop: _Loop, 
                     limit: int, t0: float) -> list[dict[str, Any]]:  # fmt: skip
     """Iterations ``[offset, offset + limit)`` of one loop, finished ones, from the stretch of the
     log that holds them (the loop's ``seqix``), not the whole log."""
-    chunks = [loop.seqix[c] for c in range(offset // loop.gran, (offset + limit - 1) // loop.gran + 1) if c in loop.seqix]
+    chunks = [
+        loop.seqix[c]
+        for c in range(offset // loop.gran, (offset + limit - 1) // loop.gran + 1)
+        if c in loop.seqix
+    ]
     if not chunks:
         return []
     lo, hi = min(c[0] for c in chunks), max(c[1] for c in chunks)
@@ -373,7 +384,9 @@ class Explainer:
                     run = _Run(ev, t, len(order) + 1)
                     run.status, run.reason = "skipped", str(d.get("reason") or "")
                     order.append(run)
-                if name in _PRICED and (name == "task.done" or name in _TERMINAL or _has_ref(d.get("result"))):
+                if name in _PRICED and (
+                    name == "task.done" or name in _TERMINAL or _has_ref(d.get("result"))
+                ):
                     self._charge(run, ev, name, d, t)  # (a step's inline result has no usage line)
                 if run is None:
                     if name == "playbook.execution.requested":
@@ -549,5 +562,3 @@ def _totals(runs: list[dict[str, Any]], platform_cost: float) -> dict[str, Any]:
         "cpu_s": round(sum(r["usage"].get("cpu_s", 0.0) for r in runs), 6),
         "sub_executions": sum(len(r["sub_executions"]) for r in runs),
     }
-
-

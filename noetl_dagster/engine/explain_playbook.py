@@ -58,7 +58,9 @@ def playbook_graph(pb: Playbook | None, observed: list[dict[str, Any]]) -> dict[
         for s in pb.workflow:
             for i, arc in enumerate(s.next.arcs if s.next else ()):
                 if arc.step in pb.steps:
-                    e = edges.setdefault((s.name, arc.step), {"from": s.name, "to": arc.step, "when": [], "arcs": []})
+                    e = edges.setdefault(
+                        (s.name, arc.step), {"from": s.name, "to": arc.step, "when": [], "arcs": []}
+                    )
                     e["arcs"].append(i)
                     e["when"].append(None if arc.when is None else str(arc.when))
     for a, b in tokens:

@@ -135,9 +135,14 @@ def outcome_envelope(ok: bool, result: Any, error: Any) -> dict[str, Any]:
     """The outcome (SEMANTICS §3): ``result``; ``data`` follows the `.data` rule (the result's own
     ``data`` key when it has one, e.g. an HTTP body, else the result); ``response`` is the result."""
     data = result["data"] if isinstance(result, dict) and "data" in result else result
-    return {"status": "ok" if ok else "error", "result": result, "data": data, "response": result, "error": error}
+    return {
+        "status": "ok" if ok else "error",
+        "result": result,
+        "data": data,
+        "response": result,
+        "error": error,
+    }
 
 
 def _err_outcome(error: dict[str, Any]) -> dict[str, Any]:
     return outcome_envelope(False, None, error)
-

@@ -177,7 +177,9 @@ class FileProvider(KeychainProvider):
         except YamlFileError as e:
             raise KeychainError(str(e)) from None
         except YamlSyntaxError as e:  # never the text itself: it holds secrets
-            raise KeychainError(f"credentials file {path}:{e.line} is not valid YAML/JSON ({e.rule})") from None
+            raise KeychainError(
+                f"credentials file {path}:{e.line} is not valid YAML/JSON ({e.rule})"
+            ) from None
         if doc is None:
             return
 
@@ -410,13 +412,17 @@ class Keychain:
     def _resolve_declaration(self, decl: Mapping[str, Any]) -> tuple[dict[str, Any], float | None]:
         name = decl["name"]
         kind = str(decl.get("kind") or decl.get("type") or "static").lower()
-        body = {k: v for k, v in decl.items() if k not in ("name", "kind", "type", "scope", "auto_renew", "desc")}
+        body = {
+            k: v for k, v in decl.items() if k not in ("name", "kind", "type", "scope", "auto_renew", "desc")
+        }
         try:
             body = self._render(body, self._names())
         except KeychainError:
             raise
         except Exception as e:
-            raise KeychainError(f"keychain {name!r}: rendering its fields failed: {type(e).__name__}: {e}") from None
+            raise KeychainError(
+                f"keychain {name!r}: rendering its fields failed: {type(e).__name__}: {e}"
+            ) from None
 
         if kind in ("static", "map"):
             fields = dict(body.get("map") or {k: v for k, v in body.items() if k != "map"})
@@ -505,9 +511,13 @@ class Keychain:
                 method, str(endpoint), headers=headers, data=form, json=payload, timeout=self.http_timeout
             )
         except httpx.HTTPError as e:
-            raise KeychainError(f"keychain {name!r} (oauth2): token request failed: {type(e).__name__}") from None
+            raise KeychainError(
+                f"keychain {name!r} (oauth2): token request failed: {type(e).__name__}"
+            ) from None
         if resp.status_code // 100 != 2:
-            raise KeychainError(f"keychain {name!r} (oauth2): token endpoint answered HTTP {resp.status_code}")
+            raise KeychainError(
+                f"keychain {name!r} (oauth2): token endpoint answered HTTP {resp.status_code}"
+            )
         try:
             fields = resp.json()
         except ValueError:

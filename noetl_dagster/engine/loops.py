@@ -385,7 +385,11 @@ class CursorLoops:
         if gate is not None:  # the trust boundary holds for cursor drivers as for tools
             try:
                 for req in reqs:
-                    gate.check(cur.kind, cursor_config(cur.kind, req.auth, req.options), f"loop.cursor of step {frame.step.name!r}")
+                    gate.check(
+                        cur.kind,
+                        cursor_config(cur.kind, req.auth, req.options),
+                        f"loop.cursor of step {frame.step.name!r}",
+                    )
             except ToolError as e:
                 return False, None, _error(e.kind, e.message)
         opener = eng.services.cursor_sources.get(cur.kind)

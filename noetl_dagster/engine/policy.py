@@ -44,11 +44,15 @@ class TaskPolicy:
             delay *= 2.0 ** min(attempt - 1, 64)
         return min(delay, MAX_RETRY_DELAY)
 
-    def _decide(self, task: Task, outcome: dict[str, Any], scope: Scope) -> tuple[RuleThen | None, dict[str, Any] | None]:
+    def _decide(
+        self, task: Task, outcome: dict[str, Any], scope: Scope
+    ) -> tuple[RuleThen | None, dict[str, Any] | None]:
         """The matching rule's ``then`` (None: the defaults apply), or an error when a condition fails."""
         if task.policy is None:
             return None, None
-        pscope = scope.child(outcome=outcome, output=outcome, error=outcome.get("error"), result=outcome.get("result"))
+        pscope = scope.child(
+            outcome=outcome, output=outcome, error=outcome.get("error"), result=outcome.get("result")
+        )
         else_then = None
         for rule in task.policy:
             if rule.is_else:

@@ -84,7 +84,9 @@ class EventStore(ABC):
         sequence it folded, its rows), or None (an adapter without summaries, or none yet)."""
         return None
 
-    def put_summary(self, execution_id: str, after: int | None, last: int, rows: list[tuple[int, str]]) -> bool:
+    def put_summary(
+        self, execution_id: str, after: int | None, last: int, rows: list[tuple[int, str]]
+    ) -> bool:
         """Replace the summary with ``rows`` (folded up to ``last``) if the stored one is still at
         ``after`` (None: there is none); False when it moved meanwhile or the adapter keeps none."""
         return False
@@ -104,7 +106,6 @@ class EventStore(ABC):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
 
 
 class ResultOffloader(Protocol):

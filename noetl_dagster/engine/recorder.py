@@ -217,8 +217,11 @@ class Recorder:
         if self.redactor:
             value = self.redactor.value(value)
         n = next(self._offload_seq)
-        out = self.offloader.maybe_offload(value, f"{self.tenant}/{self.project}/{self.execution_id}/{hint}-{n}",
-                                           execution_id=self.execution_id)  # the reference names its producer
+        out = self.offloader.maybe_offload(
+            value,
+            f"{self.tenant}/{self.project}/{self.execution_id}/{hint}-{n}",
+            execution_id=self.execution_id,
+        )  # the reference names its producer
         if type(out) is dict and "$ref" in out:  # written now: removed again if its event is never durable
             self._pending_refs.append(out["$ref"].get("uri"))
         return out

@@ -11,7 +11,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+_UNITS = {
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "k": 1e3,
+    "K": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+}
 
 
 def parse_quantity(value: Any, *, memory: bool = False) -> float | None:
@@ -36,7 +46,10 @@ def _resources(playbook: Any, step: Any) -> Mapping[str, Any]:
     out: dict[str, Any] = {}
     spec = getattr(playbook.executor, "spec", None) or {}
     profiles = spec.get("profiles") if isinstance(spec.get("profiles"), Mapping) else {}
-    for name in (spec.get("default_profile") or getattr(playbook.executor, "profile", None), step.spec.get("profile")):
+    for name in (
+        spec.get("default_profile") or getattr(playbook.executor, "profile", None),
+        step.spec.get("profile"),
+    ):
         prof = profiles.get(name) if name else None
         if isinstance(prof, Mapping) and isinstance(prof.get("resources"), Mapping):
             out.update(prof["resources"])

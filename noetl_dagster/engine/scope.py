@@ -52,7 +52,12 @@ class StepResults(Mapping):
             raise KeyError(key)
         v = self._get(key)
         raw = names.get(key) if isinstance(names, Mapping) else None
-        if isinstance(v, dict) and isinstance(raw, dict) and len(raw) == 1 and isinstance(raw.get("$ref"), dict):
+        if (
+            isinstance(v, dict)
+            and isinstance(raw, dict)
+            and len(raw) == 1
+            and isinstance(raw.get("$ref"), dict)
+        ):
             # an offloaded result (NoETL): `step._ref` is its reference (kind: artifact reads it back),
             # `step._store` the tier it went to, in NoETL's names (a file payload store is the disk tier)
             store = raw["$ref"].get("store")

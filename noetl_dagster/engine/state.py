@@ -49,7 +49,9 @@ class ExecutionState:
         self.parent_execution_id: str | None = None
         self.playbook: str | None = None
         self.status = "new"  # new | requested | running | completed | failed
-        self.selected: frozenset[str] | None = None  # a subset run: the only steps admitted (request "select")
+        self.selected: frozenset[str] | None = (
+            None  # a subset run: the only steps admitted (request "select")
+        )
         self.workload: dict[str, Any] = {}
         self.entry: str | None = None
         self.ctx: dict[str, Any] = {}
@@ -84,7 +86,11 @@ class ExecutionState:
             for tid in d.get("token_ids", ()):
                 self.tokens.pop(tid, None)
             self.running[ev.step_run_id] = ev.step
-            self.step_runs[ev.step_run_id] = {"step": ev.step, "token_ids": d.get("token_ids", []), "args": d.get("args")}
+            self.step_runs[ev.step_run_id] = {
+                "step": ev.step,
+                "token_ids": d.get("token_ids", []),
+                "args": d.get("args"),
+            }
             self.runs[ev.step] = self.runs.get(ev.step, 0) + 1
         elif name == E.STEP_SKIPPED:
             for tid in d.get("token_ids", ()):
@@ -101,7 +107,9 @@ class ExecutionState:
             self.last_step = ev.step
         elif name == E.STEP_FAILED:
             # a loop step's result stays its {results, stats} aggregate (SEMANTICS §4)
-            self.results[ev.step] = d["result"] if "result" in d else {"status": "error", "error": d.get("error")}
+            self.results[ev.step] = (
+                d["result"] if "result" in d else {"status": "error", "error": d.get("error")}
+            )
             self._resolved.pop(ev.step, None)
             self.step_status[ev.step] = "failed"
             self.running.pop(ev.step_run_id, None)

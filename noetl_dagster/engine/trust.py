@@ -91,7 +91,9 @@ def _tasks(pb: Playbook) -> Iterator[tuple[str, Task]]:
 
 
 def _cursors(pb: Playbook) -> Iterator[tuple[str, Any]]:
-    loops = [(f"workflow step {s.name!r}", lp) for s in pb.workflow for lp in (s.loop, *(t.loop for t in s.tool))]
+    loops = [
+        (f"workflow step {s.name!r}", lp) for s in pb.workflow for lp in (s.loop, *(t.loop for t in s.tool))
+    ]
     loops += [(f"workbook entry {w.name!r}", w.tool.loop) for w in pb.workbook]
     for where, loop in loops:
         if loop is not None and loop.cursor is not None:
@@ -152,7 +154,9 @@ def violations(pb: Playbook, grant: Grant, tenant: str | None = None) -> list[st
         for where, cur in _cursors(pb):
             kind = CURSOR_TOOL_KIND.get(cur.kind, cur.kind)
             if kind not in grant.kinds:
-                out.append(f"{where}: cursor kind {cur.kind!r} is not allowed (allow_kinds: {sorted(grant.kinds)})")
+                out.append(
+                    f"{where}: cursor kind {cur.kind!r} is not allowed (allow_kinds: {sorted(grant.kinds)})"
+                )
     if grant.credentials is not None:
         asked: dict[str, str] = {}
         for decl in pb.keychain:
@@ -271,14 +275,18 @@ class Gate:
         self.scope_dir = os.path.realpath(scope_dir)
 
     def _refuse(self, where: str, why: str, kind: str = TRUST_REFUSED) -> ToolError:
-        return ToolError(f"generated playbook: {where}: {why}", kind=kind, result={"refused": why, "where": where})
+        return ToolError(
+            f"generated playbook: {where}: {why}", kind=kind, result={"refused": why, "where": where}
+        )
 
     def check(self, kind: str, config: Mapping[str, Any], where: str) -> None:
         """Raise ToolError unless ``kind`` with this rendered ``config`` is within the grant."""
         g = self.grant
         tool_kind = CURSOR_TOOL_KIND.get(kind, kind)
         if g.kinds is not None and tool_kind not in g.kinds:
-            raise self._refuse(where, f"tool kind {tool_kind!r} is not allowed (allow_kinds: {sorted(g.kinds)})")
+            raise self._refuse(
+                where, f"tool kind {tool_kind!r} is not allowed (allow_kinds: {sorted(g.kinds)})"
+            )
         names: list[str] = []
         self._walk(tool_kind, config, where, names, top=True)
         for key in _NAME_KEYS.get(tool_kind, ()):
@@ -289,7 +297,9 @@ class Gate:
                 raise self._refuse(where, f"credential {name!r} is not delegated to this generated playbook "
                                    f"(delegated: {sorted(g.credentials)})", kind="credential_not_delegated")  # fmt: skip
         if tool_kind in _CONNECTING_KINDS and not names:
-            raise self._refuse(where, f"{tool_kind!r} connects only through a delegated credential (`auth: <name>`)")
+            raise self._refuse(
+                where, f"{tool_kind!r} connects only through a delegated credential (`auth: <name>`)"
+            )
         if tool_kind == "ducklake":
             self._ducklake(config, where)
         if tool_kind in _CONNECTING_KINDS:
@@ -311,7 +321,9 @@ class Gate:
             self.path(text, where)
         s3 = config.get("s3")
         if isinstance(s3, Mapping) and set(s3) - {"credential"}:
-            raise self._refuse(where, "inline S3 settings count as a credential; give `s3: {credential: <name>}`")
+            raise self._refuse(
+                where, "inline S3 settings count as a credential; give `s3: {credential: <name>}`"
+            )
         data = config.get("data_path")
         remote = data.strip().lower() if isinstance(data, str) and "://" in data else ""
         if remote and not remote.startswith("file://"):
@@ -346,7 +358,9 @@ class Gate:
                 raise self._refuse(where, f"{key!r} is an inline credential (connection string, password or "
                                    "key); a generated playbook uses delegated credentials only")  # fmt: skip
             elif k in _SCOPE_KEYS:
-                raise self._refuse(where, f"{key!r} points at another registry or store than this execution's own")
+                raise self._refuse(
+                    where, f"{key!r} points at another registry or store than this execution's own"
+                )
             else:
                 self._walk(kind, v, where, names)
 
@@ -385,7 +399,7 @@ class Gate:
         """A local path (absolute, ``~``, ``file://`` or relative with ``..``) must stay in ``scope_dir``."""
         raw = text.strip()
         if raw.startswith("file://"):
-            raw = raw[len("file://"):]
+            raw = raw[len("file://") :]
         elif "://" in raw or "\n" in raw:
             return
         if not (raw.startswith(("/", "~")) or ".." in raw.replace("\\", "/").split("/")):

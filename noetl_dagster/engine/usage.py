@@ -283,7 +283,9 @@ class Popen(subprocess.Popen):
     ``VmHWM``, as the python tool's ``isolation: process`` runner does)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._parent_mark = _resource.getrusage(_resource.RUSAGE_SELF).ru_maxrss if _resource is not None else 0
+        self._parent_mark = (
+            _resource.getrusage(_resource.RUSAGE_SELF).ru_maxrss if _resource is not None else 0
+        )
         super().__init__(*args, **kwargs)
 
     def _try_wait(self, wait_flags: int) -> tuple[int, int]:  # CPython's hook under _waitpid_lock
@@ -353,7 +355,9 @@ class Window:
         self.thread = threading.get_ident() if inside else None
         with _LEDGER_LOCK:
             self._attr0 = 0.0 if from_process_start else _attributed()
-            self._proc = 0.0 if from_process_start else (time.thread_time() if inside else time.process_time())
+            self._proc = (
+                0.0 if from_process_start else (time.thread_time() if inside else time.process_time())
+            )
         self._wall = time.perf_counter() - (_process_age() if from_process_start else 0.0)
         self.window = "process" if from_process_start else ("thread" if inside else "execution")
         self._tasks: list[float] = []  # this execution's attempts (lock-free appends, summed in batches)

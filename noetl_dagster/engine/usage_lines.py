@@ -24,7 +24,9 @@ UNITS = {
 # -- usage lines: what one event used, in the price table's units ----------------------------------
 def _number(value: Any) -> float | None:
     """A value as the facts writer stores a Float64 (analytics/facts.py ``_as_number``)."""
-    if type(value) is float or type(value) is int:  # the common case, first (the summary folds every task.done)
+    if (
+        type(value) is float or type(value) is int
+    ):  # the common case, first (the summary folds every task.done)
         return float(value) if value == value else None
     if value is None or isinstance(value, bool):
         return None if value is None else float(value)
@@ -98,7 +100,9 @@ def created_refs(name: str, data: Any) -> list[dict[str, Any]]:
         ref = _ref(d.get("result"))
         if ref is not None:
             out.append(ref)
-        elif name == "loop.done" and type(d.get("result")) is dict and type(d["result"].get("results")) is list:
+        elif (
+            name == "loop.done" and type(d.get("result")) is dict and type(d["result"].get("results")) is list
+        ):
             out.extend(r for r in map(_ref, d["result"]["results"]) if r is not None)
     return out
 
@@ -108,7 +112,11 @@ def requests_of(meta: dict[str, Any]) -> tuple[float, float, float]:
     req = meta.get("requests")
     if not req or type(req) is not dict:
         return (0.0, 0.0, 0.0)
-    return (_number(req.get("cpu")) or 0.0, _number(req.get("memory_bytes")) or 0.0, _number(req.get("gpu")) or 0.0)
+    return (
+        _number(req.get("cpu")) or 0.0,
+        _number(req.get("memory_bytes")) or 0.0,
+        _number(req.get("gpu")) or 0.0,
+    )
 
 
 def usage_lines(name: str, data: Any) -> list[UsageLine]:

@@ -47,8 +47,15 @@ MAX_NOTE_CHARS = 16 * 1024  # a recorded SQL statement (ctx.note) is bounded: ev
 class _ToolCtx:
     """The engine's implementation of engine.ports.ToolContext for one task call."""
 
-    def __init__(self, worker: Worker, frame: _Frame, task: Task, attempt: int, scope: Scope,
-                 notes: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        worker: Worker,
+        frame: _Frame,
+        task: Task,
+        attempt: int,
+        scope: Scope,
+        notes: dict[str, Any] | None = None,
+    ):
         self._worker = worker
         self._notes = notes
         self._frame = frame
@@ -120,7 +127,9 @@ class Worker(LoopPhases, TaskPolicy):
         self.env = template_env()
 
     # -- scopes ------------------------------------------------------------------
-    def base_scope(self, args: Any, iter_scope: dict[str, Any], task_results: dict[str, Any] | None = None) -> Scope:
+    def base_scope(
+        self, args: Any, iter_scope: dict[str, Any], task_results: dict[str, Any] | None = None
+    ) -> Scope:
         eng = self.engine
         st = eng.state
         steps = StepResults(lambda: st.results, st.result)
@@ -150,13 +159,19 @@ class Worker(LoopPhases, TaskPolicy):
     # -- steps -------------------------------------------------------------------
     def run_step(self, step: Step, step_run_id: str, args: Any, resume: Any = None) -> StepRun:
         """``resume`` (durability.ResumePoint): what the log holds of this step run, not recorded again."""
-        t0 = time.perf_counter() if resume is not None and resume.started else self.step_begin(step, step_run_id)
+        t0 = (
+            time.perf_counter()
+            if resume is not None and resume.started
+            else self.step_begin(step, step_run_id)
+        )
         if step.loop is not None:
             frame = _Frame(step, step_run_id, args, {})
             if resume is not None and resume.loop_id is not None:
                 ok, result, error = self.resume_loop(step.loop, frame, resume)
             else:
-                ok, result, error = self._run_loop(step.loop, frame, lambda f: self._run_pipeline(step.tool, f))
+                ok, result, error = self._run_loop(
+                    step.loop, frame, lambda f: self._run_pipeline(step.tool, f)
+                )
             event_name = "loop.done"
         else:
             frame = _Frame(step, step_run_id, args, {})
@@ -180,12 +195,17 @@ class Worker(LoopPhases, TaskPolicy):
         if ok and step.set:
             try:
                 scope = self.base_scope(args, frame.iter).child(
-                    output=outcome_envelope(ok, result, error), outcome=outcome_envelope(ok, result, error), result=result
+                    output=outcome_envelope(ok, result, error),
+                    outcome=outcome_envelope(ok, result, error),
+                    result=result,
                 )
                 scope.ns[step.name] = result  # the step's own result, before it is recorded
                 self._apply_set(step.set.ctx, {}, scope, frame, source="step")
             except (TemplateError, CtxConflict) as e:
-                ok, error = False, _error("template_error" if isinstance(e, TemplateError) else "ctx_conflict", str(e))
+                ok, error = (
+                    False,
+                    _error("template_error" if isinstance(e, TemplateError) else "ctx_conflict", str(e)),
+                )
                 if event_name == "call.done":
                     event_name = "call.error"
         duration_ms = round((time.perf_counter() - t0) * 1000, 3)
@@ -224,7 +244,11 @@ class Worker(LoopPhases, TaskPolicy):
         while pc < len(tasks):
             transitions += 1
             if transitions > MAX_PIPELINE_TRANSITIONS:
-                return False, last_result, _error("pipeline_limit", f"pipeline exceeded {MAX_PIPELINE_TRANSITIONS} task runs")
+                return (
+                    False,
+                    last_result,
+                    _error("pipeline_limit", f"pipeline exceeded {MAX_PIPELINE_TRANSITIONS} task runs"),
+                )
             task = tasks[pc]
             scope = self.base_scope(frame.args, frame.iter, task_results)
             scope.ns.update(_prev=prev, _task=task.label, _attempt=attempt)
@@ -240,18 +264,32 @@ class Worker(LoopPhases, TaskPolicy):
             delay = 0.0
             try:
                 if do == "retry" or (then is not None and then.set) or task.set:  # else nothing renders here
-                    pscope = scope.child(outcome=outcome, output=outcome, error=outcome.get("error"), result=outcome.get("result"))
-                    if do == "retry":  # resolved first: an exhausted retry is a plain continue / fail, writes included
-                        max_attempts = min(self._int(then.attempts if then else None, pscope, DEFAULT_RETRY_ATTEMPTS), MAX_RETRY_ATTEMPTS)
+                    pscope = scope.child(
+                        outcome=outcome,
+                        output=outcome,
+                        error=outcome.get("error"),
+                        result=outcome.get("result"),
+                    )
+                    if (
+                        do == "retry"
+                    ):  # resolved first: an exhausted retry is a plain continue / fail, writes included
+                        max_attempts = min(
+                            self._int(then.attempts if then else None, pscope, DEFAULT_RETRY_ATTEMPTS),
+                            MAX_RETRY_ATTEMPTS,
+                        )
                         if attempt < max_attempts:
                             delay = self._retry_delay(then, attempt, pscope)
                         else:
                             do = "continue" if status_ok else "fail"
                     if then is not None and then.set:
-                        self._apply_set(then.set.ctx, then.set.iter, pscope, frame, source=f"rule:{task.label}")
+                        self._apply_set(
+                            then.set.ctx, then.set.iter, pscope, frame, source=f"rule:{task.label}"
+                        )
                     if task.set and do != "retry":
                         tscope = pscope.child(output=view(outcome.get("result")))
-                        self._apply_set(task.set.ctx, task.set.iter, tscope, frame, source=f"task:{task.label}")
+                        self._apply_set(
+                            task.set.ctx, task.set.iter, tscope, frame, source=f"task:{task.label}"
+                        )
             except (TemplateError, CtxConflict) as e:
                 kind = "template_error" if isinstance(e, TemplateError) else "ctx_conflict"
                 outcome = outcome | {"status": "error", "error": _error(kind, str(e))}
@@ -296,11 +334,15 @@ class Worker(LoopPhases, TaskPolicy):
             elif do == "break":
                 return True, last_result, None
             else:  # fail
-                err = outcome.get("error") or _error("policy_fail", f"task {task.label!r} failed by policy rule")
+                err = outcome.get("error") or _error(
+                    "policy_fail", f"task {task.label!r} failed by policy rule"
+                )
                 return False, last_result, err
         return True, last_result, None
 
-    def _apply_set(self, ctx_w: dict[str, Any], iter_w: dict[str, Any], scope: Scope, frame: _Frame, source: str) -> None:
+    def _apply_set(
+        self, ctx_w: dict[str, Any], iter_w: dict[str, Any], scope: Scope, frame: _Frame, source: str
+    ) -> None:
         if ctx_w:
             patch = {k: self.env.render(v, scope) for k, v in ctx_w.items()}
             if frame.ctx_guard is not None and frame.iteration is not None:
@@ -314,8 +356,12 @@ class Worker(LoopPhases, TaskPolicy):
     def _outcome_event(self, outcome: dict[str, Any], frame: _Frame, task: Task) -> dict[str, Any]:
         out = {k: v for k, v in outcome.items() if k not in ("data", "response", "result")}
         usage = out["meta"].get("usage") if isinstance(out.get("meta"), dict) else None
-        with network_into(usage) if isinstance(usage, dict) else nullcontext():  # an object-store upload's bytes
-            out["result"] = self.engine.recorder.offload(outcome.get("result"), f"{frame.step.name}/{task.label}")
+        with (
+            network_into(usage) if isinstance(usage, dict) else nullcontext()
+        ):  # an object-store upload's bytes
+            out["result"] = self.engine.recorder.offload(
+                outcome.get("result"), f"{frame.step.name}/{task.label}"
+            )
         if isinstance(usage, dict):
             add_offload(usage, out["result"])
         return out
@@ -338,10 +384,20 @@ class Worker(LoopPhases, TaskPolicy):
         ).timestamp
         t0 = time.perf_counter()
         notes: dict[str, Any] = {}  # what the tool noted (ctx.note), for outcome.meta
-        meter = Meter(self.engine.usage_window)  # measured usage, recorded in the event (replay reads it, never re-measures)
+        meter = Meter(
+            self.engine.usage_window
+        )  # measured usage, recorded in the event (replay reads it, never re-measures)
         try:
             if task.loop is not None:
-                inner = _Frame(frame.step, frame.step_run_id, frame.args, frame.iter, frame.loop_id, frame.iteration, frame.ctx_guard)
+                inner = _Frame(
+                    frame.step,
+                    frame.step_run_id,
+                    frame.args,
+                    frame.iter,
+                    frame.loop_id,
+                    frame.iteration,
+                    frame.ctx_guard,
+                )
                 ok, result, error = self._run_loop(
                     task.loop, inner, lambda f: self._task_body_as_pipeline(task, f, attempt)
                 )
@@ -371,13 +427,16 @@ class Worker(LoopPhases, TaskPolicy):
             cache[step.name] = step_requests(self.engine.playbook, step)
         return cache[step.name]
 
-    def _task_body_as_pipeline(self, task: Task, frame: _Frame, attempt: int) -> tuple[bool, Any, dict[str, Any] | None]:
+    def _task_body_as_pipeline(
+        self, task: Task, frame: _Frame, attempt: int
+    ) -> tuple[bool, Any, dict[str, Any] | None]:
         scope = self.base_scope(frame.args, frame.iter, {})
         outcome = self._invoke(task, frame, scope, attempt)
         return outcome["status"] == "ok", outcome.get("result"), outcome.get("error")
 
-    def _invoke(self, task: Task, frame: _Frame, scope: Scope, attempt: int,
-                notes: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _invoke(
+        self, task: Task, frame: _Frame, scope: Scope, attempt: int, notes: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         kind = get_tool(task.kind)
         if kind is None:
             return _err_outcome(_error("unknown_kind", f"tool kind {task.kind!r} is not registered"))
@@ -407,8 +466,10 @@ class Worker(LoopPhases, TaskPolicy):
             return _err_outcome(_error("template_error", str(e)))
         except Exception as e:  # noqa: BLE001 - a tool bug is an error outcome, never a crash
             out = _err_outcome(_error("exception", f"{type(e).__name__}: {e}"))
-            out["py"] = {"exception_type": type(e).__name__,  # innermost: the user's frames
-                         "traceback": traceback.format_exc(limit=-8)[-MAX_NOTE_CHARS:]}
+            out["py"] = {
+                "exception_type": type(e).__name__,  # innermost: the user's frames
+                "traceback": traceback.format_exc(limit=-8)[-MAX_NOTE_CHARS:],
+            }
             return out
         return outcome_envelope(True, result, None)
 
@@ -424,7 +485,9 @@ class Worker(LoopPhases, TaskPolicy):
         wb_task = task.model_copy(update={"config": {**task.config, "input": merged}})
         # the merged input is read first by bare name too (`{{ summary }}` in a non-python entry)
         wscope = Scope({**scope.ns, "input": merged, "args": merged}, (merged, *scope.chain))
-        sub = _Frame(frame.step, frame.step_run_id, merged, frame.iter, frame.loop_id, frame.iteration, frame.ctx_guard)
+        sub = _Frame(
+            frame.step, frame.step_run_id, merged, frame.iter, frame.loop_id, frame.iteration, frame.ctx_guard
+        )
         outcome = self._invoke(wb_task, sub, wscope, 1)
         if outcome["status"] != "ok":
             err = outcome.get("error") or {}
@@ -435,5 +498,3 @@ class Worker(LoopPhases, TaskPolicy):
                 details={k: outcome[k] for k in ("http", "pg", "py") if k in outcome},
             )
         return outcome.get("result")
-
-

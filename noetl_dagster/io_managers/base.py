@@ -103,7 +103,9 @@ class NoetlTableIOManager(dg.ConfigurableIOManager):
     namespace: str = Field(default="assets", description="namespace for assets whose key does not name one")
     resource_type: str = Field(default="dataset", description="resource type in the noetl:// URI")
     region: str = Field(default="local", description="region recorded on locations and preferred on reads")
-    load_as: str = Field(default="arrow", description=f"type returned for unannotated inputs: {', '.join(AS_TYPES)}")
+    load_as: str = Field(
+        default="arrow", description=f"type returned for unannotated inputs: {', '.join(AS_TYPES)}"
+    )
     checksum_algorithm: str = Field(
         default="",
         description="checksum of written files: sha256 or blake3 (about 4x faster to compute; a table write"
@@ -116,7 +118,9 @@ class NoetlTableIOManager(dg.ConfigurableIOManager):
         try:
             return checksum_algorithm(v) if v else ""
         except ValueError:  # said with the field's name, as the launchpad shows it
-            raise ValueError(f"checksum_algorithm {v!r} is not one of: {', '.join(CHECKSUM_ALGORITHMS)} (or empty)") from None
+            raise ValueError(
+                f"checksum_algorithm {v!r} is not one of: {', '.join(CHECKSUM_ALGORITHMS)} (or empty)"
+            ) from None
 
     _storage: TableStorage | None = PrivateAttr(default=None)
 
@@ -124,7 +128,10 @@ class NoetlTableIOManager(dg.ConfigurableIOManager):
     def storage(self) -> TableStorage:
         if self._storage is None:
             self._storage = TableStorage(
-                self.registry.get_client(), self.store_url or None, iceberg=self._iceberg(), region=self.region
+                self.registry.get_client(),
+                self.store_url or None,
+                iceberg=self._iceberg(),
+                region=self.region,
             )
         return self._storage
 
@@ -146,7 +153,9 @@ class NoetlTableIOManager(dg.ConfigurableIOManager):
                 return getattr(value, "value", value)
         return None
 
-    def uri_for_asset(self, asset_key: dg.AssetKey, metadata_uri: str | None = None, rtype: str | None = None) -> str:
+    def uri_for_asset(
+        self, asset_key: dg.AssetKey, metadata_uri: str | None = None, rtype: str | None = None
+    ) -> str:
         """The unversioned noetl:// URI of an asset (see the module docstring)."""
         if metadata_uri:
             return parse_locator(metadata_uri, require_version=False).unversioned().uri
@@ -166,7 +175,9 @@ class NoetlTableIOManager(dg.ConfigurableIOManager):
     def _output_uri(self, context: dg.OutputContext, *, runtime: bool = True) -> str:
         rtype = self._meta(context, META_TYPE, runtime=runtime)
         if context.has_asset_key:
-            return self.uri_for_asset(context.asset_key, self._meta(context, META_URI, runtime=runtime), rtype)
+            return self.uri_for_asset(
+                context.asset_key, self._meta(context, META_URI, runtime=runtime), rtype
+            )
         explicit = self._meta(context, META_URI, runtime=runtime)
         if explicit:
             return parse_locator(explicit, require_version=False).unversioned().uri
@@ -210,9 +221,14 @@ class NoetlTableIOManager(dg.ConfigurableIOManager):
         meta: dict[str, Any] = {
             "dagster/row_count": dg.MetadataValue.int(ref["rows"]),
             "dagster/column_schema": dg.TableSchema(  # the same shape the playbook assets report (translator/versions.py)
-                columns=[dg.TableColumn(c["name"], c["type"],
-                                        constraints=dg.TableColumnConstraints(nullable=bool(c.get("nullable", True))))
-                         for c in pub.write.columns]
+                columns=[
+                    dg.TableColumn(
+                        c["name"],
+                        c["type"],
+                        constraints=dg.TableColumnConstraints(nullable=bool(c.get("nullable", True))),
+                    )
+                    for c in pub.write.columns
+                ]
             ),
             "noetl/uri": dg.MetadataValue.text(ref["uri"]),
             "noetl/urn": dg.MetadataValue.text(ref["urn"]),
@@ -285,9 +301,11 @@ class NoetlTableIOManager(dg.ConfigurableIOManager):
         step_context = getattr(context, "step_context", None)
         if step_context is not None:
             _remember_loaded(step_context.run_id, step_context.step.key, plan.uri)
-        context.add_input_metadata({
-            "noetl/uri": dg.MetadataValue.text(plan.uri),
-            "noetl/checksum": dg.MetadataValue.text(plan.expected_checksum or ""),
-            "dagster/row_count": dg.MetadataValue.int(table.num_rows),
-        })
+        context.add_input_metadata(
+            {
+                "noetl/uri": dg.MetadataValue.text(plan.uri),
+                "noetl/checksum": dg.MetadataValue.text(plan.expected_checksum or ""),
+                "dagster/row_count": dg.MetadataValue.int(table.num_rows),
+            }
+        )
         return value

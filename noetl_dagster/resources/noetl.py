@@ -36,7 +36,8 @@ class NoetlResource(dg.ConfigurableResource):
         "else <data_dir>/events.db",
     )
     data_dir: str | None = Field(
-        default=None, description="payloads, locks and the default event log; default $NOETL_DAGSTER_HOME or ./.noetl"
+        default=None,
+        description="payloads, locks and the default event log; default $NOETL_DAGSTER_HOME or ./.noetl",
     )
     tenant: str = Field(default="default", description="tenant recorded on every event and run tag")
     project: str = Field(default="default", description="project recorded on every event and run tag")
@@ -49,7 +50,13 @@ class NoetlResource(dg.ConfigurableResource):
 
     def services(self) -> Services:
         """This process's engine services for this configuration (opened once)."""
-        key = (self.event_store_url, str(self.resolved_data_dir()), self.tenant, self.project, tuple(self.catalog_dirs))
+        key = (
+            self.event_store_url,
+            str(self.resolved_data_dir()),
+            self.tenant,
+            self.project,
+            tuple(self.catalog_dirs),
+        )
         with _lock:
             svc = _SERVICES.get(key)
             if svc is None:
@@ -70,7 +77,9 @@ class NoetlResource(dg.ConfigurableResource):
         from registry_service.client import open_registry  # noqa: PLC0415 - only asset code reads it
 
         url = os.environ.get("NOETL_REGISTRY_URL") or str(self.resolved_data_dir() / "registry.db")
-        return open_registry(url, os.environ.get("NOETL_REGISTRY_API_KEY") or None, tenant=tenant, project=project)
+        return open_registry(
+            url, os.environ.get("NOETL_REGISTRY_API_KEY") or None, tenant=tenant, project=project
+        )
 
     def locks_dir(self) -> Path:
         d = self.resolved_data_dir() / "locks"

@@ -88,7 +88,9 @@ class _OpLog:
         self.lock = threading.Lock()
         self._lines: list[str] = []
         self._error = False
-        self.children: list[tuple[str, str, bool]] = []  # (execution_id, playbook, generated) of sub-playbooks
+        self.children: list[
+            tuple[str, str, bool]
+        ] = []  # (execution_id, playbook, generated) of sub-playbooks
 
     def on_event(self, ev: Event) -> None:
         with self.lock:
@@ -96,7 +98,9 @@ class _OpLog:
                 self.mine.add(ev.event_id)
                 if ev.name == E.TASK_DONE:
                     outcome = ev.data.get("outcome") or {}
-                    accumulate(self.usage.setdefault(ev.step or "", {}), (outcome.get("meta") or {}).get("usage"))
+                    accumulate(
+                        self.usage.setdefault(ev.step or "", {}), (outcome.get("meta") or {}).get("usage")
+                    )
                     if ev.status == "success":
                         self.task_results.append((ev.step or "", outcome.get("result")))
             if self.logged >= MAX_LOGGED_EVENTS_PER_OP:
@@ -368,7 +372,9 @@ class OpReport:
     finished: str | None = None  # final status when this op finished the execution
     recovered: list[str] = field(default_factory=list)  # step runs re-run after a crash
     task_results: list[tuple[str, Any]] = field(default_factory=list)  # (step, result) of successful tasks
-    usage: dict[str, dict[str, float]] = field(default_factory=dict)  # step -> measured usage (engine/usage.py)
+    usage: dict[str, dict[str, float]] = field(
+        default_factory=dict
+    )  # step -> measured usage (engine/usage.py)
 
     @property
     def unhandled(self) -> list[StepOutcome]:
@@ -409,7 +415,9 @@ def run_steps(
                 )
             report.engine = eng
             if eng.state.finished:
-                logger.info(f"execution {eid} already {eng.state.status}; nothing to run for {', '.join(steps)}")
+                logger.info(
+                    f"execution {eid} already {eng.state.status}; nothing to run for {', '.join(steps)}"
+                )
                 return report
 
             def record(run: StepRun, fired: list[tuple[str, str]] | None = None) -> None:
@@ -419,7 +427,9 @@ def run_steps(
             # step runs a dead run left behind: routed if they finished, run again (same id) if not
             report.recovered = eng.recover(on_step=record, allowed=steps)
             if report.recovered:
-                logger.warning(f"recovered step run(s) {', '.join(report.recovered)} left by a run that did not finish")
+                logger.warning(
+                    f"recovered step run(s) {', '.join(report.recovered)} left by a run that did not finish"
+                )
                 sink.flush()
             while True:
                 acts = eng.ready(steps)
@@ -500,7 +510,9 @@ def result_metadata(eng: Engine, step: str) -> dict[str, Any]:
         md["result_ref"] = dg.MetadataValue.text(str(ref.get("uri")))
         for k in ("size", "rows", "checksum", "format", "store"):
             if ref.get(k) is not None:
-                md[f"result_ref_{k}"] = ref[k] if isinstance(ref[k], int) else dg.MetadataValue.text(str(ref[k]))
+                md[f"result_ref_{k}"] = (
+                    ref[k] if isinstance(ref[k], int) else dg.MetadataValue.text(str(ref[k]))
+                )
         return md
     value = plain(recorded)
     text = dumps(value)

@@ -71,7 +71,9 @@ class ExecutionResult:
             runs=dict(st.runs),
             event_store_url=eng.services.event_store.url,
             playbook=eng.playbook.metadata.path,
-            extra={"error": st.error} if st.error else {},  # the engine's gate ended it (durability.Driver._crashed)
+            extra={"error": st.error}
+            if st.error
+            else {},  # the engine's gate ended it (durability.Driver._crashed)
         )
 
 
@@ -96,7 +98,9 @@ def build_services(
     payload_store: Any = None,
 ) -> Services:
     ddir = Path(data_dir) if data_dir else default_data_dir()
-    store = event_store if isinstance(event_store, EventStore) else open_event_store(event_store, data_dir=ddir)
+    store = (
+        event_store if isinstance(event_store, EventStore) else open_event_store(event_store, data_dir=ddir)
+    )
     # $NOETL_PAYLOAD_STORE_URL (any scheme of the payload registry: s3://, gs://, azure://, …), else <data dir>/payloads
     payloads = payload_store or open_payload_store(None, data_dir=ddir)
     try:  # made now, while the disk has room: durability.Driver._crashed marks in it when it cannot record
@@ -185,7 +189,9 @@ def resume_execution(
     if playbook is None:
         path = (req.data.get("file") if req else None) or ""
         if not path or not Path(path).is_file():
-            raise FileNotFoundError(f"execution {execution_id}: its playbook file {path!r} is not available; pass it")
+            raise FileNotFoundError(
+                f"execution {execution_id}: its playbook file {path!r} is not available; pass it"
+            )
         playbook = path
     pb = playbook if isinstance(playbook, Playbook) else load_playbook(playbook)
     if pb.base_dir:
@@ -256,6 +262,10 @@ def run_playbook(
         svc.catalog.add_dir(pb.base_dir)
     reap_unrecorded(svc)
     eng = Engine(pb, svc, execution_id=execution_id)
-    eng.start(workload, requested_by=requested_by, request={"select": sorted(select)} if select is not None else None)
+    eng.start(
+        workload,
+        requested_by=requested_by,
+        request={"select": sorted(select)} if select is not None else None,
+    )
     eng.drive(on_step)
     return _finished(eng)

@@ -53,13 +53,19 @@ def set_sensor_loop_seconds(seconds: float) -> None:
     import dagster._daemon.sensor as sensor_daemon  # the daemon's module, only where it runs
 
     if not hasattr(sensor_daemon, "MIN_INTERVAL_LOOP_TIME"):
-        raise RuntimeError("dagster._daemon.sensor.MIN_INTERVAL_LOOP_TIME is gone: NoetlRunCoordinator needs an update")
+        raise RuntimeError(
+            "dagster._daemon.sensor.MIN_INTERVAL_LOOP_TIME is gone: NoetlRunCoordinator needs an update"
+        )
     sensor_daemon.MIN_INTERVAL_LOOP_TIME = max(MIN_SENSOR_LOOP_SECONDS, float(seconds))
 
 
 class NoetlRunCoordinator(QueuedRunCoordinator):
     def __init__(
-        self, *args: Any, sensor_loop_seconds: float | None = None, launch_when_free: bool = True, **kwargs: Any
+        self,
+        *args: Any,
+        sensor_loop_seconds: float | None = None,
+        launch_when_free: bool = True,
+        **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
         self._configure(sensor_loop_seconds, launch_when_free)
@@ -87,8 +93,12 @@ class NoetlRunCoordinator(QueuedRunCoordinator):
         }  # fmt: skip
 
     @classmethod
-    def from_config_value(cls, inst_data: ConfigurableClassData, config_value: Mapping[str, Any]) -> NoetlRunCoordinator:
-        base = super().from_config_value(inst_data, {k: v for k, v in config_value.items() if k not in OUR_KEYS})
+    def from_config_value(
+        cls, inst_data: ConfigurableClassData, config_value: Mapping[str, Any]
+    ) -> NoetlRunCoordinator:
+        base = super().from_config_value(
+            inst_data, {k: v for k, v in config_value.items() if k not in OUR_KEYS}
+        )
         base._configure(config_value.get("sensor_loop_seconds"), config_value.get("launch_when_free"))
         return base
 
@@ -116,7 +126,9 @@ class NoetlRunCoordinator(QueuedRunCoordinator):
         instance = self._instance
         if instance.get_runs_count(RunsFilter(statuses=[DagsterRunStatus.QUEUED])):
             return False  # runs are waiting: they go first, in the queue's order
-        config = instance.get_concurrency_config().run_queue_config or self.get_run_queue_config()  # as the daemon
+        config = (
+            instance.get_concurrency_config().run_queue_config or self.get_run_queue_config()
+        )  # as the daemon
         in_progress = instance.get_runs(RunsFilter(statuses=ACTIVE_RUN_STATUSES))
         if config.max_concurrent_runs != -1 and len(in_progress) >= config.max_concurrent_runs:
             return False

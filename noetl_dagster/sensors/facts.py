@@ -65,7 +65,9 @@ class FactsStoreResource(dg.ConfigurableResource):
     )
     data_dir: str | None = Field(default=None, description="default $NOETL_DAGSTER_HOME or ./.noetl")
     prices: str | None = Field(default=None, description="price table file; default analytics/prices.yaml")
-    budgets: str | None = Field(default=None, description="monthly budgets file (analytics/budgets.py); none: no budget sensor")
+    budgets: str | None = Field(
+        default=None, description="monthly budgets file (analytics/budgets.py); none: no budget sensor"
+    )
 
     @contextmanager
     def open(self) -> "Iterator[FactsStore]":
@@ -105,7 +107,9 @@ def export_tick(resource: FactsStoreResource, *, max_events: int, batch_events: 
     with resource.open() as store:
         log = open_event_store(resource.event_store_url, data_dir=resource.data_dir)
         try:
-            report = FactExporter(store, log, batch_events=batch_events, prices=prices).export(max_events=max_events)
+            report = FactExporter(store, log, batch_events=batch_events, prices=prices).export(
+                max_events=max_events
+            )
         finally:
             log.close()
     return report.to_dict()
@@ -126,8 +130,17 @@ ROLLUP_TABLES = {
 def insights_metadata(alloc: dict[str, object]) -> dict[str, object]:
     """Numeric metadata in the shape Dagster+ Insights custom metrics read (one numeric key each)."""
     out: dict[str, object] = {}
-    for key in ("cpu_core_hours", "ram_byte_hours", "gpu_hours", "cost", "gpu_cost", "platform_cost", "idle",
-                "unallocated", "capacity_cost"):
+    for key in (
+        "cpu_core_hours",
+        "ram_byte_hours",
+        "gpu_hours",
+        "cost",
+        "gpu_cost",
+        "platform_cost",
+        "idle",
+        "unallocated",
+        "capacity_cost",
+    ):
         out[f"noetl/{key}"] = dg.FloatMetadataValue(float(alloc.get(key) or 0))  # type: ignore[arg-type]
     for key in ("egress_bytes", "attempts", "failed_attempts", "retries"):
         out[f"noetl/{key}"] = dg.IntMetadataValue(int(alloc.get(key) or 0))  # type: ignore[call-overload]
@@ -291,13 +304,17 @@ def build_facts_definitions(
     )
 
 
-def _budget_definitions(interval: int, default_status: dg.DefaultSensorStatus) -> tuple[dg.JobDefinition, dg.SensorDefinition]:
+def _budget_definitions(
+    interval: int, default_status: dg.DefaultSensorStatus
+) -> tuple[dg.JobDefinition, dg.SensorDefinition]:
     @dg.op(name="noetl_budget_alert")
     def noetl_budget_alert(context: dg.OpExecutionContext) -> None:
         tags = context.run.tags
         message = tags.get("noetl/budget_message") or f"budget {tags.get('noetl/budget')} crossed"
         if tags.get("noetl/budget_action") == "fail":
-            raise dg.Failure(description=message, metadata={k: v for k, v in tags.items() if k.startswith("noetl/budget")})
+            raise dg.Failure(
+                description=message, metadata={k: v for k, v in tags.items() if k.startswith("noetl/budget")}
+            )
         context.log.warning(message)
 
     @dg.job(name=BUDGET_JOB, tags={"noetl/facts": "budget"})
@@ -329,7 +346,9 @@ def _budget_definitions(interval: int, default_status: dg.DefaultSensorStatus) -
                 continue
             context.log.warning(st.message())
             tags = {**st.tags(), "noetl/budget_message": st.message()}
-            requests.append(dg.RunRequest(run_key=f"budget-{st.budget.name}-{st.month}-{st.crossed}", tags=tags))
+            requests.append(
+                dg.RunRequest(run_key=f"budget-{st.budget.name}-{st.month}-{st.crossed}", tags=tags)
+            )
         if not requests:
             return dg.SkipReason(f"{len(statuses)} budget(s) within limits")
         return dg.SensorResult(run_requests=requests)

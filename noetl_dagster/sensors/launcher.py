@@ -118,7 +118,9 @@ class NoetlRunLauncher(DefaultRunLauncher):
         }  # fmt: skip
 
     @classmethod
-    def from_config_value(cls, inst_data: ConfigurableClassData, config_value: Mapping[str, Any]) -> NoetlRunLauncher:
+    def from_config_value(
+        cls, inst_data: ConfigurableClassData, config_value: Mapping[str, Any]
+    ) -> NoetlRunLauncher:
         return cls(inst_data=inst_data, warm=config_value.get("warm", True))
 
     # -- launching -------------------------------------------------------------------------
@@ -130,9 +132,13 @@ class NoetlRunLauncher(DefaultRunLauncher):
         try:
             pid = self._fork(context, origin)
         except Exception as e:  # noqa: BLE001 - the code server path always works
-            log.warning("noetl: warm launch of run %s failed (%s); launching through the code server", run.run_id, e)
+            log.warning(
+                "noetl: warm launch of run %s failed (%s); launching through the code server", run.run_id, e
+            )
             return super().launch_run(context)
-        self._instance.add_run_tags(run.run_id, {TAG_PID: str(pid), TAG_HOST: socket.gethostname(), TAG_WARM: "true"})
+        self._instance.add_run_tags(
+            run.run_id, {TAG_PID: str(pid), TAG_HOST: socket.gethostname(), TAG_WARM: "true"}
+        )
         self._run_ids.add(run.run_id)
         return None
 
@@ -185,7 +191,9 @@ class NoetlRunLauncher(DefaultRunLauncher):
 
         pid = run.tags.get(TAG_PID)
         if pid is None or run.tags.get(TAG_HOST) != socket.gethostname():
-            return CheckRunHealthResult(WorkerStatus.RUNNING, "launched through the code server, which watches it")
+            return CheckRunHealthResult(
+                WorkerStatus.RUNNING, "launched through the code server, which watches it"
+            )
         if pid_alive(int(pid)):
             return CheckRunHealthResult(WorkerStatus.RUNNING)
         return CheckRunHealthResult(WorkerStatus.FAILED, f"run worker process {pid} is gone")
@@ -224,5 +232,3 @@ def _storage_modules(ref: Any) -> list[str]:
         if isinstance(module, str):
             out.append(module)
     return sorted(set(out))
-
-

@@ -222,7 +222,14 @@ def _find_invalid(index: Any, file: Any) -> Any:
 
 
 def _plan_execution(
-    index: Any, svc: Services, runs_of: RunLookup, eid: str, kind: str, now: float, grace: float, notes: list[str]
+    index: Any,
+    svc: Services,
+    runs_of: RunLookup,
+    eid: str,
+    kind: str,
+    now: float,
+    grace: float,
+    notes: list[str],
 ) -> tuple[bool, list[Launch]]:
     """(keep watching, launches) for one execution."""
     first = svc.event_store.read(eid, after_sequence=0)[:1]
@@ -232,7 +239,9 @@ def _plan_execution(
     req = first[0].data if first[0].name == E.EXECUTION_REQUESTED else {}
     compiled = index.find(req.get("playbook") or req.get("name")) or index.find(req.get("file"))
     if compiled is None:
-        notes.append(f"execution {eid}: playbook {req.get('playbook')!r} is not in this code location; dropped")
+        notes.append(
+            f"execution {eid}: playbook {req.get('playbook')!r} is not in this code location; dropped"
+        )
         return False, []
     eng = attach(compiled.playbook, svc, eid)
     if eng is None:
@@ -267,13 +276,25 @@ def _plan_execution(
         if key in used_keys:  # its run ended without consuming it (died): retry once per log position
             key = f"{key}:{st.sequence}"
         launches.append(
-            Launch(eid, compiled.step_jobs[step], key, f"token for {step}", {**base_tags, TAG_STEP: step, TAG_TOKEN: tids[0]})
+            Launch(
+                eid,
+                compiled.step_jobs[step],
+                key,
+                f"token for {step}",
+                {**base_tags, TAG_STEP: step, TAG_TOKEN: tids[0]},
+            )
         )
     left = list(st.running.items()) + [(r, st.step_runs[r]["step"]) for r in st.unrouted_runs()]
     for srid, step in left:  # a separate step's run died mid-step (or before routing)
         if step in separate and step not in live_steps:
             launches.append(
-                Launch(eid, compiled.step_jobs[step], f"{srid}:{st.sequence}", f"recover {step}", {**base_tags, TAG_STEP: step})
+                Launch(
+                    eid,
+                    compiled.step_jobs[step],
+                    f"{srid}:{st.sequence}",
+                    f"recover {step}",
+                    {**base_tags, TAG_STEP: step},
+                )
             )
 
     # (a)/(c) the main job: a fresh detached request, or work left with no live run
@@ -281,7 +302,9 @@ def _plan_execution(
     main_work = any(s not in separate for s in work)
     needs_finish = eng.is_done() and not work and not st.finished and not live
     if (main_work or needs_finish) and not live_main and not (needs_finish and launches):
-        reason = "detached request" if not runs else ("finish" if needs_finish and not main_work else "resume")
+        reason = (
+            "detached request" if not runs else ("finish" if needs_finish and not main_work else "resume")
+        )
         launches.append(Launch(eid, compiled.job_name, f"{eid}:{st.sequence}", reason, dict(base_tags)))
     if not launches and not live and not eng.is_done() and not _any_runnable(eng, separate):
         notes.append(f"execution {eid}: pending tokens but nothing runnable (waiting joins); not launched")
@@ -310,7 +333,6 @@ def _runnable_steps(eng: Engine, steps: set[str]) -> list[str]:
 
 def _any_runnable(eng: Engine, separate: set[str]) -> bool:
     return bool(_runnable_steps(eng, set(eng.playbook.steps))) or bool(eng.state.running)
-
 
 
 def build_router_sensor(
@@ -369,10 +391,14 @@ def _router_sensor(
             if not wait_for_events(svc.event_store, tick.cursor.gid, left):
                 break
             watched = set(tick.cursor.watch)  # the others are planned at the next tick, as before
-            tick = _merge(tick, router_tick(index, svc, lookup, tick.cursor, grace_seconds=grace_seconds, only=()))
+            tick = _merge(
+                tick, router_tick(index, svc, lookup, tick.cursor, grace_seconds=grace_seconds, only=())
+            )
             new = [eid for eid in tick.cursor.watch if eid not in watched]
             if new:
-                tick = _merge(tick, router_tick(index, svc, lookup, tick.cursor, grace_seconds=grace_seconds, only=new))
+                tick = _merge(
+                    tick, router_tick(index, svc, lookup, tick.cursor, grace_seconds=grace_seconds, only=new)
+                )
             elif not tick.launches:
                 time.sleep(WAIT_POLL_SECONDS)  # events of running executions flow: look again in a while
         for note in tick.notes:
@@ -386,6 +412,8 @@ def _router_sensor(
                 + (f"{len(tick.notes)} problem(s) reported" if tick.notes else "no problems")
                 + ")"
             )
-        return dg.SensorResult(run_requests=[launch.run_request() for launch in tick.launches], cursor=tick.cursor.dumps())
+        return dg.SensorResult(
+            run_requests=[launch.run_request() for launch in tick.launches], cursor=tick.cursor.dumps()
+        )
 
     return _router

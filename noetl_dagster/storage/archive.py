@@ -146,9 +146,13 @@ def archive_execution(
         name = f"events/segment-{n:06d}.jsonl.zst"
         store.put_bytes(prefix + name, blob)
         h = _hex(blob)
-        store.put_bytes(prefix + f"events/segment-{n:06d}.sha256", f"{h}  segment-{n:06d}.jsonl.zst\n".encode())
+        store.put_bytes(
+            prefix + f"events/segment-{n:06d}.sha256", f"{h}  segment-{n:06d}.jsonl.zst\n".encode()
+        )
         files[name] = "sha256:" + h
-        segs.append({"path": name, "sha256": "sha256:" + h, "events": count, "first_index": lo, "last_index": hi})
+        segs.append(
+            {"path": name, "sha256": "sha256:" + h, "events": count, "first_index": lo, "last_index": hi}
+        )
 
     refs: list[dict[str, Any]] = []
     for e in all_events:
@@ -161,7 +165,11 @@ def archive_execution(
         "step_results": {k: v for k, v in snap["results"].items()},
     }
     fired = [
-        {"from": e.step, "to": [f["step"] for f in e.data.get("fired", [])], "event": e.data.get("event_name")}
+        {
+            "from": e.step,
+            "to": [f["step"] for f in e.data.get("fired", [])],
+            "event": e.data.get("event_name"),
+        }
         for e in events
         if e.name == "next.evaluated"
     ]
@@ -193,7 +201,11 @@ def archive_execution(
         "final_status": snap["status"],
         "final_state_digest": digest,
         "event_count": len(all_events),
-        "event_range": {"execution": execution_id, "first_sequence": events[0].sequence, "last_sequence": events[-1].sequence},
+        "event_range": {
+            "execution": execution_id,
+            "first_sequence": events[0].sequence,
+            "last_sequence": events[-1].sequence,
+        },
         "children": children,
         "segments": segs,
         "files": files,
@@ -213,8 +225,12 @@ def register_archive(registry: Any, manifest: dict[str, Any], bundle_uri: str, m
         uri,
         kind="execution_archive",
         locations=[{"uri": manifest_uri, "format": "json", "checksum": None}],
-        metadata={"bundle_uri": bundle_uri, "final_status": manifest["final_status"], "events": manifest["event_count"],
-                  "final_state_digest": manifest["final_state_digest"]},  # fmt: skip
+        metadata={
+            "bundle_uri": bundle_uri,
+            "final_status": manifest["final_status"],
+            "events": manifest["event_count"],
+            "final_state_digest": manifest["final_state_digest"],
+        },  # fmt: skip
         execution_id=eid,
     )
 
@@ -249,7 +265,11 @@ def read_archive_events(uri: str) -> tuple[dict[str, Any], list[Event]]:
     events: list[Event] = []
     for seg in manifest["segments"]:
         blob = store.get_bytes(store.uri_for(prefix + seg["path"]))
-        side = store.get_bytes(store.uri_for(prefix + seg["path"].replace(".jsonl.zst", ".sha256"))).decode().split()[0]
+        side = (
+            store.get_bytes(store.uri_for(prefix + seg["path"].replace(".jsonl.zst", ".sha256")))
+            .decode()
+            .split()[0]
+        )
         if side != _hex(blob):
             raise ChecksumMismatch(f"{seg['path']} does not match its .sha256 sidecar")
         with dctx.stream_reader(io.BytesIO(blob)) as r:
@@ -273,7 +293,9 @@ def replay_from_archive(uri: str, *, bodies: bool = False, body_limit: int | Non
         _refs(e.data, refs, "")
     limit = DEFAULT_BODY_LIMIT if body_limit is None else body_limit
     like = _split_bundle_uri(uri)[0]
-    ctx = RefResolver(like, bodies=True, body_limit=limit).resolve_value(snap["ctx"]) if bodies else snap["ctx"]
+    ctx = (
+        RefResolver(like, bodies=True, body_limit=limit).resolve_value(snap["ctx"]) if bodies else snap["ctx"]
+    )
     return {
         "execution_id": eid,
         "match": digest == manifest["final_state_digest"],
@@ -285,5 +307,7 @@ def replay_from_archive(uri: str, *, bodies: bool = False, body_limit: int | Non
         "children": manifest.get("children", []),
         "runs": snap["runs"],
         "ctx": ctx,
-        "references": RefResolver(like).summarize_all({k: v for k, v in r.items() if k != "event"} for r in refs),
+        "references": RefResolver(like).summarize_all(
+            {k: v for k, v in r.items() if k != "event"} for r in refs
+        ),
     }

@@ -118,12 +118,16 @@ class AzurePayloadStore(ObjectPayloadStore):
             import adlfs  # noqa: PLC0415 - optional
             from azure.storage.blob.aio import BlobServiceClient  # noqa: PLC0415
         except ImportError:
-            raise ValueError("azure:// payload stores need adlfs: pip install 'noetl-dagster[azure]'") from None
+            raise ValueError(
+                "azure:// payload stores need adlfs: pip install 'noetl-dagster[azure]'"
+            ) from None
         self._locate(container, prefix)
         self._options = dict(connection_string=connection_string, account_name=account_name, account_key=account_key,
                              sas_token=sas_token, account_host=account_host, region=region,
                              storage_class=storage_class, retry_total=retry_total, **storage_options)  # fmt: skip
-        conn = connection_string or (None if account_name else os.environ.get("AZURE_STORAGE_CONNECTION_STRING"))
+        conn = connection_string or (
+            None if account_name else os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
+        )
         self.region = region
         self.storage_class = storage_class
         kw = dict(storage_options)
@@ -144,7 +148,9 @@ class AzurePayloadStore(ObjectPayloadStore):
             if conn:
                 client = BlobServiceClient.from_connection_string(conn, **client_kw)
             else:
-                client = BlobServiceClient(self.fs.account_url, credential=account_key or sas_token or None, **client_kw)
+                client = BlobServiceClient(
+                    self.fs.account_url, credential=account_key or sas_token or None, **client_kw
+                )
             old, self.fs.service_client = self.fs.service_client, client
             self.fs._noetl_client = mine
             try:

@@ -64,7 +64,6 @@ def decode_body(
         return None
 
 
-
 def _execution_update(ev: Event) -> tuple[str | None, str | None, str | None]:
     """(playbook, status, finished_at) implied by an event, for the executions index."""
     if ev.name == "playbook.execution.requested":
@@ -80,7 +79,11 @@ _EXECUTION_EVENTS = frozenset({"playbook.execution.requested", "workflow.started
 
 
 def sequence_batch(
-    events: Sequence[Event], existing: dict[str, int], last_sequence: Callable[[str], int], *, encode: bool = True
+    events: Sequence[Event],
+    existing: dict[str, int],
+    last_sequence: Callable[[str], int],
+    *,
+    encode: bool = True,
 ) -> tuple[list[tuple[Any, ...]], dict[str, int], dict[str, list[Any]]]:
     """Number a batch inside the adapter's write transaction (shared by every adapter).
 
@@ -102,7 +105,9 @@ def sequence_batch(
         next_seq[eid] += 1
         ev.sequence = next_seq[eid]
         existing[ev.event_id] = ev.sequence
-        rows.append((ev.event_id, eid, ev.sequence, ev.name, ev.timestamp, dumps(ev.to_stored()) if encode else ev))
+        rows.append(
+            (ev.event_id, eid, ev.sequence, ev.name, ev.timestamp, dumps(ev.to_stored()) if encode else ev)
+        )
         upd = exec_updates.get(eid)
         if upd is None:
             upd = exec_updates[eid] = [None, None, None, ev.parent_execution_id, ev.timestamp]
@@ -131,13 +136,17 @@ def event_key(event_id: str) -> bytes:
     return hashlib.blake2b(s.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
-
 # The columns of a segment body: every envelope field but the two the segment row holds
 # (execution_id; sequence = seq_first + position). One list per field, in event order.
 _SEGMENT_COLUMNS = ("event_id", "timestamp", "name", "data", "status", "entity_id", "step", "step_run_id",
                     "task_run_id", "loop_id", "iteration", "attempt", "parent_execution_id", "tenant_id",
                     "project_id", "source", "entity", "schema_version")  # fmt: skip
-_SEGMENT_DEFAULTS = {"status": "success", "tenant_id": "default", "project_id": "default", "schema_version": SCHEMA_VERSION}
+_SEGMENT_DEFAULTS = {
+    "status": "success",
+    "tenant_id": "default",
+    "project_id": "default",
+    "schema_version": SCHEMA_VERSION,
+}
 _DERIVED = ("source", "entity")  # derived from the name unless set otherwise
 
 

@@ -30,9 +30,13 @@ def open_event_store(url: str | None = None, *, data_dir: str | os.PathLike[str]
     if url.startswith("sqlite://"):
         return SqliteEventStore(_sqlite_path(url[len("sqlite://") :], url) or ":memory:")
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", url) and not re.match(r"^[A-Za-z]:[\\/]", url):
-        raise ValueError(f"unsupported event store URL {_scheme(url)}: use sqlite:///path or postgresql://...")
+        raise ValueError(
+            f"unsupported event store URL {_scheme(url)}: use sqlite:///path or postgresql://..."
+        )
     if not (url.endswith((".db", ".sqlite", ".sqlite3")) or Path(url).is_file()):
-        raise ValueError(f"event store {url!r} is neither a URL nor a SQLite file path (*.db, *.sqlite, an existing file)")
+        raise ValueError(
+            f"event store {url!r} is neither a URL nor a SQLite file path (*.db, *.sqlite, an existing file)"
+        )
     return SqliteEventStore(_sqlite_path(url, url))
 
 

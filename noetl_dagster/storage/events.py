@@ -124,8 +124,6 @@ _ROW_ENVELOPE = "event_id, execution_id, sequence, name, ts"
 SEGMENT_MIN = int(os.environ.get("NOETL_EVENT_SEGMENT_MIN", "256") or 0)
 
 
-
-
 def summary_rows(c: sqlite3.Connection, execution_id: str) -> tuple[int, list[tuple[int, Any]]] | None:
     """(the summary's last sequence, its rows) as stored, or None."""
     rows = c.execute("SELECT ord, last_sequence, body FROM noetl_explain WHERE execution_id = ? ORDER BY ord",
@@ -161,7 +159,9 @@ class _SqliteSummaries:
         with self._lock:
             return summary_rows(self._conn, execution_id)
 
-    def put_summary(self, execution_id: str, after: int | None, last: int, rows: list[tuple[int, str]]) -> bool:
+    def put_summary(
+        self, execution_id: str, after: int | None, last: int, rows: list[tuple[int, str]]
+    ) -> bool:
         with self._lock:
             c = self._conn
             c.execute("BEGIN IMMEDIATE")
@@ -199,13 +199,16 @@ class _SqliteSummaries:
             " WHERE execution_id = ? AND seq_last > ? AND seq_first <= ? ORDER BY seq_last",
             (execution_id, after_sequence, until_sequence),
         ).fetchall()
-        out = [e for r in rows if (e := decode_body(r[0], f"{execution_id}#{r[3]}", self.skipped, r[1:])) is not None]
+        out = [
+            e
+            for r in rows
+            if (e := decode_body(r[0], f"{execution_id}#{r[3]}", self.skipped, r[1:])) is not None
+        ]
         for gl, gf, sf, body in segs:
             out += [e for _g, e in self._segment(gl, gf, execution_id, sf, body)
                     if after_sequence < (e.sequence or 0) <= until_sequence]  # fmt: skip
         out.sort(key=lambda e: e.sequence or 0)
         return out
-
 
 
 class SqliteEventStore(_SqliteSummaries, SqliteLeases, EventStore):
@@ -257,7 +260,9 @@ class SqliteEventStore(_SqliteSummaries, SqliteLeases, EventStore):
                     continue
                 self._conn.execute("BEGIN IMMEDIATE")
                 try:
-                    if (self._conn.execute("SELECT MAX(version) FROM noetl_schema_version").fetchone()[0] or 0) >= version:
+                    if (
+                        self._conn.execute("SELECT MAX(version) FROM noetl_schema_version").fetchone()[0] or 0
+                    ) >= version:
                         self._conn.execute("ROLLBACK")  # another process migrated meanwhile
                         continue
                     for stmt in statements:
@@ -368,9 +373,16 @@ class SqliteEventStore(_SqliteSummaries, SqliteLeases, EventStore):
                 raise sqlite3.IntegrityError("a re-sent event (stored as a row)")
             top = self._insert_segment(c, rows, self._top_gid(c))
             with_segments.add(rows[0][1])
-            c.executemany("INSERT INTO noetl_event_key (k, sequence) VALUES (?,?)", [(event_key(r[0]), r[2]) for r in rows])
+            c.executemany(
+                "INSERT INTO noetl_event_key (k, sequence) VALUES (?,?)",
+                [(event_key(r[0]), r[2]) for r in rows],
+            )
         elif rows:
-            if not resent and with_segments and self._stored_in_segments(c, [r[0] for r in rows if r[1] in with_segments]):
+            if (
+                not resent
+                and with_segments
+                and self._stored_in_segments(c, [r[0] for r in rows if r[1] in with_segments])
+            ):
                 raise sqlite3.IntegrityError("a re-sent event (stored in a segment)")
             top = self._top_gid(c)
             bodies = [dumps(r[5].to_stored(envelope=False)) for r in rows]
@@ -379,7 +391,10 @@ class SqliteEventStore(_SqliteSummaries, SqliteLeases, EventStore):
                     check_event_size(r[5], len(body))
             c.executemany(
                 "INSERT INTO noetl_event (gid, event_id, execution_id, sequence, name, ts, body) VALUES (?,?,?,?,?,?,?)",
-                [(top + i, *r[:5], body) for i, (r, body) in enumerate(zip(rows, bodies, strict=True), start=1)],
+                [
+                    (top + i, *r[:5], body)
+                    for i, (r, body) in enumerate(zip(rows, bodies, strict=True), start=1)
+                ],
             )
             top += len(rows)
         else:
@@ -431,12 +446,23 @@ class SqliteEventStore(_SqliteSummaries, SqliteLeases, EventStore):
         c.execute(
             "INSERT INTO noetl_event_segment (gid_last, gid_first, execution_id, seq_first, seq_last, body)"
             " VALUES (?,?,?,?,?,?)",
-            (base + n, base + 1, rows[0][1], rows[0][2], rows[-1][2], encode_segment([r[5] for r in rows], self._zstd)),
+            (
+                base + n,
+                base + 1,
+                rows[0][1],
+                rows[0][2],
+                rows[-1][2],
+                encode_segment([r[5] for r in rows], self._zstd),
+            ),
         )
         return base + n
 
-    def _segment(self, gid_last: int, gid_first: int, eid: str, seq_first: int, body: bytes) -> list[tuple[int, Event]]:
-        return decode_segment(body, eid, seq_first, gid_first, f"segment gid {gid_first}-{gid_last}", self.skipped)
+    def _segment(
+        self, gid_last: int, gid_first: int, eid: str, seq_first: int, body: bytes
+    ) -> list[tuple[int, Event]]:
+        return decode_segment(
+            body, eid, seq_first, gid_first, f"segment gid {gid_first}-{gid_last}", self.skipped
+        )
 
     @contextlib.contextmanager
     def _snapshot(self) -> Iterator[sqlite3.Connection]:
@@ -460,11 +486,17 @@ class SqliteEventStore(_SqliteSummaries, SqliteLeases, EventStore):
                 " WHERE execution_id = ? AND seq_last > ? ORDER BY seq_last",
                 (execution_id, after_sequence),
             ).fetchall()
-        out = [e for r in rows if (e := decode_body(r[0], f"{execution_id}#{r[3]}", self.skipped, r[1:])) is not None]
+        out = [
+            e
+            for r in rows
+            if (e := decode_body(r[0], f"{execution_id}#{r[3]}", self.skipped, r[1:])) is not None
+        ]
         if not segs:
             return out
         for gl, gf, sf, body in segs:
-            out += [e for _g, e in self._segment(gl, gf, execution_id, sf, body) if e.sequence > after_sequence]
+            out += [
+                e for _g, e in self._segment(gl, gf, execution_id, sf, body) if e.sequence > after_sequence
+            ]
         out.sort(key=lambda e: e.sequence or 0)
         return out
 
@@ -485,7 +517,11 @@ class SqliteEventStore(_SqliteSummaries, SqliteLeases, EventStore):
                     segs.append(seg)
                     in_segs += seg[0] - max(seg[1] - 1, after_gid)
                 cur.close()
-            out = [StoredEvent(r[0], e) for r in rows if (e := decode_body(r[1], f"gid {r[0]}", self.skipped, r[2:]))]
+            out = [
+                StoredEvent(r[0], e)
+                for r in rows
+                if (e := decode_body(r[1], f"gid {r[0]}", self.skipped, r[2:]))
+            ]
             for gl, gf, eid, sf, body in segs:
                 out += [StoredEvent(g, e) for g, e in self._segment(gl, gf, eid, sf, body) if g > after_gid]
             if segs:

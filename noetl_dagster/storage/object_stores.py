@@ -184,7 +184,9 @@ class S3PayloadStore(ObjectPayloadStore):
         region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
         if region:
             client_kwargs.setdefault("region_name", region)
-        endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        endpoint_url = (
+            endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        )
         self.endpoint_url = endpoint_url
         self.region = region
         self.storage_class = storage_class
@@ -195,8 +197,12 @@ class S3PayloadStore(ObjectPayloadStore):
         if storage_class:
             storage_options.setdefault("s3_additional_kwargs", {"StorageClass": storage_class})
         self.fs = s3fs.S3FileSystem(
-            endpoint_url=endpoint_url, key=key, secret=secret, client_kwargs=client_kwargs,
-            config_kwargs=config_kwargs, **storage_options,
+            endpoint_url=endpoint_url,
+            key=key,
+            secret=secret,
+            client_kwargs=client_kwargs,
+            config_kwargs=config_kwargs,
+            **storage_options,
         )
         if create_bucket and not self.fs.exists(self.bucket):
             self.fs.mkdir(self.bucket)
@@ -211,7 +217,11 @@ def _locality(endpoint: str | None) -> str | None:
         return None
     from noetl_dagster.engine.usage import in_cluster  # noqa: PLC0415
 
-    return "in-cluster" if in_cluster(urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}").hostname) else "egress"
+    return (
+        "in-cluster"
+        if in_cluster(urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}").hostname)
+        else "egress"
+    )
 
 
 def _flag(value: Any) -> bool:
@@ -242,7 +252,9 @@ def open_s3(parts: Any, query: dict[str, str], options: dict[str, Any]) -> Paylo
     if "credential" in query:
         rec = _credential_record(query.pop("credential"))
         opts.setdefault("key", rec.get("aws_access_key_id") or rec.get("access_key_id") or rec.get("key"))
-        opts.setdefault("secret", rec.get("aws_secret_access_key") or rec.get("secret_access_key") or rec.get("secret"))
+        opts.setdefault(
+            "secret", rec.get("aws_secret_access_key") or rec.get("secret_access_key") or rec.get("secret")
+        )
         for k in ("endpoint_url", "region"):
             if rec.get(k):
                 opts.setdefault(k, rec[k])

@@ -275,7 +275,9 @@ class PayloadWriter(HashingWriter):
     """A write in progress to a store; ``commit`` publishes it atomically, ``abort`` drops it.
     Used as a context manager: commits on success, aborts on an exception."""
 
-    def __init__(self, sink: IO[bytes], uri: str, on_commit: Any, on_abort: Any, algorithm: str | None = None):
+    def __init__(
+        self, sink: IO[bytes], uri: str, on_commit: Any, on_abort: Any, algorithm: str | None = None
+    ):
         super().__init__(sink, algorithm=algorithm)
         self.uri = uri
         self._on_commit = on_commit
@@ -324,7 +326,12 @@ class PayloadStore(ABC):
 
     def describe(self) -> dict[str, Any]:
         """The store's region/locality metadata (what a typed reference records of it)."""
-        out = {"store": self.name, "region": self.region, "locality": self.locality(), "storage_class": self.storage_class}
+        out = {
+            "store": self.name,
+            "region": self.region,
+            "locality": self.locality(),
+            "storage_class": self.storage_class,
+        }
         return {k: v for k, v in out.items() if v is not None}
 
     def scheme_names(self) -> tuple[str, ...]:
@@ -370,7 +377,9 @@ class PayloadStore(ABC):
     def uri_for(self, key: str) -> str:
         raise NotImplementedError
 
-    def put_json(self, key: str, value: Any, *, rows: int | None = None, execution_id: str | None = None) -> ResultRef:
+    def put_json(
+        self, key: str, value: Any, *, rows: int | None = None, execution_id: str | None = None
+    ) -> ResultRef:
         """Store a value's JSON text, streamed: encoded, hashed and written chunk by chunk, so a big
         value is never held a second time as text (issue 14.8)."""
         if rows is None and isinstance(value, list):
@@ -386,8 +395,15 @@ class PayloadStore(ABC):
             for piece in iter_json(value):
                 w.write(piece)
         count(bytes_written=w.size)  # the running task's usage (outside a task: nothing)
-        return self.typed_ref(w.uri, w.size, w.checksum, "json", rows=rows, content_type="application/json",
-                              execution_id=execution_id)
+        return self.typed_ref(
+            w.uri,
+            w.size,
+            w.checksum,
+            "json",
+            rows=rows,
+            content_type="application/json",
+            execution_id=execution_id,
+        )
 
     def get_verified(self, ref: ResultRef) -> bytes:
         data = self.get_bytes(ref.uri)
@@ -411,12 +427,20 @@ class PayloadStore(ABC):
     # Sidecar metadata: put() stores the object, then its typed reference beside it
     # (<key>.noetl-meta.json); head() and get() read it back, so that a bare URI verifies too.
     def put(
-        self, key: str, data: bytes, *, content_type: str = "application/octet-stream", fmt: str = "bytes",
-        algorithm: str | None = None, **fields: Any,
+        self,
+        key: str,
+        data: bytes,
+        *,
+        content_type: str = "application/octet-stream",
+        fmt: str = "bytes",
+        algorithm: str | None = None,
+        **fields: Any,
     ) -> ResultRef:
         """Store ``data`` atomically with its metadata sidecar and return the typed reference."""
         uri = self.put_bytes(key, data)
-        ref = self.typed_ref(uri, len(data), checksum_of(data, algorithm), fmt, content_type=content_type, **fields)
+        ref = self.typed_ref(
+            uri, len(data), checksum_of(data, algorithm), fmt, content_type=content_type, **fields
+        )
         count(bytes_written=len(data))
         self.put_bytes(key + SIDECAR_SUFFIX, dumps_bytes(ref.to_dict()))
         return ref
@@ -447,7 +471,9 @@ class PayloadStore(ABC):
         if meta is None or not meta.get("checksum"):
             if not self.exists(ref_or_uri):
                 raise PayloadNotFound(f"no payload at {ref_or_uri}")
-            raise ChecksumMismatch(f"{ref_or_uri}: no metadata sidecar with a checksum; refusing an unverified read")
+            raise ChecksumMismatch(
+                f"{ref_or_uri}: no metadata sidecar with a checksum; refusing an unverified read"
+            )
         return self.read_verified(ref_or_uri, meta["checksum"])
 
     def remove(self, uri: str) -> None:
@@ -469,7 +495,9 @@ def _check_key(key: str, *, prefix: bool = False) -> str:
 class FilePayloadStore(PayloadStore):
     name = "file"
 
-    def __init__(self, root: str | os.PathLike[str], *, region: str | None = None, storage_class: str | None = None):
+    def __init__(
+        self, root: str | os.PathLike[str], *, region: str | None = None, storage_class: str | None = None
+    ):
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.region = region
@@ -610,7 +638,9 @@ def _adapter(scheme: str) -> PayloadAdapterFactory:
 
             extra = extra_for_module(e.name)
             hint = f": {install_hint(extra)}" if extra else ""
-            raise ValueError(f"the {scheme}:// payload store needs {e.name}, which is not installed{hint}") from None
+            raise ValueError(
+                f"the {scheme}:// payload store needs {e.name}, which is not installed{hint}"
+            ) from None
         PAYLOAD_ADAPTERS[scheme.lower()] = factory  # type: ignore[assignment]
     return factory  # type: ignore[return-value]
 
@@ -647,7 +677,10 @@ def store_for_uri(
 
 
 def open_payload_store(
-    url: str | os.PathLike[str] | None = None, *, data_dir: str | os.PathLike[str] | None = None, **options: Any
+    url: str | os.PathLike[str] | None = None,
+    *,
+    data_dir: str | os.PathLike[str] | None = None,
+    **options: Any,
 ) -> PayloadStore:
     """Open a PayloadStore by URL, through the adapter registry (:data:`PAYLOAD_ADAPTERS`).
 

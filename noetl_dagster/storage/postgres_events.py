@@ -143,15 +143,21 @@ def _joined(values: Sequence[str]) -> str:
     timestamps never do, and body text cannot."""
     text = SEP.join(values)
     if text.count(SEP) != len(values) - 1 or not all(values):  # ('' would split into no value at all)
-        raise ValueError("an event id, execution id, name or timestamp is empty or holds the ASCII record separator (0x1e)")
+        raise ValueError(
+            "an event id, execution id, name or timestamp is empty or holds the ASCII record separator (0x1e)"
+        )
     return text
 
 
 def _array(values: Sequence[str | None]) -> str:
     """A Postgres array literal of text values (NULL for None)."""
-    return "{" + ",".join(
-        "NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values
-    ) + "}"
+    return (
+        "{"
+        + ",".join(
+            "NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values
+        )
+        + "}"
+    )
 
 
 class _Batch:
@@ -179,9 +185,13 @@ class _Batch:
             self.execs.append(ev.execution_id)
             self.names.append(ev.name)
             self.ts.append(ev.timestamp)
-            self.merge_index(ev.execution_id, [*_execution_update(ev), ev.parent_execution_id, ev.timestamp, 1])
+            self.merge_index(
+                ev.execution_id, [*_execution_update(ev), ev.parent_execution_id, ev.timestamp, 1]
+            )
         # the event columns as the statement's five text parameters, checked here (the caller's thread)
-        self.cols = [_joined(c) for c in (self.ids, self.execs, self.names, self.ts, self.tails)] if events else []
+        self.cols = (
+            [_joined(c) for c in (self.ids, self.execs, self.names, self.ts, self.tails)] if events else []
+        )
 
     def merge_index(self, execution_id: str, new: list[Any]) -> None:
         upd = self.idx.get(execution_id)
@@ -246,7 +256,9 @@ def _lock_key(schema: str, purpose: str) -> int:
 
 
 class PostgresEventStore(EventStore):
-    def __init__(self, url: str, *, schema: str | None = None, pool_size: int = 4, group_commit: bool | None = None):
+    def __init__(
+        self, url: str, *, schema: str | None = None, pool_size: int = 4, group_commit: bool | None = None
+    ):
         conninfo, url_schema = split_schema(url)
         self.schema = schema or url_schema
         self.url = url
@@ -257,22 +269,36 @@ class PostgresEventStore(EventStore):
         try:  # a direct connect first: libpq's own error now, rather than a pool timeout later
             psycopg.connect(conninfo, connect_timeout=10).close()
         except psycopg.Error as e:
-            raise EventStoreUnavailable(f"cannot reach the Postgres event store at {masked(conninfo)}: {e}") from None
+            raise EventStoreUnavailable(
+                f"cannot reach the Postgres event store at {masked(conninfo)}: {e}"
+            ) from None
         self._pool = ConnectionPool(
-            conninfo, min_size=1, max_size=pool_size, kwargs={"autocommit": True}, open=False, name="noetl-events"
+            conninfo,
+            min_size=1,
+            max_size=pool_size,
+            kwargs={"autocommit": True},
+            open=False,
+            name="noetl-events",
         )
         self._pool.open(wait=True, timeout=15)
         self._append_lock = _lock_key(self.schema, "append")
         self._summaries = SummaryCache()  # the executions' summaries, written with each append
         if group_commit is None:
-            group_commit = os.environ.get("NOETL_PG_GROUP_COMMIT", "1").lower() not in ("0", "false", "no", "off")
+            group_commit = os.environ.get("NOETL_PG_GROUP_COMMIT", "1").lower() not in (
+                "0",
+                "false",
+                "no",
+                "off",
+            )
         # concurrent appends from this process's threads: one statement per round (postgres_group_commit)
         self._group: GroupCommit[_Batch, list[Event]] | None = None
         if group_commit:
             self._group = GroupCommit(
                 lambda batches: self._append_one_statement(batches),
                 self._append_batch,
-                split_on=lambda e: isinstance(e, psycopg.DatabaseError) and not isinstance(e, psycopg.OperationalError),
+                split_on=lambda e: (
+                    isinstance(e, psycopg.DatabaseError) and not isinstance(e, psycopg.OperationalError)
+                ),
                 weight=lambda b: len(b.ids),
                 max_weight=GROUP_MAX_EVENTS,
             )
@@ -297,7 +323,9 @@ class PostgresEventStore(EventStore):
                     " (version INTEGER PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
                 )
             )
-            row = conn.execute(self._q("SELECT COALESCE(MAX(version), 0) FROM {schema}.noetl_schema_version")).fetchone()
+            row = conn.execute(
+                self._q("SELECT COALESCE(MAX(version), 0) FROM {schema}.noetl_schema_version")
+            ).fetchone()
             current = row[0] if row else 0
             refuse_newer_schema(current, len(MIGRATIONS), f"{masked(self._conninfo)} (schema {self.schema})")
             for version, statements in enumerate(MIGRATIONS, start=1):
@@ -305,11 +333,15 @@ class PostgresEventStore(EventStore):
                     continue
                 for stmt in statements:
                     conn.execute(self._q(stmt))
-                conn.execute(self._q("INSERT INTO {schema}.noetl_schema_version (version) VALUES (%s)"), (version,))
+                conn.execute(
+                    self._q("INSERT INTO {schema}.noetl_schema_version (version) VALUES (%s)"), (version,)
+                )
 
     def schema_version(self) -> int:
         with self._pool.connection() as conn:
-            row = conn.execute(self._q("SELECT COALESCE(MAX(version), 0) FROM {schema}.noetl_schema_version")).fetchone()
+            row = conn.execute(
+                self._q("SELECT COALESCE(MAX(version), 0) FROM {schema}.noetl_schema_version")
+            ).fetchone()
         return int(row[0])
 
     def append(self, events: Sequence[Event]) -> list[Event]:
@@ -337,14 +369,18 @@ class PostgresEventStore(EventStore):
         with self._pool.connection() as conn:
             try:
                 summary = self._summarize(conn, [ev for b in batches for ev in b.events])
-                rows = conn.execute(self._append_sql, (*params[:8], *summary, *params[8:]), prepare=True).fetchall()
+                rows = conn.execute(
+                    self._append_sql, (*params[:8], *summary, *params[8:]), prepare=True
+                ).fetchall()
             except BaseException:
                 self._summaries.forget({ev.execution_id for b in batches for ev in b.events})
                 raise
         seqs = dict(rows)
         for b in batches:
             for ev in b.events:
-                if ev.sequence != seqs[ev.event_id]:  # numbered otherwise than guessed: the summary was not written
+                if (
+                    ev.sequence != seqs[ev.event_id]
+                ):  # numbered otherwise than guessed: the summary was not written
                     self._summaries.forget([ev.execution_id])
                 ev.sequence = seqs[ev.event_id]
         return [list(b.events) for b in batches]
@@ -375,7 +411,9 @@ class PostgresEventStore(EventStore):
         return [_array(cols[0]), "{" + ",".join(map(str, cols[1])) + "}",
                            "{" + ",".join(map(str, cols[2])) + "}", _array(cols[3])]  # fmt: skip
 
-    def _summary(self, conn: psycopg.Connection, execution_id: str) -> tuple[int, list[tuple[int, Any]]] | None:
+    def _summary(
+        self, conn: psycopg.Connection, execution_id: str
+    ) -> tuple[int, list[tuple[int, Any]]] | None:
         rows = conn.execute(self._q("SELECT ord, last_sequence, body FROM {schema}.noetl_explain"
                                     " WHERE execution_id = %s ORDER BY ord"), (execution_id,)).fetchall()  # fmt: skip
         if not rows or rows[0][0] != 0:
@@ -386,13 +424,17 @@ class PostgresEventStore(EventStore):
         with self._pool.connection() as conn:
             return self._summary(conn, execution_id)
 
-    def put_summary(self, execution_id: str, after: int | None, last: int, rows: list[tuple[int, str]]) -> bool:
+    def put_summary(
+        self, execution_id: str, after: int | None, last: int, rows: list[tuple[int, str]]
+    ) -> bool:
         with self._pool.connection() as conn, conn.transaction():
             got = conn.execute(self._q("SELECT last_sequence FROM {schema}.noetl_explain"
                                        " WHERE execution_id = %s AND ord = 0 FOR UPDATE"), (execution_id,)).fetchone()  # fmt: skip
             if (int(got[0]) if got else None) != after:  # written meanwhile: leave it
                 return False
-            conn.execute(self._q("DELETE FROM {schema}.noetl_explain WHERE execution_id = %s"), (execution_id,))
+            conn.execute(
+                self._q("DELETE FROM {schema}.noetl_explain WHERE execution_id = %s"), (execution_id,)
+            )
             with conn.cursor() as cur:
                 cur.executemany(self._q("INSERT INTO {schema}.noetl_explain (execution_id, ord, last_sequence, body)"
                                         " VALUES (%s, %s, %s, %s)"), [(execution_id, n, last, b) for n, b in rows])  # fmt: skip
@@ -422,7 +464,10 @@ class PostgresEventStore(EventStore):
             existing: dict[str, int] = {}
             if check_existing:
                 ids = [e.event_id for e in events]
-                cur.execute(self._q("SELECT event_id, sequence FROM {schema}.noetl_event WHERE event_id = ANY(%s)"), (ids,))
+                cur.execute(
+                    self._q("SELECT event_id, sequence FROM {schema}.noetl_event WHERE event_id = ANY(%s)"),
+                    (ids,),
+                )
                 existing = dict(cur.fetchall())
             exec_ids = sorted({e.execution_id for e in events if e.event_id not in existing})
             next_seq: dict[str, int] = {}
@@ -479,7 +524,9 @@ class PostgresEventStore(EventStore):
         while True:  # a batch made only of bad rows must not look like the end of the log
             with self._pool.connection() as conn:
                 rows = conn.execute(
-                    self._q("SELECT gid, body::text FROM {schema}.noetl_event WHERE gid > %s ORDER BY gid LIMIT %s"),
+                    self._q(
+                        "SELECT gid, body::text FROM {schema}.noetl_event WHERE gid > %s ORDER BY gid LIMIT %s"
+                    ),
                     (after_gid, limit),
                 ).fetchall()
             out = [StoredEvent(int(g), e) for g, b in rows if (e := decode_body(b, f"gid {g}", self.skipped))]
@@ -511,7 +558,9 @@ class PostgresEventStore(EventStore):
         got = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
         if not (got and got[0]):
             conn.close()
-            raise ExecutionLeased(f"execution {execution_id} is leased by another process (a run or resume of it is in progress)")
+            raise ExecutionLeased(
+                f"execution {execution_id} is leased by another process (a run or resume of it is in progress)"
+            )
         self._leases[execution_id] = conn
 
     def release_lease(self, execution_id: str) -> None:
@@ -526,4 +575,3 @@ class PostgresEventStore(EventStore):
 
     def __repr__(self) -> str:
         return f"PostgresEventStore(schema={self.schema!r})"
-

@@ -80,7 +80,9 @@ class GroupCommit(Generic[T, R]):
         if not lead:
             try:
                 req.wake.acquire()  # done by another round, or promoted to lead the next one
-            except BaseException:  # interrupted (KeyboardInterrupt in the main thread): never strand the queue
+            except (
+                BaseException
+            ):  # interrupted (KeyboardInterrupt in the main thread): never strand the queue
                 self._abandon(req)
                 raise
             if req.done:

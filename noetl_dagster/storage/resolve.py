@@ -67,11 +67,18 @@ def _arrow_schema(data: bytes, fmt: str) -> dict[str, Any] | None:
             schema, rows = f.schema_arrow, f.metadata.num_rows
         else:
             reader = pa.ipc.open_file(pa.BufferReader(data))
-            schema, rows = reader.schema, sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+            schema, rows = (
+                reader.schema,
+                sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches)),
+            )
     except Exception:  # noqa: BLE001 - not a readable table: no schema summary
         return None
     text = ",".join(f"{f.name}:{f.type}" for f in schema)
-    return {"fingerprint": "sha256:" + hashlib.sha256(text.encode()).hexdigest(), "fields": len(schema), "rows": rows}
+    return {
+        "fingerprint": "sha256:" + hashlib.sha256(text.encode()).hexdigest(),
+        "fields": len(schema),
+        "rows": rows,
+    }
 
 
 class RefResolver:
@@ -81,11 +88,17 @@ class RefResolver:
     of its kind reuse."""
 
     def __init__(
-        self, like: PayloadStore | None = None, *, bodies: bool = False, body_limit: int = DEFAULT_BODY_LIMIT,
+        self,
+        like: PayloadStore | None = None,
+        *,
+        bodies: bool = False,
+        body_limit: int = DEFAULT_BODY_LIMIT,
         registry: Any = None,
     ):
         self.like = like
-        self.registry = registry  # a registry client: noetl:// references resolve through the resource catalog
+        self.registry = (
+            registry  # a registry client: noetl:// references resolve through the resource catalog
+        )
         self.bodies = bodies
         self.body_limit = body_limit
         self._stores: dict[str, PayloadStore] = {}
@@ -106,13 +119,21 @@ class RefResolver:
         except (ValueError, NotImplementedError) as e:
             return {**out, "status": "no_adapter", "error": str(e).splitlines()[0]}
         if self.bodies and ref.size and ref.size > self.body_limit:
-            return {**out, "status": "too_large", "error": f"{ref.size} bytes over the body limit {self.body_limit}"}
+            return {
+                **out,
+                "status": "too_large",
+                "error": f"{ref.size} bytes over the body limit {self.body_limit}",
+            }
         try:
             data = store.get_bytes(ref.uri)
         except (PayloadNotFound, FileNotFoundError):
             return {**out, "status": "missing"}
         except Exception as e:  # noqa: BLE001 - a dead endpoint, refused credentials: reported, not raised
-            return {**out, "status": "unreachable", "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+            return {
+                **out,
+                "status": "unreachable",
+                "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}",
+            }
         try:
             verify_checksum(data, ref.checksum, ref.uri)
         except ChecksumMismatch as e:
@@ -145,7 +166,11 @@ class RefResolver:
         try:
             plan = self.registry.resolve(ref.uri, purpose="read")
         except Exception as e:  # noqa: BLE001 - unknown resource, refused access: reported
-            return {**out, "status": "missing", "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+            return {
+                **out,
+                "status": "missing",
+                "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}",
+            }
         loc = plan.location
         if loc is None:
             return {**out, "status": "missing", "error": "the registry records no location"}
@@ -185,7 +210,9 @@ def summaries_text(summaries: list[dict[str, Any]]) -> str:
     lines = []
     for s in sorted(summaries, key=lambda s: str(s.get("uri"))):
         extra = f" rows={s['rows']}" if s.get("rows") is not None else ""
-        lines.append(f"{s['status']:<17} {s.get('size', '?'):>10} {s.get('checksum', '')[:23]} {s.get('uri')}{extra}")
+        lines.append(
+            f"{s['status']:<17} {s.get('size', '?'):>10} {s.get('checksum', '')[:23]} {s.get('uri')}{extra}"
+        )
     return "\n".join(lines)
 
 

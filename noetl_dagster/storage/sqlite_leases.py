@@ -34,7 +34,8 @@ class SqliteLeases:
             c.execute("BEGIN IMMEDIATE")
             try:
                 row = c.execute(
-                    "SELECT owner, host, pid, expires_at FROM noetl_lease WHERE execution_id = ?", (execution_id,)
+                    "SELECT owner, host, pid, expires_at FROM noetl_lease WHERE execution_id = ?",
+                    (execution_id,),
                 ).fetchone()
                 if row and row[0] != owner:
                     same_host_dead = row[1] == host and not pid_alive(int(row[2]))
@@ -78,6 +79,10 @@ class SqliteLeases:
         stop.set()
         with self._lock:
             try:
-                self._conn.execute("DELETE FROM noetl_lease WHERE execution_id = ? AND owner = ?", (execution_id, owner))
-            except sqlite3.OperationalError:  # a full disk: the row stays, and is taken over once this process is gone
+                self._conn.execute(
+                    "DELETE FROM noetl_lease WHERE execution_id = ? AND owner = ?", (execution_id, owner)
+                )
+            except (
+                sqlite3.OperationalError
+            ):  # a full disk: the row stays, and is taken over once this process is gone
                 log.info("could not release the lease of execution %s", execution_id)

@@ -51,8 +51,14 @@ FORMAT_PARQUET = "parquet"
 FORMAT_ARROW = "arrow"  # as in the duckdb tool's Arrow $refs; payload_type arrow_ipc in seed 004
 FORMAT_ICEBERG = "iceberg"
 FORMATS = (FORMAT_PARQUET, FORMAT_ARROW, FORMAT_ICEBERG)
-FORMAT_ALIASES = {"parquet": FORMAT_PARQUET, "arrow": FORMAT_ARROW, "arrow_ipc": FORMAT_ARROW,
-                  "feather": FORMAT_ARROW, "ipc": FORMAT_ARROW, "iceberg": FORMAT_ICEBERG}
+FORMAT_ALIASES = {
+    "parquet": FORMAT_PARQUET,
+    "arrow": FORMAT_ARROW,
+    "arrow_ipc": FORMAT_ARROW,
+    "feather": FORMAT_ARROW,
+    "ipc": FORMAT_ARROW,
+    "iceberg": FORMAT_ICEBERG,
+}
 CONTENT_TYPES = {
     FORMAT_PARQUET: "application/vnd.apache.parquet",
     FORMAT_ARROW: "application/vnd.apache.arrow.file",
@@ -95,7 +101,9 @@ def to_arrow(data: Any) -> pa.Table:
             return pa.Table.from_pandas(data, preserve_index=False)
     if isinstance(data, list):
         if not data:
-            raise TableDataError("no rows to write: an empty list has no schema (pass an Arrow table instead)")
+            raise TableDataError(
+                "no rows to write: an empty list has no schema (pass an Arrow table instead)"
+            )
         if not all(isinstance(r, Mapping) for r in data):
             raise TableDataError("a list of rows must hold records (dicts of column -> value)")
         return pa.Table.from_pylist([dict(r) for r in data])
@@ -187,7 +195,12 @@ class TableWrite:
 
 
 def write_parquet(
-    table: pa.Table, store: PayloadStore, key: str, *, compression: str = "snappy", checksum: str | None = None,
+    table: pa.Table,
+    store: PayloadStore,
+    key: str,
+    *,
+    compression: str = "snappy",
+    checksum: str | None = None,
     **options: Any,
 ) -> TableWrite:
     import pyarrow.parquet as pq  # noqa: PLC0415
@@ -198,13 +211,26 @@ def write_parquet(
         pq.write_table(table, sink, compression=compression, **options)
         sink.close()
     count(bytes_written=w.size)  # the running task's usage (outside a task: nothing)
-    return TableWrite(FORMAT_PARQUET, w.uri, store.name, w.size, w.checksum, table.num_rows,
-                      schema_fingerprint(table.schema), column_schema(table.schema),
-                      {"compression": compression})
+    return TableWrite(
+        FORMAT_PARQUET,
+        w.uri,
+        store.name,
+        w.size,
+        w.checksum,
+        table.num_rows,
+        schema_fingerprint(table.schema),
+        column_schema(table.schema),
+        {"compression": compression},
+    )
 
 
 def write_arrow_ipc(
-    table: pa.Table, store: PayloadStore, key: str, *, compression: str | None = "lz4", checksum: str | None = None
+    table: pa.Table,
+    store: PayloadStore,
+    key: str,
+    *,
+    compression: str | None = "lz4",
+    checksum: str | None = None,
 ) -> TableWrite:
     """Feather v2 = the Arrow IPC file format. ``lz4`` matches pyarrow's Feather default;
     ``None``/``"uncompressed"`` gives a file that can be memory-mapped without decoding."""
@@ -215,9 +241,17 @@ def write_arrow_ipc(
             # record batches of Feather's default size: codec work spreads over threads, readers stream
             writer.write_table(table, max_chunksize=IPC_BATCH_ROWS)
     count(bytes_written=w.size)
-    return TableWrite(FORMAT_ARROW, w.uri, store.name, w.size, w.checksum, table.num_rows,
-                      schema_fingerprint(table.schema), column_schema(table.schema),
-                      {"compression": codec or "uncompressed", "encoding": "feather_v2"})
+    return TableWrite(
+        FORMAT_ARROW,
+        w.uri,
+        store.name,
+        w.size,
+        w.checksum,
+        table.num_rows,
+        schema_fingerprint(table.schema),
+        column_schema(table.schema),
+        {"compression": codec or "uncompressed", "encoding": "feather_v2"},
+    )
 
 
 def read_file_table(data: bytes, fmt: str, columns: list[str] | None = None) -> pa.Table:
@@ -252,7 +286,9 @@ def _partition_fields(partition_by: Any) -> list[tuple[str, str, str | None]]:
         elif isinstance(item, Mapping) and "source" in item:
             out.append((str(item["source"]), str(item.get("transform", "identity")), item.get("name")))
         else:
-            raise TableDataError(f"partition field {item!r}: use a column name or {{source, transform, name}}")
+            raise TableDataError(
+                f"partition field {item!r}: use a column name or {{source, transform, name}}"
+            )
     return out
 
 
@@ -263,8 +299,12 @@ class IcebergTables:
     warehouse beside it. ``properties`` are handed to ``pyiceberg.catalog.load_catalog``
     unchanged (REST, Glue, Hive, a Postgres SQL catalog, ...)."""
 
-    def __init__(self, catalog_name: str = "noetl", properties: Mapping[str, Any] | None = None,
-                 data_dir: str | os.PathLike[str] | None = None):
+    def __init__(
+        self,
+        catalog_name: str = "noetl",
+        properties: Mapping[str, Any] | None = None,
+        data_dir: str | os.PathLike[str] | None = None,
+    ):
         self.catalog_name = catalog_name
         if properties:
             self.properties = {k: str(v) for k, v in properties.items()}
@@ -272,8 +312,11 @@ class IcebergTables:
             base = Path(data_dir) if data_dir else home_dir()
             root = (base / "iceberg").resolve()
             (root / "warehouse").mkdir(parents=True, exist_ok=True)
-            self.properties = {"type": "sql", "uri": f"sqlite:///{root / 'catalog.db'}",
-                               "warehouse": (root / "warehouse").as_uri()}
+            self.properties = {
+                "type": "sql",
+                "uri": f"sqlite:///{root / 'catalog.db'}",
+                "warehouse": (root / "warehouse").as_uri(),
+            }
         self._catalog: Any = None
         # identifier -> (snapshot id, its live data files): the last snapshot this object wrote, so
         # that the next append's manifest is the parent's files plus the ones it added
@@ -297,7 +340,12 @@ class IcebergTables:
         return (loc.tenant, loc.project, loc.namespace, "__".join(loc.name.split("/")))
 
     def write(
-        self, table: pa.Table, loc: ResourceLocator, *, mode: str = "append", partition_by: Any = None,
+        self,
+        table: pa.Table,
+        loc: ResourceLocator,
+        *,
+        mode: str = "append",
+        partition_by: Any = None,
         properties: Mapping[str, str] | None = None,
     ) -> TableWrite:
         from pyiceberg.exceptions import NoSuchTableError  # noqa: PLC0415
@@ -310,7 +358,9 @@ class IcebergTables:
         try:
             tbl = cat.load_table(ident)
         except NoSuchTableError:
-            tbl = cat.create_table_if_not_exists(ident, schema=table.schema, properties=dict(properties or {}))
+            tbl = cat.create_table_if_not_exists(
+                ident, schema=table.schema, properties=dict(properties or {})
+            )
         self._ensure_partitioning(tbl, _partition_fields(partition_by))
         current = {f.name for f in tbl.schema().fields}
         if any(name not in current for name in table.schema.names):
@@ -332,7 +382,9 @@ class IcebergTables:
         else:
             checksum = self.manifest_checksum(snapshot.snapshot_id, files)
         self._live[ident] = (snapshot.snapshot_id, files)
-        total_rows = int(snapshot.summary.get("total-records", table.num_rows)) if snapshot.summary else table.num_rows
+        total_rows = (
+            int(snapshot.summary.get("total-records", table.num_rows)) if snapshot.summary else table.num_rows
+        )
         schema = tbl.schema().as_arrow()
         meta = {
             "catalog": self.catalog_name,
@@ -343,14 +395,26 @@ class IcebergTables:
             "mode": mode,
             "rows_written": table.num_rows,
             "partition_spec": [
-                {"source": tbl.schema().find_field(pf.source_id).name, "transform": str(pf.transform),
-                 "name": pf.name}
+                {
+                    "source": tbl.schema().find_field(pf.source_id).name,
+                    "transform": str(pf.transform),
+                    "name": pf.name,
+                }
                 for pf in tbl.spec().fields
             ],
         }
         uri = f"iceberg://{self.catalog_name}/{'.'.join(ident[:-1])}/{ident[-1]}?snapshot_id={snapshot.snapshot_id}"
-        return TableWrite(FORMAT_ICEBERG, uri, "iceberg", sum(f[1] for f in files), checksum, total_rows,
-                          schema_fingerprint(schema), column_schema(schema), meta)
+        return TableWrite(
+            FORMAT_ICEBERG,
+            uri,
+            "iceberg",
+            sum(f[1] for f in files),
+            checksum,
+            total_rows,
+            schema_fingerprint(schema),
+            column_schema(schema),
+            meta,
+        )
 
     @staticmethod
     def _ensure_partitioning(tbl: Any, fields: list[tuple[str, str, str | None]]) -> None:
@@ -360,7 +424,9 @@ class IcebergTables:
 
         schema = tbl.schema()
         have = {(schema.find_field(pf.source_id).name, str(pf.transform)) for pf in tbl.spec().fields}
-        missing = [(s, parse_transform(t), n) for s, t, n in fields if (s, str(parse_transform(t))) not in have]
+        missing = [
+            (s, parse_transform(t), n) for s, t, n in fields if (s, str(parse_transform(t))) not in have
+        ]
         if missing:
             with tbl.update_spec() as update:
                 for source, transform, name in missing:
@@ -380,8 +446,9 @@ class IcebergTables:
         digest = hashlib.sha256(json.dumps([snapshot_id, files], separators=(",", ":")).encode()).hexdigest()
         return "sha256:" + digest
 
-    def _appended_files(self, tbl: Any, ident: tuple[str, ...], parent: Any,
-                        snapshot: Any) -> list[tuple[str, int, int]] | None:
+    def _appended_files(
+        self, tbl: Any, ident: tuple[str, ...], parent: Any, snapshot: Any
+    ) -> list[tuple[str, int, int]] | None:
         """The live files of an append on top of the snapshot this object wrote last: the parent's
         files plus the ones the append added, from the manifests it wrote, instead of reading every
         manifest of the table (that grows with each append). ``None`` when that does not apply
@@ -389,8 +456,14 @@ class IcebergTables:
         do not add up): then :meth:`manifest` reads them all. Same list, same checksum."""
         known = self._live.get(ident)
         summary = snapshot.summary
-        if (parent is None or known is None or known[0] != parent.snapshot_id or summary is None
-                or snapshot.parent_snapshot_id != parent.snapshot_id or summary.operation.value != "append"):
+        if (
+            parent is None
+            or known is None
+            or known[0] != parent.snapshot_id
+            or summary is None
+            or snapshot.parent_snapshot_id != parent.snapshot_id
+            or summary.operation.value != "append"
+        ):
             return None
         from pyiceberg.manifest import ManifestContent, ManifestEntryStatus  # noqa: PLC0415
 
@@ -413,8 +486,13 @@ class IcebergTables:
             return None
         return files
 
-    def read(self, location_uri: str, metadata: Mapping[str, Any], expected_checksum: str | None,
-             columns: list[str] | None = None) -> pa.Table:
+    def read(
+        self,
+        location_uri: str,
+        metadata: Mapping[str, Any],
+        expected_checksum: str | None,
+        columns: list[str] | None = None,
+    ) -> pa.Table:
         parts = urlsplit(location_uri)
         if parts.netloc != self.catalog_name:
             raise TableDataError(
@@ -538,11 +616,21 @@ class TableStorage:
         loc = parse_locator(uri, require_version=False)
         table = to_arrow(data)
         if fmt == FORMAT_PARQUET:
-            written = write_parquet(table, self.store, self.object_key(loc, fmt), compression=compression or "snappy",
-                                    checksum=checksum)
+            written = write_parquet(
+                table,
+                self.store,
+                self.object_key(loc, fmt),
+                compression=compression or "snappy",
+                checksum=checksum,
+            )
         elif fmt == FORMAT_ARROW:
-            written = write_arrow_ipc(table, self.store, self.object_key(loc, fmt),
-                                      compression="lz4" if compression is None else compression, checksum=checksum)
+            written = write_arrow_ipc(
+                table,
+                self.store,
+                self.object_key(loc, fmt),
+                compression="lz4" if compression is None else compression,
+                checksum=checksum,
+            )
         else:
             written = self.iceberg.write(table, loc, mode=mode, partition_by=partition_by)
         meta = {"content_type": CONTENT_TYPES[fmt], "columns": written.columns, **dict(metadata or {})}
@@ -550,8 +638,14 @@ class TableStorage:
         location["region"] = self.region
         inputs = list(inputs)
         resource = self.registry.register(
-            loc.uri, kind=kind, locations=[location], metadata=meta, inputs=inputs,
-            execution_id=execution_id, step=step, task=task,
+            loc.uri,
+            kind=kind,
+            locations=[location],
+            metadata=meta,
+            inputs=inputs,
+            execution_id=execution_id,
+            step=step,
+            task=task,
         )
         return Publication(resource, written, inputs)
 
@@ -573,7 +667,9 @@ class TableStorage:
         if fmt not in (FORMAT_PARQUET, FORMAT_ARROW):
             raise TableDataError(f"{plan.uri}: cannot read format {fmt!r} as a table")
         if not plan.expected_checksum:
-            raise ChecksumMismatch(f"{plan.uri}: the registry records no checksum; refusing an unverified read")
+            raise ChecksumMismatch(
+                f"{plan.uri}: the registry records no checksum; refusing an unverified read"
+            )
         data = self._store_for(location.uri).read_verified(location.uri, plan.expected_checksum)
         return read_file_table(data, fmt, columns)
 

@@ -54,14 +54,24 @@ _MISSING = object()
 
 class ArtifactConfig(ToolConfig):
     action: Literal["get", "put"] = Field("get", description="get (read a reference back) | put (store data)")
-    result_ref: Any = Field(None, description="a step's _ref, a {$ref} envelope or {kind: result_ref, ref: uri}")
-    uri: str | None = Field(None, description="get: where to read; put: where to write (file://, a path inside "
-                            "NOETL_ARTIFACT_ROOTS, artifact://localfs/…, or a payload-store URI)")
-    select: list[str] | dict[str, str] | str | None = Field(None, description="paths to keep: [a.b, $.c[0]] or {name: path}")
+    result_ref: Any = Field(
+        None, description="a step's _ref, a {$ref} envelope or {kind: result_ref, ref: uri}"
+    )
+    uri: str | None = Field(
+        None,
+        description="get: where to read; put: where to write (file://, a path inside "
+        "NOETL_ARTIFACT_ROOTS, artifact://localfs/…, or a payload-store URI)",
+    )
+    select: list[str] | dict[str, str] | str | None = Field(
+        None, description="paths to keep: [a.b, $.c[0]] or {name: path}"
+    )
     data: Any = Field(None, description="put: the value to store")
     name: str | None = Field(None, description="put without uri: a name for the stored object")
     compress: bool = Field(False, description="put: gzip the bytes (and append .gz to a local path)")
-    credential: str | None = Field(None, description="accepted for upstream compatibility (cloud URIs use kind: storage)")
+    credential: str | None = Field(
+        None, description="accepted for upstream compatibility (cloud URIs use kind: storage)"
+    )
+
 
 ROOTS_ENV = "NOETL_ARTIFACT_ROOTS"
 
@@ -80,11 +90,11 @@ def artifact_roots(ctx: ToolContext) -> list[str]:
 def _local_path(uri: str) -> str | None:
     """The filesystem path a URI names, or None for another scheme."""
     if uri.startswith("artifact://localfs/"):
-        return "/" + unquote(uri[len("artifact://localfs/"):])
+        return "/" + unquote(uri[len("artifact://localfs/") :])
     if uri.startswith("artifact://"):
-        return unquote(uri[len("artifact://"):])
+        return unquote(uri[len("artifact://") :])
     if uri.startswith("file://"):
-        return unquote(uri[len("file://"):])
+        return unquote(uri[len("file://") :])
     return None if "://" in uri else uri
 
 
@@ -98,8 +108,11 @@ def _confine(path: str, ctx: ToolContext, action: str) -> str:
     for root in roots:
         if full.startswith(root.rstrip(os.sep) + os.sep):
             return full
-    where = "this generated playbook's own directory" if getattr(ctx, "scope_dir", None) else \
-        f"{ROOTS_ENV} ({os.pathsep.join(roots)})"
+    where = (
+        "this generated playbook's own directory"
+        if getattr(ctx, "scope_dir", None)
+        else f"{ROOTS_ENV} ({os.pathsep.join(roots)})"
+    )
     raise ToolError(f"artifact: {action} {path!r} resolves outside the artifact roots: {where}; "
                     f"add its directory to {ROOTS_ENV}", kind="config_error")  # fmt: skip
 
@@ -113,7 +126,7 @@ def _store_key(store: PayloadStore, uri: str) -> str | None:
     except (NotImplementedError, ValueError):
         return None
     base = probe[: -len("k")]
-    return unquote(uri[len(base):]) if uri.startswith(base) else None
+    return unquote(uri[len(base) :]) if uri.startswith(base) else None
 
 
 def _arg(inputs: Mapping[str, Any], key: str) -> Any:
@@ -176,7 +189,11 @@ def _path(value: Any, path: str) -> Any:
 def _select(data: Any, select: Any) -> dict[str, Any]:
     if isinstance(select, str):
         select = [select]
-    pairs = select.items() if isinstance(select, Mapping) else ((p.lstrip("$.").split(".")[-1] or p, p) for p in select)
+    pairs = (
+        select.items()
+        if isinstance(select, Mapping)
+        else ((p.lstrip("$.").split(".")[-1] or p, p) for p in select)
+    )
     return {str(name): _path(data, str(path)) for name, path in pairs}
 
 
@@ -203,8 +220,11 @@ def _get(inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
     raw = _arg(inputs, "result_ref")
     ref, uri = _ref_of(raw if raw not in (None, "") else _arg(inputs, "uri"))
     if ref is None and uri is None:
-        raise ToolError("artifact: get needs result_ref (e.g. '{{ step._ref }}') or uri; the value given is empty "
-                        "(was the step's result stored inline?)", kind="config_error")
+        raise ToolError(
+            "artifact: get needs result_ref (e.g. '{{ step._ref }}') or uri; the value given is empty "
+            "(was the step's result stored inline?)",
+            kind="config_error",
+        )
     where = ref.uri if ref else str(uri)
     try:
         data, store_name = _read(where, ref, ctx)
@@ -281,13 +301,23 @@ def _put(inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
         raise ToolError(f"artifact: cannot write {uri}: {e}", kind="artifact_error") from None
     # the checksum is of the bytes as stored (what get verifies); sha256 of the content as upstream
     ref = ResultRef(uri=where, store=store_name, format=fmt, size=len(body), checksum=checksum_of(body))
-    out = {"ref": ref.envelope(), "uri": where, "size_bytes": len(body), "sha256": checksum, "compressed": compress}
+    out = {
+        "ref": ref.envelope(),
+        "uri": where,
+        "size_bytes": len(body),
+        "sha256": checksum,
+        "compressed": compress,
+    }
     if path is not None:
         out["path"] = path
     return out
 
 
-@register_tool("artifact", config=ArtifactConfig, description="Read a stored result reference back (select paths), or store data")
+@register_tool(
+    "artifact",
+    config=ArtifactConfig,
+    description="Read a stored result reference back (select paths), or store data",
+)
 def artifact_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     """Read a stored result reference back (with select paths), or put data into the payload store."""
     action = str(_arg(inputs, "action") or "get")
@@ -298,4 +328,9 @@ def artifact_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     raise ToolError(f"artifact: action must be get or put, not {action!r}", kind="config_error")
 
 
-register_tool("result_fetch", artifact_tool, config=ArtifactConfig, description="NoETL's result_fetch: kind artifact, action get")
+register_tool(
+    "result_fetch",
+    artifact_tool,
+    config=ArtifactConfig,
+    description="NoETL's result_fetch: kind artifact, action get",
+)

@@ -41,7 +41,11 @@ class EnvVar(BaseModel):
 def env_of(raw: Any) -> dict[str, str]:
     """``env`` as a mapping: NoETL's corpus writes Kubernetes' ``[{name, value}]`` list too."""
     if isinstance(raw, list):
-        return {str(e["name"]): "" if e.get("value") is None else str(e["value"]) for e in raw if isinstance(e, Mapping)}
+        return {
+            str(e["name"]): "" if e.get("value") is None else str(e["value"])
+            for e in raw
+            if isinstance(e, Mapping)
+        }
     return {str(k): str(v) for k, v in (raw or {}).items()}
 
 
@@ -50,7 +54,8 @@ class ContainerConfig(ToolConfig):
     command: list[str] | str | None = Field(None, description="entrypoint override")
     args: list[str] | str | None = Field(None, description="arguments")
     env: dict[str, str | int | float | bool] | list[EnvVar] | None = Field(
-        None, description="environment variables: a mapping, or Kubernetes' list of {name, value}")
+        None, description="environment variables: a mapping, or Kubernetes' list of {name, value}"
+    )
     working_dir: str | None = Field(None, description="working directory in the container")
     resources: dict[str, Any] | None = Field(None, description="{requests, limits}: cpu, memory")
     timeout_seconds: float | None = Field(None, gt=0, description="seconds (default 900)")
@@ -91,7 +96,9 @@ def k8s_placement(config: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("image", "resources", "backoff_limit", "env"):
         if config.get(key) not in (None, "", {}, []):
             out[key] = env_of(config[key]) if key == "env" else config[key]
-    pull = {"always": "Always", "never": "Never", "missing": "IfNotPresent"}.get(str(config.get("pull") or ""))
+    pull = {"always": "Always", "never": "Never", "missing": "IfNotPresent"}.get(
+        str(config.get("pull") or "")
+    )
     if pull:
         out["image_pull_policy"] = pull
     return out
@@ -101,8 +108,10 @@ def _client() -> Any:
     try:
         import docker  # noqa: PLC0415
     except ImportError:
-        raise ToolError("container: the docker client is not installed, and no other container runtime is "
-                        "configured", kind="runtime_unavailable") from None
+        raise ToolError(
+            "container: the docker client is not installed, and no other container runtime is configured",
+            kind="runtime_unavailable",
+        ) from None
     try:
         client = docker.from_env(timeout=10)
         client.ping()
@@ -116,7 +125,11 @@ def _client() -> Any:
         ) from None
 
 
-@register_tool("container", config=ContainerConfig, description="Run a command in a container image (Docker; K8s pods per step)")
+@register_tool(
+    "container",
+    config=ContainerConfig,
+    description="Run a command in a container image (Docker; K8s pods per step)",
+)
 def container_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     """Run the step's command in a container; result {exit_code, stdout, stderr}."""
     image = inputs.get("image")
@@ -132,14 +145,20 @@ def container_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
         if inputs.get("pull") == "always":
             client.images.pull(image)
         container = client.containers.create(
-            image, command=_argv(inputs.get("args")), entrypoint=_argv(inputs.get("command")),
+            image,
+            command=_argv(inputs.get("args")),
+            entrypoint=_argv(inputs.get("command")),
             environment=env_of(inputs.get("env")),
-            working_dir=inputs.get("working_dir"), network_mode=inputs.get("network") or "none",
-            mem_limit=_memory(limits.get("memory")), nano_cpus=_cpus(limits.get("cpu")),
+            working_dir=inputs.get("working_dir"),
+            network_mode=inputs.get("network") or "none",
+            mem_limit=_memory(limits.get("memory")),
+            nano_cpus=_cpus(limits.get("cpu")),
             labels={"noetl.execution_id": str(ctx.execution_id), "noetl.step": str(ctx.step)},
         )
     except docker.errors.ImageNotFound as e:
-        raise ToolError(f"container: image {image!r} not found: {e.explanation}", kind="image_not_found") from None
+        raise ToolError(
+            f"container: image {image!r} not found: {e.explanation}", kind="image_not_found"
+        ) from None
     except docker.errors.APIError as e:
         raise ToolError(f"container: {e.explanation or e}", kind="container_error", retryable=True) from None
     try:
@@ -148,17 +167,26 @@ def container_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
             status = container.wait(timeout=timeout)
         except Exception:  # noqa: BLE001 - requests' ReadTimeout: the container outlived its timeout
             container.kill()
-            raise ToolError(f"container: {image} timed out after {timeout:g}s", kind="timeout", retryable=True) from None
-        result = {"exit_code": int(status.get("StatusCode", -1)), "image": image,
-                  "stdout": container.logs(stdout=True, stderr=False).decode("utf-8", "replace"),
-                  "stderr": container.logs(stdout=False, stderr=True).decode("utf-8", "replace"),
-                  "duration_ms": int((time.monotonic() - start) * 1000)}
+            raise ToolError(
+                f"container: {image} timed out after {timeout:g}s", kind="timeout", retryable=True
+            ) from None
+        result = {
+            "exit_code": int(status.get("StatusCode", -1)),
+            "image": image,
+            "stdout": container.logs(stdout=True, stderr=False).decode("utf-8", "replace"),
+            "stderr": container.logs(stdout=False, stderr=True).decode("utf-8", "replace"),
+            "duration_ms": int((time.monotonic() - start) * 1000),
+        }
     finally:
         try:
             container.remove(force=True)
         except docker.errors.APIError:
             pass
     if result["exit_code"] != 0:
-        raise ToolError(f"container: {image} exited with code {result['exit_code']}", kind="exit_code",
-                        code=result["exit_code"], result=result)
+        raise ToolError(
+            f"container: {image} exited with code {result['exit_code']}",
+            kind="exit_code",
+            code=result["exit_code"],
+            result=result,
+        )
     return result

@@ -29,14 +29,20 @@ _RESERVED = {"code", "code_b64", "code_base64", "script", "libs", "deps", "input
 STDOUT_LIMIT = 8192
 
 
-@register_tool("noop", config=NoopConfig, description="Does nothing; returns {status: noop} (or its `result` input).")
+@register_tool(
+    "noop", config=NoopConfig, description="Does nothing; returns {status: noop} (or its `result` input)."
+)
 def noop_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     if "result" in inputs:
         return inputs["result"]
     return {"status": "noop"}
 
 
-@register_tool("workbook", config=WorkbookConfig, description="Runs the named `workbook` entry's tool with the merged input.")
+@register_tool(
+    "workbook",
+    config=WorkbookConfig,
+    description="Runs the named `workbook` entry's tool with the merged input.",
+)
 def workbook_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     name = inputs.get("name")
     if not name:
@@ -62,7 +68,9 @@ def playbook_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     if workload is None:
         workload = inputs.get("payload", inputs.get("args", {}))
     if not isinstance(workload, Mapping):
-        raise ToolError("`kind: playbook` input must be a mapping (the child's workload)", kind="config_error")
+        raise ToolError(
+            "`kind: playbook` input must be a mapping (the child's workload)", kind="config_error"
+        )
     return_step = inputs.get("return_step") or inputs.get("result_step")
     if definition is None:
         return ctx.run_playbook(str(path), dict(workload), return_step=return_step)
@@ -74,7 +82,9 @@ def playbook_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     pb = generated_playbook(definition, ctx)
     registry = inputs.get("registry") or os.environ.get("NOETL_REGISTRY_URL")
     try:
-        out = ctx.run_playbook("", dict(workload), return_step=return_step, definition=pb, credentials=credentials)
+        out = ctx.run_playbook(
+            "", dict(workload), return_step=return_step, definition=pb, credentials=credentials
+        )
     except ToolError as e:
         if registry and e.kind == "playbook_failed" and isinstance(e.result, Mapping):
             _register_ephemeral(registry, inputs, pb, e.result, ctx)
@@ -87,7 +97,9 @@ def playbook_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
 EPHEMERAL_DEFINITION_LIMIT = 48 << 10  # bytes of canonical YAML kept in the registry row's metadata
 
 
-def _register_ephemeral(registry: str, inputs: Mapping[str, Any], pb: Any, out: Mapping[str, Any], ctx: ToolContext) -> None:
+def _register_ephemeral(
+    registry: str, inputs: Mapping[str, Any], pb: Any, out: Mapping[str, Any], ctx: ToolContext
+) -> None:
     """A ``kind: ephemeral_playbook`` catalog row for a generated child, when a registry is configured
     for the execution (the task's ``registry:`` or ``$NOETL_REGISTRY_URL``). Registry trouble is logged,
     never fails the step: the definition is on the child's request event either way."""
@@ -103,7 +115,9 @@ def _register_ephemeral(registry: str, inputs: Mapping[str, Any], pb: Any, out: 
     if len(text.encode()) <= EPHEMERAL_DEFINITION_LIMIT:
         meta["definition"] = text
     try:
-        uri = ResourceLocator(tenant, project, "playbooks", "ephemeral_playbook", pid.split(":", 1)[1][:32]).uri
+        uri = ResourceLocator(
+            tenant, project, "playbooks", "ephemeral_playbook", pid.split(":", 1)[1][:32]
+        ).uri
         client = open_registry(str(registry), inputs.get("api_key") or None, tenant=tenant, project=project)
         client.register(uri, kind="ephemeral_playbook", metadata=meta, execution_id=out.get("execution_id"),
                         step=ctx.step, task=ctx.task)  # fmt: skip
@@ -142,7 +156,9 @@ def generated_playbook(definition: Any, ctx: ToolContext) -> Any:
     if not issues:
         pb, issues = parse_playbook(raw, source_map=source, source_file=None)
     if issues:
-        lines = [f"{i.rule}: {i.path + ': ' if i.path and i.path != '<root>' else ''}{i.message}" for i in issues]
+        lines = [
+            f"{i.rule}: {i.path + ': ' if i.path and i.path != '<root>' else ''}{i.message}" for i in issues
+        ]
         raise ToolError("generated playbook is invalid: " + "; ".join(lines), kind="generated_playbook_invalid",
                         result={"issues": lines})  # fmt: skip
     return pb
@@ -191,7 +207,11 @@ def _source(inputs: dict[str, Any], ctx: ToolContext) -> str:
                 if not isinstance(code, str):
                     raise ToolError("an inline `script` needs `source.code`", kind="config_error")
                 return code
-            path = script.get("path") or script.get("uri") or (src.get("path") if isinstance(src, Mapping) else None)
+            path = (
+                script.get("path")
+                or script.get("uri")
+                or (src.get("path") if isinstance(src, Mapping) else None)
+            )
         else:
             path = str(script)
         if not path:
@@ -217,7 +237,11 @@ def _compile(source: str) -> tuple[Any, bool]:
         if "'return' outside function" not in str(e):
             raise ToolError(f"python syntax error at line {e.lineno}: {e.msg}", kind="python_syntax",
                             details={"py": {"exception_type": "SyntaxError"}}) from None  # fmt: skip
-        wrapped = "def __noetl_step__():\n" + textwrap.indent(source, "    ") + "\n__noetl_result__ = __noetl_step__()\n"
+        wrapped = (
+            "def __noetl_step__():\n"
+            + textwrap.indent(source, "    ")
+            + "\n__noetl_result__ = __noetl_step__()\n"
+        )
         try:
             compiled = (compile(wrapped, "<noetl-python>", "exec"), True)
         except SyntaxError as e2:
@@ -332,7 +356,13 @@ def run_python_inline(source: str, data: dict[str, Any], context: Any, log: Any 
             f"{type(e).__name__}: {e}",
             kind="python_exception",
             retryable=False,
-            details={"py": {"exception_type": type(e).__name__, "traceback": tb, "stdout": "".join(out)[-STDOUT_LIMIT:]}},
+            details={
+                "py": {
+                    "exception_type": type(e).__name__,
+                    "traceback": tb,
+                    "stdout": "".join(out)[-STDOUT_LIMIT:],
+                }
+            },
         ) from None
     return _check_result(result)
 
@@ -358,8 +388,14 @@ sys.stdout.write("\n__NOETL_HWM__%d\n__NOETL_RESULT__" % hwm + text)
 
 
 def _run_python_process(
-    source: str, data: dict[str, Any], context: dict[str, Any], timeout: float, log: Any, env: dict[str, str] | None = None,
-    isolate: bool = False, cwd: str | None = None,
+    source: str,
+    data: dict[str, Any],
+    context: dict[str, Any],
+    timeout: float,
+    log: Any,
+    env: dict[str, str] | None = None,
+    isolate: bool = False,
+    cwd: str | None = None,
 ) -> Any:
     from noetl_dagster.engine.usage import Popen, peak  # the child's peak RSS is the attempt's
     from noetl_dagster.tools.isolation import isolated
@@ -369,7 +405,9 @@ def _run_python_process(
     with Popen(isolated(argv, "python") if isolate else argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                stderr=subprocess.PIPE, text=True, env=env, cwd=cwd) as popen:  # fmt: skip
         try:
-            out, err = popen.communicate(dumps({"source": source, "data": data, "context": context}), timeout=timeout)
+            out, err = popen.communicate(
+                dumps({"source": source, "data": data, "context": context}), timeout=timeout
+            )
         except subprocess.TimeoutExpired:
             popen.kill()
             popen.communicate()
@@ -392,7 +430,9 @@ def _run_python_process(
     out = json.loads(payload)
     if out["ok"]:
         return out["result"]
-    raise ToolError(out["message"], kind=out["kind"], details=out.get("details") or {}, result=out.get("result"))
+    raise ToolError(
+        out["message"], kind=out["kind"], details=out.get("details") or {}, result=out.get("result")
+    )
 
 
 def _import_libs(libs: Any) -> dict[str, Any]:
@@ -410,10 +450,14 @@ def _import_libs(libs: Any) -> dict[str, Any]:
     for alias, spec in items:
         try:
             if isinstance(spec, str):
-                out[alias or spec.split(".")[0]] = importlib.import_module(spec if alias else spec.split(".")[0])
+                out[alias or spec.split(".")[0]] = importlib.import_module(
+                    spec if alias else spec.split(".")[0]
+                )
             elif isinstance(spec, Mapping) and spec.get("from"):
                 name = str(spec.get("import") or alias)
-                out[str(alias or spec.get("as") or name)] = getattr(importlib.import_module(str(spec["from"])), name)
+                out[str(alias or spec.get("as") or name)] = getattr(
+                    importlib.import_module(str(spec["from"])), name
+                )
             elif isinstance(spec, Mapping) and spec.get("import"):
                 mod = str(spec["import"])
                 out[str(alias or spec.get("as") or mod.split(".")[0])] = importlib.import_module(mod)
@@ -450,6 +494,8 @@ def python_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
 
         home = str(ctx.data_dir)
         os.makedirs(home, exist_ok=True)
-        return _run_python_process(source, data, plain_ctx, timeout, ctx.log, env=clean_env(home), isolate=True, cwd=home)
+        return _run_python_process(
+            source, data, plain_ctx, timeout, ctx.log, env=clean_env(home), isolate=True, cwd=home
+        )
     # copy on read, not the live scope: code cannot change engine state without an event (tools/pycontext.py)
     return run_python_inline(source, data, CodeContext(ctx.render_context), ctx.log)

@@ -32,9 +32,16 @@ class NatsStreamCursor(CursorSource):
         opts = dict(req.options or {})
         self.stream = opts.get("stream")
         if not self.stream:
-            raise ToolError("cursor nats_stream: options.stream (the JetStream stream) is required", kind="config_error")
+            raise ToolError(
+                "cursor nats_stream: options.stream (the JetStream stream) is required", kind="config_error"
+            )
         record = req.credential(req.auth) if isinstance(req.auth, str) and "://" not in req.auth else {}
-        self.url = opts.get("url") or record.get("url") or (req.auth if isinstance(req.auth, str) else None) or DEFAULT_URL
+        self.url = (
+            opts.get("url")
+            or record.get("url")
+            or (req.auth if isinstance(req.auth, str) else None)
+            or DEFAULT_URL
+        )
         self.subject = req.claim.strip()
         self.durable = str(opts.get("durable") or re.sub(r"[^A-Za-z0-9_-]", "_", f"noetl_{self.stream}"))
         self.fetch_timeout = float(opts.get("fetch_timeout", 1.0))
@@ -52,7 +59,9 @@ class NatsStreamCursor(CursorSource):
             raise
         except Exception as e:  # noqa: BLE001 - connection / JetStream errors end the loop with a message
             self.close()
-            raise ToolError(f"cursor nats_stream {self.url}: {type(e).__name__}: {e}", kind="connection_error") from None
+            raise ToolError(
+                f"cursor nats_stream {self.url}: {type(e).__name__}: {e}", kind="connection_error"
+            ) from None
 
     def _call(self, coro: Any, timeout: float | None = None) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
@@ -61,11 +70,15 @@ class NatsStreamCursor(CursorSource):
         import nats
         from nats.js.api import AckPolicy, ConsumerConfig
 
-        self._nc = await nats.connect(self.url, connect_timeout=5, max_reconnect_attempts=2, allow_reconnect=False)
+        self._nc = await nats.connect(
+            self.url, connect_timeout=5, max_reconnect_attempts=2, allow_reconnect=False
+        )
         js = self._nc.jetstream()
         cfg = ConsumerConfig(durable_name=self.durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=self.lease,
                              max_deliver=self.max_deliver, filter_subject=self.subject)  # fmt: skip
-        self._sub = await js.pull_subscribe(self.subject, durable=self.durable, stream=self.stream, config=cfg)
+        self._sub = await js.pull_subscribe(
+            self.subject, durable=self.durable, stream=self.stream, config=cfg
+        )
 
     async def _claim(self, max_rows: int) -> list[Any]:
         import nats.errors

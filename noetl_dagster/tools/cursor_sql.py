@@ -88,7 +88,9 @@ class PostgresCursor(_SqlCursor):
         try:
             self._conn = psycopg.connect(conninfo, autocommit=True, row_factory=dict_row, connect_timeout=10)
         except psycopg.Error as e:
-            raise ToolError(f"cursor postgres ({self.label}): cannot connect: {e}", kind="connection_error") from None
+            raise ToolError(
+                f"cursor postgres ({self.label}): cannot connect: {e}", kind="connection_error"
+            ) from None
         self._psycopg = psycopg
 
     def _run(self, sql: str, params: Any) -> list[dict[str, Any]]:
@@ -97,7 +99,9 @@ class PostgresCursor(_SqlCursor):
                 cur.execute(sql, _only_used(sql, params, "%({})s"), prepare=False)
                 return [dict(r) for r in cur.fetchall()] if cur.description else []
         except self._psycopg.Error as e:
-            raise ToolError(f"cursor postgres ({self.label}): {type(e).__name__}: {e}".strip(), kind="cursor_error") from None
+            raise ToolError(
+                f"cursor postgres ({self.label}): {type(e).__name__}: {e}".strip(), kind="cursor_error"
+            ) from None
 
     def close(self) -> None:
         self._conn.close()

@@ -64,7 +64,9 @@ def _path(database: Any, ctx: ToolContext) -> Path | None:
     if database in (None, "", ":memory:"):
         return None
     if not isinstance(database, str):
-        raise ToolError(f"duckdb: database must be a path string, got {type(database).__name__}", kind="config_error")
+        raise ToolError(
+            f"duckdb: database must be a path string, got {type(database).__name__}", kind="config_error"
+        )
     path = Path(database).expanduser()
     if not path.is_absolute():
         path = _data_dir(ctx) / path
@@ -78,10 +80,14 @@ def connect(database: str, sandbox_dir: str | None = None) -> duckdb.DuckDBPyCon
     DuckDB itself, and the configuration is locked so a statement cannot lift it."""
     if sandbox_dir is None:
         return duckdb.connect(database)
-    conn = duckdb.connect(database, config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+    conn = duckdb.connect(
+        database, config={"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+    )
     try:
         scope = str(Path(sandbox_dir).resolve()).rstrip("/") + "/"
-        conn.execute("SET allowed_directories = [?]", [scope])  # before the switch: settable only while allowed
+        conn.execute(
+            "SET allowed_directories = [?]", [scope]
+        )  # before the switch: settable only while allowed
         conn.execute("SET enable_external_access = false")
         conn.execute("SET lock_configuration = true")
     except BaseException:
@@ -154,7 +160,9 @@ def _write_batches(sink: Any, schema: pa.Schema, batches) -> int:
 def _spill(head: list[pa.RecordBatch], schema: pa.Schema, rest, ctx: ToolContext) -> dict[str, Any]:
     """Write the batches (and the rest of the reader) as an Arrow IPC file; the result references it."""
     store = payload_store_for(ctx)
-    prefix = getattr(getattr(ctx, "offloader", None), "key_prefix", "") or ""  # the store's tenant/project layout
+    prefix = (
+        getattr(getattr(ctx, "offloader", None), "key_prefix", "") or ""
+    )  # the store's tenant/project layout
     key = f"{prefix}{ctx.execution_id}/{ctx.step}/{ctx.task}-attempt{ctx.attempt}.arrow"
     uri, size, checksum, rows = _write_arrow(store, key, schema, itertools.chain(head, rest))
     ref = ResultRef(
@@ -170,7 +178,9 @@ def _spill(head: list[pa.RecordBatch], schema: pa.Schema, rest, ctx: ToolContext
 
 
 def _collect(reader: pa.RecordBatchReader, ctx: ToolContext) -> dict[str, Any]:
-    limit = getattr(ctx, "inline_limit", None) or getattr(getattr(ctx, "offloader", None), "inline_limit", None)
+    limit = getattr(ctx, "inline_limit", None) or getattr(
+        getattr(ctx, "offloader", None), "inline_limit", None
+    )
     limit = int(limit or DEFAULT_INLINE_LIMIT)
     schema = reader.schema
     batches: list[pa.RecordBatch] = []
@@ -188,12 +198,20 @@ def _collect(reader: pa.RecordBatchReader, ctx: ToolContext) -> dict[str, Any]:
     return {"rows": rows, "row_count": len(rows), "columns": list(schema.names)}
 
 
-def run_duckdb(conn: duckdb.DuckDBPyConnection, sql: str, params: Any, ctx: ToolContext,
-               prelude: Sequence[str] = (), label: str = "duckdb") -> dict[str, Any]:
+def run_duckdb(
+    conn: duckdb.DuckDBPyConnection,
+    sql: str,
+    params: Any,
+    ctx: ToolContext,
+    prelude: Sequence[str] = (),
+    label: str = "duckdb",
+) -> dict[str, Any]:
     """Run ``sql`` on a fresh cursor of ``conn`` (after the ``prelude`` statements, e.g. ``USE lake``);
     errors name the kind ``label``."""
     if params is not None and not isinstance(params, (Mapping, list, tuple)):
-        raise ToolError(f"duckdb: params must be a list or a mapping, got {type(params).__name__}", kind="config_error")
+        raise ToolError(
+            f"duckdb: params must be a list or a mapping, got {type(params).__name__}", kind="config_error"
+        )
     cur = conn.cursor()  # a per-call cursor is DuckDB's thread-safe handle on the shared database
     try:
         try:
@@ -219,7 +237,11 @@ def run_duckdb(conn: duckdb.DuckDBPyConnection, sql: str, params: Any, ctx: Tool
             if last.type.name in DML_TYPES and columns == ["Count"]:
                 return {"rows": [], "row_count": int(fetched[0][0]) if fetched else 0, "columns": []}
             table = pa.Table.from_pylist([dict(zip(columns, r, strict=True)) for r in fetched])
-            return _collect(table.to_reader(), ctx) if fetched else {"rows": [], "row_count": 0, "columns": columns}
+            return (
+                _collect(table.to_reader(), ctx)
+                if fetched
+                else {"rows": [], "row_count": 0, "columns": columns}
+            )
         except duckdb.Error as e:
             raise _error(e, "query failed", label) from None
     finally:
@@ -241,7 +263,11 @@ def load_arrow_result(value: Any, store: PayloadStore) -> Any:
         table = load_arrow_table(value, store)
     except ValueError:
         return value
-    return {"rows": plain(table.to_pylist()), "row_count": table.num_rows, "columns": list(table.schema.names)}
+    return {
+        "rows": plain(table.to_pylist()),
+        "row_count": table.num_rows,
+        "columns": list(table.schema.names),
+    }
 
 
 def note_sql(sql: str, database: Any, ctx: ToolContext) -> None:
@@ -249,8 +275,12 @@ def note_sql(sql: str, database: Any, ctx: ToolContext) -> None:
     note = getattr(ctx, "note", None)
     if note is not None:
         path = _path(database, ctx)
-        note(sql=sql, sql_namespace=f"duckdb://{path}" if path else "duckdb://memory", sql_default_schema="main",
-             sql_dialect="duckdb")
+        note(
+            sql=sql,
+            sql_namespace=f"duckdb://{path}" if path else "duckdb://memory",
+            sql_default_schema="main",
+            sql_dialect="duckdb",
+        )
 
 
 def duckdb_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
@@ -262,4 +292,9 @@ def duckdb_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     return run_duckdb(conn, sql, inputs.get("params"), ctx)
 
 
-register_tool("duckdb", duckdb_tool, config=DuckdbConfig, description="SQL on DuckDB; result {rows, row_count, columns} or an Arrow $ref")
+register_tool(
+    "duckdb",
+    duckdb_tool,
+    config=DuckdbConfig,
+    description="SQL on DuckDB; result {rows, row_count, columns} or an Arrow $ref",
+)

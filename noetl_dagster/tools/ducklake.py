@@ -123,12 +123,16 @@ def _s3(inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, str]:
                         "{credential: name}", kind="config_error")  # fmt: skip
     record: Mapping[str, Any] = spec
     if spec.get("credential"):
-        record = {**lookup_credential(ctx, str(spec["credential"]), "ducklake"), **{k: v for k, v in spec.items()
-                                                                                    if k != "credential"}}
+        record = {
+            **lookup_credential(ctx, str(spec["credential"]), "ducklake"),
+            **{k: v for k, v in spec.items() if k != "credential"},
+        }
     out = {}
     for field, names in _S3_FIELDS.items():
         value = next((record[n] for n in names if record.get(n) not in (None, "")), None)
-        if value is None and not getattr(ctx, "restricted", False):  # a generated playbook never reads the env
+        if value is None and not getattr(
+            ctx, "restricted", False
+        ):  # a generated playbook never reads the env
             env = {"key": "AWS_ACCESS_KEY_ID", "secret": "AWS_SECRET_ACCESS_KEY", "session_token": "AWS_SESSION_TOKEN",
                    "region": "AWS_REGION", "endpoint_url": "AWS_ENDPOINT_URL_S3"}.get(field)  # fmt: skip
             value = os.environ.get(env) if env else None
@@ -149,8 +153,16 @@ def _s3_secret(s3: Mapping[str, str]) -> str:
     endpoint = s3.get("endpoint_url")
     if endpoint:
         scheme, _, host = endpoint.rpartition("://")
-        parts += [f"ENDPOINT {_quote(host.rstrip('/'))}", f"USE_SSL {'false' if scheme == 'http' else 'true'}"]
-    path_style = str(s3.get("path_style", "true" if endpoint else "false")).lower() in ("true", "1", "path", "yes")
+        parts += [
+            f"ENDPOINT {_quote(host.rstrip('/'))}",
+            f"USE_SSL {'false' if scheme == 'http' else 'true'}",
+        ]
+    path_style = str(s3.get("path_style", "true" if endpoint else "false")).lower() in (
+        "true",
+        "1",
+        "path",
+        "yes",
+    )
     parts.append(f"URL_STYLE {_quote('path' if path_style else 'vhost')}")
     return "CREATE OR REPLACE SECRET noetl_ducklake_s3 (" + ", ".join(parts) + ")"
 
@@ -203,8 +215,12 @@ def _connect(inputs: Mapping[str, Any], ctx: ToolContext, name: str) -> tuple[du
                 options.append(f"DATA_INLINING_ROW_LIMIT {int(limit)}")
             if data_path and not remote:
                 Path(data_path).mkdir(parents=True, exist_ok=True)
-            conn.execute(f"ATTACH {_quote(target)} AS {name}" + (f" ({', '.join(options)})" if options else ""))
-            if sandbox is not None:  # a generated playbook: as kind duckdb's sandbox, after the catalog is attached
+            conn.execute(
+                f"ATTACH {_quote(target)} AS {name}" + (f" ({', '.join(options)})" if options else "")
+            )
+            if (
+                sandbox is not None
+            ):  # a generated playbook: as kind duckdb's sandbox, after the catalog is attached
                 allowed = [str(Path(sandbox).resolve()).rstrip("/") + "/"]
                 if remote and data_path:
                     allowed.append(data_path.rstrip("/") + "/")
@@ -255,7 +271,9 @@ def _register(spec: Any, conn: duckdb.DuckDBPyConnection, name: str, identity: s
     schema, _, table = str(spec["table"]).rpartition(".")
     schema = schema or "main"
     if not (_NAME.match(schema) and _NAME.match(table)):
-        raise ToolError(f"ducklake: register.table {spec['table']!r} is not a [schema.]table name", kind="config_error")
+        raise ToolError(
+            f"ducklake: register.table {spec['table']!r} is not a [schema.]table name", kind="config_error"
+        )
     cur = conn.cursor()
     try:
         at = f"{name}.{schema}.{table} AT (VERSION => {snapshot})"
@@ -293,7 +311,9 @@ def _register(spec: Any, conn: duckdb.DuckDBPyConnection, name: str, identity: s
             task=getattr(ctx, "task", None),
         )  # fmt: skip
     except RegistryError as e:
-        raise ToolError(f"ducklake: registry: {e.message}", kind=f"registry_{e.code}", code=e.status) from None
+        raise ToolError(
+            f"ducklake: registry: {e.message}", kind=f"registry_{e.code}", code=e.status
+        ) from None
     return {"uri": resource.uri, "urn": resource.urn, "resource_id": resource.resource_id,
             "version": resource.version, "store": "ducklake", "format": "ducklake", "size": location["size_bytes"],
             "checksum": digest, "rows": rows, "schema_fingerprint": fingerprint, "location": location["uri"],
@@ -312,10 +332,16 @@ def ducklake_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     conn, identity = _connect(inputs, ctx, name)
     note = getattr(ctx, "note", None)
     if note is not None:  # OpenLineage column lineage (lineage/sql.py)
-        note(sql=sql, sql_namespace=f"ducklake://{identity.split('://')[-1]}", sql_default_schema="main",
-             sql_dialect="duckdb")
+        note(
+            sql=sql,
+            sql_namespace=f"ducklake://{identity.split('://')[-1]}",
+            sql_default_schema="main",
+            sql_dialect="duckdb",
+        )
     use = inputs.get("use_catalog", True) not in (False, "false", "False")
-    out = run_duckdb(conn, sql, inputs.get("params"), ctx, prelude=[f"USE {name}"] if use else [], label="ducklake")
+    out = run_duckdb(
+        conn, sql, inputs.get("params"), ctx, prelude=[f"USE {name}"] if use else [], label="ducklake"
+    )
     out["snapshot_id"] = _snapshot(conn, name)
     if inputs.get("register"):
         out["registered"] = _register(inputs["register"], conn, name, identity, inputs.get("data_path"),
@@ -323,5 +349,9 @@ def ducklake_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     return out
 
 
-register_tool("ducklake", ducklake_tool, config=DucklakeConfig,
-              description="SQL on a DuckLake catalog; result {rows, row_count, columns, snapshot_id}")
+register_tool(
+    "ducklake",
+    ducklake_tool,
+    config=DucklakeConfig,
+    description="SQL on a DuckLake catalog; result {rows, row_count, columns, snapshot_id}",
+)

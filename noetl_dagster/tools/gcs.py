@@ -38,7 +38,8 @@ from noetl_dagster.tools.shell import work_dir
 
 class GcsConfig(ToolConfig):
     operation: Literal["upload", "download", "write", "read", "list", "delete"] | None = Field(
-        None, description="default: upload when source and destination are given, else read")
+        None, description="default: upload when source and destination are given, else read"
+    )
     source: str | None = Field(None, description="local file (upload) or gs:// URI")
     destination: str | None = Field(None, description="gs:// URI (upload, write) or local file (download)")
     data: Any = Field(None, description="write: the value")
@@ -59,10 +60,16 @@ def _fs(uri: str, inputs: Mapping[str, Any], ctx: ToolContext) -> Any:
     try:
         import gcsfs  # noqa: PLC0415
     except ImportError:
-        raise ToolError("gcs: gcsfs is not installed (pip install 'noetl-dagster[gcs]')", kind="config_error") from None
+        raise ToolError(
+            "gcs: gcsfs is not installed (pip install 'noetl-dagster[gcs]')", kind="config_error"
+        ) from None
     kw: dict[str, Any] = {}
     auth = inputs.get("credential") or inputs.get("auth")
-    record = ctx.credential(auth) if isinstance(auth, str) and auth else (dict(auth) if isinstance(auth, Mapping) else {})
+    record = (
+        ctx.credential(auth)
+        if isinstance(auth, str) and auth
+        else (dict(auth) if isinstance(auth, Mapping) else {})
+    )
     sa = record.get("service_account_json") or record.get("service_account")
     if sa:
         kw["token"] = json.loads(sa) if isinstance(sa, str) else dict(sa)
@@ -77,7 +84,9 @@ def _fs(uri: str, inputs: Mapping[str, Any], ctx: ToolContext) -> Any:
     if inputs.get("project") or record.get("project_id"):
         kw["project"] = inputs.get("project") or record.get("project_id")
     kw["session_kwargs"] = {"trace_configs": [aiohttp_trace_config()]}  # network bytes into the task's usage
-    if inputs.get("endpoint"):  # an emulator serves the JSON API only: no gRPC bucket-type probe (60 s timeouts)
+    if inputs.get(
+        "endpoint"
+    ):  # an emulator serves the JSON API only: no gRPC bucket-type probe (60 s timeouts)
         from gcsfs.core import GCSFileSystem  # noqa: PLC0415
 
         return GCSFileSystem(**kw)
@@ -90,7 +99,9 @@ def _local(path: str, ctx: ToolContext) -> Path:
     p = Path(path.removeprefix("file://")).expanduser()
     p = (p if p.is_absolute() else base / p).resolve()
     if p != base and base not in p.parents:
-        raise ToolError(f"gcs: local path {path!r} is outside the execution's work directory {base}", kind="config_error")
+        raise ToolError(
+            f"gcs: local path {path!r} is outside the execution's work directory {base}", kind="config_error"
+        )
     return p
 
 
@@ -111,7 +122,11 @@ def _run(op: str, inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]
         local = _local(str(src), ctx)
         fs = _fs(str(dst), inputs, ctx)
         _parents(fs, str(dst))
-        kw = {k: v for k, v in (("content_type", inputs.get("content_type")), ("metadata", inputs.get("metadata"))) if v}
+        kw = {
+            k: v
+            for k, v in (("content_type", inputs.get("content_type")), ("metadata", inputs.get("metadata")))
+            if v
+        }
         fs.put_file(str(local), str(dst), **(kw if type(fs).__module__.startswith("gcsfs") else {}))
         return {"uri": dst, "size_bytes": local.stat().st_size, "source": str(local)}
     if op == "download":
@@ -142,12 +157,24 @@ def _run(op: str, inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]
     return {"uri": src, "deleted": True}
 
 
-@register_tool("gcs", config=GcsConfig, description="Google Cloud Storage objects (gcsfs): upload, download, read, write, list, delete")
+@register_tool(
+    "gcs",
+    config=GcsConfig,
+    description="Google Cloud Storage objects (gcsfs): upload, download, read, write, list, delete",
+)
 def gcs_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     """GCS object operations through fsspec/gcsfs."""
-    op = inputs.get("operation") or ("upload" if inputs.get("source") and inputs.get("destination") else "read")
-    need = {"upload": ("source", "destination"), "download": ("source", "destination"), "write": ("destination",),
-            "read": ("source",), "list": ("source",), "delete": ("source",)}[op]
+    op = inputs.get("operation") or (
+        "upload" if inputs.get("source") and inputs.get("destination") else "read"
+    )
+    need = {
+        "upload": ("source", "destination"),
+        "download": ("source", "destination"),
+        "write": ("destination",),
+        "read": ("source",),
+        "list": ("source",),
+        "delete": ("source",),
+    }[op]
     missing = [k for k in need if not inputs.get(k)]
     if missing:
         raise ToolError(f"gcs: operation {op} needs {', '.join(missing)}", kind="config_error")

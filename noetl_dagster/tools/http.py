@@ -136,7 +136,9 @@ def _timeout(value: Any) -> httpx.Timeout:
     try:
         return httpx.Timeout(float(value))
     except (TypeError, ValueError):
-        raise ToolError(f"http: timeout must be a number of seconds, got {value!r}", kind="config_error") from None
+        raise ToolError(
+            f"http: timeout must be a number of seconds, got {value!r}", kind="config_error"
+        ) from None
 
 
 def _flag(value: Any, default: bool) -> bool:
@@ -162,10 +164,17 @@ def auth_headers(auth: Any, ctx: ToolContext) -> tuple[dict[str, str], httpx.Aut
             record = {**lookup_credential(ctx, str(ref), "http"), **overrides}
         label = f"credential {ref!r}" if ref else "inline auth"
     else:
-        raise ToolError(f"http: auth must be a credential name or a mapping, got {type(auth).__name__}", kind="config_error")
+        raise ToolError(
+            f"http: auth must be a credential name or a mapping, got {type(auth).__name__}",
+            kind="config_error",
+        )
     kind = str(record.get("type") or record.get("kind") or "").lower()
-    token = record.get("token") or record.get("access_token") or record.get("id_token") or record.get("api_key")
-    if kind in ("basic",) or (not kind and record.get("username") is not None and record.get("password") is not None):
+    token = (
+        record.get("token") or record.get("access_token") or record.get("id_token") or record.get("api_key")
+    )
+    if kind in ("basic",) or (
+        not kind and record.get("username") is not None and record.get("password") is not None
+    ):
         user, pw = record.get("username") or record.get("user"), record.get("password")
         if user is None or pw is None:
             raise ToolError(f"http: {label} (basic) needs username and password", kind="auth_error")
@@ -201,7 +210,11 @@ def _body(method: str, inputs: Mapping[str, Any], headers: Mapping[str, str]) ->
             break
     data = inputs.get("data")
     if data is not None:
-        if isinstance(data, Mapping) and ("query" in data or "body" in data) and set(data) <= {"query", "body"}:
+        if (
+            isinstance(data, Mapping)
+            and ("query" in data or "body" in data)
+            and set(data) <= {"query", "body"}
+        ):
             extra_params = data.get("query")
             if body is None:
                 body = data.get("body")
@@ -217,7 +230,9 @@ def _body(method: str, inputs: Mapping[str, Any], headers: Mapping[str, str]) ->
     if isinstance(body, str):
         return {"content": body.encode()}, extra_params
     if "x-www-form-urlencoded" in ctype and isinstance(body, Mapping):
-        return {"data": {k: v if isinstance(v, str) else json.dumps(v) for k, v in body.items()}}, extra_params
+        return {
+            "data": {k: v if isinstance(v, str) else json.dumps(v) for k, v in body.items()}
+        }, extra_params
     return {"json": body}, extra_params
 
 
@@ -290,19 +305,29 @@ def http_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
             **body_kw,
         )
     except httpx.TimeoutException as e:
-        raise ToolError(f"http: {method} {url} timed out ({type(e).__name__})", kind="timeout", retryable=True, code="timeout") from None
+        raise ToolError(
+            f"http: {method} {url} timed out ({type(e).__name__})",
+            kind="timeout",
+            retryable=True,
+            code="timeout",
+        ) from None
     except httpx.InvalidURL as e:
         raise ToolError(f"http: invalid url {url!r}: {e}", kind="config_error") from None
     except httpx.UnsupportedProtocol as e:
         raise ToolError(f"http: unsupported url {url!r}: {e}", kind="config_error") from None
     except httpx.TransportError as e:
         raise ToolError(
-            f"http: {method} {url} failed: {type(e).__name__}: {e}", kind="connection_error", retryable=True, code="connection_error"
+            f"http: {method} {url} failed: {type(e).__name__}: {e}",
+            kind="connection_error",
+            retryable=True,
+            code="connection_error",
         ) from None
 
     # body bytes on the wire (compressed as received); headers are not counted
     sent = resp.request.headers.get("content-length")
-    count_network(resp.request.url.host, int(sent) if sent and sent.isdigit() else 0, resp.num_bytes_downloaded)
+    count_network(
+        resp.request.url.host, int(sent) if sent and sent.isdigit() else 0, resp.num_bytes_downloaded
+    )
     data = _parse(resp)
     result = {"status_code": resp.status_code, "headers": dict(resp.headers), "data": data, "body": data}
     if not 200 <= resp.status_code < 300:
@@ -317,4 +342,9 @@ def http_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     return result
 
 
-register_tool("http", http_tool, config=HttpConfig, description="HTTP request (httpx); result {status_code, headers, data}")
+register_tool(
+    "http",
+    http_tool,
+    config=HttpConfig,
+    description="HTTP request (httpx); result {status_code, headers, data}",
+)

@@ -55,18 +55,27 @@ class DuckdbConfig(_SqlConfig):
 
 
 class DucklakeConfig(_SqlConfig):
-    catalog_connection: str | None = _f("the catalog: a Postgres URL / `postgres:<libpq string>`, or a DuckDB file path")
+    catalog_connection: str | None = _f(
+        "the catalog: a Postgres URL / `postgres:<libpq string>`, or a DuckDB file path"
+    )
     auth: Auth = _f("a Postgres credential holding the catalog (instead of catalog_connection)")
     credential: Auth = _f("alias of auth")
     catalog_name: str | None = _f("the name the lake is attached under (default lake)")
     data_path: str | None = _f("where the data files go: a directory or s3://bucket/prefix")
-    s3: dict[str, Any] | None = _f("S3 settings {endpoint_url, region, key, secret, path_style} or {credential: name}")
-    use_catalog: bool | str | None = _f("run the statements with the lake as the default database (default true)")
+    s3: dict[str, Any] | None = _f(
+        "S3 settings {endpoint_url, region, key, secret, path_style} or {credential: name}"
+    )
+    use_catalog: bool | str | None = _f(
+        "run the statements with the lake as the default database (default true)"
+    )
     register_: dict[str, Any] | None = Field(
-        None, alias="register",
+        None,
+        alias="register",
         description="record a table's newest snapshot in the registry: {table, uri | resource [, namespace, type, inputs]}",
     )
-    data_inlining_row_limit: int | str | None = _f("DuckLake: inserts up to this many rows stay in the catalog")
+    data_inlining_row_limit: int | str | None = _f(
+        "DuckLake: inserts up to this many rows stay in the catalog"
+    )
     memory_limit: str | None = _f("DuckDB memory_limit, e.g. 1GB")
     threads: int | str | None = _f("DuckDB threads")
     create_catalog: bool | str | None = _f("upstream's flag; DuckLake creates a new catalog on first use")

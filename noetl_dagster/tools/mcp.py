@@ -29,7 +29,9 @@ from noetl_dagster.util.jsonutil import plain
 
 
 class McpConfig(ToolConfig):
-    operation: Literal["call_tool", "list_tools"] | None = Field(None, description="call_tool (default) | list_tools")
+    operation: Literal["call_tool", "list_tools"] | None = Field(
+        None, description="call_tool (default) | list_tools"
+    )
     tool: str | None = Field(None, description="the MCP tool to call")
     tool_name: str | None = Field(None, description="alias of tool")
     arguments: dict[str, Any] | None = Field(None, description="the tool's arguments")
@@ -48,7 +50,11 @@ class McpConfig(ToolConfig):
 def _headers(inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, str]:
     headers = {str(k): str(v) for k, v in (inputs.get("headers") or {}).items()}
     auth = inputs.get("auth")
-    record = ctx.credential(auth) if isinstance(auth, str) and auth else (dict(auth) if isinstance(auth, Mapping) else {})
+    record = (
+        ctx.credential(auth)
+        if isinstance(auth, str) and auth
+        else (dict(auth) if isinstance(auth, Mapping) else {})
+    )
     token = record.get("token") or record.get("access_token") or record.get("api_key")
     if token:
         ctx.redact(str(token))
@@ -66,7 +72,9 @@ async def _session(inputs: Mapping[str, Any], ctx: ToolContext):
         from mcp.client import streamable_http  # noqa: PLC0415
 
         client = getattr(streamable_http, "streamable_http_client", None)
-        async with httpx.AsyncClient(headers=_headers(inputs, ctx), timeout=float(inputs.get("timeout") or 60)) as http:
+        async with httpx.AsyncClient(
+            headers=_headers(inputs, ctx), timeout=float(inputs.get("timeout") or 60)
+        ) as http:
             async with client(str(url), http_client=http) as streams:
                 read, write = streams[0], streams[1]
                 async with ClientSession(read, write) as session:
@@ -82,8 +90,12 @@ async def _session(inputs: Mapping[str, Any], ctx: ToolContext):
 
         argv = isolated(argv, "mcp")
     params = StdioServerParameters(
-        command=argv[0], args=argv[1:],
-        env={"PATH": os.environ.get("PATH", ""), **{str(k): str(v) for k, v in (inputs.get("env") or {}).items()}},
+        command=argv[0],
+        args=argv[1:],
+        env={
+            "PATH": os.environ.get("PATH", ""),
+            **{str(k): str(v) for k, v in (inputs.get("env") or {}).items()},
+        },
         cwd=inputs.get("cwd") or None,
     )
     with open(os.devnull, "w") as errlog:  # the server's stderr is not ours to print
@@ -110,8 +122,16 @@ async def _call(inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
     async with _session(inputs, ctx) as session:
         if op == "list_tools":
             listed = await session.list_tools()
-            return {"tools": [{"name": t.name, "description": t.description, "input_schema": plain(_attr(t, "input_schema", "inputSchema"))}
-                              for t in listed.tools]}
+            return {
+                "tools": [
+                    {
+                        "name": t.name,
+                        "description": t.description,
+                        "input_schema": plain(_attr(t, "input_schema", "inputSchema")),
+                    }
+                    for t in listed.tools
+                ]
+            }
         name = str(inputs.get("tool") or inputs.get("tool_name"))
         res = await session.call_tool(name, dict(inputs.get("arguments") or {}))
     content = [_content(b) for b in getattr(res, "content", None) or []]
@@ -122,8 +142,13 @@ async def _call(inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
             structured = json.loads(text)
         except ValueError:
             structured = None
-    out = {"tool": name, "content": content, "text": text, "structured": plain(structured),
-           "is_error": bool(_attr(res, "is_error", "isError"))}
+    out = {
+        "tool": name,
+        "content": content,
+        "text": text,
+        "structured": plain(structured),
+        "is_error": bool(_attr(res, "is_error", "isError")),
+    }
     if out["is_error"]:
         raise ToolError(f"mcp: tool {name!r} failed: {text[:300]}", kind="mcp_tool_error", result=out)
     return out
@@ -135,12 +160,18 @@ def _unwrap(e: BaseException) -> BaseException:
     return e
 
 
-@register_tool("mcp", config=McpConfig, description="Call a Model Context Protocol server's tools (official mcp SDK)")
+@register_tool(
+    "mcp", config=McpConfig, description="Call a Model Context Protocol server's tools (official mcp SDK)"
+)
 def mcp_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     """Call an MCP server's tool (stdio or streamable HTTP), or list its tools."""
-    has_server = inputs.get("url") or inputs.get("endpoint") or inputs.get("server_url") or inputs.get("command")
+    has_server = (
+        inputs.get("url") or inputs.get("endpoint") or inputs.get("server_url") or inputs.get("command")
+    )
     if not has_server:
-        raise ToolError("mcp: give the server as url: (streamable HTTP) or command: (+ args, stdio)", kind="config_error")
+        raise ToolError(
+            "mcp: give the server as url: (streamable HTTP) or command: (+ args, stdio)", kind="config_error"
+        )
     if inputs.get("operation") != "list_tools" and not (inputs.get("tool") or inputs.get("tool_name")):
         raise ToolError("mcp: tool: is required (or operation: list_tools)", kind="config_error")
     where = inputs.get("url") or inputs.get("endpoint") or inputs.get("server_url") or inputs.get("command")
@@ -161,13 +192,22 @@ def mcp_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
         if isinstance(e, KeyboardInterrupt | SystemExit):
             raise
         if isinstance(e, TimeoutError):
-            raise ToolError(f"mcp: {where}: no answer within {timeout:g}s", kind="timeout", retryable=True) from None
+            raise ToolError(
+                f"mcp: {where}: no answer within {timeout:g}s", kind="timeout", retryable=True
+            ) from None
         code = getattr(getattr(e, "error", None), "code", None)
         if code is not None:
             raise ToolError(f"mcp: {where}: {e}", kind="mcp_error", code=code) from None
-        if isinstance(e, OSError | ConnectionError) or type(e).__name__ in ("ConnectError", "HTTPStatusError"):
-            raise ToolError(f"mcp: cannot reach {where}: {e}", kind="connection_error", retryable=True) from None
+        if isinstance(e, OSError | ConnectionError) or type(e).__name__ in (
+            "ConnectError",
+            "HTTPStatusError",
+        ):
+            raise ToolError(
+                f"mcp: cannot reach {where}: {e}", kind="connection_error", retryable=True
+            ) from None
         raise ToolError(f"mcp: {where}: {type(e).__name__}: {e}", kind="mcp_error") from None
 
 
-register_tool("agent", mcp_tool, config=McpConfig, description="NoETL's agent kind, served by an MCP server's tools")
+register_tool(
+    "agent", mcp_tool, config=McpConfig, description="NoETL's agent kind, served by an MCP server's tools"
+)

@@ -37,8 +37,19 @@ from noetl_dagster.tools.configs import ToolConfig
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
-Operation = Literal["publish", "request", "js_publish", "js_consume", "js_get_msg", "js_stream_info",
-                    "kv_put", "kv_get", "kv_delete", "kv_keys", "kv_purge"]
+Operation = Literal[
+    "publish",
+    "request",
+    "js_publish",
+    "js_consume",
+    "js_get_msg",
+    "js_stream_info",
+    "kv_put",
+    "kv_get",
+    "kv_delete",
+    "kv_keys",
+    "kv_purge",
+]
 
 
 class NatsConfig(ToolConfig):
@@ -61,7 +72,9 @@ class NatsConfig(ToolConfig):
     servers: str | list[str] | None = Field(None, description="NATS server URL(s)")
     url: str | None = Field(None, description="alias of servers")
     nats_url: str | None = Field(None, description="alias of servers")
-    auth: str | dict[str, Any] | None = Field(None, description="credential with nats_url/user/password/token")
+    auth: str | dict[str, Any] | None = Field(
+        None, description="credential with nats_url/user/password/token"
+    )
 
 
 def _encode(value: Any) -> bytes:
@@ -91,12 +104,27 @@ def _connect_args(inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]
         record = dict(ctx.credential(auth))
     elif isinstance(auth, Mapping):
         record = dict(auth)
-    servers = (inputs.get("servers") or inputs.get("url") or inputs.get("nats_url") or record.get("nats_url")
-               or record.get("url") or record.get("servers") or os.environ.get("NOETL_NATS_URL") or DEFAULT_URL)
-    args: dict[str, Any] = {"servers": servers if isinstance(servers, list) else [s.strip() for s in str(servers).split(",")],
-                            "connect_timeout": 2, "max_reconnect_attempts": 0, "allow_reconnect": False,
-                            "reconnect_time_wait": 0.2}
-    user, password = record.get("nats_user") or record.get("user"), record.get("nats_password") or record.get("password")
+    servers = (
+        inputs.get("servers")
+        or inputs.get("url")
+        or inputs.get("nats_url")
+        or record.get("nats_url")
+        or record.get("url")
+        or record.get("servers")
+        or os.environ.get("NOETL_NATS_URL")
+        or DEFAULT_URL
+    )
+    args: dict[str, Any] = {
+        "servers": servers if isinstance(servers, list) else [s.strip() for s in str(servers).split(",")],
+        "connect_timeout": 2,
+        "max_reconnect_attempts": 0,
+        "allow_reconnect": False,
+        "reconnect_time_wait": 0.2,
+    }
+    user, password = (
+        record.get("nats_user") or record.get("user"),
+        record.get("nats_password") or record.get("password"),
+    )
     token = record.get("nats_token") or record.get("token")
     if user and password:
         args.update(user=str(user), password=str(password))
@@ -110,7 +138,9 @@ def _connect_args(inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]
 def _need(inputs: Mapping[str, Any], *keys: str) -> None:
     missing = [k for k in keys if not inputs.get(k)]
     if missing:
-        raise ToolError(f"nats: operation {inputs['operation']} needs {', '.join(missing)}", kind="config_error")
+        raise ToolError(
+            f"nats: operation {inputs['operation']} needs {', '.join(missing)}", kind="config_error"
+        )
 
 
 def _msg(m: Any) -> dict[str, Any]:
@@ -123,7 +153,9 @@ async def _js_consume(js: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
     import nats.errors  # noqa: PLC0415
 
     batch, timeout = int(inputs.get("batch") or 10), float(inputs.get("timeout") or 1.0)
-    sub = await js.pull_subscribe(inputs.get("subject") or "", durable=inputs.get("durable"), stream=inputs["stream"])
+    sub = await js.pull_subscribe(
+        inputs.get("subject") or "", durable=inputs.get("durable"), stream=inputs["stream"]
+    )
     out: list[dict[str, Any]] = []
     try:
         while len(out) < batch:
@@ -159,8 +191,14 @@ async def _kv(js: Any, op: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
             entry = await kv.get(key)
         except jserr.KeyNotFoundError:
             return {"status": "not_found", "bucket": bucket, "key": key, "value": None, "found": False}
-        return {"status": "success", "bucket": bucket, "key": key, "value": _decode(entry.value),
-                "revision": entry.revision, "found": True}
+        return {
+            "status": "success",
+            "bucket": bucket,
+            "key": key,
+            "value": _decode(entry.value),
+            "revision": entry.revision,
+            "found": True,
+        }
     if op in ("kv_delete", "kv_purge"):
         await (kv.delete(key) if op == "kv_delete" else kv.purge(key))
         return {"status": "success", "bucket": bucket, "key": key}
@@ -181,6 +219,7 @@ async def _run(inputs: Mapping[str, Any], args: dict[str, Any]) -> dict[str, Any
     op = inputs["operation"]
     data = inputs.get("data") if inputs.get("data") is not None else inputs.get("payload")
     headers = inputs.get("headers") or None
+
     async def quiet(e: Exception) -> None:  # errors surface as the ToolError below, not as log noise
         return None
 
@@ -188,8 +227,11 @@ async def _run(inputs: Mapping[str, Any], args: dict[str, Any]) -> dict[str, Any
         # nats-py keeps retrying an initial connect to a dead server; bound it
         nc = await asyncio.wait_for(nats.connect(**args, error_cb=quiet), timeout=args["connect_timeout"] + 1)
     except (TimeoutError, OSError, nats.errors.NoServersError) as e:
-        raise ToolError(f"nats: cannot connect to {','.join(args['servers'])}: {e or type(e).__name__}",
-                        kind="connection_error", retryable=True) from None
+        raise ToolError(
+            f"nats: cannot connect to {','.join(args['servers'])}: {e or type(e).__name__}",
+            kind="connection_error",
+            retryable=True,
+        ) from None
     try:
         js = nc.jetstream()
         if op == "publish":
@@ -198,11 +240,18 @@ async def _run(inputs: Mapping[str, Any], args: dict[str, Any]) -> dict[str, Any
             await nc.flush()
             return {"subject": inputs["subject"], "bytes": len(body)}
         if op == "request":
-            reply = await nc.request(inputs["subject"], _encode(data), timeout=float(inputs.get("timeout") or 5),
-                                     headers=headers)
-            return {"subject": inputs["subject"], "data": _decode(reply.data), "headers": dict(reply.headers or {})}
+            reply = await nc.request(
+                inputs["subject"], _encode(data), timeout=float(inputs.get("timeout") or 5), headers=headers
+            )
+            return {
+                "subject": inputs["subject"],
+                "data": _decode(reply.data),
+                "headers": dict(reply.headers or {}),
+            }
         if op == "js_publish":
-            ack = await js.publish(inputs["subject"], _encode(data), stream=inputs.get("stream"), headers=headers)
+            ack = await js.publish(
+                inputs["subject"], _encode(data), stream=inputs.get("stream"), headers=headers
+            )
             return {"stream": ack.stream, "seq": ack.seq, "duplicate": bool(ack.duplicate)}
         if op == "js_consume":
             return await _js_consume(js, inputs)
@@ -214,21 +263,37 @@ async def _run(inputs: Mapping[str, Any], args: dict[str, Any]) -> dict[str, Any
             return _msg(m)
         if op == "js_stream_info":
             info = await js.stream_info(inputs["stream"])
-            return {"stream": info.config.name, "subjects": list(info.config.subjects or []),
-                    "messages": info.state.messages, "bytes": info.state.bytes,
-                    "first_seq": info.state.first_seq, "last_seq": info.state.last_seq}
+            return {
+                "stream": info.config.name,
+                "subjects": list(info.config.subjects or []),
+                "messages": info.state.messages,
+                "bytes": info.state.bytes,
+                "first_seq": info.state.first_seq,
+                "last_seq": info.state.last_seq,
+            }
         return await _kv(js, op, inputs)
     finally:
         await nc.close()
 
 
-_NEEDS = {"publish": ("subject",), "request": ("subject",), "js_publish": ("subject",), "js_consume": ("stream",),
-          "js_get_msg": ("stream",), "js_stream_info": ("stream",), "kv_put": ("bucket", "key"),
-          "kv_get": ("bucket", "key"), "kv_delete": ("bucket", "key"), "kv_purge": ("bucket", "key"),
-          "kv_keys": ("bucket",)}
+_NEEDS = {
+    "publish": ("subject",),
+    "request": ("subject",),
+    "js_publish": ("subject",),
+    "js_consume": ("stream",),
+    "js_get_msg": ("stream",),
+    "js_stream_info": ("stream",),
+    "kv_put": ("bucket", "key"),
+    "kv_get": ("bucket", "key"),
+    "kv_delete": ("bucket", "key"),
+    "kv_purge": ("bucket", "key"),
+    "kv_keys": ("bucket",),
+}
 
 
-@register_tool("nats", config=NatsConfig, description="NATS publish, request/reply, JetStream and KV (nats-py)")
+@register_tool(
+    "nats", config=NatsConfig, description="NATS publish, request/reply, JetStream and KV (nats-py)"
+)
 def nats_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     """NATS publish / request / JetStream publish+consume / KV operations."""
     import nats.errors  # noqa: PLC0415
@@ -236,7 +301,9 @@ def nats_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
 
     op = inputs.get("operation")
     if op not in _NEEDS:
-        raise ToolError(f"nats: operation must be one of {', '.join(_NEEDS)}, not {op!r}", kind="config_error")
+        raise ToolError(
+            f"nats: operation must be one of {', '.join(_NEEDS)}, not {op!r}", kind="config_error"
+        )
     _need(inputs, *_NEEDS[op])
     args = _connect_args(inputs, ctx)
     where = ",".join(args["servers"])
@@ -247,12 +314,18 @@ def nats_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     except nats.errors.NoRespondersError:
         raise ToolError(f"nats: no responders on {inputs.get('subject')!r}", kind="no_responders") from None
     except (nats.errors.NoServersError, ConnectionRefusedError, OSError) as e:
-        raise ToolError(f"nats: cannot connect to {where}: {e or type(e).__name__}", kind="connection_error",
-                        retryable=True) from None
+        raise ToolError(
+            f"nats: cannot connect to {where}: {e or type(e).__name__}",
+            kind="connection_error",
+            retryable=True,
+        ) from None
     except (TimeoutError, nats.errors.TimeoutError):
         raise ToolError(f"nats: {op} timed out ({where})", kind="timeout", retryable=True) from None
     except jserr.NotFoundError as e:
-        raise ToolError(f"nats: {op}: not found: {e.description or e}", kind="not_found",
-                        code=getattr(e, "err_code", None)) from None
+        raise ToolError(
+            f"nats: {op}: not found: {e.description or e}",
+            kind="not_found",
+            code=getattr(e, "err_code", None),
+        ) from None
     except (nats.errors.Error, jserr.Error) as e:
         raise ToolError(f"nats: {op} failed: {e}", kind="nats_error") from None

@@ -67,7 +67,11 @@ RETRYABLE_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57014"})
 # libpq reports connection-time failures without a SQLSTATE; recover it from the message.
 _CONNECT_MESSAGES = (
     (re.compile(r"password authentication failed|authentication failed", re.I), "28P01", "invalid_password"),
-    (re.compile(r'role ".*" does not exist|no pg_hba\.conf entry', re.I), "28000", "invalid_authorization_specification"),
+    (
+        re.compile(r'role ".*" does not exist|no pg_hba\.conf entry', re.I),
+        "28000",
+        "invalid_authorization_specification",
+    ),
     (re.compile(r'database ".*" does not exist', re.I), "3D000", "invalid_catalog_name"),
     (re.compile(r"too many (connections|clients)", re.I), "53300", "too_many_connections"),
     (re.compile(r"the database system is (starting up|shutting down)", re.I), "57P03", "cannot_connect_now"),
@@ -95,7 +99,9 @@ def conninfo_from(auth: Any, ctx: ToolContext) -> tuple[str, str]:
     elif isinstance(auth, Mapping):
         record, label = dict(auth), "inline auth"
     else:
-        raise ToolError("postgres: 'auth' (a credential name) or 'connection_string' is required", kind="config_error")
+        raise ToolError(
+            "postgres: 'auth' (a credential name) or 'connection_string' is required", kind="config_error"
+        )
     for key in ("connection_string", "dsn", "conninfo", "url", "database_url"):
         if isinstance(record.get(key), str):
             _redact_conninfo(record[key], ctx)
@@ -149,7 +155,11 @@ class PgConnector:
                     self.conninfo,
                     min_size=1,
                     max_size=self.max_size,
-                    kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT, "prepare_threshold": PREPARE_THRESHOLD},
+                    kwargs={
+                        "autocommit": True,
+                        "connect_timeout": CONNECT_TIMEOUT,
+                        "prepare_threshold": PREPARE_THRESHOLD,
+                    },
                     open=True,
                     name="noetl-postgres",
                 )
@@ -190,7 +200,9 @@ def pg_error(e: BaseException, label: str) -> ToolError:
         else:
             sqlstate, code = "08001", "sqlclient_unable_to_establish_sqlconnection"
     sqlstate = sqlstate or None
-    retryable = bool(sqlstate) and (sqlstate in RETRYABLE_SQLSTATES or sqlstate[:2] in RETRYABLE_SQLSTATE_CLASSES)
+    retryable = bool(sqlstate) and (
+        sqlstate in RETRYABLE_SQLSTATES or sqlstate[:2] in RETRYABLE_SQLSTATE_CLASSES
+    )
     return ToolError(
         f"postgres ({label}): {message}",
         kind="pg_error",
@@ -238,10 +250,14 @@ def _split(sql: str) -> tuple[str, ...]:
     return tuple(split_sql(sql))
 
 
-def run_sql(conn: psycopg.Connection, sql: list[str] | str, params: Any, schema: str | None) -> dict[str, Any]:
+def run_sql(
+    conn: psycopg.Connection, sql: list[str] | str, params: Any, schema: str | None
+) -> dict[str, Any]:
     positional = type(params) is list or type(params) is tuple  # exact types first: this runs every call
     if params is not None and not positional and not isinstance(params, (Mapping, list, tuple)):
-        raise ToolError(f"postgres: params must be a list or a mapping, got {type(params).__name__}", kind="config_error")
+        raise ToolError(
+            f"postgres: params must be a list or a mapping, got {type(params).__name__}", kind="config_error"
+        )
     if params is not None and len(params) == 0:
         params = None
     statements = _split(sql) if isinstance(sql, str) and (params is not None or schema) else sql
@@ -299,7 +315,11 @@ def connector_for(conninfo: str, ctx: ToolContext) -> PgConnector:
     """The process's pool for this connection string: executions share it, so a
     loop's sixteen connections are opened once, not once per execution."""
     spec = ctx.spec
-    size = int(spec.get("pool_size") or DEFAULT_POOL_SIZE) if isinstance(spec, dict | Mapping) and spec else DEFAULT_POOL_SIZE
+    size = (
+        int(spec.get("pool_size") or DEFAULT_POOL_SIZE)
+        if isinstance(spec, dict | Mapping) and spec
+        else DEFAULT_POOL_SIZE
+    )
     key = (_PID[0], conninfo, size)  # a forked worker never reuses its parent's sockets
     connector = _POOLS.get(key)  # the hot path: no lock once the pool exists (dict reads are atomic)
     if connector is not None:
@@ -339,9 +359,13 @@ def note_sql(sql: list[str] | str, conninfo: str, schema: Any, ctx: ToolContext)
     if note is None:
         return
     namespace, dbname, _, _ = server_of(conninfo)
-    note(sql=sql if isinstance(sql, str) else ";\n".join(sql), sql_namespace=namespace,
-         sql_database=dbname, sql_default_schema=schema if isinstance(schema, str) else "public",
-         sql_dialect="postgres")
+    note(
+        sql=sql if isinstance(sql, str) else ";\n".join(sql),
+        sql_namespace=namespace,
+        sql_database=dbname,
+        sql_default_schema=schema if isinstance(schema, str) else "public",
+        sql_dialect="postgres",
+    )
 
 
 # struct tcp_info (Linux >= 4.2): tcpi_bytes_acked, tcpi_bytes_received at byte 120
@@ -428,7 +452,9 @@ def _count_wire_bytes(wire: _Wire | None, egress: bool) -> None:
     wire.last = after
     if before is not None and after is not None:
         sent = max(after[0] - before[0], 0)
-        count(net_out_bytes=sent, net_in_bytes=max(after[1] - before[1], 0), egress_bytes=sent if egress else 0)
+        count(
+            net_out_bytes=sent, net_in_bytes=max(after[1] - before[1], 0), egress_bytes=sent if egress else 0
+        )
 
 
 def _copy_sql(copy: Any) -> str:
@@ -442,9 +468,13 @@ def _copy_sql(copy: Any) -> str:
 
 def postgres_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     """SQL against PostgreSQL (psycopg 3); result {rows, row_count, columns}."""
-    auth = inputs.get("auth") or inputs.get("credential") or inputs.get("connection_string") or inputs.get("dsn")
+    auth = (
+        inputs.get("auth") or inputs.get("credential") or inputs.get("connection_string") or inputs.get("dsn")
+    )
     if auth is None:
-        raise ToolError("postgres: 'auth' (a credential name) or 'connection_string' is required", kind="config_error")
+        raise ToolError(
+            "postgres: 'auth' (a credential name) or 'connection_string' is required", kind="config_error"
+        )
     if isinstance(auth, str):  # resolved once per execution and credential
         conninfo, label = ctx.resource(f"pg.conninfo:{auth}", lambda: conninfo_from(auth, ctx))
     else:
@@ -460,7 +490,9 @@ def postgres_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
                 if copy is not None:
                     return _combined([run_copy(conn, copy, schema)])
                 if batch is not None:
-                    return _combined([run_batch(conn, _split(sql) if isinstance(sql, str) else sql, batch, schema)])
+                    return _combined(
+                        [run_batch(conn, _split(sql) if isinstance(sql, str) else sql, batch, schema)]
+                    )
                 return run_sql(conn, sql, inputs.get("params"), schema)
             finally:
                 _count_wire_bytes(wire, connector.egress)
@@ -470,4 +502,9 @@ def postgres_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         raise pg_error(e, label) from None
 
 
-register_tool("postgres", postgres_tool, config=PostgresConfig, description="SQL on PostgreSQL (psycopg 3); result {rows, row_count, columns}")
+register_tool(
+    "postgres",
+    postgres_tool,
+    config=PostgresConfig,
+    description="SQL on PostgreSQL (psycopg 3); result {rows, row_count, columns}",
+)

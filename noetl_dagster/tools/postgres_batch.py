@@ -41,12 +41,19 @@ def set_search_path(cur: psycopg.Cursor, schema: Any) -> None:
 
 def run_batch(conn: psycopg.Connection, statements: Sequence[str], batch: Any, schema: Any) -> dict[str, Any]:
     if len(statements) != 1:
-        raise ToolError(f"postgres: 'batch' takes exactly one statement, got {len(statements)}", kind="config_error")
+        raise ToolError(
+            f"postgres: 'batch' takes exactly one statement, got {len(statements)}", kind="config_error"
+        )
     if not isinstance(batch, Sequence) or isinstance(batch, (str, bytes)):
-        raise ToolError(f"postgres: 'batch' must be a list of params, got {type(batch).__name__}", kind="config_error")
+        raise ToolError(
+            f"postgres: 'batch' must be a list of params, got {type(batch).__name__}", kind="config_error"
+        )
     for i, p in enumerate(batch):
         if not isinstance(p, (Mapping, list, tuple)):
-            raise ToolError(f"postgres: batch[{i}] must be a list or a mapping, got {type(p).__name__}", kind="config_error")
+            raise ToolError(
+                f"postgres: batch[{i}] must be a list or a mapping, got {type(p).__name__}",
+                kind="config_error",
+            )
     stmt = statements[0]
     returning = bool(_RETURNING.search(stmt))
     rows: list[Any] = []
@@ -80,15 +87,21 @@ def run_copy(conn: psycopg.Connection, spec: Any, schema: Any) -> dict[str, Any]
     if rows is None:
         rows = []
     if not isinstance(rows, Sequence) or isinstance(rows, (str, bytes)):
-        raise ToolError(f"postgres: 'copy.rows' must be a list, got {type(rows).__name__}", kind="config_error")
+        raise ToolError(
+            f"postgres: 'copy.rows' must be a list, got {type(rows).__name__}", kind="config_error"
+        )
     if columns is None and rows and isinstance(rows[0], Mapping):
         columns = list(rows[0].keys())
     if columns is not None and (not isinstance(columns, Sequence) or isinstance(columns, str)
                                 or not all(isinstance(c, str) for c in columns)):  # fmt: skip
         raise ToolError("postgres: 'copy.columns' must be a list of column names", kind="config_error")
     target = pgsql.Identifier(*[p.strip() for p in table.split(".")])
-    stmt = pgsql.SQL("COPY {} FROM STDIN").format(target) if not columns else pgsql.SQL("COPY {} ({}) FROM STDIN").format(
-        target, pgsql.SQL(", ").join(pgsql.Identifier(c) for c in columns)
+    stmt = (
+        pgsql.SQL("COPY {} FROM STDIN").format(target)
+        if not columns
+        else pgsql.SQL("COPY {} ({}) FROM STDIN").format(
+            target, pgsql.SQL(", ").join(pgsql.Identifier(c) for c in columns)
+        )
     )
     n = 0
     with conn.transaction(), conn.cursor() as cur:
@@ -105,11 +118,15 @@ def run_copy(conn: psycopg.Connection, spec: Any, schema: Any) -> dict[str, Any]
                     write(row)
                 elif isinstance(row, Mapping):
                     if not columns:
-                        raise ToolError("postgres: 'copy.columns' is required for rows of mappings", kind="config_error")
+                        raise ToolError(
+                            "postgres: 'copy.columns' is required for rows of mappings", kind="config_error"
+                        )
                     write([row.get(c) for c in columns])
                 elif isinstance(row, (list, tuple)):
                     write(row)
                 else:
-                    raise ToolError(f"postgres: copy.rows[{n}] must be a list or a mapping", kind="config_error")
+                    raise ToolError(
+                        f"postgres: copy.rows[{n}] must be a list or a mapping", kind="config_error"
+                    )
                 n += 1
     return {"rows": [], "row_count": n, "columns": []}

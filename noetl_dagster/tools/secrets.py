@@ -23,7 +23,16 @@ from noetl_dagster.tools.configs import SecretsConfig
 from noetl_dagster.tools.credentials import lookup_credential
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
 
-PREFERRED_FIELDS = ("value", "secret", "secret_value", "token", "access_token", "api_key", "password", "db_password")
+PREFERRED_FIELDS = (
+    "value",
+    "secret",
+    "secret_value",
+    "token",
+    "access_token",
+    "api_key",
+    "password",
+    "db_password",
+)
 
 
 def secrets_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
@@ -32,7 +41,9 @@ def secrets_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         (inputs[k] for k in ("name", "secret", "secret_name", "credential", "auth") if inputs.get(k)), None
     )
     if not isinstance(name, str) or not name:
-        raise ToolError("secrets: 'name' (a keychain entry or credential name) is required", kind="config_error")
+        raise ToolError(
+            "secrets: 'name' (a keychain entry or credential name) is required", kind="config_error"
+        )
     record = lookup_credential(ctx, name, "secrets")
     field = inputs.get("field") or inputs.get("key")
     if field is None:
@@ -48,7 +59,8 @@ def secrets_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
             )
     if field not in record:
         raise ToolError(
-            f"secrets: {name!r} has no field {field!r} (fields: {', '.join(sorted(record))})", kind="secret_not_found"
+            f"secrets: {name!r} has no field {field!r} (fields: {', '.join(sorted(record))})",
+            kind="secret_not_found",
         )
     value = record[field]
     if isinstance(value, str):
@@ -56,4 +68,9 @@ def secrets_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     return {"name": name, "field": field, "ref": f"keychain:{name}.{field}", "value": value}
 
 
-register_tool("secrets", secrets_tool, config=SecretsConfig, description="Read a secret from the keychain (value redacted in events)")
+register_tool(
+    "secrets",
+    secrets_tool,
+    config=SecretsConfig,
+    description="Read a secret from the keychain (value redacted in events)",
+)

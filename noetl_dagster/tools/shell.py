@@ -57,7 +57,9 @@ class ShellConfig(ToolConfig):
 
 
 class ScriptConfig(ShellConfig):
-    script: str | dict[str, Any] | None = Field(None, description="a script file, or {path|uri|source: {code}}")
+    script: str | dict[str, Any] | None = Field(
+        None, description="a script file, or {path|uri|source: {code}}"
+    )
     code: str | None = Field(None, description="the script text (instead of script)")
     interpreter: str | list[str] | None = Field(None, description="e.g. python, bash, [node, --flag]")
     args: list[Any] | None = Field(None, description="arguments given to the script")
@@ -97,8 +99,12 @@ def _cwd(inputs: Mapping[str, Any], ctx: ToolContext, sandbox: bool, kind: str) 
 
 def _env(inputs: Mapping[str, Any], cwd: Path, sandbox: bool) -> dict[str, str]:
     if sandbox:
-        env = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "HOME": str(cwd), "TMPDIR": str(cwd),
-               "LANG": os.environ.get("LANG", "C.UTF-8")}
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+            "HOME": str(cwd),
+            "TMPDIR": str(cwd),
+            "LANG": os.environ.get("LANG", "C.UTF-8"),
+        }
     else:
         env = dict(os.environ)
     for k, v in (inputs.get("env") or {}).items():
@@ -121,7 +127,9 @@ def store_text(data: bytes, ctx: ToolContext, name: str) -> dict[str, Any]:
     prefix = getattr(getattr(ctx, "offloader", None), "key_prefix", "") or ""
     key = f"{prefix}{ctx.execution_id}/{ctx.step}/{ctx.task}-attempt{ctx.attempt}-{name}.txt"
     uri = store.put_bytes(key, data)
-    return ResultRef(uri=uri, store=store.name, format="text", size=len(data), checksum=sha256(data)).envelope()
+    return ResultRef(
+        uri=uri, store=store.name, format="text", size=len(data), checksum=sha256(data)
+    ).envelope()
 
 
 def _capture(data: bytes, cap: int, ctx: ToolContext, name: str, out: dict[str, Any]) -> None:
@@ -136,11 +144,18 @@ def _capture(data: bytes, cap: int, ctx: ToolContext, name: str, out: dict[str, 
 
 
 # -- running ---------------------------------------------------------------------------------------
-def _run_one(argv: list[str], *, cwd: Path, env: dict[str, str], timeout: float, stdin: str | None) -> tuple[int | None, bytes, bytes]:
+def _run_one(
+    argv: list[str], *, cwd: Path, env: dict[str, str], timeout: float, stdin: str | None
+) -> tuple[int | None, bytes, bytes]:
     """(returncode or None on timeout, stdout, stderr); a timed-out command's process group is killed."""
     proc = Popen(  # noqa: S603 - argv, no shell string splicing; reaped with wait4 (the child's peak RSS)
-        argv, cwd=str(cwd), env=env, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        argv,
+        cwd=str(cwd),
+        env=env,
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
     )
     try:
         out, err = proc.communicate(stdin.encode() if stdin is not None else None, timeout=timeout)
@@ -154,7 +169,9 @@ def _run_one(argv: list[str], *, cwd: Path, env: dict[str, str], timeout: float,
         return None, out, err
 
 
-def run_commands(programs: list[list[str]], previews: list[str], inputs: Mapping[str, Any], ctx: ToolContext, kind: str) -> dict[str, Any]:
+def run_commands(
+    programs: list[list[str]], previews: list[str], inputs: Mapping[str, Any], ctx: ToolContext, kind: str
+) -> dict[str, Any]:
     sandbox = bool(inputs.get("sandbox", True))
     if not sandbox and getattr(ctx, "restricted", False):
         raise ToolError(f"{kind}: a generated playbook cannot turn the sandbox off", kind="config_error")
@@ -176,13 +193,20 @@ def run_commands(programs: list[list[str]], previews: list[str], inputs: Mapping
     for i, (argv, preview) in enumerate(zip(programs, previews, strict=True)):
         t0 = time.monotonic()
         try:
-            rc, out, err = _run_one(argv, cwd=cwd, env=env, timeout=timeout, stdin=inputs.get("stdin") if i == 0 else None)
+            rc, out, err = _run_one(
+                argv, cwd=cwd, env=env, timeout=timeout, stdin=inputs.get("stdin") if i == 0 else None
+            )
         except OSError as e:
-            raise ToolError(f"{kind}: cannot start {argv[0]!r}: {e.strerror}", kind="exec_error", code=e.errno) from None
+            raise ToolError(
+                f"{kind}: cannot start {argv[0]!r}: {e.strerror}", kind="exec_error", code=e.errno
+            ) from None
         all_out.append(out)
         all_err.append(err)
-        entry: dict[str, Any] = {"cmd_preview": preview, "returncode": -1 if rc is None else rc,
-                                 "duration_ms": int((time.monotonic() - t0) * 1000)}
+        entry: dict[str, Any] = {
+            "cmd_preview": preview,
+            "returncode": -1 if rc is None else rc,
+            "duration_ms": int((time.monotonic() - t0) * 1000),
+        }
         if len(programs) > 1:
             _capture(out, cap, ctx, "stdout", entry)
             _capture(err, cap, ctx, "stderr", entry)
@@ -193,8 +217,12 @@ def run_commands(programs: list[list[str]], previews: list[str], inputs: Mapping
         if rc != 0:
             failed = f"{kind}: command exited with code {rc}: {preview}"
             break
-    result: dict[str, Any] = {"returncode": -1 if rc is None else rc, "commands": per,
-                              "duration_ms": int((time.monotonic() - start) * 1000), "cwd": str(cwd)}
+    result: dict[str, Any] = {
+        "returncode": -1 if rc is None else rc,
+        "commands": per,
+        "duration_ms": int((time.monotonic() - start) * 1000),
+        "cwd": str(cwd),
+    }
     _capture(b"".join(all_out), cap, ctx, "stdout", result)
     _capture(b"".join(all_err), cap, ctx, "stderr", result)
     if len(programs) == 1:
@@ -204,7 +232,9 @@ def run_commands(programs: list[list[str]], previews: list[str], inputs: Mapping
         message = failed + (f" ({tail[0][:200]})" if tail else "")
         if rc is None:
             raise ToolError(message, kind="timeout", retryable=True, code="timeout", result=result)
-        raise ToolError(message, kind="exit_code", code=rc, details={"shell": {"returncode": rc}}, result=result)
+        raise ToolError(
+            message, kind="exit_code", code=rc, details={"shell": {"returncode": rc}}, result=result
+        )
     return result
 
 
@@ -226,11 +256,15 @@ def _cmds(inputs: Mapping[str, Any]) -> list[str]:
     return cmds
 
 
-@register_tool("shell", config=ShellConfig, description="Shell commands in the execution's work directory (sandboxed)")
+@register_tool(
+    "shell", config=ShellConfig, description="Shell commands in the execution's work directory (sandboxed)"
+)
 def shell_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     """Shell commands in the execution's work directory; stdout/stderr/returncode."""
     cmds = _cmds(inputs)
-    return run_commands([[SHELL_BIN, "-c", c] for c in cmds], [_preview(c) for c in cmds], inputs, ctx, "shell")
+    return run_commands(
+        [[SHELL_BIN, "-c", c] for c in cmds], [_preview(c) for c in cmds], inputs, ctx, "shell"
+    )
 
 
 def _script_source(inputs: Mapping[str, Any], ctx: ToolContext) -> tuple[str, str]:
@@ -244,16 +278,22 @@ def _script_source(inputs: Mapping[str, Any], ctx: ToolContext) -> tuple[str, st
             return str(src["code"]), str(script.get("name") or "script")
         if isinstance(src, str) and "\n" in src:
             return src, "script"
-        script = script.get("path") or script.get("uri") or (src.get("path") if isinstance(src, Mapping) else None)
+        script = (
+            script.get("path") or script.get("uri") or (src.get("path") if isinstance(src, Mapping) else None)
+        )
     if not script:
-        raise ToolError("script: give the script as script: <path> | {path|uri|source: {code}} or code:",
-                        kind="config_error")
+        raise ToolError(
+            "script: give the script as script: <path> | {path|uri|source: {code}} or code:",
+            kind="config_error",
+        )
     ref = str(script)
     if ref.startswith("file://"):
-        ref = ref[len("file://"):]
+        ref = ref[len("file://") :]
     if "://" in ref:
-        raise ToolError(f"script: only local files are read ({ref!r}); fetch remote scripts with kind: http or gcs",
-                        kind="config_error")
+        raise ToolError(
+            f"script: only local files are read ({ref!r}); fetch remote scripts with kind: http or gcs",
+            kind="config_error",
+        )
     path = Path(ref).expanduser()
     if not path.is_absolute():
         path = Path(ctx.base_dir or ".") / path
@@ -266,7 +306,11 @@ def _script_source(inputs: Mapping[str, Any], ctx: ToolContext) -> tuple[str, st
         raise ToolError(f"script: cannot read {e}", kind="config_error") from None
 
 
-@register_tool("script", config=ScriptConfig, description="A script file or inline code run by an interpreter (sandboxed)")
+@register_tool(
+    "script",
+    config=ScriptConfig,
+    description="A script file or inline code run by an interpreter (sandboxed)",
+)
 def script_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     """A script (file or inline) run through an interpreter in the execution's work directory."""
     code, name = _script_source(inputs, ctx)

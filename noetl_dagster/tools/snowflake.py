@@ -45,7 +45,9 @@ SECRET_FIELDS = ("password", "private_key", "private_key_passphrase")
 
 
 class SnowflakeConfig(ToolConfig):
-    auth: str | dict[str, Any] | None = Field(None, description="credential name or inline {account, user, ...}")
+    auth: str | dict[str, Any] | None = Field(
+        None, description="credential name or inline {account, user, ...}"
+    )
     credential: str | dict[str, Any] | None = Field(None, description="alias of auth")
     command: str | list[str] | None = Field(None, description="one or more SQL statements")
     commands: str | list[str] | None = Field(None, description="alias of command")
@@ -53,15 +55,19 @@ class SnowflakeConfig(ToolConfig):
     sql: str | list[str] | None = Field(None, description="alias of command")
     command_b64: str | None = Field(None, description="base64 of the SQL (NoETL)")
     commands_b64: str | None = Field(None, description="alias of command_b64")
-    params: list[Any] | dict[str, Any] | None = Field(None, description="bind parameters of a single statement")
+    params: list[Any] | dict[str, Any] | None = Field(
+        None, description="bind parameters of a single statement"
+    )
 
 
 def _import_connector() -> Any:
     try:
         import snowflake.connector  # noqa: PLC0415
     except ImportError:
-        raise ToolError("snowflake: snowflake-connector-python is not installed (pip install 'noetl-dagster[snowflake]')",
-                        kind="config_error") from None
+        raise ToolError(
+            "snowflake: snowflake-connector-python is not installed (pip install 'noetl-dagster[snowflake]')",
+            kind="config_error",
+        ) from None
     return snowflake.connector
 
 
@@ -82,7 +88,9 @@ def connect_params(auth: Any, ctx: ToolContext) -> dict[str, Any]:
         if isinstance(params.get(key), str):
             ctx.redact(params[key])
     if not params.get("account") or not params.get("user"):
-        raise ToolError("snowflake: the credential needs account and user (sf_account, sf_user)", kind="auth_error")
+        raise ToolError(
+            "snowflake: the credential needs account and user (sf_account, sf_user)", kind="auth_error"
+        )
     if "port" in params:
         params["port"] = int(params["port"])
     pem = params.pop("private_key", None)
@@ -90,9 +98,12 @@ def connect_params(auth: Any, ctx: ToolContext) -> dict[str, Any]:
         from cryptography.hazmat.primitives import serialization  # noqa: PLC0415
 
         phrase = params.pop("private_key_passphrase", None)
-        key = serialization.load_pem_private_key(str(pem).encode(), password=phrase.encode() if phrase else None)
-        params["private_key"] = key.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.PKCS8,
-                                                  serialization.NoEncryption())
+        key = serialization.load_pem_private_key(
+            str(pem).encode(), password=phrase.encode() if phrase else None
+        )
+        params["private_key"] = key.private_bytes(
+            serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
     elif not params.get("password"):
         raise ToolError("snowflake: the credential needs password or private_key", kind="auth_error")
     params.pop("private_key_passphrase", None)
@@ -143,9 +154,13 @@ def note_sql(sql: str, params: Mapping[str, Any], ctx: ToolContext) -> None:
     Snowflake naming: namespace ``snowflake://<account>``, name ``database.schema.table``)."""
     note = getattr(ctx, "note", None)
     if note is not None:
-        note(sql=sql, sql_namespace=f"snowflake://{str(params.get('account')).lower()}",
-             sql_database=params.get("database"), sql_default_schema=params.get("schema") or "PUBLIC",
-             sql_dialect="snowflake")
+        note(
+            sql=sql,
+            sql_namespace=f"snowflake://{str(params.get('account')).lower()}",
+            sql_database=params.get("database"),
+            sql_default_schema=params.get("schema") or "PUBLIC",
+            sql_dialect="snowflake",
+        )
 
 
 def _cursor_result(cur: Any) -> dict[str, Any]:
@@ -156,7 +171,9 @@ def _cursor_result(cur: Any) -> dict[str, Any]:
     return {"rows": plain(rows), "row_count": len(rows), "columns": cols}
 
 
-@register_tool("snowflake", config=SnowflakeConfig, description="SQL on Snowflake (snowflake-connector-python)")
+@register_tool(
+    "snowflake", config=SnowflakeConfig, description="SQL on Snowflake (snowflake-connector-python)"
+)
 def snowflake_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     """SQL on Snowflake; result {rows, row_count, columns, command_0…}."""
     sql = _sql(inputs)
@@ -189,8 +206,12 @@ def snowflake_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
 
 
 # -- transfer support ------------------------------------------------------------------------------
-def snowflake_batches(src: Mapping[str, Any], chunk: int, ctx: ToolContext,
-                      to_batch: Callable[[list[dict[str, Any]]], pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def snowflake_batches(
+    src: Mapping[str, Any],
+    chunk: int,
+    ctx: ToolContext,
+    to_batch: Callable[[list[dict[str, Any]]], pa.RecordBatch],
+) -> Iterator[pa.RecordBatch]:
     """The source query's rows, ``chunk`` at a time, as batches (``to_batch`` is transfer's converter)."""
     connector = _import_connector()
     params = connect_params(src.get("auth"), ctx)
@@ -208,16 +229,27 @@ def snowflake_batches(src: Mapping[str, Any], chunk: int, ctx: ToolContext,
         conn.close()
 
 
-def snowflake_write(tgt: Mapping[str, Any], mode: str, batches: Iterator[pa.RecordBatch], ctx: ToolContext,
-                    stats: dict[str, Any], mapped: Callable, count: Callable) -> None:
+def snowflake_write(
+    tgt: Mapping[str, Any],
+    mode: str,
+    batches: Iterator[pa.RecordBatch],
+    ctx: ToolContext,
+    stats: dict[str, Any],
+    mapped: Callable,
+    count: Callable,
+) -> None:
     """Insert batches into ``tgt.table`` (or run ``tgt.query`` per row) in one transaction."""
     connector = _import_connector()
     table, query = tgt.get("table"), tgt.get("query")
     if not table and not query:
-        raise ToolError("transfer: target.table or target.query is required for a snowflake target", kind="config_error")
+        raise ToolError(
+            "transfer: target.table or target.query is required for a snowflake target", kind="config_error"
+        )
     if mode == "upsert":
-        raise ToolError("transfer: mode upsert is not supported for a snowflake target (use target.query with MERGE)",
-                        kind="config_error")
+        raise ToolError(
+            "transfer: mode upsert is not supported for a snowflake target (use target.query with MERGE)",
+            kind="config_error",
+        )
     conn = connect(tgt.get("auth"), ctx)
     try:
         conn.autocommit(False)
@@ -226,7 +258,10 @@ def snowflake_write(tgt: Mapping[str, Any], mode: str, batches: Iterator[pa.Reco
                 cur.execute(f"TRUNCATE TABLE IF EXISTS {table}")
             for batch in batches:
                 cols, rows = mapped(batch, tgt.get("mapping"))
-                stmt = query or f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join(['%s'] * len(cols))})"
+                stmt = (
+                    query
+                    or f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join(['%s'] * len(cols))})"
+                )
                 cur.executemany(stmt, rows)
                 stats["columns"] = cols
                 count(stats, batch)

@@ -78,7 +78,9 @@ def transfer_config(inputs: Mapping[str, Any]) -> dict[str, Any]:
                         kind="config_error")  # fmt: skip
     aliases = inputs.get("auth") or inputs.get("credentials") or {}
     if not isinstance(aliases, Mapping):
-        raise ToolError("snowflake_transfer: auth must be {sf: credential, pg: credential}", kind="config_error")
+        raise ToolError(
+            "snowflake_transfer: auth must be {sf: credential, pg: credential}", kind="config_error"
+        )
     sf, pg = _credential(aliases.get("sf"), "sf"), _credential(aliases.get("pg"), "pg")
     src, tgt = dict(inputs.get("source") or {}), dict(inputs.get("target") or {})
     if not src.get("query"):

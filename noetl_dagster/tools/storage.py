@@ -61,9 +61,32 @@ from noetl_dagster.util.jsonutil import plain
 
 REGISTRY_URL_ENV = "NOETL_REGISTRY_URL"
 REGISTRY_KEY_ENV = "NOETL_REGISTRY_API_KEY"
-_KNOWN_KEYS = {"op", "uri", "resource", "namespace", "type", "version", "data", "rows", "mode", "partition_by",
-               "compression", "checksum", "inputs", "metadata", "resource_kind", "registry", "api_key", "store", "catalog",
-               "catalog_name", "as", "columns", "input", "partition_key"}
+_KNOWN_KEYS = {
+    "op",
+    "uri",
+    "resource",
+    "namespace",
+    "type",
+    "version",
+    "data",
+    "rows",
+    "mode",
+    "partition_by",
+    "compression",
+    "checksum",
+    "inputs",
+    "metadata",
+    "resource_kind",
+    "registry",
+    "api_key",
+    "store",
+    "catalog",
+    "catalog_name",
+    "as",
+    "columns",
+    "input",
+    "partition_key",
+}
 
 
 def _data_dir(ctx: ToolContext) -> Path:
@@ -89,8 +112,9 @@ def _storage(inputs: Mapping[str, Any], ctx: ToolContext) -> TableStorage:
     tenant, project = _scope(ctx)
     if api_key:
         ctx.redact(str(api_key))
-    key = "noetl.tables:" + repr((registry_url, api_key, tenant, project, store_url, catalog_name,
-                                  sorted((catalog or {}).items())))
+    key = "noetl.tables:" + repr(
+        (registry_url, api_key, tenant, project, store_url, catalog_name, sorted((catalog or {}).items()))
+    )
 
     def build() -> TableStorage:
         client = open_registry(registry_url, api_key, tenant=tenant, project=project)
@@ -106,15 +130,22 @@ def _target_uri(inputs: Mapping[str, Any], ctx: ToolContext, storage: TableStora
         return str(uri)
     name = inputs.get("resource")
     if not name:
-        raise ToolError("give the target as uri: noetl://… or as resource: <name> (with optional namespace, type)",
-                        kind="config_error")
+        raise ToolError(
+            "give the target as uri: noetl://… or as resource: <name> (with optional namespace, type)",
+            kind="config_error",
+        )
     client = storage.registry
     tenant, project = client.tenant, client.project or _scope(ctx)[1]
     version = inputs.get("version")
     try:
-        return ResourceLocator(tenant, project, str(inputs.get("namespace") or "default"),
-                               str(inputs.get("type") or "dataset"), str(name),
-                               str(version) if version else None).uri
+        return ResourceLocator(
+            tenant,
+            project,
+            str(inputs.get("namespace") or "default"),
+            str(inputs.get("type") or "dataset"),
+            str(name),
+            str(version) if version else None,
+        ).uri
     except InvalidLocator as e:
         raise ToolError(str(e), kind="config_error") from None
 
@@ -129,14 +160,20 @@ def table_data(value: Any, ctx: ToolContext) -> Any:
         ref = ResultRef.from_dict(value["$ref"])
         store = _payloads(ctx)
         if store is None:
-            raise ToolError(f"cannot read {ref.uri}: this execution has no payload store", kind="config_error")
+            raise ToolError(
+                f"cannot read {ref.uri}: this execution has no payload store", kind="config_error"
+            )
         data = store.get_verified(ref)
         if ref.format in (FORMAT_ARROW, "arrow_ipc", FORMAT_PARQUET):
             return read_file_table(data, FORMAT_ARROW if ref.format == "arrow_ipc" else ref.format)
         from noetl_dagster.util.jsonutil import loads  # noqa: PLC0415
 
         value = loads(data)
-    if isinstance(value, Mapping) and isinstance(value.get("rows"), list) and not isinstance(value.get("rows"), str):
+    if (
+        isinstance(value, Mapping)
+        and isinstance(value.get("rows"), list)
+        and not isinstance(value.get("rows"), str)
+    ):
         rows = value["rows"]
         if rows and not isinstance(rows[0], Mapping) and isinstance(value.get("columns"), list):
             return [dict(zip(value["columns"], r, strict=True)) for r in rows]  # rows as lists + column names
@@ -152,8 +189,9 @@ def _write(fmt: str, inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, A
     uri = _target_uri(inputs, ctx, storage)
     raw = inputs["data"] if "data" in inputs else inputs.get("rows")
     if raw is None:
-        raise ToolError(f"{fmt}: nothing to write (set data: to rows, columns or a step result)",
-                        kind="config_error")
+        raise ToolError(
+            f"{fmt}: nothing to write (set data: to rows, columns or a step result)", kind="config_error"
+        )
     lineage = inputs.get("inputs") or []
     if isinstance(lineage, str):
         lineage = [lineage]
@@ -219,9 +257,16 @@ def _read(inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
     out: dict[str, Any] = {
         "row_count": table.num_rows,
         "columns": list(table.schema.names),
-        "ref": {"uri": plan.uri, "urn": plan.urn, "resource_id": plan.resource_id, "version": plan.version,
-                "format": plan.format, "checksum": plan.expected_checksum, "rows": plan.rows,
-                "location": plan.location.uri if plan.location else None},
+        "ref": {
+            "uri": plan.uri,
+            "urn": plan.urn,
+            "resource_id": plan.resource_id,
+            "version": plan.version,
+            "format": plan.format,
+            "checksum": plan.expected_checksum,
+            "rows": plan.rows,
+            "location": plan.location.uri if plan.location else None,
+        },
     }
     out["rows" if as_type == "records" else "columns_data"] = plain(
         table.to_pylist() if as_type == "records" else table.to_pydict()

@@ -41,7 +41,9 @@ TABLE_FORMATS = ("parquet", "arrow", "iceberg")
 class _End(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
-    type: str | None = Field(None, description="system: http, postgres, duckdb, snowflake, parquet, arrow, iceberg")
+    type: str | None = Field(
+        None, description="system: http, postgres, duckdb, snowflake, parquet, arrow, iceberg"
+    )
     kind: str | None = Field(None, description="alias of type")
     tool: str | None = Field(None, description="alias of type")
     auth: str | dict[str, Any] | None = Field(None, description="credential name, inline mapping or DSN")
@@ -51,16 +53,24 @@ class _End(BaseModel):
 class TransferSource(_End):
     url: str | None = Field(None, description="http source URL")
     data_path: str | None = Field(None, description="dotted path to the records in the HTTP body")
-    database: str | None = Field(None, description="duckdb file (default: the execution's in-memory database)")
+    database: str | None = Field(
+        None, description="duckdb file (default: the execution's in-memory database)"
+    )
 
 
 class TransferTarget(_End):
     table: str | None = Field(None, description="target table (schema.table)")
     mapping: dict[str, str] | None = Field(None, description="{target_column: source_field}")
-    mode: Literal["append", "replace", "upsert"] | None = Field(None, description="overrides the top-level mode")
-    key: str | list[str] | None = Field(None, description="upsert conflict columns (default: the first column)")
+    mode: Literal["append", "replace", "upsert"] | None = Field(
+        None, description="overrides the top-level mode"
+    )
+    key: str | list[str] | None = Field(
+        None, description="upsert conflict columns (default: the first column)"
+    )
     uri: str | None = Field(None, description="noetl:// resource for parquet / arrow / iceberg targets")
-    database: str | None = Field(None, description="duckdb file (default: the execution's in-memory database)")
+    database: str | None = Field(
+        None, description="duckdb file (default: the execution's in-memory database)"
+    )
 
 
 class TransferConfig(ToolConfig):
@@ -73,10 +83,13 @@ class TransferConfig(ToolConfig):
 def _type(end: Mapping[str, Any], side: str, allowed: tuple[str, ...]) -> str:
     t = str(end.get("type") or end.get("kind") or end.get("tool") or "").lower()
     if not t:
-        raise ToolError(f"transfer: {side}.type is required (one of {', '.join(allowed)})", kind="config_error")
+        raise ToolError(
+            f"transfer: {side}.type is required (one of {', '.join(allowed)})", kind="config_error"
+        )
     if t not in allowed:
-        raise ToolError(f"transfer: {side}.type {t!r} is not supported (one of {', '.join(allowed)})",
-                        kind="config_error")
+        raise ToolError(
+            f"transfer: {side}.type {t!r} is not supported (one of {', '.join(allowed)})", kind="config_error"
+        )
     return t
 
 
@@ -92,14 +105,18 @@ def to_batch(records: list[dict[str, Any]]) -> pa.RecordBatch:
         cols: dict[str, None] = {}
         for r in records:
             cols.update(dict.fromkeys(r))
-        flat = [{c: (None if r.get(c) is None else str(_plain_cell(r.get(c)))) for c in cols} for r in records]
+        flat = [
+            {c: (None if r.get(c) is None else str(_plain_cell(r.get(c)))) for c in cols} for r in records
+        ]
         return pa.RecordBatch.from_pylist(flat)
 
 
 def _widened(batch: pa.RecordBatch) -> pa.RecordBatch:
     """Decimals at full precision: a type inferred from the first chunk must hold every later chunk."""
-    fields = [pa.field(f.name, pa.decimal128(38, f.type.scale)) if pa.types.is_decimal(f.type) else f
-              for f in batch.schema]
+    fields = [
+        pa.field(f.name, pa.decimal128(38, f.type.scale)) if pa.types.is_decimal(f.type) else f
+        for f in batch.schema
+    ]
     schema = pa.schema(fields)
     return batch if schema.equals(batch.schema) else batch.cast(schema)
 
@@ -115,7 +132,11 @@ def _dig(value: Any, path: str | None) -> Any:
 def _http_source(src: Mapping[str, Any], chunk: int, ctx: ToolContext) -> Iterator[pa.RecordBatch]:
     from noetl_dagster.tools.http import http_tool  # noqa: PLC0415 - same auth, overrides, errors as kind: http
 
-    req = {k: v for k, v in src.items() if k not in ("type", "kind", "tool", "data_path", "query") and v is not None}
+    req = {
+        k: v
+        for k, v in src.items()
+        if k not in ("type", "kind", "tool", "data_path", "query") and v is not None
+    }
     body = http_tool(req, ctx)["data"]
     data = _dig(body, src.get("data_path"))
     if data is None:
@@ -124,7 +145,7 @@ def _http_source(src: Mapping[str, Any], chunk: int, ctx: ToolContext) -> Iterat
     if not all(isinstance(r, Mapping) for r in records):
         records = [{"value": r} for r in records]
     for i in range(0, len(records), chunk):
-        yield to_batch([dict(r) for r in records[i:i + chunk]])
+        yield to_batch([dict(r) for r in records[i : i + chunk]])
 
 
 def _pg_conninfo(end: Mapping[str, Any], ctx: ToolContext) -> tuple[str, str]:
@@ -166,7 +187,9 @@ def _duck_source(src: Mapping[str, Any], chunk: int, ctx: ToolContext) -> Iterat
 
     from noetl_dagster.tools.duckdb_tool import note_sql  # noqa: PLC0415
 
-    note_sql(str(src["query"]), src.get("database") or src.get("db_path"), ctx)  # the source query, for lineage
+    note_sql(
+        str(src["query"]), src.get("database") or src.get("db_path"), ctx
+    )  # the source query, for lineage
     cur = _duck_conn(src, ctx).cursor()
     try:
         reader = cur.sql(str(src["query"])).to_arrow_reader(chunk)
@@ -209,7 +232,9 @@ def _qualified(table: str) -> Any:
     return sql.Identifier(*[p.strip('"') for p in table.split(".")])
 
 
-def _pg_target(tgt: Mapping[str, Any], mode: str, batches: Iterator[pa.RecordBatch], ctx: ToolContext, stats: dict) -> None:
+def _pg_target(
+    tgt: Mapping[str, Any], mode: str, batches: Iterator[pa.RecordBatch], ctx: ToolContext, stats: dict
+) -> None:
     import psycopg  # noqa: PLC0415
     from psycopg import sql  # noqa: PLC0415
 
@@ -218,7 +243,9 @@ def _pg_target(tgt: Mapping[str, Any], mode: str, batches: Iterator[pa.RecordBat
     conninfo, label = _pg_conninfo(tgt, ctx)
     table, query = tgt.get("table"), tgt.get("query")
     if not table and not query:
-        raise ToolError("transfer: target.table or target.query is required for a postgres target", kind="config_error")
+        raise ToolError(
+            "transfer: target.table or target.query is required for a postgres target", kind="config_error"
+        )
     try:
         with psycopg.connect(conninfo) as conn:  # one transaction: a failure leaves the table as it was
             with conn.cursor() as cur:
@@ -234,14 +261,21 @@ def _pg_target(tgt: Mapping[str, Any], mode: str, batches: Iterator[pa.RecordBat
                         keys = [key] if isinstance(key, str) else list(key)
                         updates = sql.SQL(", ").join(
                             sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c))
-                            for c in cols if c not in keys)
+                            for c in cols
+                            if c not in keys
+                        )
                         stmt = sql.SQL("INSERT INTO {} ({}) VALUES ({}) ON CONFLICT ({}) DO {}").format(
-                            _qualified(table), ident, sql.SQL(", ").join(sql.Placeholder() * len(cols)),
+                            _qualified(table),
+                            ident,
+                            sql.SQL(", ").join(sql.Placeholder() * len(cols)),
                             sql.SQL(", ").join(map(sql.Identifier, keys)),
-                            sql.SQL("UPDATE SET ") + updates if cols != keys else sql.SQL("NOTHING"))
+                            sql.SQL("UPDATE SET ") + updates if cols != keys else sql.SQL("NOTHING"),
+                        )
                         cur.executemany(stmt, rows)
                     else:
-                        with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(_qualified(table), ident)) as cp:
+                        with cur.copy(
+                            sql.SQL("COPY {} ({}) FROM STDIN").format(_qualified(table), ident)
+                        ) as cp:
                             for r in rows:
                                 cp.write_row(r)
                     stats["columns"] = cols
@@ -250,15 +284,19 @@ def _pg_target(tgt: Mapping[str, Any], mode: str, batches: Iterator[pa.RecordBat
         raise pg_error(e, f"target {label}") from None
 
 
-def _duck_target(tgt: Mapping[str, Any], mode: str, batches: Iterator[pa.RecordBatch], ctx: ToolContext, stats: dict) -> None:
+def _duck_target(
+    tgt: Mapping[str, Any], mode: str, batches: Iterator[pa.RecordBatch], ctx: ToolContext, stats: dict
+) -> None:
     import duckdb  # noqa: PLC0415
 
     table = tgt.get("table")
     if not table:
         raise ToolError("transfer: target.table is required for a duckdb target", kind="config_error")
     if mode == "upsert":
-        raise ToolError("transfer: mode upsert is not supported for a duckdb target (append or replace)",
-                        kind="config_error")
+        raise ToolError(
+            "transfer: mode upsert is not supported for a duckdb target (append or replace)",
+            kind="config_error",
+        )
     cur = _duck_conn(tgt, ctx).cursor()
     try:
         cur.execute("BEGIN TRANSACTION")
@@ -281,13 +319,21 @@ def _duck_target(tgt: Mapping[str, Any], mode: str, batches: Iterator[pa.RecordB
             cur.execute("ROLLBACK")
         except duckdb.Error:
             pass
-        raise ToolError(f"transfer: duckdb target {table}: {e}", kind="duckdb_error", code=type(e).__name__) from None
+        raise ToolError(
+            f"transfer: duckdb target {table}: {e}", kind="duckdb_error", code=type(e).__name__
+        ) from None
     finally:
         cur.close()
 
 
-def _table_target(fmt: str, tgt: Mapping[str, Any], mode: str, batches: Iterator[pa.RecordBatch], ctx: ToolContext,
-                  stats: dict) -> dict[str, Any]:
+def _table_target(
+    fmt: str,
+    tgt: Mapping[str, Any],
+    mode: str,
+    batches: Iterator[pa.RecordBatch],
+    ctx: ToolContext,
+    stats: dict,
+) -> dict[str, Any]:
     from noetl_dagster.tools import storage  # noqa: PLC0415 - the registry-backed table storage
 
     collected = []
@@ -302,10 +348,16 @@ def _table_target(fmt: str, tgt: Mapping[str, Any], mode: str, batches: Iterator
         raise ToolError("transfer: the source returned no rows; nothing to publish", kind="empty_source")
     table = pa.Table.from_batches(collected)
     stats["columns"] = list(table.schema.names)
-    spec = {k: v for k, v in tgt.items() if k not in ("type", "kind", "tool", "mapping", "mode", "key", "table", "auth",
-                                                      "query", "database") and v is not None}
+    spec = {
+        k: v
+        for k, v in tgt.items()
+        if k not in ("type", "kind", "tool", "mapping", "mode", "key", "table", "auth", "query", "database")
+        and v is not None
+    }
     spec.update({"data": table, "mode": "overwrite" if mode == "replace" else "append"})
-    return {"parquet": storage.parquet_tool, "arrow": storage.arrow_tool, "iceberg": storage.iceberg_tool}[fmt](spec, ctx)
+    return {"parquet": storage.parquet_tool, "arrow": storage.arrow_tool, "iceberg": storage.iceberg_tool}[
+        fmt
+    ](spec, ctx)
 
 
 def _count(stats: dict, batch: pa.RecordBatch) -> None:
@@ -314,7 +366,9 @@ def _count(stats: dict, batch: pa.RecordBatch) -> None:
     stats["bytes"] += batch.nbytes
 
 
-@register_tool("transfer", config=TransferConfig, description="Move a query result between systems in Arrow batches")
+@register_tool(
+    "transfer", config=TransferConfig, description="Move a query result between systems in Arrow batches"
+)
 def transfer_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     """Move rows from source to target (http/postgres/duckdb/snowflake -> postgres/duckdb/snowflake/parquet/iceberg)."""
     src, tgt = dict(inputs.get("source") or {}), dict(inputs.get("target") or {})
@@ -324,8 +378,12 @@ def transfer_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     stats: dict[str, Any] = {"rows_transferred": 0, "chunks_processed": 0, "bytes": 0, "columns": []}
     start = time.monotonic()
     batches = _source(s_kind, src, chunk, ctx)
-    out: dict[str, Any] = {"direction": f"{s_kind}_to_{t_kind}", "source_type": s_kind, "target_type": t_kind,
-                           "mode": "custom" if tgt.get("query") else mode}
+    out: dict[str, Any] = {
+        "direction": f"{s_kind}_to_{t_kind}",
+        "source_type": s_kind,
+        "target_type": t_kind,
+        "mode": "custom" if tgt.get("query") else mode,
+    }
     try:
         if t_kind == "postgres":
             _pg_target(tgt, mode, batches, ctx, stats)
@@ -345,6 +403,8 @@ def transfer_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
         out["target_table"] = tgt["table"]
     out.update(stats)
     out["duration_ms"] = int((time.monotonic() - start) * 1000)
-    ctx.log(f"transfer {out['direction']}: {stats['rows_transferred']} rows, {stats['chunks_processed']} chunks, "
-            f"{stats['bytes']} bytes")
+    ctx.log(
+        f"transfer {out['direction']}: {stats['rows_transferred']} rows, {stats['chunks_processed']} chunks, "
+        f"{stats['bytes']} bytes"
+    )
     return out

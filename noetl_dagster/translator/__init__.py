@@ -1,7 +1,7 @@
 """Playbooks -> Dagster definitions (jobs, ops, schedules, the token-routing sensor).
 
-    from noetl_dagster.translator import build_playbook_definitions
-    defs = build_playbook_definitions("playbooks/")
+from noetl_dagster.translator import build_playbook_definitions
+defs = build_playbook_definitions("playbooks/")
 """
 
 from noetl_dagster.translator.build import (

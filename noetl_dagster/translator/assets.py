@@ -47,7 +47,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from noetl_dagster.translator.build import CompiledPlaybook
 
 TAG_EXECUTION = "noetl/execution_id"
-REQUESTED_BY_ASSET = "dagster-asset:"  # driven inside the asset op (not "dagster:": the router leaves it alone)
+REQUESTED_BY_ASSET = (
+    "dagster-asset:"  # driven inside the asset op (not "dagster:": the router leaves it alone)
+)
 
 
 # -- the multi-asset ---------------------------------------------------------------------------
@@ -100,7 +102,11 @@ def playbook_multi_asset(c: CompiledPlaybook, specs: list[dg.AssetSpec]) -> dg.A
                                   requested_by=f"{REQUESTED_BY_ASSET}{context.run.run_id}",
                                   on_step=lambda _run: sink.flush())  # fmt: skip
         events = svc.event_store.read(result.execution_id)
-        skipped = [e.step for e in events if e.name == E.STEP_SKIPPED and (e.data or {}).get("reason") == "not selected"]
+        skipped = [
+            e.step
+            for e in events
+            if e.name == E.STEP_SKIPPED and (e.data or {}).get("reason") == "not selected"
+        ]
         if result.status != "completed":
             failure = first_failure(events, pb)
             text = failure.text() if failure else f"{c.path}: execution {result.execution_id} {result.status}"
@@ -112,7 +118,9 @@ def playbook_multi_asset(c: CompiledPlaybook, specs: list[dg.AssetSpec]) -> dg.A
         own = [e for e in events if e.execution_id == result.execution_id]
         costs = priced_events(context, res, lambda: own)
         per_step = Counter(steps.get(spec.key) for spec in specs if spec.key in stored)  # tables per step
-        missing = [k.to_user_string() for k in sorted(selected - set(stored), key=lambda k: k.to_user_string())]
+        missing = [
+            k.to_user_string() for k in sorted(selected - set(stored), key=lambda k: k.to_user_string())
+        ]
         failure = first_failure(events, pb) if missing else None
         if failure is not None:  # a handled failure (an arc routed on) still lost a selected table
             raise dg.Failure(description=f"{', '.join(missing)} not stored: {failure.text()}",

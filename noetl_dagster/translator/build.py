@@ -73,7 +73,9 @@ class CompiledPlaybook:
     schedules: list[dg.ScheduleDefinition] = field(default_factory=list)
     assets: list[dg.AssetSpec] = field(default_factory=list)
     outputs: dict[dg.AssetKey, Output] = field(default_factory=dict)  # declared outputs (checks, owners...)
-    asset_steps: dict[dg.AssetKey, set[str]] = field(default_factory=dict)  # table -> steps storing it (subsets)
+    asset_steps: dict[dg.AssetKey, set[str]] = field(
+        default_factory=dict
+    )  # table -> steps storing it (subsets)
     asset_op: NoetlOpSpec | None = None  # the op of its tables' multi-asset (Materialize)
 
     @property
@@ -170,6 +172,8 @@ def _warn_once(file: str | None, message: str) -> None:
         _warned.clear()
     _warned.add(key)
     log.warning("%s", message)
+
+
 INVALID_CHECK = "playbook_is_valid"
 INVALID_SENSOR = "noetl_invalid_playbooks"
 
@@ -245,7 +249,9 @@ def compile_playbooks(
         try:
             loaded.append((load_playbook_cached(item), str(item)))
         except PlaybookInvalid as e:  # "raise" too: every broken file is named in the one error below
-            invalid.append(InvalidPlaybook(str(item), tuple(str(i) for i in e.issues) or (f"{item}:1: invalid: {e}",)))
+            invalid.append(
+                InvalidPlaybook(str(item), tuple(str(i) for i in e.issues) or (f"{item}:1: invalid: {e}",))
+            )
         except Exception as e:  # noqa: BLE001 - one unreadable file never takes the code location down
             if on_error == "raise":
                 raise
@@ -287,7 +293,9 @@ def compile_playbooks(
         jobs += c.jobs
         schedules += c.schedules
         assets += c.assets
-    if invalid and (on_error == "raise" or validating()):  # a CI gate fails on broken playbooks whatever on_error
+    if invalid and (
+        on_error == "raise" or validating()
+    ):  # a CI gate fails on broken playbooks whatever on_error
         raise PlaybookInvalid([i for bad in invalid for i in bad.issues])  # type: ignore[misc] - FILE:LINE: RULE lines
     keys = naming.unique_names((bad.file, Path(bad.file).stem) for bad in invalid)
     invalid = [dataclasses.replace(bad, key_name=keys[bad.file]) for bad in invalid]
@@ -303,8 +311,14 @@ def compile_playbooks(
     if include_sensor:
         from noetl_dagster.sensors.router import build_router_sensor  # noqa: PLC0415
 
-        sensors.append(build_router_sensor(index, name=sensor_name, minimum_interval_seconds=sensor_interval_seconds,
-                                           wait_seconds=sensor_wait_seconds))
+        sensors.append(
+            build_router_sensor(
+                index,
+                name=sensor_name,
+                minimum_interval_seconds=sensor_interval_seconds,
+                wait_seconds=sensor_wait_seconds,
+            )
+        )
     checks: list[dg.AssetChecksDefinition] = []
     assets_defs = playbook_assets(compiled, _dedupe_assets(assets))
     checks += playbook_checks(compiled, {k for ad in assets_defs for k in ad.keys})
@@ -362,11 +376,14 @@ def invalid_playbook_asset(bad: InvalidPlaybook) -> dg.AssetSpec:
     with warnings.catch_warnings():  # beta API; the reference is what the UI links to the YAML line
         warnings.simplefilter("ignore", dg.BetaWarning)
         code_refs = dg.CodeReferencesMetadataValue(
-            code_references=[dg.LocalFileCodeReference(file_path=os.path.abspath(bad.file), line_number=_line_of(bad))]
+            code_references=[
+                dg.LocalFileCodeReference(file_path=os.path.abspath(bad.file), line_number=_line_of(bad))
+            ]
         )
     return dg.AssetSpec(
         bad.asset_key,
-        description=f"INVALID NoETL playbook {bad.file}: not loaded, no jobs.\n\n" + "\n".join(f"    {i}" for i in bad.issues),
+        description=f"INVALID NoETL playbook {bad.file}: not loaded, no jobs.\n\n"
+        + "\n".join(f"    {i}" for i in bad.issues),
         group_name="noetl_invalid_playbooks",
         kinds={"noetl"},
         metadata={
@@ -392,7 +409,10 @@ def invalid_playbook_check(bad: InvalidPlaybook) -> dg.AssetChecksDefinition:
             passed=False,
             severity=dg.AssetCheckSeverity.ERROR,
             description=bad.message,
-            metadata={"noetl/errors": dg.MetadataValue.text(bad.message), "noetl/issue_count": len(bad.issues)},
+            metadata={
+                "noetl/errors": dg.MetadataValue.text(bad.message),
+                "noetl/issue_count": len(bad.issues),
+            },
         )
 
     return _check
@@ -435,7 +455,9 @@ def _playbook_mode(pb: Playbook, default: str) -> str:
     if isinstance(dag, dict) and dag.get("mode"):
         m = str(dag["mode"])
         if m not in MODES:
-            raise ValueError(f"{pb.metadata.path}: executor.spec.dagster.mode must be one of {', '.join(MODES)}")
+            raise ValueError(
+                f"{pb.metadata.path}: executor.spec.dagster.mode must be one of {', '.join(MODES)}"
+            )
         return m
     return default
 
@@ -488,7 +510,8 @@ def _compile_one(pb: Playbook, data: NoetlPlaybookData, translator: NoetlTransla
     plan = plan_job(pb, data.mode, graph)
     in_cycle = {s for comp in graph.sccs if graph.is_cyclic(comp) for s in comp}
     step_data = {
-        s.name: NoetlStepData(data, s, is_join=graph.is_join(s.name), in_cycle=s.name in in_cycle) for s in pb.workflow
+        s.name: NoetlStepData(data, s, is_join=graph.is_join(s.name), in_cycle=s.name in in_cycle)
+        for s in pb.workflow
     }
     job_spec = translator.get_job_spec(data)
     start_spec = translator.get_op_spec(NoetlNodeData(data, "start"))
@@ -506,7 +529,9 @@ def _compile_one(pb: Playbook, data: NoetlPlaybookData, translator: NoetlTransla
     start_op = make_start_op(pb, start_spec, plan, start_outs)
     node_defs: list[dg.OpDefinition] = [start_op]
     deps: dict[str, dict[str, dg.MultiDependencyDefinition]] = {}
-    out_op: dict[str, str] = {k: s.name for k, s in node_specs.items()}  # the op holding a node's token outputs
+    out_op: dict[str, str] = {
+        k: s.name for k, s in node_specs.items()
+    }  # the op holding a node's token outputs
     frame_sizes = {
         k: translator.get_loop_frame_size(step_data[n.first]) if n.kind == "step" else None
         for k, n in plan.nodes.items()
@@ -521,10 +546,12 @@ def _compile_one(pb: Playbook, data: NoetlPlaybookData, translator: NoetlTransla
         spec = node_specs[key]
         if frame_sizes[key] is not None:
             frame_spec = spec.replace_attributes(
-                name=f"{spec.name}__frame", description=f"Iterations of the loop of step {node.first} (one frame)."
+                name=f"{spec.name}__frame",
+                description=f"Iterations of the loop of step {node.first} (one frame).",
             )
             collect_spec = spec.replace_attributes(
-                name=out_op[key], description=f"Collects the loop of step {node.first}: loop.done, step.done, routing."
+                name=out_op[key],
+                description=f"Collects the loop of step {node.first}: loop.done, step.done, routing.",
             )
             _check_names([frame_spec.name, collect_spec.name], pb)
             ops = make_loop_ops(pb, spec, frame_spec, collect_spec, plan, node, outs_of[key],
@@ -550,7 +577,8 @@ def _compile_one(pb: Playbook, data: NoetlPlaybookData, translator: NoetlTransla
         op = make_node_op(pb, op_spec, None, single, {}, has_input=False, main_job=job_spec.name)
         sjob_spec = job_spec.replace_attributes(
             name=f"{job_spec.name}__step__{data.step_id(step)}",
-            description=(sd.step.desc or f"Step {step}") + f"\n\nOne step of {data.path}, launched by the token router.",
+            description=(sd.step.desc or f"Step {step}")
+            + f"\n\nOne step of {data.path}, launched by the token router.",
             tags={**job_spec.tags, TAG_STEP: step},
         )
         _check_names([sjob_spec.name], pb)
@@ -565,10 +593,14 @@ def _compile_one(pb: Playbook, data: NoetlPlaybookData, translator: NoetlTransla
                 cron_schedule=sspec.cron_schedule,
                 job=jobs[0],
                 execution_timezone=sspec.execution_timezone,
-                run_config={"ops": {start_node: {"config": {"workload_json": json.dumps(dict(sspec.workload))}}}},
+                run_config={
+                    "ops": {start_node: {"config": {"workload_json": json.dumps(dict(sspec.workload))}}}
+                },
                 tags=dict(sspec.tags),
                 description=sspec.description,
-                default_status=dg.DefaultScheduleStatus.RUNNING if sspec.running else dg.DefaultScheduleStatus.STOPPED,
+                default_status=dg.DefaultScheduleStatus.RUNNING
+                if sspec.running
+                else dg.DefaultScheduleStatus.STOPPED,
             )
         )
     for sd in step_data.values():
@@ -596,7 +628,7 @@ def node_alias(op_name: str, prefix: str) -> str:
     """The name an op has inside its job: its definition name without the ``<job>__`` prefix
     (definitions stay unique in the code location; the graph, launchpad and run config read
     ``start``, ``noetl_start``, ``cycle__check`` rather than ``<job>__start``)."""
-    return op_name[len(prefix):] if op_name.startswith(prefix) and len(op_name) > len(prefix) else op_name
+    return op_name[len(prefix) :] if op_name.startswith(prefix) and len(op_name) > len(prefix) else op_name
 
 
 def _realias(dep: Any, alias: dict[str, str]) -> Any:
@@ -617,10 +649,14 @@ def _job(
     if len(set(alias.values())) != len(alias):  # a custom translator's names: keep them as they are
         alias = {d.name: d.name for d in node_defs}
     dependencies = {
-        dg.NodeInvocation(d.name, alias=alias[d.name]): {i: _realias(dep, alias) for i, dep in deps.get(d.name, {}).items()}
+        dg.NodeInvocation(d.name, alias=alias[d.name]): {
+            i: _realias(dep, alias) for i, dep in deps.get(d.name, {}).items()
+        }
         for d in node_defs
     }
-    graph = dg.GraphDefinition(name=spec.name, node_defs=node_defs, dependencies=dependencies, description=spec.description)
+    graph = dg.GraphDefinition(
+        name=spec.name, node_defs=node_defs, dependencies=dependencies, description=spec.description
+    )
     return graph.to_job(
         name=spec.name,
         description=spec.description,

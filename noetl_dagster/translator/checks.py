@@ -44,7 +44,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from noetl_dagster.translator.build import CompiledPlaybook
 
 
-def playbook_checks(compiled: list[CompiledPlaybook], owned: set[dg.AssetKey]) -> list[dg.AssetChecksDefinition]:
+def playbook_checks(
+    compiled: list[CompiledPlaybook], owned: set[dg.AssetKey]
+) -> list[dg.AssetChecksDefinition]:
     """One multi-asset check per playbook over the checks its outputs declare (for the tables it owns)."""
     out: list[dg.AssetChecksDefinition] = []
     for c in compiled:
@@ -69,7 +71,9 @@ def playbook_checks(compiled: list[CompiledPlaybook], owned: set[dg.AssetKey]) -
 
 
 def _checks_def(
-    c: CompiledPlaybook, specs: list[dg.AssetCheckSpec], declared: dict[dg.AssetCheckKey, tuple[str, OutputCheck]]
+    c: CompiledPlaybook,
+    specs: list[dg.AssetCheckSpec],
+    declared: dict[dg.AssetCheckKey, tuple[str, OutputCheck]],
 ) -> dg.AssetChecksDefinition:
     @dg.multi_asset_check(
         specs=specs, name=f"{c.job_name}__checks", can_subset=True, required_resource_keys={RESOURCE_KEY},
@@ -78,14 +82,20 @@ def _checks_def(
     def _checks(context):  # noqa: ANN001, ANN202 - Dagster reads the annotation at runtime; none here
         res: NoetlResource = getattr(context.resources, RESOURCE_KEY)
         parts = partitions_def(c.playbook)
-        pkeys: list[str | None] = (run_partition_keys(context, parts) if parts is not None else None) or [None]
+        pkeys: list[str | None] = (run_partition_keys(context, parts) if parts is not None else None) or [
+            None
+        ]
         versions: dict[tuple[str, str | None], StoredVersion | None] = {}
-        for key in sorted(context.selected_asset_check_keys, key=lambda k: (k.asset_key.to_user_string(), k.name)):
+        for key in sorted(
+            context.selected_asset_check_keys, key=lambda k: (k.asset_key.to_user_string(), k.name)
+        ):
             uri, chk = declared[key]
             evals = []
             for pk in pkeys:
                 if (uri, pk) not in versions:
-                    versions[(uri, pk)] = partition_version(res, uri, pk, parts) if pk else latest_version(res, uri)
+                    versions[(uri, pk)] = (
+                        partition_version(res, uri, pk, parts) if pk else latest_version(res, uri)
+                    )
                 evals.append(_evaluation(res, key, chk, versions[(uri, pk)], parts, pk))
             yield dg.AssetCheckResult(**(evals[0] if len(evals) == 1 else _combined(evals, pkeys)))
 
@@ -103,7 +113,10 @@ def run_partition_keys(context: Any, parts: dg.PartitionsDefinition | None = Non
     tags = context.run.tags
     if tags.get("dagster/partition"):
         return [str(tags["dagster/partition"])]
-    first, last = tags.get("dagster/asset_partition_range_start"), tags.get("dagster/asset_partition_range_end")
+    first, last = (
+        tags.get("dagster/asset_partition_range_start"),
+        tags.get("dagster/asset_partition_range_end"),
+    )
     if first and last and parts is not None:
         return list(parts.get_partition_keys_in_range(dg.PartitionKeyRange(first, last)))
     return None
@@ -114,7 +127,11 @@ def _combined(evals: list[dict[str, Any]], keys: list[str | None]) -> dict[str, 
     failed = [(k, e) for k, e in zip(keys, evals, strict=True) if not e["passed"]]
     desc = (f"{len(failed)} of {len(keys)} partitions fail: " + "; ".join(f"{k}: {e['description']}" for k, e in failed[:5])
             if failed else f"{len(keys)} partitions pass")  # fmt: skip
-    md = {"noetl/partitions": dg.MetadataValue.json({str(k): e["description"] for k, e in zip(keys, evals, strict=True)})}
+    md = {
+        "noetl/partitions": dg.MetadataValue.json(
+            {str(k): e["description"] for k, e in zip(keys, evals, strict=True)}
+        )
+    }
     return {**{k: evals[0][k] for k in ("asset_key", "check_name", "severity")}, "passed": not failed,
             "description": desc[:2000], "metadata": md}  # fmt: skip
 
@@ -134,11 +151,15 @@ def describe(chk: OutputCheck) -> str:
     return f"assert {chk.assert_}"
 
 
-def evaluate(res: NoetlResource, key: dg.AssetCheckKey, chk: OutputCheck, v: StoredVersion | None) -> dg.AssetCheckResult:
+def evaluate(
+    res: NoetlResource, key: dg.AssetCheckKey, chk: OutputCheck, v: StoredVersion | None
+) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(**_evaluation(res, key, chk, v))
 
 
-def declared_check_evaluations(pb: Playbook, res: NoetlResource, step: str, v: StoredVersion) -> list[dg.AssetCheckEvaluation]:
+def declared_check_evaluations(
+    pb: Playbook, res: NoetlResource, step: str, v: StoredVersion
+) -> list[dg.AssetCheckEvaluation]:
     """A job run that stored a table evaluates the checks its step declares on it (the same checks the
     asset's ``<job>__checks`` runs), so a playbook run shows them too."""
     out: list[dg.AssetCheckEvaluation] = []
@@ -175,7 +196,11 @@ def _evaluation(
 
 
 def _verdict(
-    res: NoetlResource, chk: OutputCheck, v: StoredVersion, md: dict[str, Any], parts: dg.PartitionsDefinition | None
+    res: NoetlResource,
+    chk: OutputCheck,
+    v: StoredVersion,
+    md: dict[str, Any],
+    parts: dg.PartitionsDefinition | None,
 ) -> tuple[bool, str]:
     if chk.row_count is not None:
         rows = v.rows
@@ -204,7 +229,11 @@ def _verdict(
 
 
 def _schema(
-    res: NoetlResource, decl: dict[str, Any], v: StoredVersion, md: dict[str, Any], parts: dg.PartitionsDefinition | None
+    res: NoetlResource,
+    decl: dict[str, Any],
+    v: StoredVersion,
+    md: dict[str, Any],
+    parts: dg.PartitionsDefinition | None,
 ) -> tuple[bool, str]:
     have = {str(c.get("name")): str(c.get("type")) for c in v.columns}
     md["columns"] = dg.MetadataValue.json(have)

@@ -70,10 +70,12 @@ class NoetlTranslation(dg.Model, dg.Resolvable):
     asset_tags: dict[str, str] = Field(default_factory=dict, description="tags added to every declared asset")
     kinds: list[str] = Field(default_factory=list, description="kinds added to every declared asset")
     owners: list[str] = Field(
-        default_factory=list, description="owners (emails, team:<name>) of declared assets whose playbook names none"
+        default_factory=list,
+        description="owners (emails, team:<name>) of declared assets whose playbook names none",
     )
     automation: str | dict[str, str] | None = Field(
-        default=None, description="automation of declared assets that declare none: eager, on_missing or {on_cron: '<cron>'}"
+        default=None,
+        description="automation of declared assets that declare none: eager, on_missing or {on_cron: '<cron>'}",
     )
     asset_metadata: dict[str, str] = Field(
         default_factory=dict,
@@ -126,7 +128,9 @@ def _known_keys(model: type[BaseModel]) -> dg.Resolver:
 
 
 class NoetlScaffoldParams(BaseModel):
-    playbooks_dir: str = Field(default="playbooks", description="folder (relative to defs.yaml) for the playbooks")
+    playbooks_dir: str = Field(
+        default="playbooks", description="folder (relative to defs.yaml) for the playbooks"
+    )
     mode: Literal["default", "per_step"] = "default"
 
 
@@ -148,7 +152,9 @@ class NoetlPlaybooksScaffolder(dg.Scaffolder[NoetlScaffoldParams]):
         sample = target / SAMPLE_PLAYBOOK
         if not sample.exists():
             sample.write_text(
-                importlib_resources.files("noetl_dagster.translator").joinpath(SAMPLE_PLAYBOOK).read_text("utf-8"),
+                importlib_resources.files("noetl_dagster.translator")
+                .joinpath(SAMPLE_PLAYBOOK)
+                .read_text("utf-8"),
                 encoding="utf-8",
             )
 
@@ -161,18 +167,27 @@ class NoetlPlaybooksComponent(dg.Component, dg.Resolvable, dg.Model):
     mode: Annotated[Literal["default", "per_step"], _enum("default", "per_step")] = Field(
         default="default", description="default (one run per execution) or per_step (one run per step)"
     )
-    event_store_url: str | None = Field(default=None, description="EventStore URL; default <data_dir>/events.db")
+    event_store_url: str | None = Field(
+        default=None, description="EventStore URL; default <data_dir>/events.db"
+    )
     data_dir: str | None = Field(
-        default=None, description="NoETL data directory; default $NOETL_DAGSTER_HOME, else <project root>/.noetl"
+        default=None,
+        description="NoETL data directory; default $NOETL_DAGSTER_HOME, else <project root>/.noetl",
     )
     tenant: str = "default"
     project: str = "default"
-    include_sensor: bool = Field(default=True, description="add the noetl_router sensor (one per code location)")
+    include_sensor: bool = Field(
+        default=True, description="add the noetl_router sensor (one per code location)"
+    )
     sensor_interval_seconds: int = Field(
-        default=5, ge=1, description="router tick interval: the latency of each per-step hop and detached launch"
+        default=5,
+        ge=1,
+        description="router tick interval: the latency of each per-step hop and detached launch",
     )
     sensor_wait_seconds: float = Field(
-        default=0.0, ge=0, description="a router tick with nothing to route keeps watching the event store this long"
+        default=0.0,
+        ge=0,
+        description="a router tick with nothing to route keeps watching the event store this long"
         " and routes a new request at once (a detached launch in ~50 ms, not at the next tick); keep it under"
         " sensor_interval_seconds",
     )
@@ -190,7 +205,11 @@ class NoetlPlaybooksComponent(dg.Component, dg.Resolvable, dg.Model):
         playbooks = Path(self.playbooks_dir)
         if not playbooks.is_absolute():
             playbooks = (base / playbooks).resolve()
-        data_dir = self.data_dir or os.environ.get("NOETL_DAGSTER_HOME") or str(Path(context.project_root) / ".noetl")
+        data_dir = (
+            self.data_dir
+            or os.environ.get("NOETL_DAGSTER_HOME")
+            or str(Path(context.project_root) / ".noetl")
+        )
         if not Path(data_dir).is_absolute():
             data_dir = str((base / data_dir).resolve())
         resource = NoetlResource(
@@ -206,7 +225,9 @@ class NoetlPlaybooksComponent(dg.Component, dg.Resolvable, dg.Model):
                 on_error=self.on_error, sensor_interval_seconds=self.sensor_interval_seconds,
                 sensor_wait_seconds=self.sensor_wait_seconds,
             )  # fmt: skip
-        except PlaybookInvalid as e:  # on_error: raise, or dg check defs: the FILE:LINE: RULE lines, not our stack
+        except (
+            PlaybookInvalid
+        ) as e:  # on_error: raise, or dg check defs: the FILE:LINE: RULE lines, not our stack
             raise InvalidPlaybooks(e, playbooks, self.on_error) from None
         return location.definitions
 

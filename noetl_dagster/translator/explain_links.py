@@ -48,7 +48,9 @@ def op_summary(events: Iterable[Event], runs: set[str]) -> dict[str, Any]:
     ok = sum(r["loop"]["ok"] for r in page["runs"] if r["loop"])
     failed = sum(r["loop"]["failed"] for r in page["runs"] if r["loop"])
     t = page["totals"]
-    steps = ", ".join(f"{s} x{n}" if n > 1 else s for s, n in per.most_common(8)) + (", ..." if len(per) > 8 else "")
+    steps = ", ".join(f"{s} x{n}" if n > 1 else s for s, n in per.most_common(8)) + (
+        ", ..." if len(per) > 8 else ""
+    )
     text = (f"{t['step_runs']} step runs ({steps}); {t['failed_runs']} failed; "
             f"{ok + failed} loop iterations ({ok} ok, {failed} failed); {t['retries']} retries")  # fmt: skip
     return {"text": text, "step_runs": t["step_runs"], "iterations": ok + failed, "retries": t["retries"]}

@@ -119,7 +119,9 @@ def _locate(pb: Playbook | None, step: str, task: str | None, err: Any, py: Any)
         mine = {p: ln for p, ln in lines.items() if p[: len(prefix)] == prefix}
     if mine:
         f.line = min(mine.values())
-    code_key = next((ln for p, ln in sorted(mine.items(), key=lambda x: len(x[0])) if p and p[-1] == "code"), None)
+    code_key = next(
+        (ln for p, ln in sorted(mine.items(), key=lambda x: len(x[0])) if p and p[-1] == "code"), None
+    )
     tb = py.get("traceback") if isinstance(py, Mapping) else None
     if isinstance(tb, str):
         f.frames, f.code_line = _user_frames(tb, code_key, pb.source_file)
@@ -148,7 +150,7 @@ def _user_frames(tb: str, code_key: int | None, file: str | None) -> tuple[list[
     last = tb.strip().splitlines()[-1] if tb.strip() else ""
     if out and last:
         out.append(last)
-    return out[-(MAX_FRAMES * 2 + 1):], innermost
+    return out[-(MAX_FRAMES * 2 + 1) :], innermost
 
 
 def _source_lines(pb: Playbook) -> Mapping[tuple[Any, ...], int] | None:

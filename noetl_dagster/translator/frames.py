@@ -114,7 +114,9 @@ def make_loop_ops(
                         if not run.ok and (not fired if fired is not None else eng.state.failed):
                             failed.append(StepOutcome(run.step, run.step_run_id, run.ok, run.error, True))
 
-                    recovered = eng.recover(on_step=record, allowed=[step_name])  # a dead run's step run, whole
+                    recovered = eng.recover(
+                        on_step=record, allowed=[step_name]
+                    )  # a dead run's step run, whole
                     acts = eng.ready([step_name])
                     if len(acts) == 1 and not recovered:
                         frames, run, fired = _begin_frames(eng, acts[0], frame_size)
@@ -143,7 +145,9 @@ def make_loop_ops(
         elif step_name in pending or downstream & pending:
             yield dg.DynamicOutput({"noop": True}, mapping_key="none", output_name=FRAMES_OUT)
         if failed:
-            raise dg.Failure(description=f"step {step_name!r} failed: {error_text(failed[0].error)}", allow_retries=False)
+            raise dg.Failure(
+                description=f"step {step_name!r} failed: {error_text(failed[0].error)}", allow_retries=False
+            )
 
     def _frame(context, inputs):  # noqa: ANN001
         fr = inputs["frame"]
@@ -162,7 +166,9 @@ def make_loop_ops(
                 seen = (pos.done | pos.failed) if pos is not None else set()
                 todo = [i for i in fr["indices"] if i not in seen]
                 if len(todo) < len(fr["indices"]):
-                    context.log.warning(f"{len(fr['indices']) - len(todo)} iteration(s) of this frame are in the log already")
+                    context.log.warning(
+                        f"{len(fr['indices']) - len(todo)} iteration(s) of this frame are in the log already"
+                    )
                 items: list[Any] = [None] * fr["total"]
                 for i, item in zip(fr["indices"], fr["items"], strict=True):
                     items[i] = item
@@ -207,7 +213,9 @@ def make_loop_ops(
                     if srid in eng.state.running:  # not finished by an earlier attempt of this op
                         run = _finish_loop(eng, step, srid, loop_id)
                         fired = eng.route(run)
-                        report.outcomes.append(StepOutcome(run.step, srid, run.ok, run.error, not run.ok and not fired))
+                        report.outcomes.append(
+                            StepOutcome(run.step, srid, run.ok, run.error, not run.ok and not fired)
+                        )
                 eng.recorder.flush()
                 report.task_results = sink.task_results
                 sink.flush()
@@ -282,7 +290,7 @@ def _ctx_writers(eng: Any, loop_id: str) -> dict[str, int]:
     writers: dict[str, int] = {}
     for ev in eng.services.event_store.read(eng.execution_id):
         if ev.name == E.CTX_PATCHED and ev.loop_id == loop_id and ev.iteration is not None:
-            for k in (ev.data.get("patch") or {}):
+            for k in ev.data.get("patch") or {}:
                 writers.setdefault(k, ev.iteration)
     return writers
 
@@ -309,12 +317,16 @@ def _finish_loop(eng: Any, step: Any, srid: str, loop_id: str) -> Any:
             results[ev.iteration] = (False, {"status": "error", "error": ev.data.get("error")})
     missing = [i for i in range(pos.total) if i not in results]
     if missing:
-        raise RuntimeError(f"loop {loop_id} of step {step.name!r}: iterations {missing[:10]} have no result in the log")
+        raise RuntimeError(
+            f"loop {loop_id} of step {step.name!r}: iterations {missing[:10]} have no result in the log"
+        )
     lr = eng.worker.loop_resume(step, srid, info.get("args"), loop_id, items, 1, _perf_at(loop_started))
     for i, (ok, value) in results.items():
         lr.oks[i], lr.results[i] = ok, value
     ok, aggregate, err = eng.worker.loop_end(lr)
-    return eng.worker.step_end(step, srid, info.get("args"), ok, aggregate, err, "loop.done", _perf_at(started))
+    return eng.worker.step_end(
+        step, srid, info.get("args"), ok, aggregate, err, "loop.done", _perf_at(started)
+    )
 
 
 def _perf_at(ts: str | None) -> float:
@@ -323,4 +335,3 @@ def _perf_at(ts: str | None) -> float:
         return time.perf_counter()
     elapsed = time.time() - datetime.fromisoformat(ts).timestamp()
     return time.perf_counter() - max(0.0, elapsed)
-

@@ -61,7 +61,9 @@ def step_placement(pb: Playbook, step: Step) -> dict[str, Any]:
         if not name:
             continue
         if name not in profiles:
-            raise PlacementError(f"step {step.name!r}: executor profile {name!r} is not defined in executor.spec.profiles")
+            raise PlacementError(
+                f"step {step.name!r}: executor profile {name!r} is not defined in executor.spec.profiles"
+            )
         prof = profiles[name]
         unknown = set(prof) - _PROFILE_KEYS
         if unknown:
@@ -110,14 +112,18 @@ def k8s_config(placement: Mapping[str, Any], *, labels: Mapping[str, str] | None
     meta: dict[str, Any] = {}
     job_spec: dict[str, Any] = {}
     if placement.get("resources"):
-        container["resources"] = container_resources(placement["resources"], placement.get("gpu_resource", "nvidia.com/gpu"))
+        container["resources"] = container_resources(
+            placement["resources"], placement.get("gpu_resource", "nvidia.com/gpu")
+        )
     if placement.get("image"):
         container["image"] = placement["image"]
     if placement.get("image_pull_policy"):
         container["image_pull_policy"] = placement["image_pull_policy"]
     if placement.get("env"):
         env = placement["env"]
-        container["env"] = [{"name": k, "value": str(v)} for k, v in env.items()] if isinstance(env, Mapping) else list(env)
+        container["env"] = (
+            [{"name": k, "value": str(v)} for k, v in env.items()] if isinstance(env, Mapping) else list(env)
+        )
     if placement.get("node_selector"):
         pod["node_selector"] = dict(placement["node_selector"])
     if placement.get("tolerations"):

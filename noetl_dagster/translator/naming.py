@@ -40,7 +40,10 @@ def job_base(text: str) -> str:
 
 
 def unique_names(
-    originals: Iterable[tuple[str, str]], *, base_fn: Callable[[str], str] = sanitize, reserved: Iterable[str] = ()
+    originals: Iterable[tuple[str, str]],
+    *,
+    base_fn: Callable[[str], str] = sanitize,
+    reserved: Iterable[str] = (),
 ) -> dict[str, str]:
     """Map each key to a sanitized name; keys whose names clash get ``_<hash of identity>``.
 

@@ -143,7 +143,9 @@ def workload_field(workload: Mapping[str, Any]) -> dg.Field:
             continue  # still accepted: the shape is permissive
         fields[str(key)] = dg.Field(_config_type(value), default_value=_config_default(value), is_required=False,
                                     description=f"workload.{key}")  # fmt: skip
-    return dg.Field(dg.Permissive(fields), is_required=False, description="workload overrides (shallow merge)")
+    return dg.Field(
+        dg.Permissive(fields), is_required=False, description="workload overrides (shallow merge)"
+    )
 
 
 def _config_type(value: Any) -> Any:
@@ -200,7 +202,9 @@ def _nominal_time(context: Any) -> str | None:
     return context.dagster_run.tags.get("dagster/scheduled_execution_time") or None
 
 
-def make_start_op(pb: Playbook, spec: NoetlOpSpec, plan: JobPlan, node_outputs: dict[str, str]) -> dg.OpDefinition:
+def make_start_op(
+    pb: Playbook, spec: NoetlOpSpec, plan: JobPlan, node_outputs: dict[str, str]
+) -> dg.OpDefinition:
     """``noetl_start``: record the request (typed workload config) or continue the tagged execution."""
     outs = {name: dg.Out(dg.Nothing, is_required=False) for name in node_outputs.values()}
 
@@ -295,12 +299,16 @@ def make_node_op(
                                tag_run=run_tagger(context),
                                region=region, on_finish=finished)  # fmt: skip
         except LookupError as e:  # the execution is not in the log: a clear failure, not a traceback
-            raise dg.Failure(description=str(e), metadata={"execution_id": eid}, allow_retries=False) from None
+            raise dg.Failure(
+                description=str(e), metadata={"execution_id": eid}, allow_retries=False
+            ) from None
         yield from _report_outputs(context, report, node, plan, node_outputs)
         bad = report.unhandled
         if bad:
             first = bad[0]
-            told = step_failure(svc.event_store.read(eid), pb, first.step)  # task, playbook line, user traceback
+            told = step_failure(
+                svc.event_store.read(eid), pb, first.step
+            )  # task, playbook line, user traceback
             raise dg.Failure(
                 description=told.text() if told else f"step {first.step!r} failed: {error_text(first.error)}",
                 metadata={
@@ -330,8 +338,15 @@ def usage_metadata(usage: dict[str, dict[str, float]], steps: list[str]) -> dict
     total: dict[str, float] = {}
     for s in steps:
         for k, v in usage.get(s, {}).items():
-            total[k] = max(total.get(k, 0), v) if k.endswith("peak_bytes") or k.endswith("maxrss_bytes") else total.get(k, 0) + v
-    return {f"noetl/usage/{k}": dg.FloatMetadataValue(float(v)) if isinstance(v, float) else int(v) for k, v in sorted(total.items())}
+            total[k] = (
+                max(total.get(k, 0), v)
+                if k.endswith("peak_bytes") or k.endswith("maxrss_bytes")
+                else total.get(k, 0) + v
+            )
+    return {
+        f"noetl/usage/{k}": dg.FloatMetadataValue(float(v)) if isinstance(v, float) else int(v)
+        for k, v in sorted(total.items())
+    }
 
 
 # -- cost per attempt / step / op / execution (analytics/pricing.py: the allocation SQL's formula) --
@@ -383,7 +398,10 @@ def _decimal(x: float) -> str:
 
 def cost_tags(cost: Cost) -> dict[str, str]:
     """Run tags of an execution's cost: ``noetl/cost_<currency>`` (decimal string) and ``noetl/price_version``."""
-    return {f"noetl/cost_{cost.currency.lower()}": _decimal(cost.total), TAG_PRICE_VERSION: cost.price_version or "-"}
+    return {
+        f"noetl/cost_{cost.currency.lower()}": _decimal(cost.total),
+        TAG_PRICE_VERSION: cost.price_version or "-",
+    }
 
 
 def run_cost_tags(cost: Cost) -> dict[str, str]:
@@ -407,7 +425,9 @@ def _single_op_run(context: Any) -> bool:
         return False
 
 
-def _op_cost_metadata(prices: PriceTable, by_step: Mapping[str, Cost], ran: list[str], *, multi: bool) -> dict[str, Any]:
+def _op_cost_metadata(
+    prices: PriceTable, by_step: Mapping[str, Cost], ran: list[str], *, multi: bool
+) -> dict[str, Any]:
     """The op's cost (its steps' attempts summed), and each step's total when the op runs several."""
     md = cost_metadata(sum((by_step[s] for s in ran if s in by_step), Cost(currency=prices.currency)))
     if multi:
@@ -417,11 +437,14 @@ def _op_cost_metadata(prices: PriceTable, by_step: Mapping[str, Cost], ran: list
     return md
 
 
-def _costs(context: Any, report: OpReport, keep: list[Any] | None = None) -> tuple[PriceTable, dict[str, Cost]] | None:
+def _costs(
+    context: Any, report: OpReport, keep: list[Any] | None = None
+) -> tuple[PriceTable, dict[str, Cost]] | None:
     """(price table, step -> Cost of the attempts of the step runs this op reported) from the execution's
     ``task.done`` events; None (with a warning) when it cannot be priced. ``keep`` gets the events read."""
     runs = {o.step_run_id for o in report.outcomes}
     resource = getattr(context.resources, RESOURCE_KEY)
+
     def events() -> list[Any]:
         evs = _events_of_runs(report.engine, runs) if runs else []
         if keep is not None:
@@ -462,7 +485,9 @@ def _execution_cost(context: Any, report: OpReport, prices: PriceTable) -> Cost 
     """The whole execution's cost: every ``task.done`` in its log, whichever run or op recorded it."""
     eng = report.engine
     try:
-        events = [e for e in eng.services.event_store.read(eng.execution_id) if e.execution_id == eng.execution_id]
+        events = [
+            e for e in eng.services.event_store.read(eng.execution_id) if e.execution_id == eng.execution_id
+        ]
     except Exception as e:  # noqa: BLE001 - informational
         context.log.warning(f"no execution cost: {e}")
         return None
@@ -491,7 +516,11 @@ def _inside(context: Any, report: OpReport, node: Node, read: list[Any]) -> dict
 
 
 def _report_outputs(
-    context: dg.OpExecutionContext, report: OpReport, node: Node, plan: JobPlan | None, node_outputs: dict[str, str]
+    context: dg.OpExecutionContext,
+    report: OpReport,
+    node: Node,
+    plan: JobPlan | None,
+    node_outputs: dict[str, str],
 ) -> Iterator[Any]:
     eng = report.engine
     if eng is None:
@@ -552,8 +581,12 @@ def _report_outputs(
 
 
 def _materializations(
-    eid: str, task_results: list[tuple[str, Any]], resource: Any = None, partition: str | None = None,
-    workload: Mapping[str, Any] | None = None, costs: Mapping[str, Cost] | None = None,
+    eid: str,
+    task_results: list[tuple[str, Any]],
+    resource: Any = None,
+    partition: str | None = None,
+    workload: Mapping[str, Any] | None = None,
+    costs: Mapping[str, Cost] | None = None,
 ) -> Iterator[tuple[str, StoredVersion, dg.AssetMaterialization]]:
     """Tasks that stored a table (their result is a ``noetl://`` reference) materialize its asset key,
     with the metadata the asset-first multi-asset reports (schema, rows, bytes, version), and the

@@ -184,7 +184,9 @@ def _detach(compiled: CompiledPlaybook, svc: Services, eid: str, workload: dict[
     eng.start(workload, requested_by=f"{REQUESTED_BY_DETACHED}cli")
     register_engine(eng)
     # "requested": nothing ran yet; the router sensor of a running dagster-daemon launches it
-    result = ExecutionResult(eid, "requested", dict(eng.state.ctx), {}, {}, svc.event_store.url, pb.metadata.path)
+    result = ExecutionResult(
+        eid, "requested", dict(eng.state.ctx), {}, {}, svc.event_store.url, pb.metadata.path
+    )
     where = f"--event-store {svc.event_store.url}"
     if svc.event_store.url.startswith("sqlite:///") and svc.event_store.url.endswith("/events.db"):
         where = f"--data-dir {svc.event_store.url.removeprefix('sqlite:///').removesuffix('/events.db')}"
@@ -237,7 +239,14 @@ def drive(
                 f"(last run {info.statuses[-1] if info.statuses else '-'}): {'; '.join(tick.notes) or 'no runnable work'}"
             )
         for launch in launches:
-            _execute(defs, launch.job_name, instance, {**launch.tags, "dagster/run_key": launch.run_key}, loggers, info)
+            _execute(
+                defs,
+                launch.job_name,
+                instance,
+                {**launch.tags, "dagster/run_key": launch.run_key},
+                loggers,
+                info,
+            )
     raise DagsterRunError(f"execution {eid} needed more than {MAX_RUNS} runs")
 
 

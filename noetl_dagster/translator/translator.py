@@ -324,7 +324,11 @@ class NoetlTranslator:
             workload = raw.get("workload") or {}
             if not isinstance(workload, Mapping):
                 raise ValueError(f"{data.path}: executor.spec.schedule.workload must be a mapping")
-            suffix = naming.sanitize(str(raw["name"])) if raw.get("name") else ("schedule" if i == 0 else f"schedule_{i}")
+            suffix = (
+                naming.sanitize(str(raw["name"]))
+                if raw.get("name")
+                else ("schedule" if i == 0 else f"schedule_{i}")
+            )
             specs.append(
                 NoetlScheduleSpec(
                     name=f"{data.job_name}__{suffix}",
@@ -375,7 +379,9 @@ class NoetlTranslator:
         return dg.AssetSpec(
             key=key,
             deps=[d for d in deps if d != key],
-            description=out.description or step.step.desc or f"Stored by step {step.name} of {step.playbook.path}",
+            description=out.description
+            or step.step.desc
+            or f"Stored by step {step.name} of {step.playbook.path}",
             group_name=out.group or dag.group or step.playbook.job_name,
             kinds=kinds,
             owners=list(out.owners or dag.owners) or None,
@@ -394,7 +400,9 @@ class NoetlTranslator:
         with warnings.catch_warnings():  # beta API; the references are what the UI links to the YAML
             warnings.simplefilter("ignore", dg.BetaWarning)
             return dg.CodeReferencesMetadataValue(
-                code_references=[dg.LocalFileCodeReference(file_path=os.path.abspath(file), line_number=line or 1)]
+                code_references=[
+                    dg.LocalFileCodeReference(file_path=os.path.abspath(file), line_number=line or 1)
+                ]
             )
 
 
@@ -420,7 +428,10 @@ def declared_assets(data: NoetlStepData) -> list[NoetlAssetData]:
         if hit is not None:
             out[hit] = dataclasses.replace(out[hit], output=o)
             continue
-        writer = next((t for t in data.step.tool if t.kind in STORAGE_KINDS and t.config.get("op", "write") == "write"), None)
+        writer = next(
+            (t for t in data.step.tool if t.kind in STORAGE_KINDS and t.config.get("op", "write") == "write"),
+            None,
+        )
         out.append(NoetlAssetData(data, o.uri, writer.label if writer else "", writer.kind if writer else "noetl_table",
                                   tuple(dict.fromkeys(reads)), o))  # fmt: skip
     return out

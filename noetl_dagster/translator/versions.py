@@ -42,7 +42,10 @@ class StoredVersion:
 
 
 def stored_in_execution(
-    resource: NoetlResource, execution_id: str, steps: dict[dg.AssetKey, str] | None = None, events: Any = None
+    resource: NoetlResource,
+    execution_id: str,
+    steps: dict[dg.AssetKey, str] | None = None,
+    events: Any = None,
 ) -> dict[dg.AssetKey, StoredVersion]:
     """Every table the execution stored, newest last per key, read from its event log (or ``events``,
     already read); ``steps`` (when given) receives the step that stored each one."""
@@ -95,7 +98,12 @@ MAX_PARTITION_WALK = 5000  # versions a partition lookup walks back through at m
 
 
 def partition_version(
-    resource: NoetlResource, uri: str, key: str, parts: dg.PartitionsDefinition | None = None, *, before: int | None = None
+    resource: NoetlResource,
+    uri: str,
+    key: str,
+    parts: dg.PartitionsDefinition | None = None,
+    *,
+    before: int | None = None,
 ) -> StoredVersion | None:
     """The newest version (below ``before``) whose recorded ``partition_key`` covers ``key``: partition P's
     data, never a version another partition wrote after it."""
@@ -199,7 +207,11 @@ def stored_refs(result: Any) -> Iterator[dict[str, Any]]:
     Only top-level references count: a read's result carries the reference it read under
     ``ref``, which is an input, not something this task stored.
     """
-    if isinstance(result, dict) and isinstance(result.get("uri"), str) and result["uri"].startswith("noetl://"):
+    if (
+        isinstance(result, dict)
+        and isinstance(result.get("uri"), str)
+        and result["uri"].startswith("noetl://")
+    ):
         yield result
     elif isinstance(result, dict) and isinstance(result.get("results"), list):
         for item in result["results"][:1000]:

@@ -27,7 +27,9 @@ class UsageLine(click.UsageError):
 
 def one_line_usage(e: click.UsageError) -> click.UsageError:
     """``e`` as a :class:`UsageLine` (itself when it already is one, or when it is a request for help)."""
-    if isinstance(e, UsageLine) or type(e).__name__ == "NoArgsIsHelpError":  # click >= 8.2: help, not an error
+    if (
+        isinstance(e, UsageLine) or type(e).__name__ == "NoArgsIsHelpError"
+    ):  # click >= 8.2: help, not an error
         return e
     message = " ".join(e.format_message().split())  # a message never spans lines
     if e.ctx is not None:

@@ -57,7 +57,9 @@ def read_bounded(path: str | os.PathLike[str], limit: int, *, what: str = "file"
             chunks.append(chunk)
             left -= len(chunk)
         if left <= 0:
-            raise InputFileError(p, "max-bytes", f"the {what} is more than {limit} bytes; the limit is {limit}")
+            raise InputFileError(
+                p, "max-bytes", f"the {what} is more than {limit} bytes; the limit is {limit}"
+            )
         return b"".join(chunks)
     except OSError as e:
         raise InputFileError(p, "cannot-read", f"cannot read the {what}: {e.strerror or e}") from None

@@ -32,7 +32,9 @@ try:
         try:
             return _orjson.dumps(value, default=to_jsonable, option=_OPTS)
         except TypeError:  # e.g. integers beyond 64 bits, lone surrogates: as jsonutil.dumps does
-            return json.dumps(replace_lone_surrogates(value), default=to_jsonable, separators=(",", ":")).encode()
+            return json.dumps(
+                replace_lone_surrogates(value), default=to_jsonable, separators=(",", ":")
+            ).encode()
 
 except ImportError:  # pragma: no cover
 
@@ -115,7 +117,9 @@ def json_size_bound(value: Any, cap: int) -> int:
         elif isinstance(v, (set, frozenset)):
             total += len(v) + 1
             enter(v, iter(v))
-        elif hasattr(v, "__len__") and not hasattr(v, "model_dump"):  # arrays, tables: one byte per item at least
+        elif hasattr(v, "__len__") and not hasattr(
+            v, "model_dump"
+        ):  # arrays, tables: one byte per item at least
             try:
                 total += len(v) + 1
             except TypeError:  # numpy 0-d arrays
@@ -182,7 +186,9 @@ def _iter_seq(seq: list[Any] | tuple[Any, ...], chunk: int, depth: int) -> Itera
 def _iter_dict(d: dict[Any, Any], chunk: int, depth: int) -> Iterator[bytes]:
     yield b"{"
     items = iter(d.items())
-    k = _first_batch(itertools.chain.from_iterable(itertools.islice(iter(d.items()), 16)), 2 * min(len(d), 16), chunk)
+    k = _first_batch(
+        itertools.chain.from_iterable(itertools.islice(iter(d.items()), 16)), 2 * min(len(d), 16), chunk
+    )
     k = max(1, k // 2)  # a bound per key or value, so per item about half as many
     sep = False
     while True:

@@ -85,9 +85,7 @@ def test_versioned_prices_idle_and_unallocated(exported):
 
 
 def test_bad_allocation_prices_are_one_line_errors():
-    with pytest.raises(
-        PriceConfigError, match=r"versions\[0\]: cpu_core_hour must be a non-negative number"
-    ):
+    with pytest.raises(PriceConfigError, match=r"versions\[0\]: cpu_core_hour must be a non-negative number"):
         PriceTable.from_dict({"allocation": {"cpu_core_hour": -1}})
     with pytest.raises(PriceConfigError, match="valid_from must be a date"):
         PriceTable.from_dict({"allocation": [{"valid_from": "soon"}]})

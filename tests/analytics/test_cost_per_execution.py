@@ -252,8 +252,14 @@ def test_the_default_price_table_has_one_price_per_unit():
     QPU-second (IBM Pay-As-You-Go, USD 96/min); one CPU price (per core-hour) for tasks and the platform."""
     prices = PriceTable.load(Path(__file__).resolve().parents[2] / "analytics" / "prices.yaml")
     v = prices.version_on(date(2026, 11, 25))
-    assert (v.version, v.price("quantum", "shot"), v.price("quantum", "qpu_second")) == ("2026-01", 0.0009, 1.6)
+    assert (v.version, v.price("quantum", "shot"), v.price("quantum", "qpu_second")) == (
+        "2026-01",
+        0.0009,
+        1.6,
+    )
     assert v.price("compute", "default") == v.price("platform", "default") == 0.031611
     day = date(2026, 11, 25)
-    job = sum(prices.line_cost(UsageLine("quantum", i, q), day)[0] for i, q in (("shot", 1000), ("qpu_second", 2.5)))
+    job = sum(
+        prices.line_cost(UsageLine("quantum", i, q), day)[0] for i, q in (("shot", 1000), ("qpu_second", 2.5))
+    )
     assert job == pytest.approx(1000 * 0.0009 + 2.5 * 96 / 60)

@@ -67,8 +67,15 @@ def world(tmp_path_factory):
     log.close()
     refresh_rollups(store)
     reg = Registry(f"sqlite:///{d / 'registry.db'}")
-    keys = {name: reg.create_api_key(t, p)[1] for name, t, p in (
-        ("acme", "acme", None), ("acme_lab", "acme", "lab"), ("globex", "globex", None), ("platform", "platform", None))}
+    keys = {
+        name: reg.create_api_key(t, p)[1]
+        for name, t, p in (
+            ("acme", "acme", None),
+            ("acme_lab", "acme", "lab"),
+            ("globex", "globex", None),
+            ("platform", "platform", None),
+        )
+    }
     revoked_id, keys["revoked"] = reg.create_api_key("globex")
     reg.revoke_api_key(revoked_id)
     server = make_server(store, port=0, auth=KeyAuth(reg, admin_tenants=["platform"]))
@@ -142,7 +149,11 @@ def test_key_exchange_sets_an_httponly_cookie_and_drops_the_key_from_the_url(wor
     assert ok.status_code == 200 and {row["tenant"] for row in ok.json()["rows"]} == {"acme"}
     # a bad key in the exchange: the sign-in form again, saying why, and no cookie
     bad = _get(world, "/?key=" + world["keys"]["revoked"])
-    assert bad.status_code == 401 and "unknown or revoked API key" in bad.text and "Set-Cookie" not in bad.headers
+    assert (
+        bad.status_code == 401
+        and "unknown or revoked API key" in bad.text
+        and "Set-Cookie" not in bad.headers
+    )
     # the form posts the same way
     form = httpx.post(world["url"] + "/login", data={"key": world["keys"]["globex"]}, follow_redirects=False)
     assert form.status_code == 303 and "HttpOnly" in form.headers["Set-Cookie"]
@@ -187,9 +198,16 @@ def _steps(world):
 def test_each_key_reads_only_its_tenant_from_every_endpoint(world, who, tenant, project):
     key = world["keys"][who]
     data = _get(world, "/api/data", key).json()
-    assert data["viewer"] == {"tenant": tenant, "project": project, "admin": False, "name": f"{tenant}/{project}" if project else tenant}
+    assert data["viewer"] == {
+        "tenant": tenant,
+        "project": project,
+        "admin": False,
+        "name": f"{tenant}/{project}" if project else tenant,
+    }
     assert {r["tenant"] for r in data["rows"]} == {tenant}
-    assert {r["project"] for r in data["rows"]} == ({project} if project else {p for t, p in TENANTS if t == tenant})
+    assert {r["project"] for r in data["rows"]} == (
+        {project} if project else {p for t, p in TENANTS if t == tenant}
+    )
     assert {r["playbook"] for r in data["rows"]} >= {IMG, MARKUP}
     others = [t for t, _ in TENANTS if t != tenant] + [p for t, p in TENANTS if project and p != project]
     # every endpoint, asked for every (tenant, playbook, step) there is: nothing of anyone else
@@ -206,7 +224,9 @@ def test_each_key_reads_only_its_tenant_from_every_endpoint(world, who, tenant, 
             if path == "/api/executions" and q.get("tenant") != tenant:
                 assert r.json() == []
     own = [(t, pb, s) for t, pb, s in _steps(world) if t == tenant]
-    execs = _get(world, "/api/executions", key, params=dict(zip(("tenant", "playbook", "step"), own[0], strict=True)))
+    execs = _get(
+        world, "/api/executions", key, params=dict(zip(("tenant", "playbook", "step"), own[0], strict=True))
+    )
     assert execs.json(), "its own executions are listed"
 
 
@@ -312,14 +332,22 @@ def test_browser_hostile_names_are_text_and_each_tenant_sees_its_own(world, arti
             assert page.evaluate("document.cookie") == ""  # HttpOnly
             acme = page.evaluate(SHOWN)
             _assert_safe(acme, "acme")
-            assert acme["tenants"] == ["acme"] and acme["traces"] == ["acme"] and sorted(acme["projects"]) == ["lab", "sales"]
+            assert (
+                acme["tenants"] == ["acme"]
+                and acme["traces"] == ["acme"]
+                and sorted(acme["projects"]) == ["lab", "sales"]
+            )
             assert not acme["idle"] and "globex" not in acme["text"] and "research" not in acme["text"]
             assert acme["who"] == "tenant acme"
             page.screenshot(path=str(artifacts / "tenant_acme.png"), full_page=True)
             # drill down to a hostile playbook's step: the executions table is text too
             page.select_option("#f-playbook", IMG)
-            page.wait_for_function("() => document.getElementById('steps').layout.title.text.includes('step')")
-            page.evaluate("document.getElementById('steps').emit('plotly_click', {points: [{customdata: ['start', 0]}]})")
+            page.wait_for_function(
+                "() => document.getElementById('steps').layout.title.text.includes('step')"
+            )
+            page.evaluate(
+                "document.getElementById('steps').emit('plotly_click', {points: [{customdata: ['start', 0]}]})"
+            )
             page.wait_for_selector("#executions table td")
             assert page.text_content("#exec-title") == f"acme / {IMG} / start"
             assert page.evaluate("window.__xss") is None and page.evaluate("window.__csp") == []
@@ -333,7 +361,11 @@ def test_browser_hostile_names_are_text_and_each_tenant_sees_its_own(world, arti
             _wait_ready(page)
             globex = page.evaluate(SHOWN)
             _assert_safe(globex, "globex")
-            assert globex["tenants"] == ["globex"] and globex["traces"] == ["globex"] and globex["projects"] == ["research"]
+            assert (
+                globex["tenants"] == ["globex"]
+                and globex["traces"] == ["globex"]
+                and globex["projects"] == ["research"]
+            )
             assert "acme" not in globex["text"] and not globex["idle"]
             page.screenshot(path=str(artifacts / "tenant_globex.png"), full_page=True)
             # the admin sees both, and the cluster view
@@ -341,7 +373,9 @@ def test_browser_hostile_names_are_text_and_each_tenant_sees_its_own(world, arti
             admin.goto(world["url"] + "/?key=" + world["keys"]["platform"])
             _wait_ready(admin)
             everyone = admin.evaluate(SHOWN)
-            assert {"acme", "globex"} <= set(everyone["tenants"]) and everyone["idle"] and everyone["csp"] == []
+            assert (
+                {"acme", "globex"} <= set(everyone["tenants"]) and everyone["idle"] and everyone["csp"] == []
+            )
             assert everyone["xss"] is None and everyone["who"] == "platform (admin): all tenants"
             admin.screenshot(path=str(artifacts / "admin_all_tenants.png"), full_page=True)
             # a wrong key in the form: the form again, saying why
@@ -387,7 +421,11 @@ def test_export_tenant_writes_only_its_rows_and_keeps_names_text(world, artifact
     r = CliRunner().invoke(cli, ["dashboard", "export", "--clickhouse", facts, "--data-dir", str(world["dir"]),
                                  "--out", str(tmp_path / "all"), "--all-tenants"])  # fmt: skip
     assert r.exit_code == 0, r.output
-    inline = json.loads(re.search(r'id="noetl-data">(.*?)</script>', (tmp_path / "all" / "cost.html").read_text(), re.S).group(1))
+    inline = json.loads(
+        re.search(
+            r'id="noetl-data">(.*?)</script>', (tmp_path / "all" / "cost.html").read_text(), re.S
+        ).group(1)
+    )
     assert {"acme", "globex"} <= {row["tenant"] for row in inline["rows"]} and inline["cluster"]
 
 
@@ -423,7 +461,9 @@ def test_keys_checked_by_a_registry_over_http(world):
         port = srv.servers[0].sockets[0].getsockname()[1]
         auth = KeyAuth(f"http://127.0.0.1:{port}", admin_tenants=["platform"])
         auth.check()
-        assert auth.viewer(world["keys"]["acme_lab"]) == Viewer.of_tenant("acme", "lab", auth.viewer(world["keys"]["acme_lab"]).key_id)
+        assert auth.viewer(world["keys"]["acme_lab"]) == Viewer.of_tenant(
+            "acme", "lab", auth.viewer(world["keys"]["acme_lab"]).key_id
+        )
         assert auth.viewer(world["keys"]["platform"]).admin
         for bad in (world["keys"]["revoked"], "nrk_x_y", "bad\nkey", ""):
             with pytest.raises(Unauthorized):
@@ -456,7 +496,9 @@ def test_plotly_labels_show_any_string_as_typed(world, tmp_path):
     strings = [IMG, MARKUP, "<script>window.__xss=3</script>", "<svg onload=window.__xss=4>", "&lt;b&gt;x&lt;/b&gt;",
                "&#60;i&#62;", "<br>line", "<sub>s</sub><sup>p</sup>", '<span style="font-size:80px">big</span>',
                "&amp;", "&nbsp;", "&mu;", "</text><foreignObject>"]  # fmt: skip
-    strings += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 24))).strip() or "x" for _ in range(300)]
+    strings += [
+        "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 24))).strip() or "x" for _ in range(300)
+    ]
     strings = list(dict.fromkeys(strings))
     html = export_static(world["store"], tmp_path, viewer=Viewer.of_tenant("acme"))
     with sync_playwright() as p:

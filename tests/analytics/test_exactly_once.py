@@ -40,6 +40,7 @@ def rollups(store: FactsStore) -> dict[str, object]:
     """Everything the cost views and dashboards read, rounded to 1e-9 USD (a hundredth of a millionth of a
     cent): the cluster summary is ~864 USD, where 1e-12 is past a double's 15-16 digits and the
     order ClickHouse sums in moved the last one (…427247 vs …427246 in one CI run)."""
+
     def q(sql: str) -> list[tuple]:
         return store.query(sql)[1]
 
@@ -118,7 +119,11 @@ def test_reexport_lost_cursor_crash_and_kill9_leave_every_rollup_unchanged(real_
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 300
-        while _parts(chdb, "killed", "export_cursor") < 4 and child.poll() is None and time.monotonic() < deadline:
+        while (
+            _parts(chdb, "killed", "export_cursor") < 4
+            and child.poll() is None
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.02)
         assert child.poll() is None, f"the export ended before it could be killed: {child.communicate()}"
         child.send_signal(signal.SIGKILL)
@@ -133,6 +138,8 @@ def test_reexport_lost_cursor_crash_and_kill9_leave_every_rollup_unchanged(real_
     after = _export(killed, url)
     assert after.cursor_before == resumed_from and after.cursor_after == first.cursor_after
     assert rollups(killed) == want
-    print(f"events {first.events}, fact rows {first.rows}; re-inserted after the lost cursor {again.rows};"
-          f" killed at cursor {resumed_from} of {first.cursor_after}, resumed {after.events} events;"
-          f" tenant totals {want['tenant_cost']}")  # for the record (pytest -s)
+    print(
+        f"events {first.events}, fact rows {first.rows}; re-inserted after the lost cursor {again.rows};"
+        f" killed at cursor {resumed_from} of {first.cursor_after}, resumed {after.events} events;"
+        f" tenant totals {want['tenant_cost']}"
+    )  # for the record (pytest -s)

@@ -26,13 +26,27 @@ PRICES = {"currency": "EUR", "worker_class_by_kind": {"duckdb": "cpu.large"}, "v
 
 
 def _ev(name, exe, ts, tenant, project, **kw):
-    return Event(name, exe, timestamp=f"{ts}T10:00:00.000000+00:00", tenant_id=tenant, project_id=project, **kw)
+    return Event(
+        name, exe, timestamp=f"{ts}T10:00:00.000000+00:00", tenant_id=tenant, project_id=project, **kw
+    )
 
 
 def _task(exe, ts, tenant, project, kind, duration_ms, meta=None, attempt=1):
-    outcome = {"status": "ok", "result": {"x": 1}, "meta": {"attempt": attempt, "duration_ms": duration_ms, **(meta or {})}}
-    return _ev(E.TASK_DONE, exe, ts, tenant, project, step="s", attempt=attempt,
-               data={"task": f"t_{kind}", "kind": kind, "outcome": outcome, "directive": "continue"})
+    outcome = {
+        "status": "ok",
+        "result": {"x": 1},
+        "meta": {"attempt": attempt, "duration_ms": duration_ms, **(meta or {})},
+    }
+    return _ev(
+        E.TASK_DONE,
+        exe,
+        ts,
+        tenant,
+        project,
+        step="s",
+        attempt=attempt,
+        data={"task": f"t_{kind}", "kind": kind, "outcome": outcome, "directive": "continue"},
+    )
 
 
 def _ref(uri, size, store):
@@ -45,26 +59,61 @@ def fixture_events() -> list[Event]:
         _ev(E.EXECUTION_REQUESTED, a, "2026-03-01", "acme", "p1", data={"playbook": "pb/a", "name": "a"}),
         _task(a, "2026-03-01", "acme", "p1", "python", 2000),  # 2 cpu-s x 0.001
         _task(a, "2026-03-01", "acme", "p1", "duckdb", 1000),  # cpu.large by kind: 1 x 0.002
-        _task(a, "2026-03-01", "acme", "p1", "http", 500, {"egress_bytes": 3_000_000_000, "region": "eu-west"}),
-        _task(a, "2026-03-01", "acme", "p1", "http", 500, {"worker_class": "gpu.small", "cpu_ms": 1500}, attempt=2),
-        _ev(E.STEP_DONE, a, "2026-03-01", "acme", "p1", step="s",
-            data={"result": _ref("s3://bucket/a.json", 2_000_000_000, "s3"), "duration_ms": 4000}),
+        _task(
+            a, "2026-03-01", "acme", "p1", "http", 500, {"egress_bytes": 3_000_000_000, "region": "eu-west"}
+        ),
+        _task(
+            a,
+            "2026-03-01",
+            "acme",
+            "p1",
+            "http",
+            500,
+            {"worker_class": "gpu.small", "cpu_ms": 1500},
+            attempt=2,
+        ),
+        _ev(
+            E.STEP_DONE,
+            a,
+            "2026-03-01",
+            "acme",
+            "p1",
+            step="s",
+            data={"result": _ref("s3://bucket/a.json", 2_000_000_000, "s3"), "duration_ms": 4000},
+        ),
         _ev(E.WORKFLOW_FINISHED, a, "2026-03-01", "acme", "p1", data={"status": "completed"}),
         _ev(E.EXECUTION_REQUESTED, b, "2026-03-02", "globex", "p2", data={"playbook": "pb/b", "name": "b"}),
         _task(b, "2026-03-02", "globex", "p2", "python", 4000, {"units": 2}),  # 8 cpu-s x 0.001
-        _ev(E.STEP_DONE, b, "2026-03-02", "globex", "p2", step="s",
-            data={"result": _ref("file:///p/b.json", 1_000_000_000, "file"), "duration_ms": 4000}),
+        _ev(
+            E.STEP_DONE,
+            b,
+            "2026-03-02",
+            "globex",
+            "p2",
+            step="s",
+            data={"result": _ref("file:///p/b.json", 1_000_000_000, "file"), "duration_ms": 4000},
+        ),
         _ev(E.EXECUTION_REQUESTED, c, "2026-03-03", "globex", "p2", data={"playbook": "pb/b", "name": "b"}),
         _task(c, "2026-03-03", "globex", "p2", "python", 1000),
         # the same stored object referenced again: billed once, to its first creator
-        _ev(E.STEP_DONE, c, "2026-03-03", "globex", "p2", step="s",
-            data={"result": _ref("file:///p/b.json", 1_000_000_000, "file"), "duration_ms": 1000}),
+        _ev(
+            E.STEP_DONE,
+            c,
+            "2026-03-03",
+            "globex",
+            "p2",
+            step="s",
+            data={"result": _ref("file:///p/b.json", 1_000_000_000, "file"), "duration_ms": 1000},
+        ),
     ]
 
 
 # by hand:
 ACME_0301 = {
-    "compute": 0.002 + 0.002 + 0.0005 + 0.015,  # python, duckdb as cpu.large, http, http on gpu.small (cpu_ms)
+    "compute": 0.002
+    + 0.002
+    + 0.0005
+    + 0.015,  # python, duckdb as cpu.large, http, http on gpu.small (cpu_ms)
     "egress": 3 * 0.2,  # 3 GB to eu-west
     "call": 2 * 0.01,  # two http attempts
     "storage": 2 * 0.25 * 2,  # 2 GB on s3 for 2 months
@@ -77,21 +126,35 @@ def test_rollups_match_a_hand_computed_bill(facts_store):
     FactWriter(facts_store).write(fixture_events())
     report = refresh_rollups(facts_store, PriceTable.from_dict(PRICES))
     assert report.currency == "EUR" and report.tenants == 2
-    by_day = {(t, d): amount for t, d, amount, _ in facts_store.query(
-        "SELECT tenant_id, day, amount, currency FROM $db.cost_by_tenant_day ORDER BY tenant_id, day")[1]}
+    by_day = {
+        (t, d): amount
+        for t, d, amount, _ in facts_store.query(
+            "SELECT tenant_id, day, amount, currency FROM $db.cost_by_tenant_day ORDER BY tenant_id, day"
+        )[1]
+    }
     assert by_day == {
         ("acme", date(2026, 3, 1)): pytest.approx(sum(ACME_0301.values())),
         ("globex", date(2026, 3, 2)): pytest.approx(sum(GLOBEX_0302.values())),
         ("globex", date(2026, 3, 3)): pytest.approx(sum(GLOBEX_0303.values())),
     }
-    lines = {(c, round(a, 9)) for c, a in facts_store.query(
-        "SELECT category, sum(amount) FROM $db.tenant_cost_fact WHERE tenant_id = 'acme' GROUP BY category")[1]}
+    lines = {
+        (c, round(a, 9))
+        for c, a in facts_store.query(
+            "SELECT category, sum(amount) FROM $db.tenant_cost_fact WHERE tenant_id = 'acme' GROUP BY category"
+        )[1]
+    }
     assert lines == {(k, round(v, 9)) for k, v in ACME_0301.items()}
-    pb = dict(facts_store.query("SELECT playbook, sum(amount) FROM $db.cost_by_playbook_day GROUP BY playbook")[1])
-    assert pb == {"pb/a": pytest.approx(sum(ACME_0301.values())),
-                  "pb/b": pytest.approx(sum(GLOBEX_0302.values()) + sum(GLOBEX_0303.values()))}
-    proj = facts_store.query("SELECT tenant_id, project_id, sum(amount) FROM $db.cost_by_project_day"
-                             " GROUP BY tenant_id, project_id ORDER BY tenant_id")[1]
+    pb = dict(
+        facts_store.query("SELECT playbook, sum(amount) FROM $db.cost_by_playbook_day GROUP BY playbook")[1]
+    )
+    assert pb == {
+        "pb/a": pytest.approx(sum(ACME_0301.values())),
+        "pb/b": pytest.approx(sum(GLOBEX_0302.values()) + sum(GLOBEX_0303.values())),
+    }
+    proj = facts_store.query(
+        "SELECT tenant_id, project_id, sum(amount) FROM $db.cost_by_project_day"
+        " GROUP BY tenant_id, project_id ORDER BY tenant_id"
+    )[1]
     assert [(t, p) for t, p, _ in proj] == [("acme", "p1"), ("globex", "p2")]
 
 

@@ -93,7 +93,9 @@ def test_rollups_asset_materializes_cost(setup):
     log.append(list(generate(SyntheticSpec(executions=6, steps=3, ref_rate=1.0))))
     with dg.instance_for_test() as instance:
         _export(defs, instance)
-        result = dg.materialize([defs.resolve_assets_def(ROLLUPS_KEY)], instance=instance)  # resource bound by defs
+        result = dg.materialize(
+            [defs.resolve_assets_def(ROLLUPS_KEY)], instance=instance
+        )  # resource bound by defs
         assert result.success
         meta = result.get_asset_materialization_events()[0].materialization.metadata
     assert meta["rows"].value > 0 and meta["total_cost"].value > 0 and meta["tenants"].value == 2

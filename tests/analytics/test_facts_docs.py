@@ -12,4 +12,6 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "analytics.md"
 def test_every_panel_sql_is_documented():
     text = DOC.read_text()
     for panel in PANELS:
-        assert f"```sql\n{panel.sql}\n```" in text, f"{panel.key}: regenerate the panel SQL in docs/analytics.md"
+        assert f"```sql\n{panel.sql}\n```" in text, (
+            f"{panel.key}: regenerate the panel SQL in docs/analytics.md"
+        )

@@ -50,11 +50,15 @@ def log_totals(url: str) -> dict[str, int]:
         _walk_refs(e.data, created)
     return {
         "executions": names[E.EXECUTION_REQUESTED],
-        "failed_executions": sum(e.name == E.WORKFLOW_FINISHED and e.data.get("status") == "failed" for e in events),
+        "failed_executions": sum(
+            e.name == E.WORKFLOW_FINISHED and e.data.get("status") == "failed" for e in events
+        ),
         "step_runs": names[E.STEP_DONE] + names[E.STEP_FAILED],
         "failed_steps": names[E.STEP_FAILED],
         "task_attempts": names[E.TASK_DONE],
-        "failed_attempts": sum(e.name == E.TASK_DONE and e.data["outcome"]["status"] == "error" for e in events),
+        "failed_attempts": sum(
+            e.name == E.TASK_DONE and e.data["outcome"]["status"] == "error" for e in events
+        ),
         "iterations": names[E.LOOP_ITERATION_DONE] + names[E.LOOP_ITERATION_FAILED],
         "bytes": sum(created.values()),
     }
@@ -144,8 +148,17 @@ def test_cli_export_query_dashboard(real_runs, tmp_path):
     assert report["events"] > 0 and report["lag_events"] == 0
     out = runner.invoke(cli, ["facts", "export", "--clickhouse", facts, "--events", url, "--json"])
     assert json.loads(out.output)["events"] == 0
-    out = runner.invoke(cli, ["facts", "query", "--clickhouse", facts, "--json",
-                              "SELECT tenant_id, count() AS n FROM $db.execution_dim GROUP BY tenant_id ORDER BY tenant_id"])
+    out = runner.invoke(
+        cli,
+        [
+            "facts",
+            "query",
+            "--clickhouse",
+            facts,
+            "--json",
+            "SELECT tenant_id, count() AS n FROM $db.execution_dim GROUP BY tenant_id ORDER BY tenant_id",
+        ],
+    )
     assert out.exit_code == 0, out.output
     assert [r["tenant_id"] for r in json.loads(out.output)] == ["acme", "globex"]
     out = runner.invoke(cli, ["facts", "query", "--clickhouse", facts, "SELECT count() FROM noetl.task_fact"])
@@ -154,7 +167,9 @@ def test_cli_export_query_dashboard(real_runs, tmp_path):
     assert bad.exit_code == 2 and "error:" in bad.output
     bad = runner.invoke(cli, ["facts", "export", "--clickhouse", "mysql://x", "--events", url])
     assert bad.exit_code == 2 and "unsupported facts store URL" in bad.output
-    out = runner.invoke(cli, ["dashboard", "--clickhouse", facts, "--events", url, "--out", str(tmp_path / "d")])
+    out = runner.invoke(
+        cli, ["dashboard", "--clickhouse", facts, "--events", url, "--out", str(tmp_path / "d")]
+    )
     assert out.exit_code == 0, out.output
     assert (tmp_path / "d" / "index.html").is_file() and (tmp_path / "d" / "cost_per_tenant.png").is_file()
     bad_prices = tmp_path / "p.yaml"

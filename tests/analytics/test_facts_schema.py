@@ -33,8 +33,10 @@ def test_fact_tables_match_the_writer_columns(facts_store):
 
 
 def test_an_edited_applied_migration_is_refused(facts_store):
-    facts_store.command("ALTER TABLE $db.schema_migrations UPDATE checksum = 'edited' WHERE version = 1"
-                        " SETTINGS mutations_sync = 1")
+    facts_store.command(
+        "ALTER TABLE $db.schema_migrations UPDATE checksum = 'edited' WHERE version = 1"
+        " SETTINGS mutations_sync = 1"
+    )
     with pytest.raises(MigrationError, match="changed after it was applied"):
         apply_migrations(facts_store.client, facts_store.database)
 
@@ -60,7 +62,9 @@ def test_server_url_names_the_database_and_fails_clearly_when_unreachable(monkey
         port = s.getsockname()[1]
     store = FactsStore(f"http://reader:secret@127.0.0.1:{port}/analytics", migrate=False)
     assert store.database == "analytics" and not store.embedded
-    with pytest.raises(FactsStoreError, match=r"cannot connect to ClickHouse at http://reader:\*\*\*@127") as err:
+    with pytest.raises(
+        FactsStoreError, match=r"cannot connect to ClickHouse at http://reader:\*\*\*@127"
+    ) as err:
         store.migrate()
     assert "secret" not in str(err.value)
     monkeypatch.setenv("NOETL_CLICKHOUSE_URL", f"http://127.0.0.1:{port}")

@@ -27,11 +27,15 @@ def log_totals(events: list[Event]) -> dict[str, int]:
                 refs[value["$ref"]["uri"]] = value["$ref"]["size"]
     return {
         "executions": names[E.EXECUTION_REQUESTED],
-        "failed_executions": sum(e.name == E.WORKFLOW_FINISHED and e.data.get("status") == "failed" for e in events),
+        "failed_executions": sum(
+            e.name == E.WORKFLOW_FINISHED and e.data.get("status") == "failed" for e in events
+        ),
         "step_runs": names[E.STEP_DONE] + names[E.STEP_FAILED],
         "failed_steps": names[E.STEP_FAILED],
         "task_attempts": names[E.TASK_DONE],
-        "failed_attempts": sum(e.name == E.TASK_DONE and e.data["outcome"]["status"] == "error" for e in events),
+        "failed_attempts": sum(
+            e.name == E.TASK_DONE and e.data["outcome"]["status"] == "error" for e in events
+        ),
         "iterations": names[E.LOOP_ITERATION_DONE] + names[E.LOOP_ITERATION_FAILED],
         "bytes": sum(refs.values()),
     }
@@ -71,7 +75,10 @@ def test_rows_keep_what_the_events_carry(facts_store):
         "SELECT attempt, status, directive, retryable FROM $db.task_fact WHERE step = 's0' ORDER BY ts"
     )
     # retry_rate=1: every task fails once (retryable, directive retry) then succeeds
-    assert [(a["attempt"], a["status"], a["directive"]) for a in attempts[:2]] == [(1, "error", "retry"), (2, "ok", "continue")]
+    assert [(a["attempt"], a["status"], a["directive"]) for a in attempts[:2]] == [
+        (1, "error", "retry"),
+        (2, "ok", "continue"),
+    ]
     assert attempts[0]["retryable"] == 1
     cpu = facts_store.query_dicts("SELECT runtime_ms, cpu_seconds, units FROM $db.compute_fact LIMIT 5")
     for row in cpu:  # no cpu_ms reported: CPU-seconds = runtime x units
@@ -83,22 +90,41 @@ def test_malformed_values_are_coerced_not_fatal(facts_store):
     eid = "exe-odd"
     odd = [
         Event(E.EXECUTION_REQUESTED, eid, data={"playbook": 42, "name": None}),
-        Event(E.TASK_DONE, eid, step="s", attempt=None, data={
-            "task": "t", "kind": "python", "directive": {"do": "jump", "to": "x"},
-            "outcome": {"status": "ok", "meta": {"duration_ms": "12.5", "attempt": "2", "units": "two"}},
-        }),
+        Event(
+            E.TASK_DONE,
+            eid,
+            step="s",
+            attempt=None,
+            data={
+                "task": "t",
+                "kind": "python",
+                "directive": {"do": "jump", "to": "x"},
+                "outcome": {"status": "ok", "meta": {"duration_ms": "12.5", "attempt": "2", "units": "two"}},
+            },
+        ),
         Event(E.TASK_DONE, eid, step="s", data={"outcome": "not a mapping"}),
-        Event(E.STEP_DONE, eid, step="s", data={"duration_ms": None, "result": {"$ref": {"uri": "file:///x", "size": "9"}}}),
+        Event(
+            E.STEP_DONE,
+            eid,
+            step="s",
+            data={"duration_ms": None, "result": {"$ref": {"uri": "file:///x", "size": "9"}}},
+        ),
         Event(E.LOOP_DONE, eid, step="s", loop_id="L", data={"result": {"stats": {"total": -1, "ok": True}}}),
         Event(E.WORKFLOW_FINISHED, eid, data=["not", "a", "dict"]),  # type: ignore[arg-type]
     ]
     counts = FactWriter(facts_store).write(odd)
     assert counts["execution_fact"] == 2 and counts["task_fact"] == 2 and counts["resource_fact"] == 1
-    rows = facts_store.query_dicts("SELECT attempt, duration_ms, directive FROM $db.task_fact ORDER BY attempt DESC")
+    rows = facts_store.query_dicts(
+        "SELECT attempt, duration_ms, directive FROM $db.task_fact ORDER BY attempt DESC"
+    )
     assert rows[0] == {"attempt": 2, "duration_ms": 12.5, "directive": "jump"}
-    assert facts_store.scalar("SELECT playbook FROM $db.execution_fact WHERE transition = 'requested'") == "42"
+    assert (
+        facts_store.scalar("SELECT playbook FROM $db.execution_fact WHERE transition = 'requested'") == "42"
+    )
     assert facts_store.scalar("SELECT size_bytes FROM $db.resource_fact") == 9
-    assert facts_store.scalar("SELECT units FROM $db.compute_fact WHERE task = 't'") == 1.0  # unparseable -> default
+    assert (
+        facts_store.scalar("SELECT units FROM $db.compute_fact WHERE task = 't'") == 1.0
+    )  # unparseable -> default
 
 
 @pytest.fixture

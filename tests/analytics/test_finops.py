@@ -75,8 +75,12 @@ def test_idle_and_shared_cost_distribution_rules(store):
     refresh_rollups(store, _prices("proportional", "proportional"))
     t = _by_tenant(store)
     # idle over the non-shared tenants by their own cost (1 : 3); the shared tenant's cost likewise
-    assert t["acme"]["idle"] == pytest.approx(idle * 0.25) and t["globex"]["idle"] == pytest.approx(idle * 0.75)
-    assert t["acme"]["shared"] == pytest.approx(0.020 * 0.25) and t["globex"]["shared"] == pytest.approx(0.020 * 0.75)
+    assert t["acme"]["idle"] == pytest.approx(idle * 0.25) and t["globex"]["idle"] == pytest.approx(
+        idle * 0.75
+    )
+    assert t["acme"]["shared"] == pytest.approx(0.020 * 0.25) and t["globex"]["shared"] == pytest.approx(
+        0.020 * 0.75
+    )
     assert t["platform-team"]["shared"] == pytest.approx(-0.020)  # its cost went to the others
     assert sum(t["platform-team"].values()) == pytest.approx(0) and "__idle__" not in t
     totals.append(sum(sum(c.values()) for c in t.values()))
@@ -128,11 +132,16 @@ def test_budget_sensor_alerts_once_per_month_and_the_alert_run_warns_or_fails(tm
         assert req.run_key == f"budget-acme-{month}-exceeded"
         assert req.tags["noetl/budget"] == "acme" and req.tags["noetl/budget_status"] == "exceeded"
         assert float(req.tags["noetl/budget_month_to_date"]) == pytest.approx(0.010)
-        run = defs.resolve_job_def(BUDGET_JOB).execute_in_process(instance=instance, tags=req.tags, raise_on_error=False)
+        run = defs.resolve_job_def(BUDGET_JOB).execute_in_process(
+            instance=instance, tags=req.tags, raise_on_error=False
+        )
         if action == "fail":
             assert not run.success
             failure = run.get_step_failure_events()[0].step_failure_data.user_failure_data
-            assert "budget acme" in failure.description and "crosses the monthly budget 0.005" in failure.description
+            assert (
+                "budget acme" in failure.description
+                and "crosses the monthly budget 0.005" in failure.description
+            )
         else:
             assert run.success
             warnings = [e for e in instance.all_logs(run.run_id) if e.level == 30]  # logging.WARNING
@@ -146,7 +155,9 @@ def test_budget_forecast_and_config_errors(tmp_path):
         FactWriter(s).write(_events(f"{DAY}T10:00:00+00:00"))
         refresh_rollups(s, _prices("unallocated", "unallocated"))
         now = datetime(2026, 3, 10, 12, tzinfo=UTC)  # 9.5 days into a 31-day month
-        st = evaluate(s, [Budget("globex", 0.05), Budget("globex", 0.5), Budget("globex", 0.05, forecast=False)], now)
+        st = evaluate(
+            s, [Budget("globex", 0.05), Budget("globex", 0.5), Budget("globex", 0.05, forecast=False)], now
+        )
         forecast = 0.030 / 9.5 * 31
         assert [x.crossed for x in st] == ["forecast", None, None]
         assert st[0].forecast == pytest.approx(forecast) and st[0].month_to_date == pytest.approx(0.030)
@@ -200,7 +211,10 @@ def test_focus_export_csv_and_parquet_and_its_errors(store, tmp_path):
         (["--out", str(tmp_path / "missing" / "bill.csv")], "does not exist"),
         (["--out", str(tmp_path)], "is a directory"),
         (["--out", str(tmp_path / "x.csv"), "--start", "March"], "--start must be a date"),
-        (["--out", str(tmp_path / "x.csv"), "--start", "2026-03-11", "--end", "2026-03-10"], "is after --end"),
+        (
+            ["--out", str(tmp_path / "x.csv"), "--start", "2026-03-11", "--end", "2026-03-10"],
+            "is after --end",
+        ),
     ):
         r = runner.invoke(cli, ["facts", "focus-export", "--clickhouse", url, *args])
         assert r.exit_code == 2, (args, r.output)

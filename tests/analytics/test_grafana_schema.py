@@ -16,7 +16,9 @@ PANEL_TYPES = {"stat", "timeseries", "barchart", "table", "bargauge", "piechart"
 def test_dashboard_has_the_schema_required_fields():
     d = build_dashboard()
     assert isinstance(d["schemaVersion"], int) and d["schemaVersion"] >= 36
-    assert isinstance(d["title"], str) and d["title"] and isinstance(d["uid"], str) and 0 < len(d["uid"]) <= 40
+    assert (
+        isinstance(d["title"], str) and d["title"] and isinstance(d["uid"], str) and 0 < len(d["uid"]) <= 40
+    )
     assert isinstance(d["editable"], bool) and isinstance(d["tags"], list)
     assert set(d["time"]) >= {"from", "to"} and isinstance(d["templating"]["list"], list)
     assert isinstance(d["annotations"]["list"], list)

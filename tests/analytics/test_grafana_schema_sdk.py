@@ -72,11 +72,19 @@ def _type_errors(value: typing.Any, hint: typing.Any, path: str) -> list[str]:
     if origin is list:
         if not isinstance(value, list):
             return [f"{path}: expected a list, got {type(value).__name__}"]
-        return [e for i, v in enumerate(value) for e in _type_errors(v, args[0] if args else typing.Any, f"{path}[{i}]")]
+        return [
+            e
+            for i, v in enumerate(value)
+            for e in _type_errors(v, args[0] if args else typing.Any, f"{path}[{i}]")
+        ]
     if origin is dict:
         if not isinstance(value, dict):
             return [f"{path}: expected an object, got {type(value).__name__}"]
-        return [e for k, v in value.items() for e in _type_errors(v, args[1] if args else typing.Any, f"{path}.{k}")]
+        return [
+            e
+            for k, v in value.items()
+            for e in _type_errors(v, args[1] if args else typing.Any, f"{path}.{k}")
+        ]
     if not isinstance(hint, type):
         return []
     if issubclass(hint, enum.Enum):
@@ -85,7 +93,11 @@ def _type_errors(value: typing.Any, hint: typing.Any, path: str) -> list[str]:
     if hint is bool:
         return [] if isinstance(value, bool) else [f"{path}: expected a boolean, got {value!r}"]
     if hint is int:
-        return [] if isinstance(value, int) and not isinstance(value, bool) else [f"{path}: expected an integer, got {value!r}"]
+        return (
+            []
+            if isinstance(value, int) and not isinstance(value, bool)
+            else [f"{path}: expected an integer, got {value!r}"]
+        )
     if hint is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         return [] if ok else [f"{path}: expected a number, got {value!r}"]
@@ -98,7 +110,9 @@ def _type_errors(value: typing.Any, hint: typing.Any, path: str) -> list[str]:
         if isinstance(value, hint):
             return _model_errors(value, path)
         return [f"{path}: expected {hint.__name__}, got {type(value).__name__}"]
-    return [] if isinstance(value, hint) else [f"{path}: expected {hint.__name__}, got {type(value).__name__}"]
+    return (
+        [] if isinstance(value, hint) else [f"{path}: expected {hint.__name__}, got {type(value).__name__}"]
+    )
 
 
 def _same_shape(value: typing.Any, hint: typing.Any) -> bool:
@@ -109,7 +123,11 @@ def _same_shape(value: typing.Any, hint: typing.Any) -> bool:
 
 def _model_errors(model: typing.Any, path: str) -> list[str]:
     hints = typing.get_type_hints(type(model))
-    return [e for attr, hint in hints.items() for e in _type_errors(getattr(model, attr, None), hint, f"{path}.{attr}")]
+    return [
+        e
+        for attr, hint in hints.items()
+        for e in _type_errors(getattr(model, attr, None), hint, f"{path}.{attr}")
+    ]
 
 
 def _encoded(model: typing.Any) -> typing.Any:
@@ -137,16 +155,31 @@ def test_panel_options_are_checked_against_the_plugins_models():
 @pytest.mark.parametrize(
     ("where", "edit", "expected"),
     [
-        ("panel key", lambda d: d["panels"][1].__setitem__("gridpos", d["panels"][1].pop("gridPos")),
-         "$.panels[1].gridpos: unknown field"),
-        ("dashboard key", lambda d: d.__setitem__("schema_version", d.pop("schemaVersion")),
-         "$.schema_version: unknown field"),
-        ("grid key", lambda d: d["panels"][0]["gridPos"].__setitem__("width", d["panels"][0]["gridPos"].pop("w")),
-         "$.panels[0].gridPos.width: unknown field"),
-        ("plugin option", lambda d: d["panels"][0]["options"].__setitem__("colourMode", "none"),
-         "$.panels[0].options.colourMode: unknown field"),
-        ("field config", lambda d: d["panels"][0]["fieldConfig"]["defaults"].__setitem__("units", "ms"),
-         "$.panels[0].fieldConfig.defaults.units: unknown field"),
+        (
+            "panel key",
+            lambda d: d["panels"][1].__setitem__("gridpos", d["panels"][1].pop("gridPos")),
+            "$.panels[1].gridpos: unknown field",
+        ),
+        (
+            "dashboard key",
+            lambda d: d.__setitem__("schema_version", d.pop("schemaVersion")),
+            "$.schema_version: unknown field",
+        ),
+        (
+            "grid key",
+            lambda d: d["panels"][0]["gridPos"].__setitem__("width", d["panels"][0]["gridPos"].pop("w")),
+            "$.panels[0].gridPos.width: unknown field",
+        ),
+        (
+            "plugin option",
+            lambda d: d["panels"][0]["options"].__setitem__("colourMode", "none"),
+            "$.panels[0].options.colourMode: unknown field",
+        ),
+        (
+            "field config",
+            lambda d: d["panels"][0]["fieldConfig"]["defaults"].__setitem__("units", "ms"),
+            "$.panels[0].fieldConfig.defaults.units: unknown field",
+        ),
     ],
 )
 def test_a_misnamed_field_fails_with_its_path(where, edit, expected):

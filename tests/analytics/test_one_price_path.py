@@ -88,12 +88,30 @@ SYNTH = "exec-recorded-1"
 def _recorded(ts: str) -> list[Event]:
     """An execution as recorded events: a GPU attempt, an HTTP call with egress, a stored result, and the
     engine's own CPU on the terminal event (what the meter records there)."""
+
     def done(step: str, kind: str, meta: dict) -> Event:  # noqa: ANN202
         outcome = {"status": "ok", "result": {"ok": 1}, "meta": {"attempt": 1, **meta}}
-        return Event("task.done", SYNTH, {"task": f"{step}_t", "kind": kind, "outcome": outcome}, step=step,
-                     step_run_id=f"{SYNTH}-{step}", attempt=1, tenant_id="initech", project_id="ml", timestamp=ts)
+        return Event(
+            "task.done",
+            SYNTH,
+            {"task": f"{step}_t", "kind": kind, "outcome": outcome},
+            step=step,
+            step_run_id=f"{SYNTH}-{step}",
+            attempt=1,
+            tenant_id="initech",
+            project_id="ml",
+            timestamp=ts,
+        )
 
-    ref = {"$ref": {"uri": "s3://b/initech/r.json", "store": "s3", "format": "json", "size": 4_000_000_000, "checksum": "x"}}
+    ref = {
+        "$ref": {
+            "uri": "s3://b/initech/r.json",
+            "store": "s3",
+            "format": "json",
+            "size": 4_000_000_000,
+            "checksum": "x",
+        }
+    }
     return [
         Event("playbook.execution.requested", SYNTH, {"playbook": "tests/recorded"}, tenant_id="initech",
               project_id="ml", timestamp=ts),
@@ -153,7 +171,9 @@ def test_every_view_shows_the_same_total(priced):
     summary = panels["summary"]
     views["static render: Totals tile"] = summary.rows[0][summary.columns.index("cost")]
     per_tenant = panels["cost_per_tenant"]
-    views["static render: cost per tenant"] = sum(r[per_tenant.columns.index("amount")] for r in per_tenant.rows)
+    views["static render: cost per tenant"] = sum(
+        r[per_tenant.columns.index("amount")] for r in per_tenant.rows
+    )
 
     grafana = {p["title"]: p["targets"][0]["rawSql"] for p in json.loads(GRAFANA_JSON.read_text())["panels"]}
     for title, column in (("Totals", "cost"), ("Cost per tenant over time", "amount")):
@@ -163,7 +183,9 @@ def test_every_view_shows_the_same_total(priced):
 
     data = dashboard_data(store)
     views["interactive: /api/data rows"] = sum(r["cost"] for r in data["rows"])
-    views["interactive: allocated + unallocated"] = sum(d["allocated"] + d["unallocated"] for d in cluster_summary(store))
+    views["interactive: allocated + unallocated"] = sum(
+        d["allocated"] + d["unallocated"] for d in cluster_summary(store)
+    )
 
     defs = build_facts_definitions(
         resource=FactsStoreResource(clickhouse_url=store.url, data_dir=str(home), event_store_url=f"sqlite:///{home / 'events.db'}"),
@@ -172,7 +194,10 @@ def test_every_view_shows_the_same_total(priced):
     with dg.instance_for_test() as instance:
         res = defs.resolve_job_def("noetl_cost_rollups_job").execute_in_process(instance=instance)
         assert res.success
-        md = {e.materialization.asset_key: e.materialization.metadata for e in res.get_asset_materialization_events()}
+        md = {
+            e.materialization.asset_key: e.materialization.metadata
+            for e in res.get_asset_materialization_events()
+        }
     views["Dagster asset noetl/cost_rollups: total_cost"] = md[ROLLUPS_KEY]["total_cost"].value
     views["Dagster asset noetl/cost_rollups: noetl/cost"] = md[ROLLUPS_KEY]["noetl/cost"].value
 
@@ -190,11 +215,15 @@ def test_every_view_shows_the_same_total(priced):
         out = runner.invoke(cli, ["facts", "focus-export", "--clickhouse", store.url, "--out", str(out_file)])
         assert out.exit_code == 0, out.output
         if fmt == "parquet":
-            views["FOCUS export (Parquet): BilledCost"] = sum(pq.read_table(out_file).column("BilledCost").to_pylist())
+            views["FOCUS export (Parquet): BilledCost"] = sum(
+                pq.read_table(out_file).column("BilledCost").to_pylist()
+            )
         else:
             import pyarrow.csv as pcsv  # noqa: PLC0415
 
-            views["FOCUS export (CSV): BilledCost"] = sum(pcsv.read_csv(out_file).column("BilledCost").to_pylist())
+            views["FOCUS export (CSV): BilledCost"] = sum(
+                pcsv.read_csv(out_file).column("BilledCost").to_pylist()
+            )
 
     python = sum(cost_of_events(prices, events).values(), Cost())
     views["Python pricing (Dagster metadata) of every event"] = python.total
@@ -233,7 +262,10 @@ def test_platform_gpu_and_requests_lines(priced):
     req = {c: (q, u, r) for c, q, u, r in rows}
     naps = [e for e in events if e.name == "task.done" and e.step == "reserved"]
     hours = sum(e.data["outcome"]["meta"]["duration_ms"] for e in naps) / 3.6e6
-    assert len(naps) == 3 and naps[0].data["outcome"]["meta"]["requests"] == {"cpu": 2.0, "memory_bytes": 2**30}
+    assert len(naps) == 3 and naps[0].data["outcome"]["meta"]["requests"] == {
+        "cpu": 2.0,
+        "memory_bytes": 2**30,
+    }
     assert req["compute"][2] == pytest.approx(2 * hours) and req["compute"][0] == pytest.approx(2 * hours)
     assert req["compute"][1] < req["compute"][2]  # it used less than it reserved
     assert req["ram"][0] == pytest.approx(2**30 / 1e9 * hours)

@@ -156,7 +156,10 @@ def test_tenant_cost_lines_carry_quantum(qpu_run):
     store, meta = qpu_run
     shots, qpu_s = meta["shots"], meta["execution_seconds"]
     refresh_rollups(
-        store, PriceTable.from_dict({"currency": "EUR", "versions": [{"quantum": {"shot": SHOT, "qpu_second": QPU_SECOND}}]})
+        store,
+        PriceTable.from_dict(
+            {"currency": "EUR", "versions": [{"quantum": {"shot": SHOT, "qpu_second": QPU_SECOND}}]}
+        ),
     )
     _, rows = store.query(
         "SELECT item, unit, sum(quantity), any(unit_price), sum(amount), any(currency) FROM $db.tenant_cost_fact"

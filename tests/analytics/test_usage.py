@@ -154,7 +154,8 @@ def test_dagster_op_output_carries_the_steps_measured_usage(tmp_path):
     from noetl_dagster.translator import compile_playbooks
 
     pb = tmp_path / "usage_dagster.yaml"
-    pb.write_text(textwrap.dedent("""
+    pb.write_text(
+        textwrap.dedent("""
         apiVersion: noetl.io/v2
         kind: Playbook
         metadata: {name: usage_dagster, path: tests/usage_dagster}
@@ -167,7 +168,8 @@ def test_dagster_op_output_carries_the_steps_measured_usage(tmp_path):
                 for i in range(1_000_000):
                     t += i
                 result = {"row_count": 5}
-    """).lstrip())
+    """).lstrip()
+    )
     loc = compile_playbooks(pb, resource=NoetlResource(data_dir=str(tmp_path / "d")), include_sensor=False)
     with dg.instance_for_test() as instance:
         result = loc.definitions.resolve_job_def("usage_dagster").execute_in_process(instance=instance)
@@ -220,7 +222,9 @@ def test_a_short_attempt_reads_no_memory_or_child_figures_at_its_end(monkeypatch
     meter = Meter()
     reads: list[str] = []
     real_getrusage, real_rss = usage._resource.getrusage, usage._rss
-    monkeypatch.setattr(usage._resource, "getrusage", lambda who: reads.append("getrusage") or real_getrusage(who))
+    monkeypatch.setattr(
+        usage._resource, "getrusage", lambda who: reads.append("getrusage") or real_getrusage(who)
+    )
     monkeypatch.setattr(usage, "_rss", lambda: reads.append("rss") or real_rss())
     u = meter.stop()
     assert u["wall_s"] < usage.SHORT_TASK_S and reads == []

@@ -19,7 +19,9 @@ from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.storage.event_stores import open_event_store
 
 MB = 1024 * 1024
-HEAD = "apiVersion: noetl.io/v2\nkind: Playbook\nmetadata: {name: usage_all, path: tests/usage_all}\nworkflow:\n"
+HEAD = (
+    "apiVersion: noetl.io/v2\nkind: Playbook\nmetadata: {name: usage_all, path: tests/usage_all}\nworkflow:\n"
+)
 
 
 def _write(tmp_path: Path, workflow: str, name: str = "usage.yaml") -> Path:
@@ -39,7 +41,9 @@ def _events(url: str, execution_id: str) -> list:
 def _run(tmp_path: Path, workflow: str, workload=None, **kw):
     pb = _write(tmp_path, workflow)
     cpu0 = time.process_time()
-    res = run_playbook(pb, workload, data_dir=tmp_path / "data", event_store=f"sqlite:///{tmp_path / 'events.db'}", **kw)
+    res = run_playbook(
+        pb, workload, data_dir=tmp_path / "data", event_store=f"sqlite:///{tmp_path / 'events.db'}", **kw
+    )
     spent = time.process_time() - cpu0
     events = _events(res.event_store_url, res.execution_id)
     return res, events, spent
@@ -120,7 +124,11 @@ def test_a_smaller_peak_after_a_bigger_one_in_the_same_process_is_measured(tmp_p
     # the meter reset the process's mark before `small`; a whole run's peak is still there to read
     from noetl_dagster.engine.usage import process_peak_bytes
 
-    assert process_peak_bytes() >= u["big"]["mem_peak_bytes"] > resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    assert (
+        process_peak_bytes()
+        >= u["big"]["mem_peak_bytes"]
+        > resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    )
 
 
 def test_memory_of_an_isolated_child_is_measured_and_priced(tmp_path):
@@ -208,7 +216,9 @@ def test_platform_usage_is_recorded_on_workflow_finished(tmp_path):
     )
     assert res.status == "completed", res.results
     p = _platform(events)
-    assert set(p) >= {"cpu_s", "process_cpu_s", "task_cpu_s", "wall_s", "window"} and p["window"] == "execution"
+    assert (
+        set(p) >= {"cpu_s", "process_cpu_s", "task_cpu_s", "wall_s", "window"} and p["window"] == "execution"
+    )
     assert p["cpu_s"] > 0  # routing, recording, templates: the engine's own work
     tasks = sum(u["cpu_s"] for u in _usage(events).values())
     assert abs(p["task_cpu_s"] - tasks) < 1e-5
@@ -245,7 +255,7 @@ def test_a_sub_playbook_is_not_counted_twice(tmp_path):
     sub.mkdir()
     (sub / "child.yaml").write_text(
         "apiVersion: noetl.io/v2\nkind: Playbook\nmetadata: {name: child, path: tests/usage_child}\n"
-        "workflow:\n  - step: start\n    tool:\n      - burn: {kind: python, code: \"result = sum(i * i for i in range(4_000_000))\"}\n",
+        'workflow:\n  - step: start\n    tool:\n      - burn: {kind: python, code: "result = sum(i * i for i in range(4_000_000))"}\n',
         encoding="utf-8",
     )
     res, events, spent = _run(
@@ -332,7 +342,9 @@ def test_parallel_attempts_do_not_share_each_others_children(tmp_path):
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     assert res.status == "completed", res.results
     reaped = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-    counted = [e.data["outcome"]["meta"]["usage"].get("child_cpu_s", 0) for e in events if e.name == "task.done"]
+    counted = [
+        e.data["outcome"]["meta"]["usage"].get("child_cpu_s", 0) for e in events if e.name == "task.done"
+    ]
     assert len(counted) == 4 and all(c > 0 for c in counted), counted
     assert sum(counted) <= reaped + 0.005, (counted, reaped)
     assert sum(counted) >= 0.9 * reaped, (counted, reaped)
@@ -346,8 +358,8 @@ def test_parallel_sub_playbooks_are_not_counted_twice(tmp_path):
     sub.mkdir()
     (sub / "child.yaml").write_text(
         "apiVersion: noetl.io/v2\nkind: Playbook\nmetadata: {name: child, path: tests/usage_child}\n"
-        "workflow:\n  - step: start\n    tool:\n      - wait: {kind: python, code: \"import time\\ntime.sleep(0.3)\\nresult = 1\"}\n"
-        "      - burn: {kind: python, code: \"result = sum(i * i for i in range(1_500_000))\"}\n",
+        'workflow:\n  - step: start\n    tool:\n      - wait: {kind: python, code: "import time\\ntime.sleep(0.3)\\nresult = 1"}\n'
+        '      - burn: {kind: python, code: "result = sum(i * i for i in range(1_500_000))"}\n',
         encoding="utf-8",
     )
     res, events, spent = _run(

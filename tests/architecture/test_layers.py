@@ -87,6 +87,7 @@ def test_no_module_import_cycles(graph):
 
 def test_no_package_import_cycles(graph):
     """Folders (noetl_dagster.<part> and the top-level packages) form no circle."""
+
     def part(m: str) -> str:
         bits = m.split(".")
         return ".".join(bits[:2]) if bits[0] == "noetl_dagster" else bits[0]
@@ -116,7 +117,9 @@ def test_modules_and_classes_stay_readable():
             too_long.append(f"{rel}: {text.count(chr(10))} lines")
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES:
-                too_long.append(f"{rel}:{node.lineno}: class {node.name}: {node.end_lineno - node.lineno + 1} lines")
+                too_long.append(
+                    f"{rel}:{node.lineno}: class {node.name}: {node.end_lineno - node.lineno + 1} lines"
+                )
     assert too_long == []
 
 
@@ -147,5 +150,7 @@ def test_the_checks_catch_a_cycle_and_an_upward_import(tmp_path, monkeypatch):
         'type = "layers"\nlayers = ["toy.high", "toy.low"]\n'
     )
     lint = Path(sys.executable).with_name("lint-imports")
-    proc = subprocess.run([str(lint)], cwd=tmp_path, capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path)})
+    proc = subprocess.run(
+        [str(lint)], cwd=tmp_path, capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path)}
+    )
     assert proc.returncode == 1 and "toy.low is not allowed to import toy.high" in proc.stdout

@@ -100,7 +100,9 @@ def test_run_missing_file(tmp_path, data_dir):
 
 def test_run_bad_workload_json(files, data_dir):
     p = files("good.yaml", GOOD)
-    _assert_one_line_error(_cli("run", p, "--workload", "{n: 1", env_home=data_dir), "--workload is not valid JSON")
+    _assert_one_line_error(
+        _cli("run", p, "--workload", "{n: 1", env_home=data_dir), "--workload is not valid JSON"
+    )
 
 
 # -- the rest in-process -------------------------------------------------------------
@@ -108,7 +110,9 @@ def test_run_bad_workload_json(files, data_dir):
 
 def _invoke(*args, data_dir):
     # wide terminal: rich must not wrap the summary lines
-    return CliRunner().invoke(cli, [str(a) for a in args], env={"NOETL_DAGSTER_HOME": str(data_dir), "COLUMNS": "300"})
+    return CliRunner().invoke(
+        cli, [str(a) for a in args], env={"NOETL_DAGSTER_HOME": str(data_dir), "COLUMNS": "300"}
+    )
 
 
 def test_tool_exception_never_prints_a_traceback(files, data_dir):
@@ -128,7 +132,11 @@ def test_validate_exits_1_with_file_line_rule_lines(files, data_dir):
     lines = r.stdout.splitlines()
     parsed = [re.match(rf"^{re.escape(str(bad))}:(\d+): ([a-z-]+): (.+)$", line) for line in lines]
     assert all(parsed), lines  # one `FILE:LINE: RULE: message` line per error, none for the valid file
-    assert {m.group(2): int(m.group(1)) for m in parsed} == {"root-vars": 4, "unknown-tool-kind": 7, "unknown-arc-target": 8}
+    assert {m.group(2): int(m.group(1)) for m in parsed} == {
+        "root-vars": 4,
+        "unknown-tool-kind": 7,
+        "unknown-arc-target": 8,
+    }
     assert "'ghost'" in lines[-1] and "'teleport'" in lines[1]
     assert "Traceback" not in r.stderr
 

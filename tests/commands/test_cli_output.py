@@ -122,7 +122,15 @@ from hypothesis import strategies as st  # noqa: E402
 from noetl_dagster.commands import plain_output  # noqa: E402
 
 _TEXT = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=120) | st.sampled_from(
-    ["sqlite:////tmp/x/events.db", "[bold]x[/]", "a :smile: b", "{\"a\":[1,2]}", "x" * 130, "a  b   c ", " lead"]
+    [
+        "sqlite:////tmp/x/events.db",
+        "[bold]x[/]",
+        "a :smile: b",
+        '{"a":[1,2]}',
+        "x" * 130,
+        "a  b   c ",
+        " lead",
+    ]
 )
 
 
@@ -148,7 +156,10 @@ def test_wrap_takes_the_fast_path_for_the_usual_lines():
     line = "event log: sqlite:////tmp/startup/home/events.db  (noetl-dagster events 01a21f9c-1946-7b86-9216-560e8ba7346c)"
     assert plain_output.text_lines(line, 80) == [line[:72], line[72:]]
     assert "\n".join(plain_output.text_lines(line, 80)) + "\n" == _rich(80, line)
-    assert plain_output.text_lines("[bold]x[/]", 80) is None and plain_output.text_lines(":thumbs_up:", 80) is None
+    assert (
+        plain_output.text_lines("[bold]x[/]", 80) is None
+        and plain_output.text_lines(":thumbs_up:", 80) is None
+    )
 
 
 _CELL = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), min_size=1, max_size=40)
@@ -156,7 +167,9 @@ _CELL = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), min
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    rows=st.lists(st.tuples(_CELL, st.integers(0, 10**6).map(str), _CELL | st.just("")), min_size=1, max_size=6),
+    rows=st.lists(
+        st.tuples(_CELL, st.integers(0, 10**6).map(str), _CELL | st.just("")), min_size=1, max_size=6
+    ),
     playbook=_CELL,
     status=st.sampled_from(["completed", "failed"]),
     width=st.integers(min_value=20, max_value=160),

@@ -66,7 +66,9 @@ def _entries(cache: Path) -> list[Path]:
 
 
 def _same(a: dict, b: dict) -> bool:
-    return {k: v for k, v in a.items() if k != "execution_id"} == {k: v for k, v in b.items() if k != "execution_id"}
+    return {k: v for k, v in a.items() if k != "execution_id"} == {
+        k: v for k, v in b.items() if k != "execution_id"
+    }
 
 
 def test_second_run_loads_the_validated_playbook_without_yaml_or_validators(tmp_path):

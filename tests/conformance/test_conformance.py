@@ -37,7 +37,9 @@ def get(stubs, name, path, **kw):
 def test_paginated_api_page_offset_and_cursor_cover_35_items(stubs):
     pages, page = [], 1
     while True:
-        body = get(stubs, "paginated-api", "/api/v1/assessments", params={"page": page, "pageSize": 10}).json()
+        body = get(
+            stubs, "paginated-api", "/api/v1/assessments", params={"page": page, "pageSize": 10}
+        ).json()
         pages += body["data"]
         if not body["paging"]["hasMore"]:
             break
@@ -69,7 +71,9 @@ def test_paginated_api_rate_limit_errors_and_heavy(stubs):
     b = get(stubs, "paginated-api", "/api/v1/rate-limited", params={"page": 2, "requests_per_second": 1})
     assert a.status_code == 200 and b.status_code == 429 and int(b.headers["Retry-After"]) >= 1
     assert get(stubs, "paginated-api", "/api/v1/errors", params={"error_type": "auth"}).status_code == 401
-    heavy = get(stubs, "paginated-api", "/api/v1/heavy", params={"page": 1, "pageSize": 2, "payload_kb": 3}).json()
+    heavy = get(
+        stubs, "paginated-api", "/api/v1/heavy", params={"page": 1, "pageSize": 2, "payload_kb": 3}
+    ).json()
     assert [len(i["payload"]) for i in heavy["data"]] == [3072, 3072]
 
 
@@ -77,7 +81,14 @@ def test_concurrency_probe_counts_overlap(stubs):
     import threading
 
     httpx.post(stubs["paginated-api"].url + "/api/v1/concurrency/reset")
-    threads = [threading.Thread(target=get, args=(stubs, "paginated-api", "/api/v1/concurrency/probe"), kwargs={"params": {"delay_seconds": 0.3}}) for _ in range(3)]
+    threads = [
+        threading.Thread(
+            target=get,
+            args=(stubs, "paginated-api", "/api/v1/concurrency/probe"),
+            kwargs={"params": {"delay_seconds": 0.3}},
+        )
+        for _ in range(3)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -95,7 +106,12 @@ def test_httpbin_jsonplaceholder_open_meteo_noetl(stubs):
     assert len(posts) == 100 and set(posts[0]) == {"userId", "id", "title", "body"}
     assert get(stubs, "jsonplaceholder", "/users/3").json()["address"]["city"]
     assert len(get(stubs, "jsonplaceholder", "/posts", params={"userId": 2}).json()) == 10
-    meteo = get(stubs, "open-meteo", "/v1/forecast", params={"latitude": 51.5, "longitude": -0.12, "current": "temperature_2m"}).json()
+    meteo = get(
+        stubs,
+        "open-meteo",
+        "/v1/forecast",
+        params={"latitude": 51.5, "longitude": -0.12, "current": "temperature_2m"},
+    ).json()
     assert isinstance(meteo["current"]["temperature_2m"], float)
     assert get(stubs, "open-meteo", "/v1/forecast").status_code == 400
     assert get(stubs, "noetl-api", "/health").json()["status"] == "ok"
@@ -107,7 +123,12 @@ def test_overrides_cover_every_stubbed_host(stubs):
     assert o["httpbin.org"] == stubs["httpbin"].url
     assert o["paginated-api.test-server.svc.cluster.local:5555"] == stubs["paginated-api"].url
     assert rewrite_workload_hosts(
-        {"api_url": "http://paginated-api.test-server.svc.cluster.local:5555", "n": 1, "l": ["https://httpbin.org/get"]}, o
+        {
+            "api_url": "http://paginated-api.test-server.svc.cluster.local:5555",
+            "n": 1,
+            "l": ["https://httpbin.org/get"],
+        },
+        o,
     ) == {"api_url": stubs["paginated-api"].url, "n": 1, "l": [stubs["httpbin"].url + "/get"]}
 
 
@@ -115,7 +136,11 @@ def test_fixture_workload_adds_pg_payload_rewrites_hosts_and_setup(conformance_d
     rel = "pagination/basic/test_pagination_basic.yaml"
     wl = fixture_workload(conformance_dir / rel, FixtureSetup(workload={"x": 1}), stubs.overrides)
     assert wl == {"api_url": stubs["paginated-api"].url, "x": 1}
-    wl = fixture_workload(conformance_dir / "data_transfer/http_to_postgres_direct/http_to_postgres_direct.yaml", FixtureSetup(), stubs.overrides)
+    wl = fixture_workload(
+        conformance_dir / "data_transfer/http_to_postgres_direct/http_to_postgres_direct.yaml",
+        FixtureSetup(),
+        stubs.overrides,
+    )
     assert wl["pg_auth"] == "pg_local"
 
 
@@ -126,7 +151,9 @@ def test_corpus_discovery_core_list_and_validation(conformance_dir):
     assert len(core) == 66 and set(core) <= set(files)
     ok = check_file(conformance_dir, "hello_world/hello_world.yaml")
     assert ok.parsed and ok.valid and ok.errors == []
-    bad = check_file(conformance_dir, "regression_test/master_regression_test.yaml")  # a legacy `retry:` block
+    bad = check_file(
+        conformance_dir, "regression_test/master_regression_test.yaml"
+    )  # a legacy `retry:` block
     assert bad.parsed and not bad.valid
     assert bad.errors[0].startswith("regression_test/master_regression_test.yaml:31: legacy-construct")
 
@@ -177,7 +204,9 @@ def test_core_fixture_completes_against_stubs(rel, conformance_dir, stubs, pg_cr
     if setup.seeds:
         target.run_sql(setup.seeds)
     workload = fixture_workload(conformance_dir / rel, setup, stubs.overrides)
-    res = run_playbook(conformance_dir / rel, workload, data_dir=tmp_path / "home", catalog_dirs=[conformance_dir])
+    res = run_playbook(
+        conformance_dir / rel, workload, data_dir=tmp_path / "home", catalog_dirs=[conformance_dir]
+    )
     failed = {s: r for s, r in res.results.items() if isinstance(r, dict) and r.get("status") == "error"}
     assert res.status == "completed", failed
 
@@ -187,8 +216,17 @@ def test_cursor_fixture_really_paged_through_the_stub(conformance_dir, stubs, tm
 
     rel = "pagination/cursor/test_pagination_cursor.yaml"
     monkeypatch.setenv("NOETL_HTTP_OVERRIDES", json.dumps(stubs.overrides))
-    res = run_playbook(conformance_dir / rel, fixture_workload(conformance_dir / rel, FixtureSetup(), stubs.overrides), data_dir=tmp_path)
-    assert res.results["validate_results"] == {"status": "success", "total_events": 35, "first_id": 1, "last_id": 35}
+    res = run_playbook(
+        conformance_dir / rel,
+        fixture_workload(conformance_dir / rel, FixtureSetup(), stubs.overrides),
+        data_dir=tmp_path,
+    )
+    assert res.results["validate_results"] == {
+        "status": "success",
+        "total_events": 35,
+        "first_id": 1,
+        "last_id": 35,
+    }
     assert res.runs["fetch_page"] == 4
 
 
@@ -218,7 +256,9 @@ def test_cli_rejects_a_bad_override(conformance_dir):
 
 
 @pytest.mark.slow
-def test_cursor_loop_fixture_drains_page_continuation_work(conformance_dir, stubs, pg_creds, tmp_path, monkeypatch):
+def test_cursor_loop_fixture_drains_page_continuation_work(
+    conformance_dir, stubs, pg_creds, tmp_path, monkeypatch
+):
     """NoETL's PFT page-continuation fixture: a postgres cursor loop whose body enqueues the next page;
     its own verify step checks every (data type, patient) reached its terminal page exactly once."""
     from noetl_dagster.runners.local import run_playbook
@@ -227,8 +267,12 @@ def test_cursor_loop_fixture_drains_page_continuation_work(conformance_dir, stub
     monkeypatch.setenv("NOETL_HTTP_OVERRIDES", json.dumps(stubs.overrides))
     monkeypatch.setenv("NOETL_CREDENTIALS_FILE", str(pg_creds))
     workload = fixture_workload(conformance_dir / rel, FixtureSetup(), stubs.overrides)
-    res = run_playbook(conformance_dir / rel, workload, data_dir=tmp_path / "home", catalog_dirs=[conformance_dir])
-    assert res.status == "completed", {s: r for s, r in res.results.items() if isinstance(r, dict) and r.get("status") == "error"}
+    res = run_playbook(
+        conformance_dir / rel, workload, data_dir=tmp_path / "home", catalog_dirs=[conformance_dir]
+    )
+    assert res.status == "completed", {
+        s: r for s, r in res.results.items() if isinstance(r, dict) and r.get("status") == "error"
+    }
     stats = res.results["fetch_pages"]["stats"]
     # 10 patients x 4 data types, 1-3 pages each (the stub's contract): 80 pages, all fetched once
     assert stats == {"total": 80, "ok": 80, "failed": 0}

@@ -78,7 +78,9 @@ def run_local(path: Path, data_dir: Path, workload: dict | None = None) -> Any:
 
 def run_dagster(path: Path, data_dir: Path, instance: dg.DagsterInstance, mode: str = "default",
                 workload: dict | None = None) -> Any:  # fmt: skip
-    return run_playbook_dagster(path, workload, data_dir=data_dir, instance=instance, mode=mode, **scope_of(path))
+    return run_playbook_dagster(
+        path, workload, data_dir=data_dir, instance=instance, mode=mode, **scope_of(path)
+    )
 
 
 def free_port() -> int:
@@ -90,7 +92,9 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def dagster_dev_server(module: str, *, cwd: Path, env: dict[str, str], log_path: Path) -> Iterator[tuple[str, Any]]:
+def dagster_dev_server(
+    module: str, *, cwd: Path, env: dict[str, str], log_path: Path
+) -> Iterator[tuple[str, Any]]:
     """`dagster dev -m MODULE` on a free port: yields (url, process) once /server_info answers;
     stops it with SIGINT (as a user would), SIGKILL only if it will not stop."""
     port = free_port()

@@ -22,7 +22,9 @@ def hello_job() -> dg.JobDefinition:
 
 def frames_job() -> dg.JobDefinition:
     resource = NoetlResource(data_dir=os.environ["RECOVERY_TEST_DATA_DIR"])
-    loc = compile_playbooks(os.environ["RECOVERY_TEST_FRAMES_PLAYBOOK"], resource=resource, include_sensor=False)
+    loc = compile_playbooks(
+        os.environ["RECOVERY_TEST_FRAMES_PLAYBOOK"], resource=resource, include_sensor=False
+    )
     return loc.definitions.resolve_job_def(loc.index.playbooks[0].job_name)
 
 

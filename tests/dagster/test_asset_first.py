@@ -44,7 +44,10 @@ def test_declared_tables_materialize_with_schema_rows_bytes_and_checks(dagster_d
     assert daily.freshness_policy is not None
     ref = daily.metadata["dagster/code_references"].code_references[0]
     text = (EXAMPLES / "sales_tables.yaml").read_text().splitlines()
-    assert ref.file_path.endswith("sales_tables.yaml") and "uri: noetl://demo/examples/sales/dataset/daily_sales" in text[ref.line_number - 1]
+    assert (
+        ref.file_path.endswith("sales_tables.yaml")
+        and "uri: noetl://demo/examples/sales/dataset/daily_sales" in text[ref.line_number - 1]
+    )
     assert [c.name for c in daily.metadata["dagster/column_schema"].columns] == ["day", "region", "amount"]
     check_keys = {k.name for k in defs.resolve_asset_graph().asset_check_keys if k.asset_key == DAILY}
     assert check_keys == {"row_count", "schema_drift", "freshness", "three_regions_a_day"}
@@ -53,7 +56,10 @@ def test_declared_tables_materialize_with_schema_rows_bytes_and_checks(dagster_d
         for _ in range(2):  # the second run: schema_drift compares with v1
             result = defs.resolve_implicit_global_asset_job_def().execute_in_process(instance=instance)
             assert result.success
-        mats = {e.materialization.asset_key: e.materialization.metadata for e in result.get_asset_materialization_events()}
+        mats = {
+            e.materialization.asset_key: e.materialization.metadata
+            for e in result.get_asset_materialization_events()
+        }
         evals = {(e.asset_key, e.check_name): e for e in result.get_asset_check_evaluations()}
         run = instance.get_run_by_id(result.run_id)
     md = mats[DAILY]
@@ -127,9 +133,15 @@ def test_partitions_set_the_workload_value_record_the_key_and_drift_is_per_parti
     drift = evals["wide"]["schema_drift"]  # wide's first version: narrow's v1 is another partition's data
     assert drift.passed and "added" not in drift.description
     pred = evals["wide"]["many_rows"]
-    assert not pred.passed and pred.severity == dg.AssetCheckSeverity.WARN and "4 > 100" not in pred.description
+    assert (
+        not pred.passed and pred.severity == dg.AssetCheckSeverity.WARN and "4 > 100" not in pred.description
+    )
     # the registry version records its partition key
-    plan = NoetlResource(data_dir=str(dagster_data)).registry("demo", "examples").resolve("noetl://demo/examples/t/dataset/shapes")
+    plan = (
+        NoetlResource(data_dir=str(dagster_data))
+        .registry("demo", "examples")
+        .resolve("noetl://demo/examples/t/dataset/shapes")
+    )
     assert plan.version == "v2" and plan.metadata["partition_key"] == "wide"
 
 
@@ -163,7 +175,10 @@ def test_daily_partition_key_becomes_the_workload_value(dagster_data, tmp_path):
     ad = defs.resolve_assets_def(key)
     assert isinstance(ad.partitions_def, dg.DailyPartitionsDefinition)
     spec = ad.specs_by_key[key]
-    assert spec.automation_condition.get_label() == dg.AutomationCondition.on_cron("0 6 * * *", "Europe/Paris").get_label()
+    assert (
+        spec.automation_condition.get_label()
+        == dg.AutomationCondition.on_cron("0 6 * * *", "Europe/Paris").get_label()
+    )
     assert spec.freshness_policy.deadline_cron == "0 9 * * *"
     with dg.instance_for_test() as instance:
         r = dg.materialize(_unbound(defs, key), instance=instance, partition_key="2026-11-20",
@@ -201,7 +216,9 @@ def test_on_cron_automation_requests_the_asset_after_the_tick(dagster_data, tmp_
     defs = _defs([f], dagster_data)
     day = dt.datetime(2026, 11, 20, tzinfo=dt.UTC)
     with dg.instance_for_test() as instance:
-        before = dg.evaluate_automation_conditions(defs=defs, instance=instance, evaluation_time=day.replace(hour=5, minute=59))
+        before = dg.evaluate_automation_conditions(
+            defs=defs, instance=instance, evaluation_time=day.replace(hour=5, minute=59)
+        )
         after = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=before.cursor,
                                                   evaluation_time=day.replace(hour=6, minute=1))  # fmt: skip
     assert (before.total_requested, after.total_requested) == (0, 1)
@@ -211,7 +228,10 @@ def test_on_cron_automation_requests_the_asset_after_the_tick(dagster_data, tmp_
     ("snippet", "rule"),
     [
         ("outputs: [{uri: 'noetl://demo/x/t/dataset/a@v1'}]", "output-uri"),
-        ("outputs: [{uri: 'noetl://demo/x/t/dataset/a', checks: [{row_count: {min: 1}, assert: '{{ 1 }}'}]}]", "check-shape"),
+        (
+            "outputs: [{uri: 'noetl://demo/x/t/dataset/a', checks: [{row_count: {min: 1}, assert: '{{ 1 }}'}]}]",
+            "check-shape",
+        ),
         ("outputs: [{uri: 'noetl://demo/x/t/dataset/a', owners: [nobody]}]", "output-owners"),
         ("outputs: [{uri: 'noetl://demo/x/t/dataset/a', automation: sometimes}]", "automation"),
         ("outputs: [{uri: 'noetl://demo/x/t/dataset/a', colour: red}]", "output-key"),
@@ -219,7 +239,8 @@ def test_on_cron_automation_requests_the_asset_after_the_tick(dagster_data, tmp_
 )
 def test_bad_declarations_are_one_line_errors_with_file_and_line(tmp_path, snippet, rule):
     f = tmp_path / "bad.yaml"
-    f.write_text(textwrap.dedent(f"""\
+    f.write_text(
+        textwrap.dedent(f"""\
         apiVersion: noetl.io/v2
         kind: Playbook
         metadata: {{name: bad, path: t/bad}}
@@ -227,7 +248,8 @@ def test_bad_declarations_are_one_line_errors_with_file_and_line(tmp_path, snipp
           - step: start
             tool: [{{a: {{kind: python, code: "def main(): return 1"}}}}]
             {snippet}
-        """))
+        """)
+    )
     with pytest.raises(PlaybookInvalid) as e:
         load_playbook(f)
     assert f"{f}:7: {rule}:" in str(e.value.issues[0])
@@ -274,7 +296,10 @@ def test_materializing_the_declared_tables_reports_their_cost(dagster_data):
     with dg.instance_for_test() as instance:
         result = defs.resolve_implicit_global_asset_job_def().execute_in_process(instance=instance)
         assert result.success
-        mats = {e.materialization.asset_key: e.materialization.metadata for e in result.get_asset_materialization_events()}
+        mats = {
+            e.materialization.asset_key: e.materialization.metadata
+            for e in result.get_asset_materialization_events()
+        }
         tags = instance.get_run_by_id(result.run_id).tags
     eid = tags["noetl/execution_id"]
     log = open_event_store(None, data_dir=dagster_data)

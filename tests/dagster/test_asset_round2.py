@@ -136,11 +136,16 @@ def _backfill(tmp_path, data_dir, playbook, keys):
     os.environ["T31_PLAYBOOK"], os.environ["T31_DATA"] = str(playbook), str(data_dir)
     overrides = {
         "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"},
-        "run_launcher": {"module": "dagster._core.launcher.sync_in_memory_run_launcher", "class": "SyncInMemoryRunLauncher"},
+        "run_launcher": {
+            "module": "dagster._core.launcher.sync_in_memory_run_launcher",
+            "class": "SyncInMemoryRunLauncher",
+        },
     }
     try:
         with dg.instance_for_test(overrides=overrides) as instance:
-            target = PythonFileTarget(str(mod), attribute=None, working_directory=str(tmp_path), location_name="t31")
+            target = PythonFileTarget(
+                str(mod), attribute=None, working_directory=str(tmp_path), location_name="t31"
+            )
             with create_test_daemon_workspace_context(target, instance) as wctx:
                 bf = PartitionBackfill.from_asset_partitions(
                     backfill_id="t31", asset_graph=wctx.create_request_context().asset_graph, partition_names=keys,
@@ -156,7 +161,9 @@ def _backfill(tmp_path, data_dir, playbook, keys):
                 runs = instance.get_runs()
                 evals = {}
                 for run in runs:
-                    for rec in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION):
+                    for rec in instance.all_logs(
+                        run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION
+                    ):
                         ev = rec.dagster_event.event_specific_data
                         evals[(run.tags.get("dagster/partition") or run.tags.get("dagster/asset_partition_range_start"),
                                ev.check_name)] = ev  # fmt: skip
@@ -187,7 +194,11 @@ def test_single_run_backfill_policy_hands_the_playbook_its_range(dagster_data, t
     ad = _defs([f], dagster_data).resolve_assets_def(EVENTS)
     assert ad.backfill_policy == dg.BackfillPolicy.single_run()
     runs, evals, done = _backfill(tmp_path, dagster_data, f, ["2026-11-21", "2026-11-22", "2026-11-23"])
-    assert done == {"2026-11-21", "2026-11-22", "2026-11-23"}  # the one run materialized every key of its range
+    assert done == {
+        "2026-11-21",
+        "2026-11-22",
+        "2026-11-23",
+    }  # the one run materialized every key of its range
     assert len(runs) == 1 and runs[0].status == dg.DagsterRunStatus.SUCCESS
     # one version covers the range, recorded under its label; each key's rows are in it
     assert _records(dagster_data) == [("v1", "2026-11-21...2026-11-23", 3 + 4 + 5)]
@@ -258,9 +269,10 @@ def test_materializing_one_table_runs_only_the_steps_it_needs(dagster_data, tmp_
 def test_component_op_tags_and_pool_reach_the_materialize_op(dagster_data, tmp_path):
     f = tmp_path / "branches.yaml"
     f.write_text(BRANCHES)
-    for translation, want in ((NoetlTranslation(op_tags={"dagster/concurrency_key": "noetl", "team": "data"}),
-                               ("noetl", None)),
-                              (NoetlTranslation(op_tags={"team": "data"}, pool="warehouse"), (None, "warehouse"))):
+    for translation, want in (
+        (NoetlTranslation(op_tags={"dagster/concurrency_key": "noetl", "team": "data"}), ("noetl", None)),
+        (NoetlTranslation(op_tags={"team": "data"}, pool="warehouse"), (None, "warehouse")),
+    ):
         defs = _defs([f], dagster_data, translator=_ConfiguredTranslator(translation))
         step_op = defs.resolve_job_def("branches").graph.node_named("left").definition
         for op in (defs.resolve_assets_def(LEFT).op, step_op):  # the Materialize op like the job's ops
@@ -294,7 +306,9 @@ workflow:
 """
 
 
-def test_a_failed_materialize_names_the_task_the_playbook_line_and_the_users_traceback(dagster_data, tmp_path):
+def test_a_failed_materialize_names_the_task_the_playbook_line_and_the_users_traceback(
+    dagster_data, tmp_path
+):
     f = tmp_path / "broken_math.yaml"
     f.write_text(FAILING)
     defs = _defs([f], dagster_data)
@@ -308,8 +322,11 @@ def test_a_failed_materialize_names_the_task_the_playbook_line_and_the_users_tra
     lines = FAILING.splitlines()
     at = lines.index("                return a / b") + 1  # the playbook line of the failing code line
     head = text.splitlines()[0]
-    assert head == f"step 'transform' failed in task divide (python) at {f}:{at}: ZeroDivisionError: division by zero"
-    assert f'line {at}, in ratio' in text and "return a / b" in text and "in main" in text
+    assert (
+        head
+        == f"step 'transform' failed in task divide (python) at {f}:{at}: ZeroDivisionError: division by zero"
+    )
+    assert f"line {at}, in ratio" in text and "return a / b" in text and "in main" in text
     assert "noetl_dagster" not in text and "dagster/_core" not in text  # the user's frames only
     md = failure.user_failure_data.metadata
     assert md["noetl/failed_task"].value == "divide" and md["noetl/failed_kind"].value == "python"
@@ -337,7 +354,9 @@ def test_the_scaffolded_sample_is_an_asset_whose_first_materialize_works(dagster
 
     f = tmp_path / SAMPLE_PLAYBOOK
     f.write_text(resources.files("noetl_dagster.translator").joinpath(SAMPLE_PLAYBOOK).read_text("utf-8"))
-    res = NoetlResource(data_dir=str(dagster_data), tenant=SAMPLE_TENANT, project=SAMPLE_PROJECT)  # as scaffolded
+    res = NoetlResource(
+        data_dir=str(dagster_data), tenant=SAMPLE_TENANT, project=SAMPLE_PROJECT
+    )  # as scaffolded
     loc = compile_playbooks([f], include_sensor=False, resource=res)
     assert loc.index.warnings == []
     key = dg.AssetKey(["demo", "examples", "scaffold", "greetings"])
@@ -361,7 +380,9 @@ def test_a_table_outside_the_locations_scope_is_reported_at_load(dagster_data, t
     spec = loc.definitions.resolve_assets_def(LEFT).specs_by_key[LEFT]
     assert spec.description.startswith("WARNING: " + want)
     with dg.instance_for_test() as instance:  # what the warning predicts
-        r = dg.materialize([loc.definitions.resolve_assets_def(LEFT)], instance=instance, raise_on_error=False)
+        r = dg.materialize(
+            [loc.definitions.resolve_assets_def(LEFT)], instance=instance, raise_on_error=False
+        )
     assert not r.success
     text = r.get_step_failure_events()[0].step_failure_data.user_failure_data.description
     assert "no live grant" in text and "in task save (parquet)" in text
@@ -376,7 +397,9 @@ def test_validation_fails_on_broken_playbooks_and_each_load_warning_is_logged_on
                    "  - step: start\n    tool: [{a: {kind: teleport}}]\n")  # fmt: skip
     with caplog.at_level(logging.WARNING, logger="noetl_dagster.translator"):
         for _ in range(2):  # Dagster may build a code location twice in one process
-            loc = compile_playbooks([tmp_path], include_sensor=False, resource=_res(dagster_data), on_error="report")
+            loc = compile_playbooks(
+                [tmp_path], include_sensor=False, resource=_res(dagster_data), on_error="report"
+            )
             assert [b.file for b in loc.index.invalid] == [str(bad)]
     assert sum("invalid playbook" in r.getMessage() for r in caplog.records) == 1
     monkeypatch.setenv("DAGSTER_IS_DEFS_VALIDATION_CLI", "1")  # what dg check defs sets
@@ -397,7 +420,9 @@ def test_invalid_playbook_checks_are_requested_by_a_running_automation_sensor(da
     with dg.instance_for_test() as instance:
         tick = dg.evaluate_automation_conditions(defs=defs, instance=instance)
         assert {r.key for r in tick.results if r.true_subset.size} == {key}  # requested without a click
-        job = dg.Definitions.merge(defs, dg.Definitions(jobs=[dg.define_asset_job("c", dg.AssetSelection.checks(key))]))
+        job = dg.Definitions.merge(
+            defs, dg.Definitions(jobs=[dg.define_asset_job("c", dg.AssetSelection.checks(key))])
+        )
         run = job.resolve_job_def("c").execute_in_process(instance=instance)
         ev = run.get_asset_check_evaluations()[0]
         assert not ev.passed and "bad.yaml:6: unknown-tool-kind" in ev.description
@@ -434,8 +459,14 @@ def test_a_partitioned_read_sees_its_partitions_version(dagster_data, tmp_path):
     counts = dg.AssetKey(["demo", "examples", "t", "daily_counts"])
     with dg.instance_for_test() as instance:
         for day in ("2026-11-21", "2026-11-22"):  # the writer's two partitions: v1 (3 rows), v2 (4 rows)
-            assert job.get_subset(asset_selection={EVENTS}).execute_in_process(instance=instance, partition_key=day).success
-        r = job.get_subset(asset_selection={counts}).execute_in_process(instance=instance, partition_key="2026-11-21")
+            assert (
+                job.get_subset(asset_selection={EVENTS})
+                .execute_in_process(instance=instance, partition_key=day)
+                .success
+            )
+        r = job.get_subset(asset_selection={counts}).execute_in_process(
+            instance=instance, partition_key="2026-11-21"
+        )
         assert r.success
     from noetl_dagster.storage.tables import TableStorage  # noqa: PLC0415
 

@@ -43,7 +43,9 @@ def test_a_two_partition_backfill_in_dagster_dev_keeps_each_partitions_data(tmp_
     (site / "t31dev" / "playbooks").mkdir(parents=True)
     (site / "t31dev" / "__init__.py").write_text("")
     (site / "t31dev" / "defs.py").write_text(DEFS)
-    (site / "t31dev" / "playbooks" / "daily_events.yaml").write_text(DAILY.format(extra="", column="", series=SERIES))
+    (site / "t31dev" / "playbooks" / "daily_events.yaml").write_text(
+        DAILY.format(extra="", column="", series=SERIES)
+    )
     home = tmp_path / "dagster_home"
     home.mkdir()
     shutil.copy(REPO / "example_project" / "dagster.yaml", home / "dagster.yaml")
@@ -59,7 +61,9 @@ def test_a_two_partition_backfill_in_dagster_dev_keeps_each_partitions_data(tmp_
             assert out["__typename"] == "LaunchBackfillSuccess", out
             deadline, status = time.time() + 420, "?"
             while time.time() < deadline:
-                status = _graphql(url, STATUS, {"id": out["backfillId"]})["partitionBackfillOrError"]["status"]
+                status = _graphql(url, STATUS, {"id": out["backfillId"]})["partitionBackfillOrError"][
+                    "status"
+                ]
                 if status not in ("REQUESTED", "CANCELING"):
                     break
                 time.sleep(2)
@@ -67,7 +71,9 @@ def test_a_two_partition_backfill_in_dagster_dev_keeps_each_partitions_data(tmp_
             assert status in ("COMPLETED", "COMPLETED_SUCCESS"), f"{status}\n{log}"
             runs = _graphql(url, RUNS, {})["runsOrError"]["results"]
             by_key = {next(t["value"] for t in r["tags"] if t["key"] == "dagster/partition"): r for r in runs}
-            assert len(runs) == 2 and sorted(by_key) == keys and all(r["status"] == "SUCCESS" for r in runs), runs
+            assert (
+                len(runs) == 2 and sorted(by_key) == keys and all(r["status"] == "SUCCESS" for r in runs)
+            ), runs
             execs = _graphql(url, CHECKS, {"path": path, "name": "rows_of_the_day"})["assetCheckExecutions"]
     finally:
         close_all_services()
@@ -77,7 +83,10 @@ def test_a_two_partition_backfill_in_dagster_dev_keeps_each_partitions_data(tmp_
     for i in range(1, newest + 1):
         plan = reg.resolve(f"{SERIES}@v{i}")
         records[plan.metadata["partition_key"]] = (plan.version, plan.rows)
-    assert sorted(records) == keys and [records[k][1] for k in keys] == [3, 4]  # one record per key, its own rows
+    assert sorted(records) == keys and [records[k][1] for k in keys] == [
+        3,
+        4,
+    ]  # one record per key, its own rows
     evaluated = [ex for ex in execs if ex["evaluation"]]
     assert len(evaluated) == 2, execs  # (Dagster also lists planned executions without an evaluation)
     for ex in evaluated:  # each run's check: its own partition's record

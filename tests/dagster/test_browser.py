@@ -106,7 +106,9 @@ query M($path: [String!]!) { assetOrError(assetKey: {path: $path}) { ... on Asse
 def _wait_materialization(url: str, path: list[str], timeout: float = 180) -> dict | None:
     deadline = time.time() + timeout
     while time.time() < deadline:
-        mats = _graphql(url, MATERIALIZATION, {"path": path})["assetOrError"].get("assetMaterializations") or []
+        mats = (
+            _graphql(url, MATERIALIZATION, {"path": path})["assetOrError"].get("assetMaterializations") or []
+        )
         if mats:
             return mats[0]
         time.sleep(1)
@@ -114,7 +116,9 @@ def _wait_materialization(url: str, path: list[str], timeout: float = 180) -> di
 
 
 @pytest.mark.slow
-def test_launchpad_defaults_run_and_the_broken_playbook_shows_in_the_browser(dev_with_broken_playbook, artifacts):
+def test_launchpad_defaults_run_and_the_broken_playbook_shows_in_the_browser(
+    dev_with_broken_playbook, artifacts
+):
     from playwright.sync_api import expect, sync_playwright  # noqa: PLC0415 - only the browser test needs it
 
     url, dev_log = dev_with_broken_playbook
@@ -167,7 +171,12 @@ def test_launchpad_defaults_run_and_the_broken_playbook_shows_in_the_browser(dev
             mat = _wait_materialization(url, ["demo", "examples", "sales", "daily_sales"])
             assert mat is not None, dev_log.read_text()[-3000:]
             labels = {m["label"] for m in mat["metadataEntries"]}
-            assert {"dagster/column_schema", "dagster/row_count", "noetl/version", "noetl/skipped_steps"} <= labels
+            assert {
+                "dagster/column_schema",
+                "dagster/row_count",
+                "noetl/version",
+                "noetl/skipped_steps",
+            } <= labels
             assert _wait_run(url, mat["runId"]) == "SUCCESS", dev_log.read_text()[-3000:]
             page.reload()
             expect(page.get_by_text("Passed").first).to_be_visible(timeout=60_000)
@@ -186,9 +195,13 @@ def test_launchpad_defaults_run_and_the_broken_playbook_shows_in_the_browser(dev
             page.screenshot(path=artifacts / "8_failed_materialize.png", full_page=True)
         finally:
             browser.close()
-    jobs = _graphql(url, "{ repositoriesOrError { ... on RepositoryConnection { nodes { jobs { name } } } } }", {})
+    jobs = _graphql(
+        url, "{ repositoriesOrError { ... on RepositoryConnection { nodes { jobs { name } } } } }", {}
+    )
     names = {j["name"] for r in jobs["repositoriesOrError"]["nodes"] for j in r["jobs"]}
-    assert {"hello_dagster", "countdown_cycle", "per_step_pipeline"} <= names and not any("broken" in n for n in names)
+    assert {"hello_dagster", "countdown_cycle", "per_step_pipeline"} <= names and not any(
+        "broken" in n for n in names
+    )
     assert sum("broken.yaml" in line for line in dev_log.read_text().splitlines()) >= 1
     nodes = _graphql(url, "{ assetNodes { assetKey { path } isMaterializable kinds } }", {})["assetNodes"]
     daily = next(n for n in nodes if n["assetKey"]["path"] == ["demo", "examples", "sales", "daily_sales"])

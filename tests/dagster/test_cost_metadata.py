@@ -226,7 +226,9 @@ def test_a_loop_run_as_frames_is_priced_on_its_collect_op(tmp_path):
         assert float(run.tags["noetl/cost_usd"]) == pytest.approx(total.total, rel=1e-9, abs=1e-12)
 
 
-def test_each_per_step_run_carries_its_own_cost_and_the_finishing_run_the_total(dagster_data, ephemeral_instance):
+def test_each_per_step_run_carries_its_own_cost_and_the_finishing_run_the_total(
+    dagster_data, ephemeral_instance
+):
     """Per-step jobs (the router launches one run per token): every run of one op is tagged
     ``noetl/run_cost_usd`` with its step's attempts; the run that finishes the execution also gets
     ``noetl/cost_usd``, the whole execution: the runs' own costs plus its platform line."""
@@ -248,7 +250,9 @@ def test_each_per_step_run_carries_its_own_cost_and_the_finishing_run_the_total(
             break
         for la in tick.launches:
             job = loc.definitions.resolve_job_def(la.job_name)
-            res = job.execute_in_process(instance=ephemeral_instance, tags={**la.tags, "dagster/run_key": la.run_key})
+            res = job.execute_in_process(
+                instance=ephemeral_instance, tags={**la.tags, "dagster/run_key": la.run_key}
+            )
             assert res.success
             runs[la.tags.get("noetl/step") or "noetl_start"] = res.run_id
     assert set(runs) >= {"start", "total", "maximum", "combine"}

@@ -9,7 +9,9 @@ from noetl_dagster.commands.main import cli
 
 
 def test_demo_runs_examples_and_says_where_to_look(tmp_path):
-    res = CliRunner().invoke(cli, ["demo", "--home", str(tmp_path), "--only", "hello_dagster", "--only", "countdown_cycle"])
+    res = CliRunner().invoke(
+        cli, ["demo", "--home", str(tmp_path), "--only", "hello_dagster", "--only", "countdown_cycle"]
+    )
     assert res.exit_code == 0, res.output
     assert "2 playbooks in" in res.output
     assert res.output.count("completed") >= 4  # progress lines and table rows

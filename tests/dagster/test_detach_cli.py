@@ -38,4 +38,6 @@ def test_detach_without_an_event_log_is_a_one_line_error(tmp_path, monkeypatch):
                              env={"NOETL_DAGSTER_HOME": None, "NOETL_EVENT_STORE_URL": None})  # fmt: skip
     assert out.exit_code == 2
     assert out.output.startswith("error: --detach records the request") and "--data-dir" in out.output
-    assert len(out.output.strip().splitlines()) == 1 and not (tmp_path / ".noetl").exists()  # nothing recorded
+    assert (
+        len(out.output.strip().splitlines()) == 1 and not (tmp_path / ".noetl").exists()
+    )  # nothing recorded

@@ -20,8 +20,12 @@ BIN = Path(sys.executable).parent
 def _dg(args: list[str], cwd: Path, env_extra: dict[str, str] | None = None) -> str:
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **(env_extra or {})}
     env.pop("DAGSTER_HOME", None)
-    out = subprocess.run([str(BIN / "dg"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, f"dg {' '.join(args)} exited {out.returncode}:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
+    out = subprocess.run(
+        [str(BIN / "dg"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, (
+        f"dg {' '.join(args)} exited {out.returncode}:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
+    )
     return out.stdout
 
 
@@ -67,14 +71,18 @@ def test_dg_scaffold_defs_gives_a_working_component(tmp_path):
     _dg(["scaffold", "defs", "noetl_dagster.NoetlPlaybooksComponent", "my_playbooks"], root, env)
     folder = root / "myproj" / "defs" / "my_playbooks"
     defs_yaml = (folder / "defs.yaml").read_text()
-    assert "type: noetl_dagster.NoetlPlaybooksComponent" in defs_yaml and "playbooks_dir: playbooks" in defs_yaml
+    assert (
+        "type: noetl_dagster.NoetlPlaybooksComponent" in defs_yaml and "playbooks_dir: playbooks" in defs_yaml
+    )
     assert "tenant: demo" in defs_yaml and "project: examples" in defs_yaml  # the scope of the sample's table
     assert (folder / "playbooks" / "hello_noetl.yaml").is_file()
     _dg(["check", "yaml"], root, env)
     assert "registry-scope" not in _dg(["check", "defs"], root, env)
     listed = json.loads(_dg(["list", "defs", "--json"], root, env))
     assert "hello_noetl" in {j["name"] for j in listed["jobs"]}
-    assert "demo/examples/scaffold/greetings" in {a["asset_key"] for a in listed["assets"]}  # an asset at once
+    assert "demo/examples/scaffold/greetings" in {
+        a["asset_key"] for a in listed["assets"]
+    }  # an asset at once
 
 
 @pytest.mark.slow
@@ -100,11 +108,15 @@ def test_on_error_raise_fails_the_load_with_file_line_rule_lines_not_a_traceback
     assert out.returncode != 0
     for name in ("bad", "worse"):  # every broken file, FILE:LINE: RULE
         assert f"{pbs / 'playbooks' / name}.yaml:6: unknown-tool-kind:" in text
-    assert "compile_playbooks" not in text and len(text.splitlines()) < 40, text  # Dagster's own frame: ~30 lines
+    assert "compile_playbooks" not in text and len(text.splitlines()) < 40, (
+        text
+    )  # Dagster's own frame: ~30 lines
 
 
 def _run_dg(args: list[str], root: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(BIN / "dg"), *args], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [str(BIN / "dg"), *args], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.mark.slow
@@ -131,7 +143,9 @@ def test_ci_gates_broken_playbooks_and_yaml_typos_fail_the_checks(tmp_path):
     assert f"{pbs / 'playbooks' / 'bad.yaml'}:6: unknown-tool-kind:" in text
     assert text.count("noetl: invalid playbook") <= 1  # each warning once (Dagster builds the location twice)
 
-    (pbs / "defs.yaml").write_text(head + "  mode: defualt\n  on_error: reprot\n  translation:\n    op_tgas: {a: b}\n")
+    (pbs / "defs.yaml").write_text(
+        head + "  mode: defualt\n  on_error: reprot\n  translation:\n    op_tgas: {a: b}\n"
+    )
     out = _run_dg(["check", "yaml"], root, env)
     text = out.stdout + out.stderr
     assert out.returncode != 0

@@ -29,7 +29,12 @@ CASES = [(p, None) for p in EXAMPLE_FILES] + [
 
 def _id(case: tuple[Path, dict | None]) -> str:
     path, workload = case
-    return path.parent.name + "/" + path.stem + ("" if not workload else "-" + "-".join(f"{k}{v}" for k, v in workload.items()))
+    return (
+        path.parent.name
+        + "/"
+        + path.stem
+        + ("" if not workload else "-" + "-".join(f"{k}{v}" for k, v in workload.items()))
+    )
 
 
 def test_every_example_playbook_is_covered():
@@ -72,7 +77,9 @@ def test_join_runs_once_on_each_branch(tmp_path, ephemeral_instance, dagster_dat
 
 
 def test_reduce_runs_once_after_both_branches(ephemeral_instance, dagster_data):
-    r = run_dagster(FIXTURES / "fanout_reduce" / "fanout_reduce_phase6.yaml", dagster_data, ephemeral_instance)
+    r = run_dagster(
+        FIXTURES / "fanout_reduce" / "fanout_reduce_phase6.yaml", dagster_data, ephemeral_instance
+    )
     events = events_of(dagster_data, r.execution_id)
     seq = {(e.name, e.step): e.sequence for e in events}
     assert r.runs["reduce_customer"] == 1

@@ -89,10 +89,14 @@ def test_a_broken_playbook_is_an_asset_with_a_failing_check(project, dagster_dat
     assert "Traceback" not in caplog.text
 
     # the router still routes the valid playbook's detached executions
-    eid = run_playbook_dagster(pbs / "hello.yaml", {"name": "iso"}, data_dir=dagster_data, detach=True).execution_id
+    eid = run_playbook_dagster(
+        pbs / "hello.yaml", {"name": "iso"}, data_dir=dagster_data, detach=True
+    ).execution_id
     sensor = next(s for s in defs.sensors if s.name == "noetl_router")
     with dg.instance_for_test() as instance:
-        ctx = dg.build_sensor_context(instance=instance, resources={"noetl": NoetlResource(data_dir=str(dagster_data))})
+        ctx = dg.build_sensor_context(
+            instance=instance, resources={"noetl": NoetlResource(data_dir=str(dagster_data))}
+        )
         result = sensor(ctx)
     (req,) = result.run_requests
     assert req.job_name == "hello_dagster" and req.tags["noetl/execution_id"] == eid
@@ -134,4 +138,8 @@ def test_on_error_modes_and_compile_errors(tmp_path, dagster_data, caplog):
     reported = compile_playbooks(tmp_path, on_error="report", include_sensor=False, resource=res)
     keys = {k.path[-1] for k in reported.definitions.resolve_asset_graph().get_all_asset_keys()}
     assert keys == {"bad", "odd"}
-    assert reported.index.find_invalid(str(tmp_path / "odd.yaml")).issues[0].startswith(str(tmp_path / "odd.yaml"))
+    assert (
+        reported.index.find_invalid(str(tmp_path / "odd.yaml"))
+        .issues[0]
+        .startswith(str(tmp_path / "odd.yaml"))
+    )

@@ -47,7 +47,9 @@ def test_a_detached_request_keeps_its_tenant_and_project(dagster_data, ephemeral
     loc = _location(dagster_data, "hello_dagster.yaml")  # the code location runs as demo/examples
     eid = run_playbook_dagster(EXAMPLES / "hello_dagster.yaml", {"name": "acme"}, data_dir=dagster_data,
                                tenant="acme", project="billing", detach=True).execution_id  # fmt: skip
-    tick = router_tick(loc.index, loc.index.resource.services(), instance_run_lookup(ephemeral_instance), RouterCursor())
+    tick = router_tick(
+        loc.index, loc.index.resource.services(), instance_run_lookup(ephemeral_instance), RouterCursor()
+    )
     (launch,) = tick.launches
     assert (launch.tags["noetl/tenant"], launch.tags["noetl/project"]) == ("acme", "billing")
     job = loc.definitions.resolve_job_def(launch.job_name)

@@ -21,7 +21,17 @@ from noetl_dagster.dsl import PlaybookInvalid
 from noetl_dagster.translator.build import compile_playbooks
 
 REPO = Path(__file__).resolve().parents[2]
-HEAVY = ("pyiceberg", "duckdb", "polars", "openlineage", "qiskit", "plotly", "chdb", "clickhouse_connect", "pyarrow")
+HEAVY = (
+    "pyiceberg",
+    "duckdb",
+    "polars",
+    "openlineage",
+    "qiskit",
+    "plotly",
+    "chdb",
+    "clickhouse_connect",
+    "pyarrow",
+)
 
 HELLO = (REPO / "example_project" / "playbooks" / "hello_dagster.yaml").read_text()
 
@@ -34,8 +44,14 @@ def test_loading_the_example_code_location_imports_no_heavy_library(tmp_path):
         "assert repo.has_job('hello_dagster')\n"
         f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))\n"
     )
-    env = {**os.environ, "NOETL_DAGSTER_HOME": str(tmp_path / "noetl"), "NOETL_DAGSTER_PLAYBOOK_CACHE": str(tmp_path / "c")}
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    env = {
+        **os.environ,
+        "NOETL_DAGSTER_HOME": str(tmp_path / "noetl"),
+        "NOETL_DAGSTER_PLAYBOOK_CACHE": str(tmp_path / "c"),
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
 
@@ -67,7 +83,9 @@ def test_an_unchanged_playbook_is_not_parsed_again(tmp_path, counted):
     second = _location(folder)
     assert counted == ["hello.yaml"]  # answered from the cache
     assert second.index.playbooks[0].playbook == first.index.playbooks[0].playbook
-    assert [j.name for j in second.definitions.resolve_all_job_defs()] == [j.name for j in first.definitions.resolve_all_job_defs()]
+    assert [j.name for j in second.definitions.resolve_all_job_defs()] == [
+        j.name for j in first.definitions.resolve_all_job_defs()
+    ]
 
     (folder / "hello.yaml").write_text(HELLO.replace("times: 3", "times: 4"))  # a new file hash
     third = _location(folder)

@@ -25,7 +25,7 @@ from noetl_dagster.sensors.launcher import NoetlRunLauncher
 
 REPO = Path(__file__).resolve().parents[2]
 
-CODE = '''
+CODE = """
 import os
 from pathlib import Path
 
@@ -49,13 +49,15 @@ def defs():
     with open(HERE / "loads", "a") as fh:  # one line per load of the code location
         fh.write(f"{os.getpid()}\\n")
     return dg.Definitions(jobs=[warm_job])
-'''
+"""
 
 
 def test_a_forked_run_worker_runs_the_job_without_loading_the_code_again(tmp_path):
     code = tmp_path / "warm_defs.py"
     code.write_text(CODE)
-    origin = RepositoryPythonOrigin(sys.executable, CodePointer.from_python_file(str(code), "defs", str(tmp_path)))
+    origin = RepositoryPythonOrigin(
+        sys.executable, CodePointer.from_python_file(str(code), "defs", str(tmp_path))
+    )
     job_origin = JobPythonOrigin("warm_job", origin)
     zygote = subprocess.Popen(
         [sys.executable, "-m", "noetl_dagster.sensors.zygote"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -65,7 +67,11 @@ def test_a_forked_run_worker_runs_the_job_without_loading_the_code_again(tmp_pat
         (tmp_path / "home").mkdir()
         with dg.instance_for_test(temp_dir=str(tmp_path / "home")) as instance:
             assert zygote.stdin and zygote.stdout
-            request = {"origin": serialize_value(origin), "load_data": None, "instance_ref": serialize_value(instance.get_ref())}
+            request = {
+                "origin": serialize_value(origin),
+                "load_data": None,
+                "instance_ref": serialize_value(instance.get_ref()),
+            }
             zygote.stdin.write(json.dumps(request) + "\n")
             zygote.stdin.flush()
             assert zygote.stdout.readline().startswith("ready ")
@@ -120,7 +126,11 @@ def test_run_monitoring_sees_a_dead_forked_worker():
     assert launcher.supports_check_run_worker_health
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        run = DagsterRun(job_name="j", run_id="r1", tags={TAG_PID: str(worker.pid), TAG_HOST: __import__("socket").gethostname()})
+        run = DagsterRun(
+            job_name="j",
+            run_id="r1",
+            tags={TAG_PID: str(worker.pid), TAG_HOST: __import__("socket").gethostname()},
+        )
         assert launcher.check_run_worker_health(run).status == WorkerStatus.RUNNING
         worker.kill()
         worker.wait()

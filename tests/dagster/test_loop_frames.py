@@ -75,7 +75,9 @@ def test_frames_match_the_local_runner(tmp_path, dagster_data, ephemeral_instanc
     assert result.success
     assert sum(1 for k in _steps_run(result) if k.startswith("start__frame[")) == frames
     eid = ephemeral_instance.get_run_by_id(result.run_id).tags["noetl/execution_id"]
-    assert names_per_step(events_of(dagster_data, eid)) == names_per_step(events_of(tmp_path / "local", local.execution_id))
+    assert names_per_step(events_of(dagster_data, eid)) == names_per_step(
+        events_of(tmp_path / "local", local.execution_id)
+    )
     done = [e for e in events_of(dagster_data, eid) if e.name == "step.done" and e.step == "total"]
     assert done[0].data["result"] == sum(i * i for i in range(n))
 
@@ -87,7 +89,11 @@ def test_parallel_one_writer_rule_spans_frames(tmp_path, dagster_data, ephemeral
     dag = run_dagster(p, dagster_data, ephemeral_instance)
     assert local.status == dag.status == "failed"  # two iterations wrote ctx.last, in different frames
     assert summary(dag) == summary(local)
-    errors = [e.data["error"]["kind"] for e in events_of(dagster_data, dag.execution_id) if e.name == "loop.iteration.failed"]
+    errors = [
+        e.data["error"]["kind"]
+        for e in events_of(dagster_data, dag.execution_id)
+        if e.name == "loop.iteration.failed"
+    ]
     assert errors == ["ctx_conflict"] * 3
 
 
@@ -114,7 +120,9 @@ def test_reexecuting_a_frame_that_died_skips_logged_iterations(monkeypatch, reco
         first = dg.execute_job(job, instance)
         assert not first.success
         eid = instance.get_run_by_id(first.run_id).tags["noetl/execution_id"]
-        again = dg.execute_job(job, instance, reexecution_options=dg.ReexecutionOptions.from_failure(first.run_id, instance))
+        again = dg.execute_job(
+            job, instance, reexecution_options=dg.ReexecutionOptions.from_failure(first.run_id, instance)
+        )
         assert again.success
         rerun = {e.step_key for e in instance.all_logs(again.run_id)
                  if e.is_dagster_event and e.dagster_event.event_type_value == "STEP_START"}  # fmt: skip

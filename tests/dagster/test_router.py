@@ -75,7 +75,9 @@ def test_per_step_tokens_become_step_runs_and_the_join_waits(location, dagster_d
     tokens = {e.data["token_id"] for e in events_of(dagster_data, eid) if e.name == "token.enqueued"}
     for _step, key in seen:
         assert key.removeprefix("join:") in tokens  # run_key = token id
-    assert [e.data["status"] for e in events_of(dagster_data, eid) if e.name == "workflow.finished"] == ["completed"]
+    assert [e.data["status"] for e in events_of(dagster_data, eid) if e.name == "workflow.finished"] == [
+        "completed"
+    ]
 
 
 def test_a_run_that_died_is_resumed(location, dagster_data, ephemeral_instance, monkeypatch):
@@ -106,11 +108,15 @@ def test_a_run_that_died_is_resumed(location, dagster_data, ephemeral_instance, 
 def test_live_run_blocks_a_resume(location, dagster_data, ephemeral_instance):
     eid = _detach(EXAMPLES / "hello_dagster.yaml", dagster_data)
     job = location.definitions.resolve_job_def("hello_dagster")
-    ephemeral_instance.create_run_for_job(job, tags={"noetl/execution_id": eid}, status=dg.DagsterRunStatus.STARTED)
+    ephemeral_instance.create_run_for_job(
+        job, tags={"noetl/execution_id": eid}, status=dg.DagsterRunStatus.STARTED
+    )
     assert _tick(location, ephemeral_instance, grace_seconds=0).launches == []
 
 
-def test_bad_events_and_unknown_playbooks_are_reported_and_skipped(location, dagster_data, ephemeral_instance):
+def test_bad_events_and_unknown_playbooks_are_reported_and_skipped(
+    location, dagster_data, ephemeral_instance
+):
     svc = location.index.resource.services()
     svc.event_store.append([
         Event(E.EXECUTION_REQUESTED, "ghost-exec", {"playbook": "nowhere/ghost", "requested_by": "detached:cli"}),
@@ -144,7 +150,9 @@ def test_sensor_definition_evaluates_with_a_cursor(location, dagster_data):
         assert req.job_name == "hello_dagster" and req.tags["noetl/execution_id"] == eid
         assert json.loads(result.cursor)["watch"] == {eid: "detached"}
         ctx2 = dg.build_sensor_context(instance=instance, resources=resources, cursor="not json")
-        assert len(sensor(ctx2).run_requests) == 1  # an unreadable cursor re-tails; run keys keep it idempotent
+        assert (
+            len(sensor(ctx2).run_requests) == 1
+        )  # an unreadable cursor re-tails; run keys keep it idempotent
 
 
 def test_cursor_round_trip():
@@ -178,4 +186,3 @@ def test_a_waiting_tick_launches_a_request_recorded_during_it(dagster_data):
                 assert req.tags["noetl/execution_id"] == recorded[-1]
             else:
                 assert isinstance(result, dg.SkipReason) or not result.run_requests
-

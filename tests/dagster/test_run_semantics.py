@@ -36,7 +36,9 @@ def test_launchpad_run_is_tagged_logs_noetl_events_and_takes_typed_workload(dags
     loc = _compile(EXAMPLES / "hello_dagster.yaml", dagster_data)
     job = loc.definitions.resolve_job_def("hello_dagster")
     cfg = {"ops": {"noetl_start": {"config": {"workload": {"name": "Ada", "times": 2}}}}}
-    result = job.execute_in_process(run_config=cfg, instance=ephemeral_instance)  # no noetl tags: as the launchpad
+    result = job.execute_in_process(
+        run_config=cfg, instance=ephemeral_instance
+    )  # no noetl tags: as the launchpad
     assert result.success
     run = ephemeral_instance.get_run_by_id(result.run_id)
     eid = run.tags["noetl/execution_id"]
@@ -59,7 +61,10 @@ def test_launchpad_run_is_tagged_logs_noetl_events_and_takes_typed_workload(dags
 
 
 def test_big_result_shows_as_a_reference(tmp_path, dagster_data, ephemeral_instance):
-    p = _write(tmp_path, "big.yaml", """
+    p = _write(
+        tmp_path,
+        "big.yaml",
+        """
         apiVersion: noetl.io/v2
         kind: Playbook
         metadata: {name: big, path: t/big}
@@ -70,7 +75,8 @@ def test_big_result_shows_as_a_reference(tmp_path, dagster_data, ephemeral_insta
                   kind: python
                   code: |
                     result = [{"i": i, "pad": "x" * 100} for i in range(2000)]
-        """)
+        """,
+    )
     loc = _compile(p, dagster_data)
     result = loc.definitions.resolve_job_def("big").execute_in_process(instance=ephemeral_instance)
     md = _output_metadata(result, "start")
@@ -132,7 +138,9 @@ def test_failure_next_to_a_join_finishes_like_the_local_runner(tmp_path, dagster
 
 def test_handled_failure_routes_and_the_op_succeeds(dagster_data, ephemeral_instance):
     loc = _compile(EXAMPLES / "failure_recovery.yaml", dagster_data)
-    result = loc.definitions.resolve_job_def("failure_recovery").execute_in_process(instance=ephemeral_instance)
+    result = loc.definitions.resolve_job_def("failure_recovery").execute_in_process(
+        instance=ephemeral_instance
+    )
     assert result.success
     md = _output_metadata(result, "start")
     assert md["noetl/status"].value == "failed"  # the step failed; its arc handled it
@@ -191,7 +199,9 @@ def test_reexecution_from_failure_resumes_from_the_event_log(monkeypatch, recove
         assert not first.success and crashes
         eid = instance.get_run_by_id(first.run_id).tags["noetl/execution_id"]
         assert not any(e.name == "workflow.finished" for e in events_of(dagster_data, eid))
-        second = dg.execute_job(job, instance, reexecution_options=dg.ReexecutionOptions.from_failure(first.run_id, instance))
+        second = dg.execute_job(
+            job, instance, reexecution_options=dg.ReexecutionOptions.from_failure(first.run_id, instance)
+        )
         assert second.success
         assert instance.get_run_by_id(second.run_id).tags["noetl/execution_id"] == eid
         executed = {e.step_key for e in instance.all_logs(second.run_id) if e.is_dagster_event
@@ -211,7 +221,9 @@ def test_reexecution_from_failure_resumes_from_the_event_log(monkeypatch, recove
 def test_detached_request_is_recorded_for_the_router(dagster_data, mode):
     from noetl_dagster.translator.runner import run_playbook_dagster
 
-    r = run_playbook_dagster(EXAMPLES / "hello_dagster.yaml", {"times": 1}, data_dir=dagster_data, mode=mode, detach=True)
+    r = run_playbook_dagster(
+        EXAMPLES / "hello_dagster.yaml", {"times": 1}, data_dir=dagster_data, mode=mode, detach=True
+    )
     assert r.status == "requested"
     events = events_of(dagster_data, r.execution_id)
     assert [e.name for e in events] == ["playbook.execution.requested", "workflow.started", "token.enqueued"]
@@ -221,14 +233,21 @@ def test_detached_request_is_recorded_for_the_router(dagster_data, mode):
 def test_stored_tables_materialize_their_assets(dagster_data, ephemeral_instance):
     loc = compile_playbooks(EXAMPLES / "sales_tables.yaml", include_sensor=False,
                             resource=NoetlResource(data_dir=str(dagster_data), tenant="demo", project="examples"))  # fmt: skip
-    assert loc.definitions.resolve_job_def("sales_tables").execute_in_process(instance=ephemeral_instance).success
-    daily = ephemeral_instance.get_latest_materialization_event(dg.AssetKey(["demo", "examples", "sales", "daily_sales"]))
+    assert (
+        loc.definitions.resolve_job_def("sales_tables")
+        .execute_in_process(instance=ephemeral_instance)
+        .success
+    )
+    daily = ephemeral_instance.get_latest_materialization_event(
+        dg.AssetKey(["demo", "examples", "sales", "daily_sales"])
+    )
     md = daily.asset_materialization.metadata
     assert md["dagster/row_count"].value == 15 and md["noetl/checksum"].value.startswith("sha256:")
     assert [c.name for c in md["dagster/column_schema"].schema.columns] == ["day", "region", "amount"]
     assert md["noetl/uri"].value.startswith("noetl://demo/examples/sales/dataset/daily_sales@v")
     totals = ephemeral_instance.get_latest_materialization_event(
-        dg.AssetKey(["demo", "examples", "sales", "region_totals"])).asset_materialization.metadata
+        dg.AssetKey(["demo", "examples", "sales", "region_totals"])
+    ).asset_materialization.metadata
     assert any("daily_sales@v" in u for u in totals["noetl/inputs"].value)  # the version it was made from
     # a read is an input, not a materialization: daily_sales was materialized once (by store_daily)
     assert daily.asset_materialization.metadata["noetl/step"].value == "store_daily"

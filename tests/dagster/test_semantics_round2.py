@@ -48,7 +48,9 @@ def test_loop_with_failed_iterations_same_on_both_runners(mode, tmp_path, epheme
     assert local.results["report"] == {"failed": 2, "ok": 2}
     assert dag.status == local.status
     assert summary(dag) == summary(local)
-    assert names_per_step(events_of(dagster_data, dag.execution_id)) == names_per_step(events_of(local_dir, local.execution_id))
+    assert names_per_step(events_of(dagster_data, dag.execution_id)) == names_per_step(
+        events_of(local_dir, local.execution_id)
+    )
 
 
 @pytest.mark.parametrize("name", ["IRREDUCIBLE", "DIAMOND_CYCLE"])
@@ -100,4 +102,6 @@ def test_executor_spec_same_on_both_runners(name, workload, mode, tmp_path, ephe
     if name == "FINAL":
         assert local.runs["cleanup"] == dag.runs["cleanup"] == 1
     assert summary(dag) == summary(local)
-    assert names_per_step(events_of(dagster_data, dag.execution_id)) == names_per_step(events_of(local_dir, local.execution_id))
+    assert names_per_step(events_of(dagster_data, dag.execution_id)) == names_per_step(
+        events_of(local_dir, local.execution_id)
+    )

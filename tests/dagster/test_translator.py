@@ -117,7 +117,9 @@ def test_fifty_playbooks_with_clashing_names_load_together(tmp_path):
 def test_translator_customisation_with_replace_and_merge():
     class Custom(NoetlTranslator):
         def get_job_spec(self, data):
-            return super().get_job_spec(data).replace_attributes(description="custom", executor="multiprocess")
+            return (
+                super().get_job_spec(data).replace_attributes(description="custom", executor="multiprocess")
+            )
 
         def get_op_spec(self, data):
             spec = super().get_op_spec(data)
@@ -150,7 +152,8 @@ def test_schedule_from_executor_spec():
 )
 def test_bad_schedule_is_a_clear_error(tmp_path, schedule, message):
     p = tmp_path / "s.yaml"
-    p.write_text(textwrap.dedent(f"""
+    p.write_text(
+        textwrap.dedent(f"""
         apiVersion: noetl.io/v2
         kind: Playbook
         metadata: {{name: s, path: t/s}}
@@ -158,7 +161,8 @@ def test_bad_schedule_is_a_clear_error(tmp_path, schedule, message):
         workflow:
           - step: start
             tool: {{kind: noop}}
-    """))
+    """)
+    )
     with pytest.raises(ValueError, match=re.escape(message)):
         _location(p)
 
@@ -191,7 +195,9 @@ def test_invalid_playbook_raises_or_is_skipped(tmp_path):
     (tmp_path / "worse.yaml").write_text((tmp_path / "bad.yaml").read_text())
     with pytest.raises(PlaybookInvalid) as e:
         build_playbook_definitions(tmp_path)
-    assert "bad.yaml:6" in str(e.value.issues[0]) and "worse.yaml:6" in str(e.value)  # every broken file at once
+    assert "bad.yaml:6" in str(e.value.issues[0]) and "worse.yaml:6" in str(
+        e.value
+    )  # every broken file at once
     (tmp_path / "worse.yaml").unlink()
     loc = compile_playbooks(tmp_path, on_error="skip", include_sensor=False)
     assert [c.path for c in loc.index.playbooks] == ["examples/hello_dagster"]
@@ -236,7 +242,8 @@ def test_stored_tables_are_assets_with_lineage():
 
 def test_kubernetes_placement_becomes_op_tags(tmp_path):
     p = tmp_path / "k.yaml"
-    p.write_text(textwrap.dedent("""
+    p.write_text(
+        textwrap.dedent("""
         apiVersion: noetl.io/v2
         kind: Playbook
         metadata: {name: k, path: t/k}
@@ -250,7 +257,8 @@ def test_kubernetes_placement_becomes_op_tags(tmp_path):
             next: {arcs: [{step: light}]}
           - step: light
             tool: {kind: noop}
-    """))
+    """)
+    )
     job = _job(_location(p), "k")
     heavy = job.graph.node_named("start").definition.tags
     cfg = json.loads(heavy["dagster-k8s/config"])

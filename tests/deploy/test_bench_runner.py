@@ -17,7 +17,10 @@ def test_quick_args_name_real_modules_and_flags_they_parse():
         assert module in names, module
         src = (BENCH / f"{module}.py").read_text()
         flags = [a for a in args if a.startswith("--")]
-        assert flags and all(re.search(rf"add_argument\(\s*\"{re.escape(f)}\"", src) for f in flags), (module, flags)
+        assert flags and all(re.search(rf"add_argument\(\s*\"{re.escape(f)}\"", src) for f in flags), (
+            module,
+            flags,
+        )
 
 
 def test_unknown_benchmark_is_a_one_line_error(capsys):

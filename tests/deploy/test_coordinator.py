@@ -30,7 +30,10 @@ def test_example_dagster_yaml_sets_a_short_sensor_loop(restore_loop_time):
         # under the router's 1 s interval: the sensor ticks every 1.0-1.2 s, not every 1 or 2 s
         assert coordinator.sensor_loop_seconds == 0.2 and sensor_daemon.MIN_INTERVAL_LOOP_TIME == 0.2
         # the queue's own settings still apply
-        assert coordinator.dequeue_interval_seconds == 1 and coordinator.get_run_queue_config().max_concurrent_runs == 8
+        assert (
+            coordinator.dequeue_interval_seconds == 1
+            and coordinator.get_run_queue_config().max_concurrent_runs == 8
+        )
 
 
 def test_sensor_loop_seconds_is_configurable(restore_loop_time):
@@ -54,7 +57,9 @@ def test_the_postgres_profile_and_the_helm_values_use_the_noetl_coordinator(rest
         sensor_daemon.MIN_INTERVAL_LOOP_TIME = 5
         with dg.instance_for_test(overrides={"run_coordinator": settings}) as instance:
             coordinator = instance.run_coordinator
-            assert isinstance(coordinator, NoetlRunCoordinator) and sensor_daemon.MIN_INTERVAL_LOOP_TIME == 0.2
+            assert (
+                isinstance(coordinator, NoetlRunCoordinator) and sensor_daemon.MIN_INTERVAL_LOOP_TIME == 0.2
+            )
             assert coordinator.dequeue_interval_seconds == 1
             limits = coordinator.get_run_queue_config().tag_concurrency_limits
             assert [(t["key"], t["limit"]) for t in limits] == [("noetl/execution_id", 1)]
@@ -64,8 +69,11 @@ LIMITS = [{"key": "noetl/execution_id", "value": {"applyLimitPerUniqueValue": Tr
 
 
 def _instance(**config):
-    coordinator = {"module": "noetl_dagster.sensors.coordinator", "class": "NoetlRunCoordinator",
-                   "config": {"max_concurrent_runs": 2, "tag_concurrency_limits": LIMITS, **config}}
+    coordinator = {
+        "module": "noetl_dagster.sensors.coordinator",
+        "class": "NoetlRunCoordinator",
+        "config": {"max_concurrent_runs": 2, "tag_concurrency_limits": LIMITS, **config},
+    }
     # Dagster's own test launcher: it records what the coordinator hands it (the decision under test)
     launcher = {"module": "dagster._core.test_utils", "class": "MockedRunLauncher"}
     return dg.instance_for_test(overrides={"run_coordinator": coordinator, "run_launcher": launcher})
@@ -80,7 +88,9 @@ def _submit(instance, execution_id):
     from dagster._core.run_coordinator import SubmitRunContext
     from dagster._core.test_utils import create_run_for_test
 
-    origin = RemoteJobOrigin(RemoteRepositoryOrigin(RegisteredCodeLocationOrigin("noetl"), "__repository__"), "noetl_job")
+    origin = RemoteJobOrigin(
+        RemoteRepositoryOrigin(RegisteredCodeLocationOrigin("noetl"), "__repository__"), "noetl_job"
+    )
     run = create_run_for_test(instance, job_name="noetl_job", tags={"noetl/execution_id": execution_id},
                               remote_job_origin=origin)  # fmt: skip
     # what instance.submit_run does once it has checked the run's code origins (a test run has none)
@@ -116,4 +126,6 @@ def test_max_concurrent_runs_holds_for_runs_launched_at_once(restore_loop_time):
 def test_launch_when_free_off_is_the_queue_as_before(restore_loop_time):
     with _instance(launch_when_free=False) as instance:
         run = _submit(instance, "exec-a")
-        assert run.status == dg.DagsterRunStatus.QUEUED and not instance.run_launcher.did_run_launch(run.run_id)
+        assert run.status == dg.DagsterRunStatus.QUEUED and not instance.run_launcher.did_run_launch(
+            run.run_id
+        )

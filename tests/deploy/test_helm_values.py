@@ -26,7 +26,13 @@ def test_values_validate():
 def test_values_wire_every_noetl_endpoint_into_code_and_runs():
     dep = VALUES["dagster-user-deployments"]["deployments"][0]
     env = {e["name"] for e in dep["env"]}
-    needed = {"NOETL_EVENT_STORE_URL", "NOETL_REGISTRY_URL", "NOETL_PAYLOAD_STORE_URL", "NOETL_CLICKHOUSE_URL", "OPENLINEAGE_URL"}
+    needed = {
+        "NOETL_EVENT_STORE_URL",
+        "NOETL_REGISTRY_URL",
+        "NOETL_PAYLOAD_STORE_URL",
+        "NOETL_CLICKHOUSE_URL",
+        "OPENLINEAGE_URL",
+    }
     assert needed <= env
     assert needed <= set(VALUES["runLauncher"]["config"]["k8sRunLauncher"]["envVars"])
     assert dep["dagsterApiGrpcArgs"] == ["-m", "example_project.definitions"]
@@ -39,7 +45,10 @@ def test_values_wire_every_noetl_endpoint_into_code_and_runs():
         (lambda v: v["runLauncher"].update(type="K8sLauncher"), "type"),
         (lambda v: v["runLauncher"]["config"]["k8sRunLauncher"].update(envVar=["X"]), "k8sRunLauncher"),
         (lambda v: v["dagster-user-deployments"]["deployments"][0].pop("port"), "0"),
-        (lambda v: v["dagster-user-deployments"]["deployments"][0]["image"].update(pullPolicy="Sometimes"), "pullPolicy"),
+        (
+            lambda v: v["dagster-user-deployments"]["deployments"][0]["image"].update(pullPolicy="Sometimes"),
+            "pullPolicy",
+        ),
         (lambda v: v["postgresql"].pop("postgresqlHost"), "postgresql"),
     ],
 )

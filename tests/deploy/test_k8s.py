@@ -58,7 +58,11 @@ def test_default_and_step_profiles_become_pod_specs():
         GPU_PROFILES,
         [
             {"step": "start", "tool": {"kind": "noop"}, "next": {"arcs": [{"step": "train"}]}},
-            {"step": "train", "spec": {"profile": "gpu", "resources": {"memory": "24Gi"}}, "tool": {"kind": "noop"}},
+            {
+                "step": "train",
+                "spec": {"profile": "gpu", "resources": {"memory": "24Gi"}},
+                "tool": {"kind": "noop"},
+            },
         ],
     )
     small = _job(step_k8s_tags(pb, pb.step("start")))
@@ -69,7 +73,11 @@ def test_default_and_step_profiles_become_pod_specs():
 
     gpu = _job(step_k8s_tags(pb, pb.step("train")))
     c = gpu.spec.template.spec.containers[0]
-    assert c.resources.limits == {"cpu": "4", "memory": "24Gi", "nvidia.com/gpu": "1"}  # step resources override
+    assert c.resources.limits == {
+        "cpu": "4",
+        "memory": "24Gi",
+        "nvidia.com/gpu": "1",
+    }  # step resources override
     assert c.resources.requests == {"cpu": "4", "memory": "24Gi"}
     pod = gpu.spec.template.spec
     assert pod.node_selector == {"cloud.google.com/gke-accelerator": "nvidia-l4"}
@@ -81,8 +89,16 @@ def test_default_and_step_profiles_become_pod_specs():
 def test_explicit_requests_limits_and_image():
     pb = _pb(
         None,
-        [{"step": "s", "spec": {"resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "2"}},
-                                "placement": {"image": "registry/x:2", "env": {"A": 1}}}, "tool": {"kind": "noop"}}],  # fmt: skip
+        [
+            {
+                "step": "s",
+                "spec": {
+                    "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "2"}},
+                    "placement": {"image": "registry/x:2", "env": {"A": 1}},
+                },
+                "tool": {"kind": "noop"},
+            }
+        ],  # fmt: skip
     )
     tags = step_k8s_tags(pb, pb.step("s"))
     job = _job(tags)
@@ -96,14 +112,29 @@ def test_distributed_loops_select_the_k8s_job_executor():
     from dagster_k8s import k8s_job_executor
 
     steps = [
-        {"step": "start", "loop": {"in": "{{ [1,2] }}", "iterator": "i", "spec": {"mode": "parallel", "policy": {"exec": "distributed"}}},
-         "tool": {"kind": "noop"}},  # fmt: skip
+        {
+            "step": "start",
+            "loop": {
+                "in": "{{ [1,2] }}",
+                "iterator": "i",
+                "spec": {"mode": "parallel", "policy": {"exec": "distributed"}},
+            },
+            "tool": {"kind": "noop"},
+        },  # fmt: skip
     ]
     pb = _pb(None, steps)
     assert needs_k8s_job_executor(pb)
     assert step_k8s_tags(pb, pb.step("start"))["noetl/exec"] == "distributed"
     assert job_executor(pb, on_kubernetes=True) is k8s_job_executor
-    local = _pb(None, [{**steps[0], "loop": {**steps[0]["loop"], "spec": {"mode": "parallel", "policy": {"exec": "local"}}}}])
+    local = _pb(
+        None,
+        [
+            {
+                **steps[0],
+                "loop": {**steps[0]["loop"], "spec": {"mode": "parallel", "policy": {"exec": "local"}}},
+            }
+        ],
+    )
     assert not needs_k8s_job_executor(local)
     assert job_executor(local, on_kubernetes=True) is not k8s_job_executor
 
@@ -114,10 +145,16 @@ def test_a_step_with_no_placement_has_no_k8s_tag():
 
 
 def test_unknown_profile_is_a_clear_error():
-    pb = _pb({"spec": {"profiles": {"a": {"resources": {"cpu": 1}}}}}, [{"step": "s", "spec": {"profile": "b"}, "tool": {"kind": "noop"}}])
+    pb = _pb(
+        {"spec": {"profiles": {"a": {"resources": {"cpu": 1}}}}},
+        [{"step": "s", "spec": {"profile": "b"}, "tool": {"kind": "noop"}}],
+    )
     with pytest.raises(PlacementError, match="profile 'b' is not defined"):
         step_k8s_tags(pb, pb.step("s"))
-    bad = _pb({"spec": {"profiles": {"a": {"cpus": 1}}}}, [{"step": "s", "spec": {"profile": "a"}, "tool": {"kind": "noop"}}])
+    bad = _pb(
+        {"spec": {"profiles": {"a": {"cpus": 1}}}},
+        [{"step": "s", "spec": {"profile": "a"}, "tool": {"kind": "noop"}}],
+    )
     with pytest.raises(PlacementError, match="unknown keys"):
         step_k8s_tags(bad, bad.step("s"))
 
@@ -136,7 +173,11 @@ def test_on_kubernetes_only_distributed_loops_get_the_k8s_job_executor(monkeypat
     from noetl_dagster.translator import compile_playbooks
 
     base = {"apiVersion": "noetl.io/v2", "kind": "Playbook"}
-    loop = {"in": "{{ [1, 2] }}", "iterator": "i", "spec": {"mode": "parallel", "policy": {"exec": "distributed"}}}
+    loop = {
+        "in": "{{ [1, 2] }}",
+        "iterator": "i",
+        "spec": {"mode": "parallel", "policy": {"exec": "distributed"}},
+    }
     (tmp_path / "dist.yaml").write_text(yaml.safe_dump({**base, "metadata": {"name": "dist", "path": "t/dist"},
         "workflow": [{"step": "start", "loop": loop, "tool": {"kind": "noop"}}]}))  # fmt: skip
     (tmp_path / "plain.yaml").write_text(yaml.safe_dump({**base, "metadata": {"name": "plain", "path": "t/plain"},
@@ -179,7 +220,9 @@ def test_rendered_jobs_validate_against_the_kubernetes_api_schema():
 
     version = kubernetes_validate.latest_version()
     for manifest in _placement_jobs().values():
-        kubernetes_validate.validate(manifest, desired_version=version, strict=True)  # raises, naming the field
+        kubernetes_validate.validate(
+            manifest, desired_version=version, strict=True
+        )  # raises, naming the field
 
 
 def test_the_kubernetes_schema_check_rejects_a_broken_job():
@@ -188,8 +231,12 @@ def test_the_kubernetes_schema_check_rejects_a_broken_job():
     manifest = _placement_jobs()["train"]
     manifest["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] = ["4 cpus"]
     with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(manifest, desired_version=kubernetes_validate.latest_version(), strict=True)
+        kubernetes_validate.validate(
+            manifest, desired_version=kubernetes_validate.latest_version(), strict=True
+        )
     manifest = _placement_jobs()["s"]
     manifest["spec"]["template"]["spec"]["nodeSelectr"] = {"a": "b"}
     with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(manifest, desired_version=kubernetes_validate.latest_version(), strict=True)
+        kubernetes_validate.validate(
+            manifest, desired_version=kubernetes_validate.latest_version(), strict=True
+        )

@@ -62,8 +62,13 @@ def test_example_executions_on_postgres_end_to_end(pg_everywhere, tmp_path):
     results = {}
     try:
         for name in PLAYBOOKS:
-            r = run_playbook_dagster(EXAMPLES / f"{name}.yaml", instance=instance, data_dir=tmp_path / "noetl",
-                                     tenant="demo", project="examples")  # the example location's scope
+            r = run_playbook_dagster(
+                EXAMPLES / f"{name}.yaml",
+                instance=instance,
+                data_dir=tmp_path / "noetl",
+                tenant="demo",
+                project="examples",
+            )  # the example location's scope
             results[name] = r
             assert r.status == "completed", (name, r.to_json())
         runs = instance.get_runs()
@@ -78,9 +83,14 @@ def test_example_executions_on_postgres_end_to_end(pg_everywhere, tmp_path):
         assert type(store).__name__ == "PostgresEventStore"
         for r in results.values():
             evs = store.read(r.execution_id)
-            assert evs[-1].name == "playbook.processed" and [e.sequence for e in evs] == list(range(1, len(evs) + 1))
-    local = run_playbook(EXAMPLES / "countdown_cycle.yaml", event_store=f"sqlite:///{tmp_path}/local.db",
-                         data_dir=tmp_path / "noetl-local")
+            assert evs[-1].name == "playbook.processed" and [e.sequence for e in evs] == list(
+                range(1, len(evs) + 1)
+            )
+    local = run_playbook(
+        EXAMPLES / "countdown_cycle.yaml",
+        event_store=f"sqlite:///{tmp_path}/local.db",
+        data_dir=tmp_path / "noetl-local",
+    )
     assert local.runs == results["countdown_cycle"].runs and local.ctx == results["countdown_cycle"].ctx
 
     # the tables sales_tables stored are registered in the Postgres registry

@@ -30,7 +30,11 @@ def test_a_cursor_loop_parses_with_its_frame_policy():
     [
         (lambda lp: lp["spec"].pop("mode"), "loop-mode", "`loop.cursor` needs `spec.mode: cursor`"),
         (lambda lp: lp.update({"in": "{{ [1] }}"}), "loop-source", "either `in`"),
-        (lambda lp: lp["cursor"].update({"kind": "redis"}), "cursor-kind", "'redis' is not one of postgres, duckdb, nats_stream"),
+        (
+            lambda lp: lp["cursor"].update({"kind": "redis"}),
+            "cursor-kind",
+            "'redis' is not one of postgres, duckdb, nats_stream",
+        ),
         (lambda lp: lp["cursor"].pop("claim"), "cursor-claim", "claim statement"),
         (lambda lp: lp["cursor"].update({"claims": "x"}), "cursor-shape", "unknown cursor key 'claims'"),
         (lambda lp: lp["spec"]["frame"].update({"max_rows": 0}), "loop-frame", "greater than or equal to 1"),

@@ -155,7 +155,8 @@ def test_both_dialects_run_the_same(data_dir, tmp_path):
 
 
 def test_runtime_dialect_forms():
-    pb = _load("""
+    pb = _load(
+        """
         apiVersion: noetl.io/v2
         kind: Playbook
         metadata: {name: d, path: tests/d}
@@ -168,7 +169,8 @@ def test_runtime_dialect_forms():
               spec_policy_placeholder: 1
             next:
               arcs: [{step: start, set: {ctx.d: 5}}]
-        """.replace("              spec_policy_placeholder: 1\n", ""))
+        """.replace("              spec_policy_placeholder: 1\n", "")
+    )
     (t,) = pb.step("start").tool
     assert t.label == "task_0"
     assert t.config == {"url": "http://x", "method": "GET"}  # tool keys under spec become inputs
@@ -223,18 +225,32 @@ def _programmatic() -> Playbook:
                     Task(
                         label="fetch",
                         kind="python",
-                        config={"input": {"n": "{{ workload.n }}", "k": "{{ iter.k }}"}, "code": "result = {'v': n * k}"},
+                        config={
+                            "input": {"n": "{{ workload.n }}", "k": "{{ iter.k }}"},
+                            "code": "result = {'v': n * k}",
+                        },
                         spec={"timeout": 5},
                         policy=[
-                            PolicyRule(when="{{ outcome.status == 'error' }}",
-                                       then=RuleThen(do="retry", attempts=2, backoff="fixed", delay=0)),
-                            PolicyRule(when=None, then=RuleThen(do="continue", set=SetBlock(iter={"w": "{{ outcome.result.v }}"}))),
+                            PolicyRule(
+                                when="{{ outcome.status == 'error' }}",
+                                then=RuleThen(do="retry", attempts=2, backoff="fixed", delay=0),
+                            ),
+                            PolicyRule(
+                                when=None,
+                                then=RuleThen(
+                                    do="continue", set=SetBlock(iter={"w": "{{ outcome.result.v }}"})
+                                ),
+                            ),
                         ],  # fmt: skip
                     ),
                     Task(label="keep", kind="noop", config={"result": "{{ iter.w }}"}),
                 ],
                 set=SetBlock(ctx={"total": "{{ start.results | sum }}"}),
-                next=Router(arcs=[Arc(step="end", args={"total": "{{ ctx.total }}"}, set=SetBlock(ctx={"routed": True}))]),
+                next=Router(
+                    arcs=[
+                        Arc(step="end", args={"total": "{{ ctx.total }}"}, set=SetBlock(ctx={"routed": True}))
+                    ]
+                ),
             ),
             Step(name="end", tool=[Task(label="task_0", kind="noop", config={"result": "{{ args.total }}"})]),
         ],
@@ -269,12 +285,23 @@ def test_programmatic_round_trip_through_a_document(tmp_path):
     [
         (lambda pb: pb.workflow[0].next.arcs.append(Arc(step="ghost")), "unknown-arc-target"),
         (lambda pb: pb.workflow[1].tool.append(Task(label="x", kind="teleport")), "unknown-tool-kind"),
-        (lambda pb: pb.workflow.append(Step(name="end", tool=[Task(label="y", kind="noop")])), "duplicate-step"),
+        (
+            lambda pb: pb.workflow.append(Step(name="end", tool=[Task(label="y", kind="noop")])),
+            "duplicate-step",
+        ),
         (lambda pb: pb.workflow.append(Step(name="idle")), "step-tool-or-next"),
-        (lambda pb: pb.workflow[0].tool[0].policy.append(PolicyRule(when="{{ x", then=RuleThen())), "template-syntax"),
+        (
+            lambda pb: pb.workflow[0].tool[0].policy.append(PolicyRule(when="{{ x", then=RuleThen())),
+            "template-syntax",
+        ),
         (lambda pb: pb.workflow[0].tool.append(Task(label="fetch", kind="noop")), "duplicate-task"),
-        (lambda pb: setattr(pb.workflow[0].tool[0].policy[0].then, "to", None) or
-         setattr(pb.workflow[0].tool[0].policy[0].then, "do", "jump"), "policy-jump"),
+        (
+            lambda pb: (
+                setattr(pb.workflow[0].tool[0].policy[0].then, "to", None)
+                or setattr(pb.workflow[0].tool[0].policy[0].then, "do", "jump")
+            ),
+            "policy-jump",
+        ),
     ],
 )
 def test_programmatic_playbook_check_reports_rules(mutate, rule):

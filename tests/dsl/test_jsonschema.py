@@ -41,7 +41,9 @@ def test_cli_writes_the_schema_the_example_project_maps(tmp_path):
     # (not compared with this process's playbook_schema(): kinds other tests register in this
     # worker join it; the CLI's fresh process and the committed file are the contract)
     committed = EXAMPLE / ".vscode" / "playbook.schema.json"
-    assert json.loads(committed.read_text()) == written, "regenerate: noetl-dagster schema -o " + str(committed)
+    assert json.loads(committed.read_text()) == written, "regenerate: noetl-dagster schema -o " + str(
+        committed
+    )
     settings = json.loads((EXAMPLE / ".vscode" / "settings.json").read_text())
     assert settings["yaml.schemas"]["./.vscode/playbook.schema.json"][0] == "playbooks/**/*.yaml"
     # each kind's typed config comes from its model: artifact's action enum, transfer's nested source

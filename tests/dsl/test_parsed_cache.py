@@ -40,7 +40,10 @@ def test_a_changed_file_is_parsed_again(tmp_path):
     path = tmp_path / "p.yaml"
     _write(path, PLAYBOOK)
     first = load_playbook(path)
-    changed = {**PLAYBOOK, "workflow": [{"step": "start", "tool": {"kind": "python", "code": "result = {'n': 2}"}}]}
+    changed = {
+        **PLAYBOOK,
+        "workflow": [{"step": "start", "tool": {"kind": "python", "code": "result = {'n': 2}"}}],
+    }
     _write(path, changed)
     st = path.stat()
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # even within the clock's resolution
@@ -85,7 +88,9 @@ def test_a_replaced_kind_makes_parsed_playbooks_stale(tmp_path):
     _write(path, {**PLAYBOOK, "workflow": [{"step": "start", "tool": {"kind": "cache_probe_kind", "x": 1}}]})
     register_tool("cache_probe_kind", lambda *a, **k: {})
     load_playbook(path)
-    register_tool("cache_probe_kind", lambda *a, **k: {}, config=Strict)  # now `x` is refused, `must` required
+    register_tool(
+        "cache_probe_kind", lambda *a, **k: {}, config=Strict
+    )  # now `x` is refused, `must` required
     with pytest.raises(PlaybookInvalid):
         load_playbook(path)
 

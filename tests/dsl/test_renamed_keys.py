@@ -91,7 +91,10 @@ def test_validate_warns_for_each_old_spelling_and_exits_0(tmp_path):
     assert "workflow[0].set_ctx: `set_ctx` is deprecated; use `set: {ctx.<key>: ...}`" in text
     assert "task `args` is deprecated" in text and "`set_iter` is deprecated" in text
     assert "template variable `outcome` is deprecated; use `output`" in text
-    assert "workflow[0].tool[0].first.output.store.kind: output store kind `object` is deprecated; use `disk`" in text
+    assert (
+        "workflow[0].tool[0].first.output.store.kind: output store kind `object` is deprecated; use `disk`"
+        in text
+    )
     assert len(warnings) == 9
     js = subprocess.run([sys.executable, "-m", "noetl_dagster.commands.main", "validate", "--json", str(f)],
                         capture_output=True, text=True, timeout=60)  # fmt: skip
@@ -172,4 +175,6 @@ def test_arc_args_and_set_step_writing_one_key_is_an_error():
     doc = yaml.safe_load(ARC_ARGS_OLD)
     doc["workflow"][0]["next"]["arcs"][0]["set"] = {"step.job": "x"}
     _, issues = parse_playbook(doc)
-    assert [(i.rule, i.path) for i in issues] == [("arc-args-and-set", "workflow[0].next.arcs[0].set.step.job")]
+    assert [(i.rule, i.path) for i in issues] == [
+        ("arc-args-and-set", "workflow[0].next.arcs[0].set.step.job")
+    ]

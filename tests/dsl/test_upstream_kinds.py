@@ -45,7 +45,9 @@ def test_no_upstream_kind_is_merely_unrecognized():
         assert "unknown-tool-kind" not in rules, (kind, issues)
         if kind in UNOFFERED_KINDS:
             (issue,) = [i for i in issues if i.rule == "unoffered-tool-kind"]
-            assert issue.message.startswith(f"tool kind {kind!r} is NoETL's, but this runtime does not offer it: ")
+            assert issue.message.startswith(
+                f"tool kind {kind!r} is NoETL's, but this runtime does not offer it: "
+            )
             assert len(issue.message) > 90 and "\n" not in issue.message  # a reason, on one line
     assert {"gateway", "subscription", "wasm", "task_sequence"} <= set(UNOFFERED_KINDS)
     _, issues = parse_playbook(doc({"kind": "no_such_kind"}))
@@ -106,7 +108,11 @@ def test_iterator_and_playbooks_run_through_the_cli(tmp_path, mode):
     assert r.returncode == 0 and out["status"] == "completed", r.stdout + r.stderr
     assert [x["sq"] for x in out["results"]["start"]["results"]] == [1, 4, 9]
     subs = out["results"]["subs"]
-    assert [x["double"] for x in subs["results"]] == [2, 42] and subs["stats"] == {"total": 2, "ok": 2, "failed": 0}
+    assert [x["double"] for x in subs["results"]] == [2, 42] and subs["stats"] == {
+        "total": 2,
+        "ok": 2,
+        "failed": 0,
+    }
     assert len({x["execution_id"] for x in subs["results"]}) == 2  # two child executions
 
 
@@ -115,12 +121,20 @@ def test_iterator_and_playbooks_run_through_the_cli(tmp_path, mode):
     [
         ({"kind": "iterator", "collection": [1]}, "iterator-shape", "needs `task:`"),
         ({"kind": "iterator", "task": {"kind": "noop"}}, "iterator-shape", "needs `collection`"),
-        ({"kind": "iterator", "collection": [1], "mode": "fast", "task": {"kind": "noop"}}, "iterator-shape", "'fast'"),
+        (
+            {"kind": "iterator", "collection": [1], "mode": "fast", "task": {"kind": "noop"}},
+            "iterator-shape",
+            "'fast'",
+        ),
         ({"kind": "iterator", "collection": [1], "task": {"kind": "nope"}}, "unknown-tool-kind", "'nope'"),
         ({"kind": "playbooks"}, "playbooks-shape", "non-empty list"),
         ({"kind": "playbooks", "playbooks": [{"definition": {}}]}, "playbooks-shape", "kind: playbook"),
         ({"kind": "playbooks", "playbooks": [{"path": "a", "bogus": 1}]}, "playbooks-shape", "bogus"),
-        ({"kind": "snowflake_transfer", "source": {"query": "x"}, "target": {"table": "t"}}, "tool-config", "needs `direction`"),
+        (
+            {"kind": "snowflake_transfer", "source": {"query": "x"}, "target": {"table": "t"}},
+            "tool-config",
+            "needs `direction`",
+        ),
     ],
 )
 def test_bad_shapes_are_validate_errors(tool, rule, needle):
@@ -166,7 +180,8 @@ def test_snowflake_transfer_maps_onto_transfer_both_ways():
 
 def test_snowflake_transfer_without_a_credential_is_one_config_error(tmp_path):
     f = tmp_path / "sf.yaml"
-    f.write_text(textwrap.dedent("""\
+    f.write_text(
+        textwrap.dedent("""\
         apiVersion: noetl.io/v2
         kind: Playbook
         metadata: {name: sf, path: tests/sf}
@@ -178,10 +193,13 @@ def test_snowflake_transfer_without_a_credential_is_one_config_error(tmp_path):
               source: {query: "SELECT 1 AS a"}
               target: {table: PUBLIC.T}
               auth: {pg: pg_local}
-    """))
+    """)
+    )
     assert cli("validate", str(f), home=tmp_path / "h").returncode == 0
     r = cli("run", str(f), "--json", "-q", home=tmp_path / "h")
     out = json.loads(r.stdout)
     assert r.returncode == 1 and out["status"] == "failed"
     err = out["results"]["start"]["error"]
-    assert err["kind"] == "config_error" and "auth.sf (the Snowflake credential) is required" in err["message"]
+    assert (
+        err["kind"] == "config_error" and "auth.sf (the Snowflake credential) is required" in err["message"]
+    )

@@ -525,7 +525,9 @@ workflow:
 
 
 def test_all_errors_of_a_file_are_reported_at_once(tmp_path):
-    path = _write(tmp_path, """
+    path = _write(
+        tmp_path,
+        """
         apiVersion: noetl.io/v2
         kind: Playbook
         metadata: {name: v, path: tests/v}
@@ -545,7 +547,8 @@ def test_all_errors_of_a_file_are_reported_at_once(tmp_path):
             loop: {in: "{{ [1] }}"}
             tool: {kind: noop}
           - step: nothing
-        """)
+        """,
+    )
     issues = validate_file(path)
     rules = {i.rule for i in issues}
     assert {"root-vars", "step-when", "unknown-tool-kind", "policy-shape", "unknown-arc-target",

@@ -29,7 +29,9 @@ def write_pb(tmp_path):
 def run_pb(data_dir, write_pb):
     """Run a playbook (YAML text, a path or a Playbook) and return a :class:`Run`."""
 
-    def _run(source: Any, workload: dict[str, Any] | None = None, name: str = "playbook.yaml", **kw: Any) -> Run:
+    def _run(
+        source: Any, workload: dict[str, Any] | None = None, name: str = "playbook.yaml", **kw: Any
+    ) -> Run:
         if isinstance(source, str) and "\n" in source:
             source = write_pb(source, name)
         result = run_playbook(source, workload, **kw)

@@ -71,19 +71,29 @@ BASE = {
     "kind": "Playbook",
     "metadata": {"name": "schema_key", "path": "t/schema_key"},
     "workflow": [
-        {"step": "start", "tool": {"kind": "python", "code": "result = 1"}, "next": {"arcs": [{"step": "end"}]}},
+        {
+            "step": "start",
+            "tool": {"kind": "python", "code": "result = 1"},
+            "next": {"arcs": [{"step": "end"}]},
+        },
         {"step": "end", "tool": {"kind": "python", "code": "result = 2"}},
     ],
 }
 LOOP_IN = {"in": "{{ [1] }}", "iterator": "x"}
-LOOP_CURSOR = {"cursor": {"kind": "postgres", "auth": "pg", "claim": "select 1"}, "iterator": "x", "spec": {"mode": "cursor"}}
+LOOP_CURSOR = {
+    "cursor": {"kind": "postgres", "auth": "pg", "claim": "select 1"},
+    "iterator": "x",
+    "spec": {"mode": "cursor"},
+}
 
 
 def sample_playbook(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
     """BASE with ``path`` set to ``value`` (intermediate mappings created; a loop gets a valid source)."""
     doc = copy.deepcopy(BASE)
     if path[:3] == ("workflow", ITEM, "loop") and len(path) > 3:
-        doc["workflow"][0]["loop"] = copy.deepcopy(LOOP_CURSOR if "cursor" in path or "frame" in path else LOOP_IN)
+        doc["workflow"][0]["loop"] = copy.deepcopy(
+            LOOP_CURSOR if "cursor" in path or "frame" in path else LOOP_IN
+        )
     if path[0] == "workbook":
         doc["workbook"] = [{"name": "w", "tool": {"kind": "python", "code": "result = 1"}}]
     node: Any = doc

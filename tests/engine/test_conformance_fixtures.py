@@ -77,7 +77,12 @@ def test_loop_instance_isolation(run_pb, fixture_path):
 def test_vars_block(run_pb, fixture_path):
     r = run_pb(fixture_path("vars_test/test_vars_block.yaml"))
     assert r.status == "completed"
-    assert r.ctx == {"first_user_id": 123, "first_email": "alice@example.com", "user_count": 2, "data_source": "test_db"}
+    assert r.ctx == {
+        "first_user_id": 123,
+        "first_email": "alice@example.com",
+        "user_count": 2,
+        "data_source": "test_db",
+    }
     v = r.results["verify_vars"]
     assert v["status"] == "success" and all(v["checks"].values())
 
@@ -87,12 +92,16 @@ def test_user_profile_scorer(run_pb, fixture_path):
     assert r.status == "completed"
     res = r.results["finalize_result"]
     # by hand: experience 5y -> 15 pts * 0.4; rating 4.0 -> 18.8 pts * 0.35; Engineering 15 * 0.15; age 30 -> 10 * 0.1
-    assert res["score_breakdown"] == pytest.approx({"experience": 6.0, "performance": 6.58, "department": 2.25, "age": 1.0})
+    assert res["score_breakdown"] == pytest.approx(
+        {"experience": 6.0, "performance": 6.58, "department": 2.25, "age": 1.0}
+    )
     assert res["profile_score"] == 15.8
     assert res["score_category"] == "Junior"
     assert res["user_name"] == "TestUser"
     assert res["execution_id"] == "standalone_execution" and res["processing_status"] == "completed"
-    assert all(r.runs[s] == 1 for s in ("score_experience", "score_performance", "score_department", "score_age"))
+    assert all(
+        r.runs[s] == 1 for s in ("score_experience", "score_performance", "score_department", "score_age")
+    )
 
 
 def test_user_profile_scorer_as_a_sub_playbook_by_catalog_path(run_pb, fixture_path, write_pb):
@@ -119,7 +128,9 @@ def test_user_profile_scorer_as_a_sub_playbook_by_catalog_path(run_pb, fixture_p
         """)
     from noetl_dagster.runners.local import run_playbook
 
-    res = run_playbook(parent, catalog_dirs=[fixture_path("playbook_composition/user_profile_scorer.yaml").parent])
+    res = run_playbook(
+        parent, catalog_dirs=[fixture_path("playbook_composition/user_profile_scorer.yaml").parent]
+    )
     assert res.status == "completed"
     (scored,) = res.results["start"]["results"]
     # 15y -> 30 * 0.4 + 18.8 * 0.35 + Management 12 * 0.15 + age 42 -> 8 * 0.1

@@ -23,7 +23,9 @@ kind: Playbook
 metadata: {name: ev, path: tests/ev}
 """
 
-MIXED = HEAD + """
+MIXED = (
+    HEAD
+    + """
 workflow:
   - step: start
     loop: {in: "{{ [1, 2] }}", iterator: n}
@@ -47,6 +49,7 @@ workflow:
                 then: {allow: false}
     tool: {kind: noop}
 """
+)
 
 ENVELOPE = {
     "event_id", "sequence", "execution_id", "parent_execution_id", "timestamp", "source", "name", "entity",
@@ -182,7 +185,9 @@ def test_store_is_append_only(run_pb):
             conn.execute("UPDATE noetl_event SET name = 'x'")
         with pytest.raises(sqlite3.DatabaseError, match="append-only"):
             conn.execute("DELETE FROM noetl_event")
-        n = conn.execute("SELECT COUNT(*) FROM noetl_event WHERE execution_id = ?", (r.result.execution_id,)).fetchone()[0]
+        n = conn.execute(
+            "SELECT COUNT(*) FROM noetl_event WHERE execution_id = ?", (r.result.execution_id,)
+        ).fetchone()[0]
         assert n == len(r.events)
     finally:
         conn.close()
@@ -200,7 +205,9 @@ def test_executions_index(run_pb):
 
 
 def test_big_results_are_stored_as_references_and_resolved(run_pb):
-    r = run_pb(HEAD + """
+    r = run_pb(
+        HEAD
+        + """
 workflow:
   - step: start
     tool:
@@ -209,7 +216,8 @@ workflow:
     next: {arcs: [{step: use}]}
   - step: use
     tool: {kind: noop, result: "{{ start.blob | length }}"}
-""")
+"""
+    )
     assert r.status == "completed"
     done = r.named("step.done", "start")[0].data["result"]
     assert set(done) == {"$ref"}
@@ -243,7 +251,9 @@ def test_replay_rebuilds_state_of_a_completed_execution(run_pb):
     assert not state.tokens and not state.running
 
 
-FAILING = HEAD + """
+FAILING = (
+    HEAD
+    + """
 workflow:
   - step: start
     tool:
@@ -255,6 +265,7 @@ workflow:
   - step: never
     tool: {kind: noop}
 """
+)
 
 
 def test_failing_execution_has_a_complete_replayable_log(run_pb):
@@ -279,7 +290,7 @@ def test_replay_of_a_prefix_shows_pending_tokens_and_running_steps(run_pb):
     from noetl_dagster.engine.state import fold
 
     cut = next(i for i, e in enumerate(events) if e.name == "step.scheduled")
-    st = fold(events[: cut])  # token enqueued, not yet scheduled
+    st = fold(events[:cut])  # token enqueued, not yet scheduled
     assert [t.step for t in st.tokens.values()] == ["start"]
     st = fold(events[: cut + 1])
     assert not st.tokens and list(st.running.values()) == ["start"]

@@ -90,7 +90,9 @@ workflow:
 
 
 def _nne(flag: str, on_no_match: str = "") -> str:
-    return NO_NEXT.replace("NNE", flag).replace(" ONM", f", on_no_match: {on_no_match}" if on_no_match else "")
+    return NO_NEXT.replace("NNE", flag).replace(
+        " ONM", f", on_no_match: {on_no_match}" if on_no_match else ""
+    )
 
 
 def test_no_next_is_error_fails_a_dead_end(run_pb):
@@ -135,9 +137,14 @@ def test_final_step_with_next_is_an_error(write_pb):
 
 
 def test_noetl_executor_keys_without_effect_are_warned(write_pb):
-    text = _nne("false").replace(
-        "executor:\n", "executor:\n  profile: local\n  requires: {tools: [python]}\n"
-    ).replace("spec: {no_next_is_error: false}", "spec: {no_next_is_error: false, policy: {defaults: {timeout_s: 3}}}")
+    text = (
+        _nne("false")
+        .replace("executor:\n", "executor:\n  profile: local\n  requires: {tools: [python]}\n")
+        .replace(
+            "spec: {no_next_is_error: false}",
+            "spec: {no_next_is_error: false, policy: {defaults: {timeout_s: 3}}}",
+        )
+    )
     pb, issues, warnings = check_file_with_warnings(write_pb(text))
     assert issues == [] and pb is not None
     assert {w.path for w in warnings if w.rule == "executor-no-effect"} == {
@@ -147,9 +154,13 @@ def test_noetl_executor_keys_without_effect_are_warned(write_pb):
 def test_kubernetes_placement_keys_are_implemented_not_unknown(write_pb):
     """executor.spec.profiles / default_profile drive translator/k8s.py (docs/deploy.md): no error, and an
     executor.profile naming one of them is not warned as without effect (regression: both were refused)."""
-    text = _nne("false").replace("executor:\n", "executor:\n  profile: small\n").replace(
-        "spec: {no_next_is_error: false}",
-        "spec: {no_next_is_error: false, default_profile: small, profiles: {small: {resources: {cpu: 1}}}}",
+    text = (
+        _nne("false")
+        .replace("executor:\n", "executor:\n  profile: small\n")
+        .replace(
+            "spec: {no_next_is_error: false}",
+            "spec: {no_next_is_error: false, default_profile: small, profiles: {small: {resources: {cpu: 1}}}}",
+        )
     )
     pb, issues, warnings = check_file_with_warnings(write_pb(text))
     assert issues == [] and pb is not None, [str(i) for i in issues]

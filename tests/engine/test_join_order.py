@@ -16,28 +16,64 @@ HEAD = {"apiVersion": "noetl.io/v2", "kind": "Playbook", "metadata": {"name": "j
 # start fans out to a and b; a and b both feed c; c loops back to a (guarded).
 # c -> a is no back-edge (a does not dominate c), so a is a join of start and c.
 IRREDUCIBLE = [
-    {"step": "start", "tool": {"kind": "noop"}, "set": {"ctx.round": 0},
-     "next": {"spec": {"mode": "inclusive"}, "arcs": [{"step": "a"}, {"step": "b"}]}},
+    {
+        "step": "start",
+        "tool": {"kind": "noop"},
+        "set": {"ctx.round": 0},
+        "next": {"spec": {"mode": "inclusive"}, "arcs": [{"step": "a"}, {"step": "b"}]},
+    },
     {"step": "a", "tool": {"kind": "noop"}, "next": {"arcs": [{"step": "c"}]}},
     {"step": "b", "tool": {"kind": "noop"}, "next": {"arcs": [{"step": "c"}]}},
-    {"step": "c", "tool": {"kind": "noop"}, "set": {"ctx.round": "{{ ctx.round + 1 }}"},
-     "next": {"spec": {"mode": "inclusive"},
-              "arcs": [{"step": "a", "when": "{{ ctx.round < 2 }}"}, {"step": "end", "when": "{{ ctx.round >= 2 }}"}]}},
+    {
+        "step": "c",
+        "tool": {"kind": "noop"},
+        "set": {"ctx.round": "{{ ctx.round + 1 }}"},
+        "next": {
+            "spec": {"mode": "inclusive"},
+            "arcs": [
+                {"step": "a", "when": "{{ ctx.round < 2 }}"},
+                {"step": "end", "when": "{{ ctx.round >= 2 }}"},
+            ],
+        },
+    },
     {"step": "end", "tool": {"kind": "noop"}},
 ]
 
 # a fan-out/join diamond inside a counting cycle: head -> (a | b) -> join -> head
 DIAMOND_CYCLE = [
-    {"step": "start", "tool": {"kind": "noop"}, "set": {"ctx.round": 0}, "next": {"arcs": [{"step": "head"}]}},
-    {"step": "head", "tool": {"kind": "noop"}, "set": {"ctx.round": "{{ ctx.round + 1 }}"},
-     "next": {"spec": {"mode": "inclusive"}, "arcs": [{"step": "a"}, {"step": "b"}]}},
-    {"step": "a", "tool": {"kind": "python", "code": "import time; time.sleep(0.01); result = 'a'"},
-     "next": {"arcs": [{"step": "join", "args": {"from": "a"}}]}},
+    {
+        "step": "start",
+        "tool": {"kind": "noop"},
+        "set": {"ctx.round": 0},
+        "next": {"arcs": [{"step": "head"}]},
+    },
+    {
+        "step": "head",
+        "tool": {"kind": "noop"},
+        "set": {"ctx.round": "{{ ctx.round + 1 }}"},
+        "next": {"spec": {"mode": "inclusive"}, "arcs": [{"step": "a"}, {"step": "b"}]},
+    },
+    {
+        "step": "a",
+        "tool": {"kind": "python", "code": "import time; time.sleep(0.01); result = 'a'"},
+        "next": {"arcs": [{"step": "join", "args": {"from": "a"}}]},
+    },
     {"step": "b", "tool": {"kind": "noop"}, "next": {"arcs": [{"step": "join", "args": {"from": "b"}}]}},
-    {"step": "join", "tool": {"kind": "python", "input": {"got": "{{ args }}"},
-                              "code": "result = sorted(g['from'] for g in got)"},
-     "set": {"ctx.joined": "{{ (ctx.joined or []) + [join] }}"},
-     "next": {"arcs": [{"step": "head", "when": "{{ ctx.round < 3 }}"}, {"step": "end", "when": "{{ ctx.round >= 3 }}"}]}},
+    {
+        "step": "join",
+        "tool": {
+            "kind": "python",
+            "input": {"got": "{{ args }}"},
+            "code": "result = sorted(g['from'] for g in got)",
+        },
+        "set": {"ctx.joined": "{{ (ctx.joined or []) + [join] }}"},
+        "next": {
+            "arcs": [
+                {"step": "head", "when": "{{ ctx.round < 3 }}"},
+                {"step": "end", "when": "{{ ctx.round >= 3 }}"},
+            ]
+        },
+    },
     {"step": "end", "tool": {"kind": "noop"}},
 ]
 
@@ -79,7 +115,7 @@ def test_irreducible_cycle_joins_fire_together(run_pb):
     # a and c wait only on each other: each time nothing else can run, both fire at once
     assert r.runs == {"start": 1, "a": 2, "b": 1, "c": 3, "end": 2}
     first_a, first_c = r.index("step.scheduled", "a")[0], r.index("step.scheduled", "c")[0]
-    assert not any(e.name == "step.started" for e in r.events[min(first_a, first_c):max(first_a, first_c)])
+    assert not any(e.name == "step.started" for e in r.events[min(first_a, first_c) : max(first_a, first_c)])
 
 
 def test_diamond_inside_counting_cycle_joins_once_per_round(run_pb):

@@ -50,6 +50,8 @@ def test_every_noetl_schema_key_is_implemented_or_reported(path, sample, tmp_pat
     # a no-effect warning on an ancestor covers its whole subtree (executor.requires.tools)
     above = [w for w in warnings if w.rule.endswith("no-effect") and key.startswith(w.path + ".")]
     if key in IMPLEMENTED:
-        assert not [w for w in at_or_under + above if w.rule.endswith("no-effect")], f"{key} is implemented, not warned"
+        assert not [w for w in at_or_under + above if w.rule.endswith("no-effect")], (
+            f"{key} is implemented, not warned"
+        )
         return
     assert at_or_under or above, f"NoETL schema key {key} is neither implemented nor reported by validate"

@@ -40,7 +40,9 @@ def test_a_loop_is_stored_in_segments_by_default_and_replays(tmp_path):
     db = tmp_path / "data" / "events.db"
     c = sqlite3.connect(db)
     try:
-        segs, in_segs = c.execute("SELECT COUNT(*), SUM(gid_last - gid_first + 1) FROM noetl_event_segment").fetchone()
+        segs, in_segs = c.execute(
+            "SELECT COUNT(*), SUM(gid_last - gid_first + 1) FROM noetl_event_segment"
+        ).fetchone()
         rows = c.execute("SELECT COUNT(*) FROM noetl_event").fetchone()[0]
     finally:
         c.close()

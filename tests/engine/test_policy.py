@@ -22,11 +22,13 @@ def _step(tool_yaml: str, extra: str = "") -> str:
 
 
 def test_ok_outcome_envelope(run_pb):
-    r = run_pb(_step("""
+    r = run_pb(
+        _step("""
       - t:
           kind: python
           code: "result = {'a': 1}"
-"""))
+""")
+    )
     out = r.task_done("start", "t")[0].data["outcome"]
     assert out["status"] == "ok"
     assert out["result"] == {"a": 1}
@@ -36,11 +38,13 @@ def test_ok_outcome_envelope(run_pb):
 
 
 def test_error_outcome_envelope_with_py_helper(run_pb):
-    r = run_pb(_step("""
+    r = run_pb(
+        _step("""
       - t:
           kind: python
           code: "raise KeyError('missing')"
-"""))
+""")
+    )
     ev = r.task_done("start", "t")[0]
     out = ev.data["outcome"]
     assert ev.status == "error" and out["status"] == "error"
@@ -51,7 +55,8 @@ def test_error_outcome_envelope_with_py_helper(run_pb):
 
 
 def test_outcome_aliases_output_result_data_response_in_rules(run_pb):
-    r = run_pb(_step("""
+    r = run_pb(
+        _step("""
       - t:
           kind: noop
           result: {n: 3}
@@ -60,7 +65,8 @@ def test_outcome_aliases_output_result_data_response_in_rules(run_pb):
               rules:
                 - when: "{{ outcome.result.n == 3 and output.data.n == 3 and outcome.response.n == 3 }}"
                   then: {do: continue, set_ctx: {ok: true}}
-"""))
+""")
+    )
     assert r.ctx == {"ok": True}
 
 
@@ -68,7 +74,8 @@ def test_outcome_aliases_output_result_data_response_in_rules(run_pb):
 
 
 def test_first_matching_rule_wins(run_pb):
-    r = run_pb(_step("""
+    r = run_pb(
+        _step("""
       - t:
           kind: noop
           spec:
@@ -82,12 +89,14 @@ def test_first_matching_rule_wins(run_pb):
                   then: {do: continue, set_ctx: {rule: 2}}
                 - else:
                     then: {do: continue, set_ctx: {rule: else}}
-"""))
+""")
+    )
     assert r.ctx == {"rule": 1}
 
 
 def test_else_applies_when_nothing_matches(run_pb):
-    r = run_pb(_step("""
+    r = run_pb(
+        _step("""
       - t:
           kind: noop
           spec:
@@ -97,24 +106,28 @@ def test_else_applies_when_nothing_matches(run_pb):
                   then: {do: fail}
                 - else:
                     then: {do: continue, set_ctx: {rule: else}}
-"""))
+""")
+    )
     assert r.status == "completed" and r.ctx == {"rule": "else"}
 
 
 def test_no_policy_error_fails_the_step(run_pb):
-    r = run_pb(_step("""
+    r = run_pb(
+        _step("""
       - a:
           kind: python
           code: "raise RuntimeError('x')"
       - b:
           kind: noop
-"""))
+""")
+    )
     assert r.status == "failed"
     assert [e.data["task"] for e in r.named("task.done")] == ["a"]
 
 
 def test_policy_without_match_continues_on_ok(run_pb):
-    r = run_pb(_step("""
+    r = run_pb(
+        _step("""
       - a:
           kind: noop
           spec:
@@ -125,12 +138,14 @@ def test_policy_without_match_continues_on_ok(run_pb):
       - b:
           kind: noop
           result: reached
-"""))
+""")
+    )
     assert r.status == "completed" and r.results["start"] == "reached"
 
 
 def test_policy_without_match_fails_on_error(run_pb):
-    r = run_pb(_step("""
+    r = run_pb(
+        _step("""
       - a:
           kind: python
           code: "raise RuntimeError('x')"
@@ -141,13 +156,15 @@ def test_policy_without_match_fails_on_error(run_pb):
                   then: {do: continue}
       - b:
           kind: noop
-"""))
+""")
+    )
     assert r.status == "failed"
     assert [e.data["task"] for e in r.named("task.done")] == ["a"]
 
 
 def test_policy_continue_on_error_is_handled_by_the_rule(run_pb):
-    r = run_pb(_step("""
+    r = run_pb(
+        _step("""
       - a:
           kind: python
           code: "raise RuntimeError('x')"
@@ -159,13 +176,15 @@ def test_policy_continue_on_error_is_handled_by_the_rule(run_pb):
       - b:
           kind: noop
           result: "{{ _prev }}|{{ results.a }}"
-"""))
+""")
+    )
     assert r.status == "completed"
     assert r.results["start"] == "None|None"
 
 
 def test_rule_condition_unknown_filter_fails_the_task(run_pb):
-    r = run_pb(_step("""
+    r = run_pb(
+        _step("""
       - a:
           kind: noop
           spec:
@@ -173,14 +192,16 @@ def test_rule_condition_unknown_filter_fails_the_task(run_pb):
               rules:
                 - when: "{{ [] | no_such_filter }}"
                   then: {do: continue}
-"""))
+""")
+    )
     assert r.status == "failed"
     err = r.results["start"]["error"]
     assert err["kind"] == "template_error" and "no_such_filter" in err["message"]
 
 
 def test_rule_condition_runtime_error_fails_the_task(run_pb):
-    r = run_pb(_step("""
+    r = run_pb(
+        _step("""
       - a:
           kind: noop
           spec:
@@ -188,14 +209,16 @@ def test_rule_condition_runtime_error_fails_the_task(run_pb):
               rules:
                 - when: "{{ 1 // 0 }}"
                   then: {do: continue}
-"""))
+""")
+    )
     assert r.status == "failed"
     err = r.results["start"]["error"]
     assert err["kind"] == "template_error" and "1 // 0" in err["message"]
 
 
 def test_fail_directive_fails_an_ok_task(run_pb):
-    r = run_pb(_step("""
+    r = run_pb(
+        _step("""
       - a:
           kind: noop
           spec:
@@ -205,7 +228,8 @@ def test_fail_directive_fails_an_ok_task(run_pb):
                   then: {do: fail}
       - b:
           kind: noop
-"""))
+""")
+    )
     assert r.status == "failed"
     assert r.results["start"]["error"]["kind"] == "policy_fail"
     assert r.named("task.done")[0].data["directive"] == "fail"
@@ -215,7 +239,8 @@ def test_fail_directive_fails_an_ok_task(run_pb):
 
 
 def test_pipeline_locals_and_step_result_is_last_task(run_pb):
-    r = run_pb(_step("""
+    r = run_pb(
+        _step("""
       - first:
           kind: noop
           result: {v: 1}
@@ -224,8 +249,15 @@ def test_pipeline_locals_and_step_result_is_last_task(run_pb):
           input: {prev: "{{ _prev }}", named: "{{ results.first }}", bare: "{{ first }}", task: "{{ _task }}", attempt: "{{ _attempt }}"}
           code: |
             result = {"prev": prev, "named": named, "bare": bare, "task": task, "attempt": attempt}
-"""))
-    assert r.results["start"] == {"prev": {"v": 1}, "named": {"v": 1}, "bare": {"v": 1}, "task": "second", "attempt": 1}
+""")
+    )
+    assert r.results["start"] == {
+        "prev": {"v": 1},
+        "named": {"v": 1},
+        "bare": {"v": 1},
+        "task": "second",
+        "attempt": 1,
+    }
 
 
 # -- retry ----------------------------------------------------------------------
@@ -254,7 +286,11 @@ def _retry_pb(attempts: str = "3", backoff: str = "none", delay: str = "0") -> s
 def _gaps(r, step: str = "start") -> list[float]:
     """Seconds between each failed attempt's task.done and the next task.started."""
     evs = [e for e in r.events if e.step == step and e.name in ("task.started", "task.done")]
-    return [ts(b) - ts(a) for a, b in zip(evs, evs[1:], strict=False) if a.name == "task.done" and b.name == "task.started"]
+    return [
+        ts(b) - ts(a)
+        for a, b in zip(evs, evs[1:], strict=False)
+        if a.name == "task.done" and b.name == "task.started"
+    ]
 
 
 def test_retry_until_success_counts_attempts(run_pb):
@@ -286,7 +322,8 @@ def test_retry_attempts_may_be_a_template(run_pb):
 
 
 def test_retry_exhausted_on_ok_outcome_continues(run_pb):
-    r = run_pb(_step("""
+    r = run_pb(
+        _step("""
       - poll:
           kind: python
           input: {attempt: "{{ _attempt }}"}
@@ -299,7 +336,8 @@ def test_retry_exhausted_on_ok_outcome_continues(run_pb):
       - after:
           kind: noop
           result: "{{ _prev.attempt }}"
-"""))
+""")
+    )
     assert r.status == "completed"
     assert r.results["start"] == 2
     assert [e.attempt for e in r.task_done("start", "poll")] == [1, 2]
@@ -351,7 +389,8 @@ def test_retry_default_delay_is_one_second(run_pb):
 
 
 def test_retry_task_set_only_applies_on_the_final_attempt(run_pb):
-    r = run_pb(_step("""
+    r = run_pb(
+        _step("""
       - flaky:
           kind: python
           input: {attempt: "{{ _attempt }}"}
@@ -365,7 +404,8 @@ def test_retry_task_set_only_applies_on_the_final_attempt(run_pb):
               rules:
                 - when: "{{ outcome.status == 'error' }}"
                   then: {do: retry, attempts: 3, backoff: none}
-"""))
+""")
+    )
     assert r.ctx == {"calls": 1}
 
 
@@ -373,7 +413,8 @@ def test_retry_task_set_only_applies_on_the_final_attempt(run_pb):
 
 
 def test_jump_pagination(run_pb):
-    r = run_pb(_step("""
+    r = run_pb(
+        _step("""
       - fetch:
           kind: python
           input: {page: "{{ ctx.page | default(1) }}"}
@@ -399,7 +440,8 @@ def test_jump_pagination(run_pb):
           kind: python
           input: {collected: "{{ ctx.rows }}"}
           code: "result = {'count': len(collected), 'sum': sum(collected)}"
-"""))
+""")
+    )
     assert r.status == "completed"
     assert r.ctx["rows"] == [1, 2, 3, 4, 5]
     assert r.ctx["page"] == 3
@@ -409,7 +451,8 @@ def test_jump_pagination(run_pb):
 
 
 def test_jump_previous(run_pb):
-    r = run_pb(_step("""
+    r = run_pb(
+        _step("""
       - bump:
           kind: noop
           set: {ctx.count: "{{ (ctx.count or 0) + 1 }}"}
@@ -420,14 +463,16 @@ def test_jump_previous(run_pb):
               rules:
                 - when: "{{ ctx.count < 3 }}"
                   then: {do: jump, to: previous}
-"""))
+""")
+    )
     assert r.status == "completed"
     assert r.ctx["count"] == 3
     assert [e.data["task"] for e in r.named("task.done")] == ["bump", "check"] * 3
 
 
 def test_jump_forward_skips_tasks(run_pb):
-    r = run_pb(_step("""
+    r = run_pb(
+        _step("""
       - a:
           kind: noop
           spec:
@@ -440,7 +485,8 @@ def test_jump_forward_skips_tasks(run_pb):
       - c:
           kind: noop
           result: c
-"""))
+""")
+    )
     assert [e.data["task"] for e in r.named("task.done")] == ["a", "c"]
     assert r.results["start"] == "c"
 
@@ -449,7 +495,9 @@ def test_jump_forward_skips_tasks(run_pb):
 
 
 def test_break_ends_pipeline_successfully(run_pb):
-    r = run_pb(_step("""
+    r = run_pb(
+        _step(
+            """
       - a:
           kind: noop
           result: from_a
@@ -461,11 +509,14 @@ def test_break_ends_pipeline_successfully(run_pb):
       - b:
           kind: python
           code: "raise RuntimeError('must not run')"
-""", """
+""",
+            """
     next: {arcs: [{step: after}]}
   - step: after
     tool: {kind: noop}
-"""))
+""",
+        )
+    )
     assert r.status == "completed"
     assert [e.data["task"] for e in r.named("task.done", "start")] == ["a"]
     assert r.results["start"] == "from_a"
@@ -473,7 +524,8 @@ def test_break_ends_pipeline_successfully(run_pb):
 
 
 def test_break_on_error_outcome_still_succeeds(run_pb):
-    r = run_pb(_step("""
+    r = run_pb(
+        _step("""
       - a:
           kind: python
           code: "raise RuntimeError('x')"
@@ -484,7 +536,8 @@ def test_break_on_error_outcome_still_succeeds(run_pb):
                   then: {do: break}
       - b:
           kind: noop
-"""))
+""")
+    )
     assert r.status == "completed"
     assert len(r.named("task.done")) == 1
 
@@ -493,7 +546,9 @@ def test_break_on_error_outcome_still_succeeds(run_pb):
 
 
 def test_writes_order_rule_then_task_then_step_then_arc(run_pb):
-    r = run_pb(HEAD + """
+    r = run_pb(
+        HEAD
+        + """
 workflow:
   - step: start
     tool:
@@ -513,7 +568,8 @@ workflow:
           set: {ctx.trace: "{{ ctx.trace }}a"}
   - step: next_one
     tool: {kind: noop, result: "{{ args.seen }}"}
-""")
+"""
+    )
     assert r.ctx["trace"] == "rtsa"
     # arc args are rendered before the arc's set is applied
     assert r.results["next_one"] == "rts"
@@ -522,7 +578,8 @@ workflow:
 
 
 def test_runtime_dialect_set_on_rule_writes_ctx_and_iter(run_pb):
-    r = run_pb(_step("""
+    r = run_pb(
+        _step("""
       - t:
           kind: noop
           result: 7
@@ -536,13 +593,16 @@ def test_runtime_dialect_set_on_rule_writes_ctx_and_iter(run_pb):
       - u:
           kind: noop
           result: "{{ iter.c }}"
-"""))
+""")
+    )
     assert r.ctx == {"a": 7, "b": 2}
     assert r.results["start"] == 3
 
 
 def test_set_iter_outside_loop_stays_in_the_step(run_pb):
-    r = run_pb(_step("""
+    r = run_pb(
+        _step(
+            """
       - t:
           kind: noop
           spec:
@@ -550,33 +610,43 @@ def test_set_iter_outside_loop_stays_in_the_step(run_pb):
               rules:
                 - when: "{{ true }}"
                   then: {do: continue, set_iter: {local: 1}}
-""", """
+""",
+            """
     next: {arcs: [{step: b}]}
   - step: b
     tool: {kind: noop, result: "{{ iter.local | default('unset') }}"}
-"""))
+""",
+        )
+    )
     assert r.ctx == {}
     assert r.results["b"] == "unset"
 
 
 def test_step_set_template_error_fails_the_step(run_pb):
-    r = run_pb(_step("""
+    r = run_pb(
+        _step(
+            """
       - t: {kind: noop}
-""", """
+""",
+            """
     set: {ctx.x: "{{ 1 / 0 }}"}
-"""))
+""",
+        )
+    )
     assert r.status == "failed"
     assert r.results["start"]["error"]["kind"] == "template_error"
 
 
 @pytest.mark.parametrize("kind", ["noop", "python"])
 def test_task_input_template_error_is_an_error_outcome_naming_the_template(run_pb, kind):
-    extra = "\n          code: \"result = 1\"" if kind == "python" else ""
-    r = run_pb(_step(f"""
+    extra = '\n          code: "result = 1"' if kind == "python" else ""
+    r = run_pb(
+        _step(f"""
       - t:
           kind: {kind}
           result: "{{{{ {{}}['a']['b'] + 1 }}}}"{extra}
-"""))
+""")
+    )
     assert r.status == "failed"
     out = r.task_done("start", "t")[0].data["outcome"]
     assert out["status"] == "error" and out["error"]["kind"] == "template_error"
@@ -585,7 +655,8 @@ def test_task_input_template_error_is_an_error_outcome_naming_the_template(run_p
 
 def test_retry_exhausted_on_ok_outcome_applies_the_task_set(run_pb):
     # exhausted retries on an ok outcome continue, exactly like `do: continue`: the task's own set applies once
-    r = run_pb(_step("""
+    r = run_pb(
+        _step("""
       - poll:
           kind: noop
           result: {ready: false}
@@ -595,7 +666,8 @@ def test_retry_exhausted_on_ok_outcome_applies_the_task_set(run_pb):
               rules:
                 - when: "{{ not outcome.result.ready }}"
                   then: {do: retry, attempts: 3, backoff: none}
-"""))
+""")
+    )
     assert r.status == "completed"
     assert len(r.task_done("start", "poll")) == 3
     assert r.ctx == {"polled": 1}
@@ -604,8 +676,11 @@ def test_retry_exhausted_on_ok_outcome_applies_the_task_set(run_pb):
 
 @pytest.mark.parametrize("field", ["attempts", "delay"])
 def test_retry_parameter_template_error_is_an_error_outcome(run_pb, field):
-    params = {"attempts": "attempts: \"{{ 1 / 0 }}\", delay: 0", "delay": "attempts: 2, delay: \"{{ 1 / 0 }}\""}[field]
-    r = run_pb(_step(f"""
+    params = {"attempts": 'attempts: "{{ 1 / 0 }}", delay: 0', "delay": 'attempts: 2, delay: "{{ 1 / 0 }}"'}[
+        field
+    ]
+    r = run_pb(
+        _step(f"""
       - t:
           kind: python
           code: "raise RuntimeError('x')"
@@ -614,7 +689,8 @@ def test_retry_parameter_template_error_is_an_error_outcome(run_pb, field):
               rules:
                 - when: "{{{{ outcome.status == 'error' }}}}"
                   then: {{do: retry, {params}}}
-"""))
+""")
+    )
     assert r.status == "failed"
     err = r.results["start"]["error"]
     assert err["kind"] == "template_error" and "1 / 0" in err["message"]

@@ -22,50 +22,64 @@ def _py(run_pb, tool: str, workload=None, extra: str = ""):
 
 
 def test_python_result_global(run_pb):
-    r = _py(run_pb, """
+    r = _py(
+        run_pb,
+        """
       kind: python
       input: {a: 2}
       code: "result = a * 21"
-""")
+""",
+    )
     assert r.results["start"] == 42
 
 
 def test_python_main_kwargs_bound_by_name(run_pb):
-    r = _py(run_pb, """
+    r = _py(
+        run_pb,
+        """
       kind: python
       input: {a: 1, b: 2, unused: 3}
       code: |
         def main(b, a, input_data, context):
             return {"a": a, "b": b, "keys": sorted(input_data), "exec": context["execution_id"] is not None}
-""")
+""",
+    )
     assert r.results["start"] == {"a": 1, "b": 2, "keys": ["a", "b", "unused"], "exec": True}
 
 
 def test_python_main_with_defaults_and_kwargs(run_pb):
-    r = _py(run_pb, """
+    r = _py(
+        run_pb,
+        """
       kind: python
       input: {a: 1, extra: x}
       code: |
         def main(a, missing=5, **kw):
             return [a, missing, kw]
-""")
+""",
+    )
     assert r.results["start"] == [1, 5, {"extra": "x"}]
 
 
 def test_python_top_level_return(run_pb):
-    r = _py(run_pb, """
+    r = _py(
+        run_pb,
+        """
       kind: python
       input: {v: 3}
       code: |
         if v > 2:
             return {"big": True}
         return {"big": False}
-""")
+""",
+    )
     assert r.results["start"] == {"big": True}
 
 
 def test_python_input_data_and_json_looking_strings_are_parsed(run_pb):
-    r = _py(run_pb, """
+    r = _py(
+        run_pb,
+        """
       kind: python
       input:
         obj: '{"k": [1, 2]}'
@@ -74,53 +88,71 @@ def test_python_input_data_and_json_looking_strings_are_parsed(run_pb):
         rendered: "{{ workload.payload | tojson }}"
       code: |
         result = {"obj": obj["k"], "arr": sum(arr), "text": text, "rendered": rendered["z"], "n": len(input_data)}
-""", {"payload": {"z": 1}})
+""",
+        {"payload": {"z": 1}},
+    )
     assert r.results["start"] == {"obj": [1, 2], "arr": 6, "text": "{not json", "rendered": 1, "n": 4}
 
 
 def test_python_keys_beside_code_are_inputs(run_pb):
-    r = _py(run_pb, """
+    r = _py(
+        run_pb,
+        """
       kind: python
       greeting: "hi {{ workload.who }}"
       code: "result = greeting"
-""", {"who": "bob"})
+""",
+        {"who": "bob"},
+    )
     assert r.results["start"] == "hi bob"
 
 
 def test_python_code_b64(run_pb):
     code = base64.b64encode(b"result = 'from b64'").decode()
-    r = _py(run_pb, f"""
+    r = _py(
+        run_pb,
+        f"""
       kind: python
       code_b64: {code}
-""")
+""",
+    )
     assert r.results["start"] == "from b64"
 
 
 def test_python_script_relative_to_the_playbook(run_pb, write_pb):
     write_pb("def main(x):\n    return x + 1\n", "scripts/inc.py")
-    r = _py(run_pb, """
+    r = _py(
+        run_pb,
+        """
       kind: python
       script: scripts/inc.py
       input: {x: 1}
-""")
+""",
+    )
     assert r.results["start"] == 2
 
 
 def test_python_code_is_not_rendered_as_a_template(run_pb):
-    r = _py(run_pb, """
+    r = _py(
+        run_pb,
+        """
       kind: python
       code: "result = '{{ not rendered }}'"
-""")
+""",
+    )
     assert r.results["start"] == "{{ not rendered }}"
 
 
 def test_python_exception_is_an_error_outcome_with_exception_type(run_pb):
-    r = _py(run_pb, """
+    r = _py(
+        run_pb,
+        """
       kind: python
       code: |
         def main():
             raise ZeroDivisionError("nope")
-""")
+""",
+    )
     assert r.status == "failed"
     out = r.task_done("start")[0].data["outcome"]
     assert out["error"]["kind"] == "python_exception"
@@ -129,10 +161,13 @@ def test_python_exception_is_an_error_outcome_with_exception_type(run_pb):
 
 
 def test_python_syntax_error_is_an_error_outcome(run_pb):
-    r = _py(run_pb, """
+    r = _py(
+        run_pb,
+        """
       kind: python
       code: "def broken(:"
-""")
+""",
+    )
     out = r.task_done("start")[0].data["outcome"]
     assert r.status == "failed"
     assert out["error"]["kind"] == "python_syntax"
@@ -140,10 +175,13 @@ def test_python_syntax_error_is_an_error_outcome(run_pb):
 
 
 def test_python_result_with_status_error_is_an_error_outcome(run_pb):
-    r = _py(run_pb, """
+    r = _py(
+        run_pb,
+        """
       kind: python
       code: "result = {'status': 'error', 'message': 'told to fail'}"
-""")
+""",
+    )
     assert r.status == "failed"
     out = r.task_done("start")[0].data["outcome"]
     assert out["status"] == "error" and out["error"]["message"] == "told to fail"
@@ -151,26 +189,34 @@ def test_python_result_with_status_error_is_an_error_outcome(run_pb):
 
 
 def test_python_result_with_status_ok_is_ok(run_pb):
-    r = _py(run_pb, """
+    r = _py(
+        run_pb,
+        """
       kind: python
       code: "result = {'status': 'success', 'v': 1}"
-""")
+""",
+    )
     assert r.status == "completed"
 
 
 def test_python_print_does_not_break_the_run(run_pb, capsys):
-    r = _py(run_pb, """
+    r = _py(
+        run_pb,
+        """
       kind: python
       code: |
         print("hello from the step")
         result = 1
-""")
+""",
+    )
     assert r.status == "completed"
     assert "hello from the step" not in capsys.readouterr().out
 
 
 def test_python_isolation_process(run_pb):
-    r = _py(run_pb, """
+    r = _py(
+        run_pb,
+        """
       kind: python
       spec: {isolation: process, timeout: 20}
       input: {a: 2}
@@ -178,7 +224,9 @@ def test_python_isolation_process(run_pb):
         import os
         def main(a, context):
             return {"pid": os.getpid(), "a": a, "wl": context["workload"]["w"]}
-""", {"w": "x"})
+""",
+        {"w": "x"},
+    )
     import os
 
     res = r.results["start"]
@@ -187,23 +235,29 @@ def test_python_isolation_process(run_pb):
 
 
 def test_python_isolation_process_exception(run_pb):
-    r = _py(run_pb, """
+    r = _py(
+        run_pb,
+        """
       kind: python
       spec: {isolation: process, timeout: 20}
       code: "raise KeyError('k')"
-""")
+""",
+    )
     out = r.task_done("start")[0].data["outcome"]
     assert r.status == "failed" and out["py"]["exception_type"] == "KeyError"
 
 
 def test_python_isolation_process_timeout(run_pb):
-    r = _py(run_pb, """
+    r = _py(
+        run_pb,
+        """
       kind: python
       spec: {isolation: process, timeout: 0.5}
       code: |
         import time
         time.sleep(30)
-""")
+""",
+    )
     out = r.task_done("start")[0].data["outcome"]
     assert r.status == "failed"
     assert out["error"]["kind"] == "timeout" and out["error"]["retryable"] is True
@@ -214,14 +268,19 @@ def test_python_isolation_process_timeout(run_pb):
 
 
 def test_noop_result(run_pb):
-    r = _py(run_pb, """
+    r = _py(
+        run_pb,
+        """
       - a: {kind: noop}
       - b: {kind: noop, result: "{{ _prev }}"}
-""")
+""",
+    )
     assert r.results["start"] == {"status": "noop"}
 
 
-WORKBOOK = HEAD + """
+WORKBOOK = (
+    HEAD
+    + """
 workbook:
   - name: double
     tool:
@@ -235,6 +294,7 @@ workflow:
       name: double
       input: {x: "{{ workload.x }}"}
 """
+)
 
 
 def test_workbook_runs_the_entry_with_merged_input(run_pb):
@@ -279,7 +339,9 @@ workflow:
 
 
 def _parent(path: str, return_step: str | None = None) -> str:
-    return PARENT.replace("PATH", path).replace("RETURN", f"return_step: {return_step}" if return_step else "")
+    return PARENT.replace("PATH", path).replace(
+        "RETURN", f"return_step: {return_step}" if return_step else ""
+    )
 
 
 @pytest.mark.parametrize("ref", ["catalog/tests/child", "tests/child", "./sub/child.yaml", "sub/child"])
@@ -333,8 +395,13 @@ def test_sub_playbook_from_catalog_dir(run_pb, write_pb, tmp_path):
 
 
 def test_failing_sub_playbook_is_an_error_outcome(run_pb, write_pb):
-    write_pb(CHILD.replace("{kind: noop, result: {last: \"{{ start.doubled + 1 }}\"}}",
-                           "{kind: python, code: \"raise RuntimeError('child broke')\"}"), "sub/child.yaml")
+    write_pb(
+        CHILD.replace(
+            '{kind: noop, result: {last: "{{ start.doubled + 1 }}"}}',
+            "{kind: python, code: \"raise RuntimeError('child broke')\"}",
+        ),
+        "sub/child.yaml",
+    )
     r = run_pb(_parent("catalog/tests/child"))
     assert r.status == "failed"
     out = r.task_done("start")[0].data["outcome"]
@@ -345,7 +412,9 @@ def test_failing_sub_playbook_is_an_error_outcome(run_pb, write_pb):
 
 def test_sub_playbook_in_a_loop(run_pb, write_pb):
     write_pb(CHILD, "sub/child.yaml")
-    r = run_pb(HEAD + """
+    r = run_pb(
+        HEAD
+        + """
 workflow:
   - step: start
     loop: {in: "{{ [1, 2, 3] }}", iterator: n}
@@ -353,7 +422,8 @@ workflow:
       kind: playbook
       path: ./sub/child.yaml
       input: {n: "{{ iter.n }}"}
-""")
+"""
+    )
     assert [x["last"] for x in r.results["start"]["results"]] == [3, 5, 7]
     assert len({x["execution_id"] for x in r.results["start"]["results"]}) == 3
 

@@ -14,7 +14,9 @@ metadata: {name: t, path: tests/t}
 
 
 def test_self_routing_cycle_runs_once_per_token(run_pb):
-    r = run_pb(HEAD + """
+    r = run_pb(
+        HEAD
+        + """
 workload: {limit: 5}
 workflow:
   - step: start
@@ -32,7 +34,8 @@ workflow:
         - step: end
   - step: end
     tool: {kind: noop}
-""")
+"""
+    )
     assert r.status == "completed"
     assert r.ctx["n"] == 5
     assert r.runs == {"start": 1, "spin": 5, "end": 1}
@@ -41,7 +44,9 @@ workflow:
 
 def test_two_step_cycle_is_not_a_join(run_pb):
     # a -> b -> a is a back-edge; `a` has start and b as predecessors but only one forward one
-    r = run_pb(HEAD + """
+    r = run_pb(
+        HEAD
+        + """
 workflow:
   - step: start
     tool: {kind: noop}
@@ -58,14 +63,17 @@ workflow:
         - {step: done}
   - step: done
     tool: {kind: noop}
-""")
+"""
+    )
     assert r.status == "completed"
     assert r.runs == {"start": 1, "a": 3, "b": 3, "done": 1}
 
 
 def test_cycle_that_never_exits_stops_only_when_its_condition_fails(run_pb):
     # failing case for the cycle rule: a condition that is never true never re-enters
-    r = run_pb(HEAD + """
+    r = run_pb(
+        HEAD
+        + """
 workflow:
   - step: start
     tool: {kind: noop}
@@ -75,7 +83,8 @@ workflow:
         - {step: end}
   - step: end
     tool: {kind: noop}
-""")
+"""
+    )
     assert r.runs == {"start": 1, "end": 1}
 
 
@@ -83,7 +92,9 @@ workflow:
 
 
 def test_exclusive_fires_first_match_only(run_pb):
-    r = run_pb(HEAD + """
+    r = run_pb(
+        HEAD
+        + """
 workflow:
   - step: start
     tool: {kind: noop}
@@ -99,7 +110,8 @@ workflow:
     tool: {kind: noop}
   - step: c
     tool: {kind: noop}
-""")
+"""
+    )
     assert r.runs == {"start": 1, "b": 1}
     ev = r.named("next.evaluated", "start")[0]
     assert ev.data["mode"] == "exclusive"
@@ -107,7 +119,9 @@ workflow:
 
 
 def test_exclusive_is_the_default_mode(run_pb):
-    r = run_pb(HEAD + """
+    r = run_pb(
+        HEAD
+        + """
 workflow:
   - step: start
     tool: {kind: noop}
@@ -117,12 +131,15 @@ workflow:
     tool: {kind: noop}
   - step: b
     tool: {kind: noop}
-""")
+"""
+    )
     assert r.runs == {"start": 1, "a": 1}
 
 
 def test_inclusive_fires_every_match(run_pb):
-    r = run_pb(HEAD + """
+    r = run_pb(
+        HEAD
+        + """
 workflow:
   - step: start
     tool: {kind: noop}
@@ -138,14 +155,17 @@ workflow:
     tool: {kind: noop}
   - step: c
     tool: {kind: noop}
-""")
+"""
+    )
     assert r.runs == {"start": 1, "a": 1, "c": 1}
     fired = r.named("next.evaluated", "start")[0].data["fired"]
     assert [f["step"] for f in fired] == ["a", "c"]
 
 
 def test_no_matching_arc_ends_the_branch_and_completes(run_pb):
-    r = run_pb(HEAD + """
+    r = run_pb(
+        HEAD
+        + """
 workflow:
   - step: start
     tool: {kind: noop}
@@ -153,14 +173,17 @@ workflow:
       arcs: [{step: a, when: "{{ false }}"}]
   - step: a
     tool: {kind: noop}
-""")
+"""
+    )
     assert r.status == "completed"
     assert r.runs == {"start": 1}
 
 
 # -- joins ----------------------------------------------------------------------
 
-FANOUT = HEAD + """
+FANOUT = (
+    HEAD
+    + """
 workflow:
   - step: start
     tool: {kind: noop}
@@ -192,6 +215,7 @@ workflow:
       code: |
         result = {"arrived": sorted(a["from"] for a in arrived)}
 """
+)
 
 
 def test_inclusive_fanout_then_join_fires_once_after_both(run_pb):
@@ -209,8 +233,12 @@ def test_inclusive_fanout_then_join_fires_once_after_both(run_pb):
 
 def test_join_fires_when_other_branch_can_no_longer_arrive(run_pb):
     # `right` never routes to the join: the join must not wait forever, and fires once
-    r = run_pb(FANOUT.replace('arcs: [{step: join, args: {from: right, v: "{{ right.side }}"}}]',
-                              'arcs: [{step: join, when: "{{ false }}"}]'))
+    r = run_pb(
+        FANOUT.replace(
+            'arcs: [{step: join, args: {from: right, v: "{{ right.side }}"}}]',
+            'arcs: [{step: join, when: "{{ false }}"}]',
+        )
+    )
     assert r.status == "completed"
     assert r.runs["join"] == 1
     assert r.results["join"] == {"arrived": ["left"]}
@@ -231,7 +259,9 @@ def test_join_waits_for_a_skipped_branch_to_be_decided(run_pb):
 
 
 def test_exclusive_merge_runs_once_on_either_branch(run_pb):
-    text = HEAD + """
+    text = (
+        HEAD
+        + """
 workload: {pick: a}
 workflow:
   - step: start
@@ -249,6 +279,7 @@ workflow:
   - step: merge
     tool: {kind: noop, result: "{{ args }}"}
 """
+    )
     ra = run_pb(text, {"pick": "a"})
     assert ra.runs == {"start": 1, "a": 1, "merge": 1}
     rb = run_pb(text, {"pick": "b"}, name="b.yaml")
@@ -259,7 +290,9 @@ workflow:
 
 def test_non_join_step_fires_once_per_token(run_pb):
     # `sink` has a single predecessor; two tokens from an inclusive router -> two runs
-    r = run_pb(HEAD + """
+    r = run_pb(
+        HEAD
+        + """
 workflow:
   - step: start
     tool: {kind: noop}
@@ -270,7 +303,8 @@ workflow:
         - {step: sink, args: {n: 2}}
   - step: sink
     tool: {kind: noop, result: "{{ args.n }}"}
-""")
+"""
+    )
     assert r.runs["sink"] == 2
     assert [e.data["args"] for e in r.named("step.scheduled", "sink")] == [{"n": 1}, {"n": 2}]
 
@@ -279,7 +313,9 @@ workflow:
 
 
 def test_arc_args_are_rendered_and_become_the_token_payload(run_pb):
-    r = run_pb(HEAD + """
+    r = run_pb(
+        HEAD
+        + """
 workflow:
   - step: start
     tool: {kind: noop, result: {x: 41}}
@@ -293,7 +329,8 @@ workflow:
       input: {v: "{{ args.value }}", bare: "{{ value }}", label: "{{ label }}"}
       code: |
         result = {"v": v, "bare": bare, "label": label}
-""")
+"""
+    )
     assert r.results["use"] == {"v": 42, "bare": 42, "label": "v41"}
     tok = [e for e in r.named("token.enqueued") if e.data["step"] == "use"][0]
     assert tok.data["args"] == {"value": 42, "label": "v41", "fixed": [1, 2]}
@@ -301,19 +338,24 @@ workflow:
 
 
 def test_arc_without_args_gives_empty_args(run_pb):
-    r = run_pb(HEAD + """
+    r = run_pb(
+        HEAD
+        + """
 workflow:
   - step: start
     tool: {kind: noop}
     next: {arcs: [{step: use}]}
   - step: use
     tool: {kind: noop, result: "{{ args }}"}
-""")
+"""
+    )
     assert r.results["use"] == {}
 
 
 def test_arc_set_patches_ctx_only_when_the_arc_fires(run_pb):
-    r = run_pb(HEAD + """
+    r = run_pb(
+        HEAD
+        + """
 workflow:
   - step: start
     tool: {kind: noop}
@@ -325,12 +367,15 @@ workflow:
     tool: {kind: noop}
   - step: b
     tool: {kind: noop}
-""")
+"""
+    )
     assert r.ctx == {"took": "b"}
 
 
 def test_arc_template_error_does_not_fire_and_is_recorded(run_pb):
-    r = run_pb(HEAD + """
+    r = run_pb(
+        HEAD
+        + """
 workflow:
   - step: start
     tool: {kind: noop}
@@ -342,7 +387,8 @@ workflow:
     tool: {kind: noop}
   - step: b
     tool: {kind: noop}
-""")
+"""
+    )
     assert r.runs == {"start": 1, "b": 1}
     ev = r.named("next.evaluated", "start")[0]
     assert ev.data["errors"] and "1 / 0" in ev.data["errors"][0]
@@ -350,7 +396,9 @@ workflow:
 
 # -- admission ------------------------------------------------------------------
 
-ADMIT = HEAD + """
+ADMIT = (
+    HEAD
+    + """
 workload: {go: false}
 workflow:
   - step: start
@@ -370,6 +418,7 @@ workflow:
   - step: after
     tool: {kind: noop}
 """
+)
 
 
 def test_admission_denied_records_step_skipped_and_ends_the_branch(run_pb):
@@ -405,55 +454,69 @@ def test_admission_reads_token_args(run_pb):
 
 
 def test_entry_is_start_step_when_not_first(run_pb):
-    r = run_pb(HEAD + """
+    r = run_pb(
+        HEAD
+        + """
 workflow:
   - step: other
     tool: {kind: noop}
   - step: start
     tool: {kind: noop}
-""")
+"""
+    )
     assert r.started_steps() == ["start"]
 
 
 def test_entry_is_first_step_without_start(run_pb):
-    r = run_pb(HEAD + """
+    r = run_pb(
+        HEAD
+        + """
 workflow:
   - step: first
     tool: {kind: noop}
   - step: second
     tool: {kind: noop}
-""")
+"""
+    )
     assert r.started_steps() == ["first"]
 
 
 def test_entry_step_from_executor_spec(run_pb):
-    r = run_pb(HEAD + """
+    r = run_pb(
+        HEAD
+        + """
 executor: {spec: {entry_step: second}}
 workflow:
   - step: start
     tool: {kind: noop}
   - step: second
     tool: {kind: noop}
-""")
+"""
+    )
     assert r.started_steps() == ["second"]
     assert r.named("workflow.started")[0].data["entry"] == "second"
 
 
 def test_pure_routing_step_without_tool(run_pb):
-    r = run_pb(HEAD + """
+    r = run_pb(
+        HEAD
+        + """
 workflow:
   - step: start
     next: {arcs: [{step: end}]}
   - step: end
     tool: {kind: noop}
-""")
+"""
+    )
     assert r.status == "completed"
     assert r.runs == {"start": 1, "end": 1}
 
 
 # -- failure: handled vs unhandled ----------------------------------------------
 
-FAIL = HEAD + """
+FAIL = (
+    HEAD
+    + """
 workflow:
   - step: start
     tool:
@@ -469,6 +532,7 @@ workflow:
   - step: recover
     tool: {kind: noop, result: "{{ start.status }}"}
 """
+)
 
 
 def test_failure_routed_by_a_matching_arc_is_handled(run_pb):
@@ -486,8 +550,13 @@ def test_failure_routed_by_a_matching_arc_is_handled(run_pb):
 
 def test_an_arc_without_when_routes_a_failure_too(run_pb):
     # SEMANTICS §5: an arc with no `when` matches, so it handles the failure
-    r = run_pb(FAIL.replace("""        - {step: recover, when: "{{ event.name == 'call.error' }}"}
-        - {step: ok_path, when: "{{ event.name == 'call.done' }}"}""", "        - {step: ok_path}"))
+    r = run_pb(
+        FAIL.replace(
+            """        - {step: recover, when: "{{ event.name == 'call.error' }}"}
+        - {step: ok_path, when: "{{ event.name == 'call.done' }}"}""",
+            "        - {step: ok_path}",
+        )
+    )
     assert r.status == "completed"
     assert r.runs == {"start": 1, "ok_path": 1}
     ev = r.named("next.evaluated", "start")[0]
@@ -512,18 +581,23 @@ def test_unhandled_failure_fails_the_execution(run_pb):
 
 
 def test_failure_without_any_next_fails_the_execution(run_pb):
-    r = run_pb(HEAD + """
+    r = run_pb(
+        HEAD
+        + """
 workflow:
   - step: start
     tool:
       kind: python
       code: "raise ValueError('x')"
-""")
+"""
+    )
     assert r.status == "failed"
 
 
 def test_unhandled_failure_lets_other_live_branches_drain(run_pb):
-    r = run_pb(HEAD + """
+    r = run_pb(
+        HEAD
+        + """
 workflow:
   - step: start
     tool: {kind: noop}
@@ -542,14 +616,17 @@ workflow:
     tool: {kind: noop}
   - step: never
     tool: {kind: noop}
-""")
+"""
+    )
     assert r.status == "failed"
     assert r.runs == {"start": 1, "bad": 1, "good": 1, "good2": 1}
     assert r.events[-1].name == "playbook.processed"
 
 
 def test_handled_failure_does_not_fail_even_if_the_handler_path_completes(run_pb):
-    r = run_pb(HEAD + """
+    r = run_pb(
+        HEAD
+        + """
 workflow:
   - step: start
     tool:
@@ -560,13 +637,16 @@ workflow:
         - {step: cleanup, when: "{{ start.status == 'error' }}", args: {why: "{{ start.error.kind }}"}}
   - step: cleanup
     tool: {kind: noop, result: "{{ args.why }}"}
-""")
+"""
+    )
     assert r.status == "completed"
     assert r.results["cleanup"] == "python_exception"
 
 
 def test_join_inside_a_cycle_fires_once_per_activation(run_pb):
-    r = run_pb(HEAD + """
+    r = run_pb(
+        HEAD
+        + """
 workflow:
   - step: start
     tool: {kind: noop}
@@ -585,7 +665,8 @@ workflow:
     next:
       arcs:
         - {step: start, when: "{{ ctx.round < 3 }}"}
-""")
+"""
+    )
     assert r.status == "completed"
     assert r.runs == {"start": 3, "a": 3, "b": 3, "j": 3}
     assert r.results["j"] == 2
@@ -597,7 +678,8 @@ workflow:
 def test_join_after_an_unhandled_failed_branch_still_fires_and_execution_fails(run_pb):
     r = run_pb(
         FANOUT.replace('result = {"side": "R"}', 'raise RuntimeError("right broke")').replace(
-            'arcs: [{step: join, args: {from: right,', """arcs: [{step: join, when: "{{ event.name == 'call.done' }}", args: {from: right,"""
+            "arcs: [{step: join, args: {from: right,",
+            """arcs: [{step: join, when: "{{ event.name == 'call.done' }}", args: {from: right,""",
         )
     )
     assert r.status == "failed"
@@ -606,7 +688,9 @@ def test_join_after_an_unhandled_failed_branch_still_fires_and_execution_fails(r
 
 
 def test_event_name_is_call_done_on_success(run_pb):
-    r = run_pb(HEAD + """
+    r = run_pb(
+        HEAD
+        + """
 workflow:
   - step: start
     tool: {kind: noop}
@@ -618,13 +702,16 @@ workflow:
     tool: {kind: noop}
   - step: b
     tool: {kind: noop}
-""")
+"""
+    )
     assert r.runs == {"start": 1, "b": 1}
     assert r.named("next.evaluated")[0].data["event_name"] == "call.done"
 
 
 def test_join_waits_while_a_branch_is_still_cycling(run_pb):
-    r = run_pb(HEAD + """
+    r = run_pb(
+        HEAD
+        + """
 workflow:
   - step: start
     tool: {kind: noop}
@@ -643,7 +730,8 @@ workflow:
     next: {arcs: [{step: j}]}
   - step: j
     tool: {kind: noop, result: "{{ args | length }}"}
-""")
+"""
+    )
     assert r.runs == {"start": 1, "spin": 4, "quick": 1, "j": 1}
     assert r.results["j"] == 2
     assert r.index("step.started", "j")[0] > max(r.index("step.done", "spin"))
@@ -653,7 +741,7 @@ def test_admission_denied_at_a_join_skips_once_with_every_token(run_pb):
     text = FANOUT.replace(
         "  - step: join\n",
         "  - step: join\n    spec:\n      policy:\n        admit:\n          rules:\n"
-        "            - when: \"{{ args | length == 2 }}\"\n              then: {allow: false}\n",
+        '            - when: "{{ args | length == 2 }}"\n              then: {allow: false}\n',
     )
     r = run_pb(text)
     assert r.status == "completed"

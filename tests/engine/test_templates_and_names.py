@@ -129,7 +129,9 @@ def _probe(run_pb, text, workload=None):
 
 
 def test_bare_name_args_beat_ctx(run_pb):
-    r = _probe(run_pb, """
+    r = _probe(
+        run_pb,
+        """
 workload: {k: workload}
 workflow:
   - step: start
@@ -138,12 +140,15 @@ workflow:
     next: {arcs: [{step: probe, args: {k: args}}]}
   - step: probe
     tool: {kind: noop, result: "{{ k }}"}
-""")
+""",
+    )
     assert r.results["probe"] == "args"
 
 
 def test_bare_name_ctx_beats_iter(run_pb):
-    r = _probe(run_pb, """
+    r = _probe(
+        run_pb,
+        """
 workflow:
   - step: start
     tool: {kind: noop}
@@ -152,24 +157,30 @@ workflow:
   - step: probe
     loop: {in: "{{ ['iter'] }}", iterator: k}
     tool: {kind: noop, result: "{{ k }}"}
-""")
+""",
+    )
     assert r.results["probe"]["results"] == ["ctx"]
 
 
 def test_bare_name_iter_beats_task_results(run_pb):
-    r = _probe(run_pb, """
+    r = _probe(
+        run_pb,
+        """
 workflow:
   - step: start
     loop: {in: "{{ ['iter'] }}", iterator: k}
     tool:
       - k: {kind: noop, result: task}
       - probe: {kind: noop, result: "{{ k }}"}
-""")
+""",
+    )
     assert r.results["start"]["results"] == ["iter"]
 
 
 def test_bare_name_task_results_beat_step_results(run_pb):
-    r = _probe(run_pb, """
+    r = _probe(
+        run_pb,
+        """
 workflow:
   - step: start
     tool: {kind: noop, result: step}
@@ -178,12 +189,15 @@ workflow:
     tool:
       - k: {kind: noop, result: task}
       - probe: {kind: noop, result: "{{ k }}"}
-""")
+""",
+    )
     assert r.results["k"] == "task"
 
 
 def test_bare_name_step_results_beat_workload(run_pb):
-    r = _probe(run_pb, """
+    r = _probe(
+        run_pb,
+        """
 workload: {k: workload, only_w: w}
 workflow:
   - step: k
@@ -191,24 +205,30 @@ workflow:
     next: {arcs: [{step: probe}]}
   - step: probe
     tool: {kind: noop, result: "{{ k }}|{{ only_w }}|{{ workload.k }}"}
-""")
+""",
+    )
     assert r.results["probe"] == "step|w|workload"
 
 
 def test_undefined_bare_name_in_a_task_renders_none(run_pb):
-    r = _probe(run_pb, """
+    r = _probe(
+        run_pb,
+        """
 workflow:
   - step: start
     tool:
       kind: python
       input: {v: "{{ missing }}", s: "x{{ missing.deeper }}y", d: "{{ missing | default('dflt') }}"}
       code: "result = [v, s, d]"
-""")
+""",
+    )
     assert r.results["start"] == [None, "xy", "dflt"]
 
 
 def test_step_result_data_alias_and_steps_namespace(run_pb):
-    r = _probe(run_pb, """
+    r = _probe(
+        run_pb,
+        """
 workflow:
   - step: start
     tool: {kind: noop, result: {v: 1}}
@@ -224,38 +244,50 @@ workflow:
         own: "{{ with_data.data.v }}"
         steps: "{{ steps.start.v }}"
         exec: "{{ execution_id is string }}"
-""")
+""",
+    )
     assert r.results["probe"] == {"alias": 1, "own": 2, "steps": 1, "exec": True}
 
 
 def test_workload_is_merged_and_overrides_win(run_pb):
-    r = _probe(run_pb, """
+    r = _probe(
+        run_pb,
+        """
 workload: {a: 1, b: {x: 1}}
 workflow:
   - step: start
     tool: {kind: noop, result: "{{ workload }}"}
-""", {"b": {"y": 2}, "c": 3})
+""",
+        {"b": {"y": 2}, "c": 3},
+    )
     assert r.results["start"] == {"a": 1, "b": {"y": 2}, "c": 3}
 
 
 def test_request_may_seed_ctx(run_pb):
-    r = _probe(run_pb, """
+    r = _probe(
+        run_pb,
+        """
 workflow:
   - step: start
     tool: {kind: noop, result: "{{ ctx.seed }}"}
-""", {"ctx": {"seed": 9}})
+""",
+        {"ctx": {"seed": 9}},
+    )
     assert r.results["start"] == 9 and r.ctx == {"seed": 9}
 
 
 def test_template_error_in_arc_args_is_recorded_not_raised(run_pb):
-    r = run_pb(HEAD + """
+    r = run_pb(
+        HEAD
+        + """
 workflow:
   - step: start
     tool: {kind: noop}
     next: {arcs: [{step: b, args: {v: "{{ 1 / 0 }}"}}]}
   - step: b
     tool: {kind: noop}
-""")
+"""
+    )
     assert r.status == "completed"
     assert r.runs == {"start": 1}
     assert "1 / 0" in r.named("next.evaluated")[0].data["errors"][0]

@@ -41,7 +41,9 @@ def world(tmp_path_factory):
     url = f"sqlite:///{d / 'events.db'}"
 
     def run(name, workload=None, tenant="acme"):
-        return run_playbook(PLAYBOOKS / name, workload, event_store=url, data_dir=d, tenant=tenant).execution_id
+        return run_playbook(
+            PLAYBOOKS / name, workload, event_store=url, data_dir=d, tenant=tenant
+        ).execution_id
 
     ids = {
         "left": run("explain_demo.yaml", {"route": "left"}),
@@ -120,9 +122,13 @@ def test_cyclic_execution_page_timeline_graph_scrub_and_error(world, artifacts):
     with sync_playwright() as p:
         browser, page = _open(p, world, f"/executions/{world['ids']['right']}")
         try:
-            bars = page.evaluate("document.getElementById('timeline').data.filter(t => t.name.startsWith('step run')).reduce((a, t) => a + t.x.length, 0)")
+            bars = page.evaluate(
+                "document.getElementById('timeline').data.filter(t => t.name.startsWith('step run')).reduce((a, t) => a + t.x.length, 0)"
+            )
             assert bars == 6  # start, spin x3, fan, right
-            attempts = page.evaluate("document.getElementById('timeline').data.find(t => t.name === 'task attempt').x.length")
+            attempts = page.evaluate(
+                "document.getElementById('timeline').data.find(t => t.name === 'task attempt').x.length"
+            )
             assert attempts == 6  # start, spin x3, and the failing task twice (loop attempts are in buckets)
             labels = "() => document.getElementById('graph').layout.annotations.map(a => a.text)"
             full = page.evaluate(labels)
@@ -141,7 +147,11 @@ def test_cyclic_execution_page_timeline_graph_scrub_and_error(world, artifacts):
                 gd.emit('plotly_click', {points: [{customdata: 'right', pointIndex: i}]}); }""")
             text = page.inner_text("#details")
             assert "error: RuntimeError: right side is broken" in text
-            line = next(i for i, t in enumerate((PLAYBOOKS / "explain_demo.yaml").read_text().splitlines(), 1) if t.strip() == "- step: right")
+            line = next(
+                i
+                for i, t in enumerate((PLAYBOOKS / "explain_demo.yaml").read_text().splitlines(), 1)
+                if t.strip() == "- step: right"
+            )
             assert f"explain_demo.yaml:{line}" in text
             page.screenshot(path=str(artifacts / "2_failed_step.png"), full_page=True)
             assert page.evaluate("window.__csp") == []
@@ -155,14 +165,22 @@ def test_loop_buckets_expand_into_iterations(world, artifacts):
     with sync_playwright() as p:
         browser, page = _open(p, world, f"/executions/{world['ids']['loop']}")
         try:
-            buckets = page.evaluate("document.getElementById('timeline').data.find(t => t.name === 'loop iterations').customdata")
+            buckets = page.evaluate(
+                "document.getElementById('timeline').data.find(t => t.name === 'loop iterations').customdata"
+            )
             assert sum(b[3] - b[2] + 1 for b in buckets) == 300 and len(buckets) <= 60
             failed = next(b for b in buckets if b[2] <= 260 <= b[3])
             page.evaluate(f"""() => document.getElementById('timeline').emit('plotly_click',
                 {{points: [{{customdata: {list(failed)}}}]}})""")
-            page.wait_for_function("() => document.getElementById('timeline').data.some(t => t.name.startsWith('iterations '))")
-            tr = page.evaluate("document.getElementById('timeline').data.find(t => t.name.startsWith('iterations ')).hovertext")
-            assert len(tr) == failed[3] - failed[2] + 1 and any("iteration 260: error" in h and "item 260 is bad" in h for h in tr)
+            page.wait_for_function(
+                "() => document.getElementById('timeline').data.some(t => t.name.startsWith('iterations '))"
+            )
+            tr = page.evaluate(
+                "document.getElementById('timeline').data.find(t => t.name.startsWith('iterations ')).hovertext"
+            )
+            assert len(tr) == failed[3] - failed[2] + 1 and any(
+                "iteration 260: error" in h and "item 260 is bad" in h for h in tr
+            )
             page.screenshot(path=str(artifacts / "3_loop_expanded.png"), full_page=True)
         finally:
             browser.close()
@@ -178,7 +196,9 @@ def test_diff_page_highlights_the_divergence(world, artifacts):
             box = page.locator("#divergence")
             assert box.get_attribute("data-kind") == "arc" and box.get_attribute("data-step") == "fan"
             assert "fired ['left'] in A, ['right'] in B" in box.inner_text()
-            assert box.evaluate("e => getComputedStyle(e).backgroundColor") == "rgb(255, 243, 205)"  # highlighted
+            assert (
+                box.evaluate("e => getComputedStyle(e).backgroundColor") == "rgb(255, 243, 205)"
+            )  # highlighted
             assert "workload.route" in page.inner_text("#diff-tables")
             page.screenshot(path=str(artifacts / "4_diff.png"), full_page=True)
         finally:
@@ -194,7 +214,10 @@ def test_hostile_step_names_render_as_text(world, artifacts):
             names = page.evaluate("document.getElementById('graph').data[0].customdata")
             assert "<img src=x onerror=window.__xss=1>" in names
             svg = page.inner_text("#graph")  # the label shows literally, as typed
-            assert "<img src=x onerror=window.__xss=1>" in svg and '<b>b</b><a href="javascript:window.__xss=2">x</a>' in svg
+            assert (
+                "<img src=x onerror=window.__xss=1>" in svg
+                and '<b>b</b><a href="javascript:window.__xss=2">x</a>' in svg
+            )
             page.evaluate("""() => { const gd = document.getElementById('graph');
                 gd.emit('plotly_click', {points: [{customdata: gd.data[0].customdata[1]}]}); }""")
             assert page.inner_text("#details").startswith("<img src=x onerror=window.__xss=1>")

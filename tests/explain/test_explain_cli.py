@@ -25,12 +25,25 @@ def test_explain_shows_runs_retries_loop_arcs_and_the_error_line(run, noetl):
     assert "6 step runs, 1 failed, 1 retries, 4 loop iterations" in out
     assert sum("  success  spin" in line for line in out.splitlines()) == 3
     assert "loop 4/4 ok, 0 failed" in out and "retries 1" in out
-    assert f"error: RuntimeError: right side is broken ({PLAYBOOKS / 'explain_demo.yaml'}:{_line('right')})" in out
+    assert (
+        f"error: RuntimeError: right side is broken ({PLAYBOOKS / 'explain_demo.yaml'}:{_line('right')})"
+        in out
+    )
     assert "spin -> spin: 2 (back-edge)" in out and "fan -> left: 0" in out and "fan -> right: 1" in out
     data = json.loads(noetl("explain", eid, "--json").output)
     right = data["runs"][-1]
-    assert right["step"] == "right" and right["status"] == "error" and [a["attempt"] for a in right["attempts"]] == [1, 2]
-    assert data["graph"]["cyclic"] == ["spin"] and set(data["graph"]["positions"]) == {"start", "spin", "fan", "left", "right"}
+    assert (
+        right["step"] == "right"
+        and right["status"] == "error"
+        and [a["attempt"] for a in right["attempts"]] == [1, 2]
+    )
+    assert data["graph"]["cyclic"] == ["spin"] and set(data["graph"]["positions"]) == {
+        "start",
+        "spin",
+        "fan",
+        "left",
+        "right",
+    }
     assert data["totals"]["cost"] > 0 and data["currency"]  # priced by the price table, from measured usage
 
 
@@ -42,7 +55,11 @@ def test_diff_names_the_arc_and_the_workload_that_decided_it(run, noetl):
     assert "workload.route: A left  B right" in r.output
     assert "arc 0 when: {{ workload.route == 'left' }}" in r.output
     d = json.loads(noetl("diff", a, b, "--json").output)
-    assert d["first"]["kind"] == "arc" and d["first"]["a_sequence"] and d["steps_only_in"] == {"a": ["left"], "b": ["right"]}
+    assert (
+        d["first"]["kind"] == "arc"
+        and d["first"]["a_sequence"]
+        and d["steps_only_in"] == {"a": ["left"], "b": ["right"]}
+    )
     # the same input: the same path, results and retries
     same = noetl("diff", a, run("explain_demo.yaml", {"route": "left"}))
     assert "no divergence: 6 step activations agree" in same.output
@@ -134,4 +151,7 @@ def test_a_sub_playbook_links_to_its_own_execution(run, noetl):
     (child,) = data["runs"][0]["sub_executions"]
     assert data["totals"]["sub_executions"] == 1 and f"sub {child}" in noetl("explain", eid).output
     sub = json.loads(noetl("explain", child, "--json").output)
-    assert sub["execution"]["parent_execution_id"] == eid and sub["execution"]["playbook"] == "tests/explain_child"
+    assert (
+        sub["execution"]["parent_execution_id"] == eid
+        and sub["execution"]["playbook"] == "tests/explain_child"
+    )

@@ -63,7 +63,9 @@ def test_repeated_short_values_are_digested_once(cycle_log, monkeypatch):
     digests = _counting(monkeypatch, ex, "checksum")
     f = rebuild(cycle_log)
     assert len(f.order) == STEPS
-    assert len(digests) <= 4  # {} (args), {"status": "noop"} (results), the request's workload: not 2 per step
+    assert (
+        len(digests) <= 4
+    )  # {} (args), {"status": "noop"} (results), the request's workload: not 2 per step
     assert len(state_rows(f, everything=True)) == STEPS + 1
 
 
@@ -87,4 +89,7 @@ def test_engine_times_are_parsed_once_per_second_and_equal_the_plain_parse(cycle
     assert len(timed) > 4 * STEPS
     assert _CountingDatetime.parses <= len(seconds)  # was one per timed event
     # another form (no microseconds, another offset) still parses, the plain way
-    assert ex._ms("2026-01-02T03:04:05+02:00") == datetime.fromisoformat("2026-01-02T03:04:05+02:00").timestamp() * 1000  # noqa: SLF001
+    assert (
+        ex._ms("2026-01-02T03:04:05+02:00")
+        == datetime.fromisoformat("2026-01-02T03:04:05+02:00").timestamp() * 1000
+    )  # noqa: SLF001

@@ -89,7 +89,10 @@ SERVER = textwrap.dedent(
 def test_a_server_imports_the_layout_library_before_it_listens(tmp_path):
     """Structural: in a fresh interpreter, make_server with execution pages has networkx and
     numpy imported, so a page's first open does not import them (bench_explain has the times)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
     out = subprocess.run([sys.executable, "-c", SERVER, str(tmp_path)], capture_output=True, text=True,
                          env=env, cwd=tmp_path, timeout=300)  # fmt: skip
     assert out.returncode == 0, out.stderr

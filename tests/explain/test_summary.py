@@ -66,12 +66,18 @@ def _open(url: str):
 
 def test_the_summary_equals_a_rebuild_for_finished_and_failed_runs(store_url, home):
     ids = {
-        "loop": run_playbook(PLAYBOOKS / "loop300.yaml", {"items": list(range(300)), "fail_at": 260},
-                             event_store=store_url, data_dir=home).execution_id,  # fmt: skip
-        "failed": run_playbook(PLAYBOOKS / "explain_demo.yaml", {"route": "right"}, event_store=store_url,
-                               data_dir=home).execution_id,  # fmt: skip
-        "retries": run_playbook(PLAYBOOKS / "retries.yaml", {"fail_times": 1}, event_store=store_url,
-                                data_dir=home).execution_id,  # fmt: skip
+        "loop": run_playbook(
+            PLAYBOOKS / "loop300.yaml",
+            {"items": list(range(300)), "fail_at": 260},
+            event_store=store_url,
+            data_dir=home,
+        ).execution_id,  # fmt: skip
+        "failed": run_playbook(
+            PLAYBOOKS / "explain_demo.yaml", {"route": "right"}, event_store=store_url, data_dir=home
+        ).execution_id,  # fmt: skip
+        "retries": run_playbook(
+            PLAYBOOKS / "retries.yaml", {"fail_times": 1}, event_store=store_url, data_dir=home
+        ).execution_id,  # fmt: skip
     }
     store = _open(store_url)
     try:
@@ -84,10 +90,14 @@ def test_the_summary_equals_a_rebuild_for_finished_and_failed_runs(store_url, ho
             assert views.rebuilt == 0
             lines = {r["step"]: r["line"] for r in page["runs"]}
             whole = explain(store.read(eid), price=views._pricing(), lines=lines).data  # noqa: SLF001
-            assert [page[k] for k in ("runs", "arcs", "totals", "steps")] == [whole[k] for k in ("runs", "arcs", "totals", "steps")]
+            assert [page[k] for k in ("runs", "arcs", "totals", "steps")] == [
+                whole[k] for k in ("runs", "arcs", "totals", "steps")
+            ]
         loop = views.explain(ids["loop"])["runs"][0]["loop"]
         assert (loop["ok"], loop["failed"]) == (299, 1)
-        assert next(i for i in loop["iterations"] if i["status"] == "error")["sequence"]  # the failure's event
+        assert next(i for i in loop["iterations"] if i["status"] == "error")[
+            "sequence"
+        ]  # the failure's event
         assert loop["durations"]["min_ms"] <= loop["durations"]["p50_ms"] <= loop["durations"]["max_ms"]
     finally:
         store.close()

@@ -26,7 +26,9 @@ from noetl_dagster.storage.event_stores import open_event_store
 PY = sys.executable
 
 
-def cli(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 120, pre: str = "") -> tuple[int, str, str]:
+def cli(
+    args: list[str], *, env: dict[str, str] | None = None, timeout: float = 120, pre: str = ""
+) -> tuple[int, str, str]:
     """The real CLI in a child process (``pre``: Python run before it, e.g. a resource limit):
     (exit code, stdout + stderr, stderr)."""
     code = f"{pre}\nimport runpy, sys\nsys.argv = ['noetl-dagster', *{args!r}]\n" \
@@ -58,7 +60,9 @@ def events_of(data_dir: Path, eid: str) -> list:
         store.close()
 
 
-def two_steps(first: str, *, set_ctx: str | None = None, arc_args: str | None = None, executor: str = "") -> str:
+def two_steps(
+    first: str, *, set_ctx: str | None = None, arc_args: str | None = None, executor: str = ""
+) -> str:
     step = {"step": "start", "tool": {"kind": "python", "code": first}}
     if set_ctx:
         step["set"] = {"ctx": {"v": set_ctx}}
@@ -75,10 +79,16 @@ CRASHES = {
     # the event encoder refuses a 30,000-digit integer (Python's int->str digit limit)
     "huge_int_result": (two_steps("result = 2 ** 30000"), {}, "internal_error"),
     # a big result is stored by reference; put into ctx it is an event over the limit
-    "big_value_into_ctx": (two_steps("result = {'v': ['x' * 300000] * 8}", set_ctx="{{ result.v }}"),
-                           {"NOETL_MAX_EVENT_BYTES": "1000000"}, "event_too_large"),  # fmt: skip
-    "big_value_into_args": (two_steps("result = {'v': 'y' * 2000000}", arc_args="{{ start.v }}"),
-                            {"NOETL_MAX_EVENT_BYTES": "1000000"}, None),  # fmt: skip
+    "big_value_into_ctx": (
+        two_steps("result = {'v': ['x' * 300000] * 8}", set_ctx="{{ result.v }}"),
+        {"NOETL_MAX_EVENT_BYTES": "1000000"},
+        "event_too_large",
+    ),  # fmt: skip
+    "big_value_into_args": (
+        two_steps("result = {'v': 'y' * 2000000}", arc_args="{{ start.v }}"),
+        {"NOETL_MAX_EVENT_BYTES": "1000000"},
+        None,
+    ),  # fmt: skip
 }
 
 
@@ -89,7 +99,9 @@ def test_an_error_escaping_a_step_ends_the_execution_failed(tmp_path, case):
     d = tmp_path / "home"
     code, out, err = cli(["run", f, "--json", "--data-dir", str(d)], env=env)
     assert code == 1, out[-2000:]  # before: exit 2, a traceback-free line, and the execution left `running`
-    assert len(err.strip().splitlines()) == 1 and err.startswith("error: execution ") and "failed:" in err, err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: execution ") and "failed:" in err, (
+        err
+    )
     status = json.loads(out.splitlines()[0])
     assert status["status"] == "failed"
     if kind:
@@ -97,7 +109,10 @@ def test_an_error_escaping_a_step_ends_the_execution_failed(tmp_path, case):
     rows = executions(d)
     assert [r["status"] for r in rows] == ["failed"]
     names = [e.name for e in events_of(d, rows[0]["id"])]
-    assert names[-2:] == ["workflow.finished", "playbook.processed"] and names[0] == "playbook.execution.requested"
+    assert (
+        names[-2:] == ["workflow.finished", "playbook.processed"]
+        and names[0] == "playbook.execution.requested"
+    )
     # resume does not crash again: the execution is finished
     code, out, err = cli(["resume", rows[0]["id"], "--data-dir", str(d), "--json"])
     assert code == 1 and json.loads(out.splitlines()[0])["status"] == "failed"
@@ -138,7 +153,9 @@ def test_the_recorder_measures_an_event_before_it_is_folded_or_encoded(tmp_path)
     from noetl_dagster.engine.recorder import EventTooLarge
     from noetl_dagster.runners.local import build_services
 
-    pb = load_playbook(write(tmp_path, "p.yaml", HEAD + "workflow:\n  - step: start\n    tool: {kind: noop}\n"))
+    pb = load_playbook(
+        write(tmp_path, "p.yaml", HEAD + "workflow:\n  - step: start\n    tool: {kind: noop}\n")
+    )
     eng = Engine(pb, build_services(data_dir=tmp_path / "home"))
     eng.start({})
     big = ["x" * 8_000_000] * 40  # 320 MB as JSON, 8 MB in memory
@@ -167,7 +184,9 @@ def small_disk(tmp_path):
     """A 6 MiB tmpfs (needs root, as the project's CI runs)."""
     mnt = tmp_path / "disk"
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
     if r.returncode != 0:
         pytest.fail(f"cannot mount a tmpfs here (root is needed): {r.stderr.strip()}")
     try:
@@ -190,11 +209,14 @@ def referenced(d: Path) -> set[str]:
     return out
 
 
-LOOP_OF_PAYLOADS = HEAD + """workflow:
+LOOP_OF_PAYLOADS = (
+    HEAD
+    + """workflow:
   - step: start
     loop: {in: "{{ range(200) }}", iterator: i}
     tool: {kind: python, input: {i: "{{ iter.i }}"}, code: "result = {'i': i, 'pad': 'p' * 100000}"}
 """
+)
 
 
 def test_disk_full_ends_the_execution_failed_and_frees_its_payloads(tmp_path, small_disk):
@@ -211,7 +233,9 @@ def test_disk_full_ends_the_execution_failed_and_frees_its_payloads(tmp_path, sm
     assert code == 0, out
 
 
-FILL_THEN_RETURN = HEAD + """workflow:
+FILL_THEN_RETURN = (
+    HEAD
+    + """workflow:
   - step: start
     tool: {kind: noop}
     next: {arcs: [{step: fill}]}
@@ -230,13 +254,16 @@ FILL_THEN_RETURN = HEAD + """workflow:
                 pass
         result = {"pad": "p" * 300000}
 """
+)
 
 
 def test_a_process_that_cannot_record_is_ended_at_the_next_start(tmp_path, small_disk):
     d = small_disk / "home"
     filler = small_disk / "filler"
     f = write(tmp_path, "p.yaml", FILL_THEN_RETURN)
-    code, out, err = cli(["run", f, "--quiet", "--data-dir", str(d), "--workload", json.dumps({"filler": str(filler)})])
+    code, out, err = cli(
+        ["run", f, "--quiet", "--data-dir", str(d), "--workload", json.dumps({"filler": str(filler)})]
+    )
     assert code == 1, out
     assert len(err.strip().splitlines()) == 1 and "and the failure cannot be recorded" in err, err
     assert "internal error" not in err
@@ -290,7 +317,9 @@ def test_events_per_execution_are_capped(tmp_path, data_dir):
 
 # -- item 5: resume after kill -9 records nothing twice ----------------------------------------------
 
-BIG_LOOP = HEAD + """workflow:
+BIG_LOOP = (
+    HEAD
+    + """workflow:
   - step: start
     tool: {kind: noop}
     next: {arcs: [{step: fan}]}
@@ -301,6 +330,7 @@ BIG_LOOP = HEAD + """workflow:
   - step: end
     tool: {kind: python, input: {xs: "{{ fan.results }}"}, code: "result = sum(xs)"}
 """
+)
 
 
 @pytest.mark.slow

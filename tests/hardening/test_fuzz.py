@@ -371,7 +371,10 @@ def fan_out_playbooks(draw):
                 arc["args"] = {"i": i}
             arcs.append(arc)
         if arcs:
-            step["next"] = {"spec": {"mode": draw(st.sampled_from(["inclusive", "inclusive", "exclusive"]))}, "arcs": arcs}
+            step["next"] = {
+                "spec": {"mode": draw(st.sampled_from(["inclusive", "inclusive", "exclusive"]))},
+                "arcs": arcs,
+            }
         steps.append(step)
     doc = {"executor": {"spec": {"max_step_runs": cap}}, "workflow": steps}
     return cap, HEAD + yaml.safe_dump(doc, sort_keys=False)

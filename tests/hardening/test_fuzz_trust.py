@@ -42,7 +42,11 @@ EXAMPLES = int(os.environ.get("NOETL_FUZZ_EXAMPLES", "60"))
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
     derandomize=os.environ.get("NOETL_FUZZ_RANDOM") is None,
     database=None,
 )
@@ -121,7 +125,6 @@ def policy_st(draw):
     return kinds, allow, passed if draw(st.integers(0, 4)) == 0 else (passed & allow) or allow
 
 
-
 @st.composite
 def child_st(draw, depth: int = 0):
     uses = draw(st.lists(use_st, min_size=1, max_size=5))
@@ -138,7 +141,9 @@ class Gen:
         self.n = itertools.count()
         self.tasks: dict[tuple[str, str, str], tuple] = {}  # (playbook, step, task) -> use
         self.cursors: dict[tuple[str, str], tuple] = {}  # (playbook, step) -> cursor use
-        self.launch: dict[str, tuple[frozenset, frozenset, frozenset]] = {}  # child -> its parent's policy, passed
+        self.launch: dict[
+            str, tuple[frozenset, frozenset, frozenset]
+        ] = {}  # child -> its parent's policy, passed
         self.parent_of: dict[str, str] = {}
 
     def task(self, use: tuple, pb: str, step: str, workbook: list) -> tuple[str, dict]:
@@ -197,7 +202,11 @@ class Gen:
             "workflow": [{"step": "start", "next": {"spec": {"mode": "inclusive"},
                                                     "arcs": [{"step": s["step"]} for s in steps]}}, *steps]}  # fmt: skip
         if policy is not None:
-            doc["executor"] = {"spec": {"generated": {"allow_kinds": sorted(policy[0]), "allow_credentials": sorted(policy[1])}}}
+            doc["executor"] = {
+                "spec": {
+                    "generated": {"allow_kinds": sorted(policy[0]), "allow_credentials": sorted(policy[1])}
+                }
+            }
         if workbook:
             doc["workbook"] = workbook
         return doc
@@ -211,7 +220,10 @@ class Gen:
         self.launch[child] = (*policy, passed)
         self.parent_of[child] = parent
         self.tasks[(parent, step, "sub")] = ("sub", child)
-        return {"step": step, "tool": [{"sub": {"kind": "playbook", "definition": definition, "credentials": sorted(passed)}}]}
+        return {
+            "step": step,
+            "tool": [{"sub": {"kind": "playbook", "definition": definition, "credentials": sorted(passed)}}],
+        }
 
 
 def _build(root_policy: tuple, spec: dict) -> tuple[dict, Gen]:
@@ -287,11 +299,15 @@ NESTED = ((frozenset({"probe_a", "postgres", "playbook"}), frozenset({"pg_main"}
 
 
 @given(root_policy=policy_st(), spec=child_st(), static=st.booleans())
-@example(root_policy=(set(KINDS), set(CREDS), {"pg_main"}), spec={"uses": EVERY, "nested": NESTED}, static=False)
+@example(
+    root_policy=(set(KINDS), set(CREDS), {"pg_main"}), spec={"uses": EVERY, "nested": NESTED}, static=False
+)
 @example(root_policy=(set(KINDS) - {"postgres"}, {"pg_main"}, {"pg_main"}), spec={"uses": EVERY, "nested": NESTED},
          static=False)  # fmt: skip
 @FUZZ
-def test_fuzz_generated_children_never_execute_outside_their_grant(tmp_path_factory, monkeypatch, root_policy, spec, static):
+def test_fuzz_generated_children_never_execute_outside_their_grant(
+    tmp_path_factory, monkeypatch, root_policy, spec, static
+):
     tmp = tmp_path_factory.mktemp("trust")
     home = tmp / "home"
     monkeypatch.setenv("NOETL_DAGSTER_HOME", str(home))
@@ -341,7 +357,12 @@ def test_fuzz_generated_children_never_execute_outside_their_grant(tmp_path_fact
                     assert _err_kind(data) not in REFUSALS, (name, use, grant, data)
                     STATS["loop:allowed"] += 1
                 else:
-                    assert ev.name == "loop.iteration.failed" and _err_kind(data) in REFUSALS, (name, use, grant, data)
+                    assert ev.name == "loop.iteration.failed" and _err_kind(data) in REFUSALS, (
+                        name,
+                        use,
+                        grant,
+                        data,
+                    )
                     STATS["loop:refused"] += 1
             if ev.name == "loop.frame.claimed":
                 use = g.cursors[(name, ev.step)]
@@ -349,7 +370,11 @@ def test_fuzz_generated_children_never_execute_outside_their_grant(tmp_path_fact
                 STATS["cursor:allowed"] += 1
         evs = store.read(eid)
         for (pb, step), use in g.cursors.items():
-            if pb == name and not allowed(use, grant) and any(e.name == "step.started" and e.step == step for e in evs):
+            if (
+                pb == name
+                and not allowed(use, grant)
+                and any(e.name == "step.started" and e.step == step for e in evs)
+            ):
                 failed = [e for e in evs if e.name == "step.failed" and e.step == step]
                 assert failed and _err_kind(failed[-1].data or {}) in REFUSALS, (name, use, grant)
                 STATS["cursor:refused"] += 1
@@ -377,5 +402,8 @@ def coverage_report():
         return
     print("\ntrust fuzz counts:", dict(sorted(STATS.items())))
     for construct in ("probe", "duck", "pg", "store", "wb", "loop", "cursor"):
-        assert STATS[f"{construct}:allowed"] > 0 and STATS[f"{construct}:refused"] > 0, (construct, dict(STATS))
+        assert STATS[f"{construct}:allowed"] > 0 and STATS[f"{construct}:refused"] > 0, (
+            construct,
+            dict(STATS),
+        )
     assert STATS["sub:started"] > 0 and STATS["probe_call"] > 0, dict(STATS)

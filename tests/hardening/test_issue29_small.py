@@ -55,10 +55,16 @@ def test_files_a_run_reads_on_its_own_go_through_the_reader_too(tmp_path):
 
     pipe = str(tmp_path / "pipe")
     os.mkfifo(pipe)
-    f = write(tmp_path, "p.yaml", HEAD + f"workflow:\n  - step: start\n    tool: {{kind: python, script: {pipe}}}\n")
+    f = write(
+        tmp_path, "p.yaml", HEAD + f"workflow:\n  - step: start\n    tool: {{kind: python, script: {pipe}}}\n"
+    )
     code, out, _ = run_subprocess(["run", "-q", "--json", f, "--data-dir", str(tmp_path / "d")], timeout=60)
     error = json.loads(out)["results"]["start"]["error"]
-    assert code == 1 and error["kind"] == "config_error" and "FIFO (named pipe), not a regular file" in error["message"]
+    assert (
+        code == 1
+        and error["kind"] == "config_error"
+        and "FIFO (named pipe), not a regular file" in error["message"]
+    )
     for bad in (pipe, "/dev/zero"):
         with pytest.raises(KeychainError, match="not a regular file"):
             FileProvider(bad).credential("x")
@@ -96,7 +102,10 @@ def test_an_oversize_workload_file_is_refused_before_it_is_read(tmp_path, monkey
 # -- duplicate keys --------------------------------------------------------------------------
 
 
-DUP = HEAD + "workload: {a: 1}\nworkflow:\n  - step: start\n    tool: {kind: noop}\n    tool: {kind: python, code: x}\n"
+DUP = (
+    HEAD
+    + "workload: {a: 1}\nworkflow:\n  - step: start\n    tool: {kind: noop}\n    tool: {kind: python, code: x}\n"
+)
 
 
 def test_a_duplicate_key_is_refused_with_file_line_and_rule(tmp_path):
@@ -104,7 +113,10 @@ def test_a_duplicate_key_is_refused_with_file_line_and_rule(tmp_path):
     f = write(tmp_path, "dup.yaml", DUP)
     r = invoke(["validate", f])
     assert r.exit_code == 1
-    assert r.output.strip() == f"{f}:8: duplicate-key: workflow[0].tool: given twice in this mapping (first at line 7)"
+    assert (
+        r.output.strip()
+        == f"{f}:8: duplicate-key: workflow[0].tool: given twice in this mapping (first at line 7)"
+    )
     code, out, _ = run_subprocess(["run", "-q", f, "--data-dir", str(tmp_path / "d")])
     assert code == 2 and f"{f}:8: duplicate-key:" in out and len(out.strip().splitlines()) == 1
     with pytest.raises(YamlSyntaxError) as e:
@@ -117,7 +129,11 @@ def test_a_duplicate_key_is_refused_with_file_line_and_rule(tmp_path):
 
 def test_the_conformance_corpus_has_no_duplicate_keys(conformance_dir):
     """Every corpus file still loads through the stricter loader (none repeats a key)."""
-    files = [p for p in Path(conformance_dir).parents[2].rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file()]
+    files = [
+        p
+        for p in Path(conformance_dir).parents[2].rglob("*")
+        if p.suffix in (".yaml", ".yml") and p.is_file()
+    ]
     assert len(files) >= 163
     for p in files:
         try:
@@ -132,7 +148,7 @@ def test_the_conformance_corpus_has_no_duplicate_keys(conformance_dir):
 def _aliased_scalar(tmp: Path) -> str:
     """330 KB: a 300 KB scalar aliased 9,999 times (under max-bytes, max-aliases and max-alias-nodes)."""
     refs = ", ".join(["*big"] * 9_999)
-    text = HEAD + f"workload:\n  big: &big '{'x' * 300_000}'\n  copies: [{refs}]\n" + OK[len(HEAD):]
+    text = HEAD + f"workload:\n  big: &big '{'x' * 300_000}'\n  copies: [{refs}]\n" + OK[len(HEAD) :]
     return write(tmp, "aliases.yaml", text)
 
 
@@ -201,7 +217,11 @@ def test_run_scope_options_follow_the_locator_rule(tmp_path, tenant):
     with pytest.raises(InvalidLocator):
         check_scope(tenant)
     r = invoke(["run", write(tmp_path, "ok.yaml", OK), "--tenant", tenant, "--data-dir", str(tmp_path / "d")])
-    assert r.exit_code == 2 and "Invalid value for '--tenant'" in r.output and len(r.output.strip().splitlines()) == 1
+    assert (
+        r.exit_code == 2
+        and "Invalid value for '--tenant'" in r.output
+        and len(r.output.strip().splitlines()) == 1
+    )
     with pytest.raises(InvalidLocator):
         open_registry(f"sqlite:///{tmp_path}/r.db", tenant=tenant)
 
@@ -209,7 +229,9 @@ def test_run_scope_options_follow_the_locator_rule(tmp_path, tenant):
 # -- lone surrogates: the same text live and in replay -----------------------------------------
 
 
-SURROGATES = HEAD + r"""workflow:
+SURROGATES = (
+    HEAD
+    + r"""workflow:
   - step: start
     tool: {kind: noop, result: {got: "{{ workload.x }}", n: "{{ workload.x | length }}", keys: "{{ workload | list }}"}}
     next: {arcs: [{step: py}]}
@@ -221,6 +243,7 @@ SURROGATES = HEAD + r"""workflow:
   - step: use
     tool: {kind: noop, result: {head: "{{ py.big[:2] }}", n: "{{ py.big | length }}", v: "{{ py['k\ufffd'] }}"}}
 """
+)
 
 
 def test_a_lone_surrogate_is_the_same_text_live_and_in_replay(tmp_path):
@@ -239,7 +262,9 @@ def test_a_lone_surrogate_is_the_same_text_live_and_in_replay(tmp_path):
     try:
         f = write(tmp_path, "s.yaml", SURROGATES)
         d = str(tmp_path / "d")
-        r = invoke(["run", "-q", "--json", f, "--workload", '{"x": "\\ud800z", "k\\udfff": 1}', "--data-dir", d])
+        r = invoke(
+            ["run", "-q", "--json", f, "--workload", '{"x": "\\ud800z", "k\\udfff": 1}', "--data-dir", d]
+        )
     finally:
         runner.FINISHED_HOOKS.remove(hook)
     assert r.exit_code == 0, r.output
@@ -247,9 +272,12 @@ def test_a_lone_surrogate_is_the_same_text_live_and_in_replay(tmp_path):
     assert out["results"]["start"] == {"got": "\ufffdz", "n": 2, "keys": ["x", "k\ufffd"]}
     assert out["results"]["py"]["k\ufffd"] == "v\ufffd"
     assert out["results"]["use"] == {"head": "\ufffdx", "n": 100_001, "v": "v\ufffd"}
-    (execution_id, snapshot), = live
+    ((execution_id, snapshot),) = live
     services = runner.build_services(data_dir=d)  # a fresh reader: nothing cached from the live run
-    assert diff_snapshots(snapshot, replay(services.event_store, execution_id, services.offloader).snapshot()) == []
+    assert (
+        diff_snapshots(snapshot, replay(services.event_store, execution_id, services.offloader).snapshot())
+        == []
+    )
     # replay prints stored results as summaries unless asked for the bodies (issue 33)
     again = json.loads(invoke(["replay", execution_id, "--json", "--bodies", "--data-dir", d]).output)
     assert again["results"] == out["results"] and again["ctx"] == out["ctx"]

@@ -30,7 +30,11 @@ from noetl_dagster.util.jsonstream import (
 from noetl_dagster.util.jsonutil import loads
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=40),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=40),
     lambda inner: st.lists(inner, max_size=12) | st.dictionaries(st.text(max_size=8), inner, max_size=12),
     max_leaves=80,
 )
@@ -49,7 +53,11 @@ def test_streamed_json_is_the_one_shot_text_and_the_bound_is_a_lower_bound(value
         assert streamed == whole
     assert json_size_bound(value, 10**9) <= len(whole)
     assert is_plain_json(value)
-    assert not is_plain_json([1.0, float("inf")]) and not is_plain_json({"a": (1,)}) and not is_plain_json({1: 2})
+    assert (
+        not is_plain_json([1.0, float("inf")])
+        and not is_plain_json({"a": (1,)})
+        and not is_plain_json({1: 2})
+    )
 
 
 def test_the_size_decision_on_a_huge_list_does_not_walk_it():

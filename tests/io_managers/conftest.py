@@ -46,10 +46,14 @@ def io_managers(registry_db):
     """The three IO managers for tenant acme / project lab."""
 
     def make(tenant: str = "acme", project: str = "lab", **registry_kw):
-        reg = NoetlRegistryResource(url=registry_kw.pop("url", registry_db), tenant=tenant, project=project,
-                                    **registry_kw)
-        return {"parquet": ParquetIOManager(registry=reg), "arrow": ArrowIPCIOManager(registry=reg),
-                "iceberg": IcebergIOManager(registry=reg)}
+        reg = NoetlRegistryResource(
+            url=registry_kw.pop("url", registry_db), tenant=tenant, project=project, **registry_kw
+        )
+        return {
+            "parquet": ParquetIOManager(registry=reg),
+            "arrow": ArrowIPCIOManager(registry=reg),
+            "iceberg": IcebergIOManager(registry=reg),
+        }
 
     return make
 
@@ -61,8 +65,9 @@ class ServerThread:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    lifespan="off"))
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")
+        )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self):

@@ -18,7 +18,9 @@ from noetl_dagster.storage.tables import table_checksum
 from registry_service.client import open_registry
 from registry_service.errors import Forbidden
 
-ORDERS = pa.table({"id": [1, 2, 3, 4], "amount": [10.5, 3.25, 7.0, 99.0], "region": ["eu", "us", "eu", "apac"]})
+ORDERS = pa.table(
+    {"id": [1, 2, 3, 4], "amount": [10.5, 3.25, 7.0, 99.0], "region": ["eu", "us", "eu", "apac"]}
+)
 FORMATS = ["parquet", "arrow", "iceberg"]
 
 
@@ -56,7 +58,10 @@ def test_roundtrip_types_metadata_and_registry(fmt, io_managers, instance, regis
     assert md["noetl/uri"].value == "noetl://acme/lab/sales/dataset/orders@v1"
     assert md["noetl/checksum"].value.startswith("sha256:")
     if fmt == "iceberg":
-        assert md["noetl/iceberg_snapshot_id"].value > 0 and md["dagster/table_name"].value == "acme.lab.sales.orders"
+        assert (
+            md["noetl/iceberg_snapshot_id"].value > 0
+            and md["dagster/table_name"].value == "acme.lab.sales.orders"
+        )
     big_md = _meta(instance, ["acme", "lab", "sales", "big"])
     assert big_md["noetl/inputs"].value == ["noetl://acme/lab/sales/dataset/orders@v1"]
     assert _meta(instance, ["counts"])["noetl/uri"].value == "noetl://acme/lab/assets/dataset/counts@v1"
@@ -66,8 +71,10 @@ def test_roundtrip_types_metadata_and_registry(fmt, io_managers, instance, regis
     plan = client.resolve("noetl://acme/lab/assets/dataset/counts")
     assert plan.expected_checksum == _meta(instance, ["counts"])["noetl/checksum"].value
     up = client.lineage(plan.resource_id, "up", depth=3)
-    assert [e.resource.uri for e in up.edges] == ["noetl://acme/lab/sales/dataset/big@v1",
-                                                  "noetl://acme/lab/sales/dataset/orders@v1"]
+    assert [e.resource.uri for e in up.edges] == [
+        "noetl://acme/lab/sales/dataset/big@v1",
+        "noetl://acme/lab/sales/dataset/orders@v1",
+    ]
     assert up.edges[0].execution_id == result.run_id
 
     # a second materialization is a new version; the first stays readable
@@ -81,6 +88,7 @@ def test_end_to_end_writer_and_reader_definitions_with_lineage(io_managers, sqli
     definitions, resolves each by noetl:// URI, reads it back identical and derives a new asset."""
     writers = []
     for fmt in FORMATS:
+
         @dg.asset(key=["acme", "lab", "shared", f"orders_{fmt}"], io_manager_key=fmt)
         def writer() -> pa.Table:
             return ORDERS
@@ -95,16 +103,21 @@ def test_end_to_end_writer_and_reader_definitions_with_lineage(io_managers, sqli
             metadata={"noetl/uri": f"noetl://acme/lab/shared/dataset/orders_{fmt}"},
         ).with_io_manager_key(fmt)
 
-        @dg.asset(key=["acme", "lab", "reports", f"copy_{fmt}"], io_manager_key="parquet",
-                  ins={"src": dg.AssetIn(upstream.key)})
+        @dg.asset(
+            key=["acme", "lab", "reports", f"copy_{fmt}"],
+            io_manager_key="parquet",
+            ins={"src": dg.AssetIn(upstream.key)},
+        )
         def copy(src: pa.Table) -> pa.Table:
             return src
 
         reader_defs += [upstream, copy]
     defs = dg.Definitions(assets=reader_defs, resources=io_managers())
     job = defs.resolve_implicit_global_asset_job_def()
-    result = job.execute_in_process(instance=sqlite_instance,
-                                    asset_selection=[dg.AssetKey(["acme", "lab", "reports", f"copy_{f}"]) for f in FORMATS])
+    result = job.execute_in_process(
+        instance=sqlite_instance,
+        asset_selection=[dg.AssetKey(["acme", "lab", "reports", f"copy_{f}"]) for f in FORMATS],
+    )
     assert result.success
 
     client = open_registry(registry_db, tenant="acme", project="lab")
@@ -145,8 +158,9 @@ def test_a_tampered_file_fails_the_reading_run(fmt, io_managers, instance):
     data[len(data) // 2] ^= 0xFF
     open(path, "wb").write(bytes(data))
     with pytest.raises(ChecksumMismatch):
-        dg.materialize([src.to_source_asset(), sink], resources=io_managers(), instance=instance,
-                       selection=[sink])
+        dg.materialize(
+            [src.to_source_asset(), sink], resources=io_managers(), instance=instance, selection=[sink]
+        )
 
 
 def test_cross_tenant_reads_are_refused_without_a_grant(io_managers, instance, registry_db):
@@ -155,24 +169,32 @@ def test_cross_tenant_reads_are_refused_without_a_grant(io_managers, instance, r
         return ORDERS
 
     assert dg.materialize([secret_table], resources=io_managers(), instance=instance).success
-    spy = dg.AssetSpec(["beta", "x", "loot", "stolen"],
-                       metadata={"noetl/uri": "noetl://acme/lab/private/dataset/secrets"}).with_io_manager_key("parquet")
+    spy = dg.AssetSpec(
+        ["beta", "x", "loot", "stolen"], metadata={"noetl/uri": "noetl://acme/lab/private/dataset/secrets"}
+    ).with_io_manager_key("parquet")
 
     @dg.asset(ins={"stolen": dg.AssetIn(spy.key)}, io_manager_key="parquet")
     def exfiltrate(stolen: pa.Table) -> pa.Table:
         return stolen
 
     with pytest.raises(Forbidden):
-        dg.materialize([spy, exfiltrate], resources=io_managers("beta", "x"), instance=instance, selection=[exfiltrate])
-    open_registry(registry_db, tenant="acme", project="lab").grant("noetl://acme/lab/private/dataset/secrets",
-                                                                   "tenant:beta")
-    assert dg.materialize([spy, exfiltrate], resources=io_managers("beta", "x"), instance=instance,
-                          selection=[exfiltrate]).success
+        dg.materialize(
+            [spy, exfiltrate], resources=io_managers("beta", "x"), instance=instance, selection=[exfiltrate]
+        )
+    open_registry(registry_db, tenant="acme", project="lab").grant(
+        "noetl://acme/lab/private/dataset/secrets", "tenant:beta"
+    )
+    assert dg.materialize(
+        [spy, exfiltrate], resources=io_managers("beta", "x"), instance=instance, selection=[exfiltrate]
+    ).success
 
 
 def test_iceberg_mode_and_partitioning_from_metadata(io_managers, instance, registry_db):
-    @dg.asset(key=["acme", "lab", "ice", "daily"], io_manager_key="iceberg",
-              metadata={"noetl/mode": "overwrite", "noetl/partition_by": ["region"]})
+    @dg.asset(
+        key=["acme", "lab", "ice", "daily"],
+        io_manager_key="iceberg",
+        metadata={"noetl/mode": "overwrite", "noetl/partition_by": ["region"]},
+    )
     def daily() -> pa.Table:
         return ORDERS
 
@@ -181,8 +203,9 @@ def test_iceberg_mode_and_partitioning_from_metadata(io_managers, instance, regi
     client = open_registry(registry_db, tenant="acme", project="lab")
     plan = client.resolve("noetl://acme/lab/ice/dataset/daily")
     assert plan.version == "v2" and plan.rows == 4  # overwritten, not appended
-    assert plan.location.metadata["partition_spec"] == [{"source": "region", "transform": "identity",
-                                                          "name": "region"}]
+    assert plan.location.metadata["partition_spec"] == [
+        {"source": "region", "transform": "identity", "name": "region"}
+    ]
 
 
 def test_plain_op_outputs_get_run_scoped_resources(io_managers, instance, registry_db):
@@ -218,8 +241,9 @@ def test_io_manager_over_the_http_registry(http_registry, io_managers, instance)
     def remote_copy(remote_orders: pa.Table) -> pa.Table:
         return remote_orders
 
-    assert dg.materialize([remote_orders, remote_copy], resources=io_managers(url=url, api_key=key),
-                          instance=instance).success
+    assert dg.materialize(
+        [remote_orders, remote_copy], resources=io_managers(url=url, api_key=key), instance=instance
+    ).success
     client = open_registry(reg, key)
     written = client.resolve("noetl://acme/lab/http/dataset/orders")
     assert client.get(written.resource_id).created_by == key_id  # registered over HTTP as the key
@@ -270,7 +294,9 @@ def test_blake3_checksums_round_trip_through_the_registry_and_catch_tampering(fm
     data[len(data) // 2] ^= 0xFF
     open(path, "wb").write(bytes(data))
     with pytest.raises(ChecksumMismatch):
-        dg.materialize([src.to_source_asset(), sink], resources=resources, instance=instance, selection=[sink])
+        dg.materialize(
+            [src.to_source_asset(), sink], resources=resources, instance=instance, selection=[sink]
+        )
 
 
 def test_an_unknown_checksum_algorithm_is_a_config_error(registry_db):

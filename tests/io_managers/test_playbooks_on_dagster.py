@@ -14,8 +14,11 @@ from noetl_dagster.storage.tables import TableStorage, table_checksum, to_arrow
 from noetl_dagster.translator import compile_playbooks
 from registry_service.client import open_registry
 
-ROWS = [{"id": 1, "amount": 10.5, "region": "eu"}, {"id": 2, "amount": 3.25, "region": "us"},
-        {"id": 3, "amount": 7.0, "region": "eu"}]  # the writer playbook's workload
+ROWS = [
+    {"id": 1, "amount": 10.5, "region": "eu"},
+    {"id": 2, "amount": 3.25, "region": "us"},
+    {"id": 3, "amount": 7.0, "region": "eu"},
+]  # the writer playbook's workload
 KINDS = ("parquet", "arrow", "iceberg")
 
 HEAD = """
@@ -41,19 +44,27 @@ def _steps(bodies: list[str]) -> str:
 
 
 def _writer() -> str:
-    return HEAD.format(name="store_orders") + _steps([
-        f"      - w_{k}:\n          kind: {k}\n          uri: noetl://acme/lab/shared/dataset/orders_{k}\n"
-        f"          data: \"{{{{ workload.rows }}}}\"\n" for k in KINDS])
+    return HEAD.format(name="store_orders") + _steps(
+        [
+            f"      - w_{k}:\n          kind: {k}\n          uri: noetl://acme/lab/shared/dataset/orders_{k}\n"
+            f'          data: "{{{{ workload.rows }}}}"\n'
+            for k in KINDS
+        ]
+    )
 
 
 def _reader() -> str:
-    return HEAD.format(name="copy_orders") + _steps([
-        f"      - r_{k}:\n          kind: {k}\n          op: read\n"
-        f"          uri: noetl://acme/lab/shared/dataset/orders_{k}@latest\n"
-        f"      - c_{k}:\n          kind: parquet\n"
-        f"          uri: noetl://acme/lab/copies/dataset/orders_{k}\n"
-        f"          data: \"{{{{ r_{k}.rows }}}}\"\n"
-        f"          inputs: [\"{{{{ r_{k}.ref.uri }}}}\"]\n" for k in KINDS])
+    return HEAD.format(name="copy_orders") + _steps(
+        [
+            f"      - r_{k}:\n          kind: {k}\n          op: read\n"
+            f"          uri: noetl://acme/lab/shared/dataset/orders_{k}@latest\n"
+            f"      - c_{k}:\n          kind: parquet\n"
+            f"          uri: noetl://acme/lab/copies/dataset/orders_{k}\n"
+            f'          data: "{{{{ r_{k}.rows }}}}"\n'
+            f'          inputs: ["{{{{ r_{k}.ref.uri }}}}"]\n'
+            for k in KINDS
+        ]
+    )
 
 
 @pytest.fixture
@@ -61,8 +72,11 @@ def location(tmp_path, home):
     (tmp_path / "store_orders.yaml").write_text(_writer())
     (tmp_path / "copy_orders.yaml").write_text(_reader())
     resource = NoetlResource(data_dir=str(home), tenant="acme", project="lab")
-    return compile_playbooks([tmp_path / "store_orders.yaml", tmp_path / "copy_orders.yaml"], resource=resource,
-                             include_sensor=False)
+    return compile_playbooks(
+        [tmp_path / "store_orders.yaml", tmp_path / "copy_orders.yaml"],
+        resource=resource,
+        include_sensor=False,
+    )
 
 
 def test_writer_and_reader_playbooks_on_dagster(location, instance, home):
@@ -87,6 +101,6 @@ def test_writer_and_reader_playbooks_on_dagster(location, instance, home):
             md = event.asset_materialization.metadata
             assert md["noetl/uri"].value == uri and md["noetl/checksum"].value.startswith("sha256:")
         copy_md = instance.get_latest_materialization_event(
-            dg.AssetKey(["acme", "lab", "copies", f"orders_{k}"])).asset_materialization.metadata
+            dg.AssetKey(["acme", "lab", "copies", f"orders_{k}"])
+        ).asset_materialization.metadata
         assert source.uri in copy_md["noetl/inputs"].value
-

@@ -26,11 +26,11 @@ def lineage_runs(tmp_path_factory):
     """(data_dir, events in append order, run results)."""
     data_dir = tmp_path_factory.mktemp("lineage_runs")
     log = SqliteEventStore(data_dir / "events.db")
-    results = run_playbooks(example_playbooks() + sorted(FIXTURES.glob("*.yaml")), data_dir, tenants=TENANTS,
-                            event_store=log)
+    results = run_playbooks(
+        example_playbooks() + sorted(FIXTURES.glob("*.yaml")), data_dir, tenants=TENANTS, event_store=log
+    )
     errors = [(p.name, r) for p, _, _, r in results if isinstance(r, Exception)]
     assert not errors, errors
     events = [s.event for s in log.iter_all()]
     log.close()
     return data_dir, events, results
-

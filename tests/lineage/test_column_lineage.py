@@ -24,12 +24,17 @@ def test_insert_select_gives_per_column_inputs_and_validates():
     assert list(facets) == ["analytics.daily_orders"]
     doc = json.loads(Serde.to_json(facets["analytics.daily_orders"]))
     fields = doc["fields"]
-    assert {(f["name"], f["field"]) for f in fields["total"]["inputFields"]} == {("public.orders", "amount"), ("public.orders", "qty")}
+    assert {(f["name"], f["field"]) for f in fields["total"]["inputFields"]} == {
+        ("public.orders", "amount"),
+        ("public.orders", "qty"),
+    }
     assert fields["customer_id"]["inputFields"][0]["field"] == "id"
     # a renamed column is still the exact input value: IDENTITY (facet spec); a cast transforms; sum aggregates
     assert fields["customer_id"]["inputFields"][0]["transformations"][0]["subtype"] == "IDENTITY"
     assert fields["day"]["inputFields"][0]["transformations"][0]["subtype"] == "TRANSFORMATION"
-    assert {t["subtype"] for f in fields["total"]["inputFields"] for t in f["transformations"]} == {"AGGREGATION"}
+    assert {t["subtype"] for f in fields["total"]["inputFields"] for t in f["transformations"]} == {
+        "AGGREGATION"
+    }
     event = RunEvent(
         eventType=RunState.COMPLETE,
         eventTime=datetime.now(UTC).isoformat(),

@@ -115,7 +115,9 @@ def _check(lineage, validator):
     assert semantic_errors(lineage) == []
 
 
-def test_duckdb_statement_recorded_redacted_bounded_and_column_lineage_emitted(tmp_path, monkeypatch, validator):
+def test_duckdb_statement_recorded_redacted_bounded_and_column_lineage_emitted(
+    tmp_path, monkeypatch, validator
+):
     events = _run(tmp_path, DUCK, monkeypatch)
     db = (tmp_path / "data" / "lineage.duckdb").resolve()
     namespace = f"duckdb://{db}"
@@ -132,7 +134,11 @@ def test_duckdb_statement_recorded_redacted_bounded_and_column_lineage_emitted(t
     assert big["sql_namespace"] == "duckdb://memory"
 
     moved = _task_meta(events, "move")  # a transfer's source query
-    assert (moved["sql"], moved["sql_dialect"], moved["sql_namespace"]) == ("SELECT a, b FROM t1 WHERE a > 0", "duckdb", namespace)
+    assert (moved["sql"], moved["sql_dialect"], moved["sql_namespace"]) == (
+        "SELECT a, b FROM t1 WHERE a > 0",
+        "duckdb",
+        namespace,
+    )
 
     lineage = [as_json(r) for r in convert_all(events)]
     _check(lineage, validator)
@@ -204,7 +210,10 @@ def test_postgres_insert_select_gets_column_lineage(tmp_path, monkeypatch, valid
     fields = out["facets"]["columnLineage"]["fields"]
     assert [s["field"] for s in fields["id"]["inputFields"]] == ["id"]
     total = fields["total"]["inputFields"]
-    assert {(s["name"], s["field"]) for s in total} == {(f"test.{pg_schema}.src", "amount"), (f"test.{pg_schema}.src", "qty")}
+    assert {(s["name"], s["field"]) for s in total} == {
+        (f"test.{pg_schema}.src", "amount"),
+        (f"test.{pg_schema}.src", "qty"),
+    }
     assert {s["transformations"][0]["subtype"] for s in total} == {"TRANSFORMATION"}
 
 
@@ -260,7 +269,11 @@ def test_snowflake_statement_gets_column_lineage(tmp_path, monkeypatch, validato
         bind()  # callable again for the next user (tests/tools/test_snowflake.py)
     namespace = f"snowflake://{kw['account'].lower()}"
     meta = _task_meta(events, "copy")
-    assert (meta["sql_namespace"], meta["sql_database"], meta["sql_default_schema"]) == (namespace, "TEST_DB", "PUBLIC")
+    assert (meta["sql_namespace"], meta["sql_database"], meta["sql_default_schema"]) == (
+        namespace,
+        "TEST_DB",
+        "PUBLIC",
+    )
     assert "sf-5ecret-pw-77a1" not in json.dumps([e.data for e in events])  # fakesnow takes any password
     lineage = [as_json(r) for r in convert_all(events)]
     _check(lineage, validator)
@@ -268,5 +281,6 @@ def test_snowflake_statement_gets_column_lineage(tmp_path, monkeypatch, validato
     assert [d["name"] for d in load["inputs"]] == ["TEST_DB.PUBLIC.SRC"]
     [out] = load["outputs"]
     assert out["name"] == "TEST_DB.PUBLIC.DST"
-    assert {c: [f["field"] for f in v["inputFields"]] for c, v in out["facets"]["columnLineage"]["fields"].items()} == {
-        "ID": ["ID"], "NAME": ["NAME"]}
+    assert {
+        c: [f["field"] for f in v["inputFields"]] for c, v in out["facets"]["columnLineage"]["fields"].items()
+    } == {"ID": ["ID"], "NAME": ["NAME"]}

@@ -48,16 +48,23 @@ def _output(lineage, job_suffix, name):
 def _map(fields):
     """{output column: {(input table, input column, subtype, masking)}}"""
     return {
-        col: {(f["name"], f["field"], t["subtype"], t.get("masking", False))
-              for f in spec["inputFields"] for t in f["transformations"]}
+        col: {
+            (f["name"], f["field"], t["subtype"], t.get("masking", False))
+            for f in spec["inputFields"]
+            for t in f["transformations"]
+        }
         for col, spec in fields.items()
     }
 
 
 def _indirect(facet):
     """{(input table, input column, INDIRECT subtype)} of the facet's dataset-level list."""
-    return {(f["name"], f["field"], t["subtype"]) for f in facet.get("dataset", []) for t in f["transformations"]
-            if t["type"] == "INDIRECT"}
+    return {
+        (f["name"], f["field"], t["subtype"])
+        for f in facet.get("dataset", [])
+        for t in f["transformations"]
+        if t["type"] == "INDIRECT"
+    }
 
 
 def _check(lineage, validator):
@@ -106,7 +113,10 @@ def test_duckdb_insert_column_list_maps_by_position_with_subtypes(tmp_path, vali
     events, lineage = _run(tmp_path, DUCK)
     db = (tmp_path / "data" / "cols.duckdb").resolve()
     with duckdb.connect(str(db), read_only=True) as con:  # the statement ran: b holds s.x, a holds s.y
-        assert con.execute("SELECT b, a, c FROM t WHERE d IS NOT NULL ORDER BY b").fetchall() == [(1, 2, 3), (3, 4, 7)]
+        assert con.execute("SELECT b, a, c FROM t WHERE d IS NOT NULL ORDER BY b").fetchall() == [
+            (1, 2, 3),
+            (3, 4, 7),
+        ]
     _check(lineage, validator)
     out = _output(lineage, ".load", "main.t")
     assert _map(out["facets"]["columnLineage"]["fields"]) == {
@@ -117,7 +127,10 @@ def test_duckdb_insert_column_list_maps_by_position_with_subtypes(tmp_path, vali
         # e = count(*) reads no column: no entry
     }
     assert _indirect(out["facets"]["columnLineage"]) == {  # GROUP BY: dataset-level INDIRECT lineage
-        ("main.s", "x", "GROUP_BY"), ("main.s", "y", "GROUP_BY"), ("main.s", "email", "GROUP_BY")}
+        ("main.s", "x", "GROUP_BY"),
+        ("main.s", "y", "GROUP_BY"),
+        ("main.s", "email", "GROUP_BY"),
+    }
     union = _output(lineage, ".union", "main.t")
     assert _map(union["facets"]["columnLineage"]["fields"]) == {
         "a": {("main.s", "x", "IDENTITY", False), ("main.s", "y", "IDENTITY", False)},
@@ -168,9 +181,13 @@ def pg_schema():
 def test_postgres_two_inserts_with_column_lists_each_map_their_own_table(tmp_path, validator, pg_schema):
     _, lineage = _run(tmp_path, PG.replace("SCHEMA_NAME", pg_schema))
     with psycopg.connect(PG_DSN) as conn:
-        assert conn.execute(f"SELECT who, spent, n_orders, big_qty FROM {pg_schema}.totals ORDER BY who").fetchall() == [
-            ("ann", 11, 2, 4), ("bob", 20, 1, 2)]
-        assert conn.execute(f"SELECT id_copy, what FROM {pg_schema}.audit ORDER BY 1").fetchone() == (1, "order ann")
+        assert conn.execute(
+            f"SELECT who, spent, n_orders, big_qty FROM {pg_schema}.totals ORDER BY who"
+        ).fetchall() == [("ann", 11, 2, 4), ("bob", 20, 1, 2)]
+        assert conn.execute(f"SELECT id_copy, what FROM {pg_schema}.audit ORDER BY 1").fetchone() == (
+            1,
+            "order ann",
+        )
     _check(lineage, validator)
     orders = f"test.{pg_schema}.orders"
     totals = _output(lineage, ".load", f"test.{pg_schema}.totals")
@@ -180,8 +197,13 @@ def test_postgres_two_inserts_with_column_lists_each_map_their_own_table(tmp_pat
         "n_orders": {(orders, "id", "AGGREGATION", False)},
         "big_qty": {(orders, "qty", "AGGREGATION", False)},
     }
-    assert _indirect(totals["facets"]["columnLineage"]) == {(orders, "qty", "FILTER"), (orders, "customer", "GROUP_BY")}
-    audit = _output(lineage, ".load", f"test.{pg_schema}.audit")  # the second statement's table, not the first's
+    assert _indirect(totals["facets"]["columnLineage"]) == {
+        (orders, "qty", "FILTER"),
+        (orders, "customer", "GROUP_BY"),
+    }
+    audit = _output(
+        lineage, ".load", f"test.{pg_schema}.audit"
+    )  # the second statement's table, not the first's
     assert _map(audit["facets"]["columnLineage"]["fields"]) == {
         "id_copy": {(orders, "id", "IDENTITY", False)},
         "what": {(orders, "customer", "TRANSFORMATION", False)},
@@ -195,39 +217,101 @@ def test_shapes_it_does_not_know_keep_openlineage_sqls_names():
     assert shape("INSERT INTO t (a, b) VALUES (1, 2)") is None
     assert shape("INSERT INTO t BY NAME SELECT x AS b FROM s") is None
     assert shape("INSERT INTO t (a, b) SELECT x FROM s") is None  # the counts differ
-    assert shape("INSERT INTO t (a) SELECT x FROM s UNION ALL (SELECT y FROM v)") is None  # a parenthesized branch
-    f = column_lineage("INSERT INTO t SELECT x AS a, y FROM s", "duckdb://m", kind="duckdb", default_schema="main")
+    assert (
+        shape("INSERT INTO t (a) SELECT x FROM s UNION ALL (SELECT y FROM v)") is None
+    )  # a parenthesized branch
+    f = column_lineage(
+        "INSERT INTO t SELECT x AS a, y FROM s", "duckdb://m", kind="duckdb", default_schema="main"
+    )
     assert set(f["main.t"].fields) == {"a", "y"}
     # through a CTE or a derived table the value may have been computed there: not claimed IDENTITY
-    cte = column_lineage("INSERT INTO t (a) WITH c AS (SELECT x + 1 AS x FROM s) SELECT x FROM c", "duckdb://m",
-                         kind="duckdb", default_schema="main")
+    cte = column_lineage(
+        "INSERT INTO t (a) WITH c AS (SELECT x + 1 AS x FROM s) SELECT x FROM c",
+        "duckdb://m",
+        kind="duckdb",
+        default_schema="main",
+    )
     assert [t.subtype for t in cte["main.t"].fields["a"].inputFields[0].transformations] == ["TRANSFORMATION"]
     assert split_statements("INSERT INTO a SELECT ';' FROM b; -- x;\nSELECT $$;$$") == [
-        "INSERT INTO a SELECT ';' FROM b", "-- x;\nSELECT $$;$$"]
+        "INSERT INTO a SELECT ';' FROM b",
+        "-- x;\nSELECT $$;$$",
+    ]
 
 
 def test_indirect_reads_join_filter_group_sort_only_when_unambiguous():
-    joined = shape("INSERT INTO t (a) SELECT o.customer FROM public.orders o JOIN customers AS c ON c.id = o.cid "
-                   "WHERE o.qty > 0 AND c.active GROUP BY o.customer ORDER BY o.customer LIMIT 5")
-    assert set(joined.indirect) == {("customers", "id", "JOIN"), ("public.orders", "cid", "JOIN"),
-                                    ("public.orders", "qty", "FILTER"), ("customers", "active", "FILTER"),
-                                    ("public.orders", "customer", "GROUP_BY"), ("public.orders", "customer", "SORT")}
+    joined = shape(
+        "INSERT INTO t (a) SELECT o.customer FROM public.orders o JOIN customers AS c ON c.id = o.cid "
+        "WHERE o.qty > 0 AND c.active GROUP BY o.customer ORDER BY o.customer LIMIT 5"
+    )
+    assert set(joined.indirect) == {
+        ("customers", "id", "JOIN"),
+        ("public.orders", "cid", "JOIN"),
+        ("public.orders", "qty", "FILTER"),
+        ("customers", "active", "FILTER"),
+        ("public.orders", "customer", "GROUP_BY"),
+        ("public.orders", "customer", "SORT"),
+    }
     assert shape("INSERT INTO t (a) SELECT x FROM s, u WHERE k = 1").indirect == ()  # k: s or u?
     # GROUP BY / ORDER BY by position: the input columns of that select item
-    by_pos = column_lineage("INSERT INTO t (d, n) SELECT o.created_at::date, sum(o.qty) FROM o GROUP BY 1 ORDER BY 2 DESC",
-                            "duckdb://m", kind="duckdb", default_schema="main")["main.t"]
+    by_pos = column_lineage(
+        "INSERT INTO t (d, n) SELECT o.created_at::date, sum(o.qty) FROM o GROUP BY 1 ORDER BY 2 DESC",
+        "duckdb://m",
+        kind="duckdb",
+        default_schema="main",
+    )["main.t"]
     assert {(f.name, f.field, t.subtype) for f in by_pos.dataset for t in f.transformations} == {
-        ("main.o", "created_at", "GROUP_BY"), ("main.o", "qty", "SORT")}
-    assert shape("INSERT INTO t (a) SELECT x FROM s WHERE k IN (SELECT k FROM v)").indirect == ()  # a subquery
+        ("main.o", "created_at", "GROUP_BY"),
+        ("main.o", "qty", "SORT"),
+    }
+    assert (
+        shape("INSERT INTO t (a) SELECT x FROM s WHERE k IN (SELECT k FROM v)").indirect == ()
+    )  # a subquery
     assert shape("INSERT INTO t (a) SELECT x FROM s WHERE y > 0 ON CONFLICT (a) DO NOTHING").indirect == (
-        ("s", "y", "FILTER"),)
+        ("s", "y", "FILTER"),
+    )
     assert shape("INSERT INTO t (a) SELECT x FROM s WHERE d > current_date - interval '1 day'").indirect == (
-        ("s", "d", "FILTER"),)
+        ("s", "d", "FILTER"),
+    )
 
 
-_FRAGMENTS = ["INSERT", "INTO", "t", "(", ")", ",", "a", "SELECT", "FROM", "s", "AS", "x", "UNION", "ALL", "WITH",
-              "'q;'", ";", "*", ".", "sum", "over", "DISTINCT", "ON", "create", "--c\n", "/*x*/", "$$", '"Q"', "::",
-              "VALUES", "1", "BY", "CASE", "END", "E'\\''", "+"]
+_FRAGMENTS = [
+    "INSERT",
+    "INTO",
+    "t",
+    "(",
+    ")",
+    ",",
+    "a",
+    "SELECT",
+    "FROM",
+    "s",
+    "AS",
+    "x",
+    "UNION",
+    "ALL",
+    "WITH",
+    "'q;'",
+    ";",
+    "*",
+    ".",
+    "sum",
+    "over",
+    "DISTINCT",
+    "ON",
+    "create",
+    "--c\n",
+    "/*x*/",
+    "$$",
+    '"Q"',
+    "::",
+    "VALUES",
+    "1",
+    "BY",
+    "CASE",
+    "END",
+    "E'\\''",
+    "+",
+]
 
 
 @settings(max_examples=150, deadline=None)

@@ -16,19 +16,32 @@ def test_export_validates_and_writes_json_lines(lineage_runs, validator, tmp_pat
     data_dir, events, _ = lineage_runs
     runner = CliRunner()
     out = tmp_path / "ol.jsonl"
-    result = runner.invoke(cli, ["lineage", "export", "--data-dir", str(data_dir), "--validate", "--out", str(out)])
+    result = runner.invoke(
+        cli, ["lineage", "export", "--data-dir", str(data_dir), "--validate", "--out", str(out)]
+    )
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert f"emitted {len(lines)} OpenLineage events" in result.output
     assert all(validator.errors(ev) == [] for ev in lines)
     # only one execution (and the sub-playbooks it started), to the embedded default file
-    top = next(e for e in events if e.name == "playbook.execution.requested" and e.data["name"] == "customer_portfolio")
-    result = runner.invoke(cli, ["lineage", "export", "--data-dir", str(data_dir), "--execution", top.execution_id])
+    top = next(
+        e
+        for e in events
+        if e.name == "playbook.execution.requested" and e.data["name"] == "customer_portfolio"
+    )
+    result = runner.invoke(
+        cli, ["lineage", "export", "--data-dir", str(data_dir), "--execution", top.execution_id]
+    )
     assert result.exit_code == 0, result.output
     default = data_dir / "lineage" / "openlineage.jsonl"
     jobs = {json.loads(line)["job"]["name"] for line in default.read_text().splitlines()}
-    assert jobs == {"examples/customer_portfolio", "examples/customer_portfolio.start", "examples/customer_portfolio.tally",
-                    "examples/score_customer", "examples/score_customer.start"}
+    assert jobs == {
+        "examples/customer_portfolio",
+        "examples/customer_portfolio.start",
+        "examples/customer_portfolio.tally",
+        "examples/score_customer",
+        "examples/score_customer.start",
+    }
     assert runner.invoke(cli, ["lineage", "validate", str(out), str(default)]).exit_code == 0
 
 

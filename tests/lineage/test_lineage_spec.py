@@ -61,23 +61,39 @@ def test_run_ids_are_deterministic(lineage_runs, converted):
 def test_jobs_parents_and_roots(lineage_runs, converted):
     _, events, _ = lineage_runs
     requested = {e.execution_id: e for e in events if e.name == E.EXECUTION_REQUESTED}
-    portfolio = next(e for e in requested.values() if e.data["name"] == "customer_portfolio" and e.tenant_id == "acme")
+    portfolio = next(
+        e for e in requested.values() if e.data["name"] == "customer_portfolio" and e.tenant_id == "acme"
+    )
     children = [e for e in requested.values() if e.parent_execution_id == portfolio.execution_id]
     assert len(children) == 3
     parent_run = playbook_run_id(portfolio.execution_id)
-    child_starts = [ev for ev in converted if ev["eventType"] == "START"
-                    and ev["run"]["runId"] in {playbook_run_id(c.execution_id) for c in children}]
+    child_starts = [
+        ev
+        for ev in converted
+        if ev["eventType"] == "START"
+        and ev["run"]["runId"] in {playbook_run_id(c.execution_id) for c in children}
+    ]
     assert len(child_starts) == 3
     for ev in child_starts:
-        assert ev["job"] == {"namespace": "noetl://acme/sales", "name": "examples/score_customer", "facets": ev["job"]["facets"]}
+        assert ev["job"] == {
+            "namespace": "noetl://acme/sales",
+            "name": "examples/score_customer",
+            "facets": ev["job"]["facets"],
+        }
         parent = ev["run"]["facets"]["parent"]
         assert parent["run"]["runId"] == parent_run and parent["job"]["name"] == "examples/customer_portfolio"
         assert parent["root"]["run"]["runId"] == parent_run
     # a step of a child: parent = the child's playbook run, root = the top execution
     child_run_ids = {playbook_run_id(c.execution_id) for c in children}
-    child_steps = [ev for ev in converted if ev["job"]["name"] == "examples/score_customer.start"
-                   and ev["run"]["facets"]["parent"]["run"]["runId"] in child_run_ids]
-    assert child_steps and all(ev["run"]["facets"]["parent"]["root"]["run"]["runId"] == parent_run for ev in child_steps)
+    child_steps = [
+        ev
+        for ev in converted
+        if ev["job"]["name"] == "examples/score_customer.start"
+        and ev["run"]["facets"]["parent"]["run"]["runId"] in child_run_ids
+    ]
+    assert child_steps and all(
+        ev["run"]["facets"]["parent"]["root"]["run"]["runId"] == parent_run for ev in child_steps
+    )
 
 
 def test_failing_playbook_fails_with_the_error(converted):
@@ -96,15 +112,28 @@ def test_failing_playbook_fails_with_the_error(converted):
 
 def test_datasets_from_references_and_the_registry(converted):
     def last(job, tenant="acme"):
-        return [ev for ev in converted if ev["job"]["name"] == job
-                and ev["job"]["namespace"] == f"noetl://{tenant}/sales" and ev["eventType"] == "COMPLETE"][-1]
+        return [
+            ev
+            for ev in converted
+            if ev["job"]["name"] == job
+            and ev["job"]["namespace"] == f"noetl://{tenant}/sales"
+            and ev["eventType"] == "COMPLETE"
+        ][-1]
 
     save = last("tests/facts_refs.save")
     table = next(ds for ds in save["outputs"] if ds["namespace"] == "noetl://acme/sales")
     assert table["name"] == "tests/dataset/facts_rows"
     assert table["facets"]["version"]["datasetVersion"] == "v1"
-    assert table["facets"]["storage"] == {**table["facets"]["storage"], "storageLayer": "file", "fileFormat": "parquet"}
-    assert [f["name"] for f in table["facets"]["schema"]["fields"]] == ["id", "name", "score"]  # from the registry
+    assert table["facets"]["storage"] == {
+        **table["facets"]["storage"],
+        "storageLayer": "file",
+        "fileFormat": "parquet",
+    }
+    assert [f["name"] for f in table["facets"]["schema"]["fields"]] == [
+        "id",
+        "name",
+        "score",
+    ]  # from the registry
     assert table["outputFacets"]["outputStatistics"]["rowCount"] == 2000
     # the offloaded input of `save` (start's result) is an output of `start`, a file dataset
     start = last("tests/facts_refs.start")
@@ -112,9 +141,13 @@ def test_datasets_from_references_and_the_registry(converted):
     assert payload["namespace"] == "file" and payload["name"].endswith(".json")
     assert payload["outputFacets"]["outputStatistics"]["rowCount"] == 2000
     load = last("tests/facts_refs.load")
-    assert [(ds["namespace"], ds["name"]) for ds in load["inputs"]] == [("noetl://acme/sales", "tests/dataset/facts_rows")]
+    assert [(ds["namespace"], ds["name"]) for ds in load["inputs"]] == [
+        ("noetl://acme/sales", "tests/dataset/facts_rows")
+    ]
     fanout = last("tests/facts_refs.fanout")
-    assert len([ds for ds in fanout["outputs"] if ds["namespace"] == "file"]) >= 3  # iterations stored by reference
+    assert (
+        len([ds for ds in fanout["outputs"] if ds["namespace"] == "file"]) >= 3
+    )  # iterations stored by reference
     playbook = last("tests/facts_refs")
     names = {ds["name"] for ds in playbook["outputs"]}
     assert "tests/dataset/facts_rows" in names
@@ -125,9 +158,18 @@ def test_datasets_from_references_and_the_registry(converted):
 def test_nominal_time_for_scheduled_runs(validator):
     exe = "01900000-0000-7000-8000-000000000001"
     events = [
-        Event(E.EXECUTION_REQUESTED, exe, data={"playbook": "examples/nightly_report", "name": "nightly_report",
-                                                "nominal_time": "2026-05-29T02:00:00+00:00"}),
-        Event(E.WORKFLOW_STARTED, exe, data={"workload": {"input": "noetl://default/default/raw/dataset/x@v2"}}),
+        Event(
+            E.EXECUTION_REQUESTED,
+            exe,
+            data={
+                "playbook": "examples/nightly_report",
+                "name": "nightly_report",
+                "nominal_time": "2026-05-29T02:00:00+00:00",
+            },
+        ),
+        Event(
+            E.WORKFLOW_STARTED, exe, data={"workload": {"input": "noetl://default/default/raw/dataset/x@v2"}}
+        ),
         Event(E.WORKFLOW_FINISHED, exe, data={"status": "completed"}),
     ]
     out = [as_json(r) for r in convert_all(events)]
@@ -145,8 +187,10 @@ def test_a_stream_joined_mid_execution_still_starts_each_run(validator):
     out += conv.convert(Event(E.WORKFLOW_FINISHED, exe, data={"status": "failed"}, status="error"))
     types = [(r.job.name, r.eventType.value) for r in out]
     assert types == [
-        (f"execution-{exe}", "START"), (f"execution-{exe}.late", "START"),
-        (f"execution-{exe}.late", "COMPLETE"), (f"execution-{exe}", "FAIL"),
+        (f"execution-{exe}", "START"),
+        (f"execution-{exe}.late", "START"),
+        (f"execution-{exe}.late", "COMPLETE"),
+        (f"execution-{exe}", "FAIL"),
     ]
     for r in out:
         assert validator.errors(as_json(r)) == []
@@ -158,10 +202,17 @@ def test_a_stream_joined_mid_execution_still_starts_each_run(validator):
         (lambda ev: ev["run"].update(runId="not-a-uuid"), "is not a 'uuid'"),
         (lambda ev: ev.update(eventTime="yesterday"), "is not a 'date-time'"),
         (lambda ev: ev["run"]["facets"]["errorMessage"].pop("programmingLanguage"), "programmingLanguage"),
-        (lambda ev: ev["run"]["facets"].update(parentRun=ev["run"]["facets"].pop("parent")), "not 'parentRun'"),
+        (
+            lambda ev: ev["run"]["facets"].update(parentRun=ev["run"]["facets"].pop("parent")),
+            "not 'parentRun'",
+        ),
         (lambda ev: ev["run"]["facets"]["parent"]["run"].pop("runId"), "runId"),
-        (lambda ev: ev["job"]["facets"]["jobType"].update(_schemaURL="https://example.com/x.json#/$defs/X"),
-         "not in the local spec"),
+        (
+            lambda ev: ev["job"]["facets"]["jobType"].update(
+                _schemaURL="https://example.com/x.json#/$defs/X"
+            ),
+            "not in the local spec",
+        ),
     ],
 )
 def test_the_validator_rejects_broken_events(converted, validator, mutate, expected):
@@ -203,8 +254,12 @@ def _drop_terminal(events):
 
 def _flip_format(events):
     ds = next(ds for ev in events for ds in ev["outputs"] if "storage" in ds["facets"])
-    twin = next(ev for ev in events for d in ev["outputs"] + ev["inputs"]
-                if (d["namespace"], d["name"]) == (ds["namespace"], ds["name"]) and d is not ds)
+    twin = next(
+        ev
+        for ev in events
+        for d in ev["outputs"] + ev["inputs"]
+        if (d["namespace"], d["name"]) == (ds["namespace"], ds["name"]) and d is not ds
+    )
     for d in twin["outputs"] + twin["inputs"]:
         if (d["namespace"], d["name"]) == (ds["namespace"], ds["name"]):
             d["facets"]["storage"] = dict(ds["facets"]["storage"], fileFormat="something-else")

@@ -69,7 +69,9 @@ def test_http_transport_posts_every_run_start_before_complete(monkeypatch, recei
     monkeypatch.setenv("OPENLINEAGE__TRANSPORT__TYPE", "http")
     monkeypatch.setenv("OPENLINEAGE__TRANSPORT__URL", url)
     monkeypatch.setenv("OPENLINEAGE__TRANSPORT__ENDPOINT", "api/v1/lineage")
-    ok = run_playbook(EXAMPLES / "customer_portfolio.yaml", data_dir=tmp_path / "d", tenant="acme", project="lab")
+    ok = run_playbook(
+        EXAMPLES / "customer_portfolio.yaml", data_dir=tmp_path / "d", tenant="acme", project="lab"
+    )
     failed = run_playbook(FIXTURES / "facts_fail.yaml", data_dir=tmp_path / "d", tenant="acme", project="lab")
     assert (ok.status, failed.status) == ("completed", "failed")
     assert lineage.flush_all(30)
@@ -85,7 +87,9 @@ def test_http_transport_posts_every_run_start_before_complete(monkeypatch, recei
     assert by_job["examples/customer_portfolio"] == "COMPLETE"
     assert by_job["examples/score_customer"] == "COMPLETE"
     assert by_job["tests/facts_fail"] == "FAIL"
-    playbook_runs = {body["run"]["runId"] for _, body in received if body["job"]["name"] == "examples/score_customer"}
+    playbook_runs = {
+        body["run"]["runId"] for _, body in received if body["job"]["name"] == "examples/score_customer"
+    }
     assert len(playbook_runs) == 3  # one run per sub-playbook execution
 
 
@@ -99,7 +103,11 @@ def test_file_transport_from_openlineage_config(monkeypatch, validator, tmp_path
     assert result.status == "completed"
     assert lineage.flush_all(30)
     lines = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
-    assert [ev["eventType"] for ev in lines if ev["job"]["name"] == "examples/hello_dagster"] == ["START", "RUNNING", "COMPLETE"]
+    assert [ev["eventType"] for ev in lines if ev["job"]["name"] == "examples/hello_dagster"] == [
+        "START",
+        "RUNNING",
+        "COMPLETE",
+    ]
     assert all(validator.errors(ev) == [] for ev in lines)
 
 

@@ -25,7 +25,9 @@ EXAMPLES = REPO / "example_project" / "playbooks"
 HINT = "tool kind 'quantum' needs: pip install 'noetl-dagster[quantum]'"
 
 
-def _core(tmp_path: Path, *args: str, timeout: int = 180, blocked: bool = True) -> subprocess.CompletedProcess:
+def _core(
+    tmp_path: Path, *args: str, timeout: int = 180, blocked: bool = True
+) -> subprocess.CompletedProcess:
     """A subprocess as on a core install (every extra's modules blocked), or as is (``blocked=False``);
     both share the playbook cache under tmp_path."""
     env = {**os.environ, "NOETL_DAGSTER_HOME": str(tmp_path / "noetl"), "DAGSTER_HOME": str(tmp_path / "dh"),
@@ -47,13 +49,14 @@ def test_extras_table_matches_pyproject():
     for name in ("analytics", "quantum", "quantum-cloud", "qdrant", "k8s", "celery", "nats", "mcp",
                  "snowflake", "gcs", "azure", "registry-server", "ducklake", "all", "dev"):  # fmt: skip
         assert name in extras, name
+
     # [all] is spelled out (a self-referencing extra sent pip's resolver backtracking): it must be
     # exactly the union of every capability extra
     def expand(name: str) -> set[str]:
         out: set[str] = set()
         for req in extras[name]:
             if req.startswith("noetl-dagster["):
-                for sub in req[len("noetl-dagster["):-1].split(","):
+                for sub in req[len("noetl-dagster[") : -1].split(","):
                     out |= expand(sub.strip())
             else:
                 out.add(req)
@@ -185,5 +188,7 @@ def test_an_executor_of_a_missing_extra_is_one_line(tmp_path, monkeypatch):
     out = _core(tmp_path, "cli", "run", "--runner", "dagster", str(EXAMPLES / "hello_dagster.yaml"))
     assert out.returncode == 2, out.stderr[-2000:]
     assert "Traceback" not in out.stderr
-    assert "NOETL_DAGSTER_EXECUTOR=celery needs: pip install 'noetl-dagster[celery]'" in out.stderr, out.stderr
+    assert "NOETL_DAGSTER_EXECUTOR=celery needs: pip install 'noetl-dagster[celery]'" in out.stderr, (
+        out.stderr
+    )
     assert out.stderr.strip().count("\n") == 0

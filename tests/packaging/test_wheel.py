@@ -20,7 +20,15 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "example_project" / "playbooks"
-SOURCES = ("pyproject.toml", "README.md", "CHANGELOG.md", "noetl_dagster", "registry_service", "lineage", "analytics")
+SOURCES = (
+    "pyproject.toml",
+    "README.md",
+    "CHANGELOG.md",
+    "noetl_dagster",
+    "registry_service",
+    "lineage",
+    "analytics",
+)
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 
 pytestmark = pytest.mark.slow
@@ -66,13 +74,21 @@ def test_wheel_holds_package_data_and_nothing_of_the_checkout(dist):
                  "noetl_dagster/dsl/flow/grammar.lark", "noetl_dagster/translator/hello_noetl.yaml"):  # fmt: skip
         assert data in names, data
     tops = {n.split("/")[0] for n in names}
-    assert tops == {"noetl_dagster", "analytics", "lineage", "registry_service", f"noetl_dagster-{VERSION}.dist-info"}
+    assert tops == {
+        "noetl_dagster",
+        "analytics",
+        "lineage",
+        "registry_service",
+        f"noetl_dagster-{VERSION}.dist-info",
+    }
     bad = [n for n in names if n.endswith((".pyc", ".db", ".parquet")) or "/." in n or "__pycache__" in n]
     assert bad == []
     meta = zipfile.ZipFile(whl).read(f"noetl_dagster-{VERSION}.dist-info/METADATA").decode()
     assert f"Version: {VERSION}" in meta
     assert "Provides-Extra: quantum" in meta and "Provides-Extra: all" in meta
-    core = [line for line in meta.splitlines() if line.startswith("Requires-Dist:") and "extra ==" not in line]
+    core = [
+        line for line in meta.splitlines() if line.startswith("Requires-Dist:") and "extra ==" not in line
+    ]
     for heavy in ("qiskit", "cirq", "chdb", "clickhouse", "matplotlib", "plotly", "qdrant", "dagster-k8s",
                   "fastapi", "uvicorn", "nats-py", "mcp"):  # fmt: skip
         assert not [line for line in core if heavy in line], heavy

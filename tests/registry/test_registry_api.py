@@ -11,8 +11,19 @@ def test_register_assigns_ordered_versions_and_resolves_latest(connect, tenants)
     ta, _ = tenants
     a = connect(ta, "lab")
     series = f"noetl://{ta}/lab/sales/dataset/orders"
-    r1 = a.register(series, locations=[{"uri": "file:///data/o1.parquet", "checksum": checksum("1"), "size_bytes": 10,
-                                        "format": "parquet", "rows": 3}], metadata={"owner": "sales"})
+    r1 = a.register(
+        series,
+        locations=[
+            {
+                "uri": "file:///data/o1.parquet",
+                "checksum": checksum("1"),
+                "size_bytes": 10,
+                "format": "parquet",
+                "rows": 3,
+            }
+        ],
+        metadata={"owner": "sales"},
+    )
     r2 = a.register(series, locations=[{"uri": "file:///data/o2.parquet", "checksum": checksum("2")}])
     assert (r1.version, r1.seq, r2.version, r2.seq) == ("v1", 1, "v2", 2)
     assert r1.uri == f"{series}@v1" and r1.urn == f"urn:noetl:{ta}:lab:sales:dataset:orders:v1"
@@ -46,9 +57,13 @@ def test_explicit_versions_are_unique_and_reregistering_is_idempotent(connect, t
 def test_add_location_primary_and_replica_and_region_choice(connect, tenants):
     ta, _ = tenants
     a = connect(ta, "lab")
-    r = a.register(f"noetl://{ta}/lab/ns/dataset/t", locations=[
-        {"uri": "s3://usw2/t.parquet", "region": "usw2", "checksum": checksum("1")}])
-    rep = a.add_location(r.resource_id, {"uri": "gs://use1/t.parquet", "region": "use1", "checksum": checksum("1")})
+    r = a.register(
+        f"noetl://{ta}/lab/ns/dataset/t",
+        locations=[{"uri": "s3://usw2/t.parquet", "region": "usw2", "checksum": checksum("1")}],
+    )
+    rep = a.add_location(
+        r.resource_id, {"uri": "gs://use1/t.parquet", "region": "use1", "checksum": checksum("1")}
+    )
     assert rep.role == "replica"
     with pytest.raises(InvalidRequest):
         a.add_location(r.resource_id, {"uri": "s3://x/y", "role": "primary"})
@@ -63,10 +78,18 @@ def test_lineage_up_and_down(connect, tenants):
     ta, _ = tenants
     a = connect(ta, "lab")
     raw = a.register(f"noetl://{ta}/lab/raw/dataset/events", locations=[{"uri": "file:///r"}])
-    clean = a.register(f"noetl://{ta}/lab/clean/dataset/events", inputs=[raw.uri], execution_id="exec_1",
-                       step="clean", locations=[{"uri": "file:///c"}])
-    report = a.register(f"noetl://{ta}/lab/reports/result/daily", inputs=[f"noetl://{ta}/lab/clean/dataset/events"],
-                        locations=[{"uri": "file:///d"}])
+    clean = a.register(
+        f"noetl://{ta}/lab/clean/dataset/events",
+        inputs=[raw.uri],
+        execution_id="exec_1",
+        step="clean",
+        locations=[{"uri": "file:///c"}],
+    )
+    report = a.register(
+        f"noetl://{ta}/lab/reports/result/daily",
+        inputs=[f"noetl://{ta}/lab/clean/dataset/events"],
+        locations=[{"uri": "file:///d"}],
+    )
     up = a.lineage(report.resource_id, "up", depth=5)
     assert [(e.resource.uri, e.depth) for e in up.edges] == [(clean.uri, 1), (raw.uri, 2)]
     assert a.lineage(report.resource_id, "up").edges[0].resource.resource_id == clean.resource_id  # depth 1
@@ -96,7 +119,9 @@ def test_every_mutation_appends_a_catalog_event_in_order(connect, tenants):
     ta, _ = tenants
     a = connect(ta, "lab")
     start = a.events().next_after
-    r = a.register(f"noetl://{ta}/lab/ns/dataset/e", locations=[{"uri": "file:///e", "checksum": checksum("e")}])
+    r = a.register(
+        f"noetl://{ta}/lab/ns/dataset/e", locations=[{"uri": "file:///e", "checksum": checksum("e")}]
+    )
     a.add_location(r.resource_id, {"uri": "s3://b/e"})
     g = a.grant(r.uri, f"tenant:{tenants[1]}")
     a.revoke(g.grant_id)

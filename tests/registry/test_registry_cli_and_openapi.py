@@ -54,7 +54,9 @@ def test_keys_create_prints_a_working_key_and_migrate_is_idempotent(tmp_path, pg
         listed = runner.invoke(cli, ["keys", "list", "--db", db, "--tenant", "acme"])
         _, key_id, secret = key.split("_", 2)
         assert key_id in listed.output and secret not in listed.output  # never the secret
-    bad = runner.invoke(cli, ["keys", "create", "--db", f"sqlite:///{tmp_path / 'x.db'}", "--tenant", "bad tenant!"])
+    bad = runner.invoke(
+        cli, ["keys", "create", "--db", f"sqlite:///{tmp_path / 'x.db'}", "--tenant", "bad tenant!"]
+    )
     assert bad.exit_code != 0 and "invalid tenant" in bad.output
     bad_db = runner.invoke(cli, ["keys", "create", "--db", "mysql://x", "--tenant", "a"])
     assert bad_db.exit_code != 0 and "cannot open registry database" in bad_db.output
@@ -73,8 +75,21 @@ def test_serve_runs_the_http_service(tmp_path):
     key = CliRunner().invoke(cli, ["keys", "create", "--db", db, "--tenant", "acme"]).output.strip()
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "registry_service.cli", "serve", "--db", db, "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "registry_service.cli",
+            "serve",
+            "--db",
+            db,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
     )
     try:

@@ -32,7 +32,9 @@ def test_concurrent_writers_get_distinct_ordered_versions_and_lose_no_location(d
         try:
             barrier.wait()
             for j in range(VERSIONS_EACH):
-                r = reg.register(owner, RegisterRequest(uri=series, locations=[LocationIn(uri=f"file:///w{i}/v{j}")]))
+                r = reg.register(
+                    owner, RegisterRequest(uri=series, locations=[LocationIn(uri=f"file:///w{i}/v{j}")])
+                )
                 # a replica added right away, concurrently with the other writers' registrations
                 reg.add_location(owner, r.resource_id, LocationIn(uri=f"s3://replica/w{i}/v{j}"))
                 mine.append((r.seq, r.version, r.resource_id))
@@ -70,7 +72,7 @@ PROCESSES = 4
 THREADS_PER_PROCESS = 2
 PROCESS_VERSIONS = 5
 
-_WORKER = r'''
+_WORKER = r"""
 import json, sys, threading
 from registry_service.models import LocationIn, Principal, RegisterRequest
 from registry_service.service import Registry
@@ -96,7 +98,7 @@ ts = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
 [t.start() for t in ts]
 [t.join() for t in ts]
 print(json.dumps({"seqs": out, "errors": errors}))
-'''
+"""
 
 
 @pytest.mark.slow
@@ -114,8 +116,22 @@ def test_concurrent_writer_processes_on_postgres_lose_nothing(pg_registry_url):
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
     procs = [
-        subprocess.Popen([sys.executable, "-c", _WORKER, pg_registry_url, tenant, str(w), str(THREADS_PER_PROCESS),
-                          str(PROCESS_VERSIONS)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                _WORKER,
+                pg_registry_url,
+                tenant,
+                str(w),
+                str(THREADS_PER_PROCESS),
+                str(PROCESS_VERSIONS),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
         for w in range(PROCESSES)
     ]
     results = []
@@ -135,10 +151,13 @@ def test_concurrent_writer_processes_on_postgres_lose_nothing(pg_registry_url):
     assert len(uris) == 2 * total  # every primary and every replica
     assert all(sorted(lc.role for lc in r.locations) == ["primary", "replica"] for r in listed)
     with check.store.read() as tx:
-        dupes = tx.one("SELECT COUNT(*) - COUNT(DISTINCT version) FROM registry_resource WHERE tenant_id = ?",
-                       (tenant,))
+        dupes = tx.one(
+            "SELECT COUNT(*) - COUNT(DISTINCT version) FROM registry_resource WHERE tenant_id = ?", (tenant,)
+        )
     assert dupes[0] == 0
     assert len(check.events(owner, limit=1000).events) == 2 * total
-    print(f"postgres concurrent writers: {PROCESSES} processes x {THREADS_PER_PROCESS} threads, {total} versions,"
-          f" {len(uris)} locations, 0 lost, 0 duplicate")
+    print(
+        f"postgres concurrent writers: {PROCESSES} processes x {THREADS_PER_PROCESS} threads, {total} versions,"
+        f" {len(uris)} locations, 0 lost, 0 duplicate"
+    )
     check.close()

@@ -50,17 +50,24 @@ def test_openapi_sweep_finds_no_server_error(registry, tenants):
             except Unsatisfiable:
                 assert mode is GenerationMode.NEGATIVE, op.label  # nothing to negate (no parameters)
     elapsed = time.monotonic() - t0
-    print(f"openapi sweep ({registry.store.dialect}): {counts['requests']} requests, {counts['2xx']} 2xx, "
-          f"{counts['4xx']} 4xx, "
-          f"{len(failures)} 5xx, {elapsed:.1f} s")
+    print(
+        f"openapi sweep ({registry.store.dialect}): {counts['requests']} requests, {counts['2xx']} 2xx, "
+        f"{counts['4xx']} 4xx, "
+        f"{len(failures)} 5xx, {elapsed:.1f} s"
+    )
     assert not failures, "\n".join(failures[:20])
     assert counts["requests"] > 100
     # elapsed is reported, not asserted: speed is a benchmark figure (a loaded machine took 78 s)
 
 
 def _sweep(label, strategy, auth, failures, counts) -> None:
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=strategy)
     def probe(case):
         headers = dict(case.headers or {})
@@ -93,12 +100,35 @@ def _quiet_schemathesis_warnings():
 # ones (10**30 cursors, NUL bytes, lone surrogates, dates past 9999 in UTC, NaN, deep nesting).
 # This sweep walks the same OpenAPI document and puts those into every parameter and body field.
 HOSTILE_NUMBERS = [10**30, -(10**30), 2**63, 2**63 - 1, -1, 0, 1e308, "1e400", "NaN"]
-HOSTILE_TEXT = ["\x00", "a\x00b", "x" * 5000, "'; DROP TABLE registry_grant; --", "../../etc", "%", "_",
-                "noetl://a/b/c/d/e@v1", "urn:noetl:a:b:c:d:e:v1", "9999-12-31T23:59:59-23:59",
-                "0001-01-01T00:00:00+23:59", "0999-01-01T00:00:00Z", "2016-12-31T23:59:60Z", ""]
-HOSTILE_BODY_ONLY = ["\ud800", float("nan"), float("inf"), None, [], {}, {"a": "\x00"},
-                     [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]],
-                     {"k" * 10: "v" * 70_000}, True, [{"uri": "s3://x"}] * 100]
+HOSTILE_TEXT = [
+    "\x00",
+    "a\x00b",
+    "x" * 5000,
+    "'; DROP TABLE registry_grant; --",
+    "../../etc",
+    "%",
+    "_",
+    "noetl://a/b/c/d/e@v1",
+    "urn:noetl:a:b:c:d:e:v1",
+    "9999-12-31T23:59:59-23:59",
+    "0001-01-01T00:00:00+23:59",
+    "0999-01-01T00:00:00Z",
+    "2016-12-31T23:59:60Z",
+    "",
+]
+HOSTILE_BODY_ONLY = [
+    "\ud800",
+    float("nan"),
+    float("inf"),
+    None,
+    [],
+    {},
+    {"a": "\x00"},
+    [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]],
+    {"k" * 10: "v" * 70_000},
+    True,
+    [{"uri": "s3://x"}] * 100,
+]
 SPEC_EXAMPLES = 40
 
 
@@ -117,12 +147,21 @@ def test_hostile_values_over_the_spec_find_no_server_error(registry, tenants):
     grant = own.grant(res.uri, "tenant:someone")
     app = create_app(registry)
     spec = app.openapi()
-    valid = {"uri": res.uri, "resource_uri": res.uri, "resource_id": res.resource_id, "grant_id": grant.grant_id,
-             "subject": "tenant:someone", "series": res.series}
+    valid = {
+        "uri": res.uri,
+        "resource_uri": res.uri,
+        "resource_id": res.resource_id,
+        "grant_id": grant.grant_id,
+        "subject": "tenant:someone",
+        "series": res.series,
+    }
     valid_bodies = {
         ("post", "/v1/resources"): {"uri": res.series, "locations": [{"uri": "s3://s/new"}]},
-        ("post", "/v1/grants"): {"resource_uri": res.uri, "subject": "tenant:someone",
-                                 "expires_at": "2999-01-01T00:00:00Z"},
+        ("post", "/v1/grants"): {
+            "resource_uri": res.uri,
+            "subject": "tenant:someone",
+            "expires_at": "2999-01-01T00:00:00Z",
+        },
         ("post", "/v1/resources/{resource_id}/locations"): {"uri": "s3://s/replica", "region": "eu"},
     }
     client = TestClient(app, headers={"Authorization": f"Bearer {key}"}, raise_server_exceptions=False)
@@ -140,21 +179,31 @@ def test_hostile_values_over_the_spec_find_no_server_error(registry, tenants):
             fields = {}
             for prm in params:
                 fields[("param", prm["in"], prm["name"])] = field(
-                    prm["name"], valid.get(prm["name"]), HOSTILE_NUMBERS + HOSTILE_TEXT)
+                    prm["name"], valid.get(prm["name"]), HOSTILE_NUMBERS + HOSTILE_TEXT
+                )
             for name, good in (body or {}).items():
-                fields[("body", "", name)] = field(name, good, HOSTILE_NUMBERS + HOSTILE_TEXT + HOSTILE_BODY_ONLY)
+                fields[("body", "", name)] = field(
+                    name, good, HOSTILE_NUMBERS + HOSTILE_TEXT + HOSTILE_BODY_ONLY
+                )
             if body is not None:  # and fields the valid body does not have
                 ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
                 for name in spec["components"]["schemas"][ref]["properties"]:
-                    fields.setdefault(("body", "", name), st.one_of(
-                        st.just(_ABSENT), st.sampled_from(HOSTILE_NUMBERS + HOSTILE_TEXT + HOSTILE_BODY_ONLY)))
+                    fields.setdefault(
+                        ("body", "", name),
+                        st.one_of(
+                            st.just(_ABSENT),
+                            st.sampled_from(HOSTILE_NUMBERS + HOSTILE_TEXT + HOSTILE_BODY_ONLY),
+                        ),
+                    )
             if not fields:
                 continue
 
             _spec_probe(fields, path, method, body is not None, client, failures, sent)()
     elapsed = time.monotonic() - t0
-    print(f"hostile spec sweep ({registry.store.dialect}): {sent['n']} requests, {len(failures)} 5xx, "
-          f"{elapsed:.1f} s")
+    print(
+        f"hostile spec sweep ({registry.store.dialect}): {sent['n']} requests, {len(failures)} 5xx, "
+        f"{elapsed:.1f} s"
+    )
     assert not failures, "\n".join(failures[:20])
     # elapsed is reported, not asserted: speed is a benchmark figure (a loaded machine took 78 s)
 
@@ -168,8 +217,13 @@ def _spec_probe(fields, path, method, body_given, client, failures, sent):
 
     from hypothesis import strategies as st
 
-    @settings(max_examples=SPEC_EXAMPLES, deadline=None, database=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=SPEC_EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(values=st.fixed_dictionaries(fields))
     def probe(values):
         url, query, payload = path, {}, {}
@@ -184,14 +238,15 @@ def _spec_probe(fields, path, method, body_given, client, failures, sent):
                 query[name] = value
         kw = {}
         if body_given:
-            kw = {"content": json.dumps(payload, allow_nan=True).encode("utf-8", "surrogatepass"),
-                  "headers": {"content-type": "application/json"}}
+            kw = {
+                "content": json.dumps(payload, allow_nan=True).encode("utf-8", "surrogatepass"),
+                "headers": {"content-type": "application/json"},
+            }
         r = client.request(method.upper(), url, params=query, **kw)
         sent["n"] += 1
         if r.status_code >= 500:
             failures.append(f"{method.upper()} {url} {query} {str(payload)[:300]} -> {r.status_code}")
         elif r.status_code >= 400:
             assert isinstance(r.json(), dict) and "detail" in r.json(), r.text
-
 
     return probe

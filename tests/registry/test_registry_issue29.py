@@ -24,7 +24,9 @@ def test_a_denied_caller_learns_nothing_of_what_exists_from_the_audit_log(connec
     series = f"noetl://{ta}/lab/raw/dataset/in"
     a.register(series, locations=[{"uri": "s3://a/in1"}])
     raw = a.register(series, locations=[{"uri": "s3://a/in2"}])  # @v2: the latest version
-    out = a.register(f"noetl://{ta}/lab/gold/dataset/out", inputs=[raw.uri], locations=[{"uri": "s3://a/out"}])
+    out = a.register(
+        f"noetl://{ta}/lab/gold/dataset/out", inputs=[raw.uri], locations=[{"uri": "s3://a/out"}]
+    )
     a.grant(out.uri, f"tenant:{tb}")  # B may read `out`, not its input
     ghost = f"noetl://{ta}/lab/raw/dataset/ghost"  # never registered
     start = b.audit(limit=1000).next_after
@@ -57,7 +59,9 @@ def test_a_denied_caller_learns_nothing_of_what_exists_from_the_audit_log(connec
     assert set(resolves) == {series, ghost, f"{series}@latest", f"{ghost}@latest"}  # what B asked for
     assert resolves[series] == resolves[ghost] and resolves[f"{series}@latest"] == resolves[f"{ghost}@latest"]
     registers = [e for e in mine if e.action == "register"]
-    assert [e.uri for e in registers] == [raw.uri, f"{ghost}@v2"] and _view(registers[0]) == _view(registers[1])
+    assert [e.uri for e in registers] == [raw.uri, f"{ghost}@v2"] and _view(registers[0]) == _view(
+        registers[1]
+    )
     assert not [e for e in mine if e.action == "lineage:neighbour" and e.uri]  # the hidden one stays hidden
     by_id = [e for e in mine if e.action in ("get", "add_location")]
     assert by_id and all(e.uri is None and e.reason == f"denied: {raw.resource_id}" for e in by_id)
@@ -65,14 +69,24 @@ def test_a_denied_caller_learns_nothing_of_what_exists_from_the_audit_log(connec
     # the owner still sees every decision about its data in full
     theirs = [e for e in a.audit(limit=1000).entries if e.actor_tenant == tb and not e.allowed]
     assert {(e.action, e.uri) for e in theirs} >= {
-        ("resolve:read", raw.uri), ("get", raw.uri), ("lineage:neighbour", raw.uri), ("register", raw.uri),
+        ("resolve:read", raw.uri),
+        ("get", raw.uri),
+        ("lineage:neighbour", raw.uri),
+        ("register", raw.uri),
     }
     assert all(e.owner_tenant == ta and e.reason for e in theirs)
 
 
 @pytest.mark.parametrize(
     "tail",
-    ["ns./dataset/x", "ns/dataset./x", "ns/dataset/x.", "ns/dataset/a./b", "ns/dataset/x@v1.", "ns/dataset/x.@v1"],
+    [
+        "ns./dataset/x",
+        "ns/dataset./x",
+        "ns/dataset/x.",
+        "ns/dataset/a./b",
+        "ns/dataset/x@v1.",
+        "ns/dataset/x.@v1",
+    ],
 )
 def test_a_segment_with_a_trailing_dot_is_refused_by_service_and_clients(connect, tenants, tail):
     """`…/x.` was accepted (and `x.` and `x` name one object on stores that drop the dot)."""

@@ -29,7 +29,9 @@ def owner_and_partner(registry, http_url, tenants):
     _, key_b = registry.create_api_key(tb, "x")
     a = httpx.Client(base_url=http_url, headers={"Authorization": f"Bearer {key_a}"})
     b = httpx.Client(base_url=http_url, headers={"Authorization": f"Bearer {key_b}"})
-    r = a.post("/v1/resources", json={"uri": f"noetl://{ta}/lab/ns/dataset/edge", "locations": [{"uri": "s3://a/e"}]})
+    r = a.post(
+        "/v1/resources", json={"uri": f"noetl://{ta}/lab/ns/dataset/edge", "locations": [{"uri": "s3://a/e"}]}
+    )
     assert r.status_code == 201, r.text
     yield a, b, r.json()["uri"], tb
     a.close()
@@ -37,7 +39,9 @@ def owner_and_partner(registry, http_url, tenants):
 
 
 def _grant(a: httpx.Client, uri: str, tb: str, expires_at: str) -> httpx.Response:
-    return a.post("/v1/grants", json={"resource_uri": uri, "subject": f"tenant:{tb}", "expires_at": expires_at})
+    return a.post(
+        "/v1/grants", json={"resource_uri": uri, "subject": f"tenant:{tb}", "expires_at": expires_at}
+    )
 
 
 def _assert_json_4xx(r: httpx.Response, *statuses: int) -> dict:
@@ -51,9 +55,15 @@ def _assert_json_4xx(r: httpx.Response, *statuses: int) -> dict:
 
 @pytest.mark.parametrize(
     "expires_at",
-    ["0999-01-01T00:00:00Z", "0001-01-01T00:00:00Z", "0999-12-31T23:59:59.999999Z", "1999-12-31T23:59:59Z",
-     # an offset that puts the instant in the past although its local text reads later than "now" in UTC
-     "2000-01-01T00:00:00-12:00", "0500-06-15T12:00:00+14:00"],
+    [
+        "0999-01-01T00:00:00Z",
+        "0001-01-01T00:00:00Z",
+        "0999-12-31T23:59:59.999999Z",
+        "1999-12-31T23:59:59Z",
+        # an offset that puts the instant in the past although its local text reads later than "now" in UTC
+        "2000-01-01T00:00:00-12:00",
+        "0500-06-15T12:00:00+14:00",
+    ],
 )
 def test_expired_grants_refuse_whatever_the_year_or_offset(owner_and_partner, expires_at):
     a, b, uri, tb = owner_and_partner
@@ -69,8 +79,12 @@ def test_expired_grants_refuse_whatever_the_year_or_offset(owner_and_partner, ex
 
 @pytest.mark.parametrize(
     "expires_at",
-    ["9999-12-31T23:59:59Z", "9999-12-31T23:59:59.999999+00:00", "9999-12-31T23:59:59+14:00",
-     "5000-01-01T00:00:00-11:00"],
+    [
+        "9999-12-31T23:59:59Z",
+        "9999-12-31T23:59:59.999999+00:00",
+        "9999-12-31T23:59:59+14:00",
+        "5000-01-01T00:00:00-11:00",
+    ],
 )
 def test_far_future_grants_are_live(owner_and_partner, expires_at):
     a, b, uri, tb = owner_and_partner
@@ -92,11 +106,17 @@ def test_offsets_near_now_compare_as_instants(owner_and_partner):
 
 @pytest.mark.parametrize(
     "expires_at",
-    ["2016-12-31T23:59:60Z",  # a leap second: not representable, refused rather than rounded
-     "0000-01-01T00:00:00Z", "10000-01-01T00:00:00Z", "2026-02-30T00:00:00Z", "2026-01-01T00:00:00",  # no offset
-     "9999-12-31T23:00:00-05:00",  # past 9999 in UTC
-     "0001-01-01T00:00:00+05:00",  # before 0001 in UTC
-     "not a date", "+275760-09-13T00:00:00Z"],
+    [
+        "2016-12-31T23:59:60Z",  # a leap second: not representable, refused rather than rounded
+        "0000-01-01T00:00:00Z",
+        "10000-01-01T00:00:00Z",
+        "2026-02-30T00:00:00Z",
+        "2026-01-01T00:00:00",  # no offset
+        "9999-12-31T23:00:00-05:00",  # past 9999 in UTC
+        "0001-01-01T00:00:00+05:00",  # before 0001 in UTC
+        "not a date",
+        "+275760-09-13T00:00:00Z",
+    ],
 )
 def test_unrepresentable_expiry_is_a_clean_422(owner_and_partner, expires_at):
     a, _, uri, tb = owner_and_partner
@@ -108,10 +128,14 @@ def test_in_process_grant_expiry_before_year_1000(registry, tenants):
     owner, partner = Principal(ta, "lab"), Principal(tb, "x")
     from registry_service.models import GrantRequest, LocationIn, RegisterRequest
 
-    r = registry.register(owner, RegisterRequest(uri=f"noetl://{ta}/lab/ns/dataset/old",
-                                                 locations=[LocationIn(uri="file:///o")]))
-    g = registry.grant(owner, GrantRequest(resource_uri=r.uri, subject=f"tenant:{tb}",
-                                           expires_at=datetime(999, 1, 1, tzinfo=UTC)))
+    r = registry.register(
+        owner,
+        RegisterRequest(uri=f"noetl://{ta}/lab/ns/dataset/old", locations=[LocationIn(uri="file:///o")]),
+    )
+    g = registry.grant(
+        owner,
+        GrantRequest(resource_uri=r.uri, subject=f"tenant:{tb}", expires_at=datetime(999, 1, 1, tzinfo=UTC)),
+    )
     assert g.expires_at == "0999-01-01T00:00:00.000000Z" and not g.active
     with pytest.raises(Forbidden):
         registry.resolve(partner, r.uri)
@@ -144,16 +168,30 @@ def test_migration_2_turns_old_text_expiry_into_instants(backend, tmp_path):
     try:
         old = _v1_database(url)
         assert old.schema_version() == 1
-        rows = [("g_old", "999-01-01T00:00:00.000000Z"),  # what the old iso() wrote for year 999
-                ("g_bad", "garbage"), ("g_live", "9999-01-01T00:00:00.000000Z")]
+        rows = [
+            ("g_old", "999-01-01T00:00:00.000000Z"),  # what the old iso() wrote for year 999
+            ("g_bad", "garbage"),
+            ("g_live", "9999-01-01T00:00:00.000000Z"),
+        ]
         with old.write() as tx:
             for gid, text in rows:
                 tx.exec(
                     "INSERT INTO registry_grant (grant_id, owner_tenant, owner_project, target_uri, series_id,"
                     " subject, subject_tenant, permission, conditions, expires_at, created_at)"
                     " VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                    (gid, "ta", "lab", "noetl://ta/lab/n/d/x", "noetl://ta/lab/n/d/x", "tenant:tb", "tb", "read",
-                     "{}", text, iso(datetime.now(UTC))),
+                    (
+                        gid,
+                        "ta",
+                        "lab",
+                        "noetl://ta/lab/n/d/x",
+                        "noetl://ta/lab/n/d/x",
+                        "tenant:tb",
+                        "tb",
+                        "read",
+                        "{}",
+                        text,
+                        iso(datetime.now(UTC)),
+                    ),
                 )
         old.close()
         reg = Registry(url)
@@ -161,9 +199,15 @@ def test_migration_2_turns_old_text_expiry_into_instants(backend, tmp_path):
         active = {g.grant_id: g.active for g in reg.list_grants(Principal("ta"), include_inactive=True)}
         assert active == {"g_old": False, "g_bad": False, "g_live": True}
         with reg.store.read() as tx:
-            assert tx.one("SELECT expires_at FROM registry_grant WHERE grant_id = 'g_old'")[0].startswith("0999-")
-        assert reg._grant_for(reg.store.read().__enter__(), Principal("tb"), "noetl://ta/lab/n/d/x", None,
-                              ("read",)) == "g_live"
+            assert tx.one("SELECT expires_at FROM registry_grant WHERE grant_id = 'g_old'")[0].startswith(
+                "0999-"
+            )
+        assert (
+            reg._grant_for(
+                reg.store.read().__enter__(), Principal("tb"), "noetl://ta/lab/n/d/x", None, ("read",)
+            )
+            == "g_live"
+        )
         reg.close()
     finally:
         if drop:
@@ -228,8 +272,11 @@ def test_hostile_bodies_are_json_4xx(owner_and_partner, tenants, body):
     payload = {"uri": f"noetl://{ta}/lab/ns/dataset/hostile", "locations": [{"uri": "s3://a/h"}]}
     payload.update({k: v for k, v in body.items() if k != "uri"})
     text = json.dumps(payload, allow_nan=True)  # NaN/Infinity as Python's json writes them
-    r = a.post("/v1/resources", content=text.encode("utf-8", "surrogatepass"),
-               headers={"content-type": "application/json"})
+    r = a.post(
+        "/v1/resources",
+        content=text.encode("utf-8", "surrogatepass"),
+        headers={"content-type": "application/json"},
+    )
     _assert_json_4xx(r)
     assert a.get("/v1/resources", params={"q": "hostile"}).json()["resources"] == []
 
@@ -238,8 +285,10 @@ def test_grant_conditions_and_far_future_offsets_never_500(owner_and_partner):
     a, _, uri, tb = owner_and_partner
     for expires in ("9999-12-31T23:59:59-23:59", "0001-01-01T00:00:00+23:59", "99999-01-01T00:00:00Z"):
         _assert_json_4xx(_grant(a, uri, tb, expires), 422)
-    r = a.post("/v1/grants", json={"resource_uri": uri, "subject": f"tenant:{tb}",
-                                   "conditions": {"x": "y" * (70 << 10)}})
+    r = a.post(
+        "/v1/grants",
+        json={"resource_uri": uri, "subject": f"tenant:{tb}", "conditions": {"x": "y" * (70 << 10)}},
+    )
     _assert_json_4xx(r, 422)
     r = a.post("/v1/grants", json={"resource_uri": uri, "subject": "tenant:\u0000"})
     _assert_json_4xx(r, 422)
@@ -253,8 +302,9 @@ def test_request_body_limit_is_413_and_configurable(registry, tenants):
 
     ta, _ = tenants
     _, key = registry.create_api_key(ta, "lab")
-    small = TestClient(create_app(registry, limits=Limits(max_body_bytes=2048)),
-                       headers={"Authorization": f"Bearer {key}"})
+    small = TestClient(
+        create_app(registry, limits=Limits(max_body_bytes=2048)), headers={"Authorization": f"Bearer {key}"}
+    )
     body = {"uri": f"noetl://{ta}/lab/ns/dataset/big", "metadata": {"pad": "x" * 4000}}
     r = small.post("/v1/resources", json=body)
     assert r.status_code == 413 and r.json()["code"] == "payload_too_large"
@@ -262,15 +312,16 @@ def test_request_body_limit_is_413_and_configurable(registry, tenants):
     def chunks():  # no Content-Length: counted while it streams
         data = json.dumps(body).encode()
         for i in range(0, len(data), 500):
-            yield data[i:i + 500]
+            yield data[i : i + 500]
 
     r = small.post("/v1/resources", content=chunks(), headers={"content-type": "application/json"})
     assert r.status_code == 413 and r.json()["code"] == "payload_too_large"
     ok = small.post("/v1/resources", json={"uri": f"noetl://{ta}/lab/ns/dataset/small"})
     assert ok.status_code == 201, ok.text
     default = TestClient(create_app(registry), headers={"Authorization": f"Bearer {key}"})
-    huge = default.post("/v1/resources", content=b"{" + b" " * (2 << 20) + b"}",
-                        headers={"content-type": "application/json"})
+    huge = default.post(
+        "/v1/resources", content=b"{" + b" " * (2 << 20) + b"}", headers={"content-type": "application/json"}
+    )
     assert huge.status_code == 413
 
 
@@ -283,8 +334,10 @@ def test_http_client_raises_payload_too_large(registry, tenants):
 
     ta, _ = tenants
     _, key = registry.create_api_key(ta, "lab")
-    with ServerThread(create_app(registry, limits=Limits(max_body_bytes=2048))) as srv, \
-            HttpRegistryClient(srv.url, key) as c:
+    with (
+        ServerThread(create_app(registry, limits=Limits(max_body_bytes=2048))) as srv,
+        HttpRegistryClient(srv.url, key) as c,
+    ):
         with pytest.raises(PayloadTooLarge) as err:
             c.register(f"noetl://{ta}/lab/ns/dataset/big", metadata={"pad": "x" * 4000})
         assert isinstance(err.value, InvalidRequest) and err.value.status == 413

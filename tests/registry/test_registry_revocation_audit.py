@@ -57,8 +57,10 @@ def test_revoked_grant_fails_on_the_next_request_on_another_instance(two_instanc
     ta, tb = tenants
     _, key_a = reg1.create_api_key(ta, "lab")
     _, key_b = reg2.create_api_key(tb)
-    with httpx.Client(headers={"Authorization": f"Bearer {key_a}"}) as a, \
-            httpx.Client(headers={"Authorization": f"Bearer {key_b}"}) as b:
+    with (
+        httpx.Client(headers={"Authorization": f"Bearer {key_a}"}) as a,
+        httpx.Client(headers={"Authorization": f"Bearer {key_b}"}) as b,
+    ):
         uri = a.post(f"{url1}/v1/resources", json={"uri": f"noetl://{ta}/lab/ns/dataset/rev"}).json()["uri"]
         grant = a.post(f"{url1}/v1/grants", json={"resource_uri": uri, "subject": f"tenant:{tb}"}).json()
         for _ in range(5):
@@ -75,7 +77,9 @@ def test_scripted_attack_leaves_a_complete_audit_trail(registry, tenants):
     a, b = open_registry(registry, a_key), open_registry(registry, b_key)
     start = a.audit(limit=1000).next_after
     raw = a.register(f"noetl://{ta}/lab/raw/dataset/in", locations=[{"uri": "s3://a/in"}])
-    out = a.register(f"noetl://{ta}/lab/gold/dataset/out", inputs=[raw.uri], locations=[{"uri": "s3://a/out"}])
+    out = a.register(
+        f"noetl://{ta}/lab/gold/dataset/out", inputs=[raw.uri], locations=[{"uri": "s3://a/out"}]
+    )
     a_grant_self = a.grant(out.uri, f"tenant:{ta}")
 
     attempts = [
@@ -113,8 +117,12 @@ def test_scripted_attack_leaves_a_complete_audit_trail(registry, tenants):
     denied = {e.action for e in by_b if not e.allowed}
     for action, _ in attempts:
         assert action in denied, (action, denied)
-    assert "register:input" not in denied  # the stolen-input attempt is audited as a 'register' denial on A's raw
-    assert any(e.action == "register" and not e.allowed and e.uri == raw.uri and e.owner_tenant == ta for e in by_b)
+    assert (
+        "register:input" not in denied
+    )  # the stolen-input attempt is audited as a 'register' denial on A's raw
+    assert any(
+        e.action == "register" and not e.allowed and e.uri == raw.uri and e.owner_tenant == ta for e in by_b
+    )
     allowed = [(e.action, e.uri) for e in by_b if e.allowed]
     assert ("resolve:read", out.uri) in allowed and ("list", out.uri) in allowed
     assert ("lineage", out.uri) in allowed
@@ -126,8 +134,10 @@ def test_scripted_attack_leaves_a_complete_audit_trail(registry, tenants):
     own = [(e.action, e.allowed) for e in trail if e.actor_tenant == ta and e.actor_key_id == a_id]
     assert own.count(("grant:create", True)) == 2 and ("grant:revoke", True) in own
     keys = [e for e in trail if e.action.startswith("key:")]
-    assert any(e.action == "key:revoke" and e.allowed and b_id in e.reason and e.owner_tenant == tb
-               for e in b_trail(registry, tb, b_id))
+    assert any(
+        e.action == "key:revoke" and e.allowed and b_id in e.reason and e.owner_tenant == tb
+        for e in b_trail(registry, tb, b_id)
+    )
     assert all(e.actor_key_id == "admin" for e in keys)
     # what B sees of it: its own attempts, never A's own entries
     b2 = open_registry(registry, registry.create_api_key(tb, "x")[1])
@@ -159,7 +169,9 @@ def test_revocation_reaches_a_server_in_another_process(pg_registry_url, tenants
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "registry_service.cli", "serve", "--db", pg_registry_url, "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
     )
     url = f"http://127.0.0.1:{port}"
@@ -174,10 +186,14 @@ def test_revocation_reaches_a_server_in_another_process(pg_registry_url, tenants
             assert proc.poll() is None, proc.stderr.read().decode()
             assert time.monotonic() < deadline, "server did not come up"
             time.sleep(0.1)
-        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as a, \
-                httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key_b}"}) as b:
+        with (
+            httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as a,
+            httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key_b}"}) as b,
+        ):
             uri = a.post("/v1/resources", json={"uri": f"noetl://{ta}/lab/ns/dataset/x"}).json()["uri"]
-            grant_id = a.post("/v1/grants", json={"resource_uri": uri, "subject": f"tenant:{tb}"}).json()["grant_id"]
+            grant_id = a.post("/v1/grants", json={"resource_uri": uri, "subject": f"tenant:{tb}"}).json()[
+                "grant_id"
+            ]
             for _ in range(5):
                 assert a.get("/v1/whoami").status_code == 200
                 assert b.get("/v1/resources/resolve", params={"uri": uri}).status_code == 200
@@ -186,7 +202,9 @@ def test_revocation_reaches_a_server_in_another_process(pg_registry_url, tenants
             t0 = time.perf_counter()
             here.revoke_api_key(key_id)  # the key, revoked by this process
             assert a.get("/v1/whoami").status_code == 401
-            print(f"cross-process key revocation: next request refused, {(time.perf_counter() - t0) * 1000:.1f} ms")
+            print(
+                f"cross-process key revocation: next request refused, {(time.perf_counter() - t0) * 1000:.1f} ms"
+            )
     finally:
         proc.send_signal(signal.SIGINT)
         try:

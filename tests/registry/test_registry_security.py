@@ -16,9 +16,15 @@ def shared(connect, tenants):
     ta, tb = tenants
     a = connect(ta, "lab")
     b = connect(tb, "x")
-    raw = a.register(f"noetl://{ta}/lab/raw/dataset/reads", locations=[{"uri": "s3://a/raw", "checksum": "sha256:" + "1" * 64}])
-    out = a.register(f"noetl://{ta}/lab/genomics/result/variants", inputs=[raw.uri],
-                     locations=[{"uri": "s3://a/variants", "checksum": "sha256:" + "2" * 64}])
+    raw = a.register(
+        f"noetl://{ta}/lab/raw/dataset/reads",
+        locations=[{"uri": "s3://a/raw", "checksum": "sha256:" + "1" * 64}],
+    )
+    out = a.register(
+        f"noetl://{ta}/lab/genomics/result/variants",
+        inputs=[raw.uri],
+        locations=[{"uri": "s3://a/variants", "checksum": "sha256:" + "2" * 64}],
+    )
     return a, b, raw, out
 
 
@@ -130,7 +136,11 @@ def test_denials_are_audited_for_owner_and_actor(shared, tenants):
         b.resolve(out.uri)
     entries = [e for e in a.audit(after=start).entries if e.uri == out.uri]
     assert entries and not entries[-1].allowed
-    assert (entries[-1].actor_tenant, entries[-1].owner_tenant, entries[-1].action) == (tb, ta, "resolve:read")
+    assert (entries[-1].actor_tenant, entries[-1].owner_tenant, entries[-1].action) == (
+        tb,
+        ta,
+        "resolve:read",
+    )
     assert any(e.uri == out.uri and not e.allowed for e in b.audit().entries)
 
 
@@ -140,7 +150,7 @@ def test_denials_are_audited_for_owner_and_actor(shared, tenants):
         "../../other_tenant/lab/ns/dataset/x@v1",
         "ns/dataset/..%2f..%2fetc@v1",
         "ns/dataset/x'; DROP TABLE registry_resource; --@v1",
-        "ns/dataset/x\" OR 1=1 --@v1",
+        'ns/dataset/x" OR 1=1 --@v1',
         "ns/dataset/x@v1; DELETE FROM registry_grant",
     ],
 )
@@ -164,8 +174,11 @@ def test_injection_strings_elsewhere_are_inert(shared, tenants):
         a.register(f"noetl://{ta}/lab/ns/dataset/ok", metadata={}, locations=[{"uri": "file:///x y"}])
     with pytest.raises((NotFound, ValueError)):
         a.get("res_x' OR '1'='1")
-    a.register(f"noetl://{ta}/lab/ns/dataset/meta", metadata={"note": "'); DROP TABLE registry_event; --"},
-               locations=[{"uri": "file:///m"}])
+    a.register(
+        f"noetl://{ta}/lab/ns/dataset/meta",
+        metadata={"note": "'); DROP TABLE registry_event; --"},
+        locations=[{"uri": "file:///m"}],
+    )
     assert a.resolve(f"noetl://{ta}/lab/ns/dataset/meta").metadata["note"].startswith("');")
     assert a.resolve(out.uri).allowed and a.events().events  # tables intact
 

@@ -132,7 +132,9 @@ def _files(root: Path) -> bytes:
     for p in sorted(root.rglob("*")):
         if p.is_file():
             data = p.read_bytes()
-            out.append(zstandard.ZstdDecompressor().decompressobj().decompress(data) if p.suffix == ".zst" else data)
+            out.append(
+                zstandard.ZstdDecompressor().decompressobj().decompress(data) if p.suffix == ".zst" else data
+            )
     return b"\n".join(out)
 
 
@@ -142,7 +144,9 @@ def _run(args: list[str]) -> tuple[int, str, str]:
 
 
 @pytest.mark.parametrize("runner", ["local", "dagster"])
-def test_no_secret_form_in_events_logs_json_output_or_archive(scan_env, tmp_path, caplog, monkeypatch, runner):
+def test_no_secret_form_in_events_logs_json_output_or_archive(
+    scan_env, tmp_path, caplog, monkeypatch, runner
+):
     pb, server = scan_env
     caplog.set_level(logging.DEBUG)
     if runner == "dagster":

@@ -47,7 +47,9 @@ def child(*steps: dict, **extra) -> dict:
             "workflow": [{"step": "start", "next": {"arcs": [{"step": steps[0]["step"]}]}}, *steps], **extra}  # fmt: skip
 
 
-def parent(definition: dict, kinds: list[str], creds: list[str] | None = None, passed: list[str] | None = None) -> dict:
+def parent(
+    definition: dict, kinds: list[str], creds: list[str] | None = None, passed: list[str] | None = None
+) -> dict:
     return {"apiVersion": "noetl.io/v2", "kind": "Playbook", "metadata": {"name": "parent", "path": "tests/parent"},
             "executor": {"spec": {"generated": {"allow_kinds": kinds, "allow_credentials": creds or ["pg_main"]}}},
             "workflow": [{"step": "start", "tool": [{"child": {"kind": "playbook", "definition": definition,
@@ -55,7 +57,12 @@ def parent(definition: dict, kinds: list[str], creds: list[str] | None = None, p
 
 
 def cursor_step(kind: str, claim: str, auth=None, options: dict | None = None) -> dict:
-    cur = {"kind": kind, "claim": claim, **({"auth": auth} if auth is not None else {}), "options": options or {}}
+    cur = {
+        "kind": kind,
+        "claim": claim,
+        **({"auth": auth} if auth is not None else {}),
+        "options": options or {},
+    }
     return {"step": "s", "loop": {"cursor": cur, "iterator": "row", "spec": {"mode": "cursor"}},
             "tool": [{"n": {"kind": "noop"}}]}  # fmt: skip
 
@@ -93,7 +100,11 @@ def _error_of(store, execution_id: str, step: str = "s") -> dict:
     for e in reversed(store.read(execution_id)):
         if e.step == step and e.status == "error":
             d = e.data or {}
-            err = d.get("error") or (d.get("outcome") or {}).get("error") or (d.get("result") or {}).get("error")
+            err = (
+                d.get("error")
+                or (d.get("outcome") or {}).get("error")
+                or (d.get("result") or {}).get("error")
+            )
             if err:
                 return err
     raise AssertionError(f"no error recorded for step {step!r}")
@@ -105,17 +116,24 @@ def _error_of(store, execution_id: str, step: str = "s") -> dict:
 def test_the_probe_shape_is_refused_for_a_cursor_the_grant_does_not_allow(env):
     """The probe: parent allows [http, noop], the child drains a DuckDB cursor reading a file."""
     claim = ONCE + "SELECT 1 AS id, content FROM read_text('/etc/hostname') WHERE (SELECT n FROM seen) = 1"
-    res, store, events, kids = env(parent(child(cursor_step("duckdb", claim, options={"key": "content"})), ["http", "noop"]))
+    res, store, events, kids = env(
+        parent(child(cursor_step("duckdb", claim, options={"key": "content"})), ["http", "noop"])
+    )
     assert res.status == "failed"
     err = res.results["start"]["error"]
-    assert err["kind"] == "generated_playbook_refused" and "cursor kind 'duckdb' is not allowed" in err["message"]
+    assert (
+        err["kind"] == "generated_playbook_refused"
+        and "cursor kind 'duckdb' is not allowed" in err["message"]
+    )
     assert kids == []  # nothing of the child ran
     assert HOSTNAME not in _text(events)
 
 
 def test_a_duckdb_cursor_claim_cannot_read_a_file_even_with_duckdb_allowed(env):
     claim = ONCE + "SELECT 1 AS id, content FROM read_text('/etc/hostname') WHERE (SELECT n FROM seen) = 1"
-    res, store, events, kids = env(parent(child(cursor_step("duckdb", claim, options={"key": "content"})), ["duckdb", "noop"]))
+    res, store, events, kids = env(
+        parent(child(cursor_step("duckdb", claim, options={"key": "content"})), ["duckdb", "noop"])
+    )
     assert res.status == "failed"
     assert len(kids) == 1
     err = _error_of(store, kids[0])
@@ -146,7 +164,12 @@ def test_a_generated_duckdb_keeps_its_own_files_in_its_own_directory(env):
     assert (env.data_dir / "generated" / kids[0] / "mine.duckdb").is_file()
     # an absolute database path outside it is refused before DuckDB opens (or creates) anything
     outside = env.data_dir.parent / "outside.duckdb"
-    step2 = {"step": "s", "tool": [{"d": {"kind": "duckdb", "database": "{{ '" + str(outside) + "' }}", "command": "SELECT 1"}}]}
+    step2 = {
+        "step": "s",
+        "tool": [
+            {"d": {"kind": "duckdb", "database": "{{ '" + str(outside) + "' }}", "command": "SELECT 1"}}
+        ],
+    }
     res2, store2, _, kids2 = env(parent(child(step2), ["duckdb"]))
     err = _error_of(store2, kids2[0])
     assert err["kind"] == "trust_refused" and "outside this execution's directory" in err["message"]
@@ -159,7 +182,10 @@ def test_a_generated_ducklake_keeps_its_lake_in_its_own_directory(env):
     by DuckDB's own sandbox (the SQL is data to the gate)."""
     lake = {"kind": "ducklake", "catalog_connection": "lake.ducklake", "data_path": "files",
             "data_inlining_row_limit": 0}  # fmt: skip
-    step = {"step": "s", "tool": [{"d": {**lake, "command": "CREATE TABLE t AS SELECT 7 AS a; SELECT a FROM t"}}]}
+    step = {
+        "step": "s",
+        "tool": [{"d": {**lake, "command": "CREATE TABLE t AS SELECT 7 AS a; SELECT a FROM t"}}],
+    }
     res, store, events, kids = env(parent(child(step), ["ducklake"]))
     assert res.status == "completed", res.results
     assert res.results["start"]["rows"] == [{"a": 7}]
@@ -172,7 +198,10 @@ def test_a_generated_ducklake_keeps_its_lake_in_its_own_directory(env):
         res2, store2, _, kids2 = env(parent(child({"step": "s", "tool": [{"d": cfg}]}), ["ducklake"]))
         err = _error_of(store2, kids2[0])
         assert err["kind"] in ("trust_refused", "duckdb_error"), err
-        assert "outside this execution's directory" in err["message"] or "disabled by configuration" in err["message"]
+        assert (
+            "outside this execution's directory" in err["message"]
+            or "disabled by configuration" in err["message"]
+        )
         assert not outside.exists()
 
 
@@ -303,15 +332,41 @@ def test_a_resumed_generated_child_is_checked_at_dispatch(env, tmp_path):
         ("shell", {"command": "true"}, "not allowed"),
         # ducklake: a catalog and data files of its own, Postgres and S3 only through delegated credentials
         ("ducklake", {"catalog_connection": "postgresql://127.0.0.1:5432/lake"}, "Postgres catalog inline"),
-        ("ducklake", {"catalog_connection": "postgres:dbname=lake host=127.0.0.1"}, "Postgres catalog inline"),
-        ("ducklake", {"catalog_connection": "ducklake:/srv/lake.ducklake"}, "outside this execution's directory"),
-        ("ducklake", {"catalog_connection": "l.ducklake", "data_path": "/srv/files"}, "outside this execution's directory"),
-        ("ducklake", {"catalog_connection": "l.ducklake", "data_path": "s3://b/p"}, "never uses the worker's AWS"),
-        ("ducklake", {"catalog_connection": "l.ducklake", "data_path": "s3://b/p", "s3": {"key": "k", "secret": "s"}},
-         "inline S3 settings"),
-        ("ducklake", {"catalog_connection": "l.ducklake", "data_path": "s3://b/p", "s3": {"credential": "other"}},
-         "'other' is not delegated"),
-        ("ducklake", {"catalog_connection": "l.ducklake", "data_path": "gs://b/p"}, "in its own directory, or on S3"),
+        (
+            "ducklake",
+            {"catalog_connection": "postgres:dbname=lake host=127.0.0.1"},
+            "Postgres catalog inline",
+        ),
+        (
+            "ducklake",
+            {"catalog_connection": "ducklake:/srv/lake.ducklake"},
+            "outside this execution's directory",
+        ),
+        (
+            "ducklake",
+            {"catalog_connection": "l.ducklake", "data_path": "/srv/files"},
+            "outside this execution's directory",
+        ),
+        (
+            "ducklake",
+            {"catalog_connection": "l.ducklake", "data_path": "s3://b/p"},
+            "never uses the worker's AWS",
+        ),
+        (
+            "ducklake",
+            {"catalog_connection": "l.ducklake", "data_path": "s3://b/p", "s3": {"key": "k", "secret": "s"}},
+            "inline S3 settings",
+        ),
+        (
+            "ducklake",
+            {"catalog_connection": "l.ducklake", "data_path": "s3://b/p", "s3": {"credential": "other"}},
+            "'other' is not delegated",
+        ),
+        (
+            "ducklake",
+            {"catalog_connection": "l.ducklake", "data_path": "gs://b/p"},
+            "in its own directory, or on S3",
+        ),
         ("ducklake", {"auth": "other", "catalog_name": "lake"}, "'other' is not delegated"),
     ],
 )
@@ -328,7 +383,9 @@ def test_gate_rules(tmp_path, kind, config, expect):
     gate.check("postgres", {"auth": "pg_main", "command": "SELECT '/etc/passwd', 'noetl://acme/y'"}, "t")
     gate.check("duckdb", {"database": str(tmp_path / "scope" / "a.duckdb"), "command": "SELECT 1"}, "t")
     gate.check("secrets", {"name": "pg_main"}, "t")
-    gate.check("ducklake", {"catalog_connection": "lake.ducklake", "data_path": "files", "command": "SELECT 1"}, "t")
+    gate.check(
+        "ducklake", {"catalog_connection": "lake.ducklake", "data_path": "files", "command": "SELECT 1"}, "t"
+    )
     gate.check("ducklake", {"auth": "pg_main", "data_path": "s3://b/p", "s3": {"credential": "pg_main"}}, "t")
 
 
@@ -342,7 +399,10 @@ def test_the_gate_holds_under_the_dagster_runner_too(env, tmp_path):
 
     read = cursor_step("duckdb", ONCE + "SELECT 1 AS id, content FROM read_text('/etc/hostname') WHERE (SELECT n FROM seen) = 1",
                        options={"key": "content"})  # fmt: skip
-    pg = {"step": "q", "tool": [{"q": {"kind": "postgres", "auth": "{{ '" + PG + "' }}", "command": "SELECT 1"}}]}
+    pg = {
+        "step": "q",
+        "tool": [{"q": {"kind": "postgres", "auth": "{{ '" + PG + "' }}", "command": "SELECT 1"}}],
+    }
     doc = child(read, pg)
     doc["workflow"][0]["next"] = {"spec": {"mode": "inclusive"}, "arcs": [{"step": "s"}, {"step": "q"}]}
     instance = dg.DagsterInstance.ephemeral()

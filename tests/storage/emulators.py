@@ -77,7 +77,17 @@ class Emulator:
             return [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", p]
         if self.kind == "gcs":
             exe = Path(sys.executable).with_name("gcp-storage-emulator")
-            return [str(exe), "start", "--host", "127.0.0.1", "--port", p, "--default-bucket", self.bucket, "-q"]
+            return [
+                str(exe),
+                "start",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                p,
+                "--default-bucket",
+                self.bucket,
+                "-q",
+            ]
         if self.kind == "azure":
             return [str(azurite_bin()), "--blobHost", "127.0.0.1", "--blobPort", p, "--location",
                     str(self.workdir / "azurite"), "--silent", "--skipApiVersionCheck", "--disableTelemetry"]  # fmt: skip
@@ -92,7 +102,9 @@ class Emulator:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.kind} emulator exited: {(self.workdir / f'{self.kind}.log').read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"{self.kind} emulator exited: {(self.workdir / f'{self.kind}.log').read_text()[-2000:]}"
+                )
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
                     pass
@@ -149,7 +161,11 @@ class Emulator:
         if self.kind == "s3":
             opts: dict = {"endpoint_url": self.endpoint, "key": "testing", "secret": "testing"}
             if fail_fast:
-                opts["config_kwargs"] = {"retries": {"max_attempts": 1}, "connect_timeout": 2, "read_timeout": 5}
+                opts["config_kwargs"] = {
+                    "retries": {"max_attempts": 1},
+                    "connect_timeout": 2,
+                    "read_timeout": 5,
+                }
             return opts
         if self.kind == "gcs":
             return {"endpoint_url": self.endpoint}

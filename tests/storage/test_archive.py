@@ -29,7 +29,11 @@ BIG = {
     "workflow": [
         {
             "step": "start",
-            "tool": {"kind": "python", "input": {"n": "{{ n }}"}, "code": "result = {'rows': [{'i': i, 'v': 'x' * 20} for i in range(n)]}"},
+            "tool": {
+                "kind": "python",
+                "input": {"n": "{{ n }}"},
+                "code": "result = {'rows': [{'i': i, 'v': 'x' * 20} for i in range(n)]}",
+            },
             "next": {"arcs": [{"step": "loop"}]},
         },
         {
@@ -58,12 +62,16 @@ def test_bundle_layout_and_replay(executed, tmp_path):
     manifest = archive_execution(r.execution_id, store, str(tmp_path / "archive"))
     assert manifest["status"] == "written"
     root = Path(unquote(manifest["uri"].removeprefix("file://")))
-    assert f"execution={r.execution_id}" in str(root) and "tenant=default" in str(root) and "shard=" in str(root)
+    assert (
+        f"execution={r.execution_id}" in str(root) and "tenant=default" in str(root) and "shard=" in str(root)
+    )
     for rel in ("manifest.json", "events/segment-000001.jsonl.zst", "events/segment-000001.sha256",
                 "results/result-manifest.json", "lineage/lineage.json", "metrics/summary.json"):  # fmt: skip
         assert (root / rel).is_file(), rel
     results = json.loads((root / "results/result-manifest.json").read_text())
-    assert any(a["format"] == "json" and a["size"] > 64 * 1024 for a in results["artifacts"]), "the big result is a reference"
+    assert any(a["format"] == "json" and a["size"] > 64 * 1024 for a in results["artifacts"]), (
+        "the big result is a reference"
+    )
     metrics = json.loads((root / "metrics/summary.json").read_text())
     assert metrics["steps_done"] == 3 and metrics["loop_iterations"] == 3
     report = replay_from_archive(manifest["uri"])

@@ -47,7 +47,9 @@ class Backend:
         self.opened: list = []
 
     def open(self):
-        store = SqliteEventStore(self.location) if self.kind == "sqlite" else PostgresEventStore(self.location)
+        store = (
+            SqliteEventStore(self.location) if self.kind == "sqlite" else PostgresEventStore(self.location)
+        )
         self.opened.append(store)
         return store
 
@@ -130,7 +132,12 @@ def test_idempotent_on_event_id(backend):
 def test_data_round_trips_unicode_nesting_and_odd_values(backend):
     store = backend.open()
     x = uuid7()
-    data = {"text": "naïve — 日本 \u0000 nul", "nested": {"l": [1, 2.5, None, True]}, "z_last": 1, "a_first": 2}
+    data = {
+        "text": "naïve — 日本 \u0000 nul",
+        "nested": {"l": [1, 2.5, None, True]},
+        "z_last": 1,
+        "a_first": 2,
+    }
     store.append([ev(x, data=data)])
     back = store.read(x)[0].data
     assert back == data and list(back) == list(data)
@@ -189,7 +196,9 @@ def test_tail_cursor_sees_every_event_once_while_writers_run(backend):
 
     t_reader = threading.Thread(target=tail)
     t_reader.start()
-    writers = [threading.Thread(target=write, args=(s, x)) for s, x in zip((writer_a, writer_b), ids, strict=True)]
+    writers = [
+        threading.Thread(target=write, args=(s, x)) for s, x in zip((writer_a, writer_b), ids, strict=True)
+    ]
     for t in writers:
         t.start()
     for t in writers:
@@ -215,21 +224,54 @@ def test_tail_iter_all_and_tail_last(backend):
 def test_executions_index(backend):
     store = backend.open()
     parent, child = uuid7(), uuid7()
-    store.append([Event("playbook.execution.requested", parent, {"playbook": "tests/p"}, timestamp="2026-01-01T00:00:00+00:00")])
     store.append(
         [
-            Event("playbook.execution.requested", child, {"playbook": "tests/c"}, parent_execution_id=parent, timestamp="2026-01-01T00:00:01+00:00"),
+            Event(
+                "playbook.execution.requested",
+                parent,
+                {"playbook": "tests/p"},
+                timestamp="2026-01-01T00:00:00+00:00",
+            )
+        ]
+    )
+    store.append(
+        [
+            Event(
+                "playbook.execution.requested",
+                child,
+                {"playbook": "tests/c"},
+                parent_execution_id=parent,
+                timestamp="2026-01-01T00:00:01+00:00",
+            ),
             Event("workflow.started", child, {}),
         ]
     )
     infos = {i.execution_id: i for i in store.executions()}
-    assert infos[parent].status == "requested" and infos[parent].playbook == "tests/p" and infos[parent].events == 1
-    assert infos[child].status == "running" and infos[child].parent_execution_id == parent and infos[child].events == 2
-    store.append([Event("workflow.started", parent, {}), Event("workflow.finished", parent, {"status": "failed"}, timestamp="2026-01-01T00:00:09+00:00")])
+    assert (
+        infos[parent].status == "requested"
+        and infos[parent].playbook == "tests/p"
+        and infos[parent].events == 1
+    )
+    assert (
+        infos[child].status == "running"
+        and infos[child].parent_execution_id == parent
+        and infos[child].events == 2
+    )
+    store.append(
+        [
+            Event("workflow.started", parent, {}),
+            Event("workflow.finished", parent, {"status": "failed"}, timestamp="2026-01-01T00:00:09+00:00"),
+        ]
+    )
     infos = store.executions()
     assert [i.execution_id for i in infos] == [child, parent]  # most recent start first
     p = infos[1]
-    assert (p.status, p.finished_at, p.started_at, p.events) == ("failed", "2026-01-01T00:00:09+00:00", "2026-01-01T00:00:00+00:00", 3)
+    assert (p.status, p.finished_at, p.started_at, p.events) == (
+        "failed",
+        "2026-01-01T00:00:09+00:00",
+        "2026-01-01T00:00:00+00:00",
+        3,
+    )
     assert len(store.executions(limit=1)) == 1
 
 
@@ -288,13 +330,19 @@ def test_postgres_migrations_race_safely(pg_store_db):
 
 
 def test_postgres_unreachable_is_a_clear_error():
-    with pytest.raises(EventStoreUnavailable, match=r"cannot reach the Postgres event store at postgresql://u:\*\*\*@127\.0\.0\.1:1/.*Connection refused") as info:
+    with pytest.raises(
+        EventStoreUnavailable,
+        match=r"cannot reach the Postgres event store at postgresql://u:\*\*\*@127\.0\.0\.1:1/.*Connection refused",
+    ) as info:
         PostgresEventStore("postgresql://u:hunter2@127.0.0.1:1/postgres?schema=x")
     assert "hunter2" not in str(info.value)
 
 
 def test_split_schema():
-    assert split_schema("postgresql+psycopg://u@h:5/db?schema=s1&sslmode=disable") == ("postgresql://u@h:5/db?sslmode=disable", "s1")
+    assert split_schema("postgresql+psycopg://u@h:5/db?schema=s1&sslmode=disable") == (
+        "postgresql://u@h:5/db?sslmode=disable",
+        "s1",
+    )
     assert split_schema("postgresql://u@h/db") == ("postgresql://u@h/db", "noetl")
     # libpq reads %20, not '+', as a space: the fsync policy of docs/capacity.md goes through options
     assert split_schema("postgresql://u@h/db?options=-c%20synchronous_commit%3Doff&schema=s")[0] == (
@@ -328,7 +376,11 @@ def test_engine_runs_and_replays_on_the_store(backend, tmp_path):
             "kind": "Playbook",
             "metadata": {"name": "store_probe", "path": "tests/store_probe"},
             "workflow": [
-                {"step": "start", "tool": {"kind": "python", "code": "result = {'n': 1}"}, "next": {"arcs": [{"step": "loop"}]}},
+                {
+                    "step": "start",
+                    "tool": {"kind": "python", "code": "result = {'n': 1}"},
+                    "next": {"arcs": [{"step": "loop"}]},
+                },
                 {
                     "step": "loop",
                     "loop": {"in": "{{ [1, 2, 3] }}", "iterator": "x", "spec": {"mode": "parallel"}},
@@ -360,7 +412,17 @@ def test_stored_bodies_are_compact_and_read_back_whole(backend):
     assert [g.to_dict() for g in got] == [plain.to_dict(), odd.to_dict()]
     assert [g.sequence for g in got] == [1, 2]
     stored = plain.to_stored()
-    assert set(stored) == {"event_id", "sequence", "execution_id", "timestamp", "name", "step", "loop_id", "iteration", "status"}
+    assert set(stored) == {
+        "event_id",
+        "sequence",
+        "execution_id",
+        "timestamp",
+        "name",
+        "step",
+        "loop_id",
+        "iteration",
+        "status",
+    }
     assert len(dumps(stored)) < 0.7 * len(dumps(plain.to_dict()))
 
 

@@ -25,11 +25,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _table(rows: int) -> pa.Table:
     rng = np.random.default_rng(3)
-    return pa.table({
-        "id": np.arange(rows, dtype=np.int64),
-        "x": rng.random(rows),
-        "s": pa.array([f"v{i % 977}" for i in range(rows)]),
-    })
+    return pa.table(
+        {
+            "id": np.arange(rows, dtype=np.int64),
+            "x": rng.random(rows),
+            "s": pa.array([f"v{i % 977}" for i in range(rows)]),
+        }
+    )
 
 
 def _file_sha(uri: str) -> str:
@@ -137,9 +139,14 @@ PROBE = textwrap.dedent("""
 
 
 def _extra(tmp_path: Path, fmt: str, mode: str, rows: int) -> dict:
-    proc = subprocess.run([sys.executable, "-c", PROBE, fmt, mode, str(rows), str(tmp_path / mode)],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, fmt, mode, str(rows), str(tmp_path / mode)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -275,7 +282,7 @@ def test_a_blake3_checksum_is_the_blake3_of_the_stored_bytes_and_reads_verify_it
     w = write(table, store, f"t/b3.{fmt}", checksum="blake3")
     assert w.checksum.startswith("blake3:") and w.checksum == _file_blake3(w.uri)
     assert read_file_table(store.read_verified(w.uri, w.checksum), fmt).equals(table)
-    path = Path(w.uri[len("file://"):])
+    path = Path(w.uri[len("file://") :])
     data = bytearray(path.read_bytes())
     data[len(data) // 3] ^= 0x01
     path.write_bytes(bytes(data))
@@ -289,7 +296,9 @@ def test_a_checksum_of_an_unknown_algorithm_fails_closed(tmp_path):
     with pytest.raises(payload.ChecksumMismatch, match="unsupported checksum"):
         store.read_verified(uri, "md5:900150983cd24fb0d6963f7d28e17f72")
     with pytest.raises(payload.ChecksumMismatch, match="unsupported checksum"):
-        store.read_verified(uri, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")  # no prefix
+        store.read_verified(
+            uri, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        )  # no prefix
     with pytest.raises(ValueError, match="unknown checksum algorithm"):
         store.writer("k2.bin", "md5")
 

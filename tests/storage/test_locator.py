@@ -22,12 +22,26 @@ from noetl_dagster.dsl.locator import (
 )
 
 PAIRS = [
-    ("noetl://stanford/lab-a/genomics/dataset/sample_reads@v3", "urn:noetl:stanford:lab-a:genomics:dataset:sample_reads:v3"),
-    ("noetl://ucb/quantum/experiments/result/run_2026_05_29@final", "urn:noetl:ucb:quantum:experiments:result:run_2026_05_29:final"),
-    ("noetl://acme/risk/models/model/fraud_detector@2026-05-29", "urn:noetl:acme:risk:models:model:fraud_detector:2026-05-29"),
-    ("noetl://default/demo/executions/archive/exec_01HYABC@completed", "urn:noetl:default:demo:executions:archive:exec_01HYABC:completed"),
-    ("noetl://t_acme/p_1/datasets/dataset/market-risk/snapshots/2026-05-29@v3",
-     "urn:noetl:t_acme:p_1:datasets:dataset:market-risk/snapshots/2026-05-29:v3"),
+    (
+        "noetl://stanford/lab-a/genomics/dataset/sample_reads@v3",
+        "urn:noetl:stanford:lab-a:genomics:dataset:sample_reads:v3",
+    ),
+    (
+        "noetl://ucb/quantum/experiments/result/run_2026_05_29@final",
+        "urn:noetl:ucb:quantum:experiments:result:run_2026_05_29:final",
+    ),
+    (
+        "noetl://acme/risk/models/model/fraud_detector@2026-05-29",
+        "urn:noetl:acme:risk:models:model:fraud_detector:2026-05-29",
+    ),
+    (
+        "noetl://default/demo/executions/archive/exec_01HYABC@completed",
+        "urn:noetl:default:demo:executions:archive:exec_01HYABC:completed",
+    ),
+    (
+        "noetl://t_acme/p_1/datasets/dataset/market-risk/snapshots/2026-05-29@v3",
+        "urn:noetl:t_acme:p_1:datasets:dataset:market-risk/snapshots/2026-05-29:v3",
+    ),
 ]
 
 
@@ -43,7 +57,13 @@ def test_both_spellings_name_the_same_record(uri, urn):
 def test_fields_and_formatting():
     loc = parse_locator("noetl://stanford/lab-a/genomics/dataset/sample_reads@v3")
     assert (loc.tenant, loc.project, loc.namespace, loc.type, loc.name, loc.version) == (
-        "stanford", "lab-a", "genomics", "dataset", "sample_reads", "v3")
+        "stanford",
+        "lab-a",
+        "genomics",
+        "dataset",
+        "sample_reads",
+        "v3",
+    )
     assert format_uri("stanford", "lab-a", "genomics", "dataset", "sample_reads", "v3") == loc.uri
     assert format_urn("stanford", "lab-a", "genomics", "dataset", "sample_reads", "v3") == loc.urn
     assert loc.series == "noetl://stanford/lab-a/genomics/dataset/sample_reads"
@@ -105,7 +125,13 @@ def test_non_string_is_refused():
 def test_asset_key_drops_version_and_type():
     assert asset_key_for_uri("noetl://acme/lab/sales/dataset/orders@v7") == ["acme", "lab", "sales", "orders"]
     assert asset_key_for_uri("noetl://acme/lab/sales/dataset/orders") == ["acme", "lab", "sales", "orders"]
-    assert asset_key_for_uri("urn:noetl:acme:lab:sales:dataset:daily/2026:v1") == ["acme", "lab", "sales", "daily", "2026"]
+    assert asset_key_for_uri("urn:noetl:acme:lab:sales:dataset:daily/2026:v1") == [
+        "acme",
+        "lab",
+        "sales",
+        "daily",
+        "2026",
+    ]
 
 
 def test_shard_key_is_stable_and_spreads():
@@ -124,12 +150,19 @@ def test_shard_key_is_stable_and_spreads():
 def test_object_prefix_layout():
     layout = ObjectLayout(env="prod", region="usw2", cell="usw2-a")
     shard = shard_key("t_acme_lab", "p_genomics_01")
-    assert layout.prefix("t_acme_lab", "p_genomics_01", date=date(2026, 5, 29), execution_id="exec_20260529_000001") == (
+    assert layout.prefix(
+        "t_acme_lab", "p_genomics_01", date=date(2026, 5, 29), execution_id="exec_20260529_000001"
+    ) == (
         f"noetl/env=prod/region=usw2/cell=usw2-a/shard={shard}/tenant=t_acme_lab/project=p_genomics_01/"
         "date=2026-05-29/execution=exec_20260529_000001/"
     )
-    assert object_prefix("acme", "lab") == "noetl/env=dev/region=local/cell=local-a/shard=s0108/tenant=acme/project=lab/"
-    assert layout.key("acme", "lab", "results/a.parquet").endswith("/tenant=acme/project=lab/results/a.parquet")
+    assert (
+        object_prefix("acme", "lab")
+        == "noetl/env=dev/region=local/cell=local-a/shard=s0108/tenant=acme/project=lab/"
+    )
+    assert layout.key("acme", "lab", "results/a.parquet").endswith(
+        "/tenant=acme/project=lab/results/a.parquet"
+    )
     for bad in ("../x", "a/../../b", "/abs", "a//b"):
         with pytest.raises(InvalidLocator):
             layout.key("acme", "lab", bad)

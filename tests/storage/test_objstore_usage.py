@@ -55,7 +55,7 @@ class Relay:
                     if direction == "down":
                         seen = self._tail + data
                         self.interim += seen.count(_CONTINUE) * len(_CONTINUE)
-                        self._tail = seen[-(len(_CONTINUE) - 1):] if not seen.endswith(_CONTINUE) else b""
+                        self._tail = seen[-(len(_CONTINUE) - 1) :] if not seen.endswith(_CONTINUE) else b""
                 dst.sendall(data)
         except OSError:
             pass
@@ -137,8 +137,16 @@ class _StaticResolver(AbstractResolver):
         self.port = port
 
     async def resolve(self, host, port=0, family=socket.AF_INET):
-        return [{"hostname": host, "host": "127.0.0.1", "port": port, "family": socket.AF_INET, "proto": 0,
-                 "flags": socket.AI_NUMERICHOST}]
+        return [
+            {
+                "hostname": host,
+                "host": "127.0.0.1",
+                "port": port,
+                "family": socket.AF_INET,
+                "proto": 0,
+                "flags": socket.AI_NUMERICHOST,
+            }
+        ]
 
     async def close(self):
         pass
@@ -146,8 +154,11 @@ class _StaticResolver(AbstractResolver):
 
 def test_an_endpoint_outside_the_cluster_is_egress(relay):
     r, bucket = relay
-    store = _store(bucket, f"http://s3.us-east-1.amazonaws.com:{r.port}",
-                   config_kwargs={"connector_args": {"resolver": _StaticResolver(r.port)}})
+    store = _store(
+        bucket,
+        f"http://s3.us-east-1.amazonaws.com:{r.port}",
+        config_kwargs={"connector_args": {"resolver": _StaticResolver(r.port)}},
+    )
     r.reset()
     meter = Meter()
     store.put_bytes("egress.bin", b"e" * 50_000)
@@ -163,7 +174,8 @@ def test_a_task_that_offloads_its_result_to_s3_has_the_network_bytes_in_its_usag
     r, bucket = relay
     store = _store(bucket, f"http://127.0.0.1:{r.port}")
     pb = tmp_path / "s3usage.yaml"
-    pb.write_text(textwrap.dedent("""\
+    pb.write_text(
+        textwrap.dedent("""\
         apiVersion: noetl.io/v2
         kind: Playbook
         metadata: {name: s3usage, path: tests/s3usage}
@@ -174,7 +186,9 @@ def test_a_task_that_offloads_its_result_to_s3_has_the_network_bytes_in_its_usag
                   kind: python
                   code: |
                     result = ["row %d %s" % (i, "y" * 40) for i in range(5000)]
-        """), encoding="utf-8")
+        """),
+        encoding="utf-8",
+    )
     db = f"sqlite:///{tmp_path / 'events.db'}"
     svc = build_services(event_store=db, data_dir=tmp_path / "data", payload_store=store)
     r.reset()
@@ -200,7 +214,8 @@ def test_parallel_iterations_each_carry_their_own_upload(tmp_path, relay):
     r, bucket = relay
     store = _store(bucket, f"http://127.0.0.1:{r.port}")
     pb = tmp_path / "par.yaml"
-    pb.write_text(textwrap.dedent("""\
+    pb.write_text(
+        textwrap.dedent("""\
         apiVersion: noetl.io/v2
         kind: Playbook
         metadata: {name: s3par, path: tests/s3par}
@@ -218,15 +233,22 @@ def test_parallel_iterations_each_carry_their_own_upload(tmp_path, relay):
                     import time
                     time.sleep(0.2)
                     result = "z" * (k * 1000)
-        """), encoding="utf-8")
-    svc = build_services(event_store=f"sqlite:///{tmp_path / 'events.db'}", data_dir=tmp_path / "data", payload_store=store)
+        """),
+        encoding="utf-8",
+    )
+    svc = build_services(
+        event_store=f"sqlite:///{tmp_path / 'events.db'}", data_dir=tmp_path / "data", payload_store=store
+    )
     r.reset()
     res = run_playbook(pb, services=svc)
     assert res.status == "completed", res
     with open_event_store(res.event_store_url) as es:
         events = es.read(res.execution_id)
-    done = sorted((e.data["outcome"]["result"]["$ref"]["size"], e.data["outcome"]["meta"]["usage"])
-                  for e in events if e.name == "task.done")
+    done = sorted(
+        (e.data["outcome"]["result"]["$ref"]["size"], e.data["outcome"]["meta"]["usage"])
+        for e in events
+        if e.name == "task.done"
+    )
     assert [size // 1000 for size, _ in done] == [100, 200, 300]
     for size, usage in done:
         assert size < usage["net_out_bytes"] < size + 4_000, (size, usage)

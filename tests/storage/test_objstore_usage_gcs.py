@@ -30,7 +30,8 @@ def gcs_emulator():
 def test_gcs_tasks_count_the_bytes_on_the_wire(tmp_path, gcs_emulator):
     relay = Relay(gcs_emulator)
     pb = tmp_path / "gcs.yaml"
-    pb.write_text(textwrap.dedent(f"""\
+    pb.write_text(
+        textwrap.dedent(f"""\
         apiVersion: noetl.io/v2
         kind: Playbook
         metadata: {{name: gcs_usage, path: tests/gcs_usage}}
@@ -42,7 +43,7 @@ def test_gcs_tasks_count_the_bytes_on_the_wire(tmp_path, gcs_emulator):
                   operation: write
                   endpoint: http://127.0.0.1:{relay.port}
                   destination: gs://noetl-gcs/usage/blob.txt
-                  data: "{'g' * 60_000}"
+                  data: "{"g" * 60_000}"
               - get:
                   kind: gcs
                   operation: read
@@ -61,7 +62,9 @@ def test_gcs_tasks_count_the_bytes_on_the_wire(tmp_path, gcs_emulator):
                   source: copy.txt
                   destination: gs://noetl-gcs/usage/copy.txt
                   content_type: text/plain
-        """), encoding="utf-8")
+        """),
+        encoding="utf-8",
+    )
     try:
         res = run_playbook(pb, data_dir=tmp_path / "data", event_store=f"sqlite:///{tmp_path / 'events.db'}")
         assert res.status == "completed", res
@@ -69,9 +72,13 @@ def test_gcs_tasks_count_the_bytes_on_the_wire(tmp_path, gcs_emulator):
             events = store.read(res.execution_id)
         usage = {e.data["task"]: e.data["outcome"]["meta"]["usage"] for e in events if e.name == "task.done"}
         for name in ("put", "up"):  # write and upload: the object goes out
-            assert 60_000 < usage[name]["net_out_bytes"] < 64_000 and usage[name]["net_in_bytes"] < 4_000, usage
+            assert 60_000 < usage[name]["net_out_bytes"] < 64_000 and usage[name]["net_in_bytes"] < 4_000, (
+                usage
+            )
         for name in ("get", "down"):  # read and download: it comes in
-            assert 60_000 < usage[name]["net_in_bytes"] < 64_000 and usage[name]["net_out_bytes"] < 4_000, usage
+            assert 60_000 < usage[name]["net_in_bytes"] < 64_000 and usage[name]["net_out_bytes"] < 4_000, (
+                usage
+            )
         sent = sum(u["net_out_bytes"] for u in usage.values())
         received = sum(u["net_in_bytes"] for u in usage.values())
         # exact but for one exchange: download asks gcsfs for the object's info, which races a GET of
@@ -89,7 +96,8 @@ def test_gcs_tasks_count_the_bytes_on_the_wire(tmp_path, gcs_emulator):
 def test_write_and_read_match_the_wire_exactly(tmp_path, gcs_emulator):
     relay = Relay(gcs_emulator)
     pb = tmp_path / "gcs2.yaml"
-    pb.write_text(textwrap.dedent(f"""\
+    pb.write_text(
+        textwrap.dedent(f"""\
         apiVersion: noetl.io/v2
         kind: Playbook
         metadata: {{name: gcs_exact, path: tests/gcs_exact}}
@@ -101,13 +109,15 @@ def test_write_and_read_match_the_wire_exactly(tmp_path, gcs_emulator):
                   operation: write
                   endpoint: http://127.0.0.1:{relay.port}
                   destination: gs://noetl-gcs/exact/blob.json
-                  data: {{rows: "{'r' * 30_000}"}}
+                  data: {{rows: "{"r" * 30_000}"}}
               - get:
                   kind: gcs
                   operation: read
                   endpoint: http://127.0.0.1:{relay.port}
                   source: gs://noetl-gcs/exact/blob.json
-        """), encoding="utf-8")
+        """),
+        encoding="utf-8",
+    )
     try:
         res = run_playbook(pb, data_dir=tmp_path / "data", event_store=f"sqlite:///{tmp_path / 'events.db'}")
         assert res.status == "completed", res

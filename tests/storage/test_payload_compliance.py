@@ -32,7 +32,6 @@ ADAPTERS = ["file", "s3", "gcs", "azure"]
 CLOUDS = ["s3", "gcs", "azure"]
 
 
-
 def _open(kind: str, emu: Emulator | None, tmp_path, prefix: str, **extra):
     if kind == "file":
         return open_payload_store(f"file://{tmp_path / 'payloads'}", **extra)
@@ -258,7 +257,9 @@ def test_killing_the_emulator_mid_write_leaves_no_partial_object(kind, tmp_path)
 
 
 @pytest.mark.parametrize("kind", ADAPTERS)
-def test_a_corrupted_object_is_a_checksum_error_through_every_read_path(kind, emulators, tmp_path, monkeypatch):
+def test_a_corrupted_object_is_a_checksum_error_through_every_read_path(
+    kind, emulators, tmp_path, monkeypatch
+):
     emu = None if kind == "file" else emulators(kind)
     store = _open(kind, emu, tmp_path, f"c-{uuid.uuid4().hex[:8]}")
     value = {"k": "v" * 100_000}
@@ -349,7 +350,9 @@ def test_tables_publish_and_fetch_on_every_cloud(kind, emulators, tmp_path):
 
     emu = emulators(kind)
     client = open_registry(Registry(f"sqlite:///{tmp_path / 'registry.db'}"), tenant="acme", project="lab")
-    writer = TableStorage(client, _open(kind, emu, tmp_path, f"tables-{uuid.uuid4().hex[:8]}"), data_dir=tmp_path)
+    writer = TableStorage(
+        client, _open(kind, emu, tmp_path, f"tables-{uuid.uuid4().hex[:8]}"), data_dir=tmp_path
+    )
     table = pa.table({"id": list(range(1000)), "v": [f"r{i}" for i in range(1000)]})
     for fmt in ("parquet", "arrow"):
         pub = writer.publish(table, f"noetl://acme/lab/sales/dataset/orders_{fmt}", format=fmt)
@@ -374,5 +377,7 @@ def test_without_the_cloud_extras_the_error_names_the_extra(tmp_path):
     out = subprocess.run([sys.executable, str(script), "code", snippet], capture_output=True, text=True,
                          timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(script.parents[2])})  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines() == ["gs:// payload stores need gcsfs: pip install 'noetl-dagster[gcs]'",
-                                       "azure:// payload stores need adlfs: pip install 'noetl-dagster[azure]'"]
+    assert out.stdout.splitlines() == [
+        "gs:// payload stores need gcsfs: pip install 'noetl-dagster[gcs]'",
+        "azure:// payload stores need adlfs: pip install 'noetl-dagster[azure]'",
+    ]

@@ -32,7 +32,6 @@ BIG = {
 }  # fmt: skip
 
 
-
 def _replay(*args: str) -> dict:
     res = CliRunner().invoke(cli, ["replay", *args, "--json"])
     assert res.exit_code == 0, res.output
@@ -55,10 +54,16 @@ def test_a_run_on_a_cloud_store_replays_with_summaries_and_bodies(kind, emulator
     assert ref["locality"] == "in-cluster"
     assert ref["store"] == open_payload_store(url).name and ref["uri"].startswith(url.split("?")[0])
     (summary,) = out["references"]
-    assert summary["status"] == "ok" and summary["checksum"] == ref["checksum"] and summary["size"] == ref["size"]
+    assert (
+        summary["status"] == "ok"
+        and summary["checksum"] == ref["checksum"]
+        and summary["size"] == ref["size"]
+    )
     assert summary["json_shape"]["fields"]["rows"] == {"type": "array", "length": 3000,
                                                        "items": {"type": "object", "keys": 2}}  # fmt: skip
-    assert _replay(r.execution_id, "--data-dir", str(data))["references"] == out["references"]  # deterministic
+    assert (
+        _replay(r.execution_id, "--data-dir", str(data))["references"] == out["references"]
+    )  # deterministic
     full = _replay(r.execution_id, "--data-dir", str(data), "--bodies")
     assert full["results"]["start"] == {"rows": [{"i": i, "v": "x" * 20} for i in range(3000)]}
     bounded = _replay(r.execution_id, "--data-dir", str(data), "--bodies", "--max-body-bytes", "1000")
@@ -88,11 +93,11 @@ def test_an_archive_written_to_gcs_replays_from_azure_after_a_copy(emulators, tm
     src_root, dst_root = src.uri_for("x")[:-1], dst.uri_for("x")[:-1]
     copied = 0
     for uri in src.list():
-        key = uri[len(src_root):]
+        key = uri[len(src_root) :]
         dst.put_bytes(key, src.get_bytes(uri))
         copied += 1
     assert copied == 6  # manifest, segment + sidecar, result manifest, lineage, metrics
-    bundle = dst_root + manifest["uri"][len(src_root):]
+    bundle = dst_root + manifest["uri"][len(src_root) :]
     assert bundle.startswith("azure://")
     report = _replay("--from-archive", bundle)
     assert report["match"] is True and report["status"] == "completed" and report["runs"] == r.runs
@@ -100,6 +105,6 @@ def test_an_archive_written_to_gcs_replays_from_azure_after_a_copy(emulators, tm
     assert summary["status"] == "ok" and summary["uri"].startswith("file://")
     # and the copy is verified: a changed segment fails the replay with a checksum error
     seg = next(u for u in dst.list() if u.endswith(".jsonl.zst"))
-    dst.put_bytes(seg[len(dst_root):], b"not zstd")
+    dst.put_bytes(seg[len(dst_root) :], b"not zstd")
     res = CliRunner().invoke(cli, ["replay", "--from-archive", bundle])
     assert res.exit_code != 0 and "checksum" in res.output.lower(), res.output

@@ -39,9 +39,14 @@ def _tamper(store, uri: str, data: bytes) -> None:
         path = store._uri_path(uri)
         path.write_bytes(data)
     else:
-        bucket, _, key = uri[len("s3://"):].partition("/")
-        boto3.client("s3", endpoint_url=store.endpoint_url, aws_access_key_id="testing",
-                     aws_secret_access_key="testing", region_name="us-east-1").put_object(Bucket=bucket, Key=key, Body=data)
+        bucket, _, key = uri[len("s3://") :].partition("/")
+        boto3.client(
+            "s3",
+            endpoint_url=store.endpoint_url,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        ).put_object(Bucket=bucket, Key=key, Body=data)
 
 
 def test_put_get_head_list_delete(store):
@@ -139,8 +144,13 @@ def test_open_payload_store_by_url(tmp_path, s3_bucket, monkeypatch):
 
 
 def test_s3_store_can_create_its_bucket(moto_endpoint):
-    store = S3PayloadStore("noetl-created-bucket", endpoint_url=moto_endpoint, key="testing", secret="testing",
-                           create_bucket=True)
+    store = S3PayloadStore(
+        "noetl-created-bucket",
+        endpoint_url=moto_endpoint,
+        key="testing",
+        secret="testing",
+        create_bucket=True,
+    )
     assert store.get_bytes(store.put_bytes("a/b", b"1")) == b"1"
 
 

@@ -16,7 +16,18 @@ from noetl_dagster.engine.events import Event
 from noetl_dagster.storage.postgres_events import SEP, PostgresEventStore, _Batch
 
 PG_ADMIN_URL = os.environ.get("NOETL_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-ODD = ['q"uote', "back\\slash", "{brace},comma", "NULL", "", "ünï €", "line\nbreak", "\u2028", '\\"{}', "rs\x1ehere"]
+ODD = [
+    'q"uote',
+    "back\\slash",
+    "{brace},comma",
+    "NULL",
+    "",
+    "ünï €",
+    "line\nbreak",
+    "\u2028",
+    '\\"{}',
+    "rs\x1ehere",
+]
 
 
 @pytest.fixture
@@ -42,7 +53,9 @@ def test_odd_values_round_trip(store):
     execs = [f"exec {c}" for c in ODD if c and SEP not in c]  # quotes, backslashes, braces, unicode in ids
     for eid in execs:
         store.append([Event("step.started", eid, {"odd": ODD}), Event("step.done", eid, {"k": "\x1e" + eid})])
-    store.append([Event("step.started", eid, {"n": i}) for i, eid in enumerate(execs)])  # many executions, one flush
+    store.append(
+        [Event("step.started", eid, {"n": i}) for i, eid in enumerate(execs)]
+    )  # many executions, one flush
     for i, eid in enumerate(execs):
         got = store.read(eid)
         assert [e.sequence for e in got] == [1, 2, 3]

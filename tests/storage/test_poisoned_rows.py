@@ -97,7 +97,9 @@ def test_surrogate_workload_and_corrupt_rows_do_not_poison_the_store(tmp_path, s
         "r = run_playbook(sys.argv[1], {'x': '\\udcff'}, event_store=sys.argv[2], data_dir=sys.argv[3]);"
         "print(r.execution_id, r.status)"
     )
-    p = subprocess.run([sys.executable, "-c", code, str(pb), store_url, str(tmp_path)], capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-c", code, str(pb), store_url, str(tmp_path)], capture_output=True, text=True
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     bad_id, bad_status = p.stdout.split()
     good = run_playbook(pb, {"x": "fine"}, event_store=store_url, data_dir=tmp_path)
@@ -105,6 +107,7 @@ def test_surrogate_workload_and_corrupt_rows_do_not_poison_the_store(tmp_path, s
 
     class bad:  # noqa: N801
         execution_id = bad_id
+
     _insert_corrupt(store_url, tmp_path, bad.execution_id)
 
     store = open_event_store(store_url, data_dir=tmp_path)
@@ -126,7 +129,17 @@ def test_surrogate_workload_and_corrupt_rows_do_not_poison_the_store(tmp_path, s
         r = _cli(*cmd, *common, tmp_path=tmp_path)
         assert r.returncode == 0, (cmd, r.stdout[-500:], r.stderr[-2000:])
     out = tmp_path / "lineage.jsonl"
-    r = _cli("lineage", "export", "--events", store_url, "--data-dir", str(tmp_path), "--out", str(out), tmp_path=tmp_path)
+    r = _cli(
+        "lineage",
+        "export",
+        "--events",
+        store_url,
+        "--data-dir",
+        str(tmp_path),
+        "--out",
+        str(out),
+        tmp_path=tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     runs = {json.loads(line)["run"]["runId"] for line in out.read_text().splitlines()}
     assert len(runs) >= 2

@@ -83,7 +83,11 @@ def _run_queued(store: PostgresEventStore, work: list) -> list:
     for t in ts:
         t.start()
     try:  # one leader's statement waiting on the lock in the server, every other caller queued behind it
-        _wait(lambda: held.waiters() == 1 and store._group is not None and len(store._group._queue) == len(work) - 1)
+        _wait(
+            lambda: (
+                held.waiters() == 1 and store._group is not None and len(store._group._queue) == len(work) - 1
+            )
+        )
     finally:
         held.release()
     for t in ts:
@@ -94,7 +98,8 @@ def _run_queued(store: PostgresEventStore, work: list) -> list:
 def _xmins(store: PostgresEventStore, execs: list[str]) -> dict[str, set[int]]:
     with psycopg.connect(split_schema(store.url)[0], autocommit=True) as conn:
         rows = conn.execute(
-            f"SELECT execution_id, xmin::text FROM {store.schema}.noetl_event WHERE execution_id = ANY(%s)", (execs,)
+            f"SELECT execution_id, xmin::text FROM {store.schema}.noetl_event WHERE execution_id = ANY(%s)",
+            (execs,),
         ).fetchall()
     out: dict[str, set[int]] = {}
     for x, xmin in rows:
@@ -112,7 +117,10 @@ def test_concurrent_flushes_share_one_commit_and_return_committed(url):
 
         def flush(x: str, i: int):
             def go():
-                events = [_ev(x, data={"i": i, "odd": ODD}), _ev(x, "step.finished", data={"k": ODD[i % len(ODD)]})]
+                events = [
+                    _ev(x, data={"i": i, "odd": ODD}),
+                    _ev(x, "step.finished", data={"k": ODD[i % len(ODD)]}),
+                ]
                 store.append(events)
                 with lock:  # committed before append returned: another session sees it at once
                     seen = check.execute(
@@ -134,7 +142,9 @@ def test_concurrent_flushes_share_one_commit_and_return_committed(url):
         assert all(seqs[1] == seqs[0] + 1 for seqs, _ in results[10:])
         got = store.read(shared)
         assert [e.sequence for e in got] == list(range(1, 9))
-        assert [e.data["odd"] for e in store.read(execs[3]) if "odd" in e.data] == [ODD]  # array literals round-trip
+        assert [e.data["odd"] for e in store.read(execs[3]) if "odd" in e.data] == [
+            ODD
+        ]  # array literals round-trip
         assert store.read(execs[4])[1].data == {"k": ODD[4]}
         # 14 callers, 2 statements: the leader's (blocked on the lock) and one for the 13 queued meanwhile
         xmins = _xmins(store, [*execs, shared])
@@ -155,7 +165,9 @@ def test_a_resent_flush_in_a_round_keeps_its_sequences_and_the_others_commit(url
         again = [Event.from_dict({**e.to_dict(), "sequence": None}) for e in first[:2]]
         fresh = _ev(x, data={"i": 3})
         others = [[_ev(y, data={"j": j})] for j in range(5)]
-        work = [lambda: store.append([again[1], fresh, again[0]])] + [lambda b=b: store.append(b) for b in others]
+        work = [lambda: store.append([again[1], fresh, again[0]])] + [
+            lambda b=b: store.append(b) for b in others
+        ]
         results = _run_queued(store, work)
         assert all(not isinstance(r, Exception) for r in results), results
         assert [again[1].sequence, fresh.sequence, again[0].sequence] == [2, 4, 1]
@@ -273,11 +285,17 @@ def test_kill_9_loses_nothing_an_append_returned_for(url, tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     reader.join(5)
-    ids = [i for line in lines if line.endswith("\n") for i in line.split()]  # a torn last line is not a claim
+    ids = [
+        i for line in lines if line.endswith("\n") for i in line.split()
+    ]  # a torn last line is not a claim
     assert len(ids) >= 180
     conninfo, schema = split_schema(url)
     with psycopg.connect(conninfo, autocommit=True) as conn:
-        found = conn.execute(f"SELECT count(*) FROM {schema}.noetl_event WHERE event_id = ANY(%s)", (ids,)).fetchone()[0]
-        rounds = conn.execute(f"SELECT count(DISTINCT xmin::text), count(*) FROM {schema}.noetl_event").fetchone()
+        found = conn.execute(
+            f"SELECT count(*) FROM {schema}.noetl_event WHERE event_id = ANY(%s)", (ids,)
+        ).fetchone()[0]
+        rounds = conn.execute(
+            f"SELECT count(DISTINCT xmin::text), count(*) FROM {schema}.noetl_event"
+        ).fetchone()
     assert found == len(ids)
     assert rounds[0] < rounds[1] // 3  # flushes of 3 events were grouped: fewer commits than flushes

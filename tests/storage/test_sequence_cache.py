@@ -45,7 +45,9 @@ def test_another_connections_commit_invalidates_the_cache(tmp_path):
                 n = 6 if (rnd + i) % 3 == 0 else 2  # 6 events: one segment row
                 store.append([_ev(x, i + k) for k in range(n)])
                 i += n
-        assert len(lookups) == 6  # a asks again exactly when b committed since its last append (b a | a b | ...)
+        assert (
+            len(lookups) == 6
+        )  # a asks again exactly when b committed since its last append (b a | a b | ...)
         assert [e.sequence for e in a.read(x)] == list(range(1, i + 1))
         assert [e.data["i"] for e in b.read(x)] == list(range(i))
         # rows and segments of both connections share one gap-free global cursor, in commit order
@@ -127,7 +129,14 @@ def test_a_file_from_before_keeps_autoincrement_and_one_ordered_cursor(tmp_path)
         raw = sqlite3.connect(path, isolation_level=None)
         raw.execute(
             "INSERT INTO noetl_event (event_id, execution_id, sequence, name, ts, body) VALUES (?,?,?,?,?,?)",
-            (uuid7(), x, i + 1, "task.done", "t", '{"event_id":"o","execution_id":"x","timestamp":"t","name":"task.done"}'),
+            (
+                uuid7(),
+                x,
+                i + 1,
+                "task.done",
+                "t",
+                '{"event_id":"o","execution_id":"x","timestamp":"t","name":"task.done"}',
+            ),
         )
         raw.close()
         assert a.tail(0, 100)[-1].gid == i + 1

@@ -95,10 +95,14 @@ def test_one_playbook_writes_another_reads_back_identical(tmp_path, playbooks, d
     assert "rows" not in ice_ref or isinstance(ice_ref["rows"], int)  # a reference, never the body
 
     expected = table_checksum(to_arrow(ROWS))
-    for kind, uri in (("arrow", "noetl://acme/lab/sales/dataset/orders_raw"),
-                      ("parquet", "noetl://acme/lab/sales/dataset/orders_pq@v1"),
-                      ("iceberg", "urn:noetl:acme:lab:sales:dataset:orders_ice:v1")):
-        got = run_playbook(_reader(tmp_path, kind), {"uri": uri}, tenant="acme", project="lab", data_dir=data_dir)
+    for kind, uri in (
+        ("arrow", "noetl://acme/lab/sales/dataset/orders_raw"),
+        ("parquet", "noetl://acme/lab/sales/dataset/orders_pq@v1"),
+        ("iceberg", "urn:noetl:acme:lab:sales:dataset:orders_ice:v1"),
+    ):
+        got = run_playbook(
+            _reader(tmp_path, kind), {"uri": uri}, tenant="acme", project="lab", data_dir=data_dir
+        )
         assert got.status == "completed", got.results
         out = got.results["start"]
         assert out["row_count"] == 3 and out["columns"] == ["id", "amount", "region"]
@@ -117,7 +121,10 @@ def test_one_playbook_writes_another_reads_back_identical(tmp_path, playbooks, d
 
 def test_another_tenant_is_refused_until_granted(tmp_path, playbooks, data_dir):
     write, _ = playbooks
-    assert run_playbook(write, {"rows": ROWS}, tenant="acme", project="lab", data_dir=data_dir).status == "completed"
+    assert (
+        run_playbook(write, {"rows": ROWS}, tenant="acme", project="lab", data_dir=data_dir).status
+        == "completed"
+    )
     reader = _reader(tmp_path, "parquet")
     uri = "noetl://acme/lab/sales/dataset/orders_pq@v1"
     denied = run_playbook(reader, {"uri": uri}, tenant="beta", project="x", data_dir=data_dir)
@@ -175,8 +182,11 @@ class _Ctx:
 
 def test_write_sink_hook_writes_any_result(data_dir):
     ctx = _Ctx(data_dir)
-    ref = write_sink({"rows": [[1, "a"], [2, "b"]], "columns": ["n", "s"]},
-                     {"kind": "arrow", "resource": "sunk", "namespace": "results"}, ctx)
+    ref = write_sink(
+        {"rows": [[1, "a"], [2, "b"]], "columns": ["n", "s"]},
+        {"kind": "arrow", "resource": "sunk", "namespace": "results"},
+        ctx,
+    )
     assert ref["uri"] == "noetl://acme/lab/results/dataset/sunk@v1" and ref["rows"] == 2
     with pytest.raises(ToolError, match="sink kind"):
         write_sink([], {"kind": "csv"}, ctx)

@@ -42,8 +42,15 @@ def storage(tmp_path, registry):
 
 def test_conversions_in_and_out():
     records = TABLE.to_pylist()
-    for data in (TABLE, TABLE.to_batches()[0], pl.from_arrow(TABLE), TABLE.to_pandas(), records, TABLE.to_pydict(),
-                 pa.RecordBatchReader.from_batches(TABLE.schema, TABLE.to_batches())):
+    for data in (
+        TABLE,
+        TABLE.to_batches()[0],
+        pl.from_arrow(TABLE),
+        TABLE.to_pandas(),
+        records,
+        TABLE.to_pydict(),
+        pa.RecordBatchReader.from_batches(TABLE.schema, TABLE.to_batches()),
+    ):
         assert to_arrow(data).to_pylist() == records
     assert isinstance(convert(TABLE, "polars"), pl.DataFrame)
     assert isinstance(convert(TABLE, "pandas"), pd.DataFrame)
@@ -76,7 +83,10 @@ def test_publish_registers_and_fetch_reads_back_identical(storage, fmt):
 def test_files_live_under_the_shard_prefix(storage, fmt):
     ref = storage.publish(TABLE, "noetl://acme/lab/sales/dataset/o", format=fmt).ref()
     path = unquote(urlsplit(ref["location"]).path)
-    assert "/noetl/env=dev/region=local/cell=local-a/shard=s0108/tenant=acme/project=lab/sales/dataset/o/" in path
+    assert (
+        "/noetl/env=dev/region=local/cell=local-a/shard=s0108/tenant=acme/project=lab/sales/dataset/o/"
+        in path
+    )
     assert os.path.getsize(path) == ref["size"]
 
 
@@ -110,7 +120,9 @@ def test_iceberg_versions_are_snapshots_append_and_overwrite(storage):
 
 def test_iceberg_partitioning_and_schema_evolution(storage):
     uri = "noetl://acme/lab/sales/dataset/parted"
-    storage.publish(TABLE, uri, format="iceberg", partition_by=["region", {"source": "id", "transform": "bucket[4]"}])
+    storage.publish(
+        TABLE, uri, format="iceberg", partition_by=["region", {"source": "id", "transform": "bucket[4]"}]
+    )
     wider = TABLE.append_column("note", pa.array(["a", "b", "c"]))
     pub = storage.publish(wider, uri, format="iceberg")
     spec = pub.write.metadata["partition_spec"]
@@ -136,7 +148,9 @@ def test_iceberg_refuses_names_that_would_alias(storage):
     with pytest.raises(TableDataError, match="cannot have '.'"):
         storage.publish(TABLE, "noetl://acme/lab/sales/dataset/a.b", format="iceberg")
     assert IcebergTables.identifier(
-        __import__("noetl_dagster.dsl.locator", fromlist=["x"]).parse_locator("noetl://acme/lab/ns/dataset/x/y@v1")
+        __import__("noetl_dagster.dsl.locator", fromlist=["x"]).parse_locator(
+            "noetl://acme/lab/ns/dataset/x/y@v1"
+        )
     ) == ("acme", "lab", "ns", "x__y")
 
 
@@ -151,21 +165,32 @@ def test_reads_go_through_tenancy(tmp_path, registry, storage):
 
 def test_lineage_from_inputs(storage):
     raw = storage.publish(TABLE, "noetl://acme/lab/raw/dataset/r", format="arrow").ref()
-    out = storage.publish(TABLE.slice(0, 2), "noetl://acme/lab/clean/dataset/c", format="parquet",
-                          inputs=[raw["uri"]], execution_id="exec_9", step="clean").ref()
+    out = storage.publish(
+        TABLE.slice(0, 2),
+        "noetl://acme/lab/clean/dataset/c",
+        format="parquet",
+        inputs=[raw["uri"]],
+        execution_id="exec_9",
+        step="clean",
+    ).ref()
     edges = storage.registry.lineage(out["resource_id"], "up").edges
     assert [(e.resource.uri, e.execution_id, e.step) for e in edges] == [(raw["uri"], "exec_9", "clean")]
 
 
 def test_s3_store_round_trip(tmp_path, registry, s3_bucket):
     _, bucket, opts = s3_bucket
-    storage = TableStorage(open_registry(registry, tenant="acme", project="lab"),
-                           S3PayloadStore(bucket, "tables", **opts), data_dir=tmp_path / "home")
+    storage = TableStorage(
+        open_registry(registry, tenant="acme", project="lab"),
+        S3PayloadStore(bucket, "tables", **opts),
+        data_dir=tmp_path / "home",
+    )
     for fmt in ("parquet", "arrow"):
         ref = storage.publish(TABLE, f"noetl://acme/lab/s3/dataset/t_{fmt}", format=fmt).ref()
         assert ref["location"].startswith(f"s3://{bucket}/tables/noetl/env=dev/") and ref["store"] == "s3"
         # a second reader with its own store configuration resolves and reads the same bytes
-        reader = TableStorage(open_registry(registry, tenant="acme", project="lab"),
-                              f"s3://{bucket}/elsewhere?endpoint_url={opts['endpoint_url']}&key=testing&secret=testing",
-                              data_dir=tmp_path / "home")
+        reader = TableStorage(
+            open_registry(registry, tenant="acme", project="lab"),
+            f"s3://{bucket}/elsewhere?endpoint_url={opts['endpoint_url']}&key=testing&secret=testing",
+            data_dir=tmp_path / "home",
+        )
         assert table_checksum(reader.fetch(ref["uri"])[0]) == table_checksum(TABLE)

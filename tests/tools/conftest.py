@@ -21,7 +21,13 @@ TOOLS_DB = "noetl_dagster_tools_test" + os.environ.get("PYTEST_XDIST_WORKER", ""
 class StubToolContext:
     """What a tool sees of an execution: credentials, per-execution resources, redaction."""
 
-    def __init__(self, keychain: Keychain | None = None, *, data_dir: Path | None = None, inline_limit: int | None = None):
+    def __init__(
+        self,
+        keychain: Keychain | None = None,
+        *,
+        data_dir: Path | None = None,
+        inline_limit: int | None = None,
+    ):
         self.execution_id = "exec-test"
         self.step = "step"
         self.task = "task"
@@ -122,12 +128,29 @@ def pg_keychain(tmp_path, pg_tools_db) -> Keychain:
                     "db_name": TOOLS_DB,
                 },
             },
-            "pg_refused": {"type": "postgres", "data": {"db_host": "127.0.0.1", "db_port": "1", "db_user": "postgres", "db_name": "x"}},
+            "pg_refused": {
+                "type": "postgres",
+                "data": {"db_host": "127.0.0.1", "db_port": "1", "db_user": "postgres", "db_name": "x"},
+            },
             "pg_wrong_user": {
                 "type": "postgres",
-                "data": {"db_host": "127.0.0.1", "db_port": "5432", "db_user": "no_such_role_noetl", "db_password": "pw-xyz", "db_name": TOOLS_DB},
+                "data": {
+                    "db_host": "127.0.0.1",
+                    "db_port": "5432",
+                    "db_user": "no_such_role_noetl",
+                    "db_password": "pw-xyz",
+                    "db_name": TOOLS_DB,
+                },
             },
-            "pg_wrong_db": {"type": "postgres", "data": {"db_host": "127.0.0.1", "db_port": "5432", "db_user": "postgres", "db_name": "no_such_db_noetl"}},
+            "pg_wrong_db": {
+                "type": "postgres",
+                "data": {
+                    "db_host": "127.0.0.1",
+                    "db_port": "5432",
+                    "db_user": "postgres",
+                    "db_name": "no_such_db_noetl",
+                },
+            },
             "pg_dsn": {"type": "postgres", "connection_string": pg_tools_db},
         },
     )

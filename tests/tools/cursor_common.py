@@ -25,8 +25,12 @@ def wait(cond, timeout: float = 60) -> None:
 def resume_last(data: Path) -> dict:
     """``resume`` the newest execution in ``data`` (the one a SIGKILL interrupted); its --json output."""
     cmd = [sys.executable, "-m", "noetl_dagster.commands.main"]
-    ex = subprocess.run([*cmd, "executions", "--data-dir", str(data), "--json"], capture_output=True, text=True, timeout=60)
+    ex = subprocess.run(
+        [*cmd, "executions", "--data-dir", str(data), "--json"], capture_output=True, text=True, timeout=60
+    )
     eid = json.loads(ex.stdout)[0]["execution_id"]
-    res = subprocess.run([*cmd, "resume", eid, "--data-dir", str(data), "--json"], capture_output=True, text=True, timeout=240)
+    res = subprocess.run(
+        [*cmd, "resume", eid, "--data-dir", str(data), "--json"], capture_output=True, text=True, timeout=240
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     return json.loads(res.stdout)

@@ -30,7 +30,9 @@ def test_put_then_get_with_select(make_ctx):
     assert artifact_tool({"input": {"result_ref": put["ref"]["$ref"]}}, ctx)["data"] == value
     assert artifact_tool({"uri": put["uri"]}, ctx)["data"] == value
     assert artifact_tool({"result_ref": {"kind": "result_ref", "ref": put["uri"]}}, ctx)["data"] == value
-    sel = artifact_tool({"result_ref": put["ref"], "select": ["count", "$.items[2].id", "items.1.tags.0"]}, ctx)
+    sel = artifact_tool(
+        {"result_ref": put["ref"], "select": ["count", "$.items[2].id", "items.1.tags.0"]}, ctx
+    )
     assert {k: sel[k] for k in ("count", "id", "0")} == {"count": 3, "id": 2, "0": "a"} and "data" not in sel
     named = artifact_tool({"result_ref": put["ref"], "select": {"n": "count", "first": "$.items[0]"}}, ctx)
     assert named["n"] == 3 and named["first"] == {"id": 0, "tags": ["a", "b"]}
@@ -114,7 +116,9 @@ def test_output_select_fixture_gives_the_same_trace_under_dagster(tmp_path, monk
             store.close()
 
     dag_names = names(url, dag.execution_id)
-    assert dag_names and dag_names == names(f"sqlite:///{tmp_path / 'local' / 'events.db'}", local.execution_id)
+    assert dag_names and dag_names == names(
+        f"sqlite:///{tmp_path / 'local' / 'events.db'}", local.execution_id
+    )
 
 
 # -- put/get honour `uri`, confined to NOETL_ARTIFACT_ROOTS (issue 32.1) ----------------------------
@@ -146,7 +150,10 @@ def test_put_writes_at_its_uri_and_get_reads_it(make_ctx, tmp_path, monkeypatch)
     artifact_tool({"action": "put", "uri": str(r1 / "note.txt"), "data": "hello"}, ctx)
     assert (r1 / "note.txt").read_text() == "hello"
     put = artifact_tool({"action": "put", "uri": str(r1 / "c.json"), "data": value, "compress": True}, ctx)
-    assert put["path"] == str(r1 / "c.json.gz") and gzip.decompress((r1 / "c.json.gz").read_bytes()) == b'{"rows":[1,2,3]}'
+    assert (
+        put["path"] == str(r1 / "c.json.gz")
+        and gzip.decompress((r1 / "c.json.gz").read_bytes()) == b'{"rows":[1,2,3]}'
+    )
     assert artifact_tool({"uri": str(r1 / "c.json.gz")}, ctx)["data"] == value
 
 
@@ -181,7 +188,10 @@ def test_outside_dotdot_and_symlink_escapes_are_config_errors(make_ctx, tmp_path
         assert ei.value.kind == "config_error", (uri, ei.value)
         msg = str(ei.value.message)
         assert "\n" not in msg and "NOETL_ARTIFACT_ROOTS" in msg and "outside the artifact roots" in msg, msg
-    assert sorted(p.name for p in outside.iterdir()) == before and (outside / "secret.json").read_text() == '{"s": 1}'
+    assert (
+        sorted(p.name for p in outside.iterdir()) == before
+        and (outside / "secret.json").read_text() == '{"s": 1}'
+    )
     # a link that stays inside a root is fine
     if action == "put":
         artifact_tool({"action": "put", "uri": "ok_link/v.json", "data": {"v": 2}}, ctx)
@@ -214,7 +224,8 @@ def test_playbook_put_and_get_through_the_cli(tmp_path):
 
     root = tmp_path / "root"
     pb = tmp_path / "art.yaml"
-    pb.write_text(textwrap.dedent("""\
+    pb.write_text(
+        textwrap.dedent("""\
         apiVersion: noetl.io/v2
         kind: Playbook
         metadata: {name: art, path: tests/art}
@@ -225,7 +236,8 @@ def test_playbook_put_and_get_through_the_cli(tmp_path):
             next: {arcs: [{step: get}]}
           - step: get
             tool: {kind: artifact, action: get, uri: "{{ workload.target }}"}
-    """))
+    """)
+    )
     env = {**os.environ, "NOETL_DAGSTER_HOME": str(tmp_path / "home"), "NOETL_ARTIFACT_ROOTS": str(root)}
 
     def run(target: str) -> subprocess.CompletedProcess:
@@ -261,9 +273,15 @@ def test_a_generated_playbook_reaches_only_its_own_directory(tmp_path, monkeypat
                                                                "data": {"a": 1}}}]}]}  # fmt: skip
 
     def run(uri: str):
-        doc = {"apiVersion": "noetl.io/v2", "kind": "Playbook", "metadata": {"name": "p", "path": "tests/p"},
-               "executor": {"spec": {"generated": {"allow_kinds": ["artifact"]}}},
-               "workflow": [{"step": "run_child", "tool": [{"c": {"kind": "playbook", "definition": child(uri)}}]}]}
+        doc = {
+            "apiVersion": "noetl.io/v2",
+            "kind": "Playbook",
+            "metadata": {"name": "p", "path": "tests/p"},
+            "executor": {"spec": {"generated": {"allow_kinds": ["artifact"]}}},
+            "workflow": [
+                {"step": "run_child", "tool": [{"c": {"kind": "playbook", "definition": child(uri)}}]}
+            ],
+        }
         return run_playbook(load_playbook_dict(doc), event_store=f"sqlite:///{tmp_path / 'ev.db'}",
                             data_dir=tmp_path / "home")  # fmt: skip
 

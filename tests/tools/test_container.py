@@ -15,8 +15,10 @@ from noetl_dagster.engine.ports import ToolError
 from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.tools.container import container_tool, k8s_placement
 
-FIXTURE = Path("/work/shared/conformance/noetl-e2e/fixtures/playbooks/container_callback_happy_path/"
-               "container_callback_happy_path.yaml")
+FIXTURE = Path(
+    "/work/shared/conformance/noetl-e2e/fixtures/playbooks/container_callback_happy_path/"
+    "container_callback_happy_path.yaml"
+)
 
 
 def _engine() -> bool:
@@ -41,13 +43,37 @@ def test_runs_where_a_runtime_exists_else_a_clear_error(make_ctx):
 
 
 def test_in_a_playbook_the_missing_runtime_is_an_error_outcome_a_policy_can_route(tmp_path):
-    pb = load_playbook_dict({"apiVersion": "noetl.io/v2", "kind": "Playbook", "metadata": {"name": "c", "path": "t/c"},
-                             "workflow": [{"step": "start", "tool": [
-                                 {"name": "run", "kind": "container", "image": "alpine:3.19", "args": ["true"],
-                                  "spec": {"policy": {"rules": [
-                                      {"when": "{{ output.status == 'error' and output.error.kind == 'runtime_unavailable' }}",
-                                       "then": {"do": "jump", "to": "fallback"}}]}}},
-                                 {"name": "fallback", "kind": "shell", "cmd": "echo -n ran-locally"}]}]})
+    pb = load_playbook_dict(
+        {
+            "apiVersion": "noetl.io/v2",
+            "kind": "Playbook",
+            "metadata": {"name": "c", "path": "t/c"},
+            "workflow": [
+                {
+                    "step": "start",
+                    "tool": [
+                        {
+                            "name": "run",
+                            "kind": "container",
+                            "image": "alpine:3.19",
+                            "args": ["true"],
+                            "spec": {
+                                "policy": {
+                                    "rules": [
+                                        {
+                                            "when": "{{ output.status == 'error' and output.error.kind == 'runtime_unavailable' }}",
+                                            "then": {"do": "jump", "to": "fallback"},
+                                        }
+                                    ]
+                                }
+                            },
+                        },
+                        {"name": "fallback", "kind": "shell", "cmd": "echo -n ran-locally"},
+                    ],
+                }
+            ],
+        }
+    )
     res = run_playbook(pb, data_dir=tmp_path)
     if not _engine():
         assert res.status == "completed" and res.results["start"]["stdout"] == "ran-locally"
@@ -67,8 +93,10 @@ def test_per_step_kubernetes_mapping_of_the_core_fixture():
     step = next(s for s in pb.workflow if any(t.kind == "container" for t in s.tool))
     cfg = json.loads(step_k8s_tags(pb, step)[K8S_CONFIG_TAG])
     assert cfg["container_config"]["image"] == "alpine:3.19"
-    assert cfg["container_config"]["resources"] == {"requests": {"cpu": "20m", "memory": "32Mi"},
-                                                    "limits": {"cpu": "200m", "memory": "128Mi"}}
+    assert cfg["container_config"]["resources"] == {
+        "requests": {"cpu": "20m", "memory": "32Mi"},
+        "limits": {"cpu": "200m", "memory": "128Mi"},
+    }
     assert cfg["job_spec_config"]["backoff_limit"] == 0
     assert k8s_placement({"image": "x", "pull": "always"})["image_pull_policy"] == "Always"
 
@@ -82,4 +110,8 @@ def test_kubernetes_style_env_list_is_accepted_as_the_corpus_writes_it():
     env = [{"name": "PGHOST", "value": "db"}, {"name": "N", "value": 5}, {"name": "EMPTY"}]
     get_tool("container").check_config({"image": "alpine:3.19", "env": env})
     assert env_of(env) == {"PGHOST": "db", "N": "5", "EMPTY": ""}
-    assert k8s_placement({"image": "alpine:3.19", "env": env})["env"] == {"PGHOST": "db", "N": "5", "EMPTY": ""}
+    assert k8s_placement({"image": "alpine:3.19", "env": env})["env"] == {
+        "PGHOST": "db",
+        "N": "5",
+        "EMPTY": "",
+    }

@@ -96,7 +96,9 @@ def _duck_queue(tmp_path: Path, n: int) -> Path:
 
     db = tmp_path / "queue.duckdb"
     with duckdb.connect(str(db)) as conn:
-        conn.execute("CREATE TABLE q (id INTEGER PRIMARY KEY, payload VARCHAR, status VARCHAR DEFAULT 'pending', owner VARCHAR)")
+        conn.execute(
+            "CREATE TABLE q (id INTEGER PRIMARY KEY, payload VARCHAR, status VARCHAR DEFAULT 'pending', owner VARCHAR)"
+        )
         conn.executemany("INSERT INTO q (id, payload) VALUES (?, ?)", [(i, f"p{i}") for i in range(1, n + 1)])
     return db
 
@@ -191,7 +193,9 @@ def test_nats_stream_cursor_loop_resumes_after_sigkill(tmp_path, nats_stream):
     stream, subject = nats_stream
     asyncio.run(_nats_setup(stream, subject, 6))
     pb = tmp_path / "pb.yaml"
-    pb.write_text(_nats_playbook(stream, subject, tmp_path, lease=2))  # ack_wait 2 s: redelivered after the kill
+    pb.write_text(
+        _nats_playbook(stream, subject, tmp_path, lease=2)
+    )  # ack_wait 2 s: redelivered after the kill
     out = _kill_and_resume(pb, tmp_path / "d", tmp_path)
     assert out["status"] == "completed"
     assert _processed(tmp_path) == Counter({i: 1 for i in range(1, 7)})
@@ -246,7 +250,9 @@ def test_templated_frame_policy_and_noetl_claim_names(tmp_path):
     from noetl_dagster.storage.event_stores import open_event_store
 
     db = _duck_queue(tmp_path, 5)
-    text = _duckdb_playbook(db, tmp_path).replace("LIMIT {{ cursor.max_rows }}", "LIMIT {{ __frame_max_rows | default(1) | int }}")
+    text = _duckdb_playbook(db, tmp_path).replace(
+        "LIMIT {{ cursor.max_rows }}", "LIMIT {{ __frame_max_rows | default(1) | int }}"
+    )
     text = text.replace("frame: {max_rows: 2}", 'frame: {max_rows: "{{ workload.rows }}"}')
     text = text.replace("workflow:", "workload: {rows: 3}\nworkflow:", 1)
     pb = tmp_path / "pb.yaml"
@@ -272,7 +278,9 @@ def test_two_executions_share_one_nats_durable_without_double_processing(tmp_pat
     pb = tmp_path / "pb.yaml"
     pb.write_text(_nats_playbook(stream, subject, tmp_path, lease=30))
     env = {**os.environ, "CURSOR_DELAY": "0.1"}
-    runs = [cli("run", str(pb), "--data-dir", str(tmp_path / f"d{k}"), "--json", "-q", env=env) for k in range(2)]
+    runs = [
+        cli("run", str(pb), "--data-dir", str(tmp_path / f"d{k}"), "--json", "-q", env=env) for k in range(2)
+    ]
     outs = [r.communicate(timeout=240) for r in runs]
     for r, (out, err) in zip(runs, outs, strict=True):
         assert r.returncode == 0, out + err

@@ -99,7 +99,9 @@ def queue(tmp_path):
 def _fill(table: str, n: int) -> None:
     with psycopg.connect(DSN, autocommit=True) as conn:
         with conn.cursor() as cur:
-            cur.executemany(f"INSERT INTO {table} (id, payload) VALUES (%s, %s)", [(i, f"p{i}") for i in range(1, n + 1)])
+            cur.executemany(
+                f"INSERT INTO {table} (id, payload) VALUES (%s, %s)", [(i, f"p{i}") for i in range(1, n + 1)]
+            )
 
 
 def _sql(q: str) -> list[tuple]:
@@ -133,7 +135,13 @@ def test_cursor_loop_claims_frames_and_acks_every_row(queue, tmp_path):
         store.close()
     frames = [e.data for e in events if e.name == "loop.frame.claimed"]
     assert [f["count"] for f in frames] == [2, 2, 1]  # frame.max_rows 2
-    assert sorted(e.data["cursor_key"] for e in events if e.name == "loop.iteration.done") == ["1", "2", "3", "4", "5"]
+    assert sorted(e.data["cursor_key"] for e in events if e.name == "loop.iteration.done") == [
+        "1",
+        "2",
+        "3",
+        "4",
+        "5",
+    ]
     started = next(e for e in events if e.name == "loop.started")
     assert started.data["mode"] == "cursor" and started.data["frame"]["max_rows"] == 2
 
@@ -145,7 +153,10 @@ def test_two_executions_share_one_queue_without_double_processing(queue, tmp_pat
     pb_file = tmp_path / "pb.yaml"
     pb_file.write_text(_playbook(queue, tmp_path, slots=2, max_rows=3))
     env = {**os.environ, "CURSOR_DELAY": "0.1"}
-    runs = [cli("run", str(pb_file), "--data-dir", str(tmp_path / f"d{k}"), "--json", "-q", env=env) for k in range(2)]
+    runs = [
+        cli("run", str(pb_file), "--data-dir", str(tmp_path / f"d{k}"), "--json", "-q", env=env)
+        for k in range(2)
+    ]
     outs = [r.communicate(timeout=240) for r in runs]
     for r, (out, err) in zip(runs, outs, strict=True):
         assert r.returncode == 0, out + err
@@ -166,7 +177,9 @@ def test_resume_after_sigkill_loses_and_repeats_no_row(queue, tmp_path, where):
     if where == "body":
         env["CURSOR_SLOW_ID"] = "3"  # row 3's body sleeps: killed inside it
     else:
-        _sql(f"UPDATE {queue}_ctl SET slow_ack = 3 RETURNING 1")  # row 3 recorded, its ack sleeps: killed there
+        _sql(
+            f"UPDATE {queue}_ctl SET slow_ack = 3 RETURNING 1"
+        )  # row 3 recorded, its ack sleeps: killed there
     run = cli("run", str(pb_file), "--data-dir", str(data), "-q", env=env)
     if where == "body":
         wait(lambda: (tmp_path / "started-3").exists())
@@ -177,7 +190,10 @@ def test_resume_after_sigkill_loses_and_repeats_no_row(queue, tmp_path, where):
     run.wait(timeout=30)
     assert run.returncode == -signal.SIGKILL
     # row 3 (and its frame mate 4) stay claimed by the dead slot; nothing is lost meanwhile
-    assert _sql(f"SELECT id, status FROM {queue} WHERE status = 'claimed' ORDER BY id") == [(3, "claimed"), (4, "claimed")]
+    assert _sql(f"SELECT id, status FROM {queue} WHERE status = 'claimed' ORDER BY id") == [
+        (3, "claimed"),
+        (4, "claimed"),
+    ]
     _sql(f"UPDATE {queue}_ctl SET slow_ack = NULL RETURNING 1")
 
     out = resume_last(data)
@@ -205,11 +221,19 @@ def test_a_failing_row_is_bounded_by_max_attempts_or_moved_by_fail(queue, tmp_pa
     from noetl_dagster.storage.event_stores import open_event_store
 
     _fill(queue, 4)
-    text = _playbook(queue, tmp_path, max_rows=1).replace(
-        "result = {\"jid\": jid}\n      - record:", "assert jid != 2, 'row 2 is poison'\n            result = {\"jid\": jid}\n      - record:"
-    ).replace("heartbeat_seconds: 0.5}", "heartbeat_seconds: 0.5, max_attempts: 3}")
+    text = (
+        _playbook(queue, tmp_path, max_rows=1)
+        .replace(
+            'result = {"jid": jid}\n      - record:',
+            "assert jid != 2, 'row 2 is poison'\n            result = {\"jid\": jid}\n      - record:",
+        )
+        .replace("heartbeat_seconds: 0.5}", "heartbeat_seconds: 0.5, max_attempts: 3}")
+    )
     if with_fail:
-        text = text.replace("          key: id\n", f"          key: id\n          fail: \"UPDATE {queue} SET status = 'failed' WHERE id = %(id)s\"\n")
+        text = text.replace(
+            "          key: id\n",
+            f"          key: id\n          fail: \"UPDATE {queue} SET status = 'failed' WHERE id = %(id)s\"\n",
+        )
     assert "row 2 is poison" in text and "max_attempts: 3" in text
     pb = tmp_path / "pb.yaml"
     pb.write_text(text)
@@ -217,7 +241,9 @@ def test_a_failing_row_is_bounded_by_max_attempts_or_moved_by_fail(queue, tmp_pa
     assert res.status == "failed"  # a failed iteration fails the loop step
     store = open_event_store(None, data_dir=tmp_path / "d")
     try:
-        failed = [e.data["cursor_key"] for e in store.read(res.execution_id) if e.name == "loop.iteration.failed"]
+        failed = [
+            e.data["cursor_key"] for e in store.read(res.execution_id) if e.name == "loop.iteration.failed"
+        ]
     finally:
         store.close()
     rows = _sql(f"SELECT id, status FROM {queue} ORDER BY id")

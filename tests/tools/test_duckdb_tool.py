@@ -27,7 +27,11 @@ def test_e2e_fixture_shape_create_insert_select_in_one_query(make_ctx):
         },
         make_ctx(),
     )
-    assert out == {"rows": [{"name": "Alice", "age": 30}, {"name": "Charlie", "age": 35}], "row_count": 2, "columns": ["name", "age"]}
+    assert out == {
+        "rows": [{"name": "Alice", "age": 30}, {"name": "Charlie", "age": 35}],
+        "row_count": 2,
+        "columns": ["name", "age"],
+    }
 
 
 def test_default_database_is_shared_across_calls_of_one_execution(make_ctx):
@@ -42,7 +46,13 @@ def test_file_database_persists(make_ctx, tmp_path):
     path = tmp_path / "analytics.duckdb"
     ctx = make_ctx()
     out = duckdb_tool(
-        {"database": str(path), "commands": ["CREATE TABLE s (k VARCHAR, v DOUBLE)", "INSERT INTO s VALUES ('a', 1.5), ('b', 2.5)"]},
+        {
+            "database": str(path),
+            "commands": [
+                "CREATE TABLE s (k VARCHAR, v DOUBLE)",
+                "INSERT INTO s VALUES ('a', 1.5), ('b', 2.5)",
+            ],
+        },
         ctx,
     )
     assert out == {"rows": [], "row_count": 2, "columns": []}
@@ -69,16 +79,23 @@ def test_update_and_delete_row_counts_and_returning(make_ctx):
 def test_params_bind_to_the_last_statement(make_ctx):
     ctx = make_ctx()
     out = duckdb_tool(
-        {"command": "CREATE TABLE p AS SELECT * FROM (VALUES (1, 'x'), (2, 'y')) v(id, s); SELECT s FROM p WHERE id = ?", "params": [2]},
+        {
+            "command": "CREATE TABLE p AS SELECT * FROM (VALUES (1, 'x'), (2, 'y')) v(id, s); SELECT s FROM p WHERE id = ?",
+            "params": [2],
+        },
         ctx,
     )
     assert out["rows"] == [{"s": "y"}]
-    assert duckdb_tool({"query": "SELECT $name AS n", "params": {"name": "it's"}}, ctx)["rows"] == [{"n": "it's"}]
+    assert duckdb_tool({"query": "SELECT $name AS n", "params": {"name": "it's"}}, ctx)["rows"] == [
+        {"n": "it's"}
+    ]
 
 
 def test_types_become_json_values(make_ctx):
     out = duckdb_tool(
-        {"query": "SELECT DATE '2024-01-02' AS d, 1.25::DECIMAL(5,2) AS m, [1,2] AS l, {'a': 1} AS st, NULL AS z"},
+        {
+            "query": "SELECT DATE '2024-01-02' AS d, 1.25::DECIMAL(5,2) AS m, [1,2] AS l, {'a': 1} AS st, NULL AS z"
+        },
         make_ctx(),
     )
     assert out["rows"] == [{"d": "2024-01-02", "m": 1.25, "l": [1, 2], "st": {"a": 1}, "z": None}]
@@ -86,7 +103,11 @@ def test_types_become_json_values(make_ctx):
 
 @pytest.mark.parametrize(
     "sql, code",
-    [("SELEC 1", "ParserException"), ("SELECT * FROM missing_tbl", "CatalogException"), ("SELECT 'a'::INT", "ConversionException")],
+    [
+        ("SELEC 1", "ParserException"),
+        ("SELECT * FROM missing_tbl", "CatalogException"),
+        ("SELECT 'a'::INT", "ConversionException"),
+    ],
 )
 def test_bad_sql_is_a_non_retryable_error(make_ctx, sql, code):
     with pytest.raises(ToolError) as info:
@@ -101,7 +122,11 @@ def test_locked_database_file_is_retryable(make_ctx, tmp_path):
 
     path = tmp_path / "locked.duckdb"
     holder = subprocess.Popen(
-        [sys.executable, "-c", f"import duckdb,sys,time; c=duckdb.connect({str(path)!r}); print('ok', flush=True); time.sleep(30)"],
+        [
+            sys.executable,
+            "-c",
+            f"import duckdb,sys,time; c=duckdb.connect({str(path)!r}); print('ok', flush=True); time.sleep(30)",
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -129,10 +154,16 @@ def test_result_over_the_inline_limit_goes_out_as_arrow(make_ctx):
     ref = out["rows"]["$ref"]
     assert ref["format"] == "arrow" and ref["rows"] == 300000 and ref["uri"].endswith(".arrow")
     assert ref["size"] < 10_000_000  # columnar, not giant JSON
-    table = pa.ipc.open_file(pa.BufferReader(ctx.payload_store.get_verified(ResultRef.from_dict(ref)))).read_all()
+    table = pa.ipc.open_file(
+        pa.BufferReader(ctx.payload_store.get_verified(ResultRef.from_dict(ref)))
+    ).read_all()
     assert table.num_rows == 300000 and table.column("name")[-1].as_py() == "name-299999"
     back = load_arrow_result(out, ctx.payload_store)
-    assert back["row_count"] == 300000 and back["columns"] == ["id", "name"] and back["rows"][1] == {"id": 1, "name": "name-1"}
+    assert (
+        back["row_count"] == 300000
+        and back["columns"] == ["id", "name"]
+        and back["rows"][1] == {"id": 1, "name": "name-1"}
+    )
 
 
 def test_small_arrow_but_big_json_also_spills(make_ctx):

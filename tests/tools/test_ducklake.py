@@ -24,7 +24,10 @@ USERS = "CREATE TABLE IF NOT EXISTS users (id INTEGER, name VARCHAR)"
 def test_registered_and_the_extension_comes_from_its_package():
     assert get_tool("ducklake").fn is ducklake_tool
     path = extension_file("ducklake")
-    assert path.endswith(f"/v{duckdb.__version__}/ducklake.duckdb_extension") and "duckdb_extension_ducklake" in path
+    assert (
+        path.endswith(f"/v{duckdb.__version__}/ducklake.duckdb_extension")
+        and "duckdb_extension_ducklake" in path
+    )
 
 
 def _lake(ctx, catalog, data, sql, **kw):
@@ -35,7 +38,9 @@ def test_file_catalog_create_insert_time_travel_and_local_data_files(make_ctx, t
     ctx = make_ctx()
     cat, data = str(tmp_path / "meta.ducklake"), str(tmp_path / "files")
     created = _lake(ctx, cat, data, USERS, data_inlining_row_limit=0)
-    first = _lake(ctx, cat, data, "INSERT INTO users VALUES (1, 'ada'), (2, 'bob')", data_inlining_row_limit=0)
+    first = _lake(
+        ctx, cat, data, "INSERT INTO users VALUES (1, 'ada'), (2, 'bob')", data_inlining_row_limit=0
+    )
     assert first["row_count"] == 2 and first["snapshot_id"] == created["snapshot_id"] + 1
     _lake(ctx, cat, data, "DELETE FROM users WHERE id = 1", data_inlining_row_limit=0)
     now = _lake(ctx, cat, data, "SELECT id, name FROM users ORDER BY id", data_inlining_row_limit=0)
@@ -96,7 +101,9 @@ def test_postgres_catalog_by_url_and_by_credential(make_ctx, tmp_path, pg_catalo
     ctx.close()
     # the catalog is Postgres tables (DuckLake's ducklake_* schema), read back through a credential
     with psycopg.connect(pg_catalog_db) as conn:
-        assert conn.execute("SELECT count(*) FROM ducklake_table WHERE table_name = 'users'").fetchone() == (1,)
+        assert conn.execute("SELECT count(*) FROM ducklake_table WHERE table_name = 'users'").fetchone() == (
+            1,
+        )
     db = pg_catalog_db.rsplit("/", 1)[1]
     (tmp_path / "c.json").write_text(json.dumps({"credentials": {"lake_pg": {"type": "postgres", "data": {
         "db_host": "127.0.0.1", "db_port": "5432", "db_user": "postgres", "db_name": db, "db_password": "pw-lake"}}}}))  # fmt: skip
@@ -122,7 +129,9 @@ def test_s3_data_files_on_moto(make_ctx, tmp_path, s3_bucket):
     ins = _lake(ctx, cat, data, "INSERT INTO users SELECT i, 'u' || i FROM range(100) t(i)", s3=s3)
     _lake(ctx, cat, data, "DELETE FROM users WHERE id < 50", s3=s3)
     assert _lake(ctx, cat, data, "SELECT count(*) AS n FROM users", s3=s3)["rows"] == [{"n": 50}]
-    then = _lake(ctx, cat, data, f"SELECT count(*) AS n FROM users AT (VERSION => {ins['snapshot_id']})", s3=s3)
+    then = _lake(
+        ctx, cat, data, f"SELECT count(*) AS n FROM users AT (VERSION => {ins['snapshot_id']})", s3=s3
+    )
     assert then["rows"] == [{"n": 100}]
     keys = [o["Key"] for o in boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
                                            aws_secret_access_key="testing", region_name="us-east-1")
@@ -147,20 +156,35 @@ def test_register_records_the_table_at_its_snapshot(make_ctx, tmp_path):
     cat, data = str(tmp_path / "r.ducklake"), str(tmp_path / "rf")
     _lake(ctx, cat, data, USERS, data_inlining_row_limit=0)
     reg = {"table": "users", "resource": "users", "namespace": "lake"}
-    one = _lake(ctx, cat, data, "INSERT INTO users VALUES (1, 'ada')", register=reg, data_inlining_row_limit=0)
-    two = _lake(ctx, cat, data, "INSERT INTO users VALUES (2, 'bob')", register=reg, data_inlining_row_limit=0)
+    one = _lake(
+        ctx, cat, data, "INSERT INTO users VALUES (1, 'ada')", register=reg, data_inlining_row_limit=0
+    )
+    two = _lake(
+        ctx, cat, data, "INSERT INTO users VALUES (2, 'bob')", register=reg, data_inlining_row_limit=0
+    )
     r1, r2 = one["registered"], two["registered"]
-    assert (r1["version"], r2["version"]) == ("v1", "v2") and r1["uri"] == "noetl://default/default/lake/dataset/users@v1"
-    assert (r1["rows"], r2["rows"]) == (1, 2) and r2["snapshot_id"] == two["snapshot_id"] == r1["snapshot_id"] + 1
+    assert (r1["version"], r2["version"]) == ("v1", "v2") and r1[
+        "uri"
+    ] == "noetl://default/default/lake/dataset/users@v1"
+    assert (r1["rows"], r2["rows"]) == (1, 2) and r2["snapshot_id"] == two["snapshot_id"] == r1[
+        "snapshot_id"
+    ] + 1
     assert r1["checksum"] != r2["checksum"] and r1["checksum"].startswith("sha256:")
-    plan = open_registry(str(ctx.data_dir / "registry.db")).resolve("noetl://default/default/lake/dataset/users@v1")
+    plan = open_registry(str(ctx.data_dir / "registry.db")).resolve(
+        "noetl://default/default/lake/dataset/users@v1"
+    )
     loc = plan.location
     assert loc.format == "ducklake" and loc.storage_type == "ducklake" and loc.rows == 1
     assert loc.metadata["snapshot_id"] == r1["snapshot_id"] and loc.metadata["table"] == "users"
     assert loc.metadata["catalog"] == cat and loc.size_bytes > 0
     # the recorded snapshot is what time travel reads
-    back = _lake(ctx, cat, data, f"SELECT name FROM users AT (VERSION => {loc.metadata['snapshot_id']})",
-                 data_inlining_row_limit=0)
+    back = _lake(
+        ctx,
+        cat,
+        data,
+        f"SELECT name FROM users AT (VERSION => {loc.metadata['snapshot_id']})",
+        data_inlining_row_limit=0,
+    )
     # one execution attaches a catalog once: other settings on it are a one-line error, not a second attach
     with pytest.raises(ToolError, match="attached in this execution with other settings"):
         _lake(ctx, cat, data, "SELECT 1")

@@ -20,14 +20,20 @@ def test_upload_read_list_download_delete(make_ctx, tmp_path):
     (work / "report.json").write_text('{"rows": 3}')
     up = gcs_tool({"source": "report.json", "destination": f"file://{bucket}/out/report.json"}, ctx)
     assert up["size_bytes"] == 11
-    assert gcs_tool({"operation": "read", "source": f"file://{bucket}/out/report.json"}, ctx)["data"] == {"rows": 3}
+    assert gcs_tool({"operation": "read", "source": f"file://{bucket}/out/report.json"}, ctx)["data"] == {
+        "rows": 3
+    }
     gcs_tool({"operation": "write", "destination": f"file://{bucket}/out/b.txt", "data": "hello"}, ctx)
     listed = gcs_tool({"operation": "list", "source": f"file://{bucket}/out"}, ctx)
     assert listed["count"] == 2 and listed["uris"][0].endswith("out/b.txt")
-    down = gcs_tool({"operation": "download", "source": f"file://{bucket}/out/b.txt", "destination": "in/b.txt"}, ctx)
+    down = gcs_tool(
+        {"operation": "download", "source": f"file://{bucket}/out/b.txt", "destination": "in/b.txt"}, ctx
+    )
     assert (work / "in" / "b.txt").read_text() == "hello" and down["size_bytes"] == 5
     assert gcs_tool({"operation": "delete", "source": f"file://{bucket}/out/b.txt"}, ctx)["deleted"]
-    mem = gcs_tool({"operation": "write", "destination": "memory://noetl-test/x.json", "data": {"a": [1]}}, ctx)
+    mem = gcs_tool(
+        {"operation": "write", "destination": "memory://noetl-test/x.json", "data": {"a": [1]}}, ctx
+    )
     assert gcs_tool({"source": mem["uri"]}, ctx)["data"] == {"a": [1]}
 
 

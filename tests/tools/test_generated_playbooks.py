@@ -255,7 +255,9 @@ def test_a_credential_reached_at_run_time_outside_the_delegation_is_refused(env)
     assert len(kids) == 1
     child_state = replay(store, kids[0].execution_id)
     inner = child_state.result("add")["error"]
-    assert inner["message"] == "KeyError: 'keychain'"  # generated python runs in a subprocess without the keychain
+    assert (
+        inner["message"] == "KeyError: 'keychain'"
+    )  # generated python runs in a subprocess without the keychain
     assert_no_secret(store)
     # a template naming the credential at run time gets nothing
     child3 = json.loads(json.dumps(CHILD))
@@ -406,18 +408,24 @@ def test_generated_python_runs_without_the_workers_credential_environment(env, m
 def _child_reading(uri: str) -> dict:
     child = json.loads(json.dumps(CHILD))
     child["workflow"][1]["tool"][0]["calc"]["input"]["src"] = uri
-    child["workflow"][1]["tool"][0]["calc"]["code"] = "def main(a, b, src):\n    return {'sum': a + b, 'src': src}\n"
+    child["workflow"][1]["tool"][0]["calc"]["code"] = (
+        "def main(a, b, src):\n    return {'sum': a + b, 'src': src}\n"
+    )
     return child
 
 
 def test_a_cross_tenant_resource_is_refused_with_an_error_event(tmp_path, monkeypatch):
     monkeypatch.setenv("NOETL_DAGSTER_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("NOETL_CREDENTIAL_PG_MAIN", json.dumps({"type": "postgres", "data": {"db_password": SECRET}}))
+    monkeypatch.setenv(
+        "NOETL_CREDENTIAL_PG_MAIN", json.dumps({"type": "postgres", "data": {"db_password": SECRET}})
+    )
     url = f"sqlite:///{tmp_path / 'events.db'}"
 
     def run(child):
         pb = load_playbook_dict(parent_doc({"definition": child}, generated=GENERATED_OK))
-        return run_playbook(pb, None, event_store=url, data_dir=tmp_path / "home", tenant="acme", project="p1")
+        return run_playbook(
+            pb, None, event_store=url, data_dir=tmp_path / "home", tenant="acme", project="p1"
+        )
 
     res = run(_child_reading("noetl://globex/finance/tables/table/payroll@v3"))
     err = child_error(res)

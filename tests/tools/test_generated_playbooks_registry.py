@@ -41,8 +41,13 @@ def test_ephemeral_row_is_deletable_after_archival_and_events_keep_the_reference
     assert manifest["status"] == "written" and manifest["children"]
     tomb = reg.delete_ephemeral(row.resource_id)
     assert tomb.status == "deleted" and "definition" not in tomb.metadata
-    assert tomb.metadata["archive"].endswith(f"execution_archive/{res.execution_id}") or res.execution_id in tomb.metadata["archive"]
-    assert tomb.metadata["playbook_id"] == pid and tomb.uri == row.uri  # the URI still resolves to the tombstone
+    assert (
+        tomb.metadata["archive"].endswith(f"execution_archive/{res.execution_id}")
+        or res.execution_id in tomb.metadata["archive"]
+    )
+    assert (
+        tomb.metadata["playbook_id"] == pid and tomb.uri == row.uri
+    )  # the URI still resolves to the tombstone
     assert reg.get(row.resource_id).status == "deleted"
     assert reg.delete_ephemeral(row.resource_id).status == "deleted"  # idempotent
 
@@ -56,6 +61,8 @@ def test_ephemeral_row_is_deletable_after_archival_and_events_keep_the_reference
 
 def test_only_ephemeral_rows_can_be_deleted(tmp_path):
     reg = open_registry(str(tmp_path / "r.db"))
-    r = reg.register("noetl://default/default/tables/table/t1", kind="table", metadata={"parent_execution_id": "x"})
+    r = reg.register(
+        "noetl://default/default/tables/table/t1", kind="table", metadata={"parent_execution_id": "x"}
+    )
     with pytest.raises(Conflict, match="only ephemeral_playbook"):
         reg.delete_ephemeral(r.resource_id)

@@ -24,7 +24,11 @@ def test_get_json_with_params_and_headers(httpserver, make_ctx):
         "/users", method="GET", query_string={"page": "2", "q": "a b"}, headers={"X-Trace": "t1"}
     ).respond_with_json({"users": [{"id": 1}]}, headers={"X-Total": "1"})
     out = http_tool(
-        {"url": httpserver.url_for("/users"), "params": {"page": 2, "q": "a b"}, "headers": {"X-Trace": "t1"}},
+        {
+            "url": httpserver.url_for("/users"),
+            "params": {"page": 2, "q": "a b"},
+            "headers": {"X-Trace": "t1"},
+        },
         make_ctx(),
     )
     assert out["status_code"] == 200
@@ -34,8 +38,12 @@ def test_get_json_with_params_and_headers(httpserver, make_ctx):
 
 @pytest.mark.parametrize("key", ["json", "payload", "body", "data"])
 def test_post_body_aliases_send_json(httpserver, make_ctx, key):
-    httpserver.expect_request("/items", method="POST", json={"name": "x", "n": 1}).respond_with_json({"ok": True}, status=201)
-    out = http_tool({"method": "post", "endpoint": httpserver.url_for("/items"), key: {"name": "x", "n": 1}}, make_ctx())
+    httpserver.expect_request("/items", method="POST", json={"name": "x", "n": 1}).respond_with_json(
+        {"ok": True}, status=201
+    )
+    out = http_tool(
+        {"method": "post", "endpoint": httpserver.url_for("/items"), key: {"name": "x", "n": 1}}, make_ctx()
+    )
     assert out == {"status_code": 201, "headers": out["headers"], "data": {"ok": True}, "body": {"ok": True}}
 
 
@@ -46,8 +54,13 @@ def test_data_on_get_becomes_the_query_string(httpserver, make_ctx):
 
 
 def test_data_query_and_body_split(httpserver, make_ctx):
-    httpserver.expect_request("/x", method="PUT", query_string={"v": "1"}, json={"a": [1]}).respond_with_json({})
-    http_tool({"url": httpserver.url_for("/x"), "method": "PUT", "data": {"query": {"v": 1}, "body": {"a": [1]}}}, make_ctx())
+    httpserver.expect_request("/x", method="PUT", query_string={"v": "1"}, json={"a": [1]}).respond_with_json(
+        {}
+    )
+    http_tool(
+        {"url": httpserver.url_for("/x"), "method": "PUT", "data": {"query": {"v": 1}, "body": {"a": [1]}}},
+        make_ctx(),
+    )
 
 
 def test_form_encoded_body(httpserver, make_ctx):
@@ -87,7 +100,9 @@ def test_404_is_a_non_retryable_error_with_http_details_and_the_response(httpser
     assert "answered 404" in e.message
 
 
-@pytest.mark.parametrize("status, kind", [(429, "rate_limit"), (500, "server_error"), (502, "server_error"), (503, "server_error")])
+@pytest.mark.parametrize(
+    "status, kind", [(429, "rate_limit"), (500, "server_error"), (502, "server_error"), (503, "server_error")]
+)
 def test_429_and_5xx_are_retryable(httpserver, make_ctx, status, kind):
     httpserver.expect_request("/busy").respond_with_data("busy", status=status, headers={"Retry-After": "1"})
     with pytest.raises(ToolError) as info:
@@ -151,12 +166,19 @@ def test_redirects_followed_by_default_and_optionally_not(httpserver, make_ctx):
 
 
 def keychain_with(**records) -> Keychain:
-    return Keychain([], providers=[EnvProvider({f"NOETL_CREDENTIAL_{k.upper()}": json.dumps(v) for k, v in records.items()})])
+    return Keychain(
+        [],
+        providers=[EnvProvider({f"NOETL_CREDENTIAL_{k.upper()}": json.dumps(v) for k, v in records.items()})],
+    )
 
 
 def test_auth_bearer_basic_and_header_from_the_keychain(httpserver, make_ctx):
-    httpserver.expect_request("/b", headers={"Authorization": "Bearer tok-bearer-1"}).respond_with_json({"who": "b"})
-    httpserver.expect_request("/u", headers={"Authorization": "Basic YWxpY2U6cGE1NXdvcmQ="}).respond_with_json({"who": "u"})
+    httpserver.expect_request("/b", headers={"Authorization": "Bearer tok-bearer-1"}).respond_with_json(
+        {"who": "b"}
+    )
+    httpserver.expect_request(
+        "/u", headers={"Authorization": "Basic YWxpY2U6cGE1NXdvcmQ="}
+    ).respond_with_json({"who": "u"})
     httpserver.expect_request("/h", headers={"X-Api-Key": "hk-22"}).respond_with_json({"who": "h"})
     ctx = make_ctx(
         keychain_with(
@@ -218,7 +240,9 @@ def test_huge_response_body(httpserver, make_ctx):
     assert len(out["data"]) == 100_000 and out["data"][-1]["name"] == "user-99999"
 
 
-@pytest.mark.parametrize("status, kind", [(401, "auth"), (403, "auth"), (400, "client_error"), (409, "client_error")])
+@pytest.mark.parametrize(
+    "status, kind", [(401, "auth"), (403, "auth"), (400, "client_error"), (409, "client_error")]
+)
 def test_4xx_kinds_are_not_retryable(httpserver, make_ctx, status, kind):
     httpserver.expect_request("/e").respond_with_json({"e": 1}, status=status)
     with pytest.raises(ToolError) as info:
@@ -227,14 +251,20 @@ def test_4xx_kinds_are_not_retryable(httpserver, make_ctx, status, kind):
 
 
 def test_host_overrides_send_requests_to_another_server(httpserver, make_ctx, monkeypatch):
-    httpserver.expect_request("/v1/forecast", query_string={"latitude": "1"}).respond_with_json({"stub": True})
+    httpserver.expect_request("/v1/forecast", query_string={"latitude": "1"}).respond_with_json(
+        {"stub": True}
+    )
     httpserver.expect_request("/p/x").respond_with_json({"port": True})
     monkeypatch.setenv(
         "NOETL_HTTP_OVERRIDES",
-        json.dumps({"api.open-meteo.com": httpserver.url_for("/"), "svc.local:5555": httpserver.url_for("/p")}),
+        json.dumps(
+            {"api.open-meteo.com": httpserver.url_for("/"), "svc.local:5555": httpserver.url_for("/p")}
+        ),
     )
     ctx = make_ctx()
-    assert http_tool({"url": "https://api.open-meteo.com/v1/forecast", "params": {"latitude": 1}}, ctx)["data"] == {"stub": True}
+    assert http_tool({"url": "https://api.open-meteo.com/v1/forecast", "params": {"latitude": 1}}, ctx)[
+        "data"
+    ] == {"stub": True}
     assert http_tool({"url": "http://svc.local:5555/x"}, ctx)["data"] == {"port": True}
     with pytest.raises(ToolError):  # another port of that host is not overridden
         http_tool({"url": "http://svc.local:1/x", "timeout": 1}, ctx)

@@ -22,7 +22,13 @@ from noetl_dagster.engine.keychain import (
 PG_LOCAL = {
     "name": "pg_local",
     "type": "postgres",
-    "data": {"db_host": "localhost", "db_port": "5432", "db_user": "noetl", "db_password": "s3cret-pw", "db_name": "noetl"},
+    "data": {
+        "db_host": "localhost",
+        "db_port": "5432",
+        "db_user": "noetl",
+        "db_password": "s3cret-pw",
+        "db_name": "noetl",
+    },
 }
 
 
@@ -106,7 +112,9 @@ def test_unknown_credential_is_a_clear_key_error(tmp_path):
     with pytest.raises(KeyError) as info:
         keychain.credential("nope")
     assert isinstance(info.value, UnknownCredential)
-    assert str(info.value).startswith("unknown credential 'nope': not declared under keychain: and not found in env")
+    assert str(info.value).startswith(
+        "unknown credential 'nope': not declared under keychain: and not found in env"
+    )
     assert "none.yaml" in str(info.value)
 
 
@@ -120,7 +128,9 @@ def test_secret_values_cover_passwords_not_plain_fields(tmp_path):
 
 
 def test_password_inside_a_dsn_is_secret(tmp_path):
-    keychain = Keychain([], providers=[EnvProvider({"NOETL_CREDENTIAL_DB_DSN": "postgresql://u:hunter22@h/db"})])
+    keychain = Keychain(
+        [], providers=[EnvProvider({"NOETL_CREDENTIAL_DB_DSN": "postgresql://u:hunter22@h/db"})]
+    )
     keychain.credential("db")
     assert keychain.secret_values() == {"hunter22"}
 
@@ -179,14 +189,21 @@ def test_declaration_cycle_is_reported():
 def test_credential_kind_and_secrets_kind_use_providers():
     env = EnvProvider(
         {
-            "NOETL_CREDENTIAL_AUTH0_CLIENT": json.dumps({"type": "oauth", "data": {"client_secret": "auth0-sec-1"}}),
+            "NOETL_CREDENTIAL_AUTH0_CLIENT": json.dumps(
+                {"type": "oauth", "data": {"client_secret": "auth0-sec-1"}}
+            ),
             "OPENAI_API_KEY": "sk-from-env-42",
         }
     )
     keychain = Keychain(
         [
             {"name": "auth0_credentials", "kind": "credential", "credential": "{{ cred }}"},
-            {"name": "openai_token", "kind": "secrets", "provider": "env", "map": {"api_key": "OPENAI_API_KEY"}},
+            {
+                "name": "openai_token",
+                "kind": "secrets",
+                "provider": "env",
+                "map": {"api_key": "OPENAI_API_KEY"},
+            },
         ],
         providers=[env],
         context={"cred": "auth0_client"},
@@ -200,7 +217,14 @@ def test_secrets_kind_from_the_credentials_file_secrets_block(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(yaml_dump({"secrets": {"projects/1/secrets/openai/versions/1": "sk-file-77"}}))
     keychain = Keychain(
-        [{"name": "t", "kind": "secrets", "provider": "gcp", "map": {"api_key": "projects/1/secrets/openai/versions/1"}}],
+        [
+            {
+                "name": "t",
+                "kind": "secrets",
+                "provider": "gcp",
+                "map": {"api_key": "projects/1/secrets/openai/versions/1"},
+            }
+        ],
         providers=[FileProvider(path)],
     )
     assert keychain.credential("t") == {"api_key": "sk-file-77"}
@@ -208,10 +232,20 @@ def test_secrets_kind_from_the_credentials_file_secrets_block(tmp_path):
 
 def test_missing_secret_names_entry_field_and_provider_never_a_value(tmp_path):
     keychain = Keychain(
-        [{"name": "t", "kind": "secrets", "provider": "gcp", "auth": "google_oauth", "map": {"api_key": "projects/x"}}],
+        [
+            {
+                "name": "t",
+                "kind": "secrets",
+                "provider": "gcp",
+                "auth": "google_oauth",
+                "map": {"api_key": "projects/x"},
+            }
+        ],
         providers=[EnvProvider({}), FileProvider(tmp_path / "absent.yaml")],
     )
-    with pytest.raises(KeychainError, match=r"keychain 't' \(secrets, provider gcp\): secret for field 'api_key' not found"):
+    with pytest.raises(
+        KeychainError, match=r"keychain 't' \(secrets, provider gcp\): secret for field 'api_key' not found"
+    ):
         keychain.credential("t")
 
 
@@ -257,7 +291,9 @@ def test_oauth2_declaration_fetches_a_token_from_a_real_server(httpserver):
 
 def test_oauth2_error_status_is_reported_without_the_body(httpserver):
     httpserver.expect_request("/t").respond_with_data("bad client secret csec-9", status=401)
-    keychain = Keychain([{"name": "tok", "kind": "oauth2", "endpoint": httpserver.url_for("/t")}], providers=[])
+    keychain = Keychain(
+        [{"name": "tok", "kind": "oauth2", "endpoint": httpserver.url_for("/t")}], providers=[]
+    )
     with pytest.raises(KeychainError) as info:
         keychain.credential("tok")
     assert "HTTP 401" in str(info.value) and "csec-9" not in str(info.value)
@@ -329,7 +365,10 @@ def test_bind_pushes_secrets_to_the_redactor_as_they_resolve():
     seen: list[set[str]] = []
     workload = {"openai_key": "sk-first"}
     keychain = Keychain(
-        [{"name": "t", "kind": "bearer", "token": "{{ workload.openai_key }}"}, {"name": "s", "kind": "static", "map": {"password": "pw-abc"}}],
+        [
+            {"name": "t", "kind": "bearer", "token": "{{ workload.openai_key }}"},
+            {"name": "s", "kind": "static", "map": {"password": "pw-abc"}},
+        ],
         providers=[],
     )
     keychain.credential("s")
@@ -343,5 +382,10 @@ def test_bind_pushes_secrets_to_the_redactor_as_they_resolve():
 
 def test_bind_uses_the_engine_renderer():
     keychain = Keychain([{"name": "t", "kind": "bearer", "token": "{{ key }}"}], providers=[])
-    keychain.bind(context={"key": "k-123"}, render=lambda value, names: {k: str(v).replace("{{ key }}", names["key"].upper()) for k, v in value.items()})
+    keychain.bind(
+        context={"key": "k-123"},
+        render=lambda value, names: {
+            k: str(v).replace("{{ key }}", names["key"].upper()) for k, v in value.items()
+        },
+    )
     assert keychain.credential("t")["token"] == "K-123"

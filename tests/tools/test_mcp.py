@@ -71,7 +71,9 @@ def test_tool_failure_and_unknown_tool_are_error_outcomes(server_file, make_ctx)
     ctx = make_ctx()
     with pytest.raises(ToolError) as ei:
         mcp_tool(stdio(server_file, tool="lookup", arguments={"city": "nowhere"}), ctx)
-    assert ei.value.kind == "mcp_tool_error" and "lookup" in ei.value.message  # the SDK hides the exception text
+    assert (
+        ei.value.kind == "mcp_tool_error" and "lookup" in ei.value.message
+    )  # the SDK hides the exception text
     assert ei.value.result["is_error"] is True
     with pytest.raises(ToolError) as ei:
         mcp_tool(stdio(server_file, tool="no_such_tool"), ctx)
@@ -100,7 +102,9 @@ def test_streamable_http_server(server_file, make_ctx):
                 if s.connect_ex(("127.0.0.1", port)) == 0:
                     break
             time.sleep(0.2)
-        out = mcp_tool({"url": f"http://127.0.0.1:{port}/mcp", "tool": "add", "arguments": {"a": 1, "b": 2}}, make_ctx())
+        out = mcp_tool(
+            {"url": f"http://127.0.0.1:{port}/mcp", "tool": "add", "arguments": {"a": 1, "b": 2}}, make_ctx()
+        )
         assert out["text"] == "3"
     finally:
         proc.terminate()
@@ -119,8 +123,23 @@ def test_bad_config_is_a_clear_validation_error(make_ctx):
 
 @pytest.mark.slow
 def test_mcp_in_a_playbook(server_file, tmp_path):
-    pb = load_playbook_dict({"apiVersion": "noetl.io/v2", "kind": "Playbook", "metadata": {"name": "m", "path": "t/m"},
-                             "workflow": [{"step": "start", "tool": {**stdio(server_file), "kind": "mcp", "tool": "add",
-                                                                     "arguments": {"a": "{{ workload.x }}", "b": 1}}}]})
+    pb = load_playbook_dict(
+        {
+            "apiVersion": "noetl.io/v2",
+            "kind": "Playbook",
+            "metadata": {"name": "m", "path": "t/m"},
+            "workflow": [
+                {
+                    "step": "start",
+                    "tool": {
+                        **stdio(server_file),
+                        "kind": "mcp",
+                        "tool": "add",
+                        "arguments": {"a": "{{ workload.x }}", "b": 1},
+                    },
+                }
+            ],
+        }
+    )
     res = run_playbook(pb, workload={"x": 41}, data_dir=tmp_path)
     assert res.status == "completed" and res.results["start"]["text"] == "42"

@@ -77,23 +77,44 @@ def responder():
 
 def test_publish_and_request_reply(responder, make_ctx):
     ctx = make_ctx()
-    out = nats_tool({"operation": "request", "subject": responder, "data": {"a": 1, "b": [1, 2]}, "servers": URL}, ctx)
+    out = nats_tool(
+        {"operation": "request", "subject": responder, "data": {"a": 1, "b": [1, 2]}, "servers": URL}, ctx
+    )
     assert out["data"] == {"echo": {"a": 1, "b": [1, 2]}, "n": 2}
     assert nats_tool({"operation": "publish", "subject": responder + ".x", "data": "hello"}, ctx) == {
-        "subject": responder + ".x", "bytes": 5}
+        "subject": responder + ".x",
+        "bytes": 5,
+    }
 
 
 def test_jetstream_publish_and_durable_consume_resumes(stream, make_ctx):
     ctx = make_ctx()
     subj = f"{stream.lower()}.orders"
-    acks = [nats_tool({"operation": "js_publish", "subject": subj, "data": {"i": i}, "headers": {"k": str(i)}}, ctx)
-            for i in range(25)]
+    acks = [
+        nats_tool(
+            {"operation": "js_publish", "subject": subj, "data": {"i": i}, "headers": {"k": str(i)}}, ctx
+        )
+        for i in range(25)
+    ]
     assert [a["seq"] for a in acks] == list(range(1, 26)) and acks[0]["stream"] == stream
-    first = nats_tool({"operation": "js_consume", "stream": stream, "subject": subj, "durable": "w1", "batch": 10}, ctx)
-    second = nats_tool({"operation": "js_consume", "stream": stream, "subject": subj, "durable": "w1", "batch": 100,
-                        "timeout": 0.5}, ctx)
+    first = nats_tool(
+        {"operation": "js_consume", "stream": stream, "subject": subj, "durable": "w1", "batch": 10}, ctx
+    )
+    second = nats_tool(
+        {
+            "operation": "js_consume",
+            "stream": stream,
+            "subject": subj,
+            "durable": "w1",
+            "batch": 100,
+            "timeout": 0.5,
+        },
+        ctx,
+    )
     assert [m["data"]["i"] for m in first["messages"]] == list(range(10))
-    assert [m["data"]["i"] for m in second["messages"]] == list(range(10, 25))  # acked ones are not redelivered
+    assert [m["data"]["i"] for m in second["messages"]] == list(
+        range(10, 25)
+    )  # acked ones are not redelivered
     assert first["messages"][3]["headers"] == {"k": "3"} and first["messages"][3]["seq"] == 4
     # an ephemeral consumer reads from the start; info and get_msg
     assert nats_tool({"operation": "js_consume", "stream": stream, "batch": 5}, ctx)["count"] == 5
@@ -113,6 +134,7 @@ def test_kv_put_get_delete(make_ctx):
         nats_tool({"operation": "kv_delete", "bucket": bucket, "key": "k1"}, ctx)
         assert nats_tool({"operation": "kv_get", "bucket": bucket, "key": "k1"}, ctx)["found"] is False
     finally:
+
         async def drop():
             nc = await nats.connect(URL)
             await nc.jetstream().delete_key_value(bucket)
@@ -124,7 +146,9 @@ def test_kv_put_get_delete(make_ctx):
 def test_failures_are_error_outcomes(make_ctx):
     ctx = make_ctx()
     with pytest.raises(ToolError) as ei:
-        nats_tool({"operation": "request", "subject": f"nobody.{uuid.uuid4().hex}", "data": "x", "timeout": 1}, ctx)
+        nats_tool(
+            {"operation": "request", "subject": f"nobody.{uuid.uuid4().hex}", "data": "x", "timeout": 1}, ctx
+        )
     assert ei.value.kind in ("no_responders", "timeout")
     with pytest.raises(ToolError) as ei:
         nats_tool({"operation": "publish", "subject": "x", "servers": "nats://127.0.0.1:1"}, ctx)

@@ -106,7 +106,11 @@ def test_builtin_table_is_pyproject_and_the_installed_entry_points():
             name, _, value = line.partition("=")
             declared[name.strip()] = value.strip().strip('"')
     assert catalogue.BUILTIN_KINDS == declared
-    installed = {ep.name: ep.value for ep in distribution("noetl-dagster").entry_points if ep.group == "noetl_dagster.tools"}
+    installed = {
+        ep.name: ep.value
+        for ep in distribution("noetl-dagster").entry_points
+        if ep.group == "noetl_dagster.tools"
+    }
     assert installed == declared, "pyproject entry points and the installed metadata differ: pip install -e ."
 
 

@@ -35,7 +35,9 @@ def _fresh_dsn(pg_tools_db: str) -> str:
     return f"{pg_tools_db}?application_name=fast_{uuid.uuid4().hex[:8]}"
 
 
-def test_hot_path_parses_the_conninfo_once_and_makes_one_socket_per_connection(make_ctx, pg_tools_db, table, monkeypatch):
+def test_hot_path_parses_the_conninfo_once_and_makes_one_socket_per_connection(
+    make_ctx, pg_tools_db, table, monkeypatch
+):
     dsn = _fresh_dsn(pg_tools_db)
     ctx = make_ctx()
     ctx.spec = {"pool_size": 1}
@@ -46,9 +48,16 @@ def test_hot_path_parses_the_conninfo_once_and_makes_one_socket_per_connection(m
     monkeypatch.setattr(pg, "conninfo_to_dict", lambda s: parses.append(s) or real_parse(s))
     monkeypatch.setattr(os, "dup", lambda fd: dups.append(fd) or real_dup(fd))
     for i in range(30):
-        postgres_tool({"connection_string": dsn, "command": f"INSERT INTO {table} VALUES (%s, %s)", "params": [i, "n"]}, ctx)
+        postgres_tool(
+            {"connection_string": dsn, "command": f"INSERT INTO {table} VALUES (%s, %s)", "params": [i, "n"]},
+            ctx,
+        )
     # before: every call parsed the conninfo for lineage (libpq's parser) and dup'ed the socket twice
-    assert len(notes) == 30 and notes[-1]["sql_namespace"].startswith("postgres://") and notes[-1]["sql_database"]
+    assert (
+        len(notes) == 30
+        and notes[-1]["sql_namespace"].startswith("postgres://")
+        and notes[-1]["sql_database"]
+    )
     assert len(parses) <= 2  # the auth checked for a password once per execution, the server once per process
     assert len(dups) == 1  # one pooled connection, one kept socket for its TCP_INFO
     with psycopg.connect(pg_tools_db) as c:
@@ -82,9 +91,13 @@ def test_wire_bytes_stay_per_call_when_one_read_serves_as_the_next_before(make_c
     ctx.spec = {"pool_size": 1}  # every call on the same connection
     big_in = _metered({"connection_string": dsn, "query": "SELECT repeat('x', 200000) AS big"}, ctx)
     small = _metered({"connection_string": dsn, "query": "SELECT 1 AS one"}, ctx)
-    postgres_tool({"connection_string": dsn, "query": "SELECT repeat('y', 100000) AS unmetered"}, ctx)  # no meter
+    postgres_tool(
+        {"connection_string": dsn, "query": "SELECT repeat('y', 100000) AS unmetered"}, ctx
+    )  # no meter
     after_unmetered = _metered({"connection_string": dsn, "query": "SELECT 2 AS two"}, ctx)
-    big_out = _metered({"connection_string": dsn, "query": "SELECT length(%s) AS n", "params": ["p" * 50000]}, ctx)
+    big_out = _metered(
+        {"connection_string": dsn, "query": "SELECT length(%s) AS n", "params": ["p" * 50000]}, ctx
+    )
     assert 200_000 <= big_in["net_in_bytes"] < 210_000 and big_in["net_out_bytes"] < 1_000
     assert small["net_in_bytes"] < 1_000 and small["net_out_bytes"] < 1_000
     assert after_unmetered["net_in_bytes"] < 1_000  # the unmetered 100 kB is not billed to the next call
@@ -95,24 +108,49 @@ def test_wire_bytes_stay_per_call_when_one_read_serves_as_the_next_before(make_c
 def test_batch_runs_executemany_in_one_transaction(make_ctx, pg_keychain, pg_tools_db, table):
     ctx = make_ctx(pg_keychain)
     rows = [{"id": i, "note": f"row {i}"} for i in range(500)]
-    out = postgres_tool({"auth": "pg_test", "command": f"INSERT INTO {table} (id, note) VALUES (%(id)s, %(note)s)", "batch": rows}, ctx)
+    out = postgres_tool(
+        {
+            "auth": "pg_test",
+            "command": f"INSERT INTO {table} (id, note) VALUES (%(id)s, %(note)s)",
+            "batch": rows,
+        },
+        ctx,
+    )
     assert out["row_count"] == 500 and out["rows"] == [] and out["command_0"]["row_count"] == 500
     ret = postgres_tool(
-        {"auth": "pg_test", "command": f"UPDATE {table} SET note = %s WHERE id = %s RETURNING id, note", "batch": [["a", 3], ["b", 1], ["c", 999]]},
+        {
+            "auth": "pg_test",
+            "command": f"UPDATE {table} SET note = %s WHERE id = %s RETURNING id, note",
+            "batch": [["a", 3], ["b", 1], ["c", 999]],
+        },
         ctx,
     )
     assert ret["rows"] == [{"id": 3, "note": "a"}, {"id": 1, "note": "b"}] and ret["row_count"] == 2
     assert ret["columns"] == ["id", "note"]
     with pytest.raises(ToolError) as e:  # row 2 collides with an existing id: nothing of the batch stays
-        postgres_tool({"auth": "pg_test", "command": f"INSERT INTO {table} (id) VALUES (%s)", "batch": [[1000], [0], [1001]]}, ctx)
+        postgres_tool(
+            {
+                "auth": "pg_test",
+                "command": f"INSERT INTO {table} (id) VALUES (%s)",
+                "batch": [[1000], [0], [1001]],
+            },
+            ctx,
+        )
     assert e.value.details["pg"]["code"] == "unique_violation" and not e.value.retryable
     with psycopg.connect(pg_tools_db) as c:
-        assert c.execute(f"SELECT count(*), count(*) FILTER (WHERE id >= 1000) FROM {table}").fetchone() == (500, 0)
+        assert c.execute(f"SELECT count(*), count(*) FILTER (WHERE id >= 1000) FROM {table}").fetchone() == (
+            500,
+            0,
+        )
     with pytest.raises(ToolError, match="exactly one statement"):
         postgres_tool({"auth": "pg_test", "command": "SELECT 1; SELECT 2", "batch": [[1]]}, ctx)
     with pytest.raises(ToolError, match=r"batch\[1\] must be a list or a mapping"):
-        postgres_tool({"auth": "pg_test", "command": f"INSERT INTO {table} (id) VALUES (%s)", "batch": [[1], 5]}, ctx)
-    empty = postgres_tool({"auth": "pg_test", "command": f"INSERT INTO {table} (id) VALUES (%s)", "batch": []}, ctx)
+        postgres_tool(
+            {"auth": "pg_test", "command": f"INSERT INTO {table} (id) VALUES (%s)", "batch": [[1], 5]}, ctx
+        )
+    empty = postgres_tool(
+        {"auth": "pg_test", "command": f"INSERT INTO {table} (id) VALUES (%s)", "batch": []}, ctx
+    )
     assert empty["row_count"] == 0
 
 
@@ -124,16 +162,29 @@ def test_copy_streams_lists_and_mappings_with_json_values(make_ctx, pg_keychain,
                                                     "rows": [[1, "tab\there", {"k": [1, 2]}], [2, None, None]]}}, ctx)  # fmt: skip
     assert out["row_count"] == 2 and out["command_0"]["row_count"] == 2
     assert notes[-1]["sql"] == f"COPY public.{table} (id, note, doc) FROM STDIN"
-    out = postgres_tool({"auth": "pg_test", "copy": {"table": table, "rows": [{"id": i, "note": f"n{i}"} for i in range(3, 2003)]}}, ctx)
+    out = postgres_tool(
+        {
+            "auth": "pg_test",
+            "copy": {"table": table, "rows": [{"id": i, "note": f"n{i}"} for i in range(3, 2003)]},
+        },
+        ctx,
+    )
     assert out["row_count"] == 2000
     with psycopg.connect(pg_tools_db) as c:
-        assert c.execute(f"SELECT note, doc FROM {table} WHERE id = 1").fetchone() == ("tab\there", {"k": [1, 2]})
+        assert c.execute(f"SELECT note, doc FROM {table} WHERE id = 1").fetchone() == (
+            "tab\there",
+            {"k": [1, 2]},
+        )
         assert c.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 2002
     with pytest.raises(ToolError) as e:  # a duplicate key anywhere: the COPY is one transaction
-        postgres_tool({"auth": "pg_test", "copy": {"table": table, "columns": ["id"], "rows": [[5000], [1]]}}, ctx)
+        postgres_tool(
+            {"auth": "pg_test", "copy": {"table": table, "columns": ["id"], "rows": [[5000], [1]]}}, ctx
+        )
     assert e.value.details["pg"]["code"] == "unique_violation"
     with pytest.raises(ToolError, match="must be a list or a mapping"):
-        postgres_tool({"auth": "pg_test", "copy": {"table": table, "columns": ["id"], "rows": [[6000], "x"]}}, ctx)
+        postgres_tool(
+            {"auth": "pg_test", "copy": {"table": table, "columns": ["id"], "rows": [[6000], "x"]}}, ctx
+        )
     with psycopg.connect(pg_tools_db) as c:
         assert c.execute(f"SELECT count(*) FROM {table} WHERE id >= 5000").fetchone()[0] == 0
     with pytest.raises(ToolError, match="'copy.table' is required"):
@@ -176,7 +227,9 @@ def test_a_repeated_statement_is_prepared_server_side_from_its_second_call(make_
     insert = f"INSERT INTO {table} (id, note) VALUES (%s, %s)"
 
     def prepared() -> list[str]:
-        out = postgres_tool({"connection_string": dsn, "query": "SELECT statement FROM pg_prepared_statements"}, ctx)
+        out = postgres_tool(
+            {"connection_string": dsn, "query": "SELECT statement FROM pg_prepared_statements"}, ctx
+        )
         return [r["statement"] for r in out["rows"] if table in r["statement"]]
 
     postgres_tool({"connection_string": dsn, "command": insert, "params": [1, "a"]}, ctx)

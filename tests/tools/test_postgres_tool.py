@@ -25,7 +25,10 @@ def test_registered():
 
 
 def test_select_returns_rows_as_objects(make_ctx, pg_keychain):
-    out = postgres_tool({"auth": "pg_test", "query": "SELECT 1 AS a, 'x' AS b UNION ALL SELECT 2, 'y' ORDER BY a"}, make_ctx(pg_keychain))
+    out = postgres_tool(
+        {"auth": "pg_test", "query": "SELECT 1 AS a, 'x' AS b UNION ALL SELECT 2, 'y' ORDER BY a"},
+        make_ctx(pg_keychain),
+    )
     expected = {"rows": [{"a": 1, "b": "x"}, {"a": 2, "b": "y"}], "row_count": 2, "columns": ["a", "b"]}
     assert out == {**expected, "command_0": expected}
 
@@ -48,21 +51,38 @@ def test_several_statements_return_the_last_result(make_ctx, pg_keychain, table)
         {"id": 2, "note": "dollar; quoted", "payload": None},
     ]
     assert out["columns"] == ["id", "note", "payload"]
-    assert out["command_1"] == {"rows": [], "row_count": 2, "columns": []} and out["command_2"]["rows"] == out["rows"]
+    assert (
+        out["command_1"] == {"rows": [], "row_count": 2, "columns": []}
+        and out["command_2"]["rows"] == out["rows"]
+    )
     assert "command_3" not in out
 
 
 def test_last_statement_without_rows_reports_row_count(make_ctx, pg_keychain, table):
     out = postgres_tool(
-        {"auth": "pg_test", "command": f"CREATE TABLE {table} (id int); INSERT INTO {table} SELECT generate_series(1, 5)"},
+        {
+            "auth": "pg_test",
+            "command": f"CREATE TABLE {table} (id int); INSERT INTO {table} SELECT generate_series(1, 5)",
+        },
         make_ctx(pg_keychain),
     )
-    assert {k: out[k] for k in ("rows", "row_count", "columns")} == {"rows": [], "row_count": 5, "columns": []}
+    assert {k: out[k] for k in ("rows", "row_count", "columns")} == {
+        "rows": [],
+        "row_count": 5,
+        "columns": [],
+    }
 
 
 def test_list_of_commands(make_ctx, pg_keychain, table):
     out = postgres_tool(
-        {"auth": "pg_test", "command": [f"CREATE TABLE {table} (id int)", f"INSERT INTO {table} VALUES (7)", f"SELECT * FROM {table}"]},
+        {
+            "auth": "pg_test",
+            "command": [
+                f"CREATE TABLE {table} (id int)",
+                f"INSERT INTO {table} VALUES (7)",
+                f"SELECT * FROM {table}",
+            ],
+        },
         make_ctx(pg_keychain),
     )
     assert out["rows"] == [{"id": 7}]
@@ -72,8 +92,12 @@ def test_params_are_bound_server_side_never_spliced(make_ctx, pg_keychain, table
     ctx = make_ctx(pg_keychain)
     postgres_tool({"auth": "pg_test", "command": f"CREATE TABLE {table} (id int, name text)"}, ctx)
     evil = "x'); DROP TABLE " + table + "; --"
-    postgres_tool({"auth": "pg_test", "command": f"INSERT INTO {table} VALUES (%s, %s)", "params": [1, evil]}, ctx)
-    out = postgres_tool({"auth": "pg_test", "query": f"SELECT name FROM {table} WHERE id = %(id)s", "params": {"id": 1}}, ctx)
+    postgres_tool(
+        {"auth": "pg_test", "command": f"INSERT INTO {table} VALUES (%s, %s)", "params": [1, evil]}, ctx
+    )
+    out = postgres_tool(
+        {"auth": "pg_test", "query": f"SELECT name FROM {table} WHERE id = %(id)s", "params": {"id": 1}}, ctx
+    )
     assert out["rows"] == [{"name": evil}]
 
 
@@ -93,24 +117,37 @@ def test_named_params_across_statements_in_one_transaction(make_ctx, pg_keychain
 
 def test_positional_params_ambiguous_across_statements(make_ctx, pg_keychain):
     with pytest.raises(ToolError, match="use named params"):
-        postgres_tool({"auth": "pg_test", "command": "SELECT %s; SELECT %s", "params": [1, 2]}, make_ctx(pg_keychain))
+        postgres_tool(
+            {"auth": "pg_test", "command": "SELECT %s; SELECT %s", "params": [1, 2]}, make_ctx(pg_keychain)
+        )
 
 
 def test_failure_rolls_back_the_whole_command(make_ctx, pg_keychain, table):
     ctx = make_ctx(pg_keychain)
     postgres_tool({"auth": "pg_test", "command": f"CREATE TABLE {table} (id int PRIMARY KEY)"}, ctx)
     with pytest.raises(ToolError) as info:
-        postgres_tool({"auth": "pg_test", "command": f"INSERT INTO {table} VALUES (1); INSERT INTO {table} VALUES (1)"}, ctx)
+        postgres_tool(
+            {"auth": "pg_test", "command": f"INSERT INTO {table} VALUES (1); INSERT INTO {table} VALUES (1)"},
+            ctx,
+        )
     assert info.value.details["pg"] == {"code": "unique_violation", "sqlstate": "23505"}
     assert not info.value.retryable
-    assert postgres_tool({"auth": "pg_test", "query": f"SELECT count(*) AS n FROM {table}"}, ctx)["rows"] == [{"n": 0}]
+    assert postgres_tool({"auth": "pg_test", "query": f"SELECT count(*) AS n FROM {table}"}, ctx)["rows"] == [
+        {"n": 0}
+    ]
     # the same with params (explicit transaction path)
     with pytest.raises(ToolError):
         postgres_tool(
-            {"auth": "pg_test", "command": f"INSERT INTO {table} VALUES (%(a)s); INSERT INTO {table} VALUES (%(a)s)", "params": {"a": 5}},
+            {
+                "auth": "pg_test",
+                "command": f"INSERT INTO {table} VALUES (%(a)s); INSERT INTO {table} VALUES (%(a)s)",
+                "params": {"a": 5},
+            },
             ctx,
         )
-    assert postgres_tool({"auth": "pg_test", "query": f"SELECT count(*) AS n FROM {table}"}, ctx)["rows"] == [{"n": 0}]
+    assert postgres_tool({"auth": "pg_test", "query": f"SELECT count(*) AS n FROM {table}"}, ctx)["rows"] == [
+        {"n": 0}
+    ]
 
 
 def test_bad_sql_carries_pg_code_and_sqlstate(make_ctx, pg_keychain):
@@ -156,8 +193,11 @@ def test_unknown_credential(make_ctx, pg_keychain):
 
 def test_connection_string_directly_and_in_a_record(make_ctx, pg_keychain, pg_tools_db):
     ctx = make_ctx(pg_keychain)
-    assert postgres_tool({"connection_string": pg_tools_db, "query": "SELECT current_database() AS d"}, ctx)["rows"][0]["d"] == (
-        pg_tools_db.rpartition("/")[2]
+    assert (
+        postgres_tool({"connection_string": pg_tools_db, "query": "SELECT current_database() AS d"}, ctx)[
+            "rows"
+        ][0]["d"]
+        == (pg_tools_db.rpartition("/")[2])
     )
     assert postgres_tool({"auth": "pg_dsn", "query": "SELECT 1 AS one"}, ctx)["rows"] == [{"one": 1}]
 
@@ -166,7 +206,13 @@ def test_schema_sets_search_path_for_the_call(make_ctx, pg_keychain, pg_tools_db
     schema = "s_" + uuid.uuid4().hex[:8]
     ctx = make_ctx(pg_keychain)
     try:
-        postgres_tool({"auth": "pg_test", "command": f"CREATE SCHEMA {schema}; CREATE TABLE {schema}.t (v int); INSERT INTO {schema}.t VALUES (9)"}, ctx)
+        postgres_tool(
+            {
+                "auth": "pg_test",
+                "command": f"CREATE SCHEMA {schema}; CREATE TABLE {schema}.t (v int); INSERT INTO {schema}.t VALUES (9)",
+            },
+            ctx,
+        )
         out = postgres_tool({"auth": "pg_test", "schema": schema, "query": "SELECT v FROM t"}, ctx)
         assert out["rows"] == [{"v": 9}]
         with pytest.raises(ToolError):  # search_path was local to that call
@@ -184,7 +230,9 @@ def test_one_pool_per_credential_shared_by_parallel_calls(make_ctx, pg_keychain,
     def insert(start: int):
         try:
             for i in range(start, start + 25):
-                postgres_tool({"auth": "pg_test", "command": f"INSERT INTO {table} VALUES (%s)", "params": [i]}, ctx)
+                postgres_tool(
+                    {"auth": "pg_test", "command": f"INSERT INTO {table} VALUES (%s)", "params": [i]}, ctx
+                )
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
 
@@ -194,7 +242,9 @@ def test_one_pool_per_credential_shared_by_parallel_calls(make_ctx, pg_keychain,
     for t in threads:
         t.join()
     assert not errors
-    assert postgres_tool({"auth": "pg_test", "query": f"SELECT count(*) AS n FROM {table}"}, ctx)["rows"] == [{"n": 200}]
+    assert postgres_tool({"auth": "pg_test", "query": f"SELECT count(*) AS n FROM {table}"}, ctx)["rows"] == [
+        {"n": 200}
+    ]
     from noetl_dagster.tools.postgres import connector_for
 
     assert set(ctx.factory_calls.values()) == {1}  # the credential resolved once per execution
@@ -206,7 +256,10 @@ def test_one_pool_per_credential_shared_by_parallel_calls(make_ctx, pg_keychain,
 
 def test_huge_result(make_ctx, pg_keychain):
     out = postgres_tool(
-        {"auth": "pg_test", "query": "SELECT g AS id, md5(g::text) AS h, now() AS ts, g::numeric / 3 AS q FROM generate_series(1, 50000) g"},
+        {
+            "auth": "pg_test",
+            "query": "SELECT g AS id, md5(g::text) AS h, now() AS ts, g::numeric / 3 AS q FROM generate_series(1, 50000) g",
+        },
         make_ctx(pg_keychain),
     )
     assert out["row_count"] == 50000

@@ -22,7 +22,13 @@ def test_libs_from_import_and_alias_forms(data_dir):
 
 
 def test_libs_list_form(data_dir):
-    r = _run({"kind": "python", "libs": ["math", {"import": "json", "as": "j"}], "code": "result = j.dumps(math.floor(2.7))"})
+    r = _run(
+        {
+            "kind": "python",
+            "libs": ["math", {"import": "json", "as": "j"}],
+            "code": "result = j.dumps(math.floor(2.7))",
+        }
+    )
     assert r.results["start"] == "2"
 
 

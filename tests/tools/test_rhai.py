@@ -52,24 +52,30 @@ BOOK = [
     ("let a = [3, 1, 2]; a.sort(); a.reverse(); a", [3, 2, 1]),
     ("[1, 2, 3].contains(2)", True),
     # object maps (book: "Object maps": #{...}, property and index access, keys)
-    ("let y = #{ a: 1, b: 2, c: 3 }; y.a = 42; y.a + y[\"b\"]", 44),
+    ('let y = #{ a: 1, b: 2, c: 3 }; y.a = 42; y.a + y["b"]', 44),
     ('let y = #{ "key with space": 1 }; y["key with space"]', 1),
     ("let y = #{ a: #{ b: 1 } }; y.a.b = 5; y", {"a": {"b": 5}}),
     ("let y = #{ a: 1 }; y.missing", None),
     ("let y = #{ a: 1, b: 2 }; y.keys()", ["a", "b"]),
-    ("let y = #{ a: 1, b: 2 }; y.remove(\"a\"); y.len()", 1),
+    ('let y = #{ a: 1, b: 2 }; y.remove("a"); y.len()', 1),
     # if / else (book: "If statement": also an expression)
-    ("let x = 42; if x > 10 { \"big\" } else if x > 5 { \"mid\" } else { \"small\" }", "big"),
+    ('let x = 42; if x > 10 { "big" } else if x > 5 { "mid" } else { "small" }', "big"),
     ("let decision = false; let x = if decision { 42 } else { 123 }; x", 123),
     ("let x = if false { 1 }; x", None),
     # while / loop with break and continue (book: "While loop", "Infinite loop")
-    ("let x = 10; let seen = []; while x > 0 { x -= 1; if x < 6 { continue; } seen.push(x); if x == 5 { break; } } seen",
-     [9, 8, 7, 6]),
-    ("let x = 10; let seen = []; loop { x -= 1; if x > 5 { continue; } seen.push(x); if x == 0 { break; } } seen",
-     [5, 4, 3, 2, 1, 0]),
+    (
+        "let x = 10; let seen = []; while x > 0 { x -= 1; if x < 6 { continue; } seen.push(x); if x == 5 { break; } } seen",
+        [9, 8, 7, 6],
+    ),
+    (
+        "let x = 10; let seen = []; loop { x -= 1; if x > 5 { continue; } seen.push(x); if x == 0 { break; } } seen",
+        [5, 4, 3, 2, 1, 0],
+    ),
     # for over arrays, ranges and strings (book: "For loop")
-    ("let array = [1, 3, 5, 7, 9, 42]; let out = []; for x in array { if x > 10 { continue; } out.push(x); } out",
-     [1, 3, 5, 7, 9]),
+    (
+        "let array = [1, 3, 5, 7, 9, 42]; let out = []; for x in array { if x > 10 { continue; } out.push(x); } out",
+        [1, 3, 5, 7, 9],
+    ),
     ("let sum = 0; for x in 0..50 { sum += x; } sum", 1225),
     ("let sum = 0; for x in 1..=10 { sum += x; } sum", 55),
     ('let n = 0; for c in "abc" { n += 1; } n', 3),
@@ -78,9 +84,9 @@ BOOK = [
     ("/* block */ let x = 1; // line\n{ let x = 2; } x", 1),
     ("()", None),
     # helpers NoETL registers: to_json / parse_json, type_of
-    ('to_json(#{a: [1, 2]})', '{"a":[1,2]}'),
+    ("to_json(#{a: [1, 2]})", '{"a":[1,2]}'),
     ('parse_json("{\\"a\\": 1}").a', 1),
-    ("type_of(1) + type_of(\"s\") + type_of([]) + type_of(#{})", "i64stringarraymap"),
+    ('type_of(1) + type_of("s") + type_of([]) + type_of(#{})', "i64stringarraymap"),
 ]
 
 
@@ -130,7 +136,8 @@ def test_validate_reports_an_unsupported_construct_with_its_line():
 
 def test_a_rhai_playbook_through_the_cli(tmp_path):
     f = tmp_path / "rhai.yaml"
-    f.write_text(textwrap.dedent("""\
+    f.write_text(
+        textwrap.dedent("""\
         apiVersion: noetl.io/v2
         kind: Playbook
         metadata: {name: rhai, path: tests/rhai}
@@ -150,7 +157,8 @@ def test_a_rhai_playbook_through_the_cli(tmp_path):
             next: {arcs: [{step: loop_forever}]}
           - step: loop_forever
             tool: {kind: rhai, max_operations: 5000, code: "let n = 0; loop { n += 1; }"}
-    """))
+    """)
+    )
     env = {**os.environ, "NOETL_DAGSTER_HOME": str(tmp_path / "h")}
     v = subprocess.run([sys.executable, "-m", "noetl_dagster.commands.main", "validate", str(f)],
                        capture_output=True, text=True, env=env, timeout=120)  # fmt: skip

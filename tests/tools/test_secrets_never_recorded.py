@@ -27,7 +27,11 @@ SECRETS = {
 
 
 def echo(request: Request) -> Response:
-    body = {"headers": dict(request.headers), "args": request.args.to_dict(), "json": request.get_json(silent=True)}
+    body = {
+        "headers": dict(request.headers),
+        "args": request.args.to_dict(),
+        "json": request.get_json(silent=True),
+    }
     status = 500 if request.path.endswith("/fail") else 200
     return Response(json.dumps(body), status=status, content_type="application/json")
 
@@ -144,13 +148,19 @@ def test_secrets_never_appear_in_events_payloads_or_output(tmp_path, httpserver,
     httpserver.expect_request("/auth").respond_with_handler(echo)
     httpserver.expect_request("/template").respond_with_handler(echo)
     playbook = tmp_path / "probe.yaml"
-    playbook.write_text(textwrap.dedent(PLAYBOOK.format(echo=httpserver.url_for("").rstrip("/"), client_secret=SECRETS["client_secret"])))
+    playbook.write_text(
+        textwrap.dedent(
+            PLAYBOOK.format(echo=httpserver.url_for("").rstrip("/"), client_secret=SECRETS["client_secret"])
+        )
+    )
     # the playbook file itself holds client_secret (a static map); everything else comes from providers
     proc = run_cli(tmp_path, playbook, *(["--json"] if json_output else []))
     assert proc.returncode == 1, proc.stderr  # fail_loudly fails the run, after the secrets were used
 
     # the echo server really received every secret, so the results did carry them
-    sent = json.dumps([e[0].headers.items() and dict(e[0].headers) | e[0].args.to_dict() for e in httpserver.log])
+    sent = json.dumps(
+        [e[0].headers.items() and dict(e[0].headers) | e[0].args.to_dict() for e in httpserver.log]
+    )
     for name in ("api_token", "client_secret", "env_secret"):
         assert SECRETS[name] in sent, name
 

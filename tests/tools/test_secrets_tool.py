@@ -15,11 +15,15 @@ def keychain() -> Keychain:
     env = EnvProvider(
         {
             "NOETL_CREDENTIAL_API": json.dumps({"type": "bearer", "token": "tok-secret-123"}),
-            "NOETL_CREDENTIAL_PG_LOCAL": json.dumps({"type": "postgres", "data": {"db_host": "h", "db_password": "pw-777"}}),
+            "NOETL_CREDENTIAL_PG_LOCAL": json.dumps(
+                {"type": "postgres", "data": {"db_host": "h", "db_password": "pw-777"}}
+            ),
             "NOETL_CREDENTIAL_MULTI": json.dumps({"a": "1111", "b": "2222"}),
         }
     )
-    return Keychain([{"name": "declared", "kind": "static", "map": {"client_secret": "cs-999"}}], providers=[env])
+    return Keychain(
+        [{"name": "declared", "kind": "static", "map": {"client_secret": "cs-999"}}], providers=[env]
+    )
 
 
 def test_registered():
@@ -29,7 +33,12 @@ def test_registered():
 def test_reads_a_field_and_redacts_it(make_ctx):
     ctx = make_ctx(keychain())
     out = secrets_tool({"name": "pg_local", "field": "db_password"}, ctx)
-    assert out == {"name": "pg_local", "field": "db_password", "ref": "keychain:pg_local.db_password", "value": "pw-777"}
+    assert out == {
+        "name": "pg_local",
+        "field": "db_password",
+        "ref": "keychain:pg_local.db_password",
+        "value": "pw-777",
+    }
     assert "pw-777" in ctx.redacted and "pw-777" in ctx.keychain.secret_values()
 
 

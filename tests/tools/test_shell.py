@@ -17,8 +17,13 @@ from noetl_dagster.tools.shell import script_tool, shell_tool
 def test_shell_runs_commands_with_env_in_the_work_directory(make_ctx, tmp_path, monkeypatch):
     monkeypatch.setenv("NOETL_SECRET_FROM_WORKER", "must-not-leak")
     ctx = make_ctx()
-    out = shell_tool({"cmds": ["echo hello $GREETING; pwd", "echo err >&2; echo -n \"[$NOETL_SECRET_FROM_WORKER]\""],
-                      "env": {"GREETING": "world"}}, ctx)
+    out = shell_tool(
+        {
+            "cmds": ["echo hello $GREETING; pwd", 'echo err >&2; echo -n "[$NOETL_SECRET_FROM_WORKER]"'],
+            "env": {"GREETING": "world"},
+        },
+        ctx,
+    )
     work = tmp_path / "data" / "work" / "exec-test"
     assert out["returncode"] == 0
     assert out["stdout"] == f"hello world\n{work.resolve()}\n[]"
@@ -52,7 +57,9 @@ def test_cwd_is_confined_to_the_work_directory(make_ctx, tmp_path):
     for bad in ("/tmp", "../..", "sub/../../x"):
         with pytest.raises(ToolError) as ei:
             shell_tool({"cmd": "true", "cwd": bad}, ctx)
-        assert ei.value.kind == "config_error" and "outside the execution's work directory" in ei.value.message
+        assert (
+            ei.value.kind == "config_error" and "outside the execution's work directory" in ei.value.message
+        )
     # turned off explicitly: any directory, the worker's environment
     out = shell_tool({"cmd": "pwd", "cwd": str(tmp_path), "sandbox": False}, ctx)
     assert out["stdout"].strip() == str(tmp_path)
@@ -77,8 +84,14 @@ def test_large_output_is_capped_and_stored_by_reference(make_ctx):
 
 def test_script_runs_inline_python_and_files_with_args(make_ctx, tmp_path):
     ctx = make_ctx()
-    out = script_tool({"code": "import sys, os; print(sys.argv[1:], os.getcwd().endswith('exec-test'))",
-                       "interpreter": "python", "args": ["a", 2]}, ctx)
+    out = script_tool(
+        {
+            "code": "import sys, os; print(sys.argv[1:], os.getcwd().endswith('exec-test'))",
+            "interpreter": "python",
+            "args": ["a", 2],
+        },
+        ctx,
+    )
     assert out["stdout"] == "['a', '2'] True\n"
     f = tmp_path / "job.sh"
     f.write_text("echo from-file $1\nexit 4\n")
@@ -98,20 +111,52 @@ def test_bad_config_is_a_one_line_validation_error():
 
 
 def _pb(workflow):
-    return load_playbook_dict({"apiVersion": "noetl.io/v2", "kind": "Playbook",
-                               "metadata": {"name": "sh", "path": "tests/sh"}, "workflow": workflow})
+    return load_playbook_dict(
+        {
+            "apiVersion": "noetl.io/v2",
+            "kind": "Playbook",
+            "metadata": {"name": "sh", "path": "tests/sh"},
+            "workflow": workflow,
+        }
+    )
 
 
 def test_shell_in_a_playbook_success_and_error_outcome(tmp_path):
-    pb = _pb([
-        {"step": "start", "tool": {"kind": "shell", "cmds": ["echo -n {{ workload.word }}"]},
-         "next": {"arcs": [{"step": "fail"}]}},
-        {"step": "fail", "tool": {"kind": "shell", "cmd": "exit 7", "spec": {"policy": {"rules": [
-            {"when": "{{ output.status == 'error' and output.error.code == 7 }}", "then": {"do": "continue"}}]}}},
-         "next": {"arcs": [{"step": "end"}]}},
-        {"step": "end", "tool": {"kind": "python", "input": {"w": "{{ start.stdout }}", "rc": "{{ fail.returncode }}"},
-                                 "code": "result = {'w': w, 'rc': rc}"}},
-    ])
+    pb = _pb(
+        [
+            {
+                "step": "start",
+                "tool": {"kind": "shell", "cmds": ["echo -n {{ workload.word }}"]},
+                "next": {"arcs": [{"step": "fail"}]},
+            },
+            {
+                "step": "fail",
+                "tool": {
+                    "kind": "shell",
+                    "cmd": "exit 7",
+                    "spec": {
+                        "policy": {
+                            "rules": [
+                                {
+                                    "when": "{{ output.status == 'error' and output.error.code == 7 }}",
+                                    "then": {"do": "continue"},
+                                }
+                            ]
+                        }
+                    },
+                },
+                "next": {"arcs": [{"step": "end"}]},
+            },
+            {
+                "step": "end",
+                "tool": {
+                    "kind": "python",
+                    "input": {"w": "{{ start.stdout }}", "rc": "{{ fail.returncode }}"},
+                    "code": "result = {'w': w, 'rc': rc}",
+                },
+            },
+        ]
+    )
     res = run_playbook(pb, workload={"word": "hi"}, data_dir=tmp_path)
     assert res.status == "completed", res
     assert res.results["end"] == {"w": "hi", "rc": 7}

@@ -15,7 +15,13 @@ from noetl_dagster.runners.local import run_playbook
 
 def playbook(workflow, **extra):
     return load_playbook_dict(
-        {"apiVersion": "noetl.io/v2", "kind": "Playbook", "metadata": {"name": "t", "path": "tests/t"}, "workflow": workflow, **extra}
+        {
+            "apiVersion": "noetl.io/v2",
+            "kind": "Playbook",
+            "metadata": {"name": "t", "path": "tests/t"},
+            "workflow": workflow,
+            **extra,
+        }
     )
 
 
@@ -30,7 +36,9 @@ def events(res, tmp_path):
 
 
 def test_429_is_retried_by_a_policy_and_then_succeeds(httpserver, tmp_path):
-    httpserver.expect_ordered_request("/busy").respond_with_data("slow down", status=429, headers={"Retry-After": "0"})
+    httpserver.expect_ordered_request("/busy").respond_with_data(
+        "slow down", status=429, headers={"Retry-After": "0"}
+    )
     httpserver.expect_ordered_request("/busy").respond_with_data("still busy", status=503)
     httpserver.expect_ordered_request("/busy").respond_with_json({"ok": True})
     pb = playbook(
@@ -43,7 +51,10 @@ def test_429_is_retried_by_a_policy_and_then_succeeds(httpserver, tmp_path):
                     "spec": {
                         "policy": {
                             "rules": [
-                                {"when": "{{ output.status == 'error' and output.error.retryable }}", "then": {"do": "retry", "attempts": 3, "delay": 0.05}},
+                                {
+                                    "when": "{{ output.status == 'error' and output.error.retryable }}",
+                                    "then": {"do": "retry", "attempts": 3, "delay": 0.05},
+                                },
                                 {"else": {"then": {"do": "continue"}}},
                             ]
                         }
@@ -62,7 +73,10 @@ def test_429_is_retried_by_a_policy_and_then_succeeds(httpserver, tmp_path):
 
 def test_non_2xx_without_a_policy_fails_the_execution(httpserver, tmp_path):
     httpserver.expect_request("/nf").respond_with_json({"detail": "missing"}, status=404)
-    res = run_playbook(playbook([{"step": "start", "tool": {"kind": "http", "url": httpserver.url_for("/nf")}}]), data_dir=tmp_path)
+    res = run_playbook(
+        playbook([{"step": "start", "tool": {"kind": "http", "url": httpserver.url_for("/nf")}}]),
+        data_dir=tmp_path,
+    )
     assert res.status == "failed"
     failed = next(e for e in events(res, tmp_path) if e.name == "step.failed")
     assert failed.data["error"]["kind"] == "client_error" and failed.data["error"]["code"] == 404
@@ -84,7 +98,16 @@ def test_timeout_then_policy_gives_up(httpserver, tmp_path):
                     "kind": "http",
                     "url": httpserver.url_for("/slow"),
                     "timeout": 0.1,
-                    "spec": {"policy": {"rules": [{"when": "{{ output.error.kind == 'timeout' }}", "then": {"do": "retry", "attempts": 2, "delay": 0}}]}},
+                    "spec": {
+                        "policy": {
+                            "rules": [
+                                {
+                                    "when": "{{ output.error.kind == 'timeout' }}",
+                                    "then": {"do": "retry", "attempts": 2, "delay": 0},
+                                }
+                            ]
+                        }
+                    },
                 },
             }
         ]
@@ -102,7 +125,9 @@ def pg_table(pg_tools_db):
         conn.execute(f"DROP TABLE IF EXISTS {name}")
 
 
-def test_http_to_postgres_in_a_parallel_loop_with_params(httpserver, tmp_path, pg_keychain, pg_table, monkeypatch):
+def test_http_to_postgres_in_a_parallel_loop_with_params(
+    httpserver, tmp_path, pg_keychain, pg_table, monkeypatch
+):
     """The e2e pattern: fetch a list, insert each item (bound params), count in SQL, read it in DuckDB."""
     creds_file = tmp_path / "creds.json"
     creds_file.write_text(json.dumps({"credentials": {"pg_test": pg_keychain.credential("pg_test")}}))
@@ -111,16 +136,48 @@ def test_http_to_postgres_in_a_parallel_loop_with_params(httpserver, tmp_path, p
     httpserver.expect_request("/items").respond_with_json(items)
     pb = playbook(
         [
-            {"step": "start", "tool": {"kind": "http", "url": httpserver.url_for("/items")}, "next": {"arcs": [{"step": "create"}]}},
-            {"step": "create", "tool": {"kind": "postgres", "auth": "pg_test", "command": f"CREATE TABLE {pg_table} (id int primary key, name text)"}, "next": {"arcs": [{"step": "insert"}]}},
+            {
+                "step": "start",
+                "tool": {"kind": "http", "url": httpserver.url_for("/items")},
+                "next": {"arcs": [{"step": "create"}]},
+            },
+            {
+                "step": "create",
+                "tool": {
+                    "kind": "postgres",
+                    "auth": "pg_test",
+                    "command": f"CREATE TABLE {pg_table} (id int primary key, name text)",
+                },
+                "next": {"arcs": [{"step": "insert"}]},
+            },
             {
                 "step": "insert",
-                "loop": {"in": "{{ start.data }}", "iterator": "item", "spec": {"mode": "parallel", "max_in_flight": 8}},
-                "tool": {"kind": "postgres", "auth": "pg_test", "command": f"INSERT INTO {pg_table} VALUES (%(id)s, %(name)s)", "params": {"id": "{{ iter.item.id }}", "name": "{{ iter.item.name }}"}},
+                "loop": {
+                    "in": "{{ start.data }}",
+                    "iterator": "item",
+                    "spec": {"mode": "parallel", "max_in_flight": 8},
+                },
+                "tool": {
+                    "kind": "postgres",
+                    "auth": "pg_test",
+                    "command": f"INSERT INTO {pg_table} VALUES (%(id)s, %(name)s)",
+                    "params": {"id": "{{ iter.item.id }}", "name": "{{ iter.item.name }}"},
+                },
                 "next": {"arcs": [{"step": "count", "when": "{{ event.name == 'loop.done' }}"}]},
             },
-            {"step": "count", "tool": {"kind": "postgres", "auth": "pg_test", "query": f"SELECT count(*) AS n, max(name) AS top FROM {pg_table}"}, "next": {"arcs": [{"step": "analyse"}]}},
-            {"step": "analyse", "tool": {"kind": "duckdb", "query": "SELECT {{ count.rows[0].n }} * 2 AS doubled"}},
+            {
+                "step": "count",
+                "tool": {
+                    "kind": "postgres",
+                    "auth": "pg_test",
+                    "query": f"SELECT count(*) AS n, max(name) AS top FROM {pg_table}",
+                },
+                "next": {"arcs": [{"step": "analyse"}]},
+            },
+            {
+                "step": "analyse",
+                "tool": {"kind": "duckdb", "query": "SELECT {{ count.rows[0].n }} * 2 AS doubled"},
+            },
         ]
     )
     res = run_playbook(pb, data_dir=tmp_path / "home")
@@ -142,7 +199,13 @@ def test_bad_sql_error_carries_pg_details_into_the_outcome(tmp_path, pg_keychain
                     "kind": "postgres",
                     "auth": "pg_test",
                     "query": "SELEC 1",
-                    "spec": {"policy": {"rules": [{"when": "{{ output.pg.sqlstate == '42601' }}", "then": {"do": "continue"}}]}},
+                    "spec": {
+                        "policy": {
+                            "rules": [
+                                {"when": "{{ output.pg.sqlstate == '42601' }}", "then": {"do": "continue"}}
+                            ]
+                        }
+                    },
                 },
             }
         ]
@@ -154,7 +217,17 @@ def test_bad_sql_error_carries_pg_details_into_the_outcome(tmp_path, pg_keychain
 
 @pytest.mark.slow
 def test_big_duckdb_result_is_an_arrow_reference_in_the_event_log(tmp_path):
-    pb = playbook([{"step": "start", "tool": {"kind": "duckdb", "query": "SELECT range AS i, 'row ' || range AS s FROM range(200000)"}}])
+    pb = playbook(
+        [
+            {
+                "step": "start",
+                "tool": {
+                    "kind": "duckdb",
+                    "query": "SELECT range AS i, 'row ' || range AS s FROM range(200000)",
+                },
+            }
+        ]
+    )
     res = run_playbook(pb, data_dir=tmp_path)
     assert res.status == "completed"
     ref = res.results["start"]["rows"]["$ref"]

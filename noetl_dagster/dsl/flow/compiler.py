@@ -269,7 +269,9 @@ class _Compiler:
                 s["next"] = self.router(arcs)
             elif s["step"] == p.in_step:
                 key = "sequence" if p.loop else "input"
-                s["next"] = self.router([{"step": p.step, "when": _OK, "args": {key: _OUT_PLAIN, "from": p.step}}])
+                s["next"] = self.router(
+                    [{"step": p.step, "when": _OK, "args": {key: _OUT_PLAIN, "from": p.step}}]
+                )
             elif s["step"] == p.step:
                 arcs = self.node_arcs(node)
                 if arcs:

@@ -40,7 +40,15 @@ except ImportError:  # pragma: no cover - libyaml missing
 
 
 class _Migrator(
-    RootMixin, StepMixin, PolicyMixin, RoutingMixin, StorageMixin, CaseMixin, LoopMixin, LoopBodyMixin, RenameMixin
+    RootMixin,
+    StepMixin,
+    PolicyMixin,
+    RoutingMixin,
+    StorageMixin,
+    CaseMixin,
+    LoopMixin,
+    LoopBodyMixin,
+    RenameMixin,
 ):
     """Rewrites one legacy playbook document in place; the mixins hold the rules."""
 

@@ -17,7 +17,27 @@ T = TypeVar("T")
 
 # What a transpiled circuit may contain when no basis is asked for: the standard gates every built-in
 # provider executes. (Transpiling against AerSimulator's full target costs ~100 ms per circuit; this ~4 ms.)
-DEFAULT_BASIS = ["u", "p", "rx", "ry", "rz", "h", "x", "y", "z", "s", "sdg", "t", "tdg", "sx", "cx", "cz", "swap", "ccx", "id"]
+DEFAULT_BASIS = [
+    "u",
+    "p",
+    "rx",
+    "ry",
+    "rz",
+    "h",
+    "x",
+    "y",
+    "z",
+    "s",
+    "sdg",
+    "t",
+    "tdg",
+    "sx",
+    "cx",
+    "cz",
+    "swap",
+    "ccx",
+    "id",
+]
 
 
 # Parsing (the OpenQASM 3 importer), building and transpiling circuits is not safe from several threads at
@@ -41,6 +61,7 @@ def qiskit_call(fn: Callable[..., T], *args: Any, **kw: Any) -> T:
         if _executor is None:
             _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=_QISKIT_THREAD)
     return _executor.submit(fn, *args, **kw).result()
+
 
 _parsed: OrderedDict[tuple[int, str], Any] = OrderedDict()
 _PARSED_MAX = 64
@@ -96,7 +117,9 @@ def bind(circuit: Any, params: dict[str, float]) -> Any:
     if missing:
         raise config_error(f"circuit parameters without a value in params: {missing}", "missing_params")
     if extra:
-        raise config_error(f"params {extra} are not parameters of the circuit (it has {sorted(free)})", "unknown_params")
+        raise config_error(
+            f"params {extra} are not parameters of the circuit (it has {sorted(free)})", "unknown_params"
+        )
     return circuit.assign_parameters({free[n]: float(v) for n, v in params.items()}) if free else circuit
 
 
@@ -112,14 +135,18 @@ def _prepare(source: CircuitSource, params: dict[str, float], transpile_settings
 
     qc = bind(load(source), params)
     if qc.num_clbits == 0 or not any(ci.operation.name == "measure" for ci in qc.data):
-        raise config_error("the circuit measures nothing: add measure instructions to get counts", "no_measurements")
+        raise config_error(
+            "the circuit measures nothing: add measure instructions to get counts", "no_measurements"
+        )
     settings = {**defaults, **transpile_settings}
     settings.setdefault("optimization_level", 1)
     settings.setdefault("basis_gates", list(DEFAULT_BASIS))
     settings.setdefault("seed_transpiler", seed)
     max_qubits = settings.pop("max_qubits", None)
     if max_qubits is not None and qc.num_qubits > max_qubits:
-        raise config_error(f"the circuit needs {qc.num_qubits} qubits, the backend has {max_qubits}", "too_many_qubits")
+        raise config_error(
+            f"the circuit needs {qc.num_qubits} qubits, the backend has {max_qubits}", "too_many_qubits"
+        )
     try:
         tqc = transpile(qc, **settings)
     except Exception as exc:  # noqa: BLE001
@@ -155,7 +182,9 @@ def from_qasm2(text: str) -> Any:
 def key_layout(circuit: Any) -> list[list[int]]:
     """Clbit indices in Qiskit's count-key order: registers last-declared first, each from its highest bit
     (the groups are separated by spaces in a key)."""
-    groups = [[circuit.find_bit(reg[i]).index for i in reversed(range(len(reg)))] for reg in reversed(circuit.cregs)]
+    groups = [
+        [circuit.find_bit(reg[i]).index for i in reversed(range(len(reg)))] for reg in reversed(circuit.cregs)
+    ]
     return groups or [list(reversed(range(circuit.num_clbits)))]
 
 
@@ -170,7 +199,7 @@ def counts_from_bits(bits: Any, layout: list[list[int]]) -> dict[str, int]:
     for row, n in zip(uniq.tolist(), freq.tolist(), strict=True):
         parts, pos = [], 0
         for g in layout:
-            parts.append("".join(str(b) for b in row[pos:pos + len(g)]))
+            parts.append("".join(str(b) for b in row[pos : pos + len(g)]))
             pos += len(g)
         out[" ".join(parts)] = int(n)
     return dict(sorted(out.items()))
@@ -190,7 +219,9 @@ def to_cirq(circuit: Any) -> tuple[Any, list[tuple[str, int]]]:
         op = ci.operation
         name = op.name
         if getattr(op, "condition", None) is not None:
-            raise config_error("cirq: classically conditioned gates are not supported", "unsupported_instruction")
+            raise config_error(
+                "cirq: classically conditioned gates are not supported", "unsupported_instruction"
+            )
         qs = [qubits[circuit.find_bit(q).index] for q in ci.qubits]
         p = [float(x) for x in op.params]
         if name in one:

@@ -48,7 +48,9 @@ def ibm_service_kwargs(credentials: Mapping[str, Any] | None) -> dict[str, Any]:
     data = _data(credentials)
     token = data.get("token") or data.get("api_key")
     if not token:
-        raise ToolError("ibm_runtime: the credential has no token (keychain data.token)", kind="auth", code="credential")
+        raise ToolError(
+            "ibm_runtime: the credential has no token (keychain data.token)", kind="auth", code="credential"
+        )
     kw = {"channel": data.get("channel", "ibm_quantum_platform"), "token": token}
     for k in ("instance", "url"):
         if data.get(k):
@@ -94,7 +96,10 @@ class IBMRuntimeProvider(QuantumProvider):
                     return cls()
         names = sorted(getattr(fake_provider, c).backend_name for c in dir(fake_provider)
                        if c.startswith("Fake") and c.endswith("V2") and hasattr(getattr(fake_provider, c), "backend_name"))  # fmt: skip
-        raise config_error(f"ibm_runtime: unknown fake backend {backend!r} (e.g. {', '.join(names[:6])}, …)", "unknown_backend")
+        raise config_error(
+            f"ibm_runtime: unknown fake backend {backend!r} (e.g. {', '.join(names[:6])}, …)",
+            "unknown_backend",
+        )
 
     def _service(self) -> Any:
         from qiskit_ibm_runtime import QiskitRuntimeService
@@ -104,7 +109,9 @@ class IBMRuntimeProvider(QuantumProvider):
         except ToolError:
             raise
         except Exception as exc:  # noqa: BLE001 - auth/network: the provider is unavailable
-            raise ToolError(f"ibm_runtime: service: {exc}", kind="provider_unavailable", retryable=True, code="service") from None
+            raise ToolError(
+                f"ibm_runtime: service: {exc}", kind="provider_unavailable", retryable=True, code="service"
+            ) from None
 
     def _backend(self, backend: str) -> Any:
         return self._fake(backend) or self._service().backend(backend)
@@ -118,14 +125,23 @@ class IBMRuntimeProvider(QuantumProvider):
 
     def transpile_defaults(self, backend: str) -> dict[str, Any]:
         b = self._backend(backend)
-        basis = [g for g in b.target.operation_names if g not in ("measure", "delay", "reset", "for_loop", "if_else", "switch_case", "while_loop", "id")]
+        basis = [
+            g
+            for g in b.target.operation_names
+            if g
+            not in ("measure", "delay", "reset", "for_loop", "if_else", "switch_case", "while_loop", "id")
+        ]
         return {"basis_gates": sorted(basis), "coupling_map": [list(e) for e in b.coupling_map.get_edges()],
                 "max_qubits": b.num_qubits}  # fmt: skip
 
     def _calibration(self, b: Any) -> dict[str, Any]:
         props = b.properties() if hasattr(b, "properties") else None
         ts = props.last_update_date.isoformat() if props is not None else None
-        return {"snapshot_id": f"{b.name}@{ts}" if ts else None, "timestamp": ts, "kind": "backend properties"}
+        return {
+            "snapshot_id": f"{b.name}@{ts}" if ts else None,
+            "timestamp": ts,
+            "kind": "backend properties",
+        }
 
     def submit(self, record: dict[str, Any], prepared: Prepared) -> dict[str, Any]:
         from qiskit_ibm_runtime import SamplerV2
@@ -215,7 +231,10 @@ class BraketProvider(QuantumProvider):
             return backend
         if backend in BRAKET_DEVICES:
             return BRAKET_DEVICES[backend]
-        raise config_error(f"braket: unknown backend {backend!r} (a device ARN or {', '.join(BRAKET_DEVICES)})", "unknown_backend")
+        raise config_error(
+            f"braket: unknown backend {backend!r} (a device ARN or {', '.join(BRAKET_DEVICES)})",
+            "unknown_backend",
+        )
 
     def backend_info(self, backend: str) -> dict[str, Any]:
         return {"name": backend, "version": "device ARN", "arn": self.device_arn(backend)}
@@ -247,11 +266,17 @@ class BraketProvider(QuantumProvider):
             return getattr(self.client(service), op)(**kw)
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "ClientError")
-            retry = code in ("ThrottlingException", "InternalServiceException", "ServiceQuotaExceededException")
+            retry = code in (
+                "ThrottlingException",
+                "InternalServiceException",
+                "ServiceQuotaExceededException",
+            )
             raise ToolError(f"braket: {op}: {code}: {exc}", kind="provider_unavailable" if retry else "provider_error",
                             retryable=retry, code=code) from None  # fmt: skip
         except BotoCoreError as exc:
-            raise ToolError(f"braket: {op}: {exc}", kind="provider_unavailable", retryable=True, code="botocore") from None
+            raise ToolError(
+                f"braket: {op}: {exc}", kind="provider_unavailable", retryable=True, code="botocore"
+            ) from None
 
     def status(self, record: dict[str, Any]) -> dict[str, Any]:
         if record["status"] in ("done", "failed", "cancelled"):
@@ -279,7 +304,9 @@ class BraketProvider(QuantumProvider):
                             code="no_measurements")  # fmt: skip
         shots = np.asarray(body["measurements"], dtype=np.uint8)
         bits = np.zeros((len(shots), rec["num_clbits"]), dtype=np.uint8)
-        for col, q in enumerate(body["measuredQubits"]):  # Braket lists qubit 0 first; each measured qubit → its clbit
+        for col, q in enumerate(
+            body["measuredQubits"]
+        ):  # Braket lists qubit 0 first; each measured qubit → its clbit
             cl = rec["measured"].get(str(q))
             if cl is not None:
                 bits[:, cl] = shots[:, col]
@@ -290,6 +317,11 @@ class BraketProvider(QuantumProvider):
     def cancel(self, record: dict[str, Any]) -> dict[str, Any]:
         rec = self.status(record)
         if rec["status"] in ("queued", "running"):
-            self._call("braket", "cancel_quantum_task", quantumTaskArn=rec["remote_id"], clientToken=str(uuid.uuid4()))
+            self._call(
+                "braket",
+                "cancel_quantum_task",
+                quantumTaskArn=rec["remote_id"],
+                clientToken=str(uuid.uuid4()),
+            )
             rec = {**rec, "status": "cancelled", "cancelled_at": iso(now())}
         return rec

@@ -89,7 +89,7 @@ def qasm_version(text: str) -> int | None:
     while head.startswith("//"):
         head = head.split("\n", 1)[1].lstrip() if "\n" in head else ""
     if head.startswith("OPENQASM"):
-        ver = head[len("OPENQASM"):].strip().split(";", 1)[0].strip()
+        ver = head[len("OPENQASM") :].strip().split(";", 1)[0].strip()
         if ver.startswith("2"):
             return 2
         if ver.startswith("3"):
@@ -106,7 +106,7 @@ def _package_file(ref: str) -> Path:
     ``package://noetl_dagster.tools.quantum/qasm/bell.qasm``), found wherever the package is installed."""
     import importlib.resources
 
-    module, _, rel = ref[len(PACKAGE_PREFIX):].partition("/")
+    module, _, rel = ref[len(PACKAGE_PREFIX) :].partition("/")
     if not module or not rel or ".." in Path(rel).parts:
         raise config_error(f"circuit file {ref!r}: expected package://<module>/<path inside it>")
     try:
@@ -126,7 +126,9 @@ def _read_file(ref: Any, ctx: ToolContext) -> CircuitSource:
         base = getattr(ctx, "base_dir", None)
         path = (Path(base) if base else Path.cwd()) / path
     if not path.is_file():
-        raise config_error(f"circuit file {ref!r} not found (relative paths are relative to the playbook)", "not_found")
+        raise config_error(
+            f"circuit file {ref!r} not found (relative paths are relative to the playbook)", "not_found"
+        )
     if path.stat().st_size > MAX_CIRCUIT_BYTES:
         raise config_error(f"circuit file {ref!r} is larger than {MAX_CIRCUIT_BYTES} bytes")
     try:
@@ -143,7 +145,9 @@ def parse_circuit(value: Any, file_ref: Any, ctx: ToolContext) -> tuple[CircuitS
     """``circuit`` as QASM text, ``{file: path}``, ``{qasm: text, params: {...}}`` or ``circuit_file``."""
     params: dict[str, Any] = {}
     if value is None and file_ref is None:
-        raise config_error("circuit is required (OpenQASM 2/3 text, {file: path} or circuit_file)", "missing_circuit")
+        raise config_error(
+            "circuit is required (OpenQASM 2/3 text, {file: path} or circuit_file)", "missing_circuit"
+        )
     if value is not None and file_ref is not None:
         raise config_error("give circuit or circuit_file, not both")
     if file_ref is not None:
@@ -193,7 +197,9 @@ def _transpile(inputs: Mapping[str, Any]) -> dict[str, Any]:
             merged[k] = inputs[k]
     unknown = set(merged) - set(TRANSPILE_KEYS)
     if unknown:
-        raise config_error(f"unknown transpiler settings {sorted(unknown)} (allowed: {', '.join(TRANSPILE_KEYS)})")
+        raise config_error(
+            f"unknown transpiler settings {sorted(unknown)} (allowed: {', '.join(TRANSPILE_KEYS)})"
+        )
     out: dict[str, Any] = {}
     if merged.get("optimization_level") is not None:
         out["optimization_level"] = _int("optimization_level", merged["optimization_level"], 0, 3)
@@ -205,7 +211,9 @@ def _transpile(inputs: Mapping[str, Any]) -> dict[str, Any]:
     if merged.get("coupling_map") is not None:
         cm = merged["coupling_map"]
         ok = isinstance(cm, list | tuple) and all(
-            isinstance(e, list | tuple) and len(e) == 2 and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in e)
+            isinstance(e, list | tuple)
+            and len(e) == 2
+            and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in e)
             for e in cm
         )
         if not ok:
@@ -215,7 +223,9 @@ def _transpile(inputs: Mapping[str, Any]) -> dict[str, Any]:
         out["seed_transpiler"] = _int("seed_transpiler", merged["seed_transpiler"], 0, 2**32 - 1)
     if merged.get("initial_layout") is not None:
         lay = merged["initial_layout"]
-        if not isinstance(lay, list | tuple) or not all(isinstance(i, int) and not isinstance(i, bool) for i in lay):
+        if not isinstance(lay, list | tuple) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in lay
+        ):
             raise config_error("initial_layout must be a list of physical qubit indices")
         out["initial_layout"] = list(lay)
     for k in ("layout_method", "routing_method"):
@@ -236,9 +246,13 @@ def _tags(value: Any) -> Any:
         return []
     if isinstance(value, str):
         return [value]
-    if isinstance(value, list | tuple) and all(isinstance(t, str | int | float) and not isinstance(t, bool) for t in value):
+    if isinstance(value, list | tuple) and all(
+        isinstance(t, str | int | float) and not isinstance(t, bool) for t in value
+    ):
         return [str(t) for t in value]
-    if isinstance(value, Mapping) and all(isinstance(v, str | int | float | bool) or v is None for v in value.values()):
+    if isinstance(value, Mapping) and all(
+        isinstance(v, str | int | float | bool) or v is None for v in value.values()
+    ):
         return {str(k): v for k, v in value.items()}
     raise config_error("tags must be a list of strings or a mapping of name to scalar")
 
@@ -251,7 +265,9 @@ def parse_request(inputs: Mapping[str, Any], ctx: ToolContext) -> QuantumRequest
         raise config_error(f"unknown inputs {sorted(unknown)}", "unknown_input")
     op = str(inputs.get("operation") or "run").strip().lower()
     if op not in OPERATIONS:
-        raise config_error(f"operation must be one of {', '.join(OPERATIONS)}, got {inputs.get('operation')!r}")
+        raise config_error(
+            f"operation must be one of {', '.join(OPERATIONS)}, got {inputs.get('operation')!r}"
+        )
     provider = inputs.get("provider") or DEFAULT_PROVIDER
     if not isinstance(provider, str):
         raise config_error(f"provider must be a name, got {provider!r}")
@@ -279,7 +295,9 @@ def parse_request(inputs: Mapping[str, Any], ctx: ToolContext) -> QuantumRequest
     seed_given = inputs.get("seed") is not None
     seed = _int("seed", inputs["seed"], 0, 2**31 - 1) if seed_given else secrets.randbelow(2**31)
     timeout = _number("timeout", inputs["timeout"]) if inputs.get("timeout") is not None else 300.0
-    poll = _number("poll_interval", inputs["poll_interval"]) if inputs.get("poll_interval") is not None else 0.05
+    poll = (
+        _number("poll_interval", inputs["poll_interval"]) if inputs.get("poll_interval") is not None else 0.05
+    )
     return QuantumRequest(
         operation=op,
         provider=provider.strip(),

@@ -74,7 +74,9 @@ class EmulatedQPU(QuantumProvider):
         super().__init__(store, options, credentials)
         unknown = set(self.options) - set(DEFAULTS)
         if unknown:
-            raise config_error(f"emulated_qpu: unknown provider_options {sorted(unknown)} (known: {', '.join(DEFAULTS)})")
+            raise config_error(
+                f"emulated_qpu: unknown provider_options {sorted(unknown)} (known: {', '.join(DEFAULTS)})"
+            )
         self.cfg = {**DEFAULTS, **self.options}
         for k in ("seconds_per_job", "execution_seconds", "seconds_per_shot", "transient_error_rate", "calibration_period_s",
                   "price_per_task", "price_per_shot"):  # fmt: skip
@@ -82,7 +84,9 @@ class EmulatedQPU(QuantumProvider):
             if isinstance(v, bool) or not isinstance(v, int | float) or v < 0 or not math.isfinite(v):
                 raise config_error(f"emulated_qpu: {k} must be a number >= 0, got {v!r}")
         if self.cfg["transient_error_rate"] > 1 or self.cfg["calibration_period_s"] <= 0:
-            raise config_error("emulated_qpu: transient_error_rate must be in [0, 1], calibration_period_s > 0")
+            raise config_error(
+                "emulated_qpu: transient_error_rate must be in [0, 1], calibration_period_s > 0"
+            )
         for k in ("queue_depth", "num_qubits", "error_seed"):
             if isinstance(self.cfg[k], bool) or not isinstance(self.cfg[k], int) or self.cfg[k] < 0:
                 raise config_error(f"emulated_qpu: {k} must be an integer >= 0, got {self.cfg[k]!r}")
@@ -105,7 +109,10 @@ class EmulatedQPU(QuantumProvider):
         with self.store.locked_state(self._state_name(backend)) as st:
             n = st.get("calls", 0) + 1
             st["calls"] = n
-        if cfg["transient_error_rate"] and _unit("err", cfg["error_seed"], backend, n) < cfg["transient_error_rate"]:
+        if (
+            cfg["transient_error_rate"]
+            and _unit("err", cfg["error_seed"], backend, n) < cfg["transient_error_rate"]
+        ):
             raise ToolError(f"emulated_qpu: 503 Service Unavailable on {what} (injected transient error, call {n})",
                             kind="provider_unavailable", retryable=True, code=503)  # fmt: skip
 
@@ -140,11 +147,19 @@ class EmulatedQPU(QuantumProvider):
             end = start + run_s
             st["busy_until"] = end
             st["ends"] = [e for e in st.get("ends", []) if e > t] + [end]
-        ahead = math.ceil((start - t) / self.cfg["seconds_per_job"] - 1e-6) if self.cfg["seconds_per_job"] else 0
+        ahead = (
+            math.ceil((start - t) / self.cfg["seconds_per_job"] - 1e-6) if self.cfg["seconds_per_job"] else 0
+        )
         return {
             **record,
             "status": "queued",
-            "emulator": {"config": self.cfg, "submitted_ts": t, "start_ts": start, "end_ts": end, "queue_ahead": ahead},
+            "emulator": {
+                "config": self.cfg,
+                "submitted_ts": t,
+                "start_ts": start,
+                "end_ts": end,
+                "queue_ahead": ahead,
+            },
             "queue_position": ahead,
             "estimated_wait_seconds": round(start - t, 3),
         }
@@ -158,7 +173,12 @@ class EmulatedQPU(QuantumProvider):
         if t < emu["start_ts"]:
             spj = cfg["seconds_per_job"]
             pos = max(1, math.ceil((emu["start_ts"] - t) / spj - 1e-6)) if spj else 1
-            return {**rec, "status": "queued", "queue_position": pos, "estimated_wait_seconds": round(emu["start_ts"] - t, 3)}
+            return {
+                **rec,
+                "status": "queued",
+                "queue_position": pos,
+                "estimated_wait_seconds": round(emu["start_ts"] - t, 3),
+            }
         if t < emu["end_ts"]:
             return {**rec, "status": "running", "queue_position": 0, "estimated_wait_seconds": 0.0}
         return self._execute(rec)
@@ -179,7 +199,11 @@ class EmulatedQPU(QuantumProvider):
                     kw["noise_model"] = noise_model(cal)
                 sim = AerSimulator(max_parallel_threads=1, **kw)
                 res = sim.run(circuit, shots=rec["shots"], seed_simulator=rec["seeds"]["simulator"]).result()
-                return (True, dict(sorted(res.get_counts().items()))) if res.success else (False, str(res.status))
+                return (
+                    (True, dict(sorted(res.get_counts().items())))
+                    if res.success
+                    else (False, str(res.status))
+                )
 
         ok, counts = qiskit_call(simulate)
         if not ok:
@@ -201,8 +225,13 @@ class EmulatedQPU(QuantumProvider):
                 "emulator_compute_seconds": round(compute, 6),
                 "noise": bool(cfg["noise"]),
             },
-            "cost": {"currency": "USD", "amount": cost, "price_per_task": cfg["price_per_task"],
-                     "price_per_shot": cfg["price_per_shot"], "shots": rec["shots"]},  # fmt: skip
+            "cost": {
+                "currency": "USD",
+                "amount": cost,
+                "price_per_task": cfg["price_per_task"],
+                "price_per_shot": cfg["price_per_shot"],
+                "shots": rec["shots"],
+            },  # fmt: skip
         }
 
     def status(self, record: dict[str, Any]) -> dict[str, Any]:

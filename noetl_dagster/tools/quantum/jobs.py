@@ -58,7 +58,9 @@ class JobStore:
         try:
             return json.loads(p.read_text())
         except FileNotFoundError:
-            raise ToolError(f"quantum: no job {job_id!r} in {self.jobs}", kind="not_found", code="unknown_job") from None
+            raise ToolError(
+                f"quantum: no job {job_id!r} in {self.jobs}", kind="not_found", code="unknown_job"
+            ) from None
 
     def records(self) -> Iterator[dict[str, Any]]:
         if not self.jobs.is_dir():

@@ -33,7 +33,12 @@ class QuantumProvider(ABC):
     # provider_options this provider understands (None: it checks them itself)
     option_names: frozenset[str] | None = frozenset()
 
-    def __init__(self, store: JobStore, options: dict[str, Any] | None = None, credentials: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        store: JobStore,
+        options: dict[str, Any] | None = None,
+        credentials: dict[str, Any] | None = None,
+    ):
         self.store = store
         self.options = dict(options or {})
         self.credentials = credentials
@@ -87,7 +92,9 @@ class LocalSimulator(QuantumProvider):
     def submit(self, record: dict[str, Any], prepared: Prepared) -> dict[str, Any]:
         t0 = time.perf_counter()
         started = now()
-        out = self.simulate(prepared.circuit, record["shots"], record["seeds"]["simulator"], record["backend"])
+        out = self.simulate(
+            prepared.circuit, record["shots"], record["seeds"]["simulator"], record["backend"]
+        )
         elapsed = time.perf_counter() - t0
         return {
             **record,
@@ -123,12 +130,17 @@ class AerProvider(LocalSimulator):
         method = self.options.get("method", "automatic")
         if backend not in ("aer_simulator", "aer"):
             if not backend.startswith("aer_simulator_"):
-                raise config_error(f"aer: unknown backend {backend!r} (aer_simulator or aer_simulator_<method>)", "unknown_backend")
-            method = backend[len("aer_simulator_"):]
+                raise config_error(
+                    f"aer: unknown backend {backend!r} (aer_simulator or aer_simulator_<method>)",
+                    "unknown_backend",
+                )
+            method = backend[len("aer_simulator_") :]
         try:
             # Qiskit's Rust circuit code and Aer crashed when driven from parallel loop threads at once
             with QISKIT_LOCK:
-                sim = AerSimulator(method=method, max_parallel_threads=int(self.options.get("max_parallel_threads", 1)))
+                sim = AerSimulator(
+                    method=method, max_parallel_threads=int(self.options.get("max_parallel_threads", 1))
+                )
                 res = sim.run(circuit, shots=shots, seed_simulator=seed).result()
         except Exception as exc:  # noqa: BLE001
             raise config_error(f"aer: simulation refused: {exc}", "simulator_error") from None
@@ -174,9 +186,11 @@ class CirqProvider(LocalSimulator):
 _lock = threading.Lock()
 _PROVIDERS: dict[str, type[QuantumProvider]] = {}
 _BUILTIN = {"aer": AerProvider, "cirq": CirqProvider}
-_BUILTIN_ELSEWHERE = {"emulated_qpu": "noetl_dagster.tools.quantum.emulated:EmulatedQPU",
-                      "ibm_runtime": "noetl_dagster.tools.quantum.cloud:IBMRuntimeProvider",
-                      "braket": "noetl_dagster.tools.quantum.cloud:BraketProvider"}
+_BUILTIN_ELSEWHERE = {
+    "emulated_qpu": "noetl_dagster.tools.quantum.emulated:EmulatedQPU",
+    "ibm_runtime": "noetl_dagster.tools.quantum.cloud:IBMRuntimeProvider",
+    "braket": "noetl_dagster.tools.quantum.cloud:BraketProvider",
+}
 _entry_points: dict[str, Any] | None = None
 
 
@@ -209,7 +223,9 @@ def get_provider_class(name: str) -> type[QuantumProvider]:
         return _PROVIDERS[name]
     if name in _BUILTIN:
         return _BUILTIN[name]
-    if name in _BUILTIN_ELSEWHERE:  # by name, so this module and the emulator (a subclass) form no import cycle
+    if (
+        name in _BUILTIN_ELSEWHERE
+    ):  # by name, so this module and the emulator (a subclass) form no import cycle
         module, _, attr = _BUILTIN_ELSEWHERE[name].partition(":")
         return getattr(importlib.import_module(module), attr)
     ep = _eps().get(name)
@@ -217,4 +233,6 @@ def get_provider_class(name: str) -> type[QuantumProvider]:
         cls = ep.load()
         register_provider(name, cls)
         return cls
-    raise config_error(f"unknown provider {name!r} (known: {', '.join(provider_names())})", "unknown_provider")
+    raise config_error(
+        f"unknown provider {name!r} (known: {', '.join(provider_names())})", "unknown_provider"
+    )

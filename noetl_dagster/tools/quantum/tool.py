@@ -27,8 +27,17 @@ from noetl_dagster.tools.quantum.jobs import JobStore, iso, now
 from noetl_dagster.tools.quantum.providers import QuantumProvider, get_provider_class
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
 
-SECRET_FIELDS = ("token", "api_key", "apikey", "password", "secret", "secret_access_key", "access_token",
-                 "aws_secret_access_key", "aws_session_token")
+SECRET_FIELDS = (
+    "token",
+    "api_key",
+    "apikey",
+    "password",
+    "secret",
+    "secret_access_key",
+    "access_token",
+    "aws_secret_access_key",
+    "aws_session_token",
+)
 
 
 _import_lock = threading.Lock()
@@ -58,12 +67,15 @@ def _warm_up(with_cirq: bool) -> None:
 
     from noetl_dagster.tools.quantum.emulated import calibration, noise_model
 
-    qc = qasm3.loads('OPENQASM 3.0;\ninclude "stdgates.inc";\ninput float[64] a;\nqubit[1] q;\nbit[1] c;\nry(a) q[0];\nc[0] = measure q[0];\n')
+    qc = qasm3.loads(
+        'OPENQASM 3.0;\ninclude "stdgates.inc";\ninput float[64] a;\nqubit[1] q;\nbit[1] c;\nry(a) q[0];\nc[0] = measure q[0];\n'
+    )
     qc = qc.assign_parameters([0.1])
     tqc = transpile(qc, basis_gates=["rz", "sx", "x", "cx"], optimization_level=1, seed_transpiler=0)
     back = qasm2.loads(qasm2.dumps(tqc), custom_instructions=qasm2.LEGACY_CUSTOM_INSTRUCTIONS)
     AerSimulator(max_parallel_threads=1, noise_model=noise_model(calibration("warmup", 0.0, 1.0))).run(
-        back, shots=1, seed_simulator=0).result()
+        back, shots=1, seed_simulator=0
+    ).result()
     if with_cirq:
         import cirq
 
@@ -146,11 +158,15 @@ def _submit(req: QuantumRequest, store: JobStore, ctx: ToolContext) -> tuple[Qua
     # prepare and submit on the Qiskit thread; only plain data (the job record) leaves it
     rec = qiskit_call(_prepare_and_submit, prov, backend, req, ctx)
     store.save(rec)
-    ctx.log(f"quantum: submitted {rec['job_id']} to {req.provider}/{backend} ({req.shots} shots, seed {req.seed}): {rec['status']}")
+    ctx.log(
+        f"quantum: submitted {rec['job_id']} to {req.provider}/{backend} ({req.shots} shots, seed {req.seed}): {rec['status']}"
+    )
     return prov, rec
 
 
-def _prepare_and_submit(prov: QuantumProvider, backend: str, req: QuantumRequest, ctx: ToolContext) -> dict[str, Any]:
+def _prepare_and_submit(
+    prov: QuantumProvider, backend: str, req: QuantumRequest, ctx: ToolContext
+) -> dict[str, Any]:
     from noetl_dagster.tools.quantum.circuits import prepare
 
     assert req.circuit is not None
@@ -163,10 +179,17 @@ def _prepare_and_submit(prov: QuantumProvider, backend: str, req: QuantumRequest
         "status": "queued",
         "submitted_at": iso(now()),
         "shots": req.shots,
-        "seeds": {"simulator": req.seed, "transpiler": prepared.transpiler["seed_transpiler"],
-                  "given": req.seed_given},  # fmt: skip
+        "seeds": {
+            "simulator": req.seed,
+            "transpiler": prepared.transpiler["seed_transpiler"],
+            "given": req.seed_given,
+        },  # fmt: skip
         "transpiler": prepared.transpiler,
-        "circuit": {"source_sha256": prepared.source_sha256, "transpiled_sha256": prepared.qasm_sha256, **prepared.info},
+        "circuit": {
+            "source_sha256": prepared.source_sha256,
+            "transpiled_sha256": prepared.qasm_sha256,
+            **prepared.info,
+        },
         "qasm": prepared.qasm,
         "tags": req.tags,
         "execution_id": getattr(ctx, "execution_id", None),

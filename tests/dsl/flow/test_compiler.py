@@ -77,7 +77,11 @@ def test_guards_and_iteration_compile_to_guard_steps_and_loops():
             "when": "{{ outcome.status == 'ok' and outcome.result.pass }}",
             "args": {"sequence": "{{ outcome.result.input }}", "from": "B_2"},
         },
-        {"step": "C_3_in", "when": "{{ outcome.status == 'ok' and not outcome.result.pass }}", "args": {"input": {}, "from": "B_2"}},
+        {
+            "step": "C_3_in",
+            "when": "{{ outcome.status == 'ok' and not outcome.result.pass }}",
+            "args": {"input": {}, "from": "B_2"},
+        },
     ]
     assert st["B_2"]["loop"] == {
         "in": "{{ args.sequence }}",

@@ -21,7 +21,11 @@ import yaml
 from noetl_dagster.dsl import load_yaml_text, parse_playbook
 from noetl_dagster.dsl.migrate import MigrationResult, migrate_text
 
-LEGACY_DIR = Path(os.environ.get("NOETL_SHARED", Path(__file__).resolve().parents[3].parent / "shared")) / "conformance" / "legacy"
+LEGACY_DIR = (
+    Path(os.environ.get("NOETL_SHARED", Path(__file__).resolve().parents[3].parent / "shared"))
+    / "conformance"
+    / "legacy"
+)
 WEATHER_V1 = LEGACY_DIR / "LEGACY_noetl@74dd0a9a__examples__weather__weather_loop_example.yaml"
 LABELMAP_V2 = LEGACY_DIR / "LEGACY_noetl@7a288f1e__tests__fixtures__playbooks__iterator_save_test.yaml"
 EARLY_V2 = LEGACY_DIR / (

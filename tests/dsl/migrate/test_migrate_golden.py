@@ -26,7 +26,7 @@ CASES = json.loads((GOLDEN / "manifest.json").read_text()) if (GOLDEN / "manifes
 def read_input(case: dict) -> str:
     src = case["source"]
     if src.startswith("shared:"):
-        return (SHARED / src[len("shared:"):]).read_text(encoding="utf-8")
+        return (SHARED / src[len("shared:") :]).read_text(encoding="utf-8")
     return (GOLDEN / src).read_text(encoding="utf-8")
 
 
@@ -38,7 +38,9 @@ def render(text: str, file: str, fn=None) -> str:
         return f"=== error\n{e}\n"
     notes = "".join(f"{n}\n" for n in r.notes)
     body = "UNCHANGED\n" if r.text == text else r.text
-    return f"=== notes ({len(r.notes)}, changed={r.changed}, refused={len(r.refused)})\n{notes}=== text\n{body}"
+    return (
+        f"=== notes ({len(r.notes)}, changed={r.changed}, refused={len(r.refused)})\n{notes}=== text\n{body}"
+    )
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])

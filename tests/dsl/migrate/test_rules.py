@@ -192,10 +192,16 @@ def test_next_as_a_name_and_as_a_fan_out_list():
         """)
     )
     # a legacy step never routed on failure: the migrated arcs keep that with a guard
-    assert step(doc, "start")["next"] == {"spec": {"mode": "exclusive"}, "arcs": [{"step": "a", "when": "{{ event.name != 'call.error' }}"}]}
+    assert step(doc, "start")["next"] == {
+        "spec": {"mode": "exclusive"},
+        "arcs": [{"step": "a", "when": "{{ event.name != 'call.error' }}"}],
+    }
     assert step(doc, "a")["next"] == {
         "spec": {"mode": "inclusive"},
-        "arcs": [{"step": "b", "when": "{{ event.name != 'call.error' }}"}, {"step": "c", "when": "{{ event.name != 'call.error' }}", "set": {"step.x": 1}}],
+        "arcs": [
+            {"step": "b", "when": "{{ event.name != 'call.error' }}"},
+            {"step": "c", "when": "{{ event.name != 'call.error' }}", "set": {"step.x": 1}},
+        ],
     }
     assert_valid(r.text)
 
@@ -596,7 +602,13 @@ def test_v1_loop_with_end_loop_folds_its_chain_into_the_loop_pipeline():
         "squares": "{{ each.results | map(attribute='square') | map(attribute='sq') | list }}",
         "last": "{{ (each.results | last).square }}",
     }
-    assert end["next"]["arcs"] == [{"step": "report", "when": "{{ event.name != 'call.error' }}", "set": {"step.squares": "{{ done_each.squares }}"}}]
+    assert end["next"]["arcs"] == [
+        {
+            "step": "report",
+            "when": "{{ event.name != 'call.error' }}",
+            "set": {"step.squares": "{{ done_each.squares }}"},
+        }
+    ]
     assert_valid(r.text)
 
 

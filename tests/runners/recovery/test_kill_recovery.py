@@ -118,5 +118,15 @@ def test_resume_command_errors_and_success(tmp_path):
     res = CliRunner().invoke(cli, ["resume", done.execution_id, "--data-dir", str(tmp_path), "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["runs"] == done.runs
-    res = CliRunner().invoke(cli, ["resume", done.execution_id, "--data-dir", str(tmp_path), "--playbook", str(tmp_path / "missing.yaml")])
+    res = CliRunner().invoke(
+        cli,
+        [
+            "resume",
+            done.execution_id,
+            "--data-dir",
+            str(tmp_path),
+            "--playbook",
+            str(tmp_path / "missing.yaml"),
+        ],
+    )
     assert res.exit_code == 2 and "Traceback" not in res.output

@@ -30,7 +30,9 @@ def _keychain(tmp_path, records):
 
 
 def test_ibm_fake_backend_local_mode_with_keychain_credential(ctx, tmp_path):
-    ctx.keychain = _keychain(tmp_path, {"ibm": {"type": "ibm", "data": {"token": "ibm-SECRET-9", "instance": "crn:x"}}})
+    ctx.keychain = _keychain(
+        tmp_path, {"ibm": {"type": "ibm", "data": {"token": "ibm-SECRET-9", "instance": "crn:x"}}}
+    )
     args = {"provider": "ibm_runtime", "backend": "fake_manila", "circuit": BELL, "shots": 400, "seed": 11,
             "credential": "ibm"}  # fmt: skip
     r = quantum_tool(args, ctx)
@@ -42,7 +44,9 @@ def test_ibm_fake_backend_local_mode_with_keychain_credential(ctx, tmp_path):
     assert md["backend"]["version"] and md["backend"]["qiskit_ibm_runtime"]
     assert md["calibration"]["snapshot_id"].startswith("fake_manila@") and md["calibration"]["timestamp"]
     # the device's basis and coupling map came from its Target and were recorded
-    assert set(md["transpiler"]["basis_gates"]) >= {"cx", "rz", "sx", "x"} and md["transpiler"]["coupling_map"]
+    assert (
+        set(md["transpiler"]["basis_gates"]) >= {"cx", "rz", "sx", "x"} and md["transpiler"]["coupling_map"]
+    )
     assert md["transpiler"]["max_qubits"] == 5
     assert "ibm-SECRET-9" in ctx.redacted and "ibm-SECRET-9" not in repr(r)
     # seeded: the same request reproduces its counts on the fake device
@@ -50,7 +54,9 @@ def test_ibm_fake_backend_local_mode_with_keychain_credential(ctx, tmp_path):
 
 
 def test_ibm_counts_keep_qiskit_bit_order_over_registers(ctx):
-    r = quantum_tool({"provider": "ibm_runtime", "backend": "fake_manila", "circuit": ORDER, "shots": 300, "seed": 2}, ctx)
+    r = quantum_tool(
+        {"provider": "ibm_runtime", "backend": "fake_manila", "circuit": ORDER, "shots": 300, "seed": 2}, ctx
+    )
     assert all(len(k) == 5 and k[2] == " " for k in r["counts"])
     top = max(r["counts"], key=r["counts"].get)
     assert top.endswith(" 01")  # register a: q0 = 1, q1 = 0, written highest bit first
@@ -72,16 +78,26 @@ def test_ibm_unknown_fake_backend_is_a_config_error(ctx):
     assert e.value.kind == "config_error" and "fake_nowhere" in e.value.message
 
 
-BRAKET_CRED = {"data": {"aws_access_key_id": "AKIAEXAMPLE", "aws_secret_access_key": "aws-SECRET", "region": "us-west-2"}}
+BRAKET_CRED = {
+    "data": {"aws_access_key_id": "AKIAEXAMPLE", "aws_secret_access_key": "aws-SECRET", "region": "us-west-2"}
+}
 ARN = "arn:aws:braket:us-west-2:123456789012:quantum-task/abc-123"
 
 
 def _braket_submit(tmp_path, circuit=ORDER):
     from botocore.stub import ANY, Stubber
 
-    prov = BraketProvider(JobStore(tmp_path / "q"), {"s3_bucket": "amazon-braket-results", "s3_prefix": "runs"}, BRAKET_CRED)
+    prov = BraketProvider(
+        JobStore(tmp_path / "q"), {"s3_bucket": "amazon-braket-results", "s3_prefix": "runs"}, BRAKET_CRED
+    )
     p = qiskit_call(prepare, CircuitSource(circuit, "inline", 2), {}, {}, {}, 5)
-    record = {"job_id": "braket-1", "backend": "sv1", "shots": 100, "tags": {"experiment": "e1"}, "seeds": {"simulator": 5}}
+    record = {
+        "job_id": "braket-1",
+        "backend": "sv1",
+        "shots": 100,
+        "tags": {"experiment": "e1"},
+        "seeds": {"simulator": 5},
+    }
     stub = Stubber(prov.client("braket"))
     expected = {"clientToken": "braket-1", "deviceArn": "arn:aws:braket:::device/quantum-simulator/amazon/sv1",
                 "shots": 100, "outputS3Bucket": "amazon-braket-results", "outputS3KeyPrefix": "runs",
@@ -117,8 +133,14 @@ def test_braket_poll_and_fetch_map_measured_qubits_to_qiskit_counts(tmp_path):
     braket.add_response("get_quantum_task", {**task, "status": "COMPLETED"}, {"quantumTaskArn": ARN})
     # measuredQubits in Braket's order (qubit 0 first): q0=1, q1=0, q2=q3 a coin
     shots = [[1, 0, 0, 0]] * 60 + [[1, 0, 1, 1]] * 40
-    body = json.dumps({"measurements": shots, "measuredQubits": [0, 1, 2, 3], "taskMetadata": {"id": ARN}}).encode()
-    s3.add_response("get_object", {"Body": io.BytesIO(body)}, {"Bucket": "amazon-braket-results", "Key": "runs/abc-123/results.json"})
+    body = json.dumps(
+        {"measurements": shots, "measuredQubits": [0, 1, 2, 3], "taskMetadata": {"id": ARN}}
+    ).encode()
+    s3.add_response(
+        "get_object",
+        {"Body": io.BytesIO(body)},
+        {"Bucket": "amazon-braket-results", "Key": "runs/abc-123/results.json"},
+    )
     with braket, s3:
         queued = prov.status(rec)
         assert queued["status"] == "queued" and queued["queue_position"] == 4
@@ -142,9 +164,18 @@ def test_shipped_qasm_is_package_data_loadable_by_reference(ctx):
     import tomllib
     from pathlib import Path
 
-    r = quantum_tool({"circuit": {"file": "package://noetl_dagster.tools.quantum/qasm/bell.qasm"}, "shots": 200, "seed": 1}, ctx)
+    r = quantum_tool(
+        {
+            "circuit": {"file": "package://noetl_dagster.tools.quantum/qasm/bell.qasm"},
+            "shots": 200,
+            "seed": 1,
+        },
+        ctx,
+    )
     assert set(r["counts"]) == {"00", "11"} and r["metadata"]["circuit"]["origin"].endswith("qasm/bell.qasm")
-    g = quantum_tool({"circuit_file": "package://noetl_dagster.tools.quantum/qasm/ghz3.qasm", "shots": 100, "seed": 1}, ctx)
+    g = quantum_tool(
+        {"circuit_file": "package://noetl_dagster.tools.quantum/qasm/ghz3.qasm", "shots": 100, "seed": 1}, ctx
+    )
     assert set(g["counts"]) == {"000", "111"}
     for bad in ("package://no_such_pkg_xyz/a.qasm", "package://noetl_dagster.tools.quantum/../x.qasm",
                 "package://noetl_dagster.tools.quantum/qasm/none.qasm"):  # fmt: skip

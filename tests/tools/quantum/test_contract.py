@@ -33,11 +33,17 @@ def _err(ctx, **inputs) -> ToolError:
         ({}, "circuit is required"),
         ({"circuit": "h q[0];"}, "must start with 'OPENQASM 2.0;'"),
         ({"circuit": "OPENQASM 4.0;"}, "unsupported OpenQASM version"),
-        ({"circuit": 'OPENQASM 2.0;\ninclude "qelib1.inc";\nqreg q[1];\nfoo q[0];'}, "cannot parse OpenQASM 2"),
+        (
+            {"circuit": 'OPENQASM 2.0;\ninclude "qelib1.inc";\nqreg q[1];\nfoo q[0];'},
+            "cannot parse OpenQASM 2",
+        ),
         ({"circuit": PARAM3, "params": {"theta": 0.1}}, "without a value in params: ['phi']"),
         ({"circuit": PARAM3, "params": {"theta": 0.1, "phi": 0.2, "psi": 1}}, "['psi'] are not parameters"),
         ({"circuit": PARAM3, "params": {"theta": "wide", "phi": 0}}, "params.theta must be a number"),
-        ({"circuit": 'OPENQASM 2.0;\ninclude "qelib1.inc";\nqreg q[1];\ncreg c[1];\nh q[0];'}, "measures nothing"),
+        (
+            {"circuit": 'OPENQASM 2.0;\ninclude "qelib1.inc";\nqreg q[1];\ncreg c[1];\nh q[0];'},
+            "measures nothing",
+        ),
         ({"circuit": BELL, "optimization_level": 7}, "optimization_level must be between 0 and 3"),
         ({"circuit": BELL, "transpile": {"basis_gates": "cx"}}, "basis_gates must be a non-empty list"),
         ({"circuit": BELL, "transpile": {"coupling_map": [[0]]}}, "coupling_map must be a list"),
@@ -45,11 +51,20 @@ def _err(ctx, **inputs) -> ToolError:
         ({"circuit": BELL, "tags": [{"a": 1}]}, "tags must be"),
         ({"circuit": {"file": "nope/missing.qasm"}}, "not found"),
         ({"circuit": {"qasm": BELL, "file": "x.qasm"}}, "exactly one of qasm or file"),
-        ({"circuit": BELL, "provider": "emulated_qpu", "provider_options": {"queue_dept": 1}}, "unknown provider_options"),
-        ({"circuit": BELL, "provider": "emulated_qpu", "provider_options": {"num_qubits": 1}}, "needs 2 qubits, the backend has 1"),
+        (
+            {"circuit": BELL, "provider": "emulated_qpu", "provider_options": {"queue_dept": 1}},
+            "unknown provider_options",
+        ),
+        (
+            {"circuit": BELL, "provider": "emulated_qpu", "provider_options": {"num_qubits": 1}},
+            "needs 2 qubits, the backend has 1",
+        ),
         ({"circuit": BELL, "backend": "aer_quantum_computer"}, "unknown backend"),
         ({"circuit": BELL, "provider_options": {"noise": True}}, "aer: unknown provider_options ['noise']"),
-        ({"circuit": BELL, "provider": "cirq", "provider_options": {"x": 1}}, "cirq: unknown provider_options ['x']"),
+        (
+            {"circuit": BELL, "provider": "cirq", "provider_options": {"x": 1}},
+            "cirq: unknown provider_options ['x']",
+        ),
         ({"circuit": BELL, "provider": "cirq", "backend": "sycamore"}, "unknown backend"),
     ],
 )

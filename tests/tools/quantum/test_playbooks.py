@@ -13,7 +13,11 @@ from noetl_dagster.tools.quantum import quantum_tool
 def _task_results(home, execution_id, task):
     store = open_event_store(None, data_dir=home)
     try:
-        return [e.data["outcome"] for e in store.read(execution_id) if e.name == "task.done" and e.data.get("task") == task]
+        return [
+            e.data["outcome"]
+            for e in store.read(execution_id)
+            if e.name == "task.done" and e.data.get("task") == task
+        ]
     finally:
         store.close()
 
@@ -38,9 +42,13 @@ def test_parameter_sweep_aggregates_a_parallel_grid_and_records_provenance(home)
 
 def test_the_sweep_on_cirq_agrees_with_aer(home):
     a = run_playbook(EXAMPLES / "quantum_sweep.yaml", {"shots": 4000}, data_dir=home, **DEMO)
-    c = run_playbook(EXAMPLES / "quantum_sweep.yaml", {"shots": 4000, "provider": "cirq"}, data_dir=home, **DEMO)
+    c = run_playbook(
+        EXAMPLES / "quantum_sweep.yaml", {"shots": 4000, "provider": "cirq"}, data_dir=home, **DEMO
+    )
     assert c.status == "completed", c.to_json()
-    for (t1, p1, z1), (t2, p2, z2) in zip(a.results["aggregate"]["grid"], c.results["aggregate"]["grid"], strict=True):
+    for (t1, p1, z1), (t2, p2, z2) in zip(
+        a.results["aggregate"]["grid"], c.results["aggregate"]["grid"], strict=True
+    ):
         assert (t1, p1) == (t2, p2) and abs(z1 - z2) < 0.1
 
 
@@ -49,10 +57,14 @@ def test_vqe_cycle_converges_by_routing_on_the_loss_delta(home):
     assert r.status == "completed", r.to_json()
     rep = r.results["report"]
     assert rep["converged"] and rep["energy"] < -0.98 and abs(rep["theta"] - 3.14159) < 0.2
-    assert r.runs["evaluate"] == rep["iterations"] >= 3  # the cycle ran until the delta fell under the tolerance
+    assert (
+        r.runs["evaluate"] == rep["iterations"] >= 3
+    )  # the cycle ran until the delta fell under the tolerance
     assert len(_task_results(home, r.execution_id, "center")) == rep["iterations"]
     # a tolerance it cannot reach stops on max_iterations, not converged
-    capped = run_playbook(EXAMPLES / "quantum_vqe.yaml", {"tolerance": 0.0, "max_iterations": 3}, data_dir=home, **DEMO)
+    capped = run_playbook(
+        EXAMPLES / "quantum_vqe.yaml", {"tolerance": 0.0, "max_iterations": 3}, data_dir=home, **DEMO
+    )
     assert capped.runs["evaluate"] == 3 and not capped.results["report"]["converged"]
 
 
@@ -104,14 +116,18 @@ def test_a_job_submitted_by_one_execution_is_fetched_by_another(home, tmp_path):
     )
     second = run_playbook(pb2, {"job_id": job_id}, data_dir=home, **DEMO)
     assert second.status == "completed", second.to_json()
-    assert second.results["start"]["job_id"] == job_id and sum(second.results["start"]["counts"].values()) == 200
+    assert (
+        second.results["start"]["job_id"] == job_id and sum(second.results["start"]["counts"].values()) == 200
+    )
     assert ctx_sub["shots"] == second.results["start"]["metadata"]["shots"]
 
 
 def test_credentials_come_from_the_keychain_and_never_reach_the_log(ctx, tmp_path):
     from noetl_dagster.engine.keychain import FileProvider, Keychain
 
-    (tmp_path / "c.json").write_text('{"credentials": {"ibm_quantum": {"type": "ibm", "data": {"token": "tok-SECRET-123"}}}}')
+    (tmp_path / "c.json").write_text(
+        '{"credentials": {"ibm_quantum": {"type": "ibm", "data": {"token": "tok-SECRET-123"}}}}'
+    )
     ctx.keychain = Keychain([], providers=[FileProvider(tmp_path / "c.json")])
     r = quantum_tool({"circuit": BELL, "shots": 10, "seed": 1, "credential": "ibm_quantum"}, ctx)
     assert r["status"] == "done" and "tok-SECRET-123" in ctx.redacted
@@ -126,18 +142,24 @@ def test_examples_validate(name):
 
 
 def test_a_bad_workload_fails_the_sweep_with_a_config_error(home):
-    r = run_playbook(EXAMPLES / "quantum_sweep.yaml", {"n_theta": 2, "n_phi": 1, "shots": 0}, data_dir=home, **DEMO)
+    r = run_playbook(
+        EXAMPLES / "quantum_sweep.yaml", {"n_theta": 2, "n_phi": 1, "shots": 0}, data_dir=home, **DEMO
+    )
     assert r.status == "failed"
     sweep = r.results["sweep"]  # a loop keeps its results and stats when iterations fail (SEMANTICS §4)
     assert sweep["stats"] == {"total": 2, "ok": 0, "failed": 2}
-    assert all(x["error"]["kind"] == "config_error" and "shots" in x["error"]["message"] for x in sweep["results"])
+    assert all(
+        x["error"]["kind"] == "config_error" and "shots" in x["error"]["message"] for x in sweep["results"]
+    )
     assert "aggregate" not in r.runs
 
 
 def test_a_qpu_job_that_never_finishes_falls_back_to_the_simulator(home):
     # the poll gives up (attempts exhausted) long before a 1,000-second job finishes
     qpu = {"queue_depth": 0, "execution_seconds": 1000, "calibration_period_s": 60}
-    r = run_playbook(EXAMPLES / "quantum_fallback.yaml", {"qpu": qpu, "poll_attempts": 5}, data_dir=home, **DEMO)
+    r = run_playbook(
+        EXAMPLES / "quantum_fallback.yaml", {"qpu": qpu, "poll_attempts": 5}, data_dir=home, **DEMO
+    )
     assert r.status == "completed", r.to_json()
     assert r.results["start"]["route"] == "qpu" and r.results["report"]["route"] == "simulator"
     assert r.runs["qpu_fetch"] == 1 and r.runs["simulate"] == 1

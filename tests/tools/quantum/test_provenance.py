@@ -17,7 +17,9 @@ from noetl_dagster.storage.event_stores import open_event_store
 
 
 def test_sweep_step_run_carries_a_quantum_provenance_facet(home):
-    r = run_playbook(EXAMPLES / "quantum_sweep.yaml", {"n_theta": 2, "n_phi": 2, "shots": 200}, data_dir=home, **DEMO)
+    r = run_playbook(
+        EXAMPLES / "quantum_sweep.yaml", {"n_theta": 2, "n_phi": 2, "shots": 200}, data_dir=home, **DEMO
+    )
     assert r.status == "completed", r.results
     events = open_event_store(None, data_dir=home).read(r.execution_id)
     conv = LineageConverter()
@@ -61,14 +63,19 @@ def test_sweep_table_is_a_parquet_asset_with_provenance_in_its_registry_record(t
     data = tmp_path / "data"
     monkeypatch.setenv("NOETL_DAGSTER_HOME", str(data))
     res = NoetlResource(data_dir=str(data), tenant="demo", project="examples")
-    defs = compile_playbooks([EXAMPLES / "quantum_sweep.yaml"], include_sensor=False, resource=res).definitions
+    defs = compile_playbooks(
+        [EXAMPLES / "quantum_sweep.yaml"], include_sensor=False, resource=res
+    ).definitions
     key = dg.AssetKey(["demo", "examples", "quantum", "ry_pair_sweep"])
     assert defs.resolve_assets_def(key).is_executable
     try:
         with dg.instance_for_test() as instance:
             result = defs.resolve_implicit_global_asset_job_def().execute_in_process(instance=instance)
             assert result.success
-            mats = {e.materialization.asset_key: e.materialization.metadata for e in result.get_asset_materialization_events()}
+            mats = {
+                e.materialization.asset_key: e.materialization.metadata
+                for e in result.get_asset_materialization_events()
+            }
     finally:
         close_all_services()
     md = mats[key]
@@ -83,7 +90,9 @@ def test_sweep_table_is_a_parquet_asset_with_provenance_in_its_registry_record(t
     # counts and expectation values are stored by reference: the Parquet file at the resource's location
     loc = rec.locations[0].uri
     table = pq.read_table(unquote(loc.removeprefix("file://")))
-    assert table.num_rows == 9 and {"zz", "exact", "counts", "seed", "backend_version"} <= set(table.column_names)
+    assert table.num_rows == 9 and {"zz", "exact", "counts", "seed", "backend_version"} <= set(
+        table.column_names
+    )
     assert json.loads(table.column("counts")[0].as_py())
 
 

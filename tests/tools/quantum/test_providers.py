@@ -47,7 +47,9 @@ def test_same_seed_reproduces_counts_exactly_other_seeds_differ(ctx):
         "from pathlib import Path;from noetl_dagster.tools.quantum import quantum_tool;"
         f"print(json.dumps(quantum_tool({json.dumps({**args, 'seed': 42})}, StubToolContext(data_dir=Path(tempfile.mkdtemp())))['counts']))"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60, check=True
+    )
     assert json.loads(out.stdout.strip().splitlines()[-1]) == first["counts"]
 
 
@@ -83,7 +85,11 @@ def test_transpiler_settings_are_applied_and_recorded(ctx):
     r = quantum_tool({"circuit": BELL, "shots": 100, "seed": 1, "basis_gates": ["rz", "sx", "cx"],
                       "transpile": {"optimization_level": 3, "coupling_map": [[1, 0]]}}, ctx)  # fmt: skip
     t = r["metadata"]["transpiler"]
-    assert t["optimization_level"] == 3 and t["basis_gates"] == ["rz", "sx", "cx"] and t["coupling_map"] == [[1, 0]]
+    assert (
+        t["optimization_level"] == 3
+        and t["basis_gates"] == ["rz", "sx", "cx"]
+        and t["coupling_map"] == [[1, 0]]
+    )
     assert set(r["metadata"]["circuit"]["transpiled_ops"]) <= {"rz", "sx", "cx", "measure"}
     assert set(r["counts"]) == {"00", "11"}
 
@@ -122,8 +128,16 @@ def test_emulated_qpu_queue_then_running_then_done(ctx):
     assert seen == ["queued", "running", "done"]
     res = quantum_tool({"operation": "result", "job_id": sub["job_id"]}, ctx)
     md = res["metadata"]
-    assert md["queue_seconds"] == pytest.approx(0.45, abs=0.01) and md["execution_seconds"] == pytest.approx(0.3)
-    assert md["cost"] == {"currency": "USD", "amount": 0.475, "price_per_task": 0.3, "price_per_shot": 0.00035, "shots": 500}
+    assert md["queue_seconds"] == pytest.approx(0.45, abs=0.01) and md["execution_seconds"] == pytest.approx(
+        0.3
+    )
+    assert md["cost"] == {
+        "currency": "USD",
+        "amount": 0.475,
+        "price_per_task": 0.3,
+        "price_per_shot": 0.00035,
+        "shots": 500,
+    }
     cal = md["calibration"]
     assert cal["snapshot_id"].startswith("emulated_qpu_5q-cal-") and 0.005 <= cal["readout_error"] <= 0.04
     assert md["backend"] == {"name": "emulated_qpu_5q", "version": "1.0.0-emulated", "num_qubits": 5}
@@ -187,7 +201,9 @@ def test_emulated_jobs_survive_a_process_restart(home):
         f"r=quantum_tool({json.dumps({**EMU, 'operation': 'submit', 'provider_options': {'queue_depth': 2, 'seconds_per_job': 0.2}})},"
         f" StubToolContext(data_dir=Path({str(home)!r})));print(json.dumps(r))"
     )
-    out = subprocess.run([sys.executable, "-c", submit], cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", submit], cwd=REPO, capture_output=True, text=True, timeout=60, check=True
+    )
     sub = json.loads(out.stdout.strip().splitlines()[-1])
     assert sub["status"] == "queued"
     fetch = (
@@ -197,7 +213,9 @@ def test_emulated_jobs_survive_a_process_restart(home):
         "while quantum_tool({'operation':'status','job_id':j},ctx)['status']!='done': time.sleep(0.05)\n"
         "print(json.dumps(quantum_tool({'operation':'result','job_id':j},ctx)))"
     )
-    out = subprocess.run([sys.executable, "-c", fetch], cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", fetch], cwd=REPO, capture_output=True, text=True, timeout=60, check=True
+    )
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["job_id"] == sub["job_id"] and sum(res["counts"].values()) == 500
     assert res["metadata"]["submitted_at"] == sub["metadata"]["submitted_at"]
@@ -212,7 +230,10 @@ def test_a_plugged_provider_is_used_by_name(ctx):
 
     assert "aer_statevector_test" in provider_names()
     r = quantum_tool({"provider": "aer_statevector_test", "circuit": BELL, "shots": 300, "seed": 2}, ctx)
-    assert r["job_id"].startswith("aer_statevector_test-") and r["metadata"]["backend"]["name"] == "aer_simulator_statevector"
+    assert (
+        r["job_id"].startswith("aer_statevector_test-")
+        and r["metadata"]["backend"]["name"] == "aer_simulator_statevector"
+    )
     assert set(r["counts"]) == {"00", "11"}
     # status/result find the provider from the stored job
     assert quantum_tool({"operation": "result", "job_id": r["job_id"]}, ctx)["counts"] == r["counts"]
@@ -221,12 +242,18 @@ def test_a_plugged_provider_is_used_by_name(ctx):
     assert issubclass(StatevectorAer, QuantumProvider)
 
 
-
-
 def test_run_on_the_emulated_qpu_rides_out_transient_errors_without_resubmitting(ctx, home):
-    opts = {"queue_depth": 1, "seconds_per_job": 0.05, "execution_seconds": 0.05, "transient_error_rate": 0.4, "error_seed": 7}
+    opts = {
+        "queue_depth": 1,
+        "seconds_per_job": 0.05,
+        "execution_seconds": 0.05,
+        "transient_error_rate": 0.4,
+        "error_seed": 7,
+    }
     done = None
-    for _ in range(10):  # submit itself may hit an injected 503: nothing was submitted then, so trying again is safe
+    for _ in range(
+        10
+    ):  # submit itself may hit an injected 503: nothing was submitted then, so trying again is safe
         try:
             done = quantum_tool({**EMU, "provider_options": opts, "poll_interval": 0.02}, ctx)
             break

@@ -22,10 +22,12 @@ def main() -> None:
     else:
         for text, file in captured:
             if file.startswith(str(SHARED) + "/") and Path(file).read_text(encoding="utf-8") == text:
-                rel = file[len(str(SHARED)) + 1:]
-                manifest.append({"id": "shared__" + rel.replace("/", "__"), "source": "shared:" + rel, "file": rel})
+                rel = file[len(str(SHARED)) + 1 :]
+                manifest.append(
+                    {"id": "shared__" + rel.replace("/", "__"), "source": "shared:" + rel, "file": rel}
+                )
             else:
-                name = file[len(str(SHARED)) + 1:] if file.startswith(str(SHARED) + "/") else Path(file).name
+                name = file[len(str(SHARED)) + 1 :] if file.startswith(str(SHARED) + "/") else Path(file).name
                 h = hashlib.sha256(text.encode()).hexdigest()[:10]
                 cid = f"{Path(name).stem[:60]}_{h}"
                 (HERE / "inputs").mkdir(exist_ok=True)
@@ -35,6 +37,7 @@ def main() -> None:
         (HERE / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     (HERE / "out").mkdir(exist_ok=True)
     from test_migrate_golden import read_input
+
     for c in manifest:
         (HERE / "out" / f"{c['id']}.txt").write_text(render(read_input(c), c["file"]), encoding="utf-8")
 
