@@ -36,6 +36,7 @@ bench: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 dev: setup
 	mkdir -p example_project/.dagster_home && cp -n example_project/dagster.yaml example_project/.dagster_home/
