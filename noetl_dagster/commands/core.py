@@ -331,20 +331,28 @@ def _print_summary(result: Any) -> None:
 def _print_rich_summary(result: Any, rows: list[tuple[str, str, str]]) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
+    # names and results are the user's text: Text objects, never markup or emoji codes
     console = Console()
     color = "green" if result.status == "completed" else "red"
     console.print(
-        f"[bold]{result.playbook}[/]  execution [cyan]{result.execution_id}[/]  [{color}]{result.status}[/]"
+        Text.assemble(
+            (str(result.playbook), "bold"),
+            "  execution ",
+            (str(result.execution_id), "cyan"),
+            "  ",
+            (str(result.status), color),
+        )
     )
     table = Table(show_header=True, header_style="bold")
     table.add_column("step")
     table.add_column("runs", justify="right")
     table.add_column("result", overflow="fold")
     for step, n, text in rows:
-        table.add_row(step, n, text, style=None if text else "dim")  # a step's result is never "" (null)
+        table.add_row(Text(step), Text(n), Text(text), style=None if text else "dim")  # a result is never ""
     console.print(table)
-    console.print(f"event log: {result.event_store_url}  (noetl-dagster events {result.execution_id})")
+    console.print(Text(f"event log: {result.event_store_url}  (noetl-dagster events {result.execution_id})"))
 
 
 def _print_plain_summary(result: Any, rows: list[tuple[str, str, str]]) -> bool:

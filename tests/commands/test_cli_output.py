@@ -219,3 +219,18 @@ def test_rich_is_used_for_a_terminal_or_forced_colour(monkeypatch):
     monkeypatch.delenv("FORCE_COLOR")
     monkeypatch.setenv("TTY_COMPATIBLE", "1")
     assert not plain_output.is_plain(StringIO())
+
+
+@pytest.mark.parametrize("name", ["\\", "[red]x[/]", "a [bold]b", ":thumbs_up:"])
+def test_summary_prints_names_and_results_as_typed_not_as_markup(monkeypatch, name):
+    # found by the hypothesis test above: a playbook named "\" escaped the "[/]" after it in rich's markup
+    monkeypatch.setenv("COLUMNS", "100")
+    result = SimpleNamespace(
+        playbook=name, execution_id="e1", status="completed", event_store_url="sqlite:////x.db"
+    )
+    out = StringIO()
+    with redirect_stdout(out):
+        core._print_rich_summary(result, [(name, "1", name)])
+    lines = out.getvalue().splitlines()
+    assert lines[0] == f"{name}  execution e1  completed"
+    assert sum(name in line for line in lines) == 2  # the heading and the table row
