@@ -23,39 +23,12 @@ The heavy modules, and why none belongs in these commands:
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-# runs the console script's main() and prints sys.modules (and the built tool configs) on stdout's last line
-WRAPPER = textwrap.dedent(
-    """
-    import atexit, json, sys
-
-    def _report():
-        built = []
-        configs = sys.modules.get("noetl_dagster.tools.configs")
-        if configs is not None:
-            from pydantic import BaseModel
-            for name, obj in vars(configs).items():
-                if isinstance(obj, type) and issubclass(obj, BaseModel) and obj.__pydantic_complete__:
-                    built.append(name)
-        sys.__stdout__.write("\\nMODULES " + json.dumps({"modules": sorted(sys.modules), "configs": built}) + "\\n")
-        sys.__stdout__.flush()
-
-    atexit.register(_report)
-    from noetl_dagster.commands.main import main
-    sys.argv = ["noetl-dagster", *sys.argv[1:]]
-    main()
-    """
-)
+from tests.cli_probe import ONE_STEP, ROOT, probe
 
 # heavy for every command here
 HEAVY = {
@@ -65,16 +38,6 @@ HEAVY = {
 # heavy for --help and --version: no playbook, no store, no metadata scan
 NOT_FOR_HELP = HEAVY | {"pydantic", "jinja2", "yaml", "sqlite3", "importlib.metadata", "email"}
 
-ONE_STEP = """\
-apiVersion: noetl.io/v2
-kind: Playbook
-metadata: {name: one_step, path: tests/one_step}
-workload: {n: 2}
-workflow:
-  - step: start
-    tool: {kind: noop, result: "{{ workload.n * 2 }}"}
-"""
-
 
 def _modules(tmp_path: Path, *args: str) -> tuple[set[str], list[str], str]:
     env = {
@@ -82,12 +45,8 @@ def _modules(tmp_path: Path, *args: str) -> tuple[set[str], list[str], str]:
     }
     env.update(NOETL_DAGSTER_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT))
     env.pop("NOETL_LINEAGE_URL", None)
-    r = subprocess.run([sys.executable, "-c", WRAPPER, *args], capture_output=True, text=True, env=env,
-                       stdin=subprocess.DEVNULL, timeout=120)  # fmt: skip
-    marker = r.stdout.rfind("\nMODULES ")
-    assert marker != -1, r.stdout[-2000:] + r.stderr[-2000:]
-    report = json.loads(r.stdout[marker + len("\nMODULES ") :])
-    return set(report["modules"]), report["configs"], r.stdout[:marker] + r.stderr
+    _, report, out, err = probe(list(args), env)
+    return set(report["modules"]), report["built"]["noetl_dagster.tools.configs"], out + err
 
 
 def _loaded(modules: set[str], names: set[str]) -> list[str]:

@@ -7,58 +7,19 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-# runs the console script's main(); at exit reports whether PyYAML was imported and which DSL models
-# built their validators (defer_build: a model validates only after building its core schema)
-WRAPPER = textwrap.dedent(
-    """
-    import atexit, json, sys
-
-    def _report():
-        built = []
-        model = sys.modules.get("noetl_dagster.dsl.model")
-        if model is not None:
-            from pydantic import BaseModel
-            built = sorted(n for n, o in vars(model).items()
-                           if isinstance(o, type) and issubclass(o, BaseModel) and o.__pydantic_complete__)
-        sys.__stdout__.write("\\nREPORT " + json.dumps({"yaml": "yaml" in sys.modules, "built": built}) + "\\n")
-        sys.__stdout__.flush()
-
-    atexit.register(_report)
-    from noetl_dagster.commands.main import main
-    sys.argv = ["noetl-dagster", *sys.argv[1:]]
-    main()
-    """
-)
-
-ONE_STEP = """\
-apiVersion: noetl.io/v2
-kind: Playbook
-metadata: {name: one_step, path: tests/one_step}
-workload: {n: 2}
-workflow:
-  - step: start
-    tool: {kind: noop, result: "{{ workload.n * 2 }}"}
-"""
+from tests.cli_probe import ONE_STEP, ROOT, probe
 
 
 def _run(tmp_path: Path, pb: Path, cache: str) -> tuple[int, dict, dict | None, str]:
     env = {**os.environ, "NOETL_DAGSTER_HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT),
            "NOETL_DAGSTER_PLAYBOOK_CACHE": cache}  # fmt: skip
-    r = subprocess.run([sys.executable, "-c", WRAPPER, "run", "--json", str(pb)], capture_output=True, text=True,
-                       env=env, stdin=subprocess.DEVNULL, timeout=120, cwd=tmp_path)  # fmt: skip
-    marker = r.stdout.rfind("\nREPORT ")
-    assert marker != -1, r.stdout[-2000:] + r.stderr[-2000:]
-    report = json.loads(r.stdout[marker + len("\nREPORT ") :])
-    out = r.stdout[:marker].strip()
+    code, probed, stdout, stderr = probe(["run", "--json", str(pb)], env, cwd=tmp_path)
+    report = {"yaml": "yaml" in probed["modules"], "built": probed["built"]["noetl_dagster.dsl.model"]}
+    out = stdout.strip()
     result = json.loads(out) if out.startswith("{") else None
-    return r.returncode, report, result, r.stderr
+    return code, report, result, stderr
 
 
 def _entries(cache: Path) -> list[Path]:
