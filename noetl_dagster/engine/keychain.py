@@ -249,21 +249,13 @@ def default_providers() -> list[KeychainProvider]:
 
 
 def _default_render(value: Any, names: Mapping[str, Any]) -> Any:
-    """Render ``{{ }}`` templates inside ``value`` (used when the engine gives no renderer)."""
-    from jinja2.sandbox import SandboxedEnvironment  # noqa: PLC0415
+    """Render ``{{ }}`` templates inside ``value`` (used when the engine gives no renderer):
+    through the one template gate (:func:`~noetl_dagster.dsl.templates.template_env`), so a
+    declaration's template gets the same sandbox and the same time/work/size limits as any
+    other template (issue 29.2), never a renderer of its own."""
+    from noetl_dagster.dsl.templates import template_env  # noqa: PLC0415 - jinja2 loads on first use
 
-    env = SandboxedEnvironment()
-
-    def go(v: Any) -> Any:
-        if isinstance(v, str) and ("{{" in v or "{%" in v):
-            return env.from_string(v).render(**names)
-        if isinstance(v, Mapping):
-            return {k: go(x) for k, x in v.items()}
-        if isinstance(v, list):
-            return [go(x) for x in v]
-        return v
-
-    return go(value)
+    return template_env().render(value, names)
 
 
 def secrets_in_url(value: str) -> list[str]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jinja2
+from jinja2.parser import Parser
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 
 from .constants import RAW_TEXT_KEYS
@@ -160,11 +161,22 @@ def single_expression(source: Any) -> str | None:
     m = _SINGLE.match(source)
     if not m or "{{" in m.group("expr") or "}}" in m.group("expr") or "{%" in source:
         return None
-    try:
-        _JENV.compile_expression(m.group("expr"))
-    except jinja2.TemplateSyntaxError:
+    if not _parses_as_expression(m.group("expr")):
         return None
     return m.group("expr").strip()
+
+
+def _parses_as_expression(expr: str) -> bool:
+    """Whether ``expr`` is one Jinja expression: parsed, never compiled. Compiling folds constant
+    subexpressions in this plain (unsandboxed, unlimited) environment, so ``'x' * 10**8`` in a
+    playbook being migrated was built at compile time; evaluating a template is the template
+    gate's job (``dsl.templates``), never this module's."""
+    try:
+        parser = Parser(_JENV, expr, state="variable")
+        parser.parse_expression()
+        return parser.stream.current.type == "eof"
+    except jinja2.TemplateSyntaxError:
+        return False
 
 
 def _needs_parens(expr: str) -> bool:
