@@ -463,7 +463,7 @@ class PlaybookBuilder:
     def executor(self, *, profile: str | None = None, entry_step: str | None = None,
                  max_step_runs: int | None = None, generated: Mapping[str, Any] | None = None,
                  **spec: Any) -> PlaybookBuilder:  # fmt: skip
-        """``executor: {profile, spec: {entry_step, max_step_runs, generated: {allow_kinds, allow_credentials}}}``."""
+        """``executor: {profile, spec: {entry_step, max_step_runs, generated: {allow_kinds, allow_credentials, allow_hosts}}}``."""
         if profile is not None:
             self._executor["profile"] = profile
         s = self._executor.setdefault("spec", {})

@@ -490,7 +490,7 @@ def run_child(
         label = f"generated playbook {child_pb.metadata.name!r} ({pid})"
         request = {"playbook_id": pid, "ephemeral": True, "definition": canonical_yaml(child_pb),
                    "delegated_credentials": sorted(grant.credentials or ()),
-                   "allowed_kinds": sorted(grant.kinds or ())}  # fmt: skip
+                   "allowed_kinds": sorted(grant.kinds or ()), "allowed_hosts": sorted(grant.hosts or ())}  # fmt: skip
     else:
         child_pb = parent.services.catalog.find(path, parent.playbook.base_dir)
         grant, label = parent.grant, f"sub-playbook {path!r}"
@@ -543,7 +543,9 @@ def restore_generated(engine: Engine, request: Mapping[str, Any]) -> None:
     from noetl_dagster.engine.keychain import Keychain  # noqa: PLC0415 - providers load lazily
 
     grant = Grant(
-        frozenset(request.get("allowed_kinds") or ()), frozenset(request.get("delegated_credentials") or ())
+        frozenset(request.get("allowed_kinds") or ()),
+        frozenset(request.get("delegated_credentials") or ()),
+        frozenset(request.get("allowed_hosts") or ()),  # none recorded (an older log): no host
     )
     base = Keychain([]).bind(on_secret=engine.recorder.redactor.add)
     restrict(engine, grant)

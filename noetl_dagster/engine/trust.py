@@ -6,7 +6,9 @@ produced by an earlier step, e.g. an agent) runs as a child execution that does
 
 * the tool kinds its parent's ``executor.spec.generated.allow_kinds`` lists, and
 * the keychain names the calling task passes in ``credentials:`` that its
-  parent's ``executor.spec.generated.allow_credentials`` also lists.
+  parent's ``executor.spec.generated.allow_credentials`` also lists, and
+* the network hosts its parent's ``executor.spec.generated.allow_hosts`` lists
+  (``host``, ``host:port`` or ``*.domain``): every http(s) URL it requests.
 
 No ``executor.spec.generated`` means nothing is allowed. A restricted execution
 passes its restriction on: its own children (inline or from the catalog) are
@@ -23,6 +25,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from noetl_dagster.dsl.locator import tenants_named
 from noetl_dagster.dsl.model import Playbook, Task
@@ -38,23 +41,28 @@ class Grant:
 
     kinds: frozenset[str] | None = None
     credentials: frozenset[str] | None = None
+    hosts: frozenset[str] | None = None  # ``host``, ``host:port`` or ``*.domain`` entries, lower case
 
     @property
     def restricted(self) -> bool:
-        return self.kinds is not None or self.credentials is not None
+        return self.kinds is not None or self.credentials is not None or self.hosts is not None
 
     def narrow(self, other: Grant) -> Grant:
         def meet(a: frozenset[str] | None, b: frozenset[str] | None) -> frozenset[str] | None:
             return b if a is None else a if b is None else a & b
 
-        return Grant(meet(self.kinds, other.kinds), meet(self.credentials, other.credentials))
+        return Grant(
+            meet(self.kinds, other.kinds),
+            meet(self.credentials, other.credentials),
+            meet(self.hosts, other.hosts),
+        )
 
 
 UNRESTRICTED = Grant()
 
 
 def generated_policy(pb: Playbook) -> Grant:
-    """``executor.spec.generated: {allow_kinds: [...], allow_credentials: [...]}``; absent = nothing."""
+    """``executor.spec.generated: {allow_kinds, allow_credentials, allow_hosts}`` (lists); absent = nothing."""
     spec = pb.executor.spec.get("generated") if pb.executor else None
     spec = spec if isinstance(spec, Mapping) else {}
 
@@ -62,7 +70,8 @@ def generated_policy(pb: Playbook) -> Grant:
         v = spec.get(key) or []
         return frozenset(str(x) for x in v) if isinstance(v, (list, tuple)) else frozenset()
 
-    return Grant(names("allow_kinds"), names("allow_credentials"))
+    hosts = frozenset(h.strip().lower() for h in names("allow_hosts") if h.strip())
+    return Grant(names("allow_kinds"), names("allow_credentials"), hosts)
 
 
 def grant_for_generated(parent: Grant, parent_pb: Playbook, passed: Iterable[str] | None) -> Grant:
@@ -79,7 +88,7 @@ def grant_for_generated(parent: Grant, parent_pb: Playbook, passed: Iterable[str
             kind="generated_playbook_refused",
             result={"violations": [f"credential {c!r} is not in allow_credentials" for c in refused]},
         )
-    return Grant(policy.kinds, passed_set)
+    return Grant(policy.kinds, passed_set, policy.hosts)
 
 
 def _tasks(pb: Playbook) -> Iterator[tuple[str, Task]]:
@@ -132,6 +141,62 @@ def _credential_refs(value: Any, out: set[str]) -> set[str]:
     return out
 
 
+_URL_SCHEMES = ("http://", "https://", "ws://", "wss://")
+
+
+def _urls(kind: str, config: Mapping[str, Any]) -> Iterator[str]:
+    """Literal network URLs a task names outside its data (``url``/``endpoint`` of ``kind: http``)."""
+    if kind == "http":
+        for key in ("url", "endpoint"):
+            v = config.get(key)
+            if isinstance(v, str) and v.strip() and "{{" not in v and "{%" not in v:
+                yield v
+    for key, v in config.items():
+        if str(key).lower() not in _DATA_KEYS and not (kind == "http" and key in ("url", "endpoint")):
+            for text in _strings(v):
+                if text.strip().lower().startswith(_URL_SCHEMES) and "{{" not in text:
+                    yield text
+
+
+def host_refusal(url: str, hosts: frozenset[str]) -> str | None:
+    """Why ``url`` is outside ``allow_hosts`` (None when its host is listed): an entry ``host`` allows
+    every port of that host, ``host:port`` that port (default ports count: 80, 443), ``*.domain``
+    every subdomain of ``domain``. Hosts compare lower case, as written (no DNS resolution)."""
+    text = url.strip()
+    try:
+        parts = urlsplit(text)
+        scheme, host, port = parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
+    except ValueError:  # a bad port, an unbalanced [
+        scheme, host, port = "", "", None
+    if scheme not in ("http", "https", "ws", "wss") or not host:
+        return f"{text[:200]!r} is not an http(s) URL with a host (allow_hosts: {sorted(hosts)})"
+    shown = f"{host}:{port}" if port else host
+    port = port or (443 if scheme in ("https", "wss") else 80)
+    host = _host_name(host)
+    for entry in hosts:
+        try:
+            e = urlsplit("//" + entry)
+            e_host, e_port = _host_name(e.hostname or ""), e.port
+        except ValueError:
+            continue
+        if e_port is not None and e_port != port:
+            continue
+        if e_host == host or (e_host.startswith("*.") and host.endswith(e_host[1:])):
+            return None
+    return f"host {shown!r} is not in allow_hosts ({sorted(hosts)})"
+
+
+def _host_name(host: str) -> str:
+    """Lower case, no trailing dot, an internationalized name in its ASCII (punycode) form."""
+    host = host.lower().rstrip(".")
+    if not host.isascii():
+        try:
+            host = host.encode("idna").decode("ascii")
+        except UnicodeError:
+            pass
+    return host
+
+
 def violations(pb: Playbook, grant: Grant, tenant: str | None = None) -> list[str]:
     """Everything in ``pb`` the grant does not allow (empty when it may run). With ``tenant`` (the
     execution's), a literal ``noetl://<other tenant>/…`` resource anywhere in the playbook is refused too:
@@ -157,6 +222,12 @@ def violations(pb: Playbook, grant: Grant, tenant: str | None = None) -> list[st
                 out.append(
                     f"{where}: cursor kind {cur.kind!r} is not allowed (allow_kinds: {sorted(grant.kinds)})"
                 )
+    if grant.hosts is not None:
+        for where, t in _tasks(pb):
+            for text in _urls(t.kind, t.config):
+                why = host_refusal(text, grant.hosts)
+                if why:
+                    out.append(f"{where}: {why}")
     if grant.credentials is not None:
         asked: dict[str, str] = {}
         for decl in pb.keychain:
@@ -300,6 +371,13 @@ class Gate:
             raise self._refuse(
                 where, f"{tool_kind!r} connects only through a delegated credential (`auth: <name>`)"
             )
+        if tool_kind == "http":  # the request URL, whatever else the walk saw
+            for key in ("url", "endpoint"):
+                if config.get(key) not in (None, ""):
+                    self.url(str(config[key]), where)
+                    break
+            else:
+                raise self._refuse(where, "an http call needs a 'url' on a host in allow_hosts")
         if tool_kind == "ducklake":
             self._ducklake(config, where)
         if tool_kind in _CONNECTING_KINDS:
@@ -307,6 +385,13 @@ class Gate:
                 if config[key] not in (None, ""):
                     raise self._refuse(where, f"{key!r} names a connection target inline; a generated playbook "
                                        "connects only where its delegated credential points")  # fmt: skip
+
+    def url(self, url: str, where: str) -> None:
+        """A network URL a restricted execution requests (a tool's target, each redirect hop of
+        ``kind: http``): its host must be in the grant's ``allow_hosts`` (none listed: no host)."""
+        why = host_refusal(url, self.grant.hosts or frozenset())
+        if why:
+            raise self._refuse(where, why)
 
     def _ducklake(self, config: Mapping[str, Any], where: str) -> None:
         """A generated playbook's lake stays its own: a catalog file and data files in its directory (the
@@ -387,6 +472,8 @@ class Gate:
         self._tenant(text, where)
         if _USERINFO.match(text.strip()):
             raise self._refuse(where, "a URL with user info is an inline credential")
+        if text.strip().lower().startswith(_URL_SCHEMES):  # any tool's network target (mcp, qdrant, ...)
+            self.url(text, where)
         self.path(text, where)
 
     def _tenant(self, text: str, where: str) -> None:

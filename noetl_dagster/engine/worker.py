@@ -92,6 +92,13 @@ class _ToolCtx:
     def credential(self, name: str) -> dict[str, Any]:
         return self._worker.engine.credential(name)
 
+    def check_url(self, url: str) -> None:
+        """The trust gate's host rule (engine.trust.Gate.url) for a URL a tool is about to request
+        beyond its rendered config (a redirect hop); nothing to check for an unrestricted execution."""
+        gate = self._worker.engine.gate
+        if gate is not None:
+            gate.url(url, f"task {self.task!r}")
+
     def resource(self, key: str, factory: Callable[[], Any]) -> Any:
         return self._worker.engine.resource(key, factory)
 

@@ -279,11 +279,37 @@ def error_kind(status: int) -> str:
     return "client_error"
 
 
+MAX_REDIRECTS = 20  # httpx's default
+
+
+def _follow_checked(client: httpx.Client, resp: httpx.Response, check_url: Any) -> httpx.Response:
+    """Follow redirects one hop at a time, each hop's URL checked before it is requested (httpx
+    builds the hop: method, body and the headers it keeps across origins, as when it follows)."""
+    for _ in range(MAX_REDIRECTS):
+        nxt = resp.next_request
+        if nxt is None:
+            return resp
+        check_url(str(nxt.url))
+        resp.close()
+        resp = client.send(nxt, follow_redirects=False)
+    if resp.next_request is None:
+        return resp
+    raise ToolError(f"http: more than {MAX_REDIRECTS} redirects", kind="client_error")
+
+
 def http_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     """HTTP request with httpx; non-2xx is an error outcome."""
     url = inputs.get("url") or inputs.get("endpoint")
     if not url or not isinstance(url, str):
         raise ToolError("http: 'url' (or 'endpoint') is required", kind="config_error")
+    # a generated playbook's request passed the trust gate (allow_hosts) at dispatch; the URL as httpx
+    # reads it (no parser difference) and every redirect hop pass it here
+    check_url = getattr(ctx, "check_url", None) if getattr(ctx, "restricted", False) else None
+    if check_url is not None:
+        try:
+            check_url(str(httpx.URL(url)))
+        except httpx.InvalidURL as e:
+            raise ToolError(f"http: invalid url {url!r}: {e}", kind="config_error") from None
     url = rewrite_url(url, http_overrides())
     method = str(inputs.get("method") or "GET").upper()
     headers = {str(k): str(v) for k, v in (inputs.get("headers") or {}).items() if v is not None}
@@ -293,6 +319,7 @@ def http_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     params = _merge_params(inputs.get("params"), data_params)
     verify = _flag(inputs.get("verify", inputs.get("verify_ssl")), True)
     client = _client(ctx, verify)
+    follow = _flag(inputs.get("follow_redirects"), True)
     try:
         resp = client.request(
             method,
@@ -301,9 +328,11 @@ def http_tool(inputs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
             params=params,
             auth=basic,
             timeout=_timeout(inputs.get("timeout", inputs.get("timeout_seconds"))),
-            follow_redirects=_flag(inputs.get("follow_redirects"), True),
+            follow_redirects=follow and check_url is None,
             **body_kw,
         )
+        if follow and check_url is not None:
+            resp = _follow_checked(client, resp, check_url)
     except httpx.TimeoutException as e:
         raise ToolError(
             f"http: {method} {url} timed out ({type(e).__name__})",

@@ -375,7 +375,7 @@ def test_gate_rules(tmp_path, kind, config, expect):
 
     gate = Gate(Grant(frozenset({"http", "parquet", "playbook", "resource", "python", "nats", "postgres", "secrets", "duckdb",
                                  "ducklake"}),
-                      frozenset({"pg_main"})), "acme", str(tmp_path / "scope"))  # fmt: skip
+                      frozenset({"pg_main"}), frozenset({"example.invalid"})), "acme", str(tmp_path / "scope"))  # fmt: skip
     with pytest.raises(ToolError) as e:
         gate.check(kind, config, "task 't'")
     assert expect in e.value.message
