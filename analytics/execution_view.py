@@ -147,7 +147,8 @@ class ExecutionViews:
             last = folder.ex["last_sequence"]
             if last != after:  # folded here: kept for the next open (unless a writer moved it meanwhile)
                 try:
-                    self.store.put_summary(execution_id, after, last, state_rows(folder, everything=True))
+                    stored = got[0] if got is not None else None  # (one restore refused is replaced)
+                    self.store.put_summary(execution_id, stored, last, state_rows(folder, everything=True))
                 except Exception:  # noqa: BLE001 - a read-only store: fold again next time
                     pass
             page, exp = self._build(execution_id, folder)

@@ -24,7 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from analytics.pricing import usage_lines
+from analytics.pricing import BilledRefs, usage_lines
 from analytics.store import FactsStore
 from noetl_dagster.engine import events as ev
 
@@ -267,6 +267,9 @@ class FactBuilder:
         self._playbooks: dict[
             str, str
         ] = {}  # execution -> playbook path, for task rows (kept across batches)
+        # execution -> its stored references billed (engine/usage_lines.BilledRefs, the one rule): a
+        # reference named again is no usage row (loop.done's list of them, a step passing one on)
+        self._billed: dict[str, BilledRefs] = {}
         self.reset()
         self.events = 0
         self._handlers: dict[str, Callable[[ev.Event], None]] = {
@@ -496,7 +499,15 @@ class FactBuilder:
 
     def _usage(self, e: ev.Event) -> None:
         kind = e.data.get("kind") if e.name == ev.TASK_DONE and type(e.data) is dict else None
+        billed = self._billed.get(e.execution_id)
+        if billed is None:
+            if len(self._billed) > 20_000:
+                self._billed.clear()  # a reference billed again is one row more: the priced table's GROUP BY key
+            billed = self._billed[e.execution_id] = BilledRefs()
+        # ordinals of all the event's lines: an event re-sent in another batch gets the same keys
         for i, line in enumerate(usage_lines(e.name, e.data)):
+            if line.key and not billed.first(line.key):
+                continue
             self._usage_rows.append(
                 (
                     e.event_id, i, e.timestamp, e.tenant_id, e.project_id, e.execution_id, e.step,

@@ -51,6 +51,7 @@ from noetl_dagster.engine.usage_lines import (  # noqa: F401 - moved to the engi
     _REF_EVENTS,
     _TERMINAL,
     UNITS,
+    BilledRefs,
     UsageLine,
     _dict,
     _maxed,
@@ -380,18 +381,15 @@ class Cost:
 
 
 def event_cost(
-    prices: PriceTable, name: str, data: Any, timestamp: Any, seen: set[str] | None = None
+    prices: PriceTable, name: str, data: Any, timestamp: Any, billed: BilledRefs | None = None
 ) -> Cost:
-    """The priced usage lines of one event; ``seen`` holds stored objects already billed (first creator pays)."""
+    """The priced usage lines of one event; ``billed``: the stored references its execution billed
+    so far (engine/usage_lines.BilledRefs: once per execution, by the first event naming one)."""
     day = utc_day(timestamp)
     amounts: dict[str, float] = {}
     versions: set[str] = set()
-    for line in usage_lines(name, data):
-        if line.key:
-            if seen is not None and line.key in seen:
-                continue
-            if seen is not None:
-                seen.add(line.key)
+    lines = usage_lines(name, data) if billed is None else [UsageLine(*t) for t in billed.lines(name, data)]
+    for line in lines:
         amount, version = prices.line_cost(line, day)
         c = component(line.category, line.item)
         amounts[c] = amounts.get(c, 0.0) + amount
@@ -408,11 +406,11 @@ def cost_of_events(
     references, and the execution's platform line (step ``""``); ``step_runs``, when given, keeps
     only the events of those step runs."""
     out: dict[str, Cost] = {}
-    seen: set[str] = set()
+    billed = BilledRefs()
     for ev in events:
         if step_runs is not None and ev.step_run_id not in step_runs:
             continue
-        c = event_cost(prices, ev.name, ev.data, ev.timestamp, seen)
+        c = event_cost(prices, ev.name, ev.data, ev.timestamp, billed)
         if not c.amounts and not c.attempts:
             continue
         step = ev.step or ""

@@ -28,7 +28,7 @@ from datetime import datetime
 from typing import Any
 
 from noetl_dagster.engine.events import Event
-from noetl_dagster.engine.usage_lines import _REF_EVENTS, _TERMINAL, line_tuples
+from noetl_dagster.engine.usage_lines import _REF_EVENTS, _TERMINAL, BilledRefs
 from noetl_dagster.util.jsonutil import dumps, sorted_json
 
 DETAIL = 50  # loop iterations kept one by one (the first ones, and failed ones up to this many)
@@ -140,9 +140,7 @@ class _Loop:
         self.ok = self.failed = self.retries = self.attempts = self.failed_detail = 0
         self.detail: list[dict[str, Any]] = []
         self.buckets: dict[int, list[float]] = {}  # index -> [start, end, ok, failed, retries, busy_ms]
-        self.open: dict[
-            int, list[Any]
-        ] = {}  # iteration -> [start, attempts, storage uris billed] while it runs
+        self.open: dict[int, list[Any]] = {}  # iteration -> [start, attempts] while it runs
         self.size = max(1, -(-total // BUCKETS)) if total else 1000  # a cursor loop's total is unknown
         self.hist: dict[int, int] = {}  # duration bin (see _bin) -> iterations
         self.dmin = self.dmax = -1.0
@@ -247,10 +245,11 @@ def _relative(row: dict[str, Any], t0: float) -> dict[str, Any]:
 class _Run:
     """One activation of a step; ``ord``: its place in the execution (1, 2, ...), the key of its
     summary row. ``ledger``: its priced quantities (usage lines summed by category, item, kind and
-    day: a price table prices them when the page is built); ``seen``: storage references billed."""
+    day: a price table prices them when the page is built; a stored reference counts with the first
+    run that names it, see usage_lines.BilledRefs)."""
 
     __slots__ = ("ord", "step", "step_run_id", "seq", "scheduled", "start", "end", "status", "args", "tokens",
-                 "attempts", "open", "loop", "result", "error", "fired", "usage", "ledger", "seen", "subs", "reason")  # fmt: skip
+                 "attempts", "open", "loop", "result", "error", "fired", "usage", "ledger", "subs", "reason")  # fmt: skip
 
     def __init__(self, ev: Event, t: float, ord_: int):
         d = ev.data if isinstance(ev.data, dict) else {}
@@ -267,7 +266,6 @@ class _Run:
         self.fired: list[dict[str, Any]] = []
         self.usage: dict[str, float] = {}
         self.ledger: dict[str, float] = {}
-        self.seen: list[str] = []
         self.subs: list[str] = []
         self.reason: str | None = None
 
@@ -352,6 +350,7 @@ class Explainer:
         self.t_last: float | None = None
         self.request: Event | None = None  # playbook.execution.requested: where the playbook is
         self.ledger: dict[str, float] = {}  # the execution's own (platform) lines
+        self.billed = BilledRefs()  # stored references billed: once per execution, as every cost view
         self.dirty: set[int] = set()  # runs changed since the rows were last taken (0: the header)
 
     def feed(self, events: Iterable[Event]) -> Explainer:
@@ -387,7 +386,7 @@ class Explainer:
                 if name in _PRICED and (
                     name == "task.done" or name in _TERMINAL or _has_ref(d.get("result"))
                 ):
-                    self._charge(run, ev, name, d, t)  # (a step's inline result has no usage line)
+                    self._charge(run, name, d, t)  # (a step's inline result has no usage line)
                 if run is None:
                     if name == "playbook.execution.requested":
                         self.request = ev
@@ -412,7 +411,7 @@ class Explainer:
                 elif name == "loop.started":
                     run.loop = _Loop(ev.loop_id or "", int(d.get("total") or 0), d.get("mode"), t)
                 elif name == "loop.iteration.started" and loop is not None:
-                    loop.open[ev.iteration if ev.iteration is not None else -1] = [t, 1, []]
+                    loop.open[ev.iteration if ev.iteration is not None else -1] = [t, 1]
                 elif name in ("loop.iteration.done", "loop.iteration.failed") and loop is not None:
                     i = ev.iteration if ev.iteration is not None else -1
                     loop.done(i, t, name == "loop.iteration.done", _error_of(d), ev.sequence)
@@ -438,27 +437,16 @@ class Explainer:
             self.t_last = t_last
         return self
 
-    def _charge(self, run: _Run | None, ev: Event, name: str, d: dict[str, Any], t: float) -> None:
-        """Add the event's usage lines to its run's ledger (the execution's without a run). A
-        stored reference is billed once: to the first event of its run (of its iteration, in a
-        loop) that names it; the list of a loop's iteration results on loop.done is not billed
-        again (each was billed with its iteration)."""
-        if name == "loop.done" and type(d.get("result")) is dict and type(d["result"].get("results")) is list:
-            d = {**d, "result": None}
-        lines = line_tuples(name, d)
+    def _charge(self, run: _Run | None, name: str, d: dict[str, Any], t: float) -> None:
+        """Add the event's billed usage lines to its run's ledger (the execution's without a run):
+        a stored reference is billed once per execution, by the first event that names it
+        (usage_lines.BilledRefs, the rule of the facts and of Dagster's cost metadata)."""
+        lines = self.billed.lines(name, d)
         if not lines:
             return
-        ledger, seen = (run.ledger, run.seen) if run is not None else (self.ledger, [])
-        if run is not None and run.loop is not None and ev.iteration is not None:
-            it = run.loop.open.get(ev.iteration)
-            if it is not None:
-                seen = it[2]
+        ledger = run.ledger if run is not None else self.ledger
         day = int(t // 86_400_000)
-        for category, item, quantity, _used, _requested, key, kind in lines:
-            if key:
-                if key in seen:
-                    continue
-                seen.append(key)
+        for category, item, quantity, _used, _requested, _key, kind in lines:
             k = f"{category}\t{item}\t{kind}\t{day}"
             ledger[k] = ledger.get(k, 0.0) + quantity
 

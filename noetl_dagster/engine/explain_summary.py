@@ -18,13 +18,20 @@ from typing import Any
 
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.explain import Explainer, _Loop, _Run
+from noetl_dagster.engine.usage_lines import BilledRefs
 from noetl_dagster.util.jsonutil import dumps, loads
 
-Row = tuple[int, str]  # (ord, JSON body): 0 the execution, n the n-th step run
+Row = tuple[
+    int, str
+]  # (ord, JSON body): 0 the execution, n the n-th step run, BILLED + c a chunk of billed refs
+# the stored references the execution billed (usage_lines.BilledRefs), in chunks of BilledRefs.CHUNK keys
+# from this ord on: a full chunk is written once, so a loop storing a result per iteration rewrites one
+# chunk, not all of them (runs are at most the execution's events: far below)
+BILLED = 1 << 30
 _LOOP = ("loop_id", "total", "mode", "ok", "failed", "retries", "attempts", "detail", "size", "start", "end",
          "failed_detail", "dmin", "dmax", "gran")  # fmt: skip
 _RUN = ("ord", "step", "step_run_id", "seq", "scheduled", "start", "end", "status", "args", "tokens", "attempts",
-        "open", "result", "error", "fired", "usage", "ledger", "seen", "subs", "reason")  # fmt: skip
+        "open", "result", "error", "fired", "usage", "ledger", "subs", "reason")  # fmt: skip
 
 
 _run_fields = attrgetter(*_RUN)
@@ -60,8 +67,12 @@ def state_rows(f: Explainer, everything: bool = False) -> list[Row]:
         st["loop"] = _loop_state(r.loop) if r.loop is not None else None
         st["indexed"] = f.runs.get(r.step_run_id or "") is r
         rows.append((n, dumps(st)))
+    billed, size = f.billed, BilledRefs.CHUNK
+    for c in range(0 if everything else billed.saved // size, -(-len(billed.order) // size)):
+        rows.append((BILLED + c, dumps(billed.order[c * size : (c + 1) * size])))
+    billed.saved = len(billed.order)
     head = {"ex": f.ex, "t0": f.t0, "t_last": f.t_last, "ledger": f.ledger, "runs": len(f.order),
-            "arcs": [[a, i, b, k] for (a, i, b), k in f.arcs.items()]}  # fmt: skip
+            "arcs": [[a, i, b, k] for (a, i, b), k in f.arcs.items()], "billed": len(billed.order)}  # fmt: skip
     f.dirty.clear()
     return [(0, dumps(head)), *rows]
 
@@ -76,6 +87,11 @@ def restore(rows: Iterable[tuple[int, str | bytes]]) -> Explainer | None:
         f = Explainer()
         f.ex, f.t0, f.t_last, f.ledger = head["ex"], head["t0"], head["t_last"], head["ledger"]
         f.arcs = {(a, int(i), b): int(k) for a, i, b, k in head["arcs"]}
+        n_billed, size = int(head["billed"]), BilledRefs.CHUNK  # (a summary without it: folded anew)
+        order = [key for c in range(-(-n_billed // size)) for key in loads(by[BILLED + c])]
+        if len(order) != n_billed:
+            return None
+        f.billed = BilledRefs(order)
         for n in range(1, int(head["runs"]) + 1):
             st = loads(by[n])
             r = _Run.__new__(_Run)

@@ -1,7 +1,8 @@
 """What one event used, in the price table's units (usage lines): a task attempt's CPU, RAM, GPU,
 egress, call and quantum lines, stored references, the engine's platform CPU. Pure functions of an
 event, no price table: analytics.pricing prices them, and the execution summary the event stores
-keep (engine/explain.py) aggregates them per step run at append time."""
+keep (engine/explain.py) aggregates them per step run at append time. :class:`BilledRefs` is the one
+rule for stored references every cost view applies (billed once per execution)."""
 
 from __future__ import annotations
 
@@ -184,6 +185,48 @@ def line_tuples(name: str, data: Any) -> list[Line]:
         if line is not None:
             lines.append(line)
     return lines
+
+
+class BilledRefs:
+    """The stored references one execution has billed: the one rule for storage lines, in every cost
+    view. A storage line (a line with a ``key``: the object's uri) is billed once per execution, by
+    the first event in the execution's order whose lines name it; the task.done that stored it, its
+    step.done, a loop iteration's done, loop.done's list of the iterations' results, the same step
+    run again in a cycle and a later step passing the reference on name it again, unbilled. Every
+    other line is billed as it comes. Used by ``analytics.pricing.cost_of_events`` (Dagster's cost
+    metadata), the facts writer (``usage_fact``; the priced table's ``GROUP BY key`` keeps the
+    first of them across export batches) and the execution summary (``engine/explain.py``: its rows
+    keep ``order``, the keys in the order billed, in chunks of ``CHUNK`` that never change once
+    full)."""
+
+    CHUNK = 512
+    __slots__ = ("keys", "order", "saved")
+
+    def __init__(self, order: list[str] | None = None):
+        self.order: list[str] = list(order or ())
+        self.keys: set[str] = set(self.order)
+        self.saved = len(self.order)  # keys already in stored chunks (the summary's rows)
+
+    def first(self, key: str) -> bool:
+        """Whether the line naming ``key`` is billed (the first to name it), marking it billed."""
+        if key in self.keys:
+            return False
+        self.keys.add(key)
+        self.order.append(key)
+        return True
+
+    def bill(self, lines: list[Line]) -> list[Line]:
+        """The lines of one event that are billed, in order (storage lines named before dropped)."""
+        for line in lines:
+            if line[5]:
+                break
+        else:  # no storage line: the common case, as is
+            return lines
+        return [line for line in lines if not line[5] or self.first(line[5])]
+
+    def lines(self, name: str, data: Any) -> list[Line]:
+        """The billed usage lines of the execution's next event (``name``, ``data``)."""
+        return self.bill(line_tuples(name, data))
 
 
 def _maxed(lines: list[Line], category: str, item: str, used: float, requested: float, kind: str) -> None:

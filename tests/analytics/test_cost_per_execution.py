@@ -11,7 +11,16 @@ from pathlib import Path
 import pytest
 
 from analytics.exporter import FactExporter
-from analytics.pricing import COMPONENTS, Cost, PriceTable, UsageLine, cost_of_events, event_cost, utc_day
+from analytics.pricing import (
+    COMPONENTS,
+    BilledRefs,
+    Cost,
+    PriceTable,
+    UsageLine,
+    cost_of_events,
+    event_cost,
+    utc_day,
+)
 from analytics.rollups import refresh_rollups
 from noetl_dagster.engine.events import Event
 from noetl_dagster.runners.local import run_playbook
@@ -145,9 +154,9 @@ def _sql_costs(store) -> dict[tuple[str, date], tuple]:  # noqa: ANN001
 
 def _python_costs(events: list[Event], prices: PriceTable = PRICES) -> dict[tuple[str, date], Cost]:
     out: dict[tuple[str, date], Cost] = defaultdict(Cost)
-    seen: set[str] = set()
+    billed = BilledRefs()
     for ev in events:
-        c = event_cost(prices, ev.name, ev.data, ev.timestamp, seen)
+        c = event_cost(prices, ev.name, ev.data, ev.timestamp, billed)
         if c.amounts:
             key = (ev.step or "", utc_day(ev.timestamp))
             out[key] = out[key] + c
