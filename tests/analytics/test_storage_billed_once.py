@@ -225,3 +225,28 @@ def test_page_facts_and_python_pricing_agree_and_a_re_export_does_not_double(
     assert again == pytest.approx(total, abs=1e-12)
     for step, amount in step_rows:
         assert amount == pytest.approx(python[step].total, abs=1e-9), step
+
+
+def test_a_summary_written_before_the_rule_is_folded_anew_once(home, tmp_path):
+    """A summary without its billed references (written before them) is not trusted: the page folds
+    the log once and writes the summary back, and the next reader uses it."""
+    from noetl_dagster.util.jsonutil import dumps, loads  # noqa: PLC0415
+
+    events = _generated(5)
+    eid = events[0].execution_id
+    log = SqliteEventStore(tmp_path / "events.db")
+    try:
+        log.append(events)
+        last, rows = log.summary(eid)
+        head = loads(rows[0][1])
+        del head["billed"]
+        old = [(0, dumps(head))] + [(n, b) for n, b in rows[1:] if n < explain_summary.BILLED]
+        assert log.put_summary(eid, last, last, old)
+        first = ExecutionViews(log, data_dir=str(home))
+        cost = first.explain(eid)["totals"]["cost"]
+        second = ExecutionViews(log, data_dir=str(home))
+        assert second.explain(eid)["totals"]["cost"] == cost
+        assert (first.rebuilt, second.rebuilt) == (1, 0)
+    finally:
+        log.close()
+    assert cost == pytest.approx(sum(_python(home, events).values(), Cost()).total, abs=1e-9)
