@@ -80,6 +80,8 @@ class ToolKind:
         key = self._valid_key(inputs)
         if key is not None and key in _VALID:
             return  # this exact config (up to its free `input`) validated before
+        if _ACCEPTS_ANY.get(self.config) and type(inputs) is dict and all(type(k) is str for k in inputs):
+            return  # every field Any, extra keys allowed, no validator: no mapping can fail (noop)
         from pydantic import ValidationError  # noqa: PLC0415 - loaded with the config model anyway
 
         try:
@@ -106,6 +108,7 @@ class ToolKind:
         free = _INPUT_FREE.get(model)
         if free is None:
             free = _INPUT_FREE[model] = _input_free(model)
+            _ACCEPTS_ANY[model] = free and _accepts_any(model)  # implies free
         if not free:
             return None
         key = (model, *((k, type(v), v) for k, v in inputs.items() if k != "input"))
@@ -122,6 +125,7 @@ class ToolKind:
 
 _VALID: dict[tuple, None] = {}  # configs that passed their model (ToolKind._valid_key)
 _INPUT_FREE: dict[Any, bool] = {}
+_ACCEPTS_ANY: dict[Any, bool] = {}  # models no string-keyed mapping can fail (ToolKind.check_config)
 
 
 def _input_free(model: type[BaseModel]) -> bool:
@@ -132,6 +136,24 @@ def _input_free(model: type[BaseModel]) -> bool:
     validators = (decorators.model_validators, decorators.field_validators, decorators.root_validators,
                   decorators.validators)  # fmt: skip
     return f is not None and f.annotation is Any and not f.metadata and not any(validators)
+
+
+def _accepts_any(model: type[BaseModel]) -> bool:
+    """Whether every string-keyed mapping validates (so validating it, and building the model's
+    validator, can be skipped; a noop run builds none, issue 35): extra keys allowed, every field typed
+    Any without constraints or a required value, no validator of any kind (as ``_input_free``), no
+    ``model_post_init``, no computed field."""
+    cfg = model.model_config
+    return (
+        _input_free(model)
+        and cfg.get("extra") == "allow"
+        and getattr(model, "__pydantic_post_init__", None) is None
+        and not model.__pydantic_decorators__.computed_fields
+        and all(
+            f.annotation is Any and not f.metadata and not f.is_required() and f.default_factory is None
+            for f in model.model_fields.values()
+        )
+    )
 
 
 _lock = threading.RLock()

@@ -17,7 +17,6 @@ from typing import Any
 
 from noetl_dagster.dsl.executor_spec import final_step, no_next_is_error
 from noetl_dagster.dsl.model import Playbook, Step
-from noetl_dagster.dsl.parse import PlaybookInvalid, check_playbook
 from noetl_dagster.dsl.templates import TemplateError, template_env
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine import usage
@@ -478,6 +477,8 @@ def run_child(
         raise ToolError(f"sub-playbook nesting deeper than {MAX_PLAYBOOK_DEPTH}", kind="playbook_depth")
     request: dict[str, Any] = {}
     if definition is not None:
+        from noetl_dagster.dsl.parse import PlaybookInvalid, check_playbook  # noqa: PLC0415 - the validator: generated playbooks only (issue 35)
+
         try:
             child_pb = check_playbook(definition)
         except PlaybookInvalid as e:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from noetl_dagster.dsl.model import RuleThen, Task
-from noetl_dagster.dsl.parse import MAX_RETRY_DELAY
+from noetl_dagster.dsl.parse_context import MAX_RETRY_DELAY
 from noetl_dagster.dsl.templates import TemplateError
 from noetl_dagster.engine.frame import DEFAULT_RETRY_DELAY, _error
 from noetl_dagster.engine.scope import Scope

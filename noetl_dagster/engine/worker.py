@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from noetl_dagster.dsl.kinds import KindError, get_tool
 from noetl_dagster.dsl.model import Step, Task
-from noetl_dagster.dsl.parse import MAX_RETRY_ATTEMPTS
+from noetl_dagster.dsl.parse_context import MAX_RETRY_ATTEMPTS
 from noetl_dagster.dsl.templates import TemplateError, template_env
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine.events import uuid7

@@ -10,7 +10,6 @@ from typing import Any
 
 from lineage import listener_from_env
 from noetl_dagster.dsl.model import Playbook
-from noetl_dagster.dsl.parse import check_playbook, load_playbook_dict
 from noetl_dagster.engine.catalog import Catalog
 from noetl_dagster.engine.control import Engine, Services, restore_generated
 from noetl_dagster.engine.durability import UNRECORDED_DIR, record_failure, sweep_payloads
@@ -183,6 +182,7 @@ def resume_execution(
     definition = (req.data.get("definition") if req else None) or ""
     if playbook is None and definition:  # a generated playbook: its canonical YAML is on its request
         from noetl_dagster.dsl.loader import load_yaml_text  # noqa: PLC0415 - PyYAML for generated playbooks only
+        from noetl_dagster.dsl.parse import load_playbook_dict  # noqa: PLC0415 - the parser: not on a cached run
 
         raw, sm = load_yaml_text(str(definition), f"<generated {req.data.get('playbook_id')}>")
         playbook = load_playbook_dict(raw, source_map=sm)
@@ -246,7 +246,12 @@ def run_playbook(
     ``StepGraph.needed_for`` for the steps a set of targets needs)."""
     if isinstance(playbook, Playbook):
         # built in Python (no source file): validate it like a file would be (raises PlaybookInvalid)
-        pb = playbook if playbook.source_file else check_playbook(playbook)
+        if playbook.source_file:
+            pb = playbook
+        else:
+            from noetl_dagster.dsl.parse import check_playbook  # noqa: PLC0415 - the parser: not on a cached run
+
+            pb = check_playbook(playbook)
     else:
         pb = load_playbook(playbook)
     svc = services or build_services(

@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from noetl_dagster.dsl.parse import parse_playbook
 from noetl_dagster.dsl.source import YamlLimits, YamlSyntaxError
 from noetl_dagster.dsl.templates import TemplateError, template_env
 from noetl_dagster.tools.configs import NoopConfig, PlaybookConfig, PythonConfig, WorkbookConfig
@@ -154,6 +153,8 @@ def generated_playbook(definition: Any, ctx: ToolContext) -> Any:
     issues = check_playbook_size(raw, "<generated>")
     pb = None
     if not issues:
+        from noetl_dagster.dsl.parse import parse_playbook  # noqa: PLC0415 - the parser: generated playbooks only (issue 35)
+
         pb, issues = parse_playbook(raw, source_map=source, source_file=None)
     if issues:
         lines = [

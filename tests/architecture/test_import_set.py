@@ -18,7 +18,10 @@ The heavy modules, and why none belongs in these commands:
 * for ``--help`` and ``--version`` additionally the DSL (``pydantic``, ``jinja2``, ``yaml``,
   ``noetl_dagster.dsl``), ``sqlite3`` and every command module but ``main``;
 * tool config models of kinds the playbook does not name (``noetl_dagster.tools.configs`` holds
-  every built-in kind's model: a noop run must build only the noop model's validator).
+  every built-in kind's model: a noop run builds no validator at all, its model accepting any mapping);
+* for ``run`` of an unchanged playbook (the parse cache answers) additionally the parser: PyYAML,
+  ``noetl_dagster.dsl.parse`` and the modules only it uses (``PARSER``), and ``importlib.metadata``
+  and ``email`` (pydantic's plugin scan, run when a first validator is built).
 """
 
 from __future__ import annotations
@@ -37,13 +40,20 @@ HEAVY = {
 }  # fmt: skip
 # heavy for --help and --version: no playbook, no store, no metadata scan
 NOT_FOR_HELP = HEAVY | {"pydantic", "jinja2", "yaml", "sqlite3", "importlib.metadata", "email"}
+# the playbook parser and what only it imports: not for a run the parse cache answers
+PARSER = {
+    "yaml", "noetl_dagster.dsl.parse", "noetl_dagster.dsl.parse_rules", "noetl_dagster.dsl.legacy",
+    "noetl_dagster.dsl.outputs", "noetl_dagster.dsl.serialize", "noetl_dagster.dsl.upstream_kinds",
+    "noetl_dagster.dsl.files", "noetl_dagster.dsl.loader",
+}  # fmt: skip
 
 
 def _modules(tmp_path: Path, *args: str) -> tuple[set[str], list[str], str]:
     env = {
         k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")
     }
-    env.update(NOETL_DAGSTER_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT))
+    env.update(NOETL_DAGSTER_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT),
+               NOETL_DAGSTER_PLAYBOOK_CACHE=str(tmp_path / "playbook-cache"))  # fmt: skip
     env.pop("NOETL_LINEAGE_URL", None)
     _, report, out, err = probe(list(args), env)
     return set(report["modules"]), report["built"]["noetl_dagster.tools.configs"], out + err
@@ -79,7 +89,20 @@ def test_one_step_run_imports_only_what_it_needs(tmp_path):
     assert not [m for m in modules if m.startswith(("noetl_dagster.translator", "noetl_dagster.sensors"))]
     assert "noetl_dagster.tools.kind_configs" not in modules  # the other kinds' models are not even defined
     assert "noetl_dagster.dsl.builder" not in modules  # the builder API: generated playbooks only
-    assert configs == ["NoopConfig"], configs  # the one kind it calls; the other models stay unbuilt
+    assert configs == [], configs  # the noop model accepts any mapping: no validator built
+
+
+def test_a_cached_one_step_run_imports_no_parser_and_no_metadata_scan(tmp_path):
+    pb = tmp_path / "one_step.yaml"
+    pb.write_text(ONE_STEP)
+    first, _, out = _modules(tmp_path, "run", str(pb))  # a miss: parsed, validated, cached
+    assert "completed" in out, out
+    assert "noetl_dagster.dsl.parse" in first
+    modules, configs, out = _modules(tmp_path, "run", str(pb))  # a hit
+    assert "completed" in out, out
+    assert _loaded(modules, PARSER | {"importlib.metadata", "email", "pydantic.plugin._loader"}) == []
+    assert _loaded(modules, HEAVY) == []
+    assert configs == [], configs
 
 
 def test_validate_imports_no_tool_and_no_engine(tmp_path):

@@ -1,0 +1,107 @@
+"""A kind whose config model no string-keyed mapping can fail (noop: every field Any, extra keys
+allowed, no validator) is not validated, so its validator is never built (issue 35: building it cost
+a one-step run ~30 ms, half of it pydantic's plugin scan of every installed distribution). Every
+other model is validated as before: a typed field, a constraint, a required field, a validator of
+any kind, forbidden extra keys or a non-string key still fail with ``invalid config``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from noetl_dagster.dsl import kinds
+from noetl_dagster.dsl.kinds import ToolConfigError, ToolKind
+from noetl_dagster.tools.configs import NoopConfig, PythonConfig, ToolConfig
+
+
+def _kind(model: type) -> ToolKind:
+    return ToolKind(name="probe", fn=lambda inputs, ctx: inputs, config=model)
+
+
+def test_noop_config_is_not_validated(monkeypatch):
+    calls = []
+    real = NoopConfig.model_validate.__func__
+    monkeypatch.setattr(
+        NoopConfig, "model_validate", classmethod(lambda cls, *a, **k: calls.append(a) or real(cls, *a, **k))
+    )
+    kinds._VALID.clear()
+    kind = kinds.get_tool("noop")
+    kind.check_config({"result": {"a": [1, 2]}, "input": {"x": object()}, "any_other_key": None})
+    kind.check_config({})
+    assert calls == []
+    assert kinds._accepts_any(NoopConfig) and not kinds._accepts_any(PythonConfig)
+
+
+class _Typed(ToolConfig):
+    result: int | None = None
+
+
+class _Constrained(ToolConfig):
+    result: Any = Field(None, min_length=1)
+
+
+class _Required(ToolConfig):
+    result: Any
+
+
+class _FieldValidator(ToolConfig):
+    result: Any = None
+
+    @field_validator("result")
+    @classmethod
+    def _no_x(cls, v: Any) -> Any:
+        if v == "x":
+            raise ValueError("no x")
+        return v
+
+
+class _ModelValidator(ToolConfig):
+    result: Any = None
+
+    @model_validator(mode="after")
+    def _no_x(self) -> _ModelValidator:
+        if self.result == "x":
+            raise ValueError("no x")
+        return self
+
+
+class _Forbid(ToolConfig):
+    model_config = ConfigDict(extra="forbid", defer_build=True)
+    result: Any = None
+
+
+class _PostInit(ToolConfig):
+    result: Any = None
+
+    def model_post_init(self, context: Any) -> None:
+        if self.result == "x":
+            raise ValueError("no x")
+
+
+@pytest.mark.parametrize(
+    ("model", "config"),
+    [
+        (_Typed, {"result": "x"}),
+        (_Constrained, {"result": []}),
+        (_Required, {}),
+        (_FieldValidator, {"result": "x"}),
+        (_ModelValidator, {"result": "x"}),
+        (_Forbid, {"result": 1, "other": 2}),
+        (NoopConfig, {1: "a non-string key"}),
+    ],
+    ids=["typed", "constrained", "required", "field-validator", "model-validator", "extra-forbid", "int-key"],
+)
+def test_a_model_that_can_fail_is_still_validated(model, config):
+    kinds._VALID.clear()
+    assert not kinds._accepts_any(model) or model is NoopConfig
+    with pytest.raises(ToolConfigError, match="kind 'probe': invalid config"):
+        _kind(model).check_config(config)
+
+
+def test_model_post_init_is_still_run():
+    kinds._VALID.clear()
+    assert not kinds._accepts_any(_PostInit)
+    with pytest.raises((ToolConfigError, ValueError)):
+        _kind(_PostInit).check_config({"result": "x"})
