@@ -142,12 +142,13 @@ def _accepts_any(model: type[BaseModel]) -> bool:
     """Whether every string-keyed mapping validates (so validating it, and building the model's
     validator, can be skipped; a noop run builds none, issue 35): extra keys allowed, every field typed
     Any without constraints or a required value, no validator of any kind (as ``_input_free``), no
-    ``model_post_init``, no computed field."""
+    ``model_post_init``, no computed field, no core schema of its own."""
     cfg = model.model_config
     return (
         _input_free(model)
         and cfg.get("extra") == "allow"
         and getattr(model, "__pydantic_post_init__", None) is None
+        and "__get_pydantic_core_schema__" not in model.__dict__  # a schema of its own: validate
         and not model.__pydantic_decorators__.computed_fields
         and all(
             f.annotation is Any and not f.metadata and not f.is_required() and f.default_factory is None

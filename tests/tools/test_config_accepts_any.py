@@ -80,6 +80,21 @@ class _PostInit(ToolConfig):
             raise ValueError("no x")
 
 
+class _OwnSchema(ToolConfig):
+    result: Any = None
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        from pydantic_core import core_schema
+
+        def no_x(v: Any) -> Any:
+            if isinstance(v, dict) and v.get("result") == "x":
+                raise ValueError("no x")
+            return v
+
+        return core_schema.no_info_before_validator_function(no_x, handler(source))
+
+
 @pytest.mark.parametrize(
     ("model", "config"),
     [
@@ -89,9 +104,19 @@ class _PostInit(ToolConfig):
         (_FieldValidator, {"result": "x"}),
         (_ModelValidator, {"result": "x"}),
         (_Forbid, {"result": 1, "other": 2}),
+        (_OwnSchema, {"result": "x"}),
         (NoopConfig, {1: "a non-string key"}),
     ],
-    ids=["typed", "constrained", "required", "field-validator", "model-validator", "extra-forbid", "int-key"],
+    ids=[
+        "typed",
+        "constrained",
+        "required",
+        "field-validator",
+        "model-validator",
+        "extra-forbid",
+        "own-schema",
+        "int-key",
+    ],
 )
 def test_a_model_that_can_fail_is_still_validated(model, config):
     kinds._VALID.clear()
