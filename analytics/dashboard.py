@@ -1,6 +1,11 @@
 """Render the facts dashboard: one PNG per panel (matplotlib) and a
 self-contained HTML page (charts inlined as data URIs, each panel's data table
-and the SQL behind it)."""
+and the SQL behind it).
+
+The page is one viewer's (``analytics.dashboard_access``): every panel reads through the
+dashboard's tenancy gate, :class:`~analytics.dashboard_access.TenantScope`, like the
+interactive server, so a page rendered for a tenant holds that tenant's rows only; all
+tenants only for an explicit :meth:`Viewer.everyone`."""
 
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ matplotlib.use("Agg")  # files only: no display on servers and CI
 import matplotlib.dates as mdates  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 
+from analytics.dashboard_access import TenantScope, Viewer  # noqa: E402
 from analytics.panels import PANELS, Panel  # noqa: E402
 from analytics.store import FactsStore  # noqa: E402
 
@@ -124,6 +130,7 @@ def render_dashboard(
     store: FactsStore,
     out_dir: str | Path,
     *,
+    viewer: Viewer,
     days: int | None = None,
     title: str = "NoETL facts",
     currency: str = "USD",
@@ -131,17 +138,20 @@ def render_dashboard(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     results = []
+    scope = TenantScope(store, viewer)  # whose rows: the one gate, as for the server
     for p in PANELS:
-        cols, rows = store.query(p.render_sql(store.database, days=days))
+        cols, rows = scope.query(p.render_sql(store.database, days=days))
         result = PanelResult(p, cols, rows)
         result.png = _chart(result, out / f"{p.key}.png", currency)
         results.append(result)
     page = out / "index.html"
-    page.write_text(_html(results, title, store, days, currency))
+    page.write_text(_html(results, title, store, days, currency, viewer))
     return Dashboard(page, results)
 
 
-def _html(results: list[PanelResult], title: str, store: FactsStore, days: int | None, currency: str) -> str:
+def _html(
+    results: list[PanelResult], title: str, store: FactsStore, days: int | None, currency: str, viewer: Viewer
+) -> str:
     generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     scope = f"last {days} days" if days else "all time"
     parts = [
@@ -157,7 +167,7 @@ def _html(results: list[PanelResult], title: str, store: FactsStore, days: int |
         "td,th{border:1px solid #ddd;padding:.25rem .5rem;text-align:right}td:first-child,th:first-child{text-align:left}"
         "pre{background:#f6f6f6;padding:.7rem;overflow-x:auto;font-size:.8rem}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
-        f"<div class='meta'>{html.escape(scope)} · generated {generated} · store {html.escape(repr(store))}</div>",
+        f"<div class='meta'>{html.escape(viewer.name)} · {html.escape(scope)} · generated {generated} · store {html.escape(repr(store))}</div>",
     ]
     for r in results:
         p = r.panel

@@ -8,7 +8,8 @@
 - :class:`TenantScope`: the only way the dashboard reads the facts store. Every query must name
   its tenant columns with ``$scope(tenant_col, project_col)``, which becomes the caller's filter
   (``true`` for an admin); a query without it is refused, so a new endpoint cannot forget the
-  filter. Cluster-wide views (idle, unallocated) need an admin viewer. Executions read from the
+  filter. The static outputs pass the same gate: the rendered HTML/PNG dashboard reads through a
+  TenantScope, and the Grafana JSON's SQL gets the filter inlined (:func:`scoped_sql`). Cluster-wide views (idle, unallocated) need an admin viewer. Executions read from the
   event store (the execution page, issue 36) pass :meth:`TenantScope.execution`: another
   tenant's (or project's) execution reads as unknown (404), never as forbidden.
 - :class:`Sessions`: the browser's HttpOnly cookie names a server-side session holding the key,
@@ -36,9 +37,10 @@ __all__ = [
     "TenantScope",
     "Unauthorized",
     "Viewer",
+    "scoped_sql",
 ]
 
-_SCOPE = re.compile(r"\$scope\(\s*(\w+)\s*,\s*(\w+)\s*\)")
+_SCOPE = re.compile(r"\$scope\(\s*([\w.]+)\s*,\s*([\w.]+)\s*\)")  # a column, or alias.column
 _PRICES = "SELECT any(currency), any(version) FROM $db.price_version"
 
 
@@ -72,6 +74,40 @@ class Viewer:
         return {"tenant": self.tenant, "project": self.project, "admin": self.admin, "name": self.name}
 
 
+def scoped_sql(
+    sql: str, viewer: Viewer, params: dict[str, Any] | None = None, *, inline: bool = False
+) -> tuple[str, dict[str, Any]]:
+    """``sql`` with every ``$scope(tenant_col, project_col)`` turned into ``viewer``'s filter, and
+    the query parameters it binds (``true`` for an admin). A query without ``$scope`` is refused.
+    ``inline``: the names written into the SQL as literals, for SQL that leaves this process
+    (the Grafana JSON); only names of the locator's rule (letters, digits, ``_``, ``-``)."""
+    if not _SCOPE.search(sql):
+        raise RuntimeError("dashboard query without $scope(tenant_col, project_col): refused")
+    params = dict(params or {})
+    v = viewer
+    if v.admin:
+        return _SCOPE.sub("true", sql), params
+    if inline:
+        from noetl_dagster.dsl.locator import check_scope  # noqa: PLC0415
+
+        tenant = f"'{check_scope(v.tenant or '', 'tenant')}'"
+        project = f"'{check_scope(v.project, 'project')}'" if v.project is not None else None
+    else:
+        params["scope_tenant"] = v.tenant
+        tenant, project = "{scope_tenant:String}", None
+        if v.project is not None:
+            params["scope_project"] = v.project
+            project = "{scope_project:String}"
+
+    def cond(m: re.Match[str]) -> str:
+        out = f"({m.group(1)} = {tenant}"
+        if project is not None:
+            out += f" AND {m.group(2)} = {project}"
+        return out + ")"
+
+    return _SCOPE.sub(cond, sql), params
+
+
 class TenantScope:
     """The facts store as one viewer may read it."""
 
@@ -81,20 +117,7 @@ class TenantScope:
 
     def query(self, sql: str, params: dict[str, Any] | None = None) -> tuple[list[str], list[tuple]]:
         """Rows of the viewer's tenant (and project) only: ``$scope(t, p)`` becomes the filter."""
-        if not _SCOPE.search(sql):
-            raise RuntimeError("dashboard query without $scope(tenant_col, project_col): refused")
-        params = dict(params or {})
-        v = self.viewer
-        if v.admin:
-            cond = "true"
-        else:
-            params["scope_tenant"] = v.tenant
-            cond = r"(\1 = {scope_tenant:String}"
-            if v.project is not None:
-                params["scope_project"] = v.project
-                cond += r" AND \2 = {scope_project:String}"
-            cond += ")"
-        return self._store.query(_SCOPE.sub(cond, sql), params)
+        return self._store.query(*scoped_sql(sql, self.viewer, params))
 
     def cluster_query(self, sql: str, params: dict[str, Any] | None = None) -> tuple[list[str], list[tuple]]:
         """Cluster-wide rows (idle, unallocated, every tenant's share): admin viewers only."""

@@ -3,7 +3,9 @@ the Grafana dashboard JSON and docs/analytics.md.
 
 SQL placeholders: ``$db`` is the facts database; ``$__timeFilter(col)`` is the
 Grafana ClickHouse macro for the dashboard time range (the local renderer
-replaces it with a filter on ``--days``, or with ``1 = 1``).
+replaces it with a filter on ``--days``, or with ``1 = 1``); ``$scope(tenant_col,
+project_col)`` is the viewer's tenant filter of ``analytics.dashboard_access`` (every
+table a panel reads names it, so no panel shows another tenant's rows).
 """
 
 from __future__ import annotations
@@ -47,14 +49,14 @@ PANELS: tuple[Panel, ...] = (
         title="Totals",
         description="Executions, step runs, task attempts, failures, bytes stored by reference and cost.",
         sql="""SELECT
-    (SELECT count() FROM $db.execution_fact FINAL WHERE transition = 'requested' AND $__timeFilter(ts)) AS executions,
-    (SELECT count() FROM $db.execution_fact FINAL WHERE transition = 'finished' AND status = 'failed' AND $__timeFilter(ts)) AS failed_executions,
-    (SELECT count() FROM $db.step_fact FINAL WHERE outcome != 'skipped' AND $__timeFilter(ts)) AS step_runs,
-    (SELECT count() FROM $db.task_fact FINAL WHERE $__timeFilter(ts)) AS task_attempts,
-    (SELECT countIf(status = 'error') FROM $db.task_fact FINAL WHERE $__timeFilter(ts)) AS failed_attempts,
+    (SELECT count() FROM $db.execution_fact FINAL WHERE transition = 'requested' AND $__timeFilter(ts) AND $scope(tenant_id, project_id)) AS executions,
+    (SELECT count() FROM $db.execution_fact FINAL WHERE transition = 'finished' AND status = 'failed' AND $__timeFilter(ts) AND $scope(tenant_id, project_id)) AS failed_executions,
+    (SELECT count() FROM $db.step_fact FINAL WHERE outcome != 'skipped' AND $__timeFilter(ts) AND $scope(tenant_id, project_id)) AS step_runs,
+    (SELECT count() FROM $db.task_fact FINAL WHERE $__timeFilter(ts) AND $scope(tenant_id, project_id)) AS task_attempts,
+    (SELECT countIf(status = 'error') FROM $db.task_fact FINAL WHERE $__timeFilter(ts) AND $scope(tenant_id, project_id)) AS failed_attempts,
     (SELECT sum(size_bytes) FROM (SELECT uri, any(size_bytes) AS size_bytes FROM $db.resource_fact FINAL
-        WHERE action = 'created' AND $__timeFilter(ts) GROUP BY uri)) AS bytes_stored,
-    (SELECT round(sum(amount), 12) FROM $db.tenant_cost_fact WHERE $__timeFilter(day)) AS cost""",
+        WHERE action = 'created' AND $__timeFilter(ts) AND $scope(tenant_id, project_id) GROUP BY uri)) AS bytes_stored,
+    (SELECT round(sum(amount), 12) FROM $db.tenant_cost_fact WHERE $__timeFilter(day) AND $scope(tenant_id, project_id)) AS cost""",
         chart="stat",
         y=(
             "executions",
@@ -69,10 +71,10 @@ PANELS: tuple[Panel, ...] = (
     Panel(
         key="cost_per_tenant",
         title="Cost per tenant over time",
-        description="Daily showback per tenant from the priced table (cost_line_day via cost_by_tenant_day: every cost line).",
+        description="Daily showback per tenant from the priced table (cost_line_day via cost_by_project_day: every cost line).",
         sql="""SELECT toDateTime(day) AS time, tenant_id AS tenant, sum(amount) AS amount
-FROM $db.cost_by_tenant_day
-WHERE $__timeFilter(day)
+FROM $db.cost_by_project_day
+WHERE $__timeFilter(day) AND $scope(tenant_id, project_id)
 GROUP BY time, tenant
 ORDER BY time, tenant""",
         chart="timeseries",
@@ -84,10 +86,10 @@ ORDER BY time, tenant""",
     Panel(
         key="top_playbooks_by_cost",
         title="Top playbooks by cost",
-        description="The ten most expensive playbooks in the period, all tenants.",
+        description="The ten most expensive playbooks in the period (of every tenant the dashboard shows).",
         sql="""SELECT concat(tenant_id, ' / ', playbook) AS playbook, sum(amount) AS amount
 FROM $db.cost_by_playbook_day
-WHERE $__timeFilter(day)
+WHERE $__timeFilter(day) AND $scope(tenant_id, project_id)
 GROUP BY playbook
 ORDER BY amount DESC
 LIMIT 10""",
@@ -104,7 +106,7 @@ LIMIT 10""",
     quantile(0.5)(_step.duration_ms) AS p50, quantile(0.9)(_step.duration_ms) AS p90, quantile(0.99)(_step.duration_ms) AS p99
 FROM $db.step_fact AS _step FINAL
 LEFT JOIN $db.execution_dim AS _dim ON _dim.execution_id = _step.execution_id
-WHERE _step.outcome != 'skipped' AND $__timeFilter(_step.ts)
+WHERE _step.outcome != 'skipped' AND $__timeFilter(_step.ts) AND $scope(_step.tenant_id, _step.project_id)
 GROUP BY step
 ORDER BY p90 DESC
 LIMIT 15""",
@@ -126,9 +128,10 @@ LEFT JOIN
 (
     SELECT execution_id, count() AS attempts, countIf(status = 'error') AS failed_attempts
     FROM $db.task_fact FINAL
+    WHERE $scope(tenant_id, project_id)
     GROUP BY execution_id
 ) AS _tasks ON _tasks.execution_id = _dim.execution_id
-WHERE $__timeFilter(_dim.started_at)
+WHERE $__timeFilter(_dim.started_at) AND $scope(_dim.tenant_id, _dim.project_id)
 GROUP BY playbook
 ORDER BY execution_failure_rate DESC, task_failure_rate DESC, executions DESC
 LIMIT 15""",
@@ -151,7 +154,7 @@ FROM
            dateDiff('microsecond', min(_frame.ts), max(_frame.ts)) / 1e6) AS seconds
     FROM $db.frame_fact AS _frame FINAL
     LEFT JOIN $db.execution_dim AS _dim ON _dim.execution_id = _frame.execution_id
-    WHERE $__timeFilter(_frame.ts)
+    WHERE $__timeFilter(_frame.ts) AND $scope(_frame.tenant_id, _frame.project_id)
     GROUP BY loop_id
 )
 GROUP BY loop

@@ -1,7 +1,8 @@
-"""``noetl-dagster dashboard [render options] | serve | export | demo-history``.
+"""``noetl-dagster dashboard [render options] | serve | export | grafana | demo-history``.
 
-``dashboard`` alone (or with the render options) renders the static matplotlib pages as
-before; ``serve`` runs the interactive Plotly dashboard over ClickHouse queries (signed in with
+``dashboard`` alone (or with the render options, ``--tenant T`` or ``--all-tenants`` among them)
+renders the static matplotlib pages; ``grafana`` writes the Grafana JSON of one tenant or all;
+``serve`` runs the interactive Plotly dashboard over ClickHouse queries (signed in with
 registry API keys, each key seeing its tenant's rows), ``export`` writes the same page with one
 tenant's data (or, ``--all-tenants``, everyone's) inlined, ``demo-history`` fills the facts store with a
 clearly labelled SYNTHETIC 30-day history for several tenants.
@@ -141,16 +142,15 @@ def _execution_views(event_store: str | None, data_dir: str | None, prices: str 
 def export_cmd(clickhouse: str | None, data_dir: str | None, database: str | None, out: str, prices: str | None,
                tenant: str | None, project: str | None, all_tenants: bool) -> None:  # fmt: skip
     """Write the interactive dashboard as one self-contained HTML file (one tenant's data inlined)."""
-    from analytics.dashboard_access import Viewer  # noqa: PLC0415
+    from analytics.grafana import viewer_of  # noqa: PLC0415
     from analytics.interactive import export_static  # noqa: PLC0415
 
-    if bool(tenant) == all_tenants:
-        _fail_input("say whose rows to write: --tenant T (one tenant) or --all-tenants")
-    if project and not tenant:
-        _fail_input("--project needs --tenant")
+    try:
+        viewer = viewer_of(tenant, project, all_tenants)
+    except ValueError as e:
+        _fail_input(str(e))
     store = _store(clickhouse, data_dir, database)
     _refresh(store, prices, data_dir)
-    viewer = Viewer.of_tenant(tenant, project) if tenant else Viewer.everyone()
     if tenant and not _has_rows(store, tenant, project):
         _fail_input(f"no cost rows for tenant {tenant!r}" + (f" project {project!r}" if project else ""))
     click.echo(f"dashboard: {export_static(store, Path(out), viewer=viewer)} ({viewer.name})")
@@ -162,6 +162,29 @@ def _has_rows(store: Any, tenant: str, project: str | None) -> bool:
         sql += " AND project_id = {p:String}"
     _, rows = store.query(sql, {"t": tenant, "p": project or ""})
     return bool(rows[0][0])
+
+
+@dashboard.command("grafana")
+@click.option("--out", "-o", type=click.Path(dir_okay=False), required=True, help="Output file (JSON).")
+@click.option("--database", default=None, help="Facts database the panels query (default: noetl).")
+@click.option("--tenant", default=None, help="One tenant's dashboard: its rows only.")
+@click.option("--project", default=None, help="With --tenant: only this project's rows.")
+@click.option("--all-tenants", is_flag=True, help="Every tenant's rows (operators only).")
+def grafana_cmd(
+    out: str, database: str | None, tenant: str | None, project: str | None, all_tenants: bool
+) -> None:
+    """Write the Grafana dashboard JSON (ClickHouse data source) of one tenant or of all tenants."""
+    from analytics.grafana import render_json, viewer_of  # noqa: PLC0415
+    from analytics.store import DEFAULT_DATABASE  # noqa: PLC0415
+
+    try:
+        viewer = viewer_of(tenant, project, all_tenants)
+    except ValueError as e:
+        _fail_input(str(e))
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_json(database or DEFAULT_DATABASE, viewer=viewer))
+    click.echo(f"grafana dashboard: {path} ({viewer.name})")
 
 
 @dashboard.command("demo-history")

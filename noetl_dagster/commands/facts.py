@@ -244,6 +244,11 @@ def focus_export(
 @click.option("--prices", type=click.Path(dir_okay=False), help="Price table for the cost rollups.")
 @click.option("--days", type=int, help="Only the last N days (default: all time).")
 @click.option("--title", default="NoETL facts", show_default=True)
+@click.option(
+    "--tenant", default=None, help="Render only this tenant's rows (the page can go to that tenant)."
+)
+@click.option("--project", default=None, help="With --tenant: only this project's rows.")
+@click.option("--all-tenants", is_flag=True, help="Render every tenant's rows (operators only).")
 def dashboard(
     clickhouse: str | None,
     data_dir: str | None,
@@ -254,12 +259,21 @@ def dashboard(
     prices: str | None,
     days: int | None,
     title: str,
+    tenant: str | None,
+    project: str | None,
+    all_tenants: bool,
 ) -> None:
-    """Render the facts dashboard: index.html (self-contained) and one PNG per panel."""
+    """Render the facts dashboard: index.html (self-contained) and one PNG per panel, of one
+    tenant's rows (--tenant) or, for an operator, of every tenant's (--all-tenants)."""
     from analytics.dashboard import render_dashboard  # noqa: PLC0415
     from analytics.exporter import FactExporter  # noqa: PLC0415
+    from analytics.grafana import viewer_of  # noqa: PLC0415
     from noetl_dagster.runners.local import default_data_dir  # noqa: PLC0415
 
+    try:
+        viewer = viewer_of(tenant, project, all_tenants)
+    except ValueError as e:
+        _fail_input(str(e))
     if days is not None and days <= 0:
         _fail_input("--days must be positive")
     table = _prices(prices, data_dir)  # a bad price file is one line before anything is written
@@ -275,7 +289,7 @@ def dashboard(
 
     rollup = refresh_rollups(store, table)
     out_dir = Path(out) if out else Path(data_dir or default_data_dir()) / "dashboard"
-    result = render_dashboard(store, out_dir, days=days, title=title, currency=rollup.currency)
-    click.echo(f"dashboard: {result.html}")
+    result = render_dashboard(store, out_dir, viewer=viewer, days=days, title=title, currency=rollup.currency)
+    click.echo(f"dashboard: {result.html} ({viewer.name})")
     for png in result.pngs:
         click.echo(f"  {png}")

@@ -58,6 +58,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from analytics.dashboard import render_dashboard  # noqa: PLC0415
+    from analytics.dashboard_access import Viewer  # noqa: PLC0415
     from analytics.exporter import FactExporter  # noqa: PLC0415
     from analytics.rollups import refresh_rollups  # noqa: PLC0415
     from analytics.store import FactsStore, close_all  # noqa: PLC0415
@@ -74,8 +75,12 @@ def main() -> None:
     print(f"exported {report.events} events")
     rollup = refresh_rollups(store)
     render_dir = data_dir / "dashboard"
-    dash = render_dashboard(
-        store, render_dir, title="NoETL facts — example playbooks", currency=rollup.currency
+    dash = render_dashboard(  # the demo's own store: the operator's view of every tenant
+        store,
+        render_dir,
+        viewer=Viewer.everyone(),
+        title="NoETL facts — example playbooks",
+        currency=rollup.currency,
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

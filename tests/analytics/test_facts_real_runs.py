@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from facts_helpers import fact_totals
 
 from analytics.dashboard import render_dashboard
+from analytics.dashboard_access import Viewer
 from analytics.exporter import FactExporter
 from analytics.grafana import GRAFANA_JSON, build_dashboard, render_json
 from analytics.panels import PANELS
@@ -108,7 +109,7 @@ def test_registry_reads_and_writes_are_resource_facts(exported):
 def test_dashboard_renders_from_real_runs(exported, tmp_path):
     store = exported[0]
     refresh_rollups(store)
-    dash = render_dashboard(store, tmp_path / "dash")
+    dash = render_dashboard(store, tmp_path / "dash", viewer=Viewer.everyone())
     assert {p.name for p in dash.pngs} == {f"{p.key}.png" for p in PANELS if p.chart != "stat"}
     for png in dash.pngs:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
@@ -125,9 +126,11 @@ def test_dashboard_renders_from_real_runs(exported, tmp_path):
 def test_grafana_json_is_generated_and_its_sql_runs(exported):
     store = exported[0]
     refresh_rollups(store)
-    assert json.loads(GRAFANA_JSON.read_text()) == build_dashboard(), "run: python -m analytics.grafana"
-    assert GRAFANA_JSON.read_text() == render_json()
-    dash = build_dashboard()
+    assert json.loads(GRAFANA_JSON.read_text()) == build_dashboard(viewer=Viewer.everyone()), (
+        "run: python -m analytics.grafana"
+    )
+    assert GRAFANA_JSON.read_text() == render_json(viewer=Viewer.everyone())
+    dash = build_dashboard(viewer=Viewer.everyone())
     assert {p["datasource"]["type"] for p in dash["panels"]} == {"grafana-clickhouse-datasource"}
     for panel in dash["panels"]:
         sql = panel["targets"][0]["rawSql"]
@@ -168,7 +171,8 @@ def test_cli_export_query_dashboard(real_runs, tmp_path):
     bad = runner.invoke(cli, ["facts", "export", "--clickhouse", "mysql://x", "--events", url])
     assert bad.exit_code == 2 and "unsupported facts store URL" in bad.output
     out = runner.invoke(
-        cli, ["dashboard", "--clickhouse", facts, "--events", url, "--out", str(tmp_path / "d")]
+        cli,
+        ["dashboard", "--clickhouse", facts, "--events", url, "--out", str(tmp_path / "d"), "--all-tenants"],
     )
     assert out.exit_code == 0, out.output
     assert (tmp_path / "d" / "index.html").is_file() and (tmp_path / "d" / "cost_per_tenant.png").is_file()

@@ -27,6 +27,7 @@ import pytest
 from grafana_foundation_sdk.cog import encoder, plugins  # dev extra: grafana-foundation-sdk
 from grafana_foundation_sdk.models import dashboard as gdash
 
+from analytics.dashboard_access import Viewer
 from analytics.grafana import GRAFANA_JSON, build_dashboard
 
 plugins.register_default_plugins()
@@ -142,12 +143,14 @@ def schema_errors(dashboard: dict[str, typing.Any]) -> list[str]:
 
 
 def test_our_dashboard_passes_grafanas_schema():
-    assert schema_errors(build_dashboard()) == []
+    assert schema_errors(build_dashboard(viewer=Viewer.everyone())) == []
     assert schema_errors(json.loads(GRAFANA_JSON.read_text())) == []
 
 
 def test_panel_options_are_checked_against_the_plugins_models():
-    model = gdash.Dashboard.from_json({k: v for k, v in build_dashboard().items() if not k.startswith("__")})
+    model = gdash.Dashboard.from_json(
+        {k: v for k, v in build_dashboard(viewer=Viewer.everyone()).items() if not k.startswith("__")}
+    )
     kinds = {p.type_val: type(p.options).__module__.rsplit(".", 1)[-1] for p in model.panels}
     assert kinds == {"stat": "stat", "timeseries": "timeseries", "barchart": "barchart"}
 
@@ -183,14 +186,14 @@ def test_panel_options_are_checked_against_the_plugins_models():
     ],
 )
 def test_a_misnamed_field_fails_with_its_path(where, edit, expected):
-    broken = copy.deepcopy(build_dashboard())
+    broken = copy.deepcopy(build_dashboard(viewer=Viewer.everyone()))
     edit(broken)
     errors = schema_errors(broken)
     assert any(e.startswith(expected) for e in errors), (where, errors)
 
 
 def test_a_wrongly_typed_field_fails():
-    broken = copy.deepcopy(build_dashboard())
+    broken = copy.deepcopy(build_dashboard(viewer=Viewer.everyone()))
     broken["panels"][0]["gridPos"]["w"] = "24"
     broken["editable"] = "yes"
     broken["panels"][0]["options"]["textMode"] = "loud"

@@ -22,6 +22,7 @@ import yaml
 from click.testing import CliRunner
 
 from analytics.dashboard import render_dashboard
+from analytics.dashboard_access import Viewer
 from analytics.exporter import FactExporter
 from analytics.grafana import GRAFANA_JSON
 from analytics.interactive import cluster_summary, dashboard_data
@@ -166,7 +167,7 @@ def test_every_view_shows_the_same_total(priced):
     views: dict[str, float] = {}
     views["priced table (cost_line_day)"] = store.scalar("SELECT sum(amount) FROM $db.cost_line_day FINAL")
 
-    dash = render_dashboard(store, tmp_path / "dash")
+    dash = render_dashboard(store, tmp_path / "dash", viewer=Viewer.everyone())
     panels = {p.panel.key: p for p in dash.panels}
     summary = panels["summary"]
     views["static render: Totals tile"] = summary.rows[0][summary.columns.index("cost")]
