@@ -1,6 +1,6 @@
 """Command-line start-up (issue 35): ``--help``, ``--version``, ``validate`` and a one-step ``run``.
 
-    python -m benchmarks.bench_startup [--repeat N] [--compare ROOT] [--top K]
+    python -m benchmarks.bench_startup [--repeat N] [--compare ROOT|REV] [--top K]
 
 Each command is timed as a whole process, as a user types it (the venv's ``noetl-dagster`` script,
 ``PYTHONPATH`` set to the checkout measured so it wins over the installed copy), against two
@@ -9,7 +9,9 @@ baselines timed in the same run: ``python -c pass`` (the interpreter and ``site`
 each command is timed by it (``--warmup 2 --runs N``); without, the commands run interleaved
 (A B C A B C ...: the machine is shared, so a burst of load hits every row alike) and the median
 and minimum of N are reported. ``--compare ROOT`` adds the same commands from a second checkout
-(e.g. ``git archive`` of an older commit), interleaved with this one: before and after in one run.
+interleaved with this one: before and after in one run. Given a git revision instead of a
+directory (``--compare 771630d``), that commit's tree is extracted (``git archive``) to a
+temporary directory and measured.
 
 Byte-code: the measured processes may write ``__pycache__`` (``PYTHONDONTWRITEBYTECODE`` is
 removed from their environment) and one warm-up run precedes the timing, so a figure is an
@@ -151,11 +153,22 @@ def report_imports(label: str, rows: list[tuple[str, int, int, int]], top: int) 
         print(f"    {us / 1000:7.1f} ms  {pkg}")
 
 
+def _checkout(compare: str, tmp: Path) -> Path:
+    """``--compare``'s tree: a directory as given, else the git revision's tree extracted under ``tmp``."""
+    if Path(compare).is_dir():
+        return Path(compare).resolve()
+    dest = tmp / "compare"
+    dest.mkdir()
+    tar = subprocess.run(["git", "-C", str(ROOT), "archive", compare], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=tar, check=True)
+    return dest
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=15, help="timed runs of each command")
-    ap.add_argument("--compare", type=Path, default=None, metavar="ROOT",
-                    help="a second checkout (e.g. an older commit) timed interleaved with this one")  # fmt: skip
+    ap.add_argument("--compare", default=None, metavar="ROOT|REV",
+                    help="a second checkout, or a git revision of this repository, timed interleaved with this one")  # fmt: skip
     ap.add_argument("--top", type=int, default=8, help="import-time rows shown per command")
     args = ap.parse_args(argv)
     load = os.getloadavg()
@@ -165,7 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as d:
         pb = Path(d) / "one_step.yaml"
         pb.write_text(ONE_STEP)
-        roots = {"": ROOT} if args.compare is None else {"after ": ROOT, "before ": args.compare.resolve()}
+        roots = (
+            {"": ROOT}
+            if args.compare is None
+            else {"after ": ROOT, "before ": _checkout(args.compare, Path(d))}
+        )
         base_env = environ(ROOT, Path(d) / "home")
         cases: dict[str, tuple[list[str], dict[str, str]]] = {
             "python -c pass": ([sys.executable, "-c", "pass"], base_env),
