@@ -93,6 +93,75 @@ def _thread_clock(native_id: int | None) -> tuple[float, float] | None:
         return None
 
 
+class _OtherThreads:
+    """CPU plus run-queue seconds used so far by the threads of this process that are not lanes
+    (the loop's own thread, a test harness's or a server's threads, event writers): per thread
+    id, from ``/proc/self/task/<tid>/schedstat`` (files kept open; Linux only, else empty).
+
+    A lane that waits for the GIL while such a thread holds it, or while the thread that is to
+    take it next sits runnable without a core, is neither running nor runnable itself: without
+    this account that wait reads as I/O and a CPU-bound loop widens (issue: a CPU-bound loop
+    widened on two such stalls right after its warm-up, under ``pytest -n 3`` on 2 cores)."""
+
+    def __init__(self) -> None:
+        self._fds: dict[int, int] = {}
+        self._ended: list[int] = []
+        self._lock = threading.Lock()
+        self.lanes: set[int] = set()  # native ids of the lanes (not counted)
+
+    def read(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        try:
+            tids = os.listdir("/proc/self/task")
+        except OSError:
+            return out
+        lanes, fds = self.lanes, self._fds
+        for name in tids:
+            tid = int(name)
+            if tid in lanes:
+                continue
+            fd = fds.get(tid)
+            try:
+                if fd is None:
+                    fd = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
+                    with self._lock:
+                        if tid in fds:
+                            os.close(fd)
+                            fd = fds[tid]
+                        else:
+                            fds[tid] = fd
+                cpu_ns, wait_ns, *_ = os.pread(fd, 128, 0).split()
+            except (OSError, ValueError):  # the thread ended (its id may come back: reopen then)
+                with self._lock:
+                    if fd is not None and fds.get(tid) == fd:
+                        self._ended.append(fds.pop(tid))  # closed at the end: a lane may still read it
+                continue
+            out[tid] = int(cpu_ns) + int(wait_ns)
+        return out
+
+    @staticmethod
+    def used(before: dict[int, int], after: dict[int, int]) -> float:
+        """Seconds the other threads ran or sat runnable between two reads (a thread born in
+        between counts from its start; one that ended no longer counts)."""
+        return sum(v - before.get(tid, 0) for tid, v in after.items()) / 1e9
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in [*self._fds.values(), *self._ended]:
+                os.close(fd)
+            self._fds.clear()
+            self._ended.clear()
+
+
+def _share(cpu: float, wall: float, queued: float, others: float) -> float:
+    """The time an iteration could have run: its wall time less the time it sat runnable
+    (``queued``) and less the part of the rest the process' other threads explain (``others``:
+    their CPU and run-queue seconds in the same interval, when the lane waited that long);
+    never less than its CPU time."""
+    off = wall - queued - cpu  # neither running nor runnable: I/O, a sleep, a lock, the GIL
+    return max(wall - queued - min(max(off, 0.0), max(others, 0.0)), cpu)
+
+
 class Lanes:
     """Call ``fn(0..n-1)`` on 1..``max_lanes`` threads ("lanes") that pull the next index.
 
@@ -153,6 +222,7 @@ class Lanes:
         self._samples: deque[float] = deque(maxlen=LANE_SAMPLES)  # GIL shares of measured iterations
         self._no_clock = False
         self._decide_lock = threading.Lock()
+        self._others = _OtherThreads()  # the process' threads that are not lanes
         self._t0 = time.perf_counter()
         self.gil_share: float | None = None
         self.widened_at: float | None = None  # seconds after the start when the loop first widened
@@ -189,6 +259,7 @@ class Lanes:
                 seen, since, base = list(self._done), now, self._clocks()
         for t in self._threads:
             t.join()
+        self._others.close()
         if self._errors:
             raise self._errors[0]
         return {"lanes": self._peak, "gil_share": None if self.gil_share is None else round(self.gil_share, 4),
@@ -215,18 +286,23 @@ class Lanes:
                 self.narrowed += 1
                 self._samples.clear()
 
-    def _clocks(self) -> list[tuple[float, float] | None]:
-        return [_thread_clock(t.native_id) if t.is_alive() else None for t in self._threads]
+    def _clocks(self) -> tuple[list[tuple[float, float] | None], dict[int, int]]:
+        lanes = [_thread_clock(t.native_id) if t.is_alive() else None for t in self._threads]
+        return lanes, self._others.read()
 
-    def _share_since(self, base: list[tuple[float, float] | None], wall: float) -> float | None:
+    def _share_since(
+        self, base: tuple[list[tuple[float, float] | None], dict[int, int]], wall: float
+    ) -> float | None:
         cpu_sum = avail_sum = 0.0
-        for t, before in zip(self._threads, base, strict=False):
+        lanes, others0 = base
+        used = self._others.used(others0, self._others.read())
+        for t, before in zip(self._threads, lanes, strict=False):
             now = _thread_clock(t.native_id) if before is not None and t.is_alive() else None
             if now is None or before is None:
                 continue
             cpu, wait = now[0] - before[0], now[1] - before[1]
             cpu_sum += cpu
-            avail_sum += max(wall - wait, cpu)
+            avail_sum += _share(cpu, wall, wait, used)
         return cpu_sum / avail_sum if avail_sum > 0 else None
 
     def _start(self, k: int) -> None:
@@ -241,12 +317,16 @@ class Lanes:
             t = threading.Thread(target=self._lane, args=(lane,), name=f"{self.name}-{lane}", daemon=True)
             self._threads.append(t)
             t.start()
+            if t.native_id is not None:
+                self._others.lanes.add(t.native_id)
 
     def _lane(self, lane: int) -> None:
         clock = _open_clock(threading.get_native_id())
         if clock is None:
             self._no_clock = True
         fn, indices, samples, done, errors = self.fn, self._indices, self._samples, self._done, self._errors
+        others = self._others
+        others.lanes.add(threading.get_native_id())  # (also added by _start: whichever runs first)
         perf = time.perf_counter
         k, last, next_sample = 0, 0.0, 0.0  # iterations done by this lane, wall seconds of its last one
         counted = True  # this lane is in self._running
@@ -269,6 +349,7 @@ class Lanes:
                 )
                 if measure:
                     next_sample = w0 + LANE_SAMPLE_SECONDS
+                    o0 = others.read()
                     c0, q0 = clock()  # type: ignore[misc]
                 try:
                     fn(i)
@@ -277,10 +358,10 @@ class Lanes:
                     return
                 if measure:
                     c1, q1 = clock()  # type: ignore[misc]
+                    used = others.used(o0, others.read())
                     last = perf() - w0
-                    avail = last - (q1 - q0)
-                    if avail > 0:
-                        samples.append(min(1.0, (c1 - c0) / avail))
+                    if last - (q1 - q0) > 0:
+                        samples.append(min(1.0, (c1 - c0) / _share(c1 - c0, last, q1 - q0, used)))
                         self._judge()
                 else:
                     last = perf() - w0

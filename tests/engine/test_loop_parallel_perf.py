@@ -259,3 +259,39 @@ def test_no_thread_clock_falls_back_to_all_lanes(monkeypatch):
     monkeypatch.setattr(loops, "_open_clock", lambda native_id: None)
     out = Lanes(40, 5, lambda i: time.sleep(0.005)).run()
     assert out["lanes"] == 5
+
+
+@pytest.mark.parametrize("hogs", [0, 3], ids=["idle", "overloaded"])
+def test_cpu_bound_lane_waiting_for_the_gil_of_another_thread_is_not_mistaken_for_io(hogs):
+    """A lane that waits for the GIL while another thread of this process holds it (here a
+    helper that holds it ~20 ms at a time, in C; in CI the xdist or loop thread preempted on an
+    overloaded machine) is neither running nor runnable: the old rule read that as I/O and
+    widened the CPU-bound loop (checked: 8 lanes). Those waits are the other threads' CPU and
+    run-queue time, so the loop stays on one lane."""
+    stop = threading.Event()
+
+    def hold_the_gil() -> None:
+        while not stop.is_set():
+            sum(range(1_000_000))  # one C call: the GIL is not handed over until it returns
+            time.sleep(0.001)
+
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(hogs)]
+    helper = threading.Thread(target=hold_the_gil, daemon=True)
+    try:
+        time.sleep(0.2 if hogs else 0)  # the hogs are up
+        helper.start()
+
+        def spin(i: int) -> None:
+            t = time.thread_time() + 0.001
+            while time.thread_time() < t:
+                pass
+
+        out = Lanes(60, 8, spin).run()
+    finally:
+        stop.set()
+        helper.join()
+        for h in procs:
+            h.kill()
+            h.wait(timeout=5)
+    assert out["lanes"] == 1 and out["widened_at"] is None, out
+    assert out["gil_share"] > 0.5, out
