@@ -281,12 +281,12 @@ def test_cpu_bound_lane_waiting_for_the_gil_of_another_thread_is_not_mistaken_fo
         time.sleep(0.2 if hogs else 0)  # the hogs are up
         helper.start()
 
-        def spin(i: int) -> None:
-            t = time.thread_time() + 0.001
+        def spin(i: int) -> None:  # longer than the switch interval: the helper gets the GIL in each
+            t = time.thread_time() + 0.006
             while time.thread_time() < t:
                 pass
 
-        out = Lanes(60, 8, spin).run()
+        out = Lanes(30, 8, spin).run()
     finally:
         stop.set()
         helper.join()
