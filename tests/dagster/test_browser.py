@@ -86,15 +86,51 @@ def _dismiss_welcome(page) -> None:  # noqa: ANN001
     skip.click()
 
 
-def _wait_run(url: str, run_id: str, timeout: float = 120) -> str:
-    deadline = time.time() + timeout
-    status = "?"
-    while time.time() < deadline:
-        status = _graphql(url, RUN_QUERY, {"id": run_id})["runOrError"].get("status", "?")
-        if status in ("SUCCESS", "FAILURE", "CANCELED"):
-            return status
-        time.sleep(1)
-    return status
+def _tail(dev_log: Path) -> str:
+    return "--- dagster dev log (tail) ---\n" + dev_log.read_text(errors="replace")[-3000:]
+
+
+def _poll(what: str, probe, dev_log: Path, timeout: float = 180, every: float = 1.0):  # noqa: ANN001, ANN202
+    """``probe()`` until it returns something truthy (returned), at most ``timeout`` seconds: on a
+    loaded machine a run takes as long as it takes; the deadline only bounds a hang."""
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = probe()
+        if seen:
+            return seen
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what}: not within {timeout:g} s\n{_tail(dev_log)}")
+        time.sleep(every)
+
+
+TERMINAL = ("SUCCESS", "FAILURE", "CANCELED")
+
+
+def _wait_run(url: str, run_id: str, dev_log: Path, timeout: float = 180) -> str:
+    """The terminal status of run ``run_id`` (polled)."""
+
+    def status() -> str | None:
+        s = _graphql(url, RUN_QUERY, {"id": run_id})["runOrError"].get("status")
+        return s if s in TERMINAL else None
+
+    return _poll(f"run {run_id} reaching {'/'.join(TERMINAL)}", status, dev_log, timeout)
+
+
+def _wait_new_run(url: str, step_key: str, before: set[str], dev_log: Path, timeout: float = 180) -> str:
+    """The id of the first run (not in ``before``) whose steps include ``step_key`` (polled)."""
+
+    def found() -> str | None:
+        runs = _graphql(url, FAILED_RUNS, {})["runsOrError"]["results"]
+        return next(
+            (
+                r["runId"]
+                for r in runs
+                if r["runId"] not in before and step_key in str(r["stepKeysToExecute"])
+            ),
+            None,
+        )
+
+    return _poll(f"a run of {step_key} after Materialize", found, dev_log, timeout)
 
 
 MATERIALIZATION = """
@@ -103,16 +139,12 @@ query M($path: [String!]!) { assetOrError(assetKey: {path: $path}) { ... on Asse
 """
 
 
-def _wait_materialization(url: str, path: list[str], timeout: float = 180) -> dict | None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        mats = (
-            _graphql(url, MATERIALIZATION, {"path": path})["assetOrError"].get("assetMaterializations") or []
-        )
-        if mats:
-            return mats[0]
-        time.sleep(1)
-    return None
+def _wait_materialization(url: str, path: list[str], dev_log: Path, timeout: float = 180) -> dict:
+    def latest() -> dict | None:
+        mats = _graphql(url, MATERIALIZATION, {"path": path})["assetOrError"].get("assetMaterializations")
+        return (mats or [None])[0]
+
+    return _poll(f"a materialization of {'/'.join(path)}", latest, dev_log, timeout)
 
 
 @pytest.mark.slow
@@ -139,13 +171,14 @@ def test_launchpad_defaults_run_and_the_broken_playbook_shows_in_the_browser(
             launch.click()
             page.wait_for_url("**/runs/**", timeout=60_000)
             run_id = page.url.rstrip("/").split("/runs/")[-1].split("?")[0].split("/")[0]
-            assert _wait_run(url, run_id) == "SUCCESS", dev_log.read_text()[-3000:]
+            status = _wait_run(url, run_id, dev_log)
+            assert status == "SUCCESS", f"hello_dagster run {run_id} ended {status}\n{_tail(dev_log)}"
             page.reload()
             expect(page.get_by_text("Success").first).to_be_visible(timeout=30_000)
             page.screenshot(path=artifacts / "2_run_success.png")
             # 3. the asset graph holds the broken playbook, its page carries FILE:LINE: RULE: message
             page.goto(f"{url}/asset-groups")
-            page.wait_for_timeout(3000)
+            expect(page.get_by_text("daily_sales").first).to_be_visible(timeout=60_000)  # the graph is drawn
             page.screenshot(path=artifacts / "3_asset_graph.png")
             page.goto(f"{url}/assets/noetl_invalid_playbook/broken")
             expect(page.get_by_text("INVALID NoETL playbook").first).to_be_visible(timeout=60_000)
@@ -155,11 +188,14 @@ def test_launchpad_defaults_run_and_the_broken_playbook_shows_in_the_browser(
             page.goto(f"{url}/assets/noetl_invalid_playbook/broken?view=checks")
             expect(page.get_by_text("playbook_is_valid").first).to_be_visible(timeout=60_000)
             # failed without a click: the noetl_invalid_playbooks automation sensor ran the check (issue 31)
-            deadline = time.time() + 180
-            while not page.get_by_text("Failed", exact=True).count() and time.time() < deadline:
+            deadline = time.monotonic() + 180
+            while not page.get_by_text("Failed", exact=True).count():  # polled: the sensor ticks on its own
+                assert time.monotonic() < deadline, (
+                    f"playbook_is_valid not Failed within 180 s\n{_tail(dev_log)}"
+                )
                 page.wait_for_timeout(5000)
                 page.reload()
-            expect(page.get_by_text("Failed", exact=True).first).to_be_visible(timeout=10_000)
+                page.get_by_text("playbook_is_valid").first.wait_for(state="visible", timeout=60_000)
             page.screenshot(path=artifacts / "5_invalid_playbook_check.png")
             # 4. a table a playbook declares: an asset page with its declared checks
             page.goto(f"{url}/assets/demo/examples/sales/daily_sales?view=checks")
@@ -168,8 +204,7 @@ def test_launchpad_defaults_run_and_the_broken_playbook_shows_in_the_browser(
             page.screenshot(path=artifacts / "6_declared_asset_checks.png")
             # 5. Materialize from its page: a subset (can_subset=True) runs only the steps it needs, then its checks pass
             page.get_by_text("Materialize", exact=True).first.click()
-            mat = _wait_materialization(url, ["demo", "examples", "sales", "daily_sales"])
-            assert mat is not None, dev_log.read_text()[-3000:]
+            mat = _wait_materialization(url, ["demo", "examples", "sales", "daily_sales"], dev_log)
             labels = {m["label"] for m in mat["metadataEntries"]}
             assert {
                 "dagster/column_schema",
@@ -177,21 +212,21 @@ def test_launchpad_defaults_run_and_the_broken_playbook_shows_in_the_browser(
                 "noetl/version",
                 "noetl/skipped_steps",
             } <= labels
-            assert _wait_run(url, mat["runId"]) == "SUCCESS", dev_log.read_text()[-3000:]
+            status = _wait_run(url, mat["runId"], dev_log)
+            assert status == "SUCCESS", f"daily_sales run {mat['runId']} ended {status}\n{_tail(dev_log)}"
             page.reload()
             expect(page.get_by_text("Passed").first).to_be_visible(timeout=60_000)
             page.screenshot(path=artifacts / "7_materialized_checks_passed.png")
             # 6. a failing Materialize: the run names the step, task, tool kind, playbook line and the user's traceback
             page.goto(f"{url}/assets/demo/examples/t/ratios")
             expect(page.get_by_text("Materialize", exact=True).first).to_be_visible(timeout=60_000)
+            before = {r["runId"] for r in _graphql(url, FAILED_RUNS, {})["runsOrError"]["results"]}
             page.get_by_text("Materialize", exact=True).first.click()
-            page.wait_for_timeout(3000)
-            runs = _graphql(url, FAILED_RUNS, {})["runsOrError"]["results"]
-            run_id = next(r["runId"] for r in runs if "ratio_math__tables" in str(r["stepKeysToExecute"]))
-            assert _wait_run(url, run_id) == "FAILURE", dev_log.read_text()[-3000:]
+            run_id = _wait_new_run(url, "ratio_math__tables", before, dev_log)
+            status = _wait_run(url, run_id, dev_log)
+            assert status == "FAILURE", f"ratio_math run {run_id} ended {status}\n{_tail(dev_log)}"
             page.goto(f"{url}/runs/{run_id}?logs=type%3ASTEP_FAILURE")
             expect(page.get_by_text("failed in task divide (python) at").first).to_be_visible(timeout=60_000)
-            page.wait_for_timeout(1500)
             page.screenshot(path=artifacts / "8_failed_materialize.png", full_page=True)
         finally:
             browser.close()

@@ -1,5 +1,5 @@
 """Parallel loop scheduling (issue 19.1): a parallel loop starts on one lane and widens by the
-measured GIL-share rule (engine.loops.Lanes). CPU-bound python iterations stay on one thread
+measured GIL-share rule (engine.lanes.Lanes). CPU-bound python iterations stay on one thread
 in index order (no GIL hand-offs); I/O-bound ones (real HTTP GETs against a server with
 latency, sleeps) fan out up to max_in_flight; a failing item loses no other item's result.
 Replay == live is checked for every execution by the autouse fixture in tests/conftest.py."""
@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from noetl_dagster.engine import loops
-from noetl_dagster.engine.loops import Lanes
+from noetl_dagster.engine import lanes
+from noetl_dagster.engine.lanes import Lanes
 
 HEAD = """
 apiVersion: noetl.io/v2
@@ -256,7 +256,7 @@ def test_cpu_bound_lane_on_an_overloaded_machine_is_not_mistaken_for_io():
 
 
 def test_no_thread_clock_falls_back_to_all_lanes(monkeypatch):
-    monkeypatch.setattr(loops, "_open_clock", lambda native_id: None)
+    monkeypatch.setattr(lanes, "_open_clock", lambda native_id: None)
     out = Lanes(40, 5, lambda i: time.sleep(0.005)).run()
     assert out["lanes"] == 5
 
