@@ -29,6 +29,35 @@ LANE_FIRST_PATIENCE_SECONDS = (
 )
 
 
+_PREAD: list[Callable[[int], bytes]] = []
+
+
+def _pread(fd: int) -> bytes:
+    """The first 128 bytes of ``fd`` read WITHOUT releasing the GIL (libc ``pread`` through
+    ``ctypes.PyDLL``; ``os.pread`` releases it): a lane reading its clocks must not hand the GIL
+    to another thread in the middle of a measurement, or its wait to get it back lands in the
+    wall time after the run-queue figure was read, and reads as I/O."""
+    if not _PREAD:
+        try:
+            import ctypes  # noqa: PLC0415 - only a parallel loop needs it
+
+            fn = ctypes.PyDLL(None).pread
+            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_long]
+            fn.restype = ctypes.c_ssize_t
+
+            def read(fd: int) -> bytes:
+                buf = ctypes.create_string_buffer(128)
+                n = fn(fd, buf, 128, 0)
+                if n < 0:
+                    raise OSError("pread failed")
+                return buf.raw[:n]
+
+            _PREAD.append(read)
+        except (ImportError, OSError, AttributeError):  # pragma: no cover - no libc pread
+            _PREAD.append(lambda fd: os.pread(fd, 128, 0))
+    return _PREAD[0](fd)
+
+
 def _open_clock(native_id: int | None) -> Callable[[], tuple[float, float]] | None:
     """A reader of (CPU seconds, seconds runnable but waiting for a core) of the CALLING thread.
 
@@ -51,7 +80,7 @@ def _open_clock(native_id: int | None) -> Callable[[], tuple[float, float]] | No
 
     def clock() -> tuple[float, float]:
         try:
-            wait_ns = os.pread(fd, 128, 0).split()[1]
+            wait_ns = _pread(fd).split()[1]
         except (OSError, IndexError):
             return time.thread_time(), 0.0
         return time.thread_time(), int(wait_ns) / 1e9
@@ -96,39 +125,43 @@ class _OtherThreads:
     widened on two such stalls right after its warm-up, under ``pytest -n 3`` on 2 cores)."""
 
     def __init__(self) -> None:
-        self._fds: dict[int, int] = {}
-        self._ended: list[int] = []
-        self._lock = threading.Lock()
+        self._open: tuple[tuple[int, int], ...] = ()  # (tid, fd) of the threads counted
+        self._fds: list[int] = []  # every fd opened (closed at the end: a lane may still read one)
         self.lanes: set[int] = set()  # native ids of the lanes (not counted)
+
+    def refresh(self) -> None:
+        """List the process' threads again (by the loop's own thread: listing and opening release
+        the GIL; a lane only reads)."""
+        try:
+            tids = [int(name) for name in os.listdir("/proc/self/task")]
+        except OSError:
+            return
+        known = dict(self._open)
+        out = []
+        for tid in tids:
+            if tid in self.lanes:
+                continue
+            fd = known.get(tid)
+            if fd is None:
+                try:
+                    fd = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
+                except OSError:
+                    continue
+                self._fds.append(fd)
+            out.append((tid, fd))
+        self._open = tuple(out)
 
     def read(self) -> dict[int, int]:
         out: dict[int, int] = {}
-        try:
-            tids = os.listdir("/proc/self/task")
-        except OSError:
-            return out
-        lanes, fds = self.lanes, self._fds
-        for name in tids:
-            tid = int(name)
-            if tid in lanes:
+        lanes = self.lanes
+        for tid, fd in self._open:
+            if tid in lanes:  # a lane started since the last refresh
                 continue
-            fd = fds.get(tid)
             try:
-                if fd is None:
-                    fd = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
-                    with self._lock:
-                        if tid in fds:
-                            os.close(fd)
-                            fd = fds[tid]
-                        else:
-                            fds[tid] = fd
-                cpu_ns, wait_ns, *_ = os.pread(fd, 128, 0).split()
-            except (OSError, ValueError):  # the thread ended (its id may come back: reopen then)
-                with self._lock:
-                    if fd is not None and fds.get(tid) == fd:
-                        self._ended.append(fds.pop(tid))  # closed at the end: a lane may still read it
+                cpu_ns, wait_ns, *_ = _pread(fd).split()
+                out[tid] = int(cpu_ns) + int(wait_ns)
+            except (OSError, ValueError):  # the thread ended
                 continue
-            out[tid] = int(cpu_ns) + int(wait_ns)
         return out
 
     @staticmethod
@@ -138,11 +171,10 @@ class _OtherThreads:
         return sum(v - before.get(tid, 0) for tid, v in after.items()) / 1e9
 
     def close(self) -> None:
-        with self._lock:
-            for fd in [*self._fds.values(), *self._ended]:
-                os.close(fd)
-            self._fds.clear()
-            self._ended.clear()
+        self._open = ()
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
 
 
 def _share(cpu: float, wall: float, queued: float, others: float) -> float:
@@ -292,6 +324,7 @@ class Lanes:
 
     def _clocks(self) -> tuple[list[tuple[float, float] | None], dict[int, int]]:
         lanes = [_thread_clock(t.native_id) if t.is_alive() else None for t in self._threads]
+        self._others.refresh()
         return lanes, self._others.read()
 
     def _share_since(

@@ -7,6 +7,7 @@ Replay == live is checked for every execution by the autouse fixture in tests/co
 from __future__ import annotations
 
 import http.server
+import os
 import subprocess
 import sys
 import threading
@@ -295,3 +296,35 @@ def test_cpu_bound_lane_waiting_for_the_gil_of_another_thread_is_not_mistaken_fo
             h.wait(timeout=5)
     assert out["lanes"] == 1 and out["widened_at"] is None, out
     assert out["gil_share"] > 0.5, out
+
+
+def test_a_lane_waiting_for_a_core_is_not_judged_as_waiting_on_io():
+    """A lane starved of a core (nice 19, sharing CPU 0 with two busy processes) while the loop's
+    own thread runs on CPU 1: its waits are run-queue waits, charged in its schedstat only when
+    it gets the core back, and its own reads of its clocks must not hand the GIL over mid-
+    measurement (checked: with ``os.pread``, which releases the GIL, a lane measured g = 0.003
+    here and the loop widened to 6 lanes; the loop thread treats a lane runnable now as waiting
+    for a core). The rule before this change also passes this one."""
+    pin = "import os\nos.sched_setaffinity(0, {0})\nwhile True: pass"
+    hogs = [subprocess.Popen([sys.executable, "-c", pin]) for _ in range(2)]
+    try:
+        time.sleep(0.2)  # the hogs are up
+
+        def spin(i: int) -> None:
+            if i == 0:  # the warm-up iteration, on the lane: CPU 0 only, lowest priority
+                os.sched_setaffinity(0, {0})
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+            t = time.thread_time() + 0.001
+            while time.thread_time() < t:
+                pass
+
+        os.sched_setaffinity(0, {1})  # the loop's own thread (this one) keeps a core of its own
+        try:
+            out = Lanes(8, 8, spin).run()
+        finally:
+            os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait(timeout=5)
+    assert out["lanes"] == 1 and out["widened_at"] is None, out
