@@ -222,7 +222,12 @@ class Lanes:
       machine the hand-off stalls the lane until the woken thread gets a core. After the
       warm-up, when no iteration finished for ``LANE_PATIENCE_SECONDS``
       (``LANE_FIRST_PATIENCE_SECONDS`` until ``LANE_MIN_SAMPLES`` were measured), the lanes'
-      share over that time (the other threads' time explained the same way) decides alike.
+      share over that time (the other threads' time explained the same way) decides alike; a
+      lane that is runnable at that moment counts as waiting for a core (the kernel charges a
+      run-queue wait to the thread's schedstat only when it gets the core back).
+    - A lane reads its clocks without releasing the GIL (``_pread``): were it handed to another
+      thread mid-measurement, the wait to get it back would fall after the run-queue figure was
+      read and count as I/O.
     - The rule corrects itself: when the median asks for at most half the lanes the loop has
       (iterations that wait on the GIL of their sibling lanes look like waiting, so an
       over-wide CPU-bound loop still measures ``g`` near 1 in most iterations), the width drops
