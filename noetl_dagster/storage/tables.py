@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,6 +46,9 @@ from noetl_dagster.storage.payload import (
 if TYPE_CHECKING:  # pragma: no cover
     from registry_service.client import RegistryClient
     from registry_service.models import AccessPlan, Resource
+
+# a reader of a format stored outside this layer: (location, expected checksum, columns) -> table
+Reader = Callable[[Any, "str | None", "list[str] | None"], pa.Table]
 
 FORMAT_PARQUET = "parquet"
 FORMAT_ARROW = "arrow"  # as in the duckdb tool's Arrow $refs; payload_type arrow_ipc in seed 004
@@ -657,13 +660,24 @@ class TableStorage:
         except ValueError as e:
             raise TableDataError(f"no payload adapter for {uri}: {e}") from None
 
-    def read_plan(self, plan: AccessPlan, *, columns: list[str] | None = None) -> pa.Table:
+    def read_plan(
+        self,
+        plan: AccessPlan,
+        *,
+        columns: list[str] | None = None,
+        readers: Mapping[str, Reader] | None = None,
+    ) -> pa.Table:
+        """The version's table, verified. ``readers``: formats stored outside this layer (``ducklake``, a
+        catalog the tool layer attaches), each ``(location, expected checksum, columns) -> table``."""
         location = plan.location
         if location is None:
             raise TableDataError(f"{plan.uri} has no location to read")
         fmt = location.format or ""
         if fmt == FORMAT_ICEBERG or location.storage_type == "iceberg":
             return self.iceberg.read(location.uri, location.metadata, plan.expected_checksum, columns)
+        reader = (readers or {}).get(fmt)
+        if reader is not None:
+            return reader(location, plan.expected_checksum, columns)
         if fmt not in (FORMAT_PARQUET, FORMAT_ARROW):
             raise TableDataError(f"{plan.uri}: cannot read format {fmt!r} as a table")
         if not plan.expected_checksum:
@@ -674,8 +688,14 @@ class TableStorage:
         return read_file_table(data, fmt, columns)
 
     def fetch(
-        self, uri: str, *, as_type: str = "arrow", columns: list[str] | None = None, region: str | None = None
+        self,
+        uri: str,
+        *,
+        as_type: str = "arrow",
+        columns: list[str] | None = None,
+        region: str | None = None,
+        readers: Mapping[str, Reader] | None = None,
     ) -> tuple[Any, AccessPlan]:
         """Resolve ``uri`` (no version or ``@latest``: the newest), read, verify, convert."""
         plan = self.registry.resolve(uri, purpose="read", region=region or self.region)
-        return convert(self.read_plan(plan, columns=columns), as_type), plan
+        return convert(self.read_plan(plan, columns=columns, readers=readers), as_type), plan

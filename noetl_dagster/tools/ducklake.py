@@ -171,15 +171,25 @@ class _Lake:
     """One attached catalog of an execution: DuckDB lets a process attach a catalog file once, so every
     task of the execution on that catalog shares it (a per-call cursor each) with the first one's settings."""
 
-    def __init__(self, conn: duckdb.DuckDBPyConnection, settings: str):
+    def __init__(self, conn: duckdb.DuckDBPyConnection, settings: str, name: str):
         self.conn = conn
         self.settings = settings
+        self.name = name  # the catalog's name in this connection
 
     def close(self) -> None:
         self.conn.close()
 
 
 def _connect(inputs: Mapping[str, Any], ctx: ToolContext, name: str) -> tuple[duckdb.DuckDBPyConnection, str]:
+    lake, identity = _attach(inputs, ctx, name)
+    return lake.conn, identity
+
+
+def _attach(
+    inputs: Mapping[str, Any], ctx: ToolContext, name: str, *, any_settings: bool = False
+) -> tuple[_Lake, str]:
+    """The execution's connection with the catalog attached (made on first use). ``any_settings``: a
+    reader takes the catalog as attached already, whatever settings a writer gave it."""
     target, catalog_kind, identity = _catalog(inputs, ctx)
     raw_data = inputs.get("data_path")
     if raw_data not in (None, "") and not isinstance(raw_data, str):
@@ -237,14 +247,14 @@ def _connect(inputs: Mapping[str, Any], ctx: ToolContext, name: str) -> tuple[du
                    "client at a time (use a Postgres catalog to share a lake)" if busy else str(e))  # fmt: skip
             raise ToolError(f"ducklake: attaching the catalog ({identity}): {why}", kind="ducklake_error",
                             code=type(e).__name__, retryable=busy) from None  # fmt: skip
-        return _Lake(conn, settings)
+        return _Lake(conn, settings, name)
 
     lake = ctx.resource(key, build)
-    if lake.settings != settings:
+    if lake.settings != settings and not any_settings:
         raise ToolError(f"ducklake: the catalog {identity} is attached in this execution with other settings "
                         "(catalog_name, data_path, s3, data_inlining_row_limit, memory_limit, threads); give every "
                         "task on one catalog the same ones", kind="config_error")  # fmt: skip
-    return lake.conn, identity
+    return lake, identity
 
 
 def _snapshot(conn: duckdb.DuckDBPyConnection, name: str) -> int:
@@ -260,10 +270,76 @@ def _name(path: Any) -> str | None:
     return None if path is None else str(path).replace("\\", "/").rsplit("/", 1)[-1]
 
 
+def _version_facts(
+    cur: Any, name: str, schema: str, table: str, snapshot: int
+) -> tuple[int, list, list, str]:
+    """(rows, columns, files, checksum) of ``schema.table`` at ``snapshot``: what a registered version
+    records, and what a read recomputes to verify it."""
+    at = f"{name}.{schema}.{table} AT (VERSION => {int(snapshot)})"
+    rows = int(cur.execute(f"SELECT count(*) FROM {at}").fetchone()[0])
+    columns = [(str(d[0]), str(d[1])) for d in cur.execute(f"SELECT * FROM {at} LIMIT 0").description]
+    files = cur.execute(
+        "SELECT data_file, data_file_size_bytes, delete_file, delete_file_size_bytes FROM "
+        f"ducklake_list_files({_quote(name)}, {_quote(table)}, schema => {_quote(schema)}, "
+        f"snapshot_version => {int(snapshot)}) ORDER BY data_file").fetchall()  # fmt: skip
+    listed = [[_name(f[0]), int(f[1] or 0), _name(f[2]), int(f[3] or 0)] for f in files]
+    # a snapshot is immutable: its id, its data and delete files (names and sizes, wherever the lake lives),
+    # columns and row count identify it (rows inlined in the catalog belong to the snapshot too)
+    digest = "sha256:" + hashlib.sha256(json.dumps([snapshot, listed, columns, rows]).encode()).hexdigest()
+    return rows, columns, listed, digest
+
+
+def read_version(
+    location: Any, checksum: str | None, ctx: ToolContext, columns: list[str] | None = None
+) -> Any:
+    """A registered version (``op: read`` of a ``ducklake`` location) as an Arrow table: the table at
+    the recorded snapshot, after its checksum is recomputed from the catalog and compared with the
+    registry's (as a Parquet file's bytes are). A DuckDB-file catalog is attached from the recorded
+    path (or used as this execution attached it already); a Postgres catalog is recorded without its
+    credential, so its versions are read with ``kind: ducklake`` and time travel instead."""
+    from noetl_dagster.storage.payload import ChecksumMismatch  # noqa: PLC0415
+    from noetl_dagster.storage.tables import TableDataError  # noqa: PLC0415
+
+    meta = dict(location.metadata or {})
+    catalog, schema, table = meta.get("catalog"), meta.get("schema") or "main", meta.get("table")
+    snapshot, name = meta.get("snapshot_id"), str(meta.get("catalog_name") or "lake")
+    if not (isinstance(catalog, str) and isinstance(table, str) and isinstance(snapshot, int)):
+        raise TableDataError(f"{location.uri}: the ducklake location records no catalog, table and snapshot")
+    if not (_NAME.match(schema) and _NAME.match(table) and _NAME.match(name)):
+        raise TableDataError(f"{location.uri}: {schema}.{table} is not a [schema.]table name")
+    if not catalog.startswith("/"):
+        raise TableDataError(f"{location.uri}: the catalog {catalog} is a Postgres catalog, recorded without "
+                             "its credential: read the version with kind: ducklake, AT (VERSION => snapshot)")  # fmt: skip
+    if not checksum:
+        raise ChecksumMismatch(
+            f"{location.uri}: the registry records no checksum; refusing an unverified read"
+        )
+    data = meta.get("data_path")
+    remote = isinstance(data, str) and "://" in data and not data.startswith("file://")
+    lake, _ = _attach({"catalog_connection": catalog, **({"data_path": data} if remote else {})}, ctx, name,
+                      any_settings=True)  # fmt: skip
+    cur = lake.conn.cursor()
+    try:
+        digest = _version_facts(cur, lake.name, schema, table, snapshot)[3]
+        if digest != checksum:
+            raise ChecksumMismatch(f"{location.uri}: checksum mismatch (snapshot {snapshot} of {schema}.{table} "
+                                   "in the lake is not the registered one)")  # fmt: skip
+        cols = "*" if not columns else ", ".join('"' + str(c).replace('"', '""') + '"' for c in columns)
+        return cur.execute(
+            f"SELECT {cols} FROM {lake.name}.{schema}.{table} AT (VERSION => {snapshot})"
+        ).to_arrow_table()
+    except duckdb.Error as e:
+        raise TableDataError(
+            f"{location.uri}: reading {schema}.{table} at snapshot {snapshot}: {e}"
+        ) from None
+    finally:
+        cur.close()
+
+
 def _register(spec: Any, conn: duckdb.DuckDBPyConnection, name: str, identity: str, data_path: Any,
               snapshot: int, ctx: ToolContext) -> dict[str, Any]:  # fmt: skip
     """Record ``spec.table`` at ``snapshot`` as a new version of a noetl:// resource."""
-    from noetl_dagster.tools.storage import _storage, _target_uri  # noqa: PLC0415
+    from noetl_dagster.tools.table_access import _storage, _target_uri  # noqa: PLC0415
     from registry_service.errors import RegistryError  # noqa: PLC0415
 
     if not isinstance(spec, Mapping) or not spec.get("table"):
@@ -276,21 +352,11 @@ def _register(spec: Any, conn: duckdb.DuckDBPyConnection, name: str, identity: s
         )
     cur = conn.cursor()
     try:
-        at = f"{name}.{schema}.{table} AT (VERSION => {snapshot})"
-        rows = int(cur.execute(f"SELECT count(*) FROM {at}").fetchone()[0])
-        columns = [(str(d[0]), str(d[1])) for d in cur.execute(f"SELECT * FROM {at} LIMIT 0").description]
-        files = cur.execute(
-            "SELECT data_file, data_file_size_bytes, delete_file, delete_file_size_bytes FROM "
-            f"ducklake_list_files({_quote(name)}, {_quote(table)}, schema => {_quote(schema)}, "
-            f"snapshot_version => {snapshot}) ORDER BY data_file").fetchall()  # fmt: skip
+        rows, columns, listed, digest = _version_facts(cur, name, schema, table, snapshot)
     except duckdb.Error as e:
         raise ToolError(f"ducklake: register {schema}.{table}: {e}", kind="ducklake_error") from None
     finally:
         cur.close()
-    listed = [[_name(f[0]), int(f[1] or 0), _name(f[2]), int(f[3] or 0)] for f in files]
-    # a snapshot is immutable: its id, its data and delete files (names and sizes, wherever the lake lives),
-    # columns and row count identify it (rows inlined in the catalog belong to the snapshot too)
-    digest = "sha256:" + hashlib.sha256(json.dumps([snapshot, listed, columns, rows]).encode()).hexdigest()
     fingerprint = "sha256:" + hashlib.sha256(json.dumps(columns).encode()).hexdigest()
     location = {
         "uri": f"ducklake://{name}/{schema}.{table}?snapshot_id={snapshot}", "storage_type": "ducklake",

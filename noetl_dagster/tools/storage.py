@@ -31,14 +31,12 @@ A task of any kind can write its result the same way with a sink spec;
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from noetl_dagster.dsl.locator import InvalidLocator, ResourceLocator, parse_locator
+from noetl_dagster.dsl.locator import InvalidLocator, parse_locator
 from noetl_dagster.storage.payload import (
     ChecksumMismatch,
     PayloadStore,
@@ -50,17 +48,22 @@ from noetl_dagster.storage.tables import (
     FORMAT_ARROW,
     FORMAT_ICEBERG,
     FORMAT_PARQUET,
-    IcebergTables,
     TableDataError,
     TableStorage,
     read_file_table,
 )
 from noetl_dagster.tools.configs import StorageConfig
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
+from noetl_dagster.tools.table_access import (  # noqa: F401 - REGISTRY_*_ENV, _data_dir: this module's API too
+    REGISTRY_KEY_ENV,
+    REGISTRY_URL_ENV,
+    _data_dir,
+    _scope,
+    _storage,
+    _target_uri,
+)
 from noetl_dagster.util.jsonutil import plain
 
-REGISTRY_URL_ENV = "NOETL_REGISTRY_URL"
-REGISTRY_KEY_ENV = "NOETL_REGISTRY_API_KEY"
 _KNOWN_KEYS = {
     "op",
     "uri",
@@ -87,67 +90,6 @@ _KNOWN_KEYS = {
     "input",
     "partition_key",
 }
-
-
-def _data_dir(ctx: ToolContext) -> Path:
-    explicit = getattr(ctx, "data_dir", None)
-    return Path(explicit or os.environ.get("NOETL_DAGSTER_HOME", ".noetl"))
-
-
-def _scope(ctx: ToolContext) -> tuple[str, str]:
-    return getattr(ctx, "tenant", None) or "default", getattr(ctx, "project", None) or "default"
-
-
-def _storage(inputs: Mapping[str, Any], ctx: ToolContext) -> TableStorage:
-    from registry_service.client import open_registry  # noqa: PLC0415
-
-    data_dir = _data_dir(ctx)
-    registry_url = inputs.get("registry") or os.environ.get(REGISTRY_URL_ENV) or str(data_dir / "registry.db")
-    api_key = inputs.get("api_key") or os.environ.get(REGISTRY_KEY_ENV) or None
-    store_url = inputs.get("store") or None
-    catalog = inputs.get("catalog") or None
-    catalog_name = inputs.get("catalog_name") or "noetl"
-    if catalog is not None and not isinstance(catalog, Mapping):
-        raise ToolError("catalog must be a mapping of pyiceberg catalog properties", kind="config_error")
-    tenant, project = _scope(ctx)
-    if api_key:
-        ctx.redact(str(api_key))
-    key = "noetl.tables:" + repr(
-        (registry_url, api_key, tenant, project, store_url, catalog_name, sorted((catalog or {}).items()))
-    )
-
-    def build() -> TableStorage:
-        client = open_registry(registry_url, api_key, tenant=tenant, project=project)
-        iceberg = IcebergTables(catalog_name, catalog, data_dir=data_dir)
-        return TableStorage(client, store_url, iceberg=iceberg, data_dir=data_dir)
-
-    return ctx.resource(key, build)
-
-
-def _target_uri(inputs: Mapping[str, Any], ctx: ToolContext, storage: TableStorage) -> str:
-    uri = inputs.get("uri")
-    if uri:
-        return str(uri)
-    name = inputs.get("resource")
-    if not name:
-        raise ToolError(
-            "give the target as uri: noetl://… or as resource: <name> (with optional namespace, type)",
-            kind="config_error",
-        )
-    client = storage.registry
-    tenant, project = client.tenant, client.project or _scope(ctx)[1]
-    version = inputs.get("version")
-    try:
-        return ResourceLocator(
-            tenant,
-            project,
-            str(inputs.get("namespace") or "default"),
-            str(inputs.get("type") or "dataset"),
-            str(name),
-            str(version) if version else None,
-        ).uri
-    except InvalidLocator as e:
-        raise ToolError(str(e), kind="config_error") from None
 
 
 def _payloads(ctx: ToolContext) -> PayloadStore | None:
@@ -243,6 +185,18 @@ PARTITION_WALK = 5000  # versions a partition read walks back through at most
 RANGE_SEP = "..."  # a range run records partition_key "<first>...<last>"
 
 
+def _readers(ctx: ToolContext) -> dict[str, Any]:
+    """Formats another tool stores, read through it: a ``kind: ducklake`` registered version (its table at
+    the recorded snapshot; duckdb and the ducklake extension load only when one is read)."""
+
+    def ducklake(location: Any, checksum: str | None, columns: list[str] | None) -> Any:
+        from noetl_dagster.tools.ducklake import read_version  # noqa: PLC0415
+
+        return read_version(location, checksum, ctx, columns)
+
+    return {"ducklake": ducklake}
+
+
 def _read(inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
     storage = _storage(inputs, ctx)
     uri = _target_uri(inputs, ctx, storage)
@@ -252,7 +206,9 @@ def _read(inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
     if as_type not in ("records", "pydict"):
         raise ToolError("as: must be records or pydict (JSON-friendly results)", kind="config_error")
     columns = inputs.get("columns")
-    table, plan = storage.fetch(uri, as_type="arrow", columns=list(columns) if columns else None)
+    table, plan = storage.fetch(
+        uri, as_type="arrow", columns=list(columns) if columns else None, readers=_readers(ctx)
+    )
     assert isinstance(table, pa.Table)
     out: dict[str, Any] = {
         "row_count": table.num_rows,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import uuid
 
 import duckdb
@@ -225,3 +226,53 @@ def test_nothing_is_downloaded_at_run_time(make_ctx, tmp_path, monkeypatch):
     _lake(ctx, str(tmp_path / "n.ducklake"), str(tmp_path / "nf"), USERS)
     assert not (home / ".duckdb").exists()
     assert not os.path.exists(str(home / ".duckdb" / "extensions"))
+
+
+def test_a_registered_version_is_read_back_with_op_read(make_ctx, tmp_path):
+    """``op: read`` resolves a ducklake version like a Parquet or Iceberg one: the table at the recorded
+    snapshot, verified against the registry's checksum, in the writing execution (its attached catalog)
+    and in another one; a lake whose snapshot no longer matches the record is a checksum mismatch."""
+    from noetl_dagster.tools.storage import parquet_tool
+
+    ctx = make_ctx()
+    cat, data = str(tmp_path / "v.ducklake"), str(tmp_path / "vf")
+    _lake(ctx, cat, data, USERS, data_inlining_row_limit=0)
+    reg = {"table": "users", "resource": "users", "namespace": "lake"}
+    one = _lake(
+        ctx, cat, data, "INSERT INTO users VALUES (1, 'ada')", register=reg, data_inlining_row_limit=0
+    )
+    _lake(ctx, cat, data, "INSERT INTO users VALUES (2, 'bob')", register=reg, data_inlining_row_limit=0)
+    uri = "noetl://default/default/lake/dataset/users"
+    # the writing execution: the catalog as it attached it (other settings than a reader's)
+    v1 = parquet_tool({"op": "read", "uri": f"{uri}@v1"}, ctx)
+    assert v1["rows"] == [{"id": 1, "name": "ada"}] and v1["ref"]["version"] == "v1"
+    assert v1["ref"]["format"] == "ducklake" and v1["ref"]["checksum"] == one["registered"]["checksum"]
+    ctx.close()
+    # another execution: attached from the record
+    other = make_ctx()
+    latest = parquet_tool({"op": "read", "uri": uri, "columns": ["name"]}, other)
+    assert latest["rows"] == [{"name": "ada"}, {"name": "bob"}] and latest["ref"]["version"] == "v2"
+    assert parquet_tool({"op": "read", "uri": f"{uri}@v1", "as": "pydict"}, other)["columns_data"] == {
+        "id": [1],
+        "name": ["ada"],
+    }
+    other.close()
+    # a data file of the snapshot rewritten behind the catalog's back: an error, never other rows
+    victim = sorted((tmp_path / "vf").rglob("*.parquet"))[0]
+    saved = victim.read_bytes()
+    duckdb.sql(f"COPY (SELECT 9 AS id, 'mallory-was-here' AS name) TO '{victim}' (FORMAT parquet)")
+    reader = make_ctx()
+    with pytest.raises(ToolError, match="reading main.users at snapshot"):
+        parquet_tool({"op": "read", "uri": f"{uri}@v1"}, reader)
+    reader.close()
+    victim.write_bytes(saved)
+    # the lake rebuilt at the same path, same snapshot ids and row counts, other rows: not the record
+    shutil.rmtree(tmp_path / "vf")
+    os.remove(cat)
+    again = make_ctx()
+    _lake(again, cat, data, USERS, data_inlining_row_limit=0)
+    _lake(again, cat, data, "INSERT INTO users VALUES (1, 'eve')", data_inlining_row_limit=0)
+    again.close()
+    with pytest.raises(ToolError) as e:
+        parquet_tool({"op": "read", "uri": f"{uri}@v1"}, make_ctx())
+    assert e.value.kind == "checksum_mismatch" and "not the registered one" in e.value.message
