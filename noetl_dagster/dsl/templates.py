@@ -36,6 +36,7 @@ from jinja2.utils import Namespace, generate_lorem_ipsum, pass_environment, pass
 
 from noetl_dagster.dsl import template_limits as lim
 from noetl_dagster.dsl import template_sizes as sizes
+from noetl_dagster.dsl.template_front import TemplateError, TemplateWalk
 from noetl_dagster.dsl.template_limits import (
     MAX_INT_BITS,
     MAX_ITEMS,
@@ -152,14 +153,6 @@ class _BoundedNamespace(Namespace):
         tick()
         check_result(value, f"namespace attribute {name!r}")
         super().__setitem__(name, value)
-
-
-class TemplateError(Exception):
-    def __init__(self, template: str, message: str):
-        short = template if len(template) <= 160 else template[:157] + "..."
-        super().__init__(f"template {short!r}: {message}")
-        self.template = template
-        self.message = message
 
 
 class _Undefined(ChainableUndefined):
@@ -461,7 +454,10 @@ class _Env(ImmutableSandboxedEnvironment):
         return through_sandbox
 
 
-class TemplateEnv:
+class TemplateEnv(TemplateWalk):
+    """The gate: values, conditions and the fast path for plain strings are ``TemplateWalk``'s
+    (dsl/template_front.py, which the engine holds without importing Jinja2); templates render here."""
+
     def __init__(self) -> None:
         env = _Env(undefined=_Undefined, autoescape=False, keep_trailing_newline=True, finalize=_finalize)
         env.filters.update(
@@ -485,10 +481,6 @@ class TemplateEnv:
         self._tmpl_cache: dict[str, jinja2.Template] = {}
 
     # -- compilation -------------------------------------------------------
-    @staticmethod
-    def is_template(value: Any) -> bool:
-        return isinstance(value, str) and ("{{" in value or "{%" in value)
-
     def check_syntax(self, source: str) -> str | None:
         """Return an error message when ``source`` does not parse, else None."""
         try:
@@ -524,9 +516,8 @@ class TemplateEnv:
         which rendering never reads (an iteration over every global at every render)."""
         return self.env.context_class(self.env, _WithGlobals(scope, self.env.globals), tmpl.name, tmpl.blocks)
 
-    def render_str(self, source: str, scope: Mapping[str, Any]) -> Any:
-        if "{{" not in source and "{%" not in source:
-            return source
+    def _render_template(self, source: str, scope: Mapping[str, Any]) -> Any:
+        """One template (``render_str`` passes only strings with ``{{`` or ``{%``)."""
         m = _SINGLE_EXPR.match(source)
         single = m and "{{" not in m.group("expr") and "}}" not in m.group("expr") and "{%" not in source
         if single:
@@ -566,25 +557,6 @@ class TemplateEnv:
         finally:
             if fresh:
                 lim.end()
-
-    def render(self, value: Any, scope: Mapping[str, Any]) -> Any:
-        """Render every string inside ``value`` (dicts and lists recursively)."""
-        if isinstance(value, str):
-            return self.render_str(value, scope)
-        if isinstance(value, dict):
-            return {k: self.render(v, scope) for k, v in value.items()}
-        if isinstance(value, list):
-            return [self.render(v, scope) for v in value]
-        return value
-
-    def truthy(self, value: Any, scope: Mapping[str, Any]) -> bool:
-        """Evaluate a condition (``when``); strings like 'false', '0', 'none', '' are false."""
-        if value is None:
-            return True
-        v = self.render(value, scope) if isinstance(value, str) else value
-        if isinstance(v, str):
-            return v.strip().lower() not in ("", "false", "0", "no", "none", "null")
-        return bool(v)
 
     def referenced_names(self, source: str) -> set[str]:
         """Top-level names a template reads (used by the translator for data dependencies)."""

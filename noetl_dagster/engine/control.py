@@ -17,7 +17,8 @@ from typing import Any
 
 from noetl_dagster.dsl.executor_spec import final_step, no_next_is_error
 from noetl_dagster.dsl.model import Playbook, Step
-from noetl_dagster.dsl.templates import TemplateError, template_env
+from noetl_dagster.dsl.template_front import TemplateError
+from noetl_dagster.dsl.template_lazy import engine_template_env
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine import usage
 from noetl_dagster.engine.durability import Driver
@@ -115,7 +116,7 @@ class Engine(Driver, EngineServices):
             max_events=max_events(playbook),
         )
         self.worker = Worker(self)
-        self.env = template_env()
+        self.env = engine_template_env()  # Jinja2 at the first template (issue 35)
         self._resources: dict[str, Any] = {}
         self._resources_lock = threading.Lock()
         self._keychain: Any = None

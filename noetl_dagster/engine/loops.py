@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from noetl_dagster.dsl.model import FramePolicy, Loop, Step
-from noetl_dagster.dsl.templates import TemplateError
+from noetl_dagster.dsl.template_front import TemplateError
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine.events import uuid7
 from noetl_dagster.engine.frame import (

@@ -6,7 +6,7 @@ from typing import Any
 
 from noetl_dagster.dsl.model import RuleThen, Task
 from noetl_dagster.dsl.parse_context import MAX_RETRY_DELAY
-from noetl_dagster.dsl.templates import TemplateError
+from noetl_dagster.dsl.template_front import TemplateError
 from noetl_dagster.engine.frame import DEFAULT_RETRY_DELAY, _error
 from noetl_dagster.engine.scope import Scope
 

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from noetl_dagster.dsl.kinds import KindError, get_tool
 from noetl_dagster.dsl.model import Step, Task
 from noetl_dagster.dsl.parse_context import MAX_RETRY_ATTEMPTS
-from noetl_dagster.dsl.templates import TemplateError, template_env
+from noetl_dagster.dsl.template_front import TemplateError
+from noetl_dagster.dsl.template_lazy import engine_template_env
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine.events import uuid7
 from noetl_dagster.engine.frame import (
@@ -131,7 +132,7 @@ class _ToolCtx:
 class Worker(LoopPhases, TaskPolicy):
     def __init__(self, engine: Engine):
         self.engine = engine
-        self.env = template_env()
+        self.env = engine_template_env()  # Jinja2 at the first template (issue 35)
 
     # -- scopes ------------------------------------------------------------------
     def base_scope(

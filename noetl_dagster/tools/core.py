@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from noetl_dagster.dsl.source import YamlLimits, YamlSyntaxError
-from noetl_dagster.dsl.templates import TemplateError, template_env
+from noetl_dagster.dsl.template_front import TemplateError
 from noetl_dagster.tools.configs import NoopConfig, PlaybookConfig, PythonConfig, WorkbookConfig
 from noetl_dagster.tools.pycontext import CodeContext
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
@@ -130,6 +130,8 @@ def generated_playbook(definition: Any, ctx: ToolContext) -> Any:
     templates are not rendered here: they belong to the child execution."""
     value = definition
     if isinstance(value, str) and ("{{" in value or "{%" in value) and value.strip().startswith(("{{", "{%")):
+        from noetl_dagster.dsl.templates import template_env  # noqa: PLC0415 - Jinja2 at the first template (issue 35)
+
         try:
             value = template_env().render(value, ctx.render_context)
         except TemplateError as e:

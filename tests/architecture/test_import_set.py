@@ -19,6 +19,8 @@ The heavy modules, and why none belongs in these commands:
   ``noetl_dagster.dsl``), ``sqlite3`` and every command module but ``main``;
 * tool config models of kinds the playbook does not name (``noetl_dagster.tools.configs`` holds
   every built-in kind's model: a noop run builds no validator at all, its model accepting any mapping);
+* ``jinja2`` (the template gate) for a run whose playbook renders no template: the engine holds
+  ``dsl.template_front``, which imports the gate at the first template;
 * for ``run`` of an unchanged playbook (the parse cache answers) additionally the parser: PyYAML,
   ``noetl_dagster.dsl.parse`` and the modules only it uses (``PARSER``), and ``importlib.metadata``
   and ``email`` (pydantic's plugin scan, run when a first validator is built).
@@ -114,3 +116,17 @@ def test_validate_imports_no_tool_and_no_engine(tmp_path):
     assert not [
         m for m in _noetl_modules(modules) if m.startswith(("noetl_dagster.tools", "noetl_dagster.engine"))
     ]
+
+
+def test_a_run_that_renders_no_template_imports_no_jinja2(tmp_path):
+    pb = tmp_path / "no_template.yaml"
+    pb.write_text(ONE_STEP.replace('"{{ workload.n * 2 }}"', "4"))
+    for _ in range(2):  # a miss (the parser checks templates: Jinja2) and a hit
+        modules, _, out = _modules(tmp_path, "run", str(pb))
+        assert "completed" in out, out
+    assert _loaded(modules, {"jinja2", "markupsafe", "noetl_dagster.dsl.templates"}) == []
+    assert _loaded(modules, HEAVY | PARSER) == []
+    pb.write_text(ONE_STEP)  # one template: the gate is imported when it renders
+    for _ in range(2):
+        modules, _, out = _modules(tmp_path, "run", str(pb))
+    assert "completed" in out and "jinja2" in modules and "noetl_dagster.dsl.templates" in modules
