@@ -135,19 +135,16 @@ def test_io_bound_http_loop_fans_out_within_max_in_flight(run_pb, latency_server
       params: {{i: "{{{{ iter.x }}}}"}}
 """
     n, mif = 16, 8
-    t0 = time.perf_counter()
     seq = run_pb(_pb("sequential", tool, mif), {"n": n}, name="seq.yaml")
-    t_seq = time.perf_counter() - t0
     assert seq.status == "completed" and latency_server.peak == 1
     latency_server.peak = 0
-    t0 = time.perf_counter()
     par = run_pb(_pb("parallel", tool, mif), {"n": n}, name="par.yaml")
-    t_par = time.perf_counter() - t0
     assert par.status == "completed" and par.results["start"]["stats"] == {"total": n, "ok": n, "failed": 0}
     assert latency_server.count == 2 * n
     assert schedules[-1]["lanes"] == mif and schedules[-1]["gil_share"] <= 0.5
     assert 2 <= latency_server.peak <= mif  # really concurrent, never above max_in_flight
-    assert t_par < t_seq / 2.5, (t_par, t_seq)  # 16 x 50 ms: >= 0.8 s sequential, ~0.2 s on 8 lanes
+    # the speed-up itself (16 x 50 ms: >= 0.8 s sequential, ~0.2 s on 8 lanes) is measured by
+    # benchmarks/bench_loops.py, not asserted here: a wall-clock ratio fails under load
 
 
 SLEEP_FAIL_TOOL = """
@@ -208,16 +205,22 @@ def test_lanes_narrow_again_when_the_loop_turns_cpu_bound():
 
 
 def test_lanes_long_iteration_widens_while_it_runs():
-    starts: dict[int, float] = {}
-    t0 = time.perf_counter()
+    later_started = threading.Event()
+    started: set[int] = set()
+    waited: list[bool] = []
 
     def fn(i: int) -> None:
-        starts[i] = time.perf_counter() - t0
-        time.sleep(0.5 if i == 1 else 0.01)  # iteration 0 is the lane's warm-up, never judged
+        started.add(i)
+        if {2, 3} <= started:
+            later_started.set()
+        if i == 1:  # iteration 0 is the lane's warm-up, never judged; 1 waits for 2 and 3 to start
+            waited.append(later_started.wait(30))
+        else:
+            time.sleep(0.01)
 
     out = Lanes(4, 4, fn).run()
     assert out["lanes"] == 4
-    assert max(starts[i] for i in (2, 3)) < 0.4  # did not wait for iteration 1 to finish
+    assert waited == [True]  # 2 and 3 started while 1 was still running: the loop did not wait for it
 
 
 def test_lanes_reraise_after_every_lane_finished():
