@@ -38,6 +38,7 @@ __all__ = [
     "Unauthorized",
     "Viewer",
     "scoped_sql",
+    "viewer_of",
 ]
 
 _SCOPE = re.compile(r"\$scope\(\s*([\w.]+)\s*,\s*([\w.]+)\s*\)")  # a column, or alias.column
@@ -106,6 +107,25 @@ def scoped_sql(
         return out + ")"
 
     return _SCOPE.sub(cond, sql), params
+
+
+def viewer_of(tenant: str | None, project: str | None, all_tenants: bool) -> Viewer:
+    """The viewer a static export is for: exactly one of a tenant (and project) or all tenants,
+    said explicitly; ValueError otherwise (the commands print it as one line)."""
+    from noetl_dagster.dsl.locator import InvalidLocator, check_scope  # noqa: PLC0415
+
+    if bool(tenant) == bool(all_tenants):
+        raise ValueError("say whose rows to write: --tenant T (one tenant) or --all-tenants")
+    if project and not tenant:
+        raise ValueError("--project needs --tenant")
+    if not tenant:
+        return Viewer.everyone()
+    try:
+        return Viewer.of_tenant(
+            check_scope(tenant, "tenant"), check_scope(project, "project") if project else None
+        )
+    except InvalidLocator as e:
+        raise ValueError(str(e)) from None
 
 
 class TenantScope:

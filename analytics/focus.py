@@ -20,6 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from analytics.dashboard_access import TenantScope, Viewer
 from analytics.store import FactsStore
 
 PROVIDER = "NoETL"
@@ -85,9 +86,11 @@ def _month(d: date) -> tuple[datetime, datetime]:
     return _ts(start), _ts(end)
 
 
-def focus_table(store: FactsStore, start: date | None = None, end: date | None = None,
-                tenant: str | None = None) -> pa.Table:  # fmt: skip
-    """The FOCUS rows of the priced table from ``start`` to ``end`` (inclusive days), optionally one tenant's."""
+def focus_table(store: FactsStore, start: date | None = None, end: date | None = None, *,
+                viewer: Viewer) -> pa.Table:  # fmt: skip
+    """The FOCUS rows of the priced table from ``start`` to ``end`` (inclusive days) that ``viewer``
+    may see (the dashboards' tenancy gate: one tenant's, or ``Viewer.everyone()``'s: all, idle and
+    shared rows included)."""
     if start and end and start > end:
         raise FocusExportError(f"--start {start} is after --end {end}")
     where = ["NOT (category IN ('idle', 'shared') AND amount = 0)"]
@@ -98,10 +101,8 @@ def focus_table(store: FactsStore, start: date | None = None, end: date | None =
     if end:
         where.append("day <= {end:Date}")
         params["end"] = end
-    if tenant is not None:
-        where.append("tenant_id = {tenant:String}")
-        params["tenant"] = tenant
-    _, rows = store.query(
+    where.append("$scope(tenant_id, project_id)")
+    _, rows = TenantScope(store, viewer).query(
         "SELECT day, tenant_id, project_id, playbook, step, category, item, unit, quantity, used, unit_price, amount,"
         " currency, price_version FROM $db.cost_line_day FINAL WHERE "
         + " AND ".join(where)

@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from analytics.dashboard_access import Viewer, scoped_sql
+from analytics.dashboard_access import Viewer, scoped_sql, viewer_of
 from analytics.panels import PANELS, Panel
 from analytics.store import DEFAULT_DATABASE
 
@@ -159,25 +159,6 @@ def build_dashboard(database: str = DEFAULT_DATABASE, *, viewer: Viewer) -> dict
 
 def render_json(database: str = DEFAULT_DATABASE, *, viewer: Viewer) -> str:
     return json.dumps(build_dashboard(database, viewer=viewer), indent=2, sort_keys=False) + "\n"
-
-
-def viewer_of(tenant: str | None, project: str | None, all_tenants: bool) -> Viewer:
-    """The viewer a static export is for: exactly one of a tenant (and project) or all tenants,
-    said explicitly; ValueError otherwise (the commands print it as one line)."""
-    from noetl_dagster.dsl.locator import InvalidLocator, check_scope  # noqa: PLC0415
-
-    if bool(tenant) == bool(all_tenants):
-        raise ValueError("say whose rows to write: --tenant T (one tenant) or --all-tenants")
-    if project and not tenant:
-        raise ValueError("--project needs --tenant")
-    if not tenant:
-        return Viewer.everyone()
-    try:
-        return Viewer.of_tenant(
-            check_scope(tenant, "tenant"), check_scope(project, "project") if project else None
-        )
-    except InvalidLocator as e:
-        raise ValueError(str(e)) from None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -142,7 +142,7 @@ def _execution_views(event_store: str | None, data_dir: str | None, prices: str 
 def export_cmd(clickhouse: str | None, data_dir: str | None, database: str | None, out: str, prices: str | None,
                tenant: str | None, project: str | None, all_tenants: bool) -> None:  # fmt: skip
     """Write the interactive dashboard as one self-contained HTML file (one tenant's data inlined)."""
-    from analytics.grafana import viewer_of  # noqa: PLC0415
+    from analytics.dashboard_access import viewer_of  # noqa: PLC0415
     from analytics.interactive import export_static  # noqa: PLC0415
 
     try:
@@ -174,7 +174,8 @@ def grafana_cmd(
     out: str, database: str | None, tenant: str | None, project: str | None, all_tenants: bool
 ) -> None:
     """Write the Grafana dashboard JSON (ClickHouse data source) of one tenant or of all tenants."""
-    from analytics.grafana import render_json, viewer_of  # noqa: PLC0415
+    from analytics.dashboard_access import viewer_of  # noqa: PLC0415
+    from analytics.grafana import render_json  # noqa: PLC0415
     from analytics.store import DEFAULT_DATABASE  # noqa: PLC0415
 
     try:

@@ -204,7 +204,11 @@ def _day_arg(value: str | None, flag: str) -> date | None:
 @click.option("--format", "fmt", type=click.Choice(["csv", "parquet"]), help="Default: from the file suffix.")
 @click.option("--start", help="First day (YYYY-MM-DD, UTC); default: the first priced day.")
 @click.option("--end", help="Last day (YYYY-MM-DD, UTC), inclusive; default: the last priced day.")
-@click.option("--tenant", help="Only this tenant's charges.")
+@click.option("--tenant", help="Only this tenant's charges (the file can go to that tenant).")
+@click.option("--project", help="With --tenant: only this project's charges.")
+@click.option(
+    "--all-tenants", is_flag=True, help="Every tenant's charges, idle and shared included (operators)."
+)
 def focus_export(
     clickhouse: str | None,
     data_dir: str | None,
@@ -214,14 +218,22 @@ def focus_export(
     start: str | None,
     end: str | None,
     tenant: str | None,
+    project: str | None,
+    all_tenants: bool,
 ) -> None:
-    """Chargeback export of the priced table in the FinOps FOCUS column format (CSV or Parquet)."""
+    """Chargeback export of the priced table in the FinOps FOCUS column format (CSV or Parquet), of
+    one tenant (--tenant) or, for an operator, of all (--all-tenants)."""
+    from analytics.dashboard_access import viewer_of  # noqa: PLC0415
     from analytics.focus import FocusExportError, focus_table, write_focus  # noqa: PLC0415
 
+    try:
+        viewer = viewer_of(tenant, project, all_tenants)
+    except ValueError as e:
+        _fail_input(str(e))
     first, last = _day_arg(start, "--start"), _day_arg(end, "--end")
     store = _store(clickhouse, data_dir, database)
     try:
-        table = focus_table(store, first, last, tenant)
+        table = focus_table(store, first, last, viewer=viewer)
         path = write_focus(table, out, fmt)
     except FocusExportError as e:
         _fail_input(str(e))
@@ -266,8 +278,8 @@ def dashboard(
     """Render the facts dashboard: index.html (self-contained) and one PNG per panel, of one
     tenant's rows (--tenant) or, for an operator, of every tenant's (--all-tenants)."""
     from analytics.dashboard import render_dashboard  # noqa: PLC0415
+    from analytics.dashboard_access import viewer_of  # noqa: PLC0415
     from analytics.exporter import FactExporter  # noqa: PLC0415
-    from analytics.grafana import viewer_of  # noqa: PLC0415
     from noetl_dagster.runners.local import default_data_dir  # noqa: PLC0415
 
     try:

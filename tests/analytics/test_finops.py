@@ -185,7 +185,9 @@ def test_focus_export_csv_and_parquet_and_its_errors(store, tmp_path):
     total = None
     for fmt in ("csv", "parquet"):
         out = tmp_path / f"bill.{fmt}"
-        r = runner.invoke(cli, ["facts", "focus-export", "--clickhouse", url, "--out", str(out)])
+        r = runner.invoke(
+            cli, ["facts", "focus-export", "--clickhouse", url, "--out", str(out), "--all-tenants"]
+        )
         assert r.exit_code == 0, r.output
         table = pcsv.read_csv(out) if fmt == "csv" else pq.read_table(out)
         assert table.column_names == [n for n, _ in COLUMNS]
@@ -216,7 +218,7 @@ def test_focus_export_csv_and_parquet_and_its_errors(store, tmp_path):
             "is after --end",
         ),
     ):
-        r = runner.invoke(cli, ["facts", "focus-export", "--clickhouse", url, *args])
+        r = runner.invoke(cli, ["facts", "focus-export", "--clickhouse", url, "--all-tenants", *args])
         assert r.exit_code == 2, (args, r.output)
         assert message in r.output and "Traceback" not in r.output, r.output
         assert len(r.output.strip().splitlines()) == 1

@@ -213,7 +213,9 @@ def test_every_view_shows_the_same_total(priced):
 
     for fmt in ("csv", "parquet"):
         out_file = tmp_path / f"focus.{fmt}"
-        out = runner.invoke(cli, ["facts", "focus-export", "--clickhouse", store.url, "--out", str(out_file)])
+        out = runner.invoke(
+            cli, ["facts", "focus-export", "--clickhouse", store.url, "--out", str(out_file), "--all-tenants"]
+        )
         assert out.exit_code == 0, out.output
         if fmt == "parquet":
             views["FOCUS export (Parquet): BilledCost"] = sum(

@@ -137,12 +137,22 @@ def test_grafana_tenant_names_are_checked_before_they_are_written_into_sql():
         (["--tenant", "acme'--"], "invalid tenant"),
     ],
 )
-@pytest.mark.parametrize("command", ["render", "grafana"])
+@pytest.mark.parametrize("command", ["render", "grafana", "focus"])
 def test_static_outputs_need_an_explicit_scope(world, tmp_path, command, args, message):
     out = tmp_path / "out"
     if command == "render":
         argv = ["dashboard", "--clickhouse", world["facts"], "--data-dir", str(world["dir"]), "--no-export"]
         argv += ["--out", str(out), *args]
+    elif command == "focus":
+        argv = [
+            "facts",
+            "focus-export",
+            "--clickhouse",
+            world["facts"],
+            "--out",
+            str(out / "bill.csv"),
+            *args,
+        ]
     else:
         argv = ["dashboard", "grafana", "-o", str(out / "g.json"), *args]
     r = CliRunner().invoke(cli, argv)
@@ -174,3 +184,22 @@ def test_grafana_module_needs_a_scope_too(tmp_path, capsys):
     assert e.value.code == 2 and "--all-tenants" in capsys.readouterr().err
     grafana_main(["--tenant", "acme", "-o", str(tmp_path / "g.json")])
     assert json.loads((tmp_path / "g.json").read_text())["uid"] == "noetl-facts-acme"
+
+
+def test_focus_export_of_one_tenant_or_project(world, tmp_path):
+    """The FOCUS chargeback file reads through the same gate: a tenant's (project's) rows only."""
+    import pyarrow.csv as pcsv  # noqa: PLC0415
+
+    seen = {}
+    for key, args in (("lab", ["--tenant", "acme", "--project", "lab"]), ("globex", ["--tenant", "globex"]),
+                      ("all", ["--all-tenants"])):  # fmt: skip
+        out = tmp_path / f"{key}.csv"
+        r = CliRunner().invoke(
+            cli, ["facts", "focus-export", "--clickhouse", world["facts"], "--out", str(out), *args]
+        )
+        assert r.exit_code == 0, r.output
+        rows = pcsv.read_csv(out).to_pylist()
+        seen[key] = {(row["BillingAccountId"], row["SubAccountId"]) for row in rows}
+    assert seen["lab"] == {("acme", "lab")}
+    assert seen["globex"] == {("globex", "research")}
+    assert {("acme", "lab"), ("acme", "sales"), ("globex", "research")} <= seen["all"]
