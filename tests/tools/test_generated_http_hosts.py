@@ -214,3 +214,76 @@ def test_host_rule_matches_the_host_httpx_requests(host, port, scheme, entries, 
     expected = any(listed(e) for e in entries)
     assert (host_refusal(str(target), entries) is None) == expected, (url, str(target), entries)
     assert (host_refusal(url, entries) is None) == expected, (url, entries)
+
+
+def _hosts_of(server: HTTPServer) -> str:
+    return f"127.0.0.1:{server.port}"
+
+
+def _refusals(tmp_path, server: HTTPServer) -> set[tuple[str | None, str | None]]:
+    """(execution, step) of every recorded trust refusal naming ``server`` (all executions of the log)."""
+    import json  # noqa: PLC0415
+
+    needle = f"host '127.0.0.1:{server.port}' is not in allow_hosts"
+    out = set()
+    for se in open_event_store(f"sqlite:///{tmp_path / 'events.db'}").iter_all():
+        e = se.event
+        if (
+            e.name == "task.done"
+            and needle in json.dumps(e.data, default=str)
+            and "trust_refused" in json.dumps(e.data, default=str)
+        ):
+            out.add((e.execution_id, e.step))
+    return out
+
+
+def test_every_construct_that_calls_http_meets_the_host_rule(run, server, other_server, tmp_path):
+    """A task loop's iterations, a workbook entry and a nested generated child: each call passes the
+    gate with its own URL. The allowed server is reached by every construct, the other by none."""
+    good, bad = _listen(server), _listen(other_server)
+    child = {
+        "apiVersion": "noetl.io/v2",
+        "kind": "Playbook",
+        "metadata": {"name": "constructs", "path": "generated/constructs"},
+        "workload": {"urls": [good, bad]},
+        "workbook": [{"name": "fetch", "tool": {"kind": "http", "url": "{{ u }}"}}],
+        "workflow": [
+            {"step": "start", "next": {"arcs": [{"step": "each"}, {"step": "wb_good"}, {"step": "wb_bad"}]}},
+            {"step": "each", "loop": {"in": "{{ workload.urls }}", "iterator": "u"},
+             "tool": [{"get": {"kind": "http", "url": "{{ iter.u }}"}}]},
+            {"step": "wb_good", "tool": [{"call": {"kind": "workbook", "name": "fetch", "input": {"u": good}}}]},
+            {"step": "wb_bad", "tool": [{"call": {"kind": "workbook", "name": "fetch", "input": {"u": bad}}}]},
+        ],
+    }  # fmt: skip
+    child["workflow"][0]["next"]["spec"] = {"mode": "inclusive"}
+    res, kids, _ = run(child, {"allow_kinds": ["http", "workbook"], "allow_hosts": [_hosts_of(server)]})
+    assert len(kids) == 1
+    # the allowed server got the loop's first iteration and the good workbook call, nothing else
+    assert len(server.log) == 2, [str(r.url) for r, _ in server.log]
+    assert other_server.log == []
+    assert res.results["run_child"]["error"]["kind"] == "playbook_failed"  # the child failed on its refusals
+    assert {step for _, step in _refusals(tmp_path, other_server)} >= {"each", "wb_bad"}
+
+
+def test_a_nested_generated_child_gets_the_meet_of_the_hosts(run, server, other_server, tmp_path):
+    """The middle generated playbook lists hosts for its own children: only those its own grant has
+    stay (a restriction only narrows): allowed by both -> reached; by one of the two -> refused."""
+    good, bad = _listen(server), _listen(other_server)
+    grandchild = child_doc(good)
+    middle = {
+        "apiVersion": "noetl.io/v2",
+        "kind": "Playbook",
+        "metadata": {"name": "middle", "path": "generated/middle"},
+        "executor": {"spec": {"generated": {"allow_kinds": ["http"], "allow_hosts": [_hosts_of(server), _hosts_of(other_server)]}}},
+        "workflow": [{"step": "start", "tool": [{"inner": {"kind": "playbook", "definition": grandchild}}]}],
+    }  # fmt: skip
+    # the parent allows the good server only: the grandchild reaches it
+    res, kids, inner = run(middle, {"allow_kinds": ["playbook", "http"], "allow_hosts": [_hosts_of(server)]})
+    assert res.status == "completed", res.results
+    assert len(server.log) == 1
+    # the grandchild asks for the other server, which the middle lists but the parent never granted
+    middle["workflow"][0]["tool"][0]["inner"]["definition"] = child_doc(bad)
+    res, kids, inner = run(middle, {"allow_kinds": ["playbook", "http"], "allow_hosts": [_hosts_of(server)]})
+    assert res.status == "failed" and other_server.log == []
+    assert res.results["run_child"]["error"]["kind"] == "playbook_failed"
+    assert len(_refusals(tmp_path, other_server)) == 1  # in the grandchild, at its call
