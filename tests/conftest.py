@@ -3,6 +3,7 @@ and compared with the live state (DESIGN.md: replay reproduces state exactly).""
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -39,6 +40,18 @@ def pytest_configure(config):
         import tempfile  # a session's own directory, not the user's ~/.cache (subprocesses inherit it)
 
         os.environ["NOETL_DAGSTER_PLAYBOOK_CACHE"] = tempfile.mkdtemp(prefix="noetl-playbook-cache-")
+
+
+def pytest_sessionfinish(session):
+    """An xdist worker collects its heap here, before it reports itself finished, and freezes what is
+    left. After that report the controller tears the worker down, and execnet sends the worker a
+    SIGINT if it is still busy 5 s later: pytest's closing gc.collect() over a worker's whole heap
+    (1-1.5 GB after a thousand tests) took longer on a loaded machine, and the KeyboardInterrupt
+    surfaced in a gc callback (hypothesis', SQLAlchemy's) as an unraisable exception. Frozen objects
+    are skipped by that last collection; this one still runs every finalizer."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        gc.collect()
+        gc.freeze()
 
 
 def _record(engine) -> None:
