@@ -40,6 +40,15 @@ def pytest_configure(config):
         import tempfile  # a session's own directory, not the user's ~/.cache (subprocesses inherit it)
 
         os.environ["NOETL_DAGSTER_PLAYBOOK_CACHE"] = tempfile.mkdtemp(prefix="noetl-playbook-cache-")
+    if hasattr(config.option, "loadscopereorder"):  # xdist's sort by number of tests: see tests/ordering.py
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    """The heaviest test files first (tests/ordering.py), so that no worker is left alone with one."""
+    from ordering import heavy_first
+
+    items[:] = [items[i] for i in heavy_first([item.nodeid for item in items])]
 
 
 def pytest_sessionfinish(session):
