@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from noetl_dagster.engine.replay import diff_snapshots, replay
 from noetl_dagster.runners import local as _runner
@@ -24,6 +25,12 @@ if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 if _ROOT not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
+
+# Hypothesis loads its "ci" profile when it detects CI (the CI variable; .ci/run sets it): the same
+# examples every run (derandomize), no example database. Here that profile also halves the default
+# number of examples; a property that scales its own count from it (test_builder_roundtrip.py) runs
+# half as many in CI and the full count locally.
+settings.register_profile("ci", settings.get_profile("ci"), max_examples=50)
 
 _FINISHED: list = []
 

@@ -34,7 +34,7 @@ from noetl_dagster.dsl.builder import (
     workbook,
 )
 
-EXAMPLES = 200
+EXAMPLES = 2 * settings().max_examples  # 200; 100 under the CI profile (tests/conftest.py)
 CHILD_DEF = {
     "apiVersion": "noetl.io/v2", "kind": "Playbook", "metadata": {"name": "c", "path": "g/c"},
     "workflow": [{"step": "start", "tool": [{"t": {"kind": "noop", "result": "{{ workload.x }}"}}]}],
