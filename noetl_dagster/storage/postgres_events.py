@@ -225,6 +225,18 @@ class _Batch:
         return out
 
 
+class _Connection(psycopg.Connection):  # type: ignore[type-arg]
+    """The pool's connections. The first one the pool asks for is the connection the store opened
+    to check the server and the schema (``noetl_first``): an open costs one connect, not two (each
+    is a new server backend: a fork and the start-up exchange)."""
+
+    @classmethod
+    def connect(cls, conninfo: str = "", *, noetl_first: list[Any] | None = None, **kwargs: Any) -> Any:  # type: ignore[override]
+        if noetl_first:
+            return noetl_first.pop()
+        return super().connect(conninfo, **kwargs)
+
+
 class EventStoreUnavailable(RuntimeError):
     """The event store's database cannot be reached."""
 
@@ -267,20 +279,33 @@ class PostgresEventStore(EventStore):
         self._leases: dict[str, psycopg.Connection] = {}
         self.skipped: list[tuple[str, str]] = []  # bad rows the readers skipped: (where, why)
         try:  # a direct connect first: libpq's own error now, rather than a pool timeout later
-            psycopg.connect(conninfo, connect_timeout=10).close()
+            first = _Connection.connect(conninfo, autocommit=True, connect_timeout=10)
         except psycopg.Error as e:
             raise EventStoreUnavailable(
                 f"cannot reach the Postgres event store at {masked(conninfo)}: {e}"
             ) from None
+        try:  # the schema check and the statement's rendering on that connection, which the pool then keeps
+            self._migrate(first)
+            # rendered once: composing it per call cost 2 ms
+            self._append_sql = self._q(APPEND_SQL).as_string(first)
+        except BaseException:
+            first.close()
+            raise
         self._pool = ConnectionPool(
             conninfo,
             min_size=1,
             max_size=pool_size,
-            kwargs={"autocommit": True},
+            kwargs={"autocommit": True, "noetl_first": [first]},  # one connect per open, not two
+            connection_class=_Connection,
             open=False,
             name="noetl-events",
         )
-        self._pool.open(wait=True, timeout=15)
+        try:
+            self._pool.open(wait=True, timeout=15)
+        except BaseException:
+            self._pool.close()
+            first.close()
+            raise
         self._append_lock = _lock_key(self.schema, "append")
         self._summaries = SummaryCache()  # the executions' summaries, written with each append
         if group_commit is None:
@@ -302,19 +327,26 @@ class PostgresEventStore(EventStore):
                 weight=lambda b: len(b.ids),
                 max_weight=GROUP_MAX_EVENTS,
             )
-        try:
-            self._migrate()
-            with self._pool.connection() as conn:  # rendered once: composing it per call cost 2 ms
-                self._append_sql = self._q(APPEND_SQL).as_string(conn)
-        except BaseException:
-            self._pool.close()
-            raise
 
     def _q(self, text: str) -> sql.Composed:
         return sql.SQL(text).format(schema=self._ident)
 
-    def _migrate(self) -> None:
-        with self._pool.connection() as conn, conn.transaction():
+    def _migrate(self, conn: psycopg.Connection) -> None:
+        """Bring the schema to ``len(MIGRATIONS)``. An up-to-date schema (every open but the first)
+        costs one round trip: its version is read without the lock, and only a missing or older one
+        takes the migration lock and reads it again there (a version seen committed is final)."""
+        try:
+            row = conn.execute(
+                self._q("SELECT COALESCE(MAX(version), 0) FROM {schema}.noetl_schema_version")
+            ).fetchone()
+            if row and row[0] >= len(MIGRATIONS):
+                refuse_newer_schema(
+                    row[0], len(MIGRATIONS), f"{masked(self._conninfo)} (schema {self.schema})"
+                )
+                return
+        except psycopg.errors.UndefinedTable:  # a new schema (autocommit: nothing to roll back)
+            pass
+        with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key(self.schema, "migrate"),))
             conn.execute(self._q("CREATE SCHEMA IF NOT EXISTS {schema}"))
             conn.execute(
