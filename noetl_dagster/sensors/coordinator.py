@@ -17,7 +17,9 @@ Two waits stood between a detached request and its run (docs/capacity.md, "Reque
   ``DefaultRunCoordinator`` launches (``instance.launch_run``: STARTING, then the run launcher).
   Anything else is enqueued as before, and the queue daemon starts it in order.
 
-It also keeps Dagster's migration scripts read once per process (``zygote.cache_dagster_migrations``).
+It also keeps Dagster's migration scripts read once per process (``zygote.cache_dagster_migrations``)
+and the run storage's schema checks answered once per instance (``zygote.cache_schema_checks``: a
+catalog reflection on every run record read and run status event, three of them per launch).
 
 The check and the launch are not one transaction with the queue daemon's: a run the queue daemon
 starts in the same instant may put one run over a limit. Submissions of this process are
@@ -42,7 +44,7 @@ from dagster._core.storage.dagster_run import ACTIVE_RUN_STATUSES, DagsterRun, D
 from dagster._serdes import ConfigurableClassData
 from dagster._utils.tags import TagConcurrencyLimitsCounter
 
-from noetl_dagster.sensors.zygote import cache_dagster_migrations
+from noetl_dagster.sensors.zygote import cache_dagster_migrations, cache_schema_checks
 
 DEFAULT_SENSOR_LOOP_SECONDS = 1.0
 MIN_SENSOR_LOOP_SECONDS = 0.05
@@ -105,6 +107,7 @@ class NoetlRunCoordinator(QueuedRunCoordinator):
     # -- submitting --------------------------------------------------------------------------
     def submit_run(self, context: SubmitRunContext) -> DagsterRun:
         run = context.dagster_run
+        cache_schema_checks(self._instance)  # the daemon's instance: its run storage's schema checks, once
         if not self.launch_when_free or run.status != DagsterRunStatus.NOT_STARTED:
             return self._enqueue(context)
         with self._submit_lock:

@@ -72,6 +72,40 @@ def cache_dagster_migrations() -> None:
     ScriptDirectory.from_config = staticmethod(from_config)  # type: ignore[method-assign,assignment]
 
 
+# SqlRunStorage's schema checks: each reflects the table's columns over a connection of its own, and
+# Dagster asks one on every run record read and every run status event (issue 35)
+SCHEMA_CHECKS = ("has_run_stats_index_cols", "has_bulk_actions_selector_cols", "has_backfill_id_column",
+                 "has_bulk_action_job_name_column", "has_backfill_tags_table")  # fmt: skip
+
+
+def cache_schema_checks(instance: Any) -> None:
+    """Remember the run storage's positive schema checks for this instance (and its forks).
+
+    ``SqlRunStorage.has_run_stats_index_cols`` and its siblings inspect the database's catalog
+    every time they are asked: twice on a run worker's way to RUN_START, three times in the daemon's
+    launch of a run. A column or table they find stays (Dagster's migrations add them; none removes
+    one under a running process), so a True answer is kept; a False one is asked again next time,
+    so a migration made while this process runs is still seen."""
+    storage = getattr(instance, "run_storage", None)
+    if storage is None or getattr(storage, "noetl_checks_cached", False):
+        return
+    for name in SCHEMA_CHECKS:
+        original = getattr(storage, name, None)
+        if original is None:
+            continue
+
+        def check(original: Any = original, known: list[bool] = []) -> bool:  # noqa: B006 - the memo
+            if known:
+                return True
+            found = bool(original())
+            if found:
+                known.append(True)
+            return found
+
+        setattr(storage, name, check)  # this storage object only
+    storage.noetl_checks_cached = True
+
+
 def _reply(line: str) -> None:
     sys.stdout.write(line.replace("\n", " ") + "\n")
     sys.stdout.flush()
@@ -129,6 +163,8 @@ def _open_instance_once(ref: Any) -> None:
 
     before = threading.active_count()
     instance = DagsterInstance.from_ref(ref)
+    cache_schema_checks(instance)
+    instance.run_storage.has_run_stats_index_cols()  # asked here once, so no fork asks it again
     if threading.active_count() != before:
         return
     original = DagsterInstance.from_ref

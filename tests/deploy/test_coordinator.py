@@ -129,3 +129,17 @@ def test_launch_when_free_off_is_the_queue_as_before(restore_loop_time):
         assert run.status == dg.DagsterRunStatus.QUEUED and not instance.run_launcher.did_run_launch(
             run.run_id
         )
+
+
+def test_the_coordinator_caches_the_daemon_instance_checks(monkeypatch, restore_loop_time):
+    """Issue 35: the run storage's schema checks (a catalog reflection each) are asked once in the
+    daemon, not on every read and status event of each launch (tests/dagster/test_schema_checks.py)."""
+    from tests.dagster.test_schema_checks import counting_checks
+
+    asked = counting_checks(monkeypatch)
+    with _instance() as instance:
+        _submit(instance, "exec-a")  # the first submission asks (and remembers)
+        asked.clear()
+        for i in range(3):  # each: the queue's checks, the launch, STARTING
+            _submit(instance, f"exec-{i}")
+        assert asked == []

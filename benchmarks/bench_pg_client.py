@@ -1,0 +1,207 @@
+"""Where the Postgres event store's client CPU goes (issue 35), measured in one process.
+
+The machine is shared (2 cores, other work running), so wall times and even CPU times drift from
+one minute to the next. Every row here is measured in the same process, rows interleaved round by
+round, and the figures are CPU seconds (``time.process_time``) and counts:
+
+* the split of a five-step execution's client CPU: the engine with a store that only numbers the
+  events (no encoding, no database), + the append's encoding (``_Batch``), + the execution
+  summary folded per flush (``_summarize``), and the real store (+ the statements and their waits);
+* the same execution on this checkout's store and on ``--before-tree``'s ``postgres_events``
+  module loaded next to it (``before_postgres_events``), so "against main" is the same process;
+* what a blocking wait costs the client: ``SELECT 1`` against ``SELECT pg_sleep(x)`` for the
+  statement's own latency (a sleeping client pays for the wake-up: the scheduler and cold caches,
+  more the longer it slept and the busier the machine);
+* the frontend messages per execution and per store open, counted on the wire (``pgwire``);
+* opening a store (``PostgresEventStore(url).close()``): CPU and wire counts, both checkouts.
+
+Run: ``python -m benchmarks.bench_pg_client [--before-tree DIR] [--rounds 5] [--executions 100]``
+(needs Postgres at 127.0.0.1:5432).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import yaml
+
+from benchmarks.bench_throughput import PLAYBOOK
+from benchmarks.pgwire import WireCounter
+
+PG = os.environ.get("NOETL_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def _before_module(tree: str) -> Any:
+    """``noetl_dagster/storage/postgres_events.py`` of another checkout, imported next to this one's."""
+    path = Path(tree) / "noetl_dagster" / "storage" / "postgres_events.py"
+    spec = importlib.util.spec_from_file_location("before_postgres_events", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _stand_ins(store: Any) -> dict[str, Any]:
+    """Stores that stop part of the way: number only, + encode, + summary (the same pool and caches)."""
+    from noetl_dagster.storage import postgres_events as pe
+
+    class NumberOnly(type(store)):  # type: ignore[misc]
+        def __init__(self, inner: Any):
+            self.__dict__.update(inner.__dict__)
+            self._n: dict[str, int] = {}
+
+        def append(self, events):  # type: ignore[no-untyped-def]
+            for e in events:
+                self._n[e.execution_id] = e.sequence = self._n.get(e.execution_id, 0) + 1
+            return list(events)
+
+    class Encode(NumberOnly):
+        def append(self, events):  # type: ignore[no-untyped-def]
+            pe._Batch(events).params(1)
+            return super().append(events)
+
+    class EncodeSummary(NumberOnly):
+        def append(self, events):  # type: ignore[no-untyped-def]
+            pe._Batch(events).params(1)
+            with self._pool.connection() as conn:
+                self._summarize(conn, events)
+            return super().append(events)
+
+    return {"engine, events numbered only": NumberOnly(store), "+ encoding (_Batch)": Encode(store),
+            "+ execution summary (_summarize)": EncodeSummary(store)}  # fmt: skip
+
+
+def _cpu_per_call(fn: Callable[[], Any], n: int) -> float:
+    c = time.process_time()
+    for _ in range(n):
+        fn()
+    return (time.process_time() - c) / n * 1000
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--before-tree", help="another checkout (e.g. a worktree of main): its store, same process"
+    )
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--executions", type=int, default=100, help="per row and round")
+    args = ap.parse_args(argv)
+    from noetl_dagster.runners.local import run_playbook
+    from noetl_dagster.storage.postgres_events import PostgresEventStore
+
+    before = _before_module(args.before_tree) if args.before_tree else None
+    tmp = Path(tempfile.mkdtemp(prefix="bench_pg_client_"))
+    path = tmp / "five_steps.yaml"
+    path.write_text(yaml.safe_dump(PLAYBOOK, sort_keys=False))
+    schemas = []
+
+    def url(tag: str) -> str:
+        schemas.append(f"pgc_{tag}_{uuid.uuid4().hex[:8]}")
+        return f"{PG}?schema={schemas[-1]}"
+
+    print(
+        f"load average {os.getloadavg()[0]:.1f}; {args.rounds} rounds x {args.executions} executions per row"
+    )
+    try:
+        after = PostgresEventStore(url("after"))
+        rows: dict[str, Any] = {**_stand_ins(after), "this checkout's store": after}
+        if before is not None:
+            rows["--before-tree's store"] = before.PostgresEventStore(url("before"))
+        for store in rows.values():  # warm: imports, the prepared statement, caches
+            for _ in range(10):
+                run_playbook(path, event_store=store, data_dir=tmp)
+        cpu: dict[str, list[float]] = {k: [] for k in rows}
+        for _ in range(args.rounds):
+            for label, store in rows.items():
+                cpu[label].append(_cpu_per_call(lambda s=store: run_playbook(path, event_store=s, data_dir=tmp),
+                                                args.executions))  # fmt: skip
+        print("client CPU per five-step execution (median of rounds, ms):")
+        for label, xs in cpu.items():
+            print(f"  {label:36} {statistics.median(xs):7.3f}   rounds {[round(x, 2) for x in xs]}")
+        _waits(after)
+        for store in rows.values():
+            if hasattr(store, "_n"):
+                continue
+            store.close()
+        _wire(path, tmp, url, before)
+        _opens(url, before, args.rounds)
+    finally:
+        with psycopg.connect(PG, autocommit=True) as c:
+            for s in schemas:
+                c.execute(f'DROP SCHEMA IF EXISTS "{s}" CASCADE')
+    print(f"load average {os.getloadavg()[0]:.1f}")
+
+
+def _waits(store: Any) -> None:
+    """A blocking wait's client CPU: one statement that returns at once, then ones that sleep."""
+    with store._pool.connection() as conn:
+        w = time.perf_counter()
+        one = _cpu_per_call(lambda: conn.execute("SELECT 1").fetchall(), 500)
+        one_wall = (time.perf_counter() - w) / 500 * 1000
+        print(f"a statement's client CPU by how long it blocks (load {os.getloadavg()[0]:.1f}):")
+        print(f"  SELECT 1 (answered in {one_wall:.2f} ms)        {one * 1000:6.0f} us")
+        for ms in (2, 5, 10):
+            n = max(20, 400 // ms)
+            c = _cpu_per_call(lambda ms=ms: conn.execute(f"SELECT pg_sleep({ms / 1000})").fetchall(), n)
+            print(f"  SELECT pg_sleep({ms / 1000:<5}) (blocks {ms:2d} ms) {c * 1000:6.0f} us")
+
+
+def _wire(path: Path, tmp: Path, url: Callable[[str], str], before: Any) -> None:
+    from noetl_dagster.runners.local import run_playbook
+    from noetl_dagster.storage.postgres_events import PostgresEventStore
+
+    print("frontend messages per five-step execution (wire, after the first):")
+    for label, cls in (
+        ("this checkout", PostgresEventStore),
+        ("before", getattr(before, "PostgresEventStore", None)),
+    ):
+        if cls is None:
+            continue
+        with WireCounter() as wc:
+            store = cls(wc.url(url("wire")))
+            run_playbook(path, event_store=store, data_dir=tmp)
+            a = wc.snapshot()
+            for _ in range(10):
+                run_playbook(path, event_store=store, data_dir=tmp)
+            d = wc.snapshot() - a
+            store.close()
+        print(f"  {label:14} round trips {d['round_trips'] / 10:4.1f}  statements prepared {d['P'] / 10:3.1f}  "
+              f"executed {d['E'] / 10:4.1f}  simple queries {d['Q'] / 10:3.1f}  connections {d['connections'] / 10:3.1f}")  # fmt: skip
+
+
+def _opens(url: Callable[[str], str], before: Any, rounds: int) -> None:
+    from noetl_dagster.storage.postgres_events import PostgresEventStore
+
+    classes = {"this checkout": PostgresEventStore}
+    if before is not None:
+        classes["before"] = before.PostgresEventStore
+    print("opening a store whose schema is current (PostgresEventStore(url).close()):")
+    urls = {k: url("open") for k in classes}
+    for k, cls in classes.items():
+        cls(urls[k]).close()
+    cpu: dict[str, list[float]] = {k: [] for k in classes}
+    for _ in range(rounds):
+        for k, cls in classes.items():
+            cpu[k].append(_cpu_per_call(lambda c=cls, u=urls[k]: c(u).close(), 10))
+    for k, cls in classes.items():
+        with WireCounter() as wc:
+            cls(wc.url(urls[k])).close()
+            d = wc.snapshot()
+        print(f"  {k:14} client CPU {statistics.median(cpu[k]):6.2f} ms  connections {d['connections']}  "
+              f"round trips {d['round_trips']} (simple queries {d['Q']}, extended {d['S']})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
