@@ -17,7 +17,7 @@ each with the run storage's schema checks remembered (``zygote.cache_schema_chec
 behaviour) and asked every time (Dagster as it is). Also the fork with ``gc.freeze()`` before it
 (copy-on-write kept by the collector), which the measurement rejected.
 
-Run: ``python -m benchmarks.bench_launch_cpu [--rounds 6]``.
+Run: ``python -m benchmarks.bench_launch_cpu [--rounds 6] [--postgres]``.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
 def _toggle(storage: Any, wrapped: dict[str, Any], on: bool) -> None:
@@ -44,10 +45,8 @@ def _toggle(storage: Any, wrapped: dict[str, Any], on: bool) -> None:
             storage.__dict__.pop(name, None)
 
 
-def _fork_worker(args: str, freeze: bool) -> dict[str, float]:
+def _fork_worker(args: str, freeze: bool, event_log: type) -> dict[str, float]:
     """Fork one run worker (zygote.run_child); its CPU to its first event and to RUN_START."""
-    from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
-
     from noetl_dagster.sensors import zygote
 
     if freeze:
@@ -57,14 +56,14 @@ def _fork_worker(args: str, freeze: bool) -> dict[str, float]:
     if pid == 0:  # the run worker
         os.close(r)
         marks: dict[str, float] = {}
-        store = SqliteEventLogStorage.store_event
+        store = event_log.store_event
 
         def store_event(self: Any, event: Any) -> None:
             kind = event.dagster_event.event_type_value if event.dagster_event else "log"
             marks.setdefault(kind, time.process_time() - c0)
             store(self, event)
 
-        SqliteEventLogStorage.store_event = store_event  # type: ignore[method-assign]
+        event_log.store_event = store_event  # type: ignore[attr-defined]
         c0 = time.process_time()
         code = zygote.run_child(args)
         os.write(w, json.dumps(marks).encode())
@@ -86,6 +85,7 @@ def _fork_worker(args: str, freeze: bool) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--postgres", action="store_true", help="the instance's storage on the local Postgres")
     args = ap.parse_args(argv)
     home = Path(tempfile.mkdtemp(prefix="bench_launch_cpu_"))
     os.environ["DAGSTER_HOME"] = str(home)
@@ -95,8 +95,29 @@ def main(argv: list[str] | None = None) -> None:
     launcher = {"module": "dagster._core.test_utils", "class": "MockedRunLauncher"}
     import yaml
 
-    (home / "dagster.yaml").write_text(yaml.safe_dump({"telemetry": {"enabled": False},
-                                       "run_coordinator": coordinator, "run_launcher": launcher}))  # fmt: skip
+    settings: dict[str, Any] = {"telemetry": {"enabled": False}, "run_coordinator": coordinator,
+                                "run_launcher": launcher}  # fmt: skip
+    pg_db = f"bench_launch_cpu_{os.getpid()}" if args.postgres else None
+    if pg_db:
+        import psycopg
+
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{pg_db}"')
+        settings["storage"] = {
+            "postgres": {"postgres_url": f"postgresql+psycopg2://postgres@127.0.0.1:5432/{pg_db}"}
+        }
+    (home / "dagster.yaml").write_text(yaml.safe_dump(settings))
+    try:
+        _measure(args, home)
+    finally:
+        if pg_db:
+            import psycopg
+
+            with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{pg_db}" WITH (FORCE)')
+
+
+def _measure(args: argparse.Namespace, home: Path) -> None:
     sys.path.insert(0, str(REPO))
     import dagster as dg
     from dagster._core.code_pointer import CodePointer
@@ -113,7 +134,10 @@ def main(argv: list[str] | None = None) -> None:
     from noetl_dagster.sensors import zygote
     from noetl_dagster.sensors.launcher import _storage_modules
 
-    print(f"load average {os.getloadavg()[0]:.1f}; {args.rounds} rounds; SQLite instance in {home}")
+    kind = "Postgres" if args.postgres else "SQLite"
+    print(
+        f"load average {os.getloadavg()[0]:.1f}; {args.rounds} rounds; {kind} instance, DAGSTER_HOME {home}"
+    )
     origin = RepositoryPythonOrigin(
         sys.executable, CodePointer.from_module("example_project.definitions", "defs", None)
     )
@@ -136,7 +160,11 @@ def main(argv: list[str] | None = None) -> None:
     variants = {"checks remembered": (True, False), "checks asked (Dagster)": (False, False),
                 "checks remembered, gc.freeze": (True, True)}  # fmt: skip
     daemon: dict[str, list[float]] = {k: [] for k in variants}
-    ours: dict[str, list[float]] = {"plan snapshot read": [], "request + args": [], "run tags": []}
+    ours: dict[str, list[float]] = {
+        "plan snapshot read (once per snapshot now)": [],
+        "request + args": [],
+        "run tags": [],
+    }
     worker: dict[str, dict[str, list[float]]] = {k: {"first_event": [], "run_start": [], "whole_run": []}
                                                  for k in variants}  # fmt: skip
     for _ in range(args.rounds):
@@ -150,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
                 c = time.process_time()
                 plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
                 load_data = serialize_value(plan.repository_load_data) if plan.repository_load_data else None
-                ours["plan snapshot read"].append(time.process_time() - c)
+                ours["plan snapshot read (once per snapshot now)"].append(time.process_time() - c)
                 c = time.process_time()
                 json.dumps({"origin": serialize_value(origin), "load_data": load_data,
                             "modules": _storage_modules(ref), "instance_ref": serialize_value(ref)})  # fmt: skip
@@ -162,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
                 worker_args = serialize_value(
                     ExecuteRunArgs(job_origin=job_origin, run_id=run.run_id, instance_ref=ref)
                 )
-            marks = _fork_worker(worker_args, freeze)
+            marks = _fork_worker(worker_args, freeze, type(instance.event_log_storage))
             if not freeze:
                 c = time.process_time()
                 instance.add_run_tags(run.run_id, {"noetl/run_worker_pid": "1", "noetl/warm_launch": "true"})

@@ -48,6 +48,7 @@ TAG_PID = "noetl/run_worker_pid"
 TAG_HOST = "noetl/run_worker_host"
 TAG_WARM = "noetl/warm_launch"
 READY_TIMEOUT_S = 600.0  # loading a large code location on a busy machine
+LOAD_DATA_CACHE = 256  # execution plan snapshots whose load data a launcher keeps
 
 
 class Zygote:
@@ -109,6 +110,7 @@ class NoetlRunLauncher(DefaultRunLauncher):
         self.warm = warm
         self._zygotes: dict[Any, Zygote] = {}
         self._lock = threading.Lock()
+        self._load_data_by_snapshot: dict[str, str | None] = {}
 
     @classmethod
     def config_type(cls) -> dict[str, Any]:
@@ -153,8 +155,7 @@ class NoetlRunLauncher(DefaultRunLauncher):
         repo_origin = origin.repository_origin
         load_data = None  # what the code server recorded: the run worker reconstructs the repository with it
         if run.has_repository_load_data and run.execution_plan_snapshot_id:
-            plan = self._instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
-            load_data = serialize_value(plan.repository_load_data) if plan.repository_load_data else None
+            load_data = self._load_data(run.execution_plan_snapshot_id)
         ref = self._instance.get_ref()
         request = json.dumps({"origin": serialize_value(repo_origin), "load_data": load_data,
                               "modules": _storage_modules(ref), "instance_ref": serialize_value(ref)})  # fmt: skip
@@ -169,6 +170,23 @@ class NoetlRunLauncher(DefaultRunLauncher):
                     self._zygotes.pop(key)
             zygote.close()
             raise
+
+    def _load_data(self, snapshot_id: str) -> str | None:
+        """The repository load data of an execution plan snapshot, serialized; read once per snapshot
+        (its id is a hash of its content, so what is stored under it never changes; issue 35: a
+        database read and the plan's deserialization per launch, ~2-3 ms of the daemon's CPU)."""
+        with self._lock:
+            if snapshot_id in self._load_data_by_snapshot:
+                return self._load_data_by_snapshot[snapshot_id]
+        from dagster._serdes import serialize_value  # noqa: PLC0415
+
+        plan = self._instance.get_execution_plan_snapshot(snapshot_id)
+        load_data = serialize_value(plan.repository_load_data) if plan.repository_load_data else None
+        with self._lock:
+            if len(self._load_data_by_snapshot) >= LOAD_DATA_CACHE:
+                self._load_data_by_snapshot.pop(next(iter(self._load_data_by_snapshot)))  # the oldest
+            self._load_data_by_snapshot[snapshot_id] = load_data
+        return load_data
 
     def _zygote(self, key: Any, executable: str, request: str) -> Zygote:
         with self._lock:

@@ -178,3 +178,35 @@ def test_dagster_migration_scripts_are_read_once_per_process(tmp_path):
     finally:
         ScriptDirectory._load_revisions = saved_load  # type: ignore[method-assign]
         ScriptDirectory.from_config = saved_from_config  # type: ignore[method-assign]
+
+
+def test_the_launcher_reads_an_execution_plan_snapshot_once(tmp_path, monkeypatch):
+    """Issue 35: a warm launch needs the repository load data the code server recorded with the run's
+    execution plan snapshot; the snapshot id is its content's hash, so the launcher reads it once,
+    not once per launch (a database read and the plan's deserialization in the daemon)."""
+    reads: list[str] = []
+    original = dg.DagsterInstance.get_execution_plan_snapshot
+
+    def counting(self, snapshot_id):  # type: ignore[no-untyped-def]
+        reads.append(snapshot_id)
+        return original(self, snapshot_id)
+
+    monkeypatch.setattr(dg.DagsterInstance, "get_execution_plan_snapshot", counting)
+    launcher = {"module": "noetl_dagster.sensors.launcher", "class": "NoetlRunLauncher"}
+    with dg.instance_for_test(temp_dir=str(tmp_path), overrides={"run_launcher": launcher}) as instance:
+
+        @dg.op
+        def one():
+            return 1
+
+        @dg.job
+        def job():
+            one()
+
+        runs = [instance.create_run_for_job(job) for _ in range(3)]
+        assert len({r.execution_plan_snapshot_id for r in runs}) == 1  # the same plan, one snapshot
+        expected = original(instance, runs[0].execution_plan_snapshot_id).repository_load_data
+        got = [instance.run_launcher._load_data(r.execution_plan_snapshot_id) for r in runs]
+        assert got == [serialize_value(expected) if expected else None] * 3
+        assert reads == [runs[0].execution_plan_snapshot_id]  # read for the first launch only
+        instance.run_launcher.dispose()
