@@ -63,9 +63,12 @@ def state_rows(f: Explainer, everything: bool = False) -> list[Row]:
     rows: list[Row] = []
     for n in dirty:
         r = f.order[n - 1]
-        st = dict(zip(_RUN, _run_fields(r), strict=True))
-        st["loop"] = _loop_state(r.loop) if r.loop is not None else None
-        st["indexed"] = f.runs.get(r.step_run_id or "") is r
+        # a list, _RUN's fields then the loop and whether the run is indexed (no keys: a smaller row)
+        st = [
+            *_run_fields(r),
+            _loop_state(r.loop) if r.loop is not None else None,
+            f.runs.get(r.step_run_id or "") is r,
+        ]
         rows.append((n, dumps(st)))
     billed, size = f.billed, BilledRefs.CHUNK
     for c in range(0 if everything else billed.saved // size, -(-len(billed.order) // size)):
@@ -94,12 +97,14 @@ def restore(rows: Iterable[tuple[int, str | bytes]]) -> Explainer | None:
         f.billed = BilledRefs(order)
         for n in range(1, int(head["runs"]) + 1):
             st = loads(by[n])
+            if type(st) is not list or len(st) != len(_RUN) + 2:
+                return None
             r = _Run.__new__(_Run)
-            for k in _RUN:
-                setattr(r, k, st[k])
-            r.loop = _loop_from(st["loop"]) if st["loop"] is not None else None
+            for k, v in zip(_RUN, st, strict=False):
+                setattr(r, k, v)
+            r.loop = _loop_from(st[-2]) if st[-2] is not None else None
             f.order.append(r)
-            if st["indexed"]:
+            if st[-1]:
                 f.runs[r.step_run_id or ""] = r
     except (KeyError, TypeError, ValueError):
         return None

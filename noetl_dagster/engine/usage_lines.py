@@ -133,8 +133,11 @@ def line_tuples(name: str, data: Any) -> list[Line]:
     every task.done: a frozen dataclass per line was most of its cost)."""
     d = _dict(data)
     lines: list[Line] = []
+    refs = name in _REF_EVENTS  # (a terminal event names no reference)
     if name == "task.done":
         outcome = _dict(d.get("outcome"))
+        result = outcome.get("result")
+        refs = type(result) is dict and ("$ref" in result or "uri" in result)  # else created_refs finds none
         meta = _dict(outcome.get("meta"))
         usage = _dict(meta.get("usage"))
         kind = _text(d.get("kind"))
@@ -180,10 +183,11 @@ def line_tuples(name: str, data: Any) -> list[Line]:
             cpu_s = _number(_dict(d.get("usage")).get("platform_cpu_s"))
         if cpu_s and cpu_s > 0:
             lines.append(("platform", "default", cpu_s / 3600, cpu_s / 3600, 0.0, "", ""))
-    for ref in created_refs(name, d):
-        line = _storage(ref)
-        if line is not None:
-            lines.append(line)
+    if refs:
+        for ref in created_refs(name, d):
+            line = _storage(ref)
+            if line is not None:
+                lines.append(line)
     return lines
 
 
