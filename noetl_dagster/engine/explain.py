@@ -25,11 +25,12 @@ import math
 from bisect import bisect_right
 from collections.abc import Callable, Iterable
 from datetime import datetime
+from operator import attrgetter
 from typing import Any
 
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.usage_lines import _REF_EVENTS, _TERMINAL, BilledRefs
-from noetl_dagster.util.jsonutil import dumps, sorted_json
+from noetl_dagster.util.jsonutil import dumps, loads, sorted_json
 
 DETAIL = 50  # loop iterations kept one by one (the first ones, and failed ones up to this many)
 BUCKETS = 60  # the rest of a loop's iterations, by index range
@@ -283,6 +284,22 @@ class _Run:
         }  # fmt: skip
 
 
+# a step run's fields as its summary row holds them (explain_summary.state_rows), in this order
+_RUN = ("ord", "step", "step_run_id", "seq", "scheduled", "start", "end", "status", "args", "tokens", "attempts",
+        "open", "result", "error", "fired", "usage", "ledger", "subs", "reason")  # fmt: skip
+_run_fields = attrgetter(*_RUN)
+
+
+def run_from_row(st: list[Any]) -> _Run:
+    """A step run from its summary row (``_RUN``'s fields, then its loop's state and whether it is
+    indexed); its loop is left None (explain_summary restores it)."""
+    r = _Run.__new__(_Run)
+    for k, v in zip(_RUN, st, strict=False):
+        setattr(r, k, v)
+    r.loop = None
+    return r
+
+
 class Explanation:
     """``data``: the summary (JSON-ready); :meth:`iterations` pages through a loop's iterations,
     reading only the stretch of the log that holds them (``read_range(after, until)``)."""
@@ -352,6 +369,9 @@ class Explainer:
         self.ledger: dict[str, float] = {}  # the execution's own (platform) lines
         self.billed = BilledRefs()  # stored references billed: once per execution, as every cost view
         self.dirty: set[int] = set()  # runs changed since the rows were last taken (0: the header)
+        # finished runs (after next.evaluated, no loop), held as their summary row: a string is no
+        # work for the garbage collector, and the row is made once; an event for one thaws it
+        self.frozen: dict[str, int] = {}  # step_run_id -> ord
 
     def feed(self, events: Iterable[Event]) -> Explainer:
         ex, runs, order, arcs, dirty = self.ex, self.runs, self.order, self.arcs, self.dirty
@@ -376,6 +396,8 @@ class Explainer:
                     t_last = t
                 d = ev.data if isinstance(ev.data, dict) else {}
                 run = runs.get(ev.step_run_id or "") if ev.step_run_id else None
+                if run is None and ev.step_run_id in self.frozen:
+                    run = self._thaw(ev.step_run_id or "")
                 if name == "step.scheduled":
                     run = runs[ev.step_run_id or ""] = _Run(ev, t, len(order) + 1)
                     order.append(run)
@@ -431,11 +453,25 @@ class Explainer:
                         arcs[key] = arcs.get(key, 0) + 1
                     if d.get("unhandled_failure"):
                         run.status = "error"
+                    if loop is None and runs.get(run.step_run_id or "") is run:
+                        self._freeze(run)
         finally:
             ex["events"] += count
             ex["last_sequence"] = last
             self.t_last = t_last
         return self
+
+    def _freeze(self, run: _Run) -> None:
+        self.order[run.ord - 1] = dumps([*_run_fields(run), None, True])  # type: ignore[call-overload]
+        sid = run.step_run_id or ""
+        del self.runs[sid]
+        self.frozen[sid] = run.ord
+
+    def _thaw(self, sid: str) -> _Run:
+        n = self.frozen.pop(sid)
+        r = self.order[n - 1] = run_from_row(loads(self.order[n - 1]))  # type: ignore[arg-type]
+        self.runs[sid] = r
+        return r
 
     def _charge(self, run: _Run | None, name: str, d: dict[str, Any], t: float) -> None:
         """Add the event's billed usage lines to its run's ledger (the execution's without a run):
@@ -461,6 +497,8 @@ class Explainer:
         ex = dict(self.ex)
         ex.pop("request_sequence", None)
         ex["duration_ms"] = round((self.t_last or t0) - t0, 3)
+        for sid in list(self.frozen):
+            self._thaw(sid)
         out_runs = [r.out(t0, price) for r in self.order]
         for r in out_runs:
             r["line"] = self.lines.get(r["step"])

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from operator import attrgetter
 from typing import Any
 
 from noetl_dagster.engine.events import Event
-from noetl_dagster.engine.explain import Explainer, _Loop, _Run
+from noetl_dagster.engine.explain import _RUN, Explainer, _Loop, _run_fields, run_from_row
 from noetl_dagster.engine.usage_lines import BilledRefs
 from noetl_dagster.util.jsonutil import dumps, loads
 
@@ -30,11 +29,6 @@ Row = tuple[
 BILLED = 1 << 30
 _LOOP = ("loop_id", "total", "mode", "ok", "failed", "retries", "attempts", "detail", "size", "start", "end",
          "failed_detail", "dmin", "dmax", "gran")  # fmt: skip
-_RUN = ("ord", "step", "step_run_id", "seq", "scheduled", "start", "end", "status", "args", "tokens", "attempts",
-        "open", "result", "error", "fired", "usage", "ledger", "subs", "reason")  # fmt: skip
-
-
-_run_fields = attrgetter(*_RUN)
 
 
 def _loop_state(lp: _Loop) -> dict[str, Any]:
@@ -63,6 +57,9 @@ def state_rows(f: Explainer, everything: bool = False) -> list[Row]:
     rows: list[Row] = []
     for n in dirty:
         r = f.order[n - 1]
+        if type(r) is str:  # a finished run, its row made as it finished (Explainer._freeze)
+            rows.append((n, r))
+            continue
         # a list, _RUN's fields then the loop and whether the run is indexed (no keys: a smaller row)
         st = [
             *_run_fields(r),
@@ -99,9 +96,7 @@ def restore(rows: Iterable[tuple[int, str | bytes]]) -> Explainer | None:
             st = loads(by[n])
             if type(st) is not list or len(st) != len(_RUN) + 2:
                 return None
-            r = _Run.__new__(_Run)
-            for k, v in zip(_RUN, st, strict=False):
-                setattr(r, k, v)
+            r = run_from_row(st)
             r.loop = _loop_from(st[-2]) if st[-2] is not None else None
             f.order.append(r)
             if st[-1]:
@@ -137,12 +132,15 @@ class SummaryCache:
     not at ``base`` (another process appended, or this one was dropped) is loaded with ``load``
     (the stored rows) and brought to ``base`` with ``read(execution_id, after, until)`` when it is
     at most ``CATCH_UP`` behind; otherwise the execution is left alone (None: its summary stays
-    behind, and readers fold the rest)."""
+    behind, and readers fold the rest). The events between two writes are kept and folded at the
+    write, in one pass (``_queued``): the fold's code runs warm, once per write, not cold once per
+    append between the engine's own work (about half the fold's cost in an engine run)."""
 
     def __init__(self, size: int = 32):
         self._folds: OrderedDict[str, Explainer | None] = OrderedDict()
         self._at: dict[str, int] = {}
         self._pending: dict[str, int] = {}
+        self._queued: dict[str, list[Event]] = {}  # events received, not folded yet (up to a write)
         self.size = size
 
     def fold(self, execution_id: str, base: int, events: Sequence[Event],
@@ -154,20 +152,29 @@ class SummaryCache:
             return None
         try:
             if f is None or self._at.get(execution_id) != base:
+                self._queued.pop(execution_id, None)
                 f = self._load(execution_id, base, load, read)
-            if f is not None:
-                f.feed(events)
-        except Exception:  # noqa: BLE001 - an event the fold cannot read never fails the append: left alone
+        except Exception:  # noqa: BLE001 - a summary it cannot restore never fails the append: left alone
             f = None
         if f is None:
             self._remember(execution_id, None, base + len(events))
             return None
         self._remember(execution_id, f, base + len(events))
+        queued = self._queued.get(execution_id)
+        if queued is None:
+            queued = self._queued[execution_id] = []
+        queued.extend(events)
         pending = self._pending.get(execution_id, 0) + len(events)
         if pending < WRITE_EVERY and not _final(events):
             self._pending[execution_id] = pending
             return []
         self._pending[execution_id] = 0
+        del self._queued[execution_id]
+        try:
+            f.feed(queued)
+        except Exception:  # noqa: BLE001 - an event the fold cannot read never fails the append: left alone
+            self._remember(execution_id, None, base + len(events))
+            return None
         return state_rows(f)
 
     def _load(self, execution_id: str, base: int, load: Callable[[str], tuple[int, list[tuple[int, Any]]] | None],
@@ -198,6 +205,7 @@ class SummaryCache:
             old, _ = self._folds.popitem(last=False)
             self._at.pop(old, None)
             self._pending.pop(old, None)
+            self._queued.pop(old, None)
 
     def forget(self, execution_ids: Iterable[str] | None = None) -> None:
         """After a failed write: these folds (None: all) may be ahead of what is stored."""
@@ -205,3 +213,4 @@ class SummaryCache:
             self._folds.pop(eid, None)
             self._at.pop(eid, None)
             self._pending.pop(eid, None)
+            self._queued.pop(eid, None)

@@ -5,6 +5,7 @@ ISO times are parsed once per second - with the same figures as the plain parse.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime
 
 import pytest
@@ -94,3 +95,23 @@ def test_engine_times_are_parsed_once_per_second_and_equal_the_plain_parse(cycle
         ex._ms("2026-01-02T03:04:05+02:00")
         == datetime.fromisoformat("2026-01-02T03:04:05+02:00").timestamp() * 1000
     )  # noqa: SLF001
+
+
+def test_finished_runs_are_held_as_their_rows_and_thaw_for_a_late_event(cycle_log, monkeypatch):
+    """A run past next.evaluated is kept as its summary row (a string: no garbage-collector work, made
+    once); an event for it afterwards (a late attempt's task.done) thaws it. Rows and explanation equal
+    those of a fold that never freezes."""
+    first = next(e for e in cycle_log if e.name == "task.done")
+    late = dataclasses.replace(first, sequence=cycle_log[-1].sequence + 1, event_id="late-task-done")
+    events = [*cycle_log, late]
+    frozen = rebuild(events)
+    assert sum(type(r) is str for r in frozen.order) == STEPS - 1  # all but the one the late event thawed
+    rows = state_rows(frozen, everything=True)
+    data = frozen.result().data
+    assert not frozen.frozen and all(type(r) is not str for r in frozen.order)  # result() thaws them all
+    monkeypatch.setattr(ex.Explainer, "_freeze", lambda self, run: None)
+    plain = rebuild(events)
+    assert all(type(r) is not str for r in plain.order)
+    assert rows == state_rows(plain, everything=True)
+    assert data == plain.result().data
+    assert len(data["runs"][0]["attempts"]) == 2  # the late attempt counted on its run
