@@ -188,10 +188,12 @@ class ExecutionViews:
 
     def warm(self, limit: int = 20) -> int:
         """Write the summaries of the ``limit`` most recent executions that have none (recorded
-        before summaries), so their first open reads no log; the count folded."""
+        before summaries) or one this version cannot restore (written before its billed stored
+        references were kept), so their first open reads no log; the count folded."""
         n = 0
         for info in self.store.executions(limit):
-            if self.store.summary(info.execution_id) is None:
+            got = self.store.summary(info.execution_id)
+            if got is None or restore(got[1]) is None:
                 try:
                     self.explained(info.execution_id)
                     n += 1

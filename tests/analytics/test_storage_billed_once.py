@@ -242,6 +242,10 @@ def test_a_summary_written_before_the_rule_is_folded_anew_once(home, tmp_path):
         del head["billed"]
         old = [(0, dumps(head))] + [(n, b) for n, b in rows[1:] if n < explain_summary.BILLED]
         assert log.put_summary(eid, last, last, old)
+        warm = ExecutionViews(log, data_dir=str(home))
+        assert warm.warm() == 1 and warm.rebuilt == 1  # `serve --warm` writes it back too
+        assert ExecutionViews(log, data_dir=str(home)).warm() == 0
+        assert log.put_summary(eid, last, last, old)
         first = ExecutionViews(log, data_dir=str(home))
         cost = first.explain(eid)["totals"]["cost"]
         second = ExecutionViews(log, data_dir=str(home))
