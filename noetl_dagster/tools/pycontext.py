@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from copy import deepcopy
 from typing import Any
 
-from noetl_dagster.engine.scope import ResultView
+from noetl_dagster.engine.scope import ResultView, Scope
 
 _MISSING = object()
 
@@ -121,30 +121,120 @@ class CopyOnReadDict(dict):
         return dict, (self.copy(),)
 
 
-class CodeContext(Mapping):
-    """The top of ``context`` (a Mapping, like the scope it stands for): each name read once per
-    call and handed out as :func:`_private` makes it, so a second read sees the task's own edits."""
+_UNREAD = object()  # the storage value of a name not read yet (CodeContext)
+_UNLISTED = frozenset(
+    {"keychain"}
+)  # readable by name, never enumerated (json.dumps(context) resolves no secret)
 
-    __slots__ = ("_live", "_seen")
+
+class CodeContext(dict):
+    """The top of ``context``: a dict of the scope's names (the keys, O(names); ``keychain`` is
+    readable by name but not listed), each value made by :func:`_private` on first read, once per
+    call, so a second read sees the task's own edits. A dict, so ``json.dumps(context)``,
+    ``dict(context)``, ``**context``, iteration, ``in``, ``len`` and ``repr`` work as on one;
+    writes and deletes are the task's own. Unread names hold a marker that no reader sees: every
+    reader goes through ``__getitem__`` (``__iter__`` is overridden so C's ``dict(d)``/``{**d}``
+    copy does too, and ``items``/``values``/``==``/``repr``/``copy`` read every name first)."""
+
+    __slots__ = ("_live", "_unlisted")
 
     def __init__(self, live: Mapping[str, Any]) -> None:
         self._live = live
-        self._seen: dict[Any, Any] = {}
+        self._unlisted: dict[Any, Any] | None = None
+        if isinstance(live, Scope):  # its names in its own order (Scope.__iter__), at C speed
+            keys = dict.fromkeys(live.ns, _UNREAD)
+            for m in live.chain:
+                keys.update(dict.fromkeys(m, _UNREAD))
+            if not _UNLISTED.isdisjoint(keys):
+                self._unlisted = {}
+                for key in _UNLISTED:
+                    keys.pop(key, None)
+        else:
+            keys = dict.fromkeys(live, _UNREAD)
+        dict.__init__(self, keys)
 
     def __getitem__(self, key: Any) -> Any:
-        value = self._seen.get(key, _MISSING)
-        if value is _MISSING:
-            value = self._seen[key] = _private(self._live[key])
-        return value
+        value = dict.get(self, key, _MISSING)
+        if value is _UNREAD:
+            value = _private(self._live[key])
+            dict.__setitem__(self, key, value)
+            return value
+        if value is not _MISSING:
+            return value
+        if self._unlisted is not None and key in _UNLISTED:
+            value = self._unlisted.get(key, _MISSING)
+            if value is _MISSING:
+                value = self._unlisted[key] = _private(self._live[key])
+            return value
+        raise KeyError(key)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._seen or key in self._live
+        return dict.__contains__(self, key) or (self._unlisted is not None and key in _UNLISTED)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def _read_all(self) -> None:
+        for key, value in list(dict.items(self)):
+            if value is _UNREAD:
+                self[key]
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(self._live)
+        return iter(list(dict.keys(self)))
 
-    def __len__(self) -> int:
-        return len(self._live)
+    def items(self) -> Any:
+        self._read_all()
+        return dict.items(self)
+
+    def values(self) -> Any:
+        self._read_all()
+        return dict.values(self)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        if dict.__contains__(self, key):
+            value = self[key]
+            dict.__delitem__(self, key)
+            return value
+        return dict.pop(self, key, *default)
+
+    def popitem(self) -> tuple[Any, Any]:
+        self._read_all()
+        return dict.popitem(self)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        if dict.__contains__(self, key):
+            return self[key]
+        dict.__setitem__(self, key, default)
+        return default
+
+    def copy(self) -> dict[str, Any]:
+        self._read_all()
+        return dict(dict.items(self))
+
+    def __eq__(self, other: object) -> bool:
+        self._read_all()
+        if isinstance(other, CodeContext):
+            other._read_all()
+        return dict.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __or__(self, other: Any) -> Any:
+        return self.copy() | other if isinstance(other, Mapping) else NotImplemented
+
+    def __ror__(self, other: Any) -> Any:
+        return dict(other) | self.copy() if isinstance(other, Mapping) else NotImplemented
 
     def __repr__(self) -> str:
-        return f"CodeContext({sorted(map(str, self._live))})"
+        self._read_all()
+        return dict.__repr__(self)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:  # copy/deepcopy/pickle: a plain dict of owned values
+        return dict, (self.copy(),)

@@ -5,6 +5,7 @@ next step sees the recorded state and replay of the event log equals the live ru
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Mapping
 
 from noetl_dagster.engine.replay import diff_snapshots, replay
 from noetl_dagster.engine.scope import ResultView, Scope
@@ -130,3 +131,91 @@ result = [context.get("execution_id"), context.get("nope", 0), "step" in context
         False,
     ]
     assert live == {"ctx": {"a": {"b": [1]}}, "execution_id": "e1"}
+
+
+TOP_LEVEL = """
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: pyctx_top, path: tests/pyctx_top}
+workload: {n: 1}
+workflow:
+  - step: start
+    tool: {kind: python, code: "result = {'xs': [1, 2]}"}
+    set: {ctx.items: [1, 2]}
+    next: {arcs: [{step: dump}]}
+  - step: dump
+    tool:
+      kind: python
+      code: |
+        def names(**kw):
+            return sorted(kw)
+        text = json.dumps(context)
+        back = json.loads(text)
+        plain = dict(context)
+        spread = {**context}
+        context["ctx"]["items"].append(3)   # a local edit, seen by later reads of this task only
+        context["extra"] = 1                 # a local name
+        del context["extra"]
+        result = {
+            "json_ctx": back["ctx"], "json_wl": back["workload"], "json_start": back["start"],
+            "indent": json.loads(json.dumps(context, indent=1, sort_keys=True))["ctx"],
+            "same": sorted(plain) == sorted(spread) == sorted(context) == names(**context) == sorted(back),
+            "len": len(context) == len(list(context)) == len(plain),
+            "in": ["ctx" in context, "workload" in context, "nope" in context],
+            "get": [context.get("nope", 0), context.get("workload")["n"]],
+            "eq": context == dict(context.items()),
+            "repr": repr(context).startswith("{") and "'items': [1, 2, 3]" in repr(context),
+            "items": context["ctx"]["items"],
+        }
+    next: {arcs: [{step: after}]}
+  - step: after
+    tool: {kind: python, code: "result = {'items': context['ctx']['items'], 'json': json.loads(json.dumps(context))['ctx']}"}
+"""
+
+
+def test_top_level_context_behaves_like_a_dict(run_pb):
+    """json.dumps(context) at the top level, dict(context), **context, iteration, in, get, len, repr,
+    ==: a dict's behaviour; writes stay in the task (the next step sees the recorded ctx)."""
+    r = run_pb(TOP_LEVEL)
+    assert r.status == "completed", r.events[-3:]
+    d = r.results["dump"]
+    assert d["json_ctx"] == {"items": [1, 2]} and d["json_wl"] == {"n": 1}
+    assert d["json_start"] == {"xs": [1, 2]}
+    assert d["indent"] == {"items": [1, 2, 3]}
+    assert d["same"] is True and d["len"] is True and d["eq"] is True and d["repr"] is True
+    assert d["in"] == [True, True, False] and d["get"] == [0, 1]
+    assert d["items"] == [1, 2, 3]
+    assert r.results["after"] == {"items": [1, 2], "json": {"items": [1, 2]}}
+    assert r.ctx == {"items": [1, 2]}
+
+
+class _Secrets(Mapping):
+    """A keychain namespace (a Mapping resolving on access, as engine.keychain's) recording reads."""
+
+    def __init__(self) -> None:
+        self.read: list[str] = []
+
+    def __getitem__(self, key: str) -> dict:
+        self.read.append(key)
+        return {"token": {"value": "s3cret"}}[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(["token"])
+
+    def __len__(self) -> int:
+        return 1
+
+
+def test_top_level_view_lists_no_keychain_but_reads_it_by_name():
+    keychain = _Secrets()
+    scope = Scope({"ctx": {"a": 1}, "keychain": keychain}, ({"a": 1},))
+    code = "result = [json.loads(json.dumps(context)), sorted(context), 'keychain' in context]"
+    assert core.run_python_inline(code, {}, pycontext.CodeContext(scope)) == [
+        {"ctx": {"a": 1}, "a": 1},
+        ["a", "ctx"],
+        True,
+    ]
+    assert keychain.read == []  # dumping the context resolved no secret
+    code = "result = context['keychain']['token']['value']"
+    assert core.run_python_inline(code, {}, pycontext.CodeContext(scope)) == "s3cret"
+    assert keychain.read == ["token"]
