@@ -128,30 +128,50 @@ _UNLISTED = frozenset(
 
 
 class CodeContext(dict):
-    """The top of ``context``: a dict of the scope's names (the keys, O(names); ``keychain`` is
-    readable by name but not listed), each value made by :func:`_private` on first read, once per
-    call, so a second read sees the task's own edits. A dict, so ``json.dumps(context)``,
-    ``dict(context)``, ``**context``, iteration, ``in``, ``len`` and ``repr`` work as on one;
-    writes and deletes are the task's own. Unread names hold a marker that no reader sees: every
-    reader goes through ``__getitem__`` (``__iter__`` is overridden so C's ``dict(d)``/``{**d}``
-    copy does too, and ``items``/``values``/``==``/``repr``/``copy`` read every name first)."""
+    """The top of ``context``: a dict of the scope's names (``keychain`` is readable by name but not
+    listed), each value made by :func:`_private` on first read, once per call, so a second read sees
+    the task's own edits. A dict, so ``json.dumps(context)``, ``dict(context)``, ``**context``,
+    iteration, ``in``, ``len``, ``==`` and ``repr`` work as on one; writes and deletes are the
+    task's own. Unread names hold a marker no reader sees: every reader goes through
+    ``__getitem__`` (``__iter__`` is overridden so C's ``dict(d)``/``{**d}`` copy does too, and
+    ``items``/``values``/``==``/``repr``/``copy`` read every name first).
 
-    __slots__ = ("_live", "_unlisted")
+    Set-up per call is the scope's explicit namespaces (``ctx``, ``workload``, ``steps``...: a
+    C copy of a few keys); its bare names (ctx's, args', step names...) are listed when code first
+    needs them (iteration, ``len``, a name not listed yet), so a call that reads ``context["x"]``
+    costs nothing per ctx key (reading ``context["ctx"]`` copies its keys, at C speed)."""
+
+    __slots__ = ("_live", "_unlisted", "_pending")
 
     def __init__(self, live: Mapping[str, Any]) -> None:
         self._live = live
-        self._unlisted: dict[Any, Any] | None = None
-        if isinstance(live, Scope):  # its names in its own order (Scope.__iter__), at C speed
+        self._unlisted: dict[Any, Any] | None = None  # keychain's private view, once read
+        self._pending: tuple[Mapping[str, Any], ...] | None = None  # the chain, until listed
+        if isinstance(live, Scope):
             keys = dict.fromkeys(live.ns, _UNREAD)
-            for m in live.chain:
-                keys.update(dict.fromkeys(m, _UNREAD))
-            if not _UNLISTED.isdisjoint(keys):
-                self._unlisted = {}
-                for key in _UNLISTED:
-                    keys.pop(key, None)
+            self._pending = live.chain
         else:
             keys = dict.fromkeys(live, _UNREAD)
+        if not _UNLISTED.isdisjoint(keys) and isinstance(live, Scope):
+            self._unlisted = {}
+            for key in _UNLISTED:
+                keys.pop(key, None)
         dict.__init__(self, keys)
+
+    def _list(self) -> None:
+        """Add the chain's names (Scope.__iter__'s order after the namespaces), keeping the task's writes."""
+        chain, self._pending = self._pending, None
+        if chain is None:
+            return
+        more: dict[Any, Any] = {}
+        for m in chain:
+            more.update(dict.fromkeys(m, _UNREAD))
+        for key in _UNLISTED:
+            if more.pop(key, None) is not None and self._unlisted is None:
+                self._unlisted = {}
+        for key, value in more.items():
+            if not dict.__contains__(self, key):
+                dict.__setitem__(self, key, value)
 
     def __getitem__(self, key: Any) -> Any:
         value = dict.get(self, key, _MISSING)
@@ -161,6 +181,9 @@ class CodeContext(dict):
             return value
         if value is not _MISSING:
             return value
+        if self._pending is not None:
+            self._list()
+            return self[key]
         if self._unlisted is not None and key in _UNLISTED:
             value = self._unlisted.get(key, _MISSING)
             if value is _MISSING:
@@ -169,7 +192,12 @@ class CodeContext(dict):
         raise KeyError(key)
 
     def __contains__(self, key: object) -> bool:
-        return dict.__contains__(self, key) or (self._unlisted is not None and key in _UNLISTED)
+        if dict.__contains__(self, key):
+            return True
+        if self._pending is not None:
+            self._list()
+            return self.__contains__(key)
+        return self._unlisted is not None and key in _UNLISTED
 
     def get(self, key: Any, default: Any = None) -> Any:
         try:
@@ -178,12 +206,26 @@ class CodeContext(dict):
             return default
 
     def _read_all(self) -> None:
+        self._list()
         for key, value in list(dict.items(self)):
             if value is _UNREAD:
                 self[key]
 
     def __iter__(self) -> Iterator[Any]:
+        self._list()
         return iter(list(dict.keys(self)))
+
+    def __len__(self) -> int:
+        self._list()
+        return dict.__len__(self)
+
+    def __reversed__(self) -> Iterator[Any]:
+        self._list()
+        return iter(list(dict.keys(self))[::-1])
+
+    def keys(self) -> Any:
+        self._list()
+        return dict.keys(self)
 
     def items(self) -> Any:
         self._read_all()
@@ -193,7 +235,12 @@ class CodeContext(dict):
         self._read_all()
         return dict.values(self)
 
+    def __delitem__(self, key: Any) -> None:
+        self._list()
+        dict.__delitem__(self, key)
+
     def pop(self, key: Any, *default: Any) -> Any:
+        self._list()
         if dict.__contains__(self, key):
             value = self[key]
             dict.__delitem__(self, key)
@@ -204,8 +251,12 @@ class CodeContext(dict):
         self._read_all()
         return dict.popitem(self)
 
+    def clear(self) -> None:
+        self._pending = None
+        dict.clear(self)
+
     def setdefault(self, key: Any, default: Any = None) -> Any:
-        if dict.__contains__(self, key):
+        if key in self:
             return self[key]
         dict.__setitem__(self, key, default)
         return default

@@ -219,3 +219,27 @@ def test_top_level_view_lists_no_keychain_but_reads_it_by_name():
     code = "result = context['keychain']['token']['value']"
     assert core.run_python_inline(code, {}, pycontext.CodeContext(scope)) == "s3cret"
     assert keychain.read == ["token"]
+
+
+class _CountingNames(dict):
+    """A chain mapping (the scope's bare names) that counts how often its names are listed."""
+
+    listed = 0
+
+    def __iter__(self) -> Iterator[str]:
+        _CountingNames.listed += 1
+        return super().__iter__()
+
+    def keys(self):  # dict.fromkeys / update read a dict subclass's keys through these
+        _CountingNames.listed += 1
+        return super().keys()
+
+
+def test_bare_names_are_listed_only_when_code_asks():
+    names = _CountingNames({f"k{i}": i for i in range(1000)})
+    scope = Scope({"ctx": names, "workload": {"n": 1}}, (names,))
+    _CountingNames.listed = 0
+    assert core.run_python_inline("result = context['workload']['n']", {}, pycontext.CodeContext(scope)) == 1
+    assert _CountingNames.listed == 0  # reading a namespace does not list the bare names (ctx's keys)
+    assert core.run_python_inline("result = len(context)", {}, pycontext.CodeContext(scope)) == 1002
+    assert _CountingNames.listed >= 1
