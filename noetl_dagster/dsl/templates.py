@@ -55,6 +55,14 @@ from noetl_dagster.dsl.template_limits import LimitExceeded as _LimitExceeded
 # exactly one expression yields the native value (SEMANTICS §2); padding makes it a string
 # (only the one trailing newline a YAML block scalar adds is tolerated)
 _SINGLE_EXPR = re.compile(r"^\{\{(?P<expr>.*)\}\}\n?$", re.S)
+# a single expression that is a dotted name (`ctx.i`, `tick.result.rows`): read without Jinja when
+# every step is a mapping's key (what Jinja's lookups return then: the scope's name, the sandbox's
+# getattr reading a mapping's key first); anything else, or a miss, renders through Jinja
+_PATH_EXPR = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*(?:\s*\.\s*[A-Za-z_][A-Za-z0-9_]*)*)\s*\Z")
+_NOT_A_PATH_HEAD = frozenset(
+    "true false none True False None and or not in is if else self loop super caller varargs kwargs".split()
+)
+_MISS = object()
 
 __all__ = ["MAX_RANGE", "MAX_STR", "MAX_ITEMS", "RENDER_SECONDS", "TemplateError", "TemplateEnv", "template_env",
            "iter_template_strings"]  # fmt: skip
@@ -479,6 +487,7 @@ class TemplateEnv(TemplateWalk):
         self.env = env
         self._expr_cache: dict[str, Any] = {}
         self._tmpl_cache: dict[str, jinja2.Template] = {}
+        self._paths: dict[str, tuple[str, ...]] = {}  # source -> its dotted name, () if not one
 
     # -- compilation -------------------------------------------------------
     def check_syntax(self, source: str) -> str | None:
@@ -516,16 +525,36 @@ class TemplateEnv(TemplateWalk):
         which rendering never reads (an iteration over every global at every render)."""
         return self.env.context_class(self.env, _WithGlobals(scope, self.env.globals), tmpl.name, tmpl.blocks)
 
+    def _path(self, source: str) -> tuple[str, ...]:
+        m = _SINGLE_EXPR.match(source)
+        expr = m.group("expr") if m else "{{"
+        p = _PATH_EXPR.match(expr) if "{{" not in expr and "}}" not in expr and "{%" not in source else None
+        path = tuple(part.strip() for part in p.group(1).split(".")) if p else ()
+        if path and path[0] in _NOT_A_PATH_HEAD:
+            path = ()
+        if len(self._paths) > 16384:
+            self._paths.clear()
+        self._paths[source] = path
+        return path
+
     def _render_template(self, source: str, scope: Mapping[str, Any]) -> Any:
         """One template (``render_str`` passes only strings with ``{{`` or ``{%``)."""
-        m = _SINGLE_EXPR.match(source)
-        single = m and "{{" not in m.group("expr") and "}}" not in m.group("expr") and "{%" not in source
-        if single:
-            tmpl = self._expression(source, m.group("expr"))._template
-        else:
-            tmpl = self._template(source)
+        path = self._paths.get(source)
+        if path is None:
+            path = self._path(source)
         fresh = lim.begin()  # one budget per render; a nested render shares its caller's
         try:
+            if path:
+                value = _lookup(scope, path)
+                if value is not _MISS:
+                    tick(len(path))  # as Jinja's: one per name and one per attribute
+                    return _plain(value)
+            m = _SINGLE_EXPR.match(source)
+            single = m and "{{" not in m.group("expr") and "}}" not in m.group("expr") and "{%" not in source
+            if single:
+                tmpl = self._expression(source, m.group("expr"))._template
+            else:
+                tmpl = self._template(source)
             ctx = self._context(tmpl, scope)
             if single:
                 for _ in tmpl.root_render_func(ctx):
@@ -565,6 +594,19 @@ class TemplateEnv(TemplateWalk):
         except jinja2.TemplateSyntaxError:
             return set()
         return {n.name for n in ast.find_all(nodes.Name) if n.ctx == "load"}
+
+
+def _lookup(scope: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    """``scope[a][b]...`` while every step is a mapping holding the key, else _MISS (Jinja decides)."""
+    try:
+        value = scope[path[0]]
+        for name in path[1:]:
+            if not isinstance(value, Mapping):
+                return _MISS
+            value = value[name]
+    except (KeyError, TypeError):
+        return _MISS
+    return value
 
 
 def _plain(value: Any) -> Any:

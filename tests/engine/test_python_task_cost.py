@@ -204,3 +204,56 @@ def test_repeated_rhai_code_is_parsed_once(monkeypatch):
         rhai.run("let = ;")
     with pytest.raises(rhai.RhaiError):
         rhai.run("let = ;")
+
+
+def _render_both(monkeypatch, source, scope):
+    """(value or error text, work units) read the fast way, then through Jinja only."""
+    from noetl_dagster.dsl import template_limits as lim
+
+    out = []
+    for through_jinja in (False, True):
+        env = template_env()
+        if through_jinja:
+            monkeypatch.setattr(templates, "_lookup", lambda s, p: templates._MISS)
+        work = []
+        real_end = lim.end
+        monkeypatch.setattr(lim, "end", lambda w=work, e=real_end: (w.append(lim.budget().work), e())[1])
+        try:
+            got = env.render_str(source, scope)
+        except TemplateError as e:
+            got = f"error: {e}"
+        out.append((got, work))
+        monkeypatch.undo()
+    return out
+
+
+def test_a_dotted_name_reads_the_scope_as_jinja_would(monkeypatch):
+    """`{{ ctx.i }}`-style inputs (a python task's usual input) skip Jinja: same value, same error,
+    same work counted as the Jinja render, for hits, misses, non-mappings and reserved names."""
+    from noetl_dagster.engine.scope import ResultView, Scope
+
+    live = {"i": 3, "rows": [{"a": 1}], "_p": 1, "items": [1], "s": "ab", "n": None}
+    scope = Scope({"ctx": live, "workload": {"n": 5}}, (live, {"tick": ResultView({"i": 4})}))
+    sources = ["{{ ctx.i }}", "{{ctx.rows}}", "{{ ctx . i }}\n", "{{ tick.data.i }}", "{{ tick.i }}", "{{ i }}",
+               "{{ ctx._p }}", "{{ ctx.items }}", "{{ ctx.nope }}", "{{ nope.x.y }}", "{{ ctx.s.upper }}",
+               "{{ ctx.n.x }}", "{{ range }}", "{{ none }}", "{{ true }}", "{{ ctx.i.__class__ }}",
+               "{{ ctx.rows.0 }}", "{{ workload.n }}", "{{ ctx.i }} "]  # fmt: skip
+    for source in sources:
+        (fast, fast_work), (slow, slow_work) = _render_both(monkeypatch, source, scope)
+        if callable(slow):  # a bound method or a global function: equal by what it is
+            assert fast == slow or repr(fast) == repr(slow), source
+        else:
+            assert fast == slow and type(fast) is type(slow), (source, fast, slow)
+        assert fast_work == slow_work, (source, fast_work, slow_work)
+    big = list(range(5000))
+    got = template_env().render_str("{{ ctx.big }}", {"ctx": {"big": big}})
+    assert got == big and got is not big  # still a copy
+
+
+def test_a_dotted_name_renders_without_jinja(monkeypatch):
+    env = template_env()
+    env.render_str("{{ ctx.i }}", {"ctx": {"i": 1}})
+    monkeypatch.setattr(env, "_context", lambda *a: pytest.fail("rendered through Jinja"))
+    assert env.render_str("{{ ctx.i }}", {"ctx": {"i": 2}}) == 2
+    with pytest.raises(BaseException, match="rendered through Jinja"):  # a miss still asks Jinja
+        env.render_str("{{ ctx.j }}", {"ctx": {"i": 2}})
