@@ -78,8 +78,12 @@ class ToolKind:
         if self.config is None:
             return
         key = self._valid_key(inputs)
-        if key is not None and key in _VALID:
-            return  # this exact config (up to its free `input`) validated before
+        if key is not None:
+            try:
+                if key in _VALID:
+                    return  # this exact config (up to its free `input`) validated before
+            except TypeError:  # an unhashable value: not cached
+                key = None
         if _ACCEPTS_ANY.get(self.config) and type(inputs) is dict and all(type(k) is str for k in inputs):
             return  # every field Any, extra keys allowed, no validator: no mapping can fail (noop)
         from pydantic import ValidationError  # noqa: PLC0415 - loaded with the config model anyway
@@ -100,7 +104,7 @@ class ToolKind:
     def _valid_key(self, inputs: dict[str, Any]) -> tuple | None:
         """A cache key for a config that passed validation: every key but ``input`` with its value's
         type (1, 1.0 and True hash alike), when the model leaves ``input`` free (typed Any, no
-        validator) and every other value is hashable; else None (validate every call). A python
+        validator); else None (validate every call). A key with an unhashable value is not cached. A python
         task's config is its code plus the rendered input: validated once per code, not per call."""
         model = self.config
         if model is None:
@@ -111,12 +115,7 @@ class ToolKind:
             _ACCEPTS_ANY[model] = free and _accepts_any(model)  # implies free
         if not free:
             return None
-        key = (model, *((k, type(v), v) for k, v in inputs.items() if k != "input"))
-        try:
-            hash(key)
-        except TypeError:
-            return None
-        return key
+        return (model, *[(k, type(v), v) for k, v in inputs.items() if k != "input"])  # hashed by the caller
 
     def invoke(self, inputs: dict[str, Any], ctx: Any) -> Any:
         self.check_config(inputs)

@@ -615,6 +615,11 @@ def _plain(value: Any) -> Any:
     Undefined -> None; generators/iterators -> lists; other mappings -> dicts;
     an unsafe attribute (``map(attribute='__class__')``) -> security error;
     self-references, oversize values and integers too long to print -> limit errors."""
+    t = type(value)  # a scalar within the limits (most results: a count, a flag, a name) as walk returns it
+    if value is None or t is bool or t is float or (t is int and value.bit_length() <= MAX_INT_BITS):
+        return value
+    if t is str and len(value) <= MAX_STR:
+        return value
     # items, and characters: a list of one shared string 10**5 times is 10**5 strings to encode
     budget = [MAX_ITEMS, MAX_VALUE_CHARS]
 

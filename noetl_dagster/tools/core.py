@@ -263,7 +263,7 @@ def _inputs(inputs: dict[str, Any]) -> dict[str, Any]:
     data: dict[str, Any] = {}
     for key in ("args", "input"):
         v = inputs.get(key)
-        if type(v) is dict or isinstance(v, Mapping):
+        if v is not None and (type(v) is dict or isinstance(v, Mapping)):
             data.update(v)
     for k, v in inputs.items():  # keys written beside `code` are inputs too
         if k not in _RESERVED and k not in data:
