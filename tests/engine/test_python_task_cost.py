@@ -257,3 +257,18 @@ def test_a_dotted_name_renders_without_jinja(monkeypatch):
     assert env.render_str("{{ ctx.i }}", {"ctx": {"i": 2}}) == 2
     with pytest.raises(BaseException, match="rendered through Jinja"):  # a miss still asks Jinja
         env.render_str("{{ ctx.j }}", {"ctx": {"i": 2}})
+
+
+def test_a_config_with_an_unhashable_value_is_validated_every_call(monkeypatch):
+    validated = [0]
+    real_validate = PythonConfig.model_validate.__func__
+
+    def counting_validate(cls, *a, **k):
+        validated[0] += 1
+        return real_validate(cls, *a, **k)
+
+    monkeypatch.setattr(PythonConfig, "model_validate", classmethod(counting_validate))
+    kind = kinds.get_tool("python")
+    for _ in range(3):
+        kind.check_config({"code": "result = 1", "libs": ["json"], "input": {}})
+    assert validated[0] == 3
