@@ -120,10 +120,11 @@ class _Session:
         cache = config == "after" or tree is not None
         env = {**os.environ, "DAGSTER_HOME": str(home), "NOETL_DAGSTER_HOME": str(self.noetl_home),
                "NOETL_DAGSTER_PLAYBOOK_CACHE": str(self.tmp / "playbook_cache") if cache else "off"}  # fmt: skip
-        if tree is not None:
-            env["PYTHONPATH"] = os.pathsep.join(
-                [str(tree), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
-            )
+        # the code location is example_project in the measured tree: dagster dev runs in a temporary
+        # directory, so the tree goes on PYTHONPATH (without it the location fails to import)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(tree or REPO), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
+        )
         port = _free_port()
         self.log = open(self.tmp / "dagster_dev.log", "wb")  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(
