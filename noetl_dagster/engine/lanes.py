@@ -216,6 +216,10 @@ class Lanes:
       waited at least 90% of their time (``g <= LANE_CLEAR_WAIT``), and widens
       the loop to ``min(max_lanes, floor(LANE_HEADROOM/g))`` lanes when that is more than it
       has (the headroom pays for the lanes' own hand-offs): a second lane needs ``g <= 0.4``.
+      Widening needs two such windows in a row (the samples restart after the first; the
+      narrower answer wins): one burst of load or a first flush stalls neighbouring iterations
+      together, enough to fool one median (CI: a CPU-bound loop widened at 0.04 s); an I/O-bound
+      loop pays two or three more serial iterations.
     - A long iteration is judged while it runs, by the loop's own thread. It wakes every
       ``LANE_TICK_SECONDS`` until ``LANE_MIN_SAMPLES`` were measured, then only every
       ``LANE_PATIENCE_SECONDS/2``: each wake-up takes the GIL from a lane, and on an overloaded
@@ -263,6 +267,7 @@ class Lanes:
         self._samples: deque[float] = deque(maxlen=LANE_SAMPLES)  # GIL shares of measured iterations
         self._no_clock = False
         self._decide_lock = threading.Lock()
+        self._pending_share: float | None = None  # a first window's GIL share that asked to widen
         self._others = _OtherThreads()  # the process' threads that are not lanes
         self._t0 = time.perf_counter()
         self.gil_share: float | None = None
@@ -307,15 +312,29 @@ class Lanes:
                 "widened_at": self.widened_at, "narrowed": self.narrowed, "final_lanes": self._width}  # fmt: skip
 
     def _judge(self) -> None:
-        """The sample rule, run by a lane after each measured iteration."""
+        """The sample rule, run by a lane after each measured iteration. Widening needs two
+        windows of samples in a row that both ask for more lanes (the second window starts
+        after the first: a burst of load stalls neighbouring iterations, not two windows)."""
         samples = sorted(self._samples)
         if len(samples) >= LANE_MIN_SAMPLES or (len(samples) >= 2 and samples[-1] <= LANE_CLEAR_WAIT):
-            self._decide(samples[len(samples) // 2])
+            g = samples[len(samples) // 2]
+            with self._decide_lock:
+                if self._target(g) > self._width:
+                    if self._pending_share is None:  # first window: ask the next one
+                        self._pending_share = g
+                        self._samples.clear()
+                        return
+                    g = max(g, self._pending_share)  # the narrower of the two windows' answers
+                self._pending_share = None
+            self._decide(g)
+
+    def _target(self, g: float) -> int:
+        return max(1, min(self.max_lanes, math.floor(LANE_HEADROOM / g))) if g > 0 else self.max_lanes
 
     def _decide(self, g: float) -> None:
         with self._decide_lock:
             self.gil_share = g
-            target = max(1, min(self.max_lanes, math.floor(LANE_HEADROOM / g))) if g > 0 else self.max_lanes
+            target = self._target(g)
             if target > self._width:
                 if self.widened_at is None:
                     self.widened_at = round(time.perf_counter() - self._t0, 4)
