@@ -248,7 +248,7 @@ class Lanes:
     I/O-bound loop waits (without holding the GIL) is taken for GIL contention: that loop
     widens late or not at all (the other threads' time is known per interval, not when it
     overlapped the lane's wait). Under ``pytest -n 3`` on 2 cores a CPU-bound playbook loop
-    still widened to 2-3 lanes for a while in 3 of ~10 runs: its first iterations' waits were
+    still widened to 2-3 lanes for a while in 3 of 5 full-suite runs: its first iterations' waits were
     neither run-queue time nor other threads' CPU (cause not found; not reproduced beside busy
     processes alone). The results and their order are unaffected; the loop costs GIL hand-offs.
 

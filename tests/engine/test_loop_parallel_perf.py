@@ -69,7 +69,7 @@ def test_cpu_bound_parallel_loop_stays_narrow_in_index_order(run_pb, schedules):
     res = r.results["start"]["results"]
     assert [x["x"] for x in res] == [2 * i for i in range(n)]
     # before the rule: 16 threads took turns on the GIL. Now one lane on a machine with a core to
-    # spare; in CI (pytest -n 3 on 2 cores) 3 of ~10 runs measured the first iterations' waits as
+    # spare; in 3 of the last 5 full-suite runs (pytest -n 3 on 2 cores) it measured the first iterations' waits as
     # I/O and widened to 2 for a while (cause not found: the wait was neither the lane's run-queue
     # time nor other threads' CPU). The one-lane rule itself is proven on synthetic CPU-bound
     # iterations below (test_lanes_rule_sleep_widens_cpu_stays, the busy-machine, GIL-holder and
