@@ -27,6 +27,7 @@ import pyarrow as pa
 from analytics.pricing import BilledRefs, usage_lines
 from analytics.store import FactsStore
 from noetl_dagster.engine import events as ev
+from noetl_dagster.engine.usage_lines import foreign_refs
 
 _TS = pa.timestamp("us", tz="UTC")
 _STR = pa.string()
@@ -502,11 +503,15 @@ class FactBuilder:
         billed = self._billed.get(e.execution_id)
         if billed is None:
             if len(self._billed) > 20_000:
-                self._billed.clear()  # a reference billed again is one row more: the priced table's GROUP BY key
+                self._billed.clear()  # a reference billed again is one row more: the priced table's GROUP BY execution_id, key
             billed = self._billed[e.execution_id] = BilledRefs()
         # ordinals of all the event's lines: an event re-sent in another batch gets the same keys
-        for i, line in enumerate(usage_lines(e.name, e.data)):
-            if line.key and not billed.first(line.key):
+        lines = usage_lines(e.name, e.data)
+        foreign = (
+            foreign_refs(e.name, e.data, e.execution_id) if any(line.key for line in lines) else frozenset()
+        )
+        for i, line in enumerate(lines):
+            if line.key and not billed.billable(line.key, foreign):
                 continue
             self._usage_rows.append(
                 (

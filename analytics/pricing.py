@@ -381,14 +381,23 @@ class Cost:
 
 
 def event_cost(
-    prices: PriceTable, name: str, data: Any, timestamp: Any, billed: BilledRefs | None = None
+    prices: PriceTable,
+    name: str,
+    data: Any,
+    timestamp: Any,
+    billed: BilledRefs | None = None,
+    execution_id: str | None = None,
 ) -> Cost:
     """The priced usage lines of one event; ``billed``: the stored references its execution billed
     so far (engine/usage_lines.BilledRefs: once per execution, by the first event naming one)."""
     day = utc_day(timestamp)
     amounts: dict[str, float] = {}
     versions: set[str] = set()
-    lines = usage_lines(name, data) if billed is None else [UsageLine(*t) for t in billed.lines(name, data)]
+    lines = (
+        usage_lines(name, data)
+        if billed is None
+        else [UsageLine(*t) for t in billed.lines(name, data, execution_id)]
+    )
     for line in lines:
         amount, version = prices.line_cost(line, day)
         c = component(line.category, line.item)
@@ -399,18 +408,24 @@ def event_cost(
 
 
 def cost_of_events(
-    prices: PriceTable, events: Iterable[Any], step_runs: Container[str] | None = None
+    prices: PriceTable,
+    events: Iterable[Any],
+    step_runs: Container[str] | None = None,
+    billed: BilledRefs | None = None,
 ) -> dict[str, Cost]:
     """Cost per step of ``events`` (objects with ``name``, ``step``, ``step_run_id``, ``data``,
     ``timestamp``): every line :func:`usage_lines` finds — task attempts (failed ones too), stored
     references, and the execution's platform line (step ``""``); ``step_runs``, when given, keeps
-    only the events of those step runs."""
+    only the events of those step runs; ``billed``: the references the execution billed before
+    ``events`` (a window of its log: an op's metadata), else none."""
     out: dict[str, Cost] = {}
-    billed = BilledRefs()
+    billed = BilledRefs() if billed is None else billed
     for ev in events:
         if step_runs is not None and ev.step_run_id not in step_runs:
+            if ev.name in _REF_EVENTS or ev.name == "task.done":  # a reference it names is billed to it
+                billed.lines(ev.name, ev.data, getattr(ev, "execution_id", None))
             continue
-        c = event_cost(prices, ev.name, ev.data, ev.timestamp, billed)
+        c = event_cost(prices, ev.name, ev.data, ev.timestamp, billed, getattr(ev, "execution_id", None))
         if not c.amounts and not c.attempts:
             continue
         step = ev.step or ""

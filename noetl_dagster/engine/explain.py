@@ -477,7 +477,7 @@ class Explainer:
         """Add the event's billed usage lines to its run's ledger (the execution's without a run):
         a stored reference is billed once per execution, by the first event that names it
         (usage_lines.BilledRefs, the rule of the facts and of Dagster's cost metadata)."""
-        lines = self.billed.lines(name, d)
+        lines = self.billed.lines(name, d, self.ex.get("execution_id"))
         if not lines:
             return
         ledger = run.ledger if run is not None else self.ledger

@@ -193,15 +193,19 @@ def line_tuples(name: str, data: Any) -> list[Line]:
 
 class BilledRefs:
     """The stored references one execution has billed: the one rule for storage lines, in every cost
-    view. A storage line (a line with a ``key``: the object's uri) is billed once per execution, by
-    the first event in the execution's order whose lines name it; the task.done that stored it, its
-    step.done, a loop iteration's done, loop.done's list of the iterations' results, the same step
-    run again in a cycle and a later step passing the reference on name it again, unbilled. Every
-    other line is billed as it comes. Used by ``analytics.pricing.cost_of_events`` (Dagster's cost
-    metadata), the facts writer (``usage_fact``; the priced table's ``GROUP BY key`` keeps the
-    first of them across export batches) and the execution summary (``engine/explain.py``: its rows
-    keep ``order``, the keys in the order billed, in chunks of ``CHUNK`` that never change once
-    full)."""
+    view. A storage line (a line with a ``key``: the object's uri) is billed to the execution that
+    stored it, once, by the first event in its order whose lines name it: the task.done that stored
+    it, its step.done, a loop iteration's done, loop.done's list of the iterations' results, the same
+    step run again in a cycle and a later step passing the reference on name it again, unbilled. A
+    reference that names another execution as its producer (``$ref.execution_id``: a sub-playbook's
+    result passed to its parent) is not billed to the execution that only passes it on, so "once per
+    execution" and "once across executions" are the same for the engine's references; a reference
+    without a producer (a user-chosen uri) is billed once per execution that names it. Every other
+    line is billed as it comes. Used by ``analytics.pricing.cost_of_events`` (Dagster's cost
+    metadata, whole execution and per op), the facts writer (``usage_fact`` holds only billed lines;
+    the priced table's ``GROUP BY execution_id, key`` keeps the first of them across export batches)
+    and the execution summary (``engine/explain.py``: its rows keep ``order``, the keys in the order
+    billed, in chunks of ``CHUNK`` that never change once full)."""
 
     CHUNK = 512
     __slots__ = ("keys", "order", "saved")
@@ -219,18 +223,40 @@ class BilledRefs:
         self.order.append(key)
         return True
 
-    def bill(self, lines: list[Line]) -> list[Line]:
-        """The lines of one event that are billed, in order (storage lines named before dropped)."""
+    def bill(self, lines: list[Line], foreign: frozenset[str] | set[str] = frozenset()) -> list[Line]:
+        """The lines of one event that are billed, in order (storage lines named before, or stored by
+        another execution (``foreign``), dropped)."""
         for line in lines:
             if line[5]:
                 break
         else:  # no storage line: the common case, as is
             return lines
-        return [line for line in lines if not line[5] or self.first(line[5])]
+        return [line for line in lines if not line[5] or (line[5] not in foreign and self.first(line[5]))]
 
-    def lines(self, name: str, data: Any) -> list[Line]:
-        """The billed usage lines of the execution's next event (``name``, ``data``)."""
-        return self.bill(line_tuples(name, data))
+    def billable(self, key: str, foreign: frozenset[str] | set[str] = frozenset()) -> bool:
+        """Whether a storage line naming ``key`` is billed now (marking it billed)."""
+        return key not in foreign and self.first(key)
+
+    def lines(self, name: str, data: Any, execution_id: str | None = None) -> list[Line]:
+        """The billed usage lines of the execution ``execution_id``'s next event (``name``, ``data``)."""
+        lines = line_tuples(name, data)
+        for line in lines:
+            if line[5]:
+                return self.bill(lines, foreign_refs(name, data, execution_id))
+        return lines
+
+
+def foreign_refs(name: str, data: Any, execution_id: str | None) -> frozenset[str]:
+    """The uris of the references event (``name``, ``data``) of execution ``execution_id`` names that
+    another execution stored (their ``$ref.execution_id``, the producer, differs): billed to their
+    producer, never to an execution passing them on (:class:`BilledRefs`)."""
+    if not execution_id:
+        return frozenset()
+    return frozenset(
+        r["uri"]
+        for r in created_refs(name, data)
+        if isinstance(r.get("uri"), str) and r.get("execution_id") and r.get("execution_id") != execution_id
+    )
 
 
 def _maxed(lines: list[Line], category: str, item: str, used: float, requested: float, kind: str) -> None:

@@ -24,6 +24,7 @@ import noetl_dagster.translator.naming as naming
 from analytics.pricing import COMPONENTS, Cost, PriceTable, cost_of_events
 from noetl_dagster.dsl.locator import InvalidLocator, asset_key_for_uri
 from noetl_dagster.dsl.model import Playbook
+from noetl_dagster.engine.usage_lines import _REF_EVENTS, BilledRefs, created_refs
 from noetl_dagster.resources.runtime import (
     REQUESTED_BY_DAGSTER,
     TAG_EXECUTION,
@@ -445,23 +446,30 @@ def _costs(
     runs = {o.step_run_id for o in report.outcomes}
     resource = getattr(context.resources, RESOURCE_KEY)
 
+    read: list[Any] = []
+
     def events() -> list[Any]:
         evs = _events_of_runs(report.engine, runs) if runs else []
+        read.extend(evs)
         if keep is not None:
             keep.extend(evs)
         return evs
 
-    return priced_events(context, resource, events, runs)
+    return priced_events(context, resource, events, runs, lambda: _billed_before(report.engine, read))
 
 
 def priced_events(
-    context: Any, resource: Any, events: Callable[[], list[Any]], runs: set[str] | None = None
+    context: Any,
+    resource: Any,
+    events: Callable[[], list[Any]],
+    runs: set[str] | None = None,
+    billed: Callable[[], BilledRefs | None] | None = None,
 ) -> tuple[PriceTable, dict[str, Cost]] | None:
     """(price table, step -> Cost of the ``task.done`` attempts in ``events()``, of ``runs`` when given);
     None, with a warning, when they cannot be priced: cost is informational and never fails a step."""
     try:
         prices = price_table(resource)
-        return prices, cost_of_events(prices, events(), runs)
+        return prices, cost_of_events(prices, events(), runs, billed() if billed else None)
     except Exception as e:  # noqa: BLE001
         context.log.warning(f"no cost metadata: {e}")
         return None
@@ -479,6 +487,24 @@ def _events_of_runs(eng: Any, runs: set[str]) -> list[Any]:
         if after == 0 or runs <= {e.step_run_id for e in events if e.name == "step.scheduled"}:
             return events
         window *= 4
+
+
+def _billed_before(eng: Any, evs: list[Any]) -> BilledRefs | None:
+    """The stored references the execution billed before the window ``evs`` of its log (an op's
+    events): a step passing on an earlier op's reference names it again, billed there, not in this
+    op's metadata (usage_lines.BilledRefs). The log before the window is read only when the window
+    names a reference."""
+    if not evs or evs[0].sequence is None:
+        return None
+    if not any(
+        (e.name in _REF_EVENTS or e.name == "task.done") and created_refs(e.name, e.data) for e in evs
+    ):
+        return None
+    billed, eid = BilledRefs(), eng.execution_id
+    for e in eng.services.event_store.read_range(eid, 0, evs[0].sequence - 1):
+        if e.execution_id == eid and (e.name in _REF_EVENTS or e.name == "task.done"):
+            billed.lines(e.name, e.data, eid)
+    return billed
 
 
 def _execution_cost(context: Any, report: OpReport, prices: PriceTable) -> Cost | None:
