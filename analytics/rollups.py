@@ -53,13 +53,13 @@ FROM
     SELECT day, tenant_id, project_id, execution_id, step, 'storage', unit, quantity, used, requested, item, 1
     FROM
     (
-        SELECT execution_id, `key`, toDate(min(ts)) AS day, argMin(tenant_id, ts) AS tenant_id,
-               argMin(project_id, ts) AS project_id, argMin(step, ts) AS step, argMin(unit, ts) AS unit,
+        SELECT `key`, toDate(min(ts)) AS day, argMin(tenant_id, ts) AS tenant_id, argMin(project_id, ts) AS project_id,
+               argMin(execution_id, ts) AS execution_id, argMin(step, ts) AS step, argMin(unit, ts) AS unit,
                argMin(quantity, ts) AS quantity, argMin(used, ts) AS used, argMin(requested, ts) AS requested,
                argMin(item, ts) AS item
         FROM $db.usage_fact FINAL
         WHERE `key` != ''
-        GROUP BY execution_id, `key`
+        GROUP BY `key`
     )
     WHERE __STORAGE_DAYS__
 ) AS _u

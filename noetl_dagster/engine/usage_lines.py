@@ -200,10 +200,11 @@ class BilledRefs:
     reference that names another execution as its producer (``$ref.execution_id``: a sub-playbook's
     result passed to its parent) is not billed to the execution that only passes it on, so "once per
     execution" and "once across executions" are the same for the engine's references; a reference
-    without a producer (a user-chosen uri) is billed once per execution that names it. Every other
+    without a producer (a user-chosen uri) is billed once per execution that names it here (the
+    facts' ``GROUP BY key`` bills it once across executions: not yet the same). Every other
     line is billed as it comes. Used by ``analytics.pricing.cost_of_events`` (Dagster's cost
     metadata, whole execution and per op), the facts writer (``usage_fact`` holds only billed lines;
-    the priced table's ``GROUP BY execution_id, key`` keeps the first of them across export batches)
+    the priced table's ``GROUP BY key`` keeps the first of them across export batches)
     and the execution summary (``engine/explain.py``: its rows keep ``order``, the keys in the order
     billed, in chunks of ``CHUNK`` that never change once full)."""
 

@@ -133,9 +133,8 @@ def _log(eid: str, refs: list[dict], parent: str | None = None) -> list:
     return out
 
 
-def test_a_reference_is_billed_to_its_producer_and_each_execution_bills_its_own_write(tmp_path):
-    """A child's reference handed to its parent is billed to the child only; a user-chosen uri two
-    executions both wrote (no producer in it) is billed to each: every view agrees."""
+def test_a_reference_is_billed_to_its_producer_not_to_a_parent_passing_it_on(tmp_path):
+    """A child's reference handed to its parent unchanged is billed to the child only: every view agrees."""
     from analytics.execution_view import pricer
     from noetl_dagster.engine.explain import explain
     from noetl_dagster.storage.events import SqliteEventStore
@@ -154,7 +153,7 @@ def test_a_reference_is_billed_to_its_producer_and_each_execution_bills_its_own_
         "checksum": "c2",
     }
     child = _log("child", [child_ref, shared], parent="parent")
-    parent = _log("parent", [child_ref, shared])
+    parent = _log("parent", [child_ref])
     events = child + parent
     prices = PriceTable.load(data_dir=home)
     python = {e: sum(cost_of_events(prices, [x for x in events if x.execution_id == e]).values(), Cost())
@@ -162,8 +161,8 @@ def test_a_reference_is_billed_to_its_producer_and_each_execution_bills_its_own_
     price, _ = pricer(data_dir=str(home))
     page = {e: explain([x for x in events if x.execution_id == e], price=price).data["totals"]["cost"]
             for e in ("child", "parent")}  # fmt: skip
-    # the parent pays for the shared uri it wrote, not for the child's reference it passed on
-    assert python["child"].storage > python["parent"].storage > 0
+    # the parent does not pay for the child's reference it passed on
+    assert python["child"].storage > 0 and python["parent"].storage == 0
     log = SqliteEventStore(tmp_path / "events.db")
     try:
         log.append(events)
