@@ -69,13 +69,14 @@ def test_cpu_bound_parallel_loop_stays_narrow_in_index_order(run_pb, schedules):
     res = r.results["start"]["results"]
     assert [x["x"] for x in res] == [2 * i for i in range(n)]
     # before the rule: 16 threads took turns on the GIL. Now one lane on a machine with a core to
-    # spare; in 3 of the last 5 full-suite runs (pytest -n 3 on 2 cores) it measured the first iterations' waits as
-    # I/O and widened to 2 for a while (cause not found: the wait was neither the lane's run-queue
-    # time nor other threads' CPU). The one-lane rule itself is proven on synthetic CPU-bound
-    # iterations below (test_lanes_rule_sleep_widens_cpu_stays, the busy-machine, GIL-holder and
-    # burst tests); here: far from max_in_flight, every iteration once, results in index order
+    # spare; in 3 of the last 5 full-suite runs (pytest -n 3 on 2 cores) the first iterations'
+    # waits read as I/O and the loop widened to 2 for a while (cause not found: the wait was
+    # neither the lane's run-queue time nor other threads' CPU). The one-lane rule itself is
+    # proven on synthetic CPU-bound iterations below (test_lanes_rule_sleep_widens_cpu_stays, the
+    # busy-machine, GIL-holder and burst tests); here: far from max_in_flight (a lane given back
+    # and a new one started count as two threads), every iteration once, results in index order
     threads = {x["thread"] for x in res}
-    assert len(threads) <= 3 and len(schedules) == 1 and schedules[0]["lanes"] <= 3, schedules
+    assert len(threads) <= 4 and len(schedules) == 1 and schedules[0]["lanes"] <= 3, (len(threads), schedules)
     assert schedules[0]["gil_share"] is not None
     started = [e.iteration for e in r.named("loop.iteration.started")]
     done = [e.iteration for e in r.named("loop.iteration.done")]
