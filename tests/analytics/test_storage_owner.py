@@ -93,12 +93,7 @@ def test_two_executions_writing_one_uri_cost_the_same_in_every_view(tmp_path):
         store = FactsStore(f"chdb://{tmp_path / 'facts'}")
         exporter = FactExporter(store, log, batch_events=7, prices=prices)
         exporter.export()
-        refresh_rollups(store, prices)
-        facts = store.scalar("SELECT sum(amount) FROM $db.cost_line_day FINAL")
-        exporter.save_cursor(0)  # a re-export does not double
-        exporter.export()
-        refresh_rollups(store, prices)
-        again = store.scalar("SELECT sum(amount) FROM $db.cost_line_day FINAL")
+        facts, again = _priced_total_then_reexported(exporter, store, prices)
     finally:
         log.close()
         close_all()
@@ -169,12 +164,7 @@ def test_a_reference_is_billed_to_its_producer_not_to_a_parent_passing_it_on(tmp
         store = FactsStore(f"chdb://{tmp_path / 'facts'}")
         exporter = FactExporter(store, log, batch_events=3, prices=prices)
         exporter.export()
-        refresh_rollups(store, prices)
-        facts = store.scalar("SELECT sum(amount) FROM $db.cost_line_day FINAL")
-        exporter.save_cursor(0)
-        exporter.export()
-        refresh_rollups(store, prices)
-        again = store.scalar("SELECT sum(amount) FROM $db.cost_line_day FINAL")
+        facts, again = _priced_total_then_reexported(exporter, store, prices)
     finally:
         log.close()
         close_all()
@@ -182,3 +172,14 @@ def test_a_reference_is_billed_to_its_producer_not_to_a_parent_passing_it_on(tmp
         assert page[e] == pytest.approx(python[e].total, abs=1e-9)
     assert facts == pytest.approx(sum(c.total for c in python.values()), abs=1e-9)
     assert again == pytest.approx(facts, abs=1e-12)
+
+
+def _priced_total_then_reexported(exporter, store, prices) -> tuple[float, float]:
+    """The priced total after the export so far, and again after a re-export from cursor 0 (which
+    must not double it)."""
+    refresh_rollups(store, prices)
+    facts = store.scalar("SELECT sum(amount) FROM $db.cost_line_day FINAL")
+    exporter.save_cursor(0)
+    exporter.export()
+    refresh_rollups(store, prices)
+    return facts, store.scalar("SELECT sum(amount) FROM $db.cost_line_day FINAL")
