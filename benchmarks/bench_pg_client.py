@@ -42,15 +42,22 @@ from benchmarks.pgwire import WireCounter
 PG = os.environ.get("NOETL_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
-def _before_module(tree: str) -> Any:
-    """``noetl_dagster/storage/postgres_events.py`` of another checkout, imported next to this one's."""
-    path = Path(tree) / "noetl_dagster" / "storage" / "postgres_events.py"
-    spec = importlib.util.spec_from_file_location("before_postgres_events", path)
+def _load(name: str, path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def _before_module(tree: str) -> Any:
+    """``noetl_dagster/storage/postgres_events.py`` of another checkout, imported next to this one's,
+    with that checkout's execution summary cache (``engine/explain_summary.py``: when it writes)."""
+    before = _load("before_postgres_events", Path(tree) / "noetl_dagster" / "storage" / "postgres_events.py")
+    summary = _load("before_explain_summary", Path(tree) / "noetl_dagster" / "engine" / "explain_summary.py")
+    before.SummaryCache = summary.SummaryCache
+    return before
 
 
 def _stand_ins(store: Any) -> dict[str, Any]:

@@ -112,6 +112,9 @@ def rebuild(events: Iterable[Event]) -> Explainer:
 
 
 WRITE_EVERY = 256  # events folded between two writes of the summary at most (and at the end)
+# An execution of fewer events has no summary written by its appends (nor a fold kept): a reader
+# folds its whole log, which is that short, and writes it back (issue 35: a five-step execution
+# paid ~0.4 ms of client CPU for a summary nothing had asked for yet).
 CATCH_UP = 4096  # a stored summary this far behind is brought up to date from the log by the writer
 _FINAL = frozenset({"workflow.finished", "playbook.processed"})
 
@@ -128,7 +131,9 @@ class SummaryCache:
     dropped). :meth:`fold` folds a batch of one execution's new events, numbered, onto the fold at
     ``base`` (the sequence before them) and returns the rows to write in the same transaction:
     every ``WRITE_EVERY`` events and with the execution's last events (the summary's own
-    ``last_sequence`` says how far it goes; readers fold the few after it), else ``[]``. A fold
+    ``last_sequence`` says how far it goes; readers fold the few after it), else ``[]``; an
+    execution that ends before ``WRITE_EVERY`` events is never folded nor written (left alone, so a
+    late event costs nothing either): a snapshot plus a tail, where a short log is all tail. A fold
     not at ``base`` (another process appended, or this one was dropped) is loaded with ``load``
     (the stored rows) and brought to ``base`` with ``read(execution_id, after, until)`` when it is
     at most ``CATCH_UP`` behind; otherwise the execution is left alone (None: its summary stays
@@ -165,9 +170,15 @@ class SummaryCache:
             queued = self._queued[execution_id] = []
         queued.extend(events)
         pending = self._pending.get(execution_id, 0) + len(events)
-        if pending < WRITE_EVERY and not _final(events):
-            self._pending[execution_id] = pending
-            return []
+        if pending < WRITE_EVERY:
+            if not _final(events):
+                self._pending[execution_id] = pending
+                return []
+            if base + len(events) < WRITE_EVERY:  # a short execution ended: its log is the summary's tail
+                self._queued.pop(execution_id, None)
+                self._pending.pop(execution_id, None)
+                self._remember(execution_id, None, base + len(events))
+                return None
         self._pending[execution_id] = 0
         del self._queued[execution_id]
         try:

@@ -227,11 +227,12 @@ def test_page_facts_and_python_pricing_agree_and_a_re_export_does_not_double(
         assert amount == pytest.approx(python[step].total, abs=1e-9), step
 
 
-def test_a_summary_written_before_the_rule_is_folded_anew_once(home, tmp_path):
+def test_a_summary_written_before_the_rule_is_folded_anew_once(home, tmp_path, monkeypatch):
     """A summary without its billed references (written before them) is not trusted: the page folds
     the log once and writes the summary back, and the next reader uses it."""
     from noetl_dagster.util.jsonutil import dumps, loads  # noqa: PLC0415
 
+    monkeypatch.setattr(explain_summary, "WRITE_EVERY", 3)  # a summary for this short execution too
     events = _generated(5)
     eid = events[0].execution_id
     log = SqliteEventStore(tmp_path / "events.db")

@@ -1,7 +1,8 @@
 """The execution summary the event stores keep beside the log (issue 36 item 4).
 
 Appends write the summary rows their events changed (every WRITE_EVERY events and with the
-execution's last ones), in their own transaction (SQLite) or statement (Postgres); the summary
+execution's last ones; an execution that ends in fewer events has none until a reader folds its
+log and writes it back), in their own transaction (SQLite) or statement (Postgres); the summary
 must equal a fold of the log up to its last sequence at every point - after a run,
 a failed run, a kill -9 and a resume, appends from two store connections in turn, a re-sent
 batch - and a page must read the summary and a handful of events, not the log."""
@@ -81,13 +82,15 @@ def test_the_summary_equals_a_rebuild_for_finished_and_failed_runs(store_url, ho
     }
     store = _open(store_url)
     try:
-        for eid in ids.values():
-            assert _rows(store, eid) == _rebuilt(store, eid)
+        assert _rows(store, ids["loop"]) == _rebuilt(store, ids["loop"])
+        for short in ("failed", "retries"):  # fewer than WRITE_EVERY events: no summary, all tail
+            assert len(store.read(ids[short])) < WRITE_EVERY and store.summary(ids[short]) is None
         # what the page shows from the summary is what a fold of the whole log shows
         views = ExecutionViews(store)
-        for eid in ids.values():
+        for name, eid in ids.items():
             page = views.explain(eid)
-            assert views.rebuilt == 0
+            assert views.rebuilt == (0 if name == "loop" else 1 + (name == "retries"))
+            assert _rows(store, eid) == _rebuilt(store, eid)  # the short ones: written back
             lines = {r["step"]: r["line"] for r in page["runs"]}
             whole = explain(store.read(eid), price=views._pricing(), lines=lines).data  # noqa: SLF001
             assert [page[k] for k in ("runs", "arcs", "totals", "steps")] == [
@@ -215,6 +218,40 @@ def test_opening_a_page_reads_the_summary_not_the_log(home):
     assert again.explain(eid) == page and again.rebuilt == 1 and fresh.events_read >= total
     third = Counting(home / "events.db")
     assert ExecutionViews(third).explain(eid) == page and third.events_read == 1
+
+
+def test_a_short_execution_folds_nothing_at_append_and_a_late_event_is_read(store_url, home, monkeypatch):
+    """Issue 35: an execution that ends in fewer than WRITE_EVERY events is neither folded nor written
+    by its appends (its whole log is the summary's tail); an event appended after its end (a late
+    task.done) is read by the page, which still equals a fold of the whole log."""
+    import dataclasses
+
+    from noetl_dagster.engine import explain as explain_mod
+
+    fed: list[int] = []
+    feed = explain_mod.Explainer.feed
+    monkeypatch.setattr(explain_mod.Explainer, "feed", lambda self, evs: fed.append(1) or feed(self, evs))
+    eid = run_playbook(PLAYBOOKS / "retries.yaml", {"fail_times": 1}, event_store=store_url,
+                       data_dir=home).execution_id  # fmt: skip
+    assert fed == []
+    store = _open(store_url)
+    try:
+        events = store.read(eid)
+        assert len(events) < WRITE_EVERY and store.summary(eid) is None
+        late = next(e for e in events if e.name == "task.done")
+        late = dataclasses.replace(late, sequence=None, event_id=str(uuid.uuid4()))
+        store.append([late])  # (another process: it may catch up on the short log, never write ahead)
+        views = ExecutionViews(store)
+        page = views.explain(eid)
+        assert views.rebuilt == 1 and page["execution"]["events"] == len(events) + 1
+        lines = {r["step"]: r["line"] for r in page["runs"]}
+        whole = explain(store.read(eid), price=views._pricing(), lines=lines).data  # noqa: SLF001
+        assert [page[k] for k in ("runs", "arcs", "totals", "steps")] == [
+            whole[k] for k in ("runs", "arcs", "totals", "steps")
+        ]
+        assert _rows(store, eid) == _rebuilt(store, eid)  # written back by the reader
+    finally:
+        store.close()
 
 
 def test_an_event_the_fold_cannot_read_never_fails_the_append(store_url):
