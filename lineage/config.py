@@ -9,12 +9,13 @@ from pathlib import Path
 
 
 def _config_files() -> list[Path]:
+    # os.path, not pathlib: asked on every run, and three Path objects cost more than the stats (issue 35)
     files = []
     if os.environ.get("OPENLINEAGE_CONFIG"):
-        files.append(Path(os.environ["OPENLINEAGE_CONFIG"]))
-    files.append(Path.cwd() / "openlineage.yml")
-    files.append(Path("~/.openlineage/openlineage.yml").expanduser())
-    return [f for f in files if f.is_file()]
+        files.append(os.environ["OPENLINEAGE_CONFIG"])
+    files.append(os.path.join(os.getcwd(), "openlineage.yml"))
+    files.append(os.path.expanduser("~/.openlineage/openlineage.yml"))
+    return [Path(f) for f in files if os.path.isfile(f)]
 
 
 def is_configured() -> bool:
