@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -94,14 +95,25 @@ def _our_cli() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "noetl_dagster.commands.main"]
 
 
-def _timed(cmd: list[str], cwd: Path) -> tuple[float, str]:
+CHILD_CPU: list[float] = []  # the CPU (user + system) of each child _timed ran, in order
+
+
+def _timed(cmd: list[str], cwd: Path, tree: str | None = None) -> tuple[float, str]:
+    """Wall time of one command; ``tree``: that checkout first on PYTHONPATH (a --before-tree run)."""
+    env = {**os.environ, "PYTHONPATH": tree} if tree else None
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
     wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CHILD_CPU.append(r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime)
     return wall, "" if p.returncode == 0 else f"exit {p.returncode}: {(p.stderr or p.stdout).strip()[-200:]}"
 
 
-def counting_cycle(counts: list[int], repeat: int, tmp: Path) -> dict[int, list[float]]:
+def counting_cycle(counts: list[int], repeat: int, tmp: Path, tree: str | None = None,
+                   cpu: dict[int, list[float]] | None = None) -> dict[int, list[float]]:  # fmt: skip
+    """Wall seconds per count (``cpu``: filled with the children's CPU seconds); ``tree``: run that
+    checkout (PYTHONPATH) instead of this one."""
     text = COUNTDOWN.read_text()
     assert "count: 5" in text
     paths = {}
@@ -109,17 +121,54 @@ def counting_cycle(counts: list[int], repeat: int, tmp: Path) -> dict[int, list[
         p = tmp / f"countdown_{n}.yaml"
         p.write_text(text.replace("count: 5", f"count: {n}"))
         paths[n] = p
-    _timed([*_our_cli(), "run", str(paths[counts[0]]), "-q", "--data-dir", str(tmp / "warm")], tmp)
+    tag = "b" if tree else "a"
+    _timed(
+        [*_our_cli(), "run", str(paths[counts[0]]), "-q", "--data-dir", str(tmp / f"warm-{tag}")], tmp, tree
+    )
     out: dict[int, list[float]] = {n: [] for n in counts}
     for r in range(repeat):
         for n in counts:
             wall, err = _timed(
-                [*_our_cli(), "run", str(paths[n]), "-q", "--data-dir", str(tmp / f"cc-{n}-{r}")], tmp
+                [*_our_cli(), "run", str(paths[n]), "-q", "--data-dir", str(tmp / f"cc-{tag}-{n}-{r}")],
+                tmp,
+                tree,
             )
             if err:
                 raise RuntimeError(f"countdown_cycle count {n}: {err}")
             out[n].append(wall)
+            if cpu is not None:
+                cpu.setdefault(n, []).append(CHILD_CPU[-1])
     return out
+
+
+def cycle_ab(counts: list[int], repeat: int, tmp: Path, before: str) -> None:
+    """The counting cycle whole-process, this checkout and ``before`` in turn (one run of each count
+    per round), wall and CPU: what each costs at the same moment of load."""
+    wall: dict[str, dict[int, list[float]]] = {
+        "this": {n: [] for n in counts},
+        "before": {n: [] for n in counts},
+    }
+    cpu: dict[str, dict[int, list[float]]] = {"this": {}, "before": {}}
+    for r in range(repeat):
+        for side in ("this", "before") if r % 2 == 0 else ("before", "this"):
+            got = counting_cycle(
+                counts, 1, tmp / f"{side}{r}", before if side == "before" else None, cpu[side]
+            )
+            for n in counts:
+                wall[side][n] += got[n]
+    print(f"\n== counting cycle, this checkout vs --before-tree {before}, in turn, {repeat} rounds ==")
+    for n in counts:
+        for side in ("before", "this"):
+            w, c = wall[side][n], cpu[side][n]
+            print(f"  count {n:>6,} {side:<6}: wall best {min(w):7.3f} s median {statistics.median(w):7.3f} s"
+                  f"   CPU best {min(c):7.3f} s median {statistics.median(c):7.3f} s")  # fmt: skip
+        ratio = statistics.median(cpu["this"][n]) / statistics.median(cpu["before"][n])
+        print(f"  count {n:>6,} this / before: CPU {ratio:.3f}x (medians), wall {min(wall['this'][n]) / min(wall['before'][n]):.3f}x (best)")  # fmt: skip
+    if len(counts) > 1:
+        a, b = counts[0], counts[-1]
+        for side in ("before", "this"):
+            per = 1000 * (statistics.median(cpu[side][b]) - statistics.median(cpu[side][a])) / (b - a)
+            print(f"  {side:<6} CPU per iteration past count {a}: {per:.3f} ms")
 
 
 RHAI_SCRIPT = """let n = {n};
@@ -206,7 +255,20 @@ def main(argv: list[str] | None = None) -> int:
         "--cycle", default="1,1000,2000", help="counts of the whole-process counting cycle ('' skips)"
     )
     ap.add_argument("--rhai", type=int, default=1000, help="iterations of the rhai comparison (0 skips)")
+    ap.add_argument(
+        "--before-tree", help="another checkout: only the counting cycle, both in turn (wall, CPU)"
+    )
     args = ap.parse_args(argv)
+    if args.before_tree:
+        counts = [int(x) for x in args.cycle.split(",") if x.strip()]
+        with tempfile.TemporaryDirectory(prefix="bench-python-task-") as d:
+            for sub in range(args.repeat):
+                for side in ("this", "before"):
+                    (Path(d) / f"{side}{sub}").mkdir()
+            print(f"load average {os.getloadavg()[0]:.2f}")
+            cycle_ab(counts, args.repeat, Path(d), args.before_tree)
+            print(f"load average {os.getloadavg()[0]:.2f}")
+        return 0
     load = os.getloadavg()
     print(f"machine: {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     with tempfile.TemporaryDirectory(prefix="bench-python-task-") as d:
