@@ -5,6 +5,13 @@ bounded operation count. No Python binding of Rhai exists on PyPI; this covers w
 strings, ``break``/``continue``/``return``, compound assignment, and the common string/array/map
 methods. Anything else (``fn``, closures, ``switch``, ``import``, ``try``…) is a :class:`RhaiError`
 naming the construct and its line. The script's value is its last expression.
+
+A hostile script is bounded before it allocates (docs/limits.md): the code by its size and its
+nesting depth before the Earley parse; integers are i64 (overflow is an error, as in Rhai, not a
+Python big integer); every value a script builds is charged to a memory budget (``max_memory``
+bytes in total) before it exists; walking a value (``==``, ``contains``, ``sort``, ``to_json``,
+string ``+``, the result) counts as operations, so a self-containing array or a shared structure
+2**60 values deep stops at ``max_operations``.
 """
 
 from __future__ import annotations
@@ -86,6 +93,12 @@ OUTSIDE = {
     "private": "`private` functions", "global": "`global` variables", "this": "`this`", "Fn": "function pointers",
 }  # fmt: skip
 DEFAULT_MAX_OPERATIONS = 100_000
+MAX_CODE_SIZE = 16 * 1024  # characters: the Earley parse (~2-3 KB/s here) runs before any operation counts
+MAX_DEPTH = 64  # nested ( [ { of the code (Rhai's own default max expression depth)
+DEFAULT_MAX_MEMORY = 256 * 1024 * 1024  # bytes a script may allocate in all (strings, array and map slots)
+I64 = (-(2**63), 2**63 - 1)
+_SLOT, _ENTRY = 8, 32  # bytes charged for an array slot, a map entry
+_WALK = 8  # values walked per operation
 
 
 class RhaiError(Exception):
@@ -111,6 +124,7 @@ def _lark() -> Lark:
 _TREES: dict[
     str, Tree
 ] = {}  # code -> its tree: an Earley parse is ~0.1-0.3 s, a step in a cycle runs the same code
+_TREES_MAX_CHARS = 1024 * 1024  # code kept in the cache in all (a tree grows with its code)
 
 
 def parse(code: str) -> Tree:
@@ -119,13 +133,17 @@ def parse(code: str) -> Tree:
     tree = _TREES.get(code)
     if tree is None:
         tree = _parse(code)
-        if len(_TREES) >= 1024:
+        if len(_TREES) >= 1024 or sum(map(len, _TREES)) + len(code) > _TREES_MAX_CHARS:
             _TREES.clear()
         _TREES[code] = tree
     return tree
 
 
 def _parse(code: str) -> Tree:
+    if len(code) > MAX_CODE_SIZE:
+        raise RhaiError(f"the script is {len(code)} characters, over the limit of {MAX_CODE_SIZE}", None,
+                        "rhai_limit")  # fmt: skip
+    _check_depth(code)
     for n, text in enumerate(code.splitlines(), 1):
         bare = text.split("//", 1)[0]
         words = set(bare.replace("(", " ").replace("{", " ").replace(";", " ").split())
@@ -134,11 +152,40 @@ def _parse(code: str) -> Tree:
                 raise RhaiError(f"{what} are outside the supported Rhai subset", n, "rhai_unsupported")
     try:
         return _lark().parse(code)
+    except RecursionError:
+        raise RhaiError("the script nests too deeply to parse", None, "rhai_limit") from None
     except UnexpectedInput as e:
         line = getattr(e, "line", None)
         got = getattr(e, "token", None) or getattr(e, "char", None)
         raise RhaiError(f"syntax error or construct outside the supported Rhai subset near {str(got)!r}",
                         line if isinstance(line, int) and line > 0 else None, "rhai_syntax") from None  # fmt: skip
+
+
+def _check_depth(code: str) -> None:
+    """RhaiError when brackets nest deeper than MAX_DEPTH (strings and comments skipped): one linear
+    scan, before a parse whose time and recursion grow with the nesting."""
+    depth, line, i, n = 0, 1, 0, len(code)
+    while i < n:
+        c = code[i]
+        if c == "\n":
+            line += 1
+        elif c == '"':
+            i += 1
+            while i < n and code[i] != '"':
+                i += 2 if code[i] == "\\" else 1
+        elif c == "/" and code.startswith("//", i):
+            i = code.find("\n", i) - 1 if "\n" in code[i:] else n
+        elif c == "/" and code.startswith("/*", i):
+            end = code.find("*/", i + 2)
+            line += code.count("\n", i, end if end >= 0 else n)
+            i = end + 1 if end >= 0 else n
+        elif c in "([{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise RhaiError(f"the script nests deeper than {MAX_DEPTH} brackets", line, "rhai_limit")
+        elif c in ")]}":
+            depth = max(0, depth - 1)
+        i += 1
 
 
 def _outside_symbol(sym: str, text: str) -> bool:
@@ -176,23 +223,69 @@ def _type(v: Any) -> str:
 
 class Interpreter:
     def __init__(self, variables: dict[str, Any] | None = None, max_operations: int = DEFAULT_MAX_OPERATIONS,
-                 log: Any = None):  # fmt: skip
+                 log: Any = None, max_memory: int = DEFAULT_MAX_MEMORY):  # fmt: skip
         self.scopes: list[dict[str, Any]] = [dict(variables or {})]
         self.ops = 0
         self.max_operations = max_operations
+        self.memory = 0  # bytes allocated so far (never given back: counted work, not a live measure)
+        self.max_memory = max_memory
         self.log = log or (lambda _m: None)
 
     # -- running ---------------------------------------------------------------------------------
     def run(self, tree: Tree) -> Any:
         try:
-            return self._stmts(tree.children[0])
+            value = self._stmts(tree.children[0])
         except _Return as r:
-            return r.value
+            value = r.value
         except (_Break, _Continue):
             raise RhaiError("`break`/`continue` outside a loop", None) from None
+        except RecursionError:  # e.g. a chain of thousands of `+`, each a level of the tree
+            raise RhaiError("the script nests too deeply", None, "rhai_limit") from None
+        self._alloc(self._weigh(value, None), None)  # the result is copied out (ranges become lists)
+        return value
 
-    def _tick(self, node: Any) -> None:
-        self.ops += 1
+    # -- bounds: counted before the value exists ---------------------------------------------------
+    def _alloc(self, nbytes: int, node: Any) -> None:
+        """Charge ``nbytes`` about to be allocated; RhaiError (rhai_limit) past ``max_memory``."""
+        self.memory += nbytes
+        if self.memory > self.max_memory:
+            raise RhaiError(f"the script allocates more than max_memory ({self.max_memory} bytes)", _line(node),
+                            "rhai_limit")  # fmt: skip
+
+    def _weigh(self, value: Any, node: Any) -> int:
+        """The bytes a deep copy of ``value`` takes (strings by their characters, a slot per element),
+        walked without recursion at one operation per _WALK values: a cycle or a shared structure far
+        bigger than its allocations stops at max_operations."""
+        total, seen, stack = 0, 0, [value]
+        while stack:
+            v = stack.pop()
+            seen += 1
+            if seen % _WALK == 0:
+                self._tick(node)
+            if isinstance(v, str):
+                total += _str_bytes(v)
+            elif isinstance(v, list):
+                total += _SLOT * len(v)
+                stack.extend(v)
+            elif isinstance(v, dict):
+                total += _ENTRY * len(v)
+                stack.extend(v.keys())
+                stack.extend(v.values())
+            elif isinstance(v, range):
+                total += _SLOT * len(v)
+                self._tick(node, len(v) // _WALK)
+            else:
+                total += _SLOT
+        return total
+
+    def _int(self, v: Any, node: Any) -> Any:
+        """``v``, when an integer, inside i64 (Rhai's INT): overflow is an error, never a big integer."""
+        if isinstance(v, int) and not isinstance(v, bool) and not I64[0] <= v <= I64[1]:
+            raise RhaiError("arithmetic overflow (integers are i64)", _line(node))
+        return v
+
+    def _tick(self, node: Any, n: int = 1) -> None:
+        self.ops += n
         if self.ops > self.max_operations:
             raise RhaiError(
                 f"too many operations (max_operations {self.max_operations})", _line(node), "rhai_limit"
@@ -318,11 +411,16 @@ class Interpreter:
         d = n.data
         c = n.children
         if d == "int_":
-            return int(str(c[0]).replace("_", ""))
+            text = str(c[0]).replace("_", "")
+            if len(text) > 19:  # past i64 whatever the digits; int() of a long literal is itself work
+                raise RhaiError("integer literal out of range (integers are i64)", _line(n))
+            return self._int(int(text), n)
         if d == "float_":
             return float(str(c[0]).replace("_", ""))
         if d == "string":
-            return json.loads(str(c[0]))
+            text = str(c[0])
+            self._alloc(len(text), n)
+            return json.loads(text)
         if d == "true":
             return True
         if d == "false":
@@ -330,8 +428,10 @@ class Interpreter:
         if d == "unit":
             return None
         if d == "array":
+            self._alloc(_SLOT * len(c), n)
             return [self._expr(x) for x in c if x is not None]
         if d == "map":
+            self._alloc(_ENTRY * len(c), n)
             out = {}
             for p in c:
                 if p is not None:
@@ -353,7 +453,7 @@ class Interpreter:
             v = self._expr(c[0])
             if not isinstance(v, (int, float)) or isinstance(v, bool):
                 raise RhaiError(f"cannot negate a {_type(v)}", _line(n))
-            return -v
+            return self._int(-v, n)
         if d == "not_":
             return not self._truth(self._expr(c[0]), n)
         if d == "and_op":
@@ -397,12 +497,18 @@ class Interpreter:
     def _binop(self, op: str, a: Any, b: Any, n: Any) -> Any:
         num = (int, float)
         if op == "+" and (isinstance(a, str) or isinstance(b, str)):
-            return _show(a) + _show(b)
+            sa, sb = self._show(a, n), self._show(b, n)
+            self._alloc(_str_bytes(sa) + _str_bytes(sb), n)
+            return sa + sb
         if op == "+" and isinstance(a, list) and isinstance(b, list):
+            self._alloc(_SLOT * (len(a) + len(b)), n)
             return a + b
         if op == "+" and isinstance(a, dict) and isinstance(b, dict):
+            self._alloc(_ENTRY * (len(a) + len(b)), n)
             return {**a, **b}
         if op in ("==", "!="):
+            self._weigh(a, n)  # a comparison walks both values: counted, as every walk
+            self._weigh(b, n)
             same = a == b and type(a) is type(b) or (isinstance(a, num) and isinstance(b, num) and a == b)
             return same if op == "==" else not same
         if op in ("<", ">", "<=", ">="):
@@ -414,28 +520,49 @@ class Interpreter:
         ints = isinstance(a, int) and isinstance(b, int)
         if op in ("/", "%") and b == 0:
             raise RhaiError("division by zero", _line(n))
-        if op == "+":
-            return a + b
-        if op == "-":
-            return a - b
-        if op == "*":
-            return a * b
-        if op == "/":
-            return int(a / b) if ints else a / b  # i64 division truncates toward zero
-        if op == "%":
-            return int(a - b * int(a / b)) if ints else a % b
-        if op == "**":
-            return a**b if not ints or b >= 0 else float(a) ** b
-        raise RhaiError(f"operator {op}", _line(n))
+        try:
+            if op == "+":
+                out = a + b
+            elif op == "-":
+                out = a - b
+            elif op == "*":
+                out = a * b
+            elif op in ("/", "%") and ints:  # i64: the quotient truncates toward zero, exactly
+                q = abs(a) // abs(b)
+                q = q if (a < 0) == (b < 0) else -q
+                out = q if op == "/" else a - b * q
+            elif op == "/":
+                out = a / b
+            elif op == "%":
+                out = a % b
+            elif op == "**":
+                if ints and b >= 0:
+                    if abs(a) > 1 and b > 63:  # past i64 before Python computes a huge power
+                        raise RhaiError("arithmetic overflow (integers are i64)", _line(n))
+                    out = a**b
+                else:
+                    out = float(a) ** b
+            else:
+                raise RhaiError(f"operator {op}", _line(n))
+        except OverflowError:
+            raise RhaiError("arithmetic overflow", _line(n)) from None
+        return self._int(out, n) if ints else out
+
+    def _show(self, v: Any, node: Any) -> str:
+        """A value as text (``+`` with a string, ``to_string``, ``print``): weighed and charged first."""
+        if isinstance(v, (list, dict, range)):
+            self._alloc(self._weigh(v, node), node)
+        return _show(v)
 
     def _method(self, obj: Any, name: str, args: list[Any], n: Any, target: Any) -> Any:
         if name in ("to_string", "to_debug"):
-            return _show(obj)
+            return self._show(obj, n)
         if name in ("len", "length"):
             if isinstance(obj, (list, str, dict)):
                 return len(obj)
         if name == "is_empty" and isinstance(obj, (list, str, dict)):
             return len(obj) == 0
+        self._charge_method(obj, name, args, n)
         if isinstance(obj, str):
             s = obj
             table = {
@@ -471,16 +598,54 @@ class Interpreter:
                 "rhai_unsupported",
             )
         try:
-            return fn(*args)
-        except (TypeError, ValueError) as e:
+            return self._int(fn(*args), n)
+        except (TypeError, ValueError, OverflowError) as e:
             raise RhaiError(f"{name}(): {e}", _line(n)) from None
+
+    def _charge_method(self, obj: Any, name: str, args: list[Any], n: Any) -> None:
+        """What a method is about to allocate (or walk), charged before it runs."""
+        if isinstance(obj, str):
+            size = _str_bytes(obj)
+            if name in ("to_upper", "to_lower"):
+                self._alloc(3 * size, n)  # a case mapping can grow a character into three
+            elif name in ("trim", "sub_string"):
+                self._alloc(size, n)
+            elif name == "replace" and len(args) == 2 and all(isinstance(x, str) for x in args):
+                hits = obj.count(args[0]) if args[0] else len(obj) + 1
+                self._alloc(size + hits * _str_bytes(args[1]), n)
+            elif name == "split":
+                sep = args[0] if args and isinstance(args[0], str) and args[0] else " "
+                self._alloc(size + _SLOT * (obj.count(sep) + 1), n)
+            elif name == "chars":
+                self._alloc(size + _SLOT * len(obj), n)
+        elif isinstance(obj, list):
+            if name in ("push", "insert"):
+                self._alloc(_SLOT, n)
+            elif name == "append" and args and isinstance(args[0], (list, range, str)):
+                self._alloc(_SLOT * len(args[0]), n)
+            elif name == "extract":
+                self._alloc(_SLOT * len(obj), n)
+            elif name in ("contains", "index_of", "sort", "sum", "max", "min"):
+                self._weigh(obj, n)  # comparisons walk the elements
+                for a in args:
+                    self._weigh(a, n)
+        elif isinstance(obj, dict):
+            if name in ("keys", "values"):
+                self._alloc(_SLOT * len(obj), n)
+            elif name == "mixin" and args and isinstance(args[0], dict):
+                self._alloc(_ENTRY * len(args[0]), n)
 
     def _call(self, name: str, args: list[Any], n: Any) -> Any:
         if name in ("print", "log", "debug", "info", "warn", "error"):
-            self.log(" ".join(_show(a) for a in args))
+            self.log(" ".join(self._show(a, n) for a in args))
             return None
+        if name in ("to_json", "to_string"):
+            for a in args:
+                self._alloc(self._weigh(a, n), n)
+        elif name == "parse_json" and args and isinstance(args[0], str):
+            self._alloc(_SLOT * len(args[0]), n)  # at most a value per character
         simple = {
-            "to_json": lambda v: json.dumps(v, separators=(",", ":")), "parse_json": _parse_json,
+            "to_json": lambda v: json.dumps(v, separators=(",", ":"), default=_listed), "parse_json": _parse_json,
             "parse_int": lambda s: int(s), "parse_float": lambda s: float(s), "type_of": _type,
             "to_string": _show, "range": lambda a, b: range(a, b),
         }  # fmt: skip
@@ -490,9 +655,13 @@ class Interpreter:
                 f"function {name}() is outside the supported Rhai subset", _line(n), "rhai_unsupported"
             )
         try:
-            return fn(*args)
-        except (TypeError, ValueError) as e:
+            return self._int(fn(*args), n)
+        except (TypeError, ValueError, OverflowError) as e:
             raise RhaiError(f"{name}(): {e}", _line(n)) from None
+
+
+def _str_bytes(s: str) -> int:
+    return len(s) if s.isascii() else 4 * len(s)
 
 
 def _parse_json(s: str) -> Any:
@@ -508,8 +677,14 @@ def _show(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (list, dict)):
-        return json.dumps(v)
+        return json.dumps(v, default=_listed)
     return str(v)
+
+
+def _listed(v: Any) -> Any:
+    if isinstance(v, range):
+        return list(v)
+    raise TypeError(f"{type(v).__name__} is not JSON")
 
 
 def _line(node: Any) -> int | None:
@@ -530,6 +705,6 @@ def plain(value: Any) -> Any:
 
 
 def run(code: str, variables: dict[str, Any] | None = None, *, max_operations: int = DEFAULT_MAX_OPERATIONS,
-        log: Any = None) -> Any:  # fmt: skip
+        log: Any = None, max_memory: int = DEFAULT_MAX_MEMORY) -> Any:  # fmt: skip
     """Parse and run ``code``; its last expression's value."""
-    return plain(Interpreter(variables, max_operations, log).run(parse(code)))
+    return plain(Interpreter(variables, max_operations, log, max_memory).run(parse(code)))

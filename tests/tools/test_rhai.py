@@ -168,3 +168,92 @@ def test_a_rhai_playbook_through_the_cli(tmp_path):
     out = json.loads(r.stdout)
     assert out["results"]["start"] == {"count": 2, "upper": ["ADA", "BOB"], "total": 15}
     assert out["status"] == "failed" and out["results"]["loop_forever"]["error"]["kind"] == "rhai_limit"
+
+
+# -- hostile scripts: bounded before they allocate ---------------------------------------------------
+# (code, error kind, message); each ran out of memory, burned minutes of CPU on a big integer, or escaped
+# as a Python exception (ValueError, OverflowError, RecursionError, MemoryError) before the bounds
+HOSTILE = [
+    ('let s = "x"; loop { s += s; }', "rhai_limit", "max_memory"),
+    ("let a = [1]; loop { a.append(a); }", "rhai_limit", "max_memory"),
+    ('let s = "x"; for i in 0..20 { s += s; } let k = []; loop { k.push(s + "y"); }', "rhai_limit", "max_memory"),
+    ('let s = "aaaaaaaaaa"; loop { s = s.replace("", s); }', "rhai_limit", "max_memory"),
+    ("let a = []; a.append(0..2000000000); a.len()", "rhai_limit", "max_memory"),
+    ("0..2000000000", "rhai_limit", "too many operations"),
+    ("let x = 3; loop { x = x * x; }", "rhai_error", "arithmetic overflow"),
+    ("2 ** 100000000", "rhai_error", "arithmetic overflow"),
+    ("9223372036854775807 + 1", "rhai_error", "arithmetic overflow"),
+    ("10.0 ** 400", "rhai_error", "arithmetic overflow"),
+    ("1" * 5000, "rhai_error", "integer literal out of range"),
+    ('parse_int("99999999999999999999")', "rhai_error", "arithmetic overflow"),
+    ('let a = []; a.push(a); "x" + a', "rhai_limit", "too many operations"),  # an array holding itself
+    ("let a = [1]; a.push(a); a.contains(5)", "rhai_limit", "too many operations"),
+    # shared structures 2**60 values deep, built in 60 steps: every walk is counted
+    ("let a = [1]; for i in 0..60 { a = [a, a]; } let b = [1]; for i in 0..60 { b = [b, b]; } a == b",
+     "rhai_limit", "too many operations"),
+    ("let a = [1]; for i in 0..60 { a = [a, a]; } to_json(a).len()", "rhai_limit", "too many operations"),
+    ("let a = [1]; for i in 0..60 { a = [a, a]; } a", "rhai_limit", "too many operations"),
+    ("(" * 5000 + "1" + ")" * 5000, "rhai_limit", "nests deeper than 64"),
+    ("{" * 3000 + "1" + "}" * 3000, "rhai_limit", "nests deeper than 64"),
+    ("+".join(["1"] * 1200), "rhai_limit", "nests too deeply"),
+    ("let x = 1;\n" * 2000, "rhai_limit", "over the limit of 16384"),
+]  # fmt: skip
+
+_HOSTILE_RUN = """
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))  # a broken bound fails here, not the machine
+from noetl_dagster.dsl.rhai import RhaiError, run
+out = []
+for code in json.loads(sys.stdin.read()):
+    try:
+        out.append(["ok", repr(run(code))[:80]])
+    except RhaiError as e:
+        out.append([e.kind, str(e)])
+    except BaseException as e:
+        out.append(["escaped", type(e).__name__])
+print(json.dumps(out))
+"""
+
+
+def test_hostile_scripts_stop_at_a_bound_with_a_rhai_error():
+    """Each script in a child process capped at 2 GiB of address space: a bound checked after the
+    allocation (or not at all) shows as MemoryError / a timeout there, not as a swapped machine."""
+    r = subprocess.run([sys.executable, "-c", _HOSTILE_RUN], input=json.dumps([c for c, _, _ in HOSTILE]),
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout)
+    for (code, kind, needle), (got_kind, message) in zip(HOSTILE, got, strict=True):
+        assert (got_kind, needle in message) == (kind, True), (code[:60], got_kind, message)
+
+
+def test_integers_are_exact_i64_and_legitimate_work_stays_inside_the_bounds():
+    # i64 division and remainder exactly (float division lost the last digit past 2**53), truncating toward zero
+    assert run("9007199254740993 / 1") == 9007199254740993
+    assert run("[7 / -2, -7 / 2, -7 % 3, 7 % -3, -9223372036854775807 - 1]") == [-3, -3, -1, 1, -(2**63)]
+    # a 1,000-row CSV built line by line, a 100,000-element split: inside the default budgets
+    csv = run(
+        'let s = ""; for i in 0..1000 { s += "row," + i + ",abcdefghijklmnopqrstuvwxyz0123456789\\n"; } s.len()'
+    )
+    assert csv > 40_000
+    assert run('let s = ""; for i in 0..2000 { s += "a,"; } s.split(",").len()') == 2001
+    with pytest.raises(RhaiError) as ei:
+        run('let s = "x"; for i in 0..30 { s += s; } s.len()', max_memory=1 << 20)
+    assert ei.value.kind == "rhai_limit" and "max_memory (1048576 bytes)" in str(ei.value)
+
+
+def test_a_hostile_script_fails_its_execution_with_rhai_limit(tmp_path):
+    from noetl_dagster.dsl import load_playbook_dict
+    from noetl_dagster.runners.local import run_playbook
+
+    doc = {"apiVersion": "noetl.io/v2", "kind": "Playbook", "metadata": {"name": "r", "path": "tests/r"},
+           "workflow": [{"step": "start", "tool": {"kind": "rhai", "code": 'let a = []; a.push(a); "x" + a'}}]}  # fmt: skip
+    res = run_playbook(
+        load_playbook_dict(doc), None, event_store=f"sqlite:///{tmp_path / 'e.db'}", data_dir=tmp_path
+    )
+    assert res.status == "failed"
+    err = res.results["start"]["error"]  # was kind `exception`: ValueError: Circular reference detected
+    assert err["kind"] == "rhai_limit" and "too many operations" in err["message"], err
+    # validate refuses a script over the size or nesting limit before any run
+    doc["workflow"][0]["tool"]["code"] = "(" * 100 + "1" + ")" * 100
+    _, issues = parse_playbook(doc)
+    assert [i.rule for i in issues] == ["rhai-limit"] and "nests deeper than 64" in issues[0].message
