@@ -221,30 +221,22 @@ def _type(v: Any) -> str:
     )
 
 
-class Interpreter:
-    def __init__(self, variables: dict[str, Any] | None = None, max_operations: int = DEFAULT_MAX_OPERATIONS,
-                 log: Any = None, max_memory: int = DEFAULT_MAX_MEMORY):  # fmt: skip
-        self.scopes: list[dict[str, Any]] = [dict(variables or {})]
+class Budget:
+    """The bounds of one script run: operations counted, bytes charged before they are allocated."""
+
+    def __init__(self, max_operations: int, max_memory: int):
         self.ops = 0
         self.max_operations = max_operations
         self.memory = 0  # bytes allocated so far (never given back: counted work, not a live measure)
         self.max_memory = max_memory
-        self.log = log or (lambda _m: None)
 
-    # -- running ---------------------------------------------------------------------------------
-    def run(self, tree: Tree) -> Any:
-        try:
-            value = self._stmts(tree.children[0])
-        except _Return as r:
-            value = r.value
-        except (_Break, _Continue):
-            raise RhaiError("`break`/`continue` outside a loop", None) from None
-        except RecursionError:  # e.g. a chain of thousands of `+`, each a level of the tree
-            raise RhaiError("the script nests too deeply", None, "rhai_limit") from None
-        self._alloc(self._weigh(value, None), None)  # the result is copied out (ranges become lists)
-        return value
+    def _tick(self, node: Any, n: int = 1) -> None:
+        self.ops += n
+        if self.ops > self.max_operations:
+            raise RhaiError(
+                f"too many operations (max_operations {self.max_operations})", _line(node), "rhai_limit"
+            )
 
-    # -- bounds: counted before the value exists ---------------------------------------------------
     def _alloc(self, nbytes: int, node: Any) -> None:
         """Charge ``nbytes`` about to be allocated; RhaiError (rhai_limit) past ``max_memory``."""
         self.memory += nbytes
@@ -284,12 +276,65 @@ class Interpreter:
             raise RhaiError("arithmetic overflow (integers are i64)", _line(node))
         return v
 
-    def _tick(self, node: Any, n: int = 1) -> None:
-        self.ops += n
-        if self.ops > self.max_operations:
-            raise RhaiError(
-                f"too many operations (max_operations {self.max_operations})", _line(node), "rhai_limit"
-            )
+    def _show(self, v: Any, node: Any) -> str:
+        """A value as text (``+`` with a string, ``to_string``, ``print``): weighed and charged first."""
+        if isinstance(v, (list, dict, range)):
+            self._alloc(self._weigh(v, node), node)
+        return _show(v)
+
+    def _charge_method(self, obj: Any, name: str, args: list[Any], n: Any) -> None:
+        """What a method is about to allocate (or walk), charged before it runs."""
+        if isinstance(obj, str):
+            size = _str_bytes(obj)
+            if name in ("to_upper", "to_lower"):
+                self._alloc(3 * size, n)  # a case mapping can grow a character into three
+            elif name in ("trim", "sub_string"):
+                self._alloc(size, n)
+            elif name == "replace" and len(args) == 2 and all(isinstance(x, str) for x in args):
+                hits = obj.count(args[0]) if args[0] else len(obj) + 1
+                self._alloc(size + hits * _str_bytes(args[1]), n)
+            elif name == "split":
+                sep = args[0] if args and isinstance(args[0], str) and args[0] else " "
+                self._alloc(size + _SLOT * (obj.count(sep) + 1), n)
+            elif name == "chars":
+                self._alloc(size + _SLOT * len(obj), n)
+        elif isinstance(obj, list):
+            if name in ("push", "insert"):
+                self._alloc(_SLOT, n)
+            elif name == "append" and args and isinstance(args[0], (list, range, str)):
+                self._alloc(_SLOT * len(args[0]), n)
+            elif name == "extract":
+                self._alloc(_SLOT * len(obj), n)
+            elif name in ("contains", "index_of", "sort", "sum", "max", "min"):
+                self._weigh(obj, n)  # comparisons walk the elements
+                for a in args:
+                    self._weigh(a, n)
+        elif isinstance(obj, dict):
+            if name in ("keys", "values"):
+                self._alloc(_SLOT * len(obj), n)
+            elif name == "mixin" and args and isinstance(args[0], dict):
+                self._alloc(_ENTRY * len(args[0]), n)
+
+
+class Interpreter(Budget):
+    def __init__(self, variables: dict[str, Any] | None = None, max_operations: int = DEFAULT_MAX_OPERATIONS,
+                 log: Any = None, max_memory: int = DEFAULT_MAX_MEMORY):  # fmt: skip
+        super().__init__(max_operations, max_memory)
+        self.scopes: list[dict[str, Any]] = [dict(variables or {})]
+        self.log = log or (lambda _m: None)
+
+    # -- running ---------------------------------------------------------------------------------
+    def run(self, tree: Tree) -> Any:
+        try:
+            value = self._stmts(tree.children[0])
+        except _Return as r:
+            value = r.value
+        except (_Break, _Continue):
+            raise RhaiError("`break`/`continue` outside a loop", None) from None
+        except RecursionError:  # e.g. a chain of thousands of `+`, each a level of the tree
+            raise RhaiError("the script nests too deeply", None, "rhai_limit") from None
+        self._alloc(self._weigh(value, None), None)  # the result is copied out (ranges become lists)
+        return value
 
     def _stmts(self, node: Tree) -> Any:
         value = None
@@ -548,12 +593,6 @@ class Interpreter:
             raise RhaiError("arithmetic overflow", _line(n)) from None
         return self._int(out, n) if ints else out
 
-    def _show(self, v: Any, node: Any) -> str:
-        """A value as text (``+`` with a string, ``to_string``, ``print``): weighed and charged first."""
-        if isinstance(v, (list, dict, range)):
-            self._alloc(self._weigh(v, node), node)
-        return _show(v)
-
     def _method(self, obj: Any, name: str, args: list[Any], n: Any, target: Any) -> Any:
         if name in ("to_string", "to_debug"):
             return self._show(obj, n)
@@ -601,39 +640,6 @@ class Interpreter:
             return self._int(fn(*args), n)
         except (TypeError, ValueError, OverflowError) as e:
             raise RhaiError(f"{name}(): {e}", _line(n)) from None
-
-    def _charge_method(self, obj: Any, name: str, args: list[Any], n: Any) -> None:
-        """What a method is about to allocate (or walk), charged before it runs."""
-        if isinstance(obj, str):
-            size = _str_bytes(obj)
-            if name in ("to_upper", "to_lower"):
-                self._alloc(3 * size, n)  # a case mapping can grow a character into three
-            elif name in ("trim", "sub_string"):
-                self._alloc(size, n)
-            elif name == "replace" and len(args) == 2 and all(isinstance(x, str) for x in args):
-                hits = obj.count(args[0]) if args[0] else len(obj) + 1
-                self._alloc(size + hits * _str_bytes(args[1]), n)
-            elif name == "split":
-                sep = args[0] if args and isinstance(args[0], str) and args[0] else " "
-                self._alloc(size + _SLOT * (obj.count(sep) + 1), n)
-            elif name == "chars":
-                self._alloc(size + _SLOT * len(obj), n)
-        elif isinstance(obj, list):
-            if name in ("push", "insert"):
-                self._alloc(_SLOT, n)
-            elif name == "append" and args and isinstance(args[0], (list, range, str)):
-                self._alloc(_SLOT * len(args[0]), n)
-            elif name == "extract":
-                self._alloc(_SLOT * len(obj), n)
-            elif name in ("contains", "index_of", "sort", "sum", "max", "min"):
-                self._weigh(obj, n)  # comparisons walk the elements
-                for a in args:
-                    self._weigh(a, n)
-        elif isinstance(obj, dict):
-            if name in ("keys", "values"):
-                self._alloc(_SLOT * len(obj), n)
-            elif name == "mixin" and args and isinstance(args[0], dict):
-                self._alloc(_ENTRY * len(args[0]), n)
 
     def _call(self, name: str, args: list[Any], n: Any) -> Any:
         if name in ("print", "log", "debug", "info", "warn", "error"):
