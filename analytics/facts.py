@@ -503,7 +503,7 @@ class FactBuilder:
         billed = self._billed.get(e.execution_id)
         if billed is None:
             if len(self._billed) > 20_000:
-                self._billed.clear()  # a reference billed again is one row more: the priced table's GROUP BY key
+                self._billed.clear()  # billed again: one row more, the priced table keeps one per execution, key
             billed = self._billed[e.execution_id] = BilledRefs()
         # ordinals of all the event's lines: an event re-sent in another batch gets the same keys
         lines = usage_lines(e.name, e.data)

@@ -414,18 +414,23 @@ def cost_of_events(
     billed: BilledRefs | None = None,
 ) -> dict[str, Cost]:
     """Cost per step of ``events`` (objects with ``name``, ``step``, ``step_run_id``, ``data``,
-    ``timestamp``): every line :func:`usage_lines` finds — task attempts (failed ones too), stored
-    references, and the execution's platform line (step ``""``); ``step_runs``, when given, keeps
-    only the events of those step runs; ``billed``: the references the execution billed before
-    ``events`` (a window of its log: an op's metadata), else none."""
+    ``timestamp``, ``execution_id``): every line :func:`usage_lines` finds — task attempts (failed
+    ones too), stored references (billed per execution, :class:`BilledRefs`: events of several
+    executions bill each its own), and the execution's platform line (step ``""``); ``step_runs``,
+    when given, keeps only the events of those step runs; ``billed``: the references the execution
+    billed before ``events`` (a window of one execution's log: an op's metadata), else none."""
     out: dict[str, Cost] = {}
-    billed = BilledRefs() if billed is None else billed
+    ledgers: dict[Any, BilledRefs] = {}
     for ev in events:
+        eid = getattr(ev, "execution_id", None)
+        ledger = ledgers.get(eid)
+        if ledger is None:
+            ledger = ledgers[eid] = billed if billed is not None and not ledgers else BilledRefs()
         if step_runs is not None and ev.step_run_id not in step_runs:
             if ev.name in _REF_EVENTS or ev.name == "task.done":  # a reference it names is billed to it
-                billed.lines(ev.name, ev.data, getattr(ev, "execution_id", None))
+                ledger.lines(ev.name, ev.data, eid)
             continue
-        c = event_cost(prices, ev.name, ev.data, ev.timestamp, billed, getattr(ev, "execution_id", None))
+        c = event_cost(prices, ev.name, ev.data, ev.timestamp, ledger, eid)
         if not c.amounts and not c.attempts:
             continue
         step = ev.step or ""

@@ -35,7 +35,8 @@ _COLS = (
 )
 _CLASS = "('" + "', '".join(CLASS_CATEGORIES) + "')"
 
-# usage lines (storage: its first creator only) -> priced per tenant / project / playbook / step / day
+# usage lines (storage: the first line per (execution, key), usage_lines.BilledRefs) -> priced per
+# tenant / project / playbook / step / day
 _PRICED = f"""
 SELECT _u.day, _u.tenant_id, _u.project_id, if(_dim.playbook = '', '(unknown)', _dim.playbook) AS playbook,
        _u.step, _u.category, _u.item, any(_u.unit), sum(_u.quantity), sum(_u.used), sum(_u.requested),
@@ -53,13 +54,13 @@ FROM
     SELECT day, tenant_id, project_id, execution_id, step, 'storage', unit, quantity, used, requested, item, 1
     FROM
     (
-        SELECT `key`, toDate(min(ts)) AS day, argMin(tenant_id, ts) AS tenant_id, argMin(project_id, ts) AS project_id,
-               argMin(execution_id, ts) AS execution_id, argMin(step, ts) AS step, argMin(unit, ts) AS unit,
+        SELECT execution_id, `key`, toDate(min(ts)) AS day, argMin(tenant_id, ts) AS tenant_id,
+               argMin(project_id, ts) AS project_id, argMin(step, ts) AS step, argMin(unit, ts) AS unit,
                argMin(quantity, ts) AS quantity, argMin(used, ts) AS used, argMin(requested, ts) AS requested,
                argMin(item, ts) AS item
         FROM $db.usage_fact FINAL
         WHERE `key` != ''
-        GROUP BY `key`
+        GROUP BY execution_id, `key`
     )
     WHERE __STORAGE_DAYS__
 ) AS _u

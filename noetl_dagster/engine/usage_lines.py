@@ -2,7 +2,7 @@
 egress, call and quantum lines, stored references, the engine's platform CPU. Pure functions of an
 event, no price table: analytics.pricing prices them, and the execution summary the event stores
 keep (engine/explain.py) aggregates them per step run at append time. :class:`BilledRefs` is the one
-rule for stored references every cost view applies (billed once per execution)."""
+rule for stored references every cost view applies (billed once, to the execution that stored it)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def _text(value: Any) -> str:
 class UsageLine:
     """One priced quantity of one event. ``quantity`` = max(``used``, ``requested``) (a step that
     declares Kubernetes requests pays for what it reserved when it used less); ``key`` names a
-    stored object (billed once, to its first creator); ``kind`` resolves an empty worker class."""
+    stored object (billed once per execution that stored it, :class:`BilledRefs`); ``kind`` resolves an empty worker class."""
 
     category: str
     item: str
@@ -193,19 +193,20 @@ def line_tuples(name: str, data: Any) -> list[Line]:
 
 class BilledRefs:
     """The stored references one execution has billed: the one rule for storage lines, in every cost
-    view. A storage line (a line with a ``key``: the object's uri) is billed to the execution that
-    stored it, once, by the first event in its order whose lines name it: the task.done that stored
-    it, its step.done, a loop iteration's done, loop.done's list of the iterations' results, the same
-    step run again in a cycle and a later step passing the reference on name it again, unbilled. A
-    reference that names another execution as its producer (``$ref.execution_id``: a sub-playbook's
-    result passed to its parent) is not billed to the execution that only passes it on, so "once per
-    execution" and "once across executions" are the same for the engine's references; a reference
-    without a producer (a user-chosen uri) is billed once per execution that names it here (the
-    facts' ``GROUP BY key`` bills it once across executions: not yet the same). Every other
+    view. A storage act is billed to the execution that stored it, once: a storage line (a line with
+    a ``key``: the object's uri) is billed to its execution by the first event in its order whose
+    lines name it; the task.done that stored it, its step.done, a loop iteration's done, loop.done's
+    list of the iterations' results, the same step run again in a cycle and a later step passing the
+    reference on name it again, unbilled. A reference that names its producer (``$ref.execution_id``)
+    is billed to that execution only, never to one passing it on (a sub-playbook's result handed to
+    its parent). A reference without a producer (a user-chosen uri) is taken as stored by each
+    execution that names it: a path written again by the next run is that run's write and costs it
+    again. So the bill is per (execution, key), never across executions: every view can apply it to
+    one execution's log alone, and a re-export (the same events again) bills nothing new. Every other
     line is billed as it comes. Used by ``analytics.pricing.cost_of_events`` (Dagster's cost
     metadata, whole execution and per op), the facts writer (``usage_fact`` holds only billed lines;
-    the priced table's ``GROUP BY key`` keeps the first of them across export batches)
-    and the execution summary (``engine/explain.py``: its rows keep ``order``, the keys in the order
+    the priced table keeps the first of them per ``(execution_id, key)`` across export batches) and
+    the execution summary (``engine/explain.py``: its rows keep ``order``, the keys in the order
     billed, in chunks of ``CHUNK`` that never change once full)."""
 
     CHUNK = 512

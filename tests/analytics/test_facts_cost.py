@@ -49,8 +49,9 @@ def _task(exe, ts, tenant, project, kind, duration_ms, meta=None, attempt=1):
     )
 
 
-def _ref(uri, size, store):
-    return {"$ref": {"uri": uri, "store": store, "format": "json", "size": size, "checksum": "sha256:00"}}
+def _ref(uri, size, store, producer=None):
+    ref = {"uri": uri, "store": store, "format": "json", "size": size, "checksum": "sha256:00"}
+    return {"$ref": ref if producer is None else {**ref, "execution_id": producer}}
 
 
 def fixture_events() -> list[Event]:
@@ -93,9 +94,31 @@ def fixture_events() -> list[Event]:
             step="s",
             data={"result": _ref("file:///p/b.json", 1_000_000_000, "file"), "duration_ms": 4000},
         ),
+        _ev(
+            E.STEP_DONE,
+            b,
+            "2026-03-02",
+            "globex",
+            "p2",
+            step="t",
+            data={"result": _ref("file:///p/b-out.json", 500_000_000, "file", producer=b), "duration_ms": 1},
+        ),
         _ev(E.EXECUTION_REQUESTED, c, "2026-03-03", "globex", "p2", data={"playbook": "pb/b", "name": "b"}),
         _task(c, "2026-03-03", "globex", "p2", "python", 1000),
-        # the same stored object referenced again: billed once, to its first creator
+        # b's reference passed on as is (its producer, b, in it): billed to b only
+        _ev(
+            E.STEP_DONE,
+            c,
+            "2026-03-03",
+            "globex",
+            "p2",
+            step="t",
+            data={"result": _ref("file:///p/b-out.json", 500_000_000, "file", producer=b), "duration_ms": 1},
+        ),
+        # the user's path b wrote, named as c's result with no producer: c wrote it again (the next
+        # run of the playbook re-writing its output), so c pays for it too, once (the one rule,
+        # engine/usage_lines.BilledRefs: a storage act is billed to the execution that stored it;
+        # the priced table billed a uri once across all executions before: here to b only)
         _ev(
             E.STEP_DONE,
             c,
@@ -118,8 +141,9 @@ ACME_0301 = {
     "call": 2 * 0.01,  # two http attempts
     "storage": 2 * 0.25 * 2,  # 2 GB on s3 for 2 months
 }
-GLOBEX_0302 = {"compute": 8 * 0.001, "storage": 1 * 0.5 * 2}  # file has no price: the storage default
-GLOBEX_0303 = {"compute": 0.001}
+# file has no price: the storage default; 1 GB (the user's path) + 0.5 GB (its own reference)
+GLOBEX_0302 = {"compute": 8 * 0.001, "storage": (1 + 0.5) * 0.5 * 2}
+GLOBEX_0303 = {"compute": 0.001, "storage": 1 * 0.5 * 2}  # its own write of the user's path only
 
 
 def test_rollups_match_a_hand_computed_bill(facts_store):

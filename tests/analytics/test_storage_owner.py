@@ -1,9 +1,11 @@
 """Stored references across executions (issue costscope): two real executions (Dagster,
-execute_in_process) write the same user-chosen uri (``kind: parquet`` to a fixed ``noetl://`` path).
-Each execution bills its own write once, so the page (explain), the facts (exported, rolled up),
-``cost_of_events`` per execution and the sum of the ops' cost metadata agree. Before, the priced
-table's ``GROUP BY key`` billed the uri once across all executions while the Python views billed it
-in each."""
+execute_in_process) of one playbook write a table (``kind: parquet``, a new version each) and name
+one user-chosen uri with no producer as a step's result (a path every run writes again). Each
+execution bills its own writes once, so the page (explain), the facts (exported in small batches,
+rolled up, re-exported), the static dashboard's Totals tile, the FOCUS export, ``cost_of_events``
+per execution and the sum of the ops' cost metadata agree. Before, the priced table's ``GROUP BY
+key`` billed the producer-less uri once across all executions while the Python views billed it in
+each (the facts were short by one write)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from analytics.exporter import FactExporter
 from analytics.pricing import Cost, PriceTable, cost_of_events
 from analytics.rollups import refresh_rollups
 from analytics.store import FactsStore, close_all
+from noetl_dagster.engine.usage_lines import created_refs
 from noetl_dagster.resources.noetl import NoetlResource
 from noetl_dagster.storage.event_stores import open_event_store
 from noetl_dagster.translator import compile_playbooks
@@ -53,7 +56,17 @@ workflow:
           kind: parquet
           uri: noetl://demo/examples/costs/dataset/shared_table
           data: "{{ start }}"
+    next: {arcs: [{step: report}]}
+  - step: report
+    tool:
+      - publish:
+          kind: python
+          code: |
+            # a report at a path the user chose, written again by every run: no producer in it
+            result = {"uri": "noetl://demo/examples/reports/dataset/daily", "store": "file",
+                      "format": "json", "size": 40000, "checksum": "sha256:00"}
 """
+USER_URI = "noetl://demo/examples/reports/dataset/daily"
 
 
 def _op_costs(result) -> float:  # noqa: ANN001
@@ -86,14 +99,20 @@ def test_two_executions_writing_one_uri_cost_the_same_in_every_view(tmp_path):
     prices = PriceTable.load(data_dir=data)
     log = open_event_store(None, data_dir=data)
     try:
-        python = {eid: sum(cost_of_events(prices, log.read(eid)).values(), Cost()) for eid in eids}
+        logs = {eid: log.read(eid) for eid in eids}
+        python = {eid: sum(cost_of_events(prices, evs).values(), Cost()) for eid, evs in logs.items()}
         assert all(c.storage > 0 for c in python.values())  # each execution wrote the table
+        # the case: both executions name the one producer-less uri
+        for evs in logs.values():
+            assert any(r["uri"] == USER_URI and "execution_id" not in r
+                       for e in evs for r in created_refs(e.name, e.data))  # fmt: skip
         views = ExecutionViews(log, data_dir=str(data))
         page = {eid: views.explain(eid)["totals"]["cost"] for eid in eids}
         store = FactsStore(f"chdb://{tmp_path / 'facts'}")
         exporter = FactExporter(store, log, batch_events=7, prices=prices)
         exporter.export()
         facts, again = _priced_total_then_reexported(exporter, store, prices)
+        tile, focus = _dashboard_tile_and_focus(store, tmp_path / "dash")
     finally:
         log.close()
         close_all()
@@ -101,7 +120,20 @@ def test_two_executions_writing_one_uri_cost_the_same_in_every_view(tmp_path):
     assert sum(page.values()) == pytest.approx(py_total, abs=1e-9)
     assert facts == pytest.approx(py_total, abs=1e-9)
     assert again == pytest.approx(facts, abs=1e-12)
+    assert tile == pytest.approx(py_total, abs=1e-9) and focus == pytest.approx(py_total, abs=1e-9)
     assert ops == pytest.approx(py_total - sum(c.platform for c in python.values()), abs=1e-9)
+
+
+def _dashboard_tile_and_focus(store, out) -> tuple[float, float]:  # noqa: ANN001
+    """The static dashboard's Totals tile (rendered) and the FOCUS export's BilledCost, all tenants."""
+    from analytics.dashboard import render_dashboard  # noqa: PLC0415
+    from analytics.dashboard_access import Viewer  # noqa: PLC0415
+    from analytics.focus import focus_table  # noqa: PLC0415
+
+    summary = next(p for p in render_dashboard(store, out, viewer=Viewer.everyone()).panels
+                   if p.panel.key == "summary")  # fmt: skip
+    tile = summary.rows[0][summary.columns.index("cost")]
+    return tile, sum(focus_table(store, viewer=Viewer.everyone()).column("BilledCost").to_pylist())
 
 
 def _log(eid: str, refs: list[dict], parent: str | None = None) -> list:
