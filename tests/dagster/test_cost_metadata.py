@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from analytics.pricing import Cost, PriceTable, cost_of_events
+from noetl_dagster.engine.usage_lines import created_refs
 from noetl_dagster.resources.noetl import NoetlResource
 from noetl_dagster.storage.event_stores import open_event_store
 from noetl_dagster.translator import compile_playbooks
@@ -272,3 +273,76 @@ def test_each_per_step_run_carries_its_own_cost_and_the_finishing_run_the_total(
     platform = _cost(prices, events.get("", []))
     assert platform.platform > 0 and platform.total == platform.platform
     assert total == pytest.approx(sum(own.values()) + platform.total, rel=1e-9, abs=1e-9)
+
+
+PASSED_ON = """\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: cost_passed_on, path: tests/cost_passed_on}
+workflow:
+  - step: start
+    tool:
+      - publish:
+          kind: python
+          code: |
+            result = {"uri": "noetl://demo/examples/reports/dataset/daily", "store": "file",
+                      "format": "json", "size": 40000, "checksum": "sha256:00"}
+    next: {arcs: [{step: churn}]}
+  - step: churn
+    loop:
+      in: "{{ range(12) | list }}"
+      iterator: x
+    tool:
+      - square:
+          kind: python
+          input: {x: "{{ iter.x }}"}
+          code: |
+            result = {"sq": x * x}
+    next: {arcs: [{step: relay}]}
+  - step: relay
+    tool:
+      - pass_on:
+          kind: python
+          input: {report: "{{ start }}"}
+          code: |
+            result = report
+"""
+
+
+def test_an_op_passing_on_a_reference_an_earlier_op_billed_adds_nothing(tmp_path):
+    """``relay`` returns the reference ``start`` stored, far enough down the log that its op's window
+    (the tail holding its own step run) does not hold ``start``'s events: the op is priced with the
+    references billed before its window, so the ops' metadata sums to the execution's cost (without
+    that seed the relay op billed the 20 USD write a second time)."""
+    pb = tmp_path / "cost_passed_on.yaml"
+    pb.write_text(PASSED_ON)
+    data = tmp_path / "noetl"
+    data.mkdir()
+    (data / "prices.yaml").write_text(PRICES + "    storage_gb_month: 500000.0\n")
+    loc = compile_playbooks(pb, resource=NoetlResource(data_dir=str(data), tenant="demo", project="examples"),
+                            include_sensor=False)  # fmt: skip
+    with dg.instance_for_test() as inst:
+        result = loc.definitions.resolve_job_def("cost_passed_on").execute_in_process(instance=inst)
+        assert result.success
+        run = inst.get_run_by_id(result.run_id)
+    eid = run.tags["noetl/execution_id"]
+    events = _attempts(data, eid, None)
+    prices = PriceTable.from_dict(yaml.safe_load(PRICES + "    storage_gb_month: 500000.0\n"))
+    uri = "noetl://demo/examples/reports/dataset/daily"
+    # the case: relay names start's reference again, more than an op's first window (16) after it
+    named = [e.sequence for evs in events.values() for e in evs
+             if any(r.get("uri") == uri for r in created_refs(e.name, e.data))]  # fmt: skip
+    last_relay = max(e.sequence for e in events["relay"])
+    assert {e.step for evs in events.values() for e in evs if e.sequence in named} == {"start", "relay"}
+    assert last_relay - 16 > max(e.sequence for e in events["start"])
+    whole = _cost(prices, [e for evs in events.values() for e in evs])
+    assert whole.storage == pytest.approx(40000 / 1e9 * 500000.0) and whole.storage > 1  # billed once
+    ops = 0.0
+    for node in result.job_def.nodes:
+        for ev in result.events_for_node(node.name):
+            if ev.event_type_value == "STEP_OUTPUT" and ev.step_output_data.output_name == "result":
+                md = ev.step_output_data.metadata
+                ops += md["noetl/cost/usd"].value if "noetl/cost/usd" in md else 0.0
+    assert _result_metadata(result, "relay")["noetl/cost/storage_usd"] == 0.0
+    assert ops == pytest.approx(whole.total - whole.platform, abs=1e-9)
+    assert float(run.tags["noetl/cost_usd"]) == pytest.approx(whole.total, abs=1e-9)
