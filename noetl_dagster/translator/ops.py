@@ -445,17 +445,28 @@ def _costs(
     ``task.done`` events; None (with a warning) when it cannot be priced. ``keep`` gets the events read."""
     runs = {o.step_run_id for o in report.outcomes}
     resource = getattr(context.resources, RESOURCE_KEY)
+    eng = report.engine
+    store, eid, last = eng.services.event_store, eng.execution_id, eng.state.sequence
 
     read: list[Any] = []
 
     def events() -> list[Any]:
-        evs = _events_of_runs(report.engine, runs) if runs else []
+        evs = _events_of_runs(store, eid, last, runs) if runs else []
         read.extend(evs)
         if keep is not None:
             keep.extend(evs)
         return evs
 
-    return priced_events(context, resource, events, runs, lambda: _billed_before(report.engine, read))
+    return priced_events(context, resource, events, runs, lambda: _billed_before(store, eid, read))
+
+
+def window_cost(prices: PriceTable, store: Any, execution_id: str, last_sequence: int,
+                runs: set[str]) -> dict[str, Cost]:  # fmt: skip
+    """What an op's metadata prices for its step runs ``runs`` when the execution's log stood at
+    ``last_sequence``: its window of the log, seeded with the references billed before it (the
+    sum over an execution's ops is its cost without the platform line; tests/analytics/test_cost_gate.py)."""
+    evs = _events_of_runs(store, execution_id, last_sequence, runs) if runs else []
+    return cost_of_events(prices, evs, runs, _billed_before(store, execution_id, evs))
 
 
 def priced_events(
@@ -475,11 +486,10 @@ def priced_events(
         return None
 
 
-def _events_of_runs(eng: Any, runs: set[str]) -> list[Any]:
+def _events_of_runs(store: Any, eid: str, last: int, runs: set[str]) -> list[Any]:
     """The tail of the execution's log that holds the step runs ``runs`` (from their ``step.scheduled``
     on): a window from the last sequence the op saw, widened x4 until every run's scheduling is in it,
     so an op reads its own events, not the whole log (which would make a long execution quadratic)."""
-    store, eid, last = eng.services.event_store, eng.execution_id, eng.state.sequence
     window = 16
     while True:
         after = max(0, last - window)
@@ -489,7 +499,7 @@ def _events_of_runs(eng: Any, runs: set[str]) -> list[Any]:
         window *= 4
 
 
-def _billed_before(eng: Any, evs: list[Any]) -> BilledRefs | None:
+def _billed_before(store: Any, eid: str, evs: list[Any]) -> BilledRefs | None:
     """The stored references the execution billed before the window ``evs`` of its log (an op's
     events): a step passing on an earlier op's reference names it again, billed there, not in this
     op's metadata (usage_lines.BilledRefs). The log before the window is read only when the window
@@ -500,8 +510,8 @@ def _billed_before(eng: Any, evs: list[Any]) -> BilledRefs | None:
         (e.name in _REF_EVENTS or e.name == "task.done") and created_refs(e.name, e.data) for e in evs
     ):
         return None
-    billed, eid = BilledRefs(), eng.execution_id
-    for e in eng.services.event_store.read_range(eid, 0, evs[0].sequence - 1):
+    billed = BilledRefs()
+    for e in store.read_range(eid, 0, evs[0].sequence - 1):
         if e.execution_id == eid and (e.name in _REF_EVENTS or e.name == "task.done"):
             billed.lines(e.name, e.data, eid)
     return billed
@@ -528,7 +538,8 @@ def _inside(context: Any, report: OpReport, node: Node, read: list[Any]) -> dict
         md["noetl/execution_page"] = dg.MetadataValue.url(url)
     runs = {o.step_run_id for o in report.outcomes}
     try:
-        evs = read or _events_of_runs(report.engine, runs)
+        eng = report.engine
+        evs = read or _events_of_runs(eng.services.event_store, eng.execution_id, eng.state.sequence, runs)
         summary = op_summary(evs, runs)
     except Exception as e:  # noqa: BLE001 - informational, never fails a step
         context.log.warning(f"no summary of the op's step runs: {e}")
