@@ -22,9 +22,9 @@ processes: P processes x T threads, each thread running executions back to back 
 completion. For each (P, T), in turn and in the same run:
 
 * baseline: raw psycopg doing the same inserts: each thread its own connection, each flush of
-  a real execution (captured once: the same event rows, names and body sizes) one transaction
-  of ``executemany`` into a copy of the event table (same columns, keys and indexes; no
-  numbering, no append lock, no executions index);
+  a real execution (captured once: the same event rows, names and body sizes) one autocommit
+  ``INSERT ... SELECT FROM unnest`` into a copy of the event table (same columns, keys and indexes;
+  no numbering, no append lock, no executions index): one round trip and one commit per flush;
 * old path: the Postgres EventStore with group commit off (``group_commit=False``): each flush
   its own statement and commit, threads queueing on the append lock;
 * new path: group commit on (the default): the flushes of all threads of a process that arrive
@@ -46,6 +46,7 @@ import statistics
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 import psycopg
@@ -165,6 +166,8 @@ def main(argv: list[str] | None = None) -> None:
         "--before-tree", help="the 'old path' row runs this checkout's code (e.g. a worktree of main)"
     )
     ap.add_argument("--rounds", type=int, default=1, help="repeat the grid, rows interleaved")
+    ap.add_argument("--paths", default="baseline,old,new", help="rows per (P, T), in order: baseline, old (group"
+                    " commit off, or --before-tree's code), new, free (the engine with no store: the floor), delay")  # fmt: skip
     ap.add_argument(
         "--cpu-ab", action="store_true", help="client CPU per execution: --before-tree vs this checkout"
     )
@@ -173,8 +176,11 @@ def main(argv: list[str] | None = None) -> None:
         cpu_ab(args.before_tree, args.rounds, PER_WORKER)
         return
     if args.throughput:
+        paths = [x.strip() for x in args.paths.split(",") if x.strip()]
+        if args.commit_delay and "delay" not in paths:
+            paths.append("delay")
         grid(PLAYBOOK, _ints(args.procs), _ints(args.threads), args.seconds, args.commit_delay, args.before_tree,
-             args.rounds)  # fmt: skip
+             args.rounds, paths)  # fmt: skip
         return
     db = f"nd_tp_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(PG, autocommit=True) as c:
@@ -359,7 +365,16 @@ def _threads(
 
 
 def _tp_engine(
-    path: str, url: str, data_dir: str, threads: int, seconds: float, group: bool, tree, start, out
+    path: str,
+    url: str,
+    data_dir: str,
+    threads: int,
+    seconds: float,
+    group: bool,
+    tree,
+    start,
+    out,
+    free: bool = False,
 ) -> None:  # type: ignore[no-untyped-def]
     if (
         tree
@@ -374,6 +389,15 @@ def _tp_engine(
     store = PostgresEventStore(
         url + "&application_name=" + tag, group_commit=group, pool_size=max(4, min(threads, 8))
     )
+    if free:  # the floor: the engine's own CPU, events numbered in memory, nothing encoded or sent
+        last: dict[str, int] = {}
+
+        def numbered(events):  # type: ignore[no-untyped-def]
+            for e in events:  # one thread per execution: no two threads number the same one
+                last[e.execution_id] = e.sequence = last.get(e.execution_id, 0) + 1
+            return list(events)
+
+        store.append = numbered  # type: ignore[method-assign]
     run_playbook(path, event_store=store, data_dir=data_dir)  # warm: imports, pools, template cache
     server = _ServerCpu(url.split("?", 1)[0], tag)
 
@@ -389,21 +413,25 @@ def _tp_engine(
     server.conn.close()
 
 
+# One statement per flush, autocommit: one round trip and one commit (issue 35: the baseline was a
+# transaction of ``executemany``, three round trips per flush: BEGIN, the pipelined inserts, COMMIT).
+BASELINE_INSERT = """INSERT INTO bench_event (event_id, execution_id, sequence, name, ts, body)
+SELECT u.event_id, %s, u.sequence, u.name, u.ts, u.body::json
+FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[], %s::text[]) AS u(event_id, sequence, name, ts, body)"""
+
+
 def _tp_baseline(url: str, flushes, threads: int, seconds: float, start, out) -> None:  # type: ignore[no-untyped-def]
     tag = f"ndtp{os.getpid()}"
     conns = [psycopg.connect(url, autocommit=True, application_name=tag) for _ in range(threads)]
     server = _ServerCpu(url, tag)
-    ins = "INSERT INTO bench_event (event_id, execution_id, sequence, name, ts, body) VALUES (%s, %s, %s, %s, %s, %s)"
 
     def one(i: int) -> None:
         conn, eid, seq = conns[i], str(uuid.uuid4()), 0
         for flush in flushes:
-            rows = []
-            for name, ts, body in flush:
-                seq += 1
-                rows.append((str(uuid.uuid4()), eid, seq, name, ts, body))
-            with conn.transaction(), conn.cursor() as cur:
-                cur.executemany(ins, rows)
+            ids, seqs = [str(uuid.uuid4()) for _ in flush], list(range(seq + 1, seq + 1 + len(flush)))
+            seq += len(flush)
+            conn.execute(BASELINE_INSERT, (eid, ids, seqs, *(list(c) for c in zip(*flush, strict=True))),
+                         prepare=True)  # fmt: skip
 
     _threads(one, threads, seconds, start, out, server=server)
     for c in [*conns, server.conn]:
@@ -423,15 +451,18 @@ def _tp_run(target, args_for, procs: int) -> dict:  # type: ignore[no-untyped-de
         p.join()
     wall = max(r[0] for r in results)
     lat = sorted(x for r in results for x in r[1])
+    cpu_ms = sum(r[2] for r in results) / len(lat) * 1000
+    srv_ms = sum(r[4] for r in results) / len(lat) * 1000
     return {"per_min": len(lat) / wall * 60, "p50": statistics.median(lat),
             "p99": lat[min(len(lat) - 1, int(len(lat) * 0.99))], "n": len(lat),
-            "cpu_ms": sum(r[2] for r in results) / len(lat) * 1000, "load": f"{load0} -> {_load()}",
+            "cpu_ms": cpu_ms, "load": f"{load0} -> {_load()}",
             "per_stmt": sum(r[3][1] for r in results) / max(1, sum(r[3][0] for r in results)),
-            "srv_ms": sum(r[4] for r in results) / len(lat) * 1000}  # fmt: skip
+            "srv_ms": srv_ms, "bound": (os.cpu_count() or 1) * 60_000 / max(1e-9, cpu_ms + srv_ms)}  # fmt: skip
 
 
 def grid(playbook: dict, procs: list[int], threads: list[int], seconds: float, commit_delay: int = 0,
-         before_tree: str | None = None, rounds: int = 1) -> None:  # fmt: skip
+         before_tree: str | None = None, rounds: int = 1,
+         paths: Sequence[str] = ("baseline", "old", "new")) -> None:  # fmt: skip
     db = f"nd_tpg_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(PG, autocommit=True) as c:
         c.execute(f"CREATE DATABASE {db}")
@@ -449,42 +480,46 @@ def grid(playbook: dict, procs: list[int], threads: list[int], seconds: float, c
             n_ev = sum(len(f) for f in flushes)
             print(f"one execution: {len(flushes)} flushes, {n_ev} events, "
                   f"{sum(len(b) for f in flushes for _, _, b in f)} body bytes; {seconds:.0f} s per row")  # fmt: skip
-            print(f"{'P x T':8} {'path':10} {'exec/min':>9} {'p50 ms':>8} {'p99 ms':>8} {'cpu ms/ex':>9} {'srv ms':>6} {'fl/st':>6} "
-                  f"{'vs base':>7} {'vs old':>7}  load 1/5/15 min (before -> after)")  # fmt: skip
+            print(f"{'P x T':8} {'path':10} {'exec/min':>9} {'p50 ms':>8} {'p99 ms':>8} {'cpu ms/ex':>9} {'srv ms':>6} "
+                  f"{'bound':>7} {'fl/st':>6} {'vs base':>7}  load 1/5/15 min (before -> after)")  # fmt: skip
             opt = f"&options=-c%20commit_delay%3D{commit_delay}"
+
+            def engine(
+                schema: str, t: int, group: bool, tree: str | None, free: bool = False, extra: str = ""
+            ):  # type: ignore[no-untyped-def]
+                return lambda i: (str(path), _url(db) + f"?schema={schema}{extra}", f"{tmp}/{schema}{i}", t, seconds,
+                                  group, tree, *((True,) if free else ()))  # fmt: skip
+
             for p, t in [
                 (p, t) for _ in range(rounds) for p in procs for t in threads
-            ]:  # rounds: interleaved repeats
-                base = _tp_run(_tp_baseline, lambda i, t=t: (_url(db), flushes, t, seconds), p)
-                # old: group commit off; with --before-tree: that checkout's code as it is (group commit on)
-                old = _tp_run(_tp_engine, lambda i, t=t: (str(path), _url(db) + "?schema=oldpath", f"{tmp}/o{i}",
-                                                          t, seconds, before_tree is not None, before_tree), p)  # fmt: skip
-                new = _tp_run(_tp_engine, lambda i, t=t: (str(path), _url(db) + "?schema=newpath", f"{tmp}/n{i}",
-                                                          t, seconds, True, None), p)  # fmt: skip
-                rows = [("baseline", base), ("before" if before_tree else "old path", old), ("new path", new)]
-                if commit_delay and t == threads[-1]:  # the server's own group commit, this session only
-                    rows.append(
-                        (
-                            "old+delay",
-                            _tp_run(
-                                _tp_engine,
-                                lambda i, t=t: (
-                                    str(path),
-                                    _url(db) + "?schema=olddelay" + opt,
-                                    f"{tmp}/od{i}",
-                                    t,
-                                    seconds,
-                                    False,
-                                    None,
-                                ),
-                                p,
-                            ),
-                        )
-                    )
+            ]:  # rounds: interleaved
+                rows = []
+                for name in paths:
+                    if name == "baseline":
+                        r = _tp_run(_tp_baseline, lambda i, t=t: (_url(db), flushes, t, seconds), p)
+                    elif name == "old":  # group commit off; with --before-tree: that checkout's code as it is
+                        r = _tp_run(_tp_engine, engine("oldpath", t, before_tree is not None, before_tree), p)
+                        name = "before" if before_tree else "old path"
+                    elif name == "new":
+                        r = _tp_run(_tp_engine, engine("newpath", t, True, None), p)
+                        name = "new path"
+                    elif (
+                        name == "free"
+                    ):  # the engine alone: what the machine allows if the store cost nothing
+                        r = _tp_run(_tp_engine, engine("free", t, True, None, free=True), p)
+                        name = "no store"
+                    elif name == "delay":  # the server's own group commit, this session only
+                        r = _tp_run(_tp_engine, engine("olddelay", t, False, None, extra=opt), p)
+                        name = "old+delay"
+                    else:
+                        raise SystemExit(f"unknown path {name!r} (baseline, old, new, free, delay)")
+                    rows.append((name, r))
+                base = next((r for n, r in rows if n == "baseline"), None)
                 for label, r in rows:
+                    vs = f"{r['per_min'] / base['per_min']:7.2f}" if base else f"{'-':>7}"
                     print(f"{p} x {t:<4} {label:10} {r['per_min']:9.0f} {r['p50'] * 1000:8.1f} {r['p99'] * 1000:8.1f} "
-                          f"{r['cpu_ms']:9.2f} {r['srv_ms']:6.2f} {r['per_stmt']:6.1f} {r['per_min'] / base['per_min']:7.2f} "
-                          f"{r['per_min'] / old['per_min']:7.2f}  {r['load']}", flush=True)  # fmt: skip
+                          f"{r['cpu_ms']:9.2f} {r['srv_ms']:6.2f} {r['bound']:7.0f} {r['per_stmt']:6.1f} {vs}  {r['load']}",
+                          flush=True)  # fmt: skip
     finally:
         with psycopg.connect(PG, autocommit=True) as c:
             c.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")

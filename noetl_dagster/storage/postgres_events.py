@@ -89,7 +89,7 @@ MIGRATIONS: list[list[str]] = [
 ]
 
 
-_SEQ_HEAD = '{"sequence":null,'
+_SEQ_PAD = len('"sequence":null,')  # what the event's size check counts for the sequence the server adds
 
 # One statement per batch (autocommit: its commit is the only other wait). The columns go as
 # array literals built here (``_array``: two str.replace per value; psycopg's own array dumpers
@@ -176,11 +176,11 @@ class _Batch:
         self.idx: dict[str, list[Any]] = {}
         for ev in events:
             d = ev.to_stored()
-            d["sequence"] = None
-            text = dumps({"sequence": None, **d})
-            if len(text) > MAX_EVENT_BYTES:
-                check_event_size(ev, len(text))
-            self.tails.append(text[len(_SEQ_HEAD) :])  # '{"sequence":null,' is always the head (first key)
+            del d["sequence"]  # the server writes it as the first key: '{"sequence":N,' || tail
+            text = dumps(d)  # '{"event_id":...': never empty (event_id is always there)
+            if len(text) + _SEQ_PAD > MAX_EVENT_BYTES:  # the size as stored with '{"sequence":null,'
+                check_event_size(ev, len(text) + _SEQ_PAD)
+            self.tails.append(text[1:])
             self.ids.append(ev.event_id)
             self.execs.append(ev.execution_id)
             self.names.append(ev.name)
@@ -212,13 +212,8 @@ class _Batch:
     def combine(cls, batches: Sequence[_Batch]) -> _Batch:
         if len(batches) == 1:
             return batches[0]
-        out = cls(())
+        out = cls(())  # only what ``params`` reads: the index rows and the joined columns
         for b in batches:
-            out.ids += b.ids
-            out.execs += b.execs
-            out.names += b.names
-            out.ts += b.ts
-            out.tails += b.tails
             for eid, u in b.idx.items():
                 out.merge_index(eid, u)
         out.cols = [SEP.join(b.cols[i] for b in batches if b.cols) for i in range(5)]

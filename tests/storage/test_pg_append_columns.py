@@ -68,3 +68,36 @@ def test_an_unsplittable_id_is_refused_before_the_round(store, bad):
         store.append([Event("step.started", bad, {"n": 1})])
     store.append([Event("step.started", "fine", {"n": 1})])  # the store goes on
     assert [e.sequence for e in store.read("fine")] == [1]
+
+
+def test_the_stored_body_is_the_event_with_its_sequence_first(store):
+    """The body is encoded without its sequence and the server writes ``{"sequence":N,`` in front:
+    the stored text is the event's compact form with the sequence as its first key."""
+    from noetl_dagster.util.jsonutil import dumps
+
+    ev = Event("step.done", "exec-body", {"result": {"x": ODD}})
+    store.append([Event("step.started", "exec-body", {}), ev])
+    with store._pool.connection() as conn:
+        body = conn.execute(
+            store._q("SELECT body::text FROM {schema}.noetl_event WHERE event_id = %s"), (ev.event_id,)
+        ).fetchone()[0]
+    assert ev.sequence == 2
+    assert body == dumps({"sequence": 2, **ev.to_stored()})
+
+
+def test_the_size_limit_counts_the_stored_sequence(store, monkeypatch):
+    """An event is refused at the size the store keeps, sequence included, as before the body was
+    encoded without it (``check_event_size``)."""
+    from noetl_dagster.engine import recorder
+    from noetl_dagster.storage import postgres_events
+    from noetl_dagster.util.jsonutil import dumps
+
+    ev = Event("step.done", "exec-size", {"pad": "x" * 100})
+    size = len(dumps({"sequence": None, **ev.to_stored()}))
+    for module in (recorder, postgres_events):
+        monkeypatch.setattr(module, "MAX_EVENT_BYTES", size)
+    store.append([ev])  # exactly at the limit: kept
+    over = Event("step.done", "exec-size", {"pad": "x" * 101})
+    with pytest.raises(Exception, match="too large|bytes"):
+        store.append([over])
+    assert [e.event_id for e in store.read("exec-size")] == [ev.event_id]
