@@ -13,9 +13,15 @@ round, and the figures are CPU seconds (``time.process_time``) and counts:
   statement's own latency (a sleeping client pays for the wake-up: the scheduler and cold caches,
   more the longer it slept and the busier the machine);
 * the frontend messages per execution and per store open, counted on the wire (``pgwire``);
-* opening a store (``PostgresEventStore(url).close()``): CPU and wire counts, both checkouts.
+* opening a store (``PostgresEventStore(url).close()``): CPU and wire counts, both checkouts;
+* ``--server``: the server's floor. The append statements of a ``--threads``-thread run (group commit
+  rounds as they form) are captured and replayed one after the other on one connection, against the
+  same rows written the cheapest way Postgres takes them (``COPY`` into a copy of the event table:
+  same columns, keys and indexes; one transaction per round), the server backend's CPU read from
+  ``/proc/PID/schedstat`` (ns): what the server needs per execution for these rows, whatever the client.
 
 Run: ``python -m benchmarks.bench_pg_client [--before-tree DIR] [--rounds 5] [--executions 100]``
+or ``python -m benchmarks.bench_pg_client --server [--threads 24] [--seconds 6] [--rounds 3]``
 (needs Postgres at 127.0.0.1:5432).
 """
 
@@ -104,7 +110,15 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--executions", type=int, default=100, help="per row and round")
+    ap.add_argument(
+        "--server", action="store_true", help="only the server's CPU floor (replayed rounds vs COPY)"
+    )
+    ap.add_argument("--threads", type=int, default=24, help="--server: threads of the captured run")
+    ap.add_argument("--seconds", type=float, default=6.0, help="--server: seconds of the captured run")
     args = ap.parse_args(argv)
+    if args.server:
+        server_floor(args.threads, args.seconds, args.rounds)
+        return
     from noetl_dagster.runners.local import run_playbook
     from noetl_dagster.storage.postgres_events import PostgresEventStore
 
@@ -208,6 +222,128 @@ def _opens(url: Callable[[str], str], before: Any, rounds: int) -> None:
             d = wc.snapshot()
         print(f"  {k:14} client CPU {statistics.median(cpu[k]):6.2f} ms  connections {d['connections']}  "
               f"round trips {d['round_trips']} (simple queries {d['Q']}, extended {d['S']})")  # fmt: skip
+
+
+# ---- the server's floor: the same rounds replayed, against the same rows by COPY -------------------
+
+COPY_TABLE = """CREATE TABLE {t} (gid BIGSERIAL PRIMARY KEY, event_id TEXT NOT NULL UNIQUE,
+    execution_id TEXT NOT NULL, sequence BIGINT NOT NULL, name TEXT NOT NULL, ts TEXT NOT NULL,
+    body JSON NOT NULL, UNIQUE (execution_id, sequence))"""
+
+
+def _capture_rounds(
+    threads: int, seconds: float
+) -> tuple[list[tuple[tuple[Any, ...], list[tuple[Any, ...]], int]], int]:
+    """The group-commit rounds of a threaded run: (statement parameters, the rows as stored, flushes)."""
+    import threading
+
+    from noetl_dagster.runners.local import run_playbook
+    from noetl_dagster.storage import postgres_events as pe
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench_pg_server_"))
+    path = tmp / "five_steps.yaml"
+    path.write_text(yaml.safe_dump(PLAYBOOK, sort_keys=False))
+    schema = f"pgs_cap_{uuid.uuid4().hex[:8]}"
+    store = pe.PostgresEventStore(f"{PG}?schema={schema}", pool_size=8)
+    run_playbook(path, event_store=store, data_dir=tmp)
+    rounds: list[tuple[tuple[Any, ...], list[tuple[Any, ...]], int]] = []
+    statement, summarize = store._append_one_statement, store._summarize
+    seen: list[list[str]] = []
+
+    def summarized(conn, events):  # type: ignore[no-untyped-def]
+        seen.append(out := summarize(conn, events))
+        return out
+
+    def recorded(batches):  # type: ignore[no-untyped-def]
+        params = pe._Batch.combine(batches).params(store._append_lock)
+        got = statement(batches)
+        rows = [(ev.event_id, ev.execution_id, ev.sequence, ev.name, ev.timestamp,
+                 f'{{"sequence":{ev.sequence},{tail}') for b in batches for ev, tail in zip(b.events, b.tails, strict=True)]  # fmt: skip
+        rounds.append(((*params[:8], *seen.pop(), *params[8:]), rows, len(batches)))
+        return got
+
+    store._summarize, store._append_one_statement = summarized, recorded  # type: ignore[method-assign]
+    if store._group is not None:
+        store._group._run_batch = recorded
+    done = [0]
+
+    def loop() -> None:
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            run_playbook(path, event_store=store, data_dir=tmp)
+            done[0] += 1
+
+    ts = [threading.Thread(target=loop) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    store.close()
+    with psycopg.connect(PG, autocommit=True) as c:
+        c.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    return rounds, done[0]
+
+
+def _on_cpu(pid: int) -> float:
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
+
+
+def server_floor(threads: int, seconds: float, repeats: int) -> None:
+    from noetl_dagster.storage.postgres_events import PostgresEventStore
+
+    rounds, executions = _capture_rounds(threads, seconds)
+    flushes = sum(r[2] for r in rounds)
+    events = sum(len(r[1]) for r in rounds)
+    print(f"captured {len(rounds)} rounds of a {threads}-thread run: {flushes} flushes "
+          f"({flushes / len(rounds):.1f} a round), {events} events, ~{executions} executions; load {os.getloadavg()[0]:.1f}")  # fmt: skip
+    cols = "event_id, execution_id, sequence, name, ts, body"
+    schemas: list[str] = []
+    cpu: dict[str, list[float]] = {}
+    try:
+        for _ in range(repeats):  # fresh tables each repeat, variants interleaved round by round
+            variants: dict[str, tuple[psycopg.Connection, Callable[[Any], Any]]] = {}
+            for label, opts in (("append statement (the store's)", ""),
+                                ("append statement, synchronous_commit=off", "?options=-c%20synchronous_commit%3Doff"),
+                                ("COPY of the same rows, one transaction a round", "")):  # fmt: skip
+                schemas.append(schema := f"pgs_{uuid.uuid4().hex[:8]}")
+                conn = psycopg.connect(PG + opts, autocommit=True)
+                if label.startswith("COPY"):
+                    conn.execute(f'CREATE SCHEMA "{schema}"')
+                    conn.execute(COPY_TABLE.format(t=f'"{schema}".ev'))
+
+                    def run(r, conn=conn, schema=schema):  # type: ignore[no-untyped-def]
+                        with (
+                            conn.transaction(),
+                            conn.cursor().copy(f'COPY "{schema}".ev ({cols}) FROM STDIN') as cp,
+                        ):
+                            for row in r[1]:
+                                cp.write_row(row)
+                else:
+                    store = PostgresEventStore(f"{PG}?schema={schema}", group_commit=False)
+                    sql_text = store._append_sql
+                    store.close()
+
+                    def run(r, conn=conn, sql_text=sql_text):  # type: ignore[no-untyped-def]
+                        conn.execute(sql_text, r[0], prepare=True).fetchall()
+
+                variants[label] = (conn, run)
+            spent = dict.fromkeys(variants, 0.0)
+            for r in rounds:
+                for label, (conn, run) in variants.items():
+                    pid = conn.info.backend_pid
+                    c0 = _on_cpu(pid)
+                    run(r)
+                    spent[label] += _on_cpu(pid) - c0
+            for label, (conn, _) in variants.items():
+                cpu.setdefault(label, []).append(spent[label] / flushes * 7 * 1000)
+                conn.close()
+        print("server CPU per five-step execution (7 flushes, 39 events), median of repeats, ms:")
+        for label, xs in cpu.items():
+            print(f"  {label:48} {statistics.median(xs):6.3f}   repeats {[round(x, 3) for x in xs]}")
+    finally:
+        with psycopg.connect(PG, autocommit=True) as c:
+            for s in schemas:
+                c.execute(f'DROP SCHEMA IF EXISTS "{s}" CASCADE')
 
 
 if __name__ == "__main__":

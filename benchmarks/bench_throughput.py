@@ -23,7 +23,7 @@ completion. For each (P, T), in turn and in the same run:
 
 * baseline: raw psycopg doing the same inserts: each thread its own connection, each flush of
   a real execution (captured once: the same event rows, names and body sizes) one autocommit
-  ``INSERT ... SELECT FROM unnest`` into a copy of the event table (same columns, keys and indexes;
+  multi-row ``INSERT ... VALUES`` into a copy of the event table (same columns, keys and indexes;
   no numbering, no append lock, no executions index): one round trip and one commit per flush;
 * old path: the Postgres EventStore with group commit off (``group_commit=False``): each flush
   its own statement and commit, threads queueing on the append lock;
@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import queue
 import statistics
 import tempfile
 import time
@@ -372,9 +373,9 @@ def _tp_engine(
     seconds: float,
     group: bool,
     tree,
+    free: bool,
     start,
     out,
-    free: bool = False,
 ) -> None:  # type: ignore[no-untyped-def]
     if (
         tree
@@ -415,23 +416,26 @@ def _tp_engine(
 
 # One statement per flush, autocommit: one round trip and one commit (issue 35: the baseline was a
 # transaction of ``executemany``, three round trips per flush: BEGIN, the pipelined inserts, COMMIT).
-BASELINE_INSERT = """INSERT INTO bench_event (event_id, execution_id, sequence, name, ts, body)
-SELECT u.event_id, %s, u.sequence, u.name, u.ts, u.body::json
-FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[], %s::text[]) AS u(event_id, sequence, name, ts, body)"""
+# Scalar parameters (psycopg's C dumpers; its list dumpers are Python), prepared per flush size.
+def _baseline_insert(rows: int) -> str:
+    values = ",".join(["(%s, %s, %s, %s, %s, %s)"] * rows)
+    return f"INSERT INTO bench_event (event_id, execution_id, sequence, name, ts, body) VALUES {values}"
 
 
 def _tp_baseline(url: str, flushes, threads: int, seconds: float, start, out) -> None:  # type: ignore[no-untyped-def]
     tag = f"ndtp{os.getpid()}"
     conns = [psycopg.connect(url, autocommit=True, application_name=tag) for _ in range(threads)]
     server = _ServerCpu(url, tag)
+    inserts = [_baseline_insert(len(flush)) for flush in flushes]
 
     def one(i: int) -> None:
         conn, eid, seq = conns[i], str(uuid.uuid4()), 0
-        for flush in flushes:
-            ids, seqs = [str(uuid.uuid4()) for _ in flush], list(range(seq + 1, seq + 1 + len(flush)))
-            seq += len(flush)
-            conn.execute(BASELINE_INSERT, (eid, ids, seqs, *(list(c) for c in zip(*flush, strict=True))),
-                         prepare=True)  # fmt: skip
+        for flush, insert in zip(flushes, inserts, strict=True):
+            params: list[object] = []
+            for name, ts, body in flush:
+                seq += 1
+                params += (str(uuid.uuid4()), eid, seq, name, ts, body)
+            conn.execute(insert, params, prepare=True)
 
     _threads(one, threads, seconds, start, out, server=server)
     for c in [*conns, server.conn]:
@@ -446,7 +450,15 @@ def _tp_run(target, args_for, procs: int) -> dict:  # type: ignore[no-untyped-de
     load0 = _load()
     for p in ps:
         p.start()
-    results = [out.get(timeout=900) for _ in ps]
+    results = []
+    while len(results) < len(ps):  # a worker that died (an error in its code) fails the row, not a hang
+        try:
+            results.append(out.get(timeout=5))
+        except queue.Empty:
+            if any(p.exitcode not in (None, 0) for p in ps):
+                for p in ps:
+                    p.kill()
+                raise RuntimeError(f"a worker process failed ({[p.exitcode for p in ps]})") from None
     for p in ps:
         p.join()
     wall = max(r[0] for r in results)
@@ -488,7 +500,7 @@ def grid(playbook: dict, procs: list[int], threads: list[int], seconds: float, c
                 schema: str, t: int, group: bool, tree: str | None, free: bool = False, extra: str = ""
             ):  # type: ignore[no-untyped-def]
                 return lambda i: (str(path), _url(db) + f"?schema={schema}{extra}", f"{tmp}/{schema}{i}", t, seconds,
-                                  group, tree, *((True,) if free else ()))  # fmt: skip
+                                  group, tree, free)  # fmt: skip
 
             for p, t in [
                 (p, t) for _ in range(rounds) for p in procs for t in threads

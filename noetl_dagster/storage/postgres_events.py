@@ -96,7 +96,9 @@ _SEQ_PAD = len('"sequence":null,')  # what the event's size check counts for the
 # cost ~1 ms per flush in Python). The advisory lock is taken before any gid is drawn, so gid order
 # stays commit order; the counter rows are upserted with the batch's count per execution
 # (``excluded.last_sequence``) and return the new last sequence, from which each event's number
-# follows by its rank in the batch. A batch may hold the flushes of many executions (group commit).
+# follows by its rank in the batch: the statement returns one row per execution, not one per event
+# (the client numbers its events the same way; ``ins`` runs to completion though nothing reads it).
+# A batch may hold the flushes of many executions (group commit).
 # The summary rows (``sm``) were folded here with the sequences the events will get if nobody else
 # appended meanwhile; they are written only where the counter confirms it (else the summary stays
 # behind, and readers fold the events after it).
@@ -125,12 +127,13 @@ ev AS (
     count(*) OVER (PARTITION BY e.execution_id) AS n
   FROM unnest(string_to_array(%s, E'\\x1e'), string_to_array(%s, E'\\x1e'), string_to_array(%s, E'\\x1e'),
               string_to_array(%s, E'\\x1e'), string_to_array(%s, E'\\x1e')) WITH ORDINALITY
-    AS e(event_id, execution_id, name, ts, tail, ord))
-INSERT INTO {schema}.noetl_event (event_id, execution_id, sequence, name, ts, body)
-SELECT ev.event_id, ev.execution_id, ctr.last_sequence - ev.n + ev.k, ev.name, ev.ts,
-       ('{{"sequence":' || (ctr.last_sequence - ev.n + ev.k) || ',' || ev.tail)::json
-FROM ev JOIN ctr USING (execution_id) ORDER BY ev.ord
-RETURNING event_id, sequence"""
+    AS e(event_id, execution_id, name, ts, tail, ord)),
+ins AS (
+  INSERT INTO {schema}.noetl_event (event_id, execution_id, sequence, name, ts, body)
+  SELECT ev.event_id, ev.execution_id, ctr.last_sequence - ev.n + ev.k, ev.name, ev.ts,
+         ('{{"sequence":' || (ctr.last_sequence - ev.n + ev.k) || ',' || ev.tail)::json
+  FROM ev JOIN ctr USING (execution_id) ORDER BY ev.ord)
+SELECT execution_id, last_sequence FROM ctr"""
 
 
 SEP = "\x1e"  # ASCII record separator: JSON text never holds it raw (orjson escapes control characters)
@@ -392,7 +395,8 @@ class PostgresEventStore(EventStore):
         The server numbers the events from the execution's counter row (so several processes may
         append to one execution) and writes the sequence into each body's head; the body's
         remainder was serialized by ``_Batch``."""
-        params = _Batch.combine(batches).params(self._append_lock)
+        combined = _Batch.combine(batches)
+        params = combined.params(self._append_lock)
         with self._pool.connection() as conn:
             try:
                 summary = self._summarize(conn, [ev for b in batches for ev in b.events])
@@ -402,14 +406,14 @@ class PostgresEventStore(EventStore):
             except BaseException:
                 self._summaries.forget({ev.execution_id for b in batches for ev in b.events})
                 raise
-        seqs = dict(rows)
+        # each execution's last sequence now; its events of this statement end there, in batch order
+        at = {eid: int(last) - combined.idx[eid][5] for eid, last in rows}
         for b in batches:
             for ev in b.events:
-                if (
-                    ev.sequence != seqs[ev.event_id]
-                ):  # numbered otherwise than guessed: the summary was not written
+                seq = at[ev.execution_id] = at[ev.execution_id] + 1
+                if ev.sequence != seq:  # numbered otherwise than guessed: the summary was not written
                     self._summaries.forget([ev.execution_id])
-                ev.sequence = seqs[ev.event_id]
+                ev.sequence = seq
         return [list(b.events) for b in batches]
 
     def _summarize(self, conn: psycopg.Connection, events: Sequence[Event]) -> list[str]:

@@ -299,3 +299,25 @@ def test_kill_9_loses_nothing_an_append_returned_for(url, tmp_path):
         ).fetchone()
     assert found == len(ids)
     assert rounds[0] < rounds[1] // 3  # flushes of 3 events were grouped: fewer commits than flushes
+
+
+def test_one_execution_in_two_flushes_of_a_round_is_numbered_in_round_order(url):
+    """The statement returns each execution's last sequence, and the client numbers its events back
+    from it in the order the round sent them: two threads' flushes of one execution in one round,
+    between other executions' flushes, get the numbers the server stored, in that order."""
+    from noetl_dagster.storage.postgres_events import _Batch
+
+    store = PostgresEventStore(url)
+    try:
+        store.append([_ev("x"), _ev("x")])  # x is at 2 before the round
+        first = [_ev("x", data={"k": i}) for i in range(3)]
+        other = [_ev("y"), _ev("y")]
+        second = [_ev("x", data={"k": 3 + i}) for i in range(2)]
+        got = store._append_one_statement([_Batch(first), _Batch(other), _Batch(second)])
+        assert [[e.sequence for e in b] for b in got] == [[3, 4, 5], [1, 2], [6, 7]]
+        stored = store.read("x")
+        assert [e.sequence for e in stored] == [1, 2, 3, 4, 5, 6, 7]
+        assert [e.event_id for e in stored[2:]] == [e.event_id for e in first + second]
+        assert [e.sequence for e in store.read("y")] == [1, 2]
+    finally:
+        store.close()
