@@ -167,6 +167,8 @@ def main(argv: list[str] | None = None) -> None:
         "--before-tree", help="the 'old path' row runs this checkout's code (e.g. a worktree of main)"
     )
     ap.add_argument("--rounds", type=int, default=1, help="repeat the grid, rows interleaved")
+    ap.add_argument("--shapes", default="", help="P x T pairs instead of the --procs x --threads grid, e.g."
+                    " 2x24,4x12 (the same concurrency, fewer threads a process)")  # fmt: skip
     ap.add_argument("--paths", default="baseline,old,new", help="rows per (P, T), in order: baseline, old (group"
                     " commit off, or --before-tree's code), new, free (the engine with no store: the floor), delay")  # fmt: skip
     ap.add_argument(
@@ -181,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.commit_delay and "delay" not in paths:
             paths.append("delay")
         grid(PLAYBOOK, _ints(args.procs), _ints(args.threads), args.seconds, args.commit_delay, args.before_tree,
-             args.rounds, paths)  # fmt: skip
+             args.rounds, paths, [(int(a), int(b)) for a, b in (x.split("x") for x in args.shapes.split(",") if x)])  # fmt: skip
         return
     db = f"nd_tp_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(PG, autocommit=True) as c:
@@ -474,7 +476,8 @@ def _tp_run(target, args_for, procs: int) -> dict:  # type: ignore[no-untyped-de
 
 def grid(playbook: dict, procs: list[int], threads: list[int], seconds: float, commit_delay: int = 0,
          before_tree: str | None = None, rounds: int = 1,
-         paths: Sequence[str] = ("baseline", "old", "new")) -> None:  # fmt: skip
+         paths: Sequence[str] = ("baseline", "old", "new"),
+         shapes: Sequence[tuple[int, int]] = ()) -> None:  # fmt: skip
     db = f"nd_tpg_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(PG, autocommit=True) as c:
         c.execute(f"CREATE DATABASE {db}")
@@ -502,9 +505,8 @@ def grid(playbook: dict, procs: list[int], threads: list[int], seconds: float, c
                 return lambda i: (str(path), _url(db) + f"?schema={schema}{extra}", f"{tmp}/{schema}{i}", t, seconds,
                                   group, tree, free)  # fmt: skip
 
-            for p, t in [
-                (p, t) for _ in range(rounds) for p in procs for t in threads
-            ]:  # rounds: interleaved
+            grid_shapes = list(shapes) if shapes else [(p, t) for p in procs for t in threads]
+            for p, t in [shape for _ in range(rounds) for shape in grid_shapes]:  # rounds: interleaved
                 rows = []
                 for name in paths:
                     if name == "baseline":
