@@ -39,6 +39,7 @@ from noetl_dagster.engine.explain_summary import SummaryCache
 from noetl_dagster.engine.ports import EventStore, ExecutionInfo, ExecutionLeased, StoredEvent
 from noetl_dagster.engine.recorder import MAX_EVENT_BYTES, check_event_size
 from noetl_dagster.storage.event_codec import (
+    _EXECUTION_EVENTS,
     _execution_update,
     decode_body,
     refuse_newer_schema,
@@ -171,30 +172,33 @@ class _Batch:
 
     def __init__(self, events: Sequence[Event]):
         self.events = events
-        self.ids: list[str] = []
-        self.execs: list[str] = []
-        self.names: list[str] = []
-        self.ts: list[str] = []
-        self.tails: list[str] = []
-        self.idx: dict[str, list[Any]] = {}
-        for ev in events:
+        ids: list[str] = []
+        execs: list[str] = []
+        names: list[str] = []
+        ts: list[str] = []
+        tails: list[str] = []
+        idx: dict[str, list[Any]] = {}
+        for ev in events:  # runs for every stored event: locals, and the index touched only where it changes
             d = ev.to_stored()
             del d["sequence"]  # the server writes it as the first key: '{"sequence":N,' || tail
             text = dumps(d)  # '{"event_id":...': never empty (event_id is always there)
             if len(text) + _SEQ_PAD > MAX_EVENT_BYTES:  # the size as stored with '{"sequence":null,'
                 check_event_size(ev, len(text) + _SEQ_PAD)
-            self.tails.append(text[1:])
-            self.ids.append(ev.event_id)
-            self.execs.append(ev.execution_id)
-            self.names.append(ev.name)
-            self.ts.append(ev.timestamp)
-            self.merge_index(
-                ev.execution_id, [*_execution_update(ev), ev.parent_execution_id, ev.timestamp, 1]
-            )
+            tails.append(text[1:])
+            ids.append(ev.event_id)
+            execs.append(eid := ev.execution_id)
+            names.append(name := ev.name)
+            ts.append(ev.timestamp)
+            row = idx.get(eid)
+            if row is None:  # parent and start: the first seen stay
+                row = idx[eid] = [None, None, None, ev.parent_execution_id, ev.timestamp, 0]
+            row[5] += 1
+            if name in _EXECUTION_EVENTS:  # the latest playbook, status and finish win
+                pb, status, fin = _execution_update(ev)
+                row[0], row[1], row[2] = pb or row[0], status or row[1], fin or row[2]
+        self.ids, self.execs, self.names, self.ts, self.tails, self.idx = ids, execs, names, ts, tails, idx
         # the event columns as the statement's five text parameters, checked here (the caller's thread)
-        self.cols = (
-            [_joined(c) for c in (self.ids, self.execs, self.names, self.ts, self.tails)] if events else []
-        )
+        self.cols = [_joined(c) for c in (ids, execs, names, ts, tails)] if events else []
 
     def merge_index(self, execution_id: str, new: list[Any]) -> None:
         upd = self.idx.get(execution_id)
