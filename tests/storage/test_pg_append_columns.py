@@ -101,3 +101,27 @@ def test_the_size_limit_counts_the_stored_sequence(store, monkeypatch):
     with pytest.raises(Exception, match="too large|bytes"):
         store.append([over])
     assert [e.event_id for e in store.read("exec-size")] == [ev.event_id]
+
+
+def test_the_executions_index_rows_of_a_flush():
+    """Per execution: the latest playbook, status and finish of the flush win, the first parent and
+    timestamp seen stay, and the count is its events (the counter adds it to the last sequence)."""
+    a = [
+        Event("playbook.execution.requested", "exec-a", {"playbook": "pb/a"}, parent_execution_id="p",
+              timestamp="t1"),
+        Event("workflow.started", "exec-a", {}, timestamp="t2"),
+        Event("step.started", "exec-b", {}, timestamp="t3"),
+        Event("step.done", "exec-a", {}, timestamp="t4"),
+        Event("workflow.finished", "exec-a", {"status": "failed"}, timestamp="t5"),
+    ]  # fmt: skip
+    params = _Batch(a).params(7)
+    assert params[0] == 7
+    assert params[1:8] == (
+        '{"exec-a","exec-b"}',
+        '{"pb/a",NULL}',  # playbook
+        '{"failed",""}',  # status ('' keeps the stored one)
+        '{"t5",NULL}',  # finished_at
+        '{"p",NULL}',  # parent
+        '{"t1","t3"}',  # started_at: the first event's
+        "{4,1}",  # events per execution
+    )
