@@ -275,11 +275,13 @@ class Lanes:
         self._t0 = time.perf_counter()
         self.gil_share: float | None = None
         self.widened_at: float | None = None  # seconds after the start when the loop first widened
+        self.widened_after: int | None = None  # iterations finished by then (a count: load-proof)
         self.narrowed = 0  # times the loop gave lanes back (the rule's own correction)
 
     def run(self) -> dict[str, Any]:
         if self.n <= 0:
-            return {"lanes": 0, "gil_share": None, "widened_at": None, "narrowed": 0, "final_lanes": 0}
+            return {"lanes": 0, "gil_share": None, "widened_at": None, "widened_after": None, "narrowed": 0,
+                    "final_lanes": 0}  # fmt: skip
         self._t0 = time.perf_counter()
         self._start(1)
         seen, since, base = list(self._done), time.perf_counter(), self._clocks()
@@ -312,7 +314,8 @@ class Lanes:
         if self._errors:
             raise self._errors[0]
         return {"lanes": self._peak, "gil_share": None if self.gil_share is None else round(self.gil_share, 4),
-                "widened_at": self.widened_at, "narrowed": self.narrowed, "final_lanes": self._width}  # fmt: skip
+                "widened_at": self.widened_at, "widened_after": self.widened_after, "narrowed": self.narrowed,
+                "final_lanes": self._width}  # fmt: skip
 
     def _judge(self) -> None:
         """The sample rule, run by a lane after each measured iteration. Widening needs two
@@ -341,6 +344,7 @@ class Lanes:
             if target > self._width:
                 if self.widened_at is None:
                     self.widened_at = round(time.perf_counter() - self._t0, 4)
+                    self.widened_after = sum(self._done)
                 self._width = target
                 self._samples.clear()  # the next samples judge the new width
                 self._start(target - self._running)

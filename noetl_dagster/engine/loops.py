@@ -325,8 +325,8 @@ class LoopPhases(CursorLoops):
         if not lr.parallel or len(idx) <= 1:
             for i in idx:
                 self.loop_iteration(lr, i, body)
-            lr.schedule = {"lanes": 1 if idx else 0, "gil_share": None, "widened_at": None, "narrowed": 0,
-                           "final_lanes": 1 if idx else 0}  # fmt: skip  # type: ignore[attr-defined]
+            lr.schedule = {"lanes": 1 if idx else 0, "gil_share": None, "widened_at": None, "widened_after": None,
+                           "narrowed": 0, "final_lanes": 1 if idx else 0}  # fmt: skip  # type: ignore[attr-defined]
             return lr.schedule  # type: ignore[attr-defined]
         lanes = Lanes(len(idx), min(lr.max_in_flight, len(idx)), lambda k: self.loop_iteration(lr, idx[k], body),
                       name=f"noetl-{lr.frame.step.name}")  # fmt: skip

@@ -28,7 +28,10 @@ workflow:
       code: |
         import os, pathlib, time
         pathlib.Path(os.environ["LEASE_MARK"]).open("a").write("x")
-        time.sleep(float(os.environ.get("LEASE_SLEEP", "0")))
+        release = os.environ.get("LEASE_RELEASE")
+        deadline = time.monotonic() + 120
+        while release and not os.path.exists(release) and time.monotonic() < deadline:
+            time.sleep(0.02)
         result = {"ok": True}
     next: {arcs: [{step: end}]}
   - step: end
@@ -73,17 +76,19 @@ def test_resume_of_a_running_execution_is_refused(tmp_path, store_url):
     pb = tmp_path / "pb.yaml"
     pb.write_text(PLAYBOOK)
     mark = tmp_path / "mark"
-    env = {**os.environ, "LEASE_MARK": str(mark), "LEASE_SLEEP": "6", "NOETL_DAGSTER_HOME": str(tmp_path)}
+    release = tmp_path / "release"  # the run's first step holds until the resume has answered
+    env = {**os.environ, "LEASE_MARK": str(mark), "NOETL_DAGSTER_HOME": str(tmp_path)}
     common = ["--event-store", store_url, "--data-dir", str(tmp_path)]
 
-    run = _cli("run", str(pb), "--quiet", *common, env=env)
+    run = _cli("run", str(pb), "--quiet", *common, env={**env, "LEASE_RELEASE": str(release)})
     try:
         eid = _execution_id(store_url, tmp_path)
         deadline = time.monotonic() + 60
         while not mark.exists() and time.monotonic() < deadline:  # the run is inside its first step
             time.sleep(0.05)
-        resume = _cli("resume", eid, *common, env={**env, "LEASE_SLEEP": "0"})
+        resume = _cli("resume", eid, *common, env=env)  # a resume that ran the step would not wait
         out, err = resume.communicate(timeout=120)
+        release.touch()
         assert resume.returncode == 2, (out, err)
         assert "another process" in err and "Traceback" not in err
         out, err = run.communicate(timeout=120)
