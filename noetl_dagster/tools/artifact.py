@@ -20,7 +20,9 @@ key of the payload store. ``compress: true`` gzips (and appends ``.gz`` as upstr
 Local paths, read or written, must resolve (symlinks and ``..`` followed) inside one of the
 artifact roots: ``$NOETL_ARTIFACT_ROOTS`` (``os.pathsep``-separated; default the data dir), or for a
 generated playbook its own directory only. Anything else is a one-line ``config_error``, never a
-silent redirect. Errors: a missing reference is ``artifact_not_found``, a checksum mismatch
+silent redirect. A generated playbook reads and writes payload-store keys of its own tenant and
+project only (``<key prefix><tenant>/<project>/…``, where the engine keeps every execution's results):
+another tenant's payload is ``trust_refused``, whoever knows its URI. Errors: a missing reference is ``artifact_not_found``, a checksum mismatch
 ``checksum_mismatch``.
 """
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import posixpath
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -117,6 +120,22 @@ def _confine(path: str, ctx: ToolContext, action: str) -> str:
                     f"add its directory to {ROOTS_ENV}", kind="config_error")  # fmt: skip
 
 
+def _tenant_prefix(ctx: ToolContext) -> str:
+    """Where this execution's tenant and project keep payloads (the recorder's layout)."""
+    prefix = getattr(getattr(ctx, "offloader", None), "key_prefix", "") or ""
+    return f"{prefix}{getattr(ctx, 'tenant', 'default')}/{getattr(ctx, 'project', 'default')}/"
+
+
+def _own_key(key: str, ctx: ToolContext, action: str, uri: str) -> str:
+    """``key``, unless a generated playbook names a payload outside its tenant and project."""
+    if getattr(ctx, "restricted", False):
+        prefix = _tenant_prefix(ctx)
+        if ".." in key.split("/") or not posixpath.normpath(key).startswith(prefix):
+            raise ToolError(f"artifact: {action} {uri!r}: a generated playbook reads and writes payloads of its own "
+                            f"tenant and project only ({prefix}…)", kind="trust_refused")  # fmt: skip
+    return key
+
+
 def _store_key(store: PayloadStore, uri: str) -> str | None:
     """The key of ``uri`` in ``store`` (None when the store does not own it)."""
     try:
@@ -201,7 +220,9 @@ def _read(uri: str, ref: ResultRef | None, ctx: ToolContext) -> tuple[bytes, str
     """(bytes, store name) of ``uri``: the payload store's own URIs through the store, local paths
     from inside the artifact roots; a reference with a checksum is verified either way."""
     store = payload_store(ctx)
-    if _store_key(store, uri) is not None:
+    key = _store_key(store, uri)
+    if key is not None:
+        _own_key(key, ctx, "get", uri)
         data = store.get_verified(ref) if ref is not None else store.get_bytes(uri)
         return data, store.name
     path = _local_path(uri)
@@ -270,10 +291,12 @@ def _put(inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
         raise ToolError("artifact: put needs data", kind="config_error")
     store = payload_store(ctx)
     uri = _arg(inputs, "uri")
-    if not uri:  # this runtime's extension: no uri → a key of the payload store
-        prefix = getattr(getattr(ctx, "offloader", None), "key_prefix", "") or ""
+    if (
+        not uri
+    ):  # this runtime's extension: no uri → a key of the payload store, beside the execution's results
         name = _arg(inputs, "name") or f"{ctx.task}-attempt{ctx.attempt}"
-        ref = store.put_json(f"{prefix}{ctx.execution_id}/{ctx.step}/artifact-{name}.json", data)
+        key = f"{_tenant_prefix(ctx)}{ctx.execution_id}/{ctx.step}/artifact-{name}.json"
+        ref = store.put_json(_own_key(key, ctx, "put", key), data)
         return {"ref": ref.envelope(), "uri": ref.uri, "size_bytes": ref.size, "sha256": ref.checksum}
     uri = str(uri).strip()
     body, fmt = _encode(data)
@@ -285,7 +308,7 @@ def _put(inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
     path = None
     try:
         if key is not None:
-            where, store_name = store.put_bytes(key, body), store.name
+            where, store_name = store.put_bytes(_own_key(key, ctx, "put", uri), body), store.name
         else:
             local = _local_path(uri)
             if local is None:

@@ -300,3 +300,47 @@ def json_text(value: object) -> str:
     import json
 
     return json.dumps(value, default=str)
+
+
+def test_a_generated_playbook_touches_payloads_of_its_own_tenant_only(tmp_path, monkeypatch, s3_bucket):
+    """With an object-store payload store (S3 on moto) the store's URIs name every tenant's results:
+    a generated playbook of acme read globex's payload by its URI and wrote into globex's prefix."""
+    from noetl_dagster.dsl import load_playbook_dict
+    from noetl_dagster.storage.payload import PayloadNotFound, open_payload_store
+
+    endpoint, bucket, _ = s3_bucket
+    url = f"s3://{bucket}/pre?endpoint_url={endpoint}&key=testing&secret=testing"
+    monkeypatch.setenv("NOETL_PAYLOAD_STORE_URL", url)
+    store = open_payload_store(url)
+    foreign = store.put_bytes(
+        "globex/default/01900000-0000-7000-8000-000000000000/start/s-1.json", b'{"pii": 1}'
+    )
+    planted = foreign.replace("s-1.json", "planted.json")
+
+    def run(tasks: list) -> object:
+        child = {"apiVersion": "noetl.io/v2", "kind": "Playbook", "metadata": {"name": "gen", "path": "gen/art"},
+                 "workflow": [{"step": "start", "tool": tasks}]}  # fmt: skip
+        doc = {"apiVersion": "noetl.io/v2", "kind": "Playbook", "metadata": {"name": "p", "path": "tests/p"},
+               "executor": {"spec": {"generated": {"allow_kinds": ["artifact"]}}},
+               "workflow": [{"step": "run_child", "tool": [{"c": {"kind": "playbook", "definition": child}}]}]}  # fmt: skip
+        return run_playbook(load_playbook_dict(doc), event_store=f"sqlite:///{tmp_path / 'ev.db'}",
+                            data_dir=tmp_path / "home", tenant="acme")  # fmt: skip
+
+    for task in ({"kind": "artifact", "uri": foreign},
+                 {"kind": "artifact", "result_ref": {"kind": "result_ref", "ref": foreign}},
+                 {"kind": "artifact", "action": "put", "uri": planted, "data": {"owned": True}}):  # fmt: skip
+        res = run([{"t": task}])
+        assert res.status == "failed", (task, res.results)
+        text = json_text(res.results["run_child"])
+        assert "own tenant and project only" in text and '"pii"' not in text, res.results
+    dotdot = run(
+        [{"t": {"kind": "artifact", "uri": foreign.replace("globex/", "acme/default/../../globex/")}}]
+    )
+    assert dotdot.status == "failed" and '"pii"' not in json_text(dotdot.results)
+    with pytest.raises(PayloadNotFound):
+        store.get_bytes(planted)
+    # its own payloads stay reachable: a put without uri lands beside the execution's results
+    own = run([{"w": {"kind": "artifact", "action": "put", "data": {"a": 1}}},
+               {"r": {"kind": "artifact", "uri": "{{ w.uri }}"}}])  # fmt: skip
+    assert own.status == "completed", own.results
+    assert "/acme/default/" in json_text(own.results)
