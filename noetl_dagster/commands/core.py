@@ -207,12 +207,13 @@ def run(
     max_step_runs: int | None,
 ) -> None:
     """Run a playbook to completion. Exit 0 completed, 1 failed, 2 invalid input."""
-    # an unchanged playbook comes validated from the parse cache: no YAML, no validator built (issue 35)
+    # an unchanged playbook comes validated from the parse cache: no YAML, no validator built, and for
+    # the local runner in its ready-to-run form, without pydantic (dsl/ready.py; issue 35)
     from noetl_dagster.dsl.cache import load_playbook_cached
 
     overrides = _parse_workload(workload)
     try:
-        pb = load_playbook_cached(file)
+        pb = load_playbook_cached(file, ready=runner == "local")
     except FileNotFoundError as e:
         _fail_input(str(e))
     except Exception as e:

@@ -14,7 +14,8 @@ the validated model of a file, pickled, under a key of everything the result dep
 
 A hit imports neither PyYAML nor the parser and builds no validator: the models are declared with
 ``defer_build`` and unpickling sets their fields without validating (``noetl-dagster run`` of an
-unchanged playbook, issue 35).
+unchanged playbook, issue 35). ``ready=True`` (``run``'s local runner) unpickles the same entry into
+``dsl.ready``'s pydantic-free twins of the model classes: not even pydantic is imported.
 
 Only valid playbooks are cached, so an invalid file is reported with its ``FILE:LINE: RULE`` lines
 on every load. The directory is ``$NOETL_DAGSTER_PLAYBOOK_CACHE`` (``0``/``off`` turns the cache
@@ -30,7 +31,6 @@ import logging
 import os
 import pickle
 import sys
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -136,8 +136,12 @@ def cache_key(path: str | os.PathLike[str], data: bytes) -> str:
     return h.hexdigest()
 
 
-def load_playbook_cached(path: str | os.PathLike[str]) -> Playbook:
-    """``dsl.load_playbook(path)``, answered from the cache when the file and the parser are unchanged."""
+def load_playbook_cached(path: str | os.PathLike[str], *, ready: bool = False) -> Playbook:
+    """``dsl.load_playbook(path)``, answered from the cache when the file and the parser are unchanged.
+
+    ``ready=True``: a hit is returned in its ready-to-run form (``dsl.ready``: the same state in
+    pydantic-free twins of the model classes, for the engine and the local runner; no pydantic
+    imported); a miss returns the model it parsed either way."""
     folder = cache_dir()
     p = Path(path)
     if folder is None or p.suffix == ".flow" or not p.is_file():
@@ -149,7 +153,18 @@ def load_playbook_cached(path: str | os.PathLike[str]) -> Playbook:
     key = cache_key(p, data)
     entry = folder / key[:2] / f"{key}.pickle"
     try:
-        pb = pickle.loads(entry.read_bytes())  # noqa: S301 - our own entries, in a 0700 directory
+        data = entry.read_bytes()
+        if ready:
+            from noetl_dagster.dsl.ready import Playbook as ReadyPlaybook  # noqa: PLC0415 - start-up
+            from noetl_dagster.dsl.ready import load_ready  # noqa: PLC0415
+
+            try:
+                pb = load_ready(data)
+            except pickle.UnpicklingError:  # a class without a twin: the model itself, below
+                pb = None
+            if isinstance(pb, ReadyPlaybook):
+                return pb  # type: ignore[return-value] - it answers as the model does (dsl/ready.py)
+        pb = pickle.loads(data)  # noqa: S301 - our own entries, in a 0700 directory
         from noetl_dagster.dsl.model import Playbook  # noqa: PLC0415 - imported by the unpickling already
 
         if isinstance(pb, Playbook):
@@ -164,6 +179,8 @@ def load_playbook_cached(path: str | os.PathLike[str]) -> Playbook:
 
 
 def _store(entry: Path, pb: Playbook) -> None:
+    import tempfile  # noqa: PLC0415 - a miss only (with shutil and random: not for a hit, issue 35)
+
     try:
         entry.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd, tmp = tempfile.mkstemp(dir=entry.parent, prefix=".tmp-")

@@ -24,7 +24,7 @@ import importlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from noetl_dagster.util.extras import extra_for_module, install_hint, missing_kind_extra
 
@@ -58,6 +58,23 @@ class PluginLoadError(KindError):
     kind = "plugin_error"
 
 
+class _ConfigModel:
+    """``ToolKind.config``: the model class, or a ``"module:Name"`` reference imported at its first read,
+    so registering a kind defines no pydantic model (a run whose kinds' configs need no validating
+    imports no pydantic, issue 35)."""
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None:
+            return None  # the dataclass default
+        model = obj.__dict__["_config"]
+        if isinstance(model, str):
+            model = obj.__dict__["_config"] = _load_target(model)
+        return model
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.__dict__["_config"] = value
+
+
 @dataclass
 class ToolKind:
     name: str
@@ -65,16 +82,31 @@ class ToolKind:
     # config keys the engine must not render before the call (code, nested specs)
     raw_keys: frozenset[str] = field(default_factory=frozenset)
     description: str = ""
-    config: type[BaseModel] | None = None  # the typed config model (validated before every call)
+    # the typed config model (validated before every call), or "module:Name" of it (_ConfigModel)
+    config: type[BaseModel] | None = _ConfigModel()  # type: ignore[assignment]
     source: str = ""  # the entry point value ("module:attr") or "register_tool" for in-process kinds
     distribution: str = ""  # the package that declares the entry point
     error: str | None = None  # set on a broken plugin: why it did not load
+    # declared with a config given by reference: the model is plain (_plain_fields: extra keys
+    # allowed, every field Any or `str | None`, these the `str | None` ones, no validator), so a
+    # string-keyed mapping whose named keys hold a str or None validates: such a call validates
+    # nothing and imports no model (issue 35); tests/tools/test_config_accepts_any.py checks each
+    # declaration against its model. None: validate (the model decides).
+    plain_config: frozenset[str] | None = None
 
     def config_schema(self) -> dict[str, Any] | None:
         return self.config.model_json_schema() if self.config is not None else None
 
     def check_config(self, inputs: dict[str, Any]) -> None:
         """Validate rendered inputs against the config model; one line per problem."""
+        plain = self.plain_config
+        if (
+            plain is not None
+            and type(inputs) is dict
+            and all(type(k) is str for k in inputs)
+            and all(type(inputs.get(f)) in _STR_OR_NONE for f in plain)
+        ):
+            return  # valid by the declaration (tested against the model): the model is not even imported
         if self.config is None:
             return
         key = self._valid_key(inputs)
@@ -122,6 +154,7 @@ class ToolKind:
         return self.fn(inputs, ctx)
 
 
+_STR_OR_NONE = (str, type(None))
 _VALID: dict[tuple, None] = {}  # configs that passed their model (ToolKind._valid_key)
 _INPUT_FREE: dict[Any, bool] = {}
 _ACCEPTS_ANY: dict[Any, bool] = {}  # models no string-keyed mapping can fail (ToolKind.check_config)
@@ -142,18 +175,41 @@ def _accepts_any(model: type[BaseModel]) -> bool:
     validator, can be skipped; a noop run builds none, issue 35): extra keys allowed, every field typed
     Any without constraints or a required value, no validator of any kind (as ``_input_free``), no
     ``model_post_init``, no computed field, no core schema of its own."""
+    return _plain_fields(model) == frozenset()
+
+
+# model_config keys that change no validation outcome of a plain model (a str length limit would)
+_PLAIN_CONFIG_KEYS = frozenset(
+    {"extra", "populate_by_name", "defer_build", "arbitrary_types_allowed", "title"}
+)
+
+
+def _plain_fields(model: type[BaseModel]) -> frozenset[str] | None:
+    """The ``str | None`` fields of a plain model, else None. Plain: as ``_accepts_any`` (extra keys
+    allowed, no validator, post-init, computed field or schema of its own, nothing required, no
+    constraint, no alias, no config that limits strings), every field typed Any or ``str | None``.
+    A string-keyed mapping whose ``str | None`` keys hold a str or None validates against it."""
     cfg = model.model_config
-    return (
+    if not (
         _input_free(model)
         and cfg.get("extra") == "allow"
+        and set(cfg) <= _PLAIN_CONFIG_KEYS
         and getattr(model, "__pydantic_post_init__", None) is None
         and "__get_pydantic_core_schema__" not in model.__dict__  # a schema of its own: validate
         and not model.__pydantic_decorators__.computed_fields
-        and all(
-            f.annotation is Any and not f.metadata and not f.is_required() and f.default_factory is None
-            for f in model.model_fields.values()
-        )
-    )
+    ):
+        return None
+    named = []
+    for name, f in model.model_fields.items():
+        if f.metadata or f.is_required() or f.default_factory is not None or f.alias or f.validation_alias:
+            return None
+        if f.annotation is Any:
+            continue
+        if f.annotation == (str | None) and f.default is None:
+            named.append(name)
+            continue
+        return None
+    return frozenset(named)
 
 
 _lock = threading.RLock()
@@ -265,11 +321,17 @@ def register_tool(
     name: str,
     fn: ToolFn | None = None,
     *,
-    config: type[BaseModel] | None = None,
+    config: type[BaseModel] | str | None = None,
     raw_keys: frozenset[str] | set[str] = frozenset(),
     description: str = "",
+    plain_config: frozenset[str] | None = None,
 ):
-    """Register a tool kind; usable as a decorator: ``@register_tool("echo", config=EchoConfig)``."""
+    """Register a tool kind; usable as a decorator: ``@register_tool("echo", config=EchoConfig)``.
+
+    ``config`` may be ``"module:Name"`` of the model, imported at its first use; with it,
+    ``plain_config`` declares the model plain and names its ``str | None`` fields (``ToolKind.plain_config``)."""
+    if plain_config is not None and not isinstance(config, str):
+        raise ValueError("plain_config is declared only with a config given by reference ('module:Name')")
 
     def deco(f: ToolFn) -> ToolFn:
         if _builtin_module(name) == getattr(f, "__module__", None):  # this package's kind, from its module
@@ -285,9 +347,10 @@ def register_tool(
                 f,
                 frozenset(raw_keys),
                 description or (f.__doc__ or "").strip().split("\n")[0],
-                config,
+                cast(Any, config),  # a model or its "module:Name" (_ConfigModel)
                 source,
                 dist,
+                plain_config=plain_config,
             )
             _BROKEN.pop(name, None)
         return f

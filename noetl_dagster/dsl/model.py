@@ -12,6 +12,19 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
+# the classes' behaviour, shared with their pydantic-free twins (dsl/ready.py: a cached playbook run
+# without pydantic, issue 35); is_template is re-exported here for its callers
+from noetl_dagster.dsl.shapes import (
+    OutputCheckBase,
+    PlaybookBase,
+    PolicyRuleBase,
+    SetBlockBase,
+    StepBase,
+)
+from noetl_dagster.dsl.shapes import (
+    is_template as is_template,
+)
+
 Directive = Literal["continue", "retry", "jump", "break", "fail"]
 Backoff = Literal["none", "fixed", "linear", "exponential"]
 
@@ -24,14 +37,11 @@ class _Model(BaseModel):
     )
 
 
-class SetBlock(_Model):
+class SetBlock(SetBlockBase, _Model):
     """Writes: ``ctx`` (execution scope, recorded as ctx.patched) and ``iter`` (iteration scope)."""
 
     ctx: dict[str, Any] = Field(default_factory=dict)
     iter: dict[str, Any] = Field(default_factory=dict)
-
-    def __bool__(self) -> bool:
-        return bool(self.ctx or self.iter)
 
 
 class RuleThen(_Model):
@@ -43,13 +53,9 @@ class RuleThen(_Model):
     set: SetBlock = Field(default_factory=SetBlock)
 
 
-class PolicyRule(_Model):
-    when: str | bool | None = None  # None: the ``else`` rule
+class PolicyRule(PolicyRuleBase, _Model):
+    when: str | bool | None = None  # None: the ``else`` rule (is_else)
     then: RuleThen = Field(default_factory=RuleThen)
-
-    @property
-    def is_else(self) -> bool:
-        return self.when is None
 
 
 class AdmitRule(_Model):
@@ -99,10 +105,6 @@ class Loop(_Model):
         return FramePolicy(**{k: v for k, v in (self.frame or {}).items() if not is_template(v)})
 
 
-def is_template(value: Any) -> bool:
-    return isinstance(value, str) and ("{{" in value or "{%" in value)
-
-
 class Task(_Model):
     label: str
     kind: str
@@ -127,7 +129,7 @@ class Router(_Model):
     spec: dict[str, Any] = Field(default_factory=dict)
 
 
-class OutputCheck(_Model):
+class OutputCheck(OutputCheckBase, _Model):
     """A check on a declared output, evaluated from the event log (docs/dagster.md): exactly one of
     ``row_count`` ({min, max}), ``schema`` ({columns: {name: arrow type}, stable: bool}),
     ``freshness`` ({max_age_minutes}) or ``assert`` (a template predicate)."""
@@ -140,16 +142,6 @@ class OutputCheck(_Model):
     severity: Literal["error", "warn"] = "error"
     blocking: bool = False
     description: str | None = None
-
-    @property
-    def kind(self) -> str:
-        given = {
-            "row_count": self.row_count,
-            "schema": self.schema_,
-            "freshness": self.freshness,
-            "assert": self.assert_,
-        }
-        return next((k for k, v in given.items() if v is not None), "assert")
 
 
 class Output(_Model):
@@ -209,7 +201,7 @@ class DagsterSpec(_Model):
     group: str | None = None
 
 
-class Step(_Model):
+class Step(StepBase, _Model):
     name: str
     desc: str | None = None
     spec: dict[str, Any] = Field(default_factory=dict)
@@ -221,10 +213,6 @@ class Step(_Model):
     set: SetBlock = Field(default_factory=SetBlock)
     outputs: list[Output] = Field(default_factory=list)  # tables it produces (Dagster assets)
     line: int | None = None  # source line of the step, for code references
-
-    @property
-    def targets(self) -> list[str]:
-        return [a.step for a in self.next.arcs] if self.next else []
 
 
 class WorkbookEntry(_Model):
@@ -247,7 +235,7 @@ class Executor(BaseModel):
     spec: dict[str, Any] = Field(default_factory=dict)
 
 
-class Playbook(_Model):
+class Playbook(PlaybookBase, _Model):
     api_version: str = Field(default="noetl.io/v2", alias="apiVersion")
     kind: Literal["Playbook"] = "Playbook"
     metadata: Metadata
@@ -258,45 +246,10 @@ class Playbook(_Model):
     workbook: list[WorkbookEntry] = Field(default_factory=list)
     source_file: str | None = None
 
-    _steps: dict[str, Step] | None = PrivateAttr(default=None)
-
-    # -- lookups -----------------------------------------------------------
-    @property
-    def steps(self) -> dict[str, Step]:
-        if self._steps is None:
-            self._steps = {s.name: s for s in self.workflow}
-        return self._steps
-
-    def step(self, name: str) -> Step:
-        return self.steps[name]
-
-    def workbook_entry(self, name: str) -> WorkbookEntry | None:
-        for w in self.workbook:
-            if w.name == name:
-                return w
-        return None
-
-    @property
-    def entry_step(self) -> str:
-        entry = self.executor.spec.get("entry_step")
-        if entry:
-            return str(entry)
-        if "start" in self.steps:
-            return "start"
-        return self.workflow[0].name
-
-    @property
-    def name(self) -> str:
-        return self.metadata.name
+    _steps: dict[str, Step] | None = PrivateAttr(default=None)  # PlaybookBase.steps
 
     @property
     def dagster(self) -> DagsterSpec:
         """``executor.spec.dagster`` typed (validated when the playbook was parsed)."""
         raw = self.executor.spec.get("dagster")
         return DagsterSpec.model_validate(raw) if isinstance(raw, dict) else DagsterSpec()
-
-    @property
-    def base_dir(self) -> str | None:
-        import os
-
-        return os.path.dirname(os.path.abspath(self.source_file)) if self.source_file else None

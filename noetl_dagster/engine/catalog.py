@@ -7,10 +7,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from noetl_dagster.dsl.model import Playbook
 from noetl_dagster.dsl.source import read_text_file
 from noetl_dagster.engine.ports import ToolError
+
+if TYPE_CHECKING:
+    from noetl_dagster.dsl.model import Playbook
 
 MAX_SCAN_FILES = 5000
 SUFFIXES = (".yaml", ".yml")

@@ -13,10 +13,9 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from noetl_dagster.dsl.executor_spec import final_step, no_next_is_error
-from noetl_dagster.dsl.model import Playbook, Step
 from noetl_dagster.dsl.template_front import TemplateError
 from noetl_dagster.dsl.template_lazy import engine_template_env
 from noetl_dagster.engine import events as E
@@ -39,6 +38,9 @@ from noetl_dagster.engine.trust import (
     violations,
 )
 from noetl_dagster.engine.worker import Worker
+
+if TYPE_CHECKING:
+    from noetl_dagster.dsl.model import Playbook, Step
 
 log = logging.getLogger("noetl_dagster.engine")
 MAX_PLAYBOOK_DEPTH = 16

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from noetl_dagster.dsl.model import Playbook
+if TYPE_CHECKING:
+    from noetl_dagster.dsl.model import Playbook
 
 
 class EngineServices:

@@ -6,11 +6,13 @@ two versions of a playbook, matched by step name."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from noetl_dagster.dsl.model import Playbook
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.graph import analyze
+
+if TYPE_CHECKING:
+    from noetl_dagster.dsl.model import Playbook
 
 
 def playbook_of(events: list[Event]) -> tuple[Playbook | None, str]:

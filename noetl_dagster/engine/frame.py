@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from noetl_dagster.dsl.model import Loop, Step
+if TYPE_CHECKING:
+    from noetl_dagster.dsl.model import Loop, Step
+
 
 MAX_PIPELINE_TRANSITIONS = 100_000
 DEFAULT_MAX_IN_FLIGHT = 16

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from noetl_dagster.dsl.model import Playbook
 from noetl_dagster.util.graphs import strongly_connected
+
+if TYPE_CHECKING:
+    from noetl_dagster.dsl.model import Playbook
 
 
 class Feeders(Mapping[str, frozenset[str]]):

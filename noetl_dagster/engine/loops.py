@@ -8,9 +8,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
-from noetl_dagster.dsl.model import FramePolicy, Loop, Step
 from noetl_dagster.dsl.template_front import TemplateError
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine.events import uuid7
@@ -28,6 +25,7 @@ from noetl_dagster.engine.scope import Scope
 from noetl_dagster.engine.trust import cursor_config
 
 if TYPE_CHECKING:
+    from noetl_dagster.dsl.model import FramePolicy, Loop, Step
     from noetl_dagster.engine.control import Engine
 
 
@@ -98,6 +96,10 @@ class CursorLoops:
     ) -> tuple[bool, Any, dict[str, Any] | None]:
         eng, rec, cur = self.engine, self.engine.recorder, loop.cursor
         assert cur is not None
+        from pydantic import ValidationError  # noqa: PLC0415 - cursor loops only: a run imports no pydantic
+
+        from noetl_dagster.dsl.model import FramePolicy  # noqa: PLC0415
+
         t0 = time.perf_counter()
         try:
             scope = self.base_scope(frame.args, frame.iter)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from noetl_dagster.dsl.model import RuleThen, Task
 from noetl_dagster.dsl.parse_context import MAX_RETRY_DELAY
 from noetl_dagster.dsl.template_front import TemplateError
 from noetl_dagster.engine.frame import DEFAULT_RETRY_DELAY, _error
 from noetl_dagster.engine.scope import Scope
+
+if TYPE_CHECKING:
+    from noetl_dagster.dsl.model import RuleThen, Task
 
 
 class TaskPolicy:

@@ -24,12 +24,14 @@ import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from noetl_dagster.dsl.locator import tenants_named
-from noetl_dagster.dsl.model import Playbook, Task
 from noetl_dagster.engine.ports import ToolError
+
+if TYPE_CHECKING:
+    from noetl_dagster.dsl.model import Playbook, Task
 
 _KEYCHAIN_REF = re.compile(r"keychain\s*(?:\.\s*([A-Za-z_]\w*)|\[\s*['\"]([^'\"]+)['\"]\s*\])")
 _CREDENTIAL_KEYS = ("auth", "credential", "credentials")

@@ -45,7 +45,6 @@ How (and why this way — see docs/analytics.md "Measured usage"):
 from __future__ import annotations
 
 import os
-import subprocess
 import threading
 import time
 from collections.abc import Mapping
@@ -274,32 +273,45 @@ class Meter:
         return u
 
 
-class Popen(subprocess.Popen):
-    """``subprocess.Popen`` that reaps its child with ``wait4`` and reports the child's own peak
-    RSS to the running attempt (``child_maxrss_bytes``), where the process-wide ``RUSAGE_CHILDREN``
-    mark only ever shows the largest child so far. A child's kernel mark starts at its parent's
-    (fork and vfork hand it over until exec), so only a figure above the worker's own mark at
-    spawn is the child's; a smaller child's peak stays unknown here (a child can report its own
-    ``VmHWM``, as the python tool's ``isolation: process`` runner does)."""
+def _popen_class() -> type:
+    """``Popen``, defined at its first use: a run that starts no process imports no ``subprocess``."""
+    import subprocess  # noqa: PLC0415 - start-up (issue 35)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._parent_mark = (
-            _resource.getrusage(_resource.RUSAGE_SELF).ru_maxrss if _resource is not None else 0
-        )
-        super().__init__(*args, **kwargs)
+    class Popen(subprocess.Popen):
+        """``subprocess.Popen`` that reaps its child with ``wait4`` and reports the child's own peak
+        RSS to the running attempt (``child_maxrss_bytes``), where the process-wide ``RUSAGE_CHILDREN``
+        mark only ever shows the largest child so far. A child's kernel mark starts at its parent's
+        (fork and vfork hand it over until exec), so only a figure above the worker's own mark at
+        spawn is the child's; a smaller child's peak stays unknown here (a child can report its own
+        ``VmHWM``, as the python tool's ``isolation: process`` runner does)."""
 
-    def _try_wait(self, wait_flags: int) -> tuple[int, int]:  # CPython's hook under _waitpid_lock
-        if not hasattr(os, "wait4"):  # pragma: no cover - not POSIX
-            return super()._try_wait(wait_flags)  # type: ignore[misc]
-        try:
-            pid, sts, ru = os.wait4(self.pid, wait_flags)
-        except ChildProcessError:
-            return self.pid, 0
-        if pid == self.pid:
-            count(child_cpu_s=ru.ru_utime + ru.ru_stime)
-            if ru.ru_maxrss > self._parent_mark:
-                peak(child_maxrss_bytes=ru.ru_maxrss * _MAXRSS_UNIT)
-        return pid, sts
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self._parent_mark = (
+                _resource.getrusage(_resource.RUSAGE_SELF).ru_maxrss if _resource is not None else 0
+            )
+            super().__init__(*args, **kwargs)
+
+        def _try_wait(self, wait_flags: int) -> tuple[int, int]:  # CPython's hook under _waitpid_lock
+            if not hasattr(os, "wait4"):  # pragma: no cover - not POSIX
+                return super()._try_wait(wait_flags)  # type: ignore[misc]
+            try:
+                pid, sts, ru = os.wait4(self.pid, wait_flags)
+            except ChildProcessError:
+                return self.pid, 0
+            if pid == self.pid:
+                count(child_cpu_s=ru.ru_utime + ru.ru_stime)
+                if ru.ru_maxrss > self._parent_mark:
+                    peak(child_maxrss_bytes=ru.ru_maxrss * _MAXRSS_UNIT)
+            return pid, sts
+
+    return Popen
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Popen":
+        globals()["Popen"] = cls = _popen_class()
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def own_hwm() -> int:

@@ -16,7 +16,6 @@ from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from noetl_dagster.dsl.kinds import KindError, get_tool
-from noetl_dagster.dsl.model import Step, Task
 from noetl_dagster.dsl.parse_context import MAX_RETRY_ATTEMPTS
 from noetl_dagster.dsl.template_front import TemplateError
 from noetl_dagster.dsl.template_lazy import engine_template_env
@@ -40,6 +39,7 @@ from noetl_dagster.engine.scope import Scope, StepResults, view
 from noetl_dagster.engine.usage import Meter, add_offload, network_into
 
 if TYPE_CHECKING:
+    from noetl_dagster.dsl.model import Step, Task
     from noetl_dagster.engine.control import Engine
 
 MAX_NOTE_CHARS = 16 * 1024  # a recorded SQL statement (ctx.note) is bounded: events stay small

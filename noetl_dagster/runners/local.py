@@ -6,10 +6,10 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lineage import listener_from_env
-from noetl_dagster.dsl.model import Playbook
+from noetl_dagster.dsl.shapes import PlaybookBase  # the model or its twin (dsl/ready.py)
 from noetl_dagster.engine.catalog import Catalog
 from noetl_dagster.engine.control import Engine, Services, restore_generated
 from noetl_dagster.engine.durability import UNRECORDED_DIR, record_failure, sweep_payloads
@@ -22,6 +22,9 @@ from noetl_dagster.storage.events import EventStore
 from noetl_dagster.storage.payload import DEFAULT_INLINE_LIMIT, Offloader, open_payload_store
 from noetl_dagster.tools.cursor_sources import default_cursor_sources
 from noetl_dagster.util.jsonutil import plain
+
+if TYPE_CHECKING:
+    from noetl_dagster.dsl.model import Playbook
 
 # Called with (engine) after every execution finishes; tests use it to replay each execution.
 FINISHED_HOOKS: list[Callable[[Engine], None]] = []
@@ -193,7 +196,7 @@ def resume_execution(
                 f"execution {execution_id}: its playbook file {path!r} is not available; pass it"
             )
         playbook = path
-    pb = playbook if isinstance(playbook, Playbook) else load_playbook(playbook)
+    pb = playbook if isinstance(playbook, PlaybookBase) else load_playbook(playbook)
     if pb.base_dir:
         svc.catalog.add_dir(pb.base_dir)
     first = events[0]
@@ -244,7 +247,7 @@ def run_playbook(
 
     ``select``: run only these steps (each other step is skipped, reason "not selected"; see
     ``StepGraph.needed_for`` for the steps a set of targets needs)."""
-    if isinstance(playbook, Playbook):
+    if isinstance(playbook, PlaybookBase):
         # built in Python (no source file): validate it like a file would be (raises PlaybookInvalid)
         if playbook.source_file:
             pb = playbook

@@ -31,8 +31,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import zstandard
-
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.explain_summary import SummaryCache
 from noetl_dagster.engine.ports import EventStore, ExecutionInfo, StoredEvent
@@ -231,7 +229,7 @@ class SqliteEventStore(_SqliteSummaries, SqliteLeases, EventStore):
         self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=60)
         # a row holding invalid UTF-8 (written by anything but this store) must not fail the whole fetch
         self._conn.text_factory = lambda b: b.decode("utf-8", "replace")
-        self._zstd = zstandard.ZstdCompressor(level=1)
+        self._zstd: Any = None  # the segment compressor, made at the first segment (_compressor)
         self._summaries = SummaryCache()  # the executions' summaries, kept with each append
         self.skipped: list[tuple[str, str]] = []  # bad rows the readers skipped: (where, why)
         self._conn.execute("PRAGMA journal_mode=WAL")
@@ -452,10 +450,18 @@ class SqliteEventStore(_SqliteSummaries, SqliteLeases, EventStore):
                 rows[0][1],
                 rows[0][2],
                 rows[-1][2],
-                encode_segment([r[5] for r in rows], self._zstd),
+                encode_segment([r[5] for r in rows], self._compressor()),
             ),
         )
         return base + n
+
+    def _compressor(self) -> Any:
+        """zstd, imported at the first segment: a run of few events writes none (issue 35)."""
+        if self._zstd is None:
+            import zstandard  # noqa: PLC0415 - start-up
+
+            self._zstd = zstandard.ZstdCompressor(level=1)
+        return self._zstd
 
     def _segment(
         self, gid_last: int, gid_first: int, eid: str, seq_first: int, body: bytes

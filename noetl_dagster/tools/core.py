@@ -7,7 +7,6 @@ import builtins
 import inspect
 import json
 import os
-import subprocess
 import sys
 import textwrap
 import threading
@@ -17,7 +16,6 @@ from typing import Any
 
 from noetl_dagster.dsl.source import YamlLimits, YamlSyntaxError
 from noetl_dagster.dsl.template_front import TemplateError
-from noetl_dagster.tools.configs import NoopConfig, PlaybookConfig, PythonConfig, WorkbookConfig
 from noetl_dagster.tools.pycontext import CodeContext
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
 from noetl_dagster.util.files import InputFileError, read_bounded_text
@@ -28,8 +26,15 @@ _RESERVED = {"code", "code_b64", "code_base64", "script", "libs", "deps", "input
 STDOUT_LIMIT = 8192
 
 
+# configs by reference: defined (pydantic) at the first call that validates one, never for noop (issue 35)
+_CONFIGS = "noetl_dagster.tools.configs:"
+
+
 @register_tool(
-    "noop", config=NoopConfig, description="Does nothing; returns {status: noop} (or its `result` input)."
+    "noop",
+    config=_CONFIGS + "NoopConfig",
+    plain_config=frozenset(),
+    description="Does nothing; returns {status: noop} (or its `result` input).",
 )
 def noop_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     if "result" in inputs:
@@ -39,7 +44,8 @@ def noop_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
 
 @register_tool(
     "workbook",
-    config=WorkbookConfig,
+    config=_CONFIGS + "WorkbookConfig",
+    plain_config=frozenset({"name"}),
     description="Runs the named `workbook` entry's tool with the merged input.",
 )
 def workbook_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
@@ -51,7 +57,7 @@ def workbook_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
 
 @register_tool(
     "playbook",
-    config=PlaybookConfig,
+    config=_CONFIGS + "PlaybookConfig",
     raw_keys={"definition"},
     description="Runs a sub-playbook (a catalog `path` or an inline `definition`); returns its return_step result.",
 )
@@ -400,6 +406,8 @@ def _run_python_process(
     isolate: bool = False,
     cwd: str | None = None,
 ) -> Any:
+    import subprocess  # noqa: PLC0415 - isolated python only (issue 35: a run imports no subprocess)
+
     from noetl_dagster.engine.usage import Popen, peak  # the child's peak RSS is the attempt's
     from noetl_dagster.tools.isolation import isolated
     from noetl_dagster.util.jsonutil import dumps
@@ -473,7 +481,8 @@ def _import_libs(libs: Any) -> dict[str, Any]:
 
 @register_tool(
     "python",
-    config=PythonConfig,
+    config=_CONFIGS + "PythonConfig",
+    plain_config=frozenset({"code", "code_b64", "code_base64"}),
     raw_keys={"code", "code_b64", "code_base64"},
     description="Runs Python code: inputs are globals; result is `result`, main(...)'s return, or a top-level return.",
 )

@@ -17,6 +17,8 @@ The catalogue lives in ``noetl_dagster.dsl.kinds`` (validation needs the names)
 and the contract in ``noetl_dagster.engine.ports`` (the engine calls the kinds).
 """
 
+from typing import TYPE_CHECKING, Any
+
 from noetl_dagster.dsl.kinds import (
     ENTRY_POINT_GROUP,
     KindError,
@@ -33,7 +35,9 @@ from noetl_dagster.dsl.kinds import (
     register_tool,
 )
 from noetl_dagster.engine.ports import ToolContext, ToolError
-from noetl_dagster.tools.configs import ToolConfig
+
+if TYPE_CHECKING:
+    from noetl_dagster.tools.configs import ToolConfig
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -53,3 +57,12 @@ __all__ = [
     "refresh_entry_points",
     "register_tool",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``ToolConfig`` (pydantic) on first use: the engine imports this module, a run need not define models."""
+    if name == "ToolConfig":
+        from noetl_dagster.tools.configs import ToolConfig  # noqa: PLC0415
+
+        return ToolConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,7 +23,10 @@ The heavy modules, and why none belongs in these commands:
   ``dsl.template_front``, which imports the gate at the first template;
 * for ``run`` of an unchanged playbook (the parse cache answers) additionally the parser: PyYAML,
   ``noetl_dagster.dsl.parse`` and the modules only it uses (``PARSER``), and ``importlib.metadata``
-  and ``email`` (pydantic's plugin scan, run when a first validator is built).
+  and ``email`` (pydantic's plugin scan, run when a first validator is built);
+* and ``pydantic`` itself (with ``pydantic_core``, ``annotated_types``, ``typing_inspection``), the
+  ``dsl.model`` classes and the tool config models: the local runner gets the cached playbook in its
+  ready-to-run form (``dsl/ready.py``) and the noop kind's config is declared to accept any mapping.
 """
 
 from __future__ import annotations
@@ -47,6 +50,11 @@ PARSER = {
     "yaml", "noetl_dagster.dsl.parse", "noetl_dagster.dsl.parse_rules", "noetl_dagster.dsl.legacy",
     "noetl_dagster.dsl.outputs", "noetl_dagster.dsl.serialize", "noetl_dagster.dsl.upstream_kinds",
     "noetl_dagster.dsl.files", "noetl_dagster.dsl.loader",
+}  # fmt: skip
+# the models and what defines them: not for a run of core kinds the parse cache answers
+MODELS = {
+    "pydantic", "pydantic_core", "annotated_types", "typing_inspection", "noetl_dagster.dsl.model",
+    "noetl_dagster.tools.configs",
 }  # fmt: skip
 
 
@@ -105,6 +113,61 @@ def test_a_cached_one_step_run_imports_no_parser_and_no_metadata_scan(tmp_path):
     assert _loaded(modules, PARSER | {"importlib.metadata", "email", "pydantic.plugin._loader"}) == []
     assert _loaded(modules, HEAVY) == []
     assert configs == [], configs
+    assert _loaded(modules, MODELS) == []  # the ready-to-run form: no pydantic at all
+    assert "noetl_dagster.dsl.ready" in modules
+
+
+def test_a_cached_run_of_core_kinds_imports_no_pydantic(tmp_path):
+    """Control flow, a loop, a policy, `set:`, a workbook entry and a python task, in the form the
+    cache hands the runner: the core kinds' configs are declared plain (dsl/kinds.py ``plain_config``),
+    so none is validated by pydantic unless a value falls outside the declaration."""
+    pb = tmp_path / "core.yaml"
+    pb.write_text(CORE_KINDS)
+    for _ in range(2):  # a miss, then a hit
+        modules, _, out = _modules(tmp_path, "run", "--json", str(pb))  # no table: rich is not the point
+        assert '"completed"' in out and '"twice":4' in out, out
+    assert _loaded(modules, MODELS | PARSER | HEAVY) == []
+    assert "noetl_dagster.tools.core" in modules and "noetl_dagster.dsl.ready" in modules
+
+
+CORE_KINDS = """\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: core_kinds, path: tests/core_kinds}
+workload: {items: [1, 2, 3], limit: 2}
+workbook:
+  - name: echo
+    tool: {kind: noop, result: "{{ input.v }}"}
+workflow:
+  - step: start
+    tool: {kind: noop, result: {n: "{{ workload.limit }}"}}
+    set: {ctx.seen: 0}
+    next:
+      arcs:
+        - {step: each, when: "{{ workload.limit > 1 }}"}
+        - {step: done}
+  - step: each
+    loop: {in: "{{ workload.items }}", iterator: item}
+    tool:
+      - kind: noop
+        result: "{{ item * 10 }}"
+        policy:
+          - when: "{{ outcome.status == 'error' }}"
+            then: {do: retry, attempts: 2}
+    next: {arcs: [{step: lookup}]}
+  - step: lookup
+    tool: {kind: workbook, name: echo, input: {v: "{{ workload.limit }}"}}
+    next: {arcs: [{step: compute}]}
+  - step: compute
+    tool:
+      kind: python
+      input: {n: "{{ workload.limit }}"}
+      code: |
+        result = {"twice": n * 2}
+    next: {arcs: [{step: done}]}
+  - step: done
+    tool: {kind: noop}
+"""
 
 
 def test_validate_imports_no_tool_and_no_engine(tmp_path):

@@ -130,3 +130,51 @@ def test_model_post_init_is_still_run():
     assert not kinds._accepts_any(_PostInit)
     with pytest.raises((ToolConfigError, ValueError)):
         _kind(_PostInit).check_config({"result": "x"})
+
+
+def test_each_declared_plain_config_is_what_its_model_is():
+    """Built-in kinds name their config by reference and declare it plain (``plain_config``: a call
+    validates nothing and imports no model, issue 35); the declaration must be the model's own."""
+    declared = {}
+    for name in sorted(kinds.builtin_kinds()):
+        tk = kinds.get_tool(name)
+        if tk is not None and tk.plain_config is not None:
+            declared[name] = tk.plain_config
+            assert kinds._plain_fields(tk.config) == tk.plain_config, name
+    assert {"noop", "python", "workbook"} <= set(declared)
+
+
+@pytest.mark.parametrize(
+    ("kind", "config"),
+    [
+        ("python", {"code": 5}),
+        ("python", {"code_b64": ["not", "text"]}),
+        ("workbook", {"name": {"a": 1}}),
+        ("noop", {1: "a non-string key"}),
+    ],
+)
+def test_a_config_outside_the_declaration_is_validated_by_the_model(kind, config):
+    kinds._VALID.clear()
+    with pytest.raises(ToolConfigError, match=f"kind '{kind}': invalid config"):
+        kinds.get_tool(kind).check_config(config)
+
+
+def test_a_plain_declaration_passes_what_the_model_passes():
+    tk = kinds.get_tool("python")
+    for config in ({"code": "result = 1"}, {"code": None, "code_b64": "eA==", "libs": {"m": "math"}}, {}):
+        tk.check_config(config)
+        tk.config.model_validate(config)
+
+
+def test_plain_fields_refuses_what_could_fail():
+    assert kinds._plain_fields(_Typed) is None and kinds._plain_fields(_Constrained) is None
+
+    class _Limited(ToolConfig):
+        model_config = ConfigDict(extra="allow", str_max_length=3, defer_build=True)
+        code: str | None = None
+
+    class _Aliased(ToolConfig):
+        code: str | None = Field(None, alias="source")
+
+    assert kinds._plain_fields(_Limited) is None and kinds._plain_fields(_Aliased) is None
+    assert kinds._plain_fields(PythonConfig) == {"code", "code_b64", "code_base64"}
