@@ -39,8 +39,11 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "example_project" / "playbooks").glob("*.yaml"))
 CORE = read_core_list(CONFORMANCE.parents[1] / "core_fixtures.txt", CONFORMANCE)
 VOLATILE = {"execution_id", "date", "resource_id", "location"}  # as tests/dagster/dagster_helpers.py
-# what two runs of one playbook differ in by nature, whatever its form: clocks, ids, the data dir
-CLOCK_KEYS = re.compile(r"(^|_)(ms|seconds|duration|elapsed|took|timestamp|time|per_second)$|_at$")
+# what two runs of one playbook differ in by nature, whatever its form: clocks, ids, the data dir,
+# how many requests a stub saw in flight at once (the concurrency probe: thread timing)
+CLOCK_KEYS = re.compile(
+    r"(^|_)(ms|seconds|duration|elapsed|took|timestamp|time|per_second)$|_at$|^(max_)?active$"
+)
 CLOCK_TEXT = re.compile(
     r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(\.\d+)?([+-]\d\d:?\d\d|Z)?"
     r"|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
