@@ -237,6 +237,21 @@ _API: dict[str, Callable[[TenantScope, dict[str, str]], Any]] = {
     "/api/data": _api_data, "/api/cluster": _api_cluster, "/api/executions": _api_executions,
 }  # fmt: skip
 
+# every GET route the server answers: the public ones carry no data (scripts, the sign-in form); every
+# other is served only after the caller's key became a TenantScope (tests/analytics/test_route_gate.py
+# asks each as another tenant, and fails on a route it has no probe for)
+PUBLIC_ROUTES = frozenset(
+    {"/plotly.min.js", "/dashboard_app.js", "/execution_app.js", "/login", "/favicon.ico"}
+)
+SCOPED_ROUTES = ("/", *_API, *execution_page.API, execution_page.PREFIX + "<id>", "/diff")
+
+
+def route_of(path: str) -> str | None:
+    """The SCOPED_ROUTES entry serving ``path`` (None: not found)."""
+    if path == "/" or path in _API or path in execution_page.API or path == "/diff":
+        return path
+    return execution_page.PREFIX + "<id>" if execution_page.is_page(path) else None
+
 
 class _Handler(BaseHTTPRequestHandler):
     store: FactsStore
@@ -335,34 +350,22 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         path, q = urlsplit(self.path).path, self._query()
         try:
-            if path == "/plotly.min.js":
-                return self._send(
-                    _PLOTLY_CACHE.setdefault("js", plotly_js()), "application/javascript; charset=utf-8"
-                )
-            if path == "/dashboard_app.js":
-                return self._send(APP_JS.read_text(), "application/javascript; charset=utf-8")
-            if path == "/login":
-                return self._send(_login_page(""), "text/html; charset=utf-8")
-            if path == "/favicon.ico":
-                return self._send(b"", "image/x-icon", 204)
+            if path in PUBLIC_ROUTES:  # scripts and the sign-in form: no data
+                return self._public(path)
             if path == "/" and "key" in q:
                 return self._signed_in(q["key"])
-            if path == "/execution_app.js":
-                return self._send(execution_page.APP_JS.read_text(), "application/javascript; charset=utf-8")
-            if (
-                execution_page.is_page(path) or path in execution_page.API
-            ):  # issue 36: same sign-in, same scope
-                scope = TenantScope(self.store, self._viewer())
-                if path in execution_page.API:
-                    return self._json(execution_page.api(self.executions, scope, path, q))
-                return self._send(
-                    execution_page.page(self.executions, scope, path, q, _LOGOUT), "text/html; charset=utf-8"
-                )
-            if path != "/" and path not in _API:
+            if route_of(path) is None:
                 return self._send("not found", "text/plain", 404)
+            # the one authentication step of every other route, before any of it runs
             scope = TenantScope(self.store, self._viewer())
             if path == "/":
                 return self._send(page(None, title=self.title), "text/html; charset=utf-8")
+            if path in execution_page.API:  # issue 36: same sign-in, same scope
+                return self._json(execution_page.api(self.executions, scope, path, q))
+            if execution_page.is_page(path):
+                return self._send(
+                    execution_page.page(self.executions, scope, path, q, _LOGOUT), "text/html; charset=utf-8"
+                )
             with self.lock:  # chdb: one query at a time
                 result = _API[path](scope, q)
             self._json(result)
@@ -374,6 +377,19 @@ class _Handler(BaseHTTPRequestHandler):
             self._json({"error": str(e)}, 404)
         except Exception as e:  # noqa: BLE001 - one line for the caller, no traceback, no internals
             self._json({"error": f"internal error ({type(e).__name__})"}, 500)
+
+    def _public(self, path: str) -> None:
+        if path == "/plotly.min.js":
+            return self._send(
+                _PLOTLY_CACHE.setdefault("js", plotly_js()), "application/javascript; charset=utf-8"
+            )
+        if path == "/dashboard_app.js":
+            return self._send(APP_JS.read_text(), "application/javascript; charset=utf-8")
+        if path == "/execution_app.js":
+            return self._send(execution_page.APP_JS.read_text(), "application/javascript; charset=utf-8")
+        if path == "/login":
+            return self._send(_login_page(""), "text/html; charset=utf-8")
+        return self._send(b"", "image/x-icon", 204)  # /favicon.ico
 
     def do_POST(self) -> None:  # noqa: N802
         path = urlsplit(self.path).path
