@@ -13,7 +13,7 @@ from typing import Any
 
 from noetl_dagster.dsl.locator import ResourceLocator
 from registry_service.common import RESOURCE_COLS, from_json, resource_from_row, to_json
-from registry_service.errors import Conflict, NotFound
+from registry_service.errors import Conflict, Forbidden, NotFound
 from registry_service.models import Principal, Resource, iso, utc_now
 from registry_service.store import Tx
 
@@ -32,7 +32,10 @@ class EphemeralRows:
             if row is None:
                 raise NotFound(f"no resource {resource_id!r}")
             loc = ResourceLocator(row[3], row[4], row[5], row[6], row[7], row[8])
-            self._authorize(tx, p, loc, row[0], "write")  # type: ignore[attr-defined]
+            try:
+                self._authorize(tx, p, loc, row[0], "write")  # type: ignore[attr-defined]
+            except Forbidden:  # asked by id: the refusal names the id, never the URI (tenant, names) behind it
+                raise Forbidden(f"{p.label} may not write resource {resource_id}: no live grant") from None
             if row[10] != EPHEMERAL_KIND:
                 raise Conflict(
                     f"{row[1]} is a {row[10]!r} resource; only {EPHEMERAL_KIND} rows can be deleted"
