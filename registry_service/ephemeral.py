@@ -34,7 +34,7 @@ class EphemeralRows:
             loc = ResourceLocator(row[3], row[4], row[5], row[6], row[7], row[8])
             try:
                 self._authorize(tx, p, loc, row[0], "write")  # type: ignore[attr-defined]
-            except Forbidden:  # asked by id: the refusal names the id, never the URI (tenant, names) behind it
+            except Forbidden:  # asked by id: the refusal names the id, never the URI behind it
                 raise Forbidden(f"{p.label} may not write resource {resource_id}: no live grant") from None
             if row[10] != EPHEMERAL_KIND:
                 raise Conflict(
