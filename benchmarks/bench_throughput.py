@@ -506,9 +506,10 @@ def grid(playbook: dict, procs: list[int], threads: list[int], seconds: float, c
                                   group, tree, free)  # fmt: skip
 
             grid_shapes = list(shapes) if shapes else [(p, t) for p in procs for t in threads]
-            for p, t in [shape for _ in range(rounds) for shape in grid_shapes]:  # rounds: interleaved
+            # rounds: interleaved, and every other round runs its rows in reverse order (the load drifts)
+            for k, (p, t) in enumerate([shape for _ in range(rounds) for shape in grid_shapes]):
                 rows = []
-                for name in paths:
+                for name in paths if (k // len(grid_shapes)) % 2 == 0 else paths[::-1]:
                     if name == "baseline":
                         r = _tp_run(_tp_baseline, lambda i, t=t: (_url(db), flushes, t, seconds), p)
                     elif name == "old":  # group commit off; with --before-tree: that checkout's code as it is
