@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import sqlite3
 import threading
 import time
@@ -17,6 +16,16 @@ log = logging.getLogger("noetl_dagster.storage")
 LEASE_TTL = float(os.environ.get("NOETL_LEASE_TTL", "60"))
 
 
+def _hostname() -> str:
+    """``socket.gethostname()`` without importing socket (its enums cost a cached run ~1 %, issue 35):
+    on POSIX gethostname(2) is uname's nodename."""
+    if hasattr(os, "uname"):
+        return os.uname().nodename
+    import socket
+
+    return socket.gethostname()
+
+
 class SqliteLeases:
     """``acquire_lease``/``release_lease`` over the store's ``noetl_lease`` table and connection."""
 
@@ -27,7 +36,7 @@ class SqliteLeases:
     def acquire_lease(self, execution_id: str) -> None:
         """A row in ``noetl_lease``: live while its holder renews it (every TTL/3) and, on this host,
         while its process exists; a holder killed with SIGKILL leaves a stale row that is taken over."""
-        host, pid, now = socket.gethostname(), os.getpid(), time.time()
+        host, pid, now = _hostname(), os.getpid(), time.time()
         owner = f"{host}:{pid}:{id(self)}"
         with self._lock:
             c = self._conn
