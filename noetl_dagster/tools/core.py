@@ -16,7 +16,6 @@ from typing import Any
 
 from noetl_dagster.dsl.source import YamlLimits, YamlSyntaxError
 from noetl_dagster.dsl.template_front import TemplateError
-from noetl_dagster.tools.pycontext import CodeContext
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
 from noetl_dagster.util.files import InputFileError, read_bounded_text
 
@@ -510,4 +509,6 @@ def python_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
             source, data, plain_ctx, timeout, ctx.log, env=clean_env(home), isolate=True, cwd=home
         )
     # copy on read, not the live scope: code cannot change engine state without an event (tools/pycontext.py)
+    from noetl_dagster.tools.pycontext import CodeContext  # a python task only: not a noop run's import
+
     return run_python_inline(source, data, CodeContext(ctx.render_context), ctx.log)

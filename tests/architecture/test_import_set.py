@@ -24,6 +24,8 @@ The heavy modules, and why none belongs in these commands:
 * for ``run`` of an unchanged playbook (the parse cache answers) additionally the parser: PyYAML,
   ``noetl_dagster.dsl.parse`` and the modules only it uses (``PARSER``), and ``importlib.metadata``
   and ``email`` (pydantic's plugin scan, run when a first validator is built);
+* ``socket`` (the lease's host is ``os.uname().nodename``) and ``tools.pycontext`` (a python task's
+  context) for a cached one-step run;
 * and ``pydantic`` itself (with ``pydantic_core``, ``annotated_types``, ``typing_inspection``), the
   ``dsl.model`` classes and the tool config models: the local runner gets the cached playbook in its
   ready-to-run form (``dsl/ready.py``) and the noop kind's config is declared to accept any mapping.
@@ -115,6 +117,8 @@ def test_a_cached_one_step_run_imports_no_parser_and_no_metadata_scan(tmp_path):
     assert configs == [], configs
     assert _loaded(modules, MODELS) == []  # the ready-to-run form: no pydantic at all
     assert "noetl_dagster.dsl.ready" in modules
+    # the lease's host is uname's nodename (socket's enums ~1.5 % of the run); a python task's context
+    assert _loaded(modules, {"socket", "_socket", "selectors", "noetl_dagster.tools.pycontext"}) == []
 
 
 def test_a_cached_run_of_core_kinds_imports_no_pydantic(tmp_path):
