@@ -29,7 +29,7 @@ demo: setup
 	$(VENV)/bin/noetl-dagster demo
 
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS) -m "not serial$(if $(MARK), and ($(MARK)))"
+	$(PY) -m pytest $(PYTEST_ARGS) --durations=20 -m "not serial$(if $(MARK), and ($(MARK)))"
 	# tests marked serial judge scheduling by the process' own clocks: alone, after the rest (exit 5: none selected)
 	$(PY) -m pytest -m "serial$(if $(MARK), and ($(MARK)))" || test $$? -eq 5
 
