@@ -444,28 +444,26 @@ def _costs(
     """(price table, step -> Cost of the attempts of the step runs this op reported) from the execution's
     ``task.done`` events; None (with a warning) when it cannot be priced. ``keep`` gets the events read."""
     runs = {o.step_run_id for o in report.outcomes}
-    resource = getattr(context.resources, RESOURCE_KEY)
     eng = report.engine
-    store, eid, last = eng.services.event_store, eng.execution_id, eng.state.sequence
-
-    read: list[Any] = []
-
-    def events() -> list[Any]:
-        evs = _events_of_runs(store, eid, last, runs) if runs else []
-        read.extend(evs)
-        if keep is not None:
-            keep.extend(evs)
-        return evs
-
-    return priced_events(context, resource, events, runs, lambda: _billed_before(store, eid, read))
+    try:
+        prices = price_table(getattr(context.resources, RESOURCE_KEY))
+        return prices, window_cost(
+            prices, eng.services.event_store, eng.execution_id, eng.state.sequence, runs, keep
+        )
+    except Exception as e:  # noqa: BLE001 - cost is informational and never fails a step
+        context.log.warning(f"no cost metadata: {e}")
+        return None
 
 
-def window_cost(prices: PriceTable, store: Any, execution_id: str, last_sequence: int,
-                runs: set[str]) -> dict[str, Cost]:  # fmt: skip
+def window_cost(prices: PriceTable, store: Any, execution_id: str, last_sequence: int, runs: set[str],
+                keep: list[Any] | None = None) -> dict[str, Cost]:  # fmt: skip
     """What an op's metadata prices for its step runs ``runs`` when the execution's log stood at
     ``last_sequence``: its window of the log, seeded with the references billed before it (the
-    sum over an execution's ops is its cost without the platform line; tests/analytics/test_cost_gate.py)."""
+    sum over an execution's ops is its cost without the platform line; tests/analytics/test_cost_gate.py).
+    ``keep`` gets the events read."""
     evs = _events_of_runs(store, execution_id, last_sequence, runs) if runs else []
+    if keep is not None:
+        keep.extend(evs)
     return cost_of_events(prices, evs, runs, _billed_before(store, execution_id, evs))
 
 
