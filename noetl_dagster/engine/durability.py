@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine.frame import StepRun
-from noetl_dagster.engine.recorder import EventTooLarge, Recorder, RecordingFailed, TooManyEvents, ref_uris
+from noetl_dagster.engine.recorder import (
+    EventTooLarge,
+    Recorder,
+    RecordingFailed,
+    TooManyEvents,
+    payload_prefix,
+    ref_uris,
+)
 from noetl_dagster.engine.state import ExecutionState, fold
 
 if TYPE_CHECKING:
@@ -315,7 +322,7 @@ def sweep_payloads(services: Services, execution_id: str, tenant: str, project: 
     store = getattr(offloader, "store", None)
     if store is None or not callable(getattr(store, "list", None)):
         return 0
-    uris = store.list(f"{getattr(offloader, 'key_prefix', '')}{tenant}/{project}/{execution_id}/")
+    uris = store.list(payload_prefix(offloader, tenant, project, execution_id))
     if not uris:
         return 0
     referenced: set[str] = set()

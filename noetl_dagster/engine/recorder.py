@@ -175,6 +175,13 @@ class Redactor:
         return v
 
 
+def payload_prefix(offloader: Any, tenant: str, project: str, execution_id: str = "") -> str:
+    """Where the engine keeps a tenant's payloads (and one execution's) in the offloader's store: the
+    store's shard prefix, then ``tenant/project/execution/`` (the keys ``Recorder.offload`` writes)."""
+    base = f"{getattr(offloader, 'key_prefix', '') or ''}{tenant}/{project}/"
+    return f"{base}{execution_id}/" if execution_id else base
+
+
 class Recorder:
     def __init__(
         self,

@@ -39,6 +39,7 @@ from urllib.parse import unquote
 
 from pydantic import Field
 
+from noetl_dagster.engine.recorder import payload_prefix
 from noetl_dagster.storage.payload import (
     ChecksumMismatch,
     PayloadStore,
@@ -120,10 +121,10 @@ def _confine(path: str, ctx: ToolContext, action: str) -> str:
                     f"add its directory to {ROOTS_ENV}", kind="config_error")  # fmt: skip
 
 
-def _tenant_prefix(ctx: ToolContext) -> str:
+def _tenant_prefix(ctx: ToolContext, execution_id: str = "") -> str:
     """Where this execution's tenant and project keep payloads (the recorder's layout)."""
-    prefix = getattr(getattr(ctx, "offloader", None), "key_prefix", "") or ""
-    return f"{prefix}{getattr(ctx, 'tenant', 'default')}/{getattr(ctx, 'project', 'default')}/"
+    return payload_prefix(getattr(ctx, "offloader", None), getattr(ctx, "tenant", "default"),
+                          getattr(ctx, "project", "default"), execution_id)  # fmt: skip
 
 
 def _own_key(key: str, ctx: ToolContext, action: str, uri: str) -> str:
@@ -291,11 +292,10 @@ def _put(inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
         raise ToolError("artifact: put needs data", kind="config_error")
     store = payload_store(ctx)
     uri = _arg(inputs, "uri")
-    if (
-        not uri
-    ):  # this runtime's extension: no uri → a key of the payload store, beside the execution's results
+    # this runtime's extension: no uri → a key of the payload store, beside the execution's results
+    if not uri:
         name = _arg(inputs, "name") or f"{ctx.task}-attempt{ctx.attempt}"
-        key = f"{_tenant_prefix(ctx)}{ctx.execution_id}/{ctx.step}/artifact-{name}.json"
+        key = f"{_tenant_prefix(ctx, ctx.execution_id)}{ctx.step}/artifact-{name}.json"
         ref = store.put_json(_own_key(key, ctx, "put", key), data)
         return {"ref": ref.envelope(), "uri": ref.uri, "size_bytes": ref.size, "sha256": ref.checksum}
     uri = str(uri).strip()
