@@ -85,12 +85,18 @@ def _run(tmp_path, prices: str | None):  # noqa: ANN001, ANN202
     return instance, inst, result, data
 
 
-def _result_metadata(result, step: str) -> dict:  # noqa: ANN001
+def _results_metadata(result):  # noqa: ANN001, ANN202
+    """(op name, metadata values) of every op's ``result`` output."""
     for node in result.job_def.nodes:
-        if node.name.endswith(step):
-            for ev in result.events_for_node(node.name):
-                if ev.event_type_value == "STEP_OUTPUT" and ev.step_output_data.output_name == "result":
-                    return {k: getattr(v, "value", v) for k, v in ev.step_output_data.metadata.items()}
+        for ev in result.events_for_node(node.name):
+            if ev.event_type_value == "STEP_OUTPUT" and ev.step_output_data.output_name == "result":
+                yield node.name, {k: getattr(v, "value", v) for k, v in ev.step_output_data.metadata.items()}
+
+
+def _result_metadata(result, step: str) -> dict:  # noqa: ANN001
+    for name, md in _results_metadata(result):
+        if name.endswith(step):
+            return md
     raise AssertionError(f"no result output for {step}")
 
 
@@ -337,12 +343,7 @@ def test_an_op_passing_on_a_reference_an_earlier_op_billed_adds_nothing(tmp_path
     assert last_relay - 16 > max(e.sequence for e in events["start"])
     whole = _cost(prices, [e for evs in events.values() for e in evs])
     assert whole.storage == pytest.approx(40000 / 1e9 * 500000.0) and whole.storage > 1  # billed once
-    ops = 0.0
-    for node in result.job_def.nodes:
-        for ev in result.events_for_node(node.name):
-            if ev.event_type_value == "STEP_OUTPUT" and ev.step_output_data.output_name == "result":
-                md = ev.step_output_data.metadata
-                ops += md["noetl/cost/usd"].value if "noetl/cost/usd" in md else 0.0
+    ops = sum(md.get("noetl/cost/usd", 0.0) for _, md in _results_metadata(result))
     assert _result_metadata(result, "relay")["noetl/cost/storage_usd"] == 0.0
     assert ops == pytest.approx(whole.total - whole.platform, abs=1e-9)
     assert float(run.tags["noetl/cost_usd"]) == pytest.approx(whole.total, abs=1e-9)
