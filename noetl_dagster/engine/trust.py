@@ -485,11 +485,13 @@ class Gate:
                                    f"this execution's tenant {self.tenant!r}")  # fmt: skip
 
     def path(self, text: str, where: str) -> None:
-        """A local path (absolute, ``~``, ``file://`` or relative with ``..``) must stay in ``scope_dir``."""
+        """A local path (absolute, ``~``, ``file://`` or relative with ``..``) must stay in ``scope_dir``.
+        A string with another scheme is checked as the relative path it is to a tool that does not know
+        the scheme (DuckDB opens ``x://../../a.duckdb`` as a file): ``..`` may not climb out through it."""
         raw = text.strip()
         if raw.startswith("file://"):
             raw = raw[len("file://") :]
-        elif "://" in raw or "\n" in raw:
+        elif "\n" in raw:
             return
         if not (raw.startswith(("/", "~")) or ".." in raw.replace("\\", "/").split("/")):
             return

@@ -73,6 +73,22 @@ def _path(database: Any, ctx: ToolContext) -> Path | None:
     return path.resolve()
 
 
+def confined(database: str, sandbox_dir: str) -> str:
+    """The real path of a database file of a sandboxed execution, refused unless it is inside
+    ``sandbox_dir``. DuckDB opens the file before its own ``allowed_directories`` applies, and reads
+    any spelling (``x://..``, ``:memory:..``, a symlink) as a path: so the check is on the real path,
+    and DuckDB is handed that absolute path (no prefix of its own can apply)."""
+    scope = os.path.realpath(sandbox_dir)
+    full = os.path.realpath(os.path.join(scope, os.path.expanduser(database)))
+    if full != scope and not full.startswith(scope.rstrip(os.sep) + os.sep):
+        raise ToolError(
+            f"duckdb: {database!r} is outside this execution's directory (where a sandboxed run keeps files)",
+            kind="trust_refused",
+            result={"refused": "database outside the execution's directory"},
+        )
+    return full
+
+
 def connect(database: str, sandbox_dir: str | None = None) -> duckdb.DuckDBPyConnection:
     """Every DuckDB connection a playbook opens (the tool and the cursor driver). With ``sandbox_dir``
     (a generated playbook, engine.trust.Gate) the SQL reaches no file, extension or URL outside that
@@ -80,11 +96,14 @@ def connect(database: str, sandbox_dir: str | None = None) -> duckdb.DuckDBPyCon
     DuckDB itself, and the configuration is locked so a statement cannot lift it."""
     if sandbox_dir is None:
         return duckdb.connect(database)
-    conn = duckdb.connect(
-        database, config={"autoinstall_known_extensions": False, "autoload_known_extensions": False}
-    )
+    if database != ":memory:":
+        database = confined(database, sandbox_dir)
+    scope = str(Path(sandbox_dir).resolve()).rstrip("/") + "/"
+    # the spill directory is allowed implicitly: its default (``.tmp`` in the worker's cwd) is shared
+    config = {"autoinstall_known_extensions": False, "autoload_known_extensions": False,
+              "temp_directory": scope + ".duckdb_tmp"}  # fmt: skip
+    conn = duckdb.connect(database, config=config)
     try:
-        scope = str(Path(sandbox_dir).resolve()).rstrip("/") + "/"
         conn.execute(
             "SET allowed_directories = [?]", [scope]
         )  # before the switch: settable only while allowed
@@ -103,6 +122,8 @@ def _connection(database: Any, ctx: ToolContext) -> duckdb.DuckDBPyConnection:
         Path(sandbox).mkdir(parents=True, exist_ok=True)
     if path is None:
         return ctx.resource("duckdb::memory:", lambda: connect(":memory:", sandbox))
+    if sandbox is not None:  # before any directory is made for it
+        path = Path(confined(str(database), sandbox))  # relative: to the sandbox, as _path
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         return ctx.resource(f"duckdb:{path}", lambda: connect(str(path), sandbox))

@@ -40,7 +40,7 @@ import duckdb
 
 from noetl_dagster.tools.configs import DucklakeConfig
 from noetl_dagster.tools.credentials import lookup_credential
-from noetl_dagster.tools.duckdb_tool import _sql, run_duckdb
+from noetl_dagster.tools.duckdb_tool import _sql, confined, run_duckdb
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -85,6 +85,9 @@ def _quote(text: str) -> str:
 
 
 def _local(path: str, ctx: ToolContext) -> str:
+    sandbox = getattr(ctx, "scope_dir", None)
+    if sandbox is not None:  # DuckDB attaches the catalog before its own sandbox is set
+        return confined(path, sandbox)
     p = Path(path).expanduser()
     return str((p if p.is_absolute() else _data_dir(ctx) / p).resolve())
 
@@ -201,6 +204,8 @@ def _attach(
     limit = inputs.get("data_inlining_row_limit")
     sandbox = getattr(ctx, "scope_dir", None)
     config: dict[str, Any] = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+    if sandbox is not None:  # as kind duckdb's connect: the spill directory is allowed implicitly
+        config["temp_directory"] = str(Path(sandbox).resolve() / ".duckdb_tmp")
     for key in ("memory_limit", "threads"):
         if inputs.get(key) not in (None, ""):
             config[key] = inputs[key]

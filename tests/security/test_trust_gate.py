@@ -81,8 +81,8 @@ def env(tmp_path, monkeypatch):
         store_url = url
         data_dir = home
 
-        def __call__(self, doc: dict):
-            res = run_playbook(load_playbook_dict(doc), None, event_store=url, data_dir=home)
+        def __call__(self, doc: dict, tenant: str = "default"):
+            res = run_playbook(load_playbook_dict(doc), None, event_store=url, data_dir=home, tenant=tenant)
             store = open_event_store(url)
             events = [se.event for se in store.iter_all()]
             kids = [e.execution_id for e in events if e.name == "playbook.execution.requested"
@@ -174,6 +174,32 @@ def test_a_generated_duckdb_keeps_its_own_files_in_its_own_directory(env):
     err = _error_of(store2, kids2[0])
     assert err["kind"] == "trust_refused" and "outside this execution's directory" in err["message"]
     assert not outside.exists()
+
+
+def test_a_scheme_prefix_does_not_walk_a_generated_duckdb_out_of_its_directory(env):
+    """Issue 41: the gate skipped any value holding ``://``, DuckDB opens ``x://../..`` as a relative
+    path: tenant acme's generated playbook read tenant globex's table and created a file outside."""
+    globex = {"apiVersion": "noetl.io/v2", "kind": "Playbook", "metadata": {"name": "g", "path": "g"},
+              "workflow": [{"step": "start", "tool": [{"d": {"kind": "duckdb", "database": "globex.duckdb",
+                            "command": "CREATE TABLE payroll AS SELECT 'globex-payroll-42' AS s"}}]}]}  # fmt: skip
+    assert env(globex, tenant="globex")[0].status == "completed"
+    before = sorted(p for p in env.data_dir.parent.rglob("*") if "generated" not in p.parts)
+    for task in ({"kind": "duckdb", "database": "x://../../../globex.duckdb", "command": "SELECT s FROM payroll"},
+                 {"kind": "duckdb", "database": "x://../../../../escaped.duckdb",
+                  "command": "CREATE TABLE t AS SELECT 1 AS a"},
+                 {"kind": "duckdb", "database": "{{ 'x://' + '../../../globex.duckdb' }}",
+                  "command": "SELECT s FROM payroll"}):  # fmt: skip
+        res, store, events, kids = env(
+            parent(child({"step": "s", "tool": [{"d": task}]}), ["duckdb"]), "acme"
+        )
+        assert res.status == "failed"
+        err = _error_of(store, kids[0])
+        assert err["kind"] == "trust_refused" and "outside this execution's directory" in err["message"], err
+        assert "globex-payroll-42" not in _text(store.read(res.execution_id) + store.read(kids[0]))
+    after = sorted(p for p in env.data_dir.parent.rglob("*") if "generated" not in p.parts)
+    assert [p for p in after if p not in before and p.suffix != ".db" and "-wal" not in p.name
+            and "-shm" not in p.name and "payloads" not in p.parts and "unrecorded" not in p.parts] == []  # fmt: skip
+    assert not (env.data_dir.parent / "escaped.duckdb").exists()
 
 
 def test_a_generated_ducklake_keeps_its_lake_in_its_own_directory(env):

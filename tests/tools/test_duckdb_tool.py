@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from noetl_dagster.storage.payload import ChecksumMismatch, ResultRef, is_ref
-from noetl_dagster.tools.duckdb_tool import duckdb_tool, load_arrow_result
+from noetl_dagster.tools.duckdb_tool import connect, duckdb_tool, load_arrow_result
 from noetl_dagster.tools.registry import ToolError, get_tool
 
 
@@ -225,3 +225,41 @@ def test_store_without_streaming_writes_still_gets_arrow(make_ctx, tmp_path):
     out = duckdb_tool({"query": "SELECT range AS i FROM range(5000)"}, ctx)
     assert out["rows"]["$ref"]["store"] == "bytes-only"
     assert load_arrow_result(out, ctx.payload_store)["rows"][-1] == {"i": 4999}
+
+
+@pytest.mark.parametrize(
+    "database",
+    ["x://../../other.duckdb", "~/other.duckdb", ":memory:/../../other.duckdb", "link.duckdb",
+     "sub/../../other.duckdb", "{other}"],
+)  # fmt: skip
+def test_a_sandboxed_database_file_stays_in_the_sandbox_whatever_its_spelling(make_ctx, tmp_path, database):
+    """The tool's own check, below the trust gate: DuckDB opens the database file before its
+    ``allowed_directories`` applies, so a spelling the gate lets through (a symlink here) must not
+    reach another tenant's file, nor create one outside."""
+    other = tmp_path / "other.duckdb"
+    with duckdb.connect(str(other)) as g:
+        g.execute("CREATE TABLE payroll AS SELECT 'globex-payroll-42' AS s")
+    scope = tmp_path / "scope"
+    scope.mkdir()
+    (scope / "link.duckdb").symlink_to(other)
+    ctx = make_ctx(data_dir=scope)
+    ctx.scope_dir = str(scope)
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(ToolError) as e:
+        duckdb_tool({"database": database.format(other=other), "command": "SELECT s FROM payroll"}, ctx)
+    assert e.value.kind == "trust_refused" and "outside this execution's directory" in e.value.message
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_a_sandboxed_connection_spills_inside_the_sandbox(tmp_path, monkeypatch):
+    """DuckDB allows its temp directory implicitly; by default that is ``.tmp`` in the worker's cwd,
+    a place every execution shares."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".tmp").mkdir()
+    (tmp_path / ".tmp" / "left.csv").write_text("s\nother-tenant\n")
+    (tmp_path / "scope").mkdir()
+    conn = connect(":memory:", str(tmp_path / "scope"))
+    with pytest.raises(duckdb.Error, match="disabled by configuration"):
+        conn.execute(f"SELECT * FROM read_csv('{tmp_path}/.tmp/left.csv')").fetchall()
+    conn.execute(f"COPY (SELECT 1 AS a) TO '{tmp_path}/scope/mine.csv'")  # its own directory still works
+    assert conn.execute(f"SELECT a FROM read_csv('{tmp_path}/scope/mine.csv')").fetchall() == [(1,)]
