@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable
 from datetime import date
 from http.cookies import CookieError, SimpleCookie
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -41,6 +41,7 @@ from analytics.dashboard_access import KeyAuth, Sessions, TenantScope, Viewer
 from analytics.execution_view import ExecutionViews, preload_layout
 from analytics.store import FactsStore
 from noetl_dagster.engine.explain import UnknownExecution
+from noetl_dagster.util.http_body import BoundedBodyHandler
 from registry_service.errors import RegistryError, Unauthorized
 
 _ROWS = """SELECT tenant, project, playbook, step, day, round(sum(cost), 12) AS cost,
@@ -253,7 +254,9 @@ def route_of(path: str) -> str | None:
     return execution_page.PREFIX + "<id>" if execution_page.is_page(path) else None
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(BoundedBodyHandler):
+    # every request's body is read (or refused: 413, 400) before any route, at most this much
+    max_body = MAX_FORM_BYTES
     store: FactsStore
     auth: KeyAuth
     sessions: Sessions
@@ -405,10 +408,7 @@ class _Handler(BaseHTTPRequestHandler):
                 )
             if path != "/login":
                 return self._send("not found", "text/plain", 404)
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_FORM_BYTES:
-                return self._send("form too large", "text/plain", 413)
-            form = {k: v[-1] for k, v in parse_qs(self.rfile.read(length).decode("utf-8", "replace")).items()}
+            form = {k: v[-1] for k, v in parse_qs(self.body.decode("utf-8", "replace")).items()}
             self._signed_in(form.get("key", "").strip())
         except RegistryError as e:
             self._send(_login_page(e.message), "text/html; charset=utf-8", e.status)

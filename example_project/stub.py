@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
+
+from noetl_dagster.util.http_body import BoundedBodyHandler
 
 CUSTOMERS = [
     {"id": i, "name": name, "country": country}
@@ -39,7 +41,7 @@ _server: ThreadingHTTPServer | None = None
 _seen_keys: set[str] = set()
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(BoundedBodyHandler):
     def log_message(self, *args: object) -> None:  # keep test and demo output clean
         pass
 
@@ -73,8 +75,7 @@ class _Handler(BaseHTTPRequestHandler):
         return self._send(404, {"error": f"no route {url.path}"})
 
     def do_POST(self) -> None:  # noqa: N802
-        n = int(self.headers.get("Content-Length") or 0)
-        body = json.loads(self.rfile.read(n) or b"null")
+        body = json.loads(self.body or b"null")
         return self._send(
             200, {"received": body, "count": len(body) if isinstance(body, (list, dict)) else 1}
         )

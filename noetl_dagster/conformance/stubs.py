@@ -26,9 +26,11 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from noetl_dagster.util.http_body import BoundedBodyHandler
 
 TOTAL_ITEMS = 35
 PAGE_SIZE = 10
@@ -88,13 +90,13 @@ class StubServer:
         self._lock = threading.Lock()
         stub = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(BoundedBodyHandler):
+            max_body = 16 * 1024 * 1024  # a conformance request is small; anything this big is hostile
             protocol_version = "HTTP/1.1"
 
             def _serve(self) -> None:
                 parts = urlsplit(self.path)
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else b""
+                body = self.body
                 query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
                 req = Request(
                     self.command, parts.path, query, {k.lower(): v for k, v in self.headers.items()}, body
