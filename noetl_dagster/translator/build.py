@@ -10,6 +10,7 @@ whole code location.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -47,6 +48,8 @@ from noetl_dagster.translator.translator import (
     NoetlStepData,
     NoetlTranslator,
     declared_assets,
+    default_executor,
+    default_executor_name,
 )
 
 try:
@@ -339,6 +342,7 @@ def compile_playbooks(
         assets=assets_defs + [a for a in _dedupe_assets(assets) if a.key.path[0] == "noetl_invalid_playbook"],
         asset_checks=checks,
         resources={RESOURCE_KEY: resource},
+        executor=asset_executor([c.playbook for c in compiled if c.assets]),
     )
     return NoetlCodeLocation(defs, index)
 
@@ -484,6 +488,17 @@ def _require_extra(extra: str, module: str) -> None:
         raise MissingExtra(f"NOETL_DAGSTER_EXECUTOR={extra} needs: {install_hint(extra)}")
 
 
+def asset_executor(playbooks: Sequence[Playbook]) -> dg.ExecutorDefinition:
+    """The executor of the location's asset jobs (Materialize, subsets, backfills; Dagster builds them
+    from the catalog and gives them ``Definitions.executor``): one op per playbook runs the whole
+    playbook, so in the run's own process like a job run; Dagster's default (multiprocess) would start
+    a process per op. ``$NOETL_DAGSTER_EXECUTOR`` multiprocess / celery keep their choice; k8s sends the
+    op to its own pod only when a playbook asks for it (a ``distributed`` loop)."""
+    choices = {default_executor(pb) for pb in playbooks} or {default_executor_name()}
+    return _executor("k8s" if "k8s" in choices else next(iter(sorted(choices))))
+
+
+@functools.cache  # one object per choice: Definitions.merge refuses two locations' executors unless identical
 def _executor(name: str) -> dg.ExecutorDefinition:
     if name == "multiprocess":
         return dg.multiprocess_executor

@@ -49,12 +49,16 @@ from noetl_dagster.translator.k8s import needs_k8s_job_executor, step_k8s_tags
 EXECUTOR_ENV = "NOETL_DAGSTER_EXECUTOR"
 
 
+def default_executor_name() -> str:
+    return os.environ.get(EXECUTOR_ENV, "in_process") or "in_process"
+
+
 def default_executor(pb: Playbook) -> str:
     """``$NOETL_DAGSTER_EXECUTOR`` (in_process | multiprocess | celery | k8s); on Kubernetes (``k8s``)
     only a playbook with a ``distributed`` loop uses k8s_job_executor, the rest run in the run's own
     pod; ``celery`` sends every op (steps, regions, loop frames) to Celery workers
     (``$NOETL_CELERY_BROKER``, default ``redis://127.0.0.1:6379/0``)."""
-    choice = os.environ.get(EXECUTOR_ENV, "in_process") or "in_process"
+    choice = default_executor_name()
     if choice == "k8s":
         return "k8s" if needs_k8s_job_executor(pb) else "in_process"
     return choice
