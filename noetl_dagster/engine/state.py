@@ -52,6 +52,9 @@ class ExecutionState:
         self.selected: frozenset[str] | None = (
             None  # a subset run: the only steps admitted (request "select")
         )
+        # a subset run: steps not run again, each standing on a result an earlier execution recorded
+        # (request "reuse": {step: {"execution_id", "result"}}); the tables they stored are kept
+        self.reused: dict[str, dict[str, Any]] = {}
         self.workload: dict[str, Any] = {}
         self.entry: str | None = None
         self.ctx: dict[str, Any] = {}
@@ -142,6 +145,12 @@ class ExecutionState:
         elif name == E.EXECUTION_REQUESTED:
             self.playbook = d.get("playbook")
             self.selected = frozenset(d["select"]) if isinstance(d.get("select"), list) else None
+            reuse = d.get("reuse")
+            self.reused = (
+                {str(k): v for k, v in reuse.items() if isinstance(v, dict)}
+                if isinstance(reuse, dict)
+                else {}
+            )
             self.parent_execution_id = ev.parent_execution_id
             self.status = "requested"
         elif name == E.WORKFLOW_FINISHED:

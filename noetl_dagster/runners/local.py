@@ -242,11 +242,13 @@ def run_playbook(
     services: Services | None = None,
     select: Iterable[str] | None = None,
     requested_by: str = "cli",
+    reuse: Mapping[str, Any] | None = None,
 ) -> ExecutionResult:
     """Run a playbook to completion in this process and return its summary.
 
     ``select``: run only these steps (each other step is skipped, reason "not selected"; see
-    ``StepGraph.needed_for`` for the steps a set of targets needs)."""
+    ``StepGraph.needed_for`` for the steps a set of targets needs). ``reuse``: ``{step: {"execution_id",
+    "result"}}``, steps that do not run again: the result an earlier execution recorded routes on."""
     if isinstance(playbook, PlaybookBase):
         # built in Python (no source file): validate it like a file would be (raises PlaybookInvalid)
         if playbook.source_file:
@@ -273,7 +275,9 @@ def run_playbook(
     eng.start(
         workload,
         requested_by=requested_by,
-        request={"select": sorted(select)} if select is not None else None,
+        request={"select": sorted(select), **({"reuse": dict(reuse)} if reuse else {})}
+        if select is not None
+        else None,
     )
     eng.drive(on_step)
     return _finished(eng)

@@ -13,14 +13,17 @@ step's ``outputs``; asset checks from the outputs' ``checks`` (``checks.py``).
 
 Materializing some of a playbook's tables runs only the steps that store them and the steps
 before them (``StepGraph.needed_for``); the others are skipped ("not selected") and named in
-``noetl/skipped_steps``. The op logs the execution's NoETL events like a job's ops, and a failure
+``noetl/skipped_steps``. A step before them that stores only unselected tables is not run again
+(``upstream_reuse``): its recorded execution's result routes on and reads of its tables read the version
+Dagster recorded for the partition; a table the run stores though not selected is recorded too, so no
+version exists that Dagster does not know. The op logs the execution's NoETL events like a job's ops, and a failure
 names the step, task, tool kind and playbook line with the user's traceback (``failures.py``).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
@@ -31,7 +34,12 @@ from noetl_dagster.engine.graph import analyze
 from noetl_dagster.resources.runtime import op_log
 from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.translator.checks import run_partition_keys
-from noetl_dagster.translator.declare import backfill_policy, partition_workload, partitions_def
+from noetl_dagster.translator.declare import (
+    backfill_policy,
+    partition_workload,
+    partitions_def,
+    with_pinned_reads,
+)
 from noetl_dagster.translator.failures import first_failure
 from noetl_dagster.translator.ops import (
     RESOURCE_KEY,
@@ -40,13 +48,14 @@ from noetl_dagster.translator.ops import (
     run_cost_tags,
     table_cost_metadata,
 )
-from noetl_dagster.translator.versions import stored_in_execution, version_metadata
+from noetl_dagster.translator.versions import recorded_version, stored_in_execution, version_metadata
 
 if TYPE_CHECKING:  # pragma: no cover
     from noetl_dagster.resources.noetl import NoetlResource
     from noetl_dagster.translator.build import CompiledPlaybook
 
 TAG_EXECUTION = "noetl/execution_id"
+TAG_MATERIALIZE_UPSTREAM = "noetl/materialize_upstream"  # "true": a subset runs and records missing upstreams
 REQUESTED_BY_ASSET = (
     "dagster-asset:"  # driven inside the asset op (not "dagster:": the router leaves it alone)
 )
@@ -90,17 +99,22 @@ def playbook_multi_asset(c: CompiledPlaybook, specs: list[dg.AssetSpec]) -> dg.A
         workload = partition_workload(pb, keys) if keys else None
         selected = set(context.selected_asset_keys) & all_keys
         select = None
+        svc = res.services()
+        reuse: dict[str, dict[str, Any]] = {}
+        run_pb = pb
         if selected != all_keys:  # a subset: the steps storing the selected tables and every step before them
             select = graph.needed_for(s for k in selected for s in c.asset_steps.get(k, ()))
+            reuse, pins = upstream_reuse(context, c, select, selected, keys, svc)
+            run_pb = with_pinned_reads(pb, pins)
             context.log.info(f"subset of {c.path}: {len(selected)} of {len(all_keys)} tables; running steps "
-                             f"{', '.join(s for s in graph.order if s in select)}")  # fmt: skip
-        svc = res.services()
+                             f"{', '.join(s for s in graph.order if s in select and s not in reuse)}"
+                             + (f"; reusing the recorded results of {', '.join(sorted(reuse))}" if reuse else ""))  # fmt: skip
         eid = uuid7()
         context.instance.add_run_tags(context.run.run_id, {TAG_EXECUTION: eid})
         with op_log(eid, context.log) as sink:  # the NoETL step/task events, as a job run's ops log them
-            result = run_playbook(pb, workload, services=svc, execution_id=eid, select=select,
+            result = run_playbook(run_pb, workload, services=svc, execution_id=eid, select=select,
                                   requested_by=f"{REQUESTED_BY_ASSET}{context.run.run_id}",
-                                  on_step=lambda _run: sink.flush())  # fmt: skip
+                                  on_step=lambda _run: sink.flush(), reuse=reuse)  # fmt: skip
         events = svc.event_store.read(result.execution_id)
         skipped = [
             e.step
@@ -126,6 +140,13 @@ def playbook_multi_asset(c: CompiledPlaybook, specs: list[dg.AssetSpec]) -> dg.A
             raise dg.Failure(description=f"{', '.join(missing)} not stored: {failure.text()}",
                              metadata={"execution_id": result.execution_id, **failure.metadata()},
                              allow_retries=False)  # fmt: skip
+        for key in sorted(set(stored) & all_keys - selected, key=lambda k: k.to_user_string()):
+            # a table the run stored though not selected (a step storing a selected one too, or an upstream
+            # materialized on request): recorded, so no version exists that Dagster does not know
+            md = {**version_metadata(stored[key]), "noetl/step": steps.get(key, ""),
+                  "noetl/not_selected": dg.MetadataValue.text("stored by a step the selection ran")}  # fmt: skip
+            for pk in keys or [None]:
+                context.log_event(dg.AssetMaterialization(asset_key=key, partition=pk, metadata=md))
         for spec in specs:
             if spec.key not in selected:
                 continue
@@ -148,3 +169,55 @@ def playbook_multi_asset(c: CompiledPlaybook, specs: list[dg.AssetSpec]) -> dg.A
             context.instance.add_run_tags(context.run.run_id, {**cost_tags(total), **run_cost_tags(total)})
 
     return _tables
+
+
+# -- subsets -----------------------------------------------------------------------------------
+def upstream_reuse(
+    context: Any, c: CompiledPlaybook, select: set[str], selected: set[dg.AssetKey], keys: list[str] | None, svc: Any,
+) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:  # fmt: skip
+    """A subset's steps that store only unselected tables: each is not run again but stands on the result
+    its recorded execution logged, and reads of its tables read the version Dagster recorded for the
+    run's partition(s). ``(reuse, pins)``: ``{step: {execution_id, result}}``, ``{series: version}``.
+
+    A table with no materialization for a partition fails the run in one line naming it, unless the run
+    is tagged ``noetl/materialize_upstream: true`` (then its step runs and the op records it)."""
+    stores: dict[str, set[dg.AssetKey]] = {}
+    for key, steps in c.asset_steps.items():
+        for step in steps:
+            stores.setdefault(step, set()).add(key)
+    upstream = {s: ks for s, ks in stores.items() if s in select and not ks & selected}
+    if not upstream or str(context.run.tags.get(TAG_MATERIALIZE_UPSTREAM, "")).lower() == "true":
+        return {}, {}
+    reuse: dict[str, dict[str, Any]] = {}
+    pins: dict[str, str] = {}
+    where = lambda pk: f" for partition {pk}" if pk else ""  # noqa: E731
+    for step in sorted(upstream):
+        eids: set[str | None] = set()
+        for key in sorted(upstream[step], key=lambda k: k.to_user_string()):
+            versions = set()
+            for pk in keys or [None]:
+                rec = recorded_version(context.instance, key, pk)
+                if rec is None:
+                    raise dg.Failure(description=(
+                        f"{c.path}: upstream {key.to_user_string()} (step {step}) has no materialization{where(pk)}; "
+                        f"materialize it first, or launch with tag {TAG_MATERIALIZE_UPSTREAM}: true"), allow_retries=False)  # fmt: skip
+                versions.add(rec.uri)
+                eids.add(rec.execution_id)
+            if len(versions) > 1:  # a range recorded by different runs: no one result stands for all
+                raise dg.Failure(description=(
+                    f"{c.path}: upstream {key.to_user_string()} (step {step}) has {len(versions)} recorded versions "
+                    f"across this run's partitions; materialize it for the range, or launch with tag "
+                    f"{TAG_MATERIALIZE_UPSTREAM}: true"), allow_retries=False)  # fmt: skip
+            series, _, version = versions.pop().rpartition("@")
+            pins[series] = version
+        eid = next(iter(eids)) if len(eids) == 1 else None
+        done = (
+            [e for e in svc.event_store.read(eid) if e.name == E.STEP_DONE and e.step == step] if eid else []
+        )
+        if not done:
+            raise dg.Failure(description=(
+                f"{c.path}: upstream step {step}: the execution that stored its recorded tables "
+                f"({', '.join(sorted(str(e) for e in eids))}) has no result of it in the event log; "
+                f"launch with tag {TAG_MATERIALIZE_UPSTREAM}: true"), allow_retries=False)  # fmt: skip
+        reuse[step] = {"execution_id": eid, "result": (done[-1].data or {}).get("result")}
+    return reuse, pins

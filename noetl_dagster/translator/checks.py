@@ -2,7 +2,7 @@
 
 Each ``outputs[].checks`` entry of a step becomes a Dagster asset check on the
 table's asset (one ``multi_asset_check`` per playbook, ``<job>__checks``). A check
-reads the table's newest version the way the catalog knows it: the registry record
+reads the version Dagster recorded the way the catalog knows it: the registry record
 (columns, rows, partition key) and the execution's event log (the reference the task
 returned, when it was stored, the workload), then:
 
@@ -14,10 +14,10 @@ returned, when it was stored, the workload), then:
   version, uri...), ``columns``, ``workload``, ``execution_id``, ``partition_key``.
 
 Materializing the asset runs its checks after it in the same run; a check can also be
-run alone (the asset's *Checks* tab) to re-evaluate the newest version, e.g. freshness.
-In a partitioned run a check evaluates the run's partitions: the newest version recorded for
-each key (``partition_key``), never one another partition wrote; ``stable`` compares with the
-partition's previous version.
+run alone (the asset's *Checks* tab) to re-evaluate, e.g. freshness. Either way a check evaluates
+the version Dagster's latest materialization of the asset recorded (``noetl/uri``; for each of
+the run's partitions, that partition's), the one the result is attached to in the catalog, never
+a newer version only the store knows; ``stable`` compares with the partition's previous version.
 """
 
 from __future__ import annotations
@@ -34,9 +34,8 @@ from noetl_dagster.translator.declare import partitions_def
 from noetl_dagster.translator.versions import (
     RESOURCE_KEY,
     StoredVersion,
-    latest_version,
-    partition_version,
     previous_version,
+    recorded_or_registered,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -91,10 +90,10 @@ def _checks_def(
         ):
             uri, chk = declared[key]
             evals = []
-            for pk in pkeys:
+            for pk in pkeys:  # the version Dagster's materialization recorded, not the store's newest
                 if (uri, pk) not in versions:
-                    versions[(uri, pk)] = (
-                        partition_version(res, uri, pk, parts) if pk else latest_version(res, uri)
+                    versions[(uri, pk)] = recorded_or_registered(
+                        context.instance, res, key.asset_key, uri, pk
                     )
                 evals.append(_evaluation(res, key, chk, versions[(uri, pk)], parts, pk))
             yield dg.AssetCheckResult(**(evals[0] if len(evals) == 1 else _combined(evals, pkeys)))
@@ -185,7 +184,8 @@ def _evaluation(
     base = {"asset_key": key.asset_key, "check_name": key.name, "severity": severity}
     if v is None:
         where = f" for partition {pkey}" if pkey else ""
-        return {**base, "passed": False, "description": f"no version of the table is registered yet{where}"}
+        return {**base, "passed": False, "description": f"no materialization of {key.asset_key.to_user_string()} "
+                f"with a registered version is recorded{where}"}  # fmt: skip
     md: dict[str, Any] = {"noetl/uri": v.uri}
     if v.execution_id:
         md["noetl/execution_id"] = v.execution_id

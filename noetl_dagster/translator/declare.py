@@ -121,3 +121,19 @@ def with_partition_metadata(pb: Playbook) -> Playbook:
             elif "@" not in str(task.config.get("uri") or "@") and not task.config.get("version"):
                 task.config.setdefault("partition_key", key)  # a read of partition P sees P's data
     return out
+
+
+def with_pinned_reads(pb: Playbook, pins: Mapping[str, str]) -> Playbook:
+    """A subset run's copy of the playbook whose reads of an unversioned ``uri`` in ``pins`` (series ->
+    version) read that version: the one Dagster recorded for a table the run does not write again."""
+    if not pins:
+        return pb
+    out = pb.model_copy(deep=True)
+    out._steps = None  # the copy's step cache must point at the copied steps
+    for step in out.workflow:
+        for task in step.tool:
+            uri = str(task.config.get("uri") or "")
+            if task.kind in STORAGE_KINDS and str(task.config.get("op") or "write") == "read" and uri in pins:
+                task.config["uri"] = f"{uri}@{pins[uri]}"
+                task.config.pop("partition_key", None)  # the version is that partition's already
+    return out

@@ -94,6 +94,49 @@ def latest_version(resource: NoetlResource, uri: str, version: str | None = None
     return v
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """What Dagster's latest materialization of a table (for a partition) recorded: the versioned URI
+    and the execution that stored it."""
+
+    uri: str  # versioned noetl:// URI
+    execution_id: str | None
+    run_id: str
+
+    @property
+    def version(self) -> str:
+        return self.uri.rpartition("@")[2]
+
+
+def recorded_version(
+    instance: dg.DagsterInstance, key: dg.AssetKey, partition: str | None = None
+) -> Recorded | None:
+    """The version Dagster's latest materialization of ``key`` (for ``partition``) names, or None (never
+    materialized, or by something that recorded no ``noetl/uri``)."""
+    flt = dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition] if partition else None)
+    records = instance.fetch_materializations(flt, limit=1).records
+    mat = records[0].asset_materialization if records else None
+    if mat is None:
+        return None
+    uri, eid = mat.metadata.get("noetl/uri"), mat.metadata.get("noetl/execution_id")
+    uri = getattr(uri, "value", uri)
+    if not isinstance(uri, str) or "@" not in uri:
+        return None
+    eid = getattr(eid, "value", eid)
+    return Recorded(uri, eid if isinstance(eid, str) else None, records[0].run_id)
+
+
+def recorded_or_registered(
+    instance: dg.DagsterInstance | None, resource: NoetlResource, key: dg.AssetKey, uri: str, partition: str | None,
+) -> StoredVersion | None:  # fmt: skip
+    """The version of ``key`` Dagster's latest materialization (for ``partition``) recorded, as the catalog
+    knows it; None when Dagster recorded none (a version only the store knows is not evaluated)."""
+    rec = recorded_version(instance, key, partition) if instance is not None else None
+    if rec is None:
+        return None
+    return latest_version(resource, uri, rec.version)
+
+
 MAX_PARTITION_WALK = 5000  # versions a partition lookup walks back through at most
 
 

@@ -57,3 +57,31 @@ def test_a_subset_run_skips_what_is_not_selected_and_runs_the_final_step(run_pb)
     skipped = {e.step: e.data["reason"] for e in r.events if e.name == "step.skipped"}
     assert skipped == {"side": "not selected", "join": "not selected"}
     assert run_pb(PB).runs == {"start": 1, "spin": 3, "store": 1, "side": 1, "join": 1, "cleanup": 1}
+
+
+REUSE = """
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: t, path: tests/reuse}
+workflow:
+  - step: start
+    tool:
+      - make: {kind: python, code: "raise RuntimeError('ran again')"}
+    next:
+      arcs: [{step: use, when: "{{ start.n == 7 }}"}]
+  - step: use
+    tool:
+      - total: {kind: python, input: {n: "{{ start.n }}"}, code: "def main(n):\\n    return n + 1"}
+"""
+
+
+def test_a_reused_step_does_not_run_and_its_recorded_result_routes_on(run_pb):
+    """issue 42: a subset's upstream step stands on the result an earlier execution recorded."""
+    r = run_pb(REUSE, select=["start", "use"], reuse={"start": {"execution_id": "e0", "result": {"n": 7}}})
+    assert r.status == "completed", r.events[-1].data
+    assert r.runs == {"start": 1, "use": 1}
+    assert not [e for e in r.events if e.name.startswith("task.") and e.step == "start"]  # no task ran
+    done = {e.step: e.data["result"] for e in r.events if e.name == "step.done"}
+    assert done == {"start": {"n": 7}, "use": 8}
+    req = next(e for e in r.events if e.name == "playbook.execution.requested")
+    assert req.data["reuse"] == {"start": {"execution_id": "e0", "result": {"n": 7}}}
