@@ -4,7 +4,7 @@ and the rest (errors). Nothing under ``executor`` is silently ignored (issue 16.
 NoETL's schema (noetl/core/dsl/playbook.schema.json, Executor / ExecutorSpecFull) has
 ``profile``, ``version``, ``requires`` and ``spec: {entry_step, final_step, no_next_is_error,
 policy}``; this project adds ``spec.dagster``, ``spec.schedule``, ``spec.max_step_runs``, ``spec.max_events``,
-``spec.generated`` and the Kubernetes placement keys ``spec.profiles`` / ``spec.default_profile``. The step and task keys of NoETL's schema this engine keeps without an effect
+``spec.generated``, ``spec.isolation`` and the Kubernetes placement keys ``spec.profiles`` / ``spec.default_profile``. The step and task keys of NoETL's schema this engine keeps without an effect
 are warned the same way (``no_effect_keys``; tests/engine/test_noetl_schema_keys walks the schema).
 """
 
@@ -26,7 +26,9 @@ SPEC_IMPLEMENTED = {
     "max_events",  # events one execution may record (engine/recorder.py, docs/limits.md)
     "profiles",
     "default_profile",  # Kubernetes placement (translator/k8s.py, docs/deploy.md)
+    "isolation",  # `sandbox`: tool code runs in the OS sandbox (tools/sandbox.py, docs/limits.md)
 }
+ISOLATION_VALUES = ("sandbox",)
 # accepted for NoETL compatibility and warned: they select NoETL server behaviour with no counterpart here
 NO_EFFECT = {
     ("profile",): "the runtime profile (local/distributed) is chosen by the runner here",
@@ -58,6 +60,10 @@ def check_executor(ctx: Any, executor: dict[str, Any], step_names: list[str], wo
             "executor-spec-key",
             f"unknown `executor.spec` key {k!r}; known: {sorted(known)}",
         )
+    iso = spec.get("isolation")
+    if iso is not None and iso not in ISOLATION_VALUES:
+        ctx.err(("executor", "spec", "isolation"), "executor-isolation",
+                f"`isolation` must be one of {list(ISOLATION_VALUES)}, got {iso!r}")  # fmt: skip
     nne = spec.get("no_next_is_error")
     if nne is not None and not isinstance(nne, bool):
         ctx.err(

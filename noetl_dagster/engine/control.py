@@ -35,6 +35,7 @@ from noetl_dagster.engine.trust import (
     Gate,
     Grant,
     grant_for_generated,
+    isolation,
     violations,
 )
 from noetl_dagster.engine.worker import Worker
@@ -128,6 +129,8 @@ class Engine(Driver, EngineServices):
         # this process's CPU for the execution, less its task attempts': the platform line (engine.usage)
         self.usage_window = None if self.state.finished else usage.window(self.state.execution_id)
         self.gate: Gate | None = None  # the run-time trust gate every call passes; set by restrict()
+        # "sandbox": tool code runs in the OS sandbox by tenant/project policy or the playbook's own ask
+        self.isolation = isolation(playbook, services.tenant, services.project)
 
     @property
     def execution_id(self) -> str:

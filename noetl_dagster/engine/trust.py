@@ -76,6 +76,21 @@ def generated_policy(pb: Playbook) -> Grant:
     return Grant(names("allow_kinds"), names("allow_credentials"), hosts)
 
 
+SANDBOX_POLICY_ENV = "NOETL_SANDBOX"
+
+
+def isolation(pb: Playbook, tenant: str, project: str) -> str | None:
+    """``"sandbox"`` when the execution's tool code (python, shell, script, an MCP stdio server) runs in
+    the OS sandbox (tools/sandbox.py) although it is not generated: the operator's tenant/project
+    policy ``NOETL_SANDBOX`` (comma-separated ``*``, ``<tenant>`` or ``<tenant>/<project>``) names it,
+    or the playbook asks itself with ``executor.spec.isolation: sandbox``."""
+    own = pb.executor.spec.get("isolation") if pb.executor else None
+    policy = {s.strip() for s in os.environ.get(SANDBOX_POLICY_ENV, "").split(",") if s.strip()}
+    if own == "sandbox" or policy & {"*", tenant, f"{tenant}/{project}"}:
+        return "sandbox"
+    return None
+
+
 def grant_for_generated(parent: Grant, parent_pb: Playbook, passed: Iterable[str] | None) -> Grant:
     """The grant of an inline child: kinds allowed by the parent's policy (within the parent's own
     grant), credentials passed explicitly by the call and allowed by that policy."""

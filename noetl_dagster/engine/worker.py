@@ -73,6 +73,7 @@ class _ToolCtx:
         gate = worker.engine.gate
         self.restricted = gate is not None
         self.scope_dir = gate.scope_dir if gate is not None else None
+        self.isolation = worker.engine.isolation  # "sandbox": the OS sandbox by policy (tools/sandbox.py)
 
     @property
     def base_dir(self) -> Any:  # computed when a tool asks (a path operation per task otherwise)

@@ -10,7 +10,7 @@ import os
 import sys
 import textwrap
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -402,18 +402,20 @@ def _run_python_process(
     timeout: float,
     log: Any,
     env: dict[str, str] | None = None,
-    isolate: bool = False,
     cwd: str | None = None,
+    confine: Callable[[list[str]], Any] | None = None,
 ) -> Any:
     import subprocess  # noqa: PLC0415 - isolated python only (issue 35: a run imports no subprocess)
 
     from noetl_dagster.engine.usage import Popen, peak  # the child's peak RSS is the attempt's
-    from noetl_dagster.tools.isolation import isolated
     from noetl_dagster.util.jsonutil import dumps
 
     argv = [sys.executable, "-c", _SUBPROCESS_RUNNER]
-    with Popen(isolated(argv, "python") if isolate else argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-               stderr=subprocess.PIPE, text=True, env=env, cwd=cwd) as popen:  # fmt: skip
+    if confine is not None:  # the OS sandbox (tools/sandbox.py): its own argv, environment and cwd
+        box = confine(argv)
+        argv, env, cwd = box.argv, box.env, box.cwd
+    with Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+               env=env, cwd=cwd) as popen:  # fmt: skip
         try:
             out, err = popen.communicate(
                 dumps({"source": source, "data": data, "context": context}), timeout=timeout
@@ -492,21 +494,26 @@ def python_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
     if libs:
         data.update({k: v for k, v in _import_libs(libs).items() if k not in data})
     spec = ctx.spec or {}
-    restricted = bool(getattr(ctx, "restricted", False))
-    if spec.get("isolation") == "process" or restricted:
-        # a generated playbook's code always runs in an isolated process (tools/isolation.py): an
-        # allowlisted environment, its own directory, and no view of the worker's /proc/<pid>/environ
+    from noetl_dagster.tools import sandbox  # noqa: PLC0415
+
+    boxed = sandbox.wanted(ctx)
+    if spec.get("isolation") == "process" or boxed:
+        # a generated playbook's code (and a sandbox policy's) runs in the OS sandbox (tools/sandbox.py):
+        # its own uid, filesystem and network, an allowlisted environment, rlimits
         timeout = float(spec.get("timeout") or spec.get("timeout_seconds") or 300)
         scope = ctx.render_context
         plain_ctx = scope.plain() if hasattr(scope, "plain") else {}
-        if not restricted:
+        if not boxed:
             return _run_python_process(source, data, plain_ctx, timeout, ctx.log)
-        from noetl_dagster.tools.isolation import clean_env
-
+        scratch = sandbox.task_scratch(ctx, "python")
+        if scratch is not None:
+            return _run_python_process(source, data, plain_ctx, timeout, ctx.log,
+                                       confine=lambda argv: sandbox.task_command(ctx, argv, scratch))  # fmt: skip
+        # the operator's env-only opt-out: a scrubbed environment and its own directory only
         home = str(ctx.data_dir)
         os.makedirs(home, exist_ok=True)
         return _run_python_process(
-            source, data, plain_ctx, timeout, ctx.log, env=clean_env(home), isolate=True, cwd=home
+            source, data, plain_ctx, timeout, ctx.log, env=sandbox.clean_env(home), cwd=home
         )
     # copy on read, not the live scope: code cannot change engine state without an event (tools/pycontext.py)
     from noetl_dagster.tools.pycontext import CodeContext  # a python task only: not a noop run's import

@@ -85,19 +85,16 @@ async def _session(inputs: Mapping[str, Any], ctx: ToolContext):
     from mcp.client.stdio import stdio_client  # noqa: PLC0415
 
     argv = [str(inputs["command"]), *(str(a) for a in inputs.get("args") or [])]
-    if getattr(ctx, "restricted", False):  # a generated playbook's server: no view of the worker's processes
-        from noetl_dagster.tools.isolation import isolated  # noqa: PLC0415
+    declared = {str(k): str(v) for k, v in (inputs.get("env") or {}).items()}
+    env = {"PATH": os.environ.get("PATH", ""), **declared}
+    cwd = inputs.get("cwd") or None
+    from noetl_dagster.tools import sandbox  # noqa: PLC0415
 
-        argv = isolated(argv, "mcp")
-    params = StdioServerParameters(
-        command=argv[0],
-        args=argv[1:],
-        env={
-            "PATH": os.environ.get("PATH", ""),
-            **{str(k): str(v) for k, v in (inputs.get("env") or {}).items()},
-        },
-        cwd=inputs.get("cwd") or None,
-    )
+    scratch = sandbox.task_scratch(ctx, "mcp")
+    if scratch is not None:  # a generated playbook's server runs in the OS sandbox (tools/sandbox.py)
+        box = sandbox.task_command(ctx, argv, scratch, env=declared)
+        argv, env, cwd = box.argv, box.env, box.cwd
+    params = StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=cwd)
     with open(os.devnull, "w") as errlog:  # the server's stderr is not ours to print
         async with stdio_client(params, errlog=errlog) as (read, write):
             async with ClientSession(read, write) as session:

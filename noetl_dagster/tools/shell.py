@@ -9,8 +9,9 @@ The sandbox (on by default, ``sandbox: false`` turns it off except for generated
 the working directory is ``<data dir>/work/<execution_id>`` and ``cwd`` must stay inside it;
 the environment is only ``PATH``, ``HOME``/``TMPDIR`` (the work directory) and the declared
 ``env`` — the worker's own variables (credentials, database URLs) never reach the command.
-It is not an OS-level jail: the command runs as this user and can read or write any path
-that user can by absolute path. Use ``kind: container`` for isolation.
+That alone is not an OS-level jail: the command runs as this user and can read or write any
+path that user can by absolute path. Code of a generated playbook (or under a sandbox policy)
+runs in the OS sandbox (tools/sandbox.py): the work directory is then its scratch folder.
 
 Result: ``{returncode, stdout, stderr, commands: [{cmd_preview, returncode, stdout, stderr,
 duration_ms}], duration_ms, cwd}``. Each stream is capped at ``max_output_bytes`` (64 KiB):
@@ -70,15 +71,25 @@ def data_dir(ctx: ToolContext) -> Path:
     return Path(getattr(ctx, "data_dir", None) or os.environ.get("NOETL_DAGSTER_HOME", ".noetl"))
 
 
-def work_dir(ctx: ToolContext) -> Path:
-    """The execution's work directory (created on first use)."""
+def work_dir(ctx: ToolContext, kind: str = "shell") -> Path:
+    """The execution's work directory (created on first use); the sandbox's scratch folder when the
+    execution's code runs in the OS sandbox (tools/sandbox.py)."""
+    scratch = sandbox_scratch(ctx, kind)
+    if scratch is not None:
+        return Path(scratch)
     path = (data_dir(ctx) / "work" / str(ctx.execution_id)).resolve()
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
+def sandbox_scratch(ctx: ToolContext, kind: str) -> str | None:
+    from noetl_dagster.tools import sandbox  # noqa: PLC0415
+
+    return sandbox.task_scratch(ctx, kind)
+
+
 def _cwd(inputs: Mapping[str, Any], ctx: ToolContext, sandbox: bool, kind: str) -> Path:
-    base = work_dir(ctx)
+    base = work_dir(ctx, kind)
     raw = inputs.get("cwd")
     if not raw:
         return base
@@ -177,10 +188,14 @@ def run_commands(
         raise ToolError(f"{kind}: a generated playbook cannot turn the sandbox off", kind="config_error")
     cwd = _cwd(inputs, ctx, sandbox, kind)
     env = _env(inputs, cwd, sandbox)
-    if getattr(ctx, "restricted", False):  # a generated playbook: no view of the worker's processes
-        from noetl_dagster.tools.isolation import isolated
+    scratch = sandbox_scratch(ctx, kind)
+    if scratch is not None:  # the OS sandbox (tools/sandbox.py): its own uid, files, network, limits
+        from noetl_dagster.tools import sandbox as os_sandbox  # noqa: PLC0415
 
-        programs = [isolated(argv, kind) for argv in programs]
+        declared = {k: v for k, v in env.items() if k not in ("PATH", "HOME", "TMPDIR", "LANG")}
+        boxes = [os_sandbox.task_command(ctx, argv, scratch, env=declared, cwd=str(cwd)) for argv in programs]
+        programs = [b.argv for b in boxes]
+        env = boxes[0].env if boxes else env
     timeout = float(inputs.get("timeout_seconds") or inputs.get("timeout") or DEFAULT_TIMEOUT)
     cap = inputs.get("max_output_bytes")
     cap = DEFAULT_MAX_OUTPUT if cap is None else int(cap)
@@ -319,7 +334,7 @@ def script_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
         interp = [sys.executable] if name.endswith(".py") else [SHELL_BIN]
     elif isinstance(interp, str):
         interp = [sys.executable] if interp in ("python", "python3") else interp.split()
-    wd = work_dir(ctx)
+    wd = work_dir(ctx, "script")
     path = wd / ".scripts" / f"{ctx.step}-{ctx.task}-{name}"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(code)

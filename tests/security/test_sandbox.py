@@ -1,0 +1,258 @@
+"""Issue 41 part 1a: a generated playbook's code (and a sandbox policy's) runs in the OS sandbox.
+
+The attacker's probe, replayed against real parts (the real SQLite event store and its WAL, a
+credentials file, another tenant's payload, the real PostgreSQL at 127.0.0.1:5432, a real HTTP
+server on 127.0.0.1): python and shell code of a generated child, and of an authored playbook with
+``executor.spec.isolation: sandbox`` or the operator's ``NOETL_SANDBOX`` policy, reach none of it,
+and the rlimits end a fork bomb, a big file and a big allocation as an error outcome with events.
+"""
+
+from __future__ import annotations
+
+import ast
+import http.server
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from noetl_dagster.dsl import load_playbook_dict
+from noetl_dagster.runners.local import run_playbook
+from noetl_dagster.storage.event_stores import open_event_store
+from noetl_dagster.tools import sandbox
+
+SECRET = "kc-Sandb0x-secret-never-readable"
+HOST_PASSWD = Path("/etc/passwd").read_text()
+REPO = Path(__file__).resolve().parents[2]  # its package source shows read-only inside, nothing else
+
+
+def _generated(task: dict, kinds: list[str], hosts: list[str] | None = None) -> dict:
+    child = {"apiVersion": "noetl.io/v2", "kind": "Playbook", "metadata": {"name": "gen", "path": "generated/gen"},
+             "workflow": [{"step": "start", "next": {"arcs": [{"step": "s"}]}}, {"step": "s", "tool": [task]}]}  # fmt: skip
+    gen = {"allow_kinds": kinds, "allow_credentials": [], **({"allow_hosts": hosts} if hosts else {})}
+    return {"apiVersion": "noetl.io/v2", "kind": "Playbook", "metadata": {"name": "parent", "path": "tests/parent"},
+            "executor": {"spec": {"generated": gen}},
+            "workflow": [{"step": "start", "tool": [{"child": {"kind": "playbook", "definition": child}}]}]}  # fmt: skip
+
+
+def _authored(task: dict) -> dict:
+    return {"apiVersion": "noetl.io/v2", "kind": "Playbook", "metadata": {"name": "mine", "path": "tests/mine"},
+            "executor": {"spec": {"isolation": "sandbox"}}, "workflow": [{"step": "start", "tool": [task]}]}  # fmt: skip
+
+
+class _Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - the stdlib's name
+        body = b"hello-from-" + self.server.name.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch):
+    """A worker's data dir as the attacker found it: credentials, another tenant's payload, the
+    event DB with its WAL; two real HTTP servers (one allowed, one not)."""
+    home = tmp_path / "home"
+    (home / "payloads" / "other-tenant" / "proj").mkdir(parents=True)
+    keychain = home / "credentials.yaml"
+    keychain.write_text(f"credentials:\n  pg_main: {{type: postgres, data: {{db_password: {SECRET}}}}}\n")
+    other = home / "payloads" / "other-tenant" / "proj" / "result.json"
+    other.write_text(json.dumps({"card": SECRET}))
+    monkeypatch.setenv("NOETL_DAGSTER_HOME", str(home))
+    monkeypatch.delenv("NOETL_SANDBOX", raising=False)
+    db = home / "events.db"
+    servers = []
+    for name in ("allowed", "denied"):
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+        srv.name = name
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+
+    class World:
+        data_dir = home
+        paths = {"keychain": str(keychain), "other_tenant": str(other), "events_db": str(db),
+                 "events_wal": str(db) + "-wal", "root": "/root", "work": "/work"}  # fmt: skip
+        allowed = f"127.0.0.1:{servers[0].server_address[1]}"
+        denied = f"127.0.0.1:{servers[1].server_address[1]}"
+
+        def run(self, doc: dict, **kw):
+            url = f"sqlite:///{db}"
+            res = run_playbook(load_playbook_dict(doc), None, event_store=url, data_dir=home, **kw)
+            store = open_event_store(url)
+            return res, [se.event for se in store.iter_all()]
+
+    yield World()
+    for srv in servers:
+        srv.shutdown()
+
+
+def _probe_py(w) -> str:
+    return f"""
+import json, os, socket, urllib.request
+paths = {json.dumps(w.paths)}
+out = {{}}
+for name, p in paths.items():
+    try:
+        out[name] = 'READ ' + (open(p, errors='replace').read(200) if os.path.isfile(p) else str(os.listdir(p)))
+    except OSError as e:
+        out[name] = type(e).__name__
+try:
+    open(paths['events_db'], 'r+b').close(); out['events_db_write'] = 'OPENED'
+except OSError as e:
+    out['events_db_write'] = type(e).__name__
+out['passwd'] = open('/etc/passwd').read()
+try:
+    socket.create_connection(('127.0.0.1', 5432), timeout=3).close(); out['postgres'] = 'CONNECTED'
+except OSError as e:
+    out['postgres'] = type(e).__name__
+for name, hp in (('allowed', {w.allowed!r}), ('denied', {w.denied!r})):
+    try:
+        out[name] = urllib.request.urlopen('http://' + hp + '/', timeout=5).read().decode()
+    except Exception as e:
+        out[name] = type(e).__name__ + ': ' + str(e)[:200]
+result = out
+"""
+
+
+def _assert_confined(out: dict, proxy: bool = False) -> None:
+    for name in ("keychain", "other_tenant", "events_db", "events_wal"):
+        assert not str(out[name]).startswith("READ"), (name, out[name])
+    # /root and /work show at most the folders that lead to the read-only runtime (python, venv, package)
+    leads = {part for p in sandbox._runtime_dirs() for part in Path(p).parts[2:3]}
+    for name in ("root", "work"):
+        if str(out[name]).startswith("READ"):
+            assert set(ast.literal_eval(out[name][5:])) <= leads, (name, out[name], leads)
+    assert SECRET not in json.dumps(out)
+    assert out["events_db_write"] != "OPENED"
+    assert out["passwd"] != HOST_PASSWD and "root:" not in out["passwd"], out["passwd"]
+    assert out["postgres"] != "CONNECTED"
+    assert "hello-from-denied" not in out["denied"], out["denied"]
+
+
+@pytest.fixture(autouse=True)
+def _needs_the_sandbox():
+    # fail closed, not skipped: without bwrap these runs end in sandbox_unavailable and the asserts fail
+    assert sandbox.available(), sandbox.unavailable_reason()
+
+
+def test_generated_python_reaches_none_of_the_workers_files_or_network(world):
+    res, events = world.run(_generated({"p": {"kind": "python", "code": _probe_py(world)}}, ["python"]))
+    assert res.status == "completed", res.results
+    _assert_confined(res.results["start"])
+
+
+def test_authored_python_with_isolation_sandbox_is_confined_too(world):
+    res, events = world.run(_authored({"p": {"kind": "python", "code": _probe_py(world)}}))
+    assert res.status == "completed", res.results
+    _assert_confined(res.results["start"])
+
+
+def test_the_tenant_policy_sandboxes_an_authored_playbook(world, monkeypatch):
+    monkeypatch.setenv("NOETL_SANDBOX", "acme/other, t1")
+    doc = _authored({"p": {"kind": "python", "code": "import os\nresult = os.getuid()"}})
+    del doc["executor"]
+    res, _ = world.run(doc, tenant="t1")
+    assert res.status == "completed", res.results
+    assert res.results["start"] >= sandbox.SANDBOX_UID_BASE if os.geteuid() == 0 else True
+    assert res.results["start"] != os.getuid() or os.geteuid() != 0
+
+
+def _probe_sh(w) -> str:
+    p = w.paths
+    reads = "; ".join(
+        f"cat {p[n]} >/dev/null 2>&1 && echo READ:{n}"
+        for n in ("keychain", "other_tenant", "events_db", "events_wal")
+    )
+    return (f"{reads}; cat {REPO / 'pyproject.toml'} >/dev/null 2>&1 && echo REPO; ( : >> {p['events_db']} ) 2>/dev/null && echo WROTE; "
+            "grep -q '^root:' /etc/passwd && echo PASSWD; "
+            "python3 -c \"import socket; socket.create_connection(('127.0.0.1', 5432), 3)\" 2>/dev/null && echo PG; "
+            f"python3 -c \"import urllib.request as u; print(u.urlopen('http://{w.denied}/', timeout=5).read().decode())\" 2>/dev/null; true")  # fmt: skip
+
+
+@pytest.mark.parametrize("how", ["generated", "authored"])
+def test_shell_reaches_none_of_the_workers_files_or_network(world, how):
+    task = {"sh": {"kind": "shell", "command": _probe_sh(world)}}
+    doc = _generated(task, ["shell"]) if how == "generated" else _authored(task)
+    res, _ = world.run(doc)
+    assert res.status == "completed", res.results
+    assert res.results["start"]["stdout"] == "", res.results["start"]
+
+
+def _error(events, step: str = "s") -> dict:
+    for e in reversed(events):
+        if e.step == step and e.status == "error" and e.name == "task.done":
+            return (e.data or {}).get("outcome", {}).get("error") or (e.data or {}).get("error")
+    raise AssertionError("no task.done error event")
+
+
+def _run_limited(world, monkeypatch, task: dict, **limits: str):
+    for k, v in limits.items():
+        monkeypatch.setenv(f"NOETL_SANDBOX_{k}", v)
+    res, events = world.run(_generated(task, [next(iter(task.values()))["kind"]]))
+    assert res.status == "failed", res.results
+    return _error(events)
+
+
+FORK_PY = """
+import os, time
+pids = []
+try:
+    for _ in range(500):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(60); os._exit(0)
+        pids.append(pid)
+except OSError as e:
+    raise RuntimeError(f"fork refused after {len(pids)} children: {e.strerror}")
+result = len(pids)
+"""
+
+
+def test_a_fork_bomb_is_bounded(world, monkeypatch):
+    err = _run_limited(world, monkeypatch, {"p": {"kind": "python", "code": FORK_PY}}, PROCESSES="24")
+    assert "fork refused after" in err["message"], err
+    assert int(err["message"].split("after ")[1].split()[0]) < 24
+
+
+def test_a_shell_fork_bomb_is_bounded(world, monkeypatch):
+    cmd = "i=0; while [ $i -lt 500 ]; do sleep 60 & i=$((i+1)); done; echo all-started"
+    err = _run_limited(world, monkeypatch, {"sh": {"kind": "shell", "command": cmd}}, PROCESSES="24")
+    assert err["kind"] == "exit_code", err
+
+
+def test_a_big_file_is_refused(world, monkeypatch):
+    code = "open('big', 'wb').write(b'x' * (3 << 20))\nresult = 'wrote'"
+    err = _run_limited(world, monkeypatch, {"p": {"kind": "python", "code": code}}, FILE_MB="1")
+    assert "File too large" in err["message"], err
+    shell = {"sh": {"kind": "shell", "command": "head -c 3000000 /dev/zero > big2"}}
+    err = _run_limited(world, monkeypatch, shell, FILE_MB="1")
+    assert err["kind"] == "exit_code", err
+
+
+def test_memory_is_bounded(world, monkeypatch):
+    code = "blob = bytearray(3 << 30)\nresult = len(blob)"
+    err = _run_limited(world, monkeypatch, {"p": {"kind": "python", "code": code}}, MEMORY_MB="1024")
+    assert "MemoryError" in err["message"], err
+
+
+def test_a_bad_limit_setting_is_one_clear_error(world, monkeypatch):
+    err = _run_limited(world, monkeypatch, {"p": {"kind": "python", "code": "result = 1"}}, MEMORY_MB="lots")
+    assert err["message"] == "NOETL_SANDBOX_MEMORY_MB must be a positive integer, got 'lots'", err
+
+
+def test_where_the_sandbox_cannot_be_built_generated_code_is_refused(world, monkeypatch):
+    monkeypatch.setattr(sandbox, "_probe", "bwrap not installed (Debian: bubblewrap, util-linux)")
+    res, events = world.run(_generated({"p": {"kind": "python", "code": "result = 1"}}, ["python"]))
+    assert res.status == "failed"
+    err = _error(events)
+    assert err["kind"] == "sandbox_unavailable" and "\n" not in err["message"], err
+    # the operator's explicit opt-out runs it with a scrubbed environment only
+    monkeypatch.setenv("NOETL_GENERATED_ISOLATION", "env-only")
+    res, _ = world.run(_generated({"p": {"kind": "python", "code": "result = 1"}}, ["python"]))
+    assert res.status == "completed", res.results
