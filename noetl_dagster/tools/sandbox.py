@@ -139,11 +139,8 @@ def _tool(name: str) -> str | None:
 
 def _runtime_dirs() -> list[str]:
     """The python prefix, the venv and this package's source: read-only inside, at the same paths."""
-    import noetl_dagster  # noqa: PLC0415
-
-    pkg = os.path.dirname(os.path.dirname(os.path.realpath(noetl_dagster.__file__)))
     found = [os.path.realpath(p) for p in (sys.base_prefix, sys.prefix)]
-    found.append(os.path.join(pkg, "noetl_dagster"))
+    found.append(str(Path(__file__).resolve().parents[1]))  # the noetl_dagster package
     out: list[str] = []
     for p in sorted(set(found), key=len):
         if p.startswith("/usr/") or p == "/usr" or any(p.startswith(o + "/") for o in out):
