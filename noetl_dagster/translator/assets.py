@@ -127,7 +127,7 @@ def playbook_multi_asset(c: CompiledPlaybook, specs: list[dg.AssetSpec]) -> dg.A
             md = {"execution_id": result.execution_id, **(failure.metadata() if failure else {})}
             raise dg.Failure(description=text, metadata=md, allow_retries=False) from None
         steps: dict[dg.AssetKey, str] = {}
-        stored = stored_in_execution(res, result.execution_id, steps, events)
+        stored = stored_in_execution(res, result.execution_id, steps, events, c.asset_key)
         # priced like the ops: this execution's own attempts (a sub-playbook is priced on its own)
         own = [e for e in events if e.execution_id == result.execution_id]
         costs = priced_events(context, res, lambda: own)

@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,7 @@ from noetl_dagster.translator.translator import (
     default_executor,
     default_executor_name,
 )
+from noetl_dagster.translator.versions import default_asset_key
 
 try:
     from yaml import CSafeLoader as _YamlLoader
@@ -80,6 +81,7 @@ class CompiledPlaybook:
         default_factory=dict
     )  # table -> steps storing it (subsets)
     asset_op: NoetlOpSpec | None = None  # the op of its tables' multi-asset (Materialize)
+    asset_key: Callable[[str], dg.AssetKey] = default_asset_key  # a stored table's key (the translator's)
 
     @property
     def path(self) -> str:
@@ -467,9 +469,17 @@ def _playbook_mode(pb: Playbook, default: str) -> str:
 
 
 def _dedupe_assets(specs: Sequence[dg.AssetSpec]) -> list[dg.AssetSpec]:
+    """One spec per key (a table two playbooks declare); two different tables with one key (the key
+    scope left out what tells them apart) fail the load, naming both."""
     seen: dict[dg.AssetKey, dg.AssetSpec] = {}
     for s in specs:
-        seen.setdefault(s.key, s)
+        first = seen.setdefault(s.key, s)
+        a, b = (str(x.metadata.get("noetl/uri") or "").split("@")[0] for x in (first, s))
+        if a and b and a != b:
+            raise ValueError(
+                f"{a} and {b} both have asset key {s.key.to_user_string()}; keep them apart with "
+                "NoetlTranslator(asset_key_scope='tenant') (component: translation.asset_key_scope: tenant)"
+            )
     return list(seen.values())
 
 
@@ -570,11 +580,12 @@ def _compile_one(pb: Playbook, data: NoetlPlaybookData, translator: NoetlTransla
             )
             _check_names([frame_spec.name, collect_spec.name], pb)
             ops = make_loop_ops(pb, spec, frame_spec, collect_spec, plan, node, outs_of[key],
-                                frame_size=frame_sizes[key] or None)  # fmt: skip
+                                frame_size=frame_sizes[key] or None, asset_key=translator.get_asset_key)  # fmt: skip
             node_defs.extend(ops)
             deps.update(loop_dependencies(spec.name, frame_spec.name, collect_spec.name))
         else:
-            node_defs.append(make_node_op(pb, spec, plan, node, outs_of[key], has_input=bool(sources)))
+            node_defs.append(make_node_op(pb, spec, plan, node, outs_of[key], has_input=bool(sources),
+                                          asset_key=translator.get_asset_key))  # fmt: skip
         if sources:
             deps[spec.name] = {"after": dg.MultiDependencyDefinition(sources)}
     prefix = f"{data.job_name}__"
@@ -582,14 +593,16 @@ def _compile_one(pb: Playbook, data: NoetlPlaybookData, translator: NoetlTransla
     jobs = [_job(job_spec, node_defs, deps, config=launch_config(pb, start_node), prefix=prefix,
                  partitions_def=partitions_def(pb))]  # fmt: skip
     c = CompiledPlaybook(pb, data, plan, job_spec.name, start_node,
-                         node_ops={k: node_alias(v, prefix) for k, v in out_op.items()})  # fmt: skip
+                         node_ops={k: node_alias(v, prefix) for k, v in out_op.items()},
+                         asset_key=translator.get_asset_key)  # fmt: skip
 
     # separate steps: one job of one op each, launched by the sensor
     for step in plan.separate:
         sd = step_data[step]
         op_spec = translator.get_op_spec(NoetlNodeData(data, "step", (sd,), separate=True))
         single = Node(f"step:{step}", "step", (step,))
-        op = make_node_op(pb, op_spec, None, single, {}, has_input=False, main_job=job_spec.name)
+        op = make_node_op(pb, op_spec, None, single, {}, has_input=False, main_job=job_spec.name,
+                          asset_key=translator.get_asset_key)
         sjob_spec = job_spec.replace_attributes(
             name=f"{job_spec.name}__step__{data.step_id(step)}",
             description=(sd.step.desc or f"Step {step}")

@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
-from noetl_dagster.dsl.locator import InvalidLocator, asset_key_for_uri
 from noetl_dagster.dsl.model import OutputCheck, Playbook
 from noetl_dagster.dsl.templates import TemplateError, template_env
 from noetl_dagster.translator.declare import partitions_def
@@ -157,18 +156,14 @@ def evaluate(
 
 
 def declared_check_evaluations(
-    pb: Playbook, res: NoetlResource, step: str, v: StoredVersion
+    pb: Playbook, res: NoetlResource, step: str, v: StoredVersion, key: dg.AssetKey
 ) -> list[dg.AssetCheckEvaluation]:
-    """A job run that stored a table evaluates the checks its step declares on it (the same checks the
-    asset's ``<job>__checks`` runs), so a playbook run shows them too."""
+    """A job run that stored a table (asset ``key``) evaluates the checks its step declares on it (the
+    same checks the asset's ``<job>__checks`` runs), so a playbook run shows them too."""
     out: list[dg.AssetCheckEvaluation] = []
     series = v.uri.split("@")[0]
     for o in pb.steps[step].outputs if step in pb.steps else []:
         if o.uri != series:
-            continue
-        try:
-            key = dg.AssetKey(asset_key_for_uri(o.uri))
-        except InvalidLocator:
             continue
         for chk in o.checks:
             out.append(dg.AssetCheckEvaluation(**_evaluation(res, dg.AssetCheckKey(key, chk.name or chk.kind), chk, v,

@@ -17,6 +17,8 @@ Scaffold one with ``dg scaffold defs noetl_dagster.NoetlPlaybooksComponent my_pl
         group_name: noetl_tables        # for the tables playbooks declare
         asset_tags: {layer: bronze}
         kinds: [postgres]
+        asset_key_scope: namespace      # table keys sales/daily_sales; tenant: demo/examples/sales/daily_sales
+        asset_key_prefix: [lake]        # optional: lake/sales/daily_sales
 
 Drop a playbook file into the directory and the code location has its job,
 its schedule (``executor.spec.schedule``) and the ``noetl_router`` sensor. A
@@ -39,6 +41,7 @@ from noetl_dagster.dsl import PlaybookInvalid
 from noetl_dagster.resources.noetl import NoetlResource
 from noetl_dagster.translator.build import compile_playbooks
 from noetl_dagster.translator.declare import automation_condition
+from noetl_dagster.translator.naming import DEFAULT_KEY_SCOPE, KEY_SCOPES
 from noetl_dagster.translator.translator import (
     NoetlAssetData,
     NoetlJobSpec,
@@ -77,6 +80,12 @@ class NoetlTranslation(dg.Model, dg.Resolvable):
         default=None,
         description="automation of declared assets that declare none: eager, on_missing or {on_cron: '<cron>'}",
     )
+    asset_key_scope: Annotated[str, _enum(*KEY_SCOPES)] = Field(
+        default=DEFAULT_KEY_SCOPE,
+        description="how much of noetl://<tenant>/<project>/<namespace>/<type>/<name> a table's asset key carries:"
+        " namespace (sales/daily_sales), name, project, or tenant (keys unique across tenants and projects)",
+    )
+    asset_key_prefix: list[str] = Field(default_factory=list, description="path put before every table's asset key")
     asset_metadata: dict[str, str] = Field(
         default_factory=dict,
         description="metadata added to every declared asset; values are templates over {playbook}, {step}, {uri}",
@@ -85,6 +94,7 @@ class NoetlTranslation(dg.Model, dg.Resolvable):
 
 class _ConfiguredTranslator(NoetlTranslator):
     def __init__(self, translation: NoetlTranslation):
+        super().__init__(asset_key_scope=translation.asset_key_scope, asset_key_prefix=translation.asset_key_prefix)
         self.translation = translation
 
     def get_job_spec(self, data: NoetlPlaybookData) -> NoetlJobSpec:

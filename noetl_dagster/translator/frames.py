@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
@@ -89,6 +90,7 @@ def make_loop_ops(
     node_outputs: dict[str, str],
     *,
     frame_size: int | None,
+    asset_key: Callable[[str], dg.AssetKey] | None = None,
 ) -> tuple[dg.OpDefinition, dg.OpDefinition, dg.OpDefinition]:
     (step_name,) = node.steps
     step = pb.step(step_name)
@@ -233,7 +235,7 @@ def make_loop_ops(
             except BaseException:
                 forget(svc, eid)
                 raise
-        yield from _report_outputs(context, report, node, plan, node_outputs)
+        yield from _report_outputs(context, report, node, plan, node_outputs, asset_key)
         bad = report.unhandled
         if bad:
             raise dg.Failure(

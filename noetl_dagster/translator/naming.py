@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+
+from noetl_dagster.dsl.locator import parse_locator
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_]+")
 NAME_RE = re.compile(r"^[A-Za-z0-9_]+$")
@@ -67,3 +69,23 @@ def unique_names(
         taken.add(name)
         out[key] = name
     return out
+
+
+# How much of a table's noetl://<tenant>/<project>/<namespace>/<type>/<name> its asset key carries:
+# the catalog shows the key's path, so the default leaves out the tenant and project a code
+# location is usually scoped to (like dagster-dbt's [model name]); "tenant" is the full scope, for a
+# location that serves several tenants or projects.
+KEY_SCOPES = ("name", "namespace", "project", "tenant")
+DEFAULT_KEY_SCOPE = "namespace"
+
+
+def table_key(uri: str, scope: str = DEFAULT_KEY_SCOPE, prefix: Sequence[str] = ()) -> list[str]:
+    """The asset key path of the table ``uri`` names: ``[*prefix, <scope parts>, *name segments]``
+    (``namespace``: ``sales/daily_sales`` for ``noetl://demo/examples/sales/dataset/daily_sales``).
+    The version and the type are not part of it. Raises InvalidLocator for a non-noetl:// text."""
+    if scope not in KEY_SCOPES:
+        raise ValueError(f"asset key scope {scope!r}: use one of {', '.join(KEY_SCOPES)}")
+    loc = parse_locator(uri, require_version=False)
+    head = {"name": [], "namespace": [loc.namespace], "project": [loc.project, loc.namespace],
+            "tenant": [loc.tenant, loc.project, loc.namespace]}[scope]  # fmt: skip
+    return [*prefix, *head, *loc.name.split("/")]

@@ -22,7 +22,7 @@ import dagster as dg
 
 import noetl_dagster.translator.naming as naming
 from analytics.pricing import COMPONENTS, Cost, PriceTable, cost_of_events
-from noetl_dagster.dsl.locator import InvalidLocator, asset_key_for_uri
+from noetl_dagster.dsl.locator import InvalidLocator
 from noetl_dagster.dsl.model import Playbook
 from noetl_dagster.engine.usage_lines import _REF_EVENTS, BilledRefs, created_refs
 from noetl_dagster.resources.runtime import (
@@ -48,6 +48,7 @@ from noetl_dagster.translator.translator import NoetlOpSpec
 from noetl_dagster.translator.versions import (
     RESOURCE_KEY,
     StoredVersion,
+    default_asset_key,
     stored_refs,
     version_metadata,
     with_registry,
@@ -269,11 +270,13 @@ def make_node_op(
     *,
     has_input: bool,
     main_job: str | None = None,
+    asset_key: Callable[[str], dg.AssetKey] | None = None,
 ) -> dg.OpDefinition:
     """The op of one step (or one cycle region): run its activations, yield towards the work left.
 
     ``main_job``: this op is a per-step job's only op; launched by hand (no ``noetl/execution_id``
-    tag) it fails with a message naming the job to launch instead."""
+    tag) it fails with a message naming the job to launch instead. ``asset_key``: the translator's
+    key of a stored table's URI (``NoetlTranslator.get_asset_key``)."""
     outs = {name: dg.Out(dg.Nothing, is_required=False) for name in node_outputs.values()}
     outs[RESULT_OUTPUT] = dg.Out(dg.Nothing, is_required=False, description="the step's result (metadata)")
     ins = {"after": dg.In(dg.Nothing)} if has_input else {}
@@ -303,7 +306,7 @@ def make_node_op(
             raise dg.Failure(
                 description=str(e), metadata={"execution_id": eid}, allow_retries=False
             ) from None
-        yield from _report_outputs(context, report, node, plan, node_outputs)
+        yield from _report_outputs(context, report, node, plan, node_outputs, asset_key)
         bad = report.unhandled
         if bad:
             first = bad[0]
@@ -556,6 +559,7 @@ def _report_outputs(
     node: Node,
     plan: JobPlan | None,
     node_outputs: dict[str, str],
+    asset_key: Callable[[str], dg.AssetKey] | None = None,
 ) -> Iterator[Any]:
     eng = report.engine
     if eng is None:
@@ -598,9 +602,10 @@ def _report_outputs(
     res = getattr(context.resources, RESOURCE_KEY)
     for step, v, mat in _materializations(eng.execution_id, report.task_results, res,
                                           context.partition_key if context.has_partition_key else None,
-                                          eng.state.workload, priced[1] if priced else None):  # fmt: skip
+                                          eng.state.workload, priced[1] if priced else None,
+                                          asset_key):  # fmt: skip
         yield mat
-        for ev in declared_check_evaluations(eng.playbook, res, step, v):  # the step's declared checks
+        for ev in declared_check_evaluations(eng.playbook, res, step, v, mat.asset_key):  # the step's declared checks
             context.log_event(ev)
     if plan is None:
         return
@@ -622,6 +627,7 @@ def _materializations(
     partition: str | None = None,
     workload: Mapping[str, Any] | None = None,
     costs: Mapping[str, Cost] | None = None,
+    asset_key: Callable[[str], dg.AssetKey] | None = None,
 ) -> Iterator[tuple[str, StoredVersion, dg.AssetMaterialization]]:
     """Tasks that stored a table (their result is a ``noetl://`` reference) materialize its asset key,
     with the metadata the asset-first multi-asset reports (schema, rows, bytes, version), and the
@@ -632,7 +638,7 @@ def _materializations(
     for step, result in task_results:
         for info in stored_refs(result):
             try:
-                stored.append((step, info, asset_key_for_uri(info["uri"])))
+                stored.append((step, info, (asset_key or default_asset_key)(info["uri"])))
             except InvalidLocator:
                 continue
     per_step: dict[str, int] = {}

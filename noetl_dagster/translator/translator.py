@@ -21,14 +21,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import dagster as dg
 
 import noetl_dagster.translator.naming as naming
-from noetl_dagster.dsl.locator import InvalidLocator, asset_key_for_uri, is_locator
+from noetl_dagster.dsl.locator import InvalidLocator, is_locator
 from noetl_dagster.dsl.model import Output, Playbook, Step
 from noetl_dagster.resources.runtime import (
     TAG_KIND,
@@ -218,7 +218,29 @@ SCHEDULE_KEYS = {"cron", "cron_schedule", "timezone", "workload", "name", "descr
 
 
 class NoetlTranslator:
-    """Default mapping of playbooks to Dagster jobs, ops, schedules and assets."""
+    """Default mapping of playbooks to Dagster jobs, ops, schedules and assets.
+
+    ``asset_key_scope``: how much of a table's ``noetl://<tenant>/<project>/<namespace>/<type>/<name>``
+    its asset key carries: ``namespace`` (default, ``sales/daily_sales``), ``name``, ``project`` or
+    ``tenant`` (``demo/examples/sales/daily_sales``: keys stay unique when one code location serves
+    several tenants or projects); ``asset_key_prefix`` goes before it (like dagster-dbt's key prefix).
+    Two tables with the same key fail the load, naming both URIs.
+    """
+
+    asset_key_scope: str = naming.DEFAULT_KEY_SCOPE  # class defaults: a subclass's own __init__ keeps them
+    asset_key_prefix: tuple[str, ...] = ()
+
+    def __init__(self, *, asset_key_scope: str = naming.DEFAULT_KEY_SCOPE, asset_key_prefix: Sequence[str] = ()):
+        if asset_key_scope not in naming.KEY_SCOPES:
+            raise ValueError(f"asset_key_scope {asset_key_scope!r}: use one of {', '.join(naming.KEY_SCOPES)}")
+        self.asset_key_scope = asset_key_scope
+        self.asset_key_prefix = tuple(asset_key_prefix)
+
+    # -- asset keys ---------------------------------------------------------------------
+    def get_asset_key(self, uri: str) -> dg.AssetKey:
+        """The asset key of the table ``uri`` names (declared, and each stored reference a run reports);
+        raises InvalidLocator for a text that is no ``noetl://`` URI."""
+        return dg.AssetKey(naming.table_key(uri, self.asset_key_scope, self.asset_key_prefix))
 
     # -- jobs ---------------------------------------------------------------------------
     def get_job_spec(self, data: NoetlPlaybookData) -> NoetlJobSpec:
@@ -356,8 +378,8 @@ class NoetlTranslator:
         URIs still reach the catalog: each run materializes the key of the reference a task returned.
         """
         try:
-            key = dg.AssetKey(asset_key_for_uri(data.uri))
-            deps = [dg.AssetKey(asset_key_for_uri(u)) for u in data.deps]
+            key = self.get_asset_key(data.uri)
+            deps = [self.get_asset_key(u) for u in data.deps]
         except InvalidLocator:
             return None
         step = data.step

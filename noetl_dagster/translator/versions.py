@@ -6,15 +6,16 @@ Used by the asset-first multi-asset, the job ops' materializations and the asset
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
-from noetl_dagster.dsl.locator import InvalidLocator, asset_key_for_uri, parse_locator
+from noetl_dagster.dsl.locator import InvalidLocator, parse_locator
 from noetl_dagster.engine import events as E
+from noetl_dagster.translator.naming import table_key
 
 if TYPE_CHECKING:  # pragma: no cover
     from noetl_dagster.resources.noetl import NoetlResource
@@ -41,14 +42,22 @@ class StoredVersion:
         return self.ref.get("rows") if isinstance(self.ref.get("rows"), int) else None
 
 
+def default_asset_key(uri: str) -> dg.AssetKey:
+    """The default translator's asset key of a table URI (``NoetlTranslator.get_asset_key``)."""
+    return dg.AssetKey(table_key(uri))
+
+
 def stored_in_execution(
     resource: NoetlResource,
     execution_id: str,
     steps: dict[dg.AssetKey, str] | None = None,
     events: Any = None,
+    asset_key: Callable[[str], dg.AssetKey] | None = None,
 ) -> dict[dg.AssetKey, StoredVersion]:
     """Every table the execution stored, newest last per key, read from its event log (or ``events``,
-    already read); ``steps`` (when given) receives the step that stored each one."""
+    already read); ``steps`` (when given) receives the step that stored each one. ``asset_key``: the
+    translator's key of a URI (default: :func:`default_asset_key`)."""
+    asset_key = asset_key or default_asset_key
     if events is None:
         events = resource.services().event_store.read(execution_id)
     workload = next((dict(e.data.get("workload") or {}) for e in events if e.name == E.WORKFLOW_STARTED), {})
@@ -59,7 +68,7 @@ def stored_in_execution(
         outcome = ev.data.get("outcome") or {}
         for ref in stored_refs(outcome.get("result") if isinstance(outcome, Mapping) else None):
             try:
-                key = dg.AssetKey(asset_key_for_uri(ref["uri"]))
+                key = asset_key(ref["uri"])
             except InvalidLocator:
                 continue
             out[key] = with_registry(resource, StoredVersion(

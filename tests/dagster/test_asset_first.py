@@ -15,8 +15,8 @@ from noetl_dagster.dsl import PlaybookInvalid, load_playbook
 from noetl_dagster.resources.noetl import NoetlResource
 from noetl_dagster.translator import compile_playbooks
 
-DAILY = dg.AssetKey(["demo", "examples", "sales", "daily_sales"])
-TOTALS = dg.AssetKey(["demo", "examples", "sales", "region_totals"])
+DAILY = dg.AssetKey(["sales", "daily_sales"])
+TOTALS = dg.AssetKey(["sales", "region_totals"])
 
 
 def _res(data_dir):
@@ -115,7 +115,7 @@ def test_partitions_set_the_workload_value_record_the_key_and_drift_is_per_parti
     f = tmp_path / "shapes.yaml"
     f.write_text(PARTITIONED.format(automation="eager"))
     defs = _defs([f], dagster_data)
-    key = dg.AssetKey(["demo", "examples", "t", "shapes"])
+    key = dg.AssetKey(["t", "shapes"])
     ad = defs.resolve_assets_def(key)
     assert ad.partitions_def.get_partition_keys() == ["narrow", "wide"]
     assert ad.specs_by_key[key].owners == ["ana@example.com"]
@@ -171,7 +171,7 @@ def test_daily_partition_key_becomes_the_workload_value(dagster_data, tmp_path):
     f = tmp_path / "daily.yaml"
     f.write_text(DAILY_PB)
     defs = _defs([f], dagster_data)
-    key = dg.AssetKey(["demo", "examples", "t", "daily_load"])
+    key = dg.AssetKey(["t", "daily_load"])
     ad = defs.resolve_assets_def(key)
     assert isinstance(ad.partitions_def, dg.DailyPartitionsDefinition)
     spec = ad.specs_by_key[key]
@@ -198,7 +198,7 @@ def test_partitioned_playbook_job_takes_the_partition_key(dagster_data, tmp_path
     f.write_text(DAILY_PB)
     job = _defs([f], dagster_data).resolve_job_def("daily_load")
     assert isinstance(job.partitions_def, dg.DailyPartitionsDefinition)
-    key = dg.AssetKey(["demo", "examples", "t", "daily_load"])
+    key = dg.AssetKey(["t", "daily_load"])
     with dg.instance_for_test() as instance:
         assert job.execute_in_process(instance=instance, partition_key="2026-11-21").success
         mat = instance.get_latest_materialization_event(key).asset_materialization

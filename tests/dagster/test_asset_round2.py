@@ -21,7 +21,7 @@ from noetl_dagster.resources.noetl import NoetlResource
 from noetl_dagster.translator import compile_playbooks
 from noetl_dagster.translator.component import NoetlTranslation, _ConfiguredTranslator
 
-EVENTS = dg.AssetKey(["demo", "examples", "t", "daily_events"])
+EVENTS = dg.AssetKey(["t", "daily_events"])
 SERIES = "noetl://demo/examples/t/dataset/daily_events"
 
 
@@ -238,8 +238,8 @@ workflow:
     tool:
       - total: {kind: python, code: "result = 1"}
 """
-LEFT = dg.AssetKey(["demo", "examples", "t", "left"])
-RIGHT = dg.AssetKey(["demo", "examples", "t", "right"])
+LEFT = dg.AssetKey(["t", "left"])
+RIGHT = dg.AssetKey(["t", "right"])
 
 
 def test_materializing_one_table_runs_only_the_steps_it_needs(dagster_data, tmp_path):
@@ -312,7 +312,7 @@ def test_a_failed_materialize_names_the_task_the_playbook_line_and_the_users_tra
     f = tmp_path / "broken_math.yaml"
     f.write_text(FAILING)
     defs = _defs([f], dagster_data)
-    ad = defs.resolve_assets_def(dg.AssetKey(["demo", "examples", "t", "ratios"]))
+    ad = defs.resolve_assets_def(dg.AssetKey(["t", "ratios"]))
     with dg.instance_for_test() as instance:
         r = dg.materialize([ad], instance=instance, raise_on_error=False)
         assert not r.success
@@ -359,7 +359,7 @@ def test_the_scaffolded_sample_is_an_asset_whose_first_materialize_works(dagster
     )  # as scaffolded
     loc = compile_playbooks([f], include_sensor=False, resource=res)
     assert loc.index.warnings == []
-    key = dg.AssetKey(["demo", "examples", "scaffold", "greetings"])
+    key = dg.AssetKey(["scaffold", "greetings"])
     with dg.instance_for_test() as instance:
         r = dg.materialize([loc.definitions.resolve_assets_def(key)], instance=instance)
     assert r.success
@@ -456,7 +456,7 @@ def test_a_partitioned_read_sees_its_partitions_version(dagster_data, tmp_path):
     reader.write_text(READER)
     defs = _defs([_daily(tmp_path), reader], dagster_data)
     job = defs.resolve_implicit_global_asset_job_def()
-    counts = dg.AssetKey(["demo", "examples", "t", "daily_counts"])
+    counts = dg.AssetKey(["t", "daily_counts"])
     with dg.instance_for_test() as instance:
         for day in ("2026-11-21", "2026-11-22"):  # the writer's two partitions: v1 (3 rows), v2 (4 rows)
             assert (

@@ -55,7 +55,7 @@ def test_a_two_partition_backfill_in_dagster_dev_keeps_each_partitions_data(tmp_
     keys = ["2026-11-21", "2026-11-22"]
     try:
         with dagster_dev_server("t31dev.defs", cwd=site, env=env, log_path=tmp_path / "dev.log") as (url, _):
-            path = ["demo", "examples", "t", "daily_events"]
+            path = ["t", "daily_events"]
             params = {"assetSelection": [{"path": path}], "partitionNames": keys}
             out = _graphql(url, LAUNCH, {"params": params})["launchPartitionBackfill"]
             assert out["__typename"] == "LaunchBackfillSuccess", out

@@ -202,13 +202,13 @@ def test_launchpad_defaults_run_and_the_broken_playbook_shows_in_the_browser(
                 page.get_by_text("playbook_is_valid").first.wait_for(state="visible", timeout=60_000)
             page.screenshot(path=artifacts / "5_invalid_playbook_check.png")
             # 4. a table a playbook declares: an asset page with its declared checks
-            page.goto(f"{url}/assets/demo/examples/sales/daily_sales?view=checks")
+            page.goto(f"{url}/assets/sales/daily_sales?view=checks")
             expect(page.get_by_text("schema_drift").first).to_be_visible(timeout=60_000)
             expect(page.get_by_text("three_regions_a_day").first).to_be_visible()
             page.screenshot(path=artifacts / "6_declared_asset_checks.png")
             # 5. Materialize from its page: a subset (can_subset=True) runs only the steps it needs, then its checks pass
             page.get_by_text("Materialize", exact=True).first.click()
-            mat = _wait_materialization(url, ["demo", "examples", "sales", "daily_sales"], dev_log)
+            mat = _wait_materialization(url, ["sales", "daily_sales"], dev_log)
             labels = {m["label"] for m in mat["metadataEntries"]}
             assert {
                 "dagster/column_schema",
@@ -222,7 +222,7 @@ def test_launchpad_defaults_run_and_the_broken_playbook_shows_in_the_browser(
             expect(page.get_by_text("Passed").first).to_be_visible(timeout=60_000)
             page.screenshot(path=artifacts / "7_materialized_checks_passed.png")
             # 6. a failing Materialize: the run names the step, task, tool kind, playbook line and the user's traceback
-            page.goto(f"{url}/assets/demo/examples/t/ratios")
+            page.goto(f"{url}/assets/t/ratios")
             expect(page.get_by_text("Materialize", exact=True).first).to_be_visible(timeout=60_000)
             before = {r["runId"] for r in _graphql(url, FAILED_RUNS, {})["runsOrError"]["results"]}
             page.get_by_text("Materialize", exact=True).first.click()
@@ -243,5 +243,5 @@ def test_launchpad_defaults_run_and_the_broken_playbook_shows_in_the_browser(
     )
     assert sum("broken.yaml" in line for line in dev_log.read_text().splitlines()) >= 1
     nodes = _graphql(url, "{ assetNodes { assetKey { path } isMaterializable kinds } }", {})["assetNodes"]
-    daily = next(n for n in nodes if n["assetKey"]["path"] == ["demo", "examples", "sales", "daily_sales"])
+    daily = next(n for n in nodes if n["assetKey"]["path"] == ["sales", "daily_sales"])
     assert daily["isMaterializable"] and {"parquet", "duckdb"} <= set(daily["kinds"])

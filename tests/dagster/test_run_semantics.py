@@ -239,14 +239,14 @@ def test_stored_tables_materialize_their_assets(dagster_data, ephemeral_instance
         .success
     )
     daily = ephemeral_instance.get_latest_materialization_event(
-        dg.AssetKey(["demo", "examples", "sales", "daily_sales"])
+        dg.AssetKey(["sales", "daily_sales"])
     )
     md = daily.asset_materialization.metadata
     assert md["dagster/row_count"].value == 15 and md["noetl/checksum"].value.startswith("sha256:")
     assert [c.name for c in md["dagster/column_schema"].schema.columns] == ["day", "region", "amount"]
     assert md["noetl/uri"].value.startswith("noetl://demo/examples/sales/dataset/daily_sales@v")
     totals = ephemeral_instance.get_latest_materialization_event(
-        dg.AssetKey(["demo", "examples", "sales", "region_totals"])
+        dg.AssetKey(["sales", "region_totals"])
     ).asset_materialization.metadata
     assert any("daily_sales@v" in u for u in totals["noetl/inputs"].value)  # the version it was made from
     # a read is an input, not a materialization: daily_sales was materialized once (by store_daily)

@@ -231,7 +231,7 @@ def test_dagster_definitions_validate_on_the_example_project(tmp_path):
 def test_stored_tables_are_assets_with_lineage():
     loc = _location(EXAMPLES / "sales_tables.yaml")
     specs = {s.key.to_user_string(): s for s in loc.definitions.resolve_all_asset_specs()}
-    daily, totals = specs["demo/examples/sales/daily_sales"], specs["demo/examples/sales/region_totals"]
+    daily, totals = specs["sales/daily_sales"], specs["sales/region_totals"]
     assert [d.asset_key for d in totals.deps] == [daily.key]  # read first in the same step
     assert daily.metadata["noetl/uri"] == "noetl://demo/examples/sales/dataset/daily_sales"
     assert "parquet" in daily.kinds and daily.group_name == "sales"  # executor.spec.dagster.group
@@ -264,3 +264,46 @@ def test_kubernetes_placement_becomes_op_tags(tmp_path):
     cfg = json.loads(heavy["dagster-k8s/config"])
     assert cfg["container_config"]["resources"]["requests"] == {"cpu": "2", "memory": "4Gi"}
     assert "dagster-k8s/config" not in job.graph.node_named("light").definition.tags
+
+
+def _table_playbook(path: Path, name: str, uri: str) -> Path:
+    path.write_text(textwrap.dedent(f"""\
+        apiVersion: noetl.io/v2
+        kind: Playbook
+        metadata: {{name: {name}, path: tests/{name}}}
+        workflow:
+          - step: start
+            outputs:
+              - uri: {uri}
+            tool:
+              - store: {{kind: python, code: "result = 1"}}
+        """))  # fmt: skip
+    return path
+
+
+def test_asset_keys_leave_out_tenant_and_project_by_default_and_the_scope_is_a_translator_option(tmp_path):
+    p = _table_playbook(tmp_path / "a.yaml", "a", "noetl://acme/lab/sales/dataset/daily/orders")
+
+    def keys(translator=None):
+        return {k.to_user_string() for k in compile_playbooks([p], translator, include_sensor=False)
+                .definitions.resolve_all_asset_keys()}  # fmt: skip
+
+    assert keys() == {"sales/daily/orders"}
+    assert keys(NoetlTranslator(asset_key_scope="name")) == {"daily/orders"}
+    assert keys(NoetlTranslator(asset_key_scope="tenant", asset_key_prefix=["lake"])) == {
+        "lake/acme/lab/sales/daily/orders"
+    }
+    with pytest.raises(ValueError, match="asset_key_scope 'tenants'"):
+        NoetlTranslator(asset_key_scope="tenants")
+
+
+def test_two_tenants_tables_under_one_key_fail_the_load_naming_both(tmp_path):
+    a = _table_playbook(tmp_path / "a.yaml", "a", "noetl://acme/lab/sales/dataset/orders")
+    b = _table_playbook(tmp_path / "b.yaml", "b", "noetl://other/lab/sales/dataset/orders")
+    with pytest.raises(ValueError, match=r"noetl://acme/lab/sales/dataset/orders and noetl://other/lab/sales/"
+                       r"dataset/orders both have asset key sales/orders"):  # fmt: skip
+        compile_playbooks([a, b], include_sensor=False)
+    both = compile_playbooks([a, b], NoetlTranslator(asset_key_scope="tenant"), include_sensor=False)
+    assert {k.to_user_string() for k in both.definitions.resolve_all_asset_keys()} == {
+        "acme/lab/sales/orders", "other/lab/sales/orders"
+    }

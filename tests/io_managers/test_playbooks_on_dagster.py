@@ -8,10 +8,9 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from noetl_dagster.dsl.locator import asset_key_for_uri
 from noetl_dagster.resources.noetl import NoetlResource
 from noetl_dagster.storage.tables import TableStorage, table_checksum, to_arrow
-from noetl_dagster.translator import compile_playbooks
+from noetl_dagster.translator import NoetlTranslator, compile_playbooks
 from registry_service.client import open_registry
 
 ROWS = [
@@ -96,7 +95,7 @@ def test_writer_and_reader_playbooks_on_dagster(location, instance, home):
         assert table_checksum(to_arrow(rows)) == expected, k
         assert [e.resource.uri for e in client.lineage(copy.resource_id, "up").edges] == [source.uri]
         for uri in (source.uri, copy.uri):  # both runs put their outputs in Dagster's catalog
-            event = instance.get_latest_materialization_event(dg.AssetKey(asset_key_for_uri(uri)))
+            event = instance.get_latest_materialization_event(NoetlTranslator().get_asset_key(uri))
             assert event is not None, uri
             md = event.asset_materialization.metadata
             assert md["noetl/uri"].value == uri and md["noetl/checksum"].value.startswith("sha256:")

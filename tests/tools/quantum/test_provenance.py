@@ -66,7 +66,7 @@ def test_sweep_table_is_a_parquet_asset_with_provenance_in_its_registry_record(t
     defs = compile_playbooks(
         [EXAMPLES / "quantum_sweep.yaml"], include_sensor=False, resource=res
     ).definitions
-    key = dg.AssetKey(["demo", "examples", "quantum", "ry_pair_sweep"])
+    key = dg.AssetKey(["quantum", "ry_pair_sweep"])
     assert defs.resolve_assets_def(key).is_executable
     try:
         with dg.instance_for_test() as instance:
