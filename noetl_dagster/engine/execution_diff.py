@@ -3,10 +3,12 @@
 Each execution folds into its step activations in order; the k-th activation of step S in A
 is matched with the k-th of S in B (by name, so two versions of a playbook compare as long as
 their step names do; steps that exist in one version only show as such). The first activation,
-in A's order, whose outcome differs is the divergence:
+in A's order, whose outcome differs is the divergence, at the earliest event of it where the two
+logs differ (a task that failed in B is reported at its ``task.done``, not at the arc its error
+fired later):
 
 - ``arc``: different arcs fired (or B never ran that activation: A took a path B did not);
-- ``status``: one succeeded, the other failed;
+- ``status``: a task outcome (``task.done`` success / error) or the step's outcome differs;
 - ``retries``: a different number of task retries (loop iterations' retries included);
 - ``result``: a different result checksum (a payload reference's own checksum).
 
@@ -28,7 +30,7 @@ KINDS = ("arc", "status", "retries", "result")
 
 class _Act:
     __slots__ = ("step", "k", "seq", "decided", "fired", "status", "retries", "checksum", "ctx", "args", "error",
-                 "result_seq", "retry_seq")  # fmt: skip
+                 "result_seq", "retry_seq", "tasks")  # fmt: skip
 
     def __init__(self, step: str, k: int, seq: int | None, args: Any):
         self.step, self.k, self.seq, self.args = step, k, seq, args
@@ -36,11 +38,16 @@ class _Act:
         self.fired: list[str] | None = None
         self.status, self.retries, self.checksum, self.error = "running", 0, None, None
         self.ctx: dict[str, Any] = {}
+        self.tasks: list[tuple[Any, int]] = []  # ((task, iteration, attempt, status), sequence) per task.done
 
     def value(self, kind: str) -> Any:
         return {"arc": self.fired, "status": self.status, "retries": self.retries, "result": self.checksum}[
             kind
         ]
+
+    def outcomes(self) -> list[tuple[Any, int | None]]:
+        """What ``status`` compares, in log order: each task.done's outcome, then the step's."""
+        return [*self.tasks, (self.status, self.result_seq)]
 
     def seq_of(self, kind: str) -> int | None:
         return {"arc": self.decided, "status": self.result_seq, "retries": self.retry_seq,
@@ -77,6 +84,8 @@ def activations(events: Iterable[Event]) -> tuple[list[_Act], dict[str, Any], di
             else:
                 by_run[ev.step_run_id or ""] = a
         elif (a := by_run.get(ev.step_run_id or "")) is not None:
+            if name == "task.done":
+                a.tasks.append(((d.get("task"), ev.iteration, ev.attempt or 1, ev.status), ev.sequence))
             if name == "task.done" and (ev.attempt or 1) > 1:
                 a.retries += 1
                 a.retry_seq = a.retry_seq or ev.sequence
@@ -122,9 +131,12 @@ def diff(events_a: Iterable[Event], events_b: Iterable[Event], *, when: dict[str
             break
         matched_b.add((a.step, a.k))
         compared += 1
-        kind = next((kd for kd in KINDS if a.value(kd) != b.value(kd)), None)
-        if kind is not None:
-            first = _divergence(kind, a, b, info_a, info_b, when)
+        found = _first_difference(a, b)
+        if found is not None:
+            first = _divergence(found[0], a, b, info_a, info_b, when)
+            first["a_sequence"], first["b_sequence"] = found[1], found[2]
+            if found[3]:
+                first["why"] = f"{a.step} (activation {a.k}): {found[3]}"
             break
     if first is None:
         extra = next((x for x in acts_b if (x.step, x.k) not in matched_b), None)
@@ -140,6 +152,30 @@ def diff(events_a: Iterable[Event], events_b: Iterable[Event], *, when: dict[str
                           "b": sorted({x.step for x in acts_b} - {x.step for x in acts_a})},
         "workload_diff": _changed_keys(info_a.get("workload") or {}, info_b.get("workload") or {}),
     }  # fmt: skip
+
+
+def _first_difference(a: _Act, b: _Act) -> tuple[str, int | None, int | None, str] | None:
+    """The kind of the earliest differing event of two matched activations (A's log order), with the
+    sequence of that event in each log (and for a task outcome, what differed)."""
+    found: list[tuple[float, int, str, int | None, int | None, str]] = []
+    for order, kind in enumerate(("arc", "retries", "status", "result")):  # at one event: a retry count first
+        if kind == "status":
+            xs, ys = a.outcomes(), b.outcomes()
+            i = next((i for i, (x, y) in enumerate(zip(xs, ys, strict=False)) if x[0] != y[0]), None)
+            if i is None and len(xs) != len(ys):
+                i = min(len(xs), len(ys)) - 1  # one side has more task outcomes: the shorter's last differs
+            if i is None:
+                continue
+            sa, sb = xs[i][1] or a.seq, ys[i][1] or b.seq
+            x, y = xs[i][0], ys[i][0]
+            what = (f"task {x[0]} {x[3]} in A, {y[0]} {y[3]} in B" if i < len(a.tasks) and i < len(b.tasks)
+                    else "")  # fmt: skip
+        elif a.value(kind) != b.value(kind):
+            sa, sb, what = a.seq_of(kind), b.seq_of(kind), ""
+        else:
+            continue
+        found.append((sa if sa is not None else float("inf"), order, kind, sa, sb, what))
+    return min(found)[2:] if found else None
 
 
 def _info(info: dict[str, Any], acts: list[_Act]) -> dict[str, Any]:

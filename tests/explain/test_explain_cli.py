@@ -73,6 +73,21 @@ def test_diff_finds_a_different_retry_count(run, noetl):
     assert d["first"]["workload_diff"] == {"fail_times": {"a": 1, "b": 2}}
 
 
+def test_diff_reports_the_first_event_where_the_logs_differ_a_task_error_before_its_arc(run, noetl, home):
+    """A good and a failed run first differ at the task's task.done (success / error), not at the arc
+    its error fired two events later (issue 42)."""
+    a, b = run("error_arc.yaml", {"batch": [1, 2]}), run("error_arc.yaml", {"batch": [1, 0]})
+    store = open_event_store(None, data_dir=str(home))
+    ea, eb = store.read(a), store.read(b)
+    first = next(i for i, (x, y) in enumerate(zip(ea, eb)) if (x.name, x.status) != (y.name, y.status))
+    assert (ea[first].name, ea[first].status, eb[first].status) == ("task.done", "success", "error")
+    d = json.loads(noetl("diff", a, b, "--json").output)["first"]
+    assert d["kind"] == "status" and d["step"] == "start"
+    assert (d["a_sequence"], d["b_sequence"]) == (ea[first].sequence, eb[first].sequence)
+    assert d["why"] == "start (activation 1): task divide success in A, divide error in B"
+    assert f"event: A #{ea[first].sequence}  B #{eb[first].sequence}" in noetl("diff", a, b).output
+
+
 def test_diff_across_playbook_versions_matches_steps_by_name(run, noetl, tmp_path):
     v1 = tmp_path / "v1.yaml"
     shutil.copy(PLAYBOOKS / "explain_demo.yaml", v1)
