@@ -9,17 +9,21 @@ failed step), so every path that fails an execution (a Materialize, a job op) te
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from noetl_dagster.dsl.model import Playbook
 from noetl_dagster.engine import events as E
+from noetl_dagster.engine.error_location import (
+    CODE_FILE,
+    WRAPPED_FN,
+    code_frame,
+    error_line,
+    frames,
+    task_lines,
+)
 
-CODE_FILE = "<noetl-python>"  # the file name inline python is compiled under (tools.core)
-WRAPPED_FN = "__noetl_step__"  # code with a top-level return runs wrapped in this function, one line down
-_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>.+)$')
 MAX_FRAMES = 8
 
 
@@ -101,67 +105,36 @@ def _locate(pb: Playbook | None, step: str, task: str | None, err: Any, py: Any)
     if pb is None:
         return f
     f.file = pb.source_file
+    index, f.line, code_key = task_lines(pb, step, task)
     st = pb.steps.get(step) if hasattr(pb.steps, "get") else None
-    if st is None:
-        return f
-    f.line = st.line
-    index = next((j for j, t in enumerate(st.tool) if t.label == task), None)
-    if index is not None:
+    if index is not None and st is not None:
         f.kind = st.tool[index].kind
-    lines = _source_lines(pb)
-    if lines is None or index is None:
-        return f
-    i = next((k for k, s in enumerate(pb.workflow) if s.name == step), None)
-    prefix = ("workflow", i, "tool", index)
-    mine = {p: ln for p, ln in lines.items() if p[: len(prefix)] == prefix}
-    if not mine and index == 0:  # tool: a single mapping
-        prefix = ("workflow", i, "tool")
-        mine = {p: ln for p, ln in lines.items() if p[: len(prefix)] == prefix}
-    if mine:
-        f.line = min(mine.values())
-    code_key = next(
-        (ln for p, ln in sorted(mine.items(), key=lambda x: len(x[0])) if p and p[-1] == "code"), None
-    )
     tb = py.get("traceback") if isinstance(py, Mapping) else None
     if isinstance(tb, str):
-        f.frames, f.code_line = _user_frames(tb, code_key, pb.source_file)
+        f.frames = _user_frames(tb, code_key, pb.source_file)
+        # the one rule explain, the page and diff place a failure by (engine/error_location.py)
+        raised = code_frame({"py": py})
+        f.code_line = error_line(pb, step, task, raised) if code_key is not None and raised is not None else None
     return f
 
 
-def _user_frames(tb: str, code_key: int | None, file: str | None) -> tuple[list[str], int | None]:
+def _user_frames(tb: str, code_key: int | None, file: str | None) -> list[str]:
     """The ``<noetl-python>`` frames of a traceback, as playbook lines (a ``code: |`` block starts one
-    line below its key), each followed by its source line; plus the innermost one's playbook line."""
+    line below its key), each followed by its source line."""
     text = _read(file) if file else None
     out: list[str] = []
-    innermost = None
-    for raw in tb.splitlines():
-        m = _FRAME.match(raw)
-        if not m or m["file"] != CODE_FILE:
-            continue
-        n = int(m["line"]) - (1 if m["fn"] == WRAPPED_FN else 0)
+    for n, fn in frames(tb):
         if code_key is None:
-            out.append(f'  File "{CODE_FILE}", line {n}, in {m["fn"]}')
+            out.append(f'  File "{CODE_FILE}", line {n}, in {fn}')
             continue
-        innermost = code_key + n
-        fn = "<code>" if m["fn"] in ("<module>", WRAPPED_FN) else m["fn"]
-        out.append(f'  File "{_short(file)}", line {innermost}, in {fn}')
-        if text is not None and 0 < innermost <= len(text):
-            out.append("    " + text[innermost - 1].strip())
+        at = code_key + n
+        out.append(f'  File "{_short(file)}", line {at}, in {"<code>" if fn in ("<module>", WRAPPED_FN) else fn}')
+        if text is not None and 0 < at <= len(text):
+            out.append("    " + text[at - 1].strip())
     last = tb.strip().splitlines()[-1] if tb.strip() else ""
     if out and last:
         out.append(last)
-    return out[-(MAX_FRAMES * 2 + 1) :], innermost
-
-
-def _source_lines(pb: Playbook) -> Mapping[tuple[Any, ...], int] | None:
-    if not pb.source_file:
-        return None
-    try:
-        from noetl_dagster.dsl.loader import load_yaml_file  # noqa: PLC0415 - only when something failed
-
-        return load_yaml_file(pb.source_file)[1].lines
-    except Exception:  # noqa: BLE001 - the file changed or went away since it loaded
-        return None
+    return out[-(MAX_FRAMES * 2 + 1) :]
 
 
 def _read(file: str) -> list[str] | None:

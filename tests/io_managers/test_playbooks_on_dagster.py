@@ -100,6 +100,6 @@ def test_writer_and_reader_playbooks_on_dagster(location, instance, home):
             md = event.asset_materialization.metadata
             assert md["noetl/uri"].value == uri and md["noetl/checksum"].value.startswith("sha256:")
         copy_md = instance.get_latest_materialization_event(
-            dg.AssetKey(["acme", "lab", "copies", f"orders_{k}"])
+            dg.AssetKey(["copies", f"orders_{k}"])
         ).asset_materialization.metadata
         assert source.uri in copy_md["noetl/inputs"].value
