@@ -55,11 +55,15 @@ def task_lines(pb: Playbook | None, step: str, task: str | None) -> tuple[int | 
     if not mine and index == 0:  # tool: a single mapping
         prefix = ("workflow", i, "tool")
         mine = {p: ln for p, ln in lines.items() if p[: len(prefix)] == prefix}
-    code_key = next((ln for p, ln in sorted(mine.items(), key=lambda x: len(x[0])) if p and p[-1] == "code"), None)
+    code_key = next(
+        (ln for p, ln in sorted(mine.items(), key=lambda x: len(x[0])) if p and p[-1] == "code"), None
+    )
     return index, (min(mine.values()) if mine else st.line), code_key
 
 
-def error_line(pb: Playbook | None, step: str, task: str | None = None, code_line: int | None = None) -> int | None:
+def error_line(
+    pb: Playbook | None, step: str, task: str | None = None, code_line: int | None = None
+) -> int | None:
     """The playbook line of a failure: the raising line of inline code, else the task's, else the step's."""
     _, line, code_key = task_lines(pb, step, task)
     if code_key is not None and code_line is not None:

@@ -601,8 +601,16 @@ def _compile_one(pb: Playbook, data: NoetlPlaybookData, translator: NoetlTransla
         sd = step_data[step]
         op_spec = translator.get_op_spec(NoetlNodeData(data, "step", (sd,), separate=True))
         single = Node(f"step:{step}", "step", (step,))
-        op = make_node_op(pb, op_spec, None, single, {}, has_input=False, main_job=job_spec.name,
-                          asset_key=translator.get_asset_key)
+        op = make_node_op(
+            pb,
+            op_spec,
+            None,
+            single,
+            {},
+            has_input=False,
+            main_job=job_spec.name,
+            asset_key=translator.get_asset_key,
+        )
         sjob_spec = job_spec.replace_attributes(
             name=f"{job_spec.name}__step__{data.step_id(step)}",
             description=(sd.step.desc or f"Step {step}")

@@ -85,7 +85,9 @@ class NoetlTranslation(dg.Model, dg.Resolvable):
         description="how much of noetl://<tenant>/<project>/<namespace>/<type>/<name> a table's asset key carries:"
         " namespace (sales/daily_sales), name, project, or tenant (keys unique across tenants and projects)",
     )
-    asset_key_prefix: list[str] = Field(default_factory=list, description="path put before every table's asset key")
+    asset_key_prefix: list[str] = Field(
+        default_factory=list, description="path put before every table's asset key"
+    )
     asset_metadata: dict[str, str] = Field(
         default_factory=dict,
         description="metadata added to every declared asset; values are templates over {playbook}, {step}, {uri}",
@@ -94,7 +96,9 @@ class NoetlTranslation(dg.Model, dg.Resolvable):
 
 class _ConfiguredTranslator(NoetlTranslator):
     def __init__(self, translation: NoetlTranslation):
-        super().__init__(asset_key_scope=translation.asset_key_scope, asset_key_prefix=translation.asset_key_prefix)
+        super().__init__(
+            asset_key_scope=translation.asset_key_scope, asset_key_prefix=translation.asset_key_prefix
+        )
         self.translation = translation
 
     def get_job_spec(self, data: NoetlPlaybookData) -> NoetlJobSpec:

@@ -114,7 +114,9 @@ def _locate(pb: Playbook | None, step: str, task: str | None, err: Any, py: Any)
         f.frames = _user_frames(tb, code_key, pb.source_file)
         # the one rule explain, the page and diff place a failure by (engine/error_location.py)
         raised = code_frame({"py": py})
-        f.code_line = error_line(pb, step, task, raised) if code_key is not None and raised is not None else None
+        f.code_line = (
+            error_line(pb, step, task, raised) if code_key is not None and raised is not None else None
+        )
     return f
 
 
@@ -128,7 +130,9 @@ def _user_frames(tb: str, code_key: int | None, file: str | None) -> list[str]:
             out.append(f'  File "{CODE_FILE}", line {n}, in {fn}')
             continue
         at = code_key + n
-        out.append(f'  File "{_short(file)}", line {at}, in {"<code>" if fn in ("<module>", WRAPPED_FN) else fn}')
+        out.append(
+            f'  File "{_short(file)}", line {at}, in {"<code>" if fn in ("<module>", WRAPPED_FN) else fn}'
+        )
         if text is not None and 0 < at <= len(text):
             out.append("    " + text[at - 1].strip())
     last = tb.strip().splitlines()[-1] if tb.strip() else ""

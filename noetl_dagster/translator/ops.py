@@ -605,7 +605,9 @@ def _report_outputs(
                                           eng.state.workload, priced[1] if priced else None,
                                           asset_key):  # fmt: skip
         yield mat
-        for ev in declared_check_evaluations(eng.playbook, res, step, v, mat.asset_key):  # the step's declared checks
+        for ev in declared_check_evaluations(
+            eng.playbook, res, step, v, mat.asset_key
+        ):  # the step's declared checks
             context.log_event(ev)
     if plan is None:
         return

@@ -230,9 +230,13 @@ class NoetlTranslator:
     asset_key_scope: str = naming.DEFAULT_KEY_SCOPE  # class defaults: a subclass's own __init__ keeps them
     asset_key_prefix: tuple[str, ...] = ()
 
-    def __init__(self, *, asset_key_scope: str = naming.DEFAULT_KEY_SCOPE, asset_key_prefix: Sequence[str] = ()):
+    def __init__(
+        self, *, asset_key_scope: str = naming.DEFAULT_KEY_SCOPE, asset_key_prefix: Sequence[str] = ()
+    ):
         if asset_key_scope not in naming.KEY_SCOPES:
-            raise ValueError(f"asset_key_scope {asset_key_scope!r}: use one of {', '.join(naming.KEY_SCOPES)}")
+            raise ValueError(
+                f"asset_key_scope {asset_key_scope!r}: use one of {', '.join(naming.KEY_SCOPES)}"
+            )
         self.asset_key_scope = asset_key_scope
         self.asset_key_prefix = tuple(asset_key_prefix)
 

@@ -80,9 +80,7 @@ def test_dg_scaffold_defs_gives_a_working_component(tmp_path):
     assert "registry-scope" not in _dg(["check", "defs"], root, env)
     listed = json.loads(_dg(["list", "defs", "--json"], root, env))
     assert "hello_noetl" in {j["name"] for j in listed["jobs"]}
-    assert "scaffold/greetings" in {
-        a["asset_key"] for a in listed["assets"]
-    }  # an asset at once
+    assert "scaffold/greetings" in {a["asset_key"] for a in listed["assets"]}  # an asset at once
 
 
 @pytest.mark.slow

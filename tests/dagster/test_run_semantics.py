@@ -238,9 +238,7 @@ def test_stored_tables_materialize_their_assets(dagster_data, ephemeral_instance
         .execute_in_process(instance=ephemeral_instance)
         .success
     )
-    daily = ephemeral_instance.get_latest_materialization_event(
-        dg.AssetKey(["sales", "daily_sales"])
-    )
+    daily = ephemeral_instance.get_latest_materialization_event(dg.AssetKey(["sales", "daily_sales"]))
     md = daily.asset_materialization.metadata
     assert md["dagster/row_count"].value == 15 and md["noetl/checksum"].value.startswith("sha256:")
     assert [c.name for c in md["dagster/column_schema"].schema.columns] == ["day", "region", "amount"]

@@ -305,5 +305,6 @@ def test_two_tenants_tables_under_one_key_fail_the_load_naming_both(tmp_path):
         compile_playbooks([a, b], include_sensor=False)
     both = compile_playbooks([a, b], NoetlTranslator(asset_key_scope="tenant"), include_sensor=False)
     assert {k.to_user_string() for k in both.definitions.resolve_all_asset_keys()} == {
-        "acme/lab/sales/orders", "other/lab/sales/orders"
+        "acme/lab/sales/orders",
+        "other/lab/sales/orders",
     }

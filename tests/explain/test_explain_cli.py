@@ -79,7 +79,9 @@ def test_diff_reports_the_first_event_where_the_logs_differ_a_task_error_before_
     a, b = run("error_arc.yaml", {"batch": [1, 2]}), run("error_arc.yaml", {"batch": [1, 0]})
     store = open_event_store(None, data_dir=str(home))
     ea, eb = store.read(a), store.read(b)
-    first = next(i for i, (x, y) in enumerate(zip(ea, eb)) if (x.name, x.status) != (y.name, y.status))
+    first = next(
+        i for i, (x, y) in enumerate(zip(ea, eb, strict=False)) if (x.name, x.status) != (y.name, y.status)
+    )
     assert (ea[first].name, ea[first].status, eb[first].status) == ("task.done", "success", "error")
     d = json.loads(noetl("diff", a, b, "--json").output)["first"]
     assert d["kind"] == "status" and d["step"] == "start"
