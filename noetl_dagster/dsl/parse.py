@@ -121,8 +121,11 @@ def _parse_task(
     ):
         from noetl_dagster.dsl.rhai import RhaiError, parse  # noqa: PLC0415 - lark grammar, only for rhai tasks
 
-        try:
-            parse(body["code"])
+        budget = body.get("max_operations")
+        try:  # the parse counts against the script's operation budget, as at run time
+            parse(
+                body["code"], *([budget] if isinstance(budget, int) and not isinstance(budget, bool) else [])
+            )
         except RhaiError as e:
             ctx.err((*path, "code"), e.kind.replace("_", "-"), f"script {e}")
     if "retry" in body and isinstance(body["retry"], dict):

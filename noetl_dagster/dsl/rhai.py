@@ -1,5 +1,5 @@
-"""A subset of Rhai (NoETL's scripting kind) on lark: parse with line numbers, interpret with a
-bounded operation count. No Python binding of Rhai exists on PyPI; this covers what playbooks use:
+"""A subset of Rhai (NoETL's scripting kind): parse (recursive descent, linear in the code, into lark
+trees) with line numbers, interpret with a bounded operation count. No Python binding of Rhai exists on PyPI; this covers what playbooks use:
 ``let``/``const``, arithmetic and comparison, strings, arrays, object maps ``#{...}``, ``if``/``else``
 (also as an expression), ``while``, ``loop``, ``for x in`` arrays, ranges (``a..b``, ``a..=b``) and
 strings, ``break``/``continue``/``return``, compound assignment, and the common string/array/map
@@ -7,7 +7,7 @@ methods. Anything else (``fn``, closures, ``switch``, ``import``, ``try``…) is
 naming the construct and its line. The script's value is its last expression.
 
 A hostile script is bounded before it allocates (docs/limits.md): the code by its size and its
-nesting depth before the Earley parse; integers are i64 (overflow is an error, as in Rhai, not a
+nesting depth before the parse, whose steps count as operations; integers are i64 (overflow is an error, as in Rhai, not a
 Python big integer); every value a script builds is charged to a memory budget (``max_memory``
 bytes in total) before it exists; walking a value (``==``, ``contains``, ``sort``, ``to_json``,
 string ``+``, the result) counts as operations, so a self-containing array or a shared structure
@@ -16,12 +16,16 @@ string ``+``, the result) counts as operations, so a self-containing array or a 
 
 from __future__ import annotations
 
+import gc
 import json
+import re
 from typing import Any
 
-from lark import Lark, Token, Tree
-from lark.exceptions import UnexpectedInput
+from lark import Token, Tree
+from lark.tree import Meta
 
+# The subset's grammar (lark EBNF): the parser below implements it by hand, in time linear in the
+# code; the tests parse every test script with lark's Earley parser of this grammar too and compare.
 GRAMMAR = r"""
 start: stmts
 stmts: stmt* expr?
@@ -93,7 +97,9 @@ OUTSIDE = {
     "private": "`private` functions", "global": "`global` variables", "this": "`this`", "Fn": "function pointers",
 }  # fmt: skip
 DEFAULT_MAX_OPERATIONS = 100_000
-MAX_CODE_SIZE = 16 * 1024  # characters: the Earley parse (~2-3 KB/s here) runs before any operation counts
+MAX_CODE_SIZE = (
+    16 * 1024
+)  # characters (the parse is linear: ~10 ms for 16 KiB; its steps count as operations)
 MAX_DEPTH = 64  # nested ( [ { of the code (Rhai's own default max expression depth)
 DEFAULT_MAX_MEMORY = 256 * 1024 * 1024  # bytes a script may allocate in all (strings, array and map slots)
 I64 = (-(2**63), 2**63 - 1)
@@ -109,37 +115,37 @@ class RhaiError(Exception):
         self.line, self.kind = line, kind
 
 
-_parser: Lark | None = None
-
-
-def _lark() -> Lark:
-    global _parser
-    if _parser is None:
-        _parser = Lark(
-            GRAMMAR, parser="earley", lexer="dynamic", propagate_positions=True, ambiguity="resolve"
-        )
-    return _parser
-
-
 _TREES: dict[
-    str, Tree
-] = {}  # code -> its tree: an Earley parse is ~0.1-0.3 s, a step in a cycle runs the same code
+    str, tuple[Tree, int]
+] = {}  # code -> (its tree, the parse's steps): a step in a cycle runs the same code
 _TREES_MAX_CHARS = 1024 * 1024  # code kept in the cache in all (a tree grows with its code)
 
 
-def parse(code: str) -> Tree:
-    """The syntax tree, or RhaiError naming the first construct outside the subset and its line.
-    Trees are cached by the code's text (the interpreter only reads them)."""
-    tree = _TREES.get(code)
-    if tree is None:
-        tree = _parse(code)
-        if len(_TREES) >= 1024 or sum(map(len, _TREES)) + len(code) > _TREES_MAX_CHARS:
-            _TREES.clear()
-        _TREES[code] = tree
+def parse(code: str, max_operations: int = DEFAULT_MAX_OPERATIONS) -> Tree:
+    """The syntax tree, or RhaiError naming the first construct outside the subset and its line;
+    ``rhai_limit`` when the parse alone takes more than ``max_operations`` steps."""
+    tree, steps = _parsed(code)
+    if steps > max_operations:
+        raise _too_many(max_operations, None)
     return tree
 
 
-def _parse(code: str) -> Tree:
+def _parsed(code: str) -> tuple[Tree, int]:
+    """(tree, parse steps), cached by the code's text (the interpreter only reads the trees)."""
+    hit = _TREES.get(code)
+    if hit is None:
+        hit = _parse(code)
+        if len(_TREES) >= 1024 or sum(map(len, _TREES)) + len(code) > _TREES_MAX_CHARS:
+            _TREES.clear()
+        _TREES[code] = hit
+    return hit
+
+
+def _too_many(max_operations: int, line: int | None) -> RhaiError:
+    return RhaiError(f"too many operations (max_operations {max_operations})", line, "rhai_limit")
+
+
+def _parse(code: str) -> tuple[Tree, int]:
     if len(code) > MAX_CODE_SIZE:
         raise RhaiError(f"the script is {len(code)} characters, over the limit of {MAX_CODE_SIZE}", None,
                         "rhai_limit")  # fmt: skip
@@ -150,15 +156,16 @@ def _parse(code: str) -> Tree:
         for key, what in OUTSIDE.items():
             if key in words or (not key.isalpha() and key in bare and _outside_symbol(key, bare)):
                 raise RhaiError(f"{what} are outside the supported Rhai subset", n, "rhai_unsupported")
+    collecting = gc.isenabled()
+    gc.disable()  # the tree is all new objects: collections during its build made the parse superlinear
     try:
-        return _lark().parse(code)
-    except RecursionError:
+        parser = _Parser(code)
+        return parser.parse(), parser.steps
+    except RecursionError:  # e.g. thousands of `-` or `**` in a row, each a level of the tree
         raise RhaiError("the script nests too deeply to parse", None, "rhai_limit") from None
-    except UnexpectedInput as e:
-        line = getattr(e, "line", None)
-        got = getattr(e, "token", None) or getattr(e, "char", None)
-        raise RhaiError(f"syntax error or construct outside the supported Rhai subset near {str(got)!r}",
-                        line if isinstance(line, int) and line > 0 else None, "rhai_syntax") from None  # fmt: skip
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _check_depth(code: str) -> None:
@@ -174,7 +181,8 @@ def _check_depth(code: str) -> None:
             while i < n and code[i] != '"':
                 i += 2 if code[i] == "\\" else 1
         elif c == "/" and code.startswith("//", i):
-            i = code.find("\n", i) - 1 if "\n" in code[i:] else n
+            end = code.find("\n", i)  # (not `in code[i:]`: a copy of the rest at each comment)
+            i = end - 1 if end >= 0 else n
         elif c == "/" and code.startswith("/*", i):
             end = code.find("*/", i + 2)
             line += code.count("\n", i, end if end >= 0 else n)
@@ -200,6 +208,355 @@ def _outside_symbol(sym: str, text: str) -> bool:
         elif c == sym and not in_string:
             return True
     return False
+
+
+# -- the parser: recursive descent over GRAMMAR, linear in the code ---------------------------------
+# One token of lookahead and no backtracking: each token is read once and each rule call either reads
+# a token or ends, so the work (``steps``) grows with the code, never with its ambiguity (the Earley
+# parse this replaces took 17 s on 16 KiB). It builds the very trees the Earley parse of GRAMMAR built,
+# with their line numbers (tests/tools/test_rhai.py compares the two on every test script).
+_LEX = re.compile(
+    r"""(?P<ws>[ \t\r\f\v]+)|(?P<nl>\n)|(?P<comment>//[^\n]*|/\*(?:.|\n)*?\*/)
+    |(?P<FLOAT>\d[\d_]*\.\d+(?:[eE][+-]?\d+)?)|(?P<INT>\d[\d_]*)|(?P<STRING>"(?:\\.|[^"\\])*")
+    |(?P<NAME>[A-Za-z_][A-Za-z0-9_]*)
+    |(?P<op>\#\{|\.\.=|\.\.|\*\*|==|!=|<=|>=|&&|\|\||[-+*/%]=|[-+*/%=<>!.,;:()\[\]{}])""",
+    re.VERBOSE,
+)
+_KEYWORDS = frozenset(("let", "const", "while", "loop", "for", "in", "break", "continue", "return", "if",
+                       "else", "true", "false"))  # fmt: skip
+_OPS = {  # operator -> (token type, binding power) of the left-associative levels
+    "||": (None, 1), "&&": (None, 2), "==": ("CMPOP", 3), "!=": ("CMPOP", 3), "<=": ("CMPOP", 3),
+    ">=": ("CMPOP", 3), "<": ("CMPOP", 3), ">": ("CMPOP", 3), "+": ("ADDOP", 4), "-": ("ADDOP", 4),
+    "*": ("MULOP", 5), "/": ("MULOP", 5), "%": ("MULOP", 5),
+}  # fmt: skip
+_ASSIGN = frozenset(("=", "+=", "-=", "*=", "/=", "%="))
+_CONTINUES = frozenset((*_OPS, "**", ".", "..", "..=")) - {"-"}  # after a statement `if`: an expression
+_END = Token("$END", "")
+
+
+def _tokens(code: str) -> list[Token]:
+    out, line, line_start, pos, n = [], 1, 0, 0, len(code)
+    while pos < n:
+        m = _LEX.match(code, pos)
+        if m is None:
+            raise RhaiError(f"syntax error or construct outside the supported Rhai subset near {code[pos]!r}", line,
+                            "rhai_syntax")  # fmt: skip
+        kind, text = m.lastgroup, m.group()
+        if kind == "nl":
+            line, line_start = line + 1, m.end()
+        elif kind != "ws":
+            if kind == "NAME" and text in _KEYWORDS:
+                kind = "op"
+            if kind != "comment":
+                out.append(Token(kind, text, pos, line, pos - line_start + 1))
+            if "\n" in text:  # a block comment or a string over several lines
+                line, line_start = line + text.count("\n"), pos + text.rfind("\n") + 1
+        pos = m.end()
+    out.append(_END)
+    return out
+
+
+def _tree(data: str, children: list, first: Any) -> Tree:
+    """A node whose line is its first token's (lark's propagate_positions)."""
+    meta = Meta()
+    line = _line(first) if first is not None else None
+    if line is not None:
+        meta.line, meta.empty = line, False
+    return Tree(data, children, meta)
+
+
+class _Parser:
+    def __init__(self, code: str):
+        self.toks = _tokens(code)
+        self.i = 0
+        self.steps = len(self.toks)  # work done: a step a token, a step a node
+
+    # -- tokens ------------------------------------------------------------------------------------
+    def peek(self, k: int = 0) -> Token:
+        return self.toks[min(self.i + k, len(self.toks) - 1)]
+
+    def at(self, *texts: str) -> bool:
+        t = self.toks[self.i]
+        return t.type == "op" and str(t) in texts
+
+    def take(self, *texts: str) -> Token:
+        t = self.toks[self.i]
+        if texts and not self.at(*texts):
+            self.fail(t)
+        self.i += 1
+        return t
+
+    def name(self) -> Token:
+        t = self.toks[self.i]
+        if t.type != "NAME":
+            self.fail(t)
+        self.i += 1
+        return t
+
+    @staticmethod
+    def fail(t: Token) -> None:
+        got = str(t) if t.type != "$END" else "$END"
+        raise RhaiError(f"syntax error or construct outside the supported Rhai subset near {got!r}",
+                        t.line if t.type != "$END" else None, "rhai_syntax")  # fmt: skip
+
+    def node(self, data: str, children: list, first: Any) -> Tree:
+        self.steps += 1
+        return _tree(data, children, first)
+
+    # -- statements --------------------------------------------------------------------------------
+    def parse(self) -> Tree:
+        stmts = self.stmts()
+        if self.peek().type != "$END":
+            self.fail(self.peek())
+        return self.node("start", [stmts], stmts)
+
+    def stmts(self) -> Tree:
+        first = self.peek()
+        out: list[Any] = []
+        while self.peek().type != "$END" and not self.at("}"):
+            s = self.stmt()
+            out.append(s)
+            if s.data not in ("let", "assign", "while_", "loop", "for_", "break_", "continue_", "return_",
+                              "expr_stmt", "empty"):  # fmt: skip
+                break  # the trailing expression, without `;`: the block's value
+        return self.node("stmts", out, first if out else None)
+
+    def stmt(self) -> Tree:
+        t = self.peek()
+        word = str(t) if t.type == "op" else None
+        if word in ("let", "const"):
+            self.take()
+            name = self.name()
+            if word == "const" or self.at("="):
+                self.take("=")
+                value = self.expr()
+                self.take(";")
+                return self.node("let", [name, value], t)
+            self.take(";")
+            return self.node("let", [name], t)
+        if word == "while":
+            self.take()
+            cond = self.expr()
+            return self.node("while_", [cond, self.block()], t)
+        if word == "loop":
+            self.take()
+            return self.node("loop", [self.block()], t)
+        if word == "for":
+            self.take()
+            name = self.name()
+            self.take("in")
+            seq = self.expr()
+            return self.node("for_", [name, seq, self.block()], t)
+        if word in ("break", "continue"):
+            self.take()
+            self.take(";")
+            return self.node(word + "_", [], t)
+        if word == "return":
+            self.take()
+            value = [] if self.at(";") else [self.expr()]
+            self.take(";")
+            return self.node("return_", value, t)
+        if word == ";":
+            self.take()
+            return self.node("empty", [], t)
+        if word == "{":
+            return self.node("expr_stmt", [self.block()], t)
+        if word == "if":
+            head = self.if_expr()
+            if not (self.peek().type == "op" and str(self.peek()) in _CONTINUES):
+                if self.at(";"):  # `if …;` is `expr ";"`: the same tree
+                    self.take()
+                return self.node("expr_stmt", [head], head)
+            value = self.expr(head)
+        else:
+            value = self.expr()
+            if self.peek().type == "op" and str(self.peek()) in _ASSIGN:
+                op = self.take()
+                target = self.lvalue(value, op, t)
+                rhs = self.expr()
+                self.take(";")
+                return self.node("assign", [target, Token("ASSIGN", str(op), op.start_pos, op.line, op.column), rhs],
+                                 t)  # fmt: skip
+        if self.at(";"):
+            self.take()
+            return self.node("expr_stmt", [value], t)
+        if self.peek().type != "$END" and not self.at("}"):
+            self.fail(self.peek())
+        return value
+
+    def lvalue(self, value: Any, op: Token, first: Token) -> Tree:
+        """``a.b[i]`` read as an expression, as the target of an assignment."""
+        path: list[Any] = []
+        while isinstance(value, Tree) and value.data in ("prop", "index"):
+            obj, part = value.children
+            path.append(self.node("lv_prop" if value.data == "prop" else "lv_index", [part], value.meta.op))
+            value = obj
+        if first.type != "NAME" or not (isinstance(value, Tree) and value.data == "var"):
+            self.fail(op)
+        return self.node("lvalue", [value.children[0], *reversed(path)], first)
+
+    def block(self) -> Tree:
+        t = self.take("{")
+        body = self.stmts()
+        self.take("}")
+        return self.node("block", [body], t)
+
+    def if_expr(self) -> Tree:
+        """``if c {…} else if d {…} else {…}``: the chain read in a loop (a long one nests, no recursion)."""
+        arms = []
+        tail = None
+        while True:
+            t = self.take("if")
+            cond = self.expr()
+            arms.append((t, cond, self.block()))
+            if not self.at("else"):
+                break
+            self.take()
+            if not self.at("if"):
+                tail = self.block()
+                break
+        for t, cond, body in reversed(arms):
+            tail = self.node("if_expr", [cond, body] if tail is None else [cond, body, tail], t)
+        return tail
+
+    # -- expressions -------------------------------------------------------------------------------
+    def expr(self, head: Any = None) -> Any:
+        """range: or_ (RANGEOP or_)? ; ``head``: an operand already read (a statement's `if`)."""
+        first = head or self.peek()
+        left = self.binary(0, head)
+        if self.at("..", "..="):
+            op = self.take()
+            right = self.binary(0)
+            return self.node("range", [left, Token("RANGEOP", str(op), op.start_pos, op.line, op.column), right],
+                             first)  # fmt: skip
+        return left
+
+    def binary(self, floor: int, head: Any = None) -> Any:
+        """The left-associative levels by binding power (comparison takes one operator, not a chain)."""
+        first = head or self.peek()
+        left = self.power(head)
+        while True:
+            t = self.peek()
+            entry = _OPS.get(str(t)) if t.type == "op" else None
+            if entry is None or entry[1] <= floor:
+                return left
+            kind, power = entry
+            self.take()
+            right = self.binary(power)
+            if kind is None:
+                left = self.node("or_op" if str(t) == "||" else "and_op", [left, right], first)
+            else:
+                left = self.node(
+                    "binop", [left, Token(kind, str(t), t.start_pos, t.line, t.column), right], first
+                )
+                if (
+                    kind == "CMPOP"
+                    and self.peek().type == "op"
+                    and _OPS.get(str(self.peek()), (0, 0))[1] == 3
+                ):
+                    self.fail(self.peek())  # `a < b < c`: the grammar has no chained comparison
+
+    def power(self, head: Any = None) -> Any:
+        first = head or self.peek()
+        base = self.unary(head)
+        if self.at("**"):
+            self.take()
+            return self.node("pow", [base, self.power()], first)
+        return base
+
+    def unary(self, head: Any = None) -> Any:
+        if head is None and self.at("-", "!"):
+            t = self.take()
+            return self.node("neg" if str(t) == "-" else "not_", [self.unary()], t)
+        return self.postfix(head)
+
+    def postfix(self, head: Any = None) -> Any:
+        first = head or self.peek()
+        value = head if head is not None else self.atom()
+        while True:
+            if self.at("."):
+                op = self.take()
+                name = self.name()
+                if self.at("("):
+                    value = self.node("method", [value, name, self.args()], first)
+                else:
+                    value = self.node("prop", [value, name], first)
+                    value.meta.op = op  # an assignment's target reads it: lv_prop's line is its `.`
+            elif self.at("["):
+                op = self.take()
+                index = self.expr()
+                self.take("]")
+                value = self.node("index", [value, index], first)
+                value.meta.op = op
+            else:
+                return value
+
+    def args(self) -> Any:
+        self.take("(")
+        if self.at(")"):
+            self.take()
+            return None
+        first = self.peek()
+        items = [self.expr()]
+        while self.at(","):
+            self.take()
+            items.append(self.expr())
+        self.take(")")
+        return self.node("args", items, first)
+
+    def atom(self) -> Any:
+        t = self.peek()
+        if t.type in ("INT", "FLOAT", "STRING"):
+            self.take()
+            return self.node({"INT": "int_", "FLOAT": "float_", "STRING": "string"}[t.type], [t], t)
+        if t.type == "NAME":
+            self.take()
+            if self.at("("):
+                return self.node("call", [t, self.args()], t)
+            return self.node("var", [t], t)
+        text = str(t) if t.type == "op" else None
+        if text in ("true", "false"):
+            self.take()
+            return self.node(text, [], t)
+        if text == "if":
+            return self.if_expr()
+        if text == "(":
+            self.take()
+            if self.at(")"):
+                self.take()
+                return self.node("unit", [], t)
+            inner = self.expr()
+            self.take(")")
+            return inner
+        if text == "[":
+            self.take()
+            items = self.items("]", self.expr)
+            return self.node("array", items, t)
+        if text == "#{":
+            self.take()
+            items = self.items("}", self.pair)
+            return self.node("map", items, t)
+        self.fail(t)
+        raise AssertionError  # fail raised
+
+    def items(self, close: str, item: Any) -> list[Any]:
+        """``[item ("," item)* ","?] close``: [None] when empty (lark's placeholder)."""
+        out: list[Any] = []
+        while not self.at(close):
+            out.append(item())
+            if not self.at(","):
+                break
+            self.take()
+        self.take(close)
+        return out or [None]
+
+    def pair(self) -> Tree:
+        key = self.peek()
+        if key.type not in ("NAME", "STRING"):
+            self.fail(key)
+        self.take()
+        self.take(":")
+        return self.node("pair", [key, self.expr()], key)
 
 
 class _Break(Exception):
@@ -233,9 +590,7 @@ class Budget:
     def _tick(self, node: Any, n: int = 1) -> None:
         self.ops += n
         if self.ops > self.max_operations:
-            raise RhaiError(
-                f"too many operations (max_operations {self.max_operations})", _line(node), "rhai_limit"
-            )
+            raise _too_many(self.max_operations, _line(node))
 
     def _alloc(self, nbytes: int, node: Any) -> None:
         """Charge ``nbytes`` about to be allocated; RhaiError (rhai_limit) past ``max_memory``."""
@@ -324,7 +679,9 @@ class Interpreter(Budget):
         self.log = log or (lambda _m: None)
 
     # -- running ---------------------------------------------------------------------------------
-    def run(self, tree: Tree) -> Any:
+    def run(self, tree: Tree, parse_steps: int = 0) -> Any:
+        """The script's value; ``parse_steps``, the parse's work, is charged first (one budget)."""
+        self._tick(None, parse_steps)
         try:
             value = self._stmts(tree.children[0])
         except _Return as r:
@@ -358,8 +715,8 @@ class Interpreter(Budget):
         d = n.data
         if d == "let":
             self.scopes[-1][str(n.children[0])] = (
-                self._expr(n.children[1]) if n.children[1] is not None else None
-            )
+                self._expr(n.children[1]) if len(n.children) > 1 and n.children[1] is not None else None
+            )  # `let x;` has no value child
             return None
         if d == "assign":
             self._assign(n)
@@ -712,5 +1069,7 @@ def plain(value: Any) -> Any:
 
 def run(code: str, variables: dict[str, Any] | None = None, *, max_operations: int = DEFAULT_MAX_OPERATIONS,
         log: Any = None, max_memory: int = DEFAULT_MAX_MEMORY) -> Any:  # fmt: skip
-    """Parse and run ``code``; its last expression's value."""
-    return plain(Interpreter(variables, max_operations, log, max_memory).run(parse(code)))
+    """Parse and run ``code``; its last expression's value. The parse's steps count against
+    ``max_operations`` as the run's operations do."""
+    tree, steps = _parsed(code)
+    return plain(Interpreter(variables, max_operations, log, max_memory).run(tree, steps))

@@ -186,18 +186,17 @@ def test_a_task_result_mutated_by_the_next_task_does_not_change_the_recorded_one
 
 
 def test_repeated_rhai_code_is_parsed_once(monkeypatch):
-    """A rhai step in a cycle runs the same script each time: one Earley parse (~0.1-0.3 s), not one a step."""
+    """A rhai step in a cycle runs the same script each time: one parse, not one a step."""
     from noetl_dagster.dsl import rhai
 
     parsed = [0]
-    lark = rhai._lark()
+    real = rhai._parse
 
-    class Counting:
-        def parse(self, code):
-            parsed[0] += 1
-            return lark.parse(code)
+    def counting(code):
+        parsed[0] += 1
+        return real(code)
 
-    monkeypatch.setattr(rhai, "_parser", Counting())
+    monkeypatch.setattr(rhai, "_parse", counting)
     monkeypatch.setattr(rhai, "_TREES", {}, raising=False)
     code = "let n = start;\nn - 1 // issue 35 parse-once"
     assert [rhai.run(code, {"start": i}) for i in range(4)] == [-1, 0, 1, 2]

@@ -257,3 +257,99 @@ def test_a_hostile_script_fails_its_execution_with_rhai_limit(tmp_path):
     doc["workflow"][0]["tool"]["code"] = "(" * 100 + "1" + ")" * 100
     _, issues = parse_playbook(doc)
     assert [i.rule for i in issues] == ["rhai-limit"] and "nests deeper than 64" in issues[0].message
+
+
+# -- the parse: linear in the code, counted against the operation budget (issue 41.4) ---------------
+EXTRA = [
+    "let x;", "[]", "[1,]", "#{}", "#{a:1,}", "f()", "a.b()", "if c {1};", "if c {1} [1]", "{1};", "x = 1;",
+    "a.b[1].c += 2;", "return;", "-2**2", "2**3**2", "1..=3", "(1)", "if c {1}.len()", "a; b", "if a {1} - 1",
+    "let x = if c {1} else {2} + 1; x", "!a && b || c", "a || b && c", "1 - 2 - 3", "a..b", "1.5e3 + 2_000",
+    '"a\\"b"', "if a {} else {};", "let x = 1; {x}", ";;", "break;", "a[\n1\n]", "f(1,\n2)", "a.\nb(\n)",
+    "x\n=\n1;", "-\n1", "1 +\n2 *\n3", "(1\n+ 2) * 3", "/* c\n */ 1", 'let s = "two\nlines";\ns',
+    "let a = 1;\nlet b = [\n1,\n2];\nif a\n> 0 {\n b.push(3);\n}\nelse {\n}\n#{\n\"k\": a,\n z: b }",
+    "while\nx {}", "for i in 0..3 {\n}\n", "{\n}", "loop {}", "x.y.z", "a[0][1] = 2;", "true", "let t = false;\nt",
+    # not in the grammar: both refuse
+    "1 < 2 < 3", "a.f() = 1;", "let = ;", "1 +", "#{1: 2}", "(a) = 1;", "x = 1", "1..2..3", "[1 2]",
+]  # fmt: skip
+
+
+def _shape(node):
+    """A tree as comparable data, with each node's line; a block's last statement `if` is the same
+    whether read as a statement or as the block's value (the Earley parse picked either)."""
+    from lark import Token, Tree
+
+    from noetl_dagster.dsl.rhai import _line
+
+    if isinstance(node, Tree):
+        kids = list(node.children)
+        if node.data == "stmts" and kids and isinstance(kids[-1], Tree) and kids[-1].data == "expr_stmt" \
+                and getattr(kids[-1].children[0], "data", None) == "if_expr":  # fmt: skip
+            kids[-1] = kids[-1].children[0]
+        return (str(node.data), _line(node), [_shape(c) for c in kids])
+    if isinstance(node, Token):
+        return (node.type, str(node), node.line)
+    return node
+
+
+def test_the_parser_builds_the_earley_parse_of_the_grammar():
+    """The hand-written parser against lark's Earley parser of GRAMMAR (what parsed before), on every
+    script of these tests: the same trees, the same line numbers, the same refusals."""
+    from lark import Lark
+    from lark.exceptions import UnexpectedInput
+
+    from noetl_dagster.dsl import rhai
+
+    earley = Lark(
+        rhai.GRAMMAR, parser="earley", lexer="dynamic", propagate_positions=True, ambiguity="resolve"
+    )
+    corpus = [c for c, _ in BOOK] + [c for c, _, _ in HOSTILE if len(c) < 2000] + EXTRA
+    for code in corpus:
+        try:
+            want = _shape(earley.parse(code))
+        except UnexpectedInput:
+            want = "refused"
+        try:
+            got = _shape(rhai._Parser(code).parse())
+        except RhaiError as e:
+            assert e.kind == "rhai_syntax", (code, e)
+            got = "refused"
+        except RecursionError:
+            got = "refused"
+        assert got == want, code
+
+
+def test_parse_work_is_linear_in_the_code():
+    """Counted work, not time: the parse steps of a script grow with its size (1 to 64 KiB, the
+    benchmark's scripts and worst cases for a backtracking or chart parser), a step or two a token.
+    (Earley on lark: 17 s for 16 KiB; benchmarks/bench_rhai_parse.py has the seconds.)"""
+    from benchmarks.bench_rhai_parse import script
+    from noetl_dagster.dsl import rhai
+
+    for make in (script, lambda k: "let x = " + "1 + " * (k * 256 - 4) + "1; x",
+                 lambda k: "let a = [" + "[1, 2], " * (k * 128) + "]; a",
+                 lambda k: "if a { 1 } else " * (k * 64) + "{ 2 }"):  # fmt: skip
+        per_char = []
+        for kib in (1, 4, 16, 64):
+            code = make(kib)
+            parser = rhai._Parser(code)
+            parser.parse()
+            tokens = len(parser.toks)
+            assert tokens <= parser.steps <= 3 * tokens, (kib, parser.steps, tokens)
+            per_char.append(parser.steps / len(code))
+        assert max(per_char) <= 1.25 * min(per_char), per_char
+
+
+def test_the_parse_counts_against_the_operation_budget():
+    """A script that runs three operations but is thousands of tokens long: its parse alone is over a
+    budget of 1,000 and fails as a runaway run does (rhai_limit), at run and at validate."""
+    code = "if false {\n" + "let a = [1, 2, 3];\n" * 300 + "}\n1"
+    assert run(code) == 1  # within the default budget
+    with pytest.raises(RhaiError) as ei:
+        run(code, max_operations=1000)
+    assert ei.value.kind == "rhai_limit" and "too many operations (max_operations 1000)" in str(ei.value)
+    doc = {"apiVersion": "noetl.io/v2", "kind": "Playbook", "metadata": {"name": "r", "path": "tests/r"},
+           "workflow": [{"step": "start", "tool": {"kind": "rhai", "code": code, "max_operations": 1000}}]}  # fmt: skip
+    _, issues = parse_playbook(doc)
+    assert [i.rule for i in issues] == ["rhai-limit"] and "too many operations" in issues[0].message
+    doc["workflow"][0]["tool"]["max_operations"] = 100_000
+    assert parse_playbook(doc)[1] == []
