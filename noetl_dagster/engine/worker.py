@@ -73,6 +73,7 @@ class _ToolCtx:
         gate = worker.engine.gate
         self.restricted = gate is not None
         self.scope_dir = gate.scope_dir if gate is not None else None
+        self.allow_hosts = gate.grant.hosts if gate is not None else None  # the sandbox's egress proxy
         self.isolation = worker.engine.isolation  # "sandbox": the OS sandbox by policy (tools/sandbox.py)
 
     @property

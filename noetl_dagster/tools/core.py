@@ -507,8 +507,11 @@ def python_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
             return _run_python_process(source, data, plain_ctx, timeout, ctx.log)
         scratch = sandbox.task_scratch(ctx, "python")
         if scratch is not None:
-            return _run_python_process(source, data, plain_ctx, timeout, ctx.log,
-                                       confine=lambda argv: sandbox.task_command(ctx, argv, scratch))  # fmt: skip
+            with sandbox.task_egress(ctx) as proxy:  # the grant's allow_hosts, through the egress proxy
+                return _run_python_process(
+                    source, data, plain_ctx, timeout, ctx.log,
+                    confine=lambda argv: sandbox.task_command(ctx, argv, scratch, proxy_socket=proxy),
+                )  # fmt: skip
         # the operator's env-only opt-out: a scrubbed environment and its own directory only
         home = str(ctx.data_dir)
         os.makedirs(home, exist_ok=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from typing import Any, Literal
 
 import anyio
@@ -91,15 +91,16 @@ async def _session(inputs: Mapping[str, Any], ctx: ToolContext):
     from noetl_dagster.tools import sandbox  # noqa: PLC0415
 
     scratch = sandbox.task_scratch(ctx, "mcp")
-    if scratch is not None:  # a generated playbook's server runs in the OS sandbox (tools/sandbox.py)
-        box = sandbox.task_command(ctx, argv, scratch, env=declared)
-        argv, env, cwd = box.argv, box.env, box.cwd
-    params = StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=cwd)
-    with open(os.devnull, "w") as errlog:  # the server's stderr is not ours to print
-        async with stdio_client(params, errlog=errlog) as (read, write):
-            async with ClientSession(read, write) as session:
-                await session.initialize()
-                yield session
+    with sandbox.task_egress(ctx) if scratch is not None else nullcontext() as proxy:
+        if scratch is not None:  # a generated playbook's server runs in the OS sandbox (tools/sandbox.py)
+            box = sandbox.task_command(ctx, argv, scratch, env=declared, proxy_socket=proxy)
+            argv, env, cwd = box.argv, box.env, box.cwd
+        params = StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=cwd)
+        with open(os.devnull, "w") as errlog:  # the server's stderr is not ours to print
+            async with stdio_client(params, errlog=errlog) as (read, write):
+                async with ClientSession(read, write) as session:
+                    await session.initialize()
+                    yield session
 
 
 def _attr(obj: Any, *names: str) -> Any:

@@ -53,7 +53,8 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -370,9 +371,43 @@ def task_scratch(ctx: object, what: str) -> str | None:
 
 
 def task_command(
-    ctx: object, argv: list[str], scratch: str, env: Mapping[str, str] | None = None, cwd: str | None = None
+    ctx: object,
+    argv: list[str],
+    scratch: str,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    proxy_socket: str | None = None,
 ) -> Confined:
-    """``argv`` of a task confined in ``scratch`` (from :func:`task_scratch`)."""
+    """``argv`` of a task confined in ``scratch`` (from :func:`task_scratch`), its network the
+    egress proxy of :func:`task_egress` (none without it)."""
     return confine(argv, scratch=scratch, execution_id=str(getattr(ctx, "execution_id", "")),
                    tenant=str(getattr(ctx, "tenant", None) or "default"), env=env, cwd=cwd,
-                   limits=Limits.from_env())  # fmt: skip
+                   proxy_socket=proxy_socket, limits=Limits.from_env())  # fmt: skip
+
+
+@contextmanager
+def task_egress(ctx: object) -> Iterator[str | None]:
+    """The egress proxy's socket for a sandboxed task while it runs: hosts of the execution's grant
+    (``allow_hosts``); None (no network at all) when it lists none."""
+    hosts = getattr(ctx, "allow_hosts", None)
+    if not hosts:
+        yield None
+        return
+    from noetl_dagster.tools.egress import EgressProxy  # noqa: PLC0415
+
+    uid = _outside_uid(str(getattr(ctx, "execution_id", "")), str(getattr(ctx, "tenant", None) or "default"))
+    refused: list[str] = []
+
+    def on_refuse(message: str) -> None:
+        refused.append(message)
+        log = getattr(ctx, "log", None)
+        if log:
+            log(message)
+
+    try:
+        with EgressProxy(hosts, uid=uid, on_refuse=on_refuse) as proxy:
+            yield proxy.socket_path
+    finally:
+        note = getattr(ctx, "note", None)
+        if refused and note:  # outcome.meta of task.done: the refusals are in the execution's events
+            note(egress_refused=refused[:20])

@@ -189,13 +189,32 @@ def run_commands(
     cwd = _cwd(inputs, ctx, sandbox, kind)
     env = _env(inputs, cwd, sandbox)
     scratch = sandbox_scratch(ctx, kind)
-    if scratch is not None:  # the OS sandbox (tools/sandbox.py): its own uid, files, network, limits
-        from noetl_dagster.tools import sandbox as os_sandbox  # noqa: PLC0415
+    if scratch is None:
+        return _run_all(programs, previews, inputs, ctx, kind, cwd, env)
+    # the OS sandbox (tools/sandbox.py): its own uid, files, network (the egress proxy), limits
+    from noetl_dagster.tools import sandbox as os_sandbox  # noqa: PLC0415
 
-        declared = {k: v for k, v in env.items() if k not in ("PATH", "HOME", "TMPDIR", "LANG")}
-        boxes = [os_sandbox.task_command(ctx, argv, scratch, env=declared, cwd=str(cwd)) for argv in programs]
-        programs = [b.argv for b in boxes]
-        env = boxes[0].env if boxes else env
+    declared = {k: v for k, v in env.items() if k not in ("PATH", "HOME", "TMPDIR", "LANG")}
+    with os_sandbox.task_egress(ctx) as proxy:
+        boxes = [os_sandbox.task_command(ctx, argv, scratch, env=declared, cwd=str(cwd), proxy_socket=proxy)
+                 for argv in programs]  # fmt: skip
+        if os.geteuid() == 0:  # a cwd made below the scratch folder is the sandbox uid's too
+            for p in [cwd, *cwd.parents]:
+                if str(p) == scratch or scratch not in str(p):
+                    break
+                os.chown(p, boxes[0].uid, boxes[0].uid)
+        return _run_all([b.argv for b in boxes], previews, inputs, ctx, kind, cwd, boxes[0].env)
+
+
+def _run_all(
+    programs: list[list[str]],
+    previews: list[str],
+    inputs: Mapping[str, Any],
+    ctx: ToolContext,
+    kind: str,
+    cwd: Path,
+    env: dict[str, str],
+) -> dict[str, Any]:
     timeout = float(inputs.get("timeout_seconds") or inputs.get("timeout") or DEFAULT_TIMEOUT)
     cap = inputs.get("max_output_bytes")
     cap = DEFAULT_MAX_OUTPUT if cap is None else int(cap)

@@ -145,6 +145,45 @@ def test_generated_python_reaches_none_of_the_workers_files_or_network(world):
     res, events = world.run(_generated({"p": {"kind": "python", "code": _probe_py(world)}}, ["python"]))
     assert res.status == "completed", res.results
     _assert_confined(res.results["start"])
+    assert "hello-from" not in res.results["start"]["allowed"]  # no allow_hosts: no network at all
+
+
+def test_generated_python_reaches_its_allow_hosts_through_the_egress_proxy_only(world):
+    doc = _generated({"p": {"kind": "python", "code": _probe_py(world)}}, ["python"], hosts=[world.allowed])
+    res, events = world.run(doc)
+    assert res.status == "completed", res.results
+    out = res.results["start"]
+    _assert_confined(out)
+    assert out["allowed"] == "hello-from-allowed", out
+    assert "403" in out["denied"] and "not in allow_hosts" not in SECRET, out["denied"]
+    logs = json.dumps([e.data for e in events if "egress refused" in json.dumps(e.data or {})])
+    assert world.denied in logs  # the refusal is in the execution's events
+
+
+CONNECT_PY = """
+import os, socket
+def tunnel(hp):
+    s = socket.create_connection(('127.0.0.1', int(os.environ['HTTPS_PROXY'].rsplit(':', 1)[1])), timeout=10)
+    s.sendall(('CONNECT %s HTTP/1.1\\r\\nHost: %s\\r\\n\\r\\n' % (hp, hp)).encode())
+    head = s.recv(4096).decode()
+    if ' 200 ' not in head.split('\\r\\n')[0]:
+        return head.split('\\r\\n')[0]
+    s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n')
+    data = b''
+    while chunk := s.recv(4096):
+        data += chunk
+    return data.decode().split('\\r\\n\\r\\n', 1)[1]
+result = {'allowed': tunnel(ALLOWED), 'denied': tunnel(DENIED), 'pg': tunnel('127.0.0.1:5432')}
+"""
+
+
+def test_connect_tunnels_only_to_allow_hosts(world):
+    code = f"ALLOWED, DENIED = {world.allowed!r}, {world.denied!r}\n" + CONNECT_PY
+    res, _ = world.run(_generated({"p": {"kind": "python", "code": code}}, ["python"], hosts=[world.allowed]))
+    assert res.status == "completed", res.results
+    out = res.results["start"]
+    assert out["allowed"] == "hello-from-allowed", out
+    assert out["denied"].startswith("HTTP/1.1 403") and out["pg"].startswith("HTTP/1.1 403"), out
 
 
 def test_authored_python_with_isolation_sandbox_is_confined_too(world):
@@ -256,3 +295,16 @@ def test_where_the_sandbox_cannot_be_built_generated_code_is_refused(world, monk
     monkeypatch.setenv("NOETL_GENERATED_ISOLATION", "env-only")
     res, _ = world.run(_generated({"p": {"kind": "python", "code": "result = 1"}}, ["python"]))
     assert res.status == "completed", res.results
+
+
+def test_generated_shell_reaches_its_allow_hosts_through_the_egress_proxy(world):
+    get = (
+        "python3 -c \"import urllib.request as u; print(u.urlopen('http://{}/', timeout=5).read().decode())\""
+    )
+    cmd = f"{get.format(world.allowed)}; {get.format(world.denied)} 2>&1 | tail -1"
+    res, _ = world.run(
+        _generated({"sh": {"kind": "shell", "command": cmd}}, ["shell"], hosts=[world.allowed])
+    )
+    assert res.status == "completed", res.results
+    out = res.results["start"]["stdout"]
+    assert out.startswith("hello-from-allowed\n") and "403" in out and "hello-from-denied" not in out, out
