@@ -419,7 +419,7 @@ def replay(execution_id: str | None, archive_uri: str | None, bodies: bool, max_
     from noetl_dagster.storage.payload import iter_refs  # noqa: PLC0415
 
     svc = build_services(event_store=event_store, data_dir=data_dir)
-    try:
+    try:  # an altered log is refused with its first bad sequence (ChainBroken: one line, exit 1)
         state = do_replay(svc.event_store, execution_id, None)  # references stay references
     except KeyError as e:
         _fail_input(str(e.args[0]))

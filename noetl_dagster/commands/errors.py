@@ -83,6 +83,9 @@ def convert(exc: BaseException, command: str | None = None) -> click.ClickExcept
 
     if isinstance(exc, RecordingFailed):  # the execution failed and not even that could be recorded (exit 1)
         return Failed(one_line(exc, limit=1000).removeprefix("RecordingFailed: "))
+    chain = sys.modules.get("noetl_dagster.engine.chain")
+    if chain is not None and isinstance(exc, chain.LogTampered):  # an altered log or archive (exit 1)
+        return Failed(str(exc).strip().splitlines()[0])
     extra = extra_for_module(exc.name) if isinstance(exc, ModuleNotFoundError) else None
     if extra:  # an optional capability that is not installed: say which extra, not the ImportError
         what = f"`noetl-dagster {command}`" if command else "this command"

@@ -43,6 +43,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "lineage": ("noetl_dagster.commands.lineage:lineage", "OpenLineage RunEvents for NoETL executions."),
     "archive": ("noetl_dagster.commands.archive:archive",
                 "Write an execution's archive bundle (seed 004 §7) to a payload store."),
+    "verify": ("noetl_dagster.commands.verify:verify",
+               "Check an execution's tamper-evident event log (or an archive): OK and its head hash, or the first bad event."),
     "resume": ("noetl_dagster.commands.archive:resume",
                "Finish an execution whose process died, from its event log (nothing that finished runs again)."),
     "demo": ("noetl_dagster.commands.demo:demo",

@@ -79,6 +79,12 @@ class EventStore(ABC):
         (adapters read only that stretch; this default reads the rest of the log)."""
         return [e for e in self.read(execution_id, after_sequence) if (e.sequence or 0) <= until_sequence]
 
+    def read_chained(self, execution_id: str) -> list[tuple[int, Event | None, bytes | None]]:
+        """Every stored position of one execution in sequence order: (sequence, the event or None
+        when it cannot be decoded, its stored chain hash or None), for ``engine.chain.check_chain``.
+        This default (an adapter without a chain) reports every event unchained."""
+        return [(e.sequence or 0, e, None) for e in self.read(execution_id)]
+
     def summary(self, execution_id: str) -> tuple[int, list[tuple[int, Any]]] | None:
         """The execution's summary as stored with its events (engine/explain_summary.py): (the last
         sequence it folded, its rows), or None (an adapter without summaries, or none yet)."""

@@ -34,6 +34,7 @@ from noetl_dagster.engine import events as E
 from noetl_dagster.engine.control import Engine, Services
 from noetl_dagster.engine.events import Event, uuid7_from
 from noetl_dagster.engine.frame import StepRun
+from noetl_dagster.engine.replay import verified_events
 from noetl_dagster.engine.state import fold
 from noetl_dagster.engine.usage import accumulate
 from noetl_dagster.storage.payload import is_ref
@@ -280,8 +281,9 @@ def attach(pb: Playbook, svc: Services, eid: str) -> Engine | None:
         if new:
             cached.synced = new[-1].sequence or cached.synced
         return cached.engine
-    events = svc.event_store.read(eid)
-    if not events:
+    try:  # a whole log folded (a sensor's resume, a run's first op): its hash chain verified first
+        events = verified_events(svc.event_store, eid)
+    except KeyError:
         return None
     eng = _new_engine(pb, svc, eid, events)
     _remember(key, _Cached(eng, events[-1].sequence or 0))
@@ -334,7 +336,7 @@ def sync(eng: Engine, mine: set[str]) -> Engine:
         if new:
             _remember(key, _Cached(eng, new[-1].sequence or synced))
         return eng
-    events = svc.event_store.read(eng.execution_id)
+    events = verified_events(svc.event_store, eng.execution_id)
     fresh = _new_engine(eng.playbook, svc, eng.execution_id, events)
     fresh._resources = eng._resources  # keep the execution's shared connections (in-memory DuckDB)
     eng._resources = {}

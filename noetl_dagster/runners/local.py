@@ -17,6 +17,7 @@ from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.frame import StepRun
 from noetl_dagster.engine.ports import ExecutionLeased
 from noetl_dagster.engine.recorder import Recorder
+from noetl_dagster.engine.replay import verified_events
 from noetl_dagster.storage.event_stores import open_event_store
 from noetl_dagster.storage.events import EventStore
 from noetl_dagster.storage.payload import DEFAULT_INLINE_LIMIT, Offloader, open_payload_store
@@ -177,9 +178,7 @@ def resume_execution(
 
     svc = services or build_services(event_store=event_store, data_dir=data_dir, catalog_dirs=catalog_dirs)
     reap_unrecorded(svc)
-    events = svc.event_store.read(execution_id)
-    if not events:
-        raise KeyError(f"no events for execution {execution_id}")
+    events = verified_events(svc.event_store, execution_id)  # an altered log is refused (ChainBroken)
     state = fold(events, svc.offloader.resolve)
     req = next((e for e in events if e.name == "playbook.execution.requested"), None)
     definition = (req.data.get("definition") if req else None) or ""
@@ -208,7 +207,8 @@ def resume_execution(
     # one resume at a time per execution: a second one is refused (ExecutionLeased) while this one lives
     svc.event_store.acquire_lease(execution_id)
     try:
-        events = svc.event_store.read(execution_id)  # re-read under the lease: a previous resume may have run
+        # re-read under the lease: a previous resume may have run
+        events = verified_events(svc.event_store, execution_id)
         state = fold(events, svc.offloader.resolve)
         eng = Engine(pb, svc, state=state, parent_execution_id=first.parent_execution_id)
         restore_generated(eng, req.data if req else {})  # a generated child keeps its trust boundary

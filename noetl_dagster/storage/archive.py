@@ -3,7 +3,9 @@
 A bundle lives in a PayloadStore under the object layout
 ``noetl/env=…/…/tenant=T/project=P/date=D/execution=ID/``::
 
-    manifest.json                      schema, ids, event range, checksums of every file, final-state digest
+    manifest.json                      schema, ids, event range, checksums of every file, final-state digest,
+                                       each execution's hash-chain head (``chain``)
+    signatures/manifest.sig            the manifest's signature, when a signing key is set (archive_signing)
     events/segment-000001.jsonl.zst    the execution's events (and its sub-playbooks'), zstd JSON lines
     events/segment-000001.sha256       "<hex>  segment-000001.jsonl.zst"
     results/result-manifest.json       every stored result reference ($ref) and each step's final result summary
@@ -12,6 +14,11 @@ A bundle lives in a PayloadStore under the object layout
 
 Archives are immutable: archiving an execution again with the same events is a
 no-op; different events under the same bundle raise :class:`ArchiveConflict`.
+
+Tamper evidence (issue 41): an execution whose log fails its hash chain is not archived; each
+event line carries its chain hash (``hash``), the manifest each execution's head, and reading a
+bundle checks the checksums, the signature (when a verify key is set) and every chain against
+the manifest's heads, naming the first bad event.
 """
 
 from __future__ import annotations
@@ -19,14 +26,16 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-from collections import Counter
+from collections import Counter, defaultdict
 from datetime import UTC, datetime
 from typing import Any
 
 import zstandard
 
+from noetl_dagster.engine.chain import ChainReport, chain_hashes, check_chain
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.state import fold
+from noetl_dagster.storage import archive_signing
 from noetl_dagster.storage.events import EventStore
 from noetl_dagster.storage.payload import ChecksumMismatch, PayloadStore, is_ref, open_payload_store
 from noetl_dagster.util.jsonutil import dumps, plain
@@ -50,11 +59,20 @@ def state_digest(events: list[Event]) -> tuple[str, dict[str, Any]]:
     return "sha256:" + _hex(blob), snap
 
 
-def _collect_execution(store: EventStore, execution_id: str) -> list[Event]:
-    events = store.read(execution_id)
-    if not events:
+def _collect_execution(store: EventStore, execution_id: str, hashes: dict[tuple[str, int], str],
+                       chains: dict[str, ChainReport]) -> list[Event]:  # fmt: skip
+    """The execution's events once its chain verifies (an altered log is not archived: the bundle
+    would vouch for the edit); its full hashes go into ``hashes``, its report into ``chains``."""
+    entries = store.read_chained(execution_id)
+    if not entries:
         raise KeyError(f"no events for execution {execution_id}")
-    return events
+    report = check_chain(execution_id, entries)
+    report.raise_if_broken()
+    chains[execution_id] = report
+    for (seq, _ev, _s), h in zip(entries, chain_hashes(entries), strict=True):
+        if h is not None:
+            hashes[(execution_id, seq)] = h.hex()
+    return [e for _s, e, _h in entries if e is not None]
 
 
 def _children(store: EventStore, execution_id: str) -> list[str]:
@@ -72,12 +90,20 @@ def _refs(value: Any, out: list[dict[str, Any]], where: str) -> None:
             _refs(v, out, where)
 
 
-def _segments(events: list[Event]) -> list[tuple[bytes, int, int, int]]:
+def _line(e: Event, hashes: dict[tuple[str, int], str]) -> str:
+    d = e.to_dict()
+    h = hashes.get((e.execution_id, e.sequence or 0))
+    if h is not None:
+        d["hash"] = h
+    return dumps(d)
+
+
+def _segments(events: list[Event], hashes: dict[tuple[str, int], str]) -> list[tuple[bytes, int, int, int]]:
     out = []
     cctx = zstandard.ZstdCompressor(level=6)
     for i in range(0, len(events), SEGMENT_EVENTS):
         chunk = events[i : i + SEGMENT_EVENTS]
-        lines = "".join(dumps(e.to_dict()) + "\n" for e in chunk).encode()
+        lines = "".join(_line(e, hashes) + "\n" for e in chunk).encode()
         out.append((cctx.compress(lines), len(chunk), i, i + len(chunk) - 1))
     return out
 
@@ -119,14 +145,16 @@ def archive_execution(
     from noetl_dagster.dsl.locator import object_prefix
 
     store = to if isinstance(to, PayloadStore) else open_payload_store(to)
-    events = _collect_execution(event_store, execution_id)
+    hashes: dict[tuple[str, int], str] = {}
+    chains: dict[str, ChainReport] = {}
+    events = _collect_execution(event_store, execution_id, hashes, chains)
     head = events[0]
     if not any(e.name == "workflow.finished" for e in events):
         raise ValueError(f"execution {execution_id} has not finished; archive it once it has (or resume it)")
     children = _children(event_store, execution_id) if include_children else []
     child_events: list[Event] = []
     for c in children:
-        child_events.extend(event_store.read(c))
+        child_events.extend(_collect_execution(event_store, c, hashes, chains))
     all_events = events + child_events
     digest, snap = state_digest(events)
     day = head.timestamp[:10]
@@ -142,7 +170,7 @@ def archive_execution(
 
     files: dict[str, str] = {}
     segs = []
-    for n, (blob, count, lo, hi) in enumerate(_segments(all_events), start=1):
+    for n, (blob, count, lo, hi) in enumerate(_segments(all_events, hashes), start=1):
         name = f"events/segment-{n:06d}.jsonl.zst"
         store.put_bytes(prefix + name, blob)
         h = _hex(blob)
@@ -209,12 +237,25 @@ def archive_execution(
         "children": children,
         "segments": segs,
         "files": files,
+        # each execution's chain head: what a restore checks the events against (and the signature covers)
+        "chain": {
+            eid: {
+                k: v
+                for k, v in r.to_json().items()
+                if k in ("status", "head", "last_sequence", "chained_from")
+            }
+            for eid, r in chains.items()
+        },  # fmt: skip
     }
-    store.put_bytes(prefix + "manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode())
+    manifest_bytes = json.dumps(manifest, indent=2, sort_keys=True).encode()
+    store.put_bytes(prefix + "manifest.json", manifest_bytes)
+    key = archive_signing.signing_key()
+    if key:
+        store.put_bytes(prefix + archive_signing.SIGNATURE_PATH, archive_signing.sign(manifest_bytes, key))
     uri = store.uri_for(prefix)
     if registry is not None:
         register_archive(registry, manifest, uri, store.uri_for(prefix + "manifest.json"))
-    return {**manifest, "uri": uri, "status": "written"}
+    return {**manifest, "uri": uri, "status": "written", "signed": bool(key)}
 
 
 def register_archive(registry: Any, manifest: dict[str, Any], bundle_uri: str, manifest_uri: str) -> Any:
@@ -255,14 +296,35 @@ def _split_bundle_uri(uri: str) -> tuple[PayloadStore, str]:
 
 
 def read_archive_events(uri: str) -> tuple[dict[str, Any], list[Event]]:
-    """Load and verify a bundle: every file's checksum, then its events."""
+    """Load and verify a bundle: its signature (when a verify key is set), every file's checksum,
+    then its events and their hash chains against the manifest's heads (LogTampered if altered)."""
+    manifest, events, _report = _read_verified(uri)
+    return manifest, events
+
+
+def verify_archive(uri: str) -> dict[str, Any]:
+    """``noetl-dagster verify --archive``: the bundle's signature and chains (LogTampered if altered)."""
+    manifest, _events, report = _read_verified(uri)
+    return {"uri": uri, "execution_id": manifest.get("execution_id"), **report}
+
+
+def _read_verified(uri: str) -> tuple[dict[str, Any], list[Event], dict[str, Any]]:
     store, prefix = _split_bundle_uri(uri)
-    manifest = json.loads(store.get_bytes(store.uri_for(prefix + "manifest.json")))
+    manifest_bytes = store.get_bytes(store.uri_for(prefix + "manifest.json"))
+    manifest = json.loads(manifest_bytes)
     if manifest.get("schema_version") != SCHEMA:
         raise ValueError(f"{uri}: not a NoETL execution archive (schema {manifest.get('schema_version')!r})")
+    sig_uri = store.uri_for(prefix + archive_signing.SIGNATURE_PATH)
+    key = archive_signing.verify_key()
+    if key:  # first: a bad signature says the manifest (checksums, heads) cannot be trusted at all
+        sig = store.get_bytes(sig_uri) if store.exists(sig_uri) else None
+        signature = archive_signing.check(manifest_bytes, sig, key, uri)
+    else:
+        signature = "present, not checked (no verify key)" if store.exists(sig_uri) else "unsigned"
     verify_bundle(store, prefix, manifest)
     dctx = zstandard.ZstdDecompressor()
     events: list[Event] = []
+    stored: dict[str, list[tuple[int, Event | None, bytes | None]]] = defaultdict(list)
     for seg in manifest["segments"]:
         blob = store.get_bytes(store.uri_for(prefix + seg["path"]))
         side = (
@@ -274,8 +336,23 @@ def read_archive_events(uri: str) -> tuple[dict[str, Any], list[Event]]:
             raise ChecksumMismatch(f"{seg['path']} does not match its .sha256 sidecar")
         with dctx.stream_reader(io.BytesIO(blob)) as r:
             text = r.read().decode()
-        events.extend(Event.from_dict(json.loads(line)) for line in text.splitlines() if line)
-    return manifest, events
+        for line in text.splitlines():
+            if line:
+                d = json.loads(line)
+                ev = Event.from_dict(d)
+                events.append(ev)
+                h = d.get("hash")
+                stored[ev.execution_id].append(
+                    (ev.sequence or 0, ev, bytes.fromhex(h) if isinstance(h, str) else None)
+                )
+    heads = manifest.get("chain") or {}
+    reports = []
+    for eid in dict.fromkeys([manifest["execution_id"], *stored]):
+        want = (heads.get(eid) or {}).get("head")
+        report = check_chain(eid, sorted(stored[eid], key=lambda x: x[0]), want)
+        report.raise_if_broken(f" (archive {uri})")
+        reports.append(report.to_json())
+    return manifest, events, {"status": "ok", "signature": signature, "executions": reports}
 
 
 def replay_from_archive(uri: str, *, bodies: bool = False, body_limit: int | None = None) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from noetl_dagster.engine.chain import GENESIS, canonical_text, link
 from noetl_dagster.engine.events import ENTITY_OF, ENVELOPE_COLUMNS, SCHEMA_VERSION, SERVER_EVENTS, Event
 from noetl_dagster.engine.recorder import MAX_EVENT_BYTES, check_event_size
 from noetl_dagster.util.jsonutil import dumps, loads, replace_lone_surrogates
@@ -119,6 +120,34 @@ def sequence_batch(
         if fin:
             upd[2] = fin
     return rows, next_seq, exec_updates
+
+
+def chain_rows(rows: Sequence[tuple[Any, ...]], heads: dict[str, bytes | None]) -> list[bytes]:
+    """The chain hash (engine/chain.py) of each new row of ``sequence_batch(encode=False)``, in the
+    adapter's write transaction: ``heads`` holds each execution's stored head (None: none yet) and is
+    left at the new heads."""
+    out: list[bytes] = []
+    for r in rows:
+        eid = r[1]
+        h = heads[eid] = link(heads.get(eid) or GENESIS, r[2], canonical_text(r[5]))
+        out.append(h)
+    return out
+
+
+def segment_chain(
+    events: Sequence[tuple[int, Event]], execution_id: str, seq_first: int, seq_last: int,
+    marks: bytes | None, head: bytes | None, mark_bytes: int,
+) -> list[tuple[int, Event | None, bytes | None]]:  # fmt: skip
+    """A decoded segment's positions for ``check_chain``: every sequence it covers (None where an
+    item did not decode), with its stored mark, the last one with the full head."""
+    by_seq = {ev.sequence: ev for _g, ev in events}
+    out: list[tuple[int, Event | None, bytes | None]] = []
+    for i, seq in enumerate(range(seq_first, seq_last + 1)):
+        stored = (
+            head if seq == seq_last else (marks[i * mark_bytes : (i + 1) * mark_bytes] if marks else None)
+        )
+        out.append((seq, by_seq.get(seq), stored))
+    return out
 
 
 def event_key(event_id: str) -> bytes:

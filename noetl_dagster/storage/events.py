@@ -39,11 +39,13 @@ from noetl_dagster.storage.event_codec import (
     EventStoreTooNew as EventStoreTooNew,  # callers catch it from here
 )
 from noetl_dagster.storage.event_codec import (
+    chain_rows,
     decode_body,
     decode_segment,
     encode_segment,
     event_key,
     refuse_newer_schema,
+    segment_chain,
     sequence_batch,
 )
 from noetl_dagster.storage.sqlite_leases import SqliteLeases
@@ -111,6 +113,12 @@ SQLITE_MIGRATIONS: list[list[str]] = [
             body TEXT NOT NULL,
             PRIMARY KEY (execution_id, ord)) WITHOUT ROWID""",
     ],
+    [  # 5: the hash chain (issue 41, engine/chain.py): each row's hash; a segment's last hash in full
+        # and an 8-byte mark per event, enough to name the first altered one. Older rows stay NULL.
+        "ALTER TABLE noetl_event ADD COLUMN hash BLOB",
+        "ALTER TABLE noetl_event_segment ADD COLUMN marks BLOB",
+        "ALTER TABLE noetl_event_segment ADD COLUMN head BLOB",
+    ],
 ]
 
 log = logging.getLogger("noetl_dagster.storage")
@@ -120,6 +128,7 @@ log = logging.getLogger("noetl_dagster.storage")
 _ROW_ENVELOPE = "event_id, execution_id, sequence, name, ts"
 # A batch of at least this many new events of one execution is stored as one segment row (issue 19).
 SEGMENT_MIN = int(os.environ.get("NOETL_EVENT_SEGMENT_MIN", "256") or 0)
+MARK_BYTES = 8  # a segment's per-event chain mark: the first bytes of the event's hash
 
 
 def summary_rows(c: sqlite3.Connection, execution_id: str) -> tuple[int, list[tuple[int, Any]]] | None:
@@ -236,10 +245,10 @@ class SqliteEventStore(_SqliteSummaries, SqliteLeases, EventStore):
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.execute("PRAGMA busy_timeout=60000")
         self._migrate()
-        # the last sequence and whether it has segments, per execution this connection appended to
-        # (so noetl_execution holds it); valid while PRAGMA data_version says no other connection
-        # committed since our last append (saves a 3-subquery SELECT per flush)
-        self._seq_cache: dict[str, tuple[int, bool]] = {}
+        # the last sequence, whether it has segments and the chain head, per execution this connection
+        # appended to (so noetl_execution holds it); valid while PRAGMA data_version says no other
+        # connection committed since our last append (saves a 3-subquery SELECT per flush)
+        self._seq_cache: dict[str, tuple[int, bool, bytes | None]] = {}
         self._top_gid_seen: int | None = None  # the highest gid after our last append (same validity)
         self._data_version: int | None = None
         # files created before issue 19 keep AUTOINCREMENT: their segments also advance sqlite_sequence,
@@ -343,6 +352,7 @@ class SqliteEventStore(_SqliteSummaries, SqliteLeases, EventStore):
         Returns the ``_seq_cache`` entries and the highest gid as of this transaction's commit."""
         with_segments: set[str] = set()  # executions that have segments
         known: set[str] = set()  # executions already in noetl_execution
+        heads: dict[str, bytes | None] = {}  # the chain head before this batch (None: unchained)
         cache = self._seq_cache
 
         def last(eid: str) -> int:
@@ -351,6 +361,7 @@ class SqliteEventStore(_SqliteSummaries, SqliteLeases, EventStore):
                 known.add(eid)
                 if hit[1]:
                     with_segments.add(eid)
+                heads[eid] = hit[2]
                 return hit[0]
             rows_max, seg_max, row = c.execute(
                 "SELECT (SELECT MAX(sequence) FROM noetl_event WHERE execution_id = ?),"
@@ -362,14 +373,17 @@ class SqliteEventStore(_SqliteSummaries, SqliteLeases, EventStore):
                 with_segments.add(eid)
             if row:
                 known.add(eid)
-            return max(rows_max or 0, seg_max or 0)
+            top = max(rows_max or 0, seg_max or 0)
+            heads[eid] = self._head(c, eid, top, seg_max == top) if top else None
+            return top
 
         resent = bool(existing)
         rows, next_seq, exec_updates = sequence_batch(events, existing, last, encode=False)
+        hashes = chain_rows(rows, heads)
         if rows and self.segment_min and len(rows) >= self.segment_min and len(next_seq) == 1 and not resent:
             if self._stored_as_rows(c, [r[0] for r in rows]):
                 raise sqlite3.IntegrityError("a re-sent event (stored as a row)")
-            top = self._insert_segment(c, rows, self._top_gid(c))
+            top = self._insert_segment(c, rows, hashes, self._top_gid(c))
             with_segments.add(rows[0][1])
             c.executemany(
                 "INSERT INTO noetl_event_key (k, sequence) VALUES (?,?)",
@@ -388,10 +402,11 @@ class SqliteEventStore(_SqliteSummaries, SqliteLeases, EventStore):
                 for r, body in zip(rows, bodies, strict=True):
                     check_event_size(r[5], len(body))
             c.executemany(
-                "INSERT INTO noetl_event (gid, event_id, execution_id, sequence, name, ts, body) VALUES (?,?,?,?,?,?,?)",
+                "INSERT INTO noetl_event (gid, event_id, execution_id, sequence, name, ts, body, hash)"
+                " VALUES (?,?,?,?,?,?,?,?)",
                 [
-                    (top + i, *r[:5], body)
-                    for i, (r, body) in enumerate(zip(rows, bodies, strict=True), start=1)
+                    (top + i, *r[:5], body, h)
+                    for i, (r, body, h) in enumerate(zip(rows, bodies, hashes, strict=True), start=1)
                 ],
             )
             top += len(rows)
@@ -412,7 +427,18 @@ class SqliteEventStore(_SqliteSummaries, SqliteLeases, EventStore):
             )
         # every execution of the batch now has a noetl_execution row (inserted above unless known)
         self._summarize(c, rows)
-        return {eid: (seq, eid in with_segments) for eid, seq in next_seq.items()}, top
+        return {eid: (seq, eid in with_segments, heads[eid]) for eid, seq in next_seq.items()}, top
+
+    @staticmethod
+    def _head(c: sqlite3.Connection, eid: str, sequence: int, in_segment: bool) -> bytes | None:
+        """The stored chain hash of the execution's event ``sequence`` (None: written unchained)."""
+        if in_segment:
+            row = c.execute("SELECT head FROM noetl_event_segment WHERE execution_id = ? AND seq_last = ?",
+                            (eid, sequence)).fetchone()  # fmt: skip
+        else:
+            row = c.execute("SELECT hash FROM noetl_event WHERE execution_id = ? AND sequence = ?",
+                            (eid, sequence)).fetchone()  # fmt: skip
+        return row[0] if row else None
 
     @staticmethod
     def _stored_as_rows(c: sqlite3.Connection, ids: list[str]) -> bool:
@@ -432,7 +458,9 @@ class SqliteEventStore(_SqliteSummaries, SqliteLeases, EventStore):
                 return True
         return False
 
-    def _insert_segment(self, c: sqlite3.Connection, rows: list[tuple[Any, ...]], base: int) -> int:
+    def _insert_segment(
+        self, c: sqlite3.Connection, rows: list[tuple[Any, ...]], hashes: list[bytes], base: int
+    ) -> int:
         """One execution's new events (consecutive sequences) as one row with gids ``base+1..base+n``
         (``base``: the highest gid stored); returns the new highest gid."""
         n = len(rows)
@@ -442,8 +470,8 @@ class SqliteEventStore(_SqliteSummaries, SqliteLeases, EventStore):
             else:
                 c.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'noetl_event'", (base + n,))
         c.execute(
-            "INSERT INTO noetl_event_segment (gid_last, gid_first, execution_id, seq_first, seq_last, body)"
-            " VALUES (?,?,?,?,?,?)",
+            "INSERT INTO noetl_event_segment (gid_last, gid_first, execution_id, seq_first, seq_last, body,"
+            " marks, head) VALUES (?,?,?,?,?,?,?,?)",
             (
                 base + n,
                 base + 1,
@@ -451,6 +479,8 @@ class SqliteEventStore(_SqliteSummaries, SqliteLeases, EventStore):
                 rows[0][2],
                 rows[-1][2],
                 encode_segment([r[5] for r in rows], self._compressor()),
+                b"".join(h[:MARK_BYTES] for h in hashes),
+                hashes[-1],
             ),
         )
         return base + n
@@ -504,6 +534,25 @@ class SqliteEventStore(_SqliteSummaries, SqliteLeases, EventStore):
                 e for _g, e in self._segment(gl, gf, execution_id, sf, body) if e.sequence > after_sequence
             ]
         out.sort(key=lambda e: e.sequence or 0)
+        return out
+
+    def read_chained(self, execution_id: str) -> list[tuple[int, Event | None, bytes | None]]:
+        with self._lock, self._snapshot():
+            rows = self._conn.execute(
+                f"SELECT body, {_ROW_ENVELOPE}, hash FROM noetl_event WHERE execution_id = ? ORDER BY sequence",
+                (execution_id,),
+            ).fetchall()
+            segs = self._conn.execute(
+                "SELECT gid_last, gid_first, seq_first, seq_last, body, marks, head FROM noetl_event_segment"
+                " WHERE execution_id = ? ORDER BY seq_last",
+                (execution_id,),
+            ).fetchall()
+        out = [(r[3], decode_body(r[0], f"{execution_id}#{r[3]}", self.skipped, r[1:6]), r[6]) for r in rows]
+        for gl, gf, sf, sl, body, marks, head in segs:
+            evs = self._segment(gl, gf, execution_id, sf, body)
+            out += segment_chain(evs, execution_id, sf, sl, marks, head, MARK_BYTES)
+        if segs:
+            out.sort(key=lambda x: x[0])
         return out
 
     def tail(self, after_gid: int = 0, limit: int = 1000) -> list[StoredEvent]:

@@ -34,6 +34,7 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
+from noetl_dagster.engine.chain import GENESIS, link
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.explain_summary import SummaryCache
 from noetl_dagster.engine.ports import EventStore, ExecutionInfo, ExecutionLeased, StoredEvent
@@ -41,6 +42,7 @@ from noetl_dagster.engine.recorder import MAX_EVENT_BYTES, check_event_size
 from noetl_dagster.storage.event_codec import (
     _EXECUTION_EVENTS,
     _execution_update,
+    chain_rows,
     decode_body,
     refuse_newer_schema,
     sequence_batch,
@@ -87,7 +89,19 @@ MIGRATIONS: list[list[str]] = [
             body TEXT NOT NULL,
             PRIMARY KEY (execution_id, ord))""",
     ],
+    [  # 3: the hash chain (issue 41, engine/chain.py): each event's hash and each execution's head.
+        # An append computes its events' hashes from the head it expects; the statement refuses
+        # (NOETL_CHAIN_MOVED) when another writer moved the head meanwhile, and the append runs again
+        # under the lock. Older rows stay NULL (unchained).
+        "ALTER TABLE {schema}.noetl_event ADD COLUMN IF NOT EXISTS hash BYTEA",
+        "ALTER TABLE {schema}.noetl_execution ADD COLUMN IF NOT EXISTS head BYTEA",
+        """CREATE OR REPLACE FUNCTION {schema}.noetl_chain_moved(eid TEXT) RETURNS BYTEA
+            LANGUAGE plpgsql AS $$ BEGIN
+              RAISE EXCEPTION USING ERRCODE = 'NT409', MESSAGE = 'the chain head of ' || eid || ' moved';
+            END $$""",
+    ],
 ]
+CHAIN_MOVED = "NT409"  # the SQLSTATE noetl_chain_moved raises
 
 
 _SEQ_PAD = len('"sequence":null,')  # what the event's size check counts for the sequence the server adds
@@ -100,16 +114,26 @@ _SEQ_PAD = len('"sequence":null,')  # what the event's size check counts for the
 # follows by its rank in the batch: the statement returns one row per execution, not one per event
 # (the client numbers its events the same way; ``ins`` runs to completion though nothing reads it).
 # A batch may hold the flushes of many executions (group commit).
+# The chain (``pv``): each execution's events were hashed here from the head this process expects
+# (``base``, ``prev``); the counter row takes the new head only if it still holds that one, else the
+# statement fails (CHAIN_MOVED) and the append runs again in ``_append``, under the lock.
 # The summary rows (``sm``) were folded here with the sequences the events will get if nobody else
 # appended meanwhile; they are written only where the counter confirms it (else the summary stays
 # behind, and readers fold the events after it).
 APPEND_SQL = """WITH lk AS MATERIALIZED (SELECT pg_advisory_xact_lock(%s::bigint) AS locked),
+pv AS MATERIALIZED (
+  SELECT p.execution_id, p.base, decode(p.prev, 'hex') AS prev, decode(p.head, 'hex') AS head
+  FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[]) AS p(execution_id, base, prev, head)),
 ctr AS (
   INSERT INTO {schema}.noetl_execution AS x
-    (execution_id, playbook, status, finished_at, parent_execution_id, started_at, last_sequence)
-  SELECT u.* FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::bigint[])
-    AS u, lk
+    (execution_id, playbook, status, finished_at, parent_execution_id, started_at, last_sequence, head)
+  SELECT u.*, CASE WHEN pv.base = 0 THEN pv.head END
+  FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::bigint[])
+    AS u(execution_id, playbook, status, finished_at, parent_execution_id, started_at, last_sequence)
+    JOIN pv USING (execution_id), lk
   ON CONFLICT (execution_id) DO UPDATE SET
+    head = (SELECT CASE WHEN x.last_sequence = pv.base AND x.head IS NOT DISTINCT FROM pv.prev THEN pv.head
+                   ELSE {schema}.noetl_chain_moved(x.execution_id) END FROM pv WHERE pv.execution_id = x.execution_id),
     playbook = COALESCE(excluded.playbook, x.playbook),
     status = CASE WHEN excluded.status = '' THEN x.status ELSE excluded.status END,
     parent_execution_id = COALESCE(x.parent_execution_id, excluded.parent_execution_id),
@@ -127,12 +151,12 @@ ev AS (
   SELECT e.*, row_number() OVER (PARTITION BY e.execution_id ORDER BY e.ord) AS k,
     count(*) OVER (PARTITION BY e.execution_id) AS n
   FROM unnest(string_to_array(%s, E'\\x1e'), string_to_array(%s, E'\\x1e'), string_to_array(%s, E'\\x1e'),
-              string_to_array(%s, E'\\x1e'), string_to_array(%s, E'\\x1e')) WITH ORDINALITY
-    AS e(event_id, execution_id, name, ts, tail, ord)),
+              string_to_array(%s, E'\\x1e'), string_to_array(%s, E'\\x1e'), string_to_array(%s, E'\\x1e'))
+    WITH ORDINALITY AS e(event_id, execution_id, name, ts, tail, hash, ord)),
 ins AS (
-  INSERT INTO {schema}.noetl_event (event_id, execution_id, sequence, name, ts, body)
+  INSERT INTO {schema}.noetl_event (event_id, execution_id, sequence, name, ts, body, hash)
   SELECT ev.event_id, ev.execution_id, ctr.last_sequence - ev.n + ev.k, ev.name, ev.ts,
-         ('{{"sequence":' || (ctr.last_sequence - ev.n + ev.k) || ',' || ev.tail)::json
+         ('{{"sequence":' || (ctr.last_sequence - ev.n + ev.k) || ',' || ev.tail)::json, decode(ev.hash, 'hex')
   FROM ev JOIN ctr USING (execution_id) ORDER BY ev.ord)
 SELECT execution_id, last_sequence FROM ctr"""
 
@@ -169,6 +193,7 @@ class _Batch:
     ([playbook, status, finished_at, parent, started_at, count] per execution)."""
 
     __slots__ = ("events", "ids", "execs", "names", "ts", "tails", "idx", "cols")
+    # ``tails[i]``: event i's canonical text (engine/chain.py) without its opening brace
 
     def __init__(self, events: Sequence[Event]):
         self.events = events
@@ -225,6 +250,27 @@ class _Batch:
                 out.merge_index(eid, u)
         out.cols = [SEP.join(b.cols[i] for b in batches if b.cols) for i in range(5)]
         return out
+
+
+def _chain(
+    batches: Sequence[_Batch], guess: dict[str, tuple[int, bytes | None]]
+) -> tuple[list[str], str, dict[str, tuple[int, bytes]]]:
+    """The ``pv`` arrays and the events' hashes (hex, joined) from the heads ``guess`` expects
+    (the events' sequences were guessed by ``_summarize`` from the same base), and the new heads."""
+    heads: dict[str, tuple[int, bytes]] = {}
+    out: list[str] = []
+    for b in batches:
+        for ev, tail in zip(b.events, b.tails, strict=True):
+            eid = ev.execution_id
+            prev = heads[eid][1] if eid in heads else (guess[eid][1] or GENESIS)
+            h = link(prev, ev.sequence or 0, "{" + tail)
+            heads[eid] = (ev.sequence or 0, h)
+            out.append(h.hex())
+    eids = list(heads)
+    pv = [_array(eids), "{" + ",".join(str(guess[e][0]) for e in eids) + "}",
+          _array([p.hex() if (p := guess[e][1]) else None for e in eids]),
+          _array([heads[e][1].hex() for e in eids])]  # fmt: skip
+    return pv, SEP.join(out), heads
 
 
 class _Connection(psycopg.Connection):  # type: ignore[type-arg]
@@ -310,6 +356,8 @@ class PostgresEventStore(EventStore):
             raise
         self._append_lock = _lock_key(self.schema, "append")
         self._summaries = SummaryCache()  # the executions' summaries, written with each append
+        # (last sequence, chain head) of the executions this process appended to last (see APPEND_SQL)
+        self._heads: dict[str, tuple[int, bytes]] = {}
         if group_commit is None:
             group_commit = os.environ.get("NOETL_PG_GROUP_COMMIT", "1").lower() not in (
                 "0",
@@ -391,6 +439,10 @@ class PostgresEventStore(EventStore):
             return self._append_one_statement([batch])[0]
         except psycopg.errors.UniqueViolation:  # a re-sent event: keep its stored sequence, store the rest
             return self._append(batch.events, check_existing=True)
+        except psycopg.DatabaseError as e:
+            if e.sqlstate != CHAIN_MOVED:
+                raise
+            return self._append(batch.events, check_existing=False)  # another writer moved the head
 
     def _append_one_statement(self, batches: Sequence[_Batch]) -> list[list[Event]]:
         """Lock, number, insert and index one or more flushes in one autocommit statement (issue 19:
@@ -403,12 +455,18 @@ class PostgresEventStore(EventStore):
         params = combined.params(self._append_lock)
         with self._pool.connection() as conn:
             try:
-                summary = self._summarize(conn, [ev for b in batches for ev in b.events])
+                guess: dict[str, tuple[int, bytes | None]] = {}
+                summary = self._summarize(conn, [ev for b in batches for ev in b.events], guess)
+                pv, hashes, heads = _chain(batches, guess)
                 rows = conn.execute(
-                    self._append_sql, (*params[:8], *summary, *params[8:]), prepare=True
+                    self._append_sql,
+                    (params[0], *pv, *params[1:8], *summary, *params[8:], hashes),
+                    prepare=True,
                 ).fetchall()
             except BaseException:
-                self._summaries.forget({ev.execution_id for b in batches for ev in b.events})
+                self._summaries.forget(eids := {ev.execution_id for b in batches for ev in b.events})
+                for eid in eids:
+                    self._heads.pop(eid, None)
                 raise
         # each execution's last sequence now; its events of this statement end there, in batch order
         at = {eid: int(last) - combined.idx[eid][5] for eid, last in rows}
@@ -418,12 +476,18 @@ class PostgresEventStore(EventStore):
                 if ev.sequence != seq:  # numbered otherwise than guessed: the summary was not written
                     self._summaries.forget([ev.execution_id])
                 ev.sequence = seq
+        if len(self._heads) > 50_000:  # a long-lived worker: forget (the next append asks the table)
+            self._heads.clear()
+        self._heads.update(heads)
         return [list(b.events) for b in batches]
 
-    def _summarize(self, conn: psycopg.Connection, events: Sequence[Event]) -> list[str]:
+    def _summarize(
+        self, conn: psycopg.Connection, events: Sequence[Event], guess: dict[str, tuple[int, bytes | None]]
+    ) -> list[str]:
         """The ``sm`` arrays: the summary rows of a statement's events, folded with the sequences
         they will get if the counter is where this process left it (each event's ``sequence`` is
-        set to that guess; the statement writes the rows only if the guess holds)."""
+        set to that guess; the statement writes the rows only if the guess holds). ``guess`` gets
+        each execution's expected (last sequence, chain head)."""
         by: dict[str, list[Event]] = {}
         for ev in events:
             by.setdefault(ev.execution_id, []).append(ev)
@@ -432,10 +496,16 @@ class PostgresEventStore(EventStore):
             base = self._summaries.at(eid)
             if base is None and evs[0].name == "playbook.execution.requested":
                 base = 0  # a new execution starts with its request (if not, the counter refuses the rows)
+            known = self._heads.get(eid)
+            if base is not None and base and (known is None or known[0] != base):
+                base = None  # the head is not known here: ask (an execution this process did not write last)
             if base is None:  # first append of this execution by this process: where is it?
-                row = conn.execute(self._q("SELECT last_sequence FROM {schema}.noetl_execution WHERE execution_id = %s"),
-                                   (eid,)).fetchone()  # fmt: skip
+                row = conn.execute(self._q("SELECT last_sequence, head FROM {schema}.noetl_execution"
+                                           " WHERE execution_id = %s"), (eid,)).fetchone()  # fmt: skip
                 base = int(row[0]) if row else 0
+                guess[eid] = (base, bytes(row[1]) if row and row[1] is not None else None)
+            else:
+                guess[eid] = (base, known[1] if base and known else None)
             for k, ev in enumerate(evs, start=1):
                 ev.sequence = base + k
             last = base + len(evs)
@@ -506,6 +576,7 @@ class PostgresEventStore(EventStore):
                 existing = dict(cur.fetchall())
             exec_ids = sorted({e.execution_id for e in events if e.event_id not in existing})
             next_seq: dict[str, int] = {}
+            heads: dict[str, bytes | None] = {}
             if exec_ids:
                 # the counter rows: created on first sight and locked for this transaction, in one statement
                 cur.execute(
@@ -513,19 +584,23 @@ class PostgresEventStore(EventStore):
                         "INSERT INTO {schema}.noetl_execution AS x (execution_id, status, last_sequence)"
                         " SELECT unnest(%s::text[]), '', 0"
                         " ON CONFLICT (execution_id) DO UPDATE SET last_sequence = x.last_sequence"
-                        " RETURNING execution_id, last_sequence"
+                        " RETURNING execution_id, last_sequence, head"
                     ),
                     (exec_ids,),
                 )
-                next_seq = dict(cur.fetchall())
-            rows, next_seq, exec_updates = sequence_batch(events, existing, next_seq.__getitem__)
+                for eid, last, head in cur.fetchall():
+                    next_seq[eid], heads[eid] = last, (bytes(head) if head is not None else None)
+            rows, next_seq, exec_updates = sequence_batch(
+                events, existing, next_seq.__getitem__, encode=False
+            )
+            hashes = chain_rows(rows, heads)  # under the lock: this transaction orders these events
             if rows:
                 cur.executemany(
                     self._q(
-                        "INSERT INTO {schema}.noetl_event (event_id, execution_id, sequence, name, ts, body)"
-                        " VALUES (%s, %s, %s, %s, %s, %s)"
+                        "INSERT INTO {schema}.noetl_event (event_id, execution_id, sequence, name, ts, body, hash)"
+                        " VALUES (%s, %s, %s, %s, %s, %s, %s)"
                     ),
-                    rows,
+                    [(*r[:5], dumps(r[5].to_stored()), h) for r, h in zip(rows, hashes, strict=True)],
                 )
             for eid, (pb, status, fin, parent, ts) in exec_updates.items():
                 cur.execute(
@@ -536,11 +611,14 @@ class PostgresEventStore(EventStore):
                         " parent_execution_id = COALESCE(parent_execution_id, %s),"
                         " started_at = COALESCE(started_at, %s),"
                         " finished_at = COALESCE(%s, finished_at),"
-                        " last_sequence = %s"
+                        " last_sequence = %s, head = %s"
                         " WHERE execution_id = %s"
                     ),
-                    (pb, status or "", status or "", parent, ts, fin, next_seq[eid], eid),
+                    (pb, status or "", status or "", parent, ts, fin, next_seq[eid], heads[eid], eid),
                 )
+        for eid, seq in next_seq.items():
+            if (head := heads[eid]) is not None:
+                self._heads[eid] = (seq, head)
         return list(events)
 
     def read(self, execution_id: str, after_sequence: int = 0) -> list[Event]:
@@ -554,6 +632,18 @@ class PostgresEventStore(EventStore):
             ).fetchall()
         out = [decode_body(b, f"{execution_id}#{seq}", self.skipped) for seq, b in rows]
         return [e for e in out if e is not None]
+
+    def read_chained(self, execution_id: str) -> list[tuple[int, Event | None, bytes | None]]:
+        with self._pool.connection() as conn:
+            rows = conn.execute(
+                self._q(
+                    "SELECT sequence, body::text, hash FROM {schema}.noetl_event"
+                    " WHERE execution_id = %s ORDER BY sequence"
+                ),
+                (execution_id,),
+            ).fetchall()
+        return [(int(seq), decode_body(b, f"{execution_id}#{seq}", self.skipped),
+                 bytes(h) if h is not None else None) for seq, b, h in rows]  # fmt: skip
 
     def tail(self, after_gid: int = 0, limit: int = 1000) -> list[StoredEvent]:
         while True:  # a batch made only of bad rows must not look like the end of the log

@@ -1,8 +1,9 @@
 """Issue 14.5: one execution cannot poison the store. A workload holding a lone
 surrogate is stored safely (read back with U+FFFD); a corrupt row written into
 the table directly is skipped and reported by every reader (read, tail,
-iter_all), so events/replay of the execution and the lineage export of every
-execution keep working. SQLite and Postgres, real databases."""
+iter_all), so events of the execution, replay of every other one and the lineage
+export of every execution keep working (the execution's own replay is refused: rows written around
+the store break its hash chain, issue 41). SQLite and Postgres, real databases."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import uuid
 import psycopg
 import pytest
 
+from noetl_dagster.engine.chain import ChainBroken
 from noetl_dagster.engine.replay import replay
 from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.storage.event_stores import open_event_store
@@ -120,14 +122,23 @@ def test_surrogate_workload_and_corrupt_rows_do_not_poison_the_store(tmp_path, s
         assert len(store.skipped) >= 2, "bad rows are reported"
         all_ids = {s.event.execution_id for s in store.iter_all(batch=1)}
         assert {bad.execution_id, good.execution_id} <= all_ids, "tail goes on past bad rows"
-        assert replay(store, bad.execution_id).status == "completed"
+        # rows written around the store break the execution's hash chain (issue 41): its replay is
+        # refused at the first of them, every other reader and execution goes on
+        with pytest.raises(ChainBroken) as refused:
+            replay(store, bad.execution_id)
+        assert refused.value.sequence == 1000
+        assert replay(store, good.execution_id).status == "completed"
     finally:
         store.close()
 
     common = ["--event-store", store_url, "--data-dir", str(tmp_path)]
-    for cmd in (["events", bad.execution_id, "--json"], ["replay", bad.execution_id, "--json"]):
-        r = _cli(*cmd, *common, tmp_path=tmp_path)
-        assert r.returncode == 0, (cmd, r.stdout[-500:], r.stderr[-2000:])
+    r = _cli("events", bad.execution_id, "--json", *common, tmp_path=tmp_path)
+    assert r.returncode == 0, (r.stdout[-500:], r.stderr[-2000:])
+    r = _cli("replay", bad.execution_id, "--json", *common, tmp_path=tmp_path)
+    assert r.returncode == 1 and "altered at sequence 1000" in r.stderr, r.stderr[-2000:]
+    assert [x for x in r.stderr.splitlines() if x.startswith("error:")] == r.stderr.splitlines()[-1:]
+    r = _cli("replay", good.execution_id, "--json", *common, tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
     out = tmp_path / "lineage.jsonl"
     r = _cli(
         "lineage",
