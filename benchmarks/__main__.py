@@ -37,6 +37,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "bench_noetl_local": ["--steps", "200"],
     "bench_python_task": ["--steps", "500", "--repeat", "3", "--cycle", "1,500"],
     "bench_explain": ["--items", "20000"],
+    "bench_sandbox": ["--tasks", "5", "--repeat", "2"],
     "bench_payload_stores": ["--mb", "16", "--object-mb", "8", "--repeat", "1"],
 }
 QUICK_ENV = {"NOETL_BENCH_EXECUTIONS": "30"}  # bench_throughput: executions per worker

@@ -1,0 +1,102 @@
+"""The OS sandbox's cost per task (issue 41 part 1a, tools/sandbox.py).
+
+    python -m benchmarks.bench_sandbox [--tasks N] [--repeat R]
+
+1. A python task in a child process, unsandboxed (``spec: {isolation: process}``) vs sandboxed
+   (``executor.spec.isolation: sandbox``: bubblewrap, own uid, no network, rlimits), each a playbook
+   of N such tasks in a chain, run in this process on a fresh embedded store, interleaved; the
+   median ms per task of each, the overhead (sandboxed - unsandboxed) and the ratio.
+2. The bare launcher: ``/bin/true`` started with Popen directly vs confined (sh + bwrap + setpriv
+   when root + prlimit); median ms per process and the ratio.
+
+Exits 0 (figures only; no target was set for this overhead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def chain(n: int, sandboxed: bool) -> dict[str, Any]:
+    """N python tasks, one per step, start -> s1 -> ... -> s<N-1>."""
+    spec = {} if sandboxed else {"spec": {"isolation": "process"}}
+    names = ["start", *(f"s{i}" for i in range(1, n))]
+    steps: list[dict[str, Any]] = []
+    for i, name in enumerate(names):
+        step: dict[str, Any] = {"step": name, "tool": {"kind": "python", "code": f"result = {i}", **spec}}
+        if i + 1 < n:
+            step["next"] = {"arcs": [{"step": names[i + 1]}]}
+        steps.append(step)
+    doc: dict[str, Any] = {"apiVersion": "noetl.io/v2", "kind": "Playbook",
+                           "metadata": {"name": "bench_sandbox", "path": "bench/sandbox"}, "workflow": steps}  # fmt: skip
+    if sandboxed:
+        doc["executor"] = {"spec": {"isolation": "sandbox"}}
+    return doc
+
+
+def run_once(doc: dict[str, Any]) -> float:
+    from noetl_dagster.dsl import load_playbook_dict
+    from noetl_dagster.runners.local import run_playbook
+
+    pb = load_playbook_dict(doc)
+    with tempfile.TemporaryDirectory(prefix="bench-sandbox-") as tmp:
+        t0 = time.perf_counter()
+        res = run_playbook(pb, None, event_store=f"sqlite:///{tmp}/e.db", data_dir=Path(tmp) / "home")
+        dt = time.perf_counter() - t0
+    if res.status != "completed":
+        raise SystemExit(f"bench_sandbox: the playbook ended {res.status}: {res.results}")
+    return dt
+
+
+def launcher(repeat: int) -> tuple[float, float]:
+    from noetl_dagster.tools import sandbox
+
+    plain: list[float] = []
+    boxed: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="bench-sandbox-") as tmp:
+        box = sandbox.confine(["/bin/true"], scratch=sandbox.scratch_dir(tmp, "bench"), execution_id="bench")
+        for _ in range(repeat):
+            for argv, env, out in ((["/bin/true"], None, plain), (box.argv, box.env, boxed)):
+                t0 = time.perf_counter()
+                subprocess.run(argv, env=env, check=True)
+                out.append(time.perf_counter() - t0)
+    return statistics.median(plain) * 1000, statistics.median(boxed) * 1000
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tasks", type=int, default=20)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    from noetl_dagster.tools import sandbox
+
+    if not sandbox.available():
+        print(
+            f"bench_sandbox: the sandbox is unavailable here ({sandbox.unavailable_reason()}); nothing measured"
+        )
+        return
+    n = args.tasks
+    run_once(chain(2, True))  # warm: imports, the availability probe
+    plain: list[float] = []
+    boxed: list[float] = []
+    for _ in range(args.repeat):
+        plain.append(run_once(chain(n, False)) / n)
+        boxed.append(run_once(chain(n, True)) / n)
+    p, b = statistics.median(plain) * 1000, statistics.median(boxed) * 1000
+    print(f"python task in a child process, {n} tasks x {args.repeat} (median ms/task):")
+    print(f"  unsandboxed (isolation: process) {p:8.1f} ms")
+    print(f"  sandboxed   (bubblewrap)         {b:8.1f} ms")
+    print(f"  overhead {b - p:+.1f} ms/task, ratio sandboxed/unsandboxed {b / p:.2f}x")
+    lp, lb = launcher(max(5, args.repeat * 5))
+    print(f"bare launcher, /bin/true: direct {lp:.1f} ms, confined {lb:.1f} ms "
+          f"(overhead {lb - lp:+.1f} ms, ratio {lb / lp:.1f}x)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
