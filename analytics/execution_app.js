@@ -135,7 +135,8 @@ function details(run) {
   rows.push(el("div", `input: ${run.args.preview !== undefined ? run.args.preview : JSON.stringify(run.args.ref)}`));
   if (run.result) rows.push(el("div", run.result.ref ? `result reference: ${run.result.ref.uri} (${run.result.ref.size} bytes, checksum ${run.result.checksum})`
     : `result: ${run.result.preview}${run.result.truncated ? " …" : ""} (checksum ${run.result.checksum})`));
-  if (run.error) rows.push(el("div", `error: ${run.error.message || JSON.stringify(run.error)}` + (run.line ? `  at ${d.execution.file || ""}:${run.line}` : ""), "err"));
+  const at = run.error_line || run.line;  // the raising line (engine/error_location.py), else the step's
+  if (run.error) rows.push(el("div", `error: ${run.error.message || JSON.stringify(run.error)}` + (at ? `  at ${d.execution.file || ""}:${at}` : ""), "err"));
   if (run.fired.length) rows.push(el("div", "fired: " + run.fired.map((f) => `arc ${f.arc} -> ${f.step}`).join(", ")));
   if (run.sub_executions.length) {
     const p = el("div", "sub-playbooks: ");
@@ -224,7 +225,10 @@ async function diffPage() {
     const line = d.lines.a[f.step] || d.lines.b[f.step];
     if (line) lines.push(el("div", `playbook line: ${d.a.file || d.b.file || ""}:${line}`));
     (f.when || []).forEach((w, i) => lines.push(el("div", `arc ${i} when: ${w === null ? "(always)" : w}`)));
-    for (const side of ["a", "b"]) if (f[side + "_error"]) lines.push(el("div", `${side.toUpperCase()} error: ${f[side + "_error"].message || ""}`));
+    for (const side of ["a", "b"]) if (f[side + "_error"]) {
+      const at = f[side + "_error_line"];
+      lines.push(el("div", `${side.toUpperCase()} error: ${f[side + "_error"].message || ""}` + (at ? `  at ${d[side].file || ""}:${at}` : "")));
+    }
   }
   box.replaceChildren(...lines);
   box.dataset.kind = f ? f.kind : "none";

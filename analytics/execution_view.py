@@ -18,6 +18,7 @@ from datetime import date, timedelta
 from typing import Any
 
 from analytics.dashboard_access import TenantScope
+from noetl_dagster.engine.error_location import error_line
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.execution_diff import diff as diff_events
 from noetl_dagster.engine.explain import Explainer, Explanation, UnknownExecution
@@ -177,7 +178,7 @@ class ExecutionViews:
         if request is None and isinstance(seq, int):
             request = next(iter(self._range(execution_id)(seq - 1, seq)), None)
         pb, why = playbook_of([request] if request is not None else [])
-        folder.lines = step_lines(pb)
+        folder.lines, folder.playbook = step_lines(pb), pb
         exp = folder.result(self._pricing(), self._range(execution_id))
         page = exp.data
         page["graph"] = playbook_graph(pb, page["arcs"])
@@ -216,4 +217,10 @@ class ExecutionViews:
                 for s in (pa or pb).workflow} if (pa or pb) else None  # fmt: skip
         out = diff_events(ea, eb, when=when, changed=changed_steps(pa, pb))
         out["lines"] = {"a": step_lines(pa), "b": step_lines(pb)}
+        f = out["first"]
+        for side, p in (
+            (("a", pa), ("b", pb)) if f else ()
+        ):  # each side's error: one rule with Dagster, explain
+            at = f.get(f"{side}_error_at")
+            f[f"{side}_error_line"] = error_line(p, f["step"], *at) if at else None
         return out

@@ -118,7 +118,8 @@ def _run_line(r: dict[str, Any], file: str, cur: str) -> str:
         parts.append(f"skipped: {_text(r['reason'])}")
     line = "  ".join(parts)
     if r["error"]:
-        where = f" ({_text(file, 300)}:{r['line']})" if r["line"] else ""
+        at = r.get("error_line") or r["line"]
+        where = f" ({_text(file, 300)}:{at})" if at else ""
         line += f"\n{'':>21}error: {_text(r['error'].get('message') or r['error'], 120)}{where}"
     return line
 
@@ -168,6 +169,8 @@ def diff(
             click.echo(f"  {label}.{_text(k)}: A {_text(v['a'])}  B {_text(v['b'])}")
     for side in ("a", "b"):
         if f[f"{side}_error"]:
+            at = f.get(f"{side}_error_line")
+            where = f" ({_text(d[side]['file'] or '', 300)}:{at})" if at else ""
             click.echo(
-                f"  {side.upper()} error: {_text(f[f'{side}_error'].get('message') or f[f'{side}_error'], 120)}"
+                f"  {side.upper()} error: {_text(f[f'{side}_error'].get('message') or f[f'{side}_error'], 120)}{where}"
             )

@@ -71,6 +71,16 @@ def error_line(
     return line
 
 
+def run_error_line(pb: Playbook | None, run: Mapping[str, Any]) -> int | None:
+    """:func:`error_line` of an explained step run (``explain``'s run row): its last failed attempt's task
+    and raising line; None when the run did not fail."""
+    if pb is None or not run.get("error"):
+        return None
+    failed = [a for a in run.get("attempts") or () if a.get("status") == "error"]
+    last = failed[-1] if failed else {}
+    return error_line(pb, str(run.get("step") or ""), last.get("task"), last.get("code_line"))
+
+
 def source_lines(pb: Playbook) -> Mapping[tuple[Any, ...], int] | None:
     if not pb.source_file:
         return None

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from noetl_dagster.engine.error_location import code_frame
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.explain import UnknownExecution, checksum
 
@@ -30,7 +31,7 @@ KINDS = ("arc", "status", "retries", "result")
 
 class _Act:
     __slots__ = ("step", "k", "seq", "decided", "fired", "status", "retries", "checksum", "ctx", "args", "error",
-                 "result_seq", "retry_seq", "tasks")  # fmt: skip
+                 "result_seq", "retry_seq", "tasks", "error_at")  # fmt: skip
 
     def __init__(self, step: str, k: int, seq: int | None, args: Any):
         self.step, self.k, self.seq, self.args = step, k, seq, args
@@ -38,6 +39,7 @@ class _Act:
         self.fired: list[str] | None = None
         self.status, self.retries, self.checksum, self.error = "running", 0, None, None
         self.ctx: dict[str, Any] = {}
+        self.error_at: tuple[Any, int | None] | None = None  # (task, raising line in its code) of its failure
         self.tasks: list[tuple[Any, int]] = []  # ((task, iteration, attempt, status), sequence) per task.done
 
     def value(self, kind: str) -> Any:
@@ -86,6 +88,8 @@ def activations(events: Iterable[Event]) -> tuple[list[_Act], dict[str, Any], di
         elif (a := by_run.get(ev.step_run_id or "")) is not None:
             if name == "task.done":
                 a.tasks.append(((d.get("task"), ev.iteration, ev.attempt or 1, ev.status), ev.sequence))
+                if ev.status == "error":
+                    a.error_at = (d.get("task"), code_frame(d.get("outcome")))
             if name == "task.done" and (ev.attempt or 1) > 1:
                 a.retries += 1
                 a.retry_seq = a.retry_seq or ev.sequence
@@ -194,6 +198,7 @@ def _divergence(kind: str, a: _Act | None, b: _Act | None, info_a: dict[str, Any
         **{f"{n}_value": (s.value(kind) if s else None) for n, s in side.items()},
         **{f"{n}_sequence": (s.seq_of(kind) if s else None) for n, s in side.items()},
         **{f"{n}_error": (s.error if s else None) for n, s in side.items()},
+        **{f"{n}_error_at": (s.error_at if s and s.error else None) for n, s in side.items()},
         "when": (when or {}).get(x.step),
     }  # fmt: skip
     if kind == "arc" and a is not None and b is not None:

@@ -28,6 +28,7 @@ from datetime import datetime
 from operator import attrgetter
 from typing import Any
 
+from noetl_dagster.engine.error_location import code_frame, run_error_line
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.usage_lines import _REF_EVENTS, _TERMINAL, BilledRefs
 from noetl_dagster.util.jsonutil import dumps, loads, sorted_json
@@ -359,6 +360,7 @@ class Explainer:
 
     def __init__(self, lines: dict[str, int] | None = None):
         self.lines = lines or {}
+        self.playbook: Any = None  # the loaded playbook, when the caller has it: where each failure is
         self.runs: dict[str, _Run] = {}
         self.order: list[_Run] = []
         self.arcs: dict[tuple[str, int, str], int] = {}
@@ -502,6 +504,7 @@ class Explainer:
         out_runs = [r.out(t0, price) for r in self.order]
         for r in out_runs:
             r["line"] = self.lines.get(r["step"])
+            r["error_line"] = run_error_line(self.playbook, r)  # one rule with Dagster and diff
         platform_cost = price(self.ledger) if price is not None and self.ledger else 0.0
         ex["platform_cost"] = round(platform_cost, 9)
         loops = {r.step_run_id or "": r.loop for r in self.order if r.loop is not None}
@@ -513,16 +516,19 @@ class Explainer:
 
 
 def explain(events: Iterable[Event], *, price: LedgerPrice | None = None,
-            lines: dict[str, int] | None = None) -> Explanation:  # fmt: skip
+            lines: dict[str, int] | None = None, playbook: Any = None) -> Explanation:  # fmt: skip
     """The execution's runs, loops, arcs and totals (see the module doc); ``lines``: step -> line
-    in the playbook file, when the caller could load it. UnknownExecution for an empty log."""
+    in the playbook file, ``playbook``: the loaded playbook (each failed run's ``error_line``), when the
+    caller could load it. UnknownExecution for an empty log."""
     evs = list(events)
     seqs = [e.sequence or 0 for e in evs]
 
     def read_range(after: int, until: int) -> list[Event]:
         return evs[bisect_right(seqs, after) : bisect_right(seqs, until)]
 
-    return Explainer(lines).feed(evs).result(price, read_range)
+    folder = Explainer(lines)
+    folder.playbook = playbook
+    return folder.feed(evs).result(price, read_range)
 
 
 def _execution_event(ex: dict[str, Any], name: str, d: dict[str, Any], ev: Event) -> None:
@@ -557,6 +563,7 @@ def _task_done(run: _Run, ev: Event, d: dict[str, Any], t: float) -> None:
         "task": d.get("task"), "kind": d.get("kind"), "attempt": ev.attempt or meta.get("attempt") or 1,
         "status": ev.status, "start": start, "end": t, "duration_ms": meta.get("duration_ms"),
         "directive": d.get("directive"), "error": _error_of(outcome),
+        "code_line": code_frame(outcome),  # the raising line in an inline code block (error_location)
     })  # fmt: skip
 
 

@@ -24,6 +24,7 @@ from conftest import PLAYBOOKS
 
 from analytics.execution_view import ExecutionViews
 from noetl_dagster.engine.explain import explain
+from noetl_dagster.engine.explain_playbook import playbook_of
 from noetl_dagster.engine.explain_summary import WRITE_EVERY, rebuild, state_rows
 from noetl_dagster.runners.local import resume_execution, run_playbook
 from noetl_dagster.storage.events import SqliteEventStore
@@ -92,7 +93,8 @@ def test_the_summary_equals_a_rebuild_for_finished_and_failed_runs(store_url, ho
             assert views.rebuilt == (0 if name == "loop" else 1 + (name == "retries"))
             assert _rows(store, eid) == _rebuilt(store, eid)  # the short ones: written back
             lines = {r["step"]: r["line"] for r in page["runs"]}
-            whole = explain(store.read(eid), price=views._pricing(), lines=lines).data  # noqa: SLF001
+            whole = explain(store.read(eid), price=views._pricing(), lines=lines,  # noqa: SLF001
+                      playbook=playbook_of(store.read(eid))[0]).data  # fmt: skip
             assert [page[k] for k in ("runs", "arcs", "totals", "steps")] == [
                 whole[k] for k in ("runs", "arcs", "totals", "steps")
             ]
@@ -245,7 +247,8 @@ def test_a_short_execution_folds_nothing_at_append_and_a_late_event_is_read(stor
         page = views.explain(eid)
         assert views.rebuilt == 1 and page["execution"]["events"] == len(events) + 1
         lines = {r["step"]: r["line"] for r in page["runs"]}
-        whole = explain(store.read(eid), price=views._pricing(), lines=lines).data  # noqa: SLF001
+        whole = explain(store.read(eid), price=views._pricing(), lines=lines,  # noqa: SLF001
+                      playbook=playbook_of(store.read(eid))[0]).data  # fmt: skip
         assert [page[k] for k in ("runs", "arcs", "totals", "steps")] == [
             whole[k] for k in ("runs", "arcs", "totals", "steps")
         ]
