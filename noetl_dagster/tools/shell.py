@@ -194,7 +194,10 @@ def run_commands(
     # the OS sandbox (tools/sandbox.py): its own uid, files, network (the egress proxy), limits
     from noetl_dagster.tools import sandbox as os_sandbox  # noqa: PLC0415
 
-    declared = {k: v for k, v in env.items() if k not in ("PATH", "HOME", "TMPDIR", "LANG")}
+    declared = _env({"env": inputs.get("env")}, cwd, True)  # only the declared env (never the worker's,
+    for k in ("PATH", "HOME", "TMPDIR", "LANG"):  # even under `sandbox: false`), the sandbox sets these
+        if k not in (inputs.get("env") or {}):
+            declared.pop(k, None)
     with os_sandbox.task_egress(ctx) as proxy:
         boxes = [os_sandbox.task_command(ctx, argv, scratch, env=declared, cwd=str(cwd), proxy_socket=proxy)
                  for argv in programs]  # fmt: skip

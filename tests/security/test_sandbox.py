@@ -13,6 +13,7 @@ import ast
 import http.server
 import json
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -308,3 +309,118 @@ def test_generated_shell_reaches_its_allow_hosts_through_the_egress_proxy(world)
     assert res.status == "completed", res.results
     out = res.results["start"]["stdout"]
     assert out.startswith("hello-from-allowed\n") and "403" in out and "hello-from-denied" not in out, out
+
+
+MCP_SERVER = """
+import os
+from mcp.server.mcpserver import MCPServer
+app = MCPServer("probe")
+
+@app.tool()
+def probe(path: str) -> str:
+    try:
+        return "READ " + open(path).read(100)
+    except OSError as e:
+        return type(e).__name__ + " uid=" + str(os.getuid())
+
+app.run()
+"""
+
+
+def test_a_generated_mcp_stdio_server_runs_in_the_sandbox(world):
+    task = {"m": {"kind": "mcp", "command": sys.executable, "args": ["-c", MCP_SERVER], "tool": "probe",
+                  "arguments": {"path": world.paths["keychain"]}}}  # fmt: skip
+    res, _ = world.run(_generated(task, ["mcp"]))
+    assert res.status == "completed", res.results
+    text = res.results["start"]["text"]
+    assert text.startswith("FileNotFoundError") and SECRET not in text, text
+
+
+def test_a_timed_out_sandboxed_command_leaves_no_process_behind(world):
+    marker = "sleep 4141"
+    task = {"sh": {"kind": "shell", "command": marker, "timeout_seconds": 1}}
+    res, events = world.run(_generated(task, ["shell"]))
+    assert res.status == "failed" and _error(events)["kind"] == "timeout"
+    # --die-with-parent: killing bwrap (the timeout) takes the sandboxed process with it
+    for _ in range(50):
+        left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p) == marker]
+        if not left:
+            break
+        threading.Event().wait(0.1)
+    assert not left
+
+
+def _cmdline(p: Path) -> str:
+    try:
+        return (p / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
+
+
+def test_executor_spec_isolation_is_validated(tmp_path):
+    import yaml
+
+    from noetl_dagster.dsl.files import check_file_with_warnings
+
+    doc = _authored({"p": {"kind": "python", "code": "result = 1"}})
+    path = tmp_path / "pb.yaml"
+    for value, ok in (("sandbox", True), ("jail", False)):
+        doc["executor"]["spec"]["isolation"] = value
+        path.write_text(yaml.safe_dump(doc))
+        _, issues, _ = check_file_with_warnings(path)
+        assert ("executor-isolation" not in {i.rule for i in issues}) is ok, [str(i) for i in issues]
+
+
+NON_ROOT = """
+import json, os, subprocess, sys
+sys.path[:0] = json.loads(sys.argv[1])
+from noetl_dagster.tools import sandbox
+home = sys.argv[2]
+secret = os.path.join(home, 'worker-own.txt')
+open(secret, 'w').write('worker-own-file')
+box = sandbox.confine(['/bin/sh', '-c', 'id -u; cat %s || true; echo mine > f; cat f' % secret],
+                      scratch=sandbox.scratch_dir(os.path.join(home, 'x'), 'e1'), execution_id='e1')
+r = subprocess.run(box.argv, env=box.env, cwd=box.cwd, capture_output=True, text=True)
+print(json.dumps({'uid': os.getuid(), 'rc': r.returncode, 'out': r.stdout, 'err': r.stderr, 'box_uid': box.uid}))
+"""
+
+
+def test_a_non_root_worker_is_confined_by_the_user_namespace():
+    """A worker that is not root keeps its uid outside (bwrap's user namespace is the confinement):
+    its own files, readable to it, are still out of the sandbox's sight. Run as root (CI), the worker
+    is started as uid 65534 with the system python (the venv's python may sit under /root)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    site = [str(REPO), *(p for p in sys.path if p.endswith("site-packages"))]
+    if os.geteuid() == 0:
+        python = shutil.which("python3", path="/usr/bin:/bin")  # a python the unprivileged uid can run
+        assert python, "a system python3 (Debian python3) is needed to run the worker as another uid"
+        prefix, worker = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python], 65534
+    else:
+        prefix, worker = [sys.executable], os.geteuid()
+    home = tempfile.mkdtemp(prefix="noetl-nonroot-")
+    try:
+        os.chmod(home, 0o755)
+        if os.geteuid() == 0:
+            os.chown(home, worker, worker)
+        r = subprocess.run([*prefix, "-I", "-c", NON_ROOT, json.dumps(site), home], capture_output=True,
+                           text=True, env={"PATH": "/usr/bin:/bin"}, cwd="/", timeout=120)  # fmt: skip
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert out["uid"] == worker and out["box_uid"] == worker and out["rc"] == 0, out
+    lines = out["out"].split()
+    assert lines[0] == str(sandbox.sandbox_uid("e1")) and "worker-own-file" not in out["out"], out
+    assert lines[-1] == "mine", out
+
+
+def test_sandbox_false_under_a_sandbox_policy_passes_no_worker_variable(world, monkeypatch):
+    monkeypatch.setenv("SOME_API_TOKEN", SECRET)
+    task = {"sh": {"kind": "shell", "command": "env", "sandbox": False, "env": {"MINE": "declared"}}}
+    res, _ = world.run(_authored(task))
+    assert res.status == "completed", res.results
+    out = res.results["start"]["stdout"]
+    assert "MINE=declared" in out and SECRET not in out and "SOME_API_TOKEN" not in out, out
