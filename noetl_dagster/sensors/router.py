@@ -54,6 +54,7 @@ from noetl_dagster.resources.runtime import (
     attach,
     work_steps,
 )
+from noetl_dagster.translator.declare import workload_partition_key
 
 log = logging.getLogger("noetl_dagster.router")
 
@@ -72,9 +73,12 @@ class Launch:
     run_key: str
     reason: str
     tags: dict[str, str] = field(default_factory=dict)
+    partition_key: str | None = None  # a partitioned playbook's main job: the execution's partition
 
     def run_request(self) -> dg.RunRequest:
-        return dg.RunRequest(run_key=self.run_key, job_name=self.job_name, tags=self.tags)
+        return dg.RunRequest(
+            run_key=self.run_key, job_name=self.job_name, tags=self.tags, partition_key=self.partition_key
+        )
 
 
 @dataclass
@@ -305,7 +309,12 @@ def _plan_execution(
         reason = (
             "detached request" if not runs else ("finish" if needs_finish and not main_work else "resume")
         )
-        launches.append(Launch(eid, compiled.job_name, f"{eid}:{st.sequence}", reason, dict(base_tags)))
+        pkey = (
+            workload_partition_key(compiled.playbook, st.workload)
+            if compiled.playbook.dagster.partitions
+            else None
+        )
+        launches.append(Launch(eid, compiled.job_name, f"{eid}:{st.sequence}", reason, dict(base_tags), pkey))
     if not launches and not live and not eng.is_done() and not _any_runnable(eng, separate):
         notes.append(f"execution {eid}: pending tokens but nothing runnable (waiting joins); not launched")
     for launch in launches:

@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from noetl_dagster.resources.runtime import TAG_STEP, json_safe
 from noetl_dagster.translator.assets import playbook_assets
 from noetl_dagster.translator.cache import load_playbook_cached
 from noetl_dagster.translator.checks import playbook_checks
-from noetl_dagster.translator.declare import partitions_def, with_partition_metadata
+from noetl_dagster.translator.declare import partitions_def, schedule_partition_keys, with_partition_metadata
 from noetl_dagster.translator.frames import loop_dependencies, make_loop_ops
 from noetl_dagster.translator.ops import RESOURCE_KEY, make_node_op, make_start_op, output_name
 from noetl_dagster.translator.plan import MODES, JobPlan, Node, plan_job
@@ -45,6 +45,7 @@ from noetl_dagster.translator.translator import (
     NoetlNodeData,
     NoetlOpSpec,
     NoetlPlaybookData,
+    NoetlScheduleSpec,
     NoetlStepData,
     NoetlTranslator,
     declared_assets,
@@ -623,22 +624,7 @@ def _compile_one(pb: Playbook, data: NoetlPlaybookData, translator: NoetlTransla
     c.jobs = jobs
 
     for sspec in translator.get_schedule_specs(data):
-        c.schedules.append(
-            dg.ScheduleDefinition(
-                name=sspec.name,
-                cron_schedule=sspec.cron_schedule,
-                job=jobs[0],
-                execution_timezone=sspec.execution_timezone,
-                run_config={
-                    "ops": {start_node: {"config": {"workload_json": json.dumps(dict(sspec.workload))}}}
-                },
-                tags=dict(sspec.tags),
-                description=sspec.description,
-                default_status=dg.DefaultScheduleStatus.RUNNING
-                if sspec.running
-                else dg.DefaultScheduleStatus.STOPPED,
-            )
-        )
+        c.schedules.append(schedule_for(sspec, jobs[0], start_node))
     for sd in step_data.values():
         for asset in declared_assets(sd):
             spec = translator.get_asset_spec(asset)
@@ -651,6 +637,34 @@ def _compile_one(pb: Playbook, data: NoetlPlaybookData, translator: NoetlTransla
         c.asset_op = translator.get_asset_op_spec(data)
         _check_names([c.asset_op.name], pb)
     return c
+
+
+def schedule_for(sspec: NoetlScheduleSpec, job: dg.JobDefinition, start_node: str) -> dg.ScheduleDefinition:
+    """A schedule of the playbook's job. On a partitioned job each tick requests partitions, as
+    ``dg.build_schedule_from_partitioned_job`` does (``declare.schedule_partition_keys``: the last
+    complete time partition, or every static key), so the key reaches the workload as a launchpad
+    partition run's does; the run key is the partition, so a tick never runs one twice."""
+    run_config = {"ops": {start_node: {"config": {"workload_json": json.dumps(dict(sspec.workload))}}}}
+    status = dg.DefaultScheduleStatus.RUNNING if sspec.running else dg.DefaultScheduleStatus.STOPPED
+    parts = job.partitions_def
+    if parts is None:
+        return dg.ScheduleDefinition(
+            name=sspec.name, cron_schedule=sspec.cron_schedule, job=job, execution_timezone=sspec.execution_timezone,
+            run_config=run_config, tags=dict(sspec.tags), description=sspec.description, default_status=status,
+        )  # fmt: skip
+    tags = dict(sspec.tags)
+
+    def _tick(context: dg.ScheduleEvaluationContext) -> Iterator[dg.RunRequest | dg.SkipReason]:
+        keys = schedule_partition_keys(parts, context.scheduled_execution_time)
+        if not keys:
+            yield dg.SkipReason(f"{job.name}: no complete partition yet at this tick")
+        for k in keys:
+            yield dg.RunRequest(run_key=k, partition_key=k, run_config=run_config, tags=tags)
+
+    return dg.ScheduleDefinition(
+        name=sspec.name, cron_schedule=sspec.cron_schedule, job=job, execution_timezone=sspec.execution_timezone,
+        execution_fn=_tick, description=sspec.description, default_status=status,
+    )  # fmt: skip
 
 
 def launch_config(pb: Playbook, start_op: str) -> dict[str, Any]:

@@ -7,7 +7,7 @@ validated by ``dsl.outputs``); the translator and the asset builder both use the
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import dagster as dg
@@ -33,6 +33,31 @@ def partitions_def(pb: Playbook) -> dg.PartitionsDefinition | None:
     if p.kind == "hourly" and len(start) == 10:
         start += "-00:00"
     return cls(start_date=start, timezone=p.timezone, end_offset=p.end_offset)
+
+
+def schedule_partition_keys(parts: dg.PartitionsDefinition, when: datetime | None) -> list[str]:
+    """The partitions one schedule tick at ``when`` runs, as ``dg.build_schedule_from_partitioned_job``
+    picks them: a time partition the last complete one (a daily schedule at 02:00 runs yesterday; an
+    ``end_offset`` moves it), static partitions every key (one run each)."""
+    with dg.partition_loading_context(effective_dt=when):
+        if isinstance(parts, dg.TimeWindowPartitionsDefinition):
+            last = parts.get_last_partition_key()
+            return [last] if last else []
+        return list(parts.get_partition_keys())
+
+
+def workload_partition_key(pb: Playbook, workload: Mapping[str, Any]) -> str | None:
+    """The partition an execution's workload names (``workload.<workload_key>``) when it is one of the
+    playbook's keys; None for a range label or a value outside the partitions."""
+    parts = partitions_def(pb)
+    key = workload.get(pb.dagster.partitions.workload_key) if parts is not None else None  # type: ignore[union-attr]
+    if not isinstance(key, str) or RANGE_SEP in key:
+        return None
+    try:
+        with dg.partition_loading_context(effective_dt=datetime.now(UTC)):  # a day not yet over counts too
+            return key if parts.has_partition_key(key) else None  # type: ignore[union-attr]
+    except Exception:  # noqa: BLE001 - a value of another shape is no key
+        return None
 
 
 def backfill_policy(pb: Playbook) -> dg.BackfillPolicy | None:

@@ -200,8 +200,12 @@ def workload_overrides(pb: Playbook, cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _nominal_time(context: Any) -> str | None:
-    """A scheduled run's nominal time (ISO 8601), from the tag Dagster's scheduler sets."""
-    return context.dagster_run.tags.get("dagster/scheduled_execution_time") or None
+    """A scheduled run's nominal time (ISO 8601), from the tag Dagster's scheduler sets (hidden,
+    ``.dagster/...``, since Dagster 1.x; the visible spelling is still read)."""
+    tags = context.dagster_run.tags
+    return (
+        tags.get(".dagster/scheduled_execution_time") or tags.get("dagster/scheduled_execution_time") or None
+    )
 
 
 def make_start_op(

@@ -349,6 +349,12 @@ class NoetlTranslator:
                     f"supported: {sorted(SCHEDULE_KEYS)}"
                 )
             cron = raw.get("cron", raw.get("cron_schedule"))
+            parts = partitions_def(data.playbook)
+            timed = parts if isinstance(parts, dg.TimeWindowPartitionsDefinition) else None
+            if (
+                not cron and timed is not None
+            ):  # the partitions' cadence, as build_schedule_from_partitioned_job
+                cron = timed.get_cron_schedule()
             if not cron:
                 raise ValueError(f"{data.path}: executor.spec.schedule needs `cron`")
             workload = raw.get("workload") or {}
@@ -363,7 +369,7 @@ class NoetlTranslator:
                 NoetlScheduleSpec(
                     name=f"{data.job_name}__{suffix}",
                     cron_schedule=cron,
-                    execution_timezone=raw.get("timezone"),
+                    execution_timezone=raw.get("timezone") or (timed.timezone if timed is not None else None),
                     workload=dict(workload),
                     description=raw.get("description") or f"Runs {data.path} on `{cron}`",
                     tags={str(k): str(v) for k, v in (raw.get("tags") or {}).items()},
