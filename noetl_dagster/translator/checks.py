@@ -29,13 +29,18 @@ import dagster as dg
 
 from noetl_dagster.dsl.model import OutputCheck, Playbook
 from noetl_dagster.dsl.templates import TemplateError, template_env
+from noetl_dagster.engine import events as E
+from noetl_dagster.resources.runtime import TAG_EXECUTION
 from noetl_dagster.translator.declare import partitions_def
+from noetl_dagster.translator.failures import step_failure
 from noetl_dagster.translator.versions import (
     RESOURCE_KEY,
     StoredVersion,
     previous_version,
     recorded_or_registered,
 )
+
+STEP_CHECK = "step_succeeded"  # a check on every table a step stores: fails when the step failed
 
 if TYPE_CHECKING:  # pragma: no cover
     from noetl_dagster.resources.noetl import NoetlResource
@@ -63,15 +68,89 @@ def playbook_checks(
                     key.name, asset=spec.key, blocking=chk.blocking, description=chk.description or describe(chk),
                     metadata={"noetl/check": chk.kind, "noetl/playbook": c.path},
                 ))  # fmt: skip
+        steps: dict[dg.AssetKey, list[str]] = {}  # step_succeeded: the steps storing each owned table
+        for step in c.playbook.workflow:
+            for key in step_tables(c.playbook, step.name):
+                if key in owned and key in {a.key for a in c.assets}:
+                    steps.setdefault(key, []).append(step.name)
+        for key, names in steps.items():
+            if dg.AssetCheckKey(key, STEP_CHECK) in declared:
+                continue
+            specs.append(dg.AssetCheckSpec(
+                STEP_CHECK, asset=key, blocking=False, description=f"Fails when step {', '.join(names)} (which "
+                "stores this table) failed and an arc routed the failure on: the run and the execution still "
+                "complete, the table was not written.", metadata={"noetl/check": STEP_CHECK, "noetl/playbook": c.path},
+            ))  # fmt: skip
         if specs:
-            out.append(_checks_def(c, specs, declared))
+            out.append(_checks_def(c, specs, declared, steps))
     return out
+
+
+def step_tables(pb: Playbook, step: str) -> list[dg.AssetKey]:
+    """The tables a step stores under a literal ``noetl://`` URI (a write task's ``uri``, its ``outputs``)."""
+    st = pb.steps.get(step)
+    if st is None:
+        return []
+    uris = [t.config.get("uri") for t in st.tool if str(t.config.get("op") or "write") == "write"]
+    uris += [o.uri for o in st.outputs]
+    out: list[dg.AssetKey] = []
+    for uri in uris:
+        if not isinstance(uri, str) or "{{" in uri:
+            continue
+        try:
+            key = dg.AssetKey(asset_key_for_uri(uri.split("@")[0]))
+        except InvalidLocator:
+            continue
+        if key not in out:
+            out.append(key)
+    return out
+
+
+def step_check_evaluation(key: dg.AssetKey, step: str, failure: Any = None, eid: str | None = None,
+                          message: str | None = None) -> dg.AssetCheckEvaluation:  # fmt: skip
+    """``step_succeeded`` of a table as a job op reports it: failed (severity ERROR, the user's error and
+    playbook line) when the step storing it failed and an arc routed the failure, else passed."""
+    md: dict[str, Any] = {"noetl/step": step}
+    if eid:
+        md["noetl/execution_id"] = eid
+    if failure is None and message is None:
+        return dg.AssetCheckEvaluation(asset_key=key, check_name=STEP_CHECK, passed=True, metadata=md,
+                                       description=f"step {step!r} succeeded")  # fmt: skip
+    md.update(failure.metadata() if failure is not None else {})
+    text = failure.text() if failure is not None else str(message)
+    return dg.AssetCheckEvaluation(
+        asset_key=key, check_name=STEP_CHECK, passed=False, severity=dg.AssetCheckSeverity.ERROR, metadata=md,
+        description=f"{text[:1800]}\n\nAn arc routed the failure: the execution went on without this table.",
+    )  # fmt: skip
+
+
+def _step_check(res: NoetlResource, c: CompiledPlaybook, key: dg.AssetKey, steps: list[str],
+                eid: str | None) -> dg.AssetCheckResult:  # fmt: skip
+    """``step_succeeded`` run as a check (after a Materialize, or from the Checks tab): the run's execution,
+    else the newest execution of the playbook that ran a step storing the table; its last outcome there."""
+    store = res.services().event_store
+    candidates = [eid] if eid else [x.execution_id for x in store.executions(200) if x.playbook == c.path]
+    for cand in candidates:
+        events = [e for e in store.read(cand) if e.execution_id == cand]
+        ends = [e for e in events if e.step in steps and e.name in (E.STEP_DONE, E.STEP_FAILED)]
+        if not ends:
+            continue
+        last = ends[-1]
+        if last.name == E.STEP_DONE:
+            ev = step_check_evaluation(key, last.step, eid=cand)
+        else:
+            ev = step_check_evaluation(key, last.step, step_failure(events, c.playbook, last.step), cand)
+        return dg.AssetCheckResult(asset_key=key, check_name=STEP_CHECK, passed=ev.passed, severity=ev.severity,
+                                   description=ev.description, metadata=ev.metadata)  # fmt: skip
+    return dg.AssetCheckResult(asset_key=key, check_name=STEP_CHECK, passed=True,
+                               description=f"no execution of {c.path} ran {', '.join(steps)} yet")  # fmt: skip
 
 
 def _checks_def(
     c: CompiledPlaybook,
     specs: list[dg.AssetCheckSpec],
     declared: dict[dg.AssetCheckKey, tuple[str, OutputCheck]],
+    steps: dict[dg.AssetKey, list[str]],
 ) -> dg.AssetChecksDefinition:
     @dg.multi_asset_check(
         specs=specs, name=f"{c.job_name}__checks", can_subset=True, required_resource_keys={RESOURCE_KEY},
@@ -87,6 +166,11 @@ def _checks_def(
         for key in sorted(
             context.selected_asset_check_keys, key=lambda k: (k.asset_key.to_user_string(), k.name)
         ):
+            if key not in declared:  # step_succeeded
+                yield _step_check(
+                    res, c, key.asset_key, steps[key.asset_key], context.run.tags.get(TAG_EXECUTION)
+                )
+                continue
             uri, chk = declared[key]
             evals = []
             for pk in pkeys:  # the version Dagster's materialization recorded, not the store's newest

@@ -39,7 +39,12 @@ from noetl_dagster.resources.runtime import (
     start_execution,
     work_steps,
 )
-from noetl_dagster.translator.checks import declared_check_evaluations, run_partition_keys
+from noetl_dagster.translator.checks import (
+    declared_check_evaluations,
+    run_partition_keys,
+    step_check_evaluation,
+    step_tables,
+)
 from noetl_dagster.translator.declare import partition_workload
 from noetl_dagster.translator.explain_links import execution_url, link_tags, op_summary
 from noetl_dagster.translator.failures import step_failure
@@ -613,6 +618,7 @@ def _report_outputs(
             eng.playbook, res, step, v, mat.asset_key
         ):  # the step's declared checks
             context.log_event(ev)
+    _step_outcomes(context, report, read)
     if plan is None:
         return
     pending = report.pending_steps()
@@ -624,6 +630,40 @@ def _report_outputs(
         if target.reach & pending:
             toks = [t for s in target.steps for t in tokens_by_step.get(s, [])]
             yield dg.Output(None, name, metadata={"tokens": ", ".join(toks) or "(downstream work)"})
+
+
+TAG_FAILED_STEPS = "noetl/failed_steps"  # the steps that failed while an arc routed the flow on
+TAG_HAS_FAILED_STEPS = "noetl/has_failed_steps"  # "true": filter the runs list on it
+
+
+def _step_outcomes(context: Any, report: OpReport, read: list[Any]) -> None:
+    """What the op's steps did to the tables they store (``step_succeeded``), and a failure an arc
+    routed on made visible: ERROR log with the user's line, run tags, the failed check (severity ERROR).
+    The spec completes such an execution (the run stays green); nothing about the failure is hidden."""
+    eng = report.engine
+    handled = [o for o in report.outcomes if not o.ok and not o.unhandled]
+    events: list[Any] = []
+    if handled:
+        events = (
+            read
+            if any(e.name == "step.failed" for e in read)
+            else eng.services.event_store.read(eng.execution_id)
+        )
+    failed: list[str] = []
+    for o in report.outcomes:
+        if not o.ok and o.unhandled:
+            continue  # the op fails with it (make_node_op)
+        told = step_failure(events, eng.playbook, o.step) if not o.ok else None
+        if not o.ok:
+            failed.append(o.step)
+            text = told.text() if told else f"step {o.step!r} failed: {error_text(o.error)}"
+            context.log.error(f"{text}\n(an arc routed the failure: the execution goes on; a run of "
+                              "it is green, tagged noetl/has_failed_steps=true)")  # fmt: skip
+        for key in step_tables(eng.playbook, o.step):
+            context.log_event(step_check_evaluation(key, o.step, told, eng.execution_id,
+                                                    None if o.ok else error_text(o.error)))  # fmt: skip
+    if failed:
+        run_tagger(context)({TAG_FAILED_STEPS: ",".join(dict.fromkeys(failed)), TAG_HAS_FAILED_STEPS: "true"})
 
 
 def _materializations(

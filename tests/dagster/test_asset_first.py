@@ -50,7 +50,7 @@ def test_declared_tables_materialize_with_schema_rows_bytes_and_checks(dagster_d
     )
     assert [c.name for c in daily.metadata["dagster/column_schema"].columns] == ["day", "region", "amount"]
     check_keys = {k.name for k in defs.resolve_asset_graph().asset_check_keys if k.asset_key == DAILY}
-    assert check_keys == {"row_count", "schema_drift", "freshness", "three_regions_a_day"}
+    assert check_keys == {"row_count", "schema_drift", "freshness", "three_regions_a_day", "step_succeeded"}
 
     with dg.instance_for_test() as instance:
         for _ in range(2):  # the second run: schema_drift compares with v1
@@ -273,7 +273,7 @@ def test_a_playbook_job_run_evaluates_the_declared_checks_of_what_it_stored(dags
         record = instance.event_log_storage.get_latest_asset_check_execution_by_key(
             [dg.AssetCheckKey(DAILY, "three_regions_a_day")])  # fmt: skip
     assert set(evals) == {(DAILY, n) for n in ("row_count", "schema_drift", "freshness", "three_regions_a_day")} | {
-        (TOTALS, "row_count")}  # fmt: skip
+        (TOTALS, "row_count")} | {(DAILY, "step_succeeded"), (TOTALS, "step_succeeded")}  # fmt: skip
     assert all(e.passed for e in evals.values()), {k: e.description for k, e in evals.items()}
     assert record[dg.AssetCheckKey(DAILY, "three_regions_a_day")].status.value == "SUCCEEDED"
 
