@@ -22,11 +22,13 @@ a newer version only the store knows; ``stable`` compares with the partition's p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
+from noetl_dagster.dsl.locator import InvalidLocator
 from noetl_dagster.dsl.model import OutputCheck, Playbook
 from noetl_dagster.dsl.templates import TemplateError, template_env
 from noetl_dagster.engine import events as E
@@ -36,6 +38,7 @@ from noetl_dagster.translator.failures import step_failure
 from noetl_dagster.translator.versions import (
     RESOURCE_KEY,
     StoredVersion,
+    default_asset_key,
     previous_version,
     recorded_or_registered,
 )
@@ -70,7 +73,7 @@ def playbook_checks(
                 ))  # fmt: skip
         steps: dict[dg.AssetKey, list[str]] = {}  # step_succeeded: the steps storing each owned table
         for step in c.playbook.workflow:
-            for key in step_tables(c.playbook, step.name):
+            for key in step_tables(c.playbook, step.name, c.asset_key):
                 if key in owned and key in {a.key for a in c.assets}:
                     steps.setdefault(key, []).append(step.name)
         for key, names in steps.items():
@@ -86,8 +89,11 @@ def playbook_checks(
     return out
 
 
-def step_tables(pb: Playbook, step: str) -> list[dg.AssetKey]:
-    """The tables a step stores under a literal ``noetl://`` URI (a write task's ``uri``, its ``outputs``)."""
+def step_tables(
+    pb: Playbook, step: str, asset_key: Callable[[str], dg.AssetKey] = default_asset_key
+) -> list[dg.AssetKey]:
+    """The tables a step stores under a literal ``noetl://`` URI (a write task's ``uri``, its ``outputs``),
+    keyed by ``asset_key`` (the translator's key of a URI)."""
     st = pb.steps.get(step)
     if st is None:
         return []
@@ -98,7 +104,7 @@ def step_tables(pb: Playbook, step: str) -> list[dg.AssetKey]:
         if not isinstance(uri, str) or "{{" in uri:
             continue
         try:
-            key = dg.AssetKey(asset_key_for_uri(uri.split("@")[0]))
+            key = asset_key(uri.split("@")[0])
         except InvalidLocator:
             continue
         if key not in out:

@@ -618,7 +618,7 @@ def _report_outputs(
             eng.playbook, res, step, v, mat.asset_key
         ):  # the step's declared checks
             context.log_event(ev)
-    _step_outcomes(context, report, read)
+    _step_outcomes(context, report, read, asset_key or default_asset_key)
     if plan is None:
         return
     pending = report.pending_steps()
@@ -636,7 +636,9 @@ TAG_FAILED_STEPS = "noetl/failed_steps"  # the steps that failed while an arc ro
 TAG_HAS_FAILED_STEPS = "noetl/has_failed_steps"  # "true": filter the runs list on it
 
 
-def _step_outcomes(context: Any, report: OpReport, read: list[Any]) -> None:
+def _step_outcomes(
+    context: Any, report: OpReport, read: list[Any], asset_key: Callable[[str], dg.AssetKey]
+) -> None:
     """What the op's steps did to the tables they store (``step_succeeded``), and a failure an arc
     routed on made visible: ERROR log with the user's line, run tags, the failed check (severity ERROR).
     The spec completes such an execution (the run stays green); nothing about the failure is hidden."""
@@ -659,7 +661,7 @@ def _step_outcomes(context: Any, report: OpReport, read: list[Any]) -> None:
             text = told.text() if told else f"step {o.step!r} failed: {error_text(o.error)}"
             context.log.error(f"{text}\n(an arc routed the failure: the execution goes on; a run of "
                               "it is green, tagged noetl/has_failed_steps=true)")  # fmt: skip
-        for key in step_tables(eng.playbook, o.step):
+        for key in step_tables(eng.playbook, o.step, asset_key):
             context.log_event(step_check_evaluation(key, o.step, told, eng.execution_id,
                                                     None if o.ok else error_text(o.error)))  # fmt: skip
     if failed:

@@ -13,7 +13,7 @@ import dagster as dg
 from noetl_dagster.resources.noetl import NoetlResource
 from noetl_dagster.translator import compile_playbooks
 
-TABLE = dg.AssetKey(["demo", "examples", "t", "divided"])
+TABLE = dg.AssetKey(["t", "divided"])  # the default key: namespace and name
 PLAYBOOK = """\
 apiVersion: noetl.io/v2
 kind: Playbook
