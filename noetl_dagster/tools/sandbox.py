@@ -3,11 +3,14 @@
 Code of a generated playbook (and of any playbook whose tenant/project policy or own
 ``executor.spec.isolation`` says ``sandbox``) runs confined by the kernel:
 
-* **its own unprivileged uid**. A root worker first drops to a per-execution uid/gid,
-  ``SANDBOX_UID_BASE + hash(tenant/execution id) % SANDBOX_UID_COUNT`` (200000-265535, no
-  supplementary groups, with ``setpriv``); bwrap then builds its user namespace as that uid.
-  A non-root worker cannot change uid: bwrap's user namespace is the confinement and the
-  outside uid is the worker's own (the mount namespace below is what hides its files).
+* **its own unprivileged uid**. A root worker confines to a per-execution uid/gid,
+  ``SANDBOX_UID_BASE + sha256(tenant/execution id) % SANDBOX_UID_COUNT`` (200000-265535): bwrap,
+  started as root so it can bind a runtime the uid cannot traverse (a python under ``/root``),
+  builds the namespaces; inside, ``setpriv`` drops to that uid with no supplementary groups, an
+  empty capability bounding set and ``no_new_privs`` before anything of the task runs. A
+  non-root worker cannot change uid: bwrap's unprivileged user namespace is the confinement
+  (``--cap-drop ALL``) and the uid outside is the worker's own (the mount namespace below is
+  what hides its files).
 * **a filesystem of its own**: the scratch folder read-write (the same path inside as outside),
   the runtime read-only (``/usr`` and its ``/bin``, ``/lib*`` links, the python prefix, the
   venv, this package's source), a few ``/etc`` files programs need (TLS certificates, ld.so
@@ -19,29 +22,31 @@ Code of a generated playbook (and of any playbook whose tenant/project policy or
   socket of the parent's :class:`noetl_dagster.tools.egress.EgressProxy`, which refuses hosts
   outside the grant's ``allow_hosts`` and resolves names itself), a forwarder inside listens
   on ``127.0.0.1:PROXY_PORT`` and ``HTTP(S)_PROXY`` point at it.
-* **nothing inherited**: ``--clearenv`` (PATH, LANG, HOME/TMPDIR = scratch, PYTHONPATH to this
-  package, proxy variables, plus what the caller passes), ``--new-session`` (no terminal
-  injection), ``--die-with-parent``, ``--cap-drop ALL``; file descriptors other than 0-2 are
-  the caller's to close (``subprocess`` does by default).
+* **nothing inherited**: ``--clearenv`` (PATH, LANG, HOME/TMPDIR/NOETL_DAGSTER_HOME = scratch,
+  PYTHONPATH to this package, proxy variables, plus what the caller passes), ``--new-session``
+  (no terminal injection), ``--die-with-parent``, no capabilities; file descriptors other than
+  0-2 are the caller's to close (``subprocess`` does by default).
 * **limits** (``prlimit``): CPU seconds, address space, file size, processes (per uid: the
   per-execution uid makes it per execution), open files; a bounded ``/tmp``.
 
 Use::
 
     from noetl_dagster.tools import sandbox
-    sandbox.require("python")                       # ToolError(kind=sandbox_unavailable) if it cannot
+    sandbox.require("python")            # ToolError(kind=sandbox_unavailable) where it cannot be built
     scratch = sandbox.scratch_dir(execution_dir, execution_id, tenant)   # created, owned by the uid
-    box = sandbox.confine([sys.executable, "-c", code], scratch=scratch,
-                          execution_id=execution_id, tenant=tenant,
-                          proxy_socket=proxy.socket_path if proxy else None)
-    subprocess.Popen(box.argv, env=box.env, cwd=box.cwd, ...)   # close_fds stays True
+    with EgressProxy(allow_hosts, uid=...) as proxy:                      # tools/egress.py (optional)
+        box = sandbox.confine([sys.executable, "-c", code], scratch=scratch, execution_id=execution_id,
+                              tenant=tenant, proxy_socket=proxy.socket_path, limits=sandbox.Limits.from_env())
+        subprocess.Popen(box.argv, env=box.env, cwd=box.cwd, ...)        # close_fds stays True
 
-``box.argv`` is self-contained (a ``/bin/sh`` prologue opens the runtime directories the
-sandbox uid cannot traverse, e.g. a python under ``/root``, and hands them to bwrap as file
-descriptors): it can be given to any process launcher, including one that takes only
-command/args/env. ``box.preexec_fn`` is always ``None`` (limits are set by ``prlimit``, so
-nothing runs between fork and exec in a threaded worker). Exit code and output are the
-command's.
+A tool with a ToolContext uses :func:`task_scratch` (None: not sandboxed), :func:`task_egress`
+and :func:`task_command` instead (core.py's python, shell.py, mcp.py).
+
+``box.argv`` is self-contained (``/bin/sh`` hands the synthetic ``/etc`` files to bwrap as
+here-documents, then execs it): it can be given to any process launcher, including one that
+takes only command/args/env. ``box.preexec_fn`` is always ``None`` (limits are set by
+``prlimit``, so nothing runs between fork and exec in a threaded worker). Exit code and output
+are the command's.
 
 Where bwrap or unprivileged user namespaces are missing, :func:`require` refuses the task
 (``sandbox_unavailable``) instead of running the code unconfined, unless the operator set
@@ -88,7 +93,7 @@ class Limits:
                                  ("FILE_MB", "file_bytes", 1 << 20), ("PROCESSES", "processes", 1)):  # fmt: skip
             raw = os.environ.get(f"NOETL_SANDBOX_{key}", "").strip()
             if raw:
-                if not raw.isdigit() or int(raw) < 1:
+                if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
                     raise ToolError(f"NOETL_SANDBOX_{key} must be a positive integer, got {raw!r}",
                                     kind="config_error")  # fmt: skip
                 out = replace(out, **{attr: int(raw) * scale})

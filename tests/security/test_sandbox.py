@@ -197,10 +197,15 @@ def test_the_tenant_policy_sandboxes_an_authored_playbook(world, monkeypatch):
     monkeypatch.setenv("NOETL_SANDBOX", "acme/other, t1")
     doc = _authored({"p": {"kind": "python", "code": "import os\nresult = os.getuid()"}})
     del doc["executor"]
-    res, _ = world.run(doc, tenant="t1")
-    assert res.status == "completed", res.results
-    assert res.results["start"] >= sandbox.SANDBOX_UID_BASE if os.geteuid() == 0 else True
-    assert res.results["start"] != os.getuid() or os.geteuid() != 0
+    box = range(sandbox.SANDBOX_UID_BASE, sandbox.SANDBOX_UID_BASE + sandbox.SANDBOX_UID_COUNT)
+    for tenant, project, boxed in (
+        ("t1", "default", True),
+        ("acme", "other", True),
+        ("acme", "default", False),
+    ):
+        res, _ = world.run(doc, tenant=tenant, project=project)
+        assert res.status == "completed", res.results
+        assert (res.results["start"] in box) is boxed, (tenant, project, res.results)
 
 
 def _probe_sh(w) -> str:
@@ -231,12 +236,13 @@ def _error(events, step: str = "s") -> dict:
     raise AssertionError("no task.done error event")
 
 
-def _run_limited(world, monkeypatch, task: dict, **limits: str):
+def _run_limited(world, monkeypatch, task: dict, how: str = "generated", **limits: str):
     for k, v in limits.items():
         monkeypatch.setenv(f"NOETL_SANDBOX_{k}", v)
-    res, events = world.run(_generated(task, [next(iter(task.values()))["kind"]]))
+    doc = _generated(task, [next(iter(task.values()))["kind"]]) if how == "generated" else _authored(task)
+    res, events = world.run(doc)
     assert res.status == "failed", res.results
-    return _error(events)
+    return _error(events, "s" if how == "generated" else "start")
 
 
 FORK_PY = """
@@ -254,8 +260,9 @@ result = len(pids)
 """
 
 
-def test_a_fork_bomb_is_bounded(world, monkeypatch):
-    err = _run_limited(world, monkeypatch, {"p": {"kind": "python", "code": FORK_PY}}, PROCESSES="24")
+@pytest.mark.parametrize("how", ["generated", "authored"])
+def test_a_fork_bomb_is_bounded(world, monkeypatch, how):
+    err = _run_limited(world, monkeypatch, {"p": {"kind": "python", "code": FORK_PY}}, how, PROCESSES="24")
     assert "fork refused after" in err["message"], err
     assert int(err["message"].split("after ")[1].split()[0]) < 24
 
@@ -275,9 +282,10 @@ def test_a_big_file_is_refused(world, monkeypatch):
     assert err["kind"] == "exit_code", err
 
 
-def test_memory_is_bounded(world, monkeypatch):
+@pytest.mark.parametrize("how", ["generated", "authored"])
+def test_memory_is_bounded(world, monkeypatch, how):
     code = "blob = bytearray(3 << 30)\nresult = len(blob)"
-    err = _run_limited(world, monkeypatch, {"p": {"kind": "python", "code": code}}, MEMORY_MB="1024")
+    err = _run_limited(world, monkeypatch, {"p": {"kind": "python", "code": code}}, how, MEMORY_MB="1024")
     assert "MemoryError" in err["message"], err
 
 
@@ -424,3 +432,22 @@ def test_sandbox_false_under_a_sandbox_policy_passes_no_worker_variable(world, m
     assert res.status == "completed", res.results
     out = res.results["start"]["stdout"]
     assert "MINE=declared" in out and SECRET not in out and "SOME_API_TOKEN" not in out, out
+
+
+def test_the_sandbox_holds_under_the_dagster_runner_too(world):
+    """The sandbox sits in the tools, which both runners share: an op's python task is confined."""
+    import dagster as dg
+
+    from noetl_dagster.resources.noetl import close_all_services
+    from noetl_dagster.translator.runner import run_playbook_dagster
+
+    instance = dg.DagsterInstance.ephemeral()
+    try:
+        res = run_playbook_dagster(load_playbook_dict(_authored({"p": {"kind": "python", "code": _probe_py(world)}})),
+                                   event_store=f"sqlite:///{world.data_dir / 'dg.db'}", data_dir=world.data_dir,
+                                   instance=instance)  # fmt: skip
+    finally:
+        instance.dispose()
+        close_all_services()
+    assert res.status == "completed", res.results
+    _assert_confined(res.results["start"])
