@@ -228,7 +228,7 @@ def _opens(url: Callable[[str], str], before: Any, rounds: int) -> None:
 
 COPY_TABLE = """CREATE TABLE {t} (gid BIGSERIAL PRIMARY KEY, event_id TEXT NOT NULL UNIQUE,
     execution_id TEXT NOT NULL, sequence BIGINT NOT NULL, name TEXT NOT NULL, ts TEXT NOT NULL,
-    body JSON NOT NULL, UNIQUE (execution_id, sequence))"""
+    body JSON NOT NULL, hash BYTEA, UNIQUE (execution_id, sequence))"""
 
 
 def _capture_rounds(
@@ -247,19 +247,29 @@ def _capture_rounds(
     store = pe.PostgresEventStore(f"{PG}?schema={schema}", pool_size=8)
     run_playbook(path, event_store=store, data_dir=tmp)
     rounds: list[tuple[tuple[Any, ...], list[tuple[Any, ...]], int]] = []
-    statement, summarize = store._append_one_statement, store._summarize
+    statement, summarize, chain = store._append_one_statement, store._summarize, pe._chain
     seen: list[list[str]] = []
+    chained: list[Any] = []
 
-    def summarized(conn, events):  # type: ignore[no-untyped-def]
-        seen.append(out := summarize(conn, events))
+    def summarized(conn, events, guess=None):  # type: ignore[no-untyped-def]
+        seen.append(out := summarize(conn, events, guess))
         return out
+
+    def chain_recorded(batches, guess):  # type: ignore[no-untyped-def]
+        chained.append(out := chain(batches, guess))
+        return out
+
+    pe._chain = chain_recorded  # type: ignore[assignment]
 
     def recorded(batches):  # type: ignore[no-untyped-def]
         params = pe._Batch.combine(batches).params(store._append_lock)
         got = statement(batches)
+        pv, hashes, _heads = chained.pop()
+        events = [(ev, tail) for b in batches for ev, tail in zip(b.events, b.tails, strict=True)]
         rows = [(ev.event_id, ev.execution_id, ev.sequence, ev.name, ev.timestamp,
-                 f'{{"sequence":{ev.sequence},{tail}') for b in batches for ev, tail in zip(b.events, b.tails, strict=True)]  # fmt: skip
-        rounds.append(((*params[:8], *seen.pop(), *params[8:]), rows, len(batches)))
+                 f'{{"sequence":{ev.sequence},{tail}', bytes.fromhex(h))
+                for (ev, tail), h in zip(events, hashes.split(pe.SEP), strict=True)]  # fmt: skip
+        rounds.append(((params[0], *pv, *params[1:8], *seen.pop(), *params[8:], hashes), rows, len(batches)))
         return got
 
     store._summarize, store._append_one_statement = summarized, recorded  # type: ignore[method-assign]
@@ -296,7 +306,7 @@ def server_floor(threads: int, seconds: float, repeats: int) -> None:
     events = sum(len(r[1]) for r in rounds)
     print(f"captured {len(rounds)} rounds of a {threads}-thread run: {flushes} flushes "
           f"({flushes / len(rounds):.1f} a round), {events} events, ~{executions} executions; load {os.getloadavg()[0]:.1f}")  # fmt: skip
-    cols = "event_id, execution_id, sequence, name, ts, body"
+    cols = "event_id, execution_id, sequence, name, ts, body, hash"
     schemas: list[str] = []
     cpu: dict[str, list[float]] = {}
     try:

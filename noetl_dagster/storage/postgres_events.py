@@ -482,12 +482,16 @@ class PostgresEventStore(EventStore):
         return [list(b.events) for b in batches]
 
     def _summarize(
-        self, conn: psycopg.Connection, events: Sequence[Event], guess: dict[str, tuple[int, bytes | None]]
+        self,
+        conn: psycopg.Connection,
+        events: Sequence[Event],
+        guess: dict[str, tuple[int, bytes | None]] | None = None,
     ) -> list[str]:
         """The ``sm`` arrays: the summary rows of a statement's events, folded with the sequences
         they will get if the counter is where this process left it (each event's ``sequence`` is
         set to that guess; the statement writes the rows only if the guess holds). ``guess`` gets
         each execution's expected (last sequence, chain head)."""
+        guess = {} if guess is None else guess
         by: dict[str, list[Event]] = {}
         for ev in events:
             by.setdefault(ev.execution_id, []).append(ev)
