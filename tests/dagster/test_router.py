@@ -13,6 +13,7 @@ from noetl_dagster.engine import events as E
 from noetl_dagster.engine.control import Engine
 from noetl_dagster.engine.events import Event
 from noetl_dagster.resources.noetl import NoetlResource
+from noetl_dagster.resources.runtime import forget_engines
 from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.sensors.router import RouterCursor, instance_run_lookup, router_tick
 from noetl_dagster.translator import compile_playbooks
@@ -186,3 +187,21 @@ def test_a_waiting_tick_launches_a_request_recorded_during_it(dagster_data):
                 assert req.tags["noetl/execution_id"] == recorded[-1]
             else:
                 assert isinstance(result, dg.SkipReason) or not result.run_requests
+
+
+def test_an_altered_log_is_not_resumed(location, dagster_data, ephemeral_instance):
+    """The sensor folds an execution's whole log to plan it (resources.runtime.attach): an edited log
+    (issue 41, SQLite triggers dropped) is refused there, naming the first bad event; nothing launches."""
+    import sqlite3
+
+    eid = _detach(EXAMPLES / "hello_dagster.yaml", dagster_data)
+    with sqlite3.connect(dagster_data / "events.db") as c:
+        c.execute("DROP TRIGGER noetl_event_no_update")
+        c.execute("UPDATE noetl_event SET body = json_set(body, '$.data.injected', 1)"
+                  " WHERE execution_id = ? AND sequence = 1", (eid,))  # fmt: skip
+    forget_engines()  # the sensor runs in the daemon, not in the process that recorded the request
+    tick = _tick(location, ephemeral_instance)
+    assert tick.launches == []
+    assert any(f"execution {eid}: ChainBroken:" in n and "altered at sequence 1 " in n for n in tick.notes), (
+        tick.notes
+    )
