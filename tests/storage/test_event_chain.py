@@ -198,6 +198,43 @@ def pg_url():
         c.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
+def test_postgres_existing_schema_migrates_and_old_executions_are_unchained(pg_url):
+    """A schema written before the chain (version 2): opening it adds the columns; its execution is
+    unchained (and replays); the next append (the one-statement path) chains it from there on."""
+    from psycopg import sql
+
+    from noetl_dagster.storage.postgres_events import MIGRATIONS
+
+    schema = pg_url.split("schema=")[1]
+    with psycopg.connect(PG, autocommit=True) as c:
+        c.execute(f'CREATE SCHEMA "{schema}"')
+        c.execute(f'CREATE TABLE "{schema}".noetl_schema_version (version INTEGER PRIMARY KEY,'
+                  " applied_at TIMESTAMPTZ NOT NULL DEFAULT now())")  # fmt: skip
+        for v, stmts in enumerate(MIGRATIONS[:2], start=1):
+            for stmt in stmts:
+                c.execute(sql.SQL(stmt).format(schema=sql.Identifier(schema)))
+            c.execute(f'INSERT INTO "{schema}".noetl_schema_version (version) VALUES (%s)', (v,))
+        for seq, name in enumerate(["playbook.execution.requested", "workflow.started"], start=1):
+            ev = Event(name=name, execution_id="old", data={"playbook": "p"}, sequence=seq)
+            c.execute(f'INSERT INTO "{schema}".noetl_event (event_id, execution_id, sequence, name, ts, body)'
+                      " VALUES (%s, 'old', %s, %s, %s, %s::json)",
+                      (ev.event_id, seq, name, ev.timestamp, json.dumps(ev.to_stored())))  # fmt: skip
+        c.execute(
+            f"INSERT INTO \"{schema}\".noetl_execution (execution_id, status, last_sequence) VALUES ('old', 'running', 2)"
+        )
+    store = PostgresEventStore(pg_url)
+    try:
+        report, _ = verify_chain(store, "old")
+        assert (report.status, report.events) == ("unchained", 2)
+        assert replay(store, "old").status == "running"
+        store.append([Event(name="step.started", execution_id="old", step="a")])
+        store.append([Event(name="step.started", execution_id="old", step="b")])
+        report, _ = verify_chain(store, "old")
+        assert (report.status, report.chained_from, report.events) == ("ok", 3, 4)
+    finally:
+        store.close()
+
+
 def test_postgres_superuser_update_is_refused(tmp_path, pg_url):
     eid = _run(tmp_path, tmp_path, "--event-store", pg_url)
     schema = pg_url.split("schema=")[1]
