@@ -5,12 +5,15 @@ An HTTP proxy on a unix socket (bind-mounted into the sandbox, where a forwarder
 absolute-form requests (``GET http://host:port/…``, plain http) to a host the grant's
 ``allow_hosts`` lists (engine.trust.host_refusal: the same rule as ``kind: http``). Anything else is
 answered ``403`` with a one-line reason, and reported to ``on_refuse`` (the task's log). Names are
-resolved here, by the worker: the sandbox has no DNS. One proxy serves one task call (or one MCP
+resolved here, by the worker (the sandbox has no DNS), and a name that resolves to a loopback or
+link-local address is refused (the worker's own services, a cloud metadata endpoint): only an
+allow_hosts entry that writes the address itself reaches one. One proxy serves one task call (or one MCP
 session) and is closed with it.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import socketserver
@@ -36,6 +39,22 @@ def _pump(a: socket.socket, b: socket.socket) -> None:
             b.shutdown(socket.SHUT_WR)
         except OSError:
             pass
+
+
+def _resolve(host: str, port: int) -> tuple[tuple[str, int], str | None]:
+    """The address to connect to, or why not: a *name* that resolves to a loopback or link-local
+    address (the worker's own services, a cloud metadata endpoint such as 169.254.169.254) is
+    refused; an allow_hosts entry that writes the address itself means it."""
+    try:
+        literal = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        literal = None
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    for *_, sockaddr in infos:
+        ip = ipaddress.ip_address(sockaddr[0].split("%")[0])
+        if literal is None and (ip.is_loopback or ip.is_link_local or ip.is_unspecified):
+            return ("", 0), f"host {host!r} resolves to {ip} (loopback/link-local: name the address itself)"
+    return (infos[0][4][0], port), None
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -71,7 +90,13 @@ class _Handler(socketserver.BaseRequestHandler):
             self.server.refused(f"egress refused: {method} {target[:200]}: {why}")
             return self._answer(403, f"egress refused: {why}")
         try:
-            up = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
+            addr, why = _resolve(host, port)
+            if why:
+                self.server.refused(f"egress refused: {method} {target[:200]}: {why}")
+                return self._answer(403, f"egress refused: {why}")
+            up = socket.create_connection(
+                addr, timeout=CONNECT_TIMEOUT
+            )  # the address checked, not a new lookup
         except OSError as e:
             return self._answer(502, f"egress: cannot connect to {host}:{port}: {e.strerror or e}")
         up.settimeout(None)

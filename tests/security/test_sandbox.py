@@ -451,3 +451,19 @@ def test_the_sandbox_holds_under_the_dagster_runner_too(world):
         close_all_services()
     assert res.status == "completed", res.results
     _assert_confined(res.results["start"])
+
+
+def test_a_listed_name_that_resolves_to_loopback_is_refused_by_the_proxy(world):
+    """allow_hosts lists `localhost:<port>`: the name resolves to 127.0.0.1, which the proxy refuses
+    (a name pointing at the worker's own services or a metadata endpoint); the address itself,
+    listed as such, is allowed (the other tests)."""
+    port = world.allowed.rsplit(":", 1)[1]
+    code = (f"import urllib.request as u\ntry:\n    result = u.urlopen('http://localhost:{port}/', timeout=5).read().decode()\n"
+            "except Exception as e:\n    result = str(e)")  # fmt: skip
+    res, events = world.run(
+        _generated({"p": {"kind": "python", "code": code}}, ["python"], hosts=[f"localhost:{port}"])
+    )
+    assert res.status == "completed", res.results
+    out = res.results["start"]["result"]
+    assert "403" in out and "hello-from" not in out, res.results
+    assert "resolves to 127.0.0.1" in json.dumps([e.data for e in events], default=str)
