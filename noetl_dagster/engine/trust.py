@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from noetl_dagster.dsl.locator import tenants_named
 from noetl_dagster.engine.ports import ToolError
@@ -148,7 +148,7 @@ def _credential_refs(value: Any, out: set[str]) -> set[str]:
                 elif isinstance(v, (list, tuple)):
                     out.update(x for x in v if isinstance(x, str) and "{{" not in x)
                 elif isinstance(v, Mapping):
-                    for kk in ("name", "credential", "key"):
+                    for kk in ("name", "credential", "key", *_ROLE_KEYS):
                         if isinstance(v.get(kk), str) and "{{" not in v[kk]:
                             out.add(v[kk])
             _credential_refs(v, out)
@@ -159,6 +159,7 @@ def _credential_refs(value: Any, out: set[str]) -> set[str]:
 
 
 _URL_SCHEMES = ("http://", "https://", "ws://", "wss://")
+_ROLE_KEYS = ("sf", "pg")  # snowflake_transfer's auth roles (_AUTH_ROLES below)
 
 
 def _urls(kind: str, config: Mapping[str, Any]) -> Iterator[str]:
@@ -343,13 +344,18 @@ _INLINE_SECRET_KEYS = frozenset({
 # another registry, object store or catalog than the execution's own (its tenant's)
 _SCOPE_KEYS = frozenset({"registry", "store", "catalog"})
 # kinds that open a connection: only through a delegated credential, never an inline target
-_CONNECTING_KINDS = frozenset({"postgres", "snowflake", "nats", "gcs", "transfer"})
+_CONNECTING_KINDS = frozenset({"postgres", "snowflake", "nats", "gcs", "transfer", "snowflake_transfer"})
+# kinds whose auth names one credential per role (``auth: {sf: <name>, pg: <name>}``): each a delegated name
+_AUTH_ROLES = {"snowflake_transfer": frozenset(_ROLE_KEYS)}
 _TARGET_KEYS = frozenset({"url", "endpoint", "server_url", "host", "db_host"})
 # credential *names* a kind reads under other keys (the secrets tool)
 _NAME_KEYS = {"secrets": ("name", "secret", "secret_name")}
 # a cursor driver counts as its tool kind
 CURSOR_TOOL_KIND = {"nats_stream": "nats"}
 _USERINFO = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@\s]*@")
+# URIs that name a local file, as the tools read them (kind: resource opens `file:/x`, kind: artifact
+# `artifact://localfs/x`; both decode %-escapes): the prefix before the path
+_LOCAL_URI = re.compile(r"^(?:file:(?://(?:localhost(?=/))?)?|artifact://(?:localfs)?)", re.IGNORECASE)
 
 
 class Gate:
@@ -455,7 +461,9 @@ class Gate:
             if v in (None, "", [], {}):
                 continue
             if k in _CREDENTIAL_KEYS:
-                self._credential(v, f"{where} {key}", names)
+                self._credential(
+                    v, f"{where} {key}", names, _AUTH_ROLES.get(kind, frozenset()) if top else frozenset()
+                )
             elif k in _INLINE_SECRET_KEYS:
                 raise self._refuse(where, f"{key!r} is an inline credential (connection string, password or "
                                    "key); a generated playbook uses delegated credentials only")  # fmt: skip
@@ -466,7 +474,9 @@ class Gate:
             else:
                 self._walk(kind, v, where, names)
 
-    def _credential(self, value: Any, where: str, names: list[str]) -> None:
+    def _credential(
+        self, value: Any, where: str, names: list[str], roles: frozenset[str] = frozenset()
+    ) -> None:
         if isinstance(value, str):
             if "://" in value or "=" in value or not value.strip() or any(c.isspace() for c in value.strip()):
                 raise self._refuse(where, "an inline connection string counts as a credential and none is "
@@ -475,9 +485,12 @@ class Gate:
         elif isinstance(value, (list, tuple)):
             for v in value:
                 self._credential(v, where, names)
+        elif isinstance(value, Mapping) and value and {str(k) for k in value} <= roles:
+            for v in value.values():  # one credential a role: each must be a delegated name
+                self._credential(v, where, names)
         elif isinstance(value, Mapping):
-            ref = value.get("credential") or value.get("name")
-            extra = {str(k) for k in value} - {"credential", "name"}
+            ref = value.get("credential") or value.get("name") or value.get("key")
+            extra = {str(k) for k in value} - {"credential", "name", "key"}
             if not isinstance(ref, str) or extra:
                 raise self._refuse(where, "inline auth (a record of connection fields) counts as a credential; "
                                    "name a delegated credential instead")  # fmt: skip
@@ -504,15 +517,21 @@ class Gate:
         A string with another scheme is checked as the relative path it is to a tool that does not know
         the scheme (DuckDB opens ``x://../../a.duckdb`` as a file): ``..`` may not climb out through it."""
         raw = text.strip()
-        if raw.startswith("file://"):
-            raw = raw[len("file://") :]
+        local = _LOCAL_URI.match(raw)
+        if local:  # the path a tool opens: `file:/x`, `FILE:///x`, `artifact://localfs/x`, %-escapes decoded
+            raw = raw[local.end() :]
+            raw = "/" + raw.lstrip("/") if local.group(0).lower().endswith("localfs") else raw
+            forms = {raw, unquote(raw)}
         elif "\n" in raw:
             return
-        if not (raw.startswith(("/", "~")) or ".." in raw.replace("\\", "/").split("/")):
-            return
-        full = os.path.realpath(os.path.join(self.scope_dir, os.path.expanduser(raw)))
-        if full != self.scope_dir and not full.startswith(self.scope_dir + os.sep):
-            raise self._refuse(where, f"path {text.strip()!r} is outside this execution's directory")
+        else:
+            forms = {raw}
+        for form in forms:
+            if not (form.startswith(("/", "~")) or ".." in form.replace("\\", "/").split("/")):
+                continue
+            full = os.path.realpath(os.path.join(self.scope_dir, os.path.expanduser(form)))
+            if full != self.scope_dir and not full.startswith(self.scope_dir + os.sep):
+                raise self._refuse(where, f"path {text.strip()!r} is outside this execution's directory")
 
 
 def cursor_config(kind: str, auth: Any, options: Mapping[str, Any]) -> dict[str, Any]:

@@ -78,7 +78,8 @@ class _ToolCtx:
 
     @property
     def base_dir(self) -> Any:  # computed when a tool asks (a path operation per task otherwise)
-        return self._worker.engine.playbook.base_dir
+        # a generated playbook's relative files are its own directory's, never the worker's cwd
+        return self.scope_dir or self._worker.engine.playbook.base_dir
 
     @property
     def payloads(self) -> Any:

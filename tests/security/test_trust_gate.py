@@ -394,6 +394,20 @@ def test_a_resumed_generated_child_is_checked_at_dispatch(env, tmp_path):
             "in its own directory, or on S3",
         ),
         ("ducklake", {"auth": "other", "catalog_name": "lake"}, "'other' is not delegated"),
+        # issue 41.4: file URIs as kind: resource opens them (`file:` without `//`, any case, %-escapes)
+        ("resource", {"op": "load", "uri": "file:/etc/hostname"}, "outside this execution's directory"),
+        ("resource", {"op": "load", "uri": "FILE:///etc/hostname"}, "outside this execution's directory"),
+        (
+            "resource",
+            {"op": "load", "uri": "file://localhost/etc/hostname"},
+            "outside this execution's directory",
+        ),
+        (
+            "resource",
+            {"op": "load", "uri": "file:%2e%2e/%2e%2e/etc/hostname"},
+            "outside this execution's directory",
+        ),
+        ("duckdb", {"database": "artifact://localfs/srv/a.duckdb"}, "outside this execution's directory"),
     ],
 )
 def test_gate_rules(tmp_path, kind, config, expect):
@@ -445,3 +459,50 @@ def test_the_gate_holds_under_the_dagster_runner_too(env, tmp_path):
     assert "file system operations are disabled" in _error_of(store, kid, "s")["message"]
     assert _error_of(store, kid, "q")["kind"] == "trust_refused"
     assert HOSTNAME not in _text([se.event for se in store.iter_all()])
+
+
+def test_snowflake_transfer_names_a_delegated_credential_per_role(tmp_path):
+    """Issue 41.4 (found by test_fuzz_trust_kinds): upstream's `auth: {sf: <name>, pg: <name>}` was
+    refused as an inline record even with both names delegated; each role is now checked as a name,
+    and an inline record or connection string in a role is still refused."""
+    from noetl_dagster.engine.trust import Gate, Grant
+
+    gate = Gate(Grant(frozenset({"snowflake_transfer"}), frozenset({"sf_main", "pg_main"}), frozenset()), "acme",
+                str(tmp_path / "scope"))  # fmt: skip
+    base = {"direction": "sf_to_pg", "source": {"query": "SELECT 1"}, "target": {"table": "t"}}
+    gate.check("snowflake_transfer", {**base, "auth": {"sf": "sf_main", "pg": "pg_main"}}, "t")
+    gate.check(
+        "snowflake_transfer", {**base, "credentials": {"sf": {"key": "sf_main"}, "pg": "pg_main"}}, "t"
+    )
+    for auth, expect in [
+        ({"sf": "sf_main", "pg": "pg_other"}, "'pg_other' is not delegated"),
+        ({"sf": {"sf_account": "a", "sf_password": "p"}, "pg": "pg_main"}, "inline auth"),
+        ({"sf": "sf_main", "pg": "postgresql://postgres@127.0.0.1/postgres"}, "inline connection string"),
+        ({"sf": "sf_main", "pg": "pg_main", "db_host": "127.0.0.1"}, "inline auth"),
+        (None, "connects only through a delegated credential"),
+    ]:
+        with pytest.raises(ToolError) as e:
+            gate.check("snowflake_transfer", {**base, "auth": auth}, "t")
+        assert expect in e.value.message, (auth, e.value.message)
+
+
+def test_a_generated_playbooks_relative_file_is_its_own_not_the_workers(tmp_path, monkeypatch):
+    """Issue 41.4 (found by test_fuzz_trust_kinds): `kind: resource` resolved a generated playbook's
+    relative path against the worker's working directory (its playbook has no folder), so
+    `uri: secret.txt` read the worker's file; relative paths are now the execution's own directory's."""
+    from noetl_dagster.dsl import load_playbook_dict
+    from noetl_dagster.runners.local import run_playbook
+
+    cwd = tmp_path / "worker"
+    cwd.mkdir()
+    (cwd / "secret.txt").write_text("worker-secret-41")
+    monkeypatch.chdir(cwd)
+    child = {"apiVersion": "noetl.io/v2", "kind": "Playbook", "metadata": {"name": "g", "path": "generated/g"},
+             "workflow": [{"step": "start", "tool": [{"t": {"kind": "resource", "op": "load", "uri": "secret.txt"}}]}]}  # fmt: skip
+    root = {"apiVersion": "noetl.io/v2", "kind": "Playbook", "metadata": {"name": "r", "path": "tests/r41"},
+            "executor": {"spec": {"generated": {"allow_kinds": ["resource"]}}},
+            "workflow": [{"step": "start", "tool": [{"sub": {"kind": "playbook", "definition": child}}]}]}  # fmt: skip
+    res = run_playbook(load_playbook_dict(root), None, event_store=f"sqlite:///{tmp_path / 'e.db'}",
+                       data_dir=tmp_path / "home")  # fmt: skip
+    assert res.status == "failed" and "worker-secret-41" not in json.dumps(res.to_json(), default=str)
+    assert "home/generated/" in json.dumps(res.to_json(), default=str)  # looked in its own directory
