@@ -26,6 +26,7 @@ from noetl_dagster.engine.trust import host_refusal
 
 MAX_HEAD = 64 * 1024  # request line and headers
 CONNECT_TIMEOUT = 30.0
+MAX_CONNECTIONS = 64  # per proxy (one task call)
 
 
 def _pump(a: socket.socket, b: socket.socket) -> None:
@@ -134,6 +135,20 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     hosts: frozenset[str]
     refused: Callable[[str], None]
+    slots: threading.BoundedSemaphore  # connections at once: each holds two of the worker's threads
+
+    def process_request(self, request: socket.socket, client_address: object) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.refused(f"egress refused: more than {MAX_CONNECTIONS} connections at once")
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: socket.socket, client_address: object) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
 
 class EgressProxy:
@@ -154,6 +169,7 @@ class EgressProxy:
         server = _Server(self.socket_path, _Handler)
         server.hosts = self.hosts
         server.refused = self.on_refuse or (lambda _msg: None)
+        server.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         if self.uid is not None and os.geteuid() == 0:  # the sandbox's uid connects; nobody else can
             os.chown(self._dir, self.uid, self.uid)
             os.chown(self.socket_path, self.uid, self.uid)

@@ -467,3 +467,29 @@ def test_a_listed_name_that_resolves_to_loopback_is_refused_by_the_proxy(world):
     out = res.results["start"]["result"]
     assert "403" in out and "hello-from" not in out, res.results
     assert "resolves to 127.0.0.1" in json.dumps([e.data for e in events], default=str)
+
+
+MANY_PY = """
+import os, socket
+port = int(os.environ['HTTPS_PROXY'].rsplit(':', 1)[1])
+held, opened = [], 0
+for _ in range(N):
+    s = socket.create_connection(('127.0.0.1', port), timeout=10)
+    s.sendall(('CONNECT %s HTTP/1.1\\r\\n\\r\\n' % ALLOWED).encode())
+    if s.recv(4096).startswith(b'HTTP/1.1 200'):
+        opened += 1
+    held.append(s)
+result = opened
+"""
+
+
+def test_the_proxy_holds_a_bounded_number_of_connections(world):
+    from noetl_dagster.tools.egress import MAX_CONNECTIONS
+
+    code = f"N, ALLOWED = {MAX_CONNECTIONS + 16}, {world.allowed!r}\n" + MANY_PY
+    res, events = world.run(
+        _generated({"p": {"kind": "python", "code": code}}, ["python"], hosts=[world.allowed])
+    )
+    assert res.status == "completed", res.results
+    assert res.results["start"]["result"] == MAX_CONNECTIONS, res.results
+    assert "connections at once" in json.dumps([e.data for e in events], default=str)
