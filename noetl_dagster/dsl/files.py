@@ -156,7 +156,10 @@ def check_file_with_warnings(
     if too_big:
         return None, too_big, []
     pb, issues = parse_playbook(raw, source_map=sm, source_file=str(p))
-    return (None if issues else pb), issues, deprecation_warnings(raw, sm) + executor_warnings(raw, sm)
+    warnings = deprecation_warnings(raw, sm) + executor_warnings(raw, sm)
+    if pb is not None and not issues:
+        warnings += unguarded_failure_warnings(pb, sm)
+    return (None if issues else pb), issues, warnings
 
 
 def deprecation_warnings(raw: Any, sm: SourceMap) -> list[ValidationIssue]:
@@ -188,6 +191,49 @@ def _load_flow(p: Path) -> Playbook:
     except FlowError as e:
         where = f"column {e.column}: " if e.column is not None else ""
         raise PlaybookInvalid([ValidationIssue(str(p), e.line or 1, "", e.rule, where + e.message)]) from None
+
+
+CANNOT_FAIL_KINDS = frozenset({"noop"})  # a step of only these tasks has no failure to route
+# a `when` naming one of these looks at the step's outcome (SEMANTICS.md §2: `event.name` is call.done,
+# call.error or loop.done in arc conditions)
+OUTCOME_WORDS = ("event", "error", "outcome", "output", "status", "failed", "stats")
+GUARD = "when: \"{{ event.name == 'call.done' }}\""
+
+
+def unguarded_failure_arcs(pb: Playbook) -> list[tuple[int, int, str, str]]:
+    """``(step index, arc index, step, "task (kind)")``: the first arc without ``when`` of each step that
+    can fail, none of whose arcs looks at the outcome. The spec evaluates arcs on ``step.failed`` too and
+    an arc without ``when`` matches, so such an arc routes the failure: the execution completes (a Dagster
+    run stays green). "Can fail": a task of a kind other than ``noop``. Loop steps are left out (their
+    arcs see ``loop.done``, failed iterations included, by design)."""
+    out: list[tuple[int, int, str, str]] = []
+    for i, st in enumerate(pb.workflow):
+        arcs = st.next.arcs if st.next else []
+        risky = next((t for t in st.tool if t.kind not in CANNOT_FAIL_KINDS), None)
+        if risky is None or not arcs or st.loop is not None:
+            continue
+        if any(isinstance(a.when, str) and any(w in a.when for w in OUTCOME_WORDS) for a in arcs):
+            continue  # the author routes on the outcome
+        j = next((j for j, a in enumerate(arcs) if a.when is None or a.when is True), None)
+        if j is not None:
+            out.append((i, j, st.name, f"{risky.label} ({risky.kind})"))
+    return out
+
+
+def unguarded_failure_warnings(pb: Playbook, sm: SourceMap) -> list[ValidationIssue]:
+    """One ``unguarded-failure`` warning per playbook (validate prints it; never an error), at its first
+    such arc, naming the other steps: the pattern is common (a corpus would drown in one line per arc)."""
+    found = unguarded_failure_arcs(pb)
+    if not found:
+        return []
+    i, j, step, task = found[0]
+    path = ("workflow", i, "next", "arcs", j)
+    others = [s for _, _, s, _ in found[1:]]
+    also = f" (also: {', '.join(others[:5])}{f' +{len(others) - 5}' if len(others) > 5 else ''})" if others else ""
+    return [ValidationIssue(sm.file, sm.line(path), format_path(path), "unguarded-failure",
+                            f"step {step!r} can fail (task {task}) and this arc has no `when`{also}: a failure "
+                            "takes it and the execution completes (a Dagster run stays green, tagged "
+                            f"noetl/has_failed_steps=true); to stop on failure guard it: {GUARD}")]  # fmt: skip
 
 
 def unguarded_cycles(pb: Playbook) -> list[list[str]]:
