@@ -229,7 +229,11 @@ def unguarded_failure_warnings(pb: Playbook, sm: SourceMap) -> list[ValidationIs
     i, j, step, task = found[0]
     path = ("workflow", i, "next", "arcs", j)
     others = [s for _, _, s, _ in found[1:]]
-    also = f" (also: {', '.join(others[:5])}{f' +{len(others) - 5}' if len(others) > 5 else ''})" if others else ""
+    also = (
+        f" (also: {', '.join(others[:5])}{f' +{len(others) - 5}' if len(others) > 5 else ''})"
+        if others
+        else ""
+    )
     return [ValidationIssue(sm.file, sm.line(path), format_path(path), "unguarded-failure",
                             f"step {step!r} can fail (task {task}) and this arc has no `when`{also}: a failure "
                             "takes it and the execution completes (a Dagster run stays green, tagged "

@@ -54,7 +54,9 @@ def test_validate_warns_on_an_unguarded_arc_after_a_step_that_can_fail_and_exits
     r = CliRunner().invoke(cli, ["validate", str(f)])
     assert r.exit_code == 0, r.output
     (line,) = [ln for ln in r.stderr.splitlines() if "unguarded-failure" in ln]
-    assert line.startswith(f"{f}:13: warning: unguarded-failure: workflow[0].next.arcs[0]: step 'start' can fail")
+    assert line.startswith(
+        f"{f}:13: warning: unguarded-failure: workflow[0].next.arcs[0]: step 'start' can fail"
+    )
     assert "task boom (python)" in line and "when: \"{{ event.name == 'call.done' }}\"" in line
     assert r.stdout.strip() == ""  # stdout stays the error list
 
