@@ -83,6 +83,7 @@ def playbook_multi_asset(c: CompiledPlaybook, specs: list[dg.AssetSpec]) -> dg.A
     specs = [s.replace_attributes(skippable=True, partitions_def=parts) for s in specs]
     all_keys = {s.key for s in specs}
     graph = analyze(pb)
+    per_key = pb.dagster.partitions is not None and pb.dagster.partitions.backfill is None
     op = c.asset_op
     tags = {"noetl/playbook": c.path, **dict(op.tags)} if op else {"noetl/playbook": c.path}
 
@@ -96,14 +97,42 @@ def playbook_multi_asset(c: CompiledPlaybook, specs: list[dg.AssetSpec]) -> dg.A
     def _tables(context):  # noqa: ANN001, ANN202 - Dagster reads the annotation at runtime; none here
         res: NoetlResource = getattr(context.resources, RESOURCE_KEY)
         keys = run_partition_keys(context) if parts is not None else None
-        workload = partition_workload(pb, keys) if keys else None
+        # a range run of a playbook declaring no backfill policy: one execution per key, in this one run
+        units = [[k] for k in keys] if keys and len(keys) > 1 and per_key else [keys]
         selected = set(context.selected_asset_keys) & all_keys
         select = None
-        svc = res.services()
-        reuse: dict[str, dict[str, Any]] = {}
-        run_pb = pb
         if selected != all_keys:  # a subset: the steps storing the selected tables and every step before them
             select = graph.needed_for(s for k in selected for s in c.asset_steps.get(k, ()))
+        totals: list[Cost] = []
+        recorded: list[dg.AssetMaterialization] = []  # a range's keys, one execution each
+        for unit in units:
+            yield from _materialize(
+                context, res, unit, selected, select, totals, recorded if len(units) > 1 else None
+            )
+        if recorded:
+            # the op's results (the checks after it wait on them) name each key's version; then each key's
+            # own materialization, the latest, the one its checks and consumers read
+            versions: dict[dg.AssetKey, dict[str, str]] = {}
+            for m in recorded:
+                versions.setdefault(m.asset_key, {})[str(m.partition)] = str(m.metadata["noetl/uri"].value)
+            for key, by_key in versions.items():
+                yield dg.MaterializeResult(
+                    asset_key=key, metadata={"noetl/partition_versions": dg.MetadataValue.json(by_key)}
+                )
+            for m in recorded:
+                context.log_event(m)
+        if totals:
+            total = sum(totals[1:], totals[0])  # the run's executions
+            context.instance.add_run_tags(context.run.run_id, {**cost_tags(total), **run_cost_tags(total)})
+
+    def _materialize(context, res, keys, selected, select, totals, recorded):  # noqa: ANN001, ANN202, PLR0913
+        """One execution for ``keys``; its tables reported as the op's results, or (``recorded``: one of a
+        range's keys) as that partition's materializations, logged after the op's results."""
+        svc = res.services()
+        workload = partition_workload(pb, keys) if keys else None
+        reuse: dict[str, dict[str, Any]] = {}
+        run_pb = pb
+        if select is not None:
             reuse, pins = upstream_reuse(context, c, select, selected, keys, svc)
             run_pb = with_pinned_reads(pb, pins)
             context.log.info(f"subset of {c.path}: {len(selected)} of {len(all_keys)} tables; running steps "
@@ -163,10 +192,12 @@ def playbook_multi_asset(c: CompiledPlaybook, specs: list[dg.AssetSpec]) -> dg.A
                 md["noetl/skipped_steps"] = dg.MetadataValue.text(", ".join(skipped))
             if costs is not None and step in costs[1]:
                 md.update(table_cost_metadata(costs[1][step], per_step[step]))
-            yield dg.MaterializeResult(asset_key=spec.key, metadata=md)
+            if recorded is not None:
+                recorded.append(dg.AssetMaterialization(asset_key=spec.key, partition=keys[0], metadata=md))
+            else:
+                yield dg.MaterializeResult(asset_key=spec.key, metadata=md)
         if costs is not None:
-            total = sum(costs[1].values(), Cost(currency=costs[0].currency))  # the run is the execution
-            context.instance.add_run_tags(context.run.run_id, {**cost_tags(total), **run_cost_tags(total)})
+            totals.append(sum(costs[1].values(), Cost(currency=costs[0].currency)))
 
     return _tables
 

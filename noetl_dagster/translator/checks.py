@@ -218,7 +218,10 @@ def _combined(evals: list[dict[str, Any]], keys: list[str | None]) -> dict[str, 
     md = {
         "noetl/partitions": dg.MetadataValue.json(
             {str(k): e["description"] for k, e in zip(keys, evals, strict=True)}
-        )
+        ),
+        "noetl/partition_uris": dg.MetadataValue.json(  # the version each key's verdict read
+            {str(k): (e.get("metadata") or {}).get("noetl/uri") for k, e in zip(keys, evals, strict=True)}
+        ),
     }
     return {**{k: evals[0][k] for k in ("asset_key", "check_name", "severity")}, "passed": not failed,
             "description": desc[:2000], "metadata": md}  # fmt: skip

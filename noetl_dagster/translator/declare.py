@@ -62,10 +62,13 @@ def workload_partition_key(pb: Playbook, workload: Mapping[str, Any]) -> str | N
 
 def backfill_policy(pb: Playbook) -> dg.BackfillPolicy | None:
     """``partitions.backfill``: single_run (one run for a range; the playbook reads the keys from
-    ``workload.<range_key>``), multi_run (one run per key) or N (at most N keys per run)."""
+    ``workload.<range_key>``), multi_run (one run per key) or N (at most N keys per run). Undeclared: one
+    run too, which runs the playbook once per key (each key's own workload and version, in one process)."""
     p = pb.dagster.partitions
-    if p is None or p.backfill is None:
+    if p is None:
         return None
+    if p.backfill is None:
+        return dg.BackfillPolicy.single_run()
     if p.backfill == "single_run":
         return dg.BackfillPolicy.single_run()
     return dg.BackfillPolicy.multi_run(1 if p.backfill == "multi_run" else int(p.backfill))
