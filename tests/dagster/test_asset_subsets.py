@@ -11,17 +11,17 @@ import dagster as dg
 import pytest
 
 from noetl_dagster.dsl import load_playbook
-from noetl_dagster.dsl.locator import asset_key_for_uri
 from noetl_dagster.resources.noetl import NoetlResource
 from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.storage.tables import TableStorage
 from noetl_dagster.translator import compile_playbooks
 from noetl_dagster.translator.declare import with_partition_metadata
+from noetl_dagster.translator.translator import NoetlTranslator
 
 READINGS = "noetl://demo/examples/t/dataset/meter_readings"
 SUMMARY = "noetl://demo/examples/t/dataset/daily_summary"
-R = dg.AssetKey(asset_key_for_uri(READINGS))
-S = dg.AssetKey(asset_key_for_uri(SUMMARY))
+R = NoetlTranslator().get_asset_key(READINGS)
+S = NoetlTranslator().get_asset_key(SUMMARY)
 
 METER = f"""\
 apiVersion: noetl.io/v2
