@@ -79,6 +79,9 @@ class Services:
     keychain_factory: Callable[[Playbook], Any] | None = None
     # loop.cursor drivers by kind (engine.ports.CursorOpener), wired by the runner
     cursor_sources: dict[str, Any] = field(default_factory=dict)
+    # in-process kinds of a sandboxed execution run in its worker (engine.ports.SandboxPort); wired by
+    # the runner, and a sandboxed execution without one fails its tasks (closed, never unconfined)
+    sandbox: Any = None
 
 
 @dataclass

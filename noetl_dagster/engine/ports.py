@@ -174,6 +174,27 @@ class ToolContext(Protocol):
         redacted, long strings cut (engine/worker.py). Optional: tools look it up with getattr."""
 
 
+# -- the sandboxed worker (tools/sandbox_worker.py): in-process kinds of a sandboxed execution ----------
+
+
+class SandboxWorker(Protocol):
+    """One execution's worker process in the OS sandbox."""
+
+    def call(self, kind: str, config: Mapping[str, Any], ctx: ToolContext) -> Any:
+        """The tool's result, or ToolError: as the kind's own call in this process would give."""
+
+    def close(self) -> None: ...
+
+
+class SandboxPort(Protocol):
+    """``Services.sandbox``, wired by the runner: the kinds that run in the worker, and its start."""
+
+    kinds: frozenset[str]
+
+    def start(self, ctx: ToolContext) -> SandboxWorker | None:
+        """The execution's worker; None where the operator opted out of the sandbox (env-only)."""
+
+
 # -- cursor loops (loop.cursor): pull sources whose rows are claimed in frames ----------------------
 
 

@@ -253,9 +253,15 @@ class Meter:
             peak_ = maxrss * _MAXRSS_UNIT if maxrss > self._maxrss else max(rss, self._rss)
             ch = _resource.getrusage(_resource.RUSAGE_CHILDREN)
             reaped = counters.pop("child_cpu_s", 0.0)  # children this attempt reaped itself (Popen)
+            # a child that lives on (the sandbox worker): read from /proc per task, so charged to the
+            # tasks it ran; when this attempt reaps it, that part of the delta was charged already
+            live = counters.pop("live_child_cpu_s", 0.0)
+            charged = counters.pop("child_cpu_charged_s", 0.0)
             # alone, the process-wide delta is all of its children; beside others it would count
             # theirs too, so then only the children it reaped itself
-            child_cpu = ch.ru_utime + ch.ru_stime - self._child[0] if alone else reaped
+            child_cpu = live + (
+                max(ch.ru_utime + ch.ru_stime - self._child[0] - charged, 0.0) if alone else reaped
+            )
             if child_cpu > 0:
                 u["child_cpu_s"] = round(child_cpu, 6)
             child_peak = counters.pop("child_maxrss_bytes", 0)

@@ -468,7 +468,13 @@ class Worker(LoopPhases, TaskPolicy):
             gate = self.engine.gate
             if gate is not None:  # the trust boundary, at run time, on the rendered config
                 gate.check(task.kind, config, f"task {task.label!r}")
-            result = kind.invoke(config, _ToolCtx(self, frame, task, attempt, scope, notes))
+            ctx = _ToolCtx(self, frame, task, attempt, scope, notes)
+            box = self._sandbox(task.kind, ctx)
+            if box is None:
+                result = kind.invoke(config, ctx)
+            else:  # the OS sandbox: the kind runs in the execution's worker process
+                kind.check_config(config)
+                result = box.call(task.kind, config, ctx)
         except KindError as e:  # config not matching the kind's model, a plugin that did not load
             return _err_outcome(_error(e.kind, str(e)))
         except ToolError as e:
@@ -487,6 +493,20 @@ class Worker(LoopPhases, TaskPolicy):
             }
             return out
         return outcome_envelope(True, result, None)
+
+    def _sandbox(self, kind: str, ctx: _ToolCtx) -> Any:
+        """The execution's sandboxed worker when a call of ``kind`` runs in it (started at the first
+        such call, closed with the execution's resources), else None: the kind runs in this process."""
+        eng = self.engine
+        if eng.gate is None and getattr(eng, "isolation", None) != "sandbox":
+            return None
+        port = eng.services.sandbox
+        if port is None:
+            raise ToolError(f"task {ctx.task!r}: this execution is sandboxed and the runner wired no sandbox",
+                            kind="sandbox_unavailable")  # fmt: skip
+        if kind not in port.kinds:
+            return None
+        return eng.resource("sandbox:worker", lambda: port.start(ctx))
 
     # -- workbook ----------------------------------------------------------------
     def call_workbook(self, name: str, inputs: dict[str, Any], frame: _Frame, scope: Scope) -> Any:

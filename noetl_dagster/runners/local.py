@@ -22,6 +22,7 @@ from noetl_dagster.storage.event_stores import open_event_store
 from noetl_dagster.storage.events import EventStore
 from noetl_dagster.storage.payload import DEFAULT_INLINE_LIMIT, Offloader, open_payload_store
 from noetl_dagster.tools.cursor_sources import default_cursor_sources
+from noetl_dagster.tools.sandbox_worker import SandboxPort
 from noetl_dagster.util.jsonutil import plain
 
 if TYPE_CHECKING:
@@ -120,6 +121,7 @@ def build_services(
         listeners=[*listeners, *_listeners_from_env()],
         logger=logger,
         cursor_sources=default_cursor_sources(),
+        sandbox=SandboxPort(),
     )
 
 

@@ -161,7 +161,8 @@ def test_a_generated_duckdb_keeps_its_own_files_in_its_own_directory(env):
     res, store, events, kids = env(parent(child(step), ["duckdb"]))
     assert res.status == "completed", res.results
     assert res.results["start"]["rows"] == [{"a": 7}]
-    assert (env.data_dir / "generated" / kids[0] / "mine.duckdb").is_file()
+    # the sandbox worker's scratch folder (tools/sandbox_worker.py): inside the execution's own directory
+    assert (env.data_dir / "generated" / kids[0] / "sandbox" / "mine.duckdb").is_file()
     # an absolute database path outside it is refused before DuckDB opens (or creates) anything
     outside = env.data_dir.parent / "outside.duckdb"
     step2 = {
