@@ -132,6 +132,20 @@ class _ToolCtx:
             self._notes[key] = value
 
 
+def sandbox_worker(engine: Engine, kind: str, ctx: _ToolCtx) -> Any:
+    """The execution's sandboxed worker when a call of ``kind`` runs in it (started at the first such
+    call, closed with the execution's resources), else None: the kind runs in this process."""
+    if engine.gate is None and engine.isolation != "sandbox":
+        return None
+    port = engine.services.sandbox
+    if port is None:
+        raise ToolError(f"task {ctx.task!r}: this execution is sandboxed and the runner wired no sandbox",
+                        kind="sandbox_unavailable")  # fmt: skip
+    if kind not in port.kinds:
+        return None
+    return engine.resource("sandbox:worker", lambda: port.start(ctx))
+
+
 class Worker(LoopPhases, TaskPolicy):
     def __init__(self, engine: Engine):
         self.engine = engine
@@ -469,7 +483,7 @@ class Worker(LoopPhases, TaskPolicy):
             if gate is not None:  # the trust boundary, at run time, on the rendered config
                 gate.check(task.kind, config, f"task {task.label!r}")
             ctx = _ToolCtx(self, frame, task, attempt, scope, notes)
-            box = self._sandbox(task.kind, ctx)
+            box = sandbox_worker(self.engine, task.kind, ctx)
             if box is None:
                 result = kind.invoke(config, ctx)
             else:  # the OS sandbox: the kind runs in the execution's worker process
@@ -493,20 +507,6 @@ class Worker(LoopPhases, TaskPolicy):
             }
             return out
         return outcome_envelope(True, result, None)
-
-    def _sandbox(self, kind: str, ctx: _ToolCtx) -> Any:
-        """The execution's sandboxed worker when a call of ``kind`` runs in it (started at the first
-        such call, closed with the execution's resources), else None: the kind runs in this process."""
-        eng = self.engine
-        if eng.gate is None and getattr(eng, "isolation", None) != "sandbox":
-            return None
-        port = eng.services.sandbox
-        if port is None:
-            raise ToolError(f"task {ctx.task!r}: this execution is sandboxed and the runner wired no sandbox",
-                            kind="sandbox_unavailable")  # fmt: skip
-        if kind not in port.kinds:
-            return None
-        return eng.resource("sandbox:worker", lambda: port.start(ctx))
 
     # -- workbook ----------------------------------------------------------------
     def call_workbook(self, name: str, inputs: dict[str, Any], frame: _Frame, scope: Scope) -> Any:

@@ -52,55 +52,53 @@ class SandboxPort:
 
     def start(self, ctx: Any) -> SandboxWorker | None:
         """The execution's worker (None under the operator's ``env-only`` opt-out: in-process)."""
-        scratch = _scratch(ctx)
+        from noetl_dagster.tools import sandbox  # noqa: PLC0415 - the launcher: sandboxed executions only
+
+        scratch = sandbox.task_scratch(ctx, f"task {getattr(ctx, 'task', '?')!r} (sandbox worker)")
         if scratch is None:
             return None
-        return SandboxWorker(scratch, str(ctx.execution_id), str(getattr(ctx, "tenant", None) or "default"))
-
-
-def _scratch(ctx: Any) -> str | None:
-    try:
-        from noetl_dagster.tools import sandbox  # noqa: PLC0415 - the launcher: sandboxed executions only
-    except ImportError:  # the OS sandbox not landed yet: a plain child process in the scope folder
-        path = Path(getattr(ctx, "scope_dir", None) or ctx.data_dir) / "sandbox"
-        path.mkdir(parents=True, exist_ok=True)
-        return str(path.resolve())
-    return sandbox.task_scratch(ctx, f"task {getattr(ctx, 'task', '?')!r} (sandbox worker)")
+        return SandboxWorker(scratch, str(ctx.execution_id), str(getattr(ctx, "tenant", None) or "default"),
+                             hosts=getattr(ctx, "allow_hosts", None))  # fmt: skip
 
 
 class SandboxWorker:
     """One execution's child process in the sandbox; :meth:`call` runs one task in it (one at a time)."""
 
-    def __init__(self, scratch: str, execution_id: str, tenant: str):
+    def __init__(self, scratch: str, execution_id: str, tenant: str, hosts: frozenset[str] | None = None):
         self.scratch = scratch
         self.execution_id = execution_id
         self.tenant = tenant
+        self.hosts = hosts  # the grant's allow_hosts: reached through an egress proxy (none: no network)
+        self._proxy: Any = None
+        self._refused: list[str] = []
         self._lock = threading.Lock()
         self._proc: Any = None
         self._stderr: Any = None
         self._charged = 0.0  # the worker's CPU charged to its tasks (not again when it is reaped)
 
     # the process -------------------------------------------------------------------------------
-    def _argv(self) -> tuple[list[str], dict[str, str] | None, str]:
+    def _argv(self) -> Any:
+        from noetl_dagster.tools import sandbox  # noqa: PLC0415
+
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
         code = f"import sys; sys.path.insert(0, {root!r}); from noetl_dagster.tools.sandbox_worker import child_main; child_main()"
-        argv = [sys.executable, "-I", "-c", code, self.scratch]
-        try:
-            from noetl_dagster.tools import sandbox  # noqa: PLC0415
-        except ImportError:
-            return argv, {"PATH": "/usr/bin:/bin", "HOME": self.scratch, "TMPDIR": self.scratch}, self.scratch
-        box = sandbox.confine(argv, scratch=self.scratch, execution_id=self.execution_id, tenant=self.tenant,
-                              limits=sandbox.Limits.from_env())  # fmt: skip
-        return box.argv, box.env, box.cwd
+        if self.hosts and self._proxy is None:  # one proxy for the worker's life, closed with it
+            from noetl_dagster.tools.egress import EgressProxy  # noqa: PLC0415
+
+            uid = sandbox.sandbox_uid(self.execution_id, self.tenant) if os.geteuid() == 0 else None
+            self._proxy = EgressProxy(self.hosts, uid=uid, on_refuse=self._refused.append).__enter__()
+        return sandbox.confine([sys.executable, "-I", "-c", code, self.scratch], scratch=self.scratch,
+                               execution_id=self.execution_id, tenant=self.tenant, limits=sandbox.Limits.from_env(),
+                               proxy_socket=self._proxy.socket_path if self._proxy is not None else None)  # fmt: skip
 
     def _start(self) -> None:
         import subprocess  # noqa: PLC0415 - sandboxed executions only (issue 35: a run imports none)
         import tempfile  # noqa: PLC0415
 
-        argv, env, cwd = self._argv()
+        box = self._argv()
         self._stderr = tempfile.TemporaryFile()  # outside the scratch: the child cannot rewrite it
-        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
-                                      env=env, cwd=cwd)  # fmt: skip
+        self._proc = subprocess.Popen(box.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+                                      env=box.env, cwd=box.cwd)  # fmt: skip
         STARTS[self.execution_id] += 1
 
     def _alive(self) -> bool:
@@ -123,6 +121,9 @@ class SandboxWorker:
         finally:
             count(child_cpu_charged_s=self._charged)  # an attempt reaping it: its tasks had this part
             self._charged = 0.0
+            if self._proxy is not None:
+                self._proxy.__exit__(None, None, None)
+                self._proxy = None
             for f in (proc.stdout, self._stderr):
                 try:
                     if f is not None:
@@ -181,6 +182,9 @@ class SandboxWorker:
             if reply is None:
                 raise self._timeout(timeout) if fired.is_set() else self._died("ended")
             self._charged += _charge(proc.pid, before, reply)
+            refused, self._refused[:] = list(self._refused), []
+        if refused and callable(getattr(ctx, "note", None)):  # as a per-task sandboxed process notes them
+            ctx.note(egress_refused=refused[:20])
         # the worker runs the tenant's code: its reply is data, each field checked before it is used
         for line in (reply.get("logs") or ())[:MAX_LOG_LINES]:
             ctx.log(str(line)[:MAX_LOG_CHARS])

@@ -24,9 +24,12 @@ from noetl_dagster.tools import sandbox, sandbox_worker
 from noetl_dagster.tools.duckdb_tool import load_arrow_table
 from noetl_dagster.tools.registry import ToolError
 
-pytestmark = pytest.mark.skipif(
-    not sandbox.available(), reason=f"no OS sandbox: {sandbox.unavailable_reason()}"
-)
+
+@pytest.fixture(autouse=True)
+def _sandbox_here():
+    # fail closed, not skipped: without bwrap a sandboxed task ends sandbox_unavailable
+    assert sandbox.available(), sandbox.unavailable_reason()
+
 
 GLOBEX = "globex-payroll-42"
 HOST_PASSWD = Path("/etc/passwd").read_text().splitlines()[0]  # root's line: never in the sandbox's own
