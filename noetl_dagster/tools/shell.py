@@ -205,7 +205,7 @@ def run_commands(
             for p in [cwd, *cwd.parents]:
                 if str(p) == scratch or scratch not in str(p):
                     break
-                os.chown(p, boxes[0].uid, boxes[0].uid)
+                os.chown(p, boxes[0].uid, boxes[0].uid, follow_symlinks=False)
         return _run_all([b.argv for b in boxes], previews, inputs, ctx, kind, cwd, boxes[0].env)
 
 
@@ -343,6 +343,29 @@ def _script_source(inputs: Mapping[str, Any], ctx: ToolContext) -> tuple[str, st
         raise ToolError(f"script: cannot read {e}", kind="config_error") from None
 
 
+def _write_script(folder: Path, name: str, code: str) -> Path:
+    """The script file, written by the worker into a folder that sandboxed code of the same execution
+    may have changed (the scratch folder is its own): one plain name (no path in a given ``name``),
+    and no symlink followed, for the folder or the file."""
+    safe = (
+        "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in name).lstrip(".")
+        or "script"
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            fd = os.open(safe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644, dir_fd=dfd)
+        finally:
+            os.close(dfd)
+    except OSError as e:
+        raise ToolError(f"script: cannot write the script file in {folder}: {e.strerror} (a symlink?)",
+                        kind="exec_error") from None  # fmt: skip
+    with os.fdopen(fd, "w") as fh:
+        fh.write(code)
+    return folder / safe
+
+
 @register_tool(
     "script",
     config=ScriptConfig,
@@ -356,9 +379,6 @@ def script_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
         interp = [sys.executable] if name.endswith(".py") else [SHELL_BIN]
     elif isinstance(interp, str):
         interp = [sys.executable] if interp in ("python", "python3") else interp.split()
-    wd = work_dir(ctx, "script")
-    path = wd / ".scripts" / f"{ctx.step}-{ctx.task}-{name}"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(code)
+    path = _write_script(work_dir(ctx, "script") / ".scripts", f"{ctx.step}-{ctx.task}-{name}", code)
     argv = [*map(str, interp), str(path), *(str(a) for a in inputs.get("args") or [])]
     return run_commands([argv], [f"{' '.join(map(str, interp))} {name}"], inputs, ctx, "script")

@@ -493,3 +493,31 @@ def test_the_proxy_holds_a_bounded_number_of_connections(world):
     assert res.status == "completed", res.results
     assert res.results["start"]["result"] == MAX_CONNECTIONS, res.results
     assert "connections at once" in json.dumps([e.data for e in events], default=str)
+
+
+def test_sandboxed_code_cannot_redirect_the_workers_script_file(world, tmp_path):
+    """The worker (root) writes a `kind: script` file into the scratch folder, which the execution's
+    sandboxed code owns: a `.scripts` symlink planted by an earlier task must not make the worker
+    write outside it."""
+    target = tmp_path / "target"
+    target.mkdir()
+    plant = {"sh": {"kind": "shell", "command": f"rm -rf .scripts; ln -s {target} .scripts"}}
+    run = {"sc": {"kind": "script", "script": {"name": "x.sh", "source": {"code": "echo ran"}}}}
+    doc = _authored(plant)
+    doc["workflow"][0]["next"] = {"arcs": [{"step": "second"}]}
+    doc["workflow"].append({"step": "second", "tool": [run]})
+    res, events = world.run(doc)
+    assert list(target.iterdir()) == [], list(target.iterdir())
+    assert res.status == "failed" and "a symlink?" in json.dumps(res.results), res.results
+
+
+def test_a_script_name_with_a_path_stays_in_the_scripts_folder(world):
+    escaped = {
+        "sc": {"kind": "script", "script": {"name": "../../../../escaped.sh", "source": {"code": "echo ran"}}}
+    }
+    res, _ = world.run(_authored(escaped))
+    assert res.status == "completed", res.results
+    written = list(world.data_dir.parent.rglob("*escaped.sh"))
+    assert written and all(
+        p.parent.name == ".scripts" and p.parent.parent.name == "sandbox" for p in written
+    ), written
