@@ -152,16 +152,17 @@ def with_partition_metadata(pb: Playbook) -> Playbook:
 
 
 def with_pinned_reads(pb: Playbook, pins: Mapping[str, str]) -> Playbook:
-    """A subset run's copy of the playbook whose reads of an unversioned ``uri`` in ``pins`` (series ->
-    version) read that version: the one Dagster recorded for a table the run does not write again."""
+    """A subset run's copy of the playbook whose reads of an unversioned (or ``@latest``) ``uri`` in ``pins``
+    (series -> version) read that version: the one Dagster recorded for a table the run does not write again."""
     if not pins:
         return pb
     out = pb.model_copy(deep=True)
     out._steps = None  # the copy's step cache must point at the copied steps
     for step in out.workflow:
         for task in step.tool:
-            uri = str(task.config.get("uri") or "")
-            if task.kind in STORAGE_KINDS and str(task.config.get("op") or "write") == "read" and uri in pins:
-                task.config["uri"] = f"{uri}@{pins[uri]}"
+            series, _, version = str(task.config.get("uri") or "").partition("@")
+            if (task.kind in STORAGE_KINDS and str(task.config.get("op") or "write") == "read" and series in pins
+                    and version in ("", "latest")):  # fmt: skip
+                task.config["uri"] = f"{series}@{pins[series]}"
                 task.config.pop("partition_key", None)  # the version is that partition's already
     return out

@@ -15,7 +15,7 @@ from noetl_dagster.resources.noetl import NoetlResource
 from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.storage.tables import TableStorage
 from noetl_dagster.translator import compile_playbooks
-from noetl_dagster.translator.declare import with_partition_metadata
+from noetl_dagster.translator.declare import with_partition_metadata, with_pinned_reads
 from noetl_dagster.translator.translator import NoetlTranslator
 
 READINGS = "noetl://demo/examples/t/dataset/meter_readings"
@@ -221,3 +221,22 @@ def test_asking_for_the_upstream_materializes_and_records_it(dagster_data, tmp_p
         mats = {e.materialization.asset_key: e.materialization for e in r.get_asset_materialization_events()}
     assert set(mats) == {R, S} and mats[R].partition == "2026-11-08"
     assert _versions(dagster_data, READINGS) == [("v1", "2026-11-08")]
+
+
+def test_pinned_reads_read_the_recorded_version_unless_the_playbook_names_one(tmp_path):
+    text = METER.replace(
+        f"      - readings: {{kind: parquet, op: read, uri: {READINGS}}}",
+        f"      - readings: {{kind: parquet, op: read, uri: {READINGS}}}\n"
+        f"      - latest: {{kind: parquet, op: read, uri: '{READINGS}@latest'}}\n"
+        f"      - fixed: {{kind: parquet, op: read, uri: '{READINGS}@v9'}}",
+    )
+    f = tmp_path / "meter_pins.yaml"
+    f.write_text(text)
+    pb = with_partition_metadata(load_playbook(f))
+    pinned = with_pinned_reads(pb, {READINGS: "v1"})
+    uris = {t.label: t.config["uri"] for t in pinned.steps["summarize"].tool if t.config.get("op") == "read"}
+    assert uris == {"readings": f"{READINGS}@v1", "latest": f"{READINGS}@v1", "fixed": f"{READINGS}@v9"}
+    assert (
+        "partition_key" not in next(t for t in pinned.steps["summarize"].tool if t.label == "readings").config
+    )
+    assert pb.steps["summarize"].tool[0].config["uri"] == READINGS  # the compiled playbook is not changed
