@@ -270,3 +270,55 @@ def test_a_forged_spill_from_the_worker_moves_nothing_from_outside(home, tmp_pat
     stored = [p.read_text(errors="replace") for p in (home / "payloads").rglob("*") if p.is_file()]
     assert not any(GLOBEX in s for s in stored)
     assert (outside / name).read_text() == GLOBEX  # and the host file was not removed either
+
+
+def _workers(scratch: str) -> list[int]:
+    """Live processes running a worker on ``scratch`` (its path is the worker's last argument)."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if b"child_main()" in b" ".join(argv) and scratch.encode() in argv and state != "Z":
+            out.append(int(pid))
+    return out
+
+
+def test_the_worker_ends_with_its_execution_and_dies_with_a_killed_parent(home, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    url = f"sqlite:///{tmp_path / 'events.db'}"
+    res = run_playbook(load_playbook_dict(parent(PIPELINE)), None, event_store=url, data_dir=home)
+    store = open_event_store(url)
+    kid = _kid(store, res.execution_id)
+    assert res.status == "completed" and sandbox_worker.STARTS[kid] == 1
+    assert _workers(str((home / "generated" / kid / "sandbox").resolve())) == []  # closed with the execution
+    # a parent killed outright (no close, no cleanup): the worker goes with it
+    ctx_home = tmp_path / "crash"
+    script = (
+        "import sys; sys.path.insert(0, 'tests/security'); from pathlib import Path\n"
+        "from test_sandbox_worker import _Ctx\nfrom noetl_dagster.tools import sandbox_worker\n"
+        f"ctx = _Ctx(Path({str(ctx_home)!r}), '01a0000a-0000-7000-8000-00000000000d')\n"
+        "w = sandbox_worker.SandboxPort().start(ctx)\nprint(w.call('rhai', {'code': '1 + 1'}, ctx), w.scratch, flush=True)\n"
+        "import time; time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    try:
+        answer, scratch = proc.stdout.readline().split()
+        assert answer == "2" and _workers(scratch)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        for _ in range(200):  # the kernel's death signal is asynchronous: wait for it, bounded
+            if not _workers(scratch):
+                break
+            time.sleep(0.05)
+        assert _workers(scratch) == []
+    finally:
+        proc.kill()
+        proc.wait()
