@@ -26,6 +26,12 @@ function summary(d) {
     `${t.sub_executions} sub-playbooks`, `cpu ${t.cpu_s.toFixed(3)} s`, `cost ${money(t.cost)} ${d.currency}`];
   $("summary").replaceChildren(...parts.map((p) => el("span", p)));
   if (d.playbook_missing) $("summary").append(el("span", `(playbook: ${d.playbook_missing})`));
+  // back to Dagster ($NOETL_DAGSTER_WEBSERVER_URL): the run that requested it, and every run tagged with it
+  for (const [key, text] of [["run", "Dagster run"], ["runs", "its Dagster runs"]]) {
+    if (!d.dagster || !d.dagster[key]) continue;
+    const a = el("a", text, "dagster-" + key); a.href = d.dagster[key]; a.target = "_blank"; a.rel = "noopener";
+    $("summary").append(a);
+  }
 }
 
 function lanes(d) {

@@ -24,6 +24,7 @@ from noetl_dagster.engine.execution_diff import diff as diff_events
 from noetl_dagster.engine.explain import Explainer, Explanation, UnknownExecution
 from noetl_dagster.engine.explain_playbook import changed_steps, playbook_graph, playbook_of, step_lines
 from noetl_dagster.engine.explain_summary import rebuild, restore, state_rows
+from noetl_dagster.util.links import dagster_links
 
 MAX_ID = 100
 CACHE = 64  # pages kept by a server (a 200,000-iteration loop's: ~20 KB)
@@ -184,6 +185,9 @@ class ExecutionViews:
         page["graph"] = playbook_graph(pb, page["arcs"])
         page["graph"]["positions"] = layout(page["graph"])
         page["playbook_missing"] = why
+        page["dagster"] = dagster_links(
+            execution_id, page["execution"].get("requested_by")
+        )  # back to its runs
         page["currency"] = self.currency
         return page, exp
 

@@ -534,7 +534,7 @@ def explain(events: Iterable[Event], *, price: LedgerPrice | None = None,
 def _execution_event(ex: dict[str, Any], name: str, d: dict[str, Any], ev: Event) -> None:
     if name == "playbook.execution.requested":
         ex.update(playbook=d.get("playbook"), name=d.get("name"), file=d.get("file"),
-                  request_workload=brief(d.get("workload")))  # fmt: skip
+                  request_workload=brief(d.get("workload")), requested_by=d.get("requested_by"))  # fmt: skip
         if d.get("definition"):
             ex["generated"] = True
     elif name == "workflow.started":

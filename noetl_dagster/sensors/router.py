@@ -55,6 +55,7 @@ from noetl_dagster.resources.runtime import (
     work_steps,
 )
 from noetl_dagster.translator.declare import workload_partition_key
+from noetl_dagster.translator.explain_links import link_tags
 
 log = logging.getLogger("noetl_dagster.router")
 
@@ -76,9 +77,10 @@ class Launch:
     partition_key: str | None = None  # a partitioned playbook's main job: the execution's partition
 
     def run_request(self) -> dg.RunRequest:
-        return dg.RunRequest(
-            run_key=self.run_key, job_name=self.job_name, tags=self.tags, partition_key=self.partition_key
-        )
+        # a run the router launches links to its execution's page like a job run (issue 42)
+        return dg.RunRequest(run_key=self.run_key, job_name=self.job_name,
+                             tags={**link_tags(self.execution_id), **self.tags},
+                             partition_key=self.partition_key)  # fmt: skip
 
 
 @dataclass
@@ -416,11 +418,10 @@ def _router_sensor(
             context.log.info(f"launch {launch.job_name} for execution {launch.execution_id}: {launch.reason}")
         if not tick.launches:
             context.update_cursor(tick.cursor.dumps())
-            return dg.SkipReason(
-                f"no work to route (watching {len(tick.cursor.watch)} execution(s); "
-                + (f"{len(tick.notes)} problem(s) reported" if tick.notes else "no problems")
-                + ")"
-            )
+            idle = (f"no work to route (watching {len(tick.cursor.watch)} execution(s); "
+                    + (f"{len(tick.notes)} problem(s) reported" if tick.notes else "no problems") + ")")  # fmt: skip
+            context.log.debug(idle)  # an idle tick says nothing at INFO (it ticks every few seconds)
+            return dg.SkipReason(idle)
         return dg.SensorResult(
             run_requests=[launch.run_request() for launch in tick.launches], cursor=tick.cursor.dumps()
         )

@@ -40,6 +40,7 @@ from noetl_dagster.translator.declare import (
     partitions_def,
     with_pinned_reads,
 )
+from noetl_dagster.translator.explain_links import execution_url, link_tags
 from noetl_dagster.translator.failures import first_failure
 from noetl_dagster.translator.ops import (
     RESOURCE_KEY,
@@ -139,7 +140,8 @@ def playbook_multi_asset(c: CompiledPlaybook, specs: list[dg.AssetSpec]) -> dg.A
                              f"{', '.join(s for s in graph.order if s in select and s not in reuse)}"
                              + (f"; reusing the recorded results of {', '.join(sorted(reuse))}" if reuse else ""))  # fmt: skip
         eid = uuid7()
-        context.instance.add_run_tags(context.run.run_id, {TAG_EXECUTION: eid})
+        # the run (Materialize, a backfill's) links to the execution's page like a job run (issue 42)
+        context.instance.add_run_tags(context.run.run_id, {TAG_EXECUTION: eid, **link_tags(eid)})
         with op_log(eid, context.log) as sink:  # the NoETL step/task events, as a job run's ops log them
             result = run_playbook(run_pb, workload, services=svc, execution_id=eid, select=select,
                                   requested_by=f"{REQUESTED_BY_ASSET}{context.run.run_id}",
@@ -190,6 +192,8 @@ def playbook_multi_asset(c: CompiledPlaybook, specs: list[dg.AssetSpec]) -> dg.A
                 md["noetl/step"] = step
             if skipped:
                 md["noetl/skipped_steps"] = dg.MetadataValue.text(", ".join(skipped))
+            if url := execution_url(result.execution_id):
+                md["noetl/execution_page"] = dg.MetadataValue.url(url)
             if costs is not None and step in costs[1]:
                 md.update(table_cost_metadata(costs[1][step], per_step[step]))
             if recorded is not None:

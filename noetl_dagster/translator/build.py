@@ -279,7 +279,7 @@ def compile_playbooks(
             pb_mode = _playbook_mode(pb, mode)
             step_ids = naming.unique_names(((s.name, s.name) for s in pb.workflow), reserved=[START_ID])
             data = NoetlPlaybookData(pb, job_name, pb_mode, resource.tenant, resource.project, step_ids)
-            c = _compile_one(pb, data, translator)
+            c = _compile_one(pb, data, translator, resource)
             for job in c.jobs:
                 for node in job.graph.node_defs:
                     owner = seen_ops.get(node.name, c.path)
@@ -531,7 +531,13 @@ def _executor(name: str) -> dg.ExecutorDefinition:
     raise ValueError(f"unknown executor {name!r}; use in_process, multiprocess, celery or k8s")
 
 
-def _compile_one(pb: Playbook, data: NoetlPlaybookData, translator: NoetlTranslator) -> CompiledPlaybook:
+def _compile_one(
+    pb: Playbook, data: NoetlPlaybookData, translator: NoetlTranslator, resource: NoetlResource | None = None
+) -> CompiledPlaybook:
+    # jobs carry the resource: Definitions re-binds jobs that lack one and rebuilds the router sensor and
+    # schedules around the copies (Dagster's own rebuild passes its beta ``owners`` parameter: a BetaWarning
+    # at every code-server load)
+    bound = {RESOURCE_KEY: resource} if resource is not None else None
     graph = analyze(pb)
     plan = plan_job(pb, data.mode, graph)
     in_cycle = {s for comp in graph.sccs if graph.is_cyclic(comp) for s in comp}
@@ -591,7 +597,7 @@ def _compile_one(pb: Playbook, data: NoetlPlaybookData, translator: NoetlTransla
             deps[spec.name] = {"after": dg.MultiDependencyDefinition(sources)}
     prefix = f"{data.job_name}__"
     start_node = node_alias(start_spec.name, prefix)
-    jobs = [_job(job_spec, node_defs, deps, config=launch_config(pb, start_node), prefix=prefix,
+    jobs = [_job(job_spec, node_defs, deps, config=launch_config(pb, start_node), prefix=prefix, resource_defs=bound,
                  partitions_def=partitions_def(pb))]  # fmt: skip
     c = CompiledPlaybook(pb, data, plan, job_spec.name, start_node,
                          node_ops={k: node_alias(v, prefix) for k, v in out_op.items()},
@@ -619,7 +625,7 @@ def _compile_one(pb: Playbook, data: NoetlPlaybookData, translator: NoetlTransla
             tags={**job_spec.tags, TAG_STEP: step},
         )
         _check_names([sjob_spec.name], pb)
-        jobs.append(_job(sjob_spec, [op], {}, prefix=prefix))
+        jobs.append(_job(sjob_spec, [op], {}, prefix=prefix, resource_defs=bound))
         c.step_jobs[step] = sjob_spec.name
     c.jobs = jobs
 
@@ -694,6 +700,7 @@ def _realias(dep: Any, alias: dict[str, str]) -> Any:
 def _job(
     spec: NoetlJobSpec, node_defs: list[dg.OpDefinition], deps: dict[str, Any], config: dict[str, Any] | None = None,
     prefix: str = "", partitions_def: dg.PartitionsDefinition | None = None,
+    resource_defs: dict[str, Any] | None = None,
 ) -> dg.JobDefinition:  # fmt: skip
     alias = {d.name: node_alias(d.name, prefix) for d in node_defs}
     if len(set(alias.values())) != len(alias):  # a custom translator's names: keep them as they are
@@ -716,6 +723,7 @@ def _job(
         config=config,
         op_retry_policy=spec.op_retry_policy,
         partitions_def=partitions_def,
+        resource_defs=resource_defs,
     )
 
 

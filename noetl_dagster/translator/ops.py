@@ -395,11 +395,13 @@ def price_table(resource: Any) -> PriceTable:
 
 def cost_metadata(cost: Cost, share: float = 1.0) -> dict[str, Any]:
     """A :class:`analytics.pricing.Cost` (times ``share``) as numeric metadata: ``noetl/cost/<currency>``
-    (the total, e.g. ``noetl/cost/usd``) and one key per component, plus the price version (text)."""
+    (the total, e.g. ``noetl/cost/usd``) and a key per component that cost something, plus the price
+    version (text)."""
     cur = cost.currency.lower()
     md: dict[str, Any] = {f"{COST_PREFIX}{cur}": dg.FloatMetadataValue(cost.total * share)}
-    for c in COMPONENTS:  # the priced table's categories (analytics/pricing.py), one key each
-        md[f"{COST_PREFIX}{c}_{cur}"] = dg.FloatMetadataValue(getattr(cost, c) * share)
+    for c in COMPONENTS:  # the priced table's categories (analytics/pricing.py); a zero one is no line
+        if getattr(cost, c):
+            md[f"{COST_PREFIX}{c}_{cur}"] = dg.FloatMetadataValue(getattr(cost, c) * share)
     md[f"{COST_PREFIX}attempts"] = cost.attempts
     md[f"{COST_PREFIX}price_version"] = dg.MetadataValue.text(cost.price_version)
     return md

@@ -4,6 +4,7 @@ that died, run keys, and bad input reported without stopping the others."""
 from __future__ import annotations
 
 import json
+import logging
 
 import dagster as dg
 import pytest
@@ -205,3 +206,23 @@ def test_an_altered_log_is_not_resumed(location, dagster_data, ephemeral_instanc
     assert any(f"execution {eid}: ChainBroken:" in n and "altered at sequence 1 " in n for n in tick.notes), (
         tick.notes
     )
+
+
+def test_an_idle_router_tick_logs_nothing_at_info(location):
+    """Issue 42: the router ticks every few seconds; with nothing to route it says so at DEBUG only
+    (what its tick logs: the sensor context's logger, captured here at every level)."""
+    sensor = location.definitions.resolve_sensor_def("noetl_router")
+    resources = {"noetl": location.index.resource}
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append  # type: ignore[method-assign]
+    with dg.instance_for_test() as instance:
+        cursor = None
+        for _ in range(3):
+            ctx = dg.build_sensor_context(instance=instance, resources=resources, cursor=cursor)
+            ctx.log.addHandler(handler)
+            result = sensor(ctx)
+            assert isinstance(result, dg.SkipReason) and "no work to route" in (result.skip_message or "")
+            cursor = ctx.cursor
+    assert len(records) == 3 and {r.levelno for r in records} == {logging.DEBUG}
+    assert all("no work to route" in r.getMessage() for r in records)
