@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from urllib.parse import parse_qs, urlsplit
 
 import dagster as dg
@@ -83,7 +84,14 @@ def test_a_schedules_run_links_both_ways(linked):
     _, loc, data = linked
     schedule = loc.definitions.resolve_schedule_def("linked__schedule")
     with dg.instance_for_test() as instance:
-        (req,) = schedule.evaluate_tick(dg.build_schedule_context(instance=instance)).run_requests
+        at = datetime(2026, 11, 30, 2, tzinfo=UTC)
+        (req,) = schedule.evaluate_tick(
+            dg.build_schedule_context(
+                instance=instance,
+                scheduled_execution_time=at,
+                repository_def=loc.definitions.get_repository_def(),
+            )
+        ).run_requests
         job = loc.definitions.resolve_job_def("linked")
         r = job.execute_in_process(instance=instance, run_config=req.run_config, tags=req.tags)
         assert r.success
