@@ -521,3 +521,22 @@ def test_a_script_name_with_a_path_stays_in_the_scripts_folder(world):
     assert written and all(
         p.parent.name == ".scripts" and p.parent.parent.name == "sandbox" for p in written
     ), written
+
+
+def test_in_worker_tools_do_not_follow_a_link_the_sandboxed_code_planted(world, tmp_path):
+    """A generated child's sandboxed python plants symlinks in its scratch folder (inside the execution's
+    directory); its DuckDB task (run by the worker, outside the sandbox) opens a file through one: the
+    gate's realpath check refuses it."""
+    target = tmp_path / "target"
+    target.mkdir()
+    plant = {"p": {"kind": "python", "code": (
+        f"import os\nfor n in ('link.duckdb', 'sandbox'):\n    os.symlink('{target}/' + n, n)\nresult = os.getcwd()")}}  # fmt: skip
+    child = _generated(plant, ["python", "duckdb"])["workflow"][0]["tool"][0]["child"]["definition"]
+    child["workflow"][1]["next"] = {"arcs": [{"step": "d"}]}
+    child["workflow"].append({"step": "d", "tool": [{"d": {"kind": "duckdb", "database": "sandbox/link.duckdb",
+                                                           "command": "CREATE TABLE t AS SELECT 1 AS a"}}]})  # fmt: skip
+    doc = _generated(plant, ["python", "duckdb"])
+    doc["workflow"][0]["tool"][0]["child"]["definition"] = child
+    res, _ = world.run(doc)
+    assert list(target.iterdir()) == [], list(target.iterdir())
+    assert "outside this execution's directory" in json.dumps(res.results), res.results  # the gate's realpath
