@@ -322,3 +322,40 @@ def test_the_worker_ends_with_its_execution_and_dies_with_a_killed_parent(home, 
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_workers_cpu_is_charged_to_the_task_that_spent_it(home, tmp_path):
+    """The worker lives on between tasks, so no task reaps it: its CPU is read from /proc per task
+    (live_child_cpu_s), else a sandboxed task would show none of the CPU it burned."""
+    url = f"sqlite:///{tmp_path / 'events.db'}"
+    burn = "result = sum(i * i for i in range(2_000_000))"
+    doc = child(
+        {
+            "step": "s",
+            "tool": [{"warm": {"kind": "rhai", "code": "1"}}, {"burn": {"kind": "python", "code": burn}}],
+        }
+    )
+    res = run_playbook(load_playbook_dict(parent(doc)), None, event_store=url, data_dir=home)
+    store = open_event_store(url)
+    usage = _outcomes(store, _kid(store, res.execution_id))["burn"]["meta"]["usage"]
+    assert usage.get("child_cpu_s", 0) > 0, usage
+
+
+def test_the_operators_opt_out_runs_the_kinds_in_process(home, tmp_path, monkeypatch):
+    monkeypatch.setenv("NOETL_GENERATED_ISOLATION", "env-only")
+    url = f"sqlite:///{tmp_path / 'events.db'}"
+    doc = child(
+        {
+            "step": "s",
+            "tool": [
+                {"q": {"kind": "duckdb", "command": "SELECT 42 AS x"}},
+                {"r": {"kind": "rhai", "code": "2"}},
+            ],
+        }
+    )
+    res = run_playbook(load_playbook_dict(parent(doc)), None, event_store=url, data_dir=home)
+    store = open_event_store(url)
+    kid = _kid(store, res.execution_id)
+    out = _outcomes(store, kid)
+    assert out["q"]["result"]["rows"] == [{"x": 42}] and out["r"]["result"] == 2
+    assert sandbox_worker.STARTS[kid] == 0
