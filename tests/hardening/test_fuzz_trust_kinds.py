@@ -1,7 +1,8 @@
 """Issue 41.4: the hostile-playbook property across the tool kinds the first trust fuzz
 (test_fuzz_trust.py) does not generate: ``http`` (hosts), ``artifact`` (paths, payload keys),
 ``rhai`` (code), ``ducklake`` (catalog and data paths), ``snowflake_transfer`` (credentials),
-mixed in one generated child with hostile references, paths, hosts and code, on both runners
+``resource`` (file URIs, relative paths) and ``python`` (code run in the OS sandbox, its network
+through the egress proxy), mixed in one generated child with hostile references, paths, hosts and code, on both runners
 (local and Dagster's execute_in_process).
 
 The world is real: two HTTP servers on 127.0.0.1 (``allowed``, whose port the grant may list, and
@@ -12,7 +13,8 @@ Property: nothing outside the grant is read, written or reached, whatever the st
 is switched off in most examples: the run-time gate alone must hold). Evidence is taken from
 effects: ``forbidden`` got no request; no file appeared outside the children's own directories; the
 secret file's content and the sentinel password appear in no event; a call outside the grant ends
-in a refusal, and a call inside it is never refused.
+in a refusal, and a call inside it is never refused; every execution's event log is an intact
+hash chain (engine/chain.py).
 """
 
 from __future__ import annotations
@@ -30,18 +32,19 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from noetl_dagster.dsl import load_playbook_dict
+from noetl_dagster.engine.replay import verify_chain
 from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.storage.event_stores import open_event_store
 
 EXAMPLES = int(os.environ.get("NOETL_FUZZ_EXAMPLES", "60"))
 # a run through Dagster costs a few seconds: fewer examples there, the same generator
-PER_RUNNER = {"local": max(1, EXAMPLES // 4), "dagster": max(1, EXAMPLES // 15)}
+PER_RUNNER = {"local": max(1, EXAMPLES // 4), "dagster": max(1, EXAMPLES // 20)}
 
 TENANT = "acme"
 SECRET_TEXT = "file-secret-3f9a1c"  # the content of the file outside every grant
 SENTINEL_PASSWORD = "pw-sentinel-77d2e0"  # pg_other's password: never delegated in these runs
 REFUSALS = {"trust_refused", "credential_not_delegated", "generated_playbook_refused"}
-KINDS = ["http", "artifact", "rhai", "ducklake", "snowflake_transfer", "resource", "playbook"]
+KINDS = ["http", "artifact", "rhai", "ducklake", "snowflake_transfer", "resource", "python", "playbook"]
 STATS: Counter = Counter()
 
 
@@ -145,6 +148,7 @@ use_st = st.one_of(
     st.tuples(st.just("lake"), st.integers(0, 4)),
     st.tuples(st.just("sft"), st.integers(0, 3)),
     st.tuples(st.just("res"), st.integers(0, 6)),
+    st.tuples(st.just("py"), st.integers(0, 5)),
 )
 policy_st = st.tuples(
     st.sets(st.sampled_from(KINDS), min_size=2),
@@ -158,6 +162,22 @@ RHAI = [
     ('let s = "{{ keychain.pg_other.db_password }}"; s', "keychain"),  # a credential never delegated
     ('let u = "http://127.0.0.1:{b}/from-rhai"; u.len()', "ok"),  # a URL is only text to rhai
 ]
+
+
+def _python(outside: Path, a: int, b: int, n: int) -> list[tuple[str, bool]]:
+    """(an expression generated python code tries, benign?): the sandbox, not the gate, stops the rest."""
+    get = "__import__('urllib.request').request.urlopen('{}', timeout=10).read()"
+    return [
+        ("1 + 1", True),
+        (f"open('{outside}/secret.txt').read()", False),
+        ("open('secret.txt').read()", False),  # the worker's cwd, if the sandbox showed it
+        (f"open('{outside}/w{n}.txt', 'w').write('x')", False),
+        (get.format(f"http://127.0.0.1:{b}/from-python"), False),
+        (
+            get.format(f"http://127.0.0.1:{a}/from-python"),
+            False,
+        ),  # allowed host: through the egress proxy, if at all
+    ]
 
 
 def _hosts(choice: str, a: int) -> list[str]:
@@ -220,6 +240,12 @@ class Gen:
         if what == "res":
             uri, inside = _resource_uris(self.outside)[use[1]]
             return {"kind": "resource", "op": "load", "uri": uri}, "resource" in kinds and inside
+        if what == "py":  # generated code runs in the OS sandbox (tools/sandbox.py): its effects are the test
+            attempt, benign = _python(self.outside, self.a, self.b, self.n)[use[1]]
+            code = f"out = {{}}\ntry:\n    out['r'] = str({attempt})\nexcept Exception as e:\n    out['r'] = type(e).__name__\nresult = out"
+            return {"kind": "python", "code": code}, (
+                True if benign else None
+            ) if "python" in kinds else False
         if what == "sft":
             choices = [
                 ({"sf": "sf_main", "pg": "pg_main"}, {"sf_main", "pg_main"}),
@@ -267,22 +293,33 @@ def _files(root: Path) -> set[Path]:
 
 EVERY = [("http", i, i % 2 == 0) for i in range(8)] + [("get", i) for i in range(7)] + \
     [("put", i) for i in range(7)] + [("rhai", i) for i in range(4)] + [("lake", i) for i in range(5)] + \
-    [("sft", i) for i in range(4)] + [("res", i) for i in range(7)]  # fmt: skip
+    [("sft", i) for i in range(4)] + [("res", i) for i in range(7)] + [("py", i) for i in range(6)]  # fmt: skip
+
+
+# grants the explicit examples run EVERY under: all kinds, no credential or host, almost nothing (on
+# Dagster the first only: its runs cost seconds each)
+EXPLICIT = [
+    (set(KINDS), {"pg_main"}, "a"),
+    (set(KINDS), set(), "none"),
+    ({"http", "playbook"}, {"pg_main"}, "a"),
+]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("runner", ["local", "dagster"])
 def test_fuzz_every_kind_stays_inside_its_grant(runner, world, tmp_path_factory, monkeypatch):
-    # hypothesis' own settings per runner: the example budget differs
-    @given(grant=policy_st, uses=st.lists(use_st, min_size=1, max_size=6), static=st.integers(0, 3))
-    @example(grant=(set(KINDS), {"pg_main"}, "a"), uses=EVERY, static=1)
-    @example(grant=(set(KINDS), set(), "none"), uses=EVERY, static=1)
-    @example(grant=({"http", "playbook"}, {"pg_main"}, "a"), uses=EVERY, static=1)
-    @settings(max_examples=PER_RUNNER[runner], deadline=None, database=None,
-              derandomize=os.environ.get("NOETL_FUZZ_RANDOM") is None,
-              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
+    # hypothesis' settings per runner: the example budget differs
     def prop(grant, uses, static):
         _one(runner, world, tmp_path_factory, grant, uses, static)
+
+    prop = given(grant=policy_st, uses=st.lists(use_st, min_size=1, max_size=6), static=st.integers(0, 3))(
+        prop
+    )
+    for grant in EXPLICIT[: None if runner == "local" else 1]:  # every construct, allowed and refused
+        prop = example(grant=grant, uses=EVERY, static=1)(prop)
+    prop = settings(max_examples=PER_RUNNER[runner], deadline=None, database=None,
+                    derandomize=os.environ.get("NOETL_FUZZ_RANDOM") is None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])(prop)  # fmt: skip
 
     with monkeypatch.context() as m:
         m.delenv("NOETL_REGISTRY_URL", raising=False)
@@ -291,10 +328,16 @@ def test_fuzz_every_kind_stays_inside_its_grant(runner, world, tmp_path_factory,
                 "db_host": "127.0.0.1", "db_name": "postgres", "db_user": "postgres", "db_password": pw}}))  # fmt: skip
         prop()
     print(f"\ntrust fuzz ({runner}) counts:", dict(sorted(STATS.items())))
-    for what in ("http", "get", "put", "rhai", "lake", "sft", "res"):
-        assert STATS[f"{runner}:{what}:refused"] > 0, (what, dict(STATS))
-    for what in ("http", "put", "rhai", "lake", "sft", "res"):
-        assert STATS[f"{runner}:{what}:allowed"] > 0, (what, dict(STATS))
+    counts = {k.split(":", 1)[1]: v for k, v in STATS.items() if k.startswith(runner + ":")}
+    if runner == "local":  # every construct reached inside and outside the grant
+        for what in ("http", "get", "put", "rhai", "lake", "sft", "res", "py"):
+            assert counts.get(f"{what}:refused"), (what, counts)
+        for what in ("http", "put", "rhai", "lake", "sft", "res", "py"):
+            assert counts.get(f"{what}:allowed"), (what, counts)
+    else:  # fewer examples: every kind allowed somewhere, and many calls refused
+        for what in ("http", "put", "lake", "sft", "res", "py"):
+            assert counts.get(f"{what}:allowed"), (what, counts)
+        assert sum(v for k, v in counts.items() if k.endswith(":refused")) > 10, counts
 
 
 def _one(runner: str, world: dict, tmp_path_factory, grant: tuple, uses: list, static: int) -> None:
@@ -347,6 +390,10 @@ def _one(runner: str, world: dict, tmp_path_factory, grant: tuple, uses: list, s
     events = [se.event for se in store.iter_all()]
     text = json.dumps([e.data for e in events], default=str)
     assert SECRET_TEXT not in text and SENTINEL_PASSWORD not in text
+    # the event log of every execution is an intact hash chain (engine/chain.py)
+    for eid in {e.execution_id for e in events}:
+        report, _ = verify_chain(store, eid)
+        assert report.status == "ok", report.to_json()
     # each task: refused when outside the grant, never refused inside it
     child = {e.execution_id for e in events if e.name == "playbook.execution.requested"
              and (e.data or {}).get("name") == "g"}  # fmt: skip
