@@ -70,8 +70,9 @@ def read_chunked(rfile, max_body: int) -> bytes:
     raise BodyRefused(400, "bad chunked trailer")
 
 
-def read_body(headers, rfile, max_body: int) -> bytes:
-    """The request body under ``headers`` from ``rfile``, bounded as the module says."""
+def framing(headers, max_body: int) -> int | None:
+    """What the headers declare, checked before a byte of the body is read: its length, or None for a
+    chunked body (bounded as it is read); BodyRefused as the module says."""
     coding = headers.get_all("Transfer-Encoding") or []
     lengths = headers.get_all("Content-Length") or []
     if coding and lengths:
@@ -79,8 +80,15 @@ def read_body(headers, rfile, max_body: int) -> bytes:
     if coding:
         if [c.strip().lower() for c in ",".join(coding).split(",")] != ["chunked"]:
             raise BodyRefused(501, "only the chunked transfer coding is supported")
+        return None
+    return declared_length(lengths, max_body) or 0
+
+
+def read_body(headers, rfile, max_body: int) -> bytes:
+    """The request body under ``headers`` from ``rfile``, bounded as the module says."""
+    length = framing(headers, max_body)
+    if length is None:
         return read_chunked(rfile, max_body)
-    length = declared_length(lengths, max_body)
     if not length:
         return b""
     data = rfile.read(length)
@@ -96,6 +104,16 @@ class BoundedBodyHandler(BaseHTTPRequestHandler):
     max_body = 1024 * 1024
     timeout = 60  # seconds a client may stall (headers or body) before its connection is closed
     body = b""
+
+    def handle_expect_100(self) -> bool:
+        # `Expect: 100-continue` asks whether to send the body: not when it would be refused
+        try:
+            framing(self.headers, self.max_body)
+        except BodyRefused as e:
+            self.close_connection = True
+            self.send_error(e.status, e.reason)
+            return False
+        return super().handle_expect_100()
 
     def parse_request(self) -> bool:
         if not super().parse_request():

@@ -261,3 +261,21 @@ def test_a_stalled_body_is_cut_off():
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_expect_100_continue_is_answered_by_the_refusal():
+    """A client asking `Expect: 100-continue` for a body over the cap gets the 413 at once, not a
+    `100 Continue` inviting it to send (http.server answered 100 before any check)."""
+    from noetl_dagster.conformance.stubs import HttpBin
+
+    stub = HttpBin()
+    try:
+        port = int(stub.url.rsplit(":", 1)[1].rstrip("/"))
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+            s.sendall(_headers("/post", "Content-Length: 999999999\r\nExpect: 100-continue\r\n"))
+            assert s.recv(12) == b"HTTP/1.1 413"
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+            s.sendall(_headers("/post", "Content-Length: 2\r\nExpect: 100-continue\r\n"))
+            assert s.recv(12) == b"HTTP/1.1 100"  # a body under the cap is still invited
+    finally:
+        stub.close()
