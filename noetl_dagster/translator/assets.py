@@ -41,9 +41,11 @@ from noetl_dagster.translator.declare import (
     with_pinned_reads,
 )
 from noetl_dagster.translator.explain_links import execution_url, link_tags
-from noetl_dagster.translator.failures import first_failure
+from noetl_dagster.translator.failures import ROUTED_NOTE, first_failure, routed_failures
 from noetl_dagster.translator.ops import (
     RESOURCE_KEY,
+    TAG_FAILED_STEPS,
+    TAG_HAS_FAILED_STEPS,
     cost_tags,
     priced_events,
     run_cost_tags,
@@ -171,6 +173,12 @@ def playbook_multi_asset(c: CompiledPlaybook, specs: list[dg.AssetSpec]) -> dg.A
             raise dg.Failure(description=f"{', '.join(missing)} not stored: {failure.text()}",
                              metadata={"execution_id": result.execution_id, **failure.metadata()},
                              allow_retries=False)  # fmt: skip
+        routed = routed_failures(events, pb)  # failed steps an arc routed on: green, but not hidden
+        for told in routed:
+            context.log.error(f"{told.text()}\n{ROUTED_NOTE}")
+        if routed:
+            context.instance.add_run_tags(context.run.run_id, {TAG_FAILED_STEPS: ",".join(f.step for f in routed),
+                                                               TAG_HAS_FAILED_STEPS: "true"})  # fmt: skip
         for key in sorted(set(stored) & all_keys - selected, key=lambda k: k.to_user_string()):
             # a table the run stored though not selected (a step storing a selected one too, or an upstream
             # materialized on request): recorded, so no version exists that Dagster does not know

@@ -95,6 +95,22 @@ def step_failure(events: Iterable[Any], pb: Playbook | None, step: str) -> UserF
     return first_failure([e for e in events if e.step == step or e.name == E.EXECUTION_REQUESTED], pb)
 
 
+ROUTED_NOTE = (
+    "(an arc routed the failure: the execution goes on; its run is green, tagged noetl/has_failed_steps=true)"
+)
+
+
+def routed_failures(events: Iterable[Any], pb: Playbook | None) -> list[UserFailure]:
+    """The steps of a completed execution that failed while an arc routed the flow on, told like
+    :func:`step_failure` (its own events; one per step)."""
+    events = list(events)
+    eid = events[0].execution_id if events else None
+    steps = dict.fromkeys(
+        e.step for e in events if e.execution_id == eid and e.name == E.STEP_FAILED and e.step
+    )
+    return [f for f in (step_failure(events, pb, s) for s in steps) if f is not None]
+
+
 def _locate(pb: Playbook | None, step: str, task: str | None, err: Any, py: Any) -> UserFailure:
     f = UserFailure(step, task)
     if isinstance(err, Mapping):

@@ -47,7 +47,7 @@ from noetl_dagster.translator.checks import (
 )
 from noetl_dagster.translator.declare import partition_workload
 from noetl_dagster.translator.explain_links import execution_url, link_tags, op_summary
-from noetl_dagster.translator.failures import step_failure
+from noetl_dagster.translator.failures import ROUTED_NOTE, step_failure
 from noetl_dagster.translator.plan import JobPlan, Node
 from noetl_dagster.translator.translator import NoetlOpSpec
 from noetl_dagster.translator.versions import (
@@ -661,8 +661,7 @@ def _step_outcomes(
         if not o.ok:
             failed.append(o.step)
             text = told.text() if told else f"step {o.step!r} failed: {error_text(o.error)}"
-            context.log.error(f"{text}\n(an arc routed the failure: the execution goes on; a run of "
-                              "it is green, tagged noetl/has_failed_steps=true)")  # fmt: skip
+            context.log.error(f"{text}\n{ROUTED_NOTE}")
         for key in step_tables(eng.playbook, o.step, asset_key):
             context.log_event(step_check_evaluation(key, o.step, told, eng.execution_id,
                                                     None if o.ok else error_text(o.error)))  # fmt: skip

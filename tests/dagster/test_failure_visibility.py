@@ -107,3 +107,45 @@ def test_an_unrouted_failure_still_fails_the_run(dagster_data, tmp_path):
 
 def _workload(**kw: object) -> dict:
     return {"ops": {"noetl_start": {"config": {"workload": kw}}}}
+
+
+ROUTED_ON = """\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: fallback, path: tests/fallback}
+workflow:
+  - step: start
+    tool:
+      - fetch:
+          kind: python
+          code: |
+            def main():
+                raise RuntimeError("upstream down")
+    next:
+      arcs:
+        - step: store
+  - step: store
+    tool:
+      - save:
+          kind: parquet
+          uri: noetl://demo/examples/t/dataset/fallback
+          data: [{x: 1}]
+"""
+
+
+def test_a_materialize_that_routed_a_failure_on_is_green_but_tagged_and_logged(dagster_data, tmp_path):
+    f = tmp_path / "fallback.yaml"
+    f.write_text(ROUTED_ON)
+    res = NoetlResource(data_dir=str(dagster_data), tenant="demo", project="examples")
+    defs = compile_playbooks([f], include_sensor=False, resource=res).definitions
+    with dg.instance_for_test() as instance:
+        r = defs.resolve_implicit_global_asset_job_def().execute_in_process(instance=instance)
+        assert r.success  # the table was stored (by the step the arc led to)
+        tags = instance.get_run_by_id(r.run_id).tags
+        assert tags["noetl/failed_steps"] == "start" and tags["noetl/has_failed_steps"] == "true"
+        errors = [
+            rec.user_message
+            for rec in instance.all_logs(r.run_id)
+            if rec.level == logging.ERROR and "an arc routed the failure" in (rec.user_message or "")
+        ]
+        assert len(errors) == 1 and "RuntimeError: upstream down" in errors[0] and "fallback.yaml:" in errors[0]
