@@ -148,4 +148,6 @@ def test_a_materialize_that_routed_a_failure_on_is_green_but_tagged_and_logged(d
             for rec in instance.all_logs(r.run_id)
             if rec.level == logging.ERROR and "an arc routed the failure" in (rec.user_message or "")
         ]
-        assert len(errors) == 1 and "RuntimeError: upstream down" in errors[0] and "fallback.yaml:" in errors[0]
+        assert (
+            len(errors) == 1 and "RuntimeError: upstream down" in errors[0] and "fallback.yaml:" in errors[0]
+        )
