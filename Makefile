@@ -17,9 +17,11 @@ $(VENV)/.installed: pyproject.toml
 	# the browser test drives Debian chromium through playwright (never `playwright install`)
 	command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; } || \
 		echo "setup: chromium not installed (apt-get failed); tests/dagster/test_browser.py needs /usr/bin/chromium"
-	# the OS sandbox of untrusted code (noetl_dagster/tools/sandbox.py): bubblewrap; setpriv and prlimit are util-linux
-	command -v bwrap >/dev/null || { apt-get update -q && apt-get install -y -q bubblewrap; } || \
-		echo "setup: bubblewrap not installed (apt-get failed); generated playbooks' code is refused (sandbox_unavailable)"
+	# the OS sandbox of untrusted code (noetl_dagster/tools/sandbox.py): bubblewrap and libseccomp2 (its syscall
+	# filter); setpriv and prlimit are util-linux
+	{ command -v bwrap >/dev/null && ldconfig -p | grep -q libseccomp.so.2; } || \
+		{ apt-get update -q && apt-get install -y -q bubblewrap libseccomp2; } || \
+		echo "setup: bubblewrap/libseccomp2 not installed (apt-get failed); generated playbooks' code is refused (sandbox_unavailable)"
 	# Azurite (Azure Blob emulator) from the npm registry into .tools/azurite, for the payload compliance suite
 	command -v npm >/dev/null || { apt-get update -q && apt-get install -y -q npm; } || \
 		echo "setup: npm not installed (apt-get failed); tests/storage/test_payload_compliance.py needs it for Azurite"

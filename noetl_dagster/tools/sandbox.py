@@ -26,6 +26,9 @@ Code of a generated playbook (and of any playbook whose tenant/project policy or
   PYTHONPATH to this package, proxy variables, plus what the caller passes), ``--new-session``
   (no terminal injection), ``--die-with-parent``, no capabilities; file descriptors other than
   0-2 are the caller's to close (``subprocess`` does by default).
+* **a syscall filter** (seccomp, compiled with libseccomp, bwrap ``--seccomp``): no ptrace, no
+  keyring, no new namespaces (no nested user namespace), no mounts, modules, eBPF or perf events
+  (``_DENIED_SYSCALLS``).
 * **limits** (``prlimit``): CPU seconds, address space, file size, processes (per uid: the
   per-execution uid makes it per execution), open files; a bounded ``/tmp``.
 
@@ -156,6 +159,73 @@ def _runtime_dirs() -> list[str]:
     return out
 
 
+# denied inside (EPERM): other processes' memory, the kernel keyring, new namespaces (a nested user
+# namespace would hand the code capabilities over a fresh mount namespace: kernel attack surface),
+# mounts, modules, eBPF, perf, userfaultfd, file handles; clone3 answers ENOSYS (its flags sit behind
+# a pointer seccomp cannot read), so libc falls back to clone, whose CLONE_NEWUSER is denied
+_DENIED_SYSCALLS = ("ptrace", "process_vm_readv", "process_vm_writev", "keyctl", "add_key", "request_key",
+                    "unshare", "setns", "mount", "umount2", "pivot_root", "fsopen", "fsmount", "move_mount",
+                    "open_tree", "bpf", "perf_event_open", "userfaultfd", "kexec_load", "kexec_file_load",
+                    "init_module", "finit_module", "delete_module", "open_by_handle_at", "name_to_handle_at",
+                    "acct", "swapon", "swapoff", "reboot", "quotactl")  # fmt: skip
+_CLONE_NEWUSER = 0x10000000
+_seccomp_path: str | None = None
+
+
+def seccomp_filter() -> str:
+    """A file holding the sandbox's seccomp BPF program (bwrap ``--seccomp``), compiled once per
+    process with libseccomp (Debian ``libseccomp2``); OSError where the library is missing."""
+    global _seccomp_path
+    if _seccomp_path is not None and os.path.exists(_seccomp_path):
+        return _seccomp_path
+    import ctypes  # noqa: PLC0415 - the first sandboxed call only
+    import ctypes.util  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    class _Arg(ctypes.Structure):  # struct scmp_arg_cmp
+        _fields_ = [
+            ("arg", ctypes.c_uint),
+            ("op", ctypes.c_int),
+            ("a", ctypes.c_uint64),
+            ("b", ctypes.c_uint64),
+        ]
+
+    lib = ctypes.CDLL(ctypes.util.find_library("seccomp") or "libseccomp.so.2")
+    lib.seccomp_init.restype = ctypes.c_void_p
+    lib.seccomp_init.argtypes = [ctypes.c_uint32]
+    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint,
+                                           ctypes.POINTER(_Arg)]  # fmt: skip
+    lib.seccomp_export_bpf.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.seccomp_release.argtypes = [ctypes.c_void_p]
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38  # SCMP_ACT_ALLOW, SCMP_ACT_ERRNO(..)
+    ctx = lib.seccomp_init(allow)
+    if not ctx:
+        raise OSError("seccomp_init failed")
+    try:
+        rules = [(eperm, name, None) for name in _DENIED_SYSCALLS]
+        rules += [
+            (enosys, "clone3", None),
+            (eperm, "clone", (_Arg * 1)(_Arg(0, 7, _CLONE_NEWUSER, _CLONE_NEWUSER))),
+        ]
+        for action, name, args in rules:  # op 7: SCMP_CMP_MASKED_EQ on the flags argument
+            nr = lib.seccomp_syscall_resolve_name(name.encode())
+            if nr < 0:  # a name this libseccomp does not know: nothing to deny on this kernel
+                continue
+            if lib.seccomp_rule_add_array(ctx, action, nr, 1 if args else 0, args) != 0:
+                raise OSError(f"seccomp: cannot add a rule for {name}")
+        fd, path = tempfile.mkstemp(prefix="noetl-seccomp-", suffix=".bpf")
+        try:
+            if lib.seccomp_export_bpf(ctx, fd) != 0:
+                raise OSError("seccomp_export_bpf failed")
+        finally:
+            os.close(fd)
+    finally:
+        lib.seccomp_release(ctx)
+    _seccomp_path = path
+    return path
+
+
 def _ancestors(path: str) -> list[str]:
     """The folders above ``path`` that the sandbox's own root does not already have."""
     parts = Path(path).parts[1:-1]
@@ -237,7 +307,7 @@ def confine(
     else:  # an unprivileged user namespace is the confinement; the uid outside stays the worker's
         args = ["bwrap", "--unshare-all", "--uid", str(inside), "--gid", str(inside), "--cap-drop", "ALL"]
         drop = []
-    args += ["--hostname", "sandbox", "--die-with-parent", "--new-session", "--clearenv"]
+    args += ["--hostname", "sandbox", "--die-with-parent", "--new-session", "--clearenv", "--seccomp", "9"]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(top):
             args += ["--symlink", os.readlink(top), top]
@@ -294,9 +364,14 @@ def confine(
     limit = ["prlimit", f"--cpu={lim.cpu_seconds}", f"--as={lim.memory_bytes}", f"--fsize={lim.file_bytes}",
              f"--nproc={lim.processes}", f"--nofile={lim.open_files}", "--"]  # fmt: skip
     args += ["--", *drop, *limit, *cmd]
-    prologue = "".join(f"exec {fd}<<'NOETL_EOF'\n{text}NOETL_EOF\n" for fd, text in data)
+    prologue = f"exec 9<{_quote(seccomp_filter())}\n"  # the seccomp program (fd 9, see _DENIED_SYSCALLS)
+    prologue += "".join(f"exec {fd}<<'NOETL_EOF'\n{text}NOETL_EOF\n" for fd, text in data)
     full = ["/bin/sh", "-c", prologue + 'exec "$@"\n', "noetl-sandbox", *args]
     return Confined(argv=full, env={"PATH": "/usr/bin:/bin"}, cwd="/", uid=uid, binds=tuple(binds))
+
+
+def _quote(path: str) -> str:
+    return "'" + path.replace("'", "'\\''") + "'"
 
 
 _probe: str | None = None  # "" = works, else why not
@@ -316,13 +391,13 @@ def unavailable_reason() -> str | None:
             import tempfile  # noqa: PLC0415
 
             with tempfile.TemporaryDirectory(prefix="noetl-sandbox-probe-") as tmp:
-                box = confine(["/bin/true"], scratch=scratch_dir(tmp, "probe"), execution_id="probe")
                 try:
+                    box = confine(["/bin/true"], scratch=scratch_dir(tmp, "probe"), execution_id="probe")
                     r = subprocess.run(box.argv, env=box.env, cwd=box.cwd, capture_output=True, timeout=60)
                     err = r.stderr.decode(errors="replace").strip().splitlines()
                     _probe = "" if r.returncode == 0 else (err[-1] if err else f"exit code {r.returncode}")
-                except (OSError, subprocess.TimeoutExpired) as e:
-                    _probe = str(e)
+                except (OSError, subprocess.TimeoutExpired) as e:  # libseccomp2 missing, bwrap not startable
+                    _probe = str(e) or type(e).__name__
     return _probe or None
 
 

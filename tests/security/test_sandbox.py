@@ -540,3 +540,28 @@ def test_in_worker_tools_do_not_follow_a_link_the_sandboxed_code_planted(world, 
     res, _ = world.run(doc)
     assert list(target.iterdir()) == [], list(target.iterdir())
     assert "outside this execution's directory" in json.dumps(res.results), res.results  # the gate's realpath
+
+
+NS_PY = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+out = {}
+for name, flag in (('user', 0x10000000), ('mount', 0x00020000), ('net', 0x40000000)):
+    pid = os.fork()
+    if pid == 0:  # in a child: a namespace that worked must not outlive the probe
+        os._exit(0 if libc.unshare(flag) == 0 else 1)
+    out[name] = 'CREATED' if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0 else 'denied'
+out['ptrace'] = 'ATTACHED' if libc.ptrace(16, 1, 0, 0) == 0 else 'denied'  # PTRACE_ATTACH to pid 1
+result = out
+"""
+
+
+def test_sandboxed_code_cannot_make_namespaces_or_ptrace(world):
+    """seccomp (bwrap --seccomp): no nested user namespace (capabilities over a fresh mount namespace:
+    kernel attack surface), no other namespace, no ptrace."""
+    res, _ = world.run(_generated({"p": {"kind": "python", "code": NS_PY}}, ["python"]))
+    assert res.status == "completed", res.results
+    out = res.results["start"]
+    assert {k: out[k] for k in ("user", "mount", "net", "ptrace")} == dict.fromkeys(
+        ("user", "mount", "net", "ptrace"), "denied"
+    ), out
