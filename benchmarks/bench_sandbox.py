@@ -2,12 +2,13 @@
 
     python -m benchmarks.bench_sandbox [--tasks N] [--repeat R]
 
-1. A python task in a child process, unsandboxed (``spec: {isolation: process}``) vs sandboxed
-   (``executor.spec.isolation: sandbox``: bubblewrap, own uid, no network, rlimits), each a playbook
-   of N such tasks in a chain, run in this process on a fresh embedded store, interleaved; the
-   median ms per task of each, the overhead (sandboxed - unsandboxed) and the ratio.
-2. The bare launcher: ``/bin/true`` started with Popen directly vs confined (sh + bwrap + setpriv
-   when root + prlimit); median ms per process and the ratio.
+1. A python task unsandboxed in the engine's process, unsandboxed in a child process per task
+   (``spec: {isolation: process}``) and sandboxed (``executor.spec.isolation: sandbox``: bubblewrap,
+   own uid, no network, seccomp, rlimits; python tasks then go to the execution's sandbox worker,
+   tools/sandbox_worker.py), each a playbook of N such tasks in a chain, run in this process on a
+   fresh embedded store, interleaved; the median ms per task, overheads and ratios.
+2. The bare launcher (the cost a shell/script task pays per command): ``/bin/true`` started
+   directly vs confined (sh + bwrap + setpriv when root + prlimit); median ms per process, ratio.
 
 Exits 0 (figures only; no target was set for this overhead).
 """
@@ -23,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 
-def chain(n: int, sandboxed: bool) -> dict[str, Any]:
-    """N python tasks, one per step, start -> s1 -> ... -> s<N-1>."""
-    spec = {} if sandboxed else {"spec": {"isolation": "process"}}
+def chain(n: int, mode: str) -> dict[str, Any]:
+    """N python tasks, one per step, start -> s1 -> ... -> s<N-1>; ``mode``: inline (in the engine's
+    process), process (``spec.isolation: process``) or sandbox (``executor.spec.isolation: sandbox``)."""
+    spec = {"spec": {"isolation": "process"}} if mode == "process" else {}
     names = ["start", *(f"s{i}" for i in range(1, n))]
     steps: list[dict[str, Any]] = []
     for i, name in enumerate(names):
@@ -35,7 +37,7 @@ def chain(n: int, sandboxed: bool) -> dict[str, Any]:
         steps.append(step)
     doc: dict[str, Any] = {"apiVersion": "noetl.io/v2", "kind": "Playbook",
                            "metadata": {"name": "bench_sandbox", "path": "bench/sandbox"}, "workflow": steps}  # fmt: skip
-    if sandboxed:
+    if mode == "sandbox":
         doc["executor"] = {"spec": {"isolation": "sandbox"}}
     return doc
 
@@ -82,17 +84,19 @@ def main() -> None:
         )
         return
     n = args.tasks
-    run_once(chain(2, True))  # warm: imports, the availability probe
-    plain: list[float] = []
-    boxed: list[float] = []
+    run_once(chain(2, "sandbox"))  # warm: imports, the availability probe
+    modes = ("inline", "process", "sandbox")
+    per: dict[str, list[float]] = {m: [] for m in modes}
     for _ in range(args.repeat):
-        plain.append(run_once(chain(n, False)) / n)
-        boxed.append(run_once(chain(n, True)) / n)
-    p, b = statistics.median(plain) * 1000, statistics.median(boxed) * 1000
-    print(f"python task in a child process, {n} tasks x {args.repeat} (median ms/task):")
-    print(f"  unsandboxed (isolation: process) {p:8.1f} ms")
-    print(f"  sandboxed   (bubblewrap)         {b:8.1f} ms")
-    print(f"  overhead {b - p:+.1f} ms/task, ratio sandboxed/unsandboxed {b / p:.2f}x")
+        for m in modes:  # interleaved: a load change hits every mode alike
+            per[m].append(run_once(chain(n, m)) / n)
+    ms = {m: statistics.median(v) * 1000 for m, v in per.items()}
+    print(f"python task, {n} tasks x {args.repeat} (median ms/task, the whole execution over its tasks):")
+    print(f"  unsandboxed, in the engine's process     {ms['inline']:8.1f} ms")
+    print(f"  unsandboxed, a child process per task     {ms['process']:8.1f} ms  (spec.isolation: process)")
+    print(f"  sandboxed (executor.spec.isolation)       {ms['sandbox']:8.1f} ms")
+    print(f"  sandboxed vs in-process: {ms['sandbox'] - ms['inline']:+.1f} ms/task, ratio {ms['sandbox'] / ms['inline']:.1f}x; "
+          f"vs a child process per task: {ms['sandbox'] - ms['process']:+.1f} ms/task, ratio {ms['sandbox'] / ms['process']:.2f}x")  # fmt: skip
     lp, lb = launcher(max(5, args.repeat * 5))
     print(f"bare launcher, /bin/true: direct {lp:.1f} ms, confined {lb:.1f} ms "
           f"(overhead {lb - lp:+.1f} ms, ratio {lb / lp:.1f}x)")  # fmt: skip
