@@ -16,6 +16,9 @@ Two waits stood between a detached request and its run (docs/capacity.md, "Reque
   own ``TagConcurrencyLimitsCounter``) -- is launched in ``submit_run``, the way Dagster's
   ``DefaultRunCoordinator`` launches (``instance.launch_run``: STARTING, then the run launcher).
   Anything else is enqueued as before, and the queue daemon starts it in order.
+* The backfill daemon looks for new backfills every 30 s (``DEFAULT_DAEMON_INTERVAL_SECONDS`` in
+  ``dagster._daemon.controller``): a backfill waited 0-30 s for its first run. ``backfill_loop_seconds``
+  (issue 42) sets that loop time; each loop is one query for the backfills in progress.
 
 It also keeps Dagster's migration scripts read once per process (``zygote.cache_dagster_migrations``)
 and the run storage's schema checks answered once per instance (``zygote.cache_schema_checks``: a
@@ -48,7 +51,8 @@ from noetl_dagster.sensors.zygote import cache_dagster_migrations, cache_schema_
 
 DEFAULT_SENSOR_LOOP_SECONDS = 1.0
 MIN_SENSOR_LOOP_SECONDS = 0.05
-OUR_KEYS = ("sensor_loop_seconds", "launch_when_free")
+OUR_KEYS = ("sensor_loop_seconds", "launch_when_free", "backfill_loop_seconds")
+MIN_BACKFILL_LOOP_SECONDS = 0.5
 
 
 def set_sensor_loop_seconds(seconds: float) -> None:
@@ -61,24 +65,45 @@ def set_sensor_loop_seconds(seconds: float) -> None:
     sensor_daemon.MIN_INTERVAL_LOOP_TIME = max(MIN_SENSOR_LOOP_SECONDS, float(seconds))
 
 
+def set_backfill_loop_seconds(seconds: float) -> None:
+    """The backfill daemon's loop time (Dagster: 30 s, ``DEFAULT_DAEMON_INTERVAL_SECONDS``, which its
+    loop reads when it starts; the legacy non-sensor auto-materialize daemon's default reads it too)."""
+    import dagster._daemon.controller as controller  # the daemon's module, only where it runs
+
+    if not hasattr(controller, "DEFAULT_DAEMON_INTERVAL_SECONDS"):
+        raise RuntimeError(
+            "dagster._daemon.controller.DEFAULT_DAEMON_INTERVAL_SECONDS is gone: NoetlRunCoordinator needs an update"
+        )
+    controller.DEFAULT_DAEMON_INTERVAL_SECONDS = max(MIN_BACKFILL_LOOP_SECONDS, float(seconds))
+
+
 class NoetlRunCoordinator(QueuedRunCoordinator):
     def __init__(
         self,
         *args: Any,
         sensor_loop_seconds: float | None = None,
         launch_when_free: bool = True,
+        backfill_loop_seconds: float | None = None,
         **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
-        self._configure(sensor_loop_seconds, launch_when_free)
+        self._configure(sensor_loop_seconds, launch_when_free, backfill_loop_seconds)
 
-    def _configure(self, sensor_loop_seconds: float | None, launch_when_free: bool | None) -> None:
+    def _configure(
+        self,
+        sensor_loop_seconds: float | None,
+        launch_when_free: bool | None,
+        backfill_loop_seconds: float | None = None,
+    ) -> None:
         self.sensor_loop_seconds = float(sensor_loop_seconds or DEFAULT_SENSOR_LOOP_SECONDS)
         self.launch_when_free = True if launch_when_free is None else bool(launch_when_free)
         self._submit_lock = threading.Lock()
         self.launched_at_once = 0  # counters for tests and benchmarks
         self.enqueued = 0
         set_sensor_loop_seconds(self.sensor_loop_seconds)
+        self.backfill_loop_seconds = float(backfill_loop_seconds) if backfill_loop_seconds else None
+        if self.backfill_loop_seconds:  # unset: Dagster's 30 s
+            set_backfill_loop_seconds(self.backfill_loop_seconds)
         cache_dagster_migrations()  # the daemon opens each run's event log (SQLite instance) as it starts it
 
     @classmethod
@@ -87,6 +112,10 @@ class NoetlRunCoordinator(QueuedRunCoordinator):
             **super().config_type(),
             "sensor_loop_seconds": Field(
                 float, is_required=False, description="The sensor daemon's loop time (Dagster's default: 5 s)."
+            ),
+            "backfill_loop_seconds": Field(
+                float, is_required=False,
+                description="The backfill daemon's loop time (Dagster's default: 30 s): how long a backfill may wait to start.",
             ),
             "launch_when_free": Field(
                 BoolSource, is_required=False,
@@ -101,7 +130,8 @@ class NoetlRunCoordinator(QueuedRunCoordinator):
         base = super().from_config_value(
             inst_data, {k: v for k, v in config_value.items() if k not in OUR_KEYS}
         )
-        base._configure(config_value.get("sensor_loop_seconds"), config_value.get("launch_when_free"))
+        base._configure(config_value.get("sensor_loop_seconds"), config_value.get("launch_when_free"),
+                        config_value.get("backfill_loop_seconds"))  # fmt: skip
         return base
 
     # -- submitting --------------------------------------------------------------------------

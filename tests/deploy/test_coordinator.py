@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import dagster as dg
+import dagster._daemon.controller as daemon_controller
 import dagster._daemon.sensor as sensor_daemon
 import pytest
 import yaml
@@ -16,9 +17,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def restore_loop_time():
-    before = sensor_daemon.MIN_INTERVAL_LOOP_TIME
+    before = sensor_daemon.MIN_INTERVAL_LOOP_TIME, daemon_controller.DEFAULT_DAEMON_INTERVAL_SECONDS
     yield
-    sensor_daemon.MIN_INTERVAL_LOOP_TIME = before
+    sensor_daemon.MIN_INTERVAL_LOOP_TIME, daemon_controller.DEFAULT_DAEMON_INTERVAL_SECONDS = before
 
 
 def test_example_dagster_yaml_sets_a_short_sensor_loop(restore_loop_time):
@@ -34,6 +35,17 @@ def test_example_dagster_yaml_sets_a_short_sensor_loop(restore_loop_time):
             coordinator.dequeue_interval_seconds == 1
             and coordinator.get_run_queue_config().max_concurrent_runs == 8
         )
+
+
+def test_the_backfill_daemon_looks_for_backfills_every_two_seconds(restore_loop_time):
+    """issue 42: a backfill waited up to 30 s (Dagster's loop) before its one run started."""
+    daemon_controller.DEFAULT_DAEMON_INTERVAL_SECONDS = 30  # Dagster's own value
+    for f in ("example_project/dagster.yaml", "deploy/dagster.postgres.yaml"):
+        settings = yaml.safe_load((REPO / f).read_text())
+        with dg.instance_for_test(overrides={"run_coordinator": settings["run_coordinator"]}) as instance:
+            assert instance.run_coordinator.backfill_loop_seconds == 2
+            assert daemon_controller.DEFAULT_DAEMON_INTERVAL_SECONDS == 2  # what the backfill loop reads
+        daemon_controller.DEFAULT_DAEMON_INTERVAL_SECONDS = 30
 
 
 def test_sensor_loop_seconds_is_configurable(restore_loop_time):
