@@ -136,7 +136,7 @@ def playbook_multi_asset(c: CompiledPlaybook, specs: list[dg.AssetSpec]) -> dg.A
         reuse: dict[str, dict[str, Any]] = {}
         run_pb = pb
         if select is not None:
-            reuse, pins = upstream_reuse(context, c, select, selected, keys, svc)
+            reuse, pins = upstream_reuse(context, c, select, selected, keys, res)
             run_pb = with_pinned_reads(pb, pins)
             context.log.info(f"subset of {c.path}: {len(selected)} of {len(all_keys)} tables; running steps "
                              f"{', '.join(s for s in graph.order if s in select and s not in reuse)}"
@@ -216,14 +216,17 @@ def playbook_multi_asset(c: CompiledPlaybook, specs: list[dg.AssetSpec]) -> dg.A
 
 # -- subsets -----------------------------------------------------------------------------------
 def upstream_reuse(
-    context: Any, c: CompiledPlaybook, select: set[str], selected: set[dg.AssetKey], keys: list[str] | None, svc: Any,
+    context: Any, c: CompiledPlaybook, select: set[str], selected: set[dg.AssetKey], keys: list[str] | None,
+    res: NoetlResource,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:  # fmt: skip
     """A subset's steps that store only unselected tables: each is not run again but stands on the result
     its recorded execution logged, and reads of its tables read the version Dagster recorded for the
     run's partition(s). ``(reuse, pins)``: ``{step: {execution_id, result}}``, ``{series: version}``.
 
     A table with no materialization for a partition fails the run in one line naming it, unless the run
-    is tagged ``noetl/materialize_upstream: true`` (then its step runs and the op records it)."""
+    is tagged ``noetl/materialize_upstream: true`` (then its step runs and the op records it). A recorded
+    version is reused only when it is of the declared table and its execution is of this playbook in the
+    location's tenant and project (metadata anyone may log never brings in another scope's result)."""
     stores: dict[str, set[dg.AssetKey]] = {}
     for key, steps in c.asset_steps.items():
         for step in steps:
@@ -234,6 +237,8 @@ def upstream_reuse(
     reuse: dict[str, dict[str, Any]] = {}
     pins: dict[str, str] = {}
     where = lambda pk: f" for partition {pk}" if pk else ""  # noqa: E731
+    declared = {s.key: str(s.metadata.get("noetl/uri") or "").partition("@")[0] for s in c.assets}
+    again = f"; launch with tag {TAG_MATERIALIZE_UPSTREAM}: true to store it again"
     for step in sorted(upstream):
         eids: set[str | None] = set()
         for key in sorted(upstream[step], key=lambda k: k.to_user_string()):
@@ -252,15 +257,20 @@ def upstream_reuse(
                     f"across this run's partitions; materialize it for the range, or launch with tag "
                     f"{TAG_MATERIALIZE_UPSTREAM}: true"), allow_retries=False)  # fmt: skip
             series, _, version = versions.pop().rpartition("@")
+            if series != declared.get(key):
+                raise dg.Failure(description=(f"{c.path}: upstream {key.to_user_string()}'s recorded materialization "
+                                              f"names {series}, not the table step {step} stores{again}"), allow_retries=False)  # fmt: skip
             pins[series] = version
         eid = next(iter(eids)) if len(eids) == 1 else None
-        done = (
-            [e for e in svc.event_store.read(eid) if e.name == E.STEP_DONE and e.step == step] if eid else []
-        )
+        events = res.services().event_store.read(eid) if eid else []
+        ours = bool(events) and all(e.tenant_id == res.tenant and e.project_id == res.project for e in events) and any(
+            e.name == E.EXECUTION_REQUESTED and (e.data or {}).get("playbook") == c.path for e in events
+        )  # fmt: skip
+        done = [e for e in events if e.name == E.STEP_DONE and e.step == step] if ours else []
         if not done:
             raise dg.Failure(description=(
                 f"{c.path}: upstream step {step}: the execution that stored its recorded tables "
-                f"({', '.join(sorted(str(e) for e in eids))}) has no result of it in the event log; "
-                f"launch with tag {TAG_MATERIALIZE_UPSTREAM}: true"), allow_retries=False)  # fmt: skip
+                f"({', '.join(sorted(str(e) for e in eids))}) has no result of it in this location's event log"
+                f"{again}"), allow_retries=False)  # fmt: skip
         reuse[step] = {"execution_id": eid, "result": (done[-1].data or {}).get("result")}
     return reuse, pins

@@ -240,3 +240,37 @@ def test_pinned_reads_read_the_recorded_version_unless_the_playbook_names_one(tm
         "partition_key" not in next(t for t in pinned.steps["summarize"].tool if t.label == "readings").config
     )
     assert pb.steps["summarize"].tool[0].config["uri"] == READINGS  # the compiled playbook is not changed
+
+
+def test_a_recorded_materialization_from_another_scope_or_table_is_not_reused(dagster_data, tmp_path):
+    """Materialization metadata anyone may log: another playbook's or tenant's execution, or another
+    table's URI, is never what a subset stands on."""
+    _, job = _job(tmp_path, dagster_data)
+    f = tmp_path / "other.yaml"  # another playbook of the same scope, with a step of the same name
+    f.write_text(
+        METER.replace("tests/meter_daily", "tests/other").replace("meter_readings", "other_readings")
+    )
+    theirs = run_playbook(load_playbook(f), {"day": "2026-11-07"}, services=_res(dagster_data).services(),
+                          select=["start"])  # fmt: skip
+    assert theirs.status == "completed"
+    forged = {  # noetl/uri: this playbook's table; execution: the other playbook's
+        READINGS: {"noetl/uri": f"{READINGS}@v1", "noetl/execution_id": theirs.execution_id},
+        "table": {"noetl/uri": f"{SUMMARY}@v1", "noetl/execution_id": theirs.execution_id},
+    }
+    with dg.instance_for_test() as instance:
+        for case, md in forged.items():
+            instance.report_runless_asset_event(
+                dg.AssetMaterialization(R, partition="2026-11-07", metadata=md)
+            )
+            r = job.get_subset(asset_selection={S}).execute_in_process(
+                instance=instance, partition_key="2026-11-07", raise_on_error=False
+            )
+            assert not r.success
+            failure = next(e for e in r.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE)
+            text = failure.step_failure_data.error.message
+            want = "in this location's event log" if case == READINGS else f"names {SUMMARY}, not the table"
+            assert want in text and "noetl/materialize_upstream: true" in text, text
+    reg = _res(dagster_data).registry("demo", "examples")
+    for series in (READINGS, SUMMARY):  # nothing was written in this scope
+        with pytest.raises(Exception):  # noqa: B017, PT011 - the registry's not-found error
+            reg.resolve(series)
