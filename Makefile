@@ -10,10 +10,12 @@ PIP := $(VENV)/bin/pip
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml example_project/pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e '.[all,dev]'
+	# the example dg project, so `cd example_project && dg list defs` / `dg dev` import it (editable)
+	$(PIP) install -q --no-deps -e example_project
 	# the browser test drives Debian chromium through playwright (never `playwright install`)
 	command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; } || \
 		echo "setup: chromium not installed (apt-get failed); tests/dagster/test_browser.py needs /usr/bin/chromium"

@@ -93,14 +93,17 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def dagster_dev_server(
-    module: str, *, cwd: Path, env: dict[str, str], log_path: Path
+    module: str | None, *, cwd: Path, env: dict[str, str], log_path: Path
 ) -> Iterator[tuple[str, Any]]:
-    """`dagster dev -m MODULE` on a free port: yields (url, process) once /server_info answers;
-    stops it with SIGINT (as a user would), SIGKILL only if it will not stop."""
+    """`dagster dev -m MODULE` (None: `dg dev` in the project folder ``cwd``) on a free port: yields
+    (url, process) once /server_info answers; stops it with SIGINT (as a user would), SIGKILL only if
+    it will not stop."""
     port = free_port()
     log = open(log_path, "wb")  # noqa: SIM115 - closed in finally, after the process
+    bindir = Path(sys.executable).parent
+    cmd = [str(bindir / "dagster"), "dev", "-m", module] if module else [str(bindir / "dg"), "dev"]
     proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "dagster"), "dev", "-m", module, "-h", "127.0.0.1", "-p", str(port)],
+        [*cmd, "-h", "127.0.0.1", "-p", str(port)],
         cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"

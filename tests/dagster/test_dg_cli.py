@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from dagster_helpers import REPO
+from dagster_helpers import REPO, dagster_dev_server
 
 BIN = Path(sys.executable).parent
 
@@ -46,6 +46,33 @@ def _project_files(root: Path) -> None:
         '[project]\nname = "myproj"\nversion = "0"\n\n[tool.dg]\ndirectory_type = "project"\n\n'
         '[tool.dg.project]\nroot_module = "myproj"\n'
     )
+
+
+@pytest.mark.slow
+def test_the_example_project_works_from_a_fresh_clone_after_make_setup(tmp_path):
+    """Issue 42: `cd example_project && dg list defs` failed with No module named 'example_project'
+    (only `dg check defs` passed). `make setup` installs it into the environment; run as a user
+    does, without the checkout on PYTHONPATH: dg check defs, dg list defs, dg dev (/server_info)."""
+    project = REPO / "example_project"
+    installed = subprocess.run([str(BIN / "python"), "-c", "import example_project"], cwd=tmp_path,
+                               env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})  # fmt: skip
+    assert installed.returncode == 0, "example_project is not installed in the environment: run `make setup`"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DAGSTER_HOME")}
+    env.update(
+        PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", NOETL_DAGSTER_HOME=str(tmp_path / "noetl")
+    )
+    for args in (["check", "defs"], ["list", "defs", "--json"]):
+        out = subprocess.run([str(BIN / "dg"), *args], cwd=project, env=env, capture_output=True, text=True,
+                             timeout=300)  # fmt: skip
+        assert out.returncode == 0, f"dg {' '.join(args)}:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
+    assert "hello_dagster" in {j["name"] for j in json.loads(out.stdout)["jobs"]}
+    env["DAGSTER_HOME"] = str(tmp_path / "dagster_home")
+    (tmp_path / "dagster_home").mkdir()
+    with dagster_dev_server(None, cwd=project, env=env, log_path=tmp_path / "dg_dev.log") as (url, _):
+        import httpx  # noqa: PLC0415
+
+        assert httpx.get(f"{url}/server_info", timeout=10).status_code == 200
+    assert "No module named" not in (tmp_path / "dg_dev.log").read_text()
 
 
 @pytest.mark.slow
