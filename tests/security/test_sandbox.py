@@ -565,3 +565,11 @@ def test_sandboxed_code_cannot_make_namespaces_or_ptrace(world):
     assert {k: out[k] for k in ("user", "mount", "net", "ptrace")} == dict.fromkeys(
         ("user", "mount", "net", "ptrace"), "denied"
     ), out
+
+
+@pytest.mark.parametrize("kind", ["python", "shell"])
+def test_cpu_time_is_bounded(world, monkeypatch, kind):
+    task = ({"p": {"kind": "python", "code": "while True:\n    pass"}} if kind == "python"
+            else {"sh": {"kind": "shell", "command": "while :; do :; done"}})  # fmt: skip
+    err = _run_limited(world, monkeypatch, task, CPU_SECONDS="1")
+    assert err["kind"] != "timeout" and err["message"], err  # ended by SIGXCPU/SIGKILL, not the task timeout
