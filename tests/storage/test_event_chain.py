@@ -5,6 +5,7 @@ its triggers disabled, archive files rewritten with fresh checksums."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -492,4 +493,45 @@ def test_property_verify_names_the_first_altered_event(tmp_path_factory, case, b
             )
             want = k
     report, _ = verify_chain(SqliteEventStore(db), eid)
+    assert (report.status, report.sequence) == ("broken", want), (kind, k, report)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=_execution_and_edit(), batch=st.integers(1, 12))
+def test_property_segments_name_the_first_altered_event(tmp_path_factory, case, batch):
+    """The same edits on a log stored partly in segments (an 8-byte mark per event, the full hash at
+    a segment's end): the edit is made on what the store reads back, position by position, as a
+    rewrite of the segment's columns would present it."""
+    (spec, kind, k, forged) = case
+    store = SqliteEventStore(tmp_path_factory.mktemp("seg") / "events.db")
+    store.segment_min = 4
+    eid = "segprop-" + uuid.uuid4().hex[:8]
+    appended = [Event(name="playbook.execution.requested", execution_id=eid, data={"playbook": "p"})]
+    appended += [Event(name=name, execution_id=eid, step="s", data=data) for name, data in spec]
+    for i in range(0, len(appended), batch):
+        store.append(appended[i : i + batch])
+    entries = store.read_chained(eid)
+    store.close()
+    assert check_chain(eid, entries).status == "ok"
+    n = len(entries)
+    k = min(k + 1, n + 1 if kind == "insert" else n - 1 if kind in ("delete", "swap") else n)
+
+    def at(pos: int, entry):  # an entry as the store would number it at position ``pos``
+        return (pos, dataclasses.replace(entry[1], sequence=pos), entry[2])
+
+    if kind == "change":
+        seq, ev, h = entries[k - 1]
+        entries[k - 1] = (seq, dataclasses.replace(ev, data={**ev.data, "edited": True}), h)
+        want = k
+    elif kind == "delete":
+        del entries[k - 1]
+        want = k + 1
+    elif kind == "insert":
+        extra = (k, Event(name="step.started", execution_id=eid, sequence=k), forged and forged[:8])
+        entries = entries[: k - 1] + [extra] + [at(e[0] + 1, e) for e in entries[k - 1 :]]
+        want = k
+    else:
+        entries[k - 1], entries[k] = at(k, entries[k]), at(k + 1, entries[k - 1])
+        want = k
+    report = check_chain(eid, entries)
     assert (report.status, report.sequence) == ("broken", want), (kind, k, report)
