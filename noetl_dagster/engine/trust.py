@@ -20,8 +20,10 @@ child's events as well as the parent's.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
+import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -202,6 +204,22 @@ def host_refusal(url: str, hosts: frozenset[str]) -> str | None:
         if e_host == host or (e_host.startswith("*.") and host.endswith(e_host[1:])):
             return None
     return f"host {shown!r} is not in allow_hosts ({sorted(hosts)})"
+
+
+def resolve_checked(host: str, port: int) -> tuple[tuple[str, int], str | None]:
+    """The address to connect to, or why not: a *name* that resolves to a loopback, link-local or
+    unspecified address (the worker's own services, a cloud metadata endpoint such as 169.254.169.254)
+    is refused; an address written as such is what the grant lists. OSError when it does not resolve."""
+    try:
+        literal = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        literal = None
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    for *_, sockaddr in infos:
+        ip = ipaddress.ip_address(str(sockaddr[0]).split("%")[0])
+        if literal is None and (ip.is_loopback or ip.is_link_local or ip.is_unspecified):
+            return ("", 0), f"host {host!r} resolves to {ip} (loopback/link-local: name the address itself)"
+    return (str(infos[0][4][0]), port), None
 
 
 def _host_name(host: str) -> str:
@@ -411,8 +429,21 @@ class Gate:
 
     def url(self, url: str, where: str) -> None:
         """A network URL a restricted execution requests (a tool's target, each redirect hop of
-        ``kind: http``): its host must be in the grant's ``allow_hosts`` (none listed: no host)."""
+        ``kind: http``): its host must be in the grant's ``allow_hosts`` (none listed: no host), and a
+        listed *name* must not resolve to the worker's loopback or link-local addresses (the egress
+        proxy's rule, tools/egress.py: only an entry that writes the address itself reaches one)."""
         why = host_refusal(url, self.grant.hosts or frozenset())
+        if why is None:
+            parts = urlsplit(url.strip())
+            default = 443 if parts.scheme.lower() in ("https", "wss") else 80
+            try:
+                why = resolve_checked(parts.hostname or "", parts.port or default)[1]
+            except (
+                OSError,
+                UnicodeError,
+                ValueError,
+            ):  # does not resolve: the tool's connection error says so
+                why = None
         if why:
             raise self._refuse(where, why)
 

@@ -13,7 +13,6 @@ session) and is closed with it.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import socket
 import socketserver
@@ -22,7 +21,7 @@ import threading
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from noetl_dagster.engine.trust import host_refusal
+from noetl_dagster.engine.trust import host_refusal, resolve_checked
 
 MAX_HEAD = 64 * 1024  # request line and headers
 CONNECT_TIMEOUT = 30.0
@@ -42,20 +41,7 @@ def _pump(a: socket.socket, b: socket.socket) -> None:
             pass
 
 
-def _resolve(host: str, port: int) -> tuple[tuple[str, int], str | None]:
-    """The address to connect to, or why not: a *name* that resolves to a loopback or link-local
-    address (the worker's own services, a cloud metadata endpoint such as 169.254.169.254) is
-    refused; an allow_hosts entry that writes the address itself means it."""
-    try:
-        literal = ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        literal = None
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    for *_, sockaddr in infos:
-        ip = ipaddress.ip_address(sockaddr[0].split("%")[0])
-        if literal is None and (ip.is_loopback or ip.is_link_local or ip.is_unspecified):
-            return ("", 0), f"host {host!r} resolves to {ip} (loopback/link-local: name the address itself)"
-    return (infos[0][4][0], port), None
+_resolve = resolve_checked  # the gate's rule (kind: http follows it too), with the address it checked
 
 
 class _Handler(socketserver.BaseRequestHandler):

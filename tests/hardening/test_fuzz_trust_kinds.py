@@ -110,6 +110,7 @@ def _urls(a: int, b: int) -> list[tuple[str, str]]:
         (f"http://127.0.0.1:{a}/redirect", "a>b"),
         (f"http://127.0.0.1.:{b}/trailing-dot", "b"),
         (f"http://[::ffff:127.0.0.1]:{b}/mapped", "b"),
+        (f"http://localhost:{a}/by-name", "name"),  # listed by name under "a+name": resolves to loopback
     ]
 
 
@@ -141,7 +142,7 @@ def _resource_uris(outside: Path) -> list[tuple[str, bool]]:
 
 
 use_st = st.one_of(
-    st.tuples(st.just("http"), st.integers(0, 7), st.booleans()),  # url, templated?
+    st.tuples(st.just("http"), st.integers(0, 8), st.booleans()),  # url, templated?
     st.tuples(st.just("get"), st.integers(0, 6)),
     st.tuples(st.just("put"), st.integers(0, 6)),
     st.tuples(st.just("rhai"), st.integers(0, 3)),
@@ -153,7 +154,7 @@ use_st = st.one_of(
 policy_st = st.tuples(
     st.sets(st.sampled_from(KINDS), min_size=2),
     st.sets(st.sampled_from(["pg_main", "pg_other"])),
-    st.sampled_from(["none", "a", "other"]),  # allow_hosts
+    st.sampled_from(["none", "a", "a+name", "other"]),  # allow_hosts
 )
 
 RHAI = [
@@ -181,11 +182,12 @@ def _python(outside: Path, a: int, b: int, n: int) -> list[tuple[str, bool]]:
 
 
 def _hosts(choice: str, a: int) -> list[str]:
-    return {"none": [], "a": [f"127.0.0.1:{a}"], "other": ["*.example.com", "localhost:1"]}[choice]
+    return {"none": [], "a": [f"127.0.0.1:{a}"], "a+name": [f"127.0.0.1:{a}", f"localhost:{a}"],
+            "other": ["*.example.com", "localhost:1"]}[choice]  # fmt: skip
 
 
 def _host_ok(choice: str) -> bool:
-    return choice == "a"
+    return choice in ("a", "a+name")
 
 
 class Gen:
@@ -291,7 +293,7 @@ def _files(root: Path) -> set[Path]:
     return {p for p in root.rglob("*") if p.is_file()}
 
 
-EVERY = [("http", i, i % 2 == 0) for i in range(8)] + [("get", i) for i in range(7)] + \
+EVERY = [("http", i, i % 2 == 0) for i in range(9)] + [("get", i) for i in range(7)] + \
     [("put", i) for i in range(7)] + [("rhai", i) for i in range(4)] + [("lake", i) for i in range(5)] + \
     [("sft", i) for i in range(4)] + [("res", i) for i in range(7)] + [("py", i) for i in range(6)]  # fmt: skip
 
@@ -299,7 +301,7 @@ EVERY = [("http", i, i % 2 == 0) for i in range(8)] + [("get", i) for i in range
 # grants the explicit examples run EVERY under: all kinds, no credential or host, almost nothing (on
 # Dagster the first only: its runs cost seconds each)
 EXPLICIT = [
-    (set(KINDS), {"pg_main"}, "a"),
+    (set(KINDS), {"pg_main"}, "a+name"),  # the allowed server by address and by name (refused: loopback)
     (set(KINDS), set(), "none"),
     ({"http", "playbook"}, {"pg_main"}, "a"),
 ]

@@ -287,3 +287,21 @@ def test_a_nested_generated_child_gets_the_meet_of_the_hosts(run, server, other_
     assert res.status == "failed" and other_server.log == []
     assert res.results["run_child"]["error"]["kind"] == "playbook_failed"
     assert len(_refusals(tmp_path, other_server)) == 1  # in the grandchild, at its call
+
+
+def test_a_listed_name_that_resolves_to_loopback_is_refused(run, server):
+    """Issue 41.4: the egress proxy refused a listed *name* resolving to the worker's loopback (its own
+    services) or link-local addresses (a metadata endpoint); `kind: http` reached it. One rule at the
+    gate now (engine.trust.resolve_checked): the address written as such is still allowed."""
+    url = _listen(server).replace("127.0.0.1", "localhost")
+    res, kids, inner = run(
+        child_doc(url), {"allow_kinds": ["http"], "allow_hosts": [f"localhost:{server.port}"]}
+    )
+    assert inner["error"]["kind"] == "trust_refused", inner
+    assert (
+        "resolves to 127.0.0.1" in inner["error"]["message"] or "resolves to ::1" in inner["error"]["message"]
+    )
+    assert server.log == []
+    res, kids, inner = run(child_doc(url.replace("localhost", "127.0.0.1")),
+                           {"allow_kinds": ["http"], "allow_hosts": [f"127.0.0.1:{server.port}"]})  # fmt: skip
+    assert res.status == "completed" and len(server.log) == 1
