@@ -35,6 +35,7 @@ SANDBOXED_KINDS = frozenset({"duckdb", "python", "rhai"})
 SPILL_STORE = "sandbox"  # the child's stand-in payload store (a folder in the scratch)
 SPILL_DIR = ".spill"
 DEFAULT_TIMEOUT_S = 300.0  # a python task's own spec.timeout wins
+START_TIMEOUT_S = 120.0  # the worker's own start (an interpreter and this package's imports)
 MAX_MESSAGE = 1 << 30
 _HEADER = struct.Struct(">I")
 NOTE_KEYS = frozenset({"sql", "sql_namespace", "sql_default_schema", "sql_dialect"})  # ctx.note of the kinds
@@ -97,9 +98,20 @@ class SandboxWorker:
 
         box = self._argv()
         self._stderr = tempfile.TemporaryFile()  # outside the scratch: the child cannot rewrite it
-        self._proc = subprocess.Popen(box.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
-                                      env=box.env, cwd=box.cwd)  # fmt: skip
+        self._proc = proc = subprocess.Popen(box.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                             stderr=self._stderr, env=box.env, cwd=box.cwd)  # fmt: skip
         STARTS[self.execution_id] += 1
+        # the start is not the task's: a task's timeout runs from the worker's ready line
+        timer = threading.Timer(START_TIMEOUT_S, proc.kill)
+        timer.start()
+        try:
+            ready = _receive(proc.stdout)
+        except (OSError, ValueError):
+            ready = None
+        finally:
+            timer.cancel()
+        if not (isinstance(ready, dict) and ready.get("op") == "ready"):
+            raise self._died("did not start")
 
     def _alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
@@ -362,6 +374,9 @@ def child_main() -> None:
     os.dup2(2, 1)
     os.chdir(scratch)
     resources: dict[str, Any] = {}
+    import noetl_dagster.dsl.kinds  # noqa: F401, PLC0415 - before the ready line: the kinds' catalogue
+
+    _send(proto_out, {"op": "ready"})
     try:
         while True:
             req = _receive(proto_in)

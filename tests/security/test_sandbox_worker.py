@@ -359,3 +359,18 @@ def test_the_operators_opt_out_runs_the_kinds_in_process(home, tmp_path, monkeyp
     out = _outcomes(store, kid)
     assert out["q"]["result"]["rows"] == [{"x": 42}] and out["r"]["result"] == 2
     assert sandbox_worker.STARTS[kid] == 0
+
+
+def test_a_task_over_its_timeout_stops_the_worker_and_the_next_task_starts_a_new_one(home):
+    ctx = _Ctx(home, "01a0000a-0000-7000-8000-00000000000e")
+    worker = sandbox_worker.SandboxPort().start(ctx)
+    try:
+        ctx.spec = {"timeout": 1}
+        with pytest.raises(ToolError) as e:
+            worker.call("python", {"code": "while True:\n    pass"}, ctx)
+        assert e.value.kind == "timeout" and e.value.retryable
+        ctx.spec = {}
+        assert worker.call("rhai", {"code": "3"}, ctx) == 3
+        assert sandbox_worker.STARTS[ctx.execution_id] == 2
+    finally:
+        worker.close()
