@@ -206,7 +206,22 @@ def run_commands(
                 if str(p) == scratch or scratch not in str(p):
                     break
                 os.chown(p, boxes[0].uid, boxes[0].uid, follow_symlinks=False)
-        return _run_all([b.argv for b in boxes], previews, inputs, ctx, kind, cwd, boxes[0].env)
+        try:
+            return _run_all([b.argv for b in boxes], previews, inputs, ctx, kind, cwd, boxes[0].env)
+        except ToolError as e:
+            limit = _LIMIT_SIGNALS.get(e.code) if e.kind == "exit_code" and isinstance(e.code, int) else None
+            if limit:
+                e.message = f"{e.message} [{limit}]"
+                e.args = (e.message,)
+            raise
+
+
+# a sandboxed command killed by a signal exits 128 + the signal (bwrap passes it on)
+_LIMIT_SIGNALS = {
+    128 + signal.SIGKILL: "killed (SIGKILL): the sandbox's CPU-time limit, or its memory",
+    128 + signal.SIGXCPU: "SIGXCPU: the sandbox's CPU-time limit (NOETL_SANDBOX_CPU_SECONDS)",
+    128 + signal.SIGXFSZ: "SIGXFSZ: the sandbox's file-size limit (NOETL_SANDBOX_FILE_MB)",
+}
 
 
 def _run_all(
