@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from noetl_dagster.commands.core import EXIT_FAILED, EXIT_OK, _fail_input, _open_store
+from noetl_dagster.commands.core import EXIT_FAILED, EXIT_OK, _fail_input
 from noetl_dagster.util.jsonutil import dumps
 
 
@@ -32,9 +32,12 @@ def verify(execution_id: str | None, archive_uri: str | None, event_store: str |
             line = _archive_line(report)
         else:
             from noetl_dagster.engine.replay import verify_chain  # noqa: PLC0415
+            from noetl_dagster.storage.event_stores import open_event_store  # noqa: PLC0415
 
             try:
-                chain, _events = verify_chain(_open_store(event_store, data_dir), str(execution_id))
+                chain, _events = verify_chain(
+                    open_event_store(event_store, data_dir=data_dir), str(execution_id)
+                )
             except KeyError as e:
                 _fail_input(str(e.args[0]))
             chain.raise_if_broken()
