@@ -154,7 +154,7 @@ def test_a_rhai_playbook_through_the_cli(tmp_path):
                 for i in 1..={{ workload.limit }} { total += i; }
                 out.total = total;
                 out
-            next: {arcs: [{step: loop_forever}]}
+            next: {arcs: [{step: loop_forever, when: "{{ event.name == 'call.done' }}"}]}
           - step: loop_forever
             tool: {kind: rhai, max_operations: 5000, code: "let n = 0; loop { n += 1; }"}
     """)
