@@ -294,15 +294,20 @@ def test_a_bad_limit_setting_is_one_clear_error(world, monkeypatch):
     assert err["message"] == "NOETL_SANDBOX_MEMORY_MB must be a positive integer, got 'lots'", err
 
 
-def test_where_the_sandbox_cannot_be_built_generated_code_is_refused(world, monkeypatch):
+@pytest.mark.parametrize("kind", ["python", "shell", "script"])
+def test_where_the_sandbox_cannot_be_built_generated_code_is_refused(world, monkeypatch, kind):
+    task = {"python": {"p": {"kind": "python", "code": "result = 1"}},
+            "shell": {"sh": {"kind": "shell", "command": "echo ran"}},
+            "script": {"sc": {"kind": "script", "code": "echo ran"}}}[kind]  # fmt: skip
     monkeypatch.setattr(sandbox, "_probe", "bwrap not installed (Debian: bubblewrap, util-linux)")
-    res, events = world.run(_generated({"p": {"kind": "python", "code": "result = 1"}}, ["python"]))
+    res, events = world.run(_generated(task, [kind]))
     assert res.status == "failed"
     err = _error(events)
     assert err["kind"] == "sandbox_unavailable" and "\n" not in err["message"], err
+    assert "ran" not in json.dumps(res.results)
     # the operator's explicit opt-out runs it with a scrubbed environment only
     monkeypatch.setenv("NOETL_GENERATED_ISOLATION", "env-only")
-    res, _ = world.run(_generated({"p": {"kind": "python", "code": "result = 1"}}, ["python"]))
+    res, _ = world.run(_generated(task, [kind]))
     assert res.status == "completed", res.results
 
 
