@@ -210,6 +210,20 @@ class AccessControl(RegistryBase):
             raise Forbidden(f"{p.label} may not {permission} {loc.uri}: no live grant")
         return grant_id
 
+    def may_read(self, p: Principal, uri: str) -> bool:
+        """Whether ``p`` may read every version of ``uri`` (its owner, or a live grant on the
+        unversioned URI), registered or not: the payload locator's question for a reference of
+        another tenant (noetl_dagster/storage/locator.py). A cross-scope answer is audited."""
+        loc = locator(uri, require_version=False, max_len=self.limits.max_uri_length)
+        if self._owns(p, loc.tenant, loc.project):
+            return True
+        with self.store.read() as tx:
+            grant_id = self._grant_for(tx, p, loc.series, None, ("read", "write"))
+        reason = f"grant {grant_id}" if grant_id else "no live grant"
+        self._audit(p, "access:read", grant_id is not None, loc.uri, loc.tenant, loc.project, reason,
+                    requested=loc.uri)  # fmt: skip
+        return grant_id is not None
+
     def _can_read(self, tx: Tx, p: Principal, loc: ResourceLocator, resource_id: str) -> bool:
         try:
             self._authorize(tx, p, loc, resource_id, "read")

@@ -200,6 +200,11 @@ def create_app(registry: Registry | str | None = None, *, limits: Limits | None 
         """The access plan for a resource: allowed, chosen location, expected checksum."""
         return await run(reg.resolve, p, uri, purpose=purpose, region=region)
 
+    @app.get("/v1/access", tags=["grants"])
+    async def access(p: Caller, uri: UriParam) -> dict[str, bool]:
+        """Whether the caller may read every version of ``uri`` (owner, or a live grant), registered or not."""
+        return {"allowed": await run(reg.may_read, p, uri)}
+
     @app.get("/v1/resources", tags=["resources"])
     async def list_resources(
         p: Caller,

@@ -8,6 +8,7 @@ same :mod:`registry_service.errors`. Use :func:`open_registry` to get either.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from abc import ABC, abstractmethod
@@ -83,6 +84,10 @@ class RegistryClient(ABC):
 
     @abstractmethod
     def get(self, resource_id: str) -> Resource: ...
+
+    def may_read(self, uri: str) -> bool:
+        """Whether this client's principal may read every version of ``uri`` (owner or live grant)."""
+        raise NotImplementedError
 
     @abstractmethod
     def add_location(self, resource_id: str, location: LocationIn | Mapping[str, Any]) -> Location: ...
@@ -193,6 +198,9 @@ class InProcessRegistryClient(RegistryClient):
 
     def resolve(self, uri, *, purpose="read", region=None) -> AccessPlan:
         return self.registry.resolve(self.principal, uri, purpose=purpose, region=region)
+
+    def may_read(self, uri) -> bool:
+        return self.registry.may_read(self.principal, uri)
 
     def delete_ephemeral(self, resource_id) -> Resource:
         """Tombstone a generated playbook's row once its parent execution is archived (registry_service/ephemeral.py)."""
@@ -344,6 +352,9 @@ class HttpRegistryClient(RegistryClient):
         if region:
             params["region"] = region
         return AccessPlan.model_validate_json(self._call("GET", "/v1/resources/resolve", params=params))
+
+    def may_read(self, uri) -> bool:
+        return bool(json.loads(self._call("GET", "/v1/access", params={"uri": uri})).get("allowed"))
 
     def get(self, resource_id) -> Resource:
         return Resource.model_validate_json(self._call("GET", f"/v1/resources/{_seg(resource_id)}"))

@@ -427,12 +427,14 @@ def replay(execution_id: str | None, archive_uri: str | None, bodies: bool, max_
     ctx = state.ctx
     refs = list(iter_refs([results, ctx]))
     registry = None
+    reader = state.reader  # the execution's tenant and project: what its references are read as
     if any(r.uri.startswith("noetl://") for r in refs):  # resolved through the resource catalog
         from registry_service.client import open_registry  # noqa: PLC0415
 
         first = svc.event_store.read(execution_id)[0]
         registry = open_registry(None, tenant=first.tenant_id, project=first.project_id)
-    resolver = RefResolver(svc.offloader.store, bodies=bodies, body_limit=limit, registry=registry)
+    resolver = RefResolver(svc.offloader.store, bodies=bodies, body_limit=limit, registry=registry,
+                           reader=reader, locator=svc.offloader.locator)  # fmt: skip
     if bodies:
         results, ctx = resolver.resolve_value(results), resolver.resolve_value(ctx)
     out = {
@@ -443,7 +445,9 @@ def replay(execution_id: str | None, archive_uri: str | None, bodies: bool, max_
         "runs": state.runs,
         "pending_tokens": [{"token_id": t.token_id, "step": t.step} for t in state.tokens.values()],
         "loops": {k: v.snapshot() for k, v in state.loops.items()},
-        "references": RefResolver(svc.offloader.store, registry=registry).summarize_all(refs),
+        "references": RefResolver(
+            svc.offloader.store, registry=registry, reader=reader, locator=svc.offloader.locator
+        ).summarize_all(refs),
     }
     click.echo(dumps(out) if as_json else json.dumps(out, indent=2, default=str))
 

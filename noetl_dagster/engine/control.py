@@ -111,6 +111,7 @@ class Engine(Driver, EngineServices):
             playbook.steps
         )  # Playbook.step's dict (its cache costs a pydantic getattr)
         self.state = state or ExecutionState(execution_id or uuid7(), services.offloader.resolve)
+        self.state.reader = self.state.reader or (services.tenant, services.project)
         self.recorder = Recorder(
             self.state,
             services.event_store,

@@ -256,7 +256,11 @@ def resume_point(eng: Engine, step_run_id: str) -> ResumePoint:
     rp = ResumePoint()
     step = eng._steps[eng.state.step_runs[step_run_id]["step"]]  # noqa: SLF001 - the engine's own map
     step_loop = step.loop is not None and step.loop.cursor is None
-    resolve = eng.services.offloader.resolve
+    offloader, reader = eng.services.offloader, (eng.services.tenant, eng.services.project)
+
+    def resolve(value: Any) -> Any:
+        return offloader.resolve(value, reader)
+
     for ev in eng.services.event_store.read(eng.execution_id):
         if ev.step_run_id != step_run_id:
             continue

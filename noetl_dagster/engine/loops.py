@@ -192,7 +192,7 @@ class CursorLoops:
             if ev.name == E.LOOP_ITERATION_DONE and ev.step_run_id == step_run_id:
                 key = (ev.data or {}).get("cursor_key")
                 if key is not None and key not in out:
-                    out[key] = svc.offloader.resolve((ev.data or {}).get("result"))
+                    out[key] = svc.offloader.resolve((ev.data or {}).get("result"), (svc.tenant, svc.project))
         return out
 
     def _cursor_slot(

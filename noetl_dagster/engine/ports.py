@@ -119,9 +119,13 @@ class ResultOffloader(Protocol):
 
     store: Any
 
-    def maybe_offload(self, value: Any, key: str, *, execution_id: str | None = None) -> Any: ...
+    def maybe_offload(
+        self, value: Any, key: str, *, execution_id: str | None = None, owner: tuple[str, str] | None = None
+    ) -> Any: ...
 
-    def resolve(self, value: Any) -> Any: ...
+    def resolve(self, value: Any, reader: tuple[str, str] | None = None) -> Any:
+        """``value`` with a ``$ref`` read back, when ``reader`` (tenant, project) may read it."""
+        ...
 
 
 class ToolError(Exception):

@@ -228,7 +228,8 @@ class Recorder:
             value,
             f"{self.tenant}/{self.project}/{self.execution_id}/{hint}-{n}",
             execution_id=self.execution_id,
-        )  # the reference names its producer
+            owner=(self.tenant, self.project),
+        )  # the reference names its producer, and carries its tenant's signed capability
         if type(out) is dict and "$ref" in out:  # written now: removed again if its event is never durable
             self._pending_refs.append(out["$ref"].get("uri"))
         return out

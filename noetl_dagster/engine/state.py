@@ -44,7 +44,7 @@ class LoopPosition:
 
 
 class ExecutionState:
-    def __init__(self, execution_id: str, resolver: Callable[[Any], Any] | None = None):
+    def __init__(self, execution_id: str, resolver: Callable[[Any, Any], Any] | None = None):
         self.execution_id = execution_id
         self.parent_execution_id: str | None = None
         self.playbook: str | None = None
@@ -73,6 +73,8 @@ class ExecutionState:
         self.sequence = 0
         self._resolver = resolver
         self._resolved: dict[str, Any] = {}
+        # (tenant, project) the execution reads stored references as: its events' (the recorder's)
+        self.reader: tuple[str, str] | None = None
 
     # -- fold ------------------------------------------------------------------
     def apply(self, ev: Event) -> None:
@@ -80,6 +82,8 @@ class ExecutionState:
         d = ev.data
         if ev.sequence:
             self.sequence = max(self.sequence, ev.sequence)
+        if self.reader is None and ev.tenant_id:
+            self.reader = (ev.tenant_id, ev.project_id or "default")
         if name == E.TASK_DONE or name == E.TASK_STARTED:
             return
         if name == E.TOKEN_ENQUEUED:
@@ -165,7 +169,7 @@ class ExecutionState:
             return self._resolved[step]
         value = self.results.get(step)
         if self._resolver is not None:
-            value = self._resolver(value)
+            value = self._resolver(value, self.reader)
         self._resolved[step] = value
         return value
 
@@ -199,7 +203,7 @@ class ExecutionState:
         }
 
 
-def fold(events: list[Event], resolver: Callable[[Any], Any] | None = None) -> ExecutionState:
+def fold(events: list[Event], resolver: Callable[[Any, Any], Any] | None = None) -> ExecutionState:
     if not events:
         raise ValueError("no events to replay")
     st = ExecutionState(events[0].execution_id, resolver)

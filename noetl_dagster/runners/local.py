@@ -20,6 +20,7 @@ from noetl_dagster.engine.recorder import Recorder
 from noetl_dagster.engine.replay import verified_events
 from noetl_dagster.storage.event_stores import open_event_store
 from noetl_dagster.storage.events import EventStore
+from noetl_dagster.storage.locator import RefRefused
 from noetl_dagster.storage.payload import DEFAULT_INLINE_LIMIT, Offloader, open_payload_store
 from noetl_dagster.tools.cursor_sources import default_cursor_sources
 from noetl_dagster.tools.sandbox_worker import SandboxPort
@@ -71,7 +72,7 @@ class ExecutionResult:
             execution_id=st.execution_id,
             status=st.status,
             ctx=dict(st.ctx),
-            results={s: st.result(s) for s in st.results},
+            results=readable_results(st),
             runs=dict(st.runs),
             event_store_url=eng.services.event_store.url,
             playbook=eng.playbook.metadata.path,
@@ -79,6 +80,18 @@ class ExecutionResult:
             if st.error
             else {},  # the engine's gate ended it (durability.Driver._crashed)
         )
+
+
+def readable_results(st: Any) -> dict[str, Any]:
+    """Each step's result as its execution may read it: a reference the locator refuses (a task's
+    own ``$ref`` to another tenant's payload) stays the reference, with status ``refused``."""
+    out = {}
+    for s in st.results:
+        try:
+            out[s] = st.result(s)
+        except RefRefused:
+            out[s] = {**st.results[s], "status": "refused"}
+    return out
 
 
 def _listeners_from_env() -> list[Callable[[Event], None]]:
@@ -113,7 +126,7 @@ def build_services(
         pass
     return Services(
         event_store=store,
-        offloader=Offloader(payloads, inline_limit),
+        offloader=Offloader(payloads, inline_limit, data_dir=ddir),
         data_dir=ddir,
         catalog=Catalog(catalog_dirs),
         tenant=tenant,

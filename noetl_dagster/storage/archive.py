@@ -370,8 +370,11 @@ def replay_from_archive(uri: str, *, bodies: bool = False, body_limit: int | Non
         _refs(e.data, refs, "")
     limit = DEFAULT_BODY_LIMIT if body_limit is None else body_limit
     like = _split_bundle_uri(uri)[0]
+    reader = (own[0].tenant_id, own[0].project_id) if own else None  # the references' own tenant reads them
     ctx = (
-        RefResolver(like, bodies=True, body_limit=limit).resolve_value(snap["ctx"]) if bodies else snap["ctx"]
+        RefResolver(like, bodies=True, body_limit=limit, reader=reader).resolve_value(snap["ctx"])
+        if bodies
+        else snap["ctx"]
     )
     return {
         "execution_id": eid,
@@ -384,7 +387,7 @@ def replay_from_archive(uri: str, *, bodies: bool = False, body_limit: int | Non
         "children": manifest.get("children", []),
         "runs": snap["runs"],
         "ctx": ctx,
-        "references": RefResolver(like).summarize_all(
+        "references": RefResolver(like, reader=reader).summarize_all(
             {k: v for k, v in r.items() if k != "event"} for r in refs
         ),
     }

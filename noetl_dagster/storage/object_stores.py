@@ -146,6 +146,13 @@ class ObjectPayloadStore(PayloadStore):
             return False
         return True
 
+    def key_of(self, uri: str) -> str | None:
+        try:
+            key = self._path_of(uri).partition("/")[2]
+        except ValueError:
+            return None
+        return key[len(self.prefix) + 1 :] if self.prefix else key
+
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "bucket": self.bucket, "prefix": self.prefix}
 

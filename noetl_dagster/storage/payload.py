@@ -69,6 +69,8 @@ class ResultRef:
     locality: str | None = None
     storage_class: str | None = None
     execution_id: str | None = None
+    # the platform's signed, scoped permission to read it (storage/locator.py); absent in older ones
+    capability: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -132,9 +134,11 @@ def verify_checksum(data: bytes, expected: str | None, where: str) -> None:
     if algorithm not in CHECKSUM_ALGORITHMS:
         raise ChecksumMismatch(f"{where}: unsupported checksum {(expected or '')[:40]!r}; one of"
                                f" {', '.join(CHECKSUM_ALGORITHMS)} expected")  # fmt: skip
-    actual = checksum_of(data, algorithm)
-    if actual != expected:
-        raise ChecksumMismatch(f"checksum mismatch for {where}: expected {expected}, got {actual}")
+    if checksum_of(data, algorithm) != expected:
+        # never the actual checksum: with it a reader guessing a reference would need only the path
+        raise ChecksumMismatch(
+            f"checksum mismatch for {where}: the stored bytes are not what the reference names"
+        )
 
 
 # Hashing runs on a helper thread (hashlib drops the GIL for large updates) from the first chunk at
@@ -374,6 +378,11 @@ class PayloadStore(ABC):
         """Whether ``uri`` points inside this store."""
         return False
 
+    def key_of(self, uri: str) -> str | None:
+        """The key ``uri`` names in this store (as the store resolves it: symlinks and ``..``
+        followed), or None when it points elsewhere."""
+        return None
+
     def uri_for(self, key: str) -> str:
         raise NotImplementedError
 
@@ -592,6 +601,11 @@ class FilePayloadStore(PayloadStore):
             return False
         return uri.startswith("file://") or uri.startswith("/")
 
+    def key_of(self, uri: str) -> str | None:
+        if not self.owns(uri):
+            return None
+        return self._uri_path(uri).relative_to(self.root).as_posix()
+
 
 def _open_file(parts: Any, query: dict[str, str], options: dict[str, Any]) -> PayloadStore:
     if query:
@@ -734,17 +748,33 @@ class Offloader:
         tenant: str | None = None,
         project: str | None = None,
         layout: ObjectLayout = DEFAULT_LAYOUT,
+        locator: Any = None,
+        data_dir: str | os.PathLike[str] | None = None,
     ):
         self.store = store
         self.inline_limit = inline_limit
         self.key_prefix = layout.prefix(tenant, project) if tenant and project else ""
+        self.data_dir = data_dir
+        # storage.locator.Locator: signs what is written here and is the gate every read passes
+        self._locator = locator
         # the value offloaded last and its envelope: a task's result is offloaded again at once as
         # its step's result, and must not be written twice
         self._last: tuple[Any, ResultRef] | None = None
         self._last_plain: tuple[Any, bool] | None = None
 
-    def maybe_offload(self, value: Any, key: str, *, execution_id: str | None = None) -> Any:
-        """``value`` itself when its JSON text is at most ``inline_limit`` bytes, else a ``$ref``.
+    @property
+    def locator(self) -> Any:
+        if self._locator is None:
+            from noetl_dagster.storage.locator import Locator  # noqa: PLC0415 - it imports this module
+
+            self._locator = Locator(self.store, data_dir=self.data_dir, key_prefix=self.key_prefix)
+        return self._locator
+
+    def maybe_offload(
+        self, value: Any, key: str, *, execution_id: str | None = None, owner: tuple[str, str] | None = None
+    ) -> Any:
+        """``value`` itself when its JSON text is at most ``inline_limit`` bytes, else a ``$ref``
+        carrying the signed capability of ``owner`` (tenant, project; default ``default/default``).
 
         The size is decided from a lower bound that stops at the limit, and a big value is
         streamed to the store, so memory stays about the value itself (issue 14.8)."""
@@ -765,12 +795,17 @@ class Offloader:
                                        rows=rows, content_type="application/json", execution_id=execution_id)  # fmt: skip
         else:
             ref = self.store.put_json(key, value, rows=rows, execution_id=execution_id)
+        ref = self.locator.sign(ref, *(owner or ("default", "default")))
         self._last = (value, ref)
         return ref.envelope()
 
-    def resolve(self, value: Any) -> Any:
+    def resolve(self, value: Any, reader: tuple[str, str] | None = None) -> Any:
+        """``value``, or the value a ``$ref`` names when ``reader`` (tenant, project; default
+        ``default/default``) may read it (storage/locator.py: else RefRefused)."""
         if is_ref(value):
             ref = ResultRef.from_dict(value["$ref"])
+            tenant, project = reader or ("default", "default")
+            self.locator.authorize(ref, tenant, project)  # before the live copy below too
             last = self._last
             # the payload this process just wrote: the live value, when reading it back would give an
             # equal value of the same types (else a reader would see what replay does not)
@@ -779,7 +814,7 @@ class Offloader:
                     self._last_plain = (last, is_plain_json(last[0]))  # once per value, not per read
                 if self._last_plain[1]:
                     return last[0]
-            return self.store.get_json(ref)
+            return loads(self.locator.read(ref, tenant, project))
         return value
 
 

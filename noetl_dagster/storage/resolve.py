@@ -2,11 +2,12 @@
 
 Every ``$ref`` an execution's events or an archive manifest hold is resolved through
 :func:`~noetl_dagster.storage.payload.store_for_uri` — the same registry writes use; a ``noetl://``
-one first through the resource catalog's read plan (location + expected checksum) — and summed up
+one first through the resource catalog's read plan (location + expected checksum), any other
+through the locator for the execution's tenant (storage/locator.py) — and summed up
 deterministically: the same bytes give the same summary on any machine and any cloud (no
 timestamps, no provider URIs of the reader). Full bodies only on request, bounded by size.
 
-A summary: ``uri, store, format, size, checksum, status`` (``ok`` | ``missing`` |
+A summary: ``uri, store, format, size, checksum, status`` (``ok`` | ``refused`` | ``missing`` |
 ``checksum_mismatch`` | ``unreachable`` | ``no_adapter`` | ``too_large``), ``rows`` and
 ``schema_fingerprint`` where recorded, ``arrow_schema`` (a fingerprint of the Parquet/Arrow
 file's schema, read from the bytes), ``json_shape`` (the JSON's type, length and sorted keys, two
@@ -21,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
+from noetl_dagster.storage.locator import Locator, RefRefused
 from noetl_dagster.storage.payload import (
     ChecksumMismatch,
     PayloadNotFound,
@@ -94,8 +96,13 @@ class RefResolver:
         bodies: bool = False,
         body_limit: int = DEFAULT_BODY_LIMIT,
         registry: Any = None,
+        reader: tuple[str, str] | None = None,
+        locator: Locator | None = None,
     ):
         self.like = like
+        # every non-noetl:// reference passes the locator as the execution's tenant and project
+        self.reader = reader or ("default", "default")
+        self.locator = locator or Locator(like)
         self.registry = (
             registry  # a registry client: noetl:// references resolve through the resource catalog
         )
@@ -114,6 +121,11 @@ class RefResolver:
             if isinstance(located, dict):
                 return located
             ref = located
+        else:
+            try:  # refused before any store is asked: a refusal tells nothing of the object
+                self.locator.authorize(ref, *self.reader)
+            except RefRefused as e:
+                return {**out, "status": "refused", "error": str(e)}
         try:
             store = store_for_uri(ref.uri, like=self.like, cache=self._stores)
         except (ValueError, NotImplementedError) as e:

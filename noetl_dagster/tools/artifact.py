@@ -40,6 +40,7 @@ from urllib.parse import unquote
 from pydantic import Field
 
 from noetl_dagster.engine.recorder import payload_prefix
+from noetl_dagster.storage.locator import RefRefused, locator_of, read_for, reader_of, refusal, sign_for
 from noetl_dagster.storage.payload import (
     ChecksumMismatch,
     PayloadStore,
@@ -140,13 +141,9 @@ def _own_key(key: str, ctx: ToolContext, action: str, uri: str) -> str:
 def _store_key(store: PayloadStore, uri: str) -> str | None:
     """The key of ``uri`` in ``store`` (None when the store does not own it)."""
     try:
-        if not store.owns(uri):
-            return None
-        probe = store.uri_for("k")
+        return store.key_of(uri)
     except (NotImplementedError, ValueError):
         return None
-    base = probe[: -len("k")]
-    return unquote(uri[len(base) :]) if uri.startswith(base) else None
 
 
 def _arg(inputs: Mapping[str, Any], key: str) -> Any:
@@ -218,14 +215,19 @@ def _select(data: Any, select: Any) -> dict[str, Any]:
 
 
 def _read(uri: str, ref: ResultRef | None, ctx: ToolContext) -> tuple[bytes, str]:
-    """(bytes, store name) of ``uri``: the payload store's own URIs through the store, local paths
-    from inside the artifact roots; a reference with a checksum is verified either way."""
+    """(bytes, store name) of ``uri``: a reference, and any URI of the payload store, through the
+    locator (storage/locator.py: the execution's own payloads, or a signed one its tenant may
+    read), local paths from inside the artifact roots; a reference's checksum is verified."""
     store = payload_store(ctx)
     key = _store_key(store, uri)
     if key is not None:
         _own_key(key, ctx, "get", uri)
-        data = store.get_verified(ref) if ref is not None else store.get_bytes(uri)
-        return data, store.name
+    if ref is not None and (key is not None or ref.capability):
+        return read_for(ctx, ref, store), store.name if key is not None else ref.store
+    if key is not None:
+        if not locator_of(ctx, store).own(uri, *reader_of(ctx)):
+            raise refusal(uri, *reader_of(ctx))
+        return store.get_bytes(uri), store.name
     path = _local_path(uri)
     if path is None:
         raise ToolError(f"artifact: get {uri!r}: its scheme is neither a local path nor this execution's "
@@ -250,6 +252,8 @@ def _get(inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
     where = ref.uri if ref else str(uri)
     try:
         data, store_name = _read(where, ref, ctx)
+    except RefRefused as e:
+        raise ToolError(f"artifact: {e}", kind="reference_refused") from None
     except ChecksumMismatch as e:
         raise ToolError(f"artifact: {e}", kind="checksum_mismatch") from None
     except (FileNotFoundError, KeyError) as e:
@@ -296,7 +300,7 @@ def _put(inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
     if not uri:
         name = _arg(inputs, "name") or f"{ctx.task}-attempt{ctx.attempt}"
         key = f"{_tenant_prefix(ctx, ctx.execution_id)}{ctx.step}/artifact-{name}.json"
-        ref = store.put_json(_own_key(key, ctx, "put", key), data)
+        ref = sign_for(ctx, store.put_json(_own_key(key, ctx, "put", key), data), store)
         return {"ref": ref.envelope(), "uri": ref.uri, "size_bytes": ref.size, "sha256": ref.checksum}
     uri = str(uri).strip()
     body, fmt = _encode(data)
@@ -324,6 +328,7 @@ def _put(inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
         raise ToolError(f"artifact: cannot write {uri}: {e}", kind="artifact_error") from None
     # the checksum is of the bytes as stored (what get verifies); sha256 of the content as upstream
     ref = ResultRef(uri=where, store=store_name, format=fmt, size=len(body), checksum=checksum_of(body))
+    ref = sign_for(ctx, ref, store)  # what later steps of this tenant read back through the locator
     out = {
         "ref": ref.envelope(),
         "uri": where,

@@ -152,7 +152,7 @@ def generated_playbook(definition: Any, ctx: ToolContext) -> Any:
             raise ToolError(f"generated playbook is invalid: {e.line}: {e.rule}: {e.message}",
                             kind="generated_playbook_invalid", result={"issues": [f"{e.line}: {e.rule}: {e.message}"]}) from None  # fmt: skip
     if isinstance(value, Mapping) and "$ref" in value and hasattr(ctx, "offloader"):
-        value = ctx.offloader.resolve(value)  # type: ignore[attr-defined] - a big result kept by reference
+        value = ctx.offloader.resolve(value, (ctx.tenant, ctx.project))  # type: ignore[attr-defined] - a big result kept by reference
     if not isinstance(value, Mapping):
         raise ToolError(f"`definition` must be a playbook mapping or YAML text, not {type(value).__name__}",
                         kind="generated_playbook_invalid", result={"issues": ["not-a-playbook"]})  # fmt: skip

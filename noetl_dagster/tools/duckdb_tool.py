@@ -28,6 +28,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from noetl_dagster.storage.locator import sign_for
 from noetl_dagster.storage.payload import (
     DEFAULT_INLINE_LIMIT,
     FilePayloadStore,
@@ -195,6 +196,7 @@ def _spill(head: list[pa.RecordBatch], schema: pa.Schema, rest, ctx: ToolContext
         rows=rows,
         schema_fingerprint=sha256(schema.to_string().encode()),
     )
+    ref = sign_for(ctx, ref, store)  # readable by this tenant's later steps (storage/locator.py)
     return {"rows": ref.envelope(), "row_count": rows, "columns": list(schema.names)}
 
 

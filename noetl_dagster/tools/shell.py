@@ -35,6 +35,7 @@ from typing import Any
 from pydantic import Field
 
 from noetl_dagster.engine.usage import Popen
+from noetl_dagster.storage.locator import sign_for
 from noetl_dagster.storage.payload import FilePayloadStore, PayloadStore, ResultRef, sha256
 from noetl_dagster.tools.configs import ToolConfig
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
@@ -138,9 +139,8 @@ def store_text(data: bytes, ctx: ToolContext, name: str) -> dict[str, Any]:
     prefix = getattr(getattr(ctx, "offloader", None), "key_prefix", "") or ""
     key = f"{prefix}{ctx.execution_id}/{ctx.step}/{ctx.task}-attempt{ctx.attempt}-{name}.txt"
     uri = store.put_bytes(key, data)
-    return ResultRef(
-        uri=uri, store=store.name, format="text", size=len(data), checksum=sha256(data)
-    ).envelope()
+    ref = ResultRef(uri=uri, store=store.name, format="text", size=len(data), checksum=sha256(data))
+    return sign_for(ctx, ref, store).envelope()
 
 
 def _capture(data: bytes, cap: int, ctx: ToolContext, name: str, out: dict[str, Any]) -> None:

@@ -37,6 +37,7 @@ from typing import Any
 import pyarrow as pa
 
 from noetl_dagster.dsl.locator import InvalidLocator, parse_locator
+from noetl_dagster.storage.locator import RefRefused, read_for
 from noetl_dagster.storage.payload import (
     ChecksumMismatch,
     PayloadStore,
@@ -105,7 +106,10 @@ def table_data(value: Any, ctx: ToolContext) -> Any:
             raise ToolError(
                 f"cannot read {ref.uri}: this execution has no payload store", kind="config_error"
             )
-        data = store.get_verified(ref)
+        try:  # through the locator: a reference of another tenant, or no platform's, reads nothing
+            data = read_for(ctx, ref, store)
+        except RefRefused as e:
+            raise ToolError(str(e), kind="reference_refused") from None
         if ref.format in (FORMAT_ARROW, "arrow_ipc", FORMAT_PARQUET):
             return read_file_table(data, FORMAT_ARROW if ref.format == "arrow_ipc" else ref.format)
         from noetl_dagster.util.jsonutil import loads  # noqa: PLC0415

@@ -300,7 +300,11 @@ def _ctx_writers(eng: Any, loop_id: str) -> dict[str, int]:
 def _finish_loop(eng: Any, step: Any, srid: str, loop_id: str) -> Any:
     """loop.done and step.done from the iterations the log holds (the frames' work)."""
     events = eng.services.event_store.read(eng.execution_id)
-    resolve = eng.services.offloader.resolve
+    offloader, reader = eng.services.offloader, (eng.services.tenant, eng.services.project)
+
+    def resolve(value: Any) -> Any:
+        return offloader.resolve(value, reader)
+
     pos = eng.state.loops[loop_id]
     items: list[Any] = [None] * pos.total
     info = eng.state.step_runs[srid]

@@ -39,7 +39,7 @@ from noetl_dagster.resources.runtime import (
     TAG_EXECUTION,
     register_engine,
 )
-from noetl_dagster.runners.local import ExecutionResult
+from noetl_dagster.runners.local import ExecutionResult, readable_results
 from noetl_dagster.sensors.router import RouterCursor, instance_run_lookup, router_tick
 from noetl_dagster.storage.events import EventStore
 from noetl_dagster.translator.build import CompiledPlaybook, NoetlCodeLocation, compile_playbooks
@@ -280,7 +280,7 @@ def result_from_log(svc: Services, eid: str, pb: Playbook) -> ExecutionResult:
         execution_id=eid,
         status=st.status,
         ctx=dict(st.ctx),
-        results={s: st.result(s) for s in st.results},
+        results=readable_results(st),
         runs=dict(st.runs),
         event_store_url=svc.event_store.url,
         playbook=pb.metadata.path,

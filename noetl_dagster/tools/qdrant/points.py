@@ -216,12 +216,19 @@ def _load_ref(value: Any, ctx: ToolContext | None) -> Any:
         raise ToolError(
             "qdrant: cannot read a $ref input without the execution's payload store", kind="config_error"
         )
+    from noetl_dagster.storage.locator import RefRefused, read_for
+    from noetl_dagster.util.jsonutil import loads
+
     ref = ResultRef.from_dict(value["$ref"])
+    try:
+        data = read_for(ctx, ref, store)  # the locator: this execution's tenant, or a grant
+    except RefRefused as e:
+        raise ToolError(f"qdrant: {e}", kind="reference_refused") from None
     if ref.format == "arrow":
         import pyarrow as pa
 
-        return pa.ipc.open_file(pa.BufferReader(store.get_verified(ref))).read_all()
-    return store.get_json(ref)
+        return pa.ipc.open_file(pa.BufferReader(data)).read_all()
+    return loads(data)
 
 
 def to_points(
