@@ -21,7 +21,8 @@ from noetl_dagster.engine.replay import verified_events
 from noetl_dagster.storage.event_stores import open_event_store
 from noetl_dagster.storage.events import EventStore
 from noetl_dagster.storage.locator import RefRefused
-from noetl_dagster.storage.payload import DEFAULT_INLINE_LIMIT, Offloader, open_payload_store
+from noetl_dagster.storage.offload import Offloader
+from noetl_dagster.storage.payload import DEFAULT_INLINE_LIMIT, open_payload_store
 from noetl_dagster.tools.cursor_sources import default_cursor_sources
 from noetl_dagster.tools.sandbox_worker import SandboxPort
 from noetl_dagster.util.jsonutil import plain

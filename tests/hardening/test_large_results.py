@@ -19,7 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from noetl_dagster.storage.payload import FilePayloadStore, Offloader, is_ref
+from noetl_dagster.storage.offload import Offloader
+from noetl_dagster.storage.payload import FilePayloadStore, is_ref
 from noetl_dagster.util.jsonstream import (
     dumps_bytes,
     is_plain_json,

@@ -18,7 +18,8 @@ from noetl_dagster.dsl import load_playbook_dict
 from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.storage.event_stores import open_event_store
 from noetl_dagster.storage.locator import Locator, RefRefused, refusal
-from noetl_dagster.storage.payload import ChecksumMismatch, Offloader, ResultRef, open_payload_store
+from noetl_dagster.storage.offload import Offloader
+from noetl_dagster.storage.payload import ChecksumMismatch, ResultRef, open_payload_store
 
 SECRET = "globex-pii-7f3a"
 GLOBEX_EID = "01900000-0000-7000-8000-000000000000"

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from noetl_dagster.storage import payload
+from noetl_dagster.storage import offload, payload
 from noetl_dagster.storage.payload import FilePayloadStore, HashingWriter
 from noetl_dagster.storage.tables import read_file_table, write_arrow_ipc, write_parquet
 
@@ -307,6 +307,6 @@ def test_the_process_default_algorithm_applies_to_json_payloads(tmp_path, monkey
     monkeypatch.setattr(payload, "DEFAULT_CHECKSUM", "blake3")
     store = FilePayloadStore(tmp_path)
     ref = store.put_json("v.json", {"rows": list(range(50_000))})
-    small = payload.Offloader(store, inline_limit=16).maybe_offload({"a": "x" * 40}, "s")
+    small = offload.Offloader(store, inline_limit=16).maybe_offload({"a": "x" * 40}, "s")
     assert ref.checksum.startswith("blake3:") and small["$ref"]["checksum"].startswith("blake3:")
     assert store.get_json(ref) == {"rows": list(range(50_000))}

@@ -13,11 +13,11 @@ import uuid
 import pytest
 
 from noetl_dagster.engine.usage import Meter
+from noetl_dagster.storage.offload import Offloader
 from noetl_dagster.storage.payload import (
     SIDECAR_SUFFIX,
     ChecksumMismatch,
     FilePayloadStore,
-    Offloader,
     PayloadNotFound,
     ResultRef,
     checksum_of,

@@ -11,10 +11,10 @@ import pytest
 
 from noetl_dagster.dsl.locator import object_prefix
 from noetl_dagster.storage.object_stores import S3PayloadStore
+from noetl_dagster.storage.offload import Offloader
 from noetl_dagster.storage.payload import (
     ChecksumMismatch,
     FilePayloadStore,
-    Offloader,
     PayloadNotFound,
     ResultRef,
     is_ref,
