@@ -43,6 +43,7 @@ class Offloader:
         # its step's result, and must not be written twice
         self._last: tuple[Any, ResultRef] | None = None
         self._last_plain: tuple[Any, bool] | None = None
+        self._last_owner: tuple[str, str] | None = None
 
     @property
     def locator(self) -> Locator:
@@ -62,8 +63,10 @@ class Offloader:
             return value
         if isinstance(value, str) and len(value) < self.inline_limit // 4:
             return value
+        owner = owner or ("default", "default")
         last = self._last
-        if last is not None and last[0] is value:  # the same (live) object: its payload is already written
+        # the same (live) object: its payload is already written, and signed for the same owner
+        if last is not None and last[0] is value and self._last_owner == owner:
             return last[1].envelope()
         key = self.key_prefix + key + ".json"
         rows = len(value) if isinstance(value, list) else None
@@ -75,8 +78,8 @@ class Offloader:
                                        rows=rows, content_type="application/json", execution_id=execution_id)  # fmt: skip
         else:
             ref = self.store.put_json(key, value, rows=rows, execution_id=execution_id)
-        ref = self.locator.sign(ref, *(owner or ("default", "default")))
-        self._last = (value, ref)
+        ref = self.locator.sign(ref, *owner)
+        self._last, self._last_owner = (value, ref), owner
         return ref.envelope()
 
     def resolve(self, value: Any, reader: tuple[str, str] | None = None) -> Any:

@@ -43,7 +43,8 @@ def _store(tmp_path: Path, url: str | None):
 
 def _globex_payload(tmp_path: Path, url: str | None) -> dict:
     """globex's stored result, as an attacker who learnt its URI (and even its checksum) writes it."""
-    ref = _store(tmp_path, url).put_json(f"globex/default/{GLOBEX_EID}/start/s-1.json", {"pii": SECRET})
+    value = {"pii": SECRET, "rows": [{"pii": SECRET}]}  # a table too, for parquet's data:
+    ref = _store(tmp_path, url).put_json(f"globex/default/{GLOBEX_EID}/start/s-1.json", value)
     return ref.envelope()
 
 
