@@ -191,7 +191,8 @@ class Worker(LoopPhases, TaskPolicy):
         )
         reused = self.engine.state.reused.get(step.name)
         if reused is not None:  # its tasks do not run: the earlier execution's result routes on as if it had
-            result = self.engine.services.offloader.resolve(reused.get("result"))
+            services = self.engine.services
+            result = services.offloader.resolve(reused.get("result"), (services.tenant, services.project))
             return self.step_end(step, step_run_id, args, True, result, None, "call.done", t0)
         if step.loop is not None:
             frame = _Frame(step, step_run_id, args, {})
