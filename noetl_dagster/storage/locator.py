@@ -214,7 +214,6 @@ def registry_grants(data_dir: str | os.PathLike[str] | None) -> GrantCheck:
 
     def check(tenant: str, project: str, uri: str) -> bool:
         from registry_service.client import API_KEY_ENV, URL_ENV, open_registry  # noqa: PLC0415
-        from registry_service.errors import RegistryError  # noqa: PLC0415
 
         base = Path(data_dir or os.environ.get("NOETL_DAGSTER_HOME") or ".noetl")
         url = os.environ.get(URL_ENV) or str(base / "registry.db")
@@ -223,7 +222,7 @@ def registry_grants(data_dir: str | os.PathLike[str] | None) -> GrantCheck:
             if (client.tenant, client.project or project) != (tenant, project):
                 return False  # a key of another principal cannot speak for this reader
             return client.may_read(uri)
-        except (RegistryError, ValueError, OSError):
+        except Exception:  # noqa: BLE001 - an unreachable or refusing registry grants nothing (fail closed)
             return False
 
     return check

@@ -28,7 +28,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from noetl_dagster.storage.locator import sign_for
+from noetl_dagster.storage.locator import Locator, sign_for
 from noetl_dagster.storage.payload import (
     DEFAULT_INLINE_LIMIT,
     FilePayloadStore,
@@ -271,19 +271,24 @@ def run_duckdb(
         cur.close()
 
 
-def load_arrow_table(value: Any, store: PayloadStore) -> pa.Table:
-    """The Arrow table behind a spilled result (``{rows: {"$ref": ...}}``) or a bare Arrow ``$ref``."""
+def load_arrow_table(
+    value: Any, store: PayloadStore, reader: tuple[str, str] = ("default", "default")
+) -> pa.Table:
+    """The Arrow table behind a spilled result (``{rows: {"$ref": ...}}``) or a bare Arrow ``$ref``,
+    read through the locator as ``reader`` (tenant, project)."""
     ref = value.get("rows") if isinstance(value, dict) and not is_ref(value) else value
     if not is_ref(ref) or ref["$ref"].get("format") != "arrow":
         raise ValueError("not an Arrow result reference")
-    data = store.get_verified(ResultRef.from_dict(ref["$ref"]))
+    data = Locator(store).read(ResultRef.from_dict(ref["$ref"]), *reader)
     return pa.ipc.open_file(pa.BufferReader(data)).read_all()
 
 
-def load_arrow_result(value: Any, store: PayloadStore) -> Any:
+def load_arrow_result(
+    value: Any, store: PayloadStore, reader: tuple[str, str] = ("default", "default")
+) -> Any:
     """A spilled result with its rows read back inline; any other value unchanged."""
     try:
-        table = load_arrow_table(value, store)
+        table = load_arrow_table(value, store, reader)
     except ValueError:
         return value
     return {
