@@ -309,7 +309,9 @@ class Locator:
         try:
             store = self.store_for(ref.uri)
         except (ValueError, NotImplementedError):
-            raise refusal(ref.uri, tenant, project) from None
+            if self.store is None:  # (a scheme the registry does not know: the reader's own store's)
+                raise refusal(ref.uri, tenant, project) from None
+            store = self.store
         # a permitted reference whose bytes differ: ChecksumMismatch, naming no checksum
         return store.get_verified(ref)
 

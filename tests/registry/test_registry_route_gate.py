@@ -47,6 +47,8 @@ def probes(w) -> dict[tuple[str, str], list[tuple[str, dict | None]]]:
         ("POST", "/v1/resources"): [("/v1/resources", {"uri": uri, "metadata": {"x": 1}}),
                                     ("/v1/resources", {"uri": "noetl://globex/p/ns/table/mine", "inputs": [uri]})],
         ("GET", "/v1/resources/resolve"): [(f"/v1/resources/resolve?uri={uri}", None)],
+        ("GET", "/v1/access"): [(f"/v1/access?uri={uri}", None),
+                                ("/v1/access?uri=noetl://acme/p/payloads/project/all", None)],
         ("GET", "/v1/resources"): [("/v1/resources?tenant=acme", None), ("/v1/resources?q=secret", None),
                                    ("/v1/resources?tenant=acme&project=p&namespace=ns&latest=true", None)],
         ("GET", "/v1/resources/{resource_id}"): [(f"/v1/resources/{rid}", None), (f"/v1/resources/{eph}", None),
@@ -126,3 +128,21 @@ def test_every_v1_route_refuses_a_missing_key_and_leaks_nothing_to_another_tenan
     )
     grants = _send(world, "GET", "/v1/grants", None, key="acme").json()
     assert [g["grant_id"] for g in grants] == [world["gid"]]
+
+
+def test_access_answers_whether_the_caller_may_read_and_nothing_else(world):
+    """``GET /v1/access`` (the payload locator's grant question, storage/locator.py): acme owns its
+    table, globex may not read it, and may read acme's payloads once acme grants them."""
+    uri = "noetl://acme/p/ns/table/secret_table"
+    assert _send(world, "GET", f"/v1/access?uri={uri}", None, key="acme").json() == {"allowed": True}
+    got = _send(world, "GET", f"/v1/access?uri={uri}", None, key="globex")
+    assert got.status_code == 200 and got.json() == {"allowed": False}
+    payloads = "noetl://acme/p/payloads/execution/e1"
+    assert _send(world, "GET", f"/v1/access?uri={payloads}", None, key="globex").json() == {"allowed": False}
+    grant = _send(
+        world, "POST", "/v1/grants", {"resource_uri": payloads, "subject": "tenant:globex"}, key="acme"
+    )
+    assert grant.status_code == 201, grant.text
+    assert _send(world, "GET", f"/v1/access?uri={payloads}", None, key="globex").json() == {"allowed": True}
+    _send(world, "DELETE", f"/v1/grants/{grant.json()['grant_id']}", None, key="acme")
+    assert _send(world, "GET", f"/v1/access?uri={payloads}", None, key="globex").json() == {"allowed": False}
