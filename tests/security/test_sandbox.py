@@ -340,6 +340,7 @@ app.run()
 """
 
 
+@pytest.mark.slow  # an MCP server process / a Dagster instance
 def test_a_generated_mcp_stdio_server_runs_in_the_sandbox(world):
     task = {"m": {"kind": "mcp", "command": sys.executable, "args": ["-c", MCP_SERVER], "tool": "probe",
                   "arguments": {"path": world.paths["keychain"]}}}  # fmt: skip
@@ -439,6 +440,7 @@ def test_sandbox_false_under_a_sandbox_policy_passes_no_worker_variable(world, m
     assert "MINE=declared" in out and SECRET not in out and "SOME_API_TOKEN" not in out, out
 
 
+@pytest.mark.slow  # an MCP server process / a Dagster instance
 def test_the_sandbox_holds_under_the_dagster_runner_too(world):
     """The sandbox sits in the tools, which both runners share: an op's python task is confined."""
     import dagster as dg
