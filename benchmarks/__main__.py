@@ -34,6 +34,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "bench_flow": ["--statements", "30"],
     "bench_loops": ["--cpu", "2000", "--io", "100", "--repeat", "2"],
     "bench_dagster_latency": ["--requests", "2"],
+    "bench_assets": ["--rounds", "1"],
     "bench_noetl_local": ["--steps", "200"],
     "bench_python_task": ["--steps", "500", "--repeat", "3", "--cycle", "1,500"],
     "bench_explain": ["--items", "20000"],
