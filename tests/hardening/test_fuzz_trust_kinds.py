@@ -149,6 +149,7 @@ use_st = st.one_of(
     st.tuples(st.just("lake"), st.integers(0, 4)),
     st.tuples(st.just("sft"), st.integers(0, 3)),
     st.tuples(st.just("res"), st.integers(0, 6)),
+    st.tuples(st.just("ref"), st.integers(0, 2)),  # another tenant's stored payload, by reference
     st.tuples(st.just("py"), st.integers(0, 5)),
 )
 policy_st = st.tuples(
@@ -239,6 +240,11 @@ class Gen:
                 "command": "CREATE TABLE t AS SELECT 1 AS a; SELECT count(*) AS n FROM t",
             }
             return body, "ducklake" in kinds and ok
+        if what == "ref":  # signed references (storage/locator.py): globex's object, without its capability
+            ref = self.globex_ref
+            body = [{"kind": "artifact", "result_ref": {"$ref": ref}}, {"kind": "artifact", "uri": ref["uri"]},
+                    {"kind": "artifact", "result_ref": {"kind": "result_ref", "ref": ref["uri"]}}][use[1]]  # fmt: skip
+            return body, False  # refused, allowed kind or not
         if what == "res":
             uri, inside = _resource_uris(self.outside)[use[1]]
             return {"kind": "resource", "op": "load", "uri": uri}, "resource" in kinds and inside
@@ -295,7 +301,8 @@ def _files(root: Path) -> set[Path]:
 
 EVERY = [("http", i, i % 2 == 0) for i in range(9)] + [("get", i) for i in range(7)] + \
     [("put", i) for i in range(7)] + [("rhai", i) for i in range(4)] + [("lake", i) for i in range(5)] + \
-    [("sft", i) for i in range(4)] + [("res", i) for i in range(7)] + [("py", i) for i in range(6)]  # fmt: skip
+    [("sft", i) for i in range(4)] + [("res", i) for i in range(7)] + [("py", i) for i in range(6)] + \
+    [("ref", i) for i in range(3)]  # fmt: skip
 
 
 # grants the explicit examples run EVERY under: all kinds, no credential or host, almost nothing (on
@@ -332,7 +339,7 @@ def test_fuzz_every_kind_stays_inside_its_grant(runner, world, tmp_path_factory,
     print(f"\ntrust fuzz ({runner}) counts:", dict(sorted(STATS.items())))
     counts = {k.split(":", 1)[1]: v for k, v in STATS.items() if k.startswith(runner + ":")}
     if runner == "local":  # every construct reached inside and outside the grant
-        for what in ("http", "get", "put", "rhai", "lake", "sft", "res", "py"):
+        for what in ("http", "get", "put", "rhai", "lake", "sft", "res", "py", "ref"):
             assert counts.get(f"{what}:refused"), (what, counts)
         for what in ("http", "put", "rhai", "lake", "sft", "res", "py"):
             assert counts.get(f"{what}:allowed"), (what, counts)
@@ -353,6 +360,11 @@ def _one(runner: str, world: dict, tmp_path_factory, grant: tuple, uses: list, s
     before = _files(tmp)
     forbidden_before = len(world["forbidden_seen"])
     g = Gen(world, outside)
+    # globex's payload in the data dir's store, holding the secret: read only by a reference it signed
+    from noetl_dagster.storage.payload import open_payload_store
+
+    g.globex_ref = open_payload_store(home / "payloads").put_json(
+        "globex/p/01900000-0000-7000-8000-00000000000a/s/r.json", {"secret": SECRET_TEXT}).to_dict()  # fmt: skip
     root = _root(g.child(uses, grant), grant, world["a"])
     import noetl_dagster.engine.control as control
 
