@@ -222,8 +222,18 @@ def seccomp_filter() -> str:
             os.close(fd)
     finally:
         lib.seccomp_release(ctx)
+    import atexit  # noqa: PLC0415
+
+    atexit.register(_unlink, path)  # one small file per process, not left in /tmp
     _seccomp_path = path
     return path
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _ancestors(path: str) -> list[str]:
