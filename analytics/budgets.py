@@ -11,7 +11,10 @@ A budget file (YAML/JSON)::
 
 Month-to-date is the sum of ``cost_line_day`` for the tenant (project) from the
 first of the current UTC month; the forecast extends it linearly to the whole
-month (month-to-date / days elapsed x days in the month, at least one day elapsed).
+month (month-to-date / days elapsed x days in the month, at least one day elapsed). The
+forecast alerts only once ``FORECAST_MIN_DAYS`` days of the month have elapsed: before that it
+extrapolates a day or two of data ~15-30x (one busy first day would fail every run of the month);
+month-to-date crossing the budget alerts from day one.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import yaml
 from analytics.store import FactsStore
 
 ACTIONS = ("warn", "fail")
+FORECAST_MIN_DAYS = 3.0  # elapsed days of the month before a forecast may alert (and fail runs)
 
 
 class BudgetConfigError(ValueError):
@@ -124,7 +128,11 @@ def evaluate(store: FactsStore, budgets: list[Budget], now: datetime | None = No
         ) or 0.0)  # fmt: skip
         forecast = mtd / elapsed * days_in_month
         crossed = (
-            "exceeded" if mtd >= b.monthly else ("forecast" if b.forecast and forecast >= b.monthly else None)
+            "exceeded"
+            if mtd >= b.monthly
+            else (
+                "forecast" if b.forecast and elapsed >= FORECAST_MIN_DAYS and forecast >= b.monthly else None
+            )
         )
         out.append(BudgetStatus(b, start.strftime("%Y-%m"), mtd, forecast, crossed))
     return out

@@ -177,8 +177,19 @@ class FactsStore:
     def command(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
         return self.client.command(self.sql(sql), parameters=parameters)
 
-    def query(self, sql: str, parameters: dict[str, Any] | None = None) -> tuple[list[str], list[tuple]]:
-        result = self.client.query(self.sql(sql), parameters=parameters)
+    def query(
+        self, sql: str, parameters: dict[str, Any] | None = None, *, readonly: bool = False
+    ) -> tuple[list[str], list[tuple]]:
+        # readonly: ClickHouse itself refuses writes, DDL, OPTIMIZE and SYSTEM (setting readonly=1)
+        settings = {"readonly": 1} if readonly else None
+        try:
+            result = self.client.query(self.sql(sql), parameters=parameters, settings=settings)
+        finally:
+            if readonly and _is_chdb(self.url):
+                # chdb applies the setting to its session and cannot undo it (readonly forbids
+                # changing readonly): drop that session, the next call opens a fresh one
+                with _lock:
+                    _close(self.url)
         return list(result.column_names), [tuple(r) for r in result.result_rows]
 
     def query_dicts(self, sql: str, parameters: dict[str, Any] | None = None) -> list[dict[str, Any]]:

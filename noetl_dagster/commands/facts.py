@@ -130,13 +130,15 @@ def export(
 def query(
     sql: str, clickhouse: str | None, data_dir: str | None, database: str | None, as_json: bool
 ) -> None:
-    """Run SQL against the facts store (`$db` stands for the facts database)."""
+    """Run a read-only SQL query against the facts store (`$db` stands for the facts database)."""
     from clickhouse_connect.driver.exceptions import ClickHouseError  # noqa: PLC0415
 
     store = _store(clickhouse, data_dir, database)
     try:
-        columns, rows = store.query(sql)
+        columns, rows = store.query(sql, readonly=True)
     except ClickHouseError as e:
+        if "(READONLY)" in str(e):
+            _fail_input("facts query is read-only: it runs SELECT/SHOW/DESCRIBE, not writes or DDL")
         _fail_input(str(e).strip().splitlines()[0])
     if as_json:
         click.echo(json.dumps([_jsonable(dict(zip(columns, r, strict=True))) for r in rows]))

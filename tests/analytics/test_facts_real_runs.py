@@ -168,6 +168,17 @@ def test_cli_export_query_dashboard(real_runs, tmp_path):
     assert out.exit_code == 0 and "1 row(s)" in out.output
     bad = runner.invoke(cli, ["facts", "query", "--clickhouse", facts, "SELECT nope FROM noetl.task_fact"])
     assert bad.exit_code == 2 and "error:" in bad.output
+    # facts query is read-only (ClickHouse's readonly=1): writes and DDL are refused, the data stays
+    for write in ("TRUNCATE TABLE $db.task_fact", "INSERT INTO $db.task_fact (execution_id) VALUES ('x')",
+                  "DROP TABLE $db.task_fact", "ALTER TABLE $db.task_fact DELETE WHERE 1",
+                  "CREATE TABLE $db.z (a Int8) ENGINE = Memory", "OPTIMIZE TABLE $db.task_fact",
+                  "SYSTEM FLUSH LOGS", "SET readonly = 0"):  # fmt: skip
+        bad = runner.invoke(cli, ["facts", "query", "--clickhouse", facts, write])
+        assert bad.exit_code == 2 and "read-only" in bad.output and "Traceback" not in bad.output, bad.output
+    out = runner.invoke(
+        cli, ["facts", "query", "--clickhouse", facts, "--json", "SELECT count() AS n FROM $db.task_fact"]
+    )
+    assert json.loads(out.output)[0]["n"] > 0
     bad = runner.invoke(cli, ["facts", "export", "--clickhouse", "mysql://x", "--events", url])
     assert bad.exit_code == 2 and "unsupported facts store URL" in bad.output
     out = runner.invoke(

@@ -152,7 +152,7 @@ def test_budget_sensor_alerts_once_per_month_and_the_alert_run_warns_or_fails(tm
 def test_budget_forecast_and_config_errors(tmp_path):
     s = FactsStore(f"chdb://{tmp_path / 'facts'}")
     try:
-        FactWriter(s).write(_events(f"{DAY}T10:00:00+00:00"))
+        FactWriter(s).write(_events(f"{DAY}T10:00:00+00:00") + _events("2026-04-01T10:00:00+00:00"))
         refresh_rollups(s, _prices("unallocated", "unallocated"))
         now = datetime(2026, 3, 10, 12, tzinfo=UTC)  # 9.5 days into a 31-day month
         st = evaluate(
@@ -162,8 +162,18 @@ def test_budget_forecast_and_config_errors(tmp_path):
         assert [x.crossed for x in st] == ["forecast", None, None]
         assert st[0].forecast == pytest.approx(forecast) and st[0].month_to_date == pytest.approx(0.030)
         assert "forecast cost" in st[0].message()
+        # April 2 noon (1.5 days elapsed, 0.030 spent on the 1st): the forecast is 20x the spend
+        # but does not alert yet; month-to-date over the budget still does
+        early = evaluate(s, [Budget("globex", 0.05, action="fail"), Budget("globex", 0.02)],
+                         datetime(2026, 4, 2, 12, tzinfo=UTC))  # fmt: skip
+        assert early[0].forecast == pytest.approx(0.030 / 1.5 * 30) and early[0].crossed is None
+        assert early[1].crossed == "exceeded"
+        # from FORECAST_MIN_DAYS elapsed the forecast alerts
+        assert (
+            evaluate(s, [Budget("globex", 0.05)], datetime(2026, 4, 4, tzinfo=UTC))[0].crossed == "forecast"
+        )
         # next month: nothing spent yet
-        assert evaluate(s, [Budget("globex", 0.01)], datetime(2026, 4, 2, tzinfo=UTC))[0].month_to_date == 0
+        assert evaluate(s, [Budget("globex", 0.01)], datetime(2026, 5, 2, tzinfo=UTC))[0].month_to_date == 0
     finally:
         close_all()
     for raw, message in (
