@@ -25,11 +25,13 @@ def test_explain_shows_runs_retries_loop_arcs_and_the_error_line(run, noetl):
     assert "6 step runs, 1 failed, 1 retries, 4 loop iterations" in out
     assert sum("  success  spin" in line for line in out.splitlines()) == 3
     assert "loop 4/4 ok, 0 failed" in out and "retries 1" in out
-    raising = (PLAYBOOKS / "explain_demo.yaml").read_text().splitlines().index(
-        '            raise RuntimeError("right side is broken")'
-    )  # 0-based index of the raising line: the playbook line of the code block's first line is one more
-    assert f"error: RuntimeError: right side is broken ({PLAYBOOKS / 'explain_demo.yaml'}:{raising + 1})" in out
-    assert raising + 1 != _line("right")  # the raising line, not the step's (engine/error_location.py)
+    lines = (PLAYBOOKS / "explain_demo.yaml").read_text().splitlines()
+    raising = (
+        lines.index('            raise RuntimeError("right side is broken")') + 1
+    )  # the raise's playbook line
+    where = f"{PLAYBOOKS / 'explain_demo.yaml'}:{raising}"
+    assert f"error: RuntimeError: right side is broken ({where})" in out
+    assert raising != _line("right")  # the raising line, not the step's (engine/error_location.py)
     assert "spin -> spin: 2 (back-edge)" in out and "fan -> left: 0" in out and "fan -> right: 1" in out
     data = json.loads(noetl("explain", eid, "--json").output)
     right = data["runs"][-1]
