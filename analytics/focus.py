@@ -7,14 +7,19 @@ sub-account, the playbook (and step) the resource; the charge period is the
 UTC day, the billing period its month. Prices are list prices without
 discounts or commitments, so ``BilledCost`` = ``EffectiveCost`` = ``ListCost``
 = ``ContractedCost``. Idle capacity and shared-tenant redistribution keep their
-own rows (``ChargeDescription`` says which); a shared tenant's negative row is
-a ``Credit``.
+own rows (``ChargeDescription`` says which) with ``ChargeCategory`` ``Adjustment``
+("charges the provider applies that do not fall into other category values",
+FOCUS 1.2 columns/chargecategory.md): they are cost moved between accounts by the
+allocation rule, not metered usage, so they carry no pricing quantity or unit price.
+``analytics.focus_rules`` checks an export against the FOCUS 1.2 rules.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +29,12 @@ from analytics.dashboard_access import TenantScope, Viewer
 from analytics.store import FactsStore
 
 PROVIDER = "NoETL"
-# FOCUS 1.0 columns (names as the specification spells them), in the order they are written
+# FOCUS 1.2 columns (names as the specification spells them), in the order they are written
 COLUMNS: list[tuple[str, pa.DataType]] = [
     ("BilledCost", pa.float64()),
     ("BillingAccountId", pa.string()),
     ("BillingAccountName", pa.string()),
+    ("BillingAccountType", pa.string()),
     ("BillingCurrency", pa.string()),
     ("BillingPeriodEnd", pa.timestamp("s", tz="UTC")),
     ("BillingPeriodStart", pa.timestamp("s", tz="UTC")),
@@ -43,10 +49,12 @@ COLUMNS: list[tuple[str, pa.DataType]] = [
     ("ContractedCost", pa.float64()),
     ("ContractedUnitPrice", pa.float64()),
     ("EffectiveCost", pa.float64()),
+    ("InvoiceId", pa.string()),
     ("InvoiceIssuerName", pa.string()),
     ("ListCost", pa.float64()),
     ("ListUnitPrice", pa.float64()),
     ("PricingCategory", pa.string()),
+    ("PricingCurrency", pa.string()),
     ("PricingQuantity", pa.float64()),
     ("PricingUnit", pa.string()),
     ("ProviderName", pa.string()),
@@ -59,9 +67,11 @@ COLUMNS: list[tuple[str, pa.DataType]] = [
     ("ServiceCategory", pa.string()),
     ("ServiceName", pa.string()),
     ("SkuId", pa.string()),
+    ("SkuMeter", pa.string()),
     ("SkuPriceId", pa.string()),
     ("SubAccountId", pa.string()),
     ("SubAccountName", pa.string()),
+    ("SubAccountType", pa.string()),
     ("Tags", pa.string()),
 ]
 # FOCUS ServiceCategory (an allowed value) of each cost category
@@ -139,16 +149,20 @@ def focus_table(store: FactsStore, start: date | None = None, end: date | None =
             )
         else:
             desc = f"{category} {item} ({unit})"
+        usage = category not in ("idle", "shared") and bool(unit)
+        charge = "Usage" if usage and amount >= 0 else ("Credit" if usage else "Adjustment")
         values = {
             "BilledCost": float(amount), "BillingAccountId": tenant_id, "BillingAccountName": tenant_id,
+            "BillingAccountType": "Tenant", "InvoiceId": None, "PricingCurrency": currency,
+            "SkuMeter": category, "SubAccountType": "Project" if project else None,
             "BillingCurrency": currency, "BillingPeriodEnd": bp_end, "BillingPeriodStart": bp_start,
-            "ChargeCategory": "Credit" if amount < 0 else "Usage", "ChargeClass": None, "ChargeDescription": desc,
+            "ChargeCategory": charge, "ChargeClass": None, "ChargeDescription": desc,
             "ChargeFrequency": "Usage-Based", "ChargePeriodEnd": _ts(day + timedelta(days=1)),
-            "ChargePeriodStart": _ts(day), "ConsumedQuantity": float(used or qty) if unit else None,
-            "ConsumedUnit": unit or None, "ContractedCost": float(amount), "ContractedUnitPrice": float(price) if unit else None,
+            "ChargePeriodStart": _ts(day), "ConsumedQuantity": float(used or qty) if charge == "Usage" else None,
+            "ConsumedUnit": unit if charge == "Usage" else None, "ContractedCost": float(amount), "ContractedUnitPrice": float(price) if usage else None,
             "EffectiveCost": float(amount), "InvoiceIssuerName": PROVIDER, "ListCost": float(amount),
-            "ListUnitPrice": float(price) if unit else None, "PricingCategory": "Standard" if unit else None,
-            "PricingQuantity": float(qty) if unit else None, "PricingUnit": unit or None, "ProviderName": PROVIDER,
+            "ListUnitPrice": float(price) if usage else None, "PricingCategory": "Standard" if usage else None,
+            "PricingQuantity": float(qty) if usage else None, "PricingUnit": unit if usage else None, "ProviderName": PROVIDER,
             "PublisherName": PROVIDER, "RegionId": item if category == "egress" else None,
             "RegionName": item if category == "egress" else None, "ResourceId": resource,
             "ResourceName": playbook or tenant_id, "ResourceType": "step" if step else ("playbook" if playbook else "tenant"),
@@ -177,9 +191,7 @@ def write_focus(table: pa.Table, out: str | Path, fmt: str | None = None) -> Pat
     tmp = path.with_name(path.name + ".tmp")
     try:
         if fmt == "csv":
-            import pyarrow.csv as pcsv  # noqa: PLC0415
-
-            pcsv.write_csv(table, tmp)
+            _write_csv(table, tmp)
         else:
             import pyarrow.parquet as pq  # noqa: PLC0415
 
@@ -189,3 +201,22 @@ def write_focus(table: pa.Table, out: str | Path, fmt: str | None = None) -> Pat
         tmp.unlink(missing_ok=True)
         raise FocusExportError(f"cannot write {path}: {e.strerror or e}") from e
     return path
+
+
+def _cell(value: Any) -> Any:
+    """FOCUS 1.2 text formats: date-times 'YYYY-MM-DDTHH:mm:ssZ' (attributes/datetime_format.md),
+    decimals without exponent (pyarrow writes '2026-12-01 00:00:00Z' and '2.1e-09')."""
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if isinstance(value, float):
+        text = format(Decimal(repr(value)), "f")
+        return text.rstrip("0").rstrip(".") if "." in text else text
+    return "" if value is None else value
+
+
+def _write_csv(table: pa.Table, path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(table.column_names)
+        for row in table.to_pylist():
+            out.writerow([_cell(v) for v in row.values()])

@@ -5,6 +5,7 @@ fails, and the FOCUS chargeback export (CSV and Parquet) with its errors."""
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, date, datetime
 
 import dagster as dg
@@ -17,6 +18,7 @@ from click.testing import CliRunner
 from analytics.budgets import Budget, BudgetConfigError, evaluate, load_budgets
 from analytics.facts import FactWriter
 from analytics.focus import COLUMNS
+from analytics.focus_rules import check_csv, check_table
 from analytics.pricing import PriceTable
 from analytics.rollups import refresh_rollups
 from analytics.store import FactsStore, close_all
@@ -207,8 +209,21 @@ def test_focus_export_csv_and_parquet_and_its_errors(store, tmp_path):
         rows = table.to_pylist()
         assert {r["BillingAccountId"] for r in rows} == {"acme", "globex", "platform-team"}
         assert all(r["BilledCost"] == r["EffectiveCost"] == r["ListCost"] for r in rows)
-        credit = [r for r in rows if r["ChargeCategory"] == "Credit"]
-        assert len(credit) == 1 and credit[0]["BillingAccountId"] == "platform-team"
+        # idle and shared redistribution are Adjustment rows without pricing columns; a shared
+        # tenant's negative row is one of them (not a Credit: FOCUS keeps that for provider credits)
+        moved = [r for r in rows if r["ChargeCategory"] == "Adjustment"]
+        assert {r["ChargeDescription"].split()[0] for r in moved} == {"idle", "cost", "shared"}
+        assert all(r["PricingQuantity"] is None and r["ListUnitPrice"] is None for r in moved)
+        negative = [r for r in rows if r["BilledCost"] < 0]
+        assert len(negative) == 1 and negative[0]["BillingAccountId"] == "platform-team"
+        assert negative[0]["ChargeCategory"] == "Adjustment"
+        usage = [r for r in rows if r["ChargeCategory"] == "Usage"]
+        assert usage and all(r["PricingUnit"] and r["PricingCategory"] == "Standard" for r in usage)
+        assert (check_csv(out) if fmt == "csv" else check_table(table)) == []
+        if fmt == "csv":  # FOCUS text formats: 'T' date-times, no exponent
+            text = out.read_text()
+            assert f"{DAY}T00:00:00Z" in text and " 00:00:00Z" not in text
+            assert not re.search(r"\d[eE][-+]?\d", text.split("\n", 1)[1])
         start = rows[0]["ChargePeriodStart"]
         assert str(start).startswith(DAY) and str(rows[0]["BillingPeriodStart"]).startswith("2026-03-01")
         assert json.loads(rows[0]["Tags"])["noetl/price_version"] == "d"

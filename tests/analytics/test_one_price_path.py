@@ -24,6 +24,7 @@ from click.testing import CliRunner
 from analytics.dashboard import render_dashboard
 from analytics.dashboard_access import Viewer
 from analytics.exporter import FactExporter
+from analytics.focus_rules import check_csv, check_table
 from analytics.grafana import GRAFANA_JSON
 from analytics.interactive import cluster_summary, dashboard_data
 from analytics.pricing import Cost, PriceTable, cost_of_events
@@ -217,6 +218,10 @@ def test_every_view_shows_the_same_total(priced):
             cli, ["facts", "focus-export", "--clickhouse", store.url, "--out", str(out_file), "--all-tenants"]
         )
         assert out.exit_code == 0, out.output
+        # the export of real runs follows the FOCUS 1.2 rules (formats, nulls, values, ListCost)
+        errors = check_table(pq.read_table(out_file)) if fmt == "parquet" else check_csv(out_file)
+        print(f"FOCUS {fmt} rule errors: {len(errors)}")
+        assert errors == [], errors[:10]
         if fmt == "parquet":
             views["FOCUS export (Parquet): BilledCost"] = sum(
                 pq.read_table(out_file).column("BilledCost").to_pylist()
