@@ -23,7 +23,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -214,6 +213,8 @@ def resolve_checked(host: str, port: int) -> tuple[tuple[str, int], str | None]:
         literal = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
         literal = None
+    import socket  # noqa: PLC0415 - only where a host is checked (issue 35: a run imports no socket)
+
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     for *_, sockaddr in infos:
         ip = ipaddress.ip_address(str(sockaddr[0]).split("%")[0])

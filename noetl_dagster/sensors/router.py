@@ -42,6 +42,7 @@ import dagster as dg
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine.control import Engine, Services
 from noetl_dagster.resources.noetl import NoetlResource
+from noetl_dagster.resources.run_links import link_tags
 from noetl_dagster.resources.runtime import (
     REQUESTED_BY_DAGSTER,
     REQUESTED_BY_DETACHED,
@@ -54,8 +55,6 @@ from noetl_dagster.resources.runtime import (
     attach,
     work_steps,
 )
-from noetl_dagster.translator.declare import workload_partition_key
-from noetl_dagster.translator.explain_links import link_tags
 
 log = logging.getLogger("noetl_dagster.router")
 
@@ -311,11 +310,7 @@ def _plan_execution(
         reason = (
             "detached request" if not runs else ("finish" if needs_finish and not main_work else "resume")
         )
-        pkey = (
-            workload_partition_key(compiled.playbook, st.workload)
-            if compiled.playbook.dagster.partitions
-            else None
-        )
+        pkey = compiled.partition_key(st.workload) if compiled.playbook.dagster.partitions else None
         launches.append(Launch(eid, compiled.job_name, f"{eid}:{st.sequence}", reason, dict(base_tags), pkey))
     if not launches and not live and not eng.is_done() and not _any_runnable(eng, separate):
         notes.append(f"execution {eid}: pending tokens but nothing runnable (waiting joins); not launched")

@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,12 @@ from noetl_dagster.resources.runtime import TAG_STEP, json_safe
 from noetl_dagster.translator.assets import playbook_assets
 from noetl_dagster.translator.cache import load_playbook_cached
 from noetl_dagster.translator.checks import playbook_checks
-from noetl_dagster.translator.declare import partitions_def, schedule_partition_keys, with_partition_metadata
+from noetl_dagster.translator.declare import (
+    partitions_def,
+    schedule_partition_keys,
+    with_partition_metadata,
+    workload_partition_key,
+)
 from noetl_dagster.translator.frames import loop_dependencies, make_loop_ops
 from noetl_dagster.translator.ops import RESOURCE_KEY, make_node_op, make_start_op, output_name
 from noetl_dagster.translator.plan import MODES, JobPlan, Node, plan_job
@@ -87,6 +92,10 @@ class CompiledPlaybook:
     @property
     def path(self) -> str:
         return self.playbook.metadata.path
+
+    def partition_key(self, workload: Mapping[str, Any]) -> str | None:
+        """The partition an execution's workload names, if any (the router's launches carry it)."""
+        return workload_partition_key(self.playbook, workload)
 
     @property
     def mode(self) -> str:

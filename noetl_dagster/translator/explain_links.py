@@ -9,34 +9,13 @@ reachable, e.g. ``http://dashboard.internal:8765``); without it, runs carry the 
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
-from urllib.parse import quote
 
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.explain import explain
-
-URL_ENV = "NOETL_DASHBOARD_URL"
-TAG_URL = "noetl/execution_url"
-TAG_EXPLAIN = "noetl/explain"
-
-
-def execution_url(execution_id: str) -> str | None:
-    base = (os.environ.get(URL_ENV) or "").strip().rstrip("/")
-    if not base.startswith(("http://", "https://")):
-        return None
-    return f"{base}/executions/{quote(execution_id, safe='')}"
-
-
-def link_tags(execution_id: str) -> dict[str, str]:
-    """Run tags pointing at the execution's page (and the command that explains it)."""
-    tags = {TAG_EXPLAIN: f"noetl-dagster explain {execution_id}"}
-    url = execution_url(execution_id)
-    if url:
-        tags[TAG_URL] = url
-    return tags
+from noetl_dagster.resources.run_links import TAG_EXPLAIN, TAG_URL, URL_ENV, execution_url, link_tags  # noqa: F401 - where they were
 
 
 def op_summary(events: Iterable[Event], runs: set[str]) -> dict[str, Any]:
