@@ -31,7 +31,14 @@ from analytics.pricing import Cost
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine.events import uuid7
 from noetl_dagster.engine.graph import analyze
-from noetl_dagster.resources.runtime import op_log
+from noetl_dagster.resources.runtime import (
+    TAG_MODE,
+    TAG_PLAYBOOK,
+    TAG_PROJECT,
+    TAG_STATUS,
+    TAG_TENANT,
+    op_log,
+)
 from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.translator.checks import run_partition_keys
 from noetl_dagster.translator.declare import (
@@ -89,6 +96,12 @@ def playbook_multi_asset(c: CompiledPlaybook, specs: list[dg.AssetSpec]) -> dg.A
     per_key = pb.dagster.partitions is not None and pb.dagster.partitions.backfill is None
     op = c.asset_op
     tags = {"noetl/playbook": c.path, **dict(op.tags)} if op else {"noetl/playbook": c.path}
+    run_tags = {
+        TAG_PLAYBOOK: c.path,
+        TAG_TENANT: c.data.tenant,
+        TAG_PROJECT: c.data.project,
+        TAG_MODE: c.mode,
+    }
 
     @dg.multi_asset(
         specs=specs, name=op.name if op else f"{c.job_name}__tables", required_resource_keys={RESOURCE_KEY},
@@ -143,7 +156,8 @@ def playbook_multi_asset(c: CompiledPlaybook, specs: list[dg.AssetSpec]) -> dg.A
                              + (f"; reusing the recorded results of {', '.join(sorted(reuse))}" if reuse else ""))  # fmt: skip
         eid = uuid7()
         # the run (Materialize, a backfill's) links to the execution's page like a job run (issue 42)
-        context.instance.add_run_tags(context.run.run_id, {TAG_EXECUTION: eid, **link_tags(eid)})
+        # and carries the playbook's run tags a job run has (docs/dagster.md "What a run looks like")
+        context.instance.add_run_tags(context.run.run_id, {TAG_EXECUTION: eid, **link_tags(eid), **run_tags})
         with op_log(eid, context.log) as sink:  # the NoETL step/task events, as a job run's ops log them
             result = run_playbook(run_pb, workload, services=svc, execution_id=eid, select=select,
                                   requested_by=f"{REQUESTED_BY_ASSET}{context.run.run_id}",
@@ -154,6 +168,7 @@ def playbook_multi_asset(c: CompiledPlaybook, specs: list[dg.AssetSpec]) -> dg.A
             for e in events
             if e.name == E.STEP_SKIPPED and (e.data or {}).get("reason") == "not selected"
         ]
+        context.instance.add_run_tags(context.run.run_id, {TAG_STATUS: result.status})
         if result.status != "completed":
             failure = first_failure(events, pb)
             text = failure.text() if failure else f"{c.path}: execution {result.execution_id} {result.status}"

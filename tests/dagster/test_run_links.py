@@ -71,7 +71,14 @@ def test_a_materialize_of_a_partition_links_both_ways(linked):
     with dg.instance_for_test() as instance:
         r = job.execute_in_process(instance=instance, partition_key="2026-11-21")
         assert r.success
-        eid = _linked(instance.get_run_by_id(r.run_id).tags)
+        tags = instance.get_run_by_id(r.run_id).tags
+        eid = _linked(tags)
+    # the tags a job run carries, which the docs promise every run kind (a Materialize had none of them)
+    assert {k: tags.get(k) for k in ("noetl/playbook", "noetl/tenant", "noetl/project", "noetl/status")} == {
+        "noetl/playbook": "tests/linked", "noetl/tenant": "demo", "noetl/project": "examples",
+        "noetl/status": "completed",
+    }  # fmt: skip
+    assert tags.get("noetl/mode")
     (mat,) = r.asset_materializations_for_node("linked__tables")
     assert mat.metadata["noetl/execution_page"].value == f"{DASH}/executions/{eid}"
     links = _page(data, eid)["dagster"]  # the page back to the Materialize run and every tagged run
