@@ -179,7 +179,7 @@ def _html(
             row = r.rows[0] if r.rows else ()
             for name, value in zip(r.columns, row, strict=False):
                 shown = _human_bytes(value or 0) if name == "bytes_stored" else _fmt(value)
-                if name == "cost":
+                if name in ("cost", "cost_of_which_idle"):
                     shown = f"{_fmt(float(value or 0.0), 'currency')} {currency}"
                 parts.append(
                     f"<div class='tile'><b>{html.escape(shown)}</b><span>{html.escape(name)}</span></div>"

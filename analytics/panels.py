@@ -47,7 +47,7 @@ PANELS: tuple[Panel, ...] = (
     Panel(
         key="summary",
         title="Totals",
-        description="Executions, step runs, task attempts, failures, bytes stored by reference and cost.",
+        description="Executions, step runs, task attempts, failures, bytes stored by reference, cost and the idle capacity part of it.",
         sql="""SELECT
     (SELECT count() FROM $db.execution_fact FINAL WHERE transition = 'requested' AND $__timeFilter(ts) AND $scope(tenant_id, project_id)) AS executions,
     (SELECT count() FROM $db.execution_fact FINAL WHERE transition = 'finished' AND status = 'failed' AND $__timeFilter(ts) AND $scope(tenant_id, project_id)) AS failed_executions,
@@ -56,7 +56,8 @@ PANELS: tuple[Panel, ...] = (
     (SELECT countIf(status = 'error') FROM $db.task_fact FINAL WHERE $__timeFilter(ts) AND $scope(tenant_id, project_id)) AS failed_attempts,
     (SELECT sum(size_bytes) FROM (SELECT uri, any(size_bytes) AS size_bytes FROM $db.resource_fact FINAL
         WHERE action = 'created' AND $__timeFilter(ts) AND $scope(tenant_id, project_id) GROUP BY uri)) AS bytes_stored,
-    (SELECT round(sum(amount), 12) FROM $db.tenant_cost_fact WHERE $__timeFilter(day) AND $scope(tenant_id, project_id)) AS cost""",
+    (SELECT round(sum(amount), 12) FROM $db.tenant_cost_fact WHERE $__timeFilter(day) AND $scope(tenant_id, project_id)) AS cost,
+    (SELECT round(sum(amount), 12) FROM $db.tenant_cost_fact WHERE category = 'idle' AND $__timeFilter(day) AND $scope(tenant_id, project_id)) AS cost_of_which_idle""",
         chart="stat",
         y=(
             "executions",
@@ -66,6 +67,7 @@ PANELS: tuple[Panel, ...] = (
             "failed_attempts",
             "bytes_stored",
             "cost",
+            "cost_of_which_idle",  # idle capacity labelled apart: it can be most of the cost
         ),
     ),
     Panel(

@@ -184,6 +184,13 @@ def _weights(costs: dict[str, float], rule: str) -> dict[str, float]:
     return {t: max(v, 0.0) / total for t, v in costs.items()}
 
 
+def elapsed_fraction(day: date, now: datetime) -> float:
+    """The part of UTC ``day`` that has passed at ``now``: today's idle is the capacity of the hours
+    so far, not of the whole 24 h (else a tenant running early in the day pays for the rest of it)."""
+    start = datetime.combine(day, datetime.min.time(), tzinfo=UTC)
+    return min(max((now.astimezone(UTC) - start).total_seconds() / 86400, 0.0), 1.0)
+
+
 def _distribute(
     store: FactsStore, prices: PriceTable, days: list[date] | None, suffix: str, now: datetime
 ) -> None:
@@ -209,7 +216,8 @@ def _distribute(
         v = prices.version_on(day)
         version = v.version if v else ""
         own = {t: a for t, (a, _) in tenants.items() if t and t != IDLE_TENANT and t not in shared}
-        idle = max((v.capacity_cost_day() if v else 0.0) - sum(u for _, u in tenants.values()), 0.0)
+        capacity = (v.capacity_cost_day() if v else 0.0) * elapsed_fraction(day, now)
+        idle = max(capacity - sum(u for _, u in tenants.values()), 0.0)
         kept = idle
         if rule_idle != "unallocated" and own and idle > 0:
             for t, w in _weights(own, rule_idle).items():

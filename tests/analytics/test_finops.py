@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from datetime import UTC, date, datetime
+from pathlib import Path
 
 import dagster as dg
 import pyarrow.csv as pcsv
@@ -16,11 +17,13 @@ import yaml
 from click.testing import CliRunner
 
 from analytics.budgets import Budget, BudgetConfigError, evaluate, load_budgets
+from analytics.dashboard import render_dashboard
+from analytics.dashboard_access import Viewer
 from analytics.facts import FactWriter
 from analytics.focus import COLUMNS
 from analytics.focus_rules import check_csv, check_table
 from analytics.pricing import PriceTable
-from analytics.rollups import refresh_rollups
+from analytics.rollups import elapsed_fraction, refresh_rollups
 from analytics.store import FactsStore, close_all
 from noetl_dagster.commands.main import cli
 from noetl_dagster.engine.events import Event
@@ -99,11 +102,38 @@ def test_idle_and_shared_cost_distribution_rules(store):
     assert "idle" not in t["acme"] and "shared" not in t["acme"]
     assert t["platform-team"] == {"compute": pytest.approx(0.020), "call": 0.0}
     totals.append(sum(sum(c.values()) for c in t.values()))
+    # the Totals tile says how much of the cost is idle capacity (labelled, not hidden in the total)
+    dash = render_dashboard(store, store_dir := Path(store.url[len("chdb://") :]).parent / "dash",
+                            viewer=Viewer.everyone())  # fmt: skip
+    summary = next(p for p in dash.panels if p.panel.key == "summary")
+    tile = dict(zip(summary.columns, summary.rows[0], strict=True))
+    assert tile["cost_of_which_idle"] == pytest.approx(idle) and tile["cost"] == pytest.approx(86.4)
+    assert "cost_of_which_idle" in (store_dir / "index.html").read_text()
     # a rule moves cost between tenants, never creates or loses any
     assert totals == pytest.approx([sum(direct.values()) + idle] * 3)
     # the summary view: idle per day whatever the rule
     _, rows = store.query("SELECT round(idle, 9), round(capacity_cost, 9) FROM $db.allocation_summary_day")
     assert rows == [(round(idle, 9), 86.4)]
+
+
+def test_todays_idle_is_the_capacity_of_the_hours_so_far(tmp_path):
+    # 0.060 of compute today; capacity 86.4 a day: idle is the elapsed part of it minus the usage,
+    # not the whole 24 h (an early tenant paid for the rest of the day under idle: proportional)
+    s = FactsStore(f"chdb://{tmp_path / 'facts'}")
+    try:
+        today = datetime.now(UTC).date()
+        FactWriter(s).write(_events(f"{today}T00:00:01+00:00"))
+        before = datetime.now(UTC)
+        refresh_rollups(s, _prices("unallocated", "unallocated"))
+        after = datetime.now(UTC)
+        idle = s.scalar("SELECT sum(amount) FROM $db.cost_line_day FINAL WHERE category = 'idle'")
+        low, high = (max(86.4 * elapsed_fraction(today, t) - 0.060, 0.0) for t in (before, after))
+        assert low - 1e-9 <= idle <= high + 1e-9
+    finally:
+        close_all()
+    assert elapsed_fraction(date(2026, 3, 10), datetime(2026, 3, 10, 6, tzinfo=UTC)) == 0.25
+    assert elapsed_fraction(date(2026, 3, 9), datetime(2026, 3, 10, 6, tzinfo=UTC)) == 1.0
+    assert elapsed_fraction(date(2026, 3, 11), datetime(2026, 3, 10, 6, tzinfo=UTC)) == 0.0
 
 
 def _budget_setup(tmp_path, budgets: list[dict]):
