@@ -186,7 +186,8 @@ def _weights(costs: dict[str, float], rule: str) -> dict[str, float]:
 
 def elapsed_fraction(day: date, now: datetime) -> float:
     """The part of UTC ``day`` that has passed at ``now``: today's idle is the capacity of the hours
-    so far, not of the whole 24 h (else a tenant running early in the day pays for the rest of it)."""
+    so far, not of the whole 24 h (else a tenant running early in the day pays for the rest of it).
+    For today ``now`` is the day's last task fact, so a refresh of the same facts prices the same."""
     start = datetime.combine(day, datetime.min.time(), tzinfo=UTC)
     return min(max((now.astimezone(UTC) - start).total_seconds() / 86400, 0.0), 1.0)
 
@@ -212,11 +213,17 @@ def _distribute(
         out.append([day, tenant, "", "", "", category, item, "", 0.0, 0.0, 0.0, 0.0, amount, prices.currency,
                     version, now])  # fmt: skip
 
+    today = now.astimezone(UTC).date()
+    last = store.scalar(
+        "SELECT max(ts) FROM $db.task_fact FINAL WHERE toDate(ts) = {d:Date}", {"d": today}
+    ) if today in by_day else None  # fmt: skip
     for day, tenants in sorted(by_day.items()):
         v = prices.version_on(day)
         version = v.version if v else ""
         own = {t: a for t, (a, _) in tenants.items() if t and t != IDLE_TENANT and t not in shared}
-        capacity = (v.capacity_cost_day() if v else 0.0) * elapsed_fraction(day, now)
+        capacity = (v.capacity_cost_day() if v else 0.0) * elapsed_fraction(
+            day, min(now, last.replace(tzinfo=UTC)) if day == today and last and last.year > 1970 else now
+        )
         idle = max(capacity - sum(u for _, u in tenants.values()), 0.0)
         kept = idle
         if rule_idle != "unallocated" and own and idle > 0:

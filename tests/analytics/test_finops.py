@@ -117,18 +117,19 @@ def test_idle_and_shared_cost_distribution_rules(store):
 
 
 def test_todays_idle_is_the_capacity_of_the_hours_so_far(tmp_path):
-    # 0.060 of compute today; capacity 86.4 a day: idle is the elapsed part of it minus the usage,
-    # not the whole 24 h (an early tenant paid for the rest of the day under idle: proportional)
+    # 0.060 of compute today; capacity 86.4 a day: idle is the part of the day up to its last task
+    # minus the usage, not the whole 24 h (an early tenant paid for the rest of the day under
+    # idle: proportional); refreshing the same facts later prices the same
     s = FactsStore(f"chdb://{tmp_path / 'facts'}")
     try:
-        today = datetime.now(UTC).date()
-        FactWriter(s).write(_events(f"{today}T00:00:01+00:00"))
-        before = datetime.now(UTC)
-        refresh_rollups(s, _prices("unallocated", "unallocated"))
-        after = datetime.now(UTC)
-        idle = s.scalar("SELECT sum(amount) FROM $db.cost_line_day FINAL WHERE category = 'idle'")
-        low, high = (max(86.4 * elapsed_fraction(today, t) - 0.060, 0.0) for t in (before, after))
-        assert low - 1e-9 <= idle <= high + 1e-9
+        last = datetime.now(UTC)
+        FactWriter(s).write(_events(last.isoformat()))
+        expected = max(86.4 * elapsed_fraction(last.date(), last) - 0.060, 0.0)
+        idle = []
+        for _ in range(2):
+            refresh_rollups(s, _prices("unallocated", "unallocated"))
+            idle.append(s.scalar("SELECT sum(amount) FROM $db.cost_line_day FINAL WHERE category = 'idle'"))
+        assert idle == pytest.approx([expected] * 2, abs=1e-6)
     finally:
         close_all()
     assert elapsed_fraction(date(2026, 3, 10), datetime(2026, 3, 10, 6, tzinfo=UTC)) == 0.25
