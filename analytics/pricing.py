@@ -83,8 +83,15 @@ _SHORTHANDS = {
 }
 _CAPACITY = {"capacity_cores": "cores", "capacity_ram_gb": "ram_gb", "capacity_gpus": "gpus"}
 _VERSION_KEYS = (
-    set(UNITS) | set(_SHORTHANDS) | set(_CAPACITY) | {"version", "valid_from", "storage_months", "capacity"}
+    set(UNITS)
+    | set(_SHORTHANDS)
+    | set(_CAPACITY)
+    | {"version", "valid_from", "storage_months", "capacity", "units", "sources"}
 )
+# the byte-sized categories and the byte unit their price may be stated in (`units:` of a version);
+# the cost lines count GB (1e9 bytes), so a price per GiB (2**30 bytes) is converted, not reused
+BYTE_UNITS = {"GB": 1.0, "GiB": 1e9 / 2**30}
+_BYTE_CATEGORIES = ("ram", "egress", "storage")
 _TOP_KEYS = {"currency", "worker_class_by_kind", "distribution", "versions", "allocation"}
 
 
@@ -163,6 +170,16 @@ def _version(raw: Any, i: int, source: str) -> PriceVersion:
     for key, (category, item) in _SHORTHANDS.items():
         if key in raw:
             prices[category][item] = _price(raw[key], f"{where}: {key}")
+    units = raw.get("units") or {}
+    if not isinstance(units, dict) or set(units) - set(_BYTE_CATEGORIES):
+        raise PriceConfigError(f"{where}: units must map {' / '.join(_BYTE_CATEGORIES)} to GB or GiB")
+    for category, unit in units.items():
+        if unit not in BYTE_UNITS:
+            raise PriceConfigError(f"{where}: units.{category} must be GB or GiB, got {unit!r}")
+        prices[category] = {k: p * BYTE_UNITS[unit] for k, p in prices[category].items()}
+    sources = raw.get("sources") or {}
+    if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
+        raise PriceConfigError(f"{where}: sources must map price sections to where each price comes from")
     if "default" not in prices["platform"] and "default" in prices["compute"]:
         prices["platform"]["default"] = prices["compute"]["default"]  # engine CPU costs what task CPU costs
     months = _price(raw.get("storage_months", 1), f"{where}: storage_months")

@@ -22,7 +22,7 @@ from analytics.dashboard_access import Viewer
 from analytics.facts import FactWriter
 from analytics.focus import COLUMNS
 from analytics.focus_rules import check_csv, check_table
-from analytics.pricing import PriceTable
+from analytics.pricing import PriceConfigError, PriceTable
 from analytics.rollups import elapsed_fraction, refresh_rollups
 from analytics.store import FactsStore, close_all
 from noetl_dagster.commands.main import cli
@@ -135,6 +135,27 @@ def test_todays_idle_is_the_capacity_of_the_hours_so_far(tmp_path):
     assert elapsed_fraction(date(2026, 3, 10), datetime(2026, 3, 10, 6, tzinfo=UTC)) == 0.25
     assert elapsed_fraction(date(2026, 3, 9), datetime(2026, 3, 10, 6, tzinfo=UTC)) == 1.0
     assert elapsed_fraction(date(2026, 3, 11), datetime(2026, 3, 10, 6, tzinfo=UTC)) == 0.0
+
+
+def test_a_price_per_gib_is_charged_per_gib(tmp_path):
+    # egress 0.09 per GiB (units: {egress: GiB}): 1 GiB sent costs 0.09, not 0.09 x 1.0737 (bytes / 1e9)
+    s = FactsStore(f"chdb://{tmp_path / 'facts'}")
+    outcome = {"status": "ok", "meta": {"attempt": 1, "duration_ms": 1, "usage": {"egress_bytes": 2**30}}}
+    events = [Event("task.done", "exe-1", {"task": "t", "kind": "python", "outcome": outcome}, step="s",
+                    step_run_id="exe-1", attempt=1, tenant_id="acme", timestamp=f"{DAY}T10:00:00+00:00")]  # fmt: skip
+    prices = PriceTable.from_dict({"versions": [{
+        "version": "g", "valid_from": "2026-01-01", "egress": 0.09, "units": {"egress": "GiB"},
+        "sources": {"egress": "a provider's list price per GiB"},
+    }]})  # fmt: skip
+    try:
+        FactWriter(s).write(events)
+        refresh_rollups(s, prices)
+        egress = s.scalar("SELECT sum(amount) FROM $db.cost_line_day FINAL WHERE category = 'egress'")
+        assert egress == pytest.approx(0.09)
+    finally:
+        close_all()
+    with pytest.raises(PriceConfigError, match="units.egress must be GB or GiB"):
+        PriceTable.from_dict({"versions": [{"egress": 0.09, "units": {"egress": "GIB"}}]})
 
 
 def _budget_setup(tmp_path, budgets: list[dict]):
