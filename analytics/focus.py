@@ -119,6 +119,11 @@ def focus_table(store: FactsStore, start: date | None = None, end: date | None =
         + " ORDER BY day, tenant_id, project_id, playbook, step, category, item",
         params,
     )
+    # billed units per quantity (storage: months retained): the row's unit price is price x months
+    # per GB, FOCUS wants the price per PricingUnit (GB-month) and the quantity in GB-months
+    mult = {(v, c, i): float(m) for v, c, i, m in store.query(
+        "SELECT version, category, item, any(multiplier) FROM $db.price_line GROUP BY version, category, item"
+    )[1]}  # fmt: skip
     cols: dict[str, list[Any]] = {name: [] for name, _ in COLUMNS}
     for (
         day,
@@ -150,6 +155,9 @@ def focus_table(store: FactsStore, start: date | None = None, end: date | None =
         else:
             desc = f"{category} {item} ({unit})"
         usage = category not in ("idle", "shared") and bool(unit)
+        m = mult.get((version, category, item), mult.get((version, category, "default"), 1.0)) or 1.0
+        if m != 1.0:
+            qty, used, price = float(qty) * m, float(used or qty) * m, float(price) / m
         charge = "Usage" if usage and amount >= 0 else ("Credit" if usage else "Adjustment")
         values = {
             "BilledCost": float(amount), "BillingAccountId": tenant_id, "BillingAccountName": tenant_id,

@@ -20,7 +20,7 @@ from analytics.budgets import Budget, BudgetConfigError, evaluate, load_budgets
 from analytics.dashboard import render_dashboard
 from analytics.dashboard_access import Viewer
 from analytics.facts import FactWriter
-from analytics.focus import COLUMNS
+from analytics.focus import COLUMNS, focus_table
 from analytics.focus_rules import check_csv, check_table
 from analytics.pricing import PriceConfigError, PriceTable
 from analytics.rollups import elapsed_fraction, refresh_rollups
@@ -156,6 +156,35 @@ def test_a_price_per_gib_is_charged_per_gib(tmp_path):
         close_all()
     with pytest.raises(PriceConfigError, match="units.egress must be GB or GiB"):
         PriceTable.from_dict({"versions": [{"egress": 0.09, "units": {"egress": "GIB"}}]})
+
+
+def test_focus_storage_row_prices_per_gb_month_with_storage_months(tmp_path):
+    # storage_months 3 at 0.020 per GB-month: 1 GB stored is 3 GB-months at 0.020 (not 1 GB at 0.06)
+    s = FactsStore(f"chdb://{tmp_path / 'facts'}")
+    ref = {
+        "$ref": {"uri": "s3://b/r.json", "store": "file", "format": "json", "size": 10**9, "checksum": "c"}
+    }
+    outcome = {"status": "ok", "result": ref, "meta": {"attempt": 1, "duration_ms": 1}}
+    ts = f"{DAY}T10:00:00+00:00"
+    events = [
+        Event("playbook.execution.requested", "exe-1", {"playbook": "pb"}, tenant_id="acme", timestamp=ts),
+        Event("task.done", "exe-1", {"task": "t", "kind": "python", "outcome": outcome}, step="s",
+              step_run_id="exe-1", attempt=1, tenant_id="acme", timestamp=ts),
+    ]  # fmt: skip
+    prices = PriceTable.from_dict({"versions": [
+        {"version": "m", "valid_from": "2026-01-01", "storage": {"file": 0.020}, "storage_months": 3}
+    ]})  # fmt: skip
+    try:
+        FactWriter(s).write(events)
+        refresh_rollups(s, prices)
+        table = focus_table(s, viewer=Viewer.everyone())
+        rows = [r for r in table.to_pylist() if r["SkuMeter"] == "storage"]
+        assert len(rows) == 1, table.to_pylist()
+        r = rows[0]
+        assert (r["ListUnitPrice"], r["PricingQuantity"]) == (pytest.approx(0.020), pytest.approx(3.0))
+        assert r["ListCost"] == pytest.approx(0.060) and check_table(table) == []
+    finally:
+        close_all()
 
 
 def _budget_setup(tmp_path, budgets: list[dict]):
