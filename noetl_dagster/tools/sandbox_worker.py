@@ -240,6 +240,7 @@ class SandboxWorker:
         return walk(value)
 
     def _move(self, ref: Mapping[str, Any], ctx: Any, n: int) -> dict[str, Any]:
+        from noetl_dagster.storage.locator import sign_for  # noqa: PLC0415
         from noetl_dagster.storage.payload import ResultRef, sha256  # noqa: PLC0415
 
         name = str(ref.get("uri") or "").removeprefix(f"{SPILL_STORE}:")
@@ -295,7 +296,9 @@ class SandboxWorker:
         out = ResultRef(uri=uri, store=store.name, format=fmt, size=size, checksum=checksum,
                         rows=rows if isinstance(rows, int) else None,
                         schema_fingerprint=ref.get("schema_fingerprint") if isinstance(ref.get("schema_fingerprint"), str) else None)  # fmt: skip
-        return out.envelope()
+        return sign_for(
+            ctx, out, store
+        ).envelope()  # readable by this tenant's later steps (storage/locator.py)
 
 
 def _send(pipe: Any, message: Any) -> None:

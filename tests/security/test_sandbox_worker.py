@@ -19,6 +19,7 @@ import pytest
 from noetl_dagster.dsl import load_playbook_dict
 from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.storage.event_stores import open_event_store
+from noetl_dagster.storage.locator import RefRefused
 from noetl_dagster.storage.payload import FilePayloadStore
 from noetl_dagster.tools import sandbox, sandbox_worker
 from noetl_dagster.tools.duckdb_tool import load_arrow_table
@@ -96,7 +97,10 @@ def test_sandboxed_tasks_run_in_one_worker_per_execution(home, tmp_path):
     # the spilled result: moved into the execution's payload store by the parent, checksum verified on read
     ref = out["big"]["result"]["rows"]["$ref"]
     assert ref["store"] == "file" and ref["uri"].startswith(f"file://{home / 'payloads'}")
-    table = load_arrow_table(out["big"]["result"], FilePayloadStore(home / "payloads"))
+    # signed for the execution's tenant (storage/locator.py): it reads, another tenant's reader is refused
+    table = load_arrow_table(out["big"]["result"], FilePayloadStore(home / "payloads"), ("acme", "default"))
+    with pytest.raises(RefRefused):
+        load_arrow_table(out["big"]["result"], FilePayloadStore(home / "payloads"), ("globex", "default"))
     assert table.num_rows == 5000 and table.column("i").to_pylist()[-1] == 4999
     assert not list((home / "generated" / kid / "sandbox" / sandbox_worker.SPILL_DIR).glob("*"))
     assert "from the worker" in json.dumps([e.to_dict() for e in store.read(kid)], default=str)
