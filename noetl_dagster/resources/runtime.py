@@ -39,10 +39,10 @@ from noetl_dagster.engine.state import fold
 from noetl_dagster.engine.usage import accumulate
 from noetl_dagster.storage.payload import is_ref
 from noetl_dagster.util.jsonutil import dumps, plain
+from noetl_dagster.util.links import TAG_EXECUTION
 
 log = logging.getLogger("noetl_dagster.dagster")
 
-TAG_EXECUTION = "noetl/execution_id"
 TAG_PLAYBOOK = "noetl/playbook"
 TAG_TENANT = "noetl/tenant"
 TAG_PROJECT = "noetl/project"

@@ -42,7 +42,6 @@ import dagster as dg
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine.control import Engine, Services
 from noetl_dagster.resources.noetl import NoetlResource
-from noetl_dagster.resources.run_links import link_tags
 from noetl_dagster.resources.runtime import (
     REQUESTED_BY_DAGSTER,
     REQUESTED_BY_DETACHED,
@@ -55,6 +54,7 @@ from noetl_dagster.resources.runtime import (
     attach,
     work_steps,
 )
+from noetl_dagster.util.links import link_tags
 
 log = logging.getLogger("noetl_dagster.router")
 

@@ -125,7 +125,8 @@ def sandbox_uid(execution_id: str, tenant: str = "default") -> int:
     return SANDBOX_UID_BASE + int.from_bytes(digest[:8], "big") % SANDBOX_UID_COUNT
 
 
-def _outside_uid(execution_id: str, tenant: str) -> int:
+def outside_uid(execution_id: str, tenant: str) -> int:
+    """The uid the sandboxed code has outside: the execution's as root, else the worker's own."""
     return sandbox_uid(execution_id, tenant) if os.geteuid() == 0 else os.geteuid()
 
 
@@ -133,7 +134,7 @@ def scratch_dir(parent: str | os.PathLike[str], execution_id: str, tenant: str =
     """``<parent>/sandbox``, created and owned by the execution's sandbox uid (read-write inside)."""
     path = Path(parent) / "sandbox"
     path.mkdir(parents=True, exist_ok=True)
-    uid = _outside_uid(execution_id, tenant)
+    uid = outside_uid(execution_id, tenant)
     if os.geteuid() == 0:
         os.chown(path, uid, uid)
     os.chmod(path, 0o700)
@@ -305,7 +306,7 @@ def confine(
     lim = limits or Limits()
     scratch = os.path.realpath(scratch)
     root = os.geteuid() == 0
-    uid = _outside_uid(execution_id, tenant)
+    uid = outside_uid(execution_id, tenant)
     inside = uid if root else sandbox_uid(execution_id, tenant)
     data: list[tuple[int, str]] = []  # (fd, text) given to bwrap as here-documents
 
@@ -485,7 +486,7 @@ def task_egress(ctx: object) -> Iterator[str | None]:
         return
     from noetl_dagster.tools.egress import EgressProxy  # noqa: PLC0415
 
-    uid = _outside_uid(str(getattr(ctx, "execution_id", "")), str(getattr(ctx, "tenant", None) or "default"))
+    uid = outside_uid(str(getattr(ctx, "execution_id", "")), str(getattr(ctx, "tenant", None) or "default"))
     refused: list[str] = []
 
     def on_refuse(message: str) -> None:

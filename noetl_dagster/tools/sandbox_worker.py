@@ -86,7 +86,7 @@ class SandboxWorker:
         if self.hosts and self._proxy is None:  # one proxy for the worker's life, closed with it
             from noetl_dagster.tools.egress import EgressProxy  # noqa: PLC0415
 
-            uid = sandbox.sandbox_uid(self.execution_id, self.tenant) if os.geteuid() == 0 else None
+            uid = sandbox.outside_uid(self.execution_id, self.tenant)
             self._proxy = EgressProxy(self.hosts, uid=uid, on_refuse=self._refused.append).__enter__()
         return sandbox.confine([sys.executable, "-I", "-c", code, self.scratch], scratch=self.scratch,
                                execution_id=self.execution_id, tenant=self.tenant, limits=sandbox.Limits.from_env(),

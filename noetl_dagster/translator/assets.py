@@ -32,6 +32,7 @@ from noetl_dagster.engine import events as E
 from noetl_dagster.engine.events import uuid7
 from noetl_dagster.engine.graph import analyze
 from noetl_dagster.resources.runtime import (
+    TAG_EXECUTION,
     TAG_MODE,
     TAG_PLAYBOOK,
     TAG_PROJECT,
@@ -47,7 +48,6 @@ from noetl_dagster.translator.declare import (
     partitions_def,
     with_pinned_reads,
 )
-from noetl_dagster.translator.explain_links import execution_url, link_tags
 from noetl_dagster.translator.failures import ROUTED_NOTE, first_failure, routed_failures
 from noetl_dagster.translator.ops import (
     RESOURCE_KEY,
@@ -59,12 +59,12 @@ from noetl_dagster.translator.ops import (
     table_cost_metadata,
 )
 from noetl_dagster.translator.versions import recorded_version, stored_in_execution, version_metadata
+from noetl_dagster.util.links import execution_url, link_tags
 
 if TYPE_CHECKING:  # pragma: no cover
     from noetl_dagster.resources.noetl import NoetlResource
     from noetl_dagster.translator.build import CompiledPlaybook
 
-TAG_EXECUTION = "noetl/execution_id"
 TAG_MATERIALIZE_UPSTREAM = "noetl/materialize_upstream"  # "true": a subset runs and records missing upstreams
 REQUESTED_BY_ASSET = (
     "dagster-asset:"  # driven inside the asset op (not "dagster:": the router leaves it alone)

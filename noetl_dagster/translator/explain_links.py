@@ -1,5 +1,4 @@
-"""Dagster's view of an execution's inside (issue 36): the link from a run to the execution page
-of the dashboard server, and the compact summary a region or loop op logs (steps run,
+"""Dagster's view of an execution's inside (issue 36): the compact summary a region or loop op logs (steps run,
 iterations, retries), so the Dagster UI shows more than the one bar such an op is.
 
 The page's base URL is ``$NOETL_DASHBOARD_URL`` (where ``noetl-dagster dashboard serve`` is
@@ -15,7 +14,6 @@ from typing import Any
 
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.explain import explain
-from noetl_dagster.resources.run_links import TAG_EXPLAIN, TAG_URL, URL_ENV, execution_url, link_tags  # noqa: F401 - where they were
 
 
 def op_summary(events: Iterable[Event], runs: set[str]) -> dict[str, Any]:

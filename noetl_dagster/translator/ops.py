@@ -46,7 +46,7 @@ from noetl_dagster.translator.checks import (
     step_tables,
 )
 from noetl_dagster.translator.declare import partition_workload
-from noetl_dagster.translator.explain_links import execution_url, link_tags, op_summary
+from noetl_dagster.translator.explain_links import op_summary
 from noetl_dagster.translator.failures import ROUTED_NOTE, step_failure
 from noetl_dagster.translator.plan import JobPlan, Node
 from noetl_dagster.translator.translator import NoetlOpSpec
@@ -58,6 +58,7 @@ from noetl_dagster.translator.versions import (
     version_metadata,
     with_registry,
 )
+from noetl_dagster.util.links import execution_url, link_tags
 
 __all__ = ["RESOURCE_KEY"]  # re-exported: frames, build and assets import it from here
 RESULT_OUTPUT = "result"
