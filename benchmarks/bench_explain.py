@@ -51,16 +51,16 @@ workflow:
 def _serve(data: str, registry: str) -> None:
     """The child: a fresh server over ``data``; prints its port, serves until killed."""
     t0 = time.perf_counter()
-    from analytics.dashboard_access import KeyAuth
-    from analytics.execution_view import ExecutionViews
-    from analytics.interactive import make_server
-    from analytics.store import FactsStore
+    from noetl_analytics.dashboard_access import KeyAuth
+    from noetl_analytics.execution_view import ExecutionViews
+    from noetl_analytics.interactive import make_server
+    from noetl_analytics.store import FactsStore
     from noetl_dagster.storage.event_stores import open_event_store
-    from registry_service.service import Registry
+    from noetl_registry.service import Registry
 
     views = ExecutionViews(open_event_store(None, data_dir=Path(data)), data_dir=data)
     t1 = time.perf_counter()
-    from analytics.execution_view import preload_layout
+    from noetl_analytics.execution_view import preload_layout
 
     preload_layout()  # what make_server does first; timed here apart (make_server's is then a no-op)
     t2 = time.perf_counter()
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from noetl_dagster.runners.local import run_playbook
     from noetl_dagster.storage.events import SqliteEventStore
-    from registry_service.service import Registry
+    from noetl_registry.service import Registry
 
     load = os.getloadavg()
     print(f"machine: {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")

@@ -31,10 +31,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from analytics.exporter import FactExporter
-from analytics.facts import FactBuilder, FactWriter, gc_paused
-from analytics.store import FactsStore, close_all
-from analytics.synthetic import SyntheticSpec, generate
+from noetl_analytics.exporter import FactExporter
+from noetl_analytics.facts import FactBuilder, FactWriter, gc_paused
+from noetl_analytics.store import FactsStore, close_all
+from noetl_analytics.synthetic import SyntheticSpec, generate
 from noetl_dagster.storage.events import SqliteEventStore
 
 RAW_EVENTS_DDL = """CREATE TABLE {db}.event_raw (
@@ -115,9 +115,9 @@ ALLOC_QUERIES = {
 
 
 def bench_allocation(rows: int, rounds: int) -> None:
-    from analytics.demo_history import derive_usage
-    from analytics.pricing import PriceTable
-    from analytics.rollups import refresh_rollups
+    from noetl_analytics.demo_history import derive_usage
+    from noetl_analytics.pricing import PriceTable
+    from noetl_analytics.rollups import refresh_rollups
 
     work = Path(tempfile.mkdtemp(prefix="bench_alloc_"))
     store = FactsStore(f"chdb://{work / 'facts'}", database="alloc")

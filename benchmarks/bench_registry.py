@@ -54,7 +54,7 @@ def _line(name: str, p50: float, p99: float, base: tuple[float, float] | None, t
 
 
 def _seed(registry, tenant: str = "bench", project: str = "lab") -> str:
-    from registry_service.models import LocationIn, Principal, RegisterRequest
+    from noetl_registry.models import LocationIn, Principal, RegisterRequest
 
     owner = Principal(tenant=tenant, project=project)
     uri = f"noetl://{tenant}/{project}/bench/dataset/resolve_me"
@@ -91,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import httpx
 
-    from registry_service.client import HttpRegistryClient, open_registry
-    from registry_service.service import Registry
+    from noetl_registry.client import HttpRegistryClient, open_registry
+    from noetl_registry.service import Registry
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_registry_"))
     print(f"bench_registry: {args.n} resolves per figure, load average {os.getloadavg()[0]:.2f}")
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             [
                 sys.executable,
                 "-m",
-                "registry_service.cli",
+                "noetl_registry.cli",
                 "serve",
                 "--db",
                 f"sqlite:///{db}",

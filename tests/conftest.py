@@ -19,12 +19,17 @@ SHARED = Path(os.environ.get("NOETL_SHARED", Path(__file__).resolve().parents[1]
 CONFORMANCE = SHARED / "conformance" / "noetl-e2e" / "fixtures" / "playbooks"
 
 # the example project is not in the wheel (nor in the editable install's finder): this process and
-# every subprocess a test starts (dagster dev, code servers) find it on the checkout's root
+# every subprocess a test starts (dagster dev, code servers) find it on the checkout's root; the
+# folders holding noetl_analytics, noetl_lineage and noetl_registry come next, so a worktree's
+# subprocesses import its own copies before an editable install of another checkout
 _ROOT = str(Path(__file__).resolve().parents[1])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-if _ROOT not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
+_PATHS = [_ROOT, *(os.path.join(_ROOT, d) for d in ("analytics", "lineage", "registry_service"))]
+for _p in reversed(_PATHS):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+_have = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+if any(p not in _have for p in _PATHS):
+    os.environ["PYTHONPATH"] = os.pathsep.join([*(p for p in _PATHS if p not in _have), *filter(None, _have)])
 
 # Hypothesis loads its "ci" profile when it detects CI (the CI variable; .ci/run sets it): the same
 # examples every run (derandomize), no example database. Here that profile also halves the default

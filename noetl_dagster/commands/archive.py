@@ -34,7 +34,7 @@ def archive(execution_id: str, to: str, event_store: str | None, data_dir: str |
     store = open_event_store(event_store, data_dir=data_dir)
     registry = None
     if not no_registry:
-        from registry_service.client import open_registry
+        from noetl_registry.client import open_registry
 
         first = store.read(execution_id)[:1]
         tenant = first[0].tenant_id if first else "default"

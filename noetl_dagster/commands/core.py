@@ -429,7 +429,7 @@ def replay(execution_id: str | None, archive_uri: str | None, bodies: bool, max_
     registry = None
     reader = state.reader  # the execution's tenant and project: what its references are read as
     if any(r.uri.startswith("noetl://") for r in refs):  # resolved through the resource catalog
-        from registry_service.client import open_registry  # noqa: PLC0415
+        from noetl_registry.client import open_registry  # noqa: PLC0415
 
         first = svc.event_store.read(execution_id)[0]
         registry = open_registry(None, tenant=first.tenant_id, project=first.project_id)

@@ -77,9 +77,9 @@ def serve(clickhouse: str | None, data_dir: str | None, database: str | None, ho
 
     Every page and API request needs a registry API key (Authorization: Bearer <key>, or sign in
     at /login or /?key=<key> for an HttpOnly session cookie); each key sees its own tenant's rows."""
-    from analytics.dashboard_access import KeyAuth  # noqa: PLC0415
-    from analytics.interactive import make_server  # noqa: PLC0415
-    from registry_service.errors import RegistryError  # noqa: PLC0415
+    from noetl_analytics.dashboard_access import KeyAuth  # noqa: PLC0415
+    from noetl_analytics.interactive import make_server  # noqa: PLC0415
+    from noetl_registry.errors import RegistryError  # noqa: PLC0415
 
     try:
         auth = KeyAuth(registry_url, admin_tenants=admin_tenants)
@@ -115,7 +115,7 @@ def serve(clickhouse: str | None, data_dir: str | None, database: str | None, ho
 
 
 def _execution_views(event_store: str | None, data_dir: str | None, prices: str | None) -> Any:
-    from analytics.execution_view import ExecutionViews  # noqa: PLC0415
+    from noetl_analytics.execution_view import ExecutionViews  # noqa: PLC0415
     from noetl_dagster.storage.event_stores import open_event_store  # noqa: PLC0415
 
     try:
@@ -142,8 +142,8 @@ def _execution_views(event_store: str | None, data_dir: str | None, prices: str 
 def export_cmd(clickhouse: str | None, data_dir: str | None, database: str | None, out: str, prices: str | None,
                tenant: str | None, project: str | None, all_tenants: bool) -> None:  # fmt: skip
     """Write the interactive dashboard as one self-contained HTML file (one tenant's data inlined)."""
-    from analytics.dashboard_access import viewer_of  # noqa: PLC0415
-    from analytics.interactive import export_static  # noqa: PLC0415
+    from noetl_analytics.dashboard_access import viewer_of  # noqa: PLC0415
+    from noetl_analytics.interactive import export_static  # noqa: PLC0415
 
     try:
         viewer = viewer_of(tenant, project, all_tenants)
@@ -174,9 +174,9 @@ def grafana_cmd(
     out: str, database: str | None, tenant: str | None, project: str | None, all_tenants: bool
 ) -> None:
     """Write the Grafana dashboard JSON (ClickHouse data source) of one tenant or of all tenants."""
-    from analytics.dashboard_access import viewer_of  # noqa: PLC0415
-    from analytics.grafana import render_json  # noqa: PLC0415
-    from analytics.store import DEFAULT_DATABASE  # noqa: PLC0415
+    from noetl_analytics.dashboard_access import viewer_of  # noqa: PLC0415
+    from noetl_analytics.grafana import render_json  # noqa: PLC0415
+    from noetl_analytics.store import DEFAULT_DATABASE  # noqa: PLC0415
 
     try:
         viewer = viewer_of(tenant, project, all_tenants)
@@ -196,7 +196,7 @@ def grafana_cmd(
 def demo_history(clickhouse: str | None, data_dir: str | None, database: str | None, days: int, per_day: int,
                  tenants: int) -> None:  # fmt: skip
     """Fill the facts store with a SYNTHETIC history (tenants `synthetic-*`, project `demo`)."""
-    from analytics.demo_history import generate_history  # noqa: PLC0415
+    from noetl_analytics.demo_history import generate_history  # noqa: PLC0415
 
     store = _store(clickhouse, data_dir, database)
     try:

@@ -27,7 +27,7 @@ def _fail(message: str) -> None:
 
 
 def _views(event_store: str | None, data_dir: str | None, prices: str | None) -> Any:
-    from analytics.execution_view import ExecutionViews  # noqa: PLC0415
+    from noetl_analytics.execution_view import ExecutionViews  # noqa: PLC0415
     from noetl_dagster.storage.event_stores import open_event_store  # noqa: PLC0415
 
     try:

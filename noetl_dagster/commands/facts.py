@@ -25,7 +25,7 @@ def _fail_input(message: str) -> None:
 
 
 def _store(clickhouse: str | None, data_dir: str | None, database: str | None) -> Any:
-    from analytics.store import FactsStore, FactsStoreError  # noqa: PLC0415 - keep --help fast
+    from noetl_analytics.store import FactsStore, FactsStoreError  # noqa: PLC0415 - keep --help fast
 
     try:
         return FactsStore(clickhouse, data_dir=data_dir, database=database)
@@ -101,7 +101,7 @@ def export(
     as_json: bool,
 ) -> None:
     """Export events newer than the stored cursor as facts (idempotent by event id)."""
-    from analytics.exporter import FactExporter  # noqa: PLC0415
+    from noetl_analytics.exporter import FactExporter  # noqa: PLC0415
 
     if batch <= 0:
         _fail_input("--batch must be positive")
@@ -158,7 +158,7 @@ def query(
 @click.option(
     "--prices",
     type=click.Path(dir_okay=False),
-    help="Price table (YAML/JSON); default analytics/prices.yaml.",
+    help="Price table (YAML/JSON); default analytics/noetl_analytics/prices.yaml.",
 )
 @click.option("--json", "as_json", is_flag=True)
 def refresh(
@@ -176,7 +176,7 @@ def refresh(
 
 
 def _prices(prices: str | None, data_dir: str | None) -> Any:
-    from analytics.pricing import PriceConfigError, PriceTable  # noqa: PLC0415
+    from noetl_analytics.pricing import PriceConfigError, PriceTable  # noqa: PLC0415
 
     try:
         return PriceTable.load(prices, data_dir=data_dir)
@@ -185,7 +185,7 @@ def _prices(prices: str | None, data_dir: str | None) -> Any:
 
 
 def _refresh(store: Any, prices: str | None, data_dir: str | None) -> Any:
-    from analytics.rollups import refresh_rollups  # noqa: PLC0415
+    from noetl_analytics.rollups import refresh_rollups  # noqa: PLC0415
 
     return refresh_rollups(store, _prices(prices, data_dir))
 
@@ -225,8 +225,8 @@ def focus_export(
 ) -> None:
     """Chargeback export of the priced table in the FinOps FOCUS column format (CSV or Parquet), of
     one tenant (--tenant) or, for an operator, of all (--all-tenants)."""
-    from analytics.dashboard_access import viewer_of  # noqa: PLC0415
-    from analytics.focus import FocusExportError, focus_table, write_focus  # noqa: PLC0415
+    from noetl_analytics.dashboard_access import viewer_of  # noqa: PLC0415
+    from noetl_analytics.focus import FocusExportError, focus_table, write_focus  # noqa: PLC0415
 
     try:
         viewer = viewer_of(tenant, project, all_tenants)
@@ -279,9 +279,9 @@ def dashboard(
 ) -> None:
     """Render the facts dashboard: index.html (self-contained) and one PNG per panel, of one
     tenant's rows (--tenant) or, for an operator, of every tenant's (--all-tenants)."""
-    from analytics.dashboard import render_dashboard  # noqa: PLC0415
-    from analytics.dashboard_access import viewer_of  # noqa: PLC0415
-    from analytics.exporter import FactExporter  # noqa: PLC0415
+    from noetl_analytics.dashboard import render_dashboard  # noqa: PLC0415
+    from noetl_analytics.dashboard_access import viewer_of  # noqa: PLC0415
+    from noetl_analytics.exporter import FactExporter  # noqa: PLC0415
     from noetl_dagster.runners.local import default_data_dir  # noqa: PLC0415
 
     try:
@@ -299,7 +299,7 @@ def dashboard(
         finally:
             log.close()
         click.echo(f"exported {report.events} new events")
-    from analytics.rollups import refresh_rollups  # noqa: PLC0415
+    from noetl_analytics.rollups import refresh_rollups  # noqa: PLC0415
 
     rollup = refresh_rollups(store, table)
     out_dir = Path(out) if out else Path(data_dir or default_data_dir()) / "dashboard"

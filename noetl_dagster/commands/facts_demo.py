@@ -57,11 +57,11 @@ def main() -> None:
     ap.add_argument("--extra", action="append", default=[], help="another directory of playbooks to run too")
     args = ap.parse_args()
 
-    from analytics.dashboard import render_dashboard  # noqa: PLC0415
-    from analytics.dashboard_access import Viewer  # noqa: PLC0415
-    from analytics.exporter import FactExporter  # noqa: PLC0415
-    from analytics.rollups import refresh_rollups  # noqa: PLC0415
-    from analytics.store import FactsStore, close_all  # noqa: PLC0415
+    from noetl_analytics.dashboard import render_dashboard  # noqa: PLC0415
+    from noetl_analytics.dashboard_access import Viewer  # noqa: PLC0415
+    from noetl_analytics.exporter import FactExporter  # noqa: PLC0415
+    from noetl_analytics.rollups import refresh_rollups  # noqa: PLC0415
+    from noetl_analytics.store import FactsStore, close_all  # noqa: PLC0415
     from noetl_dagster.storage.events import SqliteEventStore  # noqa: PLC0415
 
     data_dir = Path(args.data_dir) if args.data_dir else Path(tempfile.mkdtemp(prefix="noetl_demo_"))

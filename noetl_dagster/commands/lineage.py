@@ -29,7 +29,7 @@ def _fail_input(message: str) -> None:
 
 
 def _validator(spec_dir: str | None) -> Any:
-    from lineage.validate import LineageValidator, SpecNotFound  # noqa: PLC0415
+    from noetl_lineage.validate import LineageValidator, SpecNotFound  # noqa: PLC0415
 
     try:
         return LineageValidator(spec_dir)
@@ -80,11 +80,11 @@ def export(
     from openlineage.client import OpenLineageClient  # noqa: PLC0415
     from openlineage.client.serde import Serde  # noqa: PLC0415
 
-    from lineage.config import is_configured  # noqa: PLC0415
-    from lineage.convert import LineageConverter  # noqa: PLC0415
-    from lineage.emitter import file_client, registry_describer_from_env  # noqa: PLC0415
     from noetl_dagster.runners.local import default_data_dir  # noqa: PLC0415
     from noetl_dagster.storage.event_stores import open_event_store
+    from noetl_lineage.config import is_configured  # noqa: PLC0415
+    from noetl_lineage.convert import LineageConverter  # noqa: PLC0415
+    from noetl_lineage.emitter import file_client, registry_describer_from_env  # noqa: PLC0415
 
     try:
         log = open_event_store(events_url, data_dir=data_dir)
@@ -134,8 +134,8 @@ def validate(files: tuple[str, ...], spec_dir: str | None) -> None:
     """Validate JSON-lines OpenLineage events offline: each against OpenLineage.json and the
     facet schemas, and the stream against the rules across events (run lifecycles, parents
     that exist, stable dataset identities)."""
-    from lineage.validate import semantic_errors  # noqa: PLC0415 - keeps the CLI quick to start
     from noetl_dagster.dsl.files import InputFileError, read_bounded_text  # noqa: PLC0415
+    from noetl_lineage.validate import semantic_errors  # noqa: PLC0415 - keeps the CLI quick to start
 
     validator = _validator(spec_dir)
     total = bad = 0

@@ -24,7 +24,7 @@ UNITS = {
 
 # -- usage lines: what one event used, in the price table's units ----------------------------------
 def _number(value: Any) -> float | None:
-    """A value as the facts writer stores a Float64 (analytics/facts.py ``_as_number``)."""
+    """A value as the facts writer stores a Float64 (analytics/noetl_analytics/facts.py ``_as_number``)."""
     if (
         type(value) is float or type(value) is int
     ):  # the common case, first (the summary folds every task.done)
@@ -203,7 +203,7 @@ class BilledRefs:
     execution that names it: a path written again by the next run is that run's write and costs it
     again. So the bill is per (execution, key), never across executions: every view can apply it to
     one execution's log alone, and a re-export (the same events again) bills nothing new. Every other
-    line is billed as it comes. Used by ``analytics.pricing.cost_of_events`` (Dagster's cost
+    line is billed as it comes. Used by ``noetl_analytics.pricing.cost_of_events`` (Dagster's cost
     metadata, whole execution and per op), the facts writer (``usage_fact`` holds only billed lines;
     the priced table keeps the first of them per ``(execution_id, key)`` across export batches) and
     the execution summary (``engine/explain.py``: its rows keep ``order``, the keys in the order

@@ -447,7 +447,7 @@ class Worker(LoopPhases, TaskPolicy):
         if notes:
             outcome["meta"].update(notes)
         requests = self._requests(frame.step)
-        if requests:  # priced as max(request, usage) (analytics/pricing.py usage_lines)
+        if requests:  # priced as max(request, usage) (analytics/noetl_analytics/pricing.py usage_lines)
             outcome["meta"]["requests"] = requests
         return outcome
 

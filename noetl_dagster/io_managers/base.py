@@ -31,7 +31,7 @@ from noetl_dagster.dsl.locator import InvalidLocator, ResourceLocator, parse_loc
 from noetl_dagster.resources.registry import NoetlRegistryResource
 from noetl_dagster.storage.payload import CHECKSUM_ALGORITHMS, checksum_algorithm
 from noetl_dagster.storage.tables import AS_TYPES, TableStorage, convert
-from registry_service.errors import RegistryError
+from noetl_registry.errors import RegistryError
 
 META_URI = "noetl/uri"
 META_VERSION = "noetl/version"

@@ -40,8 +40,8 @@ from noetl_dagster.io_managers.base import META_URI, META_VERSION
 from noetl_dagster.resources.qdrant import QdrantResource
 from noetl_dagster.resources.registry import NoetlRegistryResource
 from noetl_dagster.tools import qdrant as q
-from registry_service.client import RegistryClient
-from registry_service.models import AccessPlan, Resource
+from noetl_registry.client import RegistryClient
+from noetl_registry.models import AccessPlan, Resource
 
 RESOURCE_TYPE = "index"
 META_DISTANCE = "noetl/distance"

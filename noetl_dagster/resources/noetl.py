@@ -74,7 +74,7 @@ class NoetlResource(dg.ConfigurableResource):
     def registry(self, tenant: str, project: str) -> Any:
         """A registry client for one scope: the one the storage tool kinds write to
         (``$NOETL_REGISTRY_URL``, else ``<data_dir>/registry.db``), for asset metadata and checks."""
-        from registry_service.client import open_registry  # noqa: PLC0415 - only asset code reads it
+        from noetl_registry.client import open_registry  # noqa: PLC0415 - only asset code reads it
 
         url = os.environ.get("NOETL_REGISTRY_URL") or str(self.resolved_data_dir() / "registry.db")
         return open_registry(

@@ -14,8 +14,8 @@ from typing import Any
 import dagster as dg
 from pydantic import Field, PrivateAttr
 
-from registry_service.client import RegistryClient, open_registry
-from registry_service.models import AccessPlan, Lineage, Resource
+from noetl_registry.client import RegistryClient, open_registry
+from noetl_registry.models import AccessPlan, Lineage, Resource
 
 
 class NoetlRegistryResource(dg.ConfigurableResource):

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lineage import listener_from_env
 from noetl_dagster.dsl.shapes import PlaybookBase  # the model or its twin (dsl/ready.py)
 from noetl_dagster.engine.catalog import Catalog
 from noetl_dagster.engine.control import Engine, Services, restore_generated
@@ -26,6 +25,7 @@ from noetl_dagster.storage.payload import DEFAULT_INLINE_LIMIT, open_payload_sto
 from noetl_dagster.tools.cursor_sources import default_cursor_sources
 from noetl_dagster.tools.sandbox_worker import SandboxPort
 from noetl_dagster.util.jsonutil import plain
+from noetl_lineage import listener_from_env
 
 if TYPE_CHECKING:
     from noetl_dagster.dsl.model import Playbook

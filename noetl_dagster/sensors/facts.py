@@ -33,7 +33,7 @@ import dagster as dg
 from pydantic import Field
 
 if TYPE_CHECKING:
-    from analytics.store import FactsStore
+    from noetl_analytics.store import FactsStore
 
 # The store (clickhouse-connect, pyarrow: ~1 s of CPU) is imported when a tick or a run opens it,
 # not when a code location loads this module (every run worker does); a missing analytics extra
@@ -64,15 +64,18 @@ class FactsStoreResource(dg.ConfigurableResource):
         default=None, description="NoETL event log; default <data_dir>/events.db"
     )
     data_dir: str | None = Field(default=None, description="default $NOETL_DAGSTER_HOME or ./.noetl")
-    prices: str | None = Field(default=None, description="price table file; default analytics/prices.yaml")
+    prices: str | None = Field(
+        default=None, description="price table file; default analytics/noetl_analytics/prices.yaml"
+    )
     budgets: str | None = Field(
-        default=None, description="monthly budgets file (analytics/budgets.py); none: no budget sensor"
+        default=None,
+        description="monthly budgets file (analytics/noetl_analytics/budgets.py); none: no budget sensor",
     )
 
     @contextmanager
     def open(self) -> "Iterator[FactsStore]":
         """The store for one tick or one run; the embedded engine is released afterwards."""
-        from analytics.store import FactsStore  # noqa: PLC0415 - see the module's imports
+        from noetl_analytics.store import FactsStore  # noqa: PLC0415 - see the module's imports
 
         store = FactsStore(self.clickhouse_url, data_dir=self.data_dir, database=self.database)
         try:
@@ -99,8 +102,8 @@ def facts_resource_from_env() -> FactsStoreResource:
 
 def export_tick(resource: FactsStoreResource, *, max_events: int, batch_events: int) -> dict[str, object]:
     """One exporter tick (the sensor body without Dagster): returns the report as a dict."""
-    from analytics.exporter import FactExporter  # noqa: PLC0415
-    from analytics.pricing import PriceTable  # noqa: PLC0415
+    from noetl_analytics.exporter import FactExporter  # noqa: PLC0415
+    from noetl_analytics.pricing import PriceTable  # noqa: PLC0415
     from noetl_dagster.storage.event_stores import open_event_store
 
     prices = PriceTable.load(resource.prices, data_dir=resource.data_dir)
@@ -173,9 +176,9 @@ def build_facts_definitions(
     def noetl_cost_rollups(
         context: dg.AssetExecutionContext, noetl_facts: FactsStoreResource
     ) -> dg.MaterializeResult:
-        from analytics.allocation import allocation_totals  # noqa: PLC0415
-        from analytics.pricing import PriceTable  # noqa: PLC0415
-        from analytics.rollups import refresh_rollups  # noqa: PLC0415
+        from noetl_analytics.allocation import allocation_totals  # noqa: PLC0415
+        from noetl_analytics.pricing import PriceTable  # noqa: PLC0415
+        from noetl_analytics.rollups import refresh_rollups  # noqa: PLC0415
 
         prices = PriceTable.load(noetl_facts.prices, data_dir=noetl_facts.data_dir)
         with noetl_facts.open() as store:
@@ -331,8 +334,8 @@ def _budget_definitions(
         " budget, month and kind.",
     )
     def noetl_cost_budgets(context: dg.SensorEvaluationContext, noetl_facts: FactsStoreResource):
-        from analytics.budgets import evaluate, load_budgets  # noqa: PLC0415
-        from analytics.store import FactsStoreError  # noqa: PLC0415
+        from noetl_analytics.budgets import evaluate, load_budgets  # noqa: PLC0415
+        from noetl_analytics.store import FactsStoreError  # noqa: PLC0415
 
         budgets = load_budgets(noetl_facts.budgets or "")
         try:

@@ -213,7 +213,7 @@ def registry_grants(data_dir: str | os.PathLike[str] | None) -> GrantCheck:
     asked as the reader; opened only when a reference of another tenant is read."""
 
     def check(tenant: str, project: str, uri: str) -> bool:
-        from registry_service.client import API_KEY_ENV, URL_ENV, open_registry  # noqa: PLC0415
+        from noetl_registry.client import API_KEY_ENV, URL_ENV, open_registry  # noqa: PLC0415
 
         base = Path(data_dir or os.environ.get("NOETL_DAGSTER_HOME") or ".noetl")
         url = os.environ.get(URL_ENV) or str(base / "registry.db")

@@ -44,8 +44,8 @@ from noetl_dagster.storage.payload import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from registry_service.client import RegistryClient
-    from registry_service.models import AccessPlan, Resource
+    from noetl_registry.client import RegistryClient
+    from noetl_registry.models import AccessPlan, Resource
 
 # a reader of a format stored outside this layer: (location, expected checksum, columns) -> table
 Reader = Callable[[Any, "str | None", "list[str] | None"], pa.Table]

@@ -109,7 +109,7 @@ def _register_ephemeral(
     never fails the step: the definition is on the child's request event either way."""
     from noetl_dagster.dsl.builder import canonical_yaml, playbook_id
     from noetl_dagster.dsl.locator import ResourceLocator
-    from registry_service.client import open_registry
+    from noetl_registry.client import open_registry
 
     pid = playbook_id(pb)
     text = canonical_yaml(pb)

@@ -299,7 +299,7 @@ def load_arrow_result(
 
 
 def note_sql(sql: str, database: Any, ctx: ToolContext) -> None:
-    """The statement and database, for OpenLineage column lineage (lineage/sql.py)."""
+    """The statement and database, for OpenLineage column lineage (lineage/noetl_lineage/sql.py)."""
     note = getattr(ctx, "note", None)
     if note is not None:
         path = _path(database, ctx)

@@ -345,7 +345,7 @@ def _register(spec: Any, conn: duckdb.DuckDBPyConnection, name: str, identity: s
               snapshot: int, ctx: ToolContext) -> dict[str, Any]:  # fmt: skip
     """Record ``spec.table`` at ``snapshot`` as a new version of a noetl:// resource."""
     from noetl_dagster.tools.table_access import _storage, _target_uri  # noqa: PLC0415
-    from registry_service.errors import RegistryError  # noqa: PLC0415
+    from noetl_registry.errors import RegistryError  # noqa: PLC0415
 
     if not isinstance(spec, Mapping) or not spec.get("table"):
         raise ToolError("ducklake: 'register' needs {table, uri | resource}", kind="config_error")
@@ -402,7 +402,7 @@ def ducklake_tool(inputs: dict[str, Any], ctx: ToolContext) -> Any:
         raise ToolError(f"ducklake: catalog_name {name!r} must be a plain identifier", kind="config_error")
     conn, identity = _connect(inputs, ctx, name)
     note = getattr(ctx, "note", None)
-    if note is not None:  # OpenLineage column lineage (lineage/sql.py)
+    if note is not None:  # OpenLineage column lineage (lineage/noetl_lineage/sql.py)
         note(
             sql=sql,
             sql_namespace=f"ducklake://{identity.split('://')[-1]}",

@@ -311,7 +311,7 @@ def _http(uri: str, op: str, inputs: Mapping[str, Any], value: Any) -> Any:
 
 
 def _registry(inputs: Mapping[str, Any], ctx: ToolContext) -> Any:
-    from registry_service.client import open_registry
+    from noetl_registry.client import open_registry
 
     url = inputs.get("registry") or os.environ.get("NOETL_REGISTRY_URL")
     if not url:
@@ -325,7 +325,7 @@ def _registry(inputs: Mapping[str, Any], ctx: ToolContext) -> Any:
 
 def _noetl(uri: str, op: str, inputs: Mapping[str, Any], value: Any, ctx: ToolContext) -> Any:
     from noetl_dagster.dsl.locator import InvalidLocator, parse_locator
-    from registry_service.errors import RegistryError
+    from noetl_registry.errors import RegistryError
 
     try:
         loc = parse_locator(uri, require_version=False)

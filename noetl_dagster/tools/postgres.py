@@ -354,7 +354,7 @@ def server_of(conninfo: str) -> tuple[str, str | None, str, str | None]:
 
 
 def note_sql(sql: list[str] | str, conninfo: str, schema: Any, ctx: ToolContext) -> None:
-    """The statement and server, for OpenLineage column lineage (lineage/sql.py); never the password."""
+    """The statement and server, for OpenLineage column lineage (lineage/noetl_lineage/sql.py); never the password."""
     note = getattr(ctx, "note", None)
     if note is None:
         return

@@ -150,7 +150,7 @@ def _sql(inputs: Mapping[str, Any]) -> str:
 
 
 def note_sql(sql: str, params: Mapping[str, Any], ctx: ToolContext) -> None:
-    """The statement and account, for OpenLineage column lineage (lineage/sql.py; OpenLineage's
+    """The statement and account, for OpenLineage column lineage (lineage/noetl_lineage/sql.py; OpenLineage's
     Snowflake naming: namespace ``snowflake://<account>``, name ``database.schema.table``)."""
     note = getattr(ctx, "note", None)
     if note is not None:

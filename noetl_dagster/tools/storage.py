@@ -235,7 +235,7 @@ def _read(inputs: Mapping[str, Any], ctx: ToolContext) -> dict[str, Any]:
 
 
 def _run(fmt: str, inputs: dict[str, Any], ctx: ToolContext) -> Any:
-    from registry_service.errors import RegistryError  # noqa: PLC0415
+    from noetl_registry.errors import RegistryError  # noqa: PLC0415
 
     op = str(inputs.get("op") or "write")
     try:

@@ -28,7 +28,7 @@ def _scope(ctx: ToolContext) -> tuple[str, str]:
 
 
 def _storage(inputs: Mapping[str, Any], ctx: ToolContext) -> TableStorage:
-    from registry_service.client import open_registry  # noqa: PLC0415
+    from noetl_registry.client import open_registry  # noqa: PLC0415
 
     data_dir = _data_dir(ctx)
     registry_url = inputs.get("registry") or os.environ.get(REGISTRY_URL_ENV) or str(data_dir / "registry.db")

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
-from analytics.pricing import Cost
+from noetl_analytics.pricing import Cost
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine.events import uuid7
 from noetl_dagster.engine.graph import analyze

@@ -21,7 +21,7 @@ from typing import Any
 import dagster as dg
 
 import noetl_dagster.translator.naming as naming
-from analytics.pricing import COMPONENTS, Cost, PriceTable, cost_of_events
+from noetl_analytics.pricing import COMPONENTS, Cost, PriceTable, cost_of_events
 from noetl_dagster.dsl.locator import InvalidLocator
 from noetl_dagster.dsl.model import Playbook
 from noetl_dagster.engine.usage_lines import _REF_EVENTS, BilledRefs, created_refs
@@ -363,7 +363,7 @@ def usage_metadata(usage: dict[str, dict[str, float]], steps: list[str]) -> dict
     }
 
 
-# -- cost per attempt / step / op / execution (analytics/pricing.py: the allocation SQL's formula) --
+# -- cost per attempt / step / op / execution (analytics/noetl_analytics/pricing.py: the allocation SQL's formula) --
 COST_PREFIX = "noetl/cost/"
 TAG_PRICE_VERSION = "noetl/price_version"
 _prices_lock = threading.Lock()
@@ -395,12 +395,14 @@ def price_table(resource: Any) -> PriceTable:
 
 
 def cost_metadata(cost: Cost, share: float = 1.0) -> dict[str, Any]:
-    """A :class:`analytics.pricing.Cost` (times ``share``) as numeric metadata: ``noetl/cost/<currency>``
+    """A :class:`noetl_analytics.pricing.Cost` (times ``share``) as numeric metadata: ``noetl/cost/<currency>``
     (the total, e.g. ``noetl/cost/usd``) and a key per component that cost something, plus the price
     version (text)."""
     cur = cost.currency.lower()
     md: dict[str, Any] = {f"{COST_PREFIX}{cur}": dg.FloatMetadataValue(cost.total * share)}
-    for c in COMPONENTS:  # the priced table's categories (analytics/pricing.py); a zero one is no line
+    for c in (
+        COMPONENTS
+    ):  # the priced table's categories (analytics/noetl_analytics/pricing.py); a zero one is no line
         if getattr(cost, c):
             md[f"{COST_PREFIX}{c}_{cur}"] = dg.FloatMetadataValue(getattr(cost, c) * share)
     md[f"{COST_PREFIX}attempts"] = cost.attempts

@@ -8,7 +8,7 @@ without reading a byte; a chunked body is decoded chunk by chunk and refused (41
 pass the cap; any other transfer coding is a 501. A request without either header has no body.
 The connection closes after a refusal, so unread bytes are dropped with it, never parsed as the
 next request. A client that stops sending mid-body is cut off after ``timeout`` seconds.
-(The registry service, on uvicorn, has the same rules in its ASGI guard: registry_service/app.py.)
+(The registry service, on uvicorn, has the same rules in its ASGI guard: registry_service/noetl_registry/app.py.)
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from analytics.store import FactsStore, close_all
+from noetl_analytics.store import FactsStore, close_all
 from noetl_dagster.commands.facts_demo import example_playbooks, run_playbooks
 from noetl_dagster.storage.events import SqliteEventStore
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from analytics.allocation import allocation_totals, rebuild_allocation, sync_price_versions
-from analytics.exporter import FactExporter
-from analytics.pricing import PriceConfigError, PriceTable
-from analytics.rollups import refresh_rollups
+from noetl_analytics.allocation import allocation_totals, rebuild_allocation, sync_price_versions
+from noetl_analytics.exporter import FactExporter
+from noetl_analytics.pricing import PriceConfigError, PriceTable
+from noetl_analytics.rollups import refresh_rollups
 from noetl_dagster.storage.events import SqliteEventStore
 
 SUMS = "SELECT sum(attempts), round(sum(cpu_core_hours), 9), sum(egress_bytes), sum(bytes_written) FROM $db.allocation_step_day"

@@ -27,14 +27,14 @@ import yaml
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from analytics.dashboard_access import TenantScope, Viewer
-from analytics.execution_view import ExecutionViews
-from analytics.exporter import FactExporter
-from analytics.focus import focus_table
-from analytics.panels import panel
-from analytics.pricing import Cost, PriceTable, cost_of_events
-from analytics.rollups import refresh_rollups
-from analytics.store import FactsStore, close_all
+from noetl_analytics.dashboard_access import TenantScope, Viewer
+from noetl_analytics.execution_view import ExecutionViews
+from noetl_analytics.exporter import FactExporter
+from noetl_analytics.focus import focus_table
+from noetl_analytics.panels import panel
+from noetl_analytics.pricing import Cost, PriceTable, cost_of_events
+from noetl_analytics.rollups import refresh_rollups
+from noetl_analytics.store import FactsStore, close_all
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.usage_lines import created_refs
 from noetl_dagster.storage.events import SqliteEventStore

@@ -1,4 +1,4 @@
-"""The Python cost of an execution (analytics/pricing.py: usage_lines priced by PriceTable, what Dagster's
+"""The Python cost of an execution (analytics/noetl_analytics/pricing.py: usage_lines priced by PriceTable, what Dagster's
 cost metadata uses) equals what the priced table (cost_line_day via allocation_cost_day, embedded chDB)
 charges for the same events: the same usage lines, the same price version for each day."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from analytics.exporter import FactExporter
-from analytics.pricing import (
+from noetl_analytics.exporter import FactExporter
+from noetl_analytics.pricing import (
     COMPONENTS,
     BilledRefs,
     Cost,
@@ -21,7 +21,7 @@ from analytics.pricing import (
     event_cost,
     utc_day,
 )
-from analytics.rollups import refresh_rollups
+from noetl_analytics.rollups import refresh_rollups
 from noetl_dagster.engine.events import Event
 from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.storage.events import SqliteEventStore
@@ -257,9 +257,11 @@ def test_python_cost_equals_the_allocation_sql_on_a_real_run(facts_store, tmp_pa
 
 
 def test_the_default_price_table_has_one_price_per_unit():
-    """analytics/prices.yaml: one versioned table; list prices per shot (Braket, Rigetti Ankaa-3) and per
+    """analytics/noetl_analytics/prices.yaml: one versioned table; list prices per shot (Braket, Rigetti Ankaa-3) and per
     QPU-second (IBM Pay-As-You-Go, USD 96/min); one CPU price (per core-hour) for tasks and the platform."""
-    prices = PriceTable.load(Path(__file__).resolve().parents[2] / "analytics" / "prices.yaml")
+    prices = PriceTable.load(
+        Path(__file__).resolve().parents[2] / "analytics" / "noetl_analytics" / "prices.yaml"
+    )
     v = prices.version_on(date(2026, 11, 25))
     assert (v.version, v.price("quantum", "shot"), v.price("quantum", "qpu_second")) == (
         "2026-01",

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from analytics.dashboard_access import KeyAuth
-from analytics.demo_history import generate_history
-from analytics.interactive import export_static, make_server
-from analytics.rollups import refresh_rollups
-from analytics.store import FactsStore, close_all
-from registry_service.service import Registry
+from noetl_analytics.dashboard_access import KeyAuth
+from noetl_analytics.demo_history import generate_history
+from noetl_analytics.interactive import export_static, make_server
+from noetl_analytics.rollups import refresh_rollups
+from noetl_analytics.store import FactsStore, close_all
+from noetl_registry.service import Registry
 
 CHROMIUM = "/usr/bin/chromium"
 REPO = Path(__file__).resolve().parents[2]

@@ -29,17 +29,17 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from analytics import interactive
-from analytics.dashboard_access import KeyAuth, RegistryUnavailable, TenantScope, Unauthorized, Viewer
-from analytics.exporter import FactExporter
-from analytics.interactive import make_server
-from analytics.rollups import refresh_rollups
-from analytics.store import FactsStore, close_all
+from noetl_analytics import interactive
+from noetl_analytics.dashboard_access import KeyAuth, RegistryUnavailable, TenantScope, Unauthorized, Viewer
+from noetl_analytics.exporter import FactExporter
+from noetl_analytics.interactive import make_server
+from noetl_analytics.rollups import refresh_rollups
+from noetl_analytics.store import FactsStore, close_all
 from noetl_dagster.commands.facts_demo import run_playbooks
 from noetl_dagster.commands.main import cli
 from noetl_dagster.storage.events import SqliteEventStore
-from registry_service.errors import Forbidden
-from registry_service.service import Registry
+from noetl_registry.errors import Forbidden
+from noetl_registry.service import Registry
 
 CHROMIUM = "/usr/bin/chromium"
 REPO = Path(__file__).resolve().parents[2]
@@ -448,7 +448,7 @@ def test_export_cli_errors_are_one_line(world, tmp_path, args, message):
 def test_keys_checked_by_a_registry_over_http(world):
     import uvicorn
 
-    from registry_service.app import create_app
+    from noetl_registry.app import create_app
 
     srv = uvicorn.Server(uvicorn.Config(create_app(world["registry"]), host="127.0.0.1", port=0, log_level="warning",
                                         lifespan="off"))  # fmt: skip
@@ -489,7 +489,7 @@ def test_plotly_labels_show_any_string_as_typed(world, tmp_path):
 
     from playwright.sync_api import sync_playwright
 
-    from analytics.interactive import export_static
+    from noetl_analytics.interactive import export_static
 
     rng = random.Random(30)
     alphabet = "<>&;#/=\"'abAB01 x"

@@ -20,10 +20,10 @@ from pathlib import Path
 import yaml
 from facts_helpers import fact_totals
 
-from analytics.exporter import FactExporter
-from analytics.facts import FactWriter
-from analytics.pricing import PriceTable
-from analytics.store import FactsStore, close_all
+from noetl_analytics.exporter import FactExporter
+from noetl_analytics.facts import FactWriter
+from noetl_analytics.pricing import PriceTable
+from noetl_analytics.store import FactsStore, close_all
 from noetl_dagster.storage.events import SqliteEventStore
 
 ROOT = Path(__file__).resolve().parents[2]

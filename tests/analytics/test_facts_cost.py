@@ -6,9 +6,9 @@ from datetime import date
 
 import pytest
 
-from analytics.facts import FactWriter
-from analytics.pricing import PriceConfigError, PriceTable
-from analytics.rollups import refresh_rollups
+from noetl_analytics.facts import FactWriter
+from noetl_analytics.pricing import PriceConfigError, PriceTable
+from noetl_analytics.rollups import refresh_rollups
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine.events import Event
 
@@ -217,7 +217,9 @@ def test_bad_price_tables_are_refused_with_a_clear_message(raw, message):
 
 def test_price_table_files(tmp_path, monkeypatch):
     monkeypatch.delenv("NOETL_DAGSTER_PRICES", raising=False)
-    assert PriceTable.load(data_dir=tmp_path).source.endswith("analytics/prices.yaml")  # packaged default
+    assert PriceTable.load(data_dir=tmp_path).source.endswith(
+        "noetl_analytics/prices.yaml"
+    )  # packaged default
     own = tmp_path / "prices.yaml"
     own.write_text("currency: EUR\nversions: [{compute: 0.5}]\n")
     assert PriceTable.load(data_dir=tmp_path).currency == "EUR"  # <data dir>/prices.yaml wins

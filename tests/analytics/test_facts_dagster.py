@@ -8,8 +8,8 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from analytics.store import FactsStore, close_all
-from analytics.synthetic import SyntheticSpec, generate
+from noetl_analytics.store import FactsStore, close_all
+from noetl_analytics.synthetic import SyntheticSpec, generate
 from noetl_dagster.sensors.facts import (
     EXPORT_JOB,
     FACTS_KEY,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from analytics.panels import PANELS
+from noetl_analytics.panels import PANELS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "analytics.md"
 

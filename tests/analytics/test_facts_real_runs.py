@@ -13,13 +13,13 @@ import pytest
 from click.testing import CliRunner
 from facts_helpers import fact_totals
 
-from analytics.dashboard import render_dashboard
-from analytics.dashboard_access import Viewer
-from analytics.exporter import FactExporter
-from analytics.grafana import GRAFANA_JSON, build_dashboard, render_json
-from analytics.panels import PANELS
-from analytics.rollups import refresh_rollups
-from analytics.store import close_all
+from noetl_analytics.dashboard import render_dashboard
+from noetl_analytics.dashboard_access import Viewer
+from noetl_analytics.exporter import FactExporter
+from noetl_analytics.grafana import GRAFANA_JSON, build_dashboard, render_json
+from noetl_analytics.panels import PANELS
+from noetl_analytics.rollups import refresh_rollups
+from noetl_analytics.store import close_all
 from noetl_dagster.commands.main import cli
 from noetl_dagster.engine import events as E
 from noetl_dagster.storage.event_stores import open_event_store

@@ -7,9 +7,9 @@ import socket
 
 import pytest
 
-from analytics.facts import SCHEMAS
-from analytics.schema import MigrationError, apply_migrations, latest_version, migrations
-from analytics.store import FactsStore, FactsStoreError, resolve_facts_url
+from noetl_analytics.facts import SCHEMAS
+from noetl_analytics.schema import MigrationError, apply_migrations, latest_version, migrations
+from noetl_analytics.store import FactsStore, FactsStoreError, resolve_facts_url
 
 
 def test_migrations_are_numbered_and_applied_once(facts_store):
@@ -73,11 +73,11 @@ def test_server_url_names_the_database_and_fails_clearly_when_unreachable(monkey
 
 @pytest.mark.parametrize("database", ["c", "d", "u"])
 def test_database_names_that_look_like_aliases_work(facts_store, database):
-    from analytics.dashboard_access import TenantScope, Viewer  # noqa: PLC0415
-    from analytics.facts import FactWriter  # noqa: PLC0415
-    from analytics.panels import PANELS  # noqa: PLC0415
-    from analytics.rollups import refresh_rollups  # noqa: PLC0415
-    from analytics.synthetic import SyntheticSpec, generate  # noqa: PLC0415
+    from noetl_analytics.dashboard_access import TenantScope, Viewer  # noqa: PLC0415
+    from noetl_analytics.facts import FactWriter  # noqa: PLC0415
+    from noetl_analytics.panels import PANELS  # noqa: PLC0415
+    from noetl_analytics.rollups import refresh_rollups  # noqa: PLC0415
+    from noetl_analytics.synthetic import SyntheticSpec, generate  # noqa: PLC0415
 
     store = FactsStore(facts_store.url, database=database)
     FactWriter(store).write(generate(SyntheticSpec(executions=3, steps=3, ref_rate=1.0)))

@@ -9,9 +9,9 @@ from collections import Counter
 import pytest
 from facts_helpers import fact_totals
 
-from analytics.exporter import FactExporter
-from analytics.facts import FactWriter
-from analytics.synthetic import SyntheticSpec, generate
+from noetl_analytics.exporter import FactExporter
+from noetl_analytics.facts import FactWriter
+from noetl_analytics.synthetic import SyntheticSpec, generate
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine.events import Event
 from noetl_dagster.storage.events import SqliteEventStore

@@ -16,15 +16,15 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from analytics.budgets import Budget, BudgetConfigError, evaluate, load_budgets
-from analytics.dashboard import render_dashboard
-from analytics.dashboard_access import Viewer
-from analytics.facts import FactWriter
-from analytics.focus import COLUMNS, focus_table
-from analytics.focus_rules import check_csv, check_table
-from analytics.pricing import PriceConfigError, PriceTable
-from analytics.rollups import elapsed_fraction, refresh_rollups
-from analytics.store import FactsStore, close_all
+from noetl_analytics.budgets import Budget, BudgetConfigError, evaluate, load_budgets
+from noetl_analytics.dashboard import render_dashboard
+from noetl_analytics.dashboard_access import Viewer
+from noetl_analytics.facts import FactWriter
+from noetl_analytics.focus import COLUMNS, focus_table
+from noetl_analytics.focus_rules import check_csv, check_table
+from noetl_analytics.pricing import PriceConfigError, PriceTable
+from noetl_analytics.rollups import elapsed_fraction, refresh_rollups
+from noetl_analytics.store import FactsStore, close_all
 from noetl_dagster.commands.main import cli
 from noetl_dagster.engine.events import Event
 from noetl_dagster.sensors.facts import BUDGET_JOB, RESOURCE_KEY, FactsStoreResource, build_facts_definitions

@@ -8,8 +8,8 @@ import inputs declare."""
 
 from __future__ import annotations
 
-from analytics.dashboard_access import Viewer
-from analytics.grafana import build_dashboard
+from noetl_analytics.dashboard_access import Viewer
+from noetl_analytics.grafana import build_dashboard
 
 PANEL_TYPES = {"stat", "timeseries", "barchart", "table", "bargauge", "piechart", "text", "gauge", "heatmap"}
 

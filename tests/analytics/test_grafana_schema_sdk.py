@@ -27,8 +27,8 @@ import pytest
 from grafana_foundation_sdk.cog import encoder, plugins  # dev extra: grafana-foundation-sdk
 from grafana_foundation_sdk.models import dashboard as gdash
 
-from analytics.dashboard_access import Viewer
-from analytics.grafana import GRAFANA_JSON, build_dashboard
+from noetl_analytics.dashboard_access import Viewer
+from noetl_analytics.grafana import GRAFANA_JSON, build_dashboard
 
 plugins.register_default_plugins()
 # the SDK steers new code to dashboard schema v2; our JSON is the classic (v1) model Grafana imports

@@ -21,15 +21,15 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from analytics.dashboard import render_dashboard
-from analytics.dashboard_access import Viewer
-from analytics.exporter import FactExporter
-from analytics.focus_rules import check_csv, check_table
-from analytics.grafana import GRAFANA_JSON
-from analytics.interactive import cluster_summary, dashboard_data
-from analytics.pricing import Cost, PriceTable, cost_of_events
-from analytics.rollups import refresh_rollups
-from analytics.store import FactsStore, close_all
+from noetl_analytics.dashboard import render_dashboard
+from noetl_analytics.dashboard_access import Viewer
+from noetl_analytics.exporter import FactExporter
+from noetl_analytics.focus_rules import check_csv, check_table
+from noetl_analytics.grafana import GRAFANA_JSON
+from noetl_analytics.interactive import cluster_summary, dashboard_data
+from noetl_analytics.pricing import Cost, PriceTable, cost_of_events
+from noetl_analytics.rollups import refresh_rollups
+from noetl_analytics.store import FactsStore, close_all
 from noetl_dagster.commands.main import cli
 from noetl_dagster.engine.events import Event
 from noetl_dagster.resources.noetl import NoetlResource

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from analytics.allocation import allocation_totals
-from analytics.exporter import FactExporter
-from analytics.pricing import PriceConfigError, PriceTable
-from analytics.rollups import refresh_rollups
+from noetl_analytics.allocation import allocation_totals
+from noetl_analytics.exporter import FactExporter
+from noetl_analytics.pricing import PriceConfigError, PriceTable
+from noetl_analytics.rollups import refresh_rollups
 from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.storage.event_stores import open_event_store
 
@@ -117,8 +117,8 @@ def test_a_store_at_v003_upgrades_and_prices_quantum(qpu_home, tmp_path, monkeyp
     V004 and V005: the rollup's new column sits where the exact rebuild's positional INSERT puts it."""
     import shutil
 
-    from analytics import schema
-    from analytics.store import FactsStore, close_all
+    from noetl_analytics import schema
+    from noetl_analytics.store import FactsStore, close_all
 
     old = tmp_path / "sql_v003"
     old.mkdir()

@@ -15,14 +15,14 @@ import threading
 import httpx
 import pytest
 
-from analytics import interactive
-from analytics.dashboard_access import KeyAuth
-from analytics.execution_view import ExecutionViews
-from analytics.store import FactsStore, close_all
+from noetl_analytics import interactive
+from noetl_analytics.dashboard_access import KeyAuth
+from noetl_analytics.execution_view import ExecutionViews
+from noetl_analytics.store import FactsStore, close_all
 from noetl_dagster.dsl import load_playbook_dict
 from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.storage.event_stores import open_event_store
-from registry_service.service import Registry
+from noetl_registry.service import Registry
 
 DOC = {"apiVersion": "noetl.io/v2", "kind": "Playbook", "metadata": {"name": "secret_globex_pb", "path": "t/g"},
        "workflow": [{"step": "start", "tool": [{"t": {"kind": "noop", "input": {"marker": "GLOBEX-ONLY"}}}]}]}  # fmt: skip

@@ -1,7 +1,7 @@
 """The static dashboard outputs are tenant-scoped like the server (DESIGN.md "Guarantees at one
 gate"): the rendered HTML/PNG page (``noetl-dagster dashboard``) and the Grafana JSON
 (``noetl-dagster dashboard grafana``, ``python -m analytics.grafana``) read through
-``analytics.dashboard_access`` (``TenantScope`` / ``scoped_sql``), and say whose rows only when
+``noetl_analytics.dashboard_access`` (``TenantScope`` / ``scoped_sql``), and say whose rows only when
 told: ``--tenant T [--project P]`` or, for an operator, ``--all-tenants``.
 
 Real runs of three tenant/projects exported to a chdb facts store; the Grafana panels' SQL is run
@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from analytics.dashboard import render_dashboard
-from analytics.dashboard_access import Viewer, scoped_sql
-from analytics.exporter import FactExporter
-from analytics.grafana import build_dashboard
-from analytics.grafana import main as grafana_main
-from analytics.panels import PANELS
-from analytics.rollups import refresh_rollups
-from analytics.store import FactsStore, close_all
+from noetl_analytics.dashboard import render_dashboard
+from noetl_analytics.dashboard_access import Viewer, scoped_sql
+from noetl_analytics.exporter import FactExporter
+from noetl_analytics.grafana import build_dashboard
+from noetl_analytics.grafana import main as grafana_main
+from noetl_analytics.panels import PANELS
+from noetl_analytics.rollups import refresh_rollups
+from noetl_analytics.store import FactsStore, close_all
 from noetl_dagster.commands.facts_demo import run_playbooks
 from noetl_dagster.commands.main import cli
 from noetl_dagster.storage.events import SqliteEventStore

@@ -17,11 +17,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import yaml
 
-from analytics.execution_view import ExecutionViews, pricer
-from analytics.exporter import FactExporter
-from analytics.pricing import Cost, PriceTable, cost_of_events
-from analytics.rollups import refresh_rollups
-from analytics.store import FactsStore, close_all
+from noetl_analytics.execution_view import ExecutionViews, pricer
+from noetl_analytics.exporter import FactExporter
+from noetl_analytics.pricing import Cost, PriceTable, cost_of_events
+from noetl_analytics.rollups import refresh_rollups
+from noetl_analytics.store import FactsStore, close_all
 from noetl_dagster.engine import explain_summary
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.explain import explain

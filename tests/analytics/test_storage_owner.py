@@ -13,11 +13,11 @@ import dagster as dg
 import pytest
 import yaml
 
-from analytics.execution_view import ExecutionViews
-from analytics.exporter import FactExporter
-from analytics.pricing import Cost, PriceTable, cost_of_events
-from analytics.rollups import refresh_rollups
-from analytics.store import FactsStore, close_all
+from noetl_analytics.execution_view import ExecutionViews
+from noetl_analytics.exporter import FactExporter
+from noetl_analytics.pricing import Cost, PriceTable, cost_of_events
+from noetl_analytics.rollups import refresh_rollups
+from noetl_analytics.store import FactsStore, close_all
 from noetl_dagster.engine.usage_lines import created_refs
 from noetl_dagster.resources.noetl import NoetlResource
 from noetl_dagster.storage.event_stores import open_event_store
@@ -126,9 +126,9 @@ def test_two_executions_writing_one_uri_cost_the_same_in_every_view(tmp_path):
 
 def _dashboard_tile_and_focus(store, out) -> tuple[float, float]:  # noqa: ANN001
     """The static dashboard's Totals tile (rendered) and the FOCUS export's BilledCost, all tenants."""
-    from analytics.dashboard import render_dashboard  # noqa: PLC0415
-    from analytics.dashboard_access import Viewer  # noqa: PLC0415
-    from analytics.focus import focus_table  # noqa: PLC0415
+    from noetl_analytics.dashboard import render_dashboard  # noqa: PLC0415
+    from noetl_analytics.dashboard_access import Viewer  # noqa: PLC0415
+    from noetl_analytics.focus import focus_table  # noqa: PLC0415
 
     summary = next(p for p in render_dashboard(store, out, viewer=Viewer.everyone()).panels
                    if p.panel.key == "summary")  # fmt: skip
@@ -162,7 +162,7 @@ def _log(eid: str, refs: list[dict], parent: str | None = None) -> list:
 
 def test_a_reference_is_billed_to_its_producer_not_to_a_parent_passing_it_on(tmp_path):
     """A child's reference handed to its parent unchanged is billed to the child only: every view agrees."""
-    from analytics.execution_view import pricer
+    from noetl_analytics.execution_view import pricer
     from noetl_dagster.engine.explain import explain
     from noetl_dagster.storage.events import SqliteEventStore
 

@@ -14,7 +14,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from analytics.pricing import usage_lines
+from noetl_analytics.pricing import usage_lines
 from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.storage.event_stores import open_event_store
 

@@ -283,7 +283,7 @@ def test_materializing_the_declared_tables_reports_their_cost(dagster_data):
     the tables that step stored) and tags the run with the execution's total, as the op-based jobs do."""
     import yaml
 
-    from analytics.pricing import Cost, PriceTable, cost_of_events
+    from noetl_analytics.pricing import Cost, PriceTable, cost_of_events
     from noetl_dagster.storage.event_stores import open_event_store
 
     prices_yaml = (

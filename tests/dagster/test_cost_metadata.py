@@ -1,6 +1,6 @@
 """Cost per execution on real Dagster runs (execute_in_process, instance_for_test): every op's result output
 and every asset materialization carries ``noetl/cost/usd`` (+ components, price version) priced from the
-measured usage of its task attempts with analytics/pricing.py (the allocation SQL's formula); the run that
+measured usage of its task attempts with analytics/noetl_analytics/pricing.py (the allocation SQL's formula); the run that
 finishes the execution is tagged ``noetl/cost_usd`` / ``noetl/price_version`` with the execution's total."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import dagster as dg
 import pytest
 import yaml
 
-from analytics.pricing import Cost, PriceTable, cost_of_events
+from noetl_analytics.pricing import Cost, PriceTable, cost_of_events
 from noetl_dagster.engine.usage_lines import created_refs
 from noetl_dagster.resources.noetl import NoetlResource
 from noetl_dagster.storage.event_stores import open_event_store

@@ -8,7 +8,7 @@ import json
 import dagster as dg
 from click.testing import CliRunner
 
-from analytics.execution_view import ExecutionViews
+from noetl_analytics.execution_view import ExecutionViews
 from noetl_dagster.commands.main import cli
 from noetl_dagster.resources.noetl import NoetlResource
 from noetl_dagster.storage.event_stores import open_event_store
@@ -77,7 +77,7 @@ def test_a_python_error_is_placed_at_its_raising_line_by_dagster_explain_the_pag
 
     # explain: the failed run's error line
     assert f"error: ValueError: tenth line ({where})" in noetl("explain", eid_bad)
-    # the page's data (what analytics/execution_app.js shows as "error: ... at FILE:LINE")
+    # the page's data (what analytics/noetl_analytics/execution_app.js shows as "error: ... at FILE:LINE")
     views = ExecutionViews(open_event_store(None, data_dir=str(dagster_data)), data_dir=str(dagster_data))
     run = next(r for r in views.explain(eid_bad)["runs"] if r["step"] == "compute")
     assert (run["line"], run["error_line"]) == (step_line, raising)

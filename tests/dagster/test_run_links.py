@@ -9,7 +9,7 @@ from urllib.parse import parse_qs, urlsplit
 import dagster as dg
 import pytest
 
-from analytics.execution_view import ExecutionViews
+from noetl_analytics.execution_view import ExecutionViews
 from noetl_dagster.resources.noetl import NoetlResource
 from noetl_dagster.storage.event_stores import open_event_store
 from noetl_dagster.translator import compile_playbooks

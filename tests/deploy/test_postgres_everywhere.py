@@ -40,7 +40,7 @@ def pg_everywhere(tmp_path, monkeypatch):
     monkeypatch.setenv("NOETL_DAGSTER_HOME", str(tmp_path / "noetl"))
     yield names, home
     close_all_services()
-    from registry_service import client as registry_client  # noqa: PLC0415
+    from noetl_registry import client as registry_client  # noqa: PLC0415
 
     with registry_client._SHARED_LOCK:  # the shared registry holds pooled connections to the dropped DB
         for key in [k for k in registry_client._SHARED if names["registry"] in k]:

@@ -19,13 +19,13 @@ import httpx
 import pytest
 from conftest import PLAYBOOKS
 
-from analytics.dashboard_access import KeyAuth
-from analytics.execution_view import ExecutionViews
-from analytics.interactive import make_server
-from analytics.store import FactsStore, close_all
+from noetl_analytics.dashboard_access import KeyAuth
+from noetl_analytics.execution_view import ExecutionViews
+from noetl_analytics.interactive import make_server
+from noetl_analytics.store import FactsStore, close_all
 from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.storage.event_stores import open_event_store
-from registry_service.service import Registry
+from noetl_registry.service import Registry
 
 CHROMIUM = "/usr/bin/chromium"
 REPO = Path(__file__).resolve().parents[2]

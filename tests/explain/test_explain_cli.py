@@ -8,7 +8,7 @@ import sqlite3
 
 from conftest import PLAYBOOKS
 
-from analytics.execution_view import ExecutionViews
+from noetl_analytics.execution_view import ExecutionViews
 from noetl_dagster.storage.event_stores import open_event_store
 
 

@@ -10,7 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from analytics.execution_view import ExecutionViews, layout
+from noetl_analytics.execution_view import ExecutionViews, layout
 from noetl_dagster.storage.event_stores import open_event_store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,12 +68,12 @@ SERVER = textwrap.dedent(
     """
     import json, sys
     from pathlib import Path
-    from analytics.dashboard_access import KeyAuth
-    from analytics.execution_view import ExecutionViews
-    from analytics.interactive import make_server
-    from analytics.store import FactsStore
+    from noetl_analytics.dashboard_access import KeyAuth
+    from noetl_analytics.execution_view import ExecutionViews
+    from noetl_analytics.interactive import make_server
+    from noetl_analytics.store import FactsStore
     from noetl_dagster.storage.event_stores import open_event_store
-    from registry_service.service import Registry
+    from noetl_registry.service import Registry
 
     d = Path(sys.argv[1])
     before = {m for m in ("networkx",) if m in sys.modules}  # numpy may come with chdb

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 from conftest import PLAYBOOKS
 
-from analytics.execution_view import ExecutionViews
+from noetl_analytics.execution_view import ExecutionViews
 from noetl_dagster.engine.explain import explain
 from noetl_dagster.engine.explain_playbook import playbook_of
 from noetl_dagster.engine.explain_summary import WRITE_EVERY, rebuild, state_rows

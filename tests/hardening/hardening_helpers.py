@@ -13,7 +13,7 @@ from typing import Any
 from click.testing import CliRunner
 
 from noetl_dagster.commands.main import cli
-from registry_service.cli import cli as registry_cli
+from noetl_registry.cli import cli as registry_cli
 
 HEAD = "apiVersion: noetl.io/v2\nkind: Playbook\nmetadata: {name: t, path: tests/hardening/t}\n"
 

@@ -82,7 +82,7 @@ class World:
         self.refs["http"] = replace(g, uri="http://127.0.0.1:9/r.json")
         self.refs["s3"] = replace(g, uri=f"s3://payloads/globex/default/{GLOBEX_EID}/s/r.json")
         self.true_checksums = {r.checksum.split(":")[1] for r in self.refs.values()}
-        from registry_service.client import open_registry
+        from noetl_registry.client import open_registry
 
         self.globex = open_registry(
             str(self.root / "home" / "registry.db"), tenant="globex", project="default"

@@ -212,7 +212,7 @@ def test_usage_errors_of_the_console_scripts_are_one_line():
 def test_run_scope_options_follow_the_locator_rule(tmp_path, tenant):
     """`run --tenant acme.` was accepted, then no resource URI of that run could name its tenant."""
     from noetl_dagster.dsl.locator import InvalidLocator, check_scope
-    from registry_service.client import open_registry
+    from noetl_registry.client import open_registry
 
     with pytest.raises(InvalidLocator):
         check_scope(tenant)

@@ -86,8 +86,8 @@ class ServerThread:
 @pytest.fixture
 def http_registry(registry_db):
     """The registry service over HTTP on a free loopback port, backed by the test database."""
-    from registry_service.app import create_app
-    from registry_service.service import Registry
+    from noetl_registry.app import create_app
+    from noetl_registry.service import Registry
 
     reg = Registry(registry_db)
     with ServerThread(create_app(reg)) as url:

@@ -15,8 +15,8 @@ from noetl_dagster.io_managers import ArrowIPCIOManager, ParquetIOManager
 from noetl_dagster.resources.registry import NoetlRegistryResource
 from noetl_dagster.storage.payload import ChecksumMismatch
 from noetl_dagster.storage.tables import table_checksum
-from registry_service.client import open_registry
-from registry_service.errors import Forbidden
+from noetl_registry.client import open_registry
+from noetl_registry.errors import Forbidden
 
 ORDERS = pa.table(
     {"id": [1, 2, 3, 4], "amount": [10.5, 3.25, 7.0, 99.0], "region": ["eu", "us", "eu", "apac"]}

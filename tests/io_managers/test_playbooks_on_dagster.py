@@ -11,7 +11,7 @@ import pytest
 from noetl_dagster.resources.noetl import NoetlResource
 from noetl_dagster.storage.tables import TableStorage, table_checksum, to_arrow
 from noetl_dagster.translator import NoetlTranslator, compile_playbooks
-from registry_service.client import open_registry
+from noetl_registry.client import open_registry
 
 ROWS = [
     {"id": 1, "amount": 10.5, "region": "eu"},

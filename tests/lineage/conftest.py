@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from lineage.validate import LineageValidator
 from noetl_dagster.commands.facts_demo import example_playbooks, run_playbooks
 from noetl_dagster.storage.events import SqliteEventStore
+from noetl_lineage.validate import LineageValidator
 
 FIXTURES = Path(__file__).resolve().parents[1] / "analytics" / "playbooks"
 TENANTS = (("acme", "sales"),)  # one tenant is enough here; the facts tests cover two

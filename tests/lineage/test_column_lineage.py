@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 from openlineage.client.event_v2 import Job, OutputDataset, Run, RunEvent, RunState
 from openlineage.client.serde import Serde
 
-from lineage.sql import column_lineage
-from lineage.validate import LineageValidator
+from noetl_lineage.sql import column_lineage
+from noetl_lineage.validate import LineageValidator
 
 SQL = """INSERT INTO analytics.daily_orders (day, customer_id, total)
 SELECT o.created_at::date AS day, c.id AS customer_id, sum(o.amount * o.qty) AS total

@@ -15,13 +15,13 @@ import uuid
 import psycopg
 import pytest
 
-from lineage.convert import convert_all
-from lineage.validate import semantic_errors
 from noetl_dagster.engine import events as ev
 from noetl_dagster.engine.replay import diff_snapshots, replay
 from noetl_dagster.engine.worker import MAX_NOTE_CHARS
 from noetl_dagster.runners.local import FINISHED_HOOKS, run_playbook
 from noetl_dagster.storage.event_stores import open_event_store
+from noetl_lineage.convert import convert_all
+from noetl_lineage.validate import semantic_errors
 from tests.lineage.lineage_helpers import as_json
 
 SECRET = "sq1-5ecret-literal-9e2f"

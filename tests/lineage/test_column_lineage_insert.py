@@ -16,13 +16,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lineage.convert import convert_all
-from lineage.sql import column_lineage
-from lineage.sql_shape import shape, split_statements
-from lineage.validate import semantic_errors
 from noetl_dagster.engine import events as ev
 from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.storage.event_stores import open_event_store
+from noetl_lineage.convert import convert_all
+from noetl_lineage.sql import column_lineage
+from noetl_lineage.sql_shape import shape, split_statements
+from noetl_lineage.validate import semantic_errors
 from tests.lineage.lineage_helpers import as_json
 
 PG_DSN = "host=127.0.0.1 port=5432 dbname=test user=postgres"

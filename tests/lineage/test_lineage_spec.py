@@ -10,10 +10,10 @@ from collections import defaultdict
 import pytest
 from lineage_helpers import as_json
 
-from lineage.convert import LineageConverter, convert_all, playbook_run_id, step_run_id
-from lineage.emitter import registry_describer
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine.events import Event
+from noetl_lineage.convert import LineageConverter, convert_all, playbook_run_id, step_run_id
+from noetl_lineage.emitter import registry_describer
 
 
 @pytest.fixture(scope="module")
@@ -225,7 +225,7 @@ def test_the_validator_rejects_broken_events(converted, validator, mutate, expec
 
 def test_the_stream_keeps_the_rules_across_events(converted):
     """Run lifecycles, parents that exist, stable datasets (OpenLineage's compatibility rules)."""
-    from lineage.validate import semantic_errors
+    from noetl_lineage.validate import semantic_errors
 
     assert semantic_errors(converted) == []
     assert all("dataSource" in ds["facets"] for ev in converted for ds in ev["inputs"] + ev["outputs"])
@@ -276,7 +276,7 @@ def _flip_format(events):
     ],
 )
 def test_the_stream_rules_catch_broken_streams(converted, mutate, expected):
-    from lineage.validate import semantic_errors
+    from noetl_lineage.validate import semantic_errors
 
     broken = copy.deepcopy(converted)
     mutate(broken)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import lineage
+import noetl_lineage as lineage
 from noetl_dagster.runners.local import run_playbook
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "example_project" / "playbooks"

@@ -157,7 +157,7 @@ def test_code_location_loads_and_reports_playbooks_of_missing_extras(tmp_path):
 
 
 # modules that are an extra's own code (they may import it at module level)
-OPTIONAL_MODULES = ("analytics.", "registry_service.app", "noetl_dagster.sensors.facts",
+OPTIONAL_MODULES = ("noetl_analytics.", "noetl_registry.app", "noetl_dagster.sensors.facts",
                     "noetl_dagster.io_managers.qdrant", "noetl_dagster.resources.qdrant",
                     "noetl_dagster.tools.qdrant")  # fmt: skip
 
@@ -167,7 +167,7 @@ def test_core_modules_import_no_optional_package():
         "import importlib, pkgutil, json\n"
         f"OPTIONAL = {OPTIONAL_MODULES!r}\n"
         "bad = {}\n"
-        "for root in ('noetl_dagster', 'lineage', 'registry_service'):\n"
+        "for root in ('noetl_dagster', 'noetl_lineage', 'noetl_registry'):\n"
         "    pkg = importlib.import_module(root)\n"
         "    for m in pkgutil.walk_packages(pkg.__path__, root + '.', onerror=lambda n: None):\n"
         "        if m.name.startswith(OPTIONAL):\n"

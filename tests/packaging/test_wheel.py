@@ -77,17 +77,17 @@ def test_wheel_holds_package_data_and_nothing_of_the_checkout(dist):
     whl = _wheel(dist)
     assert whl.name == f"noetl_dagster-{VERSION}-py3-none-any.whl"
     names = zipfile.ZipFile(whl).namelist()
-    for data in ("analytics/sql/V001__facts.sql", "analytics/dashboard_app.js", "analytics/execution_app.js",
-                 "analytics/grafana/noetl_facts.json", "analytics/prices.yaml",
-                 "lineage/facets/QuantumJobsRunFacet.json", "noetl_dagster/tools/quantum/qasm/bell.qasm",
+    for data in ("noetl_analytics/sql/V001__facts.sql", "noetl_analytics/dashboard_app.js",
+                 "noetl_analytics/execution_app.js", "noetl_analytics/grafana/noetl_facts.json",
+                 "noetl_analytics/prices.yaml", "noetl_lineage/facets/QuantumJobsRunFacet.json", "noetl_dagster/tools/quantum/qasm/bell.qasm",
                  "noetl_dagster/dsl/flow/grammar.lark", "noetl_dagster/translator/hello_noetl.yaml"):  # fmt: skip
         assert data in names, data
     tops = {n.split("/")[0] for n in names}
     assert tops == {
         "noetl_dagster",
-        "analytics",
-        "lineage",
-        "registry_service",
+        "noetl_analytics",
+        "noetl_lineage",
+        "noetl_registry",
         f"noetl_dagster-{VERSION}.dist-info",
     }
     bad = [n for n in names if n.endswith((".pyc", ".db", ".parquet")) or "/." in n or "__pycache__" in n]

@@ -10,8 +10,8 @@ import psycopg
 import pytest
 from registry_helpers import ServerThread, free_port  # noqa: F401 - free_port: re-exported
 
-from registry_service.client import HttpRegistryClient, InProcessRegistryClient, RegistryClient
-from registry_service.service import Registry
+from noetl_registry.client import HttpRegistryClient, InProcessRegistryClient, RegistryClient
+from noetl_registry.service import Registry
 
 PG_ADMIN_URL = os.environ.get("NOETL_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -44,7 +44,7 @@ def registry(db_url):
 
 @pytest.fixture(scope="module")
 def http_url(registry):
-    from registry_service.app import create_app
+    from noetl_registry.app import create_app
 
     with ServerThread(create_app(registry)) as srv:
         yield srv.url

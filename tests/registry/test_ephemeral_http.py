@@ -9,8 +9,8 @@ import uuid
 import httpx
 import pytest
 
-from registry_service.client import HttpRegistryClient
-from registry_service.errors import Conflict
+from noetl_registry.client import HttpRegistryClient
+from noetl_registry.errors import Conflict
 
 
 def _setup(registry, http_url, tenant):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from registry_service.errors import Conflict, InvalidRequest, NotFound
+from noetl_registry.errors import Conflict, InvalidRequest, NotFound
 
 
 def test_register_assigns_ordered_versions_and_resolves_latest(connect, tenants):

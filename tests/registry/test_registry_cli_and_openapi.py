@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 from click.testing import CliRunner
 
-from registry_service.cli import cli
-from registry_service.client import HttpRegistryClient
-from registry_service.store import MIGRATIONS, open_store
+from noetl_registry.cli import cli
+from noetl_registry.client import HttpRegistryClient
+from noetl_registry.store import MIGRATIONS, open_store
 
 STABLE_PATHS = {
     ("post", "/v1/resources"),
@@ -31,7 +31,7 @@ STABLE_PATHS = {
 def test_openapi_documents_the_stable_surface(tmp_path):
     from fastapi.testclient import TestClient
 
-    from registry_service.app import create_app
+    from noetl_registry.app import create_app
 
     spec = TestClient(create_app(str(tmp_path / "r.db"))).get("/openapi.json").json()
     have = {(m, p) for p, ops in spec["paths"].items() for m in ops}
@@ -78,7 +78,7 @@ def test_serve_runs_the_http_service(tmp_path):
         [
             sys.executable,
             "-m",
-            "registry_service.cli",
+            "noetl_registry.cli",
             "serve",
             "--db",
             db,

@@ -7,9 +7,9 @@ import uuid
 
 import pytest
 
-from registry_service.models import Principal
-from registry_service.service import Registry
-from registry_service.store import open_store
+from noetl_registry.models import Principal
+from noetl_registry.service import Registry
+from noetl_registry.store import open_store
 
 WRITERS = 8
 VERSIONS_EACH = 6
@@ -25,7 +25,7 @@ def test_concurrent_writers_get_distinct_ordered_versions_and_lose_no_location(d
     errors: list[BaseException] = []
 
     def writer(i: int) -> None:
-        from registry_service.models import LocationIn, RegisterRequest
+        from noetl_registry.models import LocationIn, RegisterRequest
 
         reg = registries[i]
         mine = []
@@ -74,8 +74,8 @@ PROCESS_VERSIONS = 5
 
 _WORKER = r"""
 import json, sys, threading
-from registry_service.models import LocationIn, Principal, RegisterRequest
-from registry_service.service import Registry
+from noetl_registry.models import LocationIn, Principal, RegisterRequest
+from noetl_registry.service import Registry
 
 db, tenant, w, threads, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 series = f"noetl://{tenant}/lab/hot/dataset/table"

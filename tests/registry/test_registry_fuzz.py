@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from registry_service.app import create_app
+from noetl_registry.app import create_app
 
 EXAMPLES = 40
 
@@ -24,7 +24,7 @@ def test_openapi_sweep_finds_no_server_error(registry, tenants):
     _, key = registry.create_api_key(ta, "lab")
     app = create_app(registry)
     # something to find: a resource of the caller's and one of its grants
-    from registry_service.client import open_registry
+    from noetl_registry.client import open_registry
 
     own = open_registry(registry, key)
     res = own.register(f"noetl://{ta}/lab/ns/dataset/fuzz", locations=[{"uri": "s3://f/1"}])
@@ -138,7 +138,7 @@ def test_hostile_values_over_the_spec_find_no_server_error(registry, tenants):
     from fastapi.testclient import TestClient
     from hypothesis import strategies as st
 
-    from registry_service.client import open_registry
+    from noetl_registry.client import open_registry
 
     ta, _ = tenants
     _, key = registry.create_api_key(ta, "lab")

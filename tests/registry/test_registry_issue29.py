@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from noetl_dagster.dsl.locator import InvalidLocator, parse_locator
-from registry_service.errors import Forbidden, InvalidRequest
+from noetl_registry.errors import Forbidden, InvalidRequest
 
 _ENVELOPE = ("seq", "ts", "uri")  # what differs between any two entries
 

@@ -12,11 +12,11 @@ import httpx
 import psycopg
 import pytest
 
-from registry_service import store as store_mod
-from registry_service.client import HttpRegistryClient
-from registry_service.errors import Forbidden, InvalidRequest
-from registry_service.models import Principal, iso
-from registry_service.service import Registry
+from noetl_registry import store as store_mod
+from noetl_registry.client import HttpRegistryClient
+from noetl_registry.errors import Forbidden, InvalidRequest
+from noetl_registry.models import Principal, iso
+from noetl_registry.service import Registry
 
 PG_ADMIN_URL = os.environ.get("NOETL_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -126,7 +126,7 @@ def test_unrepresentable_expiry_is_a_clean_422(owner_and_partner, expires_at):
 def test_in_process_grant_expiry_before_year_1000(registry, tenants):
     ta, tb = tenants
     owner, partner = Principal(ta, "lab"), Principal(tb, "x")
-    from registry_service.models import GrantRequest, LocationIn, RegisterRequest
+    from noetl_registry.models import GrantRequest, LocationIn, RegisterRequest
 
     r = registry.register(
         owner,
@@ -297,8 +297,8 @@ def test_grant_conditions_and_far_future_offsets_never_500(owner_and_partner):
 def test_request_body_limit_is_413_and_configurable(registry, tenants):
     from fastapi.testclient import TestClient
 
-    from registry_service.app import create_app
-    from registry_service.common import Limits
+    from noetl_registry.app import create_app
+    from noetl_registry.common import Limits
 
     ta, _ = tenants
     _, key = registry.create_api_key(ta, "lab")
@@ -328,9 +328,9 @@ def test_request_body_limit_is_413_and_configurable(registry, tenants):
 def test_http_client_raises_payload_too_large(registry, tenants):
     from registry_helpers import ServerThread
 
-    from registry_service.app import create_app
-    from registry_service.common import Limits
-    from registry_service.errors import PayloadTooLarge
+    from noetl_registry.app import create_app
+    from noetl_registry.common import Limits
+    from noetl_registry.errors import PayloadTooLarge
 
     ta, _ = tenants
     _, key = registry.create_api_key(ta, "lab")
@@ -346,7 +346,7 @@ def test_http_client_raises_payload_too_large(registry, tenants):
 
 def test_in_process_limits_raise_invalid_request(registry, tenants):
     ta, _ = tenants
-    from registry_service.client import open_registry
+    from noetl_registry.client import open_registry
 
     c = open_registry(registry, tenant=ta, project="lab")
     with pytest.raises(InvalidRequest):

@@ -9,11 +9,11 @@ import httpx
 import pytest
 from registry_helpers import ServerThread
 
-from registry_service.app import create_app
-from registry_service.client import open_registry
-from registry_service.errors import Forbidden, NotFound, Unauthorized
-from registry_service.models import Principal
-from registry_service.service import Registry
+from noetl_registry.app import create_app
+from noetl_registry.client import open_registry
+from noetl_registry.errors import Forbidden, NotFound, Unauthorized
+from noetl_registry.models import Principal
+from noetl_registry.service import Registry
 
 
 @pytest.fixture
@@ -168,7 +168,7 @@ def test_revocation_reaches_a_server_in_another_process(pg_registry_url, tenants
     _, key_b = here.create_api_key(tb)
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "registry_service.cli", "serve", "--db", pg_registry_url, "--port", str(port)],
+        [sys.executable, "-m", "noetl_registry.cli", "serve", "--db", pg_registry_url, "--port", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,

@@ -12,8 +12,8 @@ import pytest
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
-from registry_service.app import create_app
-from registry_service.service import Registry
+from noetl_registry.app import create_app
+from noetl_registry.service import Registry
 
 SECRET = ("noetl://acme/p/ns", "secret_table", "ACME-META", "s3://acme-bucket")
 PUBLIC = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/openapi.json"), ("GET", "/docs"),

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from registry_service.errors import Forbidden, InvalidRequest, NotFound, Unauthorized
+from noetl_registry.errors import Forbidden, InvalidRequest, NotFound, Unauthorized
 
 
 @pytest.fixture
@@ -184,7 +184,7 @@ def test_injection_strings_elsewhere_are_inert(shared, tenants):
 
 
 def test_bad_and_revoked_keys_are_unauthorized(registry, transport, request, tenants):
-    from registry_service.client import HttpRegistryClient, open_registry
+    from noetl_registry.client import HttpRegistryClient, open_registry
 
     ta, _ = tenants
     key_id, key = registry.create_api_key(ta, "lab")

@@ -26,10 +26,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 DASHBOARD = """
 import sys
-from analytics.dashboard_access import KeyAuth
-from analytics.interactive import make_server
-from analytics.store import FactsStore
-from registry_service.service import Registry
+from noetl_analytics.dashboard_access import KeyAuth
+from noetl_analytics.interactive import make_server
+from noetl_analytics.store import FactsStore
+from noetl_registry.service import Registry
 d = sys.argv[1]
 server = make_server(FactsStore(f"chdb://{d}/facts"), port=0, auth=KeyAuth(Registry(f"sqlite:///{d}/registry.db")))
 print(server.server_address[1], flush=True)
@@ -58,7 +58,7 @@ def _start(tmp_path, which: str) -> tuple[subprocess.Popen, int]:
         port = _free_port()
         args = [
             "-m",
-            "registry_service.cli",
+            "noetl_registry.cli",
             "serve",
             "--db",
             f"sqlite:///{tmp_path / 'reg.db'}",
@@ -230,8 +230,8 @@ def test_a_stalled_body_is_cut_off():
     handler's timeout instead of holding a thread forever (the base class had no timeout)."""
     from http.server import ThreadingHTTPServer
 
-    from analytics.interactive import _Handler as Dashboard
     from example_project.stub import _Handler as ExampleStub
+    from noetl_analytics.interactive import _Handler as Dashboard
     from noetl_dagster.conformance.stubs import HttpBin
     from noetl_dagster.util.http_body import BoundedBodyHandler
 

@@ -142,7 +142,7 @@ def _globex_run(tmp_path: Path):
 
 
 def test_a_registry_grant_lets_globex_share_with_acme(tmp_path, monkeypatch):
-    from registry_service.client import open_registry
+    from noetl_registry.client import open_registry
 
     monkeypatch.setenv("NOETL_DAGSTER_HOME", str(tmp_path / "home"))
     env, eid = _globex_run(tmp_path)
@@ -164,7 +164,7 @@ def test_a_registry_grant_lets_globex_share_with_acme(tmp_path, monkeypatch):
 
 
 def test_forged_moved_and_expired_capabilities_are_refused(tmp_path, monkeypatch):
-    from registry_service.client import open_registry
+    from noetl_registry.client import open_registry
 
     monkeypatch.setenv("NOETL_DAGSTER_HOME", str(tmp_path / "home"))
     store = open_payload_store(tmp_path / "home" / "payloads")

@@ -126,7 +126,7 @@ def test_cli_archive_registers_and_replays(executed, tmp_path, monkeypatch):
     res = CliRunner().invoke(cli, ["archive", r.execution_id, "--to", str(tmp_path / "arch"), "--json"])
     assert res.exit_code == 0, res.output
     manifest = json.loads(res.output)
-    from registry_service.client import open_registry
+    from noetl_registry.client import open_registry
 
     reg = open_registry(None, tenant="default", project="default")
     found = reg.list(type="execution_archive")

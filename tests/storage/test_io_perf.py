@@ -232,8 +232,8 @@ def test_a_write_failing_midway_leaves_no_file_and_no_resource(tmp_path, monkeyp
 
     from noetl_dagster.storage.payload import PayloadWriter
     from noetl_dagster.storage.tables import TableStorage
-    from registry_service.client import open_registry
-    from registry_service.service import Registry
+    from noetl_registry.client import open_registry
+    from noetl_registry.service import Registry
 
     real_write = PayloadWriter.write
 

@@ -323,8 +323,8 @@ def test_noetl_references_resolve_through_the_resource_catalog(tmp_path):
     """A ``noetl://`` reference (a registered table version) resolves through the registry's read
     plan to its location and expected checksum, then through the payload registry."""
     from noetl_dagster.storage.tables import TableStorage
-    from registry_service.client import open_registry
-    from registry_service.service import Registry
+    from noetl_registry.client import open_registry
+    from noetl_registry.service import Registry
 
     client = open_registry(Registry(f"sqlite:///{tmp_path / 'registry.db'}"), tenant="acme", project="lab")
     storage = TableStorage(client, data_dir=tmp_path / "home")
@@ -348,8 +348,8 @@ def test_tables_publish_and_fetch_on_every_cloud(kind, emulators, tmp_path):
     import pyarrow as pa
 
     from noetl_dagster.storage.tables import TableStorage
-    from registry_service.client import open_registry
-    from registry_service.service import Registry
+    from noetl_registry.client import open_registry
+    from noetl_registry.service import Registry
 
     emu = emulators(kind)
     client = open_registry(Registry(f"sqlite:///{tmp_path / 'registry.db'}"), tenant="acme", project="lab")

@@ -11,7 +11,7 @@ from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.storage.tables import table_checksum, to_arrow
 from noetl_dagster.tools.registry import ToolError, get_tool
 from noetl_dagster.tools.storage import write_sink
-from registry_service.client import open_registry
+from noetl_registry.client import open_registry
 
 ROWS = [
     {"id": 1, "amount": 10.5, "region": "eu"},

@@ -21,9 +21,9 @@ from noetl_dagster.storage.tables import (
     table_checksum,
     to_arrow,
 )
-from registry_service.client import open_registry
-from registry_service.errors import Forbidden
-from registry_service.service import Registry
+from noetl_registry.client import open_registry
+from noetl_registry.errors import Forbidden
+from noetl_registry.service import Registry
 
 TABLE = pa.table({"id": [1, 2, 3], "amount": [10.5, 3.25, 7.0], "region": ["eu", "us", "eu"]})
 

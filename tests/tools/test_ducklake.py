@@ -151,7 +151,7 @@ def test_s3_data_files_on_moto(make_ctx, tmp_path, s3_bucket):
 
 
 def test_register_records_the_table_at_its_snapshot(make_ctx, tmp_path):
-    from registry_service.client import open_registry
+    from noetl_registry.client import open_registry
 
     ctx = make_ctx()
     cat, data = str(tmp_path / "r.ducklake"), str(tmp_path / "rf")

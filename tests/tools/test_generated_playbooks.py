@@ -363,7 +363,7 @@ def test_a_crashed_generated_child_resumes_from_its_log_with_its_grant(env, tmp_
 
 
 def test_ephemeral_catalog_row_when_a_registry_is_configured(env, tmp_path, monkeypatch):
-    from registry_service.client import open_registry
+    from noetl_registry.client import open_registry
 
     monkeypatch.delenv("NOETL_REGISTRY_URL", raising=False)
 

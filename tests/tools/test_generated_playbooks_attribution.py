@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from test_generated_playbooks import CHILD, GENERATED_OK, all_events, parent_doc
 
-from analytics.facts import FactBuilder
-from lineage.convert import LineageConverter, job_namespace
+from noetl_analytics.facts import FactBuilder
 from noetl_dagster.dsl import load_playbook_dict
 from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.storage.event_stores import open_event_store
+from noetl_lineage.convert import LineageConverter, job_namespace
 
 
 def test_child_work_lands_in_the_parents_tenant_and_project(tmp_path, monkeypatch):

@@ -10,8 +10,8 @@ from test_generated_playbooks import CHILD, GENERATED_OK, children, env, parent_
 from noetl_dagster.dsl import load_playbook_dict
 from noetl_dagster.dsl.builder import canonical_yaml
 from noetl_dagster.storage.archive import archive_execution
-from registry_service.client import open_registry
-from registry_service.errors import Conflict
+from noetl_registry.client import open_registry
+from noetl_registry.errors import Conflict
 
 
 def _row(reg, pid):

@@ -18,8 +18,8 @@ from noetl_dagster.io_managers.qdrant import (
 from noetl_dagster.resources.qdrant import QdrantResource
 from noetl_dagster.resources.registry import NoetlRegistryResource
 from noetl_dagster.tools.qdrant.embeddings import get_embedder
-from registry_service.client import open_registry
-from registry_service.errors import Forbidden
+from noetl_registry.client import open_registry
+from noetl_registry.errors import Forbidden
 
 URI = "noetl://acme/lab/search/index/docs"
 

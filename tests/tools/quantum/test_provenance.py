@@ -9,11 +9,11 @@ import pytest
 from openlineage.client.serde import Serde
 from quantum_helpers import BELL, DEMO, EXAMPLES
 
-from lineage.convert import LineageConverter
-from lineage.quantum_facet import SCHEMA_URL
-from lineage.validate import LineageValidator
 from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.storage.event_stores import open_event_store
+from noetl_lineage.convert import LineageConverter
+from noetl_lineage.quantum_facet import SCHEMA_URL
+from noetl_lineage.validate import LineageValidator
 
 
 def test_sweep_step_run_carries_a_quantum_provenance_facet(home):
@@ -40,7 +40,7 @@ def test_sweep_step_run_carries_a_quantum_provenance_facet(home):
     doc = json.loads(Serde.to_json(done[0]))
     f = doc["run"]["facets"]["noetl_quantum"]
     assert f["_schemaURL"] == SCHEMA_URL and len(f["jobs"]) == 4
-    # and validates against the OpenLineage spec plus our facet schema (lineage/facets/)
+    # and validates against the OpenLineage spec plus our facet schema (lineage/noetl_lineage/facets/)
     assert LineageValidator().errors(doc) == []
     # steps that ran no quantum job carry no such facet
     others = [x for x in runs if x.job.name.endswith((".start", ".aggregate"))]
@@ -58,7 +58,7 @@ def test_sweep_table_is_a_parquet_asset_with_provenance_in_its_registry_record(t
 
     from noetl_dagster.resources.noetl import NoetlResource, close_all_services
     from noetl_dagster.translator import compile_playbooks
-    from registry_service.client import open_registry
+    from noetl_registry.client import open_registry
 
     data = tmp_path / "data"
     monkeypatch.setenv("NOETL_DAGSTER_HOME", str(data))
@@ -97,7 +97,7 @@ def test_sweep_table_is_a_parquet_asset_with_provenance_in_its_registry_record(t
 
 
 def test_shots_and_device_seconds_reach_the_usage_and_the_task_facts(home):
-    from analytics.facts import FactBuilder
+    from noetl_analytics.facts import FactBuilder
     from noetl_dagster.dsl import load_playbook_dict
 
     emu = {"queue_depth": 0, "execution_seconds": 0.05, "calibration_period_s": 3600, "noise": False}
