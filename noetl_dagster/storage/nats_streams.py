@@ -23,7 +23,6 @@ and the command work-queue. Everything here is deterministic from tenant and pro
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import re
 import threading
@@ -31,6 +30,7 @@ from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from noetl_dagster.dsl.locator import ObjectLayout, shard_for, shard_name
 from noetl_dagster.engine.events import SCHEMA_VERSION, Event
 from noetl_dagster.util.jsonutil import dumps, loads
 
@@ -77,13 +77,12 @@ def token(value: str) -> str:
 def shard_of(
     tenant_id: str, project_id: str, affinity: str | None = None, shard_count: int | None = None
 ) -> str:
-    """The logical shard of seed §4: sha256(tenant, project[, affinity]) mod shard_count, as ``s0042``."""
+    """The logical shard of seed §4 (``s0042``): the object layout's own ``shard_for`` (dsl/locator.py),
+    so a tenant's streams and its object prefix name the same shard."""
     count = shard_count or int(os.environ.get("NOETL_SHARD_COUNT") or DEFAULT_SHARD_COUNT)
     if not 1 <= count <= 10_000:
         raise StreamLayoutError(f"NATS shard count {count}: use 1..10000")
-    key = "\x1f".join((tenant_id, project_id) + ((affinity,) if affinity else ()))
-    n = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % count
-    return f"s{n:04d}"
+    return shard_name(shard_for(tenant_id, project_id, affinity or "", shard_count=count))
 
 
 @dataclass(frozen=True)
@@ -141,10 +140,9 @@ class Placement:
     def stream_subjects(self, kind: str) -> list[str]:
         return [f"{self._root(kind)}.>"]
 
-    def object_prefix(self, tenant_id: str, project_id: str, env: str = "prod") -> str:
-        """The object-store prefix of seed §4 (archive.py adds date and execution)."""
-        return (f"noetl/env={env}/region={self.region}/cell={self.cell}/shard={self.shard}/"
-                f"tenant={tenant_id}/project={project_id}/")  # fmt: skip
+    def object_prefix(self, tenant_id: str, project_id: str, env: str = "dev") -> str:
+        """The object-store prefix of seed §4 (the archive adds date and execution)."""
+        return ObjectLayout(env=env, region=self.region, cell=self.cell).prefix(tenant_id, project_id)
 
 
 def default_region() -> str:

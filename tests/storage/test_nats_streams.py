@@ -16,6 +16,9 @@ def test_shard_is_stable_and_in_range():
     # a fixed vector: every process and release must agree on a tenant's streams
     assert ns.shard_of("t_acme_lab", "p_genomics_01") == ns.shard_of("t_acme_lab", "p_genomics_01")
     assert ns.shard_of("t_acme_lab", "p_genomics_01", shard_count=256) == "s0030"
+    from noetl_dagster.dsl.locator import object_prefix
+
+    assert "shard=s0030/" in object_prefix("t_acme_lab", "p_genomics_01")  # the archive names the same shard
     shards = {ns.shard_of(f"t{i}", "p", shard_count=16) for i in range(400)}
     assert shards == {f"s{i:04d}" for i in range(16)}
 
@@ -29,8 +32,9 @@ def test_names_follow_the_seed():
         "NOETL_ARCHIVE_ACK_usw2_s0042",
     )
     assert p.event_subject("t_acme", "p.1", "e*1") == "noetl.evt.usw2.s0042.t_acme.p~2E1.e~2A1"
-    assert p.object_prefix("t_acme_lab", "p_genomics_01").startswith(
-        "noetl/env=prod/region=usw2/cell=usw2-a/shard=s0042/tenant=t_acme_lab/"
+    q = ns.placement_of("t_acme_lab", "p_genomics_01", region="usw2")
+    assert q.object_prefix("t_acme_lab", "p_genomics_01") == (
+        "noetl/env=dev/region=usw2/cell=usw2-a/shard=s0030/tenant=t_acme_lab/project=p_genomics_01/"
     )
 
 
