@@ -50,6 +50,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("noetl_dagster.commands.demo:demo",
              "Run every example playbook through Dagster (embedded defaults) and show where to look next."),
     "tools": ("noetl_dagster.commands.tools:tools", "Tool kinds (built in and plugins)."),
+    "worker": ("noetl_dagster.commands.worker:worker",
+               "Pull tool commands from the NATS command streams and run them (the worker pool)."),
     "schema": ("noetl_dagster.commands.schema:schema",
                "Write the JSON Schema of the playbooks this project accepts (tool configs from the kinds' "
                "models); map it to playbooks in your editor (YAML extension: `yaml.schemas`)."),

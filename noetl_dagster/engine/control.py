@@ -82,6 +82,9 @@ class Services:
     # in-process kinds of a sandboxed execution run in its worker (engine.ports.SandboxPort); wired by
     # the runner, and a sandboxed execution without one fails its tasks (closed, never unconfined)
     sandbox: Any = None
+    # tool calls of some kinds go to a worker pool (engine.ports.ToolDispatch, e.g. the NATS command
+    # queue of tools/dispatch_nats.py); None: every kind runs in this process
+    dispatch: Any = None
 
 
 @dataclass

@@ -40,6 +40,12 @@ LOOP_DONE = "loop.done"
 # cursor loops: a frame of rows claimed from the source, and its rows acknowledged back
 LOOP_FRAME_CLAIMED = "loop.frame.claimed"
 LOOP_FRAME_COMMITTED = "loop.frame.committed"
+# a tool call handed to a worker pool (engine.ports.ToolDispatch): the pool worker's record of the
+# call it ran (appended before it replies, so a redelivered command is not run again) and the
+# dispatcher's record of a command it gave up on (a worker that pulls it later acks it unrun)
+COMMAND_DONE = "command.done"
+COMMAND_CANCELLED = "command.cancelled"
+COMMAND_EVENTS = frozenset({COMMAND_DONE, COMMAND_CANCELLED})
 
 SERVER_EVENTS = frozenset(
     {
@@ -67,6 +73,7 @@ ALL_EVENT_NAMES = SERVER_EVENTS | {
     LOOP_DONE,
     LOOP_FRAME_CLAIMED,
     LOOP_FRAME_COMMITTED,
+    *COMMAND_EVENTS,
 }
 
 ENTITY_OF = {
@@ -91,6 +98,8 @@ ENTITY_OF = {
     LOOP_FRAME_CLAIMED: "loop",
     LOOP_FRAME_COMMITTED: "loop",
     NEXT_EVALUATED: "next",
+    COMMAND_DONE: "command",
+    COMMAND_CANCELLED: "command",
 }
 
 

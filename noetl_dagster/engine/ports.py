@@ -199,6 +199,26 @@ class SandboxPort(Protocol):
         """The execution's worker; None where the operator opted out of the sandbox (env-only)."""
 
 
+# -- the worker pool (tools/dispatch_nats.py): tool calls that run in another process ----------------
+
+
+class ToolDispatch(Protocol):
+    """``Services.dispatch``, wired by the runner: calls of ``kinds`` run in a worker pool, not here.
+
+    The engine records ``task.started`` durably, calls ``call`` and records ``task.done`` from what it
+    returns, as for a call in this process, so both give the same trace. Besides the ToolContext
+    fields, ``ctx`` carries ``task_run_id`` (the command's idempotency key), ``step_run_id``,
+    ``tenant``, ``project``, ``event_store`` (the execution's log: the pool records what it ran there)
+    and ``log_position`` (the sequence the log had when the command left)."""
+
+    kinds: frozenset[str]
+
+    def call(self, kind: str, config: Mapping[str, Any], ctx: ToolContext) -> Any:
+        """The tool's result, or ToolError: as the kind's own call in this process would give."""
+
+    def close(self) -> None: ...
+
+
 # -- cursor loops (loop.cursor): pull sources whose rows are claimed in frames ----------------------
 
 

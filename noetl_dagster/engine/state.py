@@ -84,7 +84,7 @@ class ExecutionState:
             self.sequence = max(self.sequence, ev.sequence)
         if self.reader is None and ev.tenant_id:
             self.reader = (ev.tenant_id, ev.project_id or "default")
-        if name == E.TASK_DONE or name == E.TASK_STARTED:
+        if name == E.TASK_DONE or name == E.TASK_STARTED or name in E.COMMAND_EVENTS:
             return
         if name == E.TOKEN_ENQUEUED:
             t = Token(d["token_id"], d["step"], d.get("args"), d.get("from_step"))

@@ -56,6 +56,7 @@ class _ToolCtx:
         attempt: int,
         scope: Scope,
         notes: dict[str, Any] | None = None,
+        task_run_id: str | None = None,
     ):
         self._worker = worker
         self._notes = notes
@@ -64,6 +65,8 @@ class _ToolCtx:
         self.step = frame.step.name
         self.task = task.label
         self.attempt = attempt
+        self.task_run_id = task_run_id
+        self.step_run_id = frame.step_run_id
         self.spec = task.spec
         self.render_context = scope
         self.tenant = worker.engine.services.tenant
@@ -88,6 +91,19 @@ class _ToolCtx:
     @property
     def offloader(self) -> Any:
         return self._worker.engine.services.offloader
+
+    @property
+    def event_store(self) -> Any:  # a dispatched call's log (engine.ports.ToolDispatch)
+        return self._worker.engine.services.event_store
+
+    @property
+    def log_position(self) -> int:
+        return self._worker.engine.state.sequence
+
+    @property
+    def secrets(self) -> frozenset[str]:
+        """The values the execution's events never show (a pool worker redacts what it records)."""
+        return frozenset(self._worker.engine.recorder.redactor.secrets)
 
     @property
     def data_dir(self) -> str:
@@ -144,6 +160,15 @@ def sandbox_worker(engine: Engine, kind: str, ctx: _ToolCtx) -> Any:
     if kind not in port.kinds:
         return None
     return engine.resource("sandbox:worker", lambda: port.start(ctx))
+
+
+def pool_dispatch(engine: Engine, kind: str) -> Any:
+    """The worker pool a call of ``kind`` goes to (engine.ports.ToolDispatch), else None: it runs here.
+    A sandboxed execution never leaves its sandbox for the pool."""
+    pool = engine.services.dispatch
+    if pool is None or kind not in pool.kinds or engine.gate is not None or engine.isolation == "sandbox":
+        return None
+    return pool
 
 
 class Worker(LoopPhases, TaskPolicy):
@@ -433,7 +458,7 @@ class Worker(LoopPhases, TaskPolicy):
                 )
                 outcome = outcome_envelope(ok, result, error)
             else:
-                outcome = self._invoke(task, frame, scope, attempt, notes)
+                outcome = self._invoke(task, frame, scope, attempt, notes, task_run_id)
         except BaseException:
             meter.stop()  # an interrupt: the attempt ends unrecorded, but no longer counts as running
             raise
@@ -465,8 +490,9 @@ class Worker(LoopPhases, TaskPolicy):
         return outcome["status"] == "ok", outcome.get("result"), outcome.get("error")
 
     def _invoke(
-        self, task: Task, frame: _Frame, scope: Scope, attempt: int, notes: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
+        self, task: Task, frame: _Frame, scope: Scope, attempt: int, notes: dict[str, Any] | None = None,
+        task_run_id: str | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
         kind = get_tool(task.kind)
         if kind is None:
             return _err_outcome(_error("unknown_kind", f"tool kind {task.kind!r} is not registered"))
@@ -483,9 +509,14 @@ class Worker(LoopPhases, TaskPolicy):
             gate = self.engine.gate
             if gate is not None:  # the trust boundary, at run time, on the rendered config
                 gate.check(task.kind, config, f"task {task.label!r}")
-            ctx = _ToolCtx(self, frame, task, attempt, scope, notes)
+            ctx = _ToolCtx(self, frame, task, attempt, scope, notes, task_run_id)
             box = sandbox_worker(self.engine, task.kind, ctx)
-            if box is None:
+            pool = pool_dispatch(self.engine, task.kind) if box is None else None
+            if pool is not None:  # the worker pool: task.started is durable before the command leaves
+                kind.check_config(config)
+                self.engine.recorder.flush()
+                result = pool.call(task.kind, config, ctx)
+            elif box is None:
                 result = kind.invoke(config, ctx)
             else:  # the OS sandbox: the kind runs in the execution's worker process
                 kind.check_config(config)

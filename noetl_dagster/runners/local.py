@@ -114,7 +114,10 @@ def build_services(
     logger: Callable[[str], None] | None = None,
     inline_limit: int = DEFAULT_INLINE_LIMIT,
     payload_store: Any = None,
+    dispatch: Any = None,
 ) -> Services:
+    """``dispatch``: the worker pool tool calls go to (engine.ports.ToolDispatch); default the one
+    ``$NOETL_TOOL_DISPATCH`` names (tools/command_queue.py), else every kind runs in this process."""
     ddir = Path(data_dir) if data_dir else default_data_dir()
     store = (
         event_store if isinstance(event_store, EventStore) else open_event_store(event_store, data_dir=ddir)
@@ -136,7 +139,16 @@ def build_services(
         logger=logger,
         cursor_sources=default_cursor_sources(),
         sandbox=SandboxPort(),
+        dispatch=dispatch if dispatch is not None else _dispatch_from_env(),
     )
+
+
+def _dispatch_from_env() -> Any:
+    if not os.environ.get("NOETL_TOOL_DISPATCH"):
+        return None
+    from noetl_dagster.tools.command_queue import dispatch_from_env  # noqa: PLC0415 - pool users only
+
+    return dispatch_from_env()
 
 
 def reap_unrecorded(svc: Services) -> list[str]:
