@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,7 +21,9 @@ HELP = "Pull tool commands from the NATS command streams and run them (the worke
 @click.command(help=HELP)
 @click.option("--nats", "nats_url", help="NATS server (default $NOETL_NATS_URL, else nats://127.0.0.1:4222).")
 @click.option("--event-store", help="The executions' event store URL (default $NOETL_EVENT_STORE_URL).")
-@click.option("--data-dir", type=click.Path(file_okay=False), help="Data directory (payloads of spilled results).")
+@click.option(
+    "--data-dir", type=click.Path(file_okay=False), help="Data directory (payloads of spilled results)."
+)
 @click.option("--region", help="Region whose command streams to serve (default $NOETL_REGION, else local).")
 @click.option("--shard", "shards", multiple=True,
               help="A shard (s0042) or TENANT/PROJECT (its shard) to serve; repeatable. Default: every "
@@ -65,18 +68,27 @@ def worker(nats_url: str | None, event_store: str | None, data_dir: str | None, 
     click.echo(f"worker {pool.worker_id}: region {region}, concurrency {concurrency}, "
                f"streams {', '.join(bound) or '(none yet: bound as they appear)'}", err=True)  # fmt: skip
     counts = pool.run()
-    click.echo(f"worker {pool.worker_id}: stopped ({', '.join(f'{k} {v}' for k, v in counts.items())})", err=True)
+    click.echo(
+        f"worker {pool.worker_id}: stopped ({', '.join(f'{k} {v}' for k, v in counts.items())})", err=True
+    )
     sys.exit(EXIT_OK)
 
 
 def _check_url(url: str) -> None:
+    """A URL the client can use, and a server listening there (nats-py retries a refused first
+    connection for seconds, logging a traceback each time: a plain TCP probe answers in one line)."""
     parts = urlsplit(url)
     try:
-        ok = parts.scheme in ("nats", "tls") and bool(parts.hostname) and (parts.port or 4222) > 0
+        port = parts.port or 4222
+        ok = parts.scheme in ("nats", "tls") and bool(parts.hostname)
     except ValueError:
         ok = False
     if not ok:
         _fail_input(f"--nats {url!r}: use nats://host:port")
+    try:
+        socket.create_connection((parts.hostname, port), timeout=5).close()
+    except OSError as e:
+        _fail_input(f"cannot reach NATS at {parts.hostname}:{port}: {e.strerror or type(e).__name__}")
 
 
 def _shard(value: str, streams: Any) -> str:

@@ -117,7 +117,9 @@ class PoolWorker:
         subject = f"noetl.cmd.{self.region}.{stream.rsplit('_', 1)[-1]}.>"
         config = ConsumerConfig(durable_name=WORKERS_DURABLE, ack_policy=AckPolicy.EXPLICIT,
                                 ack_wait=self.ack_wait, max_deliver=-1, filter_subject=subject)  # fmt: skip
-        return await self.client.js.pull_subscribe(subject, durable=WORKERS_DURABLE, stream=stream, config=config)
+        return await self.client.js.pull_subscribe(
+            subject, durable=WORKERS_DURABLE, stream=stream, config=config
+        )
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self, max_commands: int | None = None) -> dict[str, int]:
@@ -246,7 +248,10 @@ class PoolWorker:
         redactor = Redactor()
         redactor.add([*command.redact, *ctx.redactions])
         if redactor:
-            reply = {**redactor.value({k: v for k, v in reply.items() if k != "redact"}), "redact": ctx.redactions}
+            reply = {
+                **redactor.value({k: v for k, v in reply.items() if k != "redact"}),
+                "redact": ctx.redactions,
+            }
         if len(dumps(reply)) > MAX_RESULT_BYTES:
             reply = error_reply("result_too_large", f"task {command.task!r}: its result is over "
                                 f"{MAX_RESULT_BYTES:,} bytes, the most a pool worker returns", worker=self.worker_id)  # fmt: skip
@@ -256,7 +261,9 @@ class PoolWorker:
     def _reply(self, command: Command, reply: Mapping[str, Any]) -> None:
         if command.reply_to:
             try:  # core NATS: a dispatcher that is gone finds the answer in the log instead
-                self.client.call(self.client.nc.publish(command.reply_to, dumps(dict(reply)).encode()), timeout=10)
+                self.client.call(
+                    self.client.nc.publish(command.reply_to, dumps(dict(reply)).encode()), timeout=10
+                )
             except Exception as e:  # noqa: BLE001
                 self.log(f"reply to {command.command_id}: {type(e).__name__}: {e}")
 
@@ -303,7 +310,9 @@ class PoolWorker:
             from noetl_dagster.storage.offload import Offloader  # noqa: PLC0415
             from noetl_dagster.storage.payload import open_payload_store  # noqa: PLC0415
 
-            self._payloads = Offloader(open_payload_store(None, data_dir=self.data_dir), data_dir=self.data_dir)
+            self._payloads = Offloader(
+                open_payload_store(None, data_dir=self.data_dir), data_dir=self.data_dir
+            )
         return self._payloads
 
 

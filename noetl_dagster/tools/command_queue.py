@@ -131,7 +131,12 @@ def command_event(name: str, command: Command, data: dict[str, Any], status: str
 
 
 def done_event(command: Command, reply: Mapping[str, Any]) -> Event:
-    data = {"command_id": command.command_id, "task": command.task, "kind": command.kind, "reply": dict(reply)}
+    data = {
+        "command_id": command.command_id,
+        "task": command.task,
+        "kind": command.kind,
+        "reply": dict(reply),
+    }
     return command_event(E.COMMAND_DONE, command, data, "success" if reply.get("ok") else "error")
 
 
@@ -141,7 +146,11 @@ def cancelled_event(command: Command, reason: str) -> Event:
 
 
 def error_reply(kind: str, message: str, *, retryable: bool = False, worker: str = "") -> dict[str, Any]:
-    return {"ok": False, "error": {"kind": kind, "message": message, "retryable": retryable}, "worker": worker}
+    return {
+        "ok": False,
+        "error": {"kind": kind, "message": message, "retryable": retryable},
+        "worker": worker,
+    }
 
 
 def raise_or_result(reply: Mapping[str, Any], ctx: Any) -> Any:
@@ -174,7 +183,9 @@ def parse_dispatch_url(url: str) -> tuple[str, dict[str, str]]:
     """``nats://host:port?kinds=…&region=…&timeout=…`` -> (the server URL, the options)."""
     parts = urlsplit(url)
     if parts.scheme not in ("nats", "tls") or not parts.hostname:
-        raise DispatchConfigError(f"tool dispatch URL {url!r}: use nats://host:port[?kinds=python,http&region=R]")
+        raise DispatchConfigError(
+            f"tool dispatch URL {url!r}: use nats://host:port[?kinds=python,http&region=R]"
+        )
     try:
         parts.port  # noqa: B018 - raises on a port that is not a number
     except ValueError as e:
@@ -233,7 +244,9 @@ class NatsToolDispatch:
     @classmethod
     def from_url(cls, url: str) -> NatsToolDispatch:
         nats_url, options = parse_dispatch_url(url)
-        kinds = frozenset(k.strip() for k in options.get("kinds", "").split(",") if k.strip()) or DEFAULT_KINDS
+        kinds = (
+            frozenset(k.strip() for k in options.get("kinds", "").split(",") if k.strip()) or DEFAULT_KINDS
+        )
         try:
             timeout = float(options.get("timeout") or DEFAULT_TIMEOUT_S)
         except ValueError:
@@ -247,7 +260,9 @@ class NatsToolDispatch:
                 try:
                     client = streams.connect(self.nats_url, name="noetl-dispatch")
                 except ConnectionError as e:
-                    raise ToolError(f"worker pool: {e}", kind="dispatch_unavailable", retryable=True) from None
+                    raise ToolError(
+                        f"worker pool: {e}", kind="dispatch_unavailable", retryable=True
+                    ) from None
                 self._inbox = client.nc.new_inbox()
                 client.call(client.nc.subscribe(f"{self._inbox}.*", cb=self._on_reply))
                 self._client = client
