@@ -343,3 +343,34 @@ def test_a_command_past_its_deadline_is_cancelled_and_never_runs(workers, region
     assert done.data["outcome"]["error"]["kind"] == "timeout"
     assert any(e.name == E.COMMAND_CANCELLED for e in events)
     assert not effects.exists()
+
+
+def test_the_dagster_runner_hands_tool_work_to_the_pool_with_the_same_trace(
+    workers, region, tmp_path, monkeypatch
+):
+    import dagster as dg
+
+    from noetl_dagster.resources.noetl import close_all_services
+    from noetl_dagster.tools import command_queue
+    from noetl_dagster.translator.runner import run_playbook_dagster
+
+    proc = workers.start("--concurrency", "2")
+    here = f"sqlite:///{tmp_path / 'here.db'}"
+    local = run_playbook(
+        playbook(PLAYBOOK), event_store=here, data_dir=tmp_path / "a", tenant="acme", project="p1"
+    )
+    url = f"{NATS_URL}?region={region}&kinds=python"
+    monkeypatch.setenv(command_queue.DISPATCH_ENV, url)  # the setting both runners read (build_services)
+    instance = dg.DagsterInstance.ephemeral()
+    try:
+        remote = run_playbook_dagster(playbook(PLAYBOOK), event_store=workers.store_url, data_dir=tmp_path / "b",
+                                      tenant="acme", project="p1", instance=instance)  # fmt: skip
+    finally:
+        instance.dispose()
+        close_all_services()
+        command_queue.dispatch_from_env(url).close()
+    assert local.to_json() | {"execution_id": None} == remote.to_json() | {"execution_id": None}
+    with open_event_store(here) as a, open_event_store(workers.store_url) as b:
+        assert _by_step(trace(a, local.execution_id)) == _by_step(trace(b, remote.execution_id))
+        done = [e for e in b.read(remote.execution_id) if e.name == E.COMMAND_DONE]
+    assert len(done) == 7 and all(e.data["reply"]["worker"].endswith(f":{proc.pid}") for e in done)
