@@ -57,8 +57,14 @@ def test_validate_reports_bad_lines_and_bad_input(tmp_path):
 def test_validate_reports_a_run_that_never_ends(lineage_runs, tmp_path):
     """Each event is valid alone, but the stream breaks the lifecycle rule: exit 1, named."""
     data_dir, _, _ = lineage_runs
-    default = data_dir / "lineage" / "openlineage.jsonl"
-    lines = default.read_text().splitlines()
+    out = tmp_path / "all.jsonl"  # its own export: no reliance on another test having written one
+    assert (
+        CliRunner()
+        .invoke(cli, ["lineage", "export", "--data-dir", str(data_dir), "--out", str(out)])
+        .exit_code
+        == 0
+    )
+    lines = out.read_text().splitlines()
     kept = [ln for ln in lines if json.loads(ln)["eventType"] not in ("COMPLETE", "FAIL")]
     broken = tmp_path / "no_end.jsonl"
     broken.write_text("\n".join(kept) + "\n")
