@@ -11,7 +11,8 @@ from noetl_dagster.storage.events import SqliteEventStore
 
 
 def open_event_store(url: str | None = None, *, data_dir: str | os.PathLike[str] | None = None) -> EventStore:
-    """Open an EventStore by URL: ``sqlite:///path``, a bare path, or ``postgresql://...``.
+    """Open an EventStore by URL: ``sqlite:///path``, a bare path, ``postgresql://...`` or
+    ``nats://host:4222?projection=<postgresql URL>&payload=<payload URL>`` (storage/nats_events.py).
 
     Any other scheme (``mysql://``...) is refused with ValueError, so is a bare
     string that is not a SQLite file path. Without a URL: ``$NOETL_EVENT_STORE_URL``, else SQLite at ``<data_dir>/events.db``.
@@ -25,13 +26,18 @@ def open_event_store(url: str | None = None, *, data_dir: str | os.PathLike[str]
         from noetl_dagster.storage.postgres_events import PostgresEventStore  # noqa: PLC0415
 
         return PostgresEventStore(url)
+    if url.startswith(("nats://", "tls://")):
+        # imported here so SQLite and Postgres users never load nats-py
+        from noetl_dagster.storage.nats_events import NatsEventStore  # noqa: PLC0415
+
+        return NatsEventStore(url)
     if url.startswith("sqlite:///"):
         return SqliteEventStore(_sqlite_path(url[len("sqlite:///") :], url))
     if url.startswith("sqlite://"):
         return SqliteEventStore(_sqlite_path(url[len("sqlite://") :], url) or ":memory:")
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", url) and not re.match(r"^[A-Za-z]:[\\/]", url):
         raise ValueError(
-            f"unsupported event store URL {_scheme(url)}: use sqlite:///path or postgresql://..."
+            f"unsupported event store URL {_scheme(url)}: use sqlite:///path, postgresql://... or nats://...?projection=postgresql..."
         )
     if not (url.endswith((".db", ".sqlite", ".sqlite3")) or Path(url).is_file()):
         raise ValueError(

@@ -275,6 +275,12 @@ class NatsClient:
         self.call(self._ensure(placement, replicas))
         self._ensured.add(placement.suffix)
 
+    async def ensure_streams_async(self, placement: Placement, *, replicas: int = 1) -> None:
+        """``ensure_streams`` from a coroutine on this client's loop."""
+        if placement.suffix not in self._ensured:
+            await self._ensure(placement, replicas)
+            self._ensured.add(placement.suffix)
+
     async def _ensure(self, placement: Placement, replicas: int) -> None:
         from nats.js.errors import NotFoundError  # noqa: PLC0415
 
