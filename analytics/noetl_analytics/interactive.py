@@ -421,14 +421,16 @@ _PLOTLY_CACHE: dict[str, str] = {}
 
 def make_server(store: FactsStore, host: str = "127.0.0.1", port: int = 8765, title: str = "NoETL cost", *,
                 auth: KeyAuth, secure_cookie: bool = False, sessions: Sessions | None = None,
-                executions: ExecutionViews | None = None) -> ThreadingHTTPServer:  # fmt: skip
+                executions: ExecutionViews | None = None,
+                store_lock: threading.Lock | None = None) -> ThreadingHTTPServer:  # fmt: skip
     """The dashboard server; ``auth`` says whose keys it accepts (see :class:`KeyAuth`); with
     ``executions`` (over an event store) it serves the execution pages too (/executions/<id>, /diff),
-    the graph layout library imported now, before it listens, not at a page's first open."""
+    the graph layout library imported now, before it listens, not at a page's first open;
+    ``store_lock`` is shared with the store's other users in this process (its exporter)."""
     if executions is not None:
         preload_layout()
     handler = type("Handler", (_Handler,), {
-        "store": store, "auth": auth, "sessions": sessions or Sessions(), "lock": threading.Lock(), "title": title,
+        "store": store, "auth": auth, "sessions": sessions or Sessions(), "lock": store_lock or threading.Lock(), "title": title,
         "secure_cookie": secure_cookie, "executions": executions,
     })  # fmt: skip
     return ThreadingHTTPServer((host, port), handler)

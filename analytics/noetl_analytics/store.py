@@ -7,7 +7,10 @@ engine in-process (the embedded default, under ``$NOETL_DAGSTER_HOME/facts`` or
 chdb hosts one engine per process and one process per path, so clients are
 kept in a module-level cache (one per URL); opening a different chdb path
 closes the cached ones first, and :meth:`FactsStore.release` lets a
-long-running process (the Dagster sensor) free the path between ticks.
+long-running process (the Dagster sensor) free the path between ticks. The
+process that opens a chdb path holds its owner file
+(:mod:`noetl_analytics.store_owner`) until it releases the path, so another
+process is told who holds it (and can hand its export to a serving owner).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import pyarrow as pa
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ProgrammingError
 
+from noetl_analytics import store_owner
 from noetl_analytics.schema import apply_migrations
 
 DEFAULT_DATABASE = "noetl"
@@ -36,11 +40,20 @@ _DB_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _CLIENT_SETTINGS = {"final": 1}
 
 _clients: dict[str, Client] = {}
+_owned: dict[str, store_owner.OwnerLock] = {}  # chdb URL -> this process's hold on its path
 _lock = threading.RLock()
 
 
 class FactsStoreError(RuntimeError):
     """The facts store cannot be opened or used (clear message for the CLI)."""
+
+
+class FactsStoreHeld(FactsStoreError):
+    """Another live process holds the embedded store (``holder`` names it)."""
+
+    def __init__(self, held: store_owner.StoreHeld):
+        super().__init__(str(held))
+        self.path, self.holder = held.path, held.holder
 
 
 def default_facts_url(data_dir: str | os.PathLike[str] | None = None) -> str:
@@ -69,13 +82,34 @@ def _is_chdb(url: str) -> bool:
     return url.startswith("chdb://")
 
 
+def _chdb_wait() -> float:
+    return float(os.environ.get("NOETL_DAGSTER_CHDB_WAIT", "10"))
+
+
+def _hold(url: str) -> None:
+    """Take the owner file of a chdb path before opening it (once per process and path)."""
+    path = url[len("chdb://") :]
+    if path == ":memory:" or url in _owned:
+        return
+    try:
+        _owned[url] = store_owner.take(path, _chdb_wait())
+    except store_owner.StoreHeld as e:
+        raise FactsStoreHeld(e) from None
+
+
+def owner_lock(url: str) -> store_owner.OwnerLock | None:
+    """This process's hold on the chdb path of ``url`` (None: not held here, or not chdb)."""
+    return _owned.get(url)
+
+
 def _open(url: str) -> Client:
     if _is_chdb(url):
         path = url[len("chdb://") :]
         if path != ":memory:":
             Path(path).mkdir(parents=True, exist_ok=True)
-        # Another process may hold the path for a moment (the sensor between ticks).
-        deadline = time.monotonic() + float(os.environ.get("NOETL_DAGSTER_CHDB_WAIT", "10"))
+        _hold(url)
+        # a process that does not take the owner file (an older version) may still hold the path
+        deadline = time.monotonic() + _chdb_wait()
         while True:
             try:
                 return clickhouse_connect.get_client(
@@ -83,10 +117,11 @@ def _open(url: str) -> Client:
                 )
             except ProgrammingError as e:
                 if time.monotonic() >= deadline:
+                    _let_go(url)
                     raise FactsStoreError(
                         f"cannot open the embedded facts store at {path}: {e}. chdb allows one process per"
-                        " path; stop the other exporter (e.g. a running Dagster sensor) or use a ClickHouse"
-                        " server URL"
+                        " path and a process that does not write the owner file holds it; stop it or use a"
+                        " ClickHouse server URL"
                     ) from e
                 time.sleep(0.2)
     try:
@@ -114,6 +149,7 @@ def get_client(url: str) -> Client:
             # one chdb engine per process: release any other path first
             for other in [u for u in _clients if _is_chdb(u)]:
                 _close(other)
+                _let_go(other)
         client = _open(url)
         _clients[url] = client
         return client
@@ -128,10 +164,18 @@ def _close(url: str) -> None:
             pass
 
 
+def _let_go(url: str) -> None:
+    lock = _owned.pop(url, None)
+    if lock is not None:
+        lock.release()
+
+
 def close_all() -> None:
     with _lock:
         for url in list(_clients):
             _close(url)
+        for url in list(_owned):
+            _let_go(url)
 
 
 class FactsStore:
@@ -212,6 +256,7 @@ class FactsStore:
         """Close this store's client so another process may open the chdb path."""
         with _lock:
             _close(self.url)
+            _let_go(self.url)
 
     def __enter__(self) -> FactsStore:
         return self

@@ -70,15 +70,26 @@ dashboard.add_command(render_command, "render")
     help="Write the execution summaries of this many recent executions recorded without one "
     "(before summaries), in the background.",
 )
+@click.option(
+    "--export-every",
+    type=click.FloatRange(0, 86_400),
+    default=15,
+    show_default=True,
+    help="Export the event store's new events into the facts every this many seconds (0: never; "
+    "exports handed over by `facts export` and the Dagster sensor run either way).",
+)
 def serve(clickhouse: str | None, data_dir: str | None, database: str | None, host: str, port: int,
           prices: str | None, no_refresh: bool, registry_url: str | None, admin_tenants: tuple[str, ...],
-          secure_cookie: bool, event_store: str | None, warm: int) -> None:  # fmt: skip
+          secure_cookie: bool, event_store: str | None, warm: int, export_every: float) -> None:  # fmt: skip
     """Serve the interactive cost dashboard (filters, drill-down) until interrupted.
 
     Every page and API request needs a registry API key (Authorization: Bearer <key>, or sign in
-    at /login or /?key=<key> for an HttpOnly session cookie); each key sees its own tenant's rows."""
+    at /login or /?key=<key> for an HttpOnly session cookie); each key sees its own tenant's rows.
+    On the embedded store it is the store's owner: `facts export` and the Dagster export runs hand
+    their exports to it, and it exports new events itself every --export-every seconds."""
     from noetl_analytics.dashboard_access import KeyAuth  # noqa: PLC0415
     from noetl_analytics.interactive import make_server  # noqa: PLC0415
+    from noetl_analytics.store_owner import set_process_kind  # noqa: PLC0415
     from noetl_registry.errors import RegistryError  # noqa: PLC0415
 
     try:
@@ -88,15 +99,20 @@ def serve(clickhouse: str | None, data_dir: str | None, database: str | None, ho
         _fail_input(e.message)
     except Exception as e:  # noqa: BLE001 - a bad URL or unreachable database: one line, exit 2
         _fail_input(f"cannot open the registry {registry_url or '(default)'}: {type(e).__name__}: {e}")
+    set_process_kind(f"dashboard serve on {host}:{port}")
     store = _store(clickhouse, data_dir, database)
     if not no_refresh:
         _refresh(store, prices, data_dir)
+    import threading  # noqa: PLC0415
+
+    store_lock = threading.Lock()
     try:
         views = _execution_views(event_store, data_dir, prices)
-        server = make_server(store, host, port, auth=auth, secure_cookie=secure_cookie, executions=views)
+        server = make_server(store, host, port, auth=auth, secure_cookie=secure_cookie, executions=views,
+                             store_lock=store_lock)  # fmt: skip
     except OSError as e:
         _fail_input(f"cannot listen on {host}:{port}: {e.strerror or e}")
-    import threading  # noqa: PLC0415
+    live = _live_exports(store, store_lock, event_store, data_dir, prices, export_every)
 
     # the store keeps each execution's summary as it appends; recent executions recorded before
     # summaries get theirs now, in the background, so their pages open without reading the log
@@ -111,7 +127,28 @@ def serve(clickhouse: str | None, data_dir: str | None, database: str | None, ho
     except KeyboardInterrupt:
         pass
     finally:
+        for part in live:
+            part.stop()
         server.server_close()
+
+
+def _live_exports(store: Any, store_lock: Any, event_store: str | None, data_dir: str | None,
+                  prices: str | None, seconds: float) -> list[Any]:  # fmt: skip
+    """The embedded store's owner endpoint (other processes hand it their exports) and the export loop."""
+    from noetl_analytics.export_handoff import ExportLoop, LocalExports, OwnerService  # noqa: PLC0415
+    from noetl_analytics.pricing import PriceTable  # noqa: PLC0415
+
+    if store.embedded:
+        service = OwnerService(store, store_lock, data_dir=data_dir).start()
+        click.echo(f"facts store owner: {service.endpoint} takes exports for {store.url}")
+    else:  # a server: every process writes itself; the loop exports straight into it
+        service = LocalExports(store, store_lock, data_dir=data_dir)
+    parts: list[Any] = [service]
+    if seconds:
+        table = PriceTable.load(prices, data_dir=data_dir) if prices else None
+        parts.insert(0, ExportLoop(service, event_store, seconds, prices=table).start())
+        click.echo(f"exporting new events every {seconds:g}s")
+    return parts
 
 
 def _execution_views(event_store: str | None, data_dir: str | None, prices: str | None) -> Any:

@@ -100,27 +100,30 @@ def export(
     prices: str | None,
     as_json: bool,
 ) -> None:
-    """Export events newer than the stored cursor as facts (idempotent by event id)."""
-    from noetl_analytics.exporter import FactExporter  # noqa: PLC0415
+    """Export events newer than the stored cursor as facts (idempotent by event id).
+
+    When a `dashboard serve` holds the embedded store, the export runs in that process."""
+    from noetl_analytics.export_handoff import export_facts  # noqa: PLC0415
+    from noetl_analytics.store import FactsStoreError  # noqa: PLC0415
 
     if batch <= 0:
         _fail_input("--batch must be positive")
     table = _prices(prices, data_dir)
-    store = _store(clickhouse, data_dir, database)
-    log = _events(events_url, data_dir)
+    _events(events_url, data_dir).close()  # a bad URL fails here, with the usual message
     try:
-        report = FactExporter(store, log, batch_events=batch, prices=table).export()
-    finally:
-        log.close()
+        report = export_facts(clickhouse, database=database, events_url=events_url, data_dir=data_dir,
+                              prices=table, batch_events=batch)  # fmt: skip
+    except FactsStoreError as e:
+        _fail_input(str(e))
     if as_json:
-        click.echo(json.dumps(report.to_dict()))
+        click.echo(json.dumps(report))
         return
-    rows = ", ".join(f"{k}={v}" for k, v in report.rows.items() if v)
+    rows = ", ".join(f"{k}={v}" for k, v in report["rows"].items() if v)
     click.echo(
-        f"exported {report.events} events (cursor {report.cursor_before} -> {report.cursor_after})"
-        f" in {report.seconds:.2f}s; facts: {rows or 'none'}; lag: {report.lag_events} events"
+        f"exported {report['events']} events (cursor {report['cursor_before']} -> {report['cursor_after']})"
+        f" in {report['seconds']:.2f}s; facts: {rows or 'none'}; lag: {report['lag_events']} events"
     )
-    click.echo(f"store: {store!r}")
+    click.echo(f"exported by {report['exported_by']}")
 
 
 @facts.command()

@@ -9,7 +9,9 @@
 - ``noetl/facts`` (asset, on ``noetl_facts_export_job``): exports new events from
   the cursor stored in the facts database (at most ``max_events_per_tick`` per
   run) and reports events exported, lag in events and seconds, cursor and rows
-  per table as materialization metadata. A run that dies after inserting
+  per table as materialization metadata; when a ``dashboard serve`` holds the
+  embedded store, the run hands its export to it (``exported_by`` names the
+  process that ran it). A run that dies after inserting
   re-sends that batch next time without changing any total (the fact tables
   collapse rows on ``event_id``). The embedded chdb store is released after
   each run so the CLI can open it in between.
@@ -100,22 +102,20 @@ def facts_resource_from_env() -> FactsStoreResource:
     )
 
 
-def export_tick(resource: FactsStoreResource, *, max_events: int, batch_events: int) -> dict[str, object]:
-    """One exporter tick (the sensor body without Dagster): returns the report as a dict."""
-    from noetl_analytics.exporter import FactExporter  # noqa: PLC0415
+def export_tick(
+    resource: FactsStoreResource, *, max_events: int, batch_events: int, kind: str | None = None
+) -> dict[str, object]:
+    """One exporter tick (the sensor body without Dagster): returns the report as a dict. On an embedded
+    store held by a `dashboard serve`, the export runs in that process (``exported_by`` names it)."""
+    from noetl_analytics.export_handoff import export_facts  # noqa: PLC0415
     from noetl_analytics.pricing import PriceTable  # noqa: PLC0415
-    from noetl_dagster.storage.event_stores import open_event_store
+    from noetl_analytics.store_owner import acting_as  # noqa: PLC0415
 
     prices = PriceTable.load(resource.prices, data_dir=resource.data_dir)
-    with resource.open() as store:
-        log = open_event_store(resource.event_store_url, data_dir=resource.data_dir)
-        try:
-            report = FactExporter(store, log, batch_events=batch_events, prices=prices).export(
-                max_events=max_events
-            )
-        finally:
-            log.close()
-    return report.to_dict()
+    with acting_as(kind):  # what another process's error names while this run holds the store
+        return export_facts(resource.clickhouse_url, database=resource.database,
+                            events_url=resource.event_store_url, data_dir=resource.data_dir, prices=prices,
+                            batch_events=batch_events, max_events=max_events)  # fmt: skip
 
 
 # one catalog asset per rollup table/view the dashboards read (materialized after noetl/cost_rollups)
@@ -229,12 +229,15 @@ def build_facts_definitions(
     def noetl_facts(
         context: dg.AssetExecutionContext, noetl_facts: FactsStoreResource
     ) -> dg.MaterializeResult:
-        report = export_tick(noetl_facts, max_events=max_events_per_tick, batch_events=batch_events)
+        origin = context.run.remote_job_origin
+        where = f", code location {origin.location_name}" if origin is not None else ""
+        report = export_tick(noetl_facts, max_events=max_events_per_tick, batch_events=batch_events,
+                             kind=f"Dagster run {context.run.run_id} of {EXPORT_JOB}{where}")  # fmt: skip
         rows = report["rows"]
         assert isinstance(rows, dict)
         context.log.info(
             f"exported {report['events']} events (cursor {report['cursor_before']} -> {report['cursor_after']}),"
-            f" lag {report['lag_events']} events"
+            f" lag {report['lag_events']} events, by {report['exported_by']}"
         )
         return dg.MaterializeResult(
             metadata={
@@ -243,6 +246,7 @@ def build_facts_definitions(
                 "lag_events": report["lag_events"],
                 "lag_seconds": dg.FloatMetadataValue(float(report["lag_seconds"])),  # type: ignore[arg-type]
                 "seconds": dg.FloatMetadataValue(float(report["seconds"])),  # type: ignore[arg-type]
+                "exported_by": str(report["exported_by"]),
                 **{f"rows_{table}": n for table, n in rows.items()},
             }
         )
