@@ -111,7 +111,7 @@ def test_reexport_lost_cursor_crash_and_kill9_leave_every_rollup_unchanged(real_
     close_all()  # the child needs the chdb path (one process per path)
     prices = tmp_path / "prices.yaml"
     prices.write_text(yaml.safe_dump(PRICES))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = dict(os.environ)  # tests/conftest.py put the repo and its three package folders on PYTHONPATH
     child = subprocess.Popen(
         [sys.executable, "-m", "noetl_dagster.commands.main", "facts", "export", "--clickhouse", f"chdb://{chdb}",
          "--database", "killed", "--events", url, "--batch", "3", "--prices", str(prices)],

@@ -31,14 +31,9 @@ from noetl_dagster.sensors.facts import EXPORT_JOB, RESOURCE_KEY, FactsStoreReso
 from noetl_dagster.storage.events import SqliteEventStore
 from noetl_registry.service import Registry
 
-ROOT = Path(__file__).resolve().parents[2]
 PLAYBOOK = Path(__file__).parent / "playbooks" / "facts_refs.yaml"
 CLI = [sys.executable, "-m", "noetl_dagster.commands.main"]
-ENV = {
-    **os.environ,
-    "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("", "analytics", "lineage", "registry_service")),
-    "NOETL_DAGSTER_CHDB_WAIT": "1",
-}
+ENV = {**os.environ, "NOETL_DAGSTER_CHDB_WAIT": "1"}  # tests/conftest.py set PYTHONPATH
 FRESHNESS_BOUND = 60.0  # issue 43: a run shows within a minute of its end
 
 pytestmark = pytest.mark.slow

@@ -184,6 +184,7 @@ def test_aliases_that_expand_past_the_text_limit_are_refused_before_building(tmp
         (["flow", "compile"], False, "Missing argument 'FILE'"),
         (["lineage", "validate"], False, "Missing argument 'FILES...'"),
         (["facts", "bogus"], False, "No such command 'bogus'"),
+        (["dashboard", "serve", "--export-every", "-1"], False, "Invalid value for '--export-every'"),
         (["conformance", "/", "--http-override", "nohost"], False, "expected HOST=URL"),
         (["bogus"], True, "No such command 'bogus'"),
         (["serve", "--port", "0"], True, "Invalid value for '--port'"),
