@@ -41,6 +41,7 @@ from noetl_dagster.translator.declare import (
     with_partition_metadata,
     workload_partition_key,
 )
+from noetl_dagster.translator.failures import set_playbook_root
 from noetl_dagster.translator.frames import loop_dependencies, make_loop_ops
 from noetl_dagster.translator.ops import RESOURCE_KEY, make_node_op, make_start_op, output_name
 from noetl_dagster.translator.plan import MODES, JobPlan, Node, plan_job
@@ -214,8 +215,10 @@ def discover_playbooks(sources: str | os.PathLike[str] | Playbook | Iterable[Any
             for f in sorted(p.rglob("*")):
                 if f.suffix in SUFFIXES and f.is_file() and _is_playbook_file(f):
                     out.append(f)
+                    set_playbook_root(f, p)  # failures name the file as the folder shows it
         elif p.is_file():
             out.append(p)
+            set_playbook_root(p, p.parent)
         else:
             raise FileNotFoundError(f"no playbook file or directory at {p}")
     return out

@@ -34,7 +34,7 @@ from noetl_dagster.dsl.templates import TemplateError, template_env
 from noetl_dagster.engine import events as E
 from noetl_dagster.resources.runtime import TAG_EXECUTION
 from noetl_dagster.translator.declare import partitions_def
-from noetl_dagster.translator.failures import step_failure
+from noetl_dagster.translator.failures import code_block, step_failure
 from noetl_dagster.translator.versions import (
     RESOURCE_KEY,
     StoredVersion,
@@ -124,9 +124,14 @@ def step_check_evaluation(key: dg.AssetKey, step: str, failure: Any = None, eid:
                                        description=f"step {step!r} succeeded")  # fmt: skip
     md.update(failure.metadata() if failure is not None else {})
     text = failure.text() if failure is not None else str(message)
+    # the Checks tab shows the description as one paragraph: the headline there, the whole text (traceback
+    # included, line by line) as a markdown code block
+    md["noetl/error"] = dg.MetadataValue.md(code_block(text[:8000]))
+    headline = failure.headline if failure is not None else text.splitlines()[0] if text else "failed"
     return dg.AssetCheckEvaluation(
         asset_key=key, check_name=STEP_CHECK, passed=False, severity=dg.AssetCheckSeverity.ERROR, metadata=md,
-        description=f"{text[:1800]}\n\nAn arc routed the failure: the execution went on without this table.",
+        description=f"{headline[:1500]} (an arc routed the failure: the execution went on without this table; "
+        "the traceback is in noetl/error)",
     )  # fmt: skip
 
 

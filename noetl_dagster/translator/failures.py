@@ -9,9 +9,12 @@ failed step), so every path that fails an execution (a Materialize, a job op) te
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import dagster as dg
 
 from noetl_dagster.dsl.model import Playbook
 from noetl_dagster.engine import events as E
@@ -25,6 +28,30 @@ from noetl_dagster.engine.error_location import (
 )
 
 MAX_FRAMES = 8
+_ROOTS: dict[str, str] = {}  # playbook file -> the directory its code location loaded it from
+
+
+def set_playbook_root(file: str | os.PathLike[str], root: str | os.PathLike[str]) -> None:
+    """Record the directory a code location loaded ``file`` from (its playbooks folder; a file given
+    alone: its own folder), so a failure names ``sub/x.yaml:17`` as the project shows it."""
+    _ROOTS[os.path.abspath(file)] = os.path.abspath(root)
+
+
+def playbook_relative(file: str) -> str:
+    """``file`` relative to its playbook root; a file no code location loaded: cwd-relative when under it."""
+    root = _ROOTS.get(os.path.abspath(file))
+    if root is not None:
+        rel = os.path.relpath(os.path.abspath(file), root)
+        if not rel.startswith(".."):
+            return rel
+    return _short(file)
+
+
+def code_block(text: str) -> str:
+    """``text`` as a fenced markdown code block (a fence longer than any backtick run inside it)."""
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}\n{text}\n{fence}"
 
 
 @dataclass
@@ -47,7 +74,7 @@ class UserFailure:
             out += f" in task {self.task}" + (f" ({self.kind})" if self.kind else "")
         line = self.code_line or self.line
         if self.file and line:
-            out += f" at {_short(self.file)}:{line}"
+            out += f" at {playbook_relative(self.file)}:{line}"
         return f"{out}: {self.message}"
 
     def text(self) -> str:
@@ -63,9 +90,9 @@ class UserFailure:
         if self.kind:
             md["noetl/failed_kind"] = self.kind
         if self.file and (self.code_line or self.line):
-            md["noetl/failed_at"] = f"{self.file}:{self.code_line or self.line}"
-        if self.frames:
-            md["noetl/traceback"] = "\n".join(self.frames)
+            md["noetl/failed_at"] = f"{playbook_relative(self.file)}:{self.code_line or self.line}"
+        if self.frames:  # a code block: the UI collapses the line breaks of plain text
+            md["noetl/traceback"] = dg.MetadataValue.md(code_block("\n".join(self.frames)))
         return md
 
 
@@ -147,7 +174,7 @@ def _user_frames(tb: str, code_key: int | None, file: str | None) -> list[str]:
             continue
         at = code_key + n
         out.append(
-            f'  File "{_short(file)}", line {at}, in {"<code>" if fn in ("<module>", WRAPPED_FN) else fn}'
+            f'  File "{playbook_relative(file)}", line {at}, in {"<code>" if fn in ("<module>", WRAPPED_FN) else fn}'
         )
         if text is not None and 0 < at <= len(text):
             out.append("    " + text[at - 1].strip())

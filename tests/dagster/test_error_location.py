@@ -63,7 +63,7 @@ def test_a_python_error_is_placed_at_its_raising_line_by_dagster_explain_the_pag
     assert not bad.success and good.success
     # Dagster: the op's failure (headline and metadata)
     failure = bad.get_step_failure_events()[0].step_failure_data.user_failure_data
-    assert failure.metadata["noetl/failed_at"].value == where
+    assert failure.metadata["noetl/failed_at"].value == f"{f.name}:{raising}"  # relative to its folder
     assert f":{raising}: ValueError: tenth line" in failure.description.splitlines()[0]
     eid_bad, eid_good = (
         bad.dagster_run.tags["noetl/execution_id"],

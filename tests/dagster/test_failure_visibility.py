@@ -151,3 +151,29 @@ def test_a_materialize_that_routed_a_failure_on_is_green_but_tagged_and_logged(d
         assert (
             len(errors) == 1 and "RuntimeError: upstream down" in errors[0] and "fallback.yaml:" in errors[0]
         )
+
+
+def test_the_failed_check_keeps_the_traceback_lines_and_names_the_file_from_the_playbook_root(
+    dagster_data, tmp_path
+):
+    """The Checks tab shows a check's description as one paragraph: the traceback is a markdown code
+    block in the check's metadata (line by line), and ``noetl/failed_at`` names the file relative to
+    the folder the code location loaded (``sub/divide.yaml:LINE``), not an absolute path."""
+    root = tmp_path / "playbooks"
+    (root / "sub").mkdir(parents=True)
+    (root / "sub" / "divide.yaml").write_text(PLAYBOOK.format(guard=""))
+    res = NoetlResource(data_dir=str(dagster_data), tenant="demo", project="examples")
+    defs = compile_playbooks([root], include_sensor=False, resource=res).definitions
+    line = PLAYBOOK.splitlines().index('                return [{{"x": 1 / by}}]') + 1
+    with dg.instance_for_test() as instance:
+        res_ = defs.resolve_job_def("divide").execute_in_process(instance=instance)
+        (ev,) = _step_checks(instance, res_.run_id)
+    assert ev.metadata["noetl/failed_at"].value == f"sub/divide.yaml:{line}"
+    error = ev.metadata["noetl/error"]
+    assert isinstance(error, dg.MarkdownMetadataValue)
+    lines = error.value.splitlines()
+    assert lines[0] == "```" and lines[-1] == "```"
+    assert "Traceback (your code):" in lines and f'  File "sub/divide.yaml", line {line}, in main' in lines
+    assert "    return [{'x': 1 / by}]" in lines or '    return [{"x": 1 / by}]' in lines
+    assert isinstance(ev.metadata["noetl/traceback"], dg.MarkdownMetadataValue)
+    assert "\n" not in ev.description and "sub/divide.yaml:" in ev.description
