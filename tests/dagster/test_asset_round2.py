@@ -322,7 +322,7 @@ def test_a_failed_materialize_names_the_task_the_playbook_line_and_the_users_tra
     head = text.splitlines()[0]
     assert (
         head
-        == f"step 'transform' failed in task divide (python) at {f}:{at}: ZeroDivisionError: division by zero"
+        == f"step 'transform' failed in task divide (python) at {f.name}:{at}: ZeroDivisionError: division by zero"
     )
     assert f"line {at}, in ratio" in text and "return a / b" in text and "in main" in text
     assert "noetl_dagster" not in text and "dagster/_core" not in text  # the user's frames only
@@ -341,7 +341,9 @@ def test_a_failed_job_op_tells_the_same_story(dagster_data, tmp_path):
     assert not r.success
     text = r.get_step_failure_events()[0].step_failure_data.user_failure_data.description
     at = FAILING.splitlines().index("                return a / b") + 1
-    assert text.startswith(f"step 'transform' failed in task divide (python) at {f}:{at}: ZeroDivisionError")
+    assert text.startswith(
+        f"step 'transform' failed in task divide (python) at {f.name}:{at}: ZeroDivisionError"
+    )
     assert "Traceback (your code):" in text and "return a / b" in text and "noetl_dagster" not in text
 
 
