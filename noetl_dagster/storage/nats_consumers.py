@@ -18,6 +18,7 @@ sleeps at that point of every batch (tests/storage/test_nats_faults.py kills the
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -41,6 +42,7 @@ from noetl_dagster.storage.nats_streams import (
 )
 
 ARCHIVE = "archive"
+log = logging.getLogger(__name__)
 
 
 def _stall(stage: str) -> None:
@@ -53,12 +55,14 @@ def _pull(client: NatsClient, placement: Placement, durable: str | None, start_s
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy  # noqa: PLC0415
 
     subject = placement.stream_subjects("evt")[0]
+    start = {"deliver_policy": DeliverPolicy.BY_START_SEQUENCE, "opt_start_seq": max(1, start_seq or 1)}
     if durable is not None:
         cfg = ConsumerConfig(durable_name=durable, ack_policy=AckPolicy.ALL, ack_wait=30, max_ack_pending=-1,
-                             deliver_policy=DeliverPolicy.ALL, filter_subject=subject)  # fmt: skip
+                             filter_subject=subject, **start)  # fmt: skip
     else:
-        cfg = ConsumerConfig(ack_policy=AckPolicy.NONE, inactive_threshold=30, filter_subject=subject,
-                             deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(1, start_seq or 1))  # fmt: skip
+        cfg = ConsumerConfig(
+            ack_policy=AckPolicy.NONE, inactive_threshold=30, filter_subject=subject, **start
+        )
     return client.call(
         client.js.pull_subscribe(subject, durable=durable, stream=placement.events_stream, config=cfg)
     )
@@ -74,29 +78,52 @@ def _fetch(client: NatsClient, sub: Any, batch: int, timeout: float) -> list[Any
 
 
 class Projector:
-    """The projection consumer of some shards (``run`` until stopped; ``drain`` until caught up)."""
+    """The projection consumer of some shards (``run`` until stopped; ``drain`` until caught up).
+
+    The checkpoint committed with the projections is the truth: at start (and after a failed batch)
+    the durable consumer is created again from ``checkpoint + 1``, so events are applied in stream
+    order even when a killed process left a batch unacknowledged (JetStream would redeliver it only
+    after ``ack_wait``, behind newer ones). One projector per shard and projection name."""
 
     def __init__(self, url: str, placements: Sequence[Placement], *, name: str = STATE, batch: int = 256):
         self.config: NatsStoreConfig = parse_nats_url(url)
         self.client = connect(self.config.nats_url, name=f"noetl-projector-{name}")
         self.projection = Projection(self.config.projection_url)
         self.name, self.batch, self.placements = name, batch, list(placements)
-        self._subs = []
+        self._subs: dict[str, Any] = {}
         for p in self.placements:
             self.client.ensure_streams(p)
-            self._subs.append((p, _pull(self.client, p, f"proj_{name}")))
+            self._subscribe(p)
+
+    def _subscribe(self, p: Placement) -> None:
+        from nats.js.errors import NotFoundError  # noqa: PLC0415
+
+        durable = f"proj_{self.name}"
+        old = self._subs.pop(p.suffix, None)
+        if old is not None:
+            self.client.call(old.unsubscribe())
+        try:
+            self.client.call(self.client.js.delete_consumer(p.events_stream, durable))
+        except NotFoundError:
+            pass
+        start = self.projection.checkpoint(self.name, p.region, p.shard, p.events_stream) + 1
+        self._subs[p.suffix] = _pull(self.client, p, durable, start)
 
     def step(self, timeout: float = 1.0) -> int:
         """One batch per shard; the number of messages handled."""
         handled = 0
-        for p, sub in self._subs:
-            msgs = _fetch(self.client, sub, self.batch, timeout)
+        for p in self.placements:
+            msgs = _fetch(self.client, self._subs[p.suffix], self.batch, timeout)
             if not msgs:
                 continue
             items = [(m.metadata.sequence.stream, decode(m.data)) for m in msgs]
-            self.projection.apply(
-                items, name=self.name, stream=p.events_stream, hook=lambda: _stall("in_txn")
-            )
+            try:
+                self.projection.apply(
+                    items, name=self.name, stream=p.events_stream, hook=lambda: _stall("in_txn")
+                )
+            except Exception:
+                self._subscribe(p)  # from the checkpoint again: nothing after a failed batch goes first
+                raise
             _stall("before_ack")
             self.client.call(msgs[-1].ack_sync())  # ack-all: the whole batch
             handled += len(msgs)
@@ -110,7 +137,11 @@ class Projector:
 
     def run(self, stop: Callable[[], bool] = lambda: False) -> None:
         while not stop():
-            self.step(1.0)
+            try:
+                self.step(1.0)
+            except Exception as e:  # noqa: BLE001 - the database or server away: retry from the checkpoint
+                log.warning("projector %s: %s: %s (retrying)", self.name, type(e).__name__, e)
+                time.sleep(1.0)
 
     def close(self) -> None:
         self.projection.close()

@@ -192,20 +192,27 @@ class NatsEventStore(EventStore):
     # -- reads (warm tier, stream for what it has not applied yet) -----------------------------------
 
     def read(self, execution_id: str, after_sequence: int = 0) -> list[Event]:
-        projected = self.projection.read(execution_id, after_sequence)
-        last = projected[-1].sequence if projected else after_sequence
-        return projected + self._unprojected(execution_id, last or 0)
+        return [e for _s, e, _h in self._merged(execution_id, after_sequence) if e is not None]
 
     def read_range(self, execution_id: str, after_sequence: int, until_sequence: int) -> list[Event]:
         return [e for e in self.read(execution_id, after_sequence) if (e.sequence or 0) <= until_sequence]
 
     def read_chained(self, execution_id: str) -> list[tuple[int, Event | None, bytes | None]]:
-        rows = self.projection.read_chained(execution_id)
-        last = rows[-1][0] if rows else 0
-        return rows + [(r[0], r[1], r[2]) for r in self._unprojected_records(execution_id, last)]
+        return self._merged(execution_id, 0)
 
-    def _unprojected(self, execution_id: str, after: int) -> list[Event]:
-        return [e for _s, e, _h in self._unprojected_records(execution_id, after)]
+    def _merged(self, execution_id: str, after: int) -> list[tuple[int, Event | None, bytes | None]]:
+        """The projected events, completed from the stream where the projection has not caught up
+        (its tail, or a hole a projector restart has not refilled yet)."""
+        rows = self.projection.read_chained(execution_id, after)
+        contiguous = all(r[0] == after + i + 1 for i, r in enumerate(rows))
+        last = rows[-1][0] if rows and contiguous else after
+        extra = self._unprojected_records(execution_id, last)
+        if not extra:
+            return rows
+        merged = {r[0]: r for r in rows}
+        for r in extra:
+            merged.setdefault(r[0], r)
+        return [merged[k] for k in sorted(merged)]
 
     def _unprojected_records(self, execution_id: str, after: int) -> list[tuple[int, Event, bytes | None]]:
         """Events of the execution numbered after ``after`` that are in the stream (not projected yet)."""

@@ -375,14 +375,14 @@ class Projection:
             ).fetchall()
         return [e for seq, b in rows if (e := decode_body(b, f"{execution_id}#{seq}")) is not None]
 
-    def read_chained(self, execution_id: str) -> list[tuple[int, Event | None, bytes | None]]:
+    def read_chained(self, execution_id: str, after: int = 0) -> list[tuple[int, Event | None, bytes | None]]:
         with self._pool.connection() as conn:
             rows = conn.execute(
                 self._q(
                     "SELECT sequence, body, hash FROM {schema}.event_projection"
-                    " WHERE execution_id = %s ORDER BY sequence"
+                    " WHERE execution_id = %s AND sequence > %s ORDER BY sequence"
                 ),
-                (execution_id,),
+                (execution_id, after),
             ).fetchall()
         return [(int(s), decode_body(b, f"{execution_id}#{s}"), bytes.fromhex(h) if h else None)
                 for s, b, h in rows]  # fmt: skip
@@ -452,7 +452,7 @@ def _task_row(tasks: dict[tuple[str, str, str, int], list[Any]], e: Event) -> No
     key = (e.execution_id, e.step, label, int(e.attempt or (1 if is_task else 0)))
     done = e.name in ("task.done", "step.done", "step.failed")
     prev = tasks.get(key)
-    started = prev[5] if prev else (None if done else e.timestamp)
+    started = prev[4] if prev else (None if done else e.timestamp)  # a start earlier in the batch
     status = ("error" if e.status == "error" or e.name == "step.failed" else "success") if done else "running"
     tasks[key] = [status, e.data.get("kind") if is_task else None, e.step_run_id,
                   e.task_run_id, started, e.timestamp if done else None, e.event_id]  # fmt: skip
