@@ -101,7 +101,12 @@ def drive(services: Any, load: str, executions: int, concurrency: int) -> tuple[
 
 
 def start_workers(n: int, region: str, store_url: str, home: Path) -> list[subprocess.Popen]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("", "analytics", "lineage", "registry_service"))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            str(ROOT / p) for p in ("", "analytics", "lineage", "registry_service")
+        ),
+    }
     procs = []
     for i in range(n):
         log = home / f"worker{i}.log"
@@ -138,13 +143,17 @@ def drop_streams(region: str) -> None:
                 client.call(client.js.delete_stream(info.config.name))
 
 
-def row(name: str, executions: int, wall: float, lat: list[float], base: float | None, one: float | None) -> float:
+def row(
+    name: str, executions: int, wall: float, lat: list[float], base: float | None, one: float | None
+) -> float:
     per_min = executions / wall * 60
     lat_ms = sorted(x * 1000 for x in lat)
     p99 = lat_ms[min(len(lat_ms) - 1, int(round(0.99 * (len(lat_ms) - 1))))]
     ratio_one = f"{per_min / (one or per_min):5.2f}x" if name.startswith("pool") else "    -"
     ratio_base = f"{per_min / base:5.2f}x" if base else "    -"
-    print(f"| {name:<22} | {per_min:8,.0f} | {statistics.median(lat_ms):7.0f} | {p99:7.0f} | {ratio_one} | {ratio_base} |")
+    print(
+        f"| {name:<22} | {per_min:8,.0f} | {statistics.median(lat_ms):7.0f} | {p99:7.0f} | {ratio_one} | {ratio_base} |"
+    )
     return per_min
 
 
@@ -169,7 +178,9 @@ def main() -> None:
             print(f"\nload {load!r} ({'a 50 ms wait' if load == 'io' else '20 ms of Python CPU'} per task)\n")
             print("| configuration          | exec/min | p50 ms  | p99 ms  | vs 1 w | vs in-process |")
             print("|---|---:|---:|---:|---:|---:|")
-            services = build_services(event_store=store_url, data_dir=home / "engine", tenant="bench", project="nats")
+            services = build_services(
+                event_store=store_url, data_dir=home / "engine", tenant="bench", project="nats"
+            )
             drive(services, load, min(4, args.executions), args.concurrency)  # warm: imports, connections
             wall, lat = drive(services, load, args.executions, args.concurrency)
             base = row("in-process (no pool)", args.executions, wall, lat, None, None)
@@ -185,7 +196,9 @@ def main() -> None:
                 finally:
                     dispatch.close()
                     stop_workers(procs)
-                per_min = row(f"pool, {n} worker{'s' if n > 1 else ''}", args.executions, wall, lat, base, one)
+                per_min = row(
+                    f"pool, {n} worker{'s' if n > 1 else ''}", args.executions, wall, lat, base, one
+                )
                 one = one or per_min
     finally:
         drop_streams(region)
