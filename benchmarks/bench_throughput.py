@@ -56,6 +56,8 @@ import yaml
 PG = os.environ.get("NOETL_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 PER_WORKER = int(os.environ.get("NOETL_BENCH_EXECUTIONS", "150"))
 
+# pure five steps (issue 46): the python tasks are marked `pure: true`, so the execution's events
+# are two commits (the request, then the rest at its end); EFFECT_PLAYBOOK is the same with effects
 PLAYBOOK = {
     "apiVersion": "noetl.io/v2",
     "kind": "Playbook",
@@ -65,20 +67,27 @@ PLAYBOOK = {
         {"step": "start", "tool": {"kind": "noop"}, "next": {"arcs": [{"step": "a"}]}},
         {
             "step": "a",
-            "tool": {"kind": "python", "code": "result = {'x': 1}"},
+            "tool": {"kind": "python", "pure": True, "code": "result = {'x': 1}"},
             "next": {"arcs": [{"step": "b"}]},
         },
         {
             "step": "b",
-            "tool": {"kind": "python", "code": "result = {'y': 2}"},
+            "tool": {"kind": "python", "pure": True, "code": "result = {'y': 2}"},
             "next": {"arcs": [{"step": "c"}]},
         },
         {
             "step": "c",
-            "tool": {"kind": "python", "code": "result = {'z': 3}"},
+            "tool": {"kind": "python", "pure": True, "code": "result = {'z': 3}"},
             "next": {"arcs": [{"step": "end"}]},
         },
         {"step": "end", "tool": {"kind": "noop"}},
+    ],
+}
+EFFECT_PLAYBOOK = {
+    **PLAYBOOK,
+    "workflow": [
+        {**s, "tool": {k: v for k, v in s["tool"].items() if k != "pure"}}  # type: ignore[index]
+        for s in PLAYBOOK["workflow"]  # type: ignore[union-attr]
     ],
 }
 

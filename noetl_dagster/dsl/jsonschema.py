@@ -65,7 +65,7 @@ def _kind_config(kind: str, definitions: dict[str, Any]) -> dict[str, Any] | Non
         definitions[f"{kind}.{name}"] = _relax(sub)
     schema.pop("title", None)
     schema["properties"] = {k: v for k, v in (schema.get("properties") or {}).items()
-                            if k not in ("kind", "spec", "set", "loop", "desc")}  # fmt: skip
+                            if k not in ("kind", "spec", "set", "loop", "desc", "pure")}  # fmt: skip
     return _relax(schema)
 
 
@@ -131,6 +131,11 @@ def _task_schema(kinds: list[str], definitions: dict[str, Any]) -> dict[str, Any
             "kind": {"enum": kinds, "description": "the tool kind (`noetl-dagster tools list`)"},
             "name": {"type": "string"},
             "desc": {"type": "string"},
+            "pure": {
+                "type": "boolean",
+                "description": "python/duckdb: the code has no effect outside the "
+                "execution (no durability barrier before it)",
+            },
             "spec": {"type": "object", "description": "runtime knobs and `policy.rules`"},
             "set": {"$ref": "#/definitions/set"},
             "loop": {"$ref": "#/definitions/loop"},

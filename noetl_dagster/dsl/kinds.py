@@ -302,6 +302,20 @@ BUILTIN_KINDS: dict[str, str] = {
 }
 
 
+# Kinds that only compute from their rendered config (no effect outside the execution): a task of
+# one of them can be re-derived from the log, so the engine makes no barrier before it and groups it
+# with its neighbours into one commit (docs/events.md "Durability at side effects"). flow_input and
+# flow_guard are the flow syntax's templates-only kinds. Every other kind has effects, except a
+# task of PURE_WHEN_MARKED whose author wrote ``pure: true`` (its code is the author's word).
+PURE_KINDS: frozenset[str] = frozenset({"noop", "rhai", "flow_input", "flow_guard"})
+PURE_WHEN_MARKED: frozenset[str] = frozenset({"python", "duckdb"})
+
+
+def is_pure(kind: str, marked_pure: bool = False) -> bool:
+    """Whether a task of ``kind`` (``pure: true`` when ``marked_pure``) has no effect outside the execution."""
+    return kind in PURE_KINDS or (marked_pure and kind in PURE_WHEN_MARKED)
+
+
 # NoETL's kinds (its schema's tool.kind list, its Rust worker's registry) that this runtime does not
 # offer, each with the reason `validate` gives: none of upstream's kinds is merely "not recognized".
 UNOFFERED_KINDS: dict[str, str] = {

@@ -113,6 +113,9 @@ class Task(_Model):
     policy: list[PolicyRule] | None = None
     set: SetBlock = Field(default_factory=SetBlock)
     loop: Loop | None = None
+    # `pure: true` (python, duckdb): the author's word that the code has no effect outside the
+    # execution, so it runs without a durability barrier (dsl/kinds.is_pure)
+    pure: bool = False
 
 
 class Arc(_Model):

@@ -12,7 +12,15 @@ from typing import Any
 from pydantic import ValidationError
 
 from noetl_dagster.dsl.executor_spec import check_executor, no_effect_keys
-from noetl_dagster.dsl.kinds import UNOFFERED_KINDS, is_known, missing_extra, raw_keys, required_keys
+from noetl_dagster.dsl.kinds import (
+    PURE_KINDS,
+    PURE_WHEN_MARKED,
+    UNOFFERED_KINDS,
+    is_known,
+    missing_extra,
+    raw_keys,
+    required_keys,
+)
 from noetl_dagster.dsl.legacy import ARGS_NATIVE_KINDS, find_legacy_constructs
 from noetl_dagster.dsl.model import (
     AdmitRule,
@@ -171,7 +179,24 @@ def _parse_task(
         policy=policy,
         set=split_set(ctx, body.get("set"), (*path, "set")),
         loop=loop,
+        pure=_pure(ctx, kind, body, path),
     )
+
+
+def _pure(ctx: ParseContext, kind: str, body: dict[str, Any], path: PathT) -> bool:
+    """``pure:`` of a task: a boolean, ``true`` only where it can hold (dsl/kinds.is_pure)."""
+    if "pure" not in body:
+        return False
+    value = body["pure"]
+    if not isinstance(value, bool):
+        ctx.err((*path, "pure"), "task-pure", f"`pure` must be true or false, not {value!r}")
+        return False
+    if value and kind not in PURE_WHEN_MARKED and kind not in PURE_KINDS:
+        marked = ", ".join(sorted(PURE_WHEN_MARKED))
+        ctx.err((*path, "pure"), "task-pure", f"`pure: true` is for {marked} tasks whose code has no effect "
+                f"outside the execution; kind {kind!r} has effects (it runs after a durability barrier)")  # fmt: skip
+        return False
+    return value
 
 
 def _parse_pipeline(ctx: ParseContext, raw: Any, path: PathT) -> list[Task]:

@@ -18,7 +18,7 @@ TASK_SPEC_KNOBS = {
     "policy", "isolation", "timeout", "timeout_seconds", "resources", "exec", "placement",
     "sink", "cache", "max_in_flight", "pool", "env", "assert",
 }  # fmt: skip
-TASK_META_KEYS = {"kind", "name", "spec", "set", "loop", "desc"}
+TASK_META_KEYS = {"kind", "name", "spec", "set", "loop", "desc", "pure"}
 # step keys that belong to earlier eras (SEMANTICS §1: migrate, never run)
 LEGACY_STEP_KEYS = {
     "case": "`case:` routing",

@@ -218,7 +218,7 @@ class Loop(ReadyModel):
 
 class Task(ReadyModel):
     __slots__ = ()
-    _fields = _names("label", "kind", "config", "spec", "policy", "set", "loop")
+    _fields = _names("label", "kind", "config", "spec", "policy", "set", "loop", "pure")
 
 
 class Arc(ReadyModel):

@@ -51,6 +51,8 @@ def _task_raw(t: Task) -> dict[str, Any]:
         body["set"] = _set_raw(t.set)
     if t.loop:
         body["loop"] = _loop_raw(t.loop)
+    if t.pure:
+        body["pure"] = True
     return body
 
 

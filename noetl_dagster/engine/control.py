@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from noetl_dagster.dsl.executor_spec import final_step, no_next_is_error
+from noetl_dagster.dsl.kinds import is_pure
 from noetl_dagster.dsl.template_front import TemplateError
 from noetl_dagster.dsl.template_lazy import engine_template_env
 from noetl_dagster.engine import events as E
@@ -85,6 +86,9 @@ class Services:
     # tool calls of some kinds go to a worker pool (engine.ports.ToolDispatch, e.g. the NATS command
     # queue of tools/dispatch_nats.py); None: every kind runs in this process
     dispatch: Any = None
+    # --durable: every step boundary is a commit and every barrier an fsync (engine.recorder); by
+    # default pure steps between two durability barriers are one commit
+    durable: bool = False
 
 
 @dataclass
@@ -124,7 +128,9 @@ class Engine(Driver, EngineServices):
             parent_execution_id=parent_execution_id or self.state.parent_execution_id,
             listeners=services.listeners,
             max_events=max_events(playbook),
+            durable=services.durable,
         )
+        self._effect_runs: set[str] = set()  # step runs that ran a task with an outside effect
         self.worker = Worker(self)
         self.env = engine_template_env()  # Jinja2 at the first template (issue 35)
         self._resources: dict[str, Any] = {}
@@ -149,6 +155,20 @@ class Engine(Driver, EngineServices):
             self.services.logger(message)
         else:
             log.info(message)
+
+    def _opens_with_effect(self, step: Step) -> bool:
+        """The step's first task has an effect outside the execution (so it runs behind a barrier)."""
+        if not step.tool or step.name in self.state.reused:
+            return False
+        first = step.tool[0]
+        return not is_pure(first.kind, first.pure)
+
+    def before_effect(self, step_run_id: str) -> None:
+        """A task with an effect outside the execution is about to run: everything recorded so far
+        becomes durable first (its step run's id included, which a resume reuses), and the step run
+        is routed behind a barrier too (see _route)."""
+        self._effect_runs.add(step_run_id)
+        self.recorder.flush()
 
     def patch_ctx(self, patch: dict[str, Any], *, source: str, **fields: Any) -> None:
         if patch:
@@ -301,6 +321,10 @@ class Engine(Driver, EngineServices):
 
     def _run(self, act: Activation) -> StepRun:
         step = self._steps[act.step]
+        if self.recorder.effect_pending and not self._opens_with_effect(step):
+            # a routed step run had an effect: its end is made durable before this step's code runs
+            # (a step opening with an effect makes it durable at that task's barrier, in one commit)
+            self.recorder.flush()
         cap = self._cap
         runs = self.state.step_runs
         # the capped run is the one scheduled past the cap, and the last scheduled (see ready)
@@ -371,7 +395,10 @@ class Engine(Driver, EngineServices):
                 )
             self._enqueue(f["step"], f["args"], run.step, f["token_id"])
             out.append((f["token_id"], f["step"]))
-        self.recorder.flush()
+        if run.step_run_id in self._effect_runs:  # its effect happened: durable before more user code runs
+            self._effect_runs.discard(run.step_run_id)
+            self.recorder.effect_pending = True  # (see _run)
+        self.recorder.step_boundary()
         return out
 
     def is_done(self) -> bool:

@@ -132,7 +132,9 @@ class Driver:
         if self.state.finished:
             return []
         try:
-            return self._recover(on_step, allowed)
+            resumed = self._recover(on_step, allowed)
+            self.recorder.flush()  # what recovery recorded is durable before anything else runs
+            return resumed
         except Exception as e:  # noqa: BLE001 - the gate (see _crashed)
             self._crashed(e)
             return []

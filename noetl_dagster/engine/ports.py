@@ -97,6 +97,17 @@ class EventStore(ABC):
         ``after`` (None: there is none); False when it moved meanwhile or the adapter keeps none."""
         return False
 
+    # True for a store whose ``append`` only buffers (the local Feather store): the engine then
+    # hands it every step's events and ``barrier`` decides when they reach the file. False (SQLite,
+    # Postgres): an append is a commit, so the engine's recorder holds pure steps' events itself
+    # and appends them at the next barrier (docs/events.md "Durability at side effects").
+    buffers_appends: bool = False
+
+    def barrier(self, durable: bool = True) -> None:  # noqa: B027 - a store whose append commits has nothing to do
+        """Everything appended so far survives the death of this process (kill -9); with
+        ``durable`` also an OS crash (fsync). The engine calls it before every task with an effect
+        outside the execution, after the step run that had one, and at the execution's end."""
+
     def acquire_lease(self, execution_id: str) -> None:  # noqa: B027 - adapters without leases allow all
         """Take the exclusive lease on one execution (``resume``); raise ExecutionLeased if another live
         process holds it. A lease whose holder died (kill -9) is stale and is taken over."""

@@ -1,8 +1,12 @@
 """Recorder: the one way an execution changes: emit an event, fold it, append it.
 
 Events are folded into the state immediately and appended to the EventStore in
-batches (at step boundaries and every ``batch_size`` events), after secret
-values are redacted and big bodies are offloaded to the PayloadStore.
+batches, after secret values are redacted and big bodies are offloaded to the
+PayloadStore. A batch is appended at each durability barrier (:meth:`Recorder.flush`:
+before a task with an effect outside the execution, after the step run that had
+one, at the end, on a crash) and every ``batch_size`` events; pure steps between
+two barriers go in one batch, so in one commit (docs/events.md "Durability at
+side effects"). ``durable`` (``--durable``) appends at every step boundary too.
 Listeners (Dagster logs, OpenLineage) see each event once it is durable.
 
 Limits (docs/limits.md): an execution records at most ``max_events`` events
@@ -196,6 +200,7 @@ class Recorder:
         redactor: Redactor | None = None,
         batch_size: int = 2000,
         max_events: int | None = None,
+        durable: bool = False,
     ):
         self.state = state
         self.store = store
@@ -206,6 +211,12 @@ class Recorder:
         self.listeners = list(listeners)
         self.redactor = redactor or Redactor()
         self.batch_size = batch_size
+        # every step boundary appends and every barrier asks the store for an fsync (--durable)
+        self.durable = durable
+        self.appends = 0  # batches appended (one commit each on SQLite and Postgres)
+        self._unsealed = False  # appended since the store's last barrier
+        # a routed step run had an effect and its end is not appended yet (engine.control._run)
+        self.effect_pending = False
         self._buffer: list[Event] = []
         self._lock = threading.RLock()
         # an engine continuing an execution from its log (another op, run or process) must not reuse
@@ -268,8 +279,23 @@ class Recorder:
         return ev
 
     def flush(self) -> None:
+        """The durability barrier: everything emitted so far is appended (one commit on SQLite and
+        Postgres) and the store makes it survive this process (``EventStore.barrier``)."""
         with self._lock:
             self._flush_locked()
+            self.effect_pending = False
+            if self._unsealed:
+                self.store.barrier(self.durable)
+                self._unsealed = False
+
+    def step_boundary(self) -> None:
+        """A step was routed: its events wait for the next barrier (pure steps are grouped), unless
+        ``durable`` or the store only buffers appends (it applies its own flush policy)."""
+        if self.durable:
+            self.flush()
+        elif self.store.buffers_appends:
+            with self._lock:
+                self._flush_locked()
 
     def discard(self) -> int:
         """After the store refused the buffer: append the events before the first one that cannot be
@@ -323,6 +349,8 @@ class Recorder:
             self._buffer = batch + self._buffer  # not durable: discard() drops it, with its payloads
             raise
         self._pending_refs.clear()
+        self.appends += 1
+        self._unsealed = True
         if batch:
             self.state.sequence = max(self.state.sequence, batch[-1].sequence or 0)
         for listener in self.listeners:

@@ -440,6 +440,7 @@ def run_steps(
                 for act in acts:  # one Dagster log message per activation: scheduled .. routed
                     run = eng.run(act)
                     record(run, eng.route(run))
+                    eng.recorder.flush()  # each activation durable (its Dagster log lines follow the log)
                     sink.flush()
                 if not region:
                     break

@@ -22,6 +22,7 @@ workflow:
     loop: {{in: "{{{{ range(workload.n) | list }}}}", iterator: x}}
     tool:
       kind: python
+      pure: true  # no barrier per iteration: the loop's events go in one batch (one segment)
       input: {{x: "{{{{ iter.x }}}}"}}
       code: "result = x * 2"
 """

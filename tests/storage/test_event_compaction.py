@@ -178,6 +178,7 @@ workflow:
     loop: {in: "{{ range(workload.n) | list }}", iterator: x}
     tool:
       kind: python
+      pure: true  # no barrier per iteration: the iterations go in one batch (segments)
       input: {x: "{{ iter.x }}"}
       code: "result = {'sq': x * x}"
     set: {ctx.total: "{{ start.stats.ok }}"}

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 import yaml
 
-from benchmarks.bench_throughput import PLAYBOOK
+from benchmarks.bench_throughput import EFFECT_PLAYBOOK, PLAYBOOK
 from benchmarks.pgwire import WireCounter
 from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.storage.postgres_events import MIGRATIONS, PostgresEventStore
@@ -61,10 +61,20 @@ def test_a_new_schema_is_still_migrated_under_the_lock(wire):
         store.close()
 
 
-def test_a_five_step_execution_is_one_round_trip_per_flush(wire, tmp_path):
+@pytest.mark.parametrize(
+    ("playbook", "per_execution"),
+    [
+        (PLAYBOOK, 2),  # pure steps (issue 46): the request, then everything else at the end
+        # python steps with effects: the request, a barrier before each effect (the one before b and c
+        # also holds the previous step's end), one before `end` (c's end), the end
+        (EFFECT_PLAYBOOK, 6),
+    ],
+    ids=["pure", "effects"],
+)
+def test_a_five_step_execution_is_one_round_trip_per_flush(wire, tmp_path, playbook, per_execution):
     wc, url = wire
     path = tmp_path / "five_steps.yaml"
-    path.write_text(yaml.safe_dump(PLAYBOOK, sort_keys=False))
+    path.write_text(yaml.safe_dump(playbook, sort_keys=False))
     store = PostgresEventStore(url)
     flushes = 0
     append = store.append
@@ -84,6 +94,6 @@ def test_a_five_step_execution_is_one_round_trip_per_flush(wire, tmp_path):
         sent = _delta(wc, before)
     finally:
         store.close()
-    assert flushes == 3 * 7  # start, five steps, end
+    assert flushes == 3 * per_execution  # (it was 7: the request, five steps, the end)
     # one Bind/Execute/Sync per flush: no prepare again, no new connection, no other statement
     assert sent == {"B": flushes, "D": flushes, "E": flushes, "S": flushes, "round_trips": flushes}
