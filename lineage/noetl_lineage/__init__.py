@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from noetl_dagster.util.extras import require
 from noetl_lineage.config import is_configured
 
 _LAZY = {
@@ -33,6 +34,8 @@ def listener_from_env() -> Any:
     OPENLINEAGE__TRANSPORT__*, OPENLINEAGE_URL) or disabled (OPENLINEAGE_DISABLED=true)."""
     if not is_configured():
         return None
+    # configured but not installed: the one-line hint, not a lost stream of lineage events
+    require("openlineage.client", "OpenLineage events (configured by openlineage.yml or OPENLINEAGE_*)")
     from noetl_lineage.emitter import listener_from_env as build  # noqa: PLC0415
 
     return build()

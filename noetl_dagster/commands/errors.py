@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from noetl_dagster.util.cli import OneLineUsageGroup
-from noetl_dagster.util.extras import extra_for_module, install_hint
+from noetl_dagster.util.extras import MissingExtra, extra_for_module, install_hint
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -86,6 +86,8 @@ def convert(exc: BaseException, command: str | None = None) -> click.ClickExcept
     chain = sys.modules.get("noetl_dagster.engine.chain")
     if chain is not None and isinstance(exc, chain.LogTampered):  # an altered log or archive (exit 1)
         return Failed(str(exc).strip().splitlines()[0])
+    if isinstance(exc, MissingExtra):  # already the one-line hint, naming the capability
+        return BadInput(str(exc))
     extra = extra_for_module(exc.name) if isinstance(exc, ModuleNotFoundError) else None
     if extra:  # an optional capability that is not installed: say which extra, not the ImportError
         what = f"`noetl-dagster {command}`" if command else "this command"

@@ -182,7 +182,9 @@ class S3PayloadStore(ObjectPayloadStore):
         storage_class: str | None = None,
         **storage_options: Any,
     ):
-        import s3fs  # noqa: PLC0415 - optional heavy import
+        from noetl_dagster.util.extras import require  # noqa: PLC0415
+
+        s3fs = require("s3fs", "an s3:// store")
 
         self._locate(bucket, prefix)
         self._options = dict(endpoint_url=endpoint_url, region=region, key=key, secret=secret, path_style=path_style,

@@ -96,9 +96,9 @@ def sha256(data: bytes) -> str:
 # this machine (AVX-512: 29 MB in 3.4 ms vs 14.4 ms), so a table write pays ~1.1x instead of
 # ~1.4x raw pyarrow (issue 19). Readers verify whichever algorithm a checksum names.
 def _blake3() -> Any:
-    import blake3  # noqa: PLC0415 - optional until a blake3 checksum is written or read
+    from noetl_dagster.util.extras import require  # noqa: PLC0415 - optional until a blake3 checksum is used
 
-    return blake3.blake3()
+    return require("blake3", "a blake3 checksum").blake3()
 
 
 CHECKSUM_ALGORITHMS: dict[str, Callable[[], Any]] = {"sha256": hashlib.sha256, "blake3": _blake3}

@@ -42,6 +42,7 @@ from noetl_dagster.storage.payload import (
     open_payload_store,
     store_for_uri,
 )
+from noetl_dagster.util.extras import require
 
 if TYPE_CHECKING:  # pragma: no cover
     from noetl_registry.client import RegistryClient
@@ -98,7 +99,7 @@ def to_arrow(data: Any) -> pa.Table:
             data = data.collect()
         return data.to_arrow()
     if mod == "pandas":
-        import pandas as pd  # noqa: PLC0415
+        pd = require("pandas", "a pandas DataFrame")
 
         if isinstance(data, pd.DataFrame):
             return pa.Table.from_pandas(data, preserve_index=False)
@@ -127,10 +128,9 @@ def convert(table: pa.Table, as_type: str = "arrow") -> Any:
     if as_type == "arrow":
         return table
     if as_type == "polars":
-        import polars as pl  # noqa: PLC0415
-
-        return pl.from_arrow(table)
+        return require("polars", "a polars DataFrame").from_arrow(table)
     if as_type == "pandas":
+        require("pandas", "a pandas DataFrame")
         return table.to_pandas()
     if as_type == "records":
         return table.to_pylist()
@@ -329,7 +329,7 @@ class IcebergTables:
     def catalog(self) -> Any:
         if self._catalog is None:
             _iceberg_env()
-            from pyiceberg.catalog import load_catalog  # noqa: PLC0415
+            load_catalog = require("pyiceberg.catalog", "an Iceberg table").load_catalog
 
             self._catalog = load_catalog(self.catalog_name, **self.properties)
         return self._catalog

@@ -25,6 +25,7 @@ from typing import Any
 
 from noetl_dagster.engine.ports import CursorRequest, CursorRow, CursorSource
 from noetl_dagster.tools.registry import ToolError
+from noetl_dagster.util.extras import require
 
 
 class _SqlCursor(CursorSource):
@@ -112,7 +113,7 @@ class DuckdbCursor(_SqlCursor):
 
     def __init__(self, req: CursorRequest):
         super().__init__(req)
-        import duckdb
+        duckdb = require("duckdb", "a DuckDB cursor")
 
         from noetl_dagster.tools.duckdb_tool import connect
 

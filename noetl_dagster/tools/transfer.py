@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from noetl_dagster.tools.configs import ToolConfig
 from noetl_dagster.tools.registry import ToolContext, ToolError, register_tool
+from noetl_dagster.util.extras import require
 
 SOURCES = ("http", "postgres", "duckdb", "snowflake")
 TARGETS = ("postgres", "duckdb", "snowflake", "parquet", "arrow", "iceberg")
@@ -183,7 +184,7 @@ def _duck_conn(end: Mapping[str, Any], ctx: ToolContext) -> Any:
 
 
 def _duck_source(src: Mapping[str, Any], chunk: int, ctx: ToolContext) -> Iterator[pa.RecordBatch]:
-    import duckdb  # noqa: PLC0415
+    duckdb = require("duckdb", "a transfer from DuckDB")
 
     from noetl_dagster.tools.duckdb_tool import note_sql  # noqa: PLC0415
 
@@ -287,7 +288,7 @@ def _pg_target(
 def _duck_target(
     tgt: Mapping[str, Any], mode: str, batches: Iterator[pa.RecordBatch], ctx: ToolContext, stats: dict
 ) -> None:
-    import duckdb  # noqa: PLC0415
+    duckdb = require("duckdb", "a transfer into DuckDB")
 
     table = tgt.get("table")
     if not table:

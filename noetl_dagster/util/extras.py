@@ -10,12 +10,19 @@ and the CLI's error guard (``commands/errors``: any command whose import needs a
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+from types import ModuleType
 
 DISTRIBUTION = "noetl-dagster"
 
 # extra -> the top-level modules it installs (the ones our code imports)
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
+    "duckdb": ("duckdb",),
+    "tables": ("pyiceberg", "polars", "pandas"),
+    "s3": ("s3fs",),
+    "lineage": ("openlineage", "openlineage_sql"),
+    "blake3": ("blake3",),
     "analytics": ("clickhouse_connect", "chdb", "matplotlib", "plotly", "networkx"),
     "quantum": ("qiskit", "qiskit_aer", "qiskit_qasm3_import", "cirq"),
     "quantum-cloud": ("qiskit_ibm_runtime", "boto3"),
@@ -33,6 +40,8 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
 
 # built-in tool kinds that need an extra (the rest are core)
 KIND_EXTRAS: dict[str, str] = {
+    "duckdb": "duckdb",
+    "iceberg": "tables",
     "quantum": "quantum",
     "qdrant": "qdrant",
     "nats": "nats",
@@ -47,7 +56,11 @@ KIND_EXTRAS: dict[str, str] = {
 # modules a kind needs at its first call (a subset of its extra: quantum-cloud's stay optional)
 _KIND_MODULES: dict[str, tuple[str, ...]] = {
     "quantum": ("qiskit", "qiskit_aer", "cirq"),
-    "ducklake": ("duckdb_extension_ducklake",),  # postgres_scanner / httpfs only for those catalogs and paths
+    "iceberg": ("pyiceberg",),
+    "ducklake": (
+        "duckdb",
+        "duckdb_extension_ducklake",
+    ),  # postgres_scanner / httpfs only for those catalogs and paths
 }
 
 _MODULE_EXTRA: dict[str, str] = {m: extra for extra, mods in EXTRA_MODULES.items() for m in mods}
@@ -78,3 +91,22 @@ def missing_kind_extra(kind: str) -> str | None:
     if all(installed(m) for m in _KIND_MODULES.get(kind, EXTRA_MODULES[extra])):
         return None
     return f"tool kind {kind!r} needs: {install_hint(extra)}"
+
+
+class MissingExtra(ModuleNotFoundError):
+    """An optional package a capability needs is not installed; the message is the one-line hint
+    (a ModuleNotFoundError, so the CLI guards and callers that catch ImportError keep working)."""
+
+
+def require(module: str, what: str) -> ModuleType:
+    """``import module``, or MissingExtra ``{what} needs: pip install 'noetl-dagster[extra]'`` when
+    the extra that provides it is not installed (``what``: the capability, e.g. "an Iceberg table")."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        extra = extra_for_module(e.name)
+        if extra is None or e.name is None or e.name.split(".")[0] != module.split(".")[0]:
+            raise
+        raise MissingExtra(
+            f"{what} needs: {install_hint(extra)} (module {e.name} is missing)", name=e.name
+        ) from None

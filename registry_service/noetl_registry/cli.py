@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from noetl_dagster.util.cli import OneLineUsageGroup
+from noetl_dagster.util.extras import extra_for_module, install_hint
 from noetl_registry.errors import RegistryError
 
 # the same exit codes as noetl-dagster: 0 ok, 1 failed, 2 bad input (options, database URL, unreachable database)
@@ -43,6 +44,12 @@ class _Guarded(OneLineUsageGroup):
             raise
         except RegistryError as e:
             raise BadInput(e.message) from None
+        except ModuleNotFoundError as e:  # an extra that is not installed (serve: [registry-server])
+            extra = extra_for_module(e.name)
+            if extra is None:
+                raise click.ClickException(f"internal error: {_one_line(e)}") from None
+            what = f"`noetl-registry {ctx.invoked_subcommand}`" if ctx.invoked_subcommand else "this command"
+            raise BadInput(f"{what} needs the {extra!r} extra: {install_hint(extra)}") from None
         except (
             OSError,
             ValueError,

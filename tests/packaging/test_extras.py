@@ -47,7 +47,8 @@ def test_extras_table_matches_pyproject():
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert set(EXTRA_MODULES) <= set(extras)
     for name in ("analytics", "quantum", "quantum-cloud", "qdrant", "k8s", "celery", "nats", "mcp",
-                 "snowflake", "gcs", "azure", "registry-server", "ducklake", "all", "dev"):  # fmt: skip
+                 "snowflake", "gcs", "azure", "registry-server", "ducklake", "duckdb", "tables", "s3",
+                 "lineage", "blake3", "postgres-binary", "all", "dev"):  # fmt: skip
         assert name in extras, name
 
     # [all] is spelled out (a self-referencing extra sent pip's resolver backtracking): it must be
@@ -126,7 +127,7 @@ def test_dashboard_says_which_extra(tmp_path):
 
 @pytest.mark.parametrize("runner", ["local", "dagster"])
 def test_core_playbooks_run_without_any_extra(tmp_path, runner):
-    for name in ("hello_dagster", "orders_duckdb", "fanout_join"):
+    for name in ("hello_dagster", "customers_http", "fanout_join", "customer_portfolio"):
         out = _core(tmp_path, "cli", "run", "--runner", runner, "--json", str(EXAMPLES / f"{name}.yaml"))
         assert out.returncode == 0, out.stderr[-2000:]
         assert json.loads(out.stdout)["status"] == "completed"
@@ -149,7 +150,8 @@ def test_code_location_loads_and_reports_playbooks_of_missing_extras(tmp_path):
     out = _core(tmp_path, "code", code)
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert "hello_dagster" in got["jobs"] and "orders_duckdb" in got["jobs"]
+    assert "hello_dagster" in got["jobs"] and "customers_http" in got["jobs"]
+    assert "orders_duckdb" not in got["jobs"] and "noetl_invalid_playbook/orders_duckdb" in got["keys"]
     assert "quantum_sweep" not in got["jobs"]
     assert "noetl_invalid_playbook/quantum_sweep" in got["keys"]
     assert "noetl_invalid_playbook/vector_search" in got["keys"]
@@ -159,7 +161,9 @@ def test_code_location_loads_and_reports_playbooks_of_missing_extras(tmp_path):
 # modules that are an extra's own code (they may import it at module level)
 OPTIONAL_MODULES = ("noetl_analytics.", "noetl_registry.app", "noetl_dagster.sensors.facts",
                     "noetl_dagster.io_managers.qdrant", "noetl_dagster.resources.qdrant",
-                    "noetl_dagster.tools.qdrant")  # fmt: skip
+                    "noetl_dagster.tools.qdrant", "noetl_dagster.tools.duckdb_tool", "noetl_dagster.tools.ducklake",
+                    "noetl_lineage.convert", "noetl_lineage.emitter", "noetl_lineage.quantum_facet",
+                    "noetl_lineage.sql")  # fmt: skip
 
 
 def test_core_modules_import_no_optional_package():
@@ -192,3 +196,48 @@ def test_an_executor_of_a_missing_extra_is_one_line(tmp_path, monkeypatch):
         out.stderr
     )
     assert out.stderr.strip().count("\n") == 0
+
+
+def test_duckdb_kind_names_its_extra(tmp_path):
+    pb = EXAMPLES / "orders_duckdb.yaml"
+    out = _core(tmp_path, "cli", "validate", str(pb))
+    assert out.returncode == 1, out.stderr
+    assert f"{pb}:{_line_of(pb, 'kind: duckdb')}: missing-extra: " in out.stdout + out.stderr
+    assert "tool kind 'duckdb' needs: pip install 'noetl-dagster[duckdb]'" in out.stdout + out.stderr
+
+
+def test_registry_serve_without_its_extra_is_one_line(tmp_path):
+    """Was ``internal error: ModuleNotFoundError: No module named 'uvicorn'`` (issue 44)."""
+    code = (
+        "import sys\n"
+        "from noetl_registry.cli import main\n"
+        f"sys.argv = ['noetl-registry', 'serve', '--db', {str(tmp_path / 'reg.db')!r}]\n"
+        "main()\n"
+    )
+    out = _core(tmp_path, "code", code)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip() == (
+        "error: `noetl-registry serve` needs the 'registry-server' extra: pip install 'noetl-dagster[registry-server]'"
+    )
+
+
+@pytest.mark.parametrize(
+    ("snippet", "hint"),
+    [
+        ("from noetl_dagster.storage.tables import convert; import pyarrow as pa; convert(pa.table({'a': [1]}), 'polars')",
+         "a polars DataFrame needs: pip install 'noetl-dagster[tables]'"),
+        ("from noetl_dagster.storage.payload import checksum_algorithm, CHECKSUM_ALGORITHMS; CHECKSUM_ALGORITHMS['blake3']()",
+         "a blake3 checksum needs: pip install 'noetl-dagster[blake3]'"),
+        ("from noetl_dagster.storage.object_stores import S3PayloadStore; S3PayloadStore('b')",
+         "an s3:// store needs: pip install 'noetl-dagster[s3]'"),
+        ("import os; os.environ['OPENLINEAGE_URL'] = 'http://127.0.0.1:9'\n"
+         "from noetl_lineage import listener_from_env; listener_from_env()",
+         "OpenLineage events (configured by openlineage.yml or OPENLINEAGE_*) needs: pip install 'noetl-dagster[lineage]'"),
+    ],
+    ids=["polars", "blake3", "s3", "lineage"],
+)  # fmt: skip
+def test_a_core_module_using_an_optional_package_gives_the_hint(snippet, hint):
+    code = f"from noetl_dagster.util.extras import MissingExtra\ntry:\n    exec({snippet!r})\nexcept MissingExtra as e:\n    print(e)\n"
+    out = _core(Path(os.environ.get("TMPDIR", "/tmp")), "code", code)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().startswith(hint), out.stdout
