@@ -41,6 +41,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "bench_sandbox": ["--tasks", "5", "--repeat", "2"],
     "bench_payload_stores": ["--mb", "16", "--object-mb", "8", "--repeat", "1"],
     "bench_nats_workers": ["--executions", "16"],
+    "bench_nats_tiers": ["--executions", "16"],
 }
 QUICK_ENV = {"NOETL_BENCH_EXECUTIONS": "30"}  # bench_throughput: executions per worker
 
