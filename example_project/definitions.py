@@ -9,7 +9,6 @@ definitions (exporter sensor, cost rollups). Both read one NoETL data home:
 from __future__ import annotations
 
 import os
-import warnings
 from pathlib import Path
 
 import dagster as dg
@@ -18,15 +17,6 @@ PROJECT_DIR = Path(__file__).resolve().parent
 PLAYBOOKS_DIR = PROJECT_DIR / "playbooks"
 # one data home for the playbooks, the router sensor and the facts exporter (run workers inherit it too)
 os.environ.setdefault("NOETL_DAGSTER_HOME", str(PROJECT_DIR / ".noetl"))
-# Dagster's defs-folder loader hands a component's asset checks back as AssetsDefinitions (its
-# with_definition_metadata_update) and the repository turns each into an AssetChecksDefinition again,
-# passing the beta `execution_type` parameter itself: a BetaWarning at every code-server load about a
-# parameter no playbook sets. Only that one.
-warnings.filterwarnings(
-    "ignore",
-    message=r"Parameter `execution_type` of function `AssetsDefinition.__init__` is currently in beta",
-    category=dg.BetaWarning,
-)
 
 
 def _facts_definitions() -> dg.Definitions | None:

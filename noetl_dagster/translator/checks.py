@@ -192,7 +192,26 @@ def _checks_def(
                 evals.append(_evaluation(res, key, chk, versions[(uri, pk)], parts, pk))
             yield dg.AssetCheckResult(**(evals[0] if len(evals) == 1 else _combined(evals, pkeys)))
 
-    return _checks
+    return keeps_check_class(_checks)
+
+
+class NoetlChecksDefinition(dg.AssetChecksDefinition):
+    """Asset checks that stay asset checks when Dagster copies them. Dagster's defs-folder loader updates
+    the metadata of a component's checks with ``with_attributes``, which rebuilds them through
+    ``AssetsDefinition.dagster_internal_init`` as plain ``AssetsDefinition``s; the repository then turns
+    each back into an ``AssetChecksDefinition`` passing the beta ``execution_type`` parameter: a
+    BetaWarning at every code-server load of every project whose playbooks declare a check. A copy of
+    this class is this class, built without ``execution_type`` (a check has none to set)."""
+
+    @staticmethod
+    def dagster_internal_init(**attrs: Any) -> NoetlChecksDefinition:  # type: ignore[override]
+        attrs.pop("execution_type", None)
+        return NoetlChecksDefinition(**attrs)
+
+
+def keeps_check_class(checks: dg.AssetChecksDefinition) -> NoetlChecksDefinition:
+    """``checks`` as a :class:`NoetlChecksDefinition` (same op, specs and resources)."""
+    return NoetlChecksDefinition.dagster_internal_init(**checks.get_attributes_dict())
 
 
 def run_partition_keys(context: Any, parts: dg.PartitionsDefinition | None = None) -> list[str] | None:

@@ -30,3 +30,39 @@ def test_the_example_project_loads_without_a_warning(tmp_path):
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     assert "loaded" in out.stdout and "Warning" not in out.stderr, out.stderr[-3000:]
+
+
+USER_LOAD = """
+from pathlib import Path
+import dagster as dg
+from dagster._core.remote_representation.external_data import RepositorySnap
+repo = dg.load_from_defs_folder(path_within_project=Path("userproj").resolve()).get_repository_def()
+RepositorySnap.from_def(repo)
+print("loaded", len(repo.asset_checks_defs_by_key), "checks")
+"""
+
+
+def test_a_users_project_with_declared_checks_loads_without_the_execution_type_beta_warning(tmp_path):
+    """A project of a user (no filter of its own): the component's asset checks, copied by Dagster's
+    defs-folder loader, no longer print the ``execution_type`` BetaWarning at every code-server load."""
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "userproj"\nversion = "0"\n\n[tool.dg]\ndirectory_type = "project"\n\n'
+        '[tool.dg.project]\nroot_module = "userproj"\n'
+    )
+    defs_dir = tmp_path / "userproj" / "defs" / "playbooks"
+    (defs_dir / "playbooks").mkdir(parents=True)
+    for d in (tmp_path / "userproj", tmp_path / "userproj" / "defs"):
+        (d / "__init__.py").write_text("")
+    (defs_dir / "defs.yaml").write_text(
+        "type: noetl_dagster.NoetlPlaybooksComponent\nattributes:\n  playbooks_dir: playbooks\n"
+        f"  data_dir: {tmp_path / 'noetl'}\n"
+    )
+    (defs_dir / "playbooks" / "sales.yaml").write_text(
+        (REPO / "example_project/playbooks/sales_tables.yaml").read_text()
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    out = subprocess.run([sys.executable, "-W", "error", "-W", "ignore::DeprecationWarning", "-c", USER_LOAD],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "loaded" in out.stdout and " 0 checks" not in out.stdout, out.stdout
+    assert "Warning" not in out.stderr, out.stderr[-3000:]
