@@ -192,6 +192,22 @@ def test_projection_is_the_same_whatever_the_batch_size(tier, tmp_path):
         projection.close()
 
 
+def test_resource_index_holds_every_stored_result_a_task_returned(tier):
+    ref = {"$ref": {"uri": "file:///r/x.json", "store": "file", "format": "json", "size": 12,
+                    "checksum": "sha256:" + "ab" * 32}}  # fmt: skip
+    with open_event_store(tier.url) as store:
+        store.append([Event("task.done", "ex-r", step="s", task_run_id="t1", attempt=1, tenant_id="acme",
+                            project_id="p1", data={"task": "t", "outcome": {"result": {"rows": ref}}})])  # fmt: skip
+    p = tier.placement("acme", "p1")
+    proj = nc.Projector(tier.url, [p])
+    proj.drain()
+    [row] = proj.projection.rows("resource_index")
+    proj.close()
+    assert row[:9] == ("file:///r/x.json", "sha256:" + "ab" * 32, "acme", "p1", "execution:ex-r", "result",
+                       "json", "ab" * 32, 12)  # fmt: skip
+    assert (row[9], row[10]) == (p.region, p.shard)
+
+
 def _stream_records(tier, p):
     from noetl_dagster.storage.nats_streams import connect, decode  # noqa: PLC0415
 
@@ -268,6 +284,47 @@ def test_archiver_checkpoint_and_retention_never_evict_an_unarchived_range(tier,
         assert [(a["execution_id"], a["status"]) for a in again.archived] == [(done2.execution_id, "exists")]
     finally:
         ret.close()
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.booleans()), min_size=1, max_size=30))
+def test_retention_on_a_real_stream_never_evicts_an_execution_not_archived(tmp_path_factory, _tiers, steps):
+    """Interleaved executions on a real stream, some finished, some not; the projector, the archiver and
+    retention (min age 0) run: every event of an execution not archived is still in the stream, and every
+    execution reads whole through the store."""
+    tier = new_tier(tmp_path_factory.mktemp("prop"))
+    _tiers.append(tier)
+    p = tier.placement()
+    appended: dict[str, int] = {}
+    finished: set[str] = set()
+    with open_event_store(tier.url) as store:
+        for ex, finish in steps:
+            eid = f"ex-{ex}"
+            if eid in finished:
+                continue
+            if eid not in appended:
+                evs = [Event("playbook.execution.requested", eid, data={"playbook": "x"})]
+            elif finish:
+                evs = [Event("workflow.finished", eid, data={"status": "completed"}),
+                       Event("playbook.processed", eid, data={"status": "completed"})]  # fmt: skip
+                finished.add(eid)
+            else:
+                evs = [Event("ctx.patched", eid, data={"k": appended[eid]})]
+            store.append(evs)
+            appended[eid] = appended.get(eid, 0) + len(evs)
+    for consumer in (nc.Projector(tier.url, [p]), nc.Archiver(tier.url, p)):
+        consumer.drain()
+        consumer.close()
+    ret = nc.Retention(tier.url, p, min_age_s=0)
+    ret.enforce()
+    ret.close()
+    in_stream = [r["execution_id"] for r in _stream_records(tier, p)]
+    with open_event_store(tier.url) as store:
+        for eid, n in appended.items():
+            if eid not in finished:
+                assert in_stream.count(eid) == n, (eid, steps)
+            assert [e.sequence for e in store.read(eid)] == list(range(1, n + 1))
+    assert len(nc.archive_bundles("file://" + str(tier.payload))) == len(finished)
 
 
 @settings(max_examples=300, deadline=None)
