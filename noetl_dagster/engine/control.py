@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,9 +23,10 @@ from noetl_dagster.engine import usage
 from noetl_dagster.engine.durability import Driver
 from noetl_dagster.engine.engine_services import EngineServices
 from noetl_dagster.engine.events import uuid7
+from noetl_dagster.engine.execution import Activation, Services
 from noetl_dagster.engine.frame import StepRun, outcome_envelope
 from noetl_dagster.engine.graph import StepGraph, analyze
-from noetl_dagster.engine.ports import EventStore, ResultOffloader, ToolError
+from noetl_dagster.engine.ports import ToolError
 from noetl_dagster.engine.recorder import Recorder
 from noetl_dagster.engine.scope import Scope, StepResults
 from noetl_dagster.engine.state import ExecutionState
@@ -63,40 +63,6 @@ def max_events(playbook: Playbook) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
     return None
-
-
-@dataclass
-class Services:
-    """What an execution runs against (shared with its child executions)."""
-
-    event_store: EventStore
-    offloader: ResultOffloader
-    data_dir: Path
-    catalog: Any  # noetl_dagster.engine.catalog.Catalog
-    tenant: str = "default"
-    project: str = "default"
-    listeners: list[Callable[[E.Event], None]] = field(default_factory=list)
-    logger: Callable[[str], None] | None = None
-    keychain_factory: Callable[[Playbook], Any] | None = None
-    # loop.cursor drivers by kind (engine.ports.CursorOpener), wired by the runner
-    cursor_sources: dict[str, Any] = field(default_factory=dict)
-    # in-process kinds of a sandboxed execution run in its worker (engine.ports.SandboxPort); wired by
-    # the runner, and a sandboxed execution without one fails its tasks (closed, never unconfined)
-    sandbox: Any = None
-    # tool calls of some kinds go to a worker pool (engine.ports.ToolDispatch, e.g. the NATS command
-    # queue of tools/dispatch_nats.py); None: every kind runs in this process
-    dispatch: Any = None
-    # --durable: every step boundary is a commit and every barrier an fsync (engine.recorder); by
-    # default pure steps between two durability barriers are one commit
-    durable: bool = False
-
-
-@dataclass
-class Activation:
-    step: str
-    step_run_id: str
-    token_ids: list[str]
-    args: Any
 
 
 class Engine(Driver, EngineServices):

@@ -28,7 +28,8 @@ from noetl_dagster.engine.recorder import (
 from noetl_dagster.engine.state import ExecutionState, fold
 
 if TYPE_CHECKING:
-    from noetl_dagster.engine.control import Activation, Engine, Services
+    from noetl_dagster.engine.execution import Activation, Services
+    from noetl_dagster.engine.execution import ExecutionEngine as Engine
 
 log = logging.getLogger("noetl_dagster.engine")
 UNRECORDED_DIR = "unrecorded"  # under the data dir: executions whose failure could not be recorded

@@ -26,7 +26,7 @@ from noetl_dagster.engine.trust import cursor_config
 
 if TYPE_CHECKING:
     from noetl_dagster.dsl.model import FramePolicy, Loop, Step
-    from noetl_dagster.engine.control import Engine
+    from noetl_dagster.engine.execution import ExecutionEngine as Engine
 
 
 class _CursorRun:

@@ -40,7 +40,7 @@ from noetl_dagster.engine.usage import Meter, add_offload, network_into
 
 if TYPE_CHECKING:
     from noetl_dagster.dsl.model import Step, Task
-    from noetl_dagster.engine.control import Engine
+    from noetl_dagster.engine.execution import ExecutionEngine as Engine
 
 MAX_NOTE_CHARS = 16 * 1024  # a recorded SQL statement (ctx.note) is bounded: events stay small
 

@@ -92,6 +92,14 @@ def test_no_module_import_cycles(graph):
     assert _cycles(graph) == []
 
 
+def test_the_engine_has_no_import_circle_even_through_annotations():
+    """The engine (noetl_dagster.engine) imports no module that imports it back, counting imports
+    under `if TYPE_CHECKING:` too (issue 46: control, durability, worker and loops imported each
+    other around one; they type against engine/execution.py's ExecutionEngine Protocol now)."""
+    full = grimp.build_graph("noetl_dagster", exclude_type_checking_imports=False)
+    assert [c for c in _cycles(full) if any(m.startswith("noetl_dagster.engine.") for m in c)] == []
+
+
 def test_no_package_import_cycles(graph):
     """Folders (noetl_dagster.<part> and the top-level packages) form no circle."""
 
