@@ -219,19 +219,32 @@ class NatsEventStore(EventStore):
         head = self._heads.get(execution_id)
         if head is not None and head.sequence <= after:
             return []
-        return self.client.call(self._stream_after(execution_id, after, head), timeout=60)
+        # what the database knows is asked here, not on the client's loop (it would stall every caller)
+        known = self.projection.locate(execution_id) if head is None else None
+        start = head.recent.get(after + 1) if head is not None else None
+        if start is None and after:
+            start = self.projection.stream_seq_of(execution_id, after)
+            start = start + 1 if start else None
+        return self.client.call(self._stream_after(execution_id, after, head, known, start or 1), timeout=60)
 
     async def _stream_after(
-        self, execution_id: str, after: int, head: _Head | None
-    ) -> list[tuple[int, Event, bytes | None]]:
+        self, execution_id: str, after: int, head: _Head | None, known: tuple[str, str, str, str, int] | None,
+        start: int,
+    ) -> list[tuple[int, Event, bytes | None]]:  # fmt: skip
         from nats.js.errors import NotFoundError  # noqa: PLC0415
 
         js = self.client.js
-        where = await self._locate(execution_id, head)
+        where = await self._locate(execution_id, head, known)
         if where is None:
             return []
         stream, subject = where
-        start = head.recent.get(after + 1, 1) if head is not None else 1
+        if head is None:  # one round trip tells whether the stream has anything past ``after``
+            try:
+                last = await js.get_last_msg(stream, subject)
+            except NotFoundError:
+                return []
+            if int(decode(last.data)["sequence"]) <= after:
+                return []
         out: list[tuple[int, Event, bytes | None]] = []
         seq = start
         while True:
@@ -241,23 +254,19 @@ class NatsEventStore(EventStore):
                 return out
             rec = decode(msg.data)
             if int(rec["sequence"]) > after:
-                out.append(
-                    (
-                        int(rec["sequence"]),
-                        event_of(rec),
-                        bytes.fromhex(rec["hash"]) if rec.get("hash") else None,
-                    )
-                )
+                h = rec.get("hash")
+                out.append((int(rec["sequence"]), event_of(rec), bytes.fromhex(h) if h else None))
             seq = msg.seq + 1
 
-    async def _locate(self, execution_id: str, head: _Head | None) -> tuple[str, str] | None:
-        """(stream, subject filter) of an execution: this process' head, the projection, else a scan
+    async def _locate(
+        self, execution_id: str, head: _Head | None, known: tuple[str, str, str, str, int] | None
+    ) -> tuple[str, str] | None:
+        """(stream, subject) of an execution: this process' head, the projection, else a scan
         of the region's event streams (an execution another process started and nothing projected)."""
         if head is not None:
             return head.placement.events_stream, head.subject
-        known = self.projection.locate(execution_id)
-        if known is not None:
-            p = self.config.placement(known[0], known[1])
+        if known is not None:  # where the projector saw it (its region and shard, not recomputed)
+            p = Placement(region=known[2], cell=f"{known[2]}-a", shard=known[3])
             return p.events_stream, p.event_subject(known[0], known[1], execution_id)
         region = self.config.region or placement_of("default", "default").region
         prefix = f"NOETL_EVT_{region}_"

@@ -428,6 +428,18 @@ class Projection:
             ).fetchone()
         return (row[0], row[1], row[2], row[3], int(row[4])) if row else None
 
+    def stream_seq_of(self, execution_id: str, sequence: int) -> int | None:
+        """The stream sequence the execution's event ``sequence`` came from (None: not projected, or rebuilt
+        from an archive)."""
+        with self._pool.connection() as conn:
+            row = conn.execute(
+                self._q(
+                    "SELECT stream_seq FROM {schema}.event_projection WHERE execution_id = %s AND sequence = %s"
+                ),
+                (execution_id, sequence),
+            ).fetchone()
+        return int(row[0]) if row and row[0] is not None else None
+
     def rows(self, table: str) -> list[tuple[Any, ...]]:
         if table not in PROJECTED + ("projection_checkpoint", "processed_event", "archive_manifest_index"):
             raise ValueError(f"not a projection table: {table}")

@@ -96,6 +96,28 @@ def test_read_fills_a_hole_in_the_projection_from_the_stream(tier):
         assert [e.sequence for e in other.read("ex-h")] == [1, 2, 3, 4, 5]
 
 
+def test_reading_a_projected_execution_costs_one_stream_request(tier, tmp_path):
+    """Regression: a process that did not write the execution walked the whole execution in the stream,
+    one request per event, on every read, even when the projection held all of it."""
+    r = run_playbook(EXAMPLES / "hello_dagster.yaml", data_dir=tmp_path / "d", event_store=tier.url)
+    proj = nc.Projector(tier.url, [tier.placement()])
+    proj.drain()
+    proj.close()
+    with open_event_store(tier.url) as other:
+        calls = []
+        js = other.client.js
+        real = js._api_request
+
+        async def counted(subject, *a, **kw):  # every JetStream API request this store makes
+            calls.append(subject.split(".")[3])
+            return await real(subject, *a, **kw)
+
+        js._api_request = counted
+        assert len(other.read(r.execution_id)) == 26
+        assert calls == ["MSG"]  # the execution's last message: nothing past the projection
+        assert len(other.read(r.execution_id, 20)) == 6 and calls == ["MSG"] * 2
+
+
 def test_a_second_process_reads_what_the_first_appended(tier):
     with open_event_store(tier.url) as a, open_event_store(tier.url) as b:
         a.append([Event("workflow.started", "ex-9", tenant_id="acme", project_id="p1")])
