@@ -21,7 +21,6 @@ import os
 import socket
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -41,7 +40,8 @@ from noetl_dagster.tools.command_queue import (
     recorded,
 )
 from noetl_dagster.tools.registry import ToolError
-from noetl_dagster.util.jsonutil import dumps, plain
+from noetl_dagster.tools.remote_call import RemoteContext, call_as_reply
+from noetl_dagster.util.jsonutil import dumps
 
 FETCH_WAIT_S = 1.0
 DISCOVER_EVERY_S = 10.0  # a region's new shard streams are bound this often
@@ -223,28 +223,15 @@ class PoolWorker:
 
     def execute(self, command: Command) -> dict[str, Any]:
         """Run the command's kind; the reply (``ok`` and ``result``, or ``error``; logs, notes, secrets)."""
-        from noetl_dagster.dsl.kinds import KindError, get_tool  # noqa: PLC0415
+        from noetl_dagster.dsl.kinds import get_tool  # noqa: PLC0415
 
         ctx = PoolContext(command, self)
-        reply: dict[str, Any]
         try:
-            tool = get_tool(command.kind)
-            if tool is None:
-                raise ToolError(f"tool kind {command.kind!r} is not registered on worker {self.worker_id}",
-                                kind="unknown_kind")  # fmt: skip
-            reply = {"ok": True, "result": plain(tool.invoke(dict(command.config), ctx))}
-        except KindError as e:
-            reply = {"ok": False, "error": {"kind": e.kind, "message": str(e)}}
-        except ToolError as e:
-            reply = {"ok": False, "error": {"kind": e.kind, "message": str(e.message), "retryable": e.retryable,
-                                            "code": e.code, "details": plain(e.details), "result": plain(e.result)}}  # fmt: skip
-        except Exception as e:  # noqa: BLE001 - a tool bug is an error outcome, as in the engine's process
-            py = {"exception_type": type(e).__name__, "traceback": traceback.format_exc(limit=-8)[-16384:]}
-            reply = {"ok": False, "error": {"kind": "exception", "message": f"{type(e).__name__}: {e}",
-                                            "details": {"py": py}}}  # fmt: skip
+            reply = call_as_reply(get_tool(command.kind), command.config, ctx,
+                                  f"tool kind {command.kind!r} is not registered on worker {self.worker_id}")  # fmt: skip
         finally:
             ctx.close()
-        reply.update(logs=ctx.logs, notes=ctx.notes, redact=ctx.redactions, worker=self.worker_id)
+        reply["worker"] = self.worker_id
         redactor = Redactor()
         redactor.add([*command.redact, *ctx.redactions])
         if redactor:
@@ -316,10 +303,11 @@ class PoolWorker:
         return self._payloads
 
 
-class PoolContext:
+class PoolContext(RemoteContext):
     """What a tool sees in a pool worker: the command's facts and plain scope; no keychain, no engine."""
 
     def __init__(self, command: Command, worker: PoolWorker):
+        super().__init__()
         self.execution_id = command.execution_id
         self.step = command.step
         self.task = command.task
@@ -334,10 +322,6 @@ class PoolContext:
         self.restricted = False
         self.isolation = None
         self._worker = worker
-        self._resources: dict[str, Any] = {}
-        self.logs: list[str] = []
-        self.notes: dict[str, Any] = {}
-        self.redactions: list[str] = []
 
     @property
     def offloader(self) -> Any:
@@ -351,31 +335,8 @@ class PoolContext:
         raise ToolError(f"credential {name!r}: a pool worker has no keychain (run this kind in the engine's "
                         "process: leave it out of the dispatch kinds)", kind="credential_not_delegated")  # fmt: skip
 
-    def resource(self, key: str, factory: Callable[[], Any]) -> Any:
-        if key not in self._resources:
-            self._resources[key] = factory()
-        return self._resources[key]
-
     def run_playbook(self, path: str, workload: Any, **kw: Any) -> dict[str, Any]:
         raise ToolError("a pool worker cannot start a playbook", kind="dispatch_refused")
 
     def run_workbook(self, name: str, inputs: Any) -> Any:
         raise ToolError("a pool worker cannot call a workbook entry", kind="dispatch_refused")
-
-    def log(self, message: str) -> None:
-        self.logs.append(str(message))
-
-    def redact(self, value: str) -> None:
-        self.redactions.append(str(value))
-
-    def note(self, **meta: Any) -> None:
-        self.notes.update(meta)
-
-    def close(self) -> None:
-        for r in self._resources.values():
-            close = getattr(r, "close", None)
-            if callable(close):
-                try:
-                    close()
-                except Exception:  # noqa: BLE001, S110
-                    pass

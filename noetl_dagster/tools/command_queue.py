@@ -34,6 +34,7 @@ from noetl_dagster.engine import events as E
 from noetl_dagster.engine.events import Event, uuid7
 from noetl_dagster.engine.ports import ToolError
 from noetl_dagster.storage import nats_streams as streams
+from noetl_dagster.tools.remote_call import reply_outcome
 from noetl_dagster.util.jsonutil import dumps, loads
 
 DISPATCH_ENV = "NOETL_TOOL_DISPATCH"
@@ -45,7 +46,6 @@ MAX_RESULT_BYTES = 512 * 1024  # a reply and its command.done event stay well un
 LOG_CHECK_S = 2.0  # a lost reply (core NATS is at-most-once) is found in the log this often
 WORKERS_DURABLE = "noetl_workers"  # one durable pull consumer per command stream, shared by the pool
 REPLY_KEYS = ("ok", "result", "error", "logs", "notes", "redact", "worker")
-NOTE_KEYS = frozenset({"sql", "sql_namespace", "sql_default_schema", "sql_dialect"})
 DETAIL_KEYS = frozenset({"py", "http", "pg", "duckdb"})
 
 
@@ -151,29 +151,6 @@ def error_reply(kind: str, message: str, *, retryable: bool = False, worker: str
         "error": {"kind": kind, "message": message, "retryable": retryable},
         "worker": worker,
     }
-
-
-def raise_or_result(reply: Mapping[str, Any], ctx: Any) -> Any:
-    """A worker's reply as the engine's own call would end: logs, notes and secrets handed to the
-    task's context, then the result, or the ToolError the kind raised. The reply is data from another
-    process: each field is checked before it is used."""
-    for line in (reply.get("logs") or ())[:10_000]:
-        ctx.log(str(line)[:16_384])
-    for value in reply.get("redact") or ():
-        ctx.redact(str(value))
-    notes = reply.get("notes")
-    if isinstance(notes, dict) and callable(getattr(ctx, "note", None)):
-        ctx.note(**{k: v for k, v in notes.items() if k in NOTE_KEYS})
-    if reply.get("ok"):
-        return reply.get("result")
-    e = reply.get("error") if isinstance(reply.get("error"), dict) else {}
-    details = e.get("details") if isinstance(e.get("details"), dict) else {}
-    code = e.get("code")
-    raise ToolError(str(e.get("message") or "the worker pool failed the task"),
-                    kind=str(e.get("kind") or "tool_error"), retryable=e.get("retryable") is True,
-                    code=code if isinstance(code, (str, int)) else None,
-                    details={k: v for k, v in details.items() if k in DETAIL_KEYS},
-                    result=e.get("result"))  # fmt: skip
 
 
 # -- settings ----------------------------------------------------------------------------------------
@@ -297,7 +274,9 @@ class NatsToolDispatch:
     def call(self, kind: str, config: Mapping[str, Any], ctx: Any) -> Any:
         command = self.command(kind, config, ctx)
         reply = self.send(command, getattr(ctx, "event_store", None))
-        return raise_or_result(reply, ctx)
+        return reply_outcome(
+            reply, ctx, detail_keys=DETAIL_KEYS, default_message="the worker pool failed the task"
+        )
 
     def send(self, command: Command, store: Any = None) -> dict[str, Any]:
         """Publish ``command`` (acknowledged by the server before this waits) and wait for its reply,

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from noetl_dagster.tools.registry import ToolError
+from noetl_dagster.tools.remote_call import RemoteContext, call_as_reply, reply_outcome
 
 SANDBOXED_KINDS = frozenset({"duckdb", "python", "rhai"})
 SPILL_STORE = "sandbox"  # the child's stand-in payload store (a folder in the scratch)
@@ -38,9 +39,7 @@ DEFAULT_TIMEOUT_S = 300.0  # a python task's own spec.timeout wins
 START_TIMEOUT_S = 120.0  # the worker's own start (an interpreter and this package's imports)
 MAX_MESSAGE = 1 << 30
 _HEADER = struct.Struct(">I")
-NOTE_KEYS = frozenset({"sql", "sql_namespace", "sql_default_schema", "sql_dialect"})  # ctx.note of the kinds
 DETAIL_KEYS = frozenset({"py", "duckdb"})  # an error outcome's kind helpers these kinds give
-MAX_LOG_LINES, MAX_LOG_CHARS = 10_000, 16_384
 
 STARTS: Counter[str] = Counter()  # worker starts by execution id (tests and the benchmark read it)
 
@@ -198,22 +197,8 @@ class SandboxWorker:
         if refused and callable(getattr(ctx, "note", None)):  # as a per-task sandboxed process notes them
             ctx.note(egress_refused=refused[:20])
         # the worker runs the tenant's code: its reply is data, each field checked before it is used
-        for line in (reply.get("logs") or ())[:MAX_LOG_LINES]:
-            ctx.log(str(line)[:MAX_LOG_CHARS])
-        for value in reply.get("redact") or ():
-            ctx.redact(str(value))
-        notes = reply.get("notes")
-        if isinstance(notes, dict) and callable(getattr(ctx, "note", None)):
-            ctx.note(**{k: v for k, v in notes.items() if k in NOTE_KEYS})  # never the meta's own keys
-        if not reply.get("ok"):
-            e = reply.get("error") if isinstance(reply.get("error"), dict) else {}
-            details = e.get("details") if isinstance(e.get("details"), dict) else {}
-            code = e.get("code")
-            raise ToolError(str(e.get("message") or "sandboxed task failed"), kind=str(e.get("kind") or "tool_error"),
-                            retryable=e.get("retryable") is True, code=code if isinstance(code, (str, int)) else None,
-                            details={k: v for k, v in details.items() if k in DETAIL_KEYS},
-                            result=self._adopt(e.get("result"), ctx))  # fmt: skip
-        return self._adopt(reply.get("result"), ctx)
+        return reply_outcome(reply, ctx, detail_keys=DETAIL_KEYS, adopt=lambda value: self._adopt(value, ctx),
+                             default_message="sandboxed task failed")  # fmt: skip
 
     def _timeout(self, timeout: float) -> ToolError:
         self.close()
@@ -397,30 +382,16 @@ def child_main() -> None:
 
 
 def _handle(req: Mapping[str, Any], scratch: str, resources: dict[str, Any]) -> dict[str, Any]:
-    from noetl_dagster.dsl.kinds import KindError, get_tool  # noqa: PLC0415
+    from noetl_dagster.dsl.kinds import get_tool  # noqa: PLC0415
     from noetl_dagster.engine.usage import own_hwm  # noqa: PLC0415
-    from noetl_dagster.util.jsonutil import plain  # noqa: PLC0415
 
     ctx = _ChildCtx(req.get("ctx") or {}, scratch, resources)
     kind = str(req.get("kind"))
-    out: dict[str, Any]
-    try:
-        tool = get_tool(kind) if kind in SANDBOXED_KINDS else None
-        if tool is None:
-            raise ToolError(f"tool kind {kind!r} does not run in the sandbox worker", kind="unknown_kind")
-        out = {"ok": True, "result": plain(tool.invoke(dict(req.get("config") or {}), ctx))}
-    except KindError as e:
-        out = {"ok": False, "error": {"kind": e.kind, "message": str(e)}}
-    except ToolError as e:
-        out = {"ok": False, "error": {"kind": e.kind, "message": str(e.message), "retryable": e.retryable,
-                                      "code": e.code, "details": plain(e.details), "result": plain(e.result)}}  # fmt: skip
-    except Exception as e:  # noqa: BLE001 - a tool bug is an error outcome, as in the engine's process
-        import traceback  # noqa: PLC0415
-
-        py = {"exception_type": type(e).__name__, "traceback": traceback.format_exc(limit=-8)[-16384:]}
-        out = {"ok": False, "error": {"kind": "exception", "message": f"{type(e).__name__}: {e}",
-                                      "details": {"py": py}}}  # fmt: skip
-    out.update(logs=ctx.logs, notes=ctx.notes, redact=ctx.redactions, hwm=own_hwm())
+    tool = get_tool(kind) if kind in SANDBOXED_KINDS else None
+    out = call_as_reply(
+        tool, req.get("config") or {}, ctx, f"tool kind {kind!r} does not run in the sandbox worker"
+    )
+    out.update(hwm=own_hwm())
     return out
 
 
@@ -453,7 +424,7 @@ class _Offloader:
         self.inline_limit = inline_limit
 
 
-class _ChildCtx:
+class _ChildCtx(RemoteContext):
     """What a tool sees inside the worker: the task's facts and plain scope; no keychain, no stores."""
 
     def __init__(self, meta: Mapping[str, Any], scratch: str, resources: dict[str, Any]):
@@ -472,28 +443,11 @@ class _ChildCtx:
         self.inline_limit = meta.get("inline_limit")
         self.offloader = _Offloader(str(meta.get("key_prefix") or ""), self.inline_limit)
         self.payloads = _SpillStore(scratch)
-        self._resources = resources
-        self.logs: list[str] = []
-        self.notes: dict[str, Any] = {}
-        self.redactions: list[str] = []
+        super().__init__(resources)  # the worker's resources: DuckDB's database lives on between calls
 
     def credential(self, name: str) -> dict[str, Any]:
         raise ToolError(f"credential {name!r}: credentials are not available inside the sandbox",
                         kind="credential_not_delegated")  # fmt: skip
 
-    def resource(self, key: str, factory: Any) -> Any:
-        if key not in self._resources:
-            self._resources[key] = factory()
-        return self._resources[key]
-
     def run_playbook(self, path: str, workload: Any, **kw: Any) -> dict[str, Any]:
         raise ToolError("a sandboxed task cannot start a playbook", kind="sandbox_refused")
-
-    def log(self, message: str) -> None:
-        self.logs.append(str(message))
-
-    def redact(self, value: str) -> None:
-        self.redactions.append(str(value))
-
-    def note(self, **meta: Any) -> None:
-        self.notes.update(meta)
