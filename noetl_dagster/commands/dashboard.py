@@ -135,14 +135,14 @@ def serve(clickhouse: str | None, data_dir: str | None, database: str | None, ho
 def _live_exports(store: Any, store_lock: Any, event_store: str | None, data_dir: str | None,
                   prices: str | None, seconds: float) -> list[Any]:  # fmt: skip
     """The embedded store's owner endpoint (other processes hand it their exports) and the export loop."""
-    from noetl_analytics.export_handoff import ExportLoop, LocalExports, OwnerService  # noqa: PLC0415
+    from noetl_analytics.export_handoff import ExportLoop, InProcessStore, OwnerService  # noqa: PLC0415
     from noetl_analytics.pricing import PriceTable  # noqa: PLC0415
 
     if store.embedded:
         service = OwnerService(store, store_lock, data_dir=data_dir).start()
         click.echo(f"facts store owner: {service.endpoint} takes exports for {store.url}")
     else:  # a server: every process writes itself; the loop exports straight into it
-        service = LocalExports(store, store_lock, data_dir=data_dir)
+        service = InProcessStore(store, store_lock, data_dir=data_dir)
     parts: list[Any] = [service]
     if seconds:
         table = PriceTable.load(prices, data_dir=data_dir) if prices else None

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import date, datetime
-from decimal import Decimal
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,12 @@ EXIT_BAD_INPUT = 2
 def _fail_input(message: str) -> None:
     click.echo(f"error: {message}", err=True)
     sys.exit(EXIT_BAD_INPUT)
+
+
+def _fail_query(message: str) -> None:
+    if "(READONLY)" in message:
+        _fail_input("facts query is read-only: it runs SELECT/SHOW/DESCRIBE, not writes or DDL")
+    _fail_input(message)
 
 
 def _store(clickhouse: str | None, data_dir: str | None, database: str | None) -> Any:
@@ -40,20 +45,6 @@ def _events(events: str | None, data_dir: str | None) -> Any:
         return open_event_store(events, data_dir=data_dir)
     except Exception as e:  # noqa: BLE001 - any open failure is bad input for the CLI
         _fail_input(f"cannot open the event log {events or '(default)'}: {e}")
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, (datetime, date)):
-        return value.isoformat()
-    if isinstance(value, Decimal):
-        return float(value)
-    if isinstance(value, bytes):
-        return value.decode(errors="replace")
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    return value
 
 
 _common = [
@@ -133,25 +124,30 @@ def export(
 def query(
     sql: str, clickhouse: str | None, data_dir: str | None, database: str | None, as_json: bool
 ) -> None:
-    """Run a read-only SQL query against the facts store (`$db` stands for the facts database)."""
-    from clickhouse_connect.driver.exceptions import ClickHouseError  # noqa: PLC0415
+    """Run a read-only SQL query against the facts store (`$db` stands for the facts database).
 
-    store = _store(clickhouse, data_dir, database)
+    When a `dashboard serve` holds the embedded store, the query runs in that process."""
+    from noetl_analytics.export_handoff import on_store, query_into  # noqa: PLC0415
+    from noetl_analytics.store import FactsStoreError  # noqa: PLC0415
+
+    request = {"sql": sql}
     try:
-        columns, rows = store.query(sql, readonly=True)
-    except ClickHouseError as e:
-        if "(READONLY)" in str(e):
-            _fail_input("facts query is read-only: it runs SELECT/SHOW/DESCRIBE, not writes or DDL")
-        _fail_input(str(e).strip().splitlines()[0])
+        done = on_store("query", request, lambda store: query_into(store, request), url=clickhouse,
+                        database=database, data_dir=data_dir)  # fmt: skip
+    except FactsStoreError as e:
+        _fail_query(str(e))
+    except Exception as e:  # noqa: BLE001 - ClickHouse's error for the SQL: its first line, exit 2
+        _fail_query(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+    columns, rows = done["columns"], done["rows"]
     if as_json:
-        click.echo(json.dumps([_jsonable(dict(zip(columns, r, strict=True))) for r in rows]))
+        click.echo(json.dumps([dict(zip(columns, r, strict=True)) for r in rows]))
         return
     from rich.console import Console  # noqa: PLC0415
     from rich.table import Table  # noqa: PLC0415
 
     table = Table(*columns, show_lines=False)
     for r in rows:
-        table.add_row(*("" if v is None else str(_jsonable(v)) for v in r))
+        table.add_row(*("" if v is None else str(v) for v in r))
     Console().print(table)
     click.echo(f"{len(rows)} row(s)")
 
@@ -167,14 +163,25 @@ def query(
 def refresh(
     clickhouse: str | None, data_dir: str | None, database: str | None, prices: str | None, as_json: bool
 ) -> None:
-    """Re-price every day of the priced table cost_line_day (every cost view reads it) with the price table."""
-    report = _refresh(_store(clickhouse, data_dir, database), prices, data_dir)
+    """Re-price every day of the priced table cost_line_day (every cost view reads it) with the price table.
+
+    When a `dashboard serve` holds the embedded store, the refresh runs in that process."""
+    from noetl_analytics.export_handoff import on_store, price_file, refresh_into  # noqa: PLC0415
+    from noetl_analytics.store import FactsStoreError  # noqa: PLC0415
+
+    request = {"prices": price_file(_prices(prices, data_dir))}
+    try:
+        done = on_store("refresh", request, lambda store: refresh_into(store, request, data_dir), url=clickhouse,
+                        database=database, data_dir=data_dir)  # fmt: skip
+    except FactsStoreError as e:
+        _fail_input(str(e))
+    report = done["report"]
     if as_json:
-        click.echo(json.dumps(report.to_dict()))
+        click.echo(json.dumps(report))
     else:
         click.echo(
-            f"cost lines: {report.rows} rows, total {report.total:.9f} {report.currency}"
-            f" over {report.tenants} tenant(s); prices {report.prices}"
+            f"cost lines: {report['rows']} rows, total {report['total']:.9f} {report['currency']}"
+            f" over {report['tenants']} tenant(s); prices {report['prices']}"
         )
 
 

@@ -26,10 +26,11 @@
 
 # no `from __future__ import annotations`: Dagster reads the context/resource annotations at runtime
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib.util import find_spec
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 from pydantic import Field
@@ -73,6 +74,13 @@ class FactsStoreResource(dg.ConfigurableResource):
         default=None,
         description="monthly budgets file (analytics/noetl_analytics/budgets.py); none: no budget sensor",
     )
+
+    def on_store(self, op: str, request: dict, local: "Callable[[FactsStore], Any]") -> Any:
+        """``local(store)`` here, or ``op`` in the `dashboard serve` holding the embedded store."""
+        from noetl_analytics.export_handoff import on_store  # noqa: PLC0415
+
+        return on_store(op, request, local, url=self.clickhouse_url, database=self.database,
+                        data_dir=self.data_dir)  # fmt: skip
 
     @contextmanager
     def open(self) -> "Iterator[FactsStore]":
@@ -176,22 +184,23 @@ def build_facts_definitions(
     def noetl_cost_rollups(
         context: dg.AssetExecutionContext, noetl_facts: FactsStoreResource
     ) -> dg.MaterializeResult:
-        from noetl_analytics.allocation import allocation_totals  # noqa: PLC0415
+        from noetl_analytics.export_handoff import price_file, refresh_into  # noqa: PLC0415
         from noetl_analytics.pricing import PriceTable  # noqa: PLC0415
-        from noetl_analytics.rollups import refresh_rollups  # noqa: PLC0415
 
         prices = PriceTable.load(noetl_facts.prices, data_dir=noetl_facts.data_dir)
-        with noetl_facts.open() as store:
-            report = refresh_rollups(store, prices)
-            alloc = allocation_totals(store)
-        context.log.info(f"cost_line_day: {report.rows} cost lines, {report.total:.6f} {report.currency}")
+        request = {"prices": price_file(prices)}
+        done = noetl_facts.on_store("refresh", request, lambda store: refresh_into(store, request))
+        report, alloc = done["report"], done["totals"]
+        context.log.info(
+            f"cost_line_day: {report['rows']} cost lines, {report['total']:.6f} {report['currency']}"
+        )
         return dg.MaterializeResult(
             metadata={
-                "rows": report.rows,
-                "total_cost": dg.FloatMetadataValue(report.total),
-                "currency": report.currency,
-                "tenants": report.tenants,
-                "prices": report.prices,
+                "rows": report["rows"],
+                "total_cost": dg.FloatMetadataValue(float(report["total"])),
+                "currency": report["currency"],
+                "tenants": report["tenants"],
+                "prices": report["prices"],
                 **insights_metadata(alloc),
             }
         )
@@ -207,12 +216,15 @@ def build_facts_definitions(
         can_subset=False,
     )
     def noetl_rollup_tables(context: dg.AssetExecutionContext, noetl_facts: FactsStoreResource):
-        with noetl_facts.open() as store:
-            for table in ROLLUP_TABLES:
-                _, rows = store.query(f"SELECT count() FROM $db.{table}")
-                yield dg.MaterializeResult(
-                    asset_key=dg.AssetKey(ROLLUP_PREFIX + [table]), metadata={"rows": int(rows[0][0])}
-                )
+        from noetl_analytics.export_handoff import query_into  # noqa: PLC0415
+
+        counts = " UNION ALL ".join(f"SELECT '{t}', count() FROM $db.{t}" for t in ROLLUP_TABLES)
+        request = {"sql": counts}
+        rows = noetl_facts.on_store("query", request, lambda store: query_into(store, request))["rows"]
+        for table, n in rows:
+            yield dg.MaterializeResult(
+                asset_key=dg.AssetKey(ROLLUP_PREFIX + [table]), metadata={"rows": int(n)}
+            )
 
     rollups_job = dg.define_asset_job(
         "noetl_cost_rollups_job",
@@ -338,23 +350,23 @@ def _budget_definitions(
         " budget, month and kind.",
     )
     def noetl_cost_budgets(context: dg.SensorEvaluationContext, noetl_facts: FactsStoreResource):
-        from noetl_analytics.budgets import evaluate, load_budgets  # noqa: PLC0415
+        from noetl_analytics.export_handoff import budgets_into  # noqa: PLC0415
         from noetl_analytics.store import FactsStoreError  # noqa: PLC0415
 
-        budgets = load_budgets(noetl_facts.budgets or "")
-        try:
-            with noetl_facts.open() as store:
-                statuses = evaluate(store, budgets)
+        budgets = noetl_facts.budgets or ""
+        request = {"budgets": str(Path(budgets).resolve()) if budgets else ""}
+        try:  # while a `dashboard serve` holds the embedded store, it evaluates them
+            statuses = noetl_facts.on_store("budgets", request, lambda store: budgets_into(store, request))
         except FactsStoreError as e:  # an embedded store held by an export run: the next tick asks again
             return dg.SkipReason(f"facts store busy: {e}")
         requests = []
         for st in statuses:
-            if st.crossed is None:
+            if st["crossed"] is None:
                 continue
-            context.log.warning(st.message())
-            tags = {**st.tags(), "noetl/budget_message": st.message()}
+            context.log.warning(st["message"])
+            tags = {**st["tags"], "noetl/budget_message": st["message"]}
             requests.append(
-                dg.RunRequest(run_key=f"budget-{st.budget.name}-{st.month}-{st.crossed}", tags=tags)
+                dg.RunRequest(run_key=f"budget-{st['name']}-{st['month']}-{st['crossed']}", tags=tags)
             )
         if not requests:
             return dg.SkipReason(f"{len(statuses)} budget(s) within limits")

@@ -25,6 +25,7 @@ import httpx
 import pytest
 
 from noetl_analytics import store_owner
+from noetl_analytics.export_handoff import export_facts
 from noetl_analytics.store import FactsStore, FactsStoreHeld, close_all
 from noetl_dagster.commands.facts_demo import run_playbooks
 from noetl_dagster.sensors.facts import EXPORT_JOB, RESOURCE_KEY, FactsStoreResource, build_facts_definitions
@@ -148,9 +149,38 @@ def test_the_dagster_export_run_hands_off_to_the_serving_dashboard(served):
     print(f"freshness via the Dagster export run (sensor tick + run): {seconds:.2f} s")
 
 
+def _cli(home: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args, "--data-dir", str(home)], env=ENV, cwd=home, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+
+
+def test_query_and_refresh_run_in_the_serving_dashboard(served):
+    out = _cli(served.home, "facts", "query", "SELECT count() AS n FROM $db.export_cursor", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)[0]["n"] >= 0
+    out = _cli(served.home, "facts", "query", "TRUNCATE TABLE $db.task_fact")  # read-only there too
+    assert out.returncode == 2 and "facts query is read-only" in out.stderr, out.stderr
+    out = _cli(served.home, "facts", "refresh", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["rows"] > 0
+
+
+def test_the_dagster_rollups_run_in_the_serving_dashboard(served):
+    resource = FactsStoreResource(data_dir=str(served.home))
+    defs = build_facts_definitions(resource=resource)
+    with dg.instance_for_test() as instance:
+        result = defs.resolve_job_def("noetl_cost_rollups_job").execute_in_process(instance=instance)
+    assert result.success
+    metadata = {
+        e.materialization.asset_key.to_user_string(): e.materialization.metadata
+        for e in result.get_asset_materialization_events()
+    }
+    assert metadata["noetl/cost_rollups"]["rows"].value > 0
+    assert metadata["noetl/rollups/cost_line_day"]["rows"].value > 0
+
+
 def test_another_command_is_told_which_process_holds_the_store(served):
-    out = subprocess.run([*CLI, "facts", "query", "SELECT 1", "--data-dir", str(served.home)], env=ENV,
-                         cwd=served.home, capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = _cli(served.home, "facts", "focus-export", "--all-tenants", "--out", str(served.home / "focus.csv"))
     assert out.returncode == 2
     assert (
         f"held by pid {served.proc.pid} (dashboard serve on 127.0.0.1:{served.port}, since 20" in out.stderr
@@ -232,3 +262,19 @@ def test_an_owner_file_left_by_a_dead_process_is_taken_over(tmp_path, monkeypatc
     finally:
         close_all()
     assert store_owner.read_holder(path) is None  # released with the store
+
+
+def test_the_budget_sensor_is_evaluated_by_the_serving_dashboard(served):
+    _run(served.home, "live-budget")
+    assert export_facts(data_dir=str(served.home))["exported_by"].startswith(f"pid {served.proc.pid} ")
+    budgets = served.home / "budgets.yaml"
+    budgets.write_text(
+        "budgets:\n  - {tenant: live-budget, monthly: 1.0e-12}\n  - {tenant: live-nobody, monthly: 5}\n"
+    )
+    resource = FactsStoreResource(data_dir=str(served.home), budgets=str(budgets))
+    defs = build_facts_definitions(resource=resource, rollup_cron=None)
+    with dg.instance_for_test() as instance:
+        ctx = dg.build_sensor_context(instance=instance, resources={RESOURCE_KEY: resource})
+        result = defs.resolve_sensor_def("noetl_cost_budgets")(ctx)
+    assert isinstance(result, dg.SensorResult), result  # a SkipReason "facts store busy" before
+    assert [r.tags["noetl/budget"] for r in result.run_requests] == ["live-budget"]
