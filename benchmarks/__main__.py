@@ -44,6 +44,8 @@ QUICK_ARGS: dict[str, list[str]] = {
     "bench_nats_tiers": ["--executions", "16"],
 }
 QUICK_ENV = {"NOETL_BENCH_EXECUTIONS": "30"}  # bench_throughput: executions per worker
+# minutes of real `pip install`s into fresh venvs: only with --only (docs/install.md's table)
+ON_REQUEST = {"bench_install"}
 
 
 def discover() -> list[str]:
@@ -74,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     crashed: list[str] = []
     for name in names:
-        if not _matches(name, args.only):
+        if not _matches(name, args.only) or (name in ON_REQUEST and not args.only):
             continue
         print(f"\n######## {name} ########", flush=True)
         t0 = time.perf_counter()

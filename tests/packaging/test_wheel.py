@@ -297,7 +297,13 @@ def test_core_install_runs_core_playbooks_and_names_missing_extras(core):
                 if path == playbook:
                     assert summary["results"]["total"] == {"total": 6}, summary
 
-    # the Dagster integration: Definitions from a folder of playbooks, the job and its assets resolve
+    # psycopg without [binary]: the pure-Python build on the system's libpq reaches the real server
+    pg = core.py("import psycopg\n"
+                 "with psycopg.connect('postgresql://postgres@127.0.0.1:5432/postgres', connect_timeout=10) as c:\n"
+                 "    print(psycopg.pq.__impl__, c.execute('select 41 + 1').fetchone()[0])\n")  # fmt: skip
+    assert pg.returncode == 0 and pg.stdout.split() == ["python", "42"], pg.stdout + pg.stderr[-2000:]
+
+    # the Dagster integration: Definitions built from a playbook file in the fresh venv, its job resolves
     defs = core.py(
         "from noetl_dagster.translator import build_playbook_definitions\n"
         f"defs = build_playbook_definitions({str(core.root / 'core_kinds.yaml')!r})\n"
