@@ -27,6 +27,7 @@ import threading
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import psycopg
@@ -281,6 +282,14 @@ class NatsEventStore(EventStore):
             if found.state.subjects:
                 return name, next(iter(found.state.subjects))
         return None
+
+    def summary(self, execution_id: str) -> tuple[int, list[tuple[int, Any]]] | None:
+        return self.projection.summary(execution_id)
+
+    def put_summary(
+        self, execution_id: str, after: int | None, last: int, rows: list[tuple[int, str]]
+    ) -> bool:
+        return self.projection.put_summary(execution_id, after, last, rows)
 
     def tail(self, after_gid: int = 0, limit: int = 1000) -> list[StoredEvent]:
         return self.projection.tail(after_gid, limit)

@@ -109,6 +109,13 @@ DDL = [
         region TEXT NOT NULL,
         shard TEXT NOT NULL,
         PRIMARY KEY (tenant_id, execution_id, segment_id))""",
+    # the execution summary (engine/explain_summary.py): a cache of the log, not a projection of it
+    """CREATE TABLE IF NOT EXISTS {schema}.execution_summary (
+        execution_id TEXT NOT NULL,
+        ord INTEGER NOT NULL,
+        last_sequence BIGINT NOT NULL,
+        body TEXT NOT NULL,
+        PRIMARY KEY (execution_id, ord))""",
     """CREATE TABLE IF NOT EXISTS {schema}.projection_checkpoint (
         projection_name TEXT NOT NULL,
         region TEXT NOT NULL,
@@ -427,6 +434,47 @@ class Projection:
                 (execution_id,),
             ).fetchone()
         return (row[0], row[1], row[2], row[3], int(row[4])) if row else None
+
+    def summary(self, execution_id: str) -> tuple[int, list[tuple[int, Any]]] | None:
+        with self._pool.connection() as conn:
+            rows = conn.execute(
+                self._q(
+                    "SELECT ord, last_sequence, body FROM {schema}.execution_summary"
+                    " WHERE execution_id = %s ORDER BY ord"
+                ),
+                (execution_id,),
+            ).fetchall()
+        if not rows or rows[0][0] != 0:
+            return None
+        return int(rows[0][1]), [(int(r[0]), r[2]) for r in rows]
+
+    def put_summary(
+        self, execution_id: str, after: int | None, last: int, rows: list[tuple[int, str]]
+    ) -> bool:
+        with self._pool.connection() as conn, conn.transaction():
+            conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtext(%s))", (f"noetl-summary:{self.schema}:{execution_id}",)
+            )
+            got = conn.execute(
+                self._q(
+                    "SELECT last_sequence FROM {schema}.execution_summary WHERE execution_id = %s AND ord = 0"
+                ),
+                (execution_id,),
+            ).fetchone()
+            if (int(got[0]) if got else None) != after:  # written meanwhile: leave it
+                return False
+            conn.execute(
+                self._q("DELETE FROM {schema}.execution_summary WHERE execution_id = %s"), (execution_id,)
+            )
+            with conn.cursor() as cur:
+                cur.executemany(
+                    self._q(
+                        "INSERT INTO {schema}.execution_summary (execution_id, ord, last_sequence, body)"
+                        " VALUES (%s, %s, %s, %s)"
+                    ),
+                    [(execution_id, n, last, b) for n, b in rows],
+                )
+        return True
 
     def stream_seq_of(self, execution_id: str, sequence: int) -> int | None:
         """The stream sequence the execution's event ``sequence`` came from (None: not projected, or rebuilt

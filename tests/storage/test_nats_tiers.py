@@ -118,6 +118,24 @@ def test_reading_a_projected_execution_costs_one_stream_request(tier, tmp_path):
         assert len(other.read(r.execution_id, 20)) == 6 and calls == ["MSG"] * 2
 
 
+def test_the_execution_page_reads_through_the_port_and_keeps_its_summary(tier, tmp_path):
+    """The explorer (dashboard serve's execution page, noetl_analytics.execution_view) on the nats:// store:
+    the first open folds the log and stores the summary in the projection database, the next reads it."""
+    from noetl_analytics.execution_view import ExecutionViews  # noqa: PLC0415
+
+    r = run_playbook(EXAMPLES / "countdown_cycle.yaml", data_dir=tmp_path / "d", event_store=tier.url)
+    with open_event_store(tier.url) as store:
+        assert store.summary(r.execution_id) is None
+        page = ExecutionViews(store, data_dir=str(tmp_path / "d")).explain(r.execution_id)
+        last, rows = store.summary(r.execution_id)
+        assert last == len(store.read(r.execution_id)) and rows
+        fresh = ExecutionViews(store, data_dir=str(tmp_path / "d"))
+        again = fresh.explain(r.execution_id)
+        assert again == page and fresh.rebuilt == 0 and fresh.reads <= 1  # the event naming the playbook
+        assert not store.put_summary(r.execution_id, None, last, rows)  # moved meanwhile: left alone
+        assert store.put_summary(r.execution_id, last, last, rows)
+
+
 def test_a_second_process_reads_what_the_first_appended(tier):
     with open_event_store(tier.url) as a, open_event_store(tier.url) as b:
         a.append([Event("workflow.started", "ex-9", tenant_id="acme", project_id="p1")])
