@@ -47,6 +47,7 @@ from dagster._core.storage.dagster_run import ACTIVE_RUN_STATUSES, DagsterRun, D
 from dagster._serdes import ConfigurableClassData
 from dagster._utils.tags import TagConcurrencyLimitsCounter
 
+from noetl_dagster.sensors.quiet_ticks import quiet_idle_ticks
 from noetl_dagster.sensors.zygote import cache_dagster_migrations, cache_schema_checks
 
 DEFAULT_SENSOR_LOOP_SECONDS = 1.0
@@ -105,6 +106,7 @@ class NoetlRunCoordinator(QueuedRunCoordinator):
         if self.backfill_loop_seconds:  # unset: Dagster's 30 s
             set_backfill_loop_seconds(self.backfill_loop_seconds)
         cache_dagster_migrations()  # the daemon opens each run's event log (SQLite instance) as it starts it
+        quiet_idle_ticks()  # the daemon's two INFO lines per idle tick of our sensors: DEBUG
 
     @classmethod
     def config_type(cls) -> dict[str, Any]:
