@@ -440,8 +440,9 @@ def test_commands_run_one_pass(tier, tmp_path):
     assert r.exit_code == 0 and "projected 26 events" in r.output, r.output
     r = run(cli, ["archiver", "--store", tier.url, "--once"])
     assert r.exit_code == 0 and '"archived_through":26' in r.output, r.output
-    r = run(cli, ["retention", "--store", tier.url, "--tenant", "default", "--project", "default", "--dry-run"])
-    assert r.exit_code == 0 and '"age_bound":0' in r.output and '"bound":0' in r.output, r.output  # 24 h default
+    scoped = ["--tenant", "default", "--project", "default"]
+    r = run(cli, ["retention", "--store", tier.url, *scoped, "--dry-run"])  # the 24 h default min age
+    assert r.exit_code == 0 and '"age_bound":0' in r.output and '"bound":0' in r.output, r.output
     r = run(cli, ["retention", "--store", tier.url, "--min-age", "0", "--dry-run"])
     assert r.exit_code == 0 and '"bound":26' in r.output and "evicted_through" not in r.output, r.output
     r = run(cli, ["retention", "--store", tier.url, "--min-age", "0", "--once"])
