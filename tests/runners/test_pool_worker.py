@@ -377,3 +377,41 @@ def test_the_dagster_runner_hands_tool_work_to_the_pool_with_the_same_trace(
         assert _by_step(trace(a, local.execution_id)) == _by_step(trace(b, remote.execution_id))
         done = [e for e in b.read(remote.execution_id) if e.name == E.COMMAND_DONE]
     assert len(done) == 7 and all(e.data["reply"]["worker"].endswith(f":{proc.pid}") for e in done)
+
+
+@pytest.fixture(scope="module")
+def _tiers():
+    made: list = []
+    yield made
+    for tier in made:  # after every test's replay (tests/conftest.py) has read them
+        tier.cleanup()
+
+
+def test_the_pool_reports_into_the_nats_event_store_of_the_execution(tmp_path, _tiers):
+    """Whichever EventStore the execution uses: here the hot tier on JetStream (storage/nats_events.py),
+    which the workers append command.done to and read the log of, as the engine does."""
+    from nats_tier_fixtures import new_tier
+
+    tier = new_tier(tmp_path)
+    _tiers.append(tier)
+    workers = Workers(tier.region, tier.url, tmp_path)
+    try:
+        proc = workers.start()
+        here = f"sqlite:///{tmp_path / 'here.db'}"
+        local = run_playbook(
+            playbook(PLAYBOOK), event_store=here, data_dir=tmp_path / "a", tenant="acme", project="p1"
+        )
+        dispatch = pool(tier.region)
+        try:
+            services = build_services(event_store=tier.url, data_dir=tmp_path / "b", tenant="acme", project="p1",
+                                      dispatch=dispatch)  # fmt: skip
+            remote = run_playbook(playbook(PLAYBOOK), services=services)
+        finally:
+            dispatch.close()
+        assert local.to_json() | {"execution_id": None} == remote.to_json() | {"execution_id": None}
+        with open_event_store(here) as a, open_event_store(tier.url) as b:
+            assert _by_step(trace(a, local.execution_id)) == _by_step(trace(b, remote.execution_id))
+            done = [e for e in b.read(remote.execution_id) if e.name == E.COMMAND_DONE]
+        assert len(done) == 7 and all(e.data["reply"]["worker"].endswith(f":{proc.pid}") for e in done)
+    finally:
+        workers.stop()
