@@ -13,7 +13,8 @@
 * ``rebuild``: a projection from the stream, or from the archive bundles alone.
 
 Fault injection for the tests: ``$NOETL_PROJECTOR_STALL`` = ``in_txn:<s>`` or ``before_ack:<s>``
-sleeps at that point of every batch (tests/storage/test_nats_faults.py kills the process there).
+sleeps at that point of every projector batch, ``archived:<s>`` in the archiver after it wrote a batch's
+bundles, before it publishes its progress (tests/storage/test_nats_faults.py kills the process there).
 """
 
 from __future__ import annotations
@@ -234,6 +235,8 @@ class Archiver:
             if rec["event_type"] == PLAYBOOK_PROCESSED and g.parent is None:  # the last event of a run
                 done.append(self._archive(eid))
         if msgs:
+            if done:
+                _stall("archived")  # bundles written, progress not yet published
             self._publish_progress(done)
         return len(msgs)
 

@@ -126,6 +126,36 @@ def test_projector_killed_mid_batch_restarts_without_duplicates_or_gaps(stage, t
     _check_complete(tier, p, total)
 
 
+@pytest.mark.slow
+def test_archiver_killed_before_publishing_its_progress_archives_each_execution_once(tmp_path, _tiers):
+    tier = new_tier(tmp_path)
+    _tiers.append(tier)
+    runs = [run_playbook(EXAMPLES / "hello_dagster.yaml", data_dir=tmp_path / "d", event_store=tier.url)
+            for _ in range(3)]  # fmt: skip
+    p = tier.placement()
+    args = [CLI, "archiver", "--store", tier.url, "--shard", p.shard]
+    proc = subprocess.Popen(args, env=_env(NOETL_PROJECTOR_STALL="archived:60"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        end = time.monotonic() + 60
+        while not nc.archive_bundles("file://" + str(tier.payload)):
+            assert time.monotonic() < end, "the archiver wrote no bundle"
+            time.sleep(0.1)
+        time.sleep(0.5)  # the batch's bundles are written; the process sleeps before its progress
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    from noetl_dagster.storage.nats_streams import connect  # noqa: PLC0415
+
+    with connect(tier.nats_url) as client:
+        assert nc.last_archive_ack(client, p) == {}  # killed before any progress was published
+    done = subprocess.run([*args, "--once"], env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    bundles = nc.archive_bundles("file://" + str(tier.payload))
+    assert sorted(b.rstrip("/").rsplit("%3D", 1)[1] for b in bundles) == sorted(r.execution_id for r in runs)
+    assert '"archived_through":78' in done.stdout and '"status":"exists"' in done.stdout
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
