@@ -59,10 +59,7 @@ def _setup(
             if not names:
                 prefix = f"NOETL_EVT_{region}_"
                 with connect(config.nats_url, name="noetl-discover") as client:
-                    infos = client.call(client.js.streams_info())
-                names = sorted(
-                    i.config.name[len(prefix) :] for i in infos if i.config.name.startswith(prefix)
-                )
+                    names = [n[len(prefix) :] for n in client.call(client.event_stream_names(region))]
             placements = [Placement(region=region, cell=cell, shard=s) for s in names]
     except (ValueError, StreamLayoutError, ConnectionError) as e:
         _fail(str(e))

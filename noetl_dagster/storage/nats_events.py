@@ -271,10 +271,7 @@ class NatsEventStore(EventStore):
             return p.events_stream, p.event_subject(known[0], known[1], execution_id)
         region = self.config.region or placement_of("default", "default").region
         prefix = f"NOETL_EVT_{region}_"
-        for info in await self.client.js.streams_info():
-            name = info.config.name or ""
-            if not name.startswith(prefix):
-                continue
+        for name in await self.client.event_stream_names(region):
             probe = Placement(region=region, cell=f"{region}-a", shard=name[len(prefix) :])
             found = await self.client.js.stream_info(
                 name, subjects_filter=probe.execution_filter(execution_id)

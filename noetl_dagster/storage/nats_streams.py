@@ -293,6 +293,20 @@ class NatsClient:
                 except Exception:  # noqa: BLE001 - another process created it meanwhile
                     await self.js.stream_info(cfg["name"])
 
+    async def event_stream_names(self, region: str) -> list[str]:
+        """The region's event streams (``NOETL_EVT_<region>_*``), every page of JetStream's name list."""
+        prefix, out, offset = f"NOETL_EVT_{region}_", [], 0
+        while True:
+            req = encode({"offset": offset, "subject": f"noetl.evt.{region}.>"})
+            resp = decode((await self.nc.request("$JS.API.STREAM.NAMES", req, timeout=10)).data)
+            if "error" in resp:
+                raise ConnectionError(f"NATS stream names: {resp['error'].get('description')}")
+            names = resp.get("streams") or []
+            out += [n for n in names if n.startswith(prefix)]
+            offset += len(names)
+            if not names or offset >= int(resp.get("total") or 0):
+                return sorted(out)
+
     def close(self) -> None:
         if self._loop.is_closed():
             return

@@ -114,3 +114,22 @@ def test_connect_creates_the_four_streams_and_publishes():
 def test_connect_to_nothing_says_where():
     with pytest.raises(ConnectionError, match="127.0.0.1:1"):
         ns.connect("nats://127.0.0.1:1", connect_timeout=1)
+
+
+def test_event_stream_names_lists_the_regions_event_streams_only():
+    region = "t" + uuid.uuid4().hex[:8]
+    shards = [ns.placement_of(t, "p", region=region) for t in ("a", "b")]
+    other = ns.placement_of("a", "p", region=region + "x")
+    with ns.connect(NATS_URL) as client:
+        try:
+            for p in (*shards, other):
+                client.ensure_streams(p)
+            names = client.call(client.event_stream_names(region))
+            assert names == sorted({p.events_stream for p in shards})
+        finally:
+            for p in (*shards, other):
+                for cfg in ns.stream_configs(p):
+                    try:
+                        client.call(client.js.delete_stream(cfg["name"]))
+                    except Exception:  # noqa: BLE001, S110 - the same shard twice
+                        pass
