@@ -415,3 +415,72 @@ def test_the_pool_reports_into_the_nats_event_store_of_the_execution(tmp_path, _
         assert len(done) == 7 and all(e.data["reply"]["worker"].endswith(f":{proc.pid}") for e in done)
     finally:
         workers.stop()
+
+
+def test_a_call_longer_than_ack_wait_keeps_its_message_by_heartbeat(workers, region, tmp_path):
+    workers.start("--ack-wait", "1")
+    workers.start("--ack-wait", "1")  # would take the command if the heartbeat did not hold it
+    effects = tmp_path / "effects.txt"
+    dispatch = pool(region)
+    try:
+        services = build_services(event_store=workers.store_url, data_dir=tmp_path / "d", tenant="acme",
+                                  project="p1", dispatch=dispatch)  # fmt: skip
+        result = run_playbook(playbook(_effect_playbook(effects, 3.5)), services=services)
+    finally:
+        dispatch.close()
+    assert result.status == "completed"
+    assert len(effects.read_text().splitlines()) == 2  # one start, one effect: never redelivered
+
+
+def test_worker_processes_start_together_and_drain_on_sigterm(region, tmp_path):
+    log = tmp_path / "pool.log"
+    cmd = [sys.executable, "-m", "noetl_dagster.commands.main", "worker", "--nats", NATS_URL, "--region", region,
+           "--shard", "acme/p1", "--processes", "2", "--event-store", f"sqlite:///{tmp_path / 'e.db'}"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stderr=log.open("w"), env=ENV, cwd=tmp_path)
+    try:
+        deadline = time.time() + 60
+        while log.read_text().count("streams") < 2:
+            assert proc.poll() is None and time.time() < deadline, log.read_text()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert log.read_text().count("stopped (ran 0,") == 2
+
+
+def test_a_plumbing_failure_naks_the_command_with_a_delay_and_it_is_delivered_again(region, tmp_path):
+    """The worker's own failure (here its event store refuses the first command.done) is not the task's
+    outcome: the command goes back to the queue after a delay and the next delivery answers it."""
+    from noetl_dagster.runners.pool_worker import PoolWorker, nak_delay
+
+    assert [nak_delay(n) for n in (1, 2, 3, 6, 20)] == [1.0, 2.0, 4.0, 30.0, 30.0]
+    store = open_event_store(f"sqlite:///{tmp_path / 'e.db'}")
+    refused: list[float] = []
+    append = store.append
+
+    def flaky_append(events):
+        if not refused:
+            refused.append(time.monotonic())
+            raise OSError("disk full")
+        return append(events)
+
+    store.append = flaky_append
+    worker = PoolWorker(NATS_URL, store, region=region, shards=[streams.shard_of("acme", "p1")], ack_wait=30)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    dispatch = pool(region)
+    try:
+        command = Command(command_id=uuid.uuid4().hex, kind="python", config={"code": "result = 5"},
+                          execution_id="x-" + region, tenant="acme", project="p1", step="s", task="t", attempt=1,
+                          deadline=time.time() + 60)  # fmt: skip
+        reply = dispatch.send(command, store)
+        answered = time.monotonic()
+    finally:
+        dispatch.close()
+        worker.stop.set()
+        thread.join(30)
+    assert reply["ok"] and reply["result"] == 5
+    assert worker.counts["nak"] == 1 and worker.counts["ran"] == 1
+    assert answered - refused[0] >= 0.9  # NAKed with delay 1 s (first delivery), not redelivered at once
