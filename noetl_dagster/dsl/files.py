@@ -200,23 +200,30 @@ OUTCOME_WORDS = ("event", "error", "outcome", "output", "status", "failed", "sta
 GUARD = "when: \"{{ event.name == 'call.done' }}\""
 
 
+def loop_guard(step: str) -> str:
+    """The guard of a loop step's arc: every iteration succeeded (its arcs see ``loop.done``)."""
+    return 'when: "{{ ' + step + '.stats.failed == 0 }}"'
+
+
 def unguarded_failure_arcs(pb: Playbook) -> list[tuple[int, int, str, str]]:
     """``(step index, arc index, step, "task (kind)")``: the first arc without ``when`` of each step that
     can fail, none of whose arcs looks at the outcome. The spec evaluates arcs on ``step.failed`` too and
     an arc without ``when`` matches, so such an arc routes the failure: the execution completes (a Dagster
-    run stays green). "Can fail": a task of a kind other than ``noop``. Loop steps are left out (their
-    arcs see ``loop.done``, failed iterations included, by design)."""
+    run stays green). "Can fail": a task of a kind other than ``noop``. A loop step too: its arcs are
+    evaluated once, on ``loop.done``, and an arc that matches routes the failed iterations on (SEMANTICS.md
+    §4: the loop is a failed step only when no arc routes it); its guard reads ``<step>.stats.failed``."""
     out: list[tuple[int, int, str, str]] = []
     for i, st in enumerate(pb.workflow):
         arcs = st.next.arcs if st.next else []
         risky = next((t for t in st.tool if t.kind not in CANNOT_FAIL_KINDS), None)
-        if risky is None or not arcs or st.loop is not None:
+        if risky is None or not arcs:
             continue
         if any(isinstance(a.when, str) and any(w in a.when for w in OUTCOME_WORDS) for a in arcs):
             continue  # the author routes on the outcome
         j = next((j for j, a in enumerate(arcs) if a.when is None or a.when is True), None)
         if j is not None:
-            out.append((i, j, st.name, f"{risky.label} ({risky.kind})"))
+            what = f"{risky.label} ({risky.kind})" + (", in a loop" if st.loop is not None else "")
+            out.append((i, j, st.name, what))
     return out
 
 
@@ -227,6 +234,7 @@ def unguarded_failure_warnings(pb: Playbook, sm: SourceMap) -> list[ValidationIs
     if not found:
         return []
     i, j, step, task = found[0]
+    guard = loop_guard(step) if pb.workflow[i].loop is not None else GUARD
     path = ("workflow", i, "next", "arcs", j)
     others = [s for _, _, s, _ in found[1:]]
     also = (
@@ -237,7 +245,7 @@ def unguarded_failure_warnings(pb: Playbook, sm: SourceMap) -> list[ValidationIs
     return [ValidationIssue(sm.file, sm.line(path), format_path(path), "unguarded-failure",
                             f"step {step!r} can fail (task {task}) and this arc has no `when`{also}: a failure "
                             "takes it and the execution completes (a Dagster run stays green, tagged "
-                            f"noetl/has_failed_steps=true); to stop on failure guard it: {GUARD}")]  # fmt: skip
+                            f"noetl/has_failed_steps=true); to stop on failure guard it: {guard}")]  # fmt: skip
 
 
 def unguarded_cycles(pb: Playbook) -> list[list[str]]:

@@ -80,15 +80,26 @@ def test_an_earlier_guarded_arc_routes_the_failure_so_a_fallback_arc_is_fine(tmp
     assert _warnings(_write(tmp_path, body)) == []
 
 
-def test_no_warning_for_a_step_that_cannot_fail_or_a_loop(tmp_path):
+def test_no_warning_for_a_step_that_cannot_fail(tmp_path):
     noop = "  - step: start\n    tool: {kind: noop}\n    next: {arcs: [{step: end}]}\n  - step: end\n    tool: {kind: noop}\n"
     assert _warnings(_write(tmp_path, noop)) == []
-    loop = (
-        "  - step: start\n    loop: {in: '{{ [1, 2] }}', iterator: x}\n"
-        "    tool: {kind: python, code: 'result = 1'}\n    next: {arcs: [{step: end}]}\n"
-        "  - step: end\n    tool: {kind: noop}\n"
-    )
-    assert _warnings(_write(tmp_path, loop)) == []
+
+
+LOOP = (
+    "  - step: start\n    loop: {in: '{{ [1, 2] }}', iterator: x}\n"
+    "    tool: {kind: python, code: 'result = 1'}\n    next: {arcs: [{step: end@GUARD@}]}\n"
+    "  - step: end\n    tool: {kind: noop}\n"
+)
+
+
+def test_a_loop_step_whose_arc_routes_failed_iterations_on_warns_with_the_loop_guard(tmp_path):
+    """SEMANTICS.md §4: a loop's arcs are evaluated once, on ``loop.done``; a loop with failed iterations
+    is a failed step only when no arc routes it, so an arc without ``when`` hides the failed iterations."""
+    (w,) = _warnings(_write(tmp_path, LOOP.replace("@GUARD@", "")))
+    assert "step 'start' can fail (task task_0 (python), in a loop)" in w or ", in a loop)" in w
+    assert w.endswith('guard it: when: "{{ start.stats.failed == 0 }}"')
+    guarded = LOOP.replace("@GUARD@", ", when: '{{ start.stats.failed == 0 }}'")
+    assert _warnings(_write(tmp_path, guarded)) == []
 
 
 def test_one_warning_per_playbook_naming_the_other_steps(tmp_path):
@@ -105,8 +116,11 @@ def test_one_warning_per_playbook_naming_the_other_steps(tmp_path):
     "path",
     [
         REPO / "noetl_dagster" / "translator" / SAMPLE_PLAYBOOK,  # what `dg scaffold` writes
-        REPO / "example_project" / "playbooks" / "hello_dagster.yaml",
+        *sorted((REPO / "example_project" / "playbooks").glob("*.yaml")),
     ],
+    ids=lambda p: p.name,
 )
 def test_the_samples_show_the_guard(path):
+    """Every example playbook guards its arcs (or, where a failure is routed on purpose, says so with an
+    explicit ``call.error`` condition and a comment): none warns."""
     assert _warnings(path) == []
