@@ -276,9 +276,9 @@ class PoolWorker:
             self.store.append([cancelled_event(command, f"dead_lettered: {reason}")])
         except Exception as e:  # noqa: BLE001 - the reply still tells the dispatcher
             self.log(f"dead letter {command.command_id}: the log refused its record: {e}")
+        self._ack(msg)  # moved, so gone from the work queue (confirmed) before the dispatcher hears of it
         self._reply(command, error_reply("dead_lettered", f"task {command.task!r}: {reason} (moved to "
                                          f"{placement.dlq_stream})", worker=self.worker_id))  # fmt: skip
-        self.client.call(msg.term(), timeout=10)
 
     def _dead_letter_raw(self, msg: Any, reason: str) -> None:
         stream = msg.metadata.stream
@@ -286,7 +286,7 @@ class PoolWorker:
         subject = msg.subject.replace("noetl.cmd.", "noetl.dlq.", 1)
         record = {"reason": reason, "worker": self.worker_id, "data": msg.data.decode("utf-8", "replace")}
         self.client.call(self.client.js.publish(subject, dumps(record).encode(), stream=dlq))
-        self.client.call(msg.term(), timeout=10)
+        self._ack(msg)
 
     def _count(self, what: str) -> str:
         self.counts[what] += 1

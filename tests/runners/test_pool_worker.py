@@ -484,3 +484,21 @@ def test_a_plumbing_failure_naks_the_command_with_a_delay_and_it_is_delivered_ag
     assert reply["ok"] and reply["result"] == 5
     assert worker.counts["nak"] == 1 and worker.counts["ran"] == 1
     assert answered - refused[0] >= 0.9  # NAKed with delay 1 s (first delivery), not redelivered at once
+
+
+def test_a_message_that_is_not_a_command_is_dead_lettered(workers, region):
+    workers.start()
+    placement = streams.placement_of("acme", "p1", region=region)
+    with streams.connect(NATS_URL) as client:
+        client.ensure_streams(placement)
+        client.call(client.js.publish(placement.command_subject("acme", "p1"), b"{not json",
+                                      stream=placement.commands_stream))  # fmt: skip
+        deadline = time.time() + 30
+        while client.call(client.js.stream_info(placement.dlq_stream)).state.messages < 1:
+            assert time.time() < deadline, "never dead-lettered"
+            time.sleep(0.1)
+        msg = client.call(client.js.get_msg(placement.dlq_stream, 1))
+        left = client.call(client.js.stream_info(placement.commands_stream)).state.messages
+    record = json.loads(msg.data)
+    assert record["data"] == "{not json" and record["reason"].startswith("not a command")
+    assert left == 0
