@@ -142,10 +142,11 @@ def export_into(store: FactsStore, request: dict[str, Any], data_dir: str | None
 def refresh_into(store: FactsStore, request: dict[str, Any], data_dir: str | None = None) -> dict[str, Any]:
     """Re-price the rollups with ``request["prices"]`` (a file; default as every command's)."""
     from noetl_analytics.allocation import allocation_totals  # noqa: PLC0415
-    from noetl_analytics.rollups import refresh_rollups  # noqa: PLC0415
+    from noetl_analytics.rollups import loaded_fingerprint, refresh_rollups  # noqa: PLC0415
 
+    before = loaded_fingerprint(store)  # the table the store was priced with: a change is a repricing
     report = refresh_rollups(store, _prices(request) or PriceTable.load(data_dir=data_dir))
-    return {"report": report.to_dict(), "totals": allocation_totals(store)}
+    return {"report": report.to_dict(), "totals": allocation_totals(store), "priced_before": before}
 
 
 def budgets_into(

@@ -66,8 +66,10 @@ COLUMNS: list[tuple[str, pa.DataType]] = [
     ("ResourceType", pa.string()),
     ("ServiceCategory", pa.string()),
     ("ServiceName", pa.string()),
+    ("ServiceSubcategory", pa.string()),
     ("SkuId", pa.string()),
     ("SkuMeter", pa.string()),
+    ("SkuPriceDetails", pa.string()),
     ("SkuPriceId", pa.string()),
     ("SubAccountId", pa.string()),
     ("SubAccountName", pa.string()),
@@ -79,7 +81,38 @@ _SERVICE = {
     "compute": "Compute", "ram": "Compute", "gpu": "Compute", "platform": "Compute", "idle": "Compute",
     "storage": "Storage", "egress": "Networking", "call": "Integration", "quantum": "Compute", "shared": "Other",
 }  # fmt: skip
+# FOCUS ServiceSubcategory (columns/servicesubcategory.md: one of the allowed values, its parent the
+# row's ServiceCategory): task CPU, RAM and GPU are compute the user never provisions; the engine's own
+# CPU and idle capacity are neither, so "Other (Compute)"
+_SUBCATEGORY = {
+    "compute": "Serverless Compute", "ram": "Serverless Compute", "gpu": "Serverless Compute",
+    "platform": "Other (Compute)", "idle": "Other (Compute)", "quantum": "Quantum Compute",
+    "storage": "Object Storage", "egress": "Network Connectivity", "call": "Other (Integration)",
+    "shared": "Other (Other)",
+}  # fmt: skip
+# the price file's units (engine/usage_lines.UNITS; quantum: the item) in the FOCUS UnitFormat
+# (attributes/unit_format.md): "<singular-unit>-<plural-time-units>", "<plural-units>"
+FOCUS_UNITS = {
+    "core_hour": "Core-Hours", "gb_hour": "GB-Hours", "gpu_hour": "GPU-Hours", "gb": "GB",
+    "gb_month": "GB-Months", "call": "Requests", "shot": "Shots", "qpu_second": "QPU-Seconds",
+}  # fmt: skip
 FORMATS = ("csv", "parquet")
+
+
+def focus_unit(unit: str) -> str:
+    """A price-file unit in the FOCUS UnitFormat (an unknown one is capitalized as a count noun)."""
+    return FOCUS_UNITS.get(unit) or "".join(p.capitalize() for p in unit.split("_")) + "s"
+
+
+def sku_price_details(category: str, item: str, storage_months: float) -> str:
+    """SkuPriceDetails (columns/skupricedetails.md, KeyValueFormat): the SKU price's stable properties,
+    provider-defined keys prefixed ``x_``; no amounts, currency or dates."""
+    details: dict[str, Any] = {"x_ServiceComponent": category, "x_Item": item}
+    if category in ("compute", "ram", "platform"):
+        details["x_WorkerClass"] = item
+    if category == "storage":
+        details["x_StorageMonthsBilled"] = storage_months  # billed once, at creation, for this many months
+    return json.dumps(details, sort_keys=True)
 
 
 class FocusExportError(ValueError):
@@ -167,15 +200,17 @@ def focus_table(store: FactsStore, start: date | None = None, end: date | None =
             "ChargeCategory": charge, "ChargeClass": None, "ChargeDescription": desc,
             "ChargeFrequency": "Usage-Based", "ChargePeriodEnd": _ts(day + timedelta(days=1)),
             "ChargePeriodStart": _ts(day), "ConsumedQuantity": float(used or qty) if charge == "Usage" else None,
-            "ConsumedUnit": unit if charge == "Usage" else None, "ContractedCost": float(amount), "ContractedUnitPrice": float(price) if usage else None,
+            "ConsumedUnit": focus_unit(unit) if charge == "Usage" else None, "ContractedCost": float(amount), "ContractedUnitPrice": float(price) if usage else None,
             "EffectiveCost": float(amount), "InvoiceIssuerName": PROVIDER, "ListCost": float(amount),
             "ListUnitPrice": float(price) if usage else None, "PricingCategory": "Standard" if usage else None,
-            "PricingQuantity": float(qty) if usage else None, "PricingUnit": unit if usage else None, "ProviderName": PROVIDER,
+            "PricingQuantity": float(qty) if usage else None, "PricingUnit": focus_unit(unit) if usage else None, "ProviderName": PROVIDER,
             "PublisherName": PROVIDER, "RegionId": item if category == "egress" else None,
             "RegionName": item if category == "egress" else None, "ResourceId": resource,
             "ResourceName": playbook or tenant_id, "ResourceType": "step" if step else ("playbook" if playbook else "tenant"),
             "ServiceCategory": _SERVICE.get(category, "Other"), "ServiceName": f"NoETL {category}",
+            "ServiceSubcategory": _SUBCATEGORY.get(category, "Other (Other)"),
             "SkuId": f"{category}/{item}", "SkuPriceId": f"{version}:{category}/{item}" if version else None,
+            "SkuPriceDetails": sku_price_details(category, item, m) if version else None,
             "SubAccountId": project or None, "SubAccountName": project or None,
             "Tags": json.dumps({"noetl/step": step, "noetl/playbook": playbook, "noetl/price_version": version}, sort_keys=True),
         }  # fmt: skip

@@ -259,7 +259,14 @@ def run(
                 execution_id=execution_id,
             )  # fmt: skip
     if as_json:
-        click.echo(dumps(result.to_json()))
+        out = result.to_json()
+        if result.extra.get("dagster"):  # the Dagster runs that drove it (the job's run first) and the cost
+            # (the local runner's --json stays without it: pricing reads the YAML price file, and a cached
+            # local run imports no YAML parser; `explain --json` prices it)
+            runs = result.extra["dagster"]
+            out["dagster"] = {"run_id": runs["run_ids"][0] if runs["run_ids"] else None, **runs}
+            out["cost"] = _cost_json(result.execution_id, event_store, data_dir)
+        click.echo(dumps(out))
     elif result.extra.get("follow"):  # detached: the request id and how to follow it, no empty table
         click.echo(result.extra["follow"])
     else:
@@ -269,6 +276,32 @@ def run(
             f"error: execution {result.execution_id} failed: {result.extra['error'].get('message')}", err=True
         )
     sys.exit(EXIT_OK if result.status in ("completed", "requested") else EXIT_FAILED)
+
+
+def _cost_json(execution_id: str, event_store: str | None, data_dir: str | None) -> dict[str, Any]:
+    """The execution's cost for ``run --json``: every line of its log priced by the price table
+    the Dagster run tags and ``facts refresh`` use (a price file that does not load: ``error``)."""
+    from noetl_analytics.pricing import COMPONENTS, Cost, PriceConfigError, PriceTable, cost_of_events
+
+    try:
+        prices = PriceTable.load(data_dir=data_dir)
+    except PriceConfigError as e:
+        return {"error": str(e)}
+    store = _open_store(event_store, data_dir)
+    try:
+        events = [e for e in store.read(execution_id) if e.execution_id == execution_id]
+    finally:
+        store.close()
+    by_step = cost_of_events(prices, events)
+    total = sum(by_step.values(), Cost(currency=prices.currency))
+    return {
+        "currency": prices.currency,
+        "total": total.total,
+        **{c: getattr(total, c) for c in COMPONENTS if getattr(total, c)},
+        "steps": {s: c.total for s, c in sorted(by_step.items()) if s},
+        "price_version": total.price_version,
+        "price_fingerprint": prices.fingerprint(),
+    }
 
 
 @contextmanager

@@ -159,6 +159,22 @@ def insights_metadata(alloc: dict[str, object]) -> dict[str, object]:
     return out
 
 
+def _retag_runs(context: Any, facts: FactsStoreResource, prices: Any) -> list[str]:
+    """Re-tag the instance's runs priced by another table; a failure is logged, never fails the rollups."""
+    from noetl_dagster.resources.run_costs import reprice_run_tags  # noqa: PLC0415
+    from noetl_dagster.storage.event_stores import open_event_store  # noqa: PLC0415
+
+    try:
+        log = open_event_store(facts.event_store_url, data_dir=facts.data_dir)
+        try:
+            return reprice_run_tags(context.instance, log, prices)
+        finally:
+            log.close()
+    except Exception as e:  # noqa: BLE001 - tags are informational
+        context.log.warning(f"run cost tags not refreshed: {e}")
+        return []
+
+
 def build_facts_definitions(
     *,
     resource: FactsStoreResource | None = None,
@@ -194,6 +210,9 @@ def build_facts_definitions(
         context.log.info(
             f"cost_line_day: {report['rows']} cost lines, {report['total']:.6f} {report['currency']}"
         )
+        if done.get("priced_before") != prices.fingerprint():  # a repricing: the runs' cost tags follow
+            retagged = _retag_runs(context, noetl_facts, prices)  # (resources/run_costs.py)
+            context.log.info(f"repriced: cost tags of {len(retagged)} run(s) refreshed")
         return dg.MaterializeResult(
             metadata={
                 "rows": report["rows"],

@@ -31,6 +31,7 @@ from noetl_analytics.pricing import Cost
 from noetl_dagster.engine import events as E
 from noetl_dagster.engine.events import uuid7
 from noetl_dagster.engine.graph import analyze
+from noetl_dagster.resources.run_costs import cost_tags
 from noetl_dagster.resources.runtime import (
     TAG_EXECUTION,
     TAG_MODE,
@@ -42,6 +43,7 @@ from noetl_dagster.resources.runtime import (
 )
 from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.translator.checks import run_partition_keys
+from noetl_dagster.translator.cost_summary import summary_materialization
 from noetl_dagster.translator.declare import (
     backfill_policy,
     partition_workload,
@@ -53,7 +55,7 @@ from noetl_dagster.translator.ops import (
     RESOURCE_KEY,
     TAG_FAILED_STEPS,
     TAG_HAS_FAILED_STEPS,
-    cost_tags,
+    price_table,
     priced_events,
     run_cost_tags,
     table_cost_metadata,
@@ -139,7 +141,10 @@ def playbook_multi_asset(c: CompiledPlaybook, specs: list[dg.AssetSpec]) -> dg.A
                 context.log_event(m)
         if totals:
             total = sum(totals[1:], totals[0])  # the run's executions
-            context.instance.add_run_tags(context.run.run_id, {**cost_tags(total), **run_cost_tags(total)})
+            prices = price_table(res)
+            context.instance.add_run_tags(
+                context.run.run_id, {**cost_tags(total, prices), **run_cost_tags(total)}
+            )
 
     def _materialize(context, res, keys, selected, select, totals, recorded):  # noqa: ANN001, ANN202, PLR0913
         """One execution for ``keys``; its tables reported as the op's results, or (``recorded``: one of a
@@ -201,6 +206,7 @@ def playbook_multi_asset(c: CompiledPlaybook, specs: list[dg.AssetSpec]) -> dg.A
                   "noetl/not_selected": dg.MetadataValue.text("stored by a step the selection ran")}  # fmt: skip
             for pk in keys or [None]:
                 context.log_event(dg.AssetMaterialization(asset_key=key, partition=pk, metadata=md))
+        on_tables = 0.0
         for spec in specs:
             if spec.key not in selected:
                 continue
@@ -219,12 +225,17 @@ def playbook_multi_asset(c: CompiledPlaybook, specs: list[dg.AssetSpec]) -> dg.A
                 md["noetl/execution_page"] = dg.MetadataValue.url(url)
             if costs is not None and step in costs[1]:
                 md.update(table_cost_metadata(costs[1][step], per_step[step]))
+                on_tables += costs[1][step].total / per_step[step]
             if recorded is not None:
                 recorded.append(dg.AssetMaterialization(asset_key=spec.key, partition=keys[0], metadata=md))
             else:
                 yield dg.MaterializeResult(asset_key=spec.key, metadata=md)
         if costs is not None:
             totals.append(sum(costs[1].values(), Cost(currency=costs[0].currency)))
+            # what the tables do not carry (steps storing none, the platform line): the cost summary
+            context.log_event(
+                summary_materialization(c.job_name, result.execution_id, costs[1], on_tables, costs[0])
+            )
 
     return _tables
 

@@ -25,6 +25,7 @@ from noetl_analytics.pricing import COMPONENTS, Cost, PriceTable, cost_of_events
 from noetl_dagster.dsl.locator import InvalidLocator
 from noetl_dagster.dsl.model import Playbook
 from noetl_dagster.engine.usage_lines import _REF_EVENTS, BilledRefs, created_refs
+from noetl_dagster.resources.run_costs import TAG_PRICE_VERSION, cost_tags, decimal_text, execution_costs
 from noetl_dagster.resources.runtime import (
     REQUESTED_BY_DAGSTER,
     TAG_EXECUTION,
@@ -44,6 +45,11 @@ from noetl_dagster.translator.checks import (
     run_partition_keys,
     step_check_evaluation,
     step_tables,
+)
+from noetl_dagster.translator.cost_summary import (
+    materialization_cost,
+    summary_materialization,
+    tables_cost,
 )
 from noetl_dagster.translator.declare import partition_workload
 from noetl_dagster.translator.explain_links import op_summary
@@ -365,7 +371,6 @@ def usage_metadata(usage: dict[str, dict[str, float]], steps: list[str]) -> dict
 
 # -- cost per attempt / step / op / execution (analytics/noetl_analytics/pricing.py: the allocation SQL's formula) --
 COST_PREFIX = "noetl/cost/"
-TAG_PRICE_VERSION = "noetl/price_version"
 _prices_lock = threading.Lock()
 # (env file, data dir) -> (source, mtime, PriceTable)
 _PRICES: dict[tuple[str, str], tuple[str, float, PriceTable]] = {}
@@ -410,22 +415,10 @@ def cost_metadata(cost: Cost, share: float = 1.0) -> dict[str, Any]:
     return md
 
 
-def _decimal(x: float) -> str:
-    return f"{x:.12f}".rstrip("0").rstrip(".")
-
-
-def cost_tags(cost: Cost) -> dict[str, str]:
-    """Run tags of an execution's cost: ``noetl/cost_<currency>`` (decimal string) and ``noetl/price_version``."""
-    return {
-        f"noetl/cost_{cost.currency.lower()}": _decimal(cost.total),
-        TAG_PRICE_VERSION: cost.price_version or "-",
-    }
-
-
 def run_cost_tags(cost: Cost) -> dict[str, str]:
     """Run tags of the run's own attempts: ``noetl/run_cost_<currency>`` and ``noetl/price_version``."""
     cur = cost.currency.lower()
-    return {f"noetl/run_cost_{cur}": _decimal(cost.total), TAG_PRICE_VERSION: cost.price_version or "-"}
+    return {f"noetl/run_cost_{cur}": decimal_text(cost.total), TAG_PRICE_VERSION: cost.price_version or "-"}
 
 
 def table_cost_metadata(cost: Cost, tables: int) -> dict[str, Any]:
@@ -532,17 +525,14 @@ def _billed_before(store: Any, eid: str, evs: list[Any]) -> BilledRefs | None:
     return billed
 
 
-def _execution_cost(context: Any, report: OpReport, prices: PriceTable) -> Cost | None:
-    """The whole execution's cost: every ``task.done`` in its log, whichever run or op recorded it."""
+def _execution_costs(context: Any, report: OpReport, prices: PriceTable) -> dict[str, Cost] | None:
+    """The whole execution's cost by step: every line of its log, whichever run or op recorded it."""
     eng = report.engine
     try:
-        events = [
-            e for e in eng.services.event_store.read(eng.execution_id) if e.execution_id == eng.execution_id
-        ]
+        return execution_costs(eng.services.event_store.read(eng.execution_id), prices, eng.execution_id)
     except Exception as e:  # noqa: BLE001 - informational
         context.log.warning(f"no execution cost: {e}")
         return None
-    return sum(cost_of_events(prices, events).values(), Cost(currency=prices.currency))
 
 
 def _inside(context: Any, report: OpReport, node: Node, read: list[Any]) -> dict[str, Any]:
@@ -607,17 +597,18 @@ def _report_outputs(
         prices, by_step = priced
         own = sum((by_step[s] for s in ran if s in by_step), Cost(currency=prices.currency))
         tags.update(run_cost_tags(own))
+    res = getattr(context.resources, RESOURCE_KEY)
+    mats = list(_materializations(eng.execution_id, report.task_results, res,
+                                  context.partition_key if context.has_partition_key else None,
+                                  eng.state.workload, priced[1] if priced else None, asset_key))  # fmt: skip
     if priced is not None and report.finished:  # the execution is over: its whole cost on the run
-        total = _execution_cost(context, report, priced[0])
-        if total is not None:
-            tags.update(cost_tags(total))
+        by_step = _execution_costs(context, report, priced[0])
+        if by_step is not None:
+            tags.update(cost_tags(sum(by_step.values(), Cost(currency=priced[0].currency)), priced[0]))
+            _log_summary(context, eng.execution_id, by_step, priced[0], mats)
     if tags:
         _tag_run(context, tags)
-    res = getattr(context.resources, RESOURCE_KEY)
-    for step, v, mat in _materializations(eng.execution_id, report.task_results, res,
-                                          context.partition_key if context.has_partition_key else None,
-                                          eng.state.workload, priced[1] if priced else None,
-                                          asset_key):  # fmt: skip
+    for step, v, mat in mats:
         yield mat
         for ev in declared_check_evaluations(
             eng.playbook, res, step, v, mat.asset_key
@@ -635,6 +626,19 @@ def _report_outputs(
         if target.reach & pending:
             toks = [t for s in target.steps for t in tokens_by_step.get(s, [])]
             yield dg.Output(None, name, metadata={"tokens": ", ".join(toks) or "(downstream work)"})
+
+
+def _log_summary(
+    context: Any, eid: str, by_step: dict[str, Cost], prices: PriceTable, mats: list[Any]
+) -> None:
+    """The execution's cost summary (translator/cost_summary.py): what its ops and tables do not carry.
+    ``mats``: the finishing op's own table materializations, not logged yet."""
+    try:
+        on_tables = tables_cost(context.instance, eid, prices.currency)
+        on_tables += sum(materialization_cost(m, prices.currency) for _, _, m in mats)
+        context.log_event(summary_materialization(context.job_name, eid, by_step, on_tables, prices))
+    except Exception as e:  # noqa: BLE001 - informational, never fails a step
+        context.log.warning(f"no cost summary: {e}")
 
 
 TAG_FAILED_STEPS = "noetl/failed_steps"  # the steps that failed while an arc routed the flow on

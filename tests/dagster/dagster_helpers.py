@@ -129,3 +129,13 @@ def dagster_dev_server(
                 proc.wait(timeout=10)
                 raise AssertionError("dagster dev did not stop on SIGINT within 60 s") from None
         log.close()
+
+
+def tables_of(result: Any) -> list[Any]:
+    """A run's materialization events of tables: without the execution's cost summary (``noetl_cost/<job>``,
+    translator/cost_summary.py), which every run that finishes an execution materializes."""
+    return [
+        e
+        for e in result.get_asset_materialization_events()
+        if e.materialization.asset_key.path[0] != "noetl_cost"
+    ]

@@ -16,6 +16,7 @@ from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
 from dagster._core.test_utils import create_test_daemon_workspace_context
 from dagster._core.workspace.load_target import PythonFileTarget
 from dagster._daemon.backfill import execute_backfill_iteration
+from dagster_helpers import tables_of
 
 from noetl_dagster.resources.noetl import NoetlResource
 from noetl_dagster.translator import compile_playbooks
@@ -249,7 +250,7 @@ def test_materializing_one_table_runs_only_the_steps_it_needs(dagster_data, tmp_
     with dg.instance_for_test() as instance:
         r = dg.materialize([ad], instance=instance, selection=[LEFT])
         assert r.success
-        mats = {e.materialization.asset_key: e.materialization for e in r.get_asset_materialization_events()}
+        mats = {e.materialization.asset_key: e.materialization for e in tables_of(r)}
         eid = instance.get_run_by_id(r.run_id).tags["noetl/execution_id"]
     assert set(mats) == {LEFT}
     assert mats[LEFT].metadata["noetl/skipped_steps"].value == "right, both"

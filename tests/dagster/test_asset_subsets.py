@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dagster as dg
 import pytest
+from dagster_helpers import tables_of
 
 from noetl_dagster.dsl import load_playbook
 from noetl_dagster.resources.noetl import NoetlResource
@@ -164,7 +165,7 @@ def test_materializing_the_summary_alone_reruns_no_upstream_and_reads_the_record
             instance=instance, partition_key="2026-11-07"
         )
         assert r.success
-        assert {e.materialization.asset_key for e in r.get_asset_materialization_events()} == {S}
+        assert {e.materialization.asset_key for e in tables_of(r)} == {S}
         assert sorted(_recorded(instance, R)) == [f"{READINGS}@v1", f"{READINGS}@v2"]
         evals = _checks_alone(defs, instance, {"dagster/partition": "2026-11-07"})
     # the upstream table has no new version: every version of it is one Dagster recorded
@@ -218,7 +219,7 @@ def test_asking_for_the_upstream_materializes_and_records_it(dagster_data, tmp_p
         assert r.success
         assert _recorded(instance, R, "2026-11-08") == [f"{READINGS}@v1"]
         assert instance.get_materialized_partitions(R) == {"2026-11-08"}
-        mats = {e.materialization.asset_key: e.materialization for e in r.get_asset_materialization_events()}
+        mats = {e.materialization.asset_key: e.materialization for e in tables_of(r)}
     assert set(mats) == {R, S} and mats[R].partition == "2026-11-08"
     assert _versions(dagster_data, READINGS) == [("v1", "2026-11-08")]
 
