@@ -636,7 +636,8 @@ def _log_summary(
     try:
         on_tables = tables_cost(context.instance, eid, prices.currency)
         on_tables += sum(materialization_cost(m, prices.currency) for _, _, m in mats)
-        context.log_event(summary_materialization(context.job_name, eid, by_step, on_tables, prices))
+        job = context.job_name.split("__step__")[0]  # a per-step job's runs: the playbook job's summary
+        context.log_event(summary_materialization(job, eid, by_step, on_tables, prices))
     except Exception as e:  # noqa: BLE001 - informational, never fails a step
         context.log.warning(f"no cost summary: {e}")
 

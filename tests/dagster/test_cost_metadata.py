@@ -285,6 +285,15 @@ def test_each_per_step_run_carries_its_own_cost_and_the_finishing_run_the_total(
     platform = _cost(prices, events.get("", []))
     assert platform.platform > 0 and platform.total == platform.platform
     assert total == pytest.approx(sum(own.values()) + platform.total, rel=1e-9, abs=1e-9)
+    # the finishing run's cost summary, under the playbook job's name: the per-step runs' own costs +
+    # its run line = the execution; no table stored, so the assets lens is the summary alone
+    summary = ephemeral_instance.get_latest_materialization_event(
+        dg.AssetKey(["noetl_cost", "per_step_pipeline"])
+    )
+    assert summary is not None and summary.run_id == runs["combine"]
+    md = {k: getattr(v, "value", v) for k, v in summary.asset_materialization.metadata.items()}
+    assert sum(own.values()) + md["noetl/cost/run_usd"] == pytest.approx(total, abs=1e-9)
+    assert md["noetl/cost/usd"] == pytest.approx(total, abs=1e-9) and md["noetl/cost/tables_usd"] == 0
 
 
 PASSED_ON = """\
