@@ -38,6 +38,7 @@ is accepted for ``versions:``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -317,11 +318,16 @@ class PriceTable:
             for v in self.versions
         ]  # fmt: skip
 
-    def fingerprint(self) -> str:
-        """A digest of everything that changes a price: a store re-prices its history when it changes."""
+    @functools.cached_property
+    def _digest(self) -> str:
         body = {"currency": self.currency, "map": self.worker_class_by_kind, "distribution": self.distribution,
                 "prices": self.price_rows(), "versions": self.version_rows()}  # fmt: skip
         return hashlib.sha256(json.dumps(body, default=str, sort_keys=True).encode()).hexdigest()[:16]
+
+    def fingerprint(self) -> str:
+        """A digest of everything that changes a price: a store re-prices its history when it changes
+        (computed once per table: every finishing op tags its run with it)."""
+        return self._digest
 
 
 def _distribution(raw: Any, source: str) -> dict[str, Any]:

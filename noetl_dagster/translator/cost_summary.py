@@ -33,17 +33,23 @@ def summary_key(job_name: str) -> dg.AssetKey:
     return dg.AssetKey([SUMMARY_PREFIX, job_name])
 
 
-def tables_cost(instance: dg.DagsterInstance, execution_id: str, currency: str) -> float:
+def tables_cost(
+    instance: dg.DagsterInstance, execution_id: str, currency: str, only_run: str | None = None
+) -> float:
     """``noetl/cost/<cur>`` summed over the table materializations already logged by the execution's
-    runs (every run tagged with its execution id; summaries excluded)."""
+    runs (every run tagged with its execution id, or ``only_run``; summaries excluded)."""
     key = f"noetl/cost/{currency.lower()}"
-    runs = instance.get_run_records(dg.RunsFilter(tags={TAG_EXECUTION: execution_id}))
+    if only_run is not None:
+        run_ids = [only_run]
+    else:
+        runs = instance.get_run_records(dg.RunsFilter(tags={TAG_EXECUTION: execution_id}))
+        run_ids = [rec.dagster_run.run_id for rec in runs]
     total = 0.0
-    for rec in runs:
+    for run_id in run_ids:
         cursor = None
         while True:
             page = instance.get_records_for_run(
-                rec.dagster_run.run_id, cursor=cursor, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
+                run_id, cursor=cursor, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
             )
             for r in page.records:
                 mat = r.event_log_entry.asset_materialization

@@ -24,6 +24,7 @@ import noetl_dagster.translator.naming as naming
 from noetl_analytics.pricing import COMPONENTS, Cost, PriceTable, cost_of_events
 from noetl_dagster.dsl.locator import InvalidLocator
 from noetl_dagster.dsl.model import Playbook
+from noetl_dagster.engine.events import EXECUTION_REQUESTED as E_REQUESTED
 from noetl_dagster.engine.usage_lines import _REF_EVENTS, BilledRefs, created_refs
 from noetl_dagster.resources.run_costs import TAG_PRICE_VERSION, cost_tags, decimal_text, execution_costs
 from noetl_dagster.resources.runtime import (
@@ -244,7 +245,9 @@ def make_start_op(
             logger=context.log, nominal_time=_nominal_time(context),
         )  # fmt: skip
         st = eng.state
-        _tag_run(context, link_tags(eid))  # the run links to the execution's page (issue 36)
+        links = link_tags(eid)  # the run links to the execution's page (issue 36)
+        if any(context.dagster_run.tags.get(k) != v for k, v in links.items()):  # not launched with them
+            _tag_run(context, links)
         if started:
             context.log.info(f"execution {eid} started ({pb.metadata.path})")
         else:
@@ -311,8 +314,10 @@ def make_node_op(
             )
         eid = _execution_id(context)
 
+        pending: dict[str, str] = {}  # the status tag, written with the cost tags in one add_run_tags
+
         def finished(status: str) -> None:
-            _tag_run(context, {TAG_STATUS: status})
+            pending[TAG_STATUS] = status
 
         try:
             report = run_steps(pb, svc, eid, node.steps, logger=context.log, locks_dir=res.locks_dir(),
@@ -322,7 +327,9 @@ def make_node_op(
             raise dg.Failure(
                 description=str(e), metadata={"execution_id": eid}, allow_retries=False
             ) from None
-        yield from _report_outputs(context, report, node, plan, node_outputs, asset_key)
+        yield from _report_outputs(context, report, node, plan, node_outputs, asset_key, pending)
+        if pending:  # not written with cost tags (no engine at hand)
+            _tag_run(context, pending)
         bad = report.unhandled
         if bad:
             first = bad[0]
@@ -525,11 +532,18 @@ def _billed_before(store: Any, eid: str, evs: list[Any]) -> BilledRefs | None:
     return billed
 
 
-def _execution_costs(context: Any, report: OpReport, prices: PriceTable) -> dict[str, Cost] | None:
-    """The whole execution's cost by step: every line of its log, whichever run or op recorded it."""
+def _execution_costs(
+    context: Any, report: OpReport, prices: PriceTable
+) -> tuple[dict[str, Cost], str] | None:
+    """The whole execution's cost by step (every line of its log, whichever run or op recorded it),
+    and who requested it."""
     eng = report.engine
     try:
-        return execution_costs(eng.services.event_store.read(eng.execution_id), prices, eng.execution_id)
+        events = eng.services.event_store.read(eng.execution_id)
+        by = next(
+            (str((e.data or {}).get("requested_by") or "") for e in events if e.name == E_REQUESTED), ""
+        )
+        return execution_costs(events, prices, eng.execution_id), by
     except Exception as e:  # noqa: BLE001 - informational
         context.log.warning(f"no execution cost: {e}")
         return None
@@ -564,6 +578,7 @@ def _report_outputs(
     plan: JobPlan | None,
     node_outputs: dict[str, str],
     asset_key: Callable[[str], dg.AssetKey] | None = None,
+    pending: dict[str, str] | None = None,
 ) -> Iterator[Any]:
     eng = report.engine
     if eng is None:
@@ -602,10 +617,16 @@ def _report_outputs(
                                   context.partition_key if context.has_partition_key else None,
                                   eng.state.workload, priced[1] if priced else None, asset_key))  # fmt: skip
     if priced is not None and report.finished:  # the execution is over: its whole cost on the run
-        by_step = _execution_costs(context, report, priced[0])
-        if by_step is not None:
+        whole = _execution_costs(context, report, priced[0])
+        if whole is not None:
+            by_step, requested_by = whole
             tags.update(cost_tags(sum(by_step.values(), Cost(currency=priced[0].currency)), priced[0]))
-            _log_summary(context, eng.execution_id, by_step, priced[0], mats)
+            # requested by this run: no other run holds its tables (a resumed or routed one may)
+            only = context.run_id if requested_by == f"{REQUESTED_BY_DAGSTER}{context.run_id}" else None
+            _log_summary(context, eng.execution_id, by_step, priced[0], mats, only)
+    if pending:
+        tags.update(pending)
+        pending.clear()
     if tags:
         _tag_run(context, tags)
     for step, v, mat in mats:
@@ -628,13 +649,13 @@ def _report_outputs(
             yield dg.Output(None, name, metadata={"tokens": ", ".join(toks) or "(downstream work)"})
 
 
-def _log_summary(
-    context: Any, eid: str, by_step: dict[str, Cost], prices: PriceTable, mats: list[Any]
-) -> None:
+def _log_summary(context: Any, eid: str, by_step: dict[str, Cost], prices: PriceTable, mats: list[Any],
+                 only_run: str | None) -> None:  # fmt: skip
     """The execution's cost summary (translator/cost_summary.py): what its ops and tables do not carry.
-    ``mats``: the finishing op's own table materializations, not logged yet."""
+    ``mats``: the finishing op's own table materializations, not logged yet; ``only_run``: the one run
+    that ran the execution, when known."""
     try:
-        on_tables = tables_cost(context.instance, eid, prices.currency)
+        on_tables = tables_cost(context.instance, eid, prices.currency, only_run)
         on_tables += sum(materialization_cost(m, prices.currency) for _, _, m in mats)
         job = context.job_name.split("__step__")[0]  # a per-step job's runs: the playbook job's summary
         context.log_event(summary_materialization(job, eid, by_step, on_tables, prices))

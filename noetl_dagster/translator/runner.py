@@ -44,6 +44,7 @@ from noetl_dagster.sensors.router import RouterCursor, instance_run_lookup, rout
 from noetl_dagster.storage.events import EventStore
 from noetl_dagster.translator.build import CompiledPlaybook, NoetlCodeLocation, compile_playbooks
 from noetl_dagster.translator.translator import NoetlTranslator
+from noetl_dagster.util.links import link_tags
 
 MAX_RUNS = 10_000  # per execution; a guard against a routing bug looping forever
 
@@ -216,7 +217,7 @@ def drive(
     """Execute the playbook's job, then whatever the router would launch, until the execution ends."""
     defs = location.definitions
     svc = location.index.resource.services()
-    tags = {TAG_EXECUTION: eid}
+    tags = {TAG_EXECUTION: eid, **link_tags(eid)}  # launched with its links, as the router's runs are
     # the console logger only; every message still goes to the instance's event log
     loggers = {"loggers": {"console": {"config": {"log_level": log_level.upper()}}}}
     run_config: dict[str, Any] = dict(loggers)
