@@ -27,6 +27,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "bench_engine": ["--steps", "300", "--iterations", "2000", "--big-loop", "20000"],
     "bench_io": ["--rows", "200000", "--repeat", "3", "--large-mb", "50"],
     "bench_tools": ["--n", "200"],
+    "bench_platform_line": ["--rounds", "4"],
     "bench_dagster": ["--steps", "20", "--repeat", "3", "--iterations", "10", "--playbooks", "50"],
     "bench_facts": ["--events", "100000", "--rounds", "1", "--batch", "50000", "--exporter-events", "20000"],
     "bench_qdrant": ["--n", "10000", "--queries", "20"],

@@ -327,9 +327,11 @@ def make_node_op(
             raise dg.Failure(
                 description=str(e), metadata={"execution_id": eid}, allow_retries=False
             ) from None
-        yield from _report_outputs(context, report, node, plan, node_outputs, asset_key, pending)
-        if pending:  # not written with cost tags (no engine at hand)
-            _tag_run(context, pending)
+        try:
+            yield from _report_outputs(context, report, node, plan, node_outputs, asset_key, pending)
+        finally:
+            if pending:  # not written with the cost tags (no engine at hand, or reporting failed)
+                _tag_run(context, pending)
         bad = report.unhandled
         if bad:
             first = bad[0]
