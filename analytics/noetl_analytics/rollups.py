@@ -209,8 +209,9 @@ def _distribute(
         by_day[day][tenant] = (float(amount or 0), float(used or 0))
     out: list[list[Any]] = []
 
-    def row(day: date, tenant: str, category: str, item: str, amount: float, version: str) -> None:
-        out.append([day, tenant, "", "", "", category, item, "", 0.0, 0.0, 0.0, 0.0, amount, prices.currency,
+    def row(day: date, tenant: str, category: str, item: str, amount: float, version: str, unit: str = "",
+            quantity: float = 0.0) -> None:  # fmt: skip
+        out.append([day, tenant, "", "", "", category, item, unit, quantity, 0.0, 0.0, 0.0, amount, prices.currency,
                     version, now])  # fmt: skip
 
     today = now.astimezone(UTC).date()
@@ -221,18 +222,19 @@ def _distribute(
         v = prices.version_on(day)
         version = v.version if v else ""
         own = {t: a for t, (a, _) in tenants.items() if t and t != IDLE_TENANT and t not in shared}
-        capacity = (v.capacity_cost_day() if v else 0.0) * elapsed_fraction(
+        covered = elapsed_fraction(
             day, min(now, last.replace(tzinfo=UTC)) if day == today and last and last.year > 1970 else now
         )
+        capacity = (v.capacity_cost_day() if v else 0.0) * covered
         idle = max(capacity - sum(u for _, u in tenants.values()), 0.0)
         kept = idle
         if rule_idle != "unallocated" and own and idle > 0:
             for t, w in _weights(own, rule_idle).items():
                 row(day, t, "idle", "cluster", idle * w, version)
             kept = 0.0
-        row(
-            day, IDLE_TENANT, "idle", "cluster", kept, version
-        )  # always written: replaces an earlier day's row
+        # always written (replaces an earlier build's row); its quantity is the part of the day the
+        # capacity covers, so allocation_summary_day prices today's capacity over the same hours as idle
+        row(day, IDLE_TENANT, "idle", "cluster", kept, version, "day", covered)
         for s in sorted(shared & set(tenants)):
             amount = tenants[s][0]
             if rule_shared == "unallocated" or not own or amount == 0:

@@ -16,6 +16,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from noetl_analytics.allocation import allocation_totals
 from noetl_analytics.budgets import Budget, BudgetConfigError, evaluate, load_budgets
 from noetl_analytics.dashboard import render_dashboard
 from noetl_analytics.dashboard_access import Viewer
@@ -133,6 +134,27 @@ def test_todays_idle_is_the_capacity_of_the_hours_so_far(tmp_path):
     finally:
         close_all()
     assert elapsed_fraction(date(2026, 3, 10), datetime(2026, 3, 10, 6, tzinfo=UTC)) == 0.25
+
+
+def test_todays_summary_prices_capacity_over_the_same_hours_as_its_idle(tmp_path):
+    # allocation_summary_day showed today's capacity for the whole 24 h beside idle for the hours so
+    # far: capacity - idle was not the usage and idle_share was understated
+    s = FactsStore(f"chdb://{tmp_path / 'facts'}")
+    try:
+        last = datetime.now(UTC)
+        FactWriter(s).write(_events(last.isoformat()))
+        refresh_rollups(s, _prices("unallocated", "unallocated"))
+        _, rows = s.query("SELECT capacity_cost, idle, idle_share FROM $db.allocation_summary_day")
+        [(capacity, idle, share)] = rows
+        assert capacity == pytest.approx(86.4 * elapsed_fraction(last.date(), last), abs=1e-5)
+        if capacity > 0.060:  # past the day's first seconds: what is not idle is the usage
+            assert capacity - idle == pytest.approx(0.060, abs=1e-9) and share == pytest.approx(
+                idle / capacity
+            )
+        totals = allocation_totals(s)
+        assert totals["capacity_cost"] == pytest.approx(capacity) and totals["idle"] <= capacity
+    finally:
+        close_all()
     assert elapsed_fraction(date(2026, 3, 9), datetime(2026, 3, 10, 6, tzinfo=UTC)) == 1.0
     assert elapsed_fraction(date(2026, 3, 11), datetime(2026, 3, 10, 6, tzinfo=UTC)) == 0.0
 

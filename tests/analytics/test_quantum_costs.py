@@ -132,7 +132,7 @@ def test_a_store_at_v003_upgrades_and_prices_quantum(qpu_home, tmp_path, monkeyp
         # what a V003 rebuild leaves behind: the staging table in the old shape
         store.command("CREATE TABLE $db.allocation_step_day_next AS $db.allocation_step_day")
         monkeypatch.setattr(schema, "SQL_DIR", schema.Path(schema.__file__).parent / "sql")
-        assert store.migrate() == [4, 5, 6]
+        assert store.migrate() == [4, 5, 6, 7]
         home, _ = qpu_home
         log = open_event_store(None, data_dir=home)
         try:
