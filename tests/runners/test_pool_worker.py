@@ -26,6 +26,8 @@ from noetl_dagster.storage import nats_streams as streams
 from noetl_dagster.storage.event_stores import open_event_store
 from noetl_dagster.tools.command_queue import Command, NatsToolDispatch
 
+pytestmark = pytest.mark.slow  # real worker processes (a second or two to start each)
+
 NATS_URL = "nats://127.0.0.1:4222"
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {
