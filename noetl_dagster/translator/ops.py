@@ -25,6 +25,7 @@ from noetl_analytics.pricing import COMPONENTS, Cost, PriceTable, cost_of_events
 from noetl_dagster.dsl.locator import InvalidLocator
 from noetl_dagster.dsl.model import Playbook
 from noetl_dagster.engine.events import EXECUTION_REQUESTED as E_REQUESTED
+from noetl_dagster.engine.events import uuid7_from
 from noetl_dagster.engine.usage_lines import _REF_EVENTS, BilledRefs, created_refs
 from noetl_dagster.resources.run_costs import TAG_PRICE_VERSION, cost_tags, decimal_text, execution_costs
 from noetl_dagster.resources.runtime import (
@@ -72,6 +73,7 @@ RESULT_OUTPUT = "result"
 
 # run id -> execution id chosen by noetl_start in this process (launchpad runs without the tag)
 _RUN_EXECUTION: dict[str, str] = {}
+RETRY_NUMBER_TAG = "dagster/retry_number"  # Dagster's tag on a run its daemon launched as a run retry
 _run_lock = threading.Lock()
 
 
@@ -93,12 +95,12 @@ def _execution_id(context) -> str:  # noqa: ANN001
     A run that did not carry the tag gets it, so the UI and the router see which execution it drives.
     """
     run = context.dagster_run
-    if run.tags.get(TAG_EXECUTION):
-        return str(run.tags[TAG_EXECUTION])
-    with _run_lock:
+    with _run_lock:  # first: a run retry's new execution replaces the tag it copied from its parent
         eid = _RUN_EXECUTION.get(context.run_id)
     if eid:
         return eid
+    if run.tags.get(TAG_EXECUTION):
+        return str(run.tags[TAG_EXECUTION])
     found, on_self = None, False
     for run_id in (context.run_id, run.parent_run_id, run.root_run_id):
         other = context.instance.get_run_by_id(run_id) if run_id else None
@@ -244,6 +246,17 @@ def make_start_op(
             pb, svc, eid, overrides, requested_by=f"{REQUESTED_BY_DAGSTER}{context.run_id}",
             logger=context.log, nominal_time=_nominal_time(context),
         )  # fmt: skip
+        retry = context.dagster_run.tags.get(RETRY_NUMBER_TAG)
+        if retry and not cfg.get("execution_id") and eng.state.finished and eng.state.status == "failed":
+            # a run retry (dagster/max_retries) of a failed execution: a failed step never runs again in
+            # its execution, so the retry is a new execution of the same request (workload, partition)
+            failed, eid = eid, uuid7_from("dagster-run", context.run_id)
+            _remember_run(context, eid, tag=True)
+            eng, started = start_execution(
+                pb, svc, eid, overrides, requested_by=f"{REQUESTED_BY_DAGSTER}{context.run_id}",
+                logger=context.log, nominal_time=_nominal_time(context),
+            )  # fmt: skip
+            context.log.info(f"run retry {retry}: execution {failed} failed; this run starts execution {eid}")
         st = eng.state
         links = link_tags(eid)  # the run links to the execution's page (issue 36)
         if any(context.dagster_run.tags.get(k) != v for k, v in links.items()):  # not launched with them

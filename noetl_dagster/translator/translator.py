@@ -214,7 +214,9 @@ class NoetlScheduleSpec(_Replaceable):
 
 
 START_ID = "noetl_start"
-SCHEDULE_KEYS = {"cron", "cron_schedule", "timezone", "workload", "name", "description", "enabled", "tags"}
+SCHEDULE_KEYS = {"cron", "cron_schedule", "timezone", "workload", "name", "description", "enabled", "tags", "retries"}
+# a failed scheduled run is retried as a whole (a new execution: noetl_start starts one), by the daemon
+RETRY_TAGS = {"dagster/retry_strategy": "ALL_STEPS"}
 
 
 class NoetlTranslator:
@@ -360,6 +362,12 @@ class NoetlTranslator:
             workload = raw.get("workload") or {}
             if not isinstance(workload, Mapping):
                 raise ValueError(f"{data.path}: executor.spec.schedule.workload must be a mapping")
+            retries = raw.get("retries", 0)
+            if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+                raise ValueError(f"{data.path}: executor.spec.schedule.retries must be a whole number >= 0")
+            tags = {str(k): str(v) for k, v in (raw.get("tags") or {}).items()}
+            if retries:  # Dagster's run retries (run_retries.enabled in dagster.yaml)
+                tags = {**RETRY_TAGS, "dagster/max_retries": str(retries), **tags}
             suffix = (
                 naming.sanitize(str(raw["name"]))
                 if raw.get("name")
@@ -372,7 +380,7 @@ class NoetlTranslator:
                     execution_timezone=raw.get("timezone") or (timed.timezone if timed is not None else None),
                     workload=dict(workload),
                     description=raw.get("description") or f"Runs {data.path} on `{cron}`",
-                    tags={str(k): str(v) for k, v in (raw.get("tags") or {}).items()},
+                    tags=tags,
                     running=bool(raw.get("enabled", False)),
                 )
             )

@@ -228,3 +228,69 @@ def test_the_router_launches_a_partitioned_playbook_with_its_partition(
                                  project="examples").execution_id  # fmt: skip
     launches = router_tick(loc.index, svc, instance_run_lookup(ephemeral_instance), RouterCursor()).launches
     assert {la.execution_id: la.partition_key for la in launches}[other] is None  # no such partition: none
+
+
+FLAKY = """\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: flaky_day, path: tests/flaky_day}
+executor:
+  spec:
+    schedule: {cron: '0 2 * * *', retries: 2}
+    dagster:
+      partitions: {daily: 2026-11-20, workload_key: day}
+workload: {day: "2026-01-01", marker: MARKER}
+workflow:
+  - step: start
+    tool:
+      - fetch:
+          kind: python
+          input: {day: "{{ workload.day }}", marker: "{{ workload.marker }}"}
+          code: |
+            import os
+            def main(day, marker):
+                if not os.path.exists(marker):  # the first attempt: the upstream is not there yet
+                    open(marker, "w").close()
+                    raise RuntimeError("upstream not ready")
+                return {"day": day}
+"""
+
+
+def test_a_failed_scheduled_day_is_retried_as_a_new_execution_of_that_day(dagster_data, tmp_path):
+    """Issue 42 leftover: run key = partition key, so a later tick never runs a failed day again. The
+    Dagster answer is a run retry: ``retries: 2`` puts ``dagster/max_retries`` (strategy ALL_STEPS) on the
+    scheduled runs; the daemon's retry copies the failed run's tags (``noetl/execution_id`` included) and
+    adds ``dagster/retry_number``, and noetl_start then starts a new execution of the same day, since the
+    failed one never runs its failed step again."""
+    f = tmp_path / "flaky_day.yaml"
+    f.write_text(FLAKY.replace("MARKER", str(tmp_path / "upstream_ready")))
+    defs, sched = _schedule(f, dagster_data)
+    (req,) = _tick(defs, sched, "2026-11-23T02:00:00+00:00")
+    assert req.partition_key == "2026-11-22"
+    assert req.tags["dagster/max_retries"] == "2" and req.tags["dagster/retry_strategy"] == "ALL_STEPS"
+    job = defs.resolve_job_def(sched.job_name)
+    with dg.instance_for_test() as instance:
+        first = job.execute_in_process(run_config=req.run_config, partition_key=req.partition_key,
+                                       tags=req.tags, instance=instance, raise_on_error=False)  # fmt: skip
+        assert not first.success
+        failed = instance.get_run_by_id(first.run_id)
+        failed_eid = failed.tags["noetl/execution_id"]
+        retry_tags = {**failed.tags, "dagster/retry_number": "1"}  # what the daemon's retry run carries
+        retry = job.execute_in_process(run_config=req.run_config, partition_key=req.partition_key,
+                                       tags=retry_tags, instance=instance)  # fmt: skip
+        assert retry.success
+        eid = instance.get_run_by_id(retry.run_id).tags["noetl/execution_id"]
+    assert eid != failed_eid
+    store = open_event_store(None, data_dir=dagster_data)
+    names = [e.name for e in store.read(eid) if e.execution_id == eid]
+    assert names[-1] == "playbook.processed" and "workflow.finished" in names, names
+    request = next(e for e in store.read(eid) if e.name == "playbook.execution.requested")
+    assert next(e for e in store.read(eid) if e.name == "workflow.finished").data["status"] == "completed"
+    assert request.data["workload"]["day"] == "2026-11-22"  # the same day
+
+
+def test_schedule_retries_must_be_a_whole_number(dagster_data, tmp_path):
+    f = tmp_path / "flaky_day.yaml"
+    f.write_text(FLAKY.replace("retries: 2", "retries: -1"))
+    with pytest.raises(ValueError, match=r"executor.spec.schedule.retries must be a whole number >= 0"):
+        _schedule(f, dagster_data)
