@@ -214,7 +214,8 @@ class NoetlScheduleSpec(_Replaceable):
 
 
 START_ID = "noetl_start"
-SCHEDULE_KEYS = {"cron", "cron_schedule", "timezone", "workload", "name", "description", "enabled", "tags", "retries"}
+SCHEDULE_KEYS = {"cron", "cron_schedule", "timezone", "workload", "name", "description", "enabled", "tags",
+                 "retries"}  # fmt: skip
 # a failed scheduled run is retried as a whole (a new execution: noetl_start starts one), by the daemon
 RETRY_TAGS = {"dagster/retry_strategy": "ALL_STEPS"}
 
