@@ -166,12 +166,20 @@ def _styled(console: Any, style: str, text: str) -> str:
 )
 @click.option(
     "--event-store",
-    help="Event store URL (sqlite:///path or postgresql://...). Default: $NOETL_DAGSTER_HOME/events.db",
+    help="Event store URL (sqlite:///path or postgresql://...; default $NOETL_EVENT_STORE_URL). The local "
+    "runner writes the execution locally and pushes it there at exit; without one it stays local.",
 )
 @click.option(
     "--data-dir",
     type=click.Path(file_okay=False),
     help="Data directory (default $NOETL_DAGSTER_HOME or ./.noetl).",
+)
+@click.option("--offline", is_flag=True, help="Local runner: keep the execution local; push it later (push ID).")
+@click.option(
+    "--durable",
+    is_flag=True,
+    help="Local runner: commit every step into the event store (default SQLite <data dir>/events.db) "
+    "instead of the local files.",
 )
 @click.option("--tenant", default="default", show_default=True, callback=_scope_name)
 @click.option("--project", default="default", show_default=True, callback=_scope_name)
@@ -199,6 +207,8 @@ def run(
     catalog_dirs: tuple[str, ...],
     event_store: str | None,
     data_dir: str | None,
+    offline: bool,
+    durable: bool,
     tenant: str,
     project: str,
     mode: str,
@@ -249,15 +259,22 @@ def run(
                 )  # fmt: skip
         except DetachTargetMissing as e:
             _fail_input(str(e))
-    else:
+    elif durable:  # every step a commit into the event store (before issue 46, the default)
         from noetl_dagster.runners.local import run_playbook
 
         with _execution_lease(event_store, data_dir, execution_id):
             result = run_playbook(
                 pb, overrides, event_store=event_store, data_dir=data_dir, catalog_dirs=catalog_dirs,
                 tenant=tenant, project=project, on_step=progress.on_step, logger=lambda m: None,
-                execution_id=execution_id,
+                execution_id=execution_id, durable=True,
             )  # fmt: skip
+    else:  # the local mode (seed 004 H.11): Arrow batches under <data dir>/local/<execution_id>/
+        from noetl_dagster.commands.push import run_local
+
+        result = run_local(
+            pb, overrides, event_store=event_store, data_dir=data_dir, catalog_dirs=catalog_dirs, tenant=tenant,
+            project=project, on_step=progress.on_step, execution_id=execution_id, offline=offline,
+        )  # fmt: skip
     if as_json:
         out = result.to_json()
         if result.extra.get("dagster"):  # the Dagster runs that drove it (the job's run first) and the cost

@@ -45,6 +45,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                 "Write an execution's archive bundle (seed 004 §7) to a payload store."),
     "verify": ("noetl_dagster.commands.verify:verify",
                "Check an execution's tamper-evident event log (or an archive): OK and its head hash, or the first bad event."),
+    "push": ("noetl_dagster.commands.push:push_command",
+             "Append a local execution (run's default) to the event store in one transaction."),
     "resume": ("noetl_dagster.commands.archive:resume",
                "Finish an execution whose process died, from its event log (nothing that finished runs again)."),
     "projector": ("noetl_dagster.commands.nats_tiers:projector",

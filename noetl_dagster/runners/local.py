@@ -271,8 +271,11 @@ def run_playbook(
     select: Iterable[str] | None = None,
     requested_by: str = "cli",
     reuse: Mapping[str, Any] | None = None,
+    durable: bool = False,
 ) -> ExecutionResult:
     """Run a playbook to completion in this process and return its summary.
+
+    ``durable`` (``run --durable``): every step boundary a commit, every barrier an fsync.
 
     ``select``: run only these steps (each other step is skipped, reason "not selected"; see
     ``StepGraph.needed_for`` for the steps a set of targets needs). ``reuse``: ``{step: {"execution_id",
@@ -296,6 +299,8 @@ def run_playbook(
         listeners=listeners,
         logger=logger,
     )
+    if durable:
+        svc.durable = True
     if pb.base_dir:
         svc.catalog.add_dir(pb.base_dir)
     reap_unrecorded(svc)

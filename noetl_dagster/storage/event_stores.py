@@ -15,11 +15,19 @@ def open_event_store(url: str | None = None, *, data_dir: str | os.PathLike[str]
     ``nats://host:4222?projection=<postgresql URL>&payload=<payload URL>`` (storage/nats_events.py).
 
     Any other scheme (``mysql://``...) is refused with ValueError, so is a bare
-    string that is not a SQLite file path. Without a URL: ``$NOETL_EVENT_STORE_URL``, else SQLite at ``<data_dir>/events.db``.
+    string that is not a SQLite file path. Without a URL: ``$NOETL_EVENT_STORE_URL``, else SQLite at ``<data_dir>/events.db``,
+    read together with the local executions under ``<data_dir>/local`` when there are any
+    (storage/local_mode.py; new executions still go to SQLite: only ``run`` writes locally).
     """
     url = url or os.environ.get("NOETL_EVENT_STORE_URL") or None
     if not url:
         base = Path(data_dir or os.environ.get("NOETL_DAGSTER_HOME", ".noetl"))
+        from noetl_dagster.storage.local_mode import local_root  # noqa: PLC0415
+
+        if local_root(data_dir).is_dir():  # local executions (``run``'s default) are read beside stored ones
+            from noetl_dagster.storage.local_mode import open_reader  # noqa: PLC0415
+
+            return open_reader(data_dir)
         return SqliteEventStore(base / "events.db")
     if url.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):
         # imported here so SQLite users never load psycopg

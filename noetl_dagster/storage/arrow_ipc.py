@@ -1,0 +1,210 @@
+"""Arrow IPC stream messages written without pyarrow (the local event files, storage/feather_events.py).
+
+A one-step ``run`` must not import pyarrow (~0.2 s; tests/architecture/test_import_set.py), yet
+its events are Arrow record batches on disk. This module writes the few message kinds the local
+store needs - a Schema and RecordBatch messages of Int64, Utf8, Binary and Timestamp(us, UTC)
+columns, each buffer zstd-compressed (Arrow's BodyCompression) - as the Arrow columnar format
+specifies them (``format/Message.fbs``, ``Schema.fbs``, encapsulated message framing). Readers use
+pyarrow (``read_stream``), which also checks that what is written here is Arrow.
+
+Flatbuffers are laid out front to back: a table's vtable just before it, its children after it,
+so every uoffset points forward as the format requires; scalars are aligned to their size.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+CONTINUATION = b"\xff\xff\xff\xff"
+METADATA_V5 = 4
+HEADER_SCHEMA, HEADER_RECORD_BATCH = 1, 3
+TYPE_INT, TYPE_BINARY, TYPE_UTF8, TYPE_TIMESTAMP = 2, 4, 5, 10
+CODEC_ZSTD = 1
+MICROSECOND = 2
+
+
+@dataclass
+class _Table:
+    fields: list[tuple[int, str, Any]] = field(default_factory=list)  # (slot, kind, value)
+
+
+@dataclass
+class _Vec:
+    tables: list[_Table] | None = None
+    structs: bytes = b""
+    count: int = 0
+
+
+_SIZE = {"b": 1, "B": 1, "h": 2, "i": 4, "q": 8}
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.buf = bytearray()
+
+    def pad(self, align: int, rem: int = 0) -> None:
+        while len(self.buf) % align != rem:
+            self.buf.append(0)
+
+    def patch(self, at: int, target: int) -> None:
+        struct.pack_into("<I", self.buf, at, target - at)
+
+    def place(self, obj: Any) -> int:
+        if isinstance(obj, _Table):
+            return self.table(obj)
+        if isinstance(obj, str):
+            self.pad(4)
+            pos = len(self.buf)
+            raw = obj.encode()
+            self.buf += struct.pack("<I", len(raw)) + raw + b"\0"
+            return pos
+        if obj.tables is not None:
+            self.pad(4)
+            pos = len(self.buf)
+            self.buf += struct.pack("<I", len(obj.tables)) + bytes(4 * len(obj.tables))
+            for i, t in enumerate(obj.tables):
+                self.patch(pos + 4 + 4 * i, self.place(t))
+            return pos
+        self.pad(8, 4)  # the elements (structs of longs) 8-aligned after the length
+        pos = len(self.buf)
+        self.buf += struct.pack("<I", obj.count) + obj.structs
+        return pos
+
+    def table(self, t: _Table) -> int:
+        slots = max((s for s, _k, _v in t.fields), default=-1) + 1
+        self.pad(2)
+        vt = len(self.buf)
+        self.buf += bytes(4 + 2 * slots)
+        self.pad(8)
+        pos = len(self.buf)
+        self.buf += struct.pack("<i", pos - vt)
+        offsets: list[int] = [0] * slots
+        children: list[tuple[int, Any]] = []
+        for slot, kind, value in t.fields:
+            size = 4 if kind == "ref" else _SIZE[kind]
+            self.pad(size)
+            offsets[slot] = len(self.buf) - pos
+            if kind == "ref":
+                children.append((len(self.buf), value))
+                self.buf += bytes(4)
+            else:
+                self.buf += struct.pack("<" + kind, value)
+        struct.pack_into(f"<HH{slots}H", self.buf, vt, 4 + 2 * slots, len(self.buf) - pos, *offsets)
+        for at, child in children:
+            self.patch(at, self.place(child))
+        return pos
+
+
+def _flatbuffer(root: _Table) -> bytes:
+    b = _Builder()
+    b.buf += bytes(4)
+    b.patch(0, b.table(root))
+    return bytes(b.buf)
+
+
+def _message(header_type: int, header: _Table, body_length: int) -> _Table:
+    return _Table([(0, "h", METADATA_V5), (1, "B", header_type), (2, "ref", header), (3, "q", body_length)])
+
+
+def _frame(meta: bytes, body: bytes = b"") -> bytes:
+    meta += bytes(-len(meta) % 8)
+    return CONTINUATION + struct.pack("<i", len(meta)) + meta + body
+
+
+# a column: (name, arrow type, nullable); types "int64", "utf8", "binary", "timestamp_us_utc"
+Column = tuple[str, str, bool]
+
+
+def _type_table(kind: str) -> tuple[int, _Table]:
+    if kind == "int64":
+        return TYPE_INT, _Table([(0, "i", 64), (1, "B", 1)])
+    if kind == "utf8":
+        return TYPE_UTF8, _Table()
+    if kind == "binary":
+        return TYPE_BINARY, _Table()
+    if kind == "timestamp_us_utc":
+        return TYPE_TIMESTAMP, _Table([(0, "h", MICROSECOND), (1, "ref", "UTC")])
+    raise ValueError(f"unsupported column type {kind}")
+
+
+def schema_message(columns: Sequence[Column]) -> bytes:
+    fields = []
+    for name, kind, nullable in columns:
+        type_id, type_table = _type_table(kind)
+        fields.append(_Table([(0, "ref", name), (1, "B", int(nullable)), (2, "B", type_id),
+                              (3, "ref", type_table), (5, "ref", _Vec(tables=[]))]))  # fmt: skip
+    schema = _Table([(0, "h", 0), (1, "ref", _Vec(tables=fields))])
+    return _frame(_flatbuffer(_message(HEADER_SCHEMA, schema, 0)))
+
+
+def _validity(values: Sequence[Any]) -> tuple[bytes, int]:
+    nulls = sum(v is None for v in values)
+    if not nulls:
+        return b"", 0
+    bits = bytearray((len(values) + 7) // 8)
+    for i, v in enumerate(values):
+        if v is not None:
+            bits[i >> 3] |= 1 << (i & 7)
+    return bytes(bits), nulls
+
+
+def record_batch_message(columns: Sequence[Column], data: Sequence[Sequence[Any]], compressor: Any) -> bytes:
+    """One RecordBatch message of ``data`` (one sequence of values per column; None is null)."""
+    n = len(data[0]) if data else 0
+    nodes, buffers, body = bytearray(), bytearray(), bytearray()
+
+    def add(raw: bytes) -> None:
+        if raw:  # Arrow's buffer compression: the uncompressed length, then the zstd frame
+            raw = struct.pack("<q", len(raw)) + compressor.compress(raw)
+        buffers.extend(struct.pack("<qq", len(body), len(raw)))
+        body.extend(raw + bytes(-len(raw) % 8))
+
+    for (_name, kind, _nullable), values in zip(columns, data, strict=True):
+        validity, nulls = _validity(values)
+        nodes.extend(struct.pack("<qq", n, nulls))
+        add(validity)
+        if kind in ("int64", "timestamp_us_utc"):
+            add(struct.pack(f"<{n}q", *(v or 0 for v in values)))
+            continue
+        parts = [(v.encode("utf-8", "surrogatepass") if kind == "utf8" else v) if v is not None else b""
+                 for v in values]  # fmt: skip
+        offsets, total = [0], 0
+        for p in parts:
+            total += len(p)
+            offsets.append(total)
+        add(struct.pack(f"<{n + 1}i", *offsets))
+        add(b"".join(parts))
+    batch = _Table([(0, "q", n), (1, "ref", _Vec(structs=bytes(nodes), count=len(nodes) // 16)),
+                    (2, "ref", _Vec(structs=bytes(buffers), count=len(buffers) // 16)),
+                    (3, "ref", _Table([(0, "b", CODEC_ZSTD), (1, "b", 0)]))])  # fmt: skip
+    return _frame(_flatbuffer(_message(HEADER_RECORD_BATCH, batch, len(body))), bytes(body))
+
+
+def read_stream(raw: bytes) -> tuple[list[Any], int]:
+    """The record batches of an IPC stream (pyarrow, imported here) and the byte length of its
+    complete prefix: a message cut by a kill -9 mid-write ends the stream there."""
+    import pyarrow as pa  # noqa: PLC0415 - readers only; a run writes without it
+
+    reader = pa.BufferReader(raw)
+    batches: list[Any] = []
+    good = 0
+    schema = None
+    while True:
+        try:
+            msg = pa.ipc.read_message(reader)
+        except (pa.ArrowInvalid, OSError, EOFError, StopIteration):
+            break
+        if msg is None:
+            break
+        if schema is None:
+            schema = pa.ipc.read_schema(msg)
+        else:
+            try:
+                batches.append(pa.ipc.read_record_batch(msg, schema))
+            except (pa.ArrowInvalid, OSError):
+                break
+        good = reader.tell()
+    return batches, good

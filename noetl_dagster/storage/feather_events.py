@@ -1,0 +1,413 @@
+"""The local mode's event store (seed 004 H.11, issue 46): one local execution's events and commands
+buffered in memory and written as Arrow record batches under ``<local root>/<execution_id>/``::
+
+    events.feather    Arrow IPC stream: the schema, then one record batch per flush (EVENT_COLUMNS)
+    commands.feather  the same for the step runs the runner dispatched (COMMAND_COLUMNS)
+    metadata.json     execution_id, playbook, status, started_at, finished_at, events, pushed_to
+    lease             flock'd by the process that runs or resumes the execution
+
+A flush appends one batch with one ``write`` (docs/events.md "Local mode"): at ``flush_bytes``
+(4 MiB) of buffered bodies, after ``idle_seconds`` (30 s) without one, at ``close`` (exit) and at
+each ``barrier`` - the engine calls it before a task with an outside effect, so a kill -9 never
+loses an event recorded before a side effect. Flushes at the seed's points are fsync'd; a barrier
+is fsync'd only when durable (``--durable``, or ``barrier(durable=True)``). A batch cut by a kill is
+dropped when the file is read (and cut off before the next append): the execution is what its
+last complete batch says, which ``resume`` continues.
+
+Sequences, idempotency on ``event_id`` and the hash chain (engine/chain.py) are kept as the SQLite
+store keeps them, so ``push`` (storage/local_mode.py) hands a stored store the same events."""
+
+from __future__ import annotations
+
+import atexit
+import calendar
+import contextlib
+import fcntl
+import json
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from noetl_dagster.engine.chain import GENESIS, canonical_text, link
+from noetl_dagster.engine.events import Event
+from noetl_dagster.engine.ports import EventStore, ExecutionInfo, ExecutionLeased, StoredEvent
+from noetl_dagster.engine.recorder import check_event_size
+from noetl_dagster.storage.arrow_ipc import Column, read_stream, record_batch_message, schema_message
+from noetl_dagster.util.jsonutil import dumps, loads
+
+EVENTS_FILE, COMMANDS_FILE, METADATA_FILE, LEASE_FILE = (
+    "events.feather", "commands.feather", "metadata.json", "lease")  # fmt: skip
+FLUSH_BYTES = int(os.environ.get("NOETL_LOCAL_FLUSH_BYTES") or 4 * 1024 * 1024)
+IDLE_SECONDS = float(os.environ.get("NOETL_LOCAL_IDLE_SECONDS") or 30)
+
+EVENT_COLUMNS: list[Column] = [
+    ("sequence", "int64", False),
+    ("event_id", "utf8", False),
+    ("execution_id", "utf8", False),
+    ("event_type", "utf8", False),
+    ("step", "utf8", True),
+    ("status", "utf8", False),
+    ("created_at", "timestamp_us_utc", False),
+    ("body", "binary", False),  # the rest of the event: Event.to_stored(envelope=False) as JSON
+    ("hash", "binary", False),  # the chain hash (engine/chain.py)
+]
+COMMAND_COLUMNS: list[Column] = [
+    ("command_id", "utf8", False),  # the event_id of the step.scheduled event that dispatched it
+    ("execution_id", "utf8", False),
+    ("sequence", "int64", False),
+    ("step", "utf8", True),
+    ("step_run_id", "utf8", True),
+    ("created_at", "timestamp_us_utc", False),
+]
+COMMAND_EVENTS = frozenset({"step.scheduled"})
+
+
+def micros(ts: str) -> int | None:
+    """Microseconds since the epoch of an event timestamp, or None when it is not ISO 8601."""
+    try:
+        dt = datetime.fromisoformat(ts)
+    except (TypeError, ValueError):
+        return None
+    if dt.tzinfo is not None:
+        dt = dt.astimezone(timezone.utc)
+    return calendar.timegm(dt.timetuple()) * 1_000_000 + dt.microsecond
+
+
+def iso(us: int) -> str:
+    """The recorder's timestamp text of ``us`` (engine/events._iso_at)."""
+    sec, frac = divmod(us, 1_000_000)
+    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(sec))}.{frac:06d}+00:00"
+
+
+@dataclass
+class _Local:
+    """One execution's files and what is buffered for them."""
+
+    dir: Path
+    last: int = 0
+    head: bytes = GENESIS
+    ids: dict[str, int] = field(default_factory=dict)
+    pending: list[tuple[Event, bytes, bytes]] = field(default_factory=list)  # (event, body, hash)
+    pending_bytes: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+    fds: dict[str, int] = field(default_factory=dict)
+    events_ok: int = 0  # bytes of events.feather known complete (the rest is cut before appending)
+    commands_ok: int = 0
+
+
+class FeatherEventStore(EventStore):
+    """The local mode's EventStore: every execution a folder under ``root``."""
+
+    def __init__(self, root: str | os.PathLike[str], *, durable: bool = False, flush_bytes: int = FLUSH_BYTES,
+                 idle_seconds: float = IDLE_SECONDS):  # fmt: skip
+        self.root = Path(root)
+        self.url = f"local://{self.root}"
+        self.durable = durable
+        self.flush_bytes = flush_bytes
+        self.idle_seconds = idle_seconds
+        self._lock = threading.RLock()
+        self._execs: dict[str, _Local] = {}
+        self.written: set[str] = set()  # executions this store appended to (``run`` pushes them)
+        self._leases: dict[str, int] = {}
+        self._compressor: Any = None
+        self._last_flush = time.monotonic()
+        self._idle: threading.Thread | None = None
+        self._closed = threading.Event()
+        self.skipped: list[tuple[str, str]] = []
+        atexit.register(self.close)  # a run that ends without close still flushes (exit is a flush point)
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def append(self, events: Sequence[Event]) -> list[Event]:
+        if not events:
+            return []
+        with self._lock:
+            touched: set[str] = set()
+            for ev in events:
+                x = self._open(ev.execution_id)
+                seq = x.ids.get(ev.event_id)
+                if seq is not None:  # re-sent: keeps its stored sequence
+                    ev.sequence = seq
+                    continue
+                ev.sequence = x.last + 1
+                body = dumps(ev.to_stored(envelope=False)).encode("utf-8", "surrogatepass")
+                check_event_size(ev, len(body))
+                x.head = link(x.head, ev.sequence, canonical_text(ev))
+                x.last = ev.sequence
+                x.ids[ev.event_id] = ev.sequence
+                x.pending.append((ev, body, x.head))
+                x.pending_bytes += len(body)
+                self._note(x, ev)
+                touched.add(ev.execution_id)
+            self.written |= touched
+            for eid in touched:
+                if self._execs[eid].pending_bytes >= self.flush_bytes:
+                    self._flush(self._execs[eid], fsync=True)
+            if self._idle is None and self.idle_seconds > 0:
+                self._idle = threading.Thread(target=self._idle_flusher, name="noetl-local-flush", daemon=True)
+                self._idle.start()
+        return list(events)
+
+    buffers_appends = True  # the engine hands over every step's events; barrier() writes them through
+
+    def barrier(self, durable: bool = True) -> None:
+        """Write every buffered event through to the OS (a kill -9 after this loses none of them);
+        fsync too when ``durable`` or the store is (``--durable``)."""
+        with self._lock:
+            for x in self._execs.values():
+                self._flush(x, fsync=durable or self.durable)
+
+    def flush(self, fsync: bool = True) -> None:
+        with self._lock:
+            for x in self._execs.values():
+                self._flush(x, fsync=fsync)
+
+    def _note(self, x: _Local, ev: Event) -> None:
+        m = x.meta
+        m.setdefault("execution_id", ev.execution_id)
+        m.setdefault("started_at", ev.timestamp)
+        if ev.parent_execution_id:
+            m.setdefault("parent_execution_id", ev.parent_execution_id)
+        if ev.name == "playbook.execution.requested":
+            m["playbook"] = ev.data.get("playbook")
+            m["playbook_path"] = ev.data.get("file")
+            m["status"] = "requested"
+        elif ev.name == "workflow.started":
+            m["status"] = "running"
+        elif ev.name == "workflow.finished":
+            m["status"], m["finished_at"] = ev.data.get("status", "completed"), ev.timestamp
+        m["events"] = ev.sequence
+
+    def _flush(self, x: _Local, fsync: bool) -> None:
+        if not x.pending:
+            if fsync and x.fds:
+                for fd in x.fds.values():
+                    os.fsync(fd)
+            return
+        if self._compressor is None:
+            import zstandard  # noqa: PLC0415 - at the first flush
+
+            self._compressor = zstandard.ZstdCompressor(level=3)
+        rows, x.pending, x.pending_bytes = x.pending, [], 0
+        cols: list[list[Any]] = [[] for _ in EVENT_COLUMNS]
+        cmds: list[list[Any]] = [[] for _ in COMMAND_COLUMNS]
+        for ev, body, h in rows:
+            us = micros(ev.timestamp)
+            if us is None or iso(us) != ev.timestamp:  # a timestamp the column cannot give back exactly
+                body = dumps({**loads(body), "timestamp": ev.timestamp}).encode("utf-8", "surrogatepass")
+            for col, v in zip(cols, (ev.sequence, ev.event_id, ev.execution_id, ev.name, ev.step, ev.status,
+                                     us or 0, body, h), strict=True):  # fmt: skip
+                col.append(v)
+            if ev.name in COMMAND_EVENTS:
+                for col, v in zip(cmds, (ev.event_id, ev.execution_id, ev.sequence, ev.step, ev.step_run_id,
+                                         us or 0), strict=True):  # fmt: skip
+                    col.append(v)
+        self._write(x, EVENTS_FILE, EVENT_COLUMNS, cols, fsync)
+        if cmds[0]:
+            self._write(x, COMMANDS_FILE, COMMAND_COLUMNS, cmds, fsync)
+        self._write_meta(x, fsync)
+        self._last_flush = time.monotonic()
+
+    def _write(self, x: _Local, name: str, columns: list[Column], data: list[list[Any]], fsync: bool) -> None:
+        fd = x.fds.get(name)
+        if fd is None:
+            fd = x.fds[name] = os.open(x.dir / name, os.O_WRONLY | os.O_CREAT, 0o644)
+            ok = x.events_ok if name == EVENTS_FILE else x.commands_ok
+            os.ftruncate(fd, ok)  # a batch a kill cut short is not continued
+            os.lseek(fd, ok, os.SEEK_SET)
+            if ok == 0:
+                data_prefix = schema_message(columns)
+                os.write(fd, data_prefix)
+        msg = record_batch_message(columns, data, self._compressor)
+        view = memoryview(msg)
+        while view:  # one batch, written whole (a short write continues)
+            view = view[os.write(fd, view) :]
+        if fsync:
+            os.fsync(fd)
+
+    def _write_meta(self, x: _Local, fsync: bool) -> None:
+        tmp = x.dir / (METADATA_FILE + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(x.meta, f, sort_keys=True)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, x.dir / METADATA_FILE)
+
+    def _idle_flusher(self) -> None:
+        while not self._closed.wait(min(self.idle_seconds, 5.0)):
+            if time.monotonic() - self._last_flush >= self.idle_seconds:
+                with self._lock:
+                    if self._closed.is_set():
+                        return
+                    for x in self._execs.values():
+                        self._flush(x, fsync=True)
+                    self._last_flush = time.monotonic()
+
+    def _open(self, execution_id: str) -> _Local:
+        """The execution's writer state: new, or continued from its files (resume in a new process)."""
+        x = self._execs.get(execution_id)
+        if x is not None:
+            return x
+        d = self.root / _safe(execution_id)
+        d.mkdir(parents=True, exist_ok=True)
+        x = _Local(d)
+        if (d / EVENTS_FILE).exists():
+            loaded = self._load(execution_id)
+            for seq, ev, h in loaded.entries:
+                if ev is not None:
+                    x.ids[ev.event_id] = seq
+                x.last, x.head = seq, h or x.head
+            x.events_ok, x.commands_ok, x.meta = loaded.events_ok, loaded.commands_ok, loaded.meta
+        self._execs[execution_id] = x
+        return x
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def _load(self, execution_id: str) -> _Loaded:
+        d = self.root / _safe(execution_id)
+        out = _Loaded()
+        try:
+            raw = (d / EVENTS_FILE).read_bytes()
+        except FileNotFoundError:
+            return out
+        batches, out.events_ok = read_stream(raw)
+        with contextlib.suppress(FileNotFoundError):
+            out.commands_ok = read_stream((d / COMMANDS_FILE).read_bytes())[1]
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            out.meta = json.loads((d / METADATA_FILE).read_text(encoding="utf-8"))
+        for b in batches:
+            c = b.to_pydict()
+            for seq, event_id, eid, name, ts, body, h in zip(
+                c["sequence"], c["event_id"], c["execution_id"], c["event_type"], c["created_at"], c["body"],
+                c["hash"], strict=True,
+            ):  # fmt: skip
+                out.entries.append((seq, self._decode(seq, event_id, eid, name, ts, body), h))
+        return out
+
+    def _decode(self, seq: int, event_id: str, eid: str, name: str, ts: Any, body: bytes) -> Event | None:
+        try:
+            d = loads(body)
+            if "timestamp" not in d:
+                d["timestamp"] = iso(calendar.timegm(ts.utctimetuple()) * 1_000_000 + ts.microsecond)
+            d.update(event_id=event_id, execution_id=eid, sequence=seq, name=name)
+            return Event.from_dict(d)
+        except Exception as e:  # noqa: BLE001 - a bad row is skipped and reported, as the SQLite store does
+            self.skipped.append((f"{eid}#{seq}", f"{type(e).__name__}: {str(e)[:200]}"))
+            return None
+
+    def _entries(self, execution_id: str) -> list[tuple[int, Event | None, bytes | None]]:
+        with self._lock:
+            x = self._execs.get(execution_id)
+            pending = [(ev.sequence or 0, ev, h) for ev, _b, h in x.pending] if x else []
+            if x is not None and not x.fds and not (x.dir / EVENTS_FILE).exists():
+                return list(pending)
+        on_disk = self._load(execution_id).entries
+        seen = {s for s, _e, _h in on_disk}
+        return on_disk + [p for p in pending if p[0] not in seen]
+
+    def has(self, execution_id: str) -> bool:
+        return execution_id in self._execs or (self.root / _safe(execution_id) / EVENTS_FILE).exists()
+
+    def read(self, execution_id: str, after_sequence: int = 0) -> list[Event]:
+        return [e for s, e, _h in self._entries(execution_id) if e is not None and s > after_sequence]
+
+    def read_chained(self, execution_id: str) -> list[tuple[int, Event | None, bytes | None]]:
+        return self._entries(execution_id)
+
+    def metadata(self, execution_id: str) -> dict[str, Any]:
+        with self._lock:
+            x = self._execs.get(execution_id)
+            if x is not None:
+                return dict(x.meta)
+        try:
+            return json.loads((self.root / _safe(execution_id) / METADATA_FILE).read_text(encoding="utf-8"))
+        except (FileNotFoundError, ValueError):
+            return {}
+
+    def mark_pushed(self, execution_id: str, url: str, last: int) -> None:
+        """Record in metadata.json that the execution up to ``last`` is in the store at ``url``."""
+        with self._lock:
+            x = self._open(execution_id)
+            x.meta["pushed_to"], x.meta["pushed_sequence"] = url, last
+            self._write_meta(x, fsync=True)
+
+    def execution_ids(self) -> list[str]:
+        try:
+            return sorted((p.name for p in self.root.iterdir() if (p / EVENTS_FILE).exists()), reverse=True)
+        except FileNotFoundError:
+            return []
+
+    def executions(self, limit: int = 100) -> list[ExecutionInfo]:
+        out = []
+        for eid in {*self.execution_ids(), *self._execs}:
+            m = self.metadata(eid)
+            out.append(ExecutionInfo(eid, m.get("playbook"), m.get("status") or "unknown", m.get("started_at"),
+                                     m.get("finished_at"), m.get("parent_execution_id"), int(m.get("events") or 0)))  # fmt: skip
+        out.sort(key=lambda i: i.started_at or "", reverse=True)
+        return out[:limit]
+
+    def tail(self, after_gid: int = 0, limit: int = 1000) -> list[StoredEvent]:
+        """Local executions have no global cursor: sensors and exporters see one once pushed."""
+        return []
+
+    def tail_last(self) -> int:
+        return 0
+
+    # -- leases: an flock on <execution>/lease, released by the kernel when its process dies -------
+
+    def acquire_lease(self, execution_id: str) -> None:
+        if execution_id in self._leases:
+            return
+        d = self.root / _safe(execution_id)
+        d.mkdir(parents=True, exist_ok=True)
+        fd = os.open(d / LEASE_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ExecutionLeased(f"execution {execution_id} is running in another process (its local "
+                                  f"folder {d} is locked)") from None  # fmt: skip
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._leases[execution_id] = fd
+
+    def release_lease(self, execution_id: str) -> None:
+        fd = self._leases.pop(execution_id, None)
+        if fd is not None:
+            os.close(fd)  # closing the descriptor drops the flock
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed.is_set():
+                return
+            self._closed.set()
+            for x in self._execs.values():
+                self._flush(x, fsync=True)
+                for fd in x.fds.values():
+                    os.close(fd)
+                x.fds.clear()
+            self._execs.clear()
+        for eid in list(self._leases):
+            self.release_lease(eid)
+        atexit.unregister(self.close)
+
+
+@dataclass
+class _Loaded:
+    entries: list[tuple[int, Event | None, bytes | None]] = field(default_factory=list)
+    events_ok: int = 0
+    commands_ok: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def _safe(execution_id: str) -> str:
+    """An execution id as a folder name: ids are uuid7 text; anything else is refused."""
+    if not execution_id or "/" in execution_id or "\\" in execution_id or execution_id in (".", ".."):
+        raise ValueError(f"execution id {execution_id!r} cannot name a local folder")
+    return execution_id
