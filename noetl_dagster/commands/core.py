@@ -174,7 +174,9 @@ def _styled(console: Any, style: str, text: str) -> str:
     type=click.Path(file_okay=False),
     help="Data directory (default $NOETL_DAGSTER_HOME or ./.noetl).",
 )
-@click.option("--offline", is_flag=True, help="Local runner: keep the execution local; push it later (push ID).")
+@click.option(
+    "--offline", is_flag=True, help="Local runner: keep the execution local; push it later (push ID)."
+)
 @click.option(
     "--durable",
     is_flag=True,

@@ -9,7 +9,12 @@ from typing import Any
 
 import click
 
-from noetl_dagster.commands.core import EXIT_FAILED, EXIT_OK, _fail_input
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2  # as commands.core (which imports this module)
+
+
+def _fail_input(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
 
 
 def _push_url(event_store: str | None) -> str | None:
@@ -25,10 +30,11 @@ def run_local(
     before side effects; pushed at exit to the configured event store unless ``offline``."""
     from noetl_dagster.engine.ports import ExecutionLeased
     from noetl_dagster.runners.local import run_playbook
+    from noetl_dagster.storage.event_stores import open_event_store
     from noetl_dagster.storage.local_mode import open_local_run
 
     url = _push_url(event_store)
-    store = open_local_run(url, data_dir)
+    store = open_local_run(url, data_dir, lambda u: open_event_store(u, data_dir=data_dir))
     try:
         try:  # held while it runs: a `resume` of a running execution is refused (issue 14.7)
             store.local.acquire_lease(execution_id)
@@ -99,5 +105,7 @@ def push_command(execution_id: str, event_store: str | None, data_dir: str | Non
         n = _push_or_fail(local, ids, url, data_dir)
     finally:
         local.close()
-    click.echo(f"pushed execution {execution_id} ({n} events{f', {len(ids) - 1} sub-executions' if len(ids) > 1 else ''}) to {url}")
+    click.echo(
+        f"pushed execution {execution_id} ({n} events{f', {len(ids) - 1} sub-executions' if len(ids) > 1 else ''}) to {url}"
+    )
     sys.exit(EXIT_OK)

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +74,7 @@ def micros(ts: str) -> int | None:
     except (TypeError, ValueError):
         return None
     if dt.tzinfo is not None:
-        dt = dt.astimezone(timezone.utc)
+        dt = dt.astimezone(UTC)
     return calendar.timegm(dt.timetuple()) * 1_000_000 + dt.microsecond
 
 
@@ -149,7 +149,9 @@ class FeatherEventStore(EventStore):
                 if self._execs[eid].pending_bytes >= self.flush_bytes:
                     self._flush(self._execs[eid], fsync=True)
             if self._idle is None and self.idle_seconds > 0:
-                self._idle = threading.Thread(target=self._idle_flusher, name="noetl-local-flush", daemon=True)
+                self._idle = threading.Thread(
+                    target=self._idle_flusher, name="noetl-local-flush", daemon=True
+                )
                 self._idle.start()
         return list(events)
 

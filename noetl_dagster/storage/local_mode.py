@@ -59,7 +59,9 @@ class LocalFirstStore(EventStore):
         if home is None:
             if self.local.has(execution_id):
                 home = self.local
-            elif (self._stored is not None or self._stored_exists()) and self.stored.read_range(execution_id, 0, 1):
+            elif (self._stored is not None or self._stored_exists()) and self.stored.read_range(
+                execution_id, 0, 1
+            ):
                 home = self.stored
             else:  # not known anywhere (yet): where new executions go
                 return self.local if self.write_local else self.stored
@@ -93,7 +95,9 @@ class LocalFirstStore(EventStore):
         store = self._for(execution_id)
         return None if store is self.local else store.summary(execution_id)
 
-    def put_summary(self, execution_id: str, after: int | None, last: int, rows: list[tuple[int, str]]) -> bool:
+    def put_summary(
+        self, execution_id: str, after: int | None, last: int, rows: list[tuple[int, str]]
+    ) -> bool:
         store = self._for(execution_id)
         return False if store is self.local else store.put_summary(execution_id, after, last, rows)
 
@@ -132,18 +136,18 @@ def open_reader(data_dir: str | os.PathLike[str] | None = None) -> LocalFirstSto
     from noetl_dagster.storage.events import SqliteEventStore  # noqa: PLC0415
 
     db = _home(data_dir) / "events.db"
-    return LocalFirstStore(FeatherEventStore(local_root(data_dir)), lambda: SqliteEventStore(db), write_local=False)
+    return LocalFirstStore(
+        FeatherEventStore(local_root(data_dir)), lambda: SqliteEventStore(db), write_local=False
+    )
 
 
-def open_local_run(url: str | None, data_dir: str | os.PathLike[str] | None, *,
-                   durable: bool = False) -> LocalFirstStore:  # fmt: skip
-    """``run``'s store: new executions local; ``url`` (else SQLite at <data dir>/events.db) for one
-    resumed from there, and opened only when needed (a local run opens no SQLite)."""
+def open_local_run(url: str | None, data_dir: str | os.PathLike[str] | None,
+                   opener: Callable[[str], EventStore], *, durable: bool = False) -> LocalFirstStore:  # fmt: skip
+    """``run``'s store: new executions local; ``url`` (opened by ``opener``; else SQLite at <data
+    dir>/events.db) for one resumed from there, opened only when needed (a local run opens no SQLite)."""
     root = FeatherEventStore(local_root(data_dir), durable=durable)
     if url:
-        from noetl_dagster.storage.event_stores import open_event_store  # noqa: PLC0415
-
-        return LocalFirstStore(root, lambda: open_event_store(url, data_dir=data_dir))
+        return LocalFirstStore(root, lambda: opener(url))
     from noetl_dagster.storage.events import SqliteEventStore  # noqa: PLC0415
 
     db = _home(data_dir) / "events.db"
