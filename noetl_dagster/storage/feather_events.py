@@ -209,13 +209,24 @@ class FeatherEventStore(EventStore):
                 for col, v in zip(cmds, (ev.event_id, ev.execution_id, ev.sequence, ev.step, ev.step_run_id,
                                          us or 0), strict=True):  # fmt: skip
                     col.append(v)
-        self._write(x, EVENTS_FILE, EVENT_COLUMNS, cols, fsync)
-        if cmds[0]:
-            self._write(x, COMMANDS_FILE, COMMAND_COLUMNS, cmds, fsync)
+        try:
+            x.events_ok = self._write(x, EVENTS_FILE, EVENT_COLUMNS, cols, fsync)
+            if cmds[0]:
+                x.commands_ok = self._write(x, COMMANDS_FILE, COMMAND_COLUMNS, cmds, fsync)
+        except BaseException:  # a full disk: the files end at their last whole batch, the rows stay buffered
+            for name, ok in ((EVENTS_FILE, x.events_ok), (COMMANDS_FILE, x.commands_ok)):
+                fd = x.fds.pop(name, None)
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(fd, ok)
+                    os.close(fd)
+            x.pending, x.pending_bytes = rows + x.pending, x.pending_bytes + sum(len(r[1]) for r in rows)
+            raise
         self._write_meta(x, fsync)
         self._last_flush = time.monotonic()
 
-    def _write(self, x: _Local, name: str, columns: list[Column], data: list[list[Any]], fsync: bool) -> None:
+    def _write(self, x: _Local, name: str, columns: list[Column], data: list[list[Any]], fsync: bool) -> int:
+        """Append one batch; returns the file's length after it."""
         fd = x.fds.get(name)
         if fd is None:
             fd = x.fds[name] = os.open(x.dir / name, os.O_WRONLY | os.O_CREAT, 0o644)
@@ -231,6 +242,7 @@ class FeatherEventStore(EventStore):
             view = view[os.write(fd, view) :]
         if fsync:
             os.fsync(fd)
+        return os.lseek(fd, 0, os.SEEK_CUR)
 
     def _write_meta(self, x: _Local, fsync: bool) -> None:
         tmp = x.dir / (METADATA_FILE + ".tmp")

@@ -221,4 +221,7 @@ def test_events_replay_and_executions_commands(files, data_dir):
 def test_run_summary_names_the_event_log(files, data_dir):
     r = _invoke("run", files("good.yaml", GOOD), "--quiet", data_dir=data_dir)
     assert r.exit_code == 0
+    assert "completed" in r.stdout and "event log: local://" in r.stdout  # the local mode (issue 46)
+    r = _invoke("run", files("good.yaml", GOOD), "--quiet", "--durable", data_dir=data_dir)
+    assert r.exit_code == 0
     assert "completed" in r.stdout and "event log:" in r.stdout and "events.db" in r.stdout

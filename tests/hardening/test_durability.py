@@ -226,7 +226,7 @@ LOOP_OF_PAYLOADS = (
 def test_disk_full_ends_the_execution_failed_and_frees_its_payloads(tmp_path, small_disk):
     d = small_disk / "home"
     f = write(tmp_path, "p.yaml", LOOP_OF_PAYLOADS)
-    code, out, err = cli(["run", f, "--quiet", "--data-dir", str(d)])
+    code, out, err = cli(["run", f, "--quiet", "--durable", "--data-dir", str(d)])  # the SQLite store's case
     assert code == 1, out  # before: exit 2 and `running`, the dead loop's payloads left on the disk
     assert len(err.strip().splitlines()) == 1 and ("No space left" in err or "disk is full" in err), err
     assert [x["status"] for x in executions(d)] == ["failed"]
@@ -266,7 +266,16 @@ def test_a_process_that_cannot_record_is_ended_at_the_next_start(tmp_path, small
     filler = small_disk / "filler"
     f = write(tmp_path, "p.yaml", FILL_THEN_RETURN)
     code, out, err = cli(
-        ["run", f, "--quiet", "--data-dir", str(d), "--workload", json.dumps({"filler": str(filler)})]
+        [
+            "run",
+            f,
+            "--quiet",
+            "--durable",
+            "--data-dir",
+            str(d),
+            "--workload",
+            json.dumps({"filler": str(filler)}),
+        ]
     )
     assert code == 1, out
     assert len(err.strip().splitlines()) == 1 and "and the failure cannot be recorded" in err, err
@@ -276,7 +285,7 @@ def test_a_process_that_cannot_record_is_ended_at_the_next_start(tmp_path, small
     assert (d / "unrecorded" / row["id"]).exists()
     filler.unlink()  # the operator frees the disk; the next start ends the execution
     ok = write(tmp_path, "ok.yaml", HEAD + "workflow:\n  - step: start\n    tool: {kind: noop}\n")
-    code, out, err = cli(["run", ok, "--quiet", "--data-dir", str(d)])
+    code, out, err = cli(["run", ok, "--quiet", "--durable", "--data-dir", str(d)])
     assert code == 0, out
     status = {x["id"]: x["status"] for x in executions(d)}
     assert status[row["id"]] == "failed" and not (d / "unrecorded" / row["id"]).exists()
@@ -341,7 +350,7 @@ BIG_LOOP = (
 def test_resume_after_kill_nine_writes_no_lifecycle_event_twice(tmp_path):
     f = write(tmp_path, "p.yaml", BIG_LOOP)
     d = tmp_path / "home"
-    code = (f"import runpy, sys\nsys.argv = ['noetl-dagster', 'run', {f!r}, '--quiet', '--data-dir', {str(d)!r}]\n"
+    code = (f"import runpy, sys\nsys.argv = ['noetl-dagster', 'run', {f!r}, '--quiet', '--durable', '--data-dir', {str(d)!r}]\n"
             "runpy.run_module('noetl_dagster.commands.main', run_name='__main__')")  # fmt: skip
     proc = subprocess.Popen([PY, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     eid, done = None, 0

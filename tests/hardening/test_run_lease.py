@@ -80,7 +80,8 @@ def test_resume_of_a_running_execution_is_refused(tmp_path, store_url):
     env = {**os.environ, "LEASE_MARK": str(mark), "NOETL_DAGSTER_HOME": str(tmp_path)}
     common = ["--event-store", store_url, "--data-dir", str(tmp_path)]
 
-    run = _cli("run", str(pb), "--quiet", *common, env={**env, "LEASE_RELEASE": str(release)})
+    # --durable: the run commits into the store the resume reads (a local run's lease: test_local_mode)
+    run = _cli("run", str(pb), "--quiet", "--durable", *common, env={**env, "LEASE_RELEASE": str(release)})
     try:
         eid = _execution_id(store_url, tmp_path)
         deadline = time.monotonic() + 60
