@@ -118,6 +118,9 @@ class FeatherEventStore(EventStore):
         self._last_flush = time.monotonic()
         self._idle: threading.Thread | None = None
         self._closed = threading.Event()
+        # the engine calls barrier before side effects (engine/recorder.py); until a first barrier the
+        # store cannot tell a caller that does from one that never will, so it writes each append through
+        self._barriers = False
         self.skipped: list[tuple[str, str]] = []
         atexit.register(self.close)  # a run that ends without close still flushes (exit is a flush point)
 
@@ -146,8 +149,11 @@ class FeatherEventStore(EventStore):
                 touched.add(ev.execution_id)
             self.written |= touched
             for eid in touched:
-                if self._execs[eid].pending_bytes >= self.flush_bytes:
-                    self._flush(self._execs[eid], fsync=True)
+                x = self._execs[eid]
+                if x.pending_bytes >= self.flush_bytes:
+                    self._flush(x, fsync=True)
+                elif not self._barriers:  # a caller that never calls barrier: every append written through
+                    self._flush(x, fsync=self.durable)
             if self._idle is None and self.idle_seconds > 0:
                 self._idle = threading.Thread(
                     target=self._idle_flusher, name="noetl-local-flush", daemon=True
@@ -161,6 +167,7 @@ class FeatherEventStore(EventStore):
         """Write every buffered event through to the OS (a kill -9 after this loses none of them);
         fsync too when ``durable`` or the store is (``--durable``)."""
         with self._lock:
+            self._barriers = True
             for x in self._execs.values():
                 self._flush(x, fsync=durable or self.durable)
 
