@@ -8,6 +8,7 @@ from pathlib import Path
 
 from noetl_dagster.engine.ports import EventStore
 from noetl_dagster.storage.events import SqliteEventStore
+from noetl_dagster.storage.local_mode import local_root
 
 
 def open_event_store(url: str | None = None, *, data_dir: str | os.PathLike[str] | None = None) -> EventStore:
@@ -22,8 +23,6 @@ def open_event_store(url: str | None = None, *, data_dir: str | os.PathLike[str]
     url = url or os.environ.get("NOETL_EVENT_STORE_URL") or None
     if not url:
         base = Path(data_dir or os.environ.get("NOETL_DAGSTER_HOME", ".noetl"))
-        from noetl_dagster.storage.local_mode import local_root  # noqa: PLC0415
-
         if local_root(data_dir).is_dir():  # local executions (``run``'s default) are read beside stored ones
             from noetl_dagster.storage.local_mode import open_reader  # noqa: PLC0415
 
@@ -39,13 +38,18 @@ def open_event_store(url: str | None = None, *, data_dir: str | os.PathLike[str]
         from noetl_dagster.storage.nats_events import NatsEventStore  # noqa: PLC0415
 
         return NatsEventStore(url)
+    if url.startswith("local://"):  # the local mode's folder of executions (run's default, issue 46)
+        from noetl_dagster.storage.feather_events import FeatherEventStore  # noqa: PLC0415
+
+        return FeatherEventStore(url[len("local://") :] or local_root(data_dir))
     if url.startswith("sqlite:///"):
         return SqliteEventStore(_sqlite_path(url[len("sqlite:///") :], url))
     if url.startswith("sqlite://"):
         return SqliteEventStore(_sqlite_path(url[len("sqlite://") :], url) or ":memory:")
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", url) and not re.match(r"^[A-Za-z]:[\\/]", url):
         raise ValueError(
-            f"unsupported event store URL {_scheme(url)}: use sqlite:///path, postgresql://... or nats://...?projection=postgresql..."
+            f"unsupported event store URL {_scheme(url)}: use sqlite:///path, postgresql://..., "
+            "nats://...?projection=postgresql... or local:///dir"
         )
     if not (url.endswith((".db", ".sqlite", ".sqlite3")) or Path(url).is_file()):
         raise ValueError(

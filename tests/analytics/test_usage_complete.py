@@ -292,7 +292,7 @@ def test_a_cli_run_charges_its_process_start_up_to_the_execution(tmp_path):
     assert proc.returncode == 0, proc.stderr
     child_cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     eid = json.loads(proc.stdout)["execution_id"]
-    p = _platform(_events(f"sqlite:///{home / 'events.db'}", eid))
+    p = _platform(_events(f"local://{home / 'local'}", eid) or [])
     assert p["window"] == "process"
     # interpreter start-up and imports are this execution's: most of the process's CPU
     assert p["process_cpu_s"] <= child_cpu + 0.01

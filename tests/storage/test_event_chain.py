@@ -74,7 +74,8 @@ def _run(tmp_path, home: Path, *store: str) -> str:
     """A run in its own process: the suite's replay-after-each-test (conftest) never sees the edit."""
     pb = tmp_path / "pb.yaml"
     pb.write_text(PLAYBOOK)
-    p = _cli("run", str(pb), "--json", *store, home=home)
+    # --durable: these tests edit the stored log itself (the local files: tests/storage/test_local_mode.py)
+    p = _cli("run", str(pb), "--json", "--durable", *store, home=home)
     assert p.returncode == 0, p.stderr[-2000:]
     out = json.loads(p.stdout)
     assert out["status"] == "completed"

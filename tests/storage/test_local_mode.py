@@ -213,7 +213,11 @@ def test_push_errors_are_one_line(tmp_path):
 
 
 def test_resume_of_a_running_local_execution_is_refused(tmp_path):
-    slow = PLAYBOOK.replace('code: "result = x + 1"', 'code: "import time\\ntime.sleep(3)\\nresult = x + 1"')
+    release = tmp_path / "release"  # `add` waits for it: the run is alive while resume is tried
+    code = "import os, time\\nwhile not os.path.exists(r): time.sleep(0.02)\\nresult = x + 1"
+    slow = PLAYBOOK.replace('input: {x: "{{ start }}"}, code: "result = x + 1"',
+                            f'input: {{x: "{{{{ start }}}}", r: "{release}"}}, code: "{code}"')  # fmt: skip
+    assert slow != PLAYBOOK
     pb = tmp_path / "pb.yaml"
     pb.write_text(slow)
     home = tmp_path / "home"
@@ -228,5 +232,6 @@ def test_resume_of_a_running_local_execution_is_refused(tmp_path):
         r = cli("resume", eid, home=home)
         assert r.returncode == 2 and "another process" in r.stderr, r.stderr
     finally:
-        run.communicate(timeout=60)
-    assert run.returncode == 0
+        release.touch()
+        out, err = run.communicate(timeout=60)
+    assert run.returncode == 0, err

@@ -84,7 +84,7 @@ def test_second_resume_refused_and_stale_lease_after_sigkill_expires(tmp_path, s
     common = ["--event-store", store_url, "--data-dir", str(tmp_path)]
 
     # an execution whose process died inside its first step
-    run = _cli("run", str(pb), *common, env=env)
+    run = _cli("run", str(pb), "--durable", *common, env=env)  # a process that died with its store's lease
     _wait_mark(mark, 1)
     time.sleep(0.5)
     run.send_signal(signal.SIGKILL)
