@@ -46,7 +46,13 @@ def run_local(
         )  # fmt: skip
     finally:
         written = sorted(store.local.written)
-        store.local.close()  # the exit flush (fsync'd) and the lease released
+        try:
+            store.local.close()  # the exit flush (fsync'd) and the lease released
+        except OSError as e:  # a full disk: the log ends at its last whole batch; say so, exit 1
+            click.echo(f"error: execution {execution_id}: its last events could not be written to "
+                       f"{store.local.root / execution_id} ({e.strerror or e}); resume it once there is room",
+                       err=True)  # fmt: skip
+            sys.exit(EXIT_FAILED)
     if url and not offline and written:
         _push_or_fail(store.local, [execution_id, *(w for w in written if w != execution_id)], url, data_dir)
         result.event_store_url = url

@@ -233,7 +233,7 @@ def test_disk_full_ends_the_execution_failed_and_frees_its_payloads(tmp_path, sm
     assert payload_files(d) <= referenced(d)  # no payload that no event references
     # the disk is usable again: a small run completes
     ok = write(tmp_path, "ok.yaml", HEAD + "workflow:\n  - step: start\n    tool: {kind: noop}\n")
-    code, out, err = cli(["run", ok, "--quiet", "--data-dir", str(d)])
+    code, out, err = cli(["run", ok, "--quiet", "--durable", "--data-dir", str(d)])
     assert code == 0, out
 
 
