@@ -95,7 +95,12 @@ def read_holder(path: str | os.PathLike[str]) -> Holder | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return _parse(os.read(fd, 65536)) or Holder(0, "unknown", "?")
+            for _ in range(20):  # the holder may be (re)writing it this very moment
+                holder = _parse(os.pread(fd, 65536, 0))
+                if holder is not None:
+                    return holder
+                time.sleep(0.01)
+            return Holder(0, "unknown", "?")
         fcntl.flock(fd, fcntl.LOCK_UN)  # nobody holds it: a stale file
         return None
     finally:

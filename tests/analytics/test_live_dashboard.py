@@ -278,3 +278,12 @@ def test_the_budget_sensor_is_evaluated_by_the_serving_dashboard(served):
         result = defs.resolve_sensor_def("noetl_cost_budgets")(ctx)
     assert isinstance(result, dg.SensorResult), result  # a SkipReason "facts store busy" before
     assert [r.tags["noetl/budget"] for r in result.run_requests] == ["live-budget"]
+
+
+def test_a_second_dashboard_on_the_same_store_names_the_first(served):
+    registry = f"sqlite:///{served.home / 'registry.db'}"
+    out = _cli(served.home, "dashboard", "serve", "--registry", registry, "--port", str(_free_port()))
+    assert out.returncode == 2, out.stdout
+    assert (
+        f"held by pid {served.proc.pid} (dashboard serve on 127.0.0.1:{served.port}, since 20" in out.stderr
+    )
