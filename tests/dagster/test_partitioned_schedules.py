@@ -294,3 +294,72 @@ def test_schedule_retries_must_be_a_whole_number(dagster_data, tmp_path):
     f.write_text(FLAKY.replace("retries: 2", "retries: -1"))
     with pytest.raises(ValueError, match=r"executor.spec.schedule.retries must be a whole number >= 0"):
         _schedule(f, dagster_data)
+
+
+PARITY_DEFS = """\
+import os
+import dagster as dg
+from noetl_dagster.resources.noetl import NoetlResource
+from noetl_dagster.translator import compile_playbooks
+
+_loc = compile_playbooks([os.environ["T42_PLAYBOOK"]], include_sensor=False,
+                         resource=NoetlResource(data_dir=os.environ["T42_DATA"], tenant="demo", project="examples"))
+_job = _loc.definitions.resolve_job_def("scheduled_events")
+defs = dg.Definitions.merge(_loc.definitions, dg.Definitions(schedules=[
+    dg.build_schedule_from_partitioned_job(_job, name="dagster_builder_schedule")]))
+"""
+SCHEDULE_QUERY = """
+query ($sel: ScheduleSelector!) {
+  scheduleOrError(scheduleSelector: $sel) {
+    __typename
+    ... on Schedule { name pipelineName cronSchedule executionTimezone partitionSet { name } }
+  }
+}"""
+PARTITION_SETS_QUERY = """
+query ($repo: RepositorySelector!, $job: String!) {
+  partitionSetsOrError(repositorySelector: $repo, pipelineName: $job) {
+    ... on PartitionSets { results { name pipelineName } }
+  }
+}"""
+
+
+def test_the_ui_sees_the_schedule_as_dagster_sees_its_own_partitioned_schedule(
+    dagster_data, tmp_path, monkeypatch
+):
+    """Issue 42 leftover 1, through the GraphQL API the UI reads (a real code server process): the
+    schedule page's "Partition set" row is ``Schedule.partitionSet``, resolved from the remote schedule's
+    ``partition_set_name``. Dagster 1.13 sets that to None for every schedule (``ScheduleSnap.from_def``),
+    its own ``build_schedule_from_partitioned_job`` included, so the row reads "None" for both; the
+    partitions live on the job's partition set (``<job>_partition_set``), which the schedule targets.
+    This test pins the parity: if Dagster starts naming a partition set for its own builder's schedule,
+    ours must follow (it fails then)."""
+    from dagster_graphql.test.utils import (  # noqa: PLC0415 - the webserver's schema and workspace
+        define_out_of_process_context,
+        execute_dagster_graphql,
+        infer_repository_selector,
+        infer_schedule_selector,
+    )
+
+    f = _playbook(tmp_path, schedule="{workload: {}}")  # cron from the partitions, as the builder does
+    (tmp_path / "parity_defs.py").write_text(PARITY_DEFS)
+    monkeypatch.setenv("T42_PLAYBOOK", str(f))
+    monkeypatch.setenv("T42_DATA", str(dagster_data))
+    with (
+        dg.instance_for_test() as instance,
+        define_out_of_process_context(str(tmp_path / "parity_defs.py"), "defs", instance) as ctx,
+    ):
+        got = {}
+        for name in ("scheduled_events__schedule", "dagster_builder_schedule"):
+            res = execute_dagster_graphql(ctx, SCHEDULE_QUERY, {"sel": infer_schedule_selector(ctx, name)})
+            assert res.errors is None, res.errors
+            got[name] = res.data["scheduleOrError"]
+        sets = execute_dagster_graphql(
+            ctx, PARTITION_SETS_QUERY, {"repo": infer_repository_selector(ctx), "job": "scheduled_events"}
+        ).data["partitionSetsOrError"]["results"]
+    ours, dagsters = got["scheduled_events__schedule"], got["dagster_builder_schedule"]
+    assert ours["__typename"] == dagsters["__typename"] == "Schedule"
+    assert ours["partitionSet"] == dagsters["partitionSet"]  # both None in Dagster 1.13
+    assert (ours["pipelineName"], ours["cronSchedule"], ours["executionTimezone"]) == (
+        dagsters["pipelineName"], dagsters["cronSchedule"], dagsters["executionTimezone"]
+    )  # fmt: skip
+    assert sets == [{"name": "scheduled_events_partition_set", "pipelineName": "scheduled_events"}]
