@@ -43,6 +43,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "bench_payload_stores": ["--mb", "16", "--object-mb", "8", "--repeat", "1"],
     "bench_nats_workers": ["--executions", "16"],
     "bench_nats_tiers": ["--executions", "16"],
+    "bench_live_dash": ["--events", "20000", "--rounds", "1"],
 }
 QUICK_ENV = {"NOETL_BENCH_EXECUTIONS": "30"}  # bench_throughput: executions per worker
 # minutes of real `pip install`s into fresh venvs: only with --only (docs/install.md's table)
