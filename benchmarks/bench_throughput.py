@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--shapes", default="", help="P x T pairs instead of the --procs x --threads grid, e.g."
                     " 2x24,4x12 (the same concurrency, fewer threads a process)")  # fmt: skip
     ap.add_argument("--paths", default="baseline,old,new", help="rows per (P, T), in order: baseline, old (group"
-                    " commit off, or --before-tree's code), new, free (the engine with no store: the floor), delay")  # fmt: skip
+                    " commit off, or --before-tree's code), new, durable (a commit per step boundary, issue 46's before), free (the engine with no store: the floor), delay")  # fmt: skip
     ap.add_argument(
         "--cpu-ab", action="store_true", help="client CPU per execution: --before-tree vs this checkout"
     )
@@ -385,6 +385,7 @@ def _tp_engine(
     group: bool,
     tree,
     free: bool,
+    durable: bool,
     start,
     out,
 ) -> None:  # type: ignore[no-untyped-def]
@@ -394,7 +395,7 @@ def _tp_engine(
         import sys
 
         sys.path.insert(0, tree)
-    from noetl_dagster.runners.local import run_playbook
+    from noetl_dagster.runners.local import build_services, run_playbook
     from noetl_dagster.storage.postgres_events import PostgresEventStore
 
     tag = f"ndtp{os.getpid()}"
@@ -410,11 +411,14 @@ def _tp_engine(
             return list(events)
 
         store.append = numbered  # type: ignore[method-assign]
-    run_playbook(path, event_store=store, data_dir=data_dir)  # warm: imports, pools, template cache
+    svc = build_services(event_store=store, data_dir=data_dir)
+    if durable:  # issue 46's before: a commit at every step boundary (--durable), same code otherwise
+        svc.durable = True
+    run_playbook(path, services=svc)  # warm: imports, pools, template cache
     server = _ServerCpu(url.split("?", 1)[0], tag)
 
     def one(i: int) -> None:
-        result = run_playbook(path, event_store=store, data_dir=data_dir)
+        result = run_playbook(path, services=svc)
         assert result.status == "completed", result.status
 
     group = store._group  # flushes and statements (rounds) of the measured part
@@ -509,10 +513,11 @@ def grid(playbook: dict, procs: list[int], threads: list[int], seconds: float, c
             opt = f"&options=-c%20commit_delay%3D{commit_delay}"
 
             def engine(
-                schema: str, t: int, group: bool, tree: str | None, free: bool = False, extra: str = ""
+                schema: str, t: int, group: bool, tree: str | None, free: bool = False, extra: str = "",
+                durable: bool = False,
             ):  # type: ignore[no-untyped-def]
                 return lambda i: (str(path), _url(db) + f"?schema={schema}{extra}", f"{tmp}/{schema}{i}", t, seconds,
-                                  group, tree, free)  # fmt: skip
+                                  group, tree, free, durable)  # fmt: skip
 
             grid_shapes = list(shapes) if shapes else [(p, t) for p in procs for t in threads]
             # rounds: interleaved, and every other round runs its rows in reverse order (the load drifts)
@@ -527,6 +532,9 @@ def grid(playbook: dict, procs: list[int], threads: list[int], seconds: float, c
                     elif name == "new":
                         r = _tp_run(_tp_engine, engine("newpath", t, True, None), p)
                         name = "new path"
+                    elif name == "durable":  # issue 46's before: a commit per step boundary (--durable)
+                        r = _tp_run(_tp_engine, engine("durable", t, True, None, durable=True), p)
+                        name = "per step"
                     elif (
                         name == "free"
                     ):  # the engine alone: what the machine allows if the store cost nothing
@@ -536,7 +544,7 @@ def grid(playbook: dict, procs: list[int], threads: list[int], seconds: float, c
                         r = _tp_run(_tp_engine, engine("olddelay", t, False, None, extra=opt), p)
                         name = "old+delay"
                     else:
-                        raise SystemExit(f"unknown path {name!r} (baseline, old, new, free, delay)")
+                        raise SystemExit(f"unknown path {name!r} (baseline, old, new, durable, free, delay)")
                     rows.append((name, r))
                 base = next((r for n, r in rows if n == "baseline"), None)
                 for label, r in rows:

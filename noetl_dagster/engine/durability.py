@@ -170,12 +170,14 @@ class Driver:
         rec.closing = True  # the failure record may pass max_events
         log.info("execution %s: %s", self.execution_id, err["message"])  # the CLI prints the one line
         try:
+            refused = None
             try:
                 rec.flush()  # what the step recorded so far, when the store takes it
             except Exception:  # noqa: BLE001 - refused: drop it, the log is the truth
                 rec.discard()
+                refused = rec.refused_step_run  # the step run whose event it refused fails too
                 self._resync()
-            self._record_failure(err, step_run_id)
+            self._record_failure(err, step_run_id, refused)
         except Exception as e:  # noqa: BLE001 - cannot record at all (disk full)
             rec.discard()
             mark_unrecorded(self.services.data_dir, self.execution_id)
@@ -197,7 +199,9 @@ class Driver:
         st.parent_execution_id = st.parent_execution_id or self.recorder.parent_execution_id
         self.state = self.recorder.state = st
 
-    def _record_failure(self, err: dict[str, Any], step_run_id: str | None) -> None:
+    def _record_failure(
+        self, err: dict[str, Any], step_run_id: str | None, refused: str | None = None
+    ) -> None:
         st, rec, eid = self.state, self.recorder, self.execution_id
         if st.finished:
             return
@@ -206,7 +210,7 @@ class Driver:
             rec.emit(E.EXECUTION_REQUESTED, entity_id=eid, data={"playbook": pb.metadata.path, "name": pb.metadata.name,
                      "file": pb.source_file, "workload": {}, "parent_execution_id": rec.parent_execution_id,
                      "requested_by": "engine"})  # fmt: skip
-        record_failure(rec, err, [step_run_id] if step_run_id else [])
+        record_failure(rec, err, list(dict.fromkeys(x for x in (refused, step_run_id) if x)))
 
     def drive(self, on_step: Callable[[StepRun], None] | None = None) -> str:
         try:

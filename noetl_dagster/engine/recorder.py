@@ -217,6 +217,8 @@ class Recorder:
         self._unsealed = False  # appended since the store's last barrier
         # a routed step run had an effect and its end is not appended yet (engine.control._run)
         self.effect_pending = False
+        # the step run of the first event the store refused (discard), for the failure record
+        self.refused_step_run: str | None = None
         self._buffer: list[Event] = []
         self._lock = threading.RLock()
         # an engine continuing an execution from its log (another op, run or process) must not reuse
@@ -309,12 +311,16 @@ class Recorder:
             batch, self._buffer = self._buffer, []
             refs, self._pending_refs = self._pending_refs, []
             bad = 0
+            self.refused_step_run = None
             for bad, ev in enumerate(batch):  # noqa: B007 - the index of the first bad event is the answer
                 try:  # the lower bound first: a gigabyte value is not encoded once more to be measured
                     if size_bound(ev.data, MAX_EVENT_BYTES) > MAX_EVENT_BYTES:
                         raise too_large(ev.name, ev.step, None)
                     check_event_size(ev, len(dumps(ev.to_stored())))
                 except Exception:  # noqa: BLE001 - this one cannot be stored
+                    # its step run fails (durability.Driver._crashed): with pure steps grouped, the
+                    # barrier that found it may run in a later step
+                    self.refused_step_run = ev.step_run_id
                     break
             else:
                 bad = 0  # each encodes (the store itself failed, a full disk): keep none

@@ -219,3 +219,31 @@ def test_a_store_that_refuses_the_barrier_fails_the_execution_not_the_task(tmp_p
     finally:
         store.close()
     assert sqlite3.connect(tmp_path / "e.db").execute("SELECT COUNT(*) FROM noetl_event").fetchone()[0] > 0
+
+
+@pytest.mark.parametrize("pure", [True, False])
+def test_an_event_the_store_refuses_fails_its_own_step_run_when_a_later_barrier_finds_it(tmp_path, pure):
+    """Grouped steps are appended at a later barrier (the end, or before the next step's code after an
+    effect): the step run whose event the store refuses still ends failed with the error, not the step
+    that happened to run the barrier, and the execution ends failed."""
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        dedent(
+            f"""
+            apiVersion: noetl.io/v2
+            kind: Playbook
+            metadata: {{name: refused, path: tests/refused}}
+            workflow:
+              - step: start
+                tool: {{kind: python, pure: {str(pure).lower()}, code: "result = 2 ** 30000"}}
+                next: {{arcs: [{{step: after}}]}}
+              - step: after
+                tool: {{kind: rhai, code: "1"}}
+            """
+        )
+    )
+    res = run_playbook(path, data_dir=tmp_path / "d")
+    assert res.status == "failed"
+    assert res.results["start"]["error"]["kind"] == "internal_error"
+    names = [e.name for e in read_events(res)]
+    assert names[-2:] == [E.WORKFLOW_FINISHED, E.PLAYBOOK_PROCESSED] and E.STEP_FAILED in names

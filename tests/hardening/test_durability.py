@@ -218,8 +218,9 @@ LOOP_OF_PAYLOADS = (
     + """workflow:
   - step: start
     loop: {in: "{{ range(200) }}", iterator: i}
-    tool: {kind: python, input: {i: "{{ iter.i }}"}, code: "result = {'i': i, 'pad': 'p' * 100000}"}
-"""
+    tool: {kind: python, pure: true, input: {i: "{{ iter.i }}"}, code: "result = {'i': i, 'pad': 'p' * 100000}"}
+"""  # pure: the iterations are one batch, which the full disk refuses whole (with effects, each
+    # iteration is a commit before the next one runs, and the payloads of the durable ones stay)
 )
 
 
