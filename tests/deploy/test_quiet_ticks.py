@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
 from noetl_dagster.sensors.quiet_ticks import SENSOR_DAEMON_LOGGER, IdleTickFilter
 
@@ -19,6 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 DEFS = """\
 import os
 import dagster as dg
+import pytest
 from noetl_dagster.resources.noetl import NoetlResource
 from noetl_dagster.translator import compile_playbooks
 
@@ -41,6 +43,7 @@ run_coordinator:
 """
 
 
+@pytest.mark.slow
 def test_the_daemon_logs_no_idle_lines_about_our_sensors(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
