@@ -363,3 +363,55 @@ def test_the_ui_sees_the_schedule_as_dagster_sees_its_own_partitioned_schedule(
         dagsters["pipelineName"], dagsters["cronSchedule"], dagsters["executionTimezone"]
     )  # fmt: skip
     assert sets == [{"name": "scheduled_events_partition_set", "pipelineName": "scheduled_events"}]
+
+
+@pytest.mark.slow
+def test_the_real_daemon_retries_a_failed_scheduled_day_as_a_new_execution(dagster_data, tmp_path):
+    """``dagster-daemon run`` with ``run_retries`` enabled: the minute's tick fails (the upstream is not
+    ready), the daemon launches the retry (``dagster/retry_number: 1``), which runs the same day in a new
+    execution and succeeds."""
+    f = tmp_path / "flaky_day.yaml"
+    f.write_text(
+        FLAKY.replace("MARKER", str(tmp_path / "upstream_ready")).replace(
+            "{cron: '0 2 * * *', retries: 2}", "{cron: '* * * * *', retries: 1, enabled: true}"
+        )
+    )
+    (tmp_path / "t42_defs.py").write_text(DEFS)
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry: {enabled: false}\nrun_retries: {enabled: true}\n")
+    env = {**os.environ, "DAGSTER_HOME": str(home), "T42_PLAYBOOK": str(f), "T42_DATA": str(dagster_data),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)}  # fmt: skip
+    log_path = tmp_path / "daemon.log"
+    with dg.DagsterInstance.from_config(str(home)) as instance, open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-m", "t42_defs"],
+            cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        try:
+            deadline, runs = time.time() + 420, []
+            while time.time() < deadline:
+                assert proc.poll() is None, log_path.read_text()[-3000:]
+                runs = instance.get_runs(
+                    filters=dg.RunsFilter(tags={"dagster/schedule_name": "flaky_day__schedule"})
+                )
+                retried = [r for r in runs if r.tags.get("dagster/retry_number") == "1" and r.is_finished]
+                if retried:
+                    break
+                time.sleep(2)
+            else:
+                raise AssertionError(f"no finished retry in 420 s: {runs}\n" + log_path.read_text()[-3000:])
+            (retry,) = retried
+            failed = instance.get_run_by_id(retry.parent_run_id)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+            close_all_services()
+    assert failed.status == dg.DagsterRunStatus.FAILURE
+    assert retry.status == dg.DagsterRunStatus.SUCCESS, log_path.read_text()[-3000:]
+    assert retry.tags["dagster/partition"] == failed.tags["dagster/partition"]
+    assert retry.tags["noetl/execution_id"] != failed.tags["noetl/execution_id"]
