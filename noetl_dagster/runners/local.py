@@ -14,11 +14,10 @@ from noetl_dagster.engine.control import Engine, Services, restore_generated
 from noetl_dagster.engine.durability import UNRECORDED_DIR, record_failure, sweep_payloads
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.frame import StepRun
-from noetl_dagster.engine.ports import ExecutionLeased
+from noetl_dagster.engine.ports import EventStore, ExecutionLeased
 from noetl_dagster.engine.recorder import Recorder
 from noetl_dagster.engine.replay import verified_events
 from noetl_dagster.storage.event_stores import open_event_store
-from noetl_dagster.storage.events import EventStore
 from noetl_dagster.storage.locator import RefRefused
 from noetl_dagster.storage.offload import Offloader
 from noetl_dagster.storage.payload import DEFAULT_INLINE_LIMIT, open_payload_store

@@ -152,12 +152,13 @@ def _validity(values: Sequence[Any]) -> tuple[bytes, int]:
 
 
 def record_batch_message(columns: Sequence[Column], data: Sequence[Sequence[Any]], compressor: Any) -> bytes:
-    """One RecordBatch message of ``data`` (one sequence of values per column; None is null)."""
+    """One RecordBatch message of ``data`` (one sequence of values per column; None is null), its
+    buffers zstd-compressed when a ``compressor`` is given."""
     n = len(data[0]) if data else 0
     nodes, buffers, body = bytearray(), bytearray(), bytearray()
 
     def add(raw: bytes) -> None:
-        if raw:  # Arrow's buffer compression: the uncompressed length, then the zstd frame
+        if raw and compressor is not None:  # Arrow's buffer compression: the uncompressed length, then zstd
             raw = struct.pack("<q", len(raw)) + compressor.compress(raw)
         buffers.extend(struct.pack("<qq", len(body), len(raw)))
         body.extend(raw + bytes(-len(raw) % 8))
@@ -178,8 +179,9 @@ def record_batch_message(columns: Sequence[Column], data: Sequence[Sequence[Any]
         add(struct.pack(f"<{n + 1}i", *offsets))
         add(b"".join(parts))
     batch = _Table([(0, "q", n), (1, "ref", _Vec(structs=bytes(nodes), count=len(nodes) // 16)),
-                    (2, "ref", _Vec(structs=bytes(buffers), count=len(buffers) // 16)),
-                    (3, "ref", _Table([(0, "b", CODEC_ZSTD), (1, "b", 0)]))])  # fmt: skip
+                    (2, "ref", _Vec(structs=bytes(buffers), count=len(buffers) // 16))])  # fmt: skip
+    if compressor is not None:
+        batch.fields.append((3, "ref", _Table([(0, "b", CODEC_ZSTD), (1, "b", 0)])))
     return _frame(_flatbuffer(_message(HEADER_RECORD_BATCH, batch, len(body))), bytes(body))
 
 

@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 
 from noetl_dagster.engine.ports import EventStore
-from noetl_dagster.storage.events import SqliteEventStore
 from noetl_dagster.storage.local_mode import local_root
 
 
@@ -21,6 +20,9 @@ def open_event_store(url: str | None = None, *, data_dir: str | os.PathLike[str]
     (storage/local_mode.py; new executions still go to SQLite: only ``run`` writes locally).
     """
     url = url or os.environ.get("NOETL_EVENT_STORE_URL") or None
+    # imported here: a local-mode run (storage/local_mode.py) loads no sqlite3
+    from noetl_dagster.storage.events import SqliteEventStore  # noqa: PLC0415
+
     if not url:
         base = Path(data_dir or os.environ.get("NOETL_DAGSTER_HOME", ".noetl"))
         if local_root(data_dir).is_dir():  # local executions (``run``'s default) are read beside stored ones

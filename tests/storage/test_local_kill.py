@@ -132,6 +132,8 @@ def test_kill_nine_anywhere_then_resume(playbook, lines, extra, flush_bytes):
     for key in finished:  # never again for what the log showed finished
         assert after[key] == at_kill[key] == 1, (case, key, at_kill, after)
     assert set(after) == set(EFFECTS) and max(after.values()) <= 2, (case, after)
+    # a barrier precedes every effect: only the one in flight at the kill can run twice
+    assert sum(after.values()) <= len(EFFECTS) + 1, (case, after)
     replayed = json.loads(_cli(home, "replay", eid, "--json").stdout)
     assert {k: replayed[k] for k in ("status", "results", "ctx", "runs")} == {
         k: live[k] for k in ("status", "results", "ctx", "runs")
