@@ -1,7 +1,7 @@
 """The Dagster runner's platform line against the local runner's (issue 43 item 4), in one process.
 
 The same three-step playbook runs through ``run_playbook`` (local) and ``run_playbook_dagster``
-(``execute_in_process`` on one ephemeral instance), interleaved round by round after a warm-up. Per
+(``execute_in_process`` on one ephemeral instance, opened as the CLI opens it), interleaved round by round after a warm-up. Per
 execution, CPU seconds of the process (``time.process_time``):
 
 * ``spent``: the whole call;
@@ -11,7 +11,9 @@ execution, CPU seconds of the process (``time.process_time``):
   (the finishing op's pricing, cost summary and tags, Dagster's step and run success events, the
   runner reading the log back), which no line holds.
 
-Ratios: Dagster / local platform line, and teardown / spent of the Dagster runner. ``--cli`` also
+Ratios: Dagster / local platform line, teardown / spent of the Dagster runner, and the Dagster
+runner on the instance the CLI opens (``open_instance``: one event-log connection) / on Dagster's plain
+ephemeral instance (``dagster_plain``), interleaved. ``--cli`` also
 runs ``noetl-dagster run [--runner dagster]`` as processes (each charged from process start, as a
 user's command is) and compares their platform lines.
 
@@ -68,26 +70,31 @@ def in_process(rounds: int, data: Path, pb: Path) -> dict[str, dict[str, float]]
     import dagster as dg
 
     from noetl_dagster.runners.local import run_playbook
-    from noetl_dagster.translator.runner import run_playbook_dagster
+    from noetl_dagster.translator.runner import open_instance, run_playbook_dagster
 
-    instance = dg.DagsterInstance.ephemeral()
+    os.environ.pop("DAGSTER_HOME", None)
+    instance = open_instance()  # the instance `run --runner dagster` opens: ephemeral, one event connection
+    plain = dg.DagsterInstance.ephemeral()  # Dagster's: a connection per event write
 
     def one(runner: str) -> tuple[float, float, float]:
         cpu = time.process_time()
-        if runner == "dagster":
-            res = run_playbook_dagster(pb, data_dir=data, instance=instance)
+        if runner.startswith("dagster"):
+            res = run_playbook_dagster(
+                pb, data_dir=data, instance=plain if runner == "dagster_plain" else instance
+            )
         else:
             res = run_playbook(pb, data_dir=data)
         spent = time.process_time() - cpu
         assert res.status == "completed", res.results
         return (spent, *_lines(data, res.execution_id))
 
+    runners = ("local", "dagster", "dagster_plain")
     for _ in range(2):  # warm-up: imports, first compile, the instance's tables
-        one("dagster")
-        one("local")
-    got: dict[str, list[tuple[float, float, float]]] = {"local": [], "dagster": []}
+        for runner in runners:
+            one(runner)
+    got: dict[str, list[tuple[float, float, float]]] = {r: [] for r in runners}
     for _ in range(rounds):
-        for runner in ("local", "dagster"):
+        for runner in runners:
             got[runner].append(one(runner))
     out = {}
     for runner, rows in got.items():
@@ -136,9 +143,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ratios = {
             "platform_dagster_over_local": d["platform"] / loc["platform"],
             "teardown_share_dagster": d["teardown"] / d["spent"],
+            "dagster_one_connection_over_plain": d["spent"] / got["dagster_plain"]["spent"],
         }
         print(f"platform line Dagster / local: {ratios['platform_dagster_over_local']:.1f}x; "
               f"Dagster teardown (in no line): {ratios['teardown_share_dagster']:.1%} of its CPU")  # fmt: skip
+        print(f"Dagster runner on the CLI's instance / on a plain ephemeral one: "
+              f"{ratios['dagster_one_connection_over_plain']:.2f}x CPU")  # fmt: skip
         if args.cli:
             c = cli(args.cli, data, pb)
             ratios["cli_platform_dagster_over_local"] = c["dagster"] / c["local"]

@@ -109,8 +109,28 @@ def open_instance(dagster_home: str | os.PathLike[str] | None = None) -> dg.Dags
             instance = dg.DagsterInstance.from_config(str(home))
         else:
             instance = dg.DagsterInstance.ephemeral()
+            _one_event_connection(instance)
         _telemetry_id_quietly(instance)
     return instance
+
+
+def _one_event_connection(instance: dg.DagsterInstance) -> None:
+    """The ephemeral instance's in-memory event log writes each event on a fresh SQLite connection
+    (NullPool, two PRAGMAs a write) beside the one it holds for its life: ~14 % of a small
+    execution's CPU (benchmarks/bench_platform_line.py). Its writes are serialized by its own lock
+    and never nest, so they can share the held connection, one transaction each. Left as Dagster
+    made it when the storage is not the one this was measured on."""
+    storage = getattr(instance, "_event_storage", None)
+    held, lock = getattr(storage, "_held_conn", None), getattr(storage, "_db_lock", None)
+    if type(storage).__name__ != "InMemoryEventLogStorage" or held is None or lock is None:
+        return
+
+    @contextlib.contextmanager
+    def _connect() -> Iterator[Any]:
+        with lock, held.begin():
+            yield held
+
+    storage._connect = _connect  # type: ignore[union-attr]
 
 
 def run_playbook_dagster(
