@@ -9,7 +9,8 @@
    alternated in one process; the ratio on/off is printed (``--fold-before REV``: the fold as of
    that git revision runs as a third mode, in turn with the others).
 2. Loop throughput: one step looping 10,000 times over a `python` task
-   (``result = x * 2``), sequential and parallel (max_in_flight 16), next to the
+   (``result = x * 2``, marked ``pure: true``: no durability barrier per iteration, issue 46),
+   sequential and parallel (max_in_flight 16), next to the
    same code exec'd 10,000 times by plain Python (a thread pool of 16 for the
    parallel baseline). Target: <= 5 s each.
 3. The big loop (issue 19): one sequential loop of ``--big-loop`` items (200,000 by
@@ -211,7 +212,7 @@ def case_loop(n: int, mode: str) -> dict[str, Any]:
                     "iterator": "x",
                     "spec": {"mode": mode, "max_in_flight": 16},
                 },
-                "tool": {"kind": "python", "input": {"x": "{{ iter.x }}"}, "code": LOOP_CODE},
+                "tool": {"kind": "python", "pure": True, "input": {"x": "{{ iter.x }}"}, "code": LOOP_CODE},
             }
         ],
     }
@@ -262,7 +263,7 @@ def _big_loop_doc(n: int) -> dict[str, Any]:
             {
                 "step": "start",
                 "loop": {"in": _items_expr(n), "iterator": "x", "spec": {"mode": "sequential"}},
-                "tool": {"kind": "python", "input": {"x": "{{ iter.x }}"}, "code": LOOP_CODE},
+                "tool": {"kind": "python", "pure": True, "input": {"x": "{{ iter.x }}"}, "code": LOOP_CODE},
             }
         ],
     }
