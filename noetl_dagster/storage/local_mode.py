@@ -101,14 +101,18 @@ class LocalFirstStore(EventStore):
         store = self._for(execution_id)
         return False if store is self.local else store.put_summary(execution_id, after, last, rows)
 
+    def _has_stored(self) -> bool:
+        """A reader opens (and so creates) no stored log that does not exist yet."""
+        return self._stored is not None or self._stored_exists()
+
     def tail(self, after_gid: int = 0, limit: int = 1000) -> list[StoredEvent]:
-        return self.stored.tail(after_gid, limit)
+        return self.stored.tail(after_gid, limit) if self._has_stored() else []
 
     def tail_last(self) -> int:
-        return self.stored.tail_last()
+        return self.stored.tail_last() if self._has_stored() else 0
 
     def executions(self, limit: int = 100) -> list[ExecutionInfo]:
-        out = {i.execution_id: i for i in self.stored.executions(limit)}
+        out = {i.execution_id: i for i in self.stored.executions(limit)} if self._has_stored() else {}
         out.update({i.execution_id: i for i in self.local.executions(limit)})
         return sorted(out.values(), key=lambda i: i.started_at or "", reverse=True)[:limit]
 
@@ -137,7 +141,7 @@ def open_reader(data_dir: str | os.PathLike[str] | None = None) -> LocalFirstSto
 
     db = _home(data_dir) / "events.db"
     return LocalFirstStore(
-        FeatherEventStore(local_root(data_dir)), lambda: SqliteEventStore(db), write_local=False
+        FeatherEventStore(local_root(data_dir)), lambda: SqliteEventStore(db), db.exists, write_local=False
     )
 
 

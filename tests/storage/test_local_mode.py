@@ -175,6 +175,7 @@ def test_run_defaults_to_local_and_every_reader_sees_the_execution(tmp_path):
     assert cli("verify", eid, home=home).stdout.startswith(f"OK: execution {eid}: 18 events")
     assert "completed" in cli("explain", eid, home=home).stdout
     assert eid in cli("executions", home=home).stdout
+    assert not (home / "events.db").exists()  # reading local executions creates no SQLite (a full disk)
     assert cli("archive", eid, "--to", str(tmp_path / "arch"), "--no-registry", home=home).returncode == 0
     pushed = cli("push", eid, home=home)
     assert pushed.returncode == 0 and "18 events" in pushed.stdout, pushed.stderr
