@@ -513,7 +513,12 @@ def grid(playbook: dict, procs: list[int], threads: list[int], seconds: float, c
             opt = f"&options=-c%20commit_delay%3D{commit_delay}"
 
             def engine(
-                schema: str, t: int, group: bool, tree: str | None, free: bool = False, extra: str = "",
+                schema: str,
+                t: int,
+                group: bool,
+                tree: str | None,
+                free: bool = False,
+                extra: str = "",
                 durable: bool = False,
             ):  # type: ignore[no-untyped-def]
                 return lambda i: (str(path), _url(db) + f"?schema={schema}{extra}", f"{tmp}/{schema}{i}", t, seconds,
