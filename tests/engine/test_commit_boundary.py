@@ -247,3 +247,40 @@ def test_an_event_the_store_refuses_fails_its_own_step_run_when_a_later_barrier_
     assert res.results["start"]["error"]["kind"] == "internal_error"
     names = [e.name for e in read_events(res)]
     assert names[-2:] == [E.WORKFLOW_FINISHED, E.PLAYBOOK_PROCESSED] and E.STEP_FAILED in names
+
+
+def test_an_effect_s_end_is_durable_before_the_next_pure_step_runs(tmp_path):
+    """A step run with an effect is routed behind a barrier: a pure step after it (which would run
+    without one) already finds its end in the log, so a kill there cannot make the effect run again."""
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        dedent(
+            """
+            apiVersion: noetl.io/v2
+            kind: Playbook
+            metadata: {name: after_effect, path: tests/after_effect}
+            workflow:
+              - step: start
+                tool: {kind: python, code: "result = {'effect': True}"}
+                next: {arcs: [{step: look}]}
+              - step: look
+                tool:
+                  kind: python
+                  pure: true
+                  input: {db: "{{ workload.db }}", eid: "{{ execution_id }}"}
+                  code: |
+                    import sqlite3
+                    c = sqlite3.connect(db)
+                    result = [r for r in c.execute(
+                        "SELECT name, body FROM noetl_event WHERE execution_id = ? ORDER BY sequence", (eid,))]
+                    result = [n for n, _ in result]
+                    c.close()
+            """
+        )
+    )
+    db = tmp_path / "events.db"
+    res = run_playbook(path, {"db": str(db)}, event_store=f"sqlite:///{db}", data_dir=tmp_path)
+    assert res.status == "completed"
+    seen = res.results["look"]
+    assert seen.count(E.STEP_DONE) == 1 and E.NEXT_EVALUATED in seen  # start's end and routing
+    assert E.STEP_STARTED not in seen[seen.index(E.NEXT_EVALUATED) :]  # look's own start is not yet
