@@ -24,17 +24,14 @@ URL (docs/configuration.md "Event store")::
 from __future__ import annotations
 
 import threading
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-import psycopg
-
 from noetl_dagster.engine.chain import GENESIS, canonical_text, link
 from noetl_dagster.engine.events import Event
-from noetl_dagster.engine.ports import EventStore, ExecutionInfo, ExecutionLeased, StoredEvent
+from noetl_dagster.engine.ports import EventStore, ExecutionInfo, StoredEvent
 from noetl_dagster.storage.nats_projection import Projection
 from noetl_dagster.storage.nats_streams import (
     NatsClient,
@@ -46,6 +43,7 @@ from noetl_dagster.storage.nats_streams import (
     event_of,
     placement_of,
 )
+from noetl_dagster.storage.pg_leases import AdvisoryLeases
 from noetl_dagster.storage.postgres_events import split_schema
 
 WRONG_LAST_SEQUENCE = 10071  # JetStream's err_code when Nats-Expected-Last-Subject-Sequence does not hold
@@ -119,7 +117,7 @@ class NatsEventStore(EventStore):
             raise
         self._heads: dict[str, _Head] = {}
         self._lock = threading.Lock()
-        self._leases: dict[str, psycopg.Connection] = {}
+        self._leases = AdvisoryLeases(split_schema(self.config.projection_url)[0], self.projection.schema)
 
     # -- append (hot tier) ---------------------------------------------------------------------------
 
@@ -300,25 +298,13 @@ class NatsEventStore(EventStore):
     # -- leases (projection database) ----------------------------------------------------------------
 
     def acquire_lease(self, execution_id: str) -> None:
-        conninfo, schema = split_schema(self.config.projection_url)
-        conn = psycopg.connect(conninfo, autocommit=True, connect_timeout=10)
-        key = zlib.crc32(f"noetl:{self.projection.schema}:lease:{execution_id}".encode())
-        got = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
-        if not (got and got[0]):
-            conn.close()
-            raise ExecutionLeased(
-                f"execution {execution_id} is leased by another process (a run or resume of it is in progress)"
-            )
-        self._leases[execution_id] = conn
+        self._leases.acquire(execution_id)
 
     def release_lease(self, execution_id: str) -> None:
-        conn = self._leases.pop(execution_id, None)
-        if conn is not None:
-            conn.close()
+        self._leases.release(execution_id)
 
     def close(self) -> None:
-        for eid in list(self._leases):
-            self.release_lease(eid)
+        self._leases.release_all()
         self.projection.close()
         self.client.close()
 

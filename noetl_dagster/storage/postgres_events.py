@@ -25,7 +25,6 @@ The URL is a libpq URL; an extra ``schema=`` query parameter selects the schema
 from __future__ import annotations
 
 import os
-import zlib
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
@@ -37,7 +36,7 @@ from psycopg_pool import ConnectionPool
 from noetl_dagster.engine.chain import GENESIS, link
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.explain_summary import SummaryCache
-from noetl_dagster.engine.ports import EventStore, ExecutionInfo, ExecutionLeased, StoredEvent
+from noetl_dagster.engine.ports import EventStore, ExecutionInfo, StoredEvent
 from noetl_dagster.engine.recorder import MAX_EVENT_BYTES, check_event_size
 from noetl_dagster.storage.event_codec import (
     _EXECUTION_EVENTS,
@@ -47,6 +46,7 @@ from noetl_dagster.storage.event_codec import (
     refuse_newer_schema,
     sequence_batch,
 )
+from noetl_dagster.storage.pg_leases import AdvisoryLeases, lock_key
 from noetl_dagster.storage.postgres_group_commit import GroupCommit
 from noetl_dagster.util.jsonutil import dumps
 
@@ -310,11 +310,6 @@ def split_schema(url: str) -> tuple[str, str]:
     return urlunsplit((parts.scheme, parts.netloc, parts.path, rest, parts.fragment)), schema
 
 
-def _lock_key(schema: str, purpose: str) -> int:
-    # advisory lock keys are bigint; a stable 32-bit hash of schema + purpose is enough
-    return zlib.crc32(f"noetl:{schema}:{purpose}".encode())
-
-
 class PostgresEventStore(EventStore):
     def __init__(
         self, url: str, *, schema: str | None = None, pool_size: int = 4, group_commit: bool | None = None
@@ -324,7 +319,7 @@ class PostgresEventStore(EventStore):
         self.url = url
         self._ident = sql.Identifier(self.schema)
         self._conninfo = conninfo
-        self._leases: dict[str, psycopg.Connection] = {}
+        self._leases = AdvisoryLeases(conninfo, self.schema)
         self.skipped: list[tuple[str, str]] = []  # bad rows the readers skipped: (where, why)
         try:  # a direct connect first: libpq's own error now, rather than a pool timeout later
             first = _Connection.connect(conninfo, autocommit=True, connect_timeout=10)
@@ -354,7 +349,7 @@ class PostgresEventStore(EventStore):
             self._pool.close()
             first.close()
             raise
-        self._append_lock = _lock_key(self.schema, "append")
+        self._append_lock = lock_key(self.schema, "append")
         self._summaries = SummaryCache()  # the executions' summaries, written with each append
         # (last sequence, chain head) of the executions this process appended to last (see APPEND_SQL)
         self._heads: dict[str, tuple[int, bytes]] = {}
@@ -397,7 +392,7 @@ class PostgresEventStore(EventStore):
         except psycopg.errors.UndefinedTable:  # a new schema (autocommit: nothing to roll back)
             pass
         with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key(self.schema, "migrate"),))
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(self.schema, "migrate"),))
             conn.execute(self._q("CREATE SCHEMA IF NOT EXISTS {schema}"))
             conn.execute(
                 self._q(
@@ -680,26 +675,13 @@ class PostgresEventStore(EventStore):
         return [ExecutionInfo(r[0], r[1], r[2] or "unknown", r[3], r[4], r[5], int(r[6])) for r in rows]
 
     def acquire_lease(self, execution_id: str) -> None:
-        """A session advisory lock on a connection of its own: the server drops it when the holder's
-        connection goes away, so a resume killed with SIGKILL leaves no stale lease."""
-        conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=10)
-        key = _lock_key(self.schema, f"lease:{execution_id}")
-        got = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
-        if not (got and got[0]):
-            conn.close()
-            raise ExecutionLeased(
-                f"execution {execution_id} is leased by another process (a run or resume of it is in progress)"
-            )
-        self._leases[execution_id] = conn
+        self._leases.acquire(execution_id)
 
     def release_lease(self, execution_id: str) -> None:
-        conn = self._leases.pop(execution_id, None)
-        if conn is not None:
-            conn.close()
+        self._leases.release(execution_id)
 
     def close(self) -> None:
-        for eid in list(self._leases):
-            self.release_lease(eid)
+        self._leases.release_all()
         self._pool.close()
 
     def __repr__(self) -> str:
