@@ -15,6 +15,7 @@ from nats_tier_fixtures import new_tier
 from noetl_dagster.commands.main import cli
 from noetl_dagster.engine.chain import check_chain
 from noetl_dagster.engine.events import Event
+from noetl_dagster.engine.ports import ExecutionLeased
 from noetl_dagster.runners.local import run_playbook
 from noetl_dagster.storage import nats_consumers as nc
 from noetl_dagster.storage.archive import verify_archive
@@ -141,6 +142,21 @@ def test_a_second_process_reads_what_the_first_appended(tier):
         a.append([Event("workflow.started", "ex-9", tenant_id="acme", project_id="p1")])
         # b never appended to ex-9 and nothing is projected: it finds the execution's stream by scan
         assert [e.name for e in b.read("ex-9")] == ["workflow.started"]
+
+
+def test_one_lease_per_execution_across_stores_released_on_close(tier):
+    """resume's lease lives in the projection database: a second store is refused while the first holds
+    it, and takes it once the first closes (the server drops a lock with its connection)."""
+    a, b = open_event_store(tier.url), open_event_store(tier.url)
+    try:
+        a.acquire_lease("ex-lease")
+        with pytest.raises(ExecutionLeased, match="ex-lease is leased by another process"):
+            b.acquire_lease("ex-lease")
+        b.acquire_lease("ex-other")  # another execution's lease is its own
+        a.close()
+        b.acquire_lease("ex-lease")
+    finally:
+        b.close()
 
 
 def test_concurrent_writers_of_one_execution_take_distinct_gap_free_numbers(tier):
