@@ -258,7 +258,8 @@ class Recorder:
         # the one gate every value crosses into the state and the log: a lone surrogate (a JSON
         # escape in a workload, a tool's result) becomes U+FFFD here, as the store keeps it, so the
         # live state and a replay of the log hold the same text
-        d = replace_lone_surrogates(d)
+        if d:  # (an empty body needs no encoding to tell)
+            d = replace_lone_surrogates(d)
         ev = Event(
             name,
             self.state.execution_id,

@@ -189,7 +189,7 @@ def encode_segment(events: Sequence[Event], compressor: Any) -> bytes:
     names: tuple[str, ...] = ()
     # one attrgetter call per event, then one tuple per field: a getattr per field and event was
     # most of this function's cost on small events
-    for f, vals in zip(_SEGMENT_COLUMNS, zip(*map(_SEGMENT_FIELDS, events)), strict=False):
+    for f, vals in zip(_SEGMENT_COLUMNS, zip(*map(_SEGMENT_FIELDS, events), strict=True), strict=False):
         if f == "name":
             names = vals
         if f in _DERIVED:
