@@ -45,3 +45,18 @@ def test_an_event_id_and_timestamp_come_from_one_clock_read():
     ev = Event("step.started", "e1")
     ms = uuid.UUID(ev.event_id).int >> 80
     assert ev.timestamp.startswith(events._iso_at(ms * 1_000_000)[:23])
+
+
+def test_the_random_bits_fill_rand_a_then_rand_b_after_the_variant():
+    """The id's random part is the generator's 80 bits laid out as RFC 9562 fields (rand_a: the top 12,
+    then the variant "10" and 14 bits, then the low 48): the same ids for the same random stream."""
+    for seed in range(200):
+        events._rng.seed(seed)
+        rand = events._rng.getrandbits(80)
+        events._rng.seed(seed)
+        s = _uuid7_at(1_795_000_000_123)
+        u = uuid.UUID(s).int
+        assert (u >> 64) & 0xFFF == (rand >> 68) & 0xFFF
+        assert (u >> 48) & 0xFFFF == 0x8000 | ((rand >> 48) & 0x3FFF)
+        assert u & 0xFFFFFFFFFFFF == rand & 0xFFFFFFFFFFFF
+    events._rng.seed(__import__("os").urandom(32))  # the stream stays unpredictable for the tests after
