@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from noetl_dagster.engine.events import Event
-from noetl_dagster.util.jsonutil import dumps
+from noetl_dagster.util.jsonutil import dumps, dumps_bytes
 
 GENESIS = bytes(32)
 
@@ -45,6 +45,21 @@ def canonical_text(ev: Event) -> str:
     return dumps(d)
 
 
+def canonical_bytes(ev: Event) -> bytes:
+    """``canonical_text(ev)`` as the UTF-8 bytes the hash reads (the encoder's own: no str between)."""
+    d = ev.to_stored()
+    del d["sequence"]
+    return dumps_bytes(d)
+
+
+def event_link(prev: bytes, sequence: int, ev: Event) -> bytes:
+    """``link(prev, sequence, canonical_text(ev))``, the same hash, from ``canonical_bytes``."""
+    h = hashlib.sha256(prev)
+    h.update(sequence.to_bytes(8, "big"))
+    h.update(canonical_bytes(ev))
+    return h.digest()
+
+
 def link(prev: bytes, sequence: int, text: str) -> bytes:
     """The hash of the event numbered ``sequence`` whose canonical text is ``text``, after ``prev``."""
     h = hashlib.sha256(prev)
@@ -54,7 +69,7 @@ def link(prev: bytes, sequence: int, text: str) -> bytes:
 
 
 def event_hash(prev: bytes, ev: Event) -> bytes:
-    return link(prev, ev.sequence or 0, canonical_text(ev))
+    return event_link(prev, ev.sequence or 0, ev)
 
 
 @dataclass

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from operator import attrgetter
 from typing import Any
 
-from noetl_dagster.engine.chain import GENESIS, canonical_text, link
+from noetl_dagster.engine.chain import GENESIS, event_link
 from noetl_dagster.engine.events import ENTITY_OF, ENVELOPE_COLUMNS, SCHEMA_VERSION, SERVER_EVENTS, Event
 from noetl_dagster.engine.recorder import MAX_EVENT_BYTES, check_event_size
 from noetl_dagster.util.jsonutil import dumps, loads, replace_lone_surrogates
@@ -130,7 +130,7 @@ def chain_rows(rows: Sequence[tuple[Any, ...]], heads: dict[str, bytes | None]) 
     out: list[bytes] = []
     for r in rows:
         eid = r[1]
-        h = heads[eid] = link(heads.get(eid) or GENESIS, r[2], canonical_text(r[5]))
+        h = heads[eid] = event_link(heads.get(eid) or GENESIS, r[2], r[5])
         out.append(h)
     return out
 

@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from noetl_dagster.engine.chain import GENESIS, canonical_text, link
+from noetl_dagster.engine.chain import GENESIS, event_link
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.ports import EventStore, ExecutionInfo, ExecutionLeased, StoredEvent
 from noetl_dagster.engine.recorder import check_event_size
 from noetl_dagster.storage.arrow_ipc import Column, read_stream, record_batch_message, schema_message
-from noetl_dagster.util.jsonutil import dumps, loads
+from noetl_dagster.util.jsonutil import dumps, dumps_bytes, loads
 
 EVENTS_FILE, COMMANDS_FILE, METADATA_FILE, LEASE_FILE = (
     "events.feather", "commands.feather", "metadata.json", "lease")  # fmt: skip
@@ -151,9 +151,9 @@ class FeatherEventStore(EventStore):
                     ev.sequence = seq
                     continue
                 ev.sequence = x.last + 1
-                body = dumps(ev.to_stored(envelope=False)).encode("utf-8", "surrogatepass")
+                body = dumps_bytes(ev.to_stored(envelope=False))
                 check_event_size(ev, len(body))
-                x.head = link(x.head, ev.sequence, canonical_text(ev))
+                x.head = event_link(x.head, ev.sequence, ev)
                 x.last = ev.sequence
                 x.ids[ev.event_id] = ev.sequence
                 x.pending.append((ev, body, x.head))

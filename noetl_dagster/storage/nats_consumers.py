@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from noetl_dagster.engine.chain import GENESIS, canonical_text, link
+from noetl_dagster.engine.chain import GENESIS, event_link
 from noetl_dagster.engine.events import PLAYBOOK_PROCESSED, Event
 from noetl_dagster.engine.ports import EventStore, ExecutionInfo, StoredEvent
 from noetl_dagster.storage.nats_events import NatsStoreConfig, parse_nats_url
@@ -423,9 +423,7 @@ def chained_records(events: Sequence[Event], config: NatsStoreConfig) -> list[di
     heads: dict[str, bytes] = {}
     out = []
     for ev in sorted(events, key=lambda e: (e.execution_id, e.sequence or 0)):
-        h = heads[ev.execution_id] = link(
-            heads.get(ev.execution_id, GENESIS), ev.sequence or 0, canonical_text(ev)
-        )
+        h = heads[ev.execution_id] = event_link(heads.get(ev.execution_id, GENESIS), ev.sequence or 0, ev)
         rec = envelope(ev, config.placement(ev.tenant_id, ev.project_id))
         rec["hash"] = h.hex()
         out.append(rec)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-from noetl_dagster.engine.chain import GENESIS, canonical_text, link
+from noetl_dagster.engine.chain import GENESIS, event_link
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.ports import EventStore, ExecutionInfo, StoredEvent
 from noetl_dagster.storage.nats_projection import Projection
@@ -137,7 +137,7 @@ class NatsEventStore(EventStore):
                 head = self._heads.get(ev.execution_id) or await self._load_head(ev)
                 seq = head.sequence + 1
                 ev.sequence = seq
-                h = link(head.hash or GENESIS, seq, canonical_text(ev))
+                h = event_link(head.hash or GENESIS, seq, ev)
                 rec = envelope(ev, head.placement)
                 rec["hash"] = h.hex()
                 headers = {

@@ -48,6 +48,13 @@ try:  # orjson is ~5x faster on the event hot path; the stdlib encoder is the fa
         except TypeError:  # e.g. integers beyond 64 bits, lone surrogates (written as U+FFFD)
             return json.dumps(replace_lone_surrogates(value), default=to_jsonable, separators=(",", ":"))
 
+    def dumps_bytes(value: Any) -> bytes:
+        """``dumps(value)`` as UTF-8 (surrogatepass): orjson's own bytes, no str round trip."""
+        try:
+            return _orjson.dumps(value, default=to_jsonable, option=_OPTS)
+        except TypeError:
+            return dumps(value).encode("utf-8", "surrogatepass")
+
     def sorted_json(value: Any) -> bytes:
         """UTF-8 JSON with keys sorted (a digest's input: equal values, equal bytes)."""
         try:
@@ -71,6 +78,9 @@ except ImportError:  # pragma: no cover
 
     def dumps(value: Any, **kw: Any) -> str:
         return json.dumps(value, default=to_jsonable, separators=(",", ":"), **kw)
+
+    def dumps_bytes(value: Any) -> bytes:
+        return dumps(value).encode("utf-8", "surrogatepass")
 
     def sorted_json(value: Any) -> bytes:
         return json.dumps(value, default=to_jsonable, separators=(",", ":"), sort_keys=True,

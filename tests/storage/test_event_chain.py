@@ -536,3 +536,16 @@ def test_property_segments_name_the_first_altered_event(tmp_path_factory, case, 
         want = k
     report = check_chain(eid, entries)
     assert (report.status, report.sequence) == ("broken", want), (kind, k, report)
+
+
+def test_the_bytes_path_hashes_what_the_text_path_hashes():
+    """Stores hash ``canonical_bytes`` (the encoder's bytes); the chain is defined on ``canonical_text``:
+    the same hash for plain bodies and for the encoder's fallbacks (a lone surrogate, an int past 64 bits)."""
+    from noetl_dagster.engine.chain import GENESIS, canonical_bytes, canonical_text, event_link, link
+
+    bodies = [{}, {"result": {"a": [1, 2.5, None, True]}, "ünï": "cödé ✓"}, {"s": "lone \ud800 surrogate"},
+              {"big": 2**70, "neg": -(2**65)}, {1: "a non-string key"}]  # fmt: skip
+    for i, data in enumerate(bodies, start=1):
+        ev = Event("step.done", "x1", data, step="a", step_run_id="r1", sequence=i)
+        assert canonical_bytes(ev) == canonical_text(ev).encode("utf-8", "surrogatepass")
+        assert event_link(GENESIS, i, ev) == link(GENESIS, i, canonical_text(ev))
