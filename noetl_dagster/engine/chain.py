@@ -101,11 +101,15 @@ def check_chain(
     """Walk ``(sequence, event or None if undecodable, stored hash or None)`` in sequence order.
 
     A stored hash may be shorter than 32 bytes (a segment keeps an 8-byte mark per event and the full
-    hash of its last one): it must be the recomputed hash's prefix. ``expected_head`` (hex, from an
+    hash of its last one): it must be the recomputed hash's prefix. An empty one (b"", the local
+    files keep only each batch's last hash) is checked by the next stored hash, which covers it; a
+    log that ends on empty ones is broken ("hash missing"), and a mismatch names the first event
+    the failing hash covers. ``expected_head`` (hex, from an
     archive's manifest) must equal the recomputed head; an execution without it can be rewritten
     whole by whoever can rewrite the store (docs/limits.md)."""
     prev: bytes | None = None  # None until the first hashed event
     chained_from: int | None = None
+    deferred: int | None = None  # the first event since the last stored hash whose own is empty
     expected = 1
     count = 0
 
@@ -126,11 +130,17 @@ def check_chain(
             if prev is None:
                 prev, chained_from = GENESIS, seq
             want = event_hash(prev, ev)
-            if not stored or want[: len(stored)] != stored:
-                return broken(seq, "hash mismatch")
+            if not stored:
+                deferred = seq if deferred is None else deferred
+            elif want[: len(stored)] != stored:
+                return broken(seq if deferred is None else deferred, "hash mismatch")
+            else:
+                deferred = None
             prev = want
         count += 1
         expected += 1
+    if deferred is not None:  # events after the last stored hash: nothing vouches for them
+        return broken(deferred, "hash missing")
     if prev is None:
         if expected_head is not None:  # hashes stripped from a log whose head was recorded
             return broken(1, "hash missing")

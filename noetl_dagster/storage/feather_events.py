@@ -53,7 +53,7 @@ EVENT_COLUMNS: list[Column] = [
     ("status", "utf8", False),
     ("created_at", "timestamp_us_utc", False),
     ("body", "binary", False),  # the rest of the event: Event.to_stored(envelope=False) as JSON
-    ("hash", "binary", False),  # the chain hash (engine/chain.py): MARK_BYTES, in full on a batch's last
+    ("hash", "binary", False),  # the chain hash (engine/chain.py): empty, in full on a batch's last
 ]
 COMMAND_COLUMNS: list[Column] = [
     ("command_id", "utf8", False),  # the event_id of the step.scheduled event that dispatched it
@@ -65,9 +65,9 @@ COMMAND_COLUMNS: list[Column] = [
 ]
 COMMAND_EVENTS = frozenset({"step.scheduled"})
 COMPRESS_MIN = 64 * 1024  # buffered body bytes from which a batch's buffers are zstd-compressed
-# the chain hash kept per event: its first bytes (as the SQLite store's segments keep), the full
-# hash on each batch's last event; engine.chain.check_chain checks a prefix
-MARK_BYTES = 8
+# the chain hash is kept in full on each batch's last event only (an empty one on the others):
+# engine.chain.check_chain recomputes the chain and checks the batch's events at its last hash.
+# A per-event mark was 8 random bytes an event that compression cannot shrink (issue 46 footprint).
 _SCHEMAS: dict[str, bytes] = {}
 
 
@@ -223,8 +223,8 @@ class FeatherEventStore(EventStore):
         cmds: list[list[Any]] = [[] for _ in COMMAND_COLUMNS]
         last = len(rows) - 1
         for n, (ev, body, h) in enumerate(rows):
-            if n != last:  # a mark per event (names the first altered one), the batch's last hash in full
-                h = h[:MARK_BYTES]
+            if n != last:  # the batch's last hash vouches for every event of the batch
+                h = b""
             us = micros(ev.timestamp)
             if us is None or iso(us) != ev.timestamp:  # a timestamp the column cannot give back exactly
                 body = dumps({**loads(body), "timestamp": ev.timestamp}).encode("utf-8", "surrogatepass")

@@ -151,7 +151,8 @@ def test_push_of_an_altered_local_log_is_refused_and_writes_nothing(tmp_path):
         w.write_table(pa.table(data, schema=table.schema))
     path.write_bytes(sink.getvalue().to_pybytes())
     target = SqliteEventStore(tmp_path / "events.db")
-    with pytest.raises(Exception, match="altered at sequence 2"):
+    # the files keep one hash per batch: the edit shows at the first event that hash covers
+    with pytest.raises(Exception, match=r"altered at sequence 1 \(hash mismatch\)"):
         push(FeatherEventStore(tmp_path / "local"), ["x1"], target)
     assert target.read("x1") == []
     with pytest.raises(PushRefused):
@@ -236,3 +237,23 @@ def test_resume_of_a_running_local_execution_is_refused(tmp_path):
         release.touch()
         out, err = run.communicate(timeout=60)
     assert run.returncode == 0, err
+
+
+def test_only_each_batchs_last_hash_is_kept_and_an_edit_inside_a_batch_still_breaks_the_chain(tmp_path):
+    """Issue 46 footprint: a per-event mark was 8 random bytes an event; the files keep each batch's
+    last hash in full and an empty one elsewhere, which check_chain verifies at the batch's end."""
+    store = FeatherEventStore(tmp_path)
+    store.append(_events("x1", 4))
+    store.barrier(durable=False)
+    store.append(_events("x1", 3, first=4))
+    store.close()
+    table = pa.ipc.open_stream((tmp_path / "x1" / EVENTS_FILE).read_bytes()).read_all()
+    assert [len(h) for h in table.column("hash").to_pylist()] == [0, 0, 0, 32, 0, 0, 32]
+    entries = FeatherEventStore(tmp_path).read_chained("x1")
+    assert check_chain("x1", entries).status == "ok"
+    seq, ev, h = entries[1]
+    edited = Event.from_dict({**ev.to_dict(), "data": {"i": 99}})
+    report = check_chain("x1", [*entries[:1], (seq, edited, h), *entries[2:]])
+    assert report.status == "broken" and report.sequence == 1 and report.reason == "hash mismatch"
+    report = check_chain("x1", entries[:6])  # cut after a batch's last full hash: nothing vouches for 5, 6
+    assert report.status == "broken" and report.sequence == 5 and report.reason == "hash missing"
