@@ -27,7 +27,6 @@ be writable only by the user that runs Dagster (it is created with mode 0700).
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import pickle
 import sys
@@ -36,11 +35,12 @@ from typing import TYPE_CHECKING
 
 from noetl_dagster.dsl.source import YamlLimits
 from noetl_dagster.util.files import InputFileError, read_bounded
+from noetl_dagster.util.lazylog import LazyLogger
 
 if TYPE_CHECKING:
     from noetl_dagster.dsl.model import Playbook
 
-log = logging.getLogger("noetl_dagster.translator")
+log = LazyLogger("noetl_dagster.translator")
 
 CACHE_ENV = "NOETL_DAGSTER_PLAYBOOK_CACHE"
 _FORMAT = b"noetl-playbook-cache/1"

@@ -8,7 +8,6 @@ step (or one region of steps) per op.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -40,11 +39,12 @@ from noetl_dagster.engine.trust import (
     violations,
 )
 from noetl_dagster.engine.worker import Worker
+from noetl_dagster.util.lazylog import LazyLogger
 
 if TYPE_CHECKING:
     from noetl_dagster.dsl.model import Playbook, Step
 
-log = logging.getLogger("noetl_dagster.engine")
+log = LazyLogger("noetl_dagster.engine")
 MAX_PLAYBOOK_DEPTH = 16
 # step runs one execution may schedule (docs/limits.md); executor.spec.max_step_runs overrides
 DEFAULT_MAX_STEP_RUNS = 10_000

@@ -9,7 +9,6 @@ code ends the execution ``failed`` through :meth:`Driver._crashed`, so no path l
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,12 +25,13 @@ from noetl_dagster.engine.recorder import (
     ref_uris,
 )
 from noetl_dagster.engine.state import ExecutionState, fold
+from noetl_dagster.util.lazylog import LazyLogger
 
 if TYPE_CHECKING:
     from noetl_dagster.engine.execution import Activation, Services
     from noetl_dagster.engine.execution import ExecutionEngine as Engine
 
-log = logging.getLogger("noetl_dagster.engine")
+log = LazyLogger("noetl_dagster.engine")
 UNRECORDED_DIR = "unrecorded"  # under the data dir: executions whose failure could not be recorded
 
 

@@ -9,10 +9,12 @@ handlers (console, files, pytest's caplog, Dagster's) are attached later.
 
 from __future__ import annotations
 
-import logging
 import threading
 import weakref
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import logging
 
 
 class _Redacts(Protocol):
@@ -29,6 +31,8 @@ _installed = False
 def watch(redactor: _Redacts) -> None:
     """Redact this redactor's secrets from every log record while it lives."""
     global _installed
+    import logging  # noqa: PLC0415 - here, not at start-up: no record exists before it is imported
+
     with _lock:
         _live.add(redactor)
         if _installed:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 from collections.abc import Callable, Sequence
 from operator import attrgetter
 from typing import Any
@@ -15,8 +14,9 @@ from noetl_dagster.engine.chain import GENESIS, event_link
 from noetl_dagster.engine.events import ENTITY_OF, ENVELOPE_COLUMNS, SCHEMA_VERSION, SERVER_EVENTS, Event
 from noetl_dagster.engine.recorder import MAX_EVENT_BYTES, check_event_size
 from noetl_dagster.util.jsonutil import dumps, loads, replace_lone_surrogates
+from noetl_dagster.util.lazylog import LazyLogger
 
-log = logging.getLogger("noetl_dagster.storage")
+log = LazyLogger("noetl_dagster.storage")
 
 
 class EventStoreTooNew(RuntimeError):

@@ -23,7 +23,6 @@ transactions since the last checkpoint, never corrupt the file. A commit costs n
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sqlite3
 import threading
@@ -50,6 +49,7 @@ from noetl_dagster.storage.event_codec import (
 )
 from noetl_dagster.storage.sqlite_leases import SqliteLeases
 from noetl_dagster.util.jsonutil import dumps
+from noetl_dagster.util.lazylog import LazyLogger
 
 # One list of statements per schema version; applied in order, recorded in noetl_schema_version.
 SQLITE_MIGRATIONS: list[list[str]] = [
@@ -121,7 +121,7 @@ SQLITE_MIGRATIONS: list[list[str]] = [
     ],
 ]
 
-log = logging.getLogger("noetl_dagster.storage")
+log = LazyLogger("noetl_dagster.storage")
 
 # noetl_event's columns holding an event's ENVELOPE_COLUMNS (in that order): readers select them
 # beside the body, which since issue 19 leaves them out

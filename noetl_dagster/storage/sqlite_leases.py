@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import sqlite3
 import threading
@@ -10,9 +9,10 @@ import time
 from typing import Any
 
 from noetl_dagster.engine.ports import ExecutionLeased
+from noetl_dagster.util.lazylog import LazyLogger
 from noetl_dagster.util.procs import pid_alive
 
-log = logging.getLogger("noetl_dagster.storage")
+log = LazyLogger("noetl_dagster.storage")
 LEASE_TTL = float(os.environ.get("NOETL_LEASE_TTL", "60"))
 
 

@@ -19,8 +19,10 @@ The heavy modules, and why none belongs in these commands:
   ``noetl_dagster.dsl``), ``sqlite3`` and every command module but ``main``;
 * tool config models of kinds the playbook does not name (``noetl_dagster.tools.configs`` holds
   every built-in kind's model: a noop run builds no validator at all, its model accepting any mapping);
-* ``jinja2`` (the template gate) for a run whose playbook renders no template: the engine holds
-  ``dsl.template_front``, which imports the gate at the first template;
+* ``jinja2`` (the template gate) for a run whose playbook renders no template, or only quick
+  expressions (a dotted name, alone or with an integer literal: ``{{ workload.n * 2 }}``): the
+  engine holds ``dsl.template_front``, which imports the gate at the first other template;
+* ``logging`` for a run that logs nothing: the run path's loggers are ``util.lazylog.LazyLogger``;
 * for ``run`` of an unchanged playbook (the parse cache answers) additionally the parser: PyYAML,
   ``noetl_dagster.dsl.parse`` and the modules only it uses (``PARSER``), and ``importlib.metadata``
   and ``email`` (pydantic's plugin scan, run when a first validator is built);
@@ -119,6 +121,9 @@ def test_a_cached_one_step_run_imports_no_parser_and_no_metadata_scan(tmp_path):
     assert "noetl_dagster.dsl.ready" in modules
     # the lease's host is uname's nodename (socket's enums ~1.5 % of the run); a python task's context
     assert _loaded(modules, {"socket", "_socket", "selectors", "noetl_dagster.tools.pycontext"}) == []
+    # the template gate (Jinja2, ~25 ms): `{{ workload.n * 2 }}` is a quick expression (dsl/template_front.py);
+    # logging (~4 ms): the run path's loggers are util.lazylog's, `logging` imported at a first record
+    assert _loaded(modules, {"jinja2", "markupsafe", "noetl_dagster.dsl.templates", "logging"}) == []
 
 
 def test_a_cached_run_of_core_kinds_imports_no_pydantic(tmp_path):
@@ -193,7 +198,14 @@ def test_a_run_that_renders_no_template_imports_no_jinja2(tmp_path):
         assert "completed" in out, out
     assert _loaded(modules, {"jinja2", "markupsafe", "noetl_dagster.dsl.templates"}) == []
     assert _loaded(modules, HEAVY | PARSER) == []
-    pb.write_text(ONE_STEP)  # one template: the gate is imported when it renders
+    pb.write_text(ONE_STEP)  # a quick expression (`{{ workload.n * 2 }}`): rendered without the gate
+    for _ in range(2):
+        modules, _, out = _modules(tmp_path, "run", str(pb))
+    assert "completed" in out and "│ 4 " in out, out
+    assert _loaded(modules, {"jinja2", "markupsafe", "noetl_dagster.dsl.templates"}) == []
+    pb.write_text(
+        ONE_STEP.replace("workload.n * 2", "workload.n | string")
+    )  # a filter: the gate, at its render
     for _ in range(2):
         modules, _, out = _modules(tmp_path, "run", str(pb))
     assert "completed" in out and "jinja2" in modules and "noetl_dagster.dsl.templates" in modules
