@@ -2,7 +2,7 @@
 
 A one-step ``run`` must not import pyarrow (~0.2 s; tests/architecture/test_import_set.py), yet
 its events are Arrow record batches on disk. This module writes the few message kinds the local
-store needs - a Schema and RecordBatch messages of Int64, Utf8, Binary and Timestamp(us, UTC)
+store needs - a Schema and RecordBatch messages of Int64, Utf8, Binary, FixedSizeBinary(16) and Timestamp(us, UTC)
 columns, each buffer zstd-compressed (Arrow's BodyCompression) - as the Arrow columnar format
 specifies them (``format/Message.fbs``, ``Schema.fbs``, encapsulated message framing). Readers use
 pyarrow (``read_stream``), which also checks that what is written here is Arrow.
@@ -21,7 +21,7 @@ from typing import Any
 CONTINUATION = b"\xff\xff\xff\xff"
 METADATA_V5 = 4
 HEADER_SCHEMA, HEADER_RECORD_BATCH = 1, 3
-TYPE_INT, TYPE_BINARY, TYPE_UTF8, TYPE_TIMESTAMP = 2, 4, 5, 10
+TYPE_INT, TYPE_BINARY, TYPE_UTF8, TYPE_TIMESTAMP, TYPE_FIXED_SIZE_BINARY = 2, 4, 5, 10, 15
 CODEC_ZSTD = 1
 MICROSECOND = 2
 
@@ -114,7 +114,8 @@ def _frame(meta: bytes, body: bytes = b"") -> bytes:
     return CONTINUATION + struct.pack("<i", len(meta)) + meta + body
 
 
-# a column: (name, arrow type, nullable); types "int64", "utf8", "binary", "timestamp_us_utc"
+# a column: (name, arrow type, nullable); types "int64", "utf8", "binary", "timestamp_us_utc", "binary16"
+# (FixedSizeBinary(16): no offsets buffer, a null is 16 zero bytes under its validity bit)
 Column = tuple[str, str, bool]
 
 
@@ -125,6 +126,8 @@ def _type_table(kind: str) -> tuple[int, _Table]:
         return TYPE_UTF8, _Table()
     if kind == "binary":
         return TYPE_BINARY, _Table()
+    if kind == "binary16":
+        return TYPE_FIXED_SIZE_BINARY, _Table([(0, "i", 16)])
     if kind == "timestamp_us_utc":
         return TYPE_TIMESTAMP, _Table([(0, "h", MICROSECOND), (1, "ref", "UTC")])
     raise ValueError(f"unsupported column type {kind}")
@@ -169,6 +172,9 @@ def record_batch_message(columns: Sequence[Column], data: Sequence[Sequence[Any]
         add(validity)
         if kind in ("int64", "timestamp_us_utc"):
             add(struct.pack(f"<{n}q", *(v or 0 for v in values)))
+            continue
+        if kind == "binary16":
+            add(b"".join(v if v is not None else bytes(16) for v in values))
             continue
         parts = [(v.encode("utf-8", "surrogatepass") if kind == "utf8" else v) if v is not None else b""
                  for v in values]  # fmt: skip
