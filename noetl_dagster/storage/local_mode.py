@@ -134,14 +134,24 @@ def _home(data_dir: str | os.PathLike[str] | None) -> Path:
     return Path(data_dir or os.environ.get("NOETL_DAGSTER_HOME", ".noetl"))
 
 
+def _sqlite_at(db: Path) -> Callable[[], EventStore]:
+    """The SQLite store at ``db``, opened (and ``sqlite3`` and the SQLite store imported, ~5 ms of a
+    one-step run's start-up) only when the local-first store needs it."""
+
+    def open_sqlite() -> EventStore:
+        from noetl_dagster.storage.events import SqliteEventStore  # noqa: PLC0415 - not for a local run
+
+        return SqliteEventStore(db)
+
+    return open_sqlite
+
+
 def open_reader(data_dir: str | os.PathLike[str] | None = None) -> LocalFirstStore:
     """The default store once local executions exist: both kinds read, new executions stored in SQLite
     (the Dagster runner and the Python API keep committing per step)."""
-    from noetl_dagster.storage.events import SqliteEventStore  # noqa: PLC0415
-
     db = _home(data_dir) / "events.db"
     return LocalFirstStore(
-        FeatherEventStore(local_root(data_dir)), lambda: SqliteEventStore(db), db.exists, write_local=False
+        FeatherEventStore(local_root(data_dir)), _sqlite_at(db), db.exists, write_local=False
     )
 
 
@@ -152,10 +162,8 @@ def open_local_run(url: str | None, data_dir: str | os.PathLike[str] | None,
     root = FeatherEventStore(local_root(data_dir), durable=durable)
     if url:
         return LocalFirstStore(root, lambda: opener(url))
-    from noetl_dagster.storage.events import SqliteEventStore  # noqa: PLC0415
-
     db = _home(data_dir) / "events.db"
-    return LocalFirstStore(root, lambda: SqliteEventStore(db), db.exists)
+    return LocalFirstStore(root, _sqlite_at(db), db.exists)
 
 
 class PushRefused(RuntimeError):

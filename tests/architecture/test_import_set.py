@@ -23,6 +23,8 @@ The heavy modules, and why none belongs in these commands:
   expressions (a dotted name, alone or with an integer literal: ``{{ workload.n * 2 }}``): the
   engine holds ``dsl.template_front``, which imports the gate at the first other template;
 * ``logging`` for a run that logs nothing: the run path's loggers are ``util.lazylog.LazyLogger``;
+* ``sqlite3``, ``storage.events`` and ``engine.explain`` for a local run: the local-first store opens
+  the SQLite store only when it needs it;
 * for ``run`` of an unchanged playbook (the parse cache answers) additionally the parser: PyYAML,
   ``noetl_dagster.dsl.parse`` and the modules only it uses (``PARSER``), and ``importlib.metadata``
   and ``email`` (pydantic's plugin scan, run when a first validator is built);
@@ -124,6 +126,8 @@ def test_a_cached_one_step_run_imports_no_parser_and_no_metadata_scan(tmp_path):
     # the template gate (Jinja2, ~25 ms): `{{ workload.n * 2 }}` is a quick expression (dsl/template_front.py);
     # logging (~4 ms): the run path's loggers are util.lazylog's, `logging` imported at a first record
     assert _loaded(modules, {"jinja2", "markupsafe", "noetl_dagster.dsl.templates", "logging"}) == []
+    # SQLite and its store (with the explain summaries it maintains): a local run opens none (~5 ms)
+    assert _loaded(modules, {"sqlite3", "noetl_dagster.storage.events", "noetl_dagster.engine.explain"}) == []
 
 
 def test_a_cached_run_of_core_kinds_imports_no_pydantic(tmp_path):
