@@ -25,12 +25,10 @@ Only a permitted reference reaches a store: its read is checksum-verified (a mis
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 import json
 import os
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -65,11 +63,15 @@ def refusal(uri: str, tenant: str, project: str) -> RefRefused:
 
 
 def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+    from base64 import urlsafe_b64encode  # noqa: PLC0415 - a signed reference, not a run's start-up
+
+    return urlsafe_b64encode(data).decode().rstrip("=")
 
 
 def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    from base64 import urlsafe_b64decode  # noqa: PLC0415 - a signed reference, not a run's start-up
+
+    return urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
 @dataclass(frozen=True)
@@ -184,6 +186,8 @@ def ref_keys() -> RefKeys:
 
 def _create_key_file(path: Path) -> None:
     """A fresh key, published atomically: two processes starting at once keep the first one's."""
+    import secrets  # noqa: PLC0415 - once per home (with base64 and random: not a run's start-up)
+
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

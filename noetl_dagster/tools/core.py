@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import builtins
 import inspect
 import json
@@ -202,8 +201,10 @@ def _source(inputs: dict[str, Any], ctx: ToolContext) -> str:
         return code
     for key in ("code_b64", "code_base64"):
         if isinstance(inputs.get(key), str):
+            from base64 import b64decode  # noqa: PLC0415 - base64 code only, not a run's start-up
+
             try:
-                return base64.b64decode(inputs[key]).decode()
+                return b64decode(inputs[key]).decode()
             except Exception as e:  # noqa: BLE001
                 raise ToolError(f"`{key}` is not valid base64 text: {e}", kind="config_error") from None
     script = inputs.get("script")

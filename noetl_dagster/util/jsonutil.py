@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import base64
 import datetime as _dt
-import decimal
 import json
 import re
 import sys
@@ -16,12 +14,17 @@ from typing import Any
 def to_jsonable(value: Any) -> Any:
     if isinstance(value, (_dt.datetime, _dt.date, _dt.time)):
         return value.isoformat()
-    if isinstance(value, decimal.Decimal):
+    decimal = sys.modules.get(
+        "decimal"
+    )  # a Decimal exists only once decimal is imported (~1 ms: not at start-up)
+    if decimal is not None and isinstance(value, decimal.Decimal):
         return float(value)
     if isinstance(value, uuid.UUID):
         return str(value)
     if isinstance(value, (bytes, bytearray, memoryview)):
-        return {"$bytes_b64": base64.b64encode(bytes(value)).decode()}
+        from base64 import b64encode  # noqa: PLC0415 - rare, not at start-up
+
+        return {"$bytes_b64": b64encode(bytes(value)).decode()}
     if isinstance(value, (set, frozenset, tuple)):
         return list(value)
     if isinstance(value, Mapping):

@@ -128,6 +128,9 @@ def test_a_cached_one_step_run_imports_no_parser_and_no_metadata_scan(tmp_path):
     assert _loaded(modules, {"jinja2", "markupsafe", "noetl_dagster.dsl.templates", "logging"}) == []
     # SQLite and its store (with the explain summaries it maintains): a local run opens none (~5 ms)
     assert _loaded(modules, {"sqlite3", "noetl_dagster.storage.events", "noetl_dagster.engine.explain"}) == []
+    # decimal (jsonutil checks a Decimal only once decimal exists), base64 and secrets (signed references
+    # and a python task's base64 code import them when used)
+    assert _loaded(modules, {"decimal", "_decimal", "base64", "secrets"}) == []
 
 
 def test_a_cached_run_of_core_kinds_imports_no_pydantic(tmp_path):
