@@ -60,9 +60,13 @@ def console_width() -> int:
 
 
 def safe(text: str) -> bool:
-    """Text rich prints as it is: printable ASCII, no markup tag, no emoji code."""
+    """Text rich prints as it is: printable ASCII, no markup tag, no escaped bracket (rich prints
+    ``\\[`` as ``[``), no emoji code."""
     return (
-        _PRINTABLE.fullmatch(text) is not None and not _TAG.search(text) and not _EMOJI.search(text.lower())
+        _PRINTABLE.fullmatch(text) is not None
+        and "\\[" not in text
+        and not _TAG.search(text)
+        and not _EMOJI.search(text.lower())
     )
 
 

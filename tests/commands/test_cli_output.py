@@ -125,6 +125,8 @@ _TEXT = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max
     [
         "sqlite:////tmp/x/events.db",
         "[bold]x[/]",
+        "\\[",  # rich prints an escaped bracket without its backslash
+        "a \\[ 1",
         "a :smile: b",
         '{"a":[1,2]}',
         "x" * 130,
@@ -159,6 +161,7 @@ def test_wrap_takes_the_fast_path_for_the_usual_lines():
     assert (
         plain_output.text_lines("[bold]x[/]", 80) is None
         and plain_output.text_lines(":thumbs_up:", 80) is None
+        and plain_output.text_lines("a \\[ 1", 80) is None  # rich drops the backslash: left to rich
     )
 
 
