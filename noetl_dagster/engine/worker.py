@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
-from noetl_dagster.dsl.kinds import PURE_KINDS, PURE_WHEN_MARKED, KindError, get_tool
+from noetl_dagster.dsl.kinds import KindError, get_tool, is_pure
 from noetl_dagster.dsl.parse_context import MAX_RETRY_ATTEMPTS
 from noetl_dagster.dsl.template_front import TemplateError
 from noetl_dagster.dsl.template_lazy import engine_template_env
@@ -505,9 +505,9 @@ class Worker(LoopPhases, TaskPolicy):
                 config["input"] = {**base, **step_input}
         except TemplateError as e:
             return _err_outcome(_error("template_error", str(e)))
-        if task.kind not in PURE_KINDS and not (task.pure and task.kind in PURE_WHEN_MARKED):
-            # dsl/kinds.is_pure, inlined (per call); outside the try: a store that refuses the
-            # barrier is the engine's crash (durability gate), not this task's error outcome
+        if not is_pure(task.kind, task.pure):
+            # outside the try: a store that refuses the barrier is the engine's crash (durability
+            # gate), not this task's error outcome
             self.engine.before_effect(frame.step_run_id)
         try:
             gate = self.engine.gate

@@ -20,7 +20,7 @@ acks lost) changes nothing the second time (the ledger skips every event already
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
@@ -31,7 +31,7 @@ from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.ports import ExecutionInfo, StoredEvent
 from noetl_dagster.storage.event_codec import _execution_update, decode_body
 from noetl_dagster.storage.nats_streams import event_of
-from noetl_dagster.storage.payload import is_ref
+from noetl_dagster.storage.payload import iter_ref_dicts
 from noetl_dagster.storage.postgres_events import split_schema
 from noetl_dagster.util.jsonutil import dumps, sorted_json
 
@@ -522,7 +522,7 @@ def _resource_rows(out: list[tuple[Any, ...]], e: Event, record: dict[str, Any])
     """A resource_index row per stored result reference ($ref) a finished task's outcome holds."""
     if e.name != "task.done":
         return
-    for ref in _refs(e.data.get("outcome")):
+    for ref in iter_ref_dicts(e.data.get("outcome")):
         uri = str(ref.get("uri") or "")
         if not uri:
             continue
@@ -531,14 +531,3 @@ def _resource_rows(out: list[tuple[Any, ...]], e: Event, record: dict[str, Any])
                     "result", ref.get("content_type") or ref.get("format"),
                     checksum.removeprefix("sha256:") or None, ref.get("size"), record["region"],
                     record["shard"], "payload", sorted_json(ref).decode(), None))  # fmt: skip
-
-
-def _refs(value: Any) -> Iterable[dict[str, Any]]:
-    if is_ref(value):
-        yield value["$ref"]
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _refs(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _refs(v)

@@ -737,11 +737,16 @@ def payload_key(
 
 def iter_refs(value: Any) -> Iterator[ResultRef]:
     """Every ``$ref`` envelope nested in a value (for lineage and archive manifests)."""
+    return map(ResultRef.from_dict, iter_ref_dicts(value))
+
+
+def iter_ref_dicts(value: Any) -> Iterator[dict[str, Any]]:
+    """The body of every ``$ref`` envelope nested in a value, as stored (the projection's resource index)."""
     if is_ref(value):
-        yield ResultRef.from_dict(value["$ref"])
+        yield value["$ref"]
     elif isinstance(value, dict):
         for v in value.values():
-            yield from iter_refs(v)
+            yield from iter_ref_dicts(v)
     elif isinstance(value, list):
         for v in value:
-            yield from iter_refs(v)
+            yield from iter_ref_dicts(v)
