@@ -199,18 +199,28 @@ class Event:
     source: str = ""
     entity: str = ""
     schema_version: str = SCHEMA_VERSION
+    # the id __post_init__ made up, until a store appends the event (then None); see ``fresh``
+    made_id: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.event_id is None or self.timestamp is None:  # one clock read for both (a syscall here)
             t = time.time_ns()
             if self.event_id is None:
-                self.event_id = _uuid7_at(t // 1_000_000)
+                self.event_id = self.made_id = _uuid7_at(t // 1_000_000)
             if self.timestamp is None:
                 self.timestamp = _iso_at(t)
         if not self.source:
             self.source = "server" if self.name in SERVER_EVENTS else "worker"
         if not self.entity:
             self.entity = ENTITY_OF.get(self.name, "workflow")
+
+    @property
+    def fresh(self) -> bool:
+        """The event's id is still the one made up for it and no store has appended it: nobody outside
+        this process has seen the id, so a store that numbers the execution's events itself (the local
+        files, storage/feather_events.py) may name the event after its sequence instead (issue 46).
+        An id given to the event, or set on it later, is never renamed."""
+        return self.made_id is not None and self.made_id == self.event_id
 
     def to_dict(self) -> dict[str, Any]:
         return {

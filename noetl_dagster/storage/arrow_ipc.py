@@ -2,9 +2,10 @@
 
 A one-step ``run`` must not import pyarrow (~0.2 s; tests/architecture/test_import_set.py), yet
 its events are Arrow record batches on disk. This module writes the few message kinds the local
-store needs - a Schema and RecordBatch messages of Int64, Utf8, Binary, FixedSizeBinary(16) and Timestamp(us, UTC)
-columns, each buffer zstd-compressed (Arrow's BodyCompression) - as the Arrow columnar format
-specifies them (``format/Message.fbs``, ``Schema.fbs``, encapsulated message framing). Readers use
+store needs - a Schema, DictionaryBatch and RecordBatch messages of Int8, Int64, Utf8, Binary,
+FixedSizeBinary(16), Timestamp(us, UTC) and dictionary-encoded Utf8 (Int32 indices) columns, each
+buffer zstd-compressed (Arrow's BodyCompression) - as the Arrow columnar format specifies them
+(``format/Message.fbs``, ``Schema.fbs``, encapsulated message framing). Readers use
 pyarrow (``read_stream``), which also checks that what is written here is Arrow.
 
 Flatbuffers are laid out front to back: a table's vtable just before it, its children after it,
@@ -20,7 +21,7 @@ from typing import Any
 
 CONTINUATION = b"\xff\xff\xff\xff"
 METADATA_V5 = 4
-HEADER_SCHEMA, HEADER_RECORD_BATCH = 1, 3
+HEADER_SCHEMA, HEADER_DICTIONARY_BATCH, HEADER_RECORD_BATCH = 1, 2, 3
 TYPE_INT, TYPE_BINARY, TYPE_UTF8, TYPE_TIMESTAMP, TYPE_FIXED_SIZE_BINARY = 2, 4, 5, 10, 15
 CODEC_ZSTD = 1
 MICROSECOND = 2
@@ -114,15 +115,19 @@ def _frame(meta: bytes, body: bytes = b"") -> bytes:
     return CONTINUATION + struct.pack("<i", len(meta)) + meta + body
 
 
-# a column: (name, arrow type, nullable); types "int64", "utf8", "binary", "timestamp_us_utc", "binary16"
-# (FixedSizeBinary(16): no offsets buffer, a null is 16 zero bytes under its validity bit)
+# a column: (name, arrow type, nullable); types "int8", "int64", "utf8", "binary", "timestamp_us_utc",
+# "binary16" (FixedSizeBinary(16): no offsets buffer, a null is 16 zero bytes under its validity bit),
+# "dict_utf8" (Dictionary<Int32, Utf8>: a record batch holds the indices, DictionaryBatch messages the
+# strings; the dictionary ids are the dict_utf8 columns' positions among themselves, 0, 1, ...)
 Column = tuple[str, str, bool]
 
 
 def _type_table(kind: str) -> tuple[int, _Table]:
     if kind == "int64":
         return TYPE_INT, _Table([(0, "i", 64), (1, "B", 1)])
-    if kind == "utf8":
+    if kind == "int8":
+        return TYPE_INT, _Table([(0, "i", 8), (1, "B", 1)])
+    if kind in ("utf8", "dict_utf8"):
         return TYPE_UTF8, _Table()
     if kind == "binary":
         return TYPE_BINARY, _Table()
@@ -133,12 +138,23 @@ def _type_table(kind: str) -> tuple[int, _Table]:
     raise ValueError(f"unsupported column type {kind}")
 
 
+def dictionary_ids(columns: Sequence[Column]) -> dict[str, int]:
+    """The dictionary id of each dict_utf8 column (by name)."""
+    return {c[0]: i for i, c in enumerate(c for c in columns if c[1] == "dict_utf8")}
+
+
 def schema_message(columns: Sequence[Column]) -> bytes:
     fields = []
+    ids = dictionary_ids(columns)
     for name, kind, nullable in columns:
         type_id, type_table = _type_table(kind)
-        fields.append(_Table([(0, "ref", name), (1, "B", int(nullable)), (2, "B", type_id),
-                              (3, "ref", type_table), (5, "ref", _Vec(tables=[]))]))  # fmt: skip
+        f = _Table([(0, "ref", name), (1, "B", int(nullable)), (2, "B", type_id), (3, "ref", type_table),
+                    (5, "ref", _Vec(tables=[]))])  # fmt: skip
+        if kind == "dict_utf8":  # DictionaryEncoding: id, indexType Int32 signed
+            f.fields.append(
+                (4, "ref", _Table([(0, "q", ids[name]), (1, "ref", _Table([(0, "i", 32), (1, "B", 1)]))]))
+            )
+        fields.append(f)
     schema = _Table([(0, "h", 0), (1, "ref", _Vec(tables=fields))])
     return _frame(_flatbuffer(_message(HEADER_SCHEMA, schema, 0)))
 
@@ -154,9 +170,7 @@ def _validity(values: Sequence[Any]) -> tuple[bytes, int]:
     return bytes(bits), nulls
 
 
-def record_batch_message(columns: Sequence[Column], data: Sequence[Sequence[Any]], compressor: Any) -> bytes:
-    """One RecordBatch message of ``data`` (one sequence of values per column; None is null), its
-    buffers zstd-compressed when a ``compressor`` is given."""
+def _batch(columns: Sequence[Column], data: Sequence[Sequence[Any]], compressor: Any) -> tuple[_Table, bytes]:
     n = len(data[0]) if data else 0
     nodes, buffers, body = bytearray(), bytearray(), bytearray()
 
@@ -173,6 +187,12 @@ def record_batch_message(columns: Sequence[Column], data: Sequence[Sequence[Any]
         if kind in ("int64", "timestamp_us_utc"):
             add(struct.pack(f"<{n}q", *(v or 0 for v in values)))
             continue
+        if kind == "dict_utf8":  # the indices
+            add(struct.pack(f"<{n}i", *(v or 0 for v in values)))
+            continue
+        if kind == "int8":
+            add(struct.pack(f"<{n}b", *(v or 0 for v in values)))
+            continue
         if kind == "binary16":
             add(b"".join(v if v is not None else bytes(16) for v in values))
             continue
@@ -188,18 +208,35 @@ def record_batch_message(columns: Sequence[Column], data: Sequence[Sequence[Any]
                     (2, "ref", _Vec(structs=bytes(buffers), count=len(buffers) // 16))])  # fmt: skip
     if compressor is not None:
         batch.fields.append((3, "ref", _Table([(0, "b", CODEC_ZSTD), (1, "b", 0)])))
-    return _frame(_flatbuffer(_message(HEADER_RECORD_BATCH, batch, len(body))), bytes(body))
+    return batch, bytes(body)
+
+
+def record_batch_message(columns: Sequence[Column], data: Sequence[Sequence[Any]], compressor: Any) -> bytes:
+    """One RecordBatch message of ``data`` (one sequence of values per column; None is null; a
+    dict_utf8 column's values are indices into its dictionary), its buffers zstd-compressed when a
+    ``compressor`` is given."""
+    batch, body = _batch(columns, data, compressor)
+    return _frame(_flatbuffer(_message(HEADER_RECORD_BATCH, batch, len(body))), body)
+
+
+def dictionary_batch_message(dict_id: int, values: Sequence[str], delta: bool, compressor: Any) -> bytes:
+    """One DictionaryBatch message: ``values`` (Utf8) for dictionary ``dict_id``, appended to the
+    dictionary sent so far when ``delta`` (the stream format's delta dictionaries), else the first."""
+    batch, body = _batch([("values", "utf8", False)], [list(values)], compressor)
+    header = _Table([(0, "q", dict_id), (1, "ref", batch), (2, "B", int(delta))])
+    return _frame(_flatbuffer(_message(HEADER_DICTIONARY_BATCH, header, len(body))), body)
 
 
 def read_stream(raw: bytes) -> tuple[list[Any], int]:
     """The record batches of an IPC stream (pyarrow, imported here) and the byte length of its
-    complete prefix: a message cut by a kill -9 mid-write ends the stream there."""
+    complete prefix: the stream up to its last whole record batch. A message cut by a kill -9
+    mid-write ends the stream there (and so do dictionary batches after the last record batch: the
+    batch they were written for never arrived); so does a batch pyarrow cannot read."""
     import pyarrow as pa  # noqa: PLC0415 - readers only; a run writes without it
 
-    reader = pa.BufferReader(raw)
-    batches: list[Any] = []
-    good = 0
-    schema = None
+    buf = pa.py_buffer(raw)
+    reader = pa.BufferReader(buf)
+    ends: list[int] = []  # where the schema and each record batch end
     while True:
         try:
             msg = pa.ipc.read_message(reader)
@@ -207,12 +244,17 @@ def read_stream(raw: bytes) -> tuple[list[Any], int]:
             break
         if msg is None:
             break
-        if schema is None:
-            schema = pa.ipc.read_schema(msg)
-        else:
-            try:
-                batches.append(pa.ipc.read_record_batch(msg, schema))
-            except (pa.ArrowInvalid, OSError):
-                break
-        good = reader.tell()
-    return batches, good
+        if not ends and msg.type != "schema":
+            break
+        if msg.type in ("schema", "record batch"):
+            ends.append(reader.tell())
+    if not ends:
+        return [], 0
+    batches: list[Any] = []
+    try:
+        stream = pa.ipc.open_stream(buf.slice(0, ends[-1]))
+        while len(batches) < len(ends) - 1:
+            batches.append(stream.read_next_batch())
+    except (pa.ArrowInvalid, OSError, EOFError, StopIteration, KeyError):
+        pass
+    return batches, ends[len(batches)]

@@ -23,8 +23,10 @@ import atexit
 import calendar
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -32,30 +34,68 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from noetl_dagster.engine import recorder as _recorder
 from noetl_dagster.engine.chain import GENESIS, event_link
 from noetl_dagster.engine.events import Event
 from noetl_dagster.engine.ports import EventStore, ExecutionInfo, ExecutionLeased, StoredEvent
 from noetl_dagster.engine.recorder import check_event_size
-from noetl_dagster.storage.arrow_ipc import Column, read_stream, record_batch_message, schema_message
-from noetl_dagster.util.jsonutil import dumps, dumps_bytes, loads
+from noetl_dagster.storage.arrow_ipc import (
+    Column,
+    dictionary_batch_message,
+    dictionary_ids,
+    read_stream,
+    record_batch_message,
+    schema_message,
+)
+from noetl_dagster.util.jsonutil import dumps_bytes, loads
 
 EVENTS_FILE, COMMANDS_FILE, METADATA_FILE, LEASE_FILE = (
     "events.feather", "commands.feather", "metadata.json", "lease")  # fmt: skip
 FLUSH_BYTES = int(os.environ.get("NOETL_LOCAL_FLUSH_BYTES") or 4 * 1024 * 1024)
 IDLE_SECONDS = float(os.environ.get("NOETL_LOCAL_IDLE_SECONDS") or 30)
 
+# The layout since issue 46's footprint work ("v3"; docs/events.md "Local mode"): the repeated text
+# columns dictionary-encoded, event ids the store named itself left out (derived on read), the
+# event's own ids out of its body. Files of the earlier layouts (V2_EVENT_COLUMNS, and utf8 event
+# ids before it) are read as before; a resume cannot append to them (the schema differs).
 EVENT_COLUMNS: list[Column] = [
     ("sequence", "int64", False),
-    ("event_id", "binary16", True),  # a uuid's 16 bytes (text is 36 bytes and an offset); null: event_id_text
+    # a uuid's 16 bytes (text is 36 bytes and an offset); null: event_id_text, or when both are null
+    # the id the store gave the event, derived_event_id(execution, first event's id, sequence, created_at)
+    ("event_id", "binary16", True),
     ("event_id_text", "utf8", True),  # an id that is not lowercase uuid text, as given
+    ("execution_id", "dict_utf8", False),
+    ("event_type", "dict_utf8", False),
+    ("step", "dict_utf8", True),
+    ("status", "dict_utf8", False),
+    ("created_at", "timestamp_us_utc", False),
+    ("step_run_id", "dict_utf8", True),
+    ("loop_id", "dict_utf8", True),
+    ("task_run_id", "binary16", True),  # a uuid task_run_id's bytes (any other stays in the body)
+    ("packing", "int8", False),  # PACK_* below: where the body's entity_id went, ids replaced in it
+    # the rest of the event: Event.to_stored(envelope=False) as JSON, without what the columns above hold
+    ("body", "binary", False),
+    ("hash", "binary", False),  # the chain hash (engine/chain.py): empty, in full on a batch's last
+]
+V2_EVENT_COLUMNS: list[Column] = [  # the layout before (the body held every field but the envelope)
+    ("sequence", "int64", False),
+    ("event_id", "binary16", True),
+    ("event_id_text", "utf8", True),
     ("execution_id", "utf8", False),
     ("event_type", "utf8", False),
     ("step", "utf8", True),
     ("status", "utf8", False),
     ("created_at", "timestamp_us_utc", False),
-    ("body", "binary", False),  # the rest of the event: Event.to_stored(envelope=False) as JSON
-    ("hash", "binary", False),  # the chain hash (engine/chain.py): empty, in full on a batch's last
+    ("body", "binary", False),
+    ("hash", "binary", False),
 ]
+_DICT_IDS = dictionary_ids(EVENT_COLUMNS)
+# packing: the low 3 bits say the entity_id is the event's task_run_id (1), step_run_id (2), loop_id
+# (3) or execution_id (4), 0: in the body as it was (or none); PACK_IDS: the body's occurrences of
+# those ids' text are replaced by one control byte each (_MARKS: JSON text never holds them raw)
+PACK_ENTITY, PACK_IDS = 7, 8
+_MARKS = (b"\x01", b"\x02", b"\x03", b"\x04")  # task_run_id, step_run_id, loop_id, execution_id
+_MARK_RE = re.compile(b"[\x01-\x04]")
 COMMAND_COLUMNS: list[Column] = [
     ("command_id", "utf8", False),  # the event_id of the step.scheduled event that dispatched it
     ("execution_id", "utf8", False),
@@ -80,18 +120,33 @@ def _schema(name: str, columns: list[Column]) -> bytes:
     return _SCHEMAS[name]
 
 
+# the last second's text and value, replaced whole (a thread never pairs one's text with another's value)
+# the last second's text and value, replaced whole (no thread pairs one's text with another's value)
+_second: tuple[str, int] = ("", 0)
+
+
 def micros(ts: str) -> int | None:
-    """Microseconds since the epoch of a recorder timestamp (``YYYY-MM-DDTHH:MM:SS.ffffff+00:00``),
-    or None for any other text (the body then keeps it: see _flush). Sliced, not parsed: datetime
-    costs a run 4 ms to import."""
-    try:
-        if len(ts) != 32 or not ts.endswith("+00:00"):
-            return None
-        sec = calendar.timegm((int(ts[0:4]), int(ts[5:7]), int(ts[8:10]), int(ts[11:13]), int(ts[14:16]),
-                               int(ts[17:19]), 0, 0, 0))  # fmt: skip
-        return sec * 1_000_000 + int(ts[20:26])
-    except (TypeError, ValueError):
+    """Microseconds since the epoch of a recorder timestamp (``YYYY-MM-DDTHH:MM:SS.ffffff+00:00``)
+    that ``iso`` gives back exactly, or None for any other text (the body then keeps it: see _pack).
+    Sliced, not parsed: datetime costs a run 4 ms to import."""
+    if len(ts) != 32 or ts[19] != "." or not ts.endswith("+00:00"):
         return None
+    frac = ts[20:26]
+    if not (frac.isascii() and frac.isdigit()):
+        return None
+    global _second
+    head = ts[:19]
+    cached = _second
+    if head != cached[0]:
+        try:
+            sec = calendar.timegm((int(ts[0:4]), int(ts[5:7]), int(ts[8:10]), int(ts[11:13]), int(ts[14:16]),
+                                   int(ts[17:19]), 0, 0, 0))  # fmt: skip
+        except (TypeError, ValueError, OverflowError):
+            return None
+        if time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec)) != head:  # e.g. month 13: not given back
+            return None
+        cached = _second = (head, sec)
+    return cached[1] * 1_000_000 + int(frac)
 
 
 def uuid_bytes(text: str) -> bytes | None:
@@ -111,10 +166,30 @@ def uuid_text(raw: bytes) -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
+def derived_event_id(execution_id: str, anchor: str, sequence: int, us: int) -> str:
+    """The id the local store gives an event it numbers (one created without an id, unseen outside
+    this process: ``Event.fresh``): a uuid with the v7 layout - the event's millisecond (B-tree
+    order kept where it is pushed), then 74 bits of sha256 over the execution, its first event's id
+    (``anchor``: random, so ids cannot be guessed from an execution id alone) and the sequence. Unique
+    where (execution, sequence) is; anyone holding the log can recompute it, so the file keeps nothing
+    for it, and the chain hash covers the id read back (an edited sequence or time breaks it)."""
+    d = hashlib.sha256(
+        f"noetl-event-id\0{execution_id}\0{anchor}\0{sequence}".encode("utf-8", "surrogatepass")
+    ).digest()
+    # 48 bits of milliseconds, version 7 and 12 bits (rand_a), variant 0b10 and 62 bits (rand_b)
+    head = ((us // 1000) & 0xFFFFFFFFFFFF).to_bytes(6, "big")
+    return uuid_text(head + bytes((0x70 | (d[0] & 0x0F), d[1], 0x80 | (d[2] & 0x3F))) + d[3:10])
+
+
 def iso(us: int) -> str:
     """The recorder's timestamp text of ``us`` (engine/events._iso_at)."""
     sec, frac = divmod(us, 1_000_000)
     return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(sec))}.{frac:06d}+00:00"
+
+
+# a buffered event: (event, packed body, hash, created_at in us or None, task_run_id bytes or None,
+# packing, whether the store named it)
+_Row = tuple[Event, bytes, bytes, "int | None", "bytes | None", int, bool]
 
 
 @dataclass
@@ -124,8 +199,13 @@ class _Local:
     dir: Path
     last: int = 0
     head: bytes = GENESIS
+    anchor: str | None = None  # the first event's id (derived_event_id)
     ids: dict[str, int] = field(default_factory=dict)
-    pending: list[tuple[Event, bytes, bytes]] = field(default_factory=list)  # (event, body, hash)
+    pending: list[_Row] = field(default_factory=list)
+    # each dictionary column's values (index order) and how many of them the file has
+    dicts: dict[str, dict[str, int]] = field(default_factory=lambda: {k: {} for k in _DICT_IDS})
+    dict_sent: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_DICT_IDS, 0))
+    batches: int = 0  # record batches in events.feather (the first one carries whole dictionaries)
     pending_bytes: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
     fds: dict[str, int] = field(default_factory=dict)
@@ -170,13 +250,20 @@ class FeatherEventStore(EventStore):
                 if seq is not None:  # re-sent: keeps its stored sequence
                     ev.sequence = seq
                     continue
-                ev.sequence = x.last + 1
-                body = dumps_bytes(ev.to_stored(envelope=False))
-                check_event_size(ev, len(body))
-                x.head = event_link(x.head, ev.sequence, ev)
-                x.last = ev.sequence
-                x.ids[ev.event_id] = ev.sequence
-                x.pending.append((ev, body, x.head))
+                seq = ev.sequence = x.last + 1
+                us = micros(ev.timestamp)  # None: a timestamp the column cannot give back (the body keeps it)
+                named = False
+                if seq == 1:
+                    x.anchor = ev.event_id
+                elif ev.fresh and us is not None and x.anchor is not None:
+                    ev.event_id = derived_event_id(ev.execution_id, x.anchor, seq, us)
+                    named = True
+                ev.made_id = None  # its id is fixed now: a re-send, a push carry this one
+                body, traw, packing = _pack(ev, us)
+                x.head = event_link(x.head, seq, ev)
+                x.last = seq
+                x.ids[ev.event_id] = seq
+                x.pending.append((ev, body, x.head, us, traw, packing, named))
                 x.pending_bytes += len(body)
                 self._note(x, ev)
                 touched.add(ev.execution_id)
@@ -239,28 +326,23 @@ class FeatherEventStore(EventStore):
 
             self._compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
         rows, x.pending, x.pending_bytes = x.pending, [], 0
-        cols: list[list[Any]] = [[] for _ in EVENT_COLUMNS]
-        cmds: list[list[Any]] = [[] for _ in COMMAND_COLUMNS]
-        last = len(rows) - 1
-        for n, (ev, body, h) in enumerate(rows):
-            if n != last:  # the batch's last hash vouches for every event of the batch
-                h = b""
-            us = micros(ev.timestamp)
-            if us is None or iso(us) != ev.timestamp:  # a timestamp the column cannot give back exactly
-                body = dumps({**loads(body), "timestamp": ev.timestamp}).encode("utf-8", "surrogatepass")
-            raw_id = uuid_bytes(ev.event_id)
-            for col, v in zip(cols, (ev.sequence, raw_id, None if raw_id else ev.event_id, ev.execution_id, ev.name,
-                                     ev.step, ev.status, us or 0, body, h), strict=True):  # fmt: skip
-                col.append(v)
-            if ev.name in COMMAND_EVENTS:
-                for col, v in zip(cmds, (ev.event_id, ev.execution_id, ev.sequence, ev.step, ev.step_run_id,
-                                         us or 0), strict=True):  # fmt: skip
-                    col.append(v)
+        cols, cmds = _columns(x, rows)
         zstd = self._compressor if compress else None
+        # the dictionaries' new values go just before the batch (whole ones before the file's first)
+        msg = bytearray()
+        for name, dict_id in _DICT_IDS.items():
+            values, sent = x.dicts[name], x.dict_sent[name]
+            if len(values) > sent or not x.batches:
+                msg += dictionary_batch_message(dict_id, list(values)[sent:], x.batches > 0, zstd)
+        msg += record_batch_message(EVENT_COLUMNS, cols, zstd)
         try:
-            x.events_ok = self._write(x, EVENTS_FILE, EVENT_COLUMNS, cols, fsync, zstd)
+            x.events_ok = self._write(x, EVENTS_FILE, EVENT_COLUMNS, msg, fsync)
+            x.batches += 1
+            for name in _DICT_IDS:
+                x.dict_sent[name] = len(x.dicts[name])
             if cmds[0]:
-                x.commands_ok = self._write(x, COMMANDS_FILE, COMMAND_COLUMNS, cmds, fsync, zstd)
+                x.commands_ok = self._write(x, COMMANDS_FILE, COMMAND_COLUMNS,
+                                            record_batch_message(COMMAND_COLUMNS, cmds, zstd), fsync)  # fmt: skip
         except BaseException:  # a full disk: the files end at their last whole batch, the rows stay buffered
             for name, ok in ((EVENTS_FILE, x.events_ok), (COMMANDS_FILE, x.commands_ok)):
                 fd = x.fds.pop(name, None)
@@ -268,14 +350,17 @@ class FeatherEventStore(EventStore):
                     with contextlib.suppress(OSError):
                         os.ftruncate(fd, ok)
                     os.close(fd)
+            for name, values in x.dicts.items():  # the values the file did not get are given again
+                sent = x.dict_sent[name]
+                if len(values) > sent:
+                    x.dicts[name] = dict(list(values.items())[:sent])
             x.pending, x.pending_bytes = rows + x.pending, x.pending_bytes + sum(len(r[1]) for r in rows)
             raise
         self._write_meta(x, fsync)
         self._last_flush = time.monotonic()
 
-    def _write(self, x: _Local, name: str, columns: list[Column], data: list[list[Any]], fsync: bool,
-               zstd: Any) -> int:  # fmt: skip
-        """Append one batch; returns the file's length after it."""
+    def _write(self, x: _Local, name: str, columns: list[Column], msg: bytes | bytearray, fsync: bool) -> int:
+        """Append one batch's messages; returns the file's length after them."""
         fd = x.fds.get(name)
         if fd is None:
             fd = x.fds[name] = os.open(x.dir / name, os.O_RDWR | os.O_CREAT, 0o644)
@@ -290,7 +375,6 @@ class FeatherEventStore(EventStore):
             os.lseek(fd, ok, os.SEEK_SET)
             if ok == 0:
                 os.write(fd, schema)
-        msg = record_batch_message(columns, data, zstd)
         view = memoryview(msg)
         while view:  # one batch, written whole (a short write continues)
             view = view[os.write(fd, view) :]
@@ -332,6 +416,10 @@ class FeatherEventStore(EventStore):
                     x.ids[ev.event_id] = seq
                 x.last, x.head = seq, h or x.head
             x.events_ok, x.commands_ok, x.meta = loaded.events_ok, loaded.commands_ok, loaded.meta
+            x.anchor, x.batches = loaded.anchor, loaded.batches
+            for name, values in loaded.dicts.items():
+                x.dicts[name] = {v: i for i, v in enumerate(values)}
+                x.dict_sent[name] = len(values)
         self._execs[execution_id] = x
         return x
 
@@ -349,34 +437,47 @@ class FeatherEventStore(EventStore):
             out.commands_ok = read_stream((d / COMMANDS_FILE).read_bytes())[1]
         with contextlib.suppress(FileNotFoundError, ValueError):
             out.meta = json.loads((d / METADATA_FILE).read_text(encoding="utf-8"))
+        out.batches = len(batches)
+        anchor: str | None = None
         for b in batches:
+            n = b.num_rows
             c = b.to_pydict()
-            texts = c.get("event_id_text") or [None] * b.num_rows  # files written before it: utf8 event_id
-            for seq, raw_id, text_id, eid, name, ts, body, h in zip(
+            c["created_at"] = b.column("created_at").cast("int64").to_pylist()  # us: no datetime objects
+            texts = c.get("event_id_text") or [None] * n  # files written before it: utf8 event_id
+            packed = "packing" in c  # the v3 layout (EVENT_COLUMNS); earlier ones keep all in the body
+            nones = [None] * n
+            for seq, raw_id, text_id, eid, name, us, body, h, step, status, srid, loop, traw, packing in zip(
                 c["sequence"], c["event_id"], texts, c["execution_id"], c["event_type"], c["created_at"],
-                c["body"], c["hash"], strict=True,
+                c["body"], c["hash"], c["step"], c["status"], c.get("step_run_id", nones),
+                c.get("loop_id", nones), c.get("task_run_id", nones), c.get("packing", nones), strict=True,
             ):  # fmt: skip
-                event_id = (
-                    text_id if raw_id is None else raw_id if isinstance(raw_id, str) else uuid_text(raw_id)
+                if raw_id is not None:
+                    event_id = raw_id if isinstance(raw_id, str) else uuid_text(raw_id)
+                elif text_id is not None:
+                    event_id = text_id
+                else:  # named by the store (derived_event_id): no anchor, no id (the row is reported)
+                    event_id = (
+                        derived_event_id(eid, anchor, seq, us) if anchor is not None and seq != 1 else None
+                    )
+                if seq == 1:
+                    anchor = event_id
+                ev = _decode(self.skipped, seq, event_id, eid, name, us, body, (step, status, srid, loop, traw, packing)
+                                  if packed else None)  # fmt: skip
+                out.entries.append((seq, ev, h))
+        out.anchor = anchor
+        if batches:
+            last = batches[-1]
+            for name in _DICT_IDS:
+                col = last.column(name) if name in last.schema.names else None
+                out.dicts[name] = (
+                    col.dictionary.to_pylist() if col is not None and hasattr(col, "dictionary") else []
                 )
-                out.entries.append((seq, self._decode(seq, event_id, eid, name, ts, body), h))
         return out
-
-    def _decode(self, seq: int, event_id: str, eid: str, name: str, ts: Any, body: bytes) -> Event | None:
-        try:
-            d = loads(body)
-            if "timestamp" not in d:
-                d["timestamp"] = iso(calendar.timegm(ts.utctimetuple()) * 1_000_000 + ts.microsecond)
-            d.update(event_id=event_id, execution_id=eid, sequence=seq, name=name)
-            return Event.from_dict(d)
-        except Exception as e:  # noqa: BLE001 - a bad row is skipped and reported, as the SQLite store does
-            self.skipped.append((f"{eid}#{seq}", f"{type(e).__name__}: {str(e)[:200]}"))
-            return None
 
     def _entries(self, execution_id: str) -> list[tuple[int, Event | None, bytes | None]]:
         with self._lock:
             x = self._execs.get(execution_id)
-            pending = [(ev.sequence or 0, ev, h) for ev, _b, h in x.pending] if x else []
+            pending = [(p[0].sequence or 0, p[0], p[2]) for p in x.pending] if x else []
             if x is not None and not x.fds and not (x.dir / EVENTS_FILE).exists():
                 return list(pending)
         on_disk = self._load(execution_id).entries
@@ -476,6 +577,120 @@ class _Loaded:
     events_ok: int = 0
     commands_ok: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
+    anchor: str | None = None
+    batches: int = 0
+    dicts: dict[str, list[str]] = field(default_factory=dict)
+
+
+def _columns(x: _Local, rows: list[_Row]) -> tuple[list[list[Any]], list[list[Any]]]:
+    """The events.feather and commands.feather columns of ``rows`` (new dictionary values added to
+    ``x.dicts``; the caller sends them before the batch)."""
+    cols: list[list[Any]] = [[] for _ in EVENT_COLUMNS]
+    cmds: list[list[Any]] = [[] for _ in COMMAND_COLUMNS]
+    (c_seq, c_id, c_text, c_exec, c_type, c_step, c_status, c_at, c_srid, c_loop, c_trid, c_pack, c_body,
+     c_hash) = cols  # fmt: skip
+    d_exec, d_type, d_step, d_status, d_srid, d_loop = (x.dicts[k] for k in (
+        "execution_id", "event_type", "step", "status", "step_run_id", "loop_id"))  # fmt: skip
+    last = len(rows) - 1
+    for n, (ev, body, h, us, traw, packing, named) in enumerate(rows):
+        eid = ev.event_id
+        if named:  # the store named it (derived_event_id): nothing to keep
+            raw_id, text_id = None, None
+        else:
+            raw_id = uuid_bytes(eid)
+            text_id = None if raw_id else eid
+        c_seq.append(ev.sequence)
+        c_id.append(raw_id)
+        c_text.append(text_id)
+        c_exec.append(d_exec.setdefault(ev.execution_id, len(d_exec)))
+        c_type.append(d_type.setdefault(ev.name, len(d_type)))
+        c_step.append(None if ev.step is None else d_step.setdefault(ev.step, len(d_step)))
+        c_status.append(d_status.setdefault(ev.status, len(d_status)))
+        c_at.append(us or 0)
+        c_srid.append(None if ev.step_run_id is None else d_srid.setdefault(ev.step_run_id, len(d_srid)))
+        c_loop.append(None if ev.loop_id is None else d_loop.setdefault(ev.loop_id, len(d_loop)))
+        c_trid.append(traw)
+        c_pack.append(packing)
+        c_body.append(body)
+        c_hash.append(h if n == last else b"")  # the batch's last hash vouches for every event of it
+        if ev.name in COMMAND_EVENTS:
+            for col, v in zip(cmds, (eid, ev.execution_id, ev.sequence, ev.step, ev.step_run_id,
+                                     us or 0), strict=True):  # fmt: skip
+                col.append(v)
+    return cols, cmds
+
+
+def _decode(skipped: list[tuple[str, str]], seq: int, event_id: str | None, eid: str, name: str, us: int,
+            body: bytes, packed: tuple[Any, ...] | None) -> Event | None:  # fmt: skip
+    """One row of events.feather as its Event (None, and the reason in ``skipped``, if it cannot be)."""
+    try:
+        if event_id is None:
+            raise ValueError("the event id is derived from the execution's first event, which is missing")
+        if packed is not None:
+            step, status, srid, loop, traw, packing = packed
+            trid = uuid_text(traw) if traw is not None else None
+            if packing & PACK_IDS:  # the ids' text back, in the reverse order of _pack
+                for mark, text in zip(_MARKS[::-1], (eid, loop, srid, trid), strict=True):
+                    if text is not None:
+                        body = body.replace(mark, text.encode("utf-8", "surrogatepass"))
+            d = loads(body)
+            if step is not None:
+                d["step"] = step
+            d["status"] = status
+            if srid is not None:
+                d["step_run_id"] = srid
+            if loop is not None:
+                d["loop_id"] = loop
+            if trid is not None:
+                d["task_run_id"] = trid
+            entity = packing & PACK_ENTITY
+            if entity:
+                d["entity_id"] = (trid, srid, loop, eid)[entity - 1]
+        else:
+            d = loads(body)
+        if "timestamp" not in d:
+            d["timestamp"] = iso(us)
+        d.update(event_id=event_id, execution_id=eid, sequence=seq, name=name)
+        return Event.from_dict(d)
+    except Exception as e:  # noqa: BLE001 - a bad row is skipped and reported, as the SQLite store does
+        skipped.append((f"{eid}#{seq}", f"{type(e).__name__}: {str(e)[:200]}"))
+        return None
+
+
+def _pack(ev: Event, us: int | None) -> tuple[bytes, bytes | None, int]:
+    """The event's body as the v3 layout keeps it - ``to_stored(envelope=False)`` without what its
+    own columns hold (step, status, step_run_id, loop_id, a uuid task_run_id, an entity_id equal to
+    one of the event's ids) and with those ids' text in the rest replaced by one control byte each
+    (a task's outcome names its task_run_id again) - its task_run_id's bytes and its packing."""
+    d = ev.to_stored(envelope=False)
+    if us is None:  # a timestamp the created_at column cannot give back exactly: the body keeps it
+        d["timestamp"] = ev.timestamp
+    d.pop("step", None)
+    d.pop("status", None)
+    srid, loop, trid, ent = d.pop("step_run_id", None), d.pop("loop_id", None), ev.task_run_id, ev.entity_id
+    traw = uuid_bytes(trid) if trid is not None else None
+    if traw is not None:
+        del d["task_run_id"]
+    else:
+        trid = None  # stays in the body, as given
+    packing = 0
+    if ent is not None:
+        for code, text in enumerate((trid, srid, loop, ev.execution_id), 1):
+            if text is not None and ent == text:
+                packing = code
+                del d["entity_id"]
+                break
+    body = dumps_bytes(d)
+    if len(body) * 40 + 1024 > _recorder.MAX_EVENT_BYTES:  # may be over: measured as the others measure
+        check_event_size(ev, len(dumps_bytes(ev.to_stored(envelope=False))))
+    if not _MARK_RE.search(body):  # (JSON text never holds one raw: this is a guard)
+        for mark, text in zip(_MARKS, (trid, srid, loop, ev.execution_id), strict=True):
+            if text:
+                raw = text.encode("utf-8", "surrogatepass")
+                if raw in body:
+                    body = body.replace(raw, mark)
+                    packing |= PACK_IDS
+    return body, traw, packing
 
 
 def _safe(execution_id: str) -> str:

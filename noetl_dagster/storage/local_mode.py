@@ -199,7 +199,9 @@ def push(local: FeatherEventStore, execution_ids: Sequence[str], target: EventSt
         check_chain(eid, entries).raise_if_broken(f" (local folder {local.root / eid})")
         events = [e for _s, e, _h in entries if e is not None]
         held = target.read(eid)
-        if [e.event_id for e in held] != [e.event_id for e in events[: len(held)]]:
+        # the same events, not only the same ids: a copy of the folder resumed elsewhere numbers and
+        # names its events as this one does (derived ids), so ids alone cannot tell two histories apart
+        if [e.to_stored() for e in held] != [e.to_stored() for e in events[: len(held)]]:
             raise PushRefused(f"execution {eid}: {target.url} holds other events of it; nothing pushed")
         want += [(e.event_id, e.sequence) for e in events]
         for e in events:
