@@ -37,6 +37,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "bench_dagster_latency": ["--requests", "2"],
     "bench_assets": ["--rounds", "1"],
     "bench_noetl_local": ["--steps", "200"],
+    "bench_noetl_cycle": ["--count", "100", "--repeat", "1"],
     "bench_python_task": ["--steps", "500", "--repeat", "3", "--cycle", "1,500"],
     "bench_explain": ["--items", "20000"],
     "bench_sandbox": ["--tasks", "5", "--repeat", "2"],
